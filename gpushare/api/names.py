@@ -1,0 +1,56 @@
+"""Annotation keys, label keys, resource names and other names of record (see DESIGN.md).
+
+Keep these stable once other components use them: they are stored in the API server.
+"""
+
+from typing import Final
+
+GROUP: Final = "gpushare.io"
+VERSION: Final = "v1alpha1"
+
+# Extended resource advertised by the device plugin: 100 slices per physical GPU.
+RESOURCE_GPU_PERCENT: Final = f"{GROUP}/gpu-percent"
+SLICES_PER_GPU: Final = 100
+# Device IDs handed to the kubelet are "<GPU-UUID>::<NN>", NN in 00..99.
+DEVICE_ID_SEPARATOR: Final = "::"
+NVIDIA_GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# User annotations on pods.
+ANN_FRACTION: Final = f"{GROUP}/gpu-fraction"
+ANN_MEMORY: Final = f"{GROUP}/gpu-memory"
+ANN_CLASS: Final = f"{GROUP}/class"
+ANN_SHARE: Final = f"{GROUP}/share"
+# Which container gets the GPU when a pod has several (default: the first).
+ANN_CONTAINER: Final = f"{GROUP}/container"
+
+# Placement annotations written by the extender at bind.
+ANN_GPU_UUID: Final = f"{GROUP}/gpu-uuid"
+ANN_THREAD_PERCENT: Final = f"{GROUP}/active-thread-percentage"
+ANN_MEMORY_LIMIT: Final = f"{GROUP}/memory-limit"
+ANN_BIND_TIME: Final = f"{GROUP}/bind-time"
+ANN_STATE: Final = f"{GROUP}/state"
+STATE_ASSUMED: Final = "assumed"
+STATE_ALLOCATED: Final = "allocated"
+
+# Node inventory and labels published by the node agent.
+ANN_NODE_GPUS: Final = f"{GROUP}/gpus"
+LABEL_MPS_CAPABLE: Final = f"{GROUP}/mps-capable"
+LABEL_SIMULATED: Final = f"{GROUP}/simulated"
+
+SCHEDULER_NAME: Final = "gpushare-scheduler"
+
+CLASS_LATENCY: Final = "latency"
+CLASS_BATCH: Final = "batch"
+CLASSES: Final = (CLASS_LATENCY, CLASS_BATCH)
+
+# MPS client priority by class: 0 normal (latency), 1 below normal (batch).
+MPS_PRIORITY_BY_CLASS: Final = {CLASS_LATENCY: 0, CLASS_BATCH: 1}
+
+# One MPS server accepts at most 48 client processes (H200, driver 580).
+MPS_MAX_CLIENTS: Final = 48
+
+# Environment variables gpushare owns inside containers; pods may not set them.
+RESERVED_ENV_PREFIXES: Final = ("CUDA_MPS_",)
+RESERVED_ENV_NAMES: Final = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+METRIC_PREFIX: Final = "gpushare_"

@@ -1,0 +1,82 @@
+"""Placement annotations written by the extender at bind and read by the device plugin."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.names import (
+    ANN_BIND_TIME,
+    ANN_GPU_UUID,
+    ANN_MEMORY_LIMIT,
+    ANN_STATE,
+    ANN_THREAD_PERCENT,
+    STATE_ALLOCATED,
+    STATE_ASSUMED,
+)
+
+_FIX = "placement annotations are written by gpushare-scheduler; delete the pod and recreate it"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the scheduler put a pod: which GPU(s), what compute share and memory cap."""
+
+    gpu_uuids: tuple[str, ...]
+    """One UUID for a fractional pod, several for a multi-GPU pod."""
+    thread_percent: int
+    """MPS active-thread percentage (1..100)."""
+    memory_limit_bytes: int
+    """MPS pinned device memory limit, per GPU."""
+    bind_time: datetime
+    state: str
+
+    def to_annotations(self) -> dict[str, str]:
+        return {
+            ANN_GPU_UUID: ",".join(self.gpu_uuids),
+            ANN_THREAD_PERCENT: str(self.thread_percent),
+            ANN_MEMORY_LIMIT: str(self.memory_limit_bytes),
+            ANN_BIND_TIME: format_time(self.bind_time),
+            ANN_STATE: self.state,
+        }
+
+
+def format_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_placement(annotations: Mapping[str, str]) -> Placement | None:
+    """Read a pod's placement; None when the pod carries none. Raises InvalidInputError naming the
+    annotation when one is present but malformed."""
+    if ANN_GPU_UUID not in annotations:
+        return None
+    uuids = tuple(u.strip() for u in annotations[ANN_GPU_UUID].split(",") if u.strip())
+    if not uuids:
+        raise InvalidInputError(ANN_GPU_UUID, "is empty", _FIX)
+    try:
+        threads = int(annotations.get(ANN_THREAD_PERCENT, "100"))
+    except ValueError:
+        raise InvalidInputError(ANN_THREAD_PERCENT, "is not an integer", _FIX) from None
+    if not 1 <= threads <= 100:
+        raise InvalidInputError(ANN_THREAD_PERCENT, f"{threads} is outside 1..100", _FIX)
+    try:
+        memory = int(annotations.get(ANN_MEMORY_LIMIT, "0"))
+    except ValueError:
+        raise InvalidInputError(ANN_MEMORY_LIMIT, "is not a byte count", _FIX) from None
+    if memory < 0:
+        raise InvalidInputError(ANN_MEMORY_LIMIT, "is negative", _FIX)
+    raw_time = annotations.get(ANN_BIND_TIME, "")
+    try:
+        bind_time = datetime.fromisoformat(raw_time.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInputError(
+            ANN_BIND_TIME, f"{raw_time!r} is not an RFC 3339 time", _FIX
+        ) from None
+    if bind_time.tzinfo is None:
+        bind_time = bind_time.replace(tzinfo=UTC)
+    state = annotations.get(ANN_STATE, STATE_ASSUMED)
+    if state not in (STATE_ASSUMED, STATE_ALLOCATED):
+        raise InvalidInputError(
+            ANN_STATE, f"unknown state {state!r}", f"{_FIX} (states: assumed, allocated)"
+        )
+    return Placement(uuids, threads, memory, bind_time, state)

@@ -1,0 +1,1 @@
+"""GPU access behind one small interface: a real NVML backend and a simulated one."""

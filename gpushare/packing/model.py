@@ -1,0 +1,119 @@
+"""The data the policy works on: GPUs with their tenants, nodes, and what a pod demands."""
+
+from dataclasses import dataclass, field
+
+from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY, MPS_MAX_CLIENTS, SLICES_PER_GPU
+
+
+@dataclass(frozen=True)
+class PipeProfile:
+    """Per-pipe utilization (0-1) of a job measured while it ran alone on a GPU."""
+
+    fp16: float = 0.0
+    fp32: float = 0.0
+    fp64: float = 0.0
+    tensor: float = 0.0
+    sm_occupancy: float = 0.0
+    dram_bandwidth: float = 0.0
+    gpu_model: str = ""
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What a pod asks of one GPU (multi-GPU pods ask ``gpus`` whole GPUs instead)."""
+
+    percent: int
+    """Guaranteed compute share in GPU-percent (1..100); 100 with gpus > 1 for whole GPUs."""
+    memory_bytes: int | None = None
+    """Memory cap; None means proportional to percent of the chosen GPU's memory."""
+    gpu_class: str = CLASS_BATCH
+    gpus: int = 1
+    """Whole GPUs wanted; > 1 only for multi-GPU pods (percent is then 100)."""
+    processes: int = 1
+    """MPS client processes the pod will run (budgeted against the server's client limit)."""
+    profile: PipeProfile | None = None
+    gpu_model: str | None = None
+    """Restrict to GPUs of this model, when set."""
+
+    @property
+    def whole(self) -> bool:
+        return self.percent >= SLICES_PER_GPU
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A pod already placed on a GPU."""
+
+    key: str
+    """namespace/name of the pod."""
+    percent: int
+    memory_bytes: int
+    gpu_class: str = CLASS_BATCH
+    processes: int = 1
+    profile: PipeProfile | None = None
+
+
+@dataclass
+class GpuState:
+    """One GPU and the guaranteed shares placed on it."""
+
+    uuid: str
+    memory_bytes: int
+    model: str = ""
+    index: int = 0
+    healthy: bool = True
+    tenants: list[Tenant] = field(default_factory=list)
+    max_clients: int = MPS_MAX_CLIENTS
+
+    @property
+    def used_percent(self) -> int:
+        return sum(t.percent for t in self.tenants)
+
+    @property
+    def free_percent(self) -> int:
+        return SLICES_PER_GPU - self.used_percent
+
+    @property
+    def used_memory(self) -> int:
+        return sum(t.memory_bytes for t in self.tenants)
+
+    @property
+    def free_memory(self) -> int:
+        return self.memory_bytes - self.used_memory
+
+    @property
+    def clients(self) -> int:
+        return sum(t.processes for t in self.tenants)
+
+    @property
+    def has_latency_tenant(self) -> bool:
+        return any(t.gpu_class == CLASS_LATENCY for t in self.tenants)
+
+    @property
+    def idle(self) -> bool:
+        return not self.tenants
+
+
+@dataclass
+class NodeState:
+    """A node's GPUs plus the non-GPU resources the simulator also tracks."""
+
+    name: str
+    gpus: list[GpuState]
+    cpu_milli_free: int | None = None
+    memory_free_bytes: int | None = None
+
+    def gpu(self, uuid: str) -> GpuState | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The policy's decision for one pod on one node."""
+
+    node: str
+    gpu_uuids: tuple[str, ...]
+    thread_percent: int
+    """MPS active-thread percentage the pod's processes get."""
+    memory_limit_bytes: int
+    """MPS pinned device memory limit per GPU."""

@@ -1,0 +1,9 @@
+# Versions of the components the local cluster harness builds. Sourced by hack/*.sh.
+# Bump a version here and the cache key changes, so the next `up` rebuilds it.
+KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
+# Staging modules (k8s.io/api, k8s.io/client-go, ...) are published as v0.<minor>.<patch>.
+KUBE_STAGING_VERSION="v0${KUBE_VERSION#v1}"
+ETCD_VERSION="${ETCD_VERSION:-v3.5.35}"
+HELM_VERSION="${HELM_VERSION:-v3.21.4}"
+KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
+GPUSHARE_CACHE_DIR="${GPUSHARE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpushare}"
