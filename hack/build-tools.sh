@@ -56,24 +56,28 @@ wrapper_module() {
   } >"$dir/go.mod"
 }
 
-# build_from DIR OUTDIR LDFLAGS PKG...
+# build_from DIR OUTDIR LDFLAGS PKG...  (each binary is written to a temp name, then renamed,
+# so an interrupted build never leaves a half-written binary in the cache)
 build_from() {
   local dir=$1 out=$2 ldflags=$3; shift 3
-  local tmp="$out.partial"
-  rm -rf "$tmp"; mkdir -p "$tmp"
-  (cd "$dir" && GOFLAGS="$GOFLAGS -mod=mod" go mod download all >/dev/null 2>&1 || true)
+  mkdir -p "$out"
   for pkg in "$@"; do
     log "go build $pkg"
-    (cd "$dir" && GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "$ldflags" -o "$tmp/$(basename "$pkg")" "$pkg")
+    (cd "$dir" && GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "$ldflags" \
+      -o "$out/.$(basename "$pkg").partial" "$pkg")
+    mv "$out/.$(basename "$pkg").partial" "$out/$(basename "$pkg")"
   done
-  rm -rf "$out"; mv "$tmp" "$out"
 }
 
+KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy)
+
 build_kube() {
-  local out="$GPUSHARE_CACHE_DIR/bin/kubernetes-$KUBE_VERSION"
-  if [[ -x $out/kubelet ]]; then log "kubernetes $KUBE_VERSION cached in $out"; return; fi
+  local out="$GPUSHARE_CACHE_DIR/bin/kubernetes-$KUBE_VERSION" missing=() cmd
+  for cmd in "${KUBE_CMDS[@]}"; do [[ -x $out/$cmd ]] || missing+=("k8s.io/kubernetes/cmd/$cmd"); done
+  if ((${#missing[@]} == 0)); then log "kubernetes $KUBE_VERSION cached in $out"; return; fi
   local dir="$GPUSHARE_CACHE_DIR/src/kubernetes-$KUBE_VERSION"
-  log "building kubernetes $KUBE_VERSION (staging modules at $KUBE_STAGING_VERSION); a cold build takes ~20-30 min on 2 cores"
+  log "building kubernetes $KUBE_VERSION (staging modules at $KUBE_STAGING_VERSION): ${missing[*]##*/}"
+  log "a cold build takes ~6-30 min on 2 cores, depending on the module and build caches"
   wrapper_module "$dir" k8s.io/kubernetes "$KUBE_VERSION" "$KUBE_STAGING_VERSION"
   local minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
   local ld="-s -w" pkg
@@ -81,14 +85,12 @@ build_kube() {
     ld+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
-  build_from "$dir" "$out" "$ld" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
+  build_from "$dir" "$out" "$ld" "${missing[@]}"
 }
 
 build_etcd() {
   local out="$GPUSHARE_CACHE_DIR/bin/etcd-$ETCD_VERSION"
-  if [[ -x $out/v3 ]] || [[ -x $out/etcd ]]; then log "etcd $ETCD_VERSION cached in $out"; return; fi
+  if [[ -x $out/etcd ]]; then log "etcd $ETCD_VERSION cached in $out"; return; fi
   local dir="$GPUSHARE_CACHE_DIR/src/etcd-$ETCD_VERSION"
   log "building etcd $ETCD_VERSION"
   wrapper_module "$dir" go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION"

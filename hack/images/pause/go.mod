@@ -1,0 +1,3 @@
+module gpushare.local/pause
+
+go 1.22

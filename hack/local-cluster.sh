@@ -1,0 +1,520 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes cluster on this host, without Docker or kind:
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, gpushare-scheduler (a second
+# kube-scheduler with the gpushare extender configured), kube-proxy, containerd + runc + CNI
+# bridge, and a kubelet.
+#
+#   hack/local-cluster.sh up              start everything (idempotent; builds binaries if needed)
+#   hack/local-cluster.sh down            stop what `up` started (by PID) and remove its state
+#   hack/local-cluster.sh status          show each component and the node
+#   hack/local-cluster.sh env             print `export KUBECONFIG=... PATH=...` for a shell
+#   hack/local-cluster.sh restart-kubelet stop the kubelet and start it again
+#   hack/local-cluster.sh stop COMPONENT  kill -9 one component (fault tests); `start COMPONENT` again
+#
+# Settings (environment): GPUSHARE_STATE_DIR (default /var/lib/gpushare-dev), GPUSHARE_NODE_NAME
+# (default gpushare-dev), GPUSHARE_EXTENDER_URL (default http://127.0.0.1:8888/scheduler),
+# GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh). Needs root.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+# shellcheck source=hack/lib/versions.sh
+source "$here/lib/versions.sh"
+
+STATE="${GPUSHARE_STATE_DIR:-/var/lib/gpushare-dev}"
+RUN="$STATE/run"
+PKI="$STATE/pki"
+LOGS="$STATE/logs"
+NODE="${GPUSHARE_NODE_NAME:-gpushare-dev}"
+EXTENDER_URL="${GPUSHARE_EXTENDER_URL:-http://127.0.0.1:8888/scheduler}"
+KUBELET_ROOT=/var/lib/kubelet
+# The node's address lives on an empty bridge interface the harness creates (the kernel here
+# has no dummy driver), so components talk over an address of this host only and pods, in
+# their own network namespaces, can reach it.
+NODE_IP=10.200.0.1
+NODE_IFACE=gpushare0
+SERVICE_CIDR=10.96.0.0/16
+SERVICE_IP=10.96.0.1
+POD_CIDR=10.244.0.0/24
+KUBE_BIN="$GPUSHARE_CACHE_DIR/bin/kubernetes-$KUBE_VERSION"
+ETCD_BIN="$GPUSHARE_CACHE_DIR/bin/etcd-$ETCD_VERSION"
+PAUSE_IMAGE=registry.k8s.io/pause:3.10.1
+BUSYBOX_IMAGE=gpushare.local/busybox:1.35
+COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager kube-scheduler gpushare-scheduler kube-proxy kubelet)
+
+log() { printf '%s local-cluster: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+need() { # CMD INSTALL_HINT
+  command -v "$1" >/dev/null || die "'$1' not found; install it with: $2"
+}
+
+check_prereqs() {
+  [[ $(id -u) -eq 0 ]] || die "needs root (it runs containerd and a kubelet); rerun with sudo"
+  need containerd "hack/install-prereqs.sh (apt-get install containerd)"
+  need runc "hack/install-prereqs.sh (apt-get install runc)"
+  need ctr "hack/install-prereqs.sh (apt-get install containerd)"
+  need openssl "apt-get install openssl"
+  need iptables "hack/install-prereqs.sh (apt-get install iptables)"
+  need ip "apt-get install iproute2"
+  need busybox "hack/install-prereqs.sh (apt-get install busybox-static)"
+  need go "install Go >= 1.24"
+  [[ -x /usr/lib/cni/bridge ]] || die "CNI plugins missing; install with: hack/install-prereqs.sh (apt-get install containernetworking-plugins)"
+  [[ -d /sys/fs/cgroup/memory || -f /sys/fs/cgroup/cgroup.controllers ]] || die "no cgroup hierarchy mounted at /sys/fs/cgroup"
+  local b
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy; do
+    [[ -x $KUBE_BIN/$b ]] || { log "binaries missing; building them (hack/build-tools.sh)"; "$here/build-tools.sh" kube; break; }
+  done
+  [[ -x $ETCD_BIN/etcd ]] || "$here/build-tools.sh" etcd
+}
+
+pid_alive() { [[ -f $RUN/$1.pid ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+
+# start NAME CMD... : run detached in its own session, log to $LOGS/NAME.log, PID to $RUN/NAME.pid
+start() {
+  local name=$1; shift
+  if pid_alive "$name"; then return 0; fi
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$RUN/$name.pid"
+  log "started $name (pid $!)"
+}
+
+stop_component() { # NAME [SIGNAL]
+  local name=$1 sig=${2:-TERM} pid i
+  [[ -f $RUN/$name.pid ]] || return 0
+  pid=$(cat "$RUN/$name.pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "-$sig" "$pid" 2>/dev/null || true
+    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+    log "stopped $name (pid $pid)"
+  fi
+  rm -f "$RUN/$name.pid"
+}
+
+wait_for() { # DESCRIPTION TIMEOUT_S CMD...
+  local what=$1 timeout=$2 i; shift 2
+  for ((i = 0; i < timeout * 5; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.2
+  done
+  die "timed out after ${timeout}s waiting for $what (logs: $LOGS)"
+}
+
+kubectl_admin() { "$KUBE_BIN/kubectl" --kubeconfig "$STATE/admin.kubeconfig" "$@"; }
+
+# ---------------------------------------------------------------------------------------------
+# PKI and kubeconfigs
+
+mkcert() { # NAME CN ORG SANS(comma list or "")
+  local name=$1 cn=$2 org=$3 sans=$4
+  local subj="/CN=$cn"
+  [[ -f $PKI/$name.crt ]] && return 0
+  [[ -n $org ]] && subj="/O=$org/CN=$cn"
+  openssl genrsa -out "$PKI/$name.key" 2048 2>/dev/null
+  local ext="$PKI/$name.ext"
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=serverAuth,clientAuth"
+    [[ -n $sans ]] && echo "subjectAltName=$sans"
+  } >"$ext"
+  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+    -days 365 -extfile "$ext" -out "$PKI/$name.crt" 2>/dev/null
+  rm -f "$PKI/$name.csr" "$ext"
+}
+
+kubeconfig() { # NAME CERT
+  local file="$STATE/$1.kubeconfig" cert=$2
+  [[ -f $file ]] && return 0
+  cat >"$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: https://127.0.0.1:6443
+    certificate-authority: $PKI/ca.crt
+users:
+- name: $1
+  user:
+    client-certificate: $PKI/$cert.crt
+    client-key: $PKI/$cert.key
+contexts:
+- name: local
+  context: {cluster: local, user: $1}
+current-context: local
+EOF
+}
+
+make_pki() {
+  mkdir -p "$PKI"
+  if [[ ! -f $PKI/ca.crt ]]; then
+    openssl genrsa -out "$PKI/ca.key" 2048 2>/dev/null
+    openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=gpushare-local-ca" -days 365 \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -out "$PKI/ca.crt" 2>/dev/null
+  fi
+  mkcert apiserver kube-apiserver "" \
+    "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:$NODE_IP,IP:$SERVICE_IP"
+  mkcert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters ""
+  mkcert admin kubernetes-admin system:masters ""
+  mkcert controller-manager system:kube-controller-manager "" ""
+  mkcert scheduler system:kube-scheduler "" ""
+  mkcert kube-proxy system:kube-proxy "" ""
+  mkcert kubelet "system:node:$NODE" system:nodes "DNS:$NODE,DNS:localhost,IP:127.0.0.1,IP:$NODE_IP"
+  [[ -f $PKI/sa.key ]] || { openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null; openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null; }
+  kubeconfig admin admin
+  kubeconfig controller-manager controller-manager
+  kubeconfig scheduler scheduler
+  kubeconfig kube-proxy kube-proxy
+  kubeconfig kubelet kubelet
+}
+
+# ---------------------------------------------------------------------------------------------
+# Host network: an empty bridge holds the node address; the CNI bridge is made by the plugin.
+
+setup_network() {
+  if ! ip link show "$NODE_IFACE" >/dev/null 2>&1; then
+    ip link add "$NODE_IFACE" type bridge
+    ip addr add "$NODE_IP/32" dev "$NODE_IFACE"
+    ip link set "$NODE_IFACE" up
+    log "created $NODE_IFACE with $NODE_IP"
+  fi
+  sysctl -qw net.ipv4.ip_forward=1 || true
+  modprobe br_netfilter 2>/dev/null || true
+  [[ -f /proc/sys/net/bridge/bridge-nf-call-iptables ]] && sysctl -qw net.bridge.bridge-nf-call-iptables=1 || true
+  mkdir -p "$STATE/cni/net.d"
+  cat >"$STATE/cni/net.d/10-gpushare-bridge.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "gpushare-dev",
+  "plugins": [
+    {"type": "bridge", "bridge": "gpushare-cni0", "isGateway": true, "ipMasq": true,
+     "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]],
+              "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$STATE/cni/ipam"}},
+    {"type": "portmap", "capabilities": {"portMappings": true}},
+    {"type": "loopback"}
+  ]
+}
+EOF
+}
+
+# ---------------------------------------------------------------------------------------------
+# containerd and local images
+
+start_containerd() {
+  mkdir -p "$STATE/containerd"
+  cat >"$STATE/containerd/config.toml" <<EOF
+version = 2
+root = "$STATE/containerd/root"
+state = "$RUN/containerd"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "$RUN/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  enable_cdi = false
+  # Processes here may not lower oom_score_adj (no CAP_SYS_RESOURCE in this VM): clamp it.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$STATE/cni/net.d"
+EOF
+  start containerd containerd --config "$STATE/containerd/config.toml"
+  wait_for "containerd" 30 ctr --address "$RUN/containerd.sock" version
+}
+
+ctr_k8s() { ctr --address "$RUN/containerd.sock" -n k8s.io "$@"; }
+
+import_images() {
+  local img="$STATE/images" build="$GPUSHARE_CACHE_DIR/images"
+  mkdir -p "$img" "$build"
+  if ! ctr_k8s images ls -q | grep -qx "$PAUSE_IMAGE"; then
+    if [[ ! -x $build/pause ]]; then
+      (cd "$here/images/pause" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$build/pause" .)
+    fi
+    python3 "$here/lib/image_archive.py" --ref "$PAUSE_IMAGE" --out "$img/pause.tar" \
+      --add "$build/pause:/pause" --entrypoint /pause
+    ctr_k8s images import --no-unpack=false "$img/pause.tar" >/dev/null
+    ctr_k8s images label "$PAUSE_IMAGE" io.cri-containerd.pinned=pinned >/dev/null
+  fi
+  if ! ctr_k8s images ls -q | grep -qx "$BUSYBOX_IMAGE"; then
+    local links=() applet
+    for applet in $(busybox --list); do
+      [[ $applet == busybox ]] || links+=(--symlink "/bin/$applet:busybox")
+    done
+    python3 "$here/lib/image_archive.py" --ref "$BUSYBOX_IMAGE" --out "$img/busybox.tar" \
+      --add "$(command -v busybox):/bin/busybox" "${links[@]}" --cmd sh
+    ctr_k8s images import "$img/busybox.tar" >/dev/null
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# control plane
+
+start_etcd() {
+  mkdir -p "$STATE/etcd"
+  chmod 700 "$STATE/etcd"
+  start etcd "$ETCD_BIN/etcd" --name local --data-dir "$STATE/etcd" \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster local=http://127.0.0.1:2380 --listen-metrics-urls http://127.0.0.1:2381 \
+    --quota-backend-bytes 4294967296 --snapshot-count 10000
+  wait_for etcd 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/2379"
+}
+
+start_apiserver() {
+  start kube-apiserver "$KUBE_BIN/kube-apiserver" \
+    --etcd-servers http://127.0.0.1:2379 \
+    --bind-address 0.0.0.0 --advertise-address "$NODE_IP" --secure-port 6443 \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
+    --client-ca-file "$PKI/ca.crt" --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority "$PKI/ca.crt" --kubelet-preferred-address-types InternalIP \
+    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+    --allow-privileged=true --profiling=false --event-ttl 1h \
+    --max-requests-inflight 800 --max-mutating-requests-inflight 400
+  wait_for kube-apiserver 90 kubectl_admin get --raw /readyz
+}
+
+start_controller_manager() {
+  start kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
+    --kubeconfig "$STATE/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$STATE/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$STATE/controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 10257 --leader-elect=false \
+    --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
+    --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
+    --use-service-account-credentials=true --controllers '*,-nodeipam,-cloud-node-lifecycle' \
+    --kube-api-qps 200 --kube-api-burst 400
+}
+
+write_scheduler_configs() {
+  cat >"$STATE/kube-scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection: {kubeconfig: "$STATE/scheduler.kubeconfig", qps: 200, burst: 400}
+leaderElection: {leaderElect: false}
+profiles:
+- schedulerName: default-scheduler
+EOF
+  # gpushare-scheduler: the stock kube-scheduler whose only profile is gpushare-scheduler and
+  # which asks the gpushare extender to filter, score and bind pods using gpushare.io/gpu-percent.
+  cat >"$STATE/gpushare-scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection: {kubeconfig: "$STATE/scheduler.kubeconfig", qps: 200, burst: 400}
+leaderElection: {leaderElect: false}
+profiles:
+- schedulerName: gpushare-scheduler
+extenders:
+- urlPrefix: "$EXTENDER_URL"
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  bindVerb: bind
+  weight: 5
+  nodeCacheCapable: true
+  httpTimeout: 10s
+  ignorable: false
+  managedResources:
+  - name: gpushare.io/gpu-percent
+    ignoredByScheduler: true
+EOF
+}
+
+start_schedulers() {
+  write_scheduler_configs
+  start kube-scheduler "$KUBE_BIN/kube-scheduler" --config "$STATE/kube-scheduler.yaml" \
+    --authentication-kubeconfig "$STATE/scheduler.kubeconfig" --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 10259
+  start gpushare-scheduler "$KUBE_BIN/kube-scheduler" --config "$STATE/gpushare-scheduler.yaml" \
+    --authentication-kubeconfig "$STATE/scheduler.kubeconfig" --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 10261
+}
+
+start_kube_proxy() {
+  cat >"$STATE/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: "$STATE/kube-proxy.kubeconfig"}
+mode: iptables
+clusterCIDR: "$POD_CIDR"
+hostnameOverride: "$NODE"
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+conntrack: {maxPerCore: 0}
+EOF
+  start kube-proxy "$KUBE_BIN/kube-proxy" --config "$STATE/kube-proxy.yaml"
+}
+
+# ---------------------------------------------------------------------------------------------
+# kubelet
+
+write_kubelet_config() {
+  cat >"$STATE/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: "$PKI/ca.crt"}
+authorization: {mode: Webhook}
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+tlsCertFile: "$PKI/kubelet.crt"
+tlsPrivateKeyFile: "$PKI/kubelet.key"
+containerRuntimeEndpoint: "unix://$RUN/containerd.sock"
+cgroupDriver: cgroupfs
+failSwapOn: false
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+podCIDR: "$POD_CIDR"
+maxPods: 250
+serializeImagePulls: false
+registerNode: true
+# This VM's disk is large but often mostly used by others: never evict test pods for it.
+evictionHard: {memory.available: "100Mi", nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+localStorageCapacityIsolation: false
+fileCheckFrequency: 5s
+nodeStatusReportFrequency: 10s
+EOF
+}
+
+start_kubelet() {
+  write_kubelet_config
+  mkdir -p "$KUBELET_ROOT"
+  start kubelet "$KUBE_BIN/kubelet" --config "$STATE/kubelet.yaml" \
+    --kubeconfig "$STATE/kubelet.kubeconfig" --root-dir "$KUBELET_ROOT" \
+    --hostname-override "$NODE" --node-ip "$NODE_IP" --v 2
+}
+
+node_ready() {
+  [[ $(kubectl_admin get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
+}
+
+# ---------------------------------------------------------------------------------------------
+
+cmd_up() {
+  local t0=$SECONDS
+  check_prereqs
+  mkdir -p "$STATE" "$RUN" "$LOGS"
+  make_pki
+  setup_network
+  start_containerd
+  import_images
+  start_etcd
+  start_apiserver
+  start_controller_manager
+  start_schedulers
+  start_kube_proxy
+  start_kubelet
+  wait_for "node $NODE Ready" 120 node_ready
+  # The default service account must exist before pods can be created in "default".
+  wait_for "default service account" 60 kubectl_admin -n default get serviceaccount default
+  log "cluster up in $((SECONDS - t0))s; use: eval \"\$($0 env)\""
+}
+
+kill_leftover_containers() {
+  # Pods the kubelet did not get to stop: kill their tasks through containerd, then unmount.
+  [[ -S $RUN/containerd.sock ]] && pid_alive containerd || return 0
+  local id
+  for id in $(ctr_k8s tasks ls -q 2>/dev/null); do ctr_k8s tasks kill -s KILL "$id" >/dev/null 2>&1 || true; done
+  sleep 1
+  for id in $(ctr_k8s tasks ls -q 2>/dev/null); do ctr_k8s tasks delete -f "$id" >/dev/null 2>&1 || true; done
+  for id in $(ctr_k8s containers ls -q 2>/dev/null); do ctr_k8s containers delete "$id" >/dev/null 2>&1 || true; done
+}
+
+unmount_under() { # DIR
+  local m
+  [[ -d $1 ]] || return 0
+  for m in $(awk -v d="$1" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount -l "$m" 2>/dev/null || true
+  done
+}
+
+cmd_down() {
+  if pid_alive kube-apiserver && pid_alive kubelet; then
+    # Let the kubelet tear pods down properly (CNI teardown, volume unmounts).
+    kubectl_admin delete pods --all --all-namespaces --grace-period 0 --force --wait=false >/dev/null 2>&1 || true
+    local i
+    for i in $(seq 1 60); do
+      [[ -z $(ctr_k8s containers ls -q 2>/dev/null) ]] && break
+      sleep 0.5
+    done
+  fi
+  local c
+  for c in kubelet kube-proxy gpushare-scheduler kube-scheduler kube-controller-manager kube-apiserver etcd; do
+    stop_component "$c"
+  done
+  kill_leftover_containers
+  stop_component containerd
+  [[ -x $KUBE_BIN/kube-proxy ]] && "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
+  ip link del gpushare-cni0 2>/dev/null || true
+  ip link del "$NODE_IFACE" 2>/dev/null || true
+  unmount_under "$KUBELET_ROOT"
+  unmount_under "$STATE"
+  rm -rf "$KUBELET_ROOT" "$STATE"
+  log "cluster down; state removed"
+}
+
+cmd_status() {
+  local c rc=0
+  for c in "${COMPONENTS[@]}"; do
+    if pid_alive "$c"; then printf '%-26s running (pid %s)\n' "$c" "$(cat "$RUN/$c.pid")"
+    else printf '%-26s stopped\n' "$c"; rc=1; fi
+  done
+  if pid_alive kube-apiserver; then kubectl_admin get nodes -o wide 2>/dev/null || rc=1; fi
+  return $rc
+}
+
+cmd_env() {
+  echo "export KUBECONFIG=$STATE/admin.kubeconfig"
+  echo "export PATH=$KUBE_BIN:$GPUSHARE_CACHE_DIR/bin/helm-$HELM_VERSION:$GPUSHARE_CACHE_DIR/bin/kwok-$KWOK_VERSION:\$PATH"
+  echo "export GPUSHARE_NODE_NAME=$NODE"
+  echo "export GPUSHARE_BUSYBOX_IMAGE=$BUSYBOX_IMAGE"
+  echo "export GPUSHARE_STATE_DIR=$STATE"
+  echo "export GPUSHARE_CONTAINERD_SOCKET=$RUN/containerd.sock"
+}
+
+cmd_start_one() {
+  mkdir -p "$RUN" "$LOGS"
+  case $1 in
+    containerd) start_containerd ;;
+    etcd) start_etcd ;;
+    kube-apiserver) start_apiserver ;;
+    kube-controller-manager) start_controller_manager ;;
+    kube-scheduler|gpushare-scheduler) start_schedulers ;;
+    kube-proxy) start_kube_proxy ;;
+    kubelet) start_kubelet ;;
+    *) die "unknown component '$1'; one of: ${COMPONENTS[*]}" ;;
+  esac
+}
+
+case ${1:-} in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  restart-kubelet) stop_component kubelet; start_kubelet; wait_for "node $NODE Ready" 60 node_ready ;;
+  stop) [[ -n ${2:-} ]] || die "usage: $0 stop COMPONENT"; stop_component "$2" KILL ;;
+  start) [[ -n ${2:-} ]] || die "usage: $0 start COMPONENT"; cmd_start_one "$2" ;;
+  -h|--help|help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
