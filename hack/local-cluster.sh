@@ -412,8 +412,14 @@ node_ready() {
 # ---------------------------------------------------------------------------------------------
 
 cmd_up() {
-  local t0=$SECONDS
+  local t0=$SECONDS c alive=0
   check_prereqs
+  for c in "${COMPONENTS[@]}"; do pid_alive "$c" && alive=$((alive + 1)); done
+  if ((alive == 0)) && [[ -d $STATE ]]; then
+    # State left by a cluster whose processes are gone (reboot, ended session): start clean.
+    log "found state of a stopped cluster in $STATE; removing it first"
+    cmd_down
+  fi
   mkdir -p "$STATE" "$RUN" "$LOGS"
   make_pki
   setup_network

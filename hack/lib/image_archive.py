@@ -23,6 +23,9 @@ def _parents(path: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
+
+
 def build_layer(adds: list[tuple[str, str]], links: list[tuple[str, str]]) -> bytes:
     buf = io.BytesIO()
     seen: set[str] = set()
@@ -52,8 +55,13 @@ def build_layer(adds: list[tuple[str, str]], links: list[tuple[str, str]]) -> by
             info.type = tarfile.SYMTYPE
             info.linkname = target
             tar.addfile(info)
-        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"),
-                           ("etc/group", "root:x:0:\nnobody:x:65534:\n")):
+        for name, text in (
+            (
+                "etc/passwd",
+                PASSWD,
+            ),
+            ("etc/group", "root:x:0:\nnobody:x:65534:\n"),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(text)
             info.mode = 0o644
@@ -61,9 +69,12 @@ def build_layer(adds: list[tuple[str, str]], links: list[tuple[str, str]]) -> by
     return buf.getvalue()
 
 
+RAW = argparse.RawDescriptionHelpFormatter
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ref", required=True, help="image reference, e.g. registry.k8s.io/pause:3.10")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=RAW)
+    parser.add_argument("--ref", required=True, help="image reference, e.g. example.org/pause:3.10")
     parser.add_argument("--out", required=True)
     parser.add_argument("--add", action="append", default=[], help="SRC:DEST file to copy in")
     parser.add_argument("--symlink", action="append", default=[], help="LINK:TARGET")
@@ -77,8 +88,11 @@ def main() -> int:
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Entrypoint": args.entrypoint or None, "Cmd": args.cmd or None,
-                   "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]},
+        "config": {
+            "Entrypoint": args.entrypoint or None,
+            "Cmd": args.cmd or None,
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        },
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created_by": "gpushare hack/lib/image_archive.py"}],
     }
@@ -86,8 +100,11 @@ def main() -> int:
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
     manifest = [{"Config": config_name, "RepoTags": [args.ref], "Layers": ["layer.tar"]}]
     with open(args.out, "wb") as raw, tarfile.open(fileobj=raw, mode="w") as out:
-        for name, data in ((config_name, config_bytes), ("layer.tar", layer),
-                           ("manifest.json", json.dumps(manifest).encode())):
+        for name, data in (
+            (config_name, config_bytes),
+            ("layer.tar", layer),
+            ("manifest.json", json.dumps(manifest).encode()),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             info.mode = 0o644
