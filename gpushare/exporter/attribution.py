@@ -1,0 +1,86 @@
+"""Per-pod GPU memory: NVML process (PID) -> /proc/<pid>/cgroup -> pod UID and container ID.
+
+NVML reports host PIDs, so the node agent needs the host's /proc (``hostPID: true`` or the host
+/proc mounted, then ``proc_root`` points there). The kubelet names pod cgroups after the pod
+UID under both cgroup drivers:
+
+- cgroupfs: ``/kubepods/burstable/pod<uid>/<container-id>``
+- systemd:  ``/kubepods.slice/.../kubepods-burstable-pod<uid_with_underscores>.slice/
+  cri-containerd-<container-id>.scope``
+"""
+
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_POD_UID = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+)
+_CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?$")
+
+
+@dataclass(frozen=True)
+class CgroupOwner:
+    """The pod (and container, when the path names one) that owns a process."""
+
+    pod_uid: str
+    container_id: str | None
+
+
+def parse_cgroup(text: str) -> CgroupOwner | None:
+    """Find the pod UID and container ID in the contents of /proc/<pid>/cgroup.
+
+    Works for cgroup v1 (one line per hierarchy), v2 (``0::/path``) and hybrid hosts; returns
+    None for processes outside any pod (host processes, the MPS server started by the agent
+    outside kubepods).
+    """
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        path = parts[2].strip()
+        match = _POD_UID.search(path)
+        if not match:
+            continue
+        uid = match.group(1).replace("_", "-")
+        tail = path[match.end() :]
+        cid = None
+        for segment in reversed(tail.split("/")):
+            found = _CONTAINER_ID.search(segment)
+            if found:
+                cid = found.group(1)
+                break
+        return CgroupOwner(pod_uid=uid, container_id=cid)
+    return None
+
+
+class ProcessResolver:
+    """Caches PID -> owner so each process's cgroup file is read once while it lives."""
+
+    def __init__(self, *, proc_root: Path = Path("/proc")) -> None:
+        self._proc_root = proc_root
+        self._cache: dict[int, CgroupOwner | None] = {}
+
+    def resolve(self, pid: int) -> CgroupOwner | None:
+        if pid in self._cache:
+            return self._cache[pid]
+        try:
+            text = (self._proc_root / str(pid) / "cgroup").read_text()
+        except OSError as exc:
+            # Gone already, or the host /proc is not visible: say so once per PID.
+            log.debug("cannot read cgroup of pid %d: %s", pid, exc)
+            owner = None
+        else:
+            owner = parse_cgroup(text)
+        self._cache[pid] = owner
+        return owner
+
+    def forget_except(self, live_pids: Iterable[int]) -> None:
+        """Drop cached PIDs that no GPU lists any more (PIDs get reused)."""
+        live = set(live_pids)
+        for pid in [p for p in self._cache if p not in live]:
+            del self._cache[pid]
