@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpushare.api.errors import InvalidInputError
@@ -23,6 +23,29 @@ log = logging.getLogger(__name__)
 
 MIN_INTERVAL_S = 0.1
 """NVML GPM needs readings at least this far apart."""
+GPM_MIN_COMPUTE_CAPABILITY = (9, 0)
+"""GPM exists on Hopper and newer only."""
+
+
+def has_gpm(info: GpuInfo) -> bool:
+    """False for GPUs older than Hopper; unknown capabilities are trusted to the backend."""
+    try:
+        major, _, minor = info.compute_capability.partition(".")
+        capability = (int(major), int(minor or 0))
+    except ValueError:
+        return True
+    return capability >= GPM_MIN_COMPUTE_CAPABILITY
+
+
+def without_gpm(sample: GpuSample) -> GpuSample:
+    """The sample with every GPM-derived counter marked unavailable."""
+    return replace(
+        sample,
+        pipes={},
+        sm_utilization_ratio=None,
+        sm_occupancy_ratio=None,
+        dram_bandwidth_ratio=None,
+    )
 
 
 @dataclass(frozen=True)
@@ -171,6 +194,10 @@ class GpmSampler:
             state = self._gpus[uuid]
             try:
                 sample = self.backend.sample(uuid)
+                if not has_gpm(state.info):
+                    # Whatever a backend says, a pre-Hopper GPU measured no pipe: never export
+                    # such numbers (they would read as idle pipes).
+                    sample = without_gpm(sample)
                 procs = self.backend.processes(uuid)
             except Exception as exc:
                 log.warning("reading GPU %s failed: %s", uuid, exc)
