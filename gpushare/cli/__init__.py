@@ -1,0 +1,1 @@
+"""Command-line tools: the `kubectl gpushare` plugin and `gpushare top`."""
