@@ -1,0 +1,350 @@
+"""kube-scheduler HTTP extender: filter, prioritize and bind for gpushare pods.
+
+Wire format is k8s.io/kube-scheduler/extender/v1, whose structs carry no JSON tags: keys are the
+Go field names (``Pod``, ``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``,
+``Host``, ``Score``, ``PodName``, ``Node``, ``Error``). With ``nodeCacheCapable`` the scheduler
+sends only node names; full ``Nodes`` lists are accepted too.
+
+Per call the work is proportional to the candidate nodes: each is looked up in the view and
+checked with gpushare.packing; nothing else is serialized.
+"""
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.names import STATE_ASSUMED
+from gpushare.api.placement import Placement, parse_placement
+from gpushare.controller import pods
+from gpushare.controller.view import ClusterView, ReservationError
+from gpushare.packing.fit import node_fit_reason
+from gpushare.packing.policy import Policy, choose_gpus, score_node
+
+log = logging.getLogger(__name__)
+
+MAX_EXTENDER_PRIORITY = 10
+"""k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority."""
+NO_INVENTORY = (
+    "gpushare: node has no GPUs shared by gpushare (no gpushare.io/gpus inventory from the "
+    "node agent)"
+)
+
+
+class BadRequestError(ValueError):
+    """A body that is not the extender JSON the verb expects (answered with HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class ExtenderArgs:
+    pod: Mapping[str, Any]
+    node_names: list[str]
+    nodes: list[Mapping[str, Any]] | None
+    """The full NodeList items when the scheduler is not nodeCacheCapable, else None."""
+
+
+@dataclass(frozen=True)
+class BindingArgs:
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+
+def _str_list(value: object, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BadRequestError(f"{where} must be a list of strings")
+    return list(value)
+
+
+def parse_extender_args(doc: object) -> ExtenderArgs:
+    """Validate an ExtenderArgs document; raises BadRequestError naming the bad key."""
+    if not isinstance(doc, dict):
+        raise BadRequestError("body must be an ExtenderArgs object with keys Pod and NodeNames")
+    pod = doc.get("Pod")
+    if not isinstance(pod, dict):
+        raise BadRequestError("Pod must be an object (the v1.Pod being scheduled)")
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        raise BadRequestError("Pod.metadata.name must be a string")
+    for part in ("metadata", "spec", "status"):
+        if part in pod and pod[part] is not None and not isinstance(pod[part], dict):
+            raise BadRequestError(f"Pod.{part} must be an object")
+    if meta.get("annotations") is not None and not isinstance(meta.get("annotations"), dict):
+        raise BadRequestError("Pod.metadata.annotations must be an object")
+    names = doc.get("NodeNames")
+    nodes_doc = doc.get("Nodes")
+    if names is not None:
+        return ExtenderArgs(pod=pod, node_names=_str_list(names, "NodeNames"), nodes=None)
+    if nodes_doc is not None:
+        items = nodes_doc.get("items") if isinstance(nodes_doc, dict) else None
+        if not isinstance(items, list):
+            raise BadRequestError("Nodes must be a v1.NodeList object with items")
+        out_names: list[str] = []
+        for i, node in enumerate(items):
+            node_meta = node.get("metadata") if isinstance(node, dict) else None
+            name = node_meta.get("name") if isinstance(node_meta, dict) else None
+            if not isinstance(name, str):
+                raise BadRequestError(f"Nodes.items[{i}].metadata.name must be a string")
+            out_names.append(name)
+        return ExtenderArgs(pod=pod, node_names=out_names, nodes=items)
+    raise BadRequestError("one of NodeNames or Nodes is required")
+
+
+def parse_binding_args(doc: object) -> BindingArgs:
+    if not isinstance(doc, dict):
+        raise BadRequestError("body must be an ExtenderBindingArgs object")
+    values: dict[str, str] = {}
+    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+        value = doc.get(key)
+        if not isinstance(value, str) or (key != "PodUID" and not value):
+            raise BadRequestError(f"{key} must be a non-empty string")
+        values[key] = value
+    return BindingArgs(values["PodName"], values["PodNamespace"], values["PodUID"], values["Node"])
+
+
+class PodWriter(Protocol):
+    """The API calls bind needs (gpushare.controller.kube.Kube implements it)."""
+
+    async def get_pod(self, *, namespace: str, name: str) -> dict[str, Any]: ...
+
+    async def patch_pod_annotations(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str | None = None,
+    ) -> dict[str, Any]: ...
+
+    async def bind_pod(self, *, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+def _prefixed(reason: str) -> str:
+    return reason if reason.startswith("gpushare") else f"gpushare: {reason}"
+
+
+class Extender:
+    """The three verbs over one view; the HTTP layer (server.py) only parses and times."""
+
+    def __init__(
+        self, *, view: ClusterView, writer: PodWriter | None, policy: Policy = Policy.BINPACK
+    ) -> None:
+        self.view = view
+        self.writer = writer
+        self.policy = policy
+
+    # ---- filter --------------------------------------------------------------------------
+
+    def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+        """ExtenderFilterResult. Misfits no preemption can cure (a pod bigger than any GPU of
+        the node, a node without gpushare GPUs) go to FailedAndUnresolvableNodes."""
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        try:
+            demand = pods.demand_of(args.pod)
+        except InvalidInputError as exc:
+            message = f"gpushare: {exc}"
+            return self._filter_result(args, [], {}, dict.fromkeys(args.node_names, message))
+        if demand is None:
+            return self._filter_result(args, list(args.node_names), {}, {})
+        key = pods.pod_key(args.pod)
+        for name in args.node_names:
+            node = self.view.node_for(name, key)
+            if node is None or not node.gpus:
+                unresolvable[name] = (
+                    f"gpushare: {self.view.node_problem(name)}"
+                    if self.view.node_problem(name)
+                    else NO_INVENTORY
+                )
+                continue
+            reason = node_fit_reason(node, demand)
+            if reason is None:
+                passed.append(name)
+                continue
+            empty = self.view.empty_node(name)
+            empty_reason = node_fit_reason(empty, demand) if empty is not None else reason
+            if empty_reason is not None:
+                unresolvable[name] = _prefixed(empty_reason)
+            else:
+                failed[name] = _prefixed(reason)
+        return self._filter_result(args, passed, failed, unresolvable)
+
+    @staticmethod
+    def _filter_result(
+        args: ExtenderArgs,
+        passed: list[str],
+        failed: dict[str, str],
+        unresolvable: dict[str, str],
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable,
+            "Error": "",
+        }
+        if args.nodes is None:
+            result["NodeNames"] = passed
+            result["Nodes"] = None
+        else:
+            keep = set(passed)
+            result["Nodes"] = {
+                "items": [n for n in args.nodes if n.get("metadata", {}).get("name") in keep]
+            }
+            result["NodeNames"] = None
+        return result
+
+    # ---- prioritize ----------------------------------------------------------------------
+
+    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+        """HostPriorityList: the packing policy's score per node, clamped to 0..10."""
+        try:
+            demand = pods.demand_of(args.pod)
+        except InvalidInputError:
+            demand = None
+        if demand is None:
+            return [{"Host": n, "Score": 0} for n in args.node_names]
+        key = pods.pod_key(args.pod)
+        out: list[dict[str, Any]] = []
+        for name in args.node_names:
+            node = self.view.node_for(name, key)
+            score = 0
+            if node is not None and node.gpus:
+                raw = score_node(node, demand, policy=self.policy)
+                score = max(0, min(MAX_EXTENDER_PRIORITY, int(raw)))
+            out.append({"Host": name, "Score": score})
+        return out
+
+    # ---- bind ----------------------------------------------------------------------------
+
+    async def bind(self, args: BindingArgs) -> dict[str, str]:
+        """Choose GPU(s), hold them in the view before any await, write the placement
+        annotations, then POST the Binding. On failure the hold is rolled back."""
+        if self.writer is None:
+            return {"Error": "gpushare: this extender has no API access and cannot bind"}
+        ns, name, node_name = args.pod_namespace, args.pod_name, args.node
+        key = f"{ns}/{name}"
+        try:
+            pod = await self.writer.get_pod(namespace=ns, name=name)
+        except Exception as exc:
+            return {"Error": f"gpushare: {exc}"}
+        uid = pods.pod_uid(pod)
+        if args.pod_uid and uid != args.pod_uid:
+            return {"Error": f"gpushare: pod {key} was recreated (uid {uid}, asked {args.pod_uid})"}
+        bound_to = pods.node_name(pod)
+        if bound_to is not None:
+            if bound_to == node_name:
+                return {"Error": ""}  # a retried bind that already went through
+            return {"Error": f"gpushare: pod {key} is already bound to {bound_to}"}
+        try:
+            demand = pods.demand_of(pod)
+        except InvalidInputError as exc:
+            return {"Error": f"gpushare: {exc}"}
+        if demand is None:
+            return await self._plain_bind(ns, name, uid, node_name)
+        # From here to view.reserve() nothing awaits: no other bind can interleave.
+        node = self.view.node_for(node_name, key)
+        if node is None or not node.gpus:
+            return {"Error": f"gpushare: node {node_name} has no GPUs shared by gpushare"}
+        assignment = choose_gpus(node, demand, policy=self.policy)
+        if assignment is None:
+            reason = node_fit_reason(node, demand) or "no GPU fits"
+            return {"Error": f"gpushare: node {node_name}: {reason}"}
+        bind_time = datetime.now(UTC)
+        try:
+            held = self.view.reserve(
+                key=key,
+                uid=uid,
+                node=node_name,
+                assignment=assignment,
+                demand=demand,
+                bind_time=bind_time,
+            )
+        except ReservationError as exc:
+            return {"Error": f"gpushare: {exc}"}
+        placement = Placement(
+            gpu_uuids=assignment.gpu_uuids,
+            thread_percent=assignment.thread_percent,
+            memory_limit_bytes=assignment.memory_limit_bytes,
+            bind_time=bind_time,
+            state=STATE_ASSUMED,
+        )
+        annotated = False
+        try:
+            # uid precondition only: a resourceVersion would fail on any unrelated status write.
+            await self.writer.patch_pod_annotations(
+                namespace=ns, name=name, uid=uid, annotations=placement.to_annotations()
+            )
+            annotated = True
+            await self.writer.bind_pod(namespace=ns, name=name, uid=uid, node=node_name)
+        except Exception as exc:
+            if annotated and await self._bound_anyway(ns, name, node_name, placement):
+                log.info("bind answered with an error but went through", extra={"pod": key})
+                return {"Error": ""}
+            self.view.release(held)
+            if annotated:
+                await self._unannotate(ns, name, uid, placement)
+            log.warning(
+                "bind failed; share released",
+                extra={"pod": key, "node": node_name, "error": str(exc)},
+            )
+            return {"Error": f"gpushare: {exc}"}
+        log.info(
+            "bound",
+            extra={
+                "pod": key,
+                "node": node_name,
+                "gpus": list(assignment.gpu_uuids),
+                "thread_percent": assignment.thread_percent,
+                "memory_limit": assignment.memory_limit_bytes,
+            },
+        )
+        return {"Error": ""}
+
+    async def _plain_bind(self, ns: str, name: str, uid: str, node: str) -> dict[str, str]:
+        assert self.writer is not None
+        try:
+            await self.writer.bind_pod(namespace=ns, name=name, uid=uid, node=node)
+        except Exception as exc:
+            return {"Error": f"gpushare: {exc}"}
+        return {"Error": ""}
+
+    async def _bound_anyway(self, ns: str, name: str, node: str, placement: Placement) -> bool:
+        """After an error from the Binding POST: did it land anyway (e.g. a lost response)?"""
+        assert self.writer is not None
+        try:
+            pod = await self.writer.get_pod(namespace=ns, name=name)
+        except Exception:
+            return False
+        try:
+            current = parse_placement(pods.annotations(pod))
+        except InvalidInputError:
+            return False
+        return (
+            pods.node_name(pod) == node
+            and current is not None
+            and current.gpu_uuids == placement.gpu_uuids
+        )
+
+    async def _unannotate(self, ns: str, name: str, uid: str, placement: Placement) -> None:
+        """Best effort: take our placement off a pod we failed to bind. If this fails too, the
+        stale placement stops counting after ``stale_assume_seconds``."""
+        assert self.writer is not None
+        try:
+            pod = await self.writer.get_pod(namespace=ns, name=name)
+            if pods.node_name(pod) is not None:
+                return
+            await self.writer.patch_pod_annotations(
+                namespace=ns,
+                name=name,
+                uid=uid,
+                annotations=dict.fromkeys(placement.to_annotations()),
+            )
+        except Exception as exc:
+            log.warning(
+                "could not remove placement of unbound pod",
+                extra={"pod": f"{ns}/{name}", "error": str(exc)},
+            )

@@ -1,0 +1,214 @@
+"""The one module of the cluster side that talks to the Kubernetes API (lightkube AsyncClient).
+
+It feeds the view from list+watch of nodes and pods, writes a pod's placement annotations and
+Binding for the extender, and registers the admission webhooks.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import httpx2
+from lightkube import ApiError, AsyncClient
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.models.core_v1 import ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.admissionregistration_v1 import (
+    MutatingWebhookConfiguration,
+    ValidatingWebhookConfiguration,
+)
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
+
+from gpushare.controller.view import ClusterView
+
+log = logging.getLogger(__name__)
+
+PodDict = dict[str, Any]
+
+
+class KubeError(Exception):
+    """An API call that failed; ``status`` is the HTTP status (0 when none came back)."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _wrap(exc: Exception, what: str) -> KubeError:
+    if isinstance(exc, ApiError):
+        code = int(exc.status.code or 0)
+        return KubeError(f"{what}: {exc.status.message or exc}", status=code)
+    return KubeError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+class Kube:
+    """A small typed facade over lightkube for exactly what the controller needs."""
+
+    def __init__(self, client: AsyncClient, *, field_manager: str) -> None:
+        self._client = client
+        self._field_manager = field_manager
+
+    @classmethod
+    def connect(cls, *, kubeconfig: Path | None, field_manager: str) -> "Kube":
+        """Build a client from a kubeconfig file, or in-cluster config / $KUBECONFIG."""
+        config = (
+            KubeConfig.from_file(kubeconfig) if kubeconfig is not None else KubeConfig.from_env()
+        )
+        client = AsyncClient(
+            config=config,
+            field_manager=field_manager,
+            timeout=httpx2.Timeout(15.0),
+        )
+        return cls(client, field_manager=field_manager)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    # ---- pods ----------------------------------------------------------------------------
+
+    async def get_pod(self, *, namespace: str, name: str) -> PodDict:
+        try:
+            pod = await self._client.get(Pod, name, namespace=namespace)
+        except Exception as exc:
+            raise _wrap(exc, f"get pod {namespace}/{name}") from exc
+        return dict(pod.to_dict())
+
+    async def patch_pod_annotations(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str | None = None,
+    ) -> PodDict:
+        """JSON merge patch of annotations (None deletes a key). The uid (and the
+        resourceVersion, when given) make it fail if the pod changed under us."""
+        meta: dict[str, Any] = {"uid": uid, "annotations": dict(annotations)}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        try:
+            pod = await self._client.patch(
+                Pod,
+                name,
+                {"metadata": meta},
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+                field_manager=self._field_manager,
+            )
+        except Exception as exc:
+            raise _wrap(exc, f"annotate pod {namespace}/{name}") from exc
+        return dict(pod.to_dict())
+
+    async def bind_pod(self, *, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST pods/<name>/binding; the uid makes the API server refuse a recreated pod."""
+        binding = Pod.Binding(
+            metadata=ObjectMeta(name=name, namespace=namespace, uid=uid),
+            target=ObjectReference(apiVersion="v1", kind="Node", name=node),
+        )
+        try:
+            await self._client.create(binding, name, namespace=namespace)
+        except Exception as exc:
+            raise _wrap(exc, f"bind pod {namespace}/{name} to {node}") from exc
+
+    # ---- watches -------------------------------------------------------------------------
+
+    async def _informer(
+        self,
+        res: Any,
+        *,
+        replace: Callable[[Iterable[Mapping[str, Any]]], None],
+        upsert: Callable[[Mapping[str, Any]], object],
+        delete: Callable[[Mapping[str, Any]], None],
+        resync_seconds: float,
+    ) -> None:
+        """List, then watch from the list's resourceVersion; re-list on 410 Gone, on any error
+        (after a backoff) and every ``resync_seconds``. Never returns."""
+        kind = res.__name__
+        backoff = 0.5
+        while True:
+            try:
+                listing = self._client.list(res, chunk_size=500)
+                items: list[dict[str, Any]] = [obj.to_dict() async for obj in listing]
+                version = listing.resourceVersion
+                replace(items)
+                log.info("listed", extra={"kind": kind, "count": len(items), "rv": version})
+                backoff = 0.5
+                async with asyncio.timeout(resync_seconds):
+                    async for event, obj in self._client.watch(
+                        res, resource_version=version, server_timeout=int(resync_seconds)
+                    ):
+                        data: dict[str, Any] = obj.to_dict()
+                        if event == "DELETED":
+                            delete(data)
+                        elif event in ("ADDED", "MODIFIED"):
+                            upsert(data)
+            except TimeoutError:
+                continue  # periodic re-list
+            except asyncio.CancelledError:
+                raise
+            except ApiError as exc:
+                code = exc.status.code
+                if code != 410:
+                    log.warning("watch failed", extra={"kind": kind, "error": str(exc)})
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 10.0)
+            except Exception as exc:
+                log.warning(
+                    "watch failed", extra={"kind": kind, "error": f"{type(exc).__name__}: {exc}"}
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    async def feed_nodes(self, view: ClusterView, *, resync_seconds: float) -> None:
+        def delete(data: Mapping[str, Any]) -> None:
+            view.delete_node(str(data.get("metadata", {}).get("name", "")))
+
+        await self._informer(
+            Node,
+            replace=view.replace_nodes,
+            upsert=view.upsert_node,
+            delete=delete,
+            resync_seconds=resync_seconds,
+        )
+
+    async def feed_pods(self, view: ClusterView, *, resync_seconds: float) -> None:
+        def upsert(data: Mapping[str, Any]) -> None:
+            f = view.upsert_pod(data)
+            if f is not None and f.problem is not None:
+                log.warning("pod annotations unreadable", extra={"pod": f.key, "error": f.problem})
+
+        def delete(data: Mapping[str, Any]) -> None:
+            meta = data.get("metadata", {})
+            view.delete_pod(f"{meta.get('namespace', 'default')}/{meta.get('name', '')}")
+
+        await self._informer(
+            Pod,
+            replace=view.replace_pods,
+            upsert=upsert,
+            delete=delete,
+            resync_seconds=resync_seconds,
+        )
+
+    # ---- webhook registration ------------------------------------------------------------
+
+    async def register_webhooks(
+        self, *, mutating: Mapping[str, Any], validating: Mapping[str, Any]
+    ) -> None:
+        """Server-side apply both webhook configurations (forcing our fields)."""
+        try:
+            mutating_obj = cast(
+                MutatingWebhookConfiguration,
+                MutatingWebhookConfiguration.from_dict(dict(mutating)),
+            )
+            validating_obj = cast(
+                ValidatingWebhookConfiguration,
+                ValidatingWebhookConfiguration.from_dict(dict(validating)),
+            )
+            await self._client.apply(mutating_obj, field_manager=self._field_manager, force=True)
+            await self._client.apply(validating_obj, field_manager=self._field_manager, force=True)
+        except Exception as exc:
+            raise _wrap(exc, "register admission webhooks") from exc

@@ -1,0 +1,293 @@
+"""Entry point of ``gpushare-controller``: one asyncio loop running the extender, the webhook, the
+watches that feed the view and, when present, the Kopf operator.
+
+Hooking in the operator: a module ``gpushare.controller.operator`` exposing
+``async def run_operator(context: ControllerContext) -> None`` is started as a task in the same
+loop (unless ``--no-operator``). It gets the same :class:`ClusterView` the extender and webhook
+use (``context.view``; ``view.share_resolver`` and ``view.listeners`` are its hooks), the
+settings, and ``context.stopping``, an event set when the process shuts down. If it returns or
+raises, the process stops, so Kubernetes restarts it whole.
+"""
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import logging
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.controller import logs
+from gpushare.controller.extender import Extender
+from gpushare.controller.kube import Kube
+from gpushare.controller.metrics import Metrics
+from gpushare.controller.registration import webhook_configurations
+from gpushare.controller.server import extender_app, webhook_app
+from gpushare.controller.settings import PROG, Settings, parse_args
+from gpushare.controller.tls import CertFiles, ensure_certs
+from gpushare.controller.view import ClusterView
+from gpushare.controller.webhook import ClusterFacts
+
+log = logging.getLogger("gpushare.controller")
+
+OPERATOR_MODULE = "gpushare.controller.operator"
+
+
+@dataclass
+class ControllerContext:
+    """What every component of the process shares."""
+
+    settings: Settings
+    view: ClusterView
+    metrics: Metrics
+    kube: Kube | None
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    webhook_registered: bool = False
+    certs: CertFiles | None = None
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.view.synced:
+            return False, "waiting for the first list of nodes and pods"
+        if self.settings.register_webhooks and not self.webhook_registered:
+            return False, "waiting to register the admission webhooks"
+        return True, "ready"
+
+    def cluster_facts(self) -> ClusterFacts:
+        return ClusterFacts(
+            max_gpu_memory=self.view.max_gpu_memory,
+            max_gpus_per_node=max(
+                (sum(1 for g in n.gpus if g.healthy) for n in self.view.nodes().values()),
+                default=0,
+            ),
+            share_lookup=self.view.share_resolver,
+            protected_host_paths=self.settings.protected_host_paths,
+        )
+
+
+Hook = Callable[[ControllerContext], Coroutine[Any, Any, None]]
+
+
+def find_operator() -> Hook | None:
+    """The operator's entry point, if that module is installed."""
+    if importlib.util.find_spec(OPERATOR_MODULE) is None:
+        return None
+    module = importlib.import_module(OPERATOR_MODULE)
+    hook = getattr(module, "run_operator", None)
+    return hook if callable(hook) else None
+
+
+async def _start_site(
+    app: web.Application, *, host: str, port: int, ssl_context: object | None
+) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)  # type: ignore[arg-type]
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise InvalidInputError(
+            f"{host}:{port}", f"cannot listen ({exc.strerror})", "free the port or pick another"
+        ) from None
+    return runner
+
+
+async def _expire_loop(ctx: ControllerContext) -> None:
+    period = max(1.0, min(10.0, ctx.settings.stale_assume_seconds / 4))
+    while True:
+        await asyncio.sleep(period)
+        for key in ctx.view.expire_stale():
+            log.info("stale placement released (pod never bound)", extra={"pod": key})
+
+
+async def _register(ctx: ControllerContext) -> None:
+    assert ctx.kube is not None and ctx.certs is not None
+    # Wait for the inventory first, so the very first reviews can check memory sizes.
+    for _ in range(300):
+        if ctx.view.synced:
+            break
+        await asyncio.sleep(0.1)
+    mutating, validating = webhook_configurations(ctx.settings, ctx.certs.ca_pem())
+    delay = 0.5
+    while True:
+        try:
+            await ctx.kube.register_webhooks(mutating=mutating, validating=validating)
+            break
+        except Exception as exc:
+            log.warning("webhook registration failed; retrying", extra={"error": str(exc)})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+    ctx.webhook_registered = True
+    log.info("admission webhooks registered", extra={"name": ctx.settings.webhook_config_name})
+
+
+async def run(
+    settings: Settings,
+    *,
+    hooks: Sequence[Hook] = (),
+    kube: Kube | None = None,
+    view: ClusterView | None = None,
+    connect: bool = True,
+) -> None:
+    """Run until ``context.stopping`` is set (SIGTERM/SIGINT in ``main``) or a task dies.
+
+    ``connect=False`` runs without any API server (extender and webhook only; for benchmarks and
+    fuzzing), in which case the caller fills ``view``.
+    """
+    view = view or ClusterView(stale_assume_seconds=settings.stale_assume_seconds)
+    metrics = Metrics(view)
+    if kube is None and connect:
+        kube = Kube.connect(kubeconfig=settings.kubeconfig, field_manager=settings.field_manager)
+    ctx = ControllerContext(settings=settings, view=view, metrics=metrics, kube=kube)
+    await serve(ctx, hooks=hooks)
+
+
+async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
+    settings = ctx.settings
+    runners: list[web.AppRunner] = []
+    tasks: dict[asyncio.Task[None], str] = {}
+    tmpdir: tempfile.TemporaryDirectory[str] | None = None
+    try:
+        extender = Extender(view=ctx.view, writer=ctx.kube, policy=settings.policy)
+        ssl_ext = None
+        if settings.extender_tls_cert is not None and settings.extender_tls_key is not None:
+            ssl_ext = CertFiles(
+                settings.extender_tls_cert, settings.extender_tls_key, settings.extender_tls_cert
+            ).server_context()
+        runners.append(
+            await _start_site(
+                extender_app(extender, metrics=ctx.metrics, ready=ctx.ready),
+                host=settings.extender_host,
+                port=settings.extender_port,
+                ssl_context=ssl_ext,
+            )
+        )
+        log.info(
+            "extender listening",
+            extra={
+                "url": f"{'https' if ssl_ext else 'http'}://{settings.extender_host}:"
+                f"{settings.extender_port}/scheduler"
+            },
+        )
+        if settings.webhook_enabled:
+            cert_dir = settings.webhook_cert_dir
+            if cert_dir is None:
+                tmpdir = tempfile.TemporaryDirectory(prefix="gpushare-webhook-")
+                cert_dir = Path(tmpdir.name)
+            ctx.certs = ensure_certs(
+                cert_dir,
+                hosts=settings.webhook_hosts(),
+                required=settings.webhook_required_hosts() or None,
+            )
+            runners.append(
+                await _start_site(
+                    webhook_app(facts=ctx.cluster_facts, metrics=ctx.metrics, ready=ctx.ready),
+                    host=settings.webhook_host,
+                    port=settings.webhook_port,
+                    ssl_context=ctx.certs.server_context(),
+                )
+            )
+            log.info(
+                "webhook listening",
+                extra={"url": f"https://{settings.webhook_host}:{settings.webhook_port}"},
+            )
+        if ctx.kube is not None:
+            tasks[
+                asyncio.create_task(
+                    ctx.kube.feed_nodes(ctx.view, resync_seconds=settings.resync_seconds)
+                )
+            ] = "node watch"
+            tasks[
+                asyncio.create_task(
+                    ctx.kube.feed_pods(ctx.view, resync_seconds=settings.resync_seconds)
+                )
+            ] = "pod watch"
+            if settings.register_webhooks:
+                tasks[asyncio.create_task(_register(ctx))] = "webhook registration"
+        else:
+            ctx.view.nodes_synced = ctx.view.pods_synced = True
+        tasks[asyncio.create_task(_expire_loop(ctx))] = "stale placement expiry"
+        all_hooks = list(hooks)
+        if settings.operator_enabled:
+            operator = find_operator()
+            if operator is not None:
+                all_hooks.append(operator)
+            else:
+                log.info("no operator module installed; running extender and webhook only")
+        for hook in all_hooks:
+            tasks[asyncio.create_task(hook(ctx))] = getattr(hook, "__qualname__", "hook")
+        stop: asyncio.Task[Any] = asyncio.create_task(ctx.stopping.wait())
+        while True:
+            waiting: list[asyncio.Task[Any]] = [stop, *tasks]
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if stop in done:
+                log.info("stopping")
+                return
+            finished = [t for t in tasks if t in done]
+            # Registration finishing is expected; anything else ending is fatal.
+            for task in finished:
+                name = tasks.pop(task)
+                if name == "webhook registration" and task.exception() is None:
+                    continue
+                exc = task.exception()
+                log.error("task ended; stopping", extra={"task": name, "error": repr(exc)})
+                raise SystemExit(1)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        for runner in runners:
+            await runner.cleanup()
+        if ctx.kube is not None:
+            with contextlib.suppress(Exception):
+                await ctx.kube.close()
+        if tmpdir is not None:
+            tmpdir.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_args(argv)
+    except InvalidInputError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(settings.log_level)
+
+    async def _main() -> None:
+        view = ClusterView(stale_assume_seconds=settings.stale_assume_seconds)
+        try:
+            kube = Kube.connect(
+                kubeconfig=settings.kubeconfig, field_manager=settings.field_manager
+            )
+        except Exception as exc:
+            raise InvalidInputError(
+                "--kubeconfig", f"cannot load Kubernetes config ({exc})", "give a valid kubeconfig"
+            ) from None
+        ctx = ControllerContext(settings=settings, view=view, metrics=Metrics(view), kube=kube)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, ctx.stopping.set)
+        await serve(ctx)
+
+    try:
+        asyncio.run(_main())
+    except InvalidInputError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,403 @@
+"""The controller's in-memory view of GPUs and the shares placed on them.
+
+Fed by watches of nodes (inventory annotation ``gpushare.io/gpus``) and pods (placement
+annotations), plus the extender's in-flight reservations. Nothing here is state of record: every
+tenant comes from a pod's placement annotations or from a bind in progress in this process, so a
+restart rebuilds the same view from the API server.
+
+All methods are synchronous and the process is single-threaded asyncio: a caller that checks a
+fit and reserves without awaiting in between can never oversubscribe a GPU.
+"""
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.inventory import GpuInfo, load_inventory
+from gpushare.api.names import ANN_NODE_GPUS, SLICES_PER_GPU
+from gpushare.api.request import GpuRequest
+from gpushare.controller.pods import PodFacts, facts
+from gpushare.packing.fit import fit_reason
+from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, Tenant
+
+log = logging.getLogger(__name__)
+
+ShareResolver = Callable[[str, str], GpuRequest | None]
+"""(namespace, GpuShare name) -> the request it stands for, or None when there is no such share.
+Set by the operator; the webhook uses it for pods linked with ``gpushare.io/share``."""
+
+
+class ReservationError(Exception):
+    """A reservation that would oversubscribe a GPU or names a GPU not on the node."""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A bind in progress: the GPU share is held before any API write is awaited."""
+
+    key: str
+    uid: str
+    node: str
+    assignment: Assignment
+    demand: Demand
+    bind_time: datetime
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class ClusterView:
+    """GPUs by node, tenants by GPU, gpushare pods by key."""
+
+    def __init__(
+        self,
+        *,
+        stale_assume_seconds: float = 120.0,
+        clock: Callable[[], datetime] = _now,
+    ) -> None:
+        self.stale_assume_seconds = stale_assume_seconds
+        self._clock = clock
+        self._nodes: dict[str, NodeState] = {}
+        self._empty_nodes: dict[str, NodeState] = {}
+        self._node_problems: dict[str, str] = {}
+        self._gpus: dict[str, GpuState] = {}
+        self._gpu_node: dict[str, str] = {}
+        self._pods: dict[str, PodFacts] = {}
+        self._reservations: dict[str, Reservation] = {}
+        self._tenancy: dict[str, dict[str, Tenant]] = {}
+        self._tenants_by_gpu: dict[str, dict[str, Tenant]] = {}
+        self._max_gpu_memory = 0
+        self.generation = 0
+        """Bumped on every change; lets readers cache derived data."""
+        self.nodes_synced = False
+        self.pods_synced = False
+        self.share_resolver: ShareResolver | None = None
+        self.listeners: list[Callable[[str, str], None]] = []
+        """Called with (kind, key) after a node or pod changed; kind is "node" or "pod"."""
+
+    # ---- reading -------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        """True once the first full list of nodes and pods is in."""
+        return self.nodes_synced and self.pods_synced
+
+    def node(self, name: str) -> NodeState | None:
+        return self._nodes.get(name)
+
+    def node_names(self) -> list[str]:
+        return list(self._nodes)
+
+    def nodes(self) -> Mapping[str, NodeState]:
+        return self._nodes
+
+    def empty_node(self, name: str) -> NodeState | None:
+        """The node's GPUs with no tenants: what fits after preempting everyone."""
+        return self._empty_nodes.get(name)
+
+    def node_problem(self, name: str) -> str | None:
+        """Why a node's inventory annotation could not be read, if it could not."""
+        return self._node_problems.get(name)
+
+    def node_for(self, name: str, pod_key: str) -> NodeState | None:
+        """The node as pod ``pod_key`` sees it: its own share (a stale or earlier placement of
+        the same pod) does not count against it."""
+        node = self._nodes.get(name)
+        if node is None:
+            return None
+        own = self._tenancy.get(pod_key)
+        if not own or not any(self._gpu_node.get(u) == name for u in own):
+            return node
+        gpus = [
+            replace(g, tenants=[t for t in g.tenants if t.key != pod_key]) if g.uuid in own else g
+            for g in node.gpus
+        ]
+        return NodeState(name=node.name, gpus=gpus)
+
+    def gpu(self, uuid: str) -> GpuState | None:
+        return self._gpus.get(uuid)
+
+    def node_of_gpu(self, uuid: str) -> str | None:
+        return self._gpu_node.get(uuid)
+
+    def pod(self, key: str) -> PodFacts | None:
+        return self._pods.get(key)
+
+    def pods(self) -> Mapping[str, PodFacts]:
+        return self._pods
+
+    def reservation(self, key: str) -> Reservation | None:
+        return self._reservations.get(key)
+
+    def tenancy(self, key: str) -> Mapping[str, Tenant]:
+        """GPU uuid -> the tenant this pod holds there now."""
+        return self._tenancy.get(key, {})
+
+    @property
+    def max_gpu_memory(self) -> int:
+        """Memory of the largest healthy GPU in the cluster (0 before any inventory)."""
+        return self._max_gpu_memory
+
+    # ---- nodes ---------------------------------------------------------------------------
+
+    def upsert_node(self, node: Mapping[str, Any]) -> None:
+        meta = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
+        assert isinstance(meta, Mapping)
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            return
+        ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+        assert isinstance(ann, Mapping)
+        text = ann.get(ANN_NODE_GPUS)
+        if not isinstance(text, str):
+            self.delete_node(name)
+            return
+        try:
+            inventory = load_inventory(text)
+        except InvalidInputError as exc:
+            log.warning("node inventory unreadable", extra={"node": name, "error": str(exc)})
+            self.delete_node(name)
+            self._node_problems[name] = str(exc)
+            return
+        self._node_problems.pop(name, None)
+        self._set_inventory(name, inventory)
+
+    def _set_inventory(self, name: str, inventory: list[GpuInfo]) -> None:
+        old = self._nodes.get(name)
+        if old is not None and [_signature(g) for g in old.gpus] == [
+            (g.uuid, g.index, g.model, g.memory_bytes, g.healthy) for g in inventory
+        ]:
+            return
+        self._drop_node_gpus(name)
+        gpus: list[GpuState] = []
+        empties: list[GpuState] = []
+        for info in sorted(inventory, key=lambda g: g.index):
+            state = GpuState(
+                uuid=info.uuid,
+                memory_bytes=info.memory_bytes,
+                model=info.model,
+                index=info.index,
+                healthy=info.healthy,
+                tenants=list(self._tenants_by_gpu.get(info.uuid, {}).values()),
+            )
+            gpus.append(state)
+            empties.append(replace(state, tenants=[]))
+            self._gpus[info.uuid] = state
+            self._gpu_node[info.uuid] = name
+        self._nodes[name] = NodeState(name=name, gpus=gpus)
+        self._empty_nodes[name] = NodeState(name=name, gpus=empties)
+        self._refresh_max_memory()
+        self._changed("node", name)
+
+    def _drop_node_gpus(self, name: str) -> None:
+        old = self._nodes.pop(name, None)
+        self._empty_nodes.pop(name, None)
+        if old is None:
+            return
+        for g in old.gpus:
+            if self._gpu_node.get(g.uuid) == name:
+                self._gpus.pop(g.uuid, None)
+                self._gpu_node.pop(g.uuid, None)
+
+    def delete_node(self, name: str) -> None:
+        self._node_problems.pop(name, None)
+        if name in self._nodes:
+            self._drop_node_gpus(name)
+            self._refresh_max_memory()
+            self._changed("node", name)
+
+    def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: nodes missing from it are gone."""
+        seen: set[str] = set()
+        for node in nodes:
+            meta = node.get("metadata")
+            if isinstance(meta, Mapping) and isinstance(meta.get("name"), str):
+                seen.add(meta["name"])
+            self.upsert_node(node)
+        for name in [n for n in self._nodes if n not in seen]:
+            self.delete_node(name)
+        self.nodes_synced = True
+
+    def _refresh_max_memory(self) -> None:
+        self._max_gpu_memory = max(
+            (g.memory_bytes for g in self._gpus.values() if g.healthy), default=0
+        )
+
+    # ---- pods ----------------------------------------------------------------------------
+
+    def upsert_pod(self, pod: Mapping[str, Any]) -> PodFacts | None:
+        """Take a watched pod in; returns what was read (None for pods gpushare ignores)."""
+        f = facts(pod)
+        if f.demand is None and f.placement is None and f.problem is None:
+            self.delete_pod(f.key)
+            return None
+        self._pods[f.key] = f
+        res = self._reservations.get(f.key)
+        if res is not None and (
+            f.uid != res.uid
+            or f.finished
+            or (
+                f.node == res.node
+                and f.placement is not None
+                and f.placement.gpu_uuids == res.assignment.gpu_uuids
+            )
+        ):
+            # Bound with our annotations (or gone): the annotations are the record now.
+            del self._reservations[f.key]
+        self._apply(f.key)
+        return f
+
+    def delete_pod(self, key: str) -> None:
+        had = key in self._pods or key in self._reservations
+        self._pods.pop(key, None)
+        self._reservations.pop(key, None)
+        self._apply(key)
+        if had:
+            self._changed("pod", key)
+
+    def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: gpushare pods missing from it are gone."""
+        seen: set[str] = set()
+        for pod in pods:
+            f = self.upsert_pod(pod)
+            if f is not None:
+                seen.add(f.key)
+        for key in [k for k in self._pods if k not in seen]:
+            self.delete_pod(key)
+        self.pods_synced = True
+
+    def expire_stale(self) -> list[str]:
+        """Re-evaluate placements written but never bound; returns the keys that let go."""
+        released: list[str] = []
+        for key, f in list(self._pods.items()):
+            if f.node is None and f.placement is not None and key not in self._reservations:
+                before = bool(self._tenancy.get(key))
+                self._apply(key)
+                if before and not self._tenancy.get(key):
+                    released.append(key)
+        return released
+
+    # ---- reservations --------------------------------------------------------------------
+
+    def reserve(
+        self,
+        *,
+        key: str,
+        uid: str,
+        node: str,
+        assignment: Assignment,
+        demand: Demand,
+        bind_time: datetime,
+    ) -> Reservation:
+        """Hold the assignment's share now. Raises ReservationError (holding nothing) when a GPU
+        is not on the node or would be oversubscribed; replaces the pod's earlier share."""
+        current = self.node_for(node, key)
+        if current is None:
+            raise ReservationError(f"node {node!r} has no GPUs shared by gpushare")
+        per_gpu = _per_gpu_demand(demand)
+        for uuid in assignment.gpu_uuids:
+            gpu = next((g for g in current.gpus if g.uuid == uuid), None)
+            if gpu is None:
+                raise ReservationError(f"GPU {uuid} is not on node {node}")
+            reason = fit_reason(gpu, per_gpu)
+            if reason is not None:
+                raise ReservationError(f"GPU {uuid} on {node}: {reason}")
+        res = Reservation(key, uid, node, assignment, demand, bind_time)
+        self._reservations[key] = res
+        self._apply(key)
+        return res
+
+    def release(self, res: Reservation) -> None:
+        """Undo a reservation (bind failed); a later reservation of the pod is left alone."""
+        if self._reservations.get(res.key) is res:
+            del self._reservations[res.key]
+            self._apply(res.key)
+
+    # ---- tenancy -------------------------------------------------------------------------
+
+    def _desired(self, key: str) -> dict[str, Tenant]:
+        res = self._reservations.get(key)
+        if res is not None:
+            return self._tenants(
+                key,
+                res.assignment.gpu_uuids,
+                res.demand,
+                res.assignment.memory_limit_bytes,
+            )
+        f = self._pods.get(key)
+        if f is None or f.finished or f.placement is None:
+            return {}
+        if f.node is None:
+            age = (self._clock() - f.placement.bind_time).total_seconds()
+            if age > self.stale_assume_seconds:
+                return {}
+        demand = f.demand
+        if demand is None:
+            demand = Demand(percent=min(f.placement.thread_percent, SLICES_PER_GPU))
+        return self._tenants(key, f.placement.gpu_uuids, demand, f.placement.memory_limit_bytes)
+
+    def _tenants(
+        self, key: str, uuids: tuple[str, ...], demand: Demand, memory_limit: int
+    ) -> dict[str, Tenant]:
+        out: dict[str, Tenant] = {}
+        per_gpu = _per_gpu_demand(demand)
+        for uuid in uuids:
+            memory = memory_limit
+            if memory <= 0:
+                gpu = self._gpus.get(uuid)
+                memory = gpu.memory_bytes if gpu is not None else 0
+            out[uuid] = Tenant(
+                key=key,
+                percent=per_gpu.percent,
+                memory_bytes=memory,
+                gpu_class=demand.gpu_class,
+                processes=demand.processes,
+                profile=demand.profile,
+            )
+        return out
+
+    def _apply(self, key: str) -> None:
+        new = self._desired(key)
+        old = self._tenancy.get(key, {})
+        if new == old:
+            return
+        for uuid in old:
+            tenants = self._tenants_by_gpu.get(uuid)
+            if tenants is not None:
+                tenants.pop(key, None)
+                if not tenants:
+                    del self._tenants_by_gpu[uuid]
+        for uuid, tenant in new.items():
+            self._tenants_by_gpu.setdefault(uuid, {})[key] = tenant
+        if new:
+            self._tenancy[key] = new
+        else:
+            self._tenancy.pop(key, None)
+        for uuid in set(old) | set(new):
+            gpu = self._gpus.get(uuid)
+            if gpu is not None:
+                gpu.tenants = list(self._tenants_by_gpu.get(uuid, {}).values())
+        self._changed("pod", key)
+
+    def _changed(self, kind: str, key: str) -> None:
+        self.generation += 1
+        for listener in self.listeners:
+            try:
+                listener(kind, key)
+            except Exception:
+                log.exception("view listener failed", extra={"kind": kind, "key": key})
+
+
+def _per_gpu_demand(demand: Demand) -> Demand:
+    """What a (possibly multi-GPU) demand asks of each one of its GPUs."""
+    if demand.gpus > 1:
+        return replace(demand, gpus=1, percent=SLICES_PER_GPU)
+    return demand
+
+
+def _signature(g: GpuState) -> tuple[str, int, str, int, bool]:
+    return (g.uuid, g.index, g.model, g.memory_bytes, g.healthy)
