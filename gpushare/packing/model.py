@@ -33,7 +33,11 @@ class Demand:
     """MPS client processes the pod will run (budgeted against the server's client limit)."""
     profile: PipeProfile | None = None
     gpu_model: str | None = None
-    """Restrict to GPUs of this model, when set."""
+    """Restrict to GPUs of this model, when set; ``"A|B"`` allows either model."""
+    cpu_milli: int = 0
+    """Host CPU the pod requests (milli-CPU), checked against ``NodeState.cpu_milli_free``."""
+    host_memory_bytes: int = 0
+    """Host memory the pod requests, checked against ``NodeState.memory_free_bytes``."""
 
     @property
     def whole(self) -> bool:
@@ -51,6 +55,8 @@ class Tenant:
     gpu_class: str = CLASS_BATCH
     processes: int = 1
     profile: PipeProfile | None = None
+    thread_percent: int | None = None
+    """MPS active-thread % the pod runs with; None means equal to ``percent``."""
 
 
 @dataclass

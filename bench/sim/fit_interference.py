@@ -1,0 +1,65 @@
+"""Refit gpushare's interference model from measured colocations; one command.
+
+    python -m bench.sim.fit_interference bench/gpu/data/colocations.json
+    python -m bench.sim.fit_interference --seed           # the shipped seed-derived default
+
+Reads a JSON list of colocation records (format in gpushare.packing.interference), fits
+ln(slowdown) by non-negative least squares, prints each coefficient, the in-sample MAPE and the
+leave-one-record-out (held-out) MAPE, and writes gpushare/packing/data/interference.json unless
+``--dry-run``.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.packing.interference import fit, parse_records
+
+REPO = Path(__file__).resolve().parents[2]
+SEED = REPO / "bench" / "sim" / "data" / "seed_colocations.json"
+OUTPUT = REPO / "gpushare" / "packing" / "data" / "interference.json"
+SEED_SOURCE = (
+    "seed: fit on bench/sim/data/seed_colocations.json, colocations reconstructed from the "
+    "numbers in DESIGN.md and the seed papers (cautiously-aggressive GPU space sharing, KACE); "
+    "several profiles there are assumed. Replace with measured data: "
+    "python -m bench.sim.fit_interference bench/gpu/data/colocations.json"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("records", nargs="?", type=Path, help="colocations JSON file")
+    parser.add_argument("--seed", action="store_true", help="fit the shipped seed records")
+    parser.add_argument("--output", type=Path, default=OUTPUT)
+    parser.add_argument("--dry-run", action="store_true", help="print, do not write")
+    args = parser.parse_args(argv)
+    path: Path | None = SEED if args.seed else args.records
+    if path is None:
+        parser.error("give a colocations JSON file, or --seed")
+    try:
+        records = parse_records(json.loads(path.read_text()), origin=path.name)
+        source = SEED_SOURCE if args.seed else f"fit on {path.name} ({len(records)} records)"
+        model = fit(records, source=source)
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"cannot read {path}: {exc}", file=sys.stderr)
+        return 2
+    except InvalidInputError as exc:
+        print(f"bad colocation data: {exc}", file=sys.stderr)
+        return 2
+    for name, c in zip(model.feature_names, model.coefficients, strict=True):
+        print(f"  {name:22s} {c:8.4f}")
+    held = "n/a" if model.mape_held_out is None else f"{100 * model.mape_held_out:.1f}%"
+    print(
+        f"records {model.records}, jobs {model.jobs}, "
+        f"MAPE in-sample {100 * (model.mape_in_sample or 0):.1f}%, held-out {held}"
+    )
+    if not args.dry_run:
+        args.output.write_text(json.dumps(model.to_dict(), indent=2) + "\n")
+        print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""GPU fragmentation measured against the workload, and FGD placement.
+
+From Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation
+Gradient Descent" (USENIX ATC'23). A node's unallocated GPU capacity is a *fragment* for a task
+when the task cannot use it: the node lacks the task's CPU, has too few GPUs with enough free
+share, or has GPUs of a model the task may not use. For a task that does fit, the fragment is
+the free share stranded on GPUs too full for it. Tasks that use no GPU see every free GPU share
+as a fragment. The node's fragmentation against a workload M is the expectation over M's task
+popularity:
+
+    F_n(M) = sum_m p_m * F_n(m)
+
+with F_n(m) = all free GPU share when m does not fit on n (lack of GPU, CPU or model access),
+else the free share of GPUs whose free share is below m's per-GPU demand. Fragmentation
+Gradient Descent places each task where F_n(M) grows least (or falls most).
+
+Units here are GPU-percent (100 = one GPU), the extender's unit. Evaluations are memoised on the
+node's *shape* (sorted free shares, free CPU, GPU model): nodes repeat shapes constantly and a
+node's shape changes only when a pod lands on or leaves it, so the extender's per-node cost
+stays a dictionary lookup most of the time.
+"""
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from gpushare.api.names import SLICES_PER_GPU
+from gpushare.packing.fit import fit_reason, model_allows
+from gpushare.packing.model import Demand, GpuState, NodeState
+
+_MEMO_LIMIT = 400_000
+
+
+@dataclass(frozen=True)
+class TaskClass:
+    """One kind of task in the workload: what it asks for and how popular it is."""
+
+    weight: float
+    """Relative popularity (normalised by :class:`Workload`)."""
+    percent: int
+    """Per-GPU share in GPU-percent (100 for whole GPUs); 0 for a task without GPUs."""
+    gpus: int = 1
+    """GPUs the task needs (0 for a CPU-only task)."""
+    cpu_milli: int = 0
+    gpu_model: str | None = None
+    """Allowed GPU models, ``"A|B"``; None = any."""
+
+
+@dataclass(frozen=True)
+class _Group:
+    percent: int
+    gpus: int
+    cpus: tuple[int, ...]
+    cumulative: tuple[float, ...]
+    """cumulative[i] = weight of the tasks with the i smallest CPU demands."""
+    total: float
+
+
+class Workload:
+    """The distribution of task demands fragmentation is measured against.
+
+    The FGD paper uses the "typical" tasks: the most popular demand shapes that together cover
+    most tasks. :meth:`typical` builds that from observed demands; :meth:`default` is a small
+    prior for a cluster that has not observed anything yet.
+    """
+
+    def __init__(self, tasks: Sequence[TaskClass]) -> None:
+        total = sum(t.weight for t in tasks)
+        if not tasks or total <= 0:
+            raise ValueError("a workload needs at least one task class with positive weight")
+        self.tasks: tuple[TaskClass, ...] = tuple(
+            TaskClass(t.weight / total, t.percent, t.gpus, t.cpu_milli, t.gpu_model) for t in tasks
+        )
+        self._tables: dict[str, tuple[float, tuple[_Group, ...]]] = {}
+        self._memo: dict[tuple[tuple[int, ...], int | None, str], float] = {}
+
+    @classmethod
+    def typical(
+        cls, demands: Iterable[tuple[int, int, int, str | None]], *, coverage: float = 0.95
+    ) -> "Workload":
+        """Most popular (percent, gpus, cpu_milli, gpu_model) shapes covering ``coverage`` of
+        the demands, weighted by popularity (the FGD paper's "typical pods")."""
+        counts: dict[tuple[int, int, int, str | None], int] = {}
+        n = 0
+        for shape in demands:
+            counts[shape] = counts.get(shape, 0) + 1
+            n += 1
+        if n == 0:
+            raise ValueError("no demands to learn a workload from")
+        ranked = sorted(
+            counts.items(), key=lambda kv: (-kv[1], kv[0][2], kv[0][0], kv[0][1], kv[0][3] or "")
+        )
+        chosen: list[TaskClass] = []
+        covered = 0
+        for (percent, gpus, cpu, model), count in ranked:
+            chosen.append(TaskClass(count, percent, gpus, cpu, model))
+            covered += count
+            if covered >= coverage * n:
+                break
+        return cls(chosen)
+
+    @classmethod
+    def default(cls) -> "Workload":
+        return _default_workload()
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def _table(self, model: str) -> tuple[float, tuple[_Group, ...]]:
+        table = self._tables.get(model)
+        if table is not None:
+            return table
+        constant = 0.0
+        grouped: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        for t in self.tasks:
+            if t.gpus <= 0 or t.percent <= 0 or not model_allows(t.gpu_model, model):
+                constant += t.weight
+            else:
+                grouped.setdefault((t.percent, t.gpus), []).append((t.cpu_milli, t.weight))
+        groups: list[_Group] = []
+        for (percent, gpus), items in sorted(grouped.items()):
+            items.sort()
+            cumulative: list[float] = [0.0]
+            for _, w in items:
+                cumulative.append(cumulative[-1] + w)
+            groups.append(
+                _Group(
+                    percent=percent,
+                    gpus=gpus,
+                    cpus=tuple(c for c, _ in items),
+                    cumulative=tuple(cumulative),
+                    total=cumulative[-1],
+                )
+            )
+        table = (constant, tuple(groups))
+        self._tables[model] = table
+        return table
+
+    def fragmentation(self, free: tuple[int, ...], cpu_free: int | None, model: str) -> float:
+        """Expected fragmented GPU-percent of a node whose GPUs have ``free`` shares (sorted
+        ascending), with ``cpu_free`` milli-CPU (None = not tracked) and GPUs of ``model``."""
+        key = (free, cpu_free, model)
+        cached = self._memo.get(key)
+        if cached is not None:
+            return cached
+        total = sum(free)
+        if total <= 0:
+            return 0.0
+        constant, groups = self._table(model)
+        frag = constant * total
+        n = len(free)
+        idx = 0
+        below = 0  # sum of free shares below the current group's percent
+        for g in groups:
+            while idx < n and free[idx] < g.percent:
+                below += free[idx]
+                idx += 1
+            if cpu_free is None:
+                fits_cpu = g.total
+            else:
+                fits_cpu = g.cumulative[bisect.bisect_right(g.cpus, cpu_free)]
+            if n - idx >= g.gpus:
+                frag += fits_cpu * below + (g.total - fits_cpu) * total
+            else:
+                frag += g.total * total
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = frag
+        return frag
+
+
+@lru_cache(maxsize=1)
+def _default_workload() -> Workload:
+    # A prior, not data: whole GPUs dominate, with a spread of common fractions and a few
+    # multi-GPU tasks. The controller replaces it with Workload.typical() of the pods it sees.
+    return Workload(
+        [
+            TaskClass(0.40, 100, 1),
+            TaskClass(0.05, 100, 2),
+            TaskClass(0.03, 100, 4),
+            TaskClass(0.02, 100, 8),
+            TaskClass(0.10, 50, 1),
+            TaskClass(0.10, 25, 1),
+            TaskClass(0.08, 75, 1),
+            TaskClass(0.07, 30, 1),
+            TaskClass(0.05, 10, 1),
+        ]
+    )
+
+
+# --- nodes and placements ------------------------------------------------------------------
+
+
+def node_model(node: NodeState) -> str:
+    """The node's GPU model (its first GPU's; nodes are homogeneous in practice)."""
+    return node.gpus[0].model if node.gpus else ""
+
+
+def free_shares(node: NodeState) -> tuple[int, ...]:
+    """Sorted free GPU-percent of the node's healthy GPUs (unhealthy GPUs are not capacity)."""
+    return tuple(sorted(g.free_percent for g in node.gpus if g.healthy))
+
+
+def node_fragmentation(node: NodeState, workload: Workload) -> float:
+    return workload.fragmentation(free_shares(node), node.cpu_milli_free, node_model(node))
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to place a demand on a node and what it does to the node's fragmentation."""
+
+    gpus: tuple[int, ...]
+    """Positions in ``node.gpus``."""
+    frag_delta: float
+    """Change of the node's fragmentation (GPU-percent); negative is good."""
+    free_after: int
+    """Free share left on the (first) chosen GPU: the best-fit tie-breaker."""
+
+
+def _replace(free: tuple[int, ...], old: int, new: int, count: int = 1) -> tuple[int, ...]:
+    items = list(free)
+    for _ in range(count):
+        items.remove(old)
+    for _ in range(count):
+        bisect.insort(items, new)
+    return tuple(items)
+
+
+def placement_options(node: NodeState, demand: Demand, workload: Workload) -> list[Option]:
+    """Every distinct way ``demand`` fits on ``node``, with its fragmentation change.
+
+    Fractional demands: one option per distinct free share among fitting GPUs (GPUs with equal
+    free share are interchangeable; the lowest index represents them). Whole-GPU demands: the
+    first ``gpus`` idle fitting GPUs by index (idle GPUs are interchangeable).
+    """
+    if node.cpu_milli_free is not None and demand.cpu_milli > node.cpu_milli_free:
+        return []
+    if node.memory_free_bytes is not None and demand.host_memory_bytes > node.memory_free_bytes:
+        return []
+    model = node_model(node)
+    free = free_shares(node)
+    cpu_after = None if node.cpu_milli_free is None else node.cpu_milli_free - demand.cpu_milli
+    before = workload.fragmentation(free, node.cpu_milli_free, model)
+    percent = min(demand.percent, SLICES_PER_GPU)
+    options: list[Option] = []
+    if demand.whole:
+        wanted = max(demand.gpus, 1)
+        chosen = [i for i, g in enumerate(node.gpus) if fit_reason(g, demand) is None][:wanted]
+        if len(chosen) < wanted:
+            return []
+        after = workload.fragmentation(_replace(free, SLICES_PER_GPU, 0, wanted), cpu_after, model)
+        return [Option(tuple(chosen), after - before, 0)]
+    seen: set[int] = set()
+    for i, g in enumerate(node.gpus):
+        f = g.free_percent
+        if f in seen or f < percent or fit_reason(g, demand) is not None:
+            continue
+        seen.add(f)
+        after = workload.fragmentation(_replace(free, f, f - percent), cpu_after, model)
+        options.append(Option((i,), after - before, f - percent))
+    return options
+
+
+def fgd_option(node: NodeState, demand: Demand, workload: Workload) -> Option | None:
+    """FGD's pick on one node: the option with the smallest fragmentation change (ties: the
+    fuller GPU, then the lower index)."""
+    options = placement_options(node, demand, workload)
+    if not options:
+        return None
+    return min(options, key=lambda o: (o.frag_delta, o.free_after, o.gpus))
+
+
+def fgd_score(delta: float) -> int:
+    """The published FGD node score: ``int(100 * sigmoid(-delta / 100))``, delta in GPU-percent
+    (the paper's simulator divides milli-GPU by 1000)."""
+    x = -delta / SLICES_PER_GPU
+    if x >= 0:
+        s = 1.0 / (1.0 + math.exp(-x))
+    else:
+        e = math.exp(x)
+        s = e / (1.0 + e)
+    return int(s * 100)
+
+
+def fragmentation_of(gpus: Sequence[GpuState], cpu_free: int | None, workload: Workload) -> float:
+    """Fragmentation of an arbitrary set of GPUs (for reports and tests)."""
+    free = tuple(sorted(g.free_percent for g in gpus if g.healthy))
+    return workload.fragmentation(free, cpu_free, gpus[0].model if gpus else "")

@@ -1,0 +1,445 @@
+"""How much slower a job runs beside its GPU neighbours: a small, inspectable linear model.
+
+After KACE (kernel-aware colocation): aggregate the solo profiles of the target and of its
+neighbours into a few features and fit a linear regression on measured colocations. The target
+variable is ``ln(slowdown)``, so no neighbours means exactly 1.0 and effects compose
+multiplicatively. Pipes are not independent (on an H200 an FP64 GEMM beside an FP32 GEMM fell to
+11% of its solo speed), so the features are about totals -- SM oversubscription, SM sharing,
+total pipe load, DRAM -- not only same-pipe overlap:
+
+- ``sm_oversubscription``: how far the SM demand of all tenants exceeds the GPU, times the
+  neighbours' part of that demand (the share of the overload the target loses);
+- ``sm_sharing``: target occupancy x neighbours' occupancy;
+- ``same_pipe``: overlap on the same pipe (fp16, fp32, fp64, tensor);
+- ``cross_pipe``: the target's pipe load x the neighbours' load on the *other* pipes;
+- ``dram_contention``: product of DRAM bandwidth shares plus any oversubscription of it.
+
+Every load is first scaled down by the job's MPS active-thread cap: a job capped at 40% of the
+threads cannot keep more than 40% of the SMs busy. The slowdown is relative to the same job
+alone at the same thread cap (``solo_rate`` in a :class:`ColocationRecord`).
+"""
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.names import SLICES_PER_GPU
+from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
+from gpushare.packing.threads import assign_thread_percent
+
+FEATURE_NAMES: tuple[str, ...] = (
+    "sm_oversubscription",
+    "sm_sharing",
+    "same_pipe",
+    "cross_pipe",
+    "dram_contention",
+)
+
+CONSERVATIVE_PROFILE = PipeProfile(
+    fp16=0.3, fp32=0.6, fp64=0.0, tensor=0.6, sm_occupancy=0.9, dram_bandwidth=0.6
+)
+"""Stand-in for a tenant nobody has profiled yet: assume it is heavy, so the model errs towards
+refusing a latency pod rather than promising what it cannot keep."""
+
+_PROFILE_KEYS = ("fp16", "fp32", "fp64", "tensor", "sm_occupancy", "dram_bandwidth")
+_MIN_OCCUPANCY = 0.05
+
+
+def _loads(profile: PipeProfile, threads: int) -> tuple[float, float, float, float, float, float]:
+    """(occupancy, fp16, fp32, fp64, tensor, dram) scaled by the thread cap."""
+    occ = profile.sm_occupancy
+    cap = max(1, min(threads, SLICES_PER_GPU)) / SLICES_PER_GPU
+    scale = min(1.0, cap / max(occ, _MIN_OCCUPANCY))
+    return (
+        occ * scale,
+        profile.fp16 * scale,
+        profile.fp32 * scale,
+        profile.fp64 * scale,
+        profile.tensor * scale,
+        profile.dram_bandwidth * scale,
+    )
+
+
+def features(
+    target: PipeProfile, target_threads: int, neighbours: Sequence[tuple[PipeProfile, int]]
+) -> tuple[float, ...]:
+    """The model's inputs for one target job (see the module docstring), in FEATURE_NAMES order."""
+    ot, h_t, s_t, d_t, x_t, m_t = _loads(target, target_threads)
+    on = h_n = s_n = d_n = x_n = m_n = 0.0
+    for profile, threads in neighbours:
+        o, h, s, d, x, m = _loads(profile, threads)
+        on += o
+        h_n += h
+        s_n += s
+        d_n += d
+        x_n += x
+        m_n += m
+    total = ot + on
+    over = max(0.0, total - 1.0) * (on / total) if total > 0 else 0.0
+    same = h_t * h_n + s_t * s_n + d_t * d_n + x_t * x_n
+    cross = (h_t + s_t + d_t + x_t) * (h_n + s_n + d_n + x_n) - same
+    dram = m_t * m_n + max(0.0, m_t + m_n - 1.0)
+    return (over, ot * on, same, max(cross, 0.0), dram)
+
+
+@dataclass(frozen=True)
+class InterferenceModel:
+    """ln(slowdown) = coefficients . features; slowdown never below 1."""
+
+    coefficients: tuple[float, ...]
+    feature_names: tuple[str, ...] = FEATURE_NAMES
+    source: str = ""
+    """Where the coefficients came from (data set, or the seed numbers they were derived from)."""
+    mape_in_sample: float | None = None
+    """Mean absolute percentage error of the slowdown on the records it was fit on."""
+    mape_held_out: float | None = None
+    """Same, each record predicted by a model fit without it (leave-one-record-out)."""
+    records: int = 0
+    jobs: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.coefficients) != len(self.feature_names):
+            raise InvalidInputError(
+                "coefficients",
+                f"has {len(self.coefficients)} values for {len(self.feature_names)} features",
+                "give one coefficient per feature name",
+            )
+
+    def predict(
+        self,
+        target: PipeProfile,
+        target_threads: int,
+        neighbours: Sequence[tuple[PipeProfile, int]],
+    ) -> float:
+        """Slowdown factor (>= 1.0) of ``target`` beside ``neighbours`` (profile, threads)."""
+        if not neighbours:
+            return 1.0
+        x = features(target, target_threads, neighbours)
+        z = sum(c * v for c, v in zip(self.coefficients, x, strict=True))
+        return math.exp(z) if z > 0 else 1.0
+
+    def explain(
+        self,
+        target: PipeProfile,
+        target_threads: int,
+        neighbours: Sequence[tuple[PipeProfile, int]],
+    ) -> dict[str, float]:
+        """Each feature's contribution to ln(slowdown), for logs and for users asking why."""
+        x = features(target, target_threads, neighbours)
+        return {n: c * v for n, c, v in zip(self.feature_names, self.coefficients, x, strict=True)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "feature_names": list(self.feature_names),
+            "coefficients": [round(c, 6) for c in self.coefficients],
+            "mape_in_sample": self.mape_in_sample,
+            "mape_held_out": self.mape_held_out,
+            "records": self.records,
+            "jobs": self.jobs,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], *, origin: str = "model") -> "InterferenceModel":
+        fix = "refit it with bench/sim/fit_interference.py"
+        try:
+            names = tuple(str(n) for n in raw.get("feature_names", FEATURE_NAMES))
+            coefficients = tuple(float(c) for c in raw["coefficients"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInputError(origin, f"bad interference model ({exc})", fix) from None
+        if names != FEATURE_NAMES:
+            raise InvalidInputError(
+                f"{origin}.feature_names", f"{list(names)} are not this version's features", fix
+            )
+        return cls(
+            coefficients=coefficients,
+            feature_names=names,
+            source=str(raw.get("source", "")),
+            mape_in_sample=_opt_float(raw.get("mape_in_sample")),
+            mape_held_out=_opt_float(raw.get("mape_held_out")),
+            records=int(raw.get("records", 0)),
+            jobs=int(raw.get("jobs", 0)),
+        )
+
+
+def _opt_float(value: object) -> float | None:
+    return None if value is None else float(str(value))
+
+
+@lru_cache(maxsize=1)
+def load_default() -> InterferenceModel:
+    """The model shipped in ``gpushare/packing/data/interference.json``."""
+    text = resources.files("gpushare.packing").joinpath("data/interference.json").read_text()
+    return InterferenceModel.from_dict(json.loads(text), origin="interference.json")
+
+
+# --- measured colocations and fitting ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ColocationJob:
+    """One job of a measured colocation. Rates are work per second; None = not measured."""
+
+    name: str
+    profile: PipeProfile
+    thread_percent: int = SLICES_PER_GPU
+    solo_rate: float | None = None
+    """Rate alone on the GPU at the same thread cap."""
+    colocated_rate: float | None = None
+
+    @property
+    def slowdown(self) -> float | None:
+        if self.solo_rate is None or self.colocated_rate is None:
+            return None
+        return self.solo_rate / self.colocated_rate
+
+
+@dataclass(frozen=True)
+class ColocationRecord:
+    """Jobs that ran together on one GPU (``bench/gpu/data/colocations.json`` is a list)."""
+
+    gpu: str
+    jobs: tuple[ColocationJob, ...] = field(default_factory=tuple)
+
+
+def _number(value: object, where: str, *, low: float, high: float | None = None) -> float:
+    fix = f"write a number >= {low}" + (f" and <= {high}" if high is not None else "")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInputError(where, f"{value!r} is not a number", fix)
+    number = float(value)
+    if not math.isfinite(number) or number < low or (high is not None and number > high):
+        raise InvalidInputError(where, f"{value!r} is out of range", fix)
+    return number
+
+
+def parse_records(raw: object, *, origin: str = "colocations") -> list[ColocationRecord]:
+    """Validate the JSON list of colocation records; errors name the offending field."""
+    if not isinstance(raw, list):
+        raise InvalidInputError(origin, "must be a JSON list of records", 'write [{"gpu": ...}]')
+    records: list[ColocationRecord] = []
+    for i, item in enumerate(raw):
+        where = f"{origin}[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("jobs"), list):
+            raise InvalidInputError(where, "must be an object with a jobs list", "add jobs: [...]")
+        jobs: list[ColocationJob] = []
+        for j, job in enumerate(item["jobs"]):
+            jwhere = f"{where}.jobs[{j}]"
+            if not isinstance(job, dict) or not isinstance(job.get("profile"), dict):
+                raise InvalidInputError(jwhere, "needs a profile object", "add profile: {...}")
+            prof = job["profile"]
+            values = {
+                k: _number(prof.get(k, 0.0), f"{jwhere}.profile.{k}", low=0.0, high=1.0)
+                for k in _PROFILE_KEYS
+            }
+            rates = {
+                k: None if job.get(k) is None else _number(job[k], f"{jwhere}.{k}", low=1e-12)
+                for k in ("solo_rate", "colocated_rate")
+            }
+            jobs.append(
+                ColocationJob(
+                    name=str(job.get("name", f"job{j}")),
+                    profile=PipeProfile(
+                        fp16=values["fp16"],
+                        fp32=values["fp32"],
+                        fp64=values["fp64"],
+                        tensor=values["tensor"],
+                        sm_occupancy=values["sm_occupancy"],
+                        dram_bandwidth=values["dram_bandwidth"],
+                        gpu_model=str(item.get("gpu", "")),
+                    ),
+                    thread_percent=int(
+                        _number(
+                            job.get("thread_percent", SLICES_PER_GPU),
+                            f"{jwhere}.thread_percent",
+                            low=1,
+                            high=SLICES_PER_GPU,
+                        )
+                    ),
+                    solo_rate=rates["solo_rate"],
+                    colocated_rate=rates["colocated_rate"],
+                )
+            )
+        records.append(ColocationRecord(gpu=str(item.get("gpu", "")), jobs=tuple(jobs)))
+    return records
+
+
+def _observations(
+    records: Sequence[ColocationRecord],
+) -> list[tuple[tuple[float, ...], float]]:
+    rows: list[tuple[tuple[float, ...], float]] = []
+    for record in records:
+        for i, job in enumerate(record.jobs):
+            slowdown = job.slowdown
+            if slowdown is None:
+                continue
+            others = [(o.profile, o.thread_percent) for k, o in enumerate(record.jobs) if k != i]
+            x = features(job.profile, job.thread_percent, others)
+            rows.append((x, math.log(max(slowdown, 1e-9))))
+    return rows
+
+
+def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (numpy is not a dependency)."""
+    n = len(rhs)
+    a = [[*row, rhs[i]] for i, row in enumerate(matrix)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        a[col], a[pivot] = a[pivot], a[col]
+        p = a[col][col]
+        if abs(p) < 1e-15:
+            continue
+        for r in range(n):
+            if r != col and a[r][col] != 0.0:
+                f = a[r][col] / p
+                for c in range(col, n + 1):
+                    a[r][c] -= f * a[col][c]
+    return [a[i][n] / a[i][i] if abs(a[i][i]) >= 1e-15 else 0.0 for i in range(n)]
+
+
+def _least_squares(
+    rows: Sequence[tuple[tuple[float, ...], float]], active: list[int]
+) -> list[float]:
+    k = len(active)
+    xtx = [[0.0] * k for _ in range(k)]
+    xty = [0.0] * k
+    for x, y in rows:
+        sub = [x[i] for i in active]
+        for i in range(k):
+            xty[i] += sub[i] * y
+            for j in range(k):
+                xtx[i][j] += sub[i] * sub[j]
+    for i in range(k):  # a whisper of ridge keeps a feature that never varies from exploding
+        xtx[i][i] += 1e-9
+    return _solve(xtx, xty)
+
+
+def fit(records: Sequence[ColocationRecord], *, source: str = "") -> InterferenceModel:
+    """Least squares on ln(slowdown), no intercept, coefficients kept non-negative.
+
+    Contention never speeds a job up, so a feature whose coefficient comes out negative is
+    dropped and the rest refit (a plain active-set non-negative least squares).
+    """
+    if not _observations(records):
+        raise InvalidInputError(
+            "records", "contain no job with both solo_rate and colocated_rate", "measure some"
+        )
+    model = InterferenceModel(coefficients=fit_coefficients(records), source=source)
+    return InterferenceModel(
+        coefficients=model.coefficients,
+        source=source,
+        mape_in_sample=mape(model, records),
+        mape_held_out=held_out_mape(records) if len(records) > 2 else None,
+        records=len(records),
+        jobs=len(_observations(records)),
+    )
+
+
+def mape(model: InterferenceModel, records: Sequence[ColocationRecord]) -> float:
+    """Mean absolute percentage error of predicted vs measured slowdown over all jobs."""
+    errors: list[float] = []
+    for record in records:
+        for i, job in enumerate(record.jobs):
+            measured = job.slowdown
+            if measured is None:
+                continue
+            others = [(o.profile, o.thread_percent) for k, o in enumerate(record.jobs) if k != i]
+            predicted = model.predict(job.profile, job.thread_percent, others)
+            errors.append(abs(predicted - measured) / measured)
+    return sum(errors) / len(errors) if errors else 0.0
+
+
+def held_out_mape(records: Sequence[ColocationRecord]) -> float:
+    """Leave-one-record-out MAPE: each record predicted by a model fit on all the others."""
+    errors: list[float] = []
+    for i, record in enumerate(records):
+        rest = [r for k, r in enumerate(records) if k != i]
+        if not _observations(rest) or not _observations([record]):
+            continue
+        model = InterferenceModel(coefficients=fit_coefficients(rest))
+        jobs = sum(1 for j in record.jobs if j.slowdown is not None)
+        errors.extend([mape(model, [record])] * jobs)
+    return sum(errors) / len(errors) if errors else 0.0
+
+
+def fit_coefficients(records: Sequence[ColocationRecord]) -> tuple[float, ...]:
+    """Just the coefficients of :func:`fit` (no accuracy bookkeeping)."""
+    rows = _observations(records)
+    active = list(range(len(FEATURE_NAMES)))
+    coefficients = [0.0] * len(FEATURE_NAMES)
+    while active and rows:
+        solution = _least_squares(rows, active)
+        negative = [active[i] for i, c in enumerate(solution) if c < 0]
+        if not negative:
+            for i, c in zip(active, solution, strict=True):
+                coefficients[i] = c
+            break
+        active.remove(min(negative, key=lambda i: solution[active.index(i)]))
+    return tuple(coefficients)
+
+
+# --- admission -----------------------------------------------------------------------------
+
+
+def tenant_threads(tenant: Tenant) -> int:
+    return tenant.thread_percent if tenant.thread_percent is not None else tenant.percent
+
+
+def admit_reason(
+    gpu: GpuState,
+    demand: Demand,
+    *,
+    model: InterferenceModel,
+    bounds: Mapping[str, float],
+) -> str | None:
+    """None when nobody on ``gpu`` (newcomer included) is predicted past its class bound.
+
+    ``bounds`` maps a class to the largest acceptable slowdown, e.g. ``{"latency": 1.15,
+    "batch": 2.0}``; a class without a bound is not checked. Pods without a profile are assumed
+    heavy (:data:`CONSERVATIVE_PROFILE`).
+    """
+    if not gpu.tenants:
+        return None
+    newcomer = demand.profile or CONSERVATIVE_PROFILE
+    threads = assign_thread_percent(demand, gpu)
+    loads = [(t.profile or CONSERVATIVE_PROFILE, tenant_threads(t)) for t in gpu.tenants]
+    bound = bounds.get(demand.gpu_class)
+    if bound is not None:
+        slowdown = model.predict(newcomer, threads, loads)
+        if slowdown > bound:
+            unknown = "" if demand.profile else " (pod has no profile: assumed heavy)"
+            return (
+                f"predicted {slowdown:.2f}x slowdown for this {demand.gpu_class} pod beside "
+                f"{len(gpu.tenants)} tenant(s), over its {bound:.2f}x bound{unknown}"
+            )
+    for i, tenant in enumerate(gpu.tenants):
+        bound = bounds.get(tenant.gpu_class)
+        if bound is None:
+            continue
+        others = [load for k, load in enumerate(loads) if k != i] + [(newcomer, threads)]
+        slowdown = model.predict(loads[i][0], loads[i][1], others)
+        if slowdown > bound:
+            return (
+                f"would slow {tenant.gpu_class} pod {tenant.key} to {slowdown:.2f}x, "
+                f"over its {bound:.2f}x bound"
+            )
+    return None
+
+
+def gpu_loss(tenants: Sequence[tuple[float, PipeProfile, int]], model: InterferenceModel) -> float:
+    """GPU-percent lost to interference on one GPU: sum of percent x (1 - 1/slowdown).
+
+    ``tenants`` are (percent, profile, threads). The policy compares this before and after a
+    placement, in the same unit as fragmentation, to weigh packing against harm.
+    """
+    if len(tenants) < 2:
+        return 0.0
+    lost = 0.0
+    for i, (percent, profile, threads) in enumerate(tenants):
+        others = [(p, t) for k, (_, p, t) in enumerate(tenants) if k != i]
+        lost += percent * (1.0 - 1.0 / model.predict(profile, threads, others))
+    return lost

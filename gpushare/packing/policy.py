@@ -1,0 +1,205 @@
+"""Which GPU(s) of a node a pod gets, and how much the scheduler should like the node.
+
+Three policies:
+
+- ``binpack`` (default): fill the fullest GPU that fits and the fullest node; keeps whole GPUs
+  and whole nodes free for large pods.
+- ``spread``: the emptiest GPU and node; fewer neighbours per pod.
+- ``gpushare``: fragmentation gradient descent (FGD, see :mod:`fragmentation`) with exact costs
+  instead of the paper's 0-100 integer score, plus the GPU-percent the placement is predicted to
+  lose to interference (see :mod:`interference`), both in GPU-percent:
+
+      cost = frag_delta + INTERFERENCE_WEIGHT * loss_delta + BEST_FIT_WEIGHT * free_after
+
+  ``loss_delta`` only grows when a pod joins neighbours, so a placement with no neighbours is
+  never penalised, and it only counts pods with measured profiles; ``free_after`` breaks
+  near-ties towards the fuller GPU (best fit).
+"""
+
+import math
+from collections.abc import Sequence
+from enum import StrEnum
+
+from gpushare.api.names import SLICES_PER_GPU
+from gpushare.packing.fit import demand_memory, fit_reason
+from gpushare.packing.fragmentation import Option, Workload, placement_options
+from gpushare.packing.interference import (
+    InterferenceModel,
+    gpu_loss,
+    load_default,
+    tenant_threads,
+)
+from gpushare.packing.model import Assignment, Demand, GpuState, NodeState
+from gpushare.packing.threads import assign_thread_percent
+
+
+class Policy(StrEnum):
+    BINPACK = "binpack"
+    SPREAD = "spread"
+    GPUSHARE = "gpushare"
+
+
+INTERFERENCE_WEIGHT = 1.0
+"""GPU-percent of fragmentation worth one GPU-percent lost to interference."""
+BEST_FIT_WEIGHT = 0.01
+"""Per GPU-percent left free on the chosen GPU: a tie-breaker, below any real cost difference."""
+SCORE_SCALE = 25.0
+"""Cost (GPU-percent) that moves the 0-10 gpushare score from 5 to about 7.3 or 2.7."""
+
+
+def interference_delta(
+    gpu: GpuState, demand: Demand, threads: int, model: InterferenceModel
+) -> float:
+    """GPU-percent the GPU's tenants (newcomer included) are predicted to lose to interference
+    once ``demand`` joins them, minus what they lose now.
+
+    Only measured profiles count: a pod without one has no interference opinion here (the
+    placement falls back to pure FGD for it), while :func:`interference.admit_reason` keeps
+    assuming the worst for latency pods.
+    """
+    if demand.profile is None or not gpu.tenants:
+        return 0.0
+    before = [
+        (float(t.percent), t.profile, tenant_threads(t))
+        for t in gpu.tenants
+        if t.profile is not None
+    ]
+    if not before:
+        return 0.0
+    newcomer = (float(min(demand.percent, SLICES_PER_GPU)), demand.profile, threads)
+    return gpu_loss([*before, newcomer], model) - gpu_loss(before, model)
+
+
+def option_cost(
+    node: NodeState,
+    demand: Demand,
+    option: Option,
+    *,
+    model: InterferenceModel,
+    interference_weight: float = INTERFERENCE_WEIGHT,
+) -> float:
+    """The gpushare policy's cost of one placement option (lower is better), GPU-percent."""
+    cost = option.frag_delta + BEST_FIT_WEIGHT * option.free_after
+    if not demand.whole and interference_weight > 0:
+        gpu = node.gpus[option.gpus[0]]
+        threads = assign_thread_percent(demand, gpu)
+        cost += interference_weight * interference_delta(gpu, demand, threads, model)
+    return cost
+
+
+def _binpack_index(gpus: Sequence[GpuState], demand: Demand, fullest: bool) -> int | None:
+    best: int | None = None
+    best_free = 0
+    for i, g in enumerate(gpus):
+        if fit_reason(g, demand) is not None:
+            continue
+        free = g.free_percent
+        if best is None or (free < best_free if fullest else free > best_free):
+            best, best_free = i, free
+    return best
+
+
+def _choose_indices(
+    node: NodeState,
+    demand: Demand,
+    policy: Policy,
+    workload: Workload | None,
+    model: InterferenceModel | None,
+) -> tuple[tuple[int, ...], float] | None:
+    """Chosen GPU positions and the policy's cost of the choice (lower is better)."""
+    if policy is Policy.GPUSHARE:
+        options = placement_options(node, demand, workload or Workload.default())
+        if not options:
+            return None
+        m = model or load_default()
+        costs = [(option_cost(node, demand, o, model=m), o.gpus) for o in options]
+        cost, gpus = min(costs)
+        return gpus, cost
+    if node.cpu_milli_free is not None and demand.cpu_milli > node.cpu_milli_free:
+        return None
+    if node.memory_free_bytes is not None and demand.host_memory_bytes > node.memory_free_bytes:
+        return None
+    capacity = SLICES_PER_GPU * max(len(node.gpus), 1)
+    used = sum(g.used_percent for g in node.gpus)
+    if demand.whole:
+        wanted = max(demand.gpus, 1)
+        idle = [i for i, g in enumerate(node.gpus) if fit_reason(g, demand) is None][:wanted]
+        if len(idle) < wanted:
+            return None
+        after = used + SLICES_PER_GPU * wanted
+        chosen = tuple(idle)
+    else:
+        index = _binpack_index(node.gpus, demand, fullest=policy is Policy.BINPACK)
+        if index is None:
+            return None
+        after = used + min(demand.percent, SLICES_PER_GPU)
+        chosen = (index,)
+    utilization = after / capacity
+    return chosen, (1.0 - utilization if policy is Policy.BINPACK else utilization)
+
+
+def choose_gpus(
+    node: NodeState,
+    demand: Demand,
+    *,
+    policy: Policy = Policy.BINPACK,
+    workload: Workload | None = None,
+    model: InterferenceModel | None = None,
+) -> Assignment | None:
+    """The GPU(s) ``demand`` gets on ``node`` under ``policy``; None if it does not fit.
+
+    Sets the MPS active-thread percentage (:func:`assign_thread_percent`) and the pinned
+    memory limit (the demand's cap, else its percent of the GPU's memory; for several GPUs the
+    smallest of them). ``workload`` and ``model`` default to the shipped prior and model.
+    """
+    chosen = _choose_indices(node, demand, policy, workload, model)
+    if chosen is None:
+        return None
+    gpus = [node.gpus[i] for i in chosen[0]]
+    first = gpus[0]
+    threads = SLICES_PER_GPU if demand.whole else assign_thread_percent(demand, first)
+    memory = min(demand_memory(demand, g) for g in gpus)
+    return Assignment(
+        node=node.name,
+        gpu_uuids=tuple(g.uuid for g in gpus),
+        thread_percent=threads,
+        memory_limit_bytes=memory,
+    )
+
+
+def node_cost(
+    node: NodeState,
+    demand: Demand,
+    *,
+    policy: Policy,
+    workload: Workload | None = None,
+    model: InterferenceModel | None = None,
+) -> float | None:
+    """The policy's cost of putting ``demand`` on ``node`` (lower is better; None: no fit).
+
+    binpack/spread: the share of the node's GPU capacity left free (used) after placement;
+    gpushare: the cost of its best option in GPU-percent. Use it to rank nodes exactly; the
+    extender's 0-10 score is a coarse view of it.
+    """
+    chosen = _choose_indices(node, demand, policy, workload, model)
+    return None if chosen is None else chosen[1]
+
+
+def score_node(
+    node: NodeState,
+    demand: Demand,
+    *,
+    policy: Policy,
+    workload: Workload | None = None,
+    model: InterferenceModel | None = None,
+) -> int:
+    """0..10 for the kube-scheduler extender (higher = better; 0 also when it does not fit)."""
+    cost = node_cost(node, demand, policy=policy, workload=workload, model=model)
+    if cost is None:
+        return 0
+    if policy is Policy.GPUSHARE:
+        x = -cost / SCORE_SCALE
+        value = 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+    else:
+        value = 1.0 - cost
+    return max(0, min(10, round(10 * value)))
