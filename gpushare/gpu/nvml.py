@@ -7,6 +7,7 @@ changes GPU settings: no compute mode, clocks or MIG calls.
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -119,6 +120,17 @@ class NvmlBackend:
         if handle is None:
             raise KeyError(f"no GPU {uuid} on this node")
         return handle
+
+    def device_paths(self, uuid: str) -> list[str]:
+        """Host device nodes a container needs for this GPU (those that exist here)."""
+        minor = int(pynvml.nvmlDeviceGetMinorNumber(self._handle(uuid)))
+        wanted = [
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools",
+            f"/dev/nvidia{minor}",
+        ]
+        return [path for path in wanted if os.path.exists(path)]
 
     def processes(self, uuid: str) -> list[GpuProcess]:
         """Compute processes with a context on the GPU; MPS clients flagged ``mps_client``.

@@ -1,0 +1,325 @@
+"""The node agent: ties the GPU backend, MPS daemons, device plugin, node publishing and
+metrics together and runs them until stopped.
+
+Start order matters: MPS daemons are adopted or started first, the node inventory is
+published, and only then is the device plugin served and registered, so the kubelet never
+advertises a GPU whose daemon is not there (it is advertised Unhealthy instead).
+"""
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.inventory import GpuInfo, dump_inventory
+from gpushare.api.names import (
+    ANN_NODE_GPUS,
+    LABEL_MPS_CAPABLE,
+    LABEL_SIMULATED,
+    STATE_ALLOCATED,
+)
+from gpushare.api.placement import parse_placement
+from gpushare.deviceplugin.allocation import Allocator, DeviceNode, PodSource
+from gpushare.deviceplugin.health import DeviceHealth
+from gpushare.deviceplugin.plugin import DEFAULT_ENDPOINT, PluginRunner
+from gpushare.deviceplugin.server import DevicePluginServicer
+from gpushare.gpu.backend import GpuBackend, HealthEvent
+from gpushare.mps.manager import MpsManager, ShmMode
+from gpushare.node.extension import ExporterHandle, wire_exporter
+from gpushare.node.load import Share, simulated_load
+from gpushare.node.metrics import AgentCollector, MetricsServer
+
+log = logging.getLogger(__name__)
+
+# Volta (7.0) and newer run MPS with execution-resource provisioning (active-thread %).
+MPS_MIN_CAPABILITY = (7, 0)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What the node agent runs with (``gpushare-node-agent --help`` sets each)."""
+
+    node_name: str
+    """The Kubernetes node this agent serves (pods bound here, node object patched)."""
+    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    """The kubelet's device-plugin directory (holds kubelet.sock and our socket)."""
+    plugin_endpoint: str = DEFAULT_ENDPOINT
+    """File name of our socket in device_plugin_dir."""
+    mps_root: Path = Path("/run/gpushare/mps")
+    """Per-GPU MPS pipe/log/shm directories live under <mps_root>/<uuid>/."""
+    mps_shm: ShmMode = "private"
+    """private: each daemon gets <mps_root>/<uuid>/shm as /dev/shm; host: the host's /dev/shm."""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 9400
+    """0 picks a free port (logged)."""
+    pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    """The kubelet's pod-resources socket, for the exporter's per-container attribution."""
+    pod_refresh_s: float = 5.0
+    """How often the pods on this node are re-read for publishing, loads and metrics."""
+    mps_check_s: float = 10.0
+    """How often each MPS daemon is health-checked through its control pipe."""
+    stop_mps_on_exit: bool = False
+    """Quit the MPS daemons on exit. Off by default: a restarted agent adopts them and the
+    pods using them keep running."""
+    exporter: bool = True
+    """Wire in gpushare.exporter's collectors and /profile endpoint when installed."""
+
+
+def mps_capable(gpus: list[GpuInfo]) -> bool:
+    def capability(text: str) -> tuple[int, int]:
+        major, _, minor = text.partition(".")
+        return (int(major), int(minor or 0)) if major.isdigit() else (0, 0)
+
+    return bool(gpus) and all(capability(g.compute_capability) >= MPS_MIN_CAPABILITY for g in gpus)
+
+
+class NodeAgent:
+    """One node's agent. ``run(stop)`` blocks until ``stop`` is set (SIGTERM)."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        *,
+        backend: GpuBackend,
+        kube: Any,
+        device_nodes: Callable[[str], list[DeviceNode]] | None = None,
+    ) -> None:
+        """``kube`` is a gpushare.node.kube.NodeKube (PodSource plus publish/raw pod reads)."""
+        self.settings = settings
+        self.backend = backend
+        self.kube = kube
+        self.gpus = backend.inventory()
+        self.health = DeviceHealth(g.uuid for g in self.gpus)
+        self.mps = MpsManager(
+            root=settings.mps_root,
+            simulated=backend.simulated,
+            shm_mode=settings.mps_shm,
+            on_change=self._mps_changed,
+        )
+        pods: PodSource = kube
+        self.allocator = Allocator(
+            node_name=settings.node_name,
+            gpus=self.inventory,
+            pods=pods,
+            mps=self.mps,
+            device_nodes=device_nodes,
+            nvidia_runtime_env=not backend.simulated,
+        )
+        self.runner = PluginRunner(
+            make_servicer=self._new_servicer,
+            plugin_dir=settings.device_plugin_dir,
+            endpoint=settings.plugin_endpoint,
+        )
+        self.registry = CollectorRegistry()
+        self._servicers: list[DevicePluginServicer] = []
+        self._exporter: ExporterHandle | None = None
+        self._publish_needed = threading.Event()
+        self._pods_lock = threading.Lock()
+        self._pods: list[dict[str, Any]] = []
+        self.metrics: MetricsServer | None = None
+
+    # --- state ---------------------------------------------------------------------------
+
+    def inventory(self) -> list[GpuInfo]:
+        """The backend's GPUs with current health and MPS readiness."""
+        status = self.mps.status()
+        return [
+            GpuInfo(
+                uuid=g.uuid,
+                index=g.index,
+                model=g.model,
+                memory_bytes=g.memory_bytes,
+                sm_count=g.sm_count,
+                compute_capability=g.compute_capability,
+                healthy=self.health.healthy(g.uuid),
+                mps_ready=bool(status.get(g.uuid) and status[g.uuid].up),
+                simulated=g.simulated,
+            )
+            for g in self.gpus
+        ]
+
+    def pods(self) -> list[dict[str, Any]]:
+        """Manifests of the pods on this node as of the last refresh."""
+        with self._pods_lock:
+            return list(self._pods)
+
+    def _new_servicer(self) -> DevicePluginServicer:
+        servicer = DevicePluginServicer(allocator=self.allocator, health=self.health)
+        self._servicers.append(servicer)
+        return servicer
+
+    def _stats(self) -> dict[str, float]:
+        _, state = self.health.snapshot()
+        return {
+            "simulated": 1.0 if self.backend.simulated else 0.0,
+            "registrations": float(self.runner.registrations),
+            "allocations": float(sum(s.allocations for s in self._servicers)),
+            "allocation_failures": float(sum(s.allocation_failures for s in self._servicers)),
+            "healthy_gpus": float(sum(state.values())),
+        }
+
+    # --- reactions -----------------------------------------------------------------------
+
+    def _mps_changed(self, uuid: str, up: bool, reason: str) -> None:
+        problem = None if up else f"MPS daemon down: {reason}"
+        if self.health.set_problem(uuid, "mps", problem):
+            log.warning("GPU %s %s (%s)", uuid, "healthy" if up else "UNHEALTHY", problem or "ok")
+        self._publish_needed.set()
+
+    def handle_health_event(self, event: HealthEvent) -> None:
+        problem = None if event.healthy else event.reason
+        if self.health.set_problem(event.uuid, "backend", problem):
+            log.warning("GPU %s health: %s", event.uuid, event.reason)
+        if self._exporter is not None:
+            self._exporter.record_health(event)
+        self._publish_needed.set()
+
+    # --- node publishing -----------------------------------------------------------------
+
+    def node_metadata(self) -> tuple[dict[str, str], dict[str, str | None]]:
+        gpus = self.inventory()
+        labels: dict[str, str | None] = {
+            LABEL_MPS_CAPABLE: "true" if mps_capable(gpus) else None,
+            LABEL_SIMULATED: "true" if self.backend.simulated else None,
+        }
+        return {ANN_NODE_GPUS: dump_inventory(gpus)}, labels
+
+    def publish(self) -> None:
+        annotations, labels = self.node_metadata()
+        self.kube.publish_node(annotations=annotations, labels=labels)
+        log.info("published %d GPU(s) on node %s", len(self.gpus), self.settings.node_name)
+
+    # --- loops ---------------------------------------------------------------------------
+
+    def _loop(
+        self, name: str, stop: threading.Event, every_s: float, step: Callable[[], object]
+    ) -> threading.Thread:
+        def run() -> None:
+            while not stop.is_set():
+                try:
+                    step()
+                except Exception:
+                    log.exception("%s loop step failed", name)
+                stop.wait(every_s)
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def _health_loop(self, stop: threading.Event) -> threading.Thread:
+        def run() -> None:
+            while not stop.is_set():
+                try:
+                    for event in self.backend.wait_health_events(1.0):
+                        self.handle_health_event(event)
+                except Exception:
+                    log.exception("health event loop failed")
+                    stop.wait(1.0)
+
+        thread = threading.Thread(target=run, name="gpu-health", daemon=True)
+        thread.start()
+        return thread
+
+    def refresh_pods(self) -> None:
+        pods = self.kube.raw_node_pods()
+        with self._pods_lock:
+            self._pods = pods
+        if self.backend.simulated:
+            self.feed_simulated_load(pods)
+
+    def feed_simulated_load(self, pods: list[dict[str, Any]]) -> None:
+        """Give each simulated GPU the load of the pods running on it (gpushare.node.load)."""
+        shares: dict[str, list[Share]] = defaultdict(list)
+        for pod in pods:
+            phase = (pod.get("status") or {}).get("phase")
+            annotations = (pod.get("metadata") or {}).get("annotations") or {}
+            if phase != "Running":
+                continue
+            try:
+                placement = parse_placement(annotations)
+            except InvalidInputError:
+                continue
+            if placement is None or placement.state != STATE_ALLOCATED:
+                continue
+            for uuid in placement.gpu_uuids:
+                shares[uuid].append(Share(placement.thread_percent, placement.memory_limit_bytes))
+        set_load = getattr(self.backend, "set_load", None)
+        if set_load is None:
+            return
+        for gpu in self.gpus:
+            load = simulated_load(gpu, shares.get(gpu.uuid, []))
+            set_load(
+                gpu.uuid,
+                pipes=load.pipes,
+                sm_occupancy=load.sm_occupancy,
+                memory_used_bytes=load.memory_used_bytes,
+            )
+
+    def _publish_step(self) -> None:
+        if self._publish_needed.is_set():
+            self._publish_needed.clear()
+            self.publish()
+
+    # --- run -----------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        settings = self.settings
+        log.info(
+            "node agent starting on %s: backend %s, %d GPU(s), simulated=%s",
+            settings.node_name,
+            self.backend.name,
+            len(self.gpus),
+            self.backend.simulated,
+        )
+        threads: list[threading.Thread] = []
+        try:
+            self.mps.ensure(g.uuid for g in self.gpus)
+            self.publish()
+            self.registry.register(
+                AgentCollector(
+                    node_name=settings.node_name,
+                    stats=self._stats,
+                    backend_name=self.backend.name,
+                )
+            )
+            self.metrics = MetricsServer(
+                registry=self.registry, host=settings.metrics_host, port=settings.metrics_port
+            )
+            if settings.exporter:
+                self._exporter = wire_exporter(
+                    registry=self.registry,
+                    server=self.metrics,
+                    backend=self.backend,
+                    node_name=settings.node_name,
+                    pods=self.pods,
+                    mps=self.mps,
+                    pod_resources_socket=settings.pod_resources_socket,
+                )
+            self.metrics.start()
+            log.info("metrics on http://%s:%d/metrics", settings.metrics_host, self.metrics.port)
+            threads.append(self._health_loop(stop))
+            threads.append(self._loop("mps-check", stop, settings.mps_check_s, self.mps.check))
+            threads.append(self._loop("pods", stop, settings.pod_refresh_s, self.refresh_pods))
+            threads.append(self._loop("publish", stop, 1.0, self._publish_step))
+            self.runner.run(stop)
+        finally:
+            stop.set()
+            self.health.close()
+            for thread in threads:
+                thread.join(timeout=5)
+            if self._exporter is not None:
+                self._exporter.stop()
+            if self.metrics is not None:
+                self.metrics.stop()
+            if settings.stop_mps_on_exit:
+                self.mps.stop_all()
+            else:
+                log.info("leaving MPS daemons running; the next agent adopts them")
+            self.backend.close()
+            log.info("node agent stopped")

@@ -1,0 +1,82 @@
+"""Wiring the node exporter (``gpushare.exporter``) into the agent's process.
+
+The agent owns the pieces the exporter reads: the GPU backend, the pods bound to this node,
+the MPS daemons' status and the one consumer of the backend's health events. It hands them to
+``gpushare.exporter.register`` (its collectors join the agent's registry on /metrics), serves
+the exporter's ``/profile`` endpoint on the same HTTP server, and forwards every health event
+to the exporter's recorder. Without the exporter package the agent still serves its own series.
+"""
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from gpushare.gpu.backend import GpuBackend, HealthEvent
+from gpushare.mps.manager import MpsManager
+from gpushare.node.metrics import MetricsServer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExporterHandle:
+    """What the agent keeps of the exporter: where health events go, and how to stop it."""
+
+    record_health: Callable[[HealthEvent], None]
+    stop: Callable[[], None]
+
+
+def wire_exporter(
+    *,
+    registry: CollectorRegistry,
+    server: MetricsServer,
+    backend: GpuBackend,
+    node_name: str,
+    pods: Callable[[], list[dict[str, Any]]],
+    mps: MpsManager,
+    pod_resources_socket: Path | None,
+) -> ExporterHandle | None:
+    try:
+        from gpushare import exporter  # noqa: PLC0415  (optional part of the agent)
+        from gpushare.exporter.server import profile_response  # noqa: PLC0415
+    except ImportError as exc:
+        log.warning("node exporter not available (%s); serving the agent's own metrics only", exc)
+        return None
+
+    def mps_status() -> dict[str, exporter.MpsDaemonStatus]:
+        return {
+            uuid: exporter.MpsDaemonStatus(up=status.up, clients=None)
+            for uuid, status in mps.status().items()
+        }
+
+    poller = None
+    if pod_resources_socket is not None:
+        poller = exporter.PodResourcesPoller(socket_path=pod_resources_socket)
+        poller.start()
+    handle = exporter.register(
+        registry,
+        backend=backend,
+        node_name=node_name,
+        placements=lambda: exporter.allocations_from_pods(pods(), node_name=node_name),
+        mps_status=mps_status,
+        pod_resources=poller,
+    )
+
+    def profile(raw_query: str) -> tuple[int, str, bytes]:
+        status, body = profile_response(handle.profiler, raw_query)
+        return status, "application/json", json.dumps(body).encode()
+
+    server.add_route("/profile", profile)
+
+    def stop() -> None:
+        handle.stop()
+        if poller is not None:
+            poller.stop()
+
+    log.info("node exporter wired in: collectors on /metrics, profiler on /profile")
+    return ExporterHandle(record_health=handle.health.record, stop=stop)

@@ -1,0 +1,175 @@
+"""``gpushare-node-agent``: the per-node DaemonSet process (device plugin + MPS manager +
+node publishing + metrics). Thin: parses flags, builds the parts, runs NodeAgent."""
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.deviceplugin.allocation import DeviceNode
+from gpushare.deviceplugin.plugin import DEFAULT_ENDPOINT
+from gpushare.gpu.backend import GpuBackend
+from gpushare.gpu.factory import open_backend
+from gpushare.node.agent import AgentSettings, NodeAgent
+from gpushare.node.logs import setup_json_logging
+
+log = logging.getLogger("gpushare.node")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpushare-node-agent",
+        description=(
+            "gpushare node agent: advertises each GPU as 100 slices of gpushare.io/gpu-percent "
+            "to the kubelet, runs one MPS control daemon per GPU, answers Allocate with the "
+            "pod's GPU, MPS pipe, active-thread percentage and memory limit, and publishes the "
+            "node's GPU inventory. Logs are JSON lines on stderr."
+        ),
+    )
+    parser.add_argument(
+        "--backend",
+        default="nvml",
+        help='GPU backend: "nvml" (real GPUs) or "simulated:<count>x<model>", e.g. '
+        '"simulated:2xH100-80GB" (fake GPUs that say so in logs, labels and metrics); '
+        "default: %(default)s",
+    )
+    parser.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME") or socket.gethostname(),
+        help="Kubernetes node name (default: $NODE_NAME, else the host name: %(default)s)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG or "
+        "~/.kube/config)",
+    )
+    parser.add_argument(
+        "--device-plugin-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet/device-plugins"),
+        help="the kubelet's device-plugin directory holding kubelet.sock (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--plugin-endpoint",
+        default=DEFAULT_ENDPOINT,
+        help="socket file name of this plugin inside --device-plugin-dir (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mps-root",
+        type=Path,
+        default=Path("/run/gpushare/mps"),
+        help="root of the per-GPU MPS pipe/log/shm directories (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mps-shm",
+        choices=("private", "host"),
+        default="private",
+        help="private: each MPS daemon gets <mps-root>/<uuid>/shm as its /dev/shm and pods get "
+        "the same directory (needs CAP_SYS_ADMIN); host: daemons and pods share the host's "
+        "/dev/shm (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--stop-mps-on-exit",
+        action="store_true",
+        help="quit the MPS daemons when the agent exits (default: leave them for the next "
+        "agent to adopt, so running pods keep working)",
+    )
+    parser.add_argument(
+        "--metrics-host", default="0.0.0.0", help="metrics listen address (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9400,
+        help="metrics port serving /metrics, /healthz and the exporter's /profile; 0 picks a "
+        "free port (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        help="the kubelet's pod-resources socket (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-exporter",
+        action="store_true",
+        help="do not wire in gpushare.exporter (serve only the agent's own metrics)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="default: %(default)s",
+    )
+    return parser
+
+
+def _device_nodes(backend: GpuBackend) -> Callable[[str], list[DeviceNode]] | None:
+    paths = getattr(backend, "device_paths", None)
+    if backend.simulated or paths is None:
+        return None
+
+    def lookup(uuid: str) -> list[DeviceNode]:
+        return [DeviceNode(container_path=p, host_path=p, permissions="rw") for p in paths(uuid)]
+
+    return lookup
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_json_logging(component="gpushare-node-agent", level=args.log_level)
+    if args.metrics_port < 0 or args.metrics_port > 65535:
+        print("gpushare-node-agent: --metrics-port must be 0..65535", file=sys.stderr)
+        return 2
+    try:
+        backend = open_backend(args.backend, node_name=args.node_name)
+    except InvalidInputError as exc:
+        print(f"gpushare-node-agent: {exc}", file=sys.stderr)
+        return 2
+    from gpushare.node.kube import NodeKube  # noqa: PLC0415  (keeps --help fast)
+
+    kube = NodeKube(node_name=args.node_name, kubeconfig=args.kubeconfig)
+    settings = AgentSettings(
+        node_name=args.node_name,
+        device_plugin_dir=args.device_plugin_dir,
+        plugin_endpoint=args.plugin_endpoint,
+        mps_root=args.mps_root,
+        mps_shm=args.mps_shm,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        pod_resources_socket=args.pod_resources_socket,
+        stop_mps_on_exit=args.stop_mps_on_exit,
+        exporter=not args.no_exporter,
+    )
+    agent = NodeAgent(settings, backend=backend, kube=kube, device_nodes=_device_nodes(backend))
+    stop = threading.Event()
+
+    def on_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %s: shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    def on_hup(_signum: int, _frame: FrameType | None) -> None:
+        log.info("SIGHUP: re-serving and re-registering the device plugin")
+        agent.runner.request_restart()
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGHUP, on_hup)
+    try:
+        agent.run(stop)
+    finally:
+        kube.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
