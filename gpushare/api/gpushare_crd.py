@@ -1,0 +1,494 @@
+"""The GpuShare custom resource: typed spec and status, and the pod annotations it implies.
+
+The OpenAPI schema in ``crds/gpushare.io_gpushares.yaml`` refuses most bad specs at the API
+server; this module parses what got through (and what older servers let through) into typed
+values, raising :class:`InvalidInputError` naming the ``spec.*`` path and the fix. It also
+defines the pod annotations through which a GpuShare speaks to the scheduler extender, so the
+webhook, the extender and the operator agree on them without importing each other.
+"""
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.names import (
+    ANN_CLASS,
+    ANN_FRACTION,
+    ANN_MEMORY,
+    ANN_SHARE,
+    CLASSES,
+    GROUP,
+    MPS_MAX_CLIENTS,
+    SLICES_PER_GPU,
+    VERSION,
+)
+from gpushare.api.quantities import format_memory, parse_fraction, parse_memory
+
+KIND: Final = "GpuShare"
+PLURAL: Final = "gpushares"
+SINGULAR: Final = "gpushare"
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+PHASE_PENDING: Final = "Pending"
+PHASE_PROFILING: Final = "Profiling"
+PHASE_PACKED: Final = "Packed"
+PHASE_FAILED: Final = "Failed"
+PHASES: Final = (PHASE_PENDING, PHASE_PROFILING, PHASE_PACKED, PHASE_FAILED)
+
+PROFILING_AUTO: Final = "auto"
+"""Profile unless the cache holds a profile for the same image, command and GPU model."""
+PROFILING_SKIP: Final = "skip"
+"""Never profile; pack without a profile (the policy then treats the job as unknown)."""
+PROFILING_ALWAYS: Final = "always"
+"""Profile the first pod even when the cache has a profile."""
+PROFILING_MODES: Final = (PROFILING_AUTO, PROFILING_SKIP, PROFILING_ALWAYS)
+WINDOW_MIN_SECONDS: Final = 10
+WINDOW_MAX_SECONDS: Final = 3600
+WINDOW_DEFAULT_SECONDS: Final = 60
+
+POLICY_CAUTIOUS: Final = "cautious"
+"""Pack only where the interference model admits it; profile alone on an idle GPU."""
+POLICY_AGGRESSIVE: Final = "aggressive"
+"""Pack wherever the guaranteed shares fit; profile on a lightly loaded GPU."""
+POLICY_EXCLUSIVE: Final = "exclusive"
+"""Never share a GPU with pods of another GpuShare or with unmanaged fractional pods."""
+POLICIES: Final = (POLICY_CAUTIOUS, POLICY_AGGRESSIVE, POLICY_EXCLUSIVE)
+
+# Pod annotations a GpuShare adds to the pods it governs (read by the scheduler extender).
+ANN_PACKING_POLICY: Final = f"{GROUP}/packing-policy"
+"""cautious | aggressive | exclusive, inherited from spec.packing.policy."""
+ANN_MAX_PODS_PER_GPU: Final = f"{GROUP}/max-pods-per-gpu"
+"""Integer 1..48: the extender places this pod only on a GPU holding fewer gpushare pods."""
+ANN_PROFILING: Final = f"{GROUP}/profiling"
+"""On the pod elected to be profiled: ``true`` until its profile is stored, then ``done``.
+
+While ``true`` the extender places the pod per its packing policy (cautious/exclusive: a GPU
+with no tenants; aggressive: a lightly loaded GPU, see LIGHTLY_LOADED_PERCENT) and places no
+other pod on that GPU, so the node agent's profiler measures this job alone."""
+ANN_PROFILING_WINDOW: Final = f"{GROUP}/profiling-window"
+"""Seconds the profiler samples the pod's GPU once the pod runs (informational for the extender)."""
+ANN_PROFILE: Final = f"{GROUP}/profile"
+"""Compact JSON of the share's stored profile (the ``status.profile`` object: gpuModel, fp16,
+fp32, fp64, tensor, smOccupancy, dramBandwidth, ...), written on the share's unscheduled pods
+once it is Packed, so the extender's interference check sees the job's measured profile."""
+PROFILING_ACTIVE: Final = "true"
+PROFILING_DONE: Final = "done"
+LIGHTLY_LOADED_PERCENT: Final = 25
+"""Aggressive profiling may use a GPU whose guaranteed shares sum to at most this."""
+
+GPUSHARE_ANNOTATIONS: Final = (
+    ANN_SHARE,
+    ANN_FRACTION,
+    ANN_MEMORY,
+    ANN_CLASS,
+    ANN_PACKING_POLICY,
+    ANN_MAX_PODS_PER_GPU,
+)
+
+_SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+@dataclass(frozen=True)
+class SelectorRequirement:
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.operator == "In":
+            return self.key in labels and labels[self.key] in self.values
+        if self.operator == "NotIn":
+            return self.key not in labels or labels[self.key] not in self.values
+        if self.operator == "Exists":
+            return self.key in labels
+        return self.key not in labels  # DoesNotExist
+
+
+@dataclass(frozen=True)
+class LabelSelector:
+    """A Kubernetes LabelSelector. An empty one matches nothing here (see ``matches``)."""
+
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    match_expressions: tuple[SelectorRequirement, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.match_labels and not self.match_expressions
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """True when every label and expression matches. Unlike Kubernetes, an empty selector
+        matches no pod: a GpuShare must never claim every pod of a namespace by accident."""
+        if self.empty:
+            return False
+        if any(labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        return all(r.matches(labels) for r in self.match_expressions)
+
+
+@dataclass(frozen=True)
+class ProfilingSpec:
+    mode: str = PROFILING_AUTO
+    window_seconds: int = WINDOW_DEFAULT_SECONDS
+
+
+@dataclass(frozen=True)
+class PackingSpec:
+    policy: str = POLICY_CAUTIOUS
+    max_pods_per_gpu: int | None = None
+    """None: only the MPS client limit applies."""
+
+
+@dataclass(frozen=True)
+class GpuShareSpec:
+    """A parsed, validated GpuShare spec."""
+
+    fraction: str
+    """As the user wrote it ("0.25" or "25%"), copied to governed pods."""
+    percent: int
+    """The fraction in GPU-percent slices (1..100)."""
+    memory: str | None = None
+    memory_bytes: int | None = None
+    gpu_class: str = "batch"
+    selector: LabelSelector | None = None
+    profiling: ProfilingSpec = ProfilingSpec()
+    packing: PackingSpec = PackingSpec()
+
+
+def _fix(text: str) -> str:
+    return f"{text} (kubectl explain gpushare.spec)"
+
+
+def _mapping(raw: object, path: str, fix: str) -> Mapping[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise InvalidInputError(path, f"must be an object, not {type(raw).__name__}", fix)
+    return raw
+
+
+def _string_map(raw: object, path: str) -> dict[str, str]:
+    fix = _fix("write label pairs like {app: trainer}")
+    result: dict[str, str] = {}
+    for key, value in _mapping(raw, path, fix).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise InvalidInputError(f"{path}.{key}", "must be a string", fix)
+        result[key] = value
+    return result
+
+
+def parse_selector(raw: object, *, path: str = "spec.selector") -> LabelSelector:
+    fix = _fix("use matchLabels {key: value} or matchExpressions [{key, operator, values}]")
+    body = _mapping(raw, path, fix)
+    labels = _string_map(body.get("matchLabels"), f"{path}.matchLabels")
+    exprs_raw = body.get("matchExpressions") or []
+    if not isinstance(exprs_raw, list):
+        raise InvalidInputError(f"{path}.matchExpressions", "must be a list", fix)
+    exprs: list[SelectorRequirement] = []
+    for i, item in enumerate(exprs_raw):
+        where = f"{path}.matchExpressions[{i}]"
+        entry = _mapping(item, where, fix)
+        key, op, values = entry.get("key"), entry.get("operator"), entry.get("values") or []
+        if not isinstance(key, str) or not key:
+            raise InvalidInputError(f"{where}.key", "is missing", fix)
+        if op not in _SELECTOR_OPERATORS:
+            raise InvalidInputError(
+                f"{where}.operator",
+                f"unknown operator {op!r}",
+                f"use {', '.join(_SELECTOR_OPERATORS)}",
+            )
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise InvalidInputError(f"{where}.values", "must be a list of strings", fix)
+        if op in ("In", "NotIn") and not values:
+            raise InvalidInputError(f"{where}.values", f"must not be empty for {op}", fix)
+        if op in ("Exists", "DoesNotExist") and values:
+            raise InvalidInputError(f"{where}.values", f"must be empty for {op}", fix)
+        exprs.append(SelectorRequirement(key, str(op), tuple(values)))
+    selector = LabelSelector(labels, tuple(exprs))
+    if selector.empty:
+        raise InvalidInputError(
+            path,
+            "is empty and would match every pod in the namespace",
+            "add matchLabels or matchExpressions, or drop spec.selector and link pods with "
+            f"the {ANN_SHARE} annotation",
+        )
+    return selector
+
+
+def _int_in(raw: object, path: str, low: int, high: int) -> int:
+    fix = f"write a whole number from {low} to {high}"
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise InvalidInputError(path, f"{raw!r} is not a whole number", fix)
+    if not low <= raw <= high:
+        raise InvalidInputError(path, f"{raw} is outside {low}..{high}", fix)
+    return raw
+
+
+def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
+    """Validate a GpuShare spec; raises InvalidInputError naming ``spec.<field>`` and the fix."""
+    fraction_raw = spec.get("fraction")
+    if not isinstance(fraction_raw, str):
+        raise InvalidInputError(
+            "spec.fraction", "is missing or not a string", 'write a quoted fraction like "0.25"'
+        )
+    percent = parse_fraction(fraction_raw, field="spec.fraction")
+    if percent > SLICES_PER_GPU:
+        raise InvalidInputError(
+            "spec.fraction",
+            f"{fraction_raw!r} asks for more than one GPU",
+            'a GpuShare shares one GPU: write a fraction from "0.01" to "1"',
+        )
+    memory_raw = spec.get("memory")
+    memory_bytes: int | None = None
+    if memory_raw is not None:
+        if not isinstance(memory_raw, str):
+            raise InvalidInputError("spec.memory", "must be a string", 'write "10Gi"')
+        memory_bytes = parse_memory(memory_raw, field="spec.memory")
+    gpu_class = spec.get("class", "batch")
+    if gpu_class not in CLASSES:
+        raise InvalidInputError(
+            "spec.class", f"unknown class {gpu_class!r}", f"use one of {', '.join(CLASSES)}"
+        )
+    selector = parse_selector(spec["selector"]) if spec.get("selector") is not None else None
+
+    prof = _mapping(spec.get("profiling"), "spec.profiling", _fix("write {mode: auto}"))
+    mode = prof.get("mode", PROFILING_AUTO)
+    if mode not in PROFILING_MODES:
+        raise InvalidInputError(
+            "spec.profiling.mode", f"unknown mode {mode!r}", f"use {', '.join(PROFILING_MODES)}"
+        )
+    window = _int_in(
+        prof.get("windowSeconds", WINDOW_DEFAULT_SECONDS),
+        "spec.profiling.windowSeconds",
+        WINDOW_MIN_SECONDS,
+        WINDOW_MAX_SECONDS,
+    )
+    pack = _mapping(spec.get("packing"), "spec.packing", _fix("write {policy: cautious}"))
+    policy = pack.get("policy", POLICY_CAUTIOUS)
+    if policy not in POLICIES:
+        raise InvalidInputError(
+            "spec.packing.policy", f"unknown policy {policy!r}", f"use {', '.join(POLICIES)}"
+        )
+    if gpu_class == "latency" and policy == POLICY_AGGRESSIVE:
+        raise InvalidInputError(
+            "spec.packing.policy",
+            "aggressive packing cannot protect a latency-class job",
+            "use policy cautious or exclusive with class latency, or class batch",
+        )
+    max_pods_raw = pack.get("maxPodsPerGpu")
+    max_pods = (
+        None
+        if max_pods_raw is None
+        else _int_in(max_pods_raw, "spec.packing.maxPodsPerGpu", 1, MPS_MAX_CLIENTS)
+    )
+    return GpuShareSpec(
+        fraction=fraction_raw.strip(),
+        percent=percent,
+        memory=memory_raw.strip() if isinstance(memory_raw, str) else None,
+        memory_bytes=memory_bytes,
+        gpu_class=str(gpu_class),
+        selector=selector,
+        profiling=ProfilingSpec(str(mode), window),
+        packing=PackingSpec(str(policy), max_pods),
+    )
+
+
+def inherited_annotations(spec: GpuShareSpec, *, share_name: str) -> dict[str, str]:
+    """The annotations a governed pod carries so the webhook and extender see the share's
+    request. A pod's own request annotations win over these (see ``missing_annotations``)."""
+    out = {
+        ANN_SHARE: share_name,
+        ANN_FRACTION: spec.fraction,
+        ANN_CLASS: spec.gpu_class,
+        ANN_PACKING_POLICY: spec.packing.policy,
+    }
+    if spec.memory is not None:
+        out[ANN_MEMORY] = spec.memory
+    if spec.packing.max_pods_per_gpu is not None:
+        out[ANN_MAX_PODS_PER_GPU] = str(spec.packing.max_pods_per_gpu)
+    return out
+
+
+def missing_annotations(
+    spec: GpuShareSpec, *, share_name: str, annotations: Mapping[str, str]
+) -> dict[str, str]:
+    """The inherited annotations a pod lacks; empty when nothing needs writing (idempotence)."""
+    wanted = inherited_annotations(spec, share_name=share_name)
+    return {k: v for k, v in wanted.items() if k not in annotations}
+
+
+def governing_share(
+    shares: Iterable[tuple[str, GpuShareSpec | None]],
+    *,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+) -> str | None:
+    """Name of the GpuShare (of the pod's namespace) that governs a pod, or None.
+
+    The ``gpushare.io/share`` annotation wins; otherwise the alphabetically first share whose
+    selector matches the pod's labels (deterministic when selectors overlap).
+    """
+    linked = annotations.get(ANN_SHARE, "").strip()
+    if linked:
+        return linked
+    matching = sorted(
+        name
+        for name, spec in shares
+        if spec is not None and spec.selector is not None and spec.selector.matches(labels)
+    )
+    return matching[0] if matching else None
+
+
+@dataclass(frozen=True)
+class ShareProfile:
+    """A job's measured profile as stored in GpuShare status and the profile cache."""
+
+    gpu_model: str
+    fp16: float | None
+    fp32: float | None
+    fp64: float | None
+    tensor: float | None
+    sm_occupancy: float | None
+    dram_bandwidth: float | None
+    memory_bytes: int | None
+    sampled_seconds: float
+    time: datetime
+    simulated: bool = False
+    source: str = "measured"
+    """``measured`` by the profiler, or ``cache`` when reused from an earlier measurement."""
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "gpuModel": self.gpu_model,
+            "sampledSeconds": round(self.sampled_seconds, 3),
+            "time": format_rfc3339(self.time),
+            "simulated": self.simulated,
+            "source": self.source,
+        }
+        for key, value in (
+            ("fp16", self.fp16),
+            ("fp32", self.fp32),
+            ("fp64", self.fp64),
+            ("tensor", self.tensor),
+            ("smOccupancy", self.sm_occupancy),
+            ("dramBandwidth", self.dram_bandwidth),
+        ):
+            if value is not None:
+                out[key] = round(value, 4)
+        if self.memory_bytes is not None:
+            out["memoryBytes"] = self.memory_bytes
+        return out
+
+
+def _ratio(raw: Mapping[str, Any], key: str, path: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise InvalidInputError(f"{path}.{key}", f"{value!r} is not a ratio 0..1", "re-profile")
+    return float(value)
+
+
+def parse_profile(raw: Mapping[str, Any], *, path: str = "status.profile") -> ShareProfile:
+    """Read a stored profile back (status or cache entry); raises naming the bad field."""
+    model = raw.get("gpuModel")
+    if not isinstance(model, str) or not model:
+        raise InvalidInputError(f"{path}.gpuModel", "is missing", "re-profile")
+    memory = raw.get("memoryBytes")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int)):
+        raise InvalidInputError(f"{path}.memoryBytes", "is not a byte count", "re-profile")
+    sampled = raw.get("sampledSeconds", 0)
+    if isinstance(sampled, bool) or not isinstance(sampled, int | float):
+        raise InvalidInputError(f"{path}.sampledSeconds", "is not a number", "re-profile")
+    return ShareProfile(
+        gpu_model=model,
+        fp16=_ratio(raw, "fp16", path),
+        fp32=_ratio(raw, "fp32", path),
+        fp64=_ratio(raw, "fp64", path),
+        tensor=_ratio(raw, "tensor", path),
+        sm_occupancy=_ratio(raw, "smOccupancy", path),
+        dram_bandwidth=_ratio(raw, "dramBandwidth", path),
+        memory_bytes=memory,
+        sampled_seconds=float(sampled),
+        time=parse_rfc3339(str(raw.get("time", "")), field=f"{path}.time"),
+        simulated=bool(raw.get("simulated", False)),
+        source=str(raw.get("source", "measured")),
+    )
+
+
+@dataclass(frozen=True)
+class PlacementEntry:
+    """One governed pod's placement, as listed in ``status.placements``."""
+
+    pod: str
+    node: str
+    gpu_uuid: str
+    thread_percent: int
+    memory_limit_bytes: int
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "pod": self.pod,
+            "node": self.node,
+            "gpuUuid": self.gpu_uuid,
+            "threadPercent": self.thread_percent,
+            "memoryLimit": format_memory(self.memory_limit_bytes),
+        }
+
+
+def profile_annotation(status_profile: Mapping[str, Any]) -> str:
+    """The ``gpushare.io/profile`` annotation value for a ``status.profile`` object."""
+    return json.dumps(dict(status_profile), sort_keys=True, separators=(",", ":"))
+
+
+def parse_profile_annotation(text: str) -> ShareProfile:
+    """Read ``gpushare.io/profile``; raises InvalidInputError naming the annotation."""
+    fix = "the operator writes it; remove the annotation and it is written again"
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(ANN_PROFILE, f"is not JSON ({exc.msg})", fix) from None
+    if not isinstance(raw, Mapping):
+        raise InvalidInputError(ANN_PROFILE, "must be a JSON object", fix)
+    return parse_profile(raw, path=ANN_PROFILE)
+
+
+def format_rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: str, *, field: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInputError(
+            field, f"{text!r} is not an RFC 3339 time", 'write e.g. "2025-01-31T12:00:00Z"'
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def scheduling_hold(
+    *, pod_name: str, pod_annotations: Mapping[str, str], share_status: Mapping[str, Any] | None
+) -> str | None:
+    """Why the extender must not place a governed pod yet, or None to place it now.
+
+    A GpuShare that still needs a profile lets only its elected profiling pod through, so
+    that pod runs alone for the profiling window; the others wait until the share is Packed.
+    ``share_status`` is the GpuShare's ``status`` (None or {} before the operator saw it).
+    """
+    if pod_annotations.get(ANN_PROFILING) == PROFILING_ACTIVE:
+        return None
+    phase = (share_status or {}).get("phase")
+    share = pod_annotations.get(ANN_SHARE, "?")
+    if phase in (None, PHASE_PENDING):
+        return f"GpuShare {share} is electing a pod to profile; this pod waits until it is Packed"
+    if phase == PHASE_PROFILING and (share_status or {}).get("profilingPod") != pod_name:
+        return f"GpuShare {share} is profiling; this pod waits until it is Packed"
+    return None
+
+
+def placements_status(entries: Sequence[PlacementEntry]) -> list[dict[str, Any]]:
+    return [e.to_status() for e in sorted(entries, key=lambda e: e.pod)]

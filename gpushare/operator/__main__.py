@@ -1,0 +1,78 @@
+"""``python -m gpushare.operator``: the operator on its own (development, tests).
+
+In a deployment the operator runs inside ``gpushare-controller`` (same process and loop).
+"""
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from gpushare.operator.protection import ProtectionPolicy
+from gpushare.operator.runner import run_operator
+from gpushare.operator.settings import DEFAULT_NAMESPACE, OperatorConfig
+
+
+def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
+    defaults = OperatorConfig()
+    policy = defaults.protection_policy
+    parser = argparse.ArgumentParser(
+        prog="python -m gpushare.operator",
+        description="Run the GpuShare operator (profiling, packing, latency protection).",
+    )
+    parser.add_argument(
+        "--namespace", default=DEFAULT_NAMESPACE, help="where the profile cache lives"
+    )
+    parser.add_argument(
+        "--agent-url",
+        default=defaults.agent_url,
+        help="node agent base URL template; {node} and {node_ip} are substituted",
+    )
+    parser.add_argument("--reconcile-interval", type=float, default=defaults.reconcile_interval_s)
+    parser.add_argument("--measure-grace", type=float, default=defaults.measure_grace_s)
+    parser.add_argument(
+        "--no-protection", action="store_true", help="do not run latency protection"
+    )
+    parser.add_argument("--protection-interval", type=float, default=defaults.protection_interval_s)
+    parser.add_argument("--protection-window", type=int, default=defaults.protection_window_s)
+    parser.add_argument("--saturation-threshold", type=float, default=policy.saturation_threshold)
+    parser.add_argument("--slowdown-bound", type=float, default=policy.slowdown_bound)
+    parser.add_argument("--bad-readings", type=int, default=policy.bad_readings)
+    parser.add_argument("--cooldown", type=float, default=policy.cooldown_s)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    if not 0 < args.saturation_threshold <= 1:
+        parser.error("--saturation-threshold: must be in (0, 1], e.g. 0.9")
+    if args.bad_readings < 1:
+        parser.error("--bad-readings: must be at least 1")
+    if args.protection_window < 1 or args.reconcile_interval <= 0 or args.protection_interval <= 0:
+        parser.error("--protection-window and the intervals must be positive")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return OperatorConfig(
+        namespace=args.namespace,
+        agent_url=args.agent_url,
+        reconcile_interval_s=args.reconcile_interval,
+        measure_grace_s=args.measure_grace,
+        protection=not args.no_protection,
+        protection_interval_s=args.protection_interval,
+        protection_window_s=args.protection_window,
+        protection_policy=ProtectionPolicy(
+            saturation_threshold=args.saturation_threshold,
+            slowdown_bound=args.slowdown_bound,
+            bad_readings=args.bad_readings,
+            cooldown_s=args.cooldown,
+        ),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+    asyncio.run(run_operator(settings=config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

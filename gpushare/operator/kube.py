@@ -1,0 +1,232 @@
+"""The operator's only Kubernetes API client (besides Kopf's own watches and patches).
+
+Every write here is either idempotent (merge patches of annotations and cache entries) or
+guarded by a JSON-patch ``test`` of the share's phase, so a retried or repeated step never
+applies twice.
+"""
+
+import enum
+import logging
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Event, Pod
+from lightkube.types import PatchType
+
+from gpushare.api.gpushare_crd import API_VERSION, KIND, PLURAL
+from gpushare.api.names import GROUP, VERSION
+
+log = logging.getLogger(__name__)
+
+GpuShareResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+COMPONENT = "gpushare-operator"
+FIELD_MANAGER = "gpushare-operator"
+
+
+class EvictionOutcome(enum.Enum):
+    EVICTED = "evicted"
+    BLOCKED = "blocked"
+    """429: a PodDisruptionBudget forbids it now; try again later."""
+    GONE = "gone"
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """Who an Event or patch is about."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    uid: str = ""
+
+    @classmethod
+    def pod(cls, *, namespace: str, name: str, uid: str = "") -> "ObjectRef":
+        return cls("v1", "Pod", namespace, name, uid)
+
+    @classmethod
+    def share(cls, *, namespace: str, name: str, uid: str = "") -> "ObjectRef":
+        return cls(API_VERSION, KIND, namespace, name, uid)
+
+
+class KubeApi:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+        self._instance = socket.gethostname()
+
+    @classmethod
+    def from_environment(cls) -> "KubeApi":
+        """$KUBECONFIG when set (as Kopf does), else in-cluster, else ~/.kube/config."""
+        path = os.environ.get("KUBECONFIG")
+        config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
+        return cls(AsyncClient(config=config, field_manager=FIELD_MANAGER))
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def get_share(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj = await self._client.get(GpuShareResource, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+        # lightkube's generic resources leave to_dict untyped.
+        return dict(obj.to_dict())  # type: ignore[no-untyped-call]
+
+    async def patch_share_status(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        ops: Sequence[Mapping[str, Any]],
+    ) -> bool:
+        """Apply a JSON patch to the share's status. False (nothing changed) when a ``test``
+        op failed, i.e. someone already took this step, or the share is gone."""
+        try:
+            await self._client.patch(
+                GpuShareResource.Status,
+                name,
+                [dict(op) for op in ops],
+                namespace=namespace,
+                patch_type=PatchType.JSON,
+            )
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return False
+            if exc.status.code in (409, 422) and "test" in (exc.status.message or "").lower():
+                log.info("share %s/%s: step already taken (%s)", namespace, name, exc)
+                return False
+            raise
+        return True
+
+    async def merge_share_status(
+        self, *, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        """Merge-patch fields of the share's status that are pure functions of the cluster
+        (placements, pod count): writing them twice is harmless."""
+        try:
+            await self._client.patch(
+                GpuShareResource.Status,
+                name,
+                {"status": dict(status)},
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+
+    async def annotate_pod(
+        self, *, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> bool:
+        """Merge annotations into a pod (None removes one). False when the pod is gone."""
+        try:
+            await self._client.patch(
+                Pod,
+                name,
+                {"metadata": {"annotations": dict(annotations)}},
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return False
+            raise
+        return True
+
+    async def evict(self, *, namespace: str, name: str) -> EvictionOutcome:
+        """Evict through the Eviction API, so PodDisruptionBudgets are respected."""
+        body = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
+        try:
+            await self._client.create(body, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 429:
+                return EvictionOutcome.BLOCKED
+            if exc.status.code == 404:
+                return EvictionOutcome.GONE
+            raise
+        return EvictionOutcome.EVICTED
+
+    async def post_event(
+        self, *, about: ObjectRef, reason: str, message: str, warning: bool = False
+    ) -> None:
+        """A core/v1 Event on ``about`` (shown by kubectl describe). Failures are logged, not
+        raised: an Event is a report, never a reason to repeat the step it reports."""
+        now = datetime.now(UTC)
+        event = Event(
+            metadata=ObjectMeta(generateName=f"{about.name}.", namespace=about.namespace),
+            involvedObject=ObjectReference(
+                apiVersion=about.api_version,
+                kind=about.kind,
+                name=about.name,
+                namespace=about.namespace,
+                uid=about.uid or None,
+            ),
+            reason=reason,
+            message=message[:1024],
+            type="Warning" if warning else "Normal",
+            source=EventSource(component=COMPONENT),
+            reportingComponent=f"{GROUP}/operator",
+            reportingInstance=self._instance,
+            firstTimestamp=now,
+            lastTimestamp=now,
+            count=1,
+        )
+        try:
+            await self._client.create(event)
+        except ApiError as exc:
+            log.warning("could not post event %s on %s/%s: %s", reason, about.kind, about.name, exc)
+
+    async def read_configmap(self, *, namespace: str, name: str) -> dict[str, str]:
+        try:
+            cm = await self._client.get(ConfigMap, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return {}
+            raise
+        return dict(cm.data or {})
+
+    async def put_configmap_entries(
+        self, *, namespace: str, name: str, entries: Mapping[str, str | None]
+    ) -> None:
+        """Set (or, with None, delete) keys of a ConfigMap, creating it when absent."""
+        try:
+            await self._client.patch(
+                ConfigMap,
+                name,
+                {"data": dict(entries)},
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )
+            return
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+        data = {k: v for k, v in entries.items() if v is not None}
+        cm = ConfigMap(
+            metadata=ObjectMeta(
+                name=name,
+                namespace=namespace,
+                labels={
+                    "app.kubernetes.io/name": "gpushare",
+                    "app.kubernetes.io/component": "operator",
+                },
+            ),
+            data=data,
+        )
+        try:
+            await self._client.create(cm)
+        except ApiError as exc:
+            if exc.status.code != 409:
+                raise
+            await self.put_configmap_entries(namespace=namespace, name=name, entries=entries)

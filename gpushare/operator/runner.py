@@ -1,0 +1,98 @@
+"""Start the operator inside an existing event loop (the controller's) or on its own.
+
+``run_operator`` returns when Kopf stops (``stop_flag`` set, or SIGINT/SIGTERM when it runs
+in the main thread), after stopping the protection loop and closing its clients.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+import kopf
+from prometheus_client import CollectorRegistry
+
+from gpushare.api.request import GpuRequest
+from gpushare.operator.guard import LatencyGuard
+from gpushare.operator.handlers import build_registry, kopf_settings
+from gpushare.operator.kube import KubeApi
+from gpushare.operator.profiler_client import ProfilerClient
+from gpushare.operator.reconcile import ShareReconciler
+from gpushare.operator.settings import OperatorConfig
+from gpushare.operator.view import ClusterView
+
+log = logging.getLogger(__name__)
+
+
+ShareResolver = Callable[[str, str], GpuRequest | None]
+
+
+@runtime_checkable
+class ResolvesShares(Protocol):
+    """The part of the controller's view the operator fills in."""
+
+    share_resolver: ShareResolver | None
+
+
+def share_resolver(view: ClusterView) -> Callable[[str, str], GpuRequest | None]:
+    """(namespace, GpuShare name) -> the request the share stands for (None: no such share or
+    an invalid spec). The controller's webhook uses it for pods linked by annotation."""
+
+    def resolve(namespace: str, name: str) -> GpuRequest | None:
+        share = view.shares.get(f"{namespace}/{name}")
+        if share is None or share.spec is None:
+            return None
+        spec = share.spec
+        return GpuRequest(
+            percent=spec.percent,
+            memory_bytes=spec.memory_bytes,
+            gpu_class=spec.gpu_class,
+            share=name,
+        )
+
+    return resolve
+
+
+async def run_operator(
+    *,
+    view: object | None = None,
+    settings: OperatorConfig | None = None,
+    registry: CollectorRegistry | None = None,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+) -> None:
+    """Run Kopf (cluster-wide) plus the latency protection loop until stopped.
+
+    ``view``: the controller's view; when it has a ``share_resolver`` attribute, the operator
+    sets it so the webhook resolves ``gpushare.io/share`` links. ``registry``: where the
+    protection eviction counter is registered (the controller's metrics registry).
+    """
+    config = settings or OperatorConfig()
+    own_view = ClusterView()
+    if isinstance(view, ResolvesShares):
+        view.share_resolver = share_resolver(own_view)
+    kube = KubeApi.from_environment()
+    profiler = ProfilerClient(url_template=config.agent_url, timeout_s=config.agent_timeout_s)
+    reconciler = ShareReconciler(config=config, kube=kube, view=own_view, profiler=profiler)
+    tasks: list[asyncio.Task[None]] = []
+    if config.protection:
+        guard = LatencyGuard.with_default_model(
+            config=config, kube=kube, view=own_view, profiler=profiler, registry=registry
+        )
+        tasks.append(asyncio.create_task(guard.run(), name="gpushare-latency-guard"))
+    try:
+        await kopf.operator(
+            registry=build_registry(config=config, view=own_view, reconciler=reconciler),
+            settings=kopf_settings(config),
+            clusterwide=True,
+            standalone=config.standalone,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await reconciler.close()
+        await profiler.close()
+        await kube.close()

@@ -1,0 +1,38 @@
+"""Operator settings: one dataclass, a docstring under each field."""
+
+from dataclasses import dataclass, field
+
+from gpushare.operator.protection import ProtectionPolicy
+
+DEFAULT_NAMESPACE = "gpushare-system"
+PROFILE_CACHE_CONFIGMAP = "gpushare-profile-cache"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    namespace: str = DEFAULT_NAMESPACE
+    """The operator's own namespace: where the profile cache ConfigMap lives."""
+    cache_configmap: str = PROFILE_CACHE_CONFIGMAP
+    """Name of the profile cache ConfigMap."""
+    cache_max_entries: int = 512
+    """Oldest cache entries are dropped beyond this (a ConfigMap holds at most 1 MiB)."""
+    agent_url: str = "http://{node_ip}:9400"
+    """Base URL of a node agent's metrics server; ``{node}`` and ``{node_ip}`` (the node's
+    InternalIP) are substituted. The profiler lives at ``<agent_url>/profile``."""
+    agent_timeout_s: float = 10.0
+    """Timeout of one profiler call, on top of the window it samples."""
+    reconcile_interval_s: float = 5.0
+    """How often each GpuShare is reconciled even without events (profiling clock, retries)."""
+    measure_grace_s: float = 300.0
+    """How long after the profiling window the operator keeps asking an unreachable node
+    agent before packing the share without a profile."""
+    protection: bool = True
+    """Run the latency protection loop."""
+    protection_interval_s: float = 5.0
+    """Seconds between readings of each GPU holding a latency-class pod."""
+    protection_window_s: int = 5
+    """Averaging window of each protection reading."""
+    protection_policy: ProtectionPolicy = field(default_factory=ProtectionPolicy)
+    """Saturation threshold, slowdown bound and hysteresis (readings in a row, cool-down)."""
+    standalone: bool = True
+    """Run Kopf without peering (one controller replica, or leader election done outside)."""
