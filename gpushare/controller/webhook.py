@@ -253,11 +253,23 @@ def _single_resource_errors(pod: pods.Pod) -> list[InvalidInputError]:
     ]
 
 
-def _resource_errors(pod: pods.Pod, *, target: int, percent: int) -> list[InvalidInputError]:
-    """A pod that also writes the gpu-percent resource must agree with its annotation."""
+def _resource_errors(
+    pod: pods.Pod, *, target: int, percent: int, required: bool
+) -> list[InvalidInputError]:
+    """A pod that also writes the gpu-percent resource must agree with its annotation; after
+    mutation (``required``) the target container must carry it."""
     errors: list[InvalidInputError] = []
     for i, c in enumerate(pods.containers(pod)):
         limit, request = pods.resource_value(c, RESOURCE_GPU_PERCENT)
+        if required and i == target and limit is None:
+            errors.append(
+                InvalidInputError(
+                    f"spec.containers[{i}].resources.limits[{RESOURCE_GPU_PERCENT}]",
+                    "is missing: the pod did not pass gpushare's mutating webhook",
+                    "make sure the MutatingWebhookConfiguration 'gpushare' is registered, "
+                    "then recreate the pod",
+                )
+            )
         for what, value in (("limits", limit), ("requests", request)):
             if value is None:
                 continue
@@ -292,7 +304,9 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
     annotated = ANN_FRACTION in pods.annotations(pod) or ANN_SHARE in pods.annotations(pod)
     if request is not None and not errors:
         if annotated and (not mutate or _asks_resource(pod)):
-            errors += _resource_errors(pod, target=target, percent=request.percent)
+            errors += _resource_errors(
+                pod, target=target, percent=request.percent, required=not mutate
+            )
         elif not annotated:
             errors += _single_resource_errors(pod)
     errors += _check_scheduler(pod, final=not mutate)

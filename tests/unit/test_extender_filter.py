@@ -1,0 +1,148 @@
+"""Extender filter and prioritize decisions, in kube-scheduler's exact JSON shapes."""
+
+from datetime import UTC, datetime
+
+from gpushare.api.names import ANN_CLASS, ANN_MEMORY, STATE_ALLOCATED
+from gpushare.api.placement import Placement
+from gpushare.controller.extender import Extender, ExtenderArgs, parse_extender_args
+from gpushare.controller.view import ClusterView
+from gpushare.packing.policy import Policy
+from tests.fixtures.controller import GIB, gpu, node_json, pod_json
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def on(uuid: str, percent: int, memory_gib: int = 8) -> Placement:
+    return Placement((uuid,), percent, memory_gib * GIB, NOW, STATE_ALLOCATED)
+
+
+def view_with(*, policy: Policy = Policy.BINPACK) -> Extender:
+    """half: two GPUs each 50% used; busy: one GPU at 80%; empty: an idle GPU; bare: no
+    inventory."""
+    view = ClusterView(clock=lambda: NOW)
+    view.replace_nodes(
+        [
+            node_json("half", [gpu("H0"), gpu("H1", index=1)]),
+            node_json("busy", [gpu("B0")]),
+            node_json("empty", [gpu("E0")]),
+            node_json("bare", None),
+        ]
+    )
+    view.replace_pods(
+        [
+            pod_json("h0", fraction="0.5", node="half", placement=on("H0", 50)),
+            pod_json("h1", fraction="0.5", node="half", placement=on("H1", 50)),
+            pod_json("b0", fraction="0.8", node="busy", placement=on("B0", 80)),
+        ]
+    )
+    return Extender(view=view, writer=None, policy=policy)
+
+
+def args(pod: dict[str, object], names: list[str]) -> ExtenderArgs:
+    return parse_extender_args({"Pod": pod, "NodeNames": names})
+
+
+ALL = ["half", "busy", "empty", "bare"]
+
+
+def test_filter_answers_with_the_go_field_names_of_extender_filter_result() -> None:
+    result = view_with().filter(args(pod_json("p", fraction="0.2"), ALL))
+    assert set(result) == {
+        "Nodes",
+        "NodeNames",
+        "FailedNodes",
+        "FailedAndUnresolvableNodes",
+        "Error",
+    }
+    assert result["Error"] == ""
+    assert result["Nodes"] is None
+
+
+def test_a_pod_that_needs_more_than_any_single_gpu_has_free_skips_a_node_with_enough_in_total() -> (
+    None
+):
+    result = view_with().filter(args(pod_json("p", fraction="0.6"), ALL))
+    assert result["NodeNames"] == ["empty"]
+    # 100% free in total on "half", but 50% on each GPU: fixable by preemption, so FailedNodes.
+    assert "half" in result["FailedNodes"]
+    assert "60%" in result["FailedNodes"]["half"]
+    assert "busy" in result["FailedNodes"]
+    assert result["FailedAndUnresolvableNodes"]["bare"].startswith("gpushare: node has no GPUs")
+
+
+def test_a_pod_bigger_than_any_gpu_is_unresolvable_everywhere() -> None:
+    pod = pod_json("p", fraction="0.5", annotations={ANN_MEMORY: "100Gi"})
+    result = view_with().filter(args(pod, ALL))
+    assert result["NodeNames"] == []
+    assert set(result["FailedAndUnresolvableNodes"]) == set(ALL)
+    assert "100Gi" in result["FailedAndUnresolvableNodes"]["empty"]
+    assert result["FailedNodes"] == {}
+
+
+def test_memory_is_checked_per_gpu() -> None:
+    pod = pod_json("p", fraction="0.1", annotations={ANN_MEMORY: "75Gi"})
+    result = view_with().filter(args(pod, ["half", "empty"]))
+    assert result["NodeNames"] == ["empty"]
+    assert "memory" in result["FailedNodes"]["half"]
+
+
+def test_latency_pods_do_not_share_a_gpu_with_another_latency_pod() -> None:
+    ext = view_with()
+    ext.view.upsert_pod(
+        pod_json(
+            "lat",
+            fraction="0.2",
+            annotations={ANN_CLASS: "latency"},
+            node="empty",
+            placement=on("E0", 20),
+        )
+    )
+    pod = pod_json("p", fraction="0.2", annotations={ANN_CLASS: "latency"})
+    result = ext.filter(args(pod, ["empty", "half"]))
+    assert result["NodeNames"] == ["half"]
+    assert "latency" in result["FailedNodes"]["empty"]
+
+
+def test_a_malformed_annotation_fails_every_node_naming_the_annotation() -> None:
+    result = view_with().filter(args(pod_json("p", fraction="banana"), ALL))
+    assert result["NodeNames"] == []
+    assert all(
+        "gpushare.io/gpu-fraction" in m for m in result["FailedAndUnresolvableNodes"].values()
+    )
+
+
+def test_pods_that_ask_for_no_gpu_share_pass_every_node() -> None:
+    result = view_with().filter(args(pod_json("p"), ALL))
+    assert result["NodeNames"] == ALL
+
+
+def test_whole_gpu_pods_need_idle_gpus() -> None:
+    result = view_with().filter(args(pod_json("p", fraction="1"), ALL))
+    assert result["NodeNames"] == ["empty"]
+    result = view_with().filter(args(pod_json("p", fraction="2"), ALL))
+    assert result["NodeNames"] == []
+    assert "half" in result["FailedNodes"]  # preempting its two pods would free two GPUs
+    assert "empty" in result["FailedAndUnresolvableNodes"]  # one GPU can never hold two
+
+
+def test_full_node_lists_are_filtered_when_the_scheduler_is_not_node_cache_capable() -> None:
+    nodes = {"items": [{"metadata": {"name": n}} for n in ALL]}
+    parsed = parse_extender_args({"Pod": pod_json("p", fraction="0.6"), "Nodes": nodes})
+    result = view_with().filter(parsed)
+    assert result["NodeNames"] is None
+    assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["empty"]
+
+
+def test_prioritize_scores_binpack_fuller_nodes_higher_within_0_to_10() -> None:
+    result = view_with().prioritize(args(pod_json("p", fraction="0.1"), ALL))
+    scores = {h["Host"]: h["Score"] for h in result}
+    assert set(result[0]) == {"Host", "Score"}
+    assert all(0 <= s <= 10 for s in scores.values())
+    assert scores["busy"] > scores["half"] > scores["empty"]
+    assert scores["bare"] == 0
+
+
+def test_prioritize_with_spread_prefers_the_emptiest_node() -> None:
+    result = view_with(policy=Policy.SPREAD).prioritize(args(pod_json("p", fraction="0.1"), ALL))
+    scores = {h["Host"]: h["Score"] for h in result}
+    assert scores["empty"] > scores["half"] > scores["busy"]

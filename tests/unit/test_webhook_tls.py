@@ -1,0 +1,67 @@
+"""Webhook serving certificates and the webhook configuration the controller registers."""
+
+import datetime as dt
+import ssl
+from pathlib import Path
+
+from cryptography import x509
+
+from gpushare.controller.registration import webhook_configurations
+from gpushare.controller.settings import parse_args
+from gpushare.controller.tls import ensure_certs
+
+
+def test_generated_certificate_is_signed_by_the_ca_and_covers_the_hosts(tmp_path: Path) -> None:
+    files = ensure_certs(tmp_path, hosts=["127.0.0.1", "gpushare.gpushare.svc"])
+    cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["gpushare.gpushare.svc"]
+    assert [str(i) for i in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    ca = x509.load_pem_x509_certificate(files.ca_pem())
+    cert.verify_directly_issued_by(ca)
+    assert files.key.stat().st_mode & 0o077 == 0
+    ctx = files.server_context()  # loads as a TLS server
+    assert ctx.minimum_version >= ssl.TLSVersion.TLSv1_2
+
+
+def test_existing_certificates_are_kept_so_the_ca_bundle_stays_stable(tmp_path: Path) -> None:
+    first = ensure_certs(tmp_path, hosts=["127.0.0.1"]).ca_pem()
+    assert ensure_certs(tmp_path, hosts=["127.0.0.1"]).ca_pem() == first
+
+
+def test_certificates_are_renewed_when_a_host_is_missing_or_expiry_is_near(tmp_path: Path) -> None:
+    first = ensure_certs(tmp_path, hosts=["127.0.0.1"]).ca_pem()
+    second = ensure_certs(tmp_path, hosts=["127.0.0.1", "other.example"]).ca_pem()
+    assert second != first
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=340)
+    assert (
+        ensure_certs(tmp_path, hosts=["127.0.0.1", "other.example"], now=later).ca_pem() != second
+    )
+
+
+def test_registered_webhooks_fail_closed_only_for_gpushare_pods() -> None:
+    settings = parse_args(["--register-webhooks", "--webhook-url", "https://127.0.0.1:9443"])
+    mutating, validating = webhook_configurations(settings, b"PEM")
+    for doc, path in ((mutating, "/mutate"), (validating, "/validate")):
+        (hook,) = doc["webhooks"]
+        assert hook["clientConfig"]["url"] == f"https://127.0.0.1:9443{path}"
+        assert hook["failurePolicy"] == "Fail"
+        assert hook["sideEffects"] == "None"
+        assert hook["rules"][0]["operations"] == ["CREATE"]
+        assert "gpushare.io/" in hook["matchConditions"][0]["expression"]
+        assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system"]
+        assert 1 <= hook["timeoutSeconds"] <= 30
+
+
+def test_in_cluster_registration_points_at_the_service() -> None:
+    settings = parse_args(
+        ["--register-webhooks", "--webhook-service", "gpushare/gpushare-controller:8443"]
+    )
+    mutating, _ = webhook_configurations(settings, b"PEM")
+    assert mutating["webhooks"][0]["clientConfig"]["service"] == {
+        "namespace": "gpushare",
+        "name": "gpushare-controller",
+        "port": 8443,
+        "path": "/mutate",
+    }
+    assert "gpushare-controller.gpushare.svc" in settings.webhook_hosts()
