@@ -25,30 +25,18 @@ from prometheus_client import CollectorRegistry
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
-from gpushare.exporter import Exporter, build_exporter
+from gpushare.exporter import Exporter, MpsDaemonStatus, build_exporter
 from gpushare.exporter.allocations import PodAllocation, allocations_from_pods
 from gpushare.exporter.attribution import parse_cgroup
 from gpushare.exporter.podresources import PodResourcesPoller
 from gpushare.exporter.sampler import SamplerSettings
 from gpushare.exporter.server import start_http_server
-from gpushare.gpu.backend import PIPES, GpuBackend, GpuProcess, GpuSample, HealthEvent
+from gpushare.gpu.backend import GpuBackend, GpuProcess, GpuSample, HealthEvent
 from gpushare.gpu.factory import open_backend
+from gpushare.mps.manager import MpsManager
+from gpushare.node.load import Share, simulated_load
 
 log = logging.getLogger("gpushare.exporter")
-
-GiB = 2**30
-
-# Share of each pipe a fully allocated simulated GPU shows: a mixed-precision training mix.
-_SIMULATED_MIX = {
-    "tensor": 0.55,
-    "tensor_hmma": 0.55,
-    "tensor_dmma": 0.0,
-    "tensor_imma": 0.0,
-    "fp32": 0.25,
-    "fp16": 0.08,
-    "fp64": 0.01,
-    "integer": 0.12,
-}
 
 
 class PodsFile:
@@ -151,9 +139,10 @@ def pod_pids(*, proc_root: Path, uids: set[str]) -> dict[str, list[int]]:
     return found
 
 
-def simulated_memory(alloc: PodAllocation) -> int:
-    """Half the pod's memory cap (1 GiB without one): a plausible, clearly fake footprint."""
-    return alloc.memory_limit_bytes // 2 if alloc.memory_limit_bytes else GiB
+def simulated_memory(alloc: PodAllocation, gpu: GpuInfo) -> int:
+    """The pod's simulated footprint, by the agent's formula (gpushare.node.load)."""
+    load = simulated_load(gpu, [Share(alloc.thread_percent, alloc.memory_limit_bytes)])
+    return load.memory_used_bytes
 
 
 def feed_simulation(
@@ -163,7 +152,7 @@ def feed_simulation(
     proc_root: Path,
     processes: SimulatedPodProcesses | None,
 ) -> None:
-    """Set each simulated GPU's load from its placements (what the agent does on a node)."""
+    """Set each simulated GPU's load from its placements, as the agent does on a node."""
     inner = processes.inner if processes is not None else backend
     set_load = getattr(inner, "set_load", None)
     by_gpu: dict[str, list[PodAllocation]] = defaultdict(list)
@@ -177,19 +166,20 @@ def feed_simulation(
     )
     for gpu in backend.inventory():
         placed = by_gpu.get(gpu.uuid, [])
-        share = min(1.0, sum(a.compute_ratio for a in placed))
-        memory = sum(simulated_memory(a) for a in placed)
+        load = simulated_load(gpu, [Share(a.thread_percent, a.memory_limit_bytes) for a in placed])
         if set_load is not None:
             set_load(
                 gpu.uuid,
-                pipes={p: _SIMULATED_MIX[p] * share for p in PIPES},
-                sm_occupancy=0.7 * share,
-                memory_used_bytes=memory,
+                pipes=load.pipes,
+                sm_occupancy=load.sm_occupancy,
+                memory_used_bytes=load.memory_used_bytes,
             )
         if processes is not None:
             procs = [
                 GpuProcess(
-                    pid=pids[a.uid][0], used_memory_bytes=simulated_memory(a), mps_client=True
+                    pid=pids[a.uid][0],
+                    used_memory_bytes=simulated_memory(a, gpu),
+                    mps_client=True,
                 )
                 for a in placed
                 if pids.get(a.uid)
@@ -224,6 +214,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="kubelet PodResources socket, for owners of processes in pods not in --pods-file",
     )
     parser.add_argument(
+        "--mps-root",
+        type=Path,
+        help="simulated backends only: directory for the simulated MPS daemons' dirs",
+    )
+    parser.add_argument(
         "--port-file", type=Path, help="write the bound port here once serving (for tests)"
     )
     return parser.parse_args(argv)
@@ -248,10 +243,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.pod_resources_socket
         else None
     )
+    mps_status = None
+    if opened.simulated and args.mps_root is not None:
+        # The agent's MPS manager in simulated mode: no daemon, only its directories.
+        manager = MpsManager(root=args.mps_root, simulated=True)
+        manager.ensure(g.uuid for g in backend.inventory())
+
+        def mps_status() -> dict[str, MpsDaemonStatus]:
+            return {u: MpsDaemonStatus(up=s.up) for u, s in manager.status().items()}
+
     exporter: Exporter = build_exporter(
         backend=backend,
         node_name=args.node_name,
         placements=pods,
+        mps_status=mps_status,
         pod_resources=poller,
         settings=settings,
     )
