@@ -14,7 +14,8 @@ records a Kubernetes Event saying so.
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -133,8 +134,18 @@ class AllocationError(Exception):
     """Allocate must fail: the message is what the kubelet shows on the pod."""
 
 
+class MalformedPlacementError(AllocationError):
+    """The pod an Allocate is for carries placement annotations that do not parse."""
+
+    def __init__(self, pod: "PodInfo", message: str) -> None:
+        super().__init__(message)
+        self.pod = pod
+
+
 @dataclass(frozen=True)
-class _Candidate:
+class WaitingPod:
+    """A pod whose placement waits for its Allocate; ``error`` set when it does not parse."""
+
     pod: PodInfo
     placement: Placement | None
     error: InvalidInputError | None
@@ -145,7 +156,7 @@ def _epoch() -> datetime:
     return datetime.fromtimestamp(0, tz=UTC)
 
 
-def _candidate(pod: PodInfo) -> _Candidate | None:
+def _candidate(pod: PodInfo) -> WaitingPod | None:
     """A pod with a gpushare placement that is still waiting for its Allocate; else None."""
     if pod.finished or ANN_GPU_UUID not in pod.annotations:
         return None
@@ -154,10 +165,10 @@ def _candidate(pod: PodInfo) -> _Candidate | None:
     except InvalidInputError as exc:
         if pod.annotations.get(ANN_STATE, STATE_ASSUMED) == STATE_ALLOCATED:
             return None
-        return _Candidate(pod, None, exc, pod.created or _epoch())
+        return WaitingPod(pod, None, exc, pod.created or _epoch())
     if placement is None or placement.state != STATE_ASSUMED:
         return None
-    return _Candidate(pod, placement, None, placement.bind_time)
+    return WaitingPod(pod, placement, None, placement.bind_time)
 
 
 def _raw_gpus(pod: PodInfo) -> frozenset[str]:
@@ -195,8 +206,232 @@ def check_uid(pod: PodInfo, neighbours: Sequence[PodInfo], gpu: str) -> str | No
     return None
 
 
+@dataclass(frozen=True)
+class AllocationContext:
+    """The node-level inputs of an Allocate answer."""
+
+    node_name: str
+    gpus: Mapping[str, GpuInfo]
+    mps: MpsLayout
+    device_nodes: Callable[[str], list[DeviceNode]] | None = None
+    nvidia_runtime_env: bool = False
+    """Also set NVIDIA_VISIBLE_DEVICES, for nodes whose runtime injects the driver from it."""
+
+
+def waiting_pods(
+    pods: Iterable[PodInfo], *, skip: AbstractSet[str] = frozenset()
+) -> list[WaitingPod]:
+    """Pods with a placement still waiting for their Allocate, oldest bind-time first."""
+    found = [c for p in pods if p.uid not in skip and (c := _candidate(p))]
+    return sorted(found, key=lambda c: (c.order, c.pod.key))
+
+
+def select_pod(
+    pods: Iterable[PodInfo],
+    *,
+    gpus: AbstractSet[str],
+    sizes: tuple[int, ...],
+    skip: AbstractSet[str] = frozenset(),
+) -> tuple[PodInfo, Placement] | None:
+    """The pod an Allocate for slices of ``gpus`` is for: placed on exactly those GPUs, state
+    assumed, oldest bind-time; among those, pods whose per-container requests equal ``sizes``
+    go first (size breaks ties, it never selects on its own). None when no pod waits there.
+
+    Raises MalformedPlacementError when the pod it lands on carries malformed annotations.
+    """
+    matching = [
+        c
+        for c in waiting_pods(pods, skip=skip)
+        if (c.placement is not None and frozenset(c.placement.gpu_uuids) == gpus)
+        or (c.placement is None and _raw_gpus(c.pod) == gpus)
+    ]
+    if not matching:
+        return None
+    sized = [c for c in matching if c.pod.requested_slices == sizes]
+    best = (sized or matching)[0]
+    if best.error is not None or best.placement is None:
+        raise MalformedPlacementError(best.pod, f"pod {best.pod.key}: {best.error}")
+    return best.pod, best.placement
+
+
+def steer(
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    pods: Iterable[PodInfo],
+    *,
+    skip: AbstractSet[str] = frozenset(),
+) -> tuple[list[str], str | None]:
+    """GetPreferredAllocation: ``size`` slice IDs from ``available`` (``must_include`` first),
+    taken from the GPU(s) the scheduler chose for the oldest waiting pod that fits there, else
+    a best fit. Returns the IDs and the pod steered for (None for a best fit)."""
+    free = group_by_gpu(available)
+    must = list(dict.fromkeys(must_include))
+    must_gpus = set(group_by_gpu(must))
+    target: list[str] | None = None
+    steered: str | None = None
+    for cand in waiting_pods(pods, skip=skip):
+        if cand.placement is None:
+            continue
+        gpus = list(cand.placement.gpu_uuids)
+        if must_gpus - set(gpus):
+            continue
+        per_gpu = size if len(gpus) == 1 else SLICES_PER_GPU
+        if len(gpus) > 1 and len(gpus) * per_gpu != size:
+            continue
+        if all(len(free.get(g, [])) >= per_gpu for g in gpus):
+            target, steered = gpus, cand.pod.key
+            break
+    if target is None:
+        target = _best_fit(free, size)
+    chosen = list(must)
+    for uuid in target:
+        for index in free.get(uuid, []):
+            if len(chosen) >= size:
+                break
+            ident = device_id(uuid, index)
+            if ident not in chosen:
+                chosen.append(ident)
+    # Top up from anything available if the target could not fill the request.
+    for ident in available:
+        if len(chosen) >= size:
+            break
+        if ident not in chosen:
+            chosen.append(ident)
+    return chosen[:size], steered
+
+
+def allocated_neighbours(
+    pod: PodInfo, gpu: str, pods: Iterable[PodInfo], *, also: AbstractSet[str] = frozenset()
+) -> list[PodInfo]:
+    """Pods still running on ``gpu`` that were already allocated (or are in ``also``)."""
+    return [
+        other
+        for other in pods
+        if other.uid != pod.uid
+        and not other.finished
+        and gpu in _raw_gpus(other)
+        and (other.annotations.get(ANN_STATE) == STATE_ALLOCATED or other.uid in also)
+    ]
+
+
+def allocation_for_pod(
+    ctx: AllocationContext,
+    pod: PodInfo,
+    placement: Placement,
+    neighbours: Sequence[PodInfo],
+) -> tuple[ContainerAllocation, str | None]:
+    """The answer for a container of ``pod``, and a warning to record (UIDs not comparable).
+
+    A single GPU with a fractional share goes through that GPU's MPS daemon; whole GPUs go
+    without MPS (one process cannot use several daemons, and a whole GPU needs none).
+    """
+    try:
+        gpu_class = parse_class(pod.annotations.get(ANN_CLASS))
+    except InvalidInputError as exc:
+        raise AllocationError(f"pod {pod.key}: {exc}") from None
+    uuids = list(placement.gpu_uuids)
+    asked = sum(pod.requested_slices)
+    fractional = len(uuids) == 1 and (
+        placement.thread_percent < SLICES_PER_GPU or 0 < asked < SLICES_PER_GPU
+    )
+    if not fractional:
+        return _whole(ctx, uuids, pod=pod.key), None
+    warning = check_uid(pod, neighbours, uuids[0])
+    allocation = _mps(
+        ctx,
+        uuids[0],
+        thread_percent=placement.thread_percent,
+        memory_limit_bytes=placement.memory_limit_bytes,
+        gpu_class=gpu_class,
+        pod=pod.key,
+    )
+    return allocation, warning
+
+
+def derived_allocation(
+    ctx: AllocationContext, group: Mapping[str, list[int]]
+) -> tuple[ContainerAllocation, str]:
+    """No pod found: a safe placement from the slice IDs alone, and the Event text saying so."""
+    total = sum(len(s) for s in group.values())
+    intro = (
+        f"Allocate found no pod waiting with gpushare placement annotations on node "
+        f"{ctx.node_name} for {total} slice(s) of GPU(s) {', '.join(group)}"
+    )
+    if len(group) > 1 and all(len(s) == SLICES_PER_GPU for s in group.values()):
+        return _whole(ctx, list(group), pod=None), f"{intro}; gave the whole GPUs without MPS"
+    # One process can use one MPS daemon: keep the GPU that holds most of the slices.
+    uuid = max(group, key=lambda u: (len(group[u]), u))
+    slices = len(group[uuid])
+    memory = ctx.gpus[uuid].memory_bytes * slices // SLICES_PER_GPU
+    if slices >= SLICES_PER_GPU:
+        return _whole(ctx, [uuid], pod=None), f"{intro}; gave GPU {uuid} whole, without MPS"
+    message = (
+        f"{intro}; derived a safe placement: GPU {uuid}, active-thread percentage {slices}, "
+        f"memory limit {memory // MiB} MiB, batch priority"
+    )
+    allocation = _mps(
+        ctx,
+        uuid,
+        thread_percent=slices,
+        memory_limit_bytes=memory,
+        gpu_class=CLASS_BATCH,
+        pod=None,
+    )
+    return allocation, message
+
+
+def _devices(ctx: AllocationContext, uuids: Sequence[str]) -> list[DeviceNode]:
+    if ctx.device_nodes is None:
+        return []
+    nodes: dict[str, DeviceNode] = {}
+    for uuid in uuids:
+        for node in ctx.device_nodes(uuid):
+            nodes[node.container_path] = node
+    return list(nodes.values())
+
+
+def _whole(ctx: AllocationContext, uuids: Sequence[str], *, pod: str | None) -> ContainerAllocation:
+    envs = {"CUDA_VISIBLE_DEVICES": ",".join(uuids)}
+    if ctx.nvidia_runtime_env:
+        envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
+    return ContainerAllocation(envs=envs, devices=_devices(ctx, uuids), pod=pod)
+
+
+def _mps(
+    ctx: AllocationContext,
+    uuid: str,
+    *,
+    thread_percent: int,
+    memory_limit_bytes: int,
+    gpu_class: str,
+    pod: str | None,
+) -> ContainerAllocation:
+    paths = ctx.mps.paths(uuid)
+    envs = {
+        "CUDA_VISIBLE_DEVICES": uuid,
+        "CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR,
+        "CUDA_MPS_LOG_DIRECTORY": CONTAINER_LOG_DIR,
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(thread_percent),
+        "CUDA_MPS_CLIENT_PRIORITY": str(MPS_PRIORITY_BY_CLASS[gpu_class]),
+    }
+    limit = memory_limit_bytes or ctx.gpus[uuid].memory_bytes * thread_percent // 100
+    if limit > 0:
+        # The container sees exactly one GPU, so device ordinal 0 is this GPU.
+        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = pinned_memory_limit(limit)
+    if ctx.nvidia_runtime_env:
+        envs["NVIDIA_VISIBLE_DEVICES"] = uuid
+    mounts = [
+        MountSpec(CONTAINER_PIPE_DIR, str(paths.pipe)),
+        MountSpec(CONTAINER_LOG_DIR, str(paths.log)),
+        MountSpec(CONTAINER_SHM_DIR, str(ctx.mps.client_shm(uuid))),
+    ]
+    return ContainerAllocation(envs=envs, mounts=mounts, devices=_devices(ctx, [uuid]), pod=pod)
+
+
 class Allocator:
-    """Decides Allocate and GetPreferredAllocation answers. Thread-safe (one call at a time)."""
+    """Answers Allocate and GetPreferredAllocation: the functions above plus the Kubernetes
+    reads and writes around them. Thread-safe (one decision at a time)."""
 
     def __init__(
         self,
@@ -215,21 +450,21 @@ class Allocator:
         self.mps = mps
         self.device_nodes = device_nodes
         self.nvidia_runtime_env = nvidia_runtime_env
-        """Also set NVIDIA_VISIBLE_DEVICES, for nodes whose runtime injects the driver from it."""
         self.retry_delays_s = tuple(retry_delays_s)
+        """Waits before listing pods again when none waits (annotations may trail the bind)."""
         self._lock = threading.Lock()
         # Pods this process already allocated or refused, in case the API server has not yet
         # shown our annotation patch (or the kubelet's Failed phase) when the next call comes.
         self._handled: dict[str, float] = {}
 
-    # --- shared --------------------------------------------------------------------------
-
-    def _gpu_map(self) -> dict[str, GpuInfo]:
-        return {g.uuid: g for g in self.gpus()}
-
-    def _candidates(self, pods: Sequence[PodInfo]) -> list[_Candidate]:
-        found = [c for p in pods if p.uid not in self._handled and (c := _candidate(p))]
-        return sorted(found, key=lambda c: (c.order, c.pod.key))
+    def _context(self) -> AllocationContext:
+        return AllocationContext(
+            node_name=self.node_name,
+            gpus={g.uuid: g for g in self.gpus()},
+            mps=self.mps,
+            device_nodes=self.device_nodes,
+            nvidia_runtime_env=self.nvidia_runtime_env,
+        )
 
     def _remember(self, pod: PodInfo) -> None:
         now = time.monotonic()
@@ -238,247 +473,77 @@ class Allocator:
             if now - seen > 3600:
                 del self._handled[uid]
 
-    # --- GetPreferredAllocation ----------------------------------------------------------
+    def _event(self, pod: PodInfo | None, reason: str, message: str) -> None:
+        log.warning("%s: %s", reason, message)
+        try:
+            self.pods.record_event(pod=pod, reason=reason, message=message, warning=True)
+        except Exception as exc:
+            log.error("could not record Event %s: %s", reason, exc)
 
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
-        """Pick ``size`` slice IDs: those of the GPU the scheduler chose for the oldest waiting
-        pod that fits, else a best fit (the GPU with the fewest free slices that suffice)."""
-        free = group_by_gpu(available)
-        must = list(dict.fromkeys(must_include))
-        must_gpus = set(group_by_gpu(must))
-        target: list[str] | None = None
         with self._lock:
             try:
                 pods = self.pods.list_node_pods()
             except Exception as exc:  # the API server is not essential for a hint
                 log.warning("GetPreferredAllocation: listing pods failed (%s); best fit", exc)
                 pods = []
-            candidates = self._candidates(pods)
-        for cand in candidates:
-            if cand.placement is None:
-                continue
-            gpus = list(cand.placement.gpu_uuids)
-            if must_gpus - set(gpus):
-                continue
-            per_gpu = size if len(gpus) == 1 else SLICES_PER_GPU
-            if len(gpus) * per_gpu != size and len(gpus) > 1:
-                continue
-            if all(len(free.get(g, [])) >= per_gpu for g in gpus):
-                target = gpus
-                log.info(
-                    "GetPreferredAllocation: %d slices steered to %s for pod %s",
-                    size,
-                    gpus,
-                    cand.pod.key,
-                )
-                break
-        if target is None:
-            target = _best_fit(free, size)
-        chosen = list(must)
-        for uuid in target:
-            for index in free.get(uuid, []):
-                if len(chosen) >= size:
-                    break
-                ident = device_id(uuid, index)
-                if ident not in chosen:
-                    chosen.append(ident)
-        # Top up from anything available if the target could not fill the request.
-        for ident in available:
-            if len(chosen) >= size:
-                break
-            if ident not in chosen:
-                chosen.append(ident)
-        return chosen[:size]
-
-    # --- Allocate ------------------------------------------------------------------------
+            chosen, steered = steer(available, must_include, size, pods, skip=set(self._handled))
+        if steered:
+            log.info("GetPreferredAllocation: %d slice(s) steered for pod %s", size, steered)
+        return chosen
 
     def allocate(self, container_requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         """Answer one Allocate call (all its containers belong to one pod)."""
-        gpu_map = self._gpu_map()
+        ctx = self._context()
         groups = [group_by_gpu(ids) for ids in container_requests]
         for group in groups:
             for uuid in group:
-                if uuid not in gpu_map:
+                if uuid not in ctx.gpus:
                     raise AllocationError(
                         f"device IDs name GPU {uuid}, which is not on node {self.node_name}"
                     )
         wanted = frozenset(u for g in groups for u in g)
         sizes = tuple(sum(len(s) for s in g.values()) for g in groups)
         with self._lock:
-            pod, placement, pods = self._find_pod(wanted, sizes)
-            if pod is None or placement is None:
-                return [self._derived(group, gpu_map) for group in groups]
-            try:
-                result = [self._for_pod(pod, placement, gpu_map, pods) for _ in groups]
-            except AllocationError:
-                self._remember(pod)
-                raise
+            found = None
+            pods: list[PodInfo] = []
+            for delay in (0.0, *self.retry_delays_s):
+                time.sleep(delay)
+                pods = self.pods.list_node_pods()
+                try:
+                    found = select_pod(pods, gpus=wanted, sizes=sizes, skip=set(self._handled))
+                except MalformedPlacementError as exc:
+                    self._remember(exc.pod)
+                    raise
+                if found is not None:
+                    break
+            if found is None:
+                answers = [derived_allocation(ctx, group) for group in groups]
+                for _, message in answers[:1]:
+                    self._event(None, "GpushareAllocationDerived", message)
+                return [allocation for allocation, _ in answers]
+            pod, placement = found
             self._remember(pod)
+            result = []
+            for _ in groups:
+                neighbours = allocated_neighbours(
+                    pod, placement.gpu_uuids[0], pods, also=set(self._handled)
+                )
+                allocation, warning = allocation_for_pod(ctx, pod, placement, neighbours)
+                if warning:
+                    self._event(pod, "GpushareUidUnchecked", warning)
+                result.append(allocation)
         try:
             self.pods.mark_allocated(pod)
         except Exception as exc:
-            # The container is set up correctly either way; _handled keeps us from giving this
-            # placement to another pod. Surface it, since the scheduler's view is now stale.
+            # The container is set up correctly either way, and _handled keeps this placement
+            # from going to another pod; but the scheduler's view is stale, so say it loudly.
             log.error(
                 "pod %s allocated but marking it %s failed: %s", pod.key, STATE_ALLOCATED, exc
             )
         return result
-
-    def _find_pod(
-        self, wanted: frozenset[str], sizes: tuple[int, ...]
-    ) -> tuple[PodInfo | None, Placement | None, list[PodInfo]]:
-        pods: list[PodInfo] = []
-        for attempt, delay in enumerate((0.0, *self.retry_delays_s)):
-            if delay:
-                time.sleep(delay)
-            pods = self.pods.list_node_pods()
-            matching = [
-                c
-                for c in self._candidates(pods)
-                if (c.placement is not None and frozenset(c.placement.gpu_uuids) == wanted)
-                or (c.placement is None and _raw_gpus(c.pod) == wanted)
-            ]
-            if not matching:
-                log.info("Allocate: no waiting pod placed on %s (try %d)", sorted(wanted), attempt)
-                continue
-            sized = [c for c in matching if c.pod.requested_slices == sizes]
-            best = (sized or matching)[0]
-            if best.error is not None:
-                self._remember(best.pod)
-                raise AllocationError(f"pod {best.pod.key}: {best.error}")
-            return best.pod, best.placement, pods
-        return None, None, pods
-
-    def _neighbours(self, pod: PodInfo, gpu: str, pods: Sequence[PodInfo]) -> list[PodInfo]:
-        """Pods already allocated on this GPU and still running."""
-        result = []
-        for other in pods:
-            if other.uid == pod.uid or other.finished or gpu not in _raw_gpus(other):
-                continue
-            if other.annotations.get(ANN_STATE) == STATE_ALLOCATED or other.uid in self._handled:
-                result.append(other)
-        return result
-
-    def _for_pod(
-        self,
-        pod: PodInfo,
-        placement: Placement,
-        gpu_map: Mapping[str, GpuInfo],
-        pods: Sequence[PodInfo],
-    ) -> ContainerAllocation:
-        try:
-            gpu_class = parse_class(pod.annotations.get(ANN_CLASS))
-        except InvalidInputError as exc:
-            raise AllocationError(f"pod {pod.key}: {exc}") from None
-        uuids = list(placement.gpu_uuids)
-        asked = sum(pod.requested_slices)
-        fractional = len(uuids) == 1 and (
-            placement.thread_percent < SLICES_PER_GPU or 0 < asked < SLICES_PER_GPU
-        )
-        if fractional:
-            warning = check_uid(pod, self._neighbours(pod, uuids[0], pods), uuids[0])
-            if warning:
-                self._event(pod, "GpushareUidUnchecked", warning, warning=True)
-            return self._mps_allocation(
-                uuids[0],
-                gpu_map,
-                thread_percent=placement.thread_percent,
-                memory_limit_bytes=placement.memory_limit_bytes,
-                gpu_class=gpu_class,
-                pod=pod.key,
-            )
-        return self._whole_allocation(uuids, pod=pod.key)
-
-    def _derived(
-        self, group: Mapping[str, list[int]], gpu_map: Mapping[str, GpuInfo]
-    ) -> ContainerAllocation:
-        """No pod found: a safe placement from the slice IDs alone, and an Event saying so."""
-        whole = [u for u, s in group.items() if len(s) == SLICES_PER_GPU]
-        if len(group) > 1 and len(whole) == len(group):
-            message = (
-                f"Allocate found no pod waiting with gpushare placement annotations on node "
-                f"{self.node_name} for whole GPUs {', '.join(group)}; gave them without MPS"
-            )
-            self._event(None, "GpushareAllocationDerived", message, warning=True)
-            return self._whole_allocation(list(group), pod=None)
-        # One process can use one MPS daemon: keep the GPU that holds most of the slices.
-        uuid = max(group, key=lambda u: (len(group[u]), u))
-        slices = len(group[uuid])
-        gpu = gpu_map[uuid]
-        memory = gpu.memory_bytes * slices // SLICES_PER_GPU
-        message = (
-            f"Allocate found no pod waiting with gpushare placement annotations on node "
-            f"{self.node_name} for {sum(len(s) for s in group.values())} slice(s) of GPU(s) "
-            f"{', '.join(group)}; derived a safe placement: GPU {uuid}, active-thread "
-            f"percentage {slices}, memory limit {memory // MiB} MiB, batch priority"
-        )
-        self._event(None, "GpushareAllocationDerived", message, warning=True)
-        if slices >= SLICES_PER_GPU:
-            return self._whole_allocation([uuid], pod=None)
-        return self._mps_allocation(
-            uuid,
-            gpu_map,
-            thread_percent=slices,
-            memory_limit_bytes=memory,
-            gpu_class=CLASS_BATCH,
-            pod=None,
-        )
-
-    def _event(self, pod: PodInfo | None, reason: str, message: str, *, warning: bool) -> None:
-        log.warning("%s: %s", reason, message)
-        try:
-            self.pods.record_event(pod=pod, reason=reason, message=message, warning=warning)
-        except Exception as exc:
-            log.error("could not record Event %s: %s", reason, exc)
-
-    def _devices(self, uuids: Sequence[str]) -> list[DeviceNode]:
-        if self.device_nodes is None:
-            return []
-        nodes: dict[str, DeviceNode] = {}
-        for uuid in uuids:
-            for node in self.device_nodes(uuid):
-                nodes[node.container_path] = node
-        return list(nodes.values())
-
-    def _whole_allocation(self, uuids: Sequence[str], *, pod: str | None) -> ContainerAllocation:
-        """Whole GPUs: no MPS (one process cannot use several daemons, and none is needed)."""
-        envs = {"CUDA_VISIBLE_DEVICES": ",".join(uuids)}
-        if self.nvidia_runtime_env:
-            envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
-        return ContainerAllocation(envs=envs, devices=self._devices(uuids), pod=pod)
-
-    def _mps_allocation(
-        self,
-        uuid: str,
-        gpu_map: Mapping[str, GpuInfo],
-        *,
-        thread_percent: int,
-        memory_limit_bytes: int,
-        gpu_class: str,
-        pod: str | None,
-    ) -> ContainerAllocation:
-        paths = self.mps.paths(uuid)
-        envs = {
-            "CUDA_VISIBLE_DEVICES": uuid,
-            "CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR,
-            "CUDA_MPS_LOG_DIRECTORY": CONTAINER_LOG_DIR,
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(thread_percent),
-            "CUDA_MPS_CLIENT_PRIORITY": str(MPS_PRIORITY_BY_CLASS[gpu_class]),
-        }
-        limit = memory_limit_bytes or gpu_map[uuid].memory_bytes * thread_percent // 100
-        if limit > 0:
-            # The container sees exactly one GPU, so device ordinal 0 is this GPU.
-            envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = pinned_memory_limit(limit)
-        if self.nvidia_runtime_env:
-            envs["NVIDIA_VISIBLE_DEVICES"] = uuid
-        mounts = [
-            MountSpec(CONTAINER_PIPE_DIR, str(paths.pipe)),
-            MountSpec(CONTAINER_LOG_DIR, str(paths.log)),
-            MountSpec(CONTAINER_SHM_DIR, str(self.mps.client_shm(uuid))),
-        ]
-        return ContainerAllocation(envs=envs, mounts=mounts, devices=self._devices([uuid]), pod=pod)
 
 
 def pinned_memory_limit(limit_bytes: int) -> str:
