@@ -120,10 +120,12 @@ class SimulatedPodProcesses:
         self.inner.close()
 
 
-def pod_pids(*, proc_root: Path, uids: set[str]) -> dict[str, list[int]]:
-    """Host PIDs of the given pods, by pod UID, found through /proc/<pid>/cgroup."""
+def pod_pids(*, proc_root: Path, pods: Sequence[PodAllocation]) -> dict[str, list[int]]:
+    """Host PIDs of the pods' app containers (not the sandbox), by pod UID, found through
+    /proc/<pid>/cgroup."""
+    containers = {a.uid: set(a.containers) for a in pods if a.uid}
     found: dict[str, list[int]] = defaultdict(list)
-    if not uids:
+    if not containers:
         return found
     for entry in proc_root.iterdir():
         if not entry.name.isdigit():
@@ -132,7 +134,7 @@ def pod_pids(*, proc_root: Path, uids: set[str]) -> dict[str, list[int]]:
             owner = parse_cgroup((entry / "cgroup").read_text())
         except OSError:
             continue
-        if owner is not None and owner.pod_uid in uids:
+        if owner is not None and owner.container_id in containers.get(owner.pod_uid, ()):
             found[owner.pod_uid].append(int(entry.name))
     for pids in found.values():
         pids.sort()
@@ -159,11 +161,7 @@ def feed_simulation(
     for a in allocs:
         for uuid in a.gpu_uuids:
             by_gpu[uuid].append(a)
-    pids = (
-        pod_pids(proc_root=proc_root, uids={a.uid for a in allocs if a.uid})
-        if processes is not None
-        else {}
-    )
+    pids = pod_pids(proc_root=proc_root, pods=allocs) if processes is not None else {}
     for gpu in backend.inventory():
         placed = by_gpu.get(gpu.uuid, [])
         load = simulated_load(gpu, [Share(a.thread_percent, a.memory_limit_bytes) for a in placed])
