@@ -8,6 +8,7 @@ webhook, the extender and the operator agree on them without importing each othe
 """
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -90,6 +91,9 @@ GPUSHARE_ANNOTATIONS: Final = (
 )
 
 _SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
+# The same regular expressions as the CRD's CEL rules, so both refuse the same specs.
+FRACTION_PATTERN: Final = r"^([01]?[.][0-9]{1,2}0*|[01]|[0-9]{1,3}([.]0+)?%)$"
+MEMORY_PATTERN: Final = r"^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 
 
 @dataclass(frozen=True)
@@ -234,18 +238,31 @@ def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
         raise InvalidInputError(
             "spec.fraction", "is missing or not a string", 'write a quoted fraction like "0.25"'
         )
-    percent = parse_fraction(fraction_raw, field="spec.fraction")
-    if percent > SLICES_PER_GPU:
+    if not re.fullmatch(FRACTION_PATTERN, fraction_raw):
+        raise InvalidInputError(
+            "spec.fraction",
+            f"{fraction_raw!r} is not a fraction with at most two decimals or a whole percent",
+            'write "0.25" or "25%"',
+        )
+    number = float(fraction_raw.rstrip("%")) / (100 if fraction_raw.endswith("%") else 1)
+    if number > 1:
         raise InvalidInputError(
             "spec.fraction",
             f"{fraction_raw!r} asks for more than one GPU",
             'a GpuShare shares one GPU: write a fraction from "0.01" to "1"',
         )
+    percent = parse_fraction(fraction_raw, field="spec.fraction")
     memory_raw = spec.get("memory")
     memory_bytes: int | None = None
     if memory_raw is not None:
         if not isinstance(memory_raw, str):
             raise InvalidInputError("spec.memory", "must be a string", 'write "10Gi"')
+        if not re.fullmatch(MEMORY_PATTERN, memory_raw):
+            raise InvalidInputError(
+                "spec.memory",
+                f"{memory_raw!r} is not a memory quantity",
+                'write a quantity like "10Gi", "512Mi" or a byte count',
+            )
         memory_bytes = parse_memory(memory_raw, field="spec.memory")
     gpu_class = spec.get("class", "batch")
     if gpu_class not in CLASSES:
@@ -285,9 +302,9 @@ def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
         else _int_in(max_pods_raw, "spec.packing.maxPodsPerGpu", 1, MPS_MAX_CLIENTS)
     )
     return GpuShareSpec(
-        fraction=fraction_raw.strip(),
+        fraction=fraction_raw,
         percent=percent,
-        memory=memory_raw.strip() if isinstance(memory_raw, str) else None,
+        memory=memory_raw if isinstance(memory_raw, str) else None,
         memory_bytes=memory_bytes,
         gpu_class=str(gpu_class),
         selector=selector,

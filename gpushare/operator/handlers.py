@@ -33,6 +33,9 @@ def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     )
     settings.posting.level = logging.WARNING
     settings.peering.standalone = config.standalone
+    # Kopf would SIGKILL the whole process if cancelled without its stop flag; inside the
+    # controller (or a test) a cancelled operator must just stop.
+    settings.process.ultimate_exiting_timeout = None
     return settings
 
 

@@ -81,6 +81,8 @@ async def run_operator(
         )
         tasks.append(asyncio.create_task(guard.run(), name="gpushare-latency-guard"))
     try:
+        # In the main thread Kopf takes over SIGINT/SIGTERM; when it stops on one while
+        # embedded, pass the stop on to the host process through its stop flag.
         await kopf.operator(
             registry=build_registry(config=config, view=own_view, reconciler=reconciler),
             settings=kopf_settings(config),
@@ -89,6 +91,10 @@ async def run_operator(
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         )
+        if stop_flag is not None and not stop_flag.is_set():
+            log.info("operator stopped on a signal; stopping the process")
+            stop_flag.set()
+            await asyncio.Event().wait()  # the host cancels us while it shuts down
     finally:
         for task in tasks:
             task.cancel()
