@@ -139,10 +139,12 @@ class GpmSampler:
         backend: GpuBackend,
         settings: SamplerSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.backend = backend
         self.settings = settings or SamplerSettings()
         self._clock = clock
+        self._sleep = sleep
         self._resolver = ProcessResolver(proc_root=self.settings.proc_root)
         self._lock = threading.Lock()
         self._gpus: dict[str, _GpuState] = {}
@@ -171,18 +173,15 @@ class GpmSampler:
 
     def _run(self) -> None:
         interval = self.settings.interval_s
-        next_at = self._clock()
         while not self._stop.is_set():
+            started = self._clock()
             cpu0 = time.thread_time()
             self.sample_once()
             with self._lock:
                 self._stats.cpu_seconds += time.thread_time() - cpu0
-            next_at += interval
-            now = self._clock()
-            if next_at < now:
-                # Fell behind (slow NVML): keep the >= interval gap rather than bursting.
-                next_at = now + interval
-            self._stop.wait(next_at - now)
+            # Never burst to catch up after a slow pass: the next pass starts one interval
+            # after this one started, or right away if this pass took longer than that.
+            self._stop.wait(max(0.0, started + interval - self._clock()))
 
     # -- one pass --------------------------------------------------------------------------
     def sample_once(self) -> None:
@@ -192,6 +191,12 @@ class GpmSampler:
         live_pids: set[int] = set()
         for uuid in list(self._order):
             state = self._gpus[uuid]
+            if state.last_at is not None:
+                # GPM rates over less than 100 ms are not valid; a pass that follows a slow
+                # one must not read a GPU early.
+                early = MIN_INTERVAL_S - (self._clock() - state.last_at)
+                if early > 0:
+                    self._sleep(early)
             try:
                 sample = self.backend.sample(uuid)
                 if not has_gpm(state.info):
