@@ -1,0 +1,6 @@
+"""Real-GPU benchmark of job mixes: gpushare vs exclusive FIFO, time-slicing and plain MPS.
+
+Entry point: ``python -m bench.gpu.run --out DIR [--quick]``. Only ``workloads`` and
+``worker`` import torch; everything else is plain Python so the harness logic is unit-tested
+on machines without a GPU.
+"""

@@ -1,0 +1,65 @@
+"""The job catalogue: what each benchmark job is, in plain data (torch lives in workloads.py).
+
+Every job does a fixed amount of work (iterations, or requests for the inference service) so
+its completion time means the same thing under every sharing scheme. Iteration counts are
+derived once per run from the job's measured solo rate and a target solo duration, so one
+harness fits both an H100 and an H200.
+"""
+
+from dataclasses import dataclass
+
+from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """One kind of job the workers know how to build."""
+
+    name: str
+    description: str
+    gpu_class: str = CLASS_BATCH
+    poisson: bool = False
+    """True for the inference service: requests arrive as a Poisson process."""
+    request_rate_hz: float = 0.0
+    """Mean request arrival rate of the inference service."""
+
+
+KINDS: dict[str, JobKind] = {
+    k.name: k
+    for k in (
+        JobKind(
+            "resnet18",
+            "ResNet-18 training, CIFAR-size 32x32 images, batch 32, fp32/TF32 (small batch)",
+        ),
+        JobKind(
+            "resnet50",
+            "ResNet-50 training, 224x224 images, batch 48, bf16 autocast, channels-last",
+        ),
+        JobKind(
+            "transformer",
+            "Transformer encoder training (6 layers, d=1024, seq 512, batch 16), bf16 autocast",
+        ),
+        JobKind("lstm", "2-layer LSTM training (hidden 1024, seq 64, batch 32), fp32 cuDNN"),
+        JobKind("dgemm", "FP64 GEMM loop, 8192x8192 matrices (FP64 tensor cores)"),
+        JobKind(
+            "infer",
+            "ResNet-50 inference service, batch 8, bf16, Poisson arrivals, per-request latency",
+            gpu_class=CLASS_LATENCY,
+            poisson=True,
+            request_rate_hz=40.0,
+        ),
+    )
+}
+
+# Kinds measured in colocation packs (the inference service runs closed-loop there).
+TRAINING_KINDS: tuple[str, ...] = ("resnet18", "resnet50", "transformer", "lstm", "dgemm")
+
+
+def kind(name: str) -> JobKind:
+    """Look a kind up, naming the known ones when the name is wrong."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ValueError(
+            f"job kind {name!r} is unknown; use one of {', '.join(sorted(KINDS))}"
+        ) from None

@@ -1,0 +1,89 @@
+"""What a trace run produced: per-job times and the scheme-level numbers reported."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.gpu.stats import mean, percentile
+
+
+@dataclass
+class JobResult:
+    """One job of one trace under one scheme. Times are seconds from the trace's start."""
+
+    id: str
+    kind: str
+    gpu_class: str
+    arrival_s: float
+    iterations: int
+    start_s: float | None = None
+    ready_s: float | None = None
+    """CUDA initialised, model built and warmed up; the counted work starts here."""
+    end_s: float | None = None
+    thread_percent: int | None = None
+    priority: int | None = None
+    error: str | None = None
+    latencies_ms: list[float] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.end_s is not None
+
+    @property
+    def jct_s(self) -> float:
+        assert self.end_s is not None
+        return self.end_s - self.arrival_s
+
+    @property
+    def run_s(self) -> float:
+        """Start to end, CUDA start-up included (as a pod pays it)."""
+        assert self.end_s is not None and self.start_s is not None
+        return self.end_s - self.start_s
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            k: (round(v, 4) if isinstance(v, float) else v)
+            for k, v in self.__dict__.items()
+            if k != "latencies_ms"
+        }
+        if self.latencies_ms:
+            out["requests"] = len(self.latencies_ms)
+            out["p50_ms"] = round(percentile(self.latencies_ms, 50), 3)
+            out["p99_ms"] = round(percentile(self.latencies_ms, 99), 3)
+        return out
+
+
+def summarize(jobs: Sequence[JobResult], *, solo_run_s: dict[str, float]) -> dict[str, Any]:
+    """Makespan, mean JCT and throughput of one scheme on one trace.
+
+    throughput: solo-seconds of work finished per second of makespan (each job's solo run
+    time is its run time under exclusive FIFO), so 1.0 means "as if one job at a time ran
+    back to back at full speed with no gaps".
+    """
+    done = [j for j in jobs if j.ok]
+    failed = [j.id for j in jobs if not j.ok]
+    if not done:
+        return {"makespan_s": None, "mean_jct_s": None, "throughput": None, "failed": failed}
+    start = min(j.arrival_s for j in jobs)
+    makespan = max(j.end_s for j in done if j.end_s is not None) - start
+    work = sum(solo_run_s.get(j.id, 0.0) for j in done)
+    slowdowns = {j.id: j.run_s / solo_run_s[j.id] for j in done if solo_run_s.get(j.id)}
+    out: dict[str, Any] = {
+        "makespan_s": round(makespan, 3),
+        "mean_jct_s": round(mean([j.jct_s for j in done]), 3),
+        "throughput": round(work / makespan, 4) if makespan > 0 and work else None,
+        "max_slowdown": round(max(slowdowns.values()), 3) if slowdowns else None,
+        "slowest_job": max(slowdowns, key=lambda k: slowdowns[k]) if slowdowns else None,
+        "failed": failed,
+    }
+    lat = [x for j in done for x in j.latencies_ms]
+    if lat:
+        out["inference_p50_ms"] = round(percentile(lat, 50), 3)
+        out["inference_p99_ms"] = round(percentile(lat, 99), 3)
+    return out
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 3)

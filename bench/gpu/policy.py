@@ -1,0 +1,153 @@
+"""gpushare's placement decisions for one GPU, taken from ``gpushare.packing`` unchanged.
+
+The benchmark plays the extender's and device plugin's part for a single GPU: every queued job
+becomes a ``Demand`` with the profile measured earlier in the run, every running job a
+``Tenant``; ``fit_reason`` and ``admit_reason`` decide whether it may start now, and
+``assign_thread_percent`` its MPS active-thread cap; the MPS priority comes from its class and
+the pinned-memory limit is what the device plugin would set.
+"""
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from bench.gpu.colocate import PackKey, Predictor, Record, pack_key
+from bench.gpu.schemes import Launch, Running
+from bench.gpu.traces import TraceJob
+from gpushare.api.names import MPS_PRIORITY_BY_CLASS
+from gpushare.packing.fit import demand_memory, fit_reason
+from gpushare.packing.interference import (
+    ColocationRecord,
+    InterferenceModel,
+    admit_reason,
+    parse_records,
+)
+from gpushare.packing.interference import fit as fit_model
+from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
+from gpushare.packing.threads import HEADROOM, assign_thread_percent, compute_demand
+
+DEFAULT_BOUNDS: dict[str, float] = {"latency": 1.15, "batch": 1.6}
+"""Largest predicted slowdown (vs. the same job alone at its cap) each class accepts."""
+
+MiB = 1024 * 1024
+
+
+def to_pipe_profile(values: Mapping[str, float], *, gpu_model: str) -> PipeProfile:
+    return PipeProfile(
+        fp16=float(values.get("fp16", 0.0)),
+        fp32=float(values.get("fp32", 0.0)),
+        fp64=float(values.get("fp64", 0.0)),
+        tensor=float(values.get("tensor", 0.0)),
+        sm_occupancy=float(values.get("sm_occupancy", 0.0)),
+        dram_bandwidth=float(values.get("dram_bandwidth", 0.0)),
+        gpu_model=gpu_model,
+    )
+
+
+class GpushareDecider:
+    """``Decide`` for the Gpushare scheme (see schemes.Decide)."""
+
+    def __init__(
+        self,
+        *,
+        profiles: Mapping[str, PipeProfile],
+        model: InterferenceModel,
+        bounds: Mapping[str, float],
+        gpu_model: str,
+        gpu_memory_bytes: int,
+    ) -> None:
+        self.profiles = profiles
+        self.model = model
+        self.bounds = dict(bounds)
+        self.gpu_model = gpu_model
+        self.gpu_memory_bytes = gpu_memory_bytes
+
+    def demand(self, job: TraceJob) -> Demand:
+        return Demand(
+            percent=job.percent,
+            gpu_class=job.gpu_class,
+            profile=self.profiles.get(job.kind),
+        )
+
+    def gpu(self, running: Sequence[Running]) -> GpuState:
+        gpu = GpuState(uuid="bench-gpu", memory_bytes=self.gpu_memory_bytes, model=self.gpu_model)
+        for r in running:
+            d = self.demand(r.job)
+            gpu.tenants.append(
+                Tenant(
+                    key=r.job.id,
+                    percent=d.percent,
+                    memory_bytes=demand_memory(d, gpu),
+                    gpu_class=d.gpu_class,
+                    profile=d.profile,
+                    thread_percent=r.launch.thread_percent,
+                )
+            )
+        return gpu
+
+    def __call__(self, job: TraceJob, running: Sequence[Running]) -> Launch | str:
+        gpu = self.gpu(running)
+        demand = self.demand(job)
+        reason = fit_reason(gpu, demand) or admit_reason(
+            gpu, demand, model=self.model, bounds=self.bounds
+        )
+        if reason is not None:
+            return reason
+        threads = assign_thread_percent(demand, gpu)
+        return Launch(
+            job,
+            thread_percent=threads,
+            priority=MPS_PRIORITY_BY_CLASS[demand.gpu_class],
+            memory_limit_mib=max(1, demand_memory(demand, gpu) // MiB),
+            note=f"share {demand.percent}%",
+        )
+
+
+def parse(data: Sequence[Record]) -> list[ColocationRecord]:
+    return parse_records(list(data), origin="colocations")
+
+
+def fitter(source: str) -> Callable[[list[Record]], Predictor]:
+    """Fit gpushare's interference model on records; the predictor returns, per job of a
+    pack, the predicted colocated rate divided by the record's solo rate."""
+
+    def fit(train: list[Record]) -> Predictor:
+        model = fit_model(parse(train), source=source)
+        return lambda pack: predict_retained(model, pack)
+
+    return fit
+
+
+def predict_retained(model: InterferenceModel, pack: Record) -> list[float]:
+    jobs = parse([pack])[0].jobs
+    out = []
+    for i, job in enumerate(jobs):
+        others = [(o.profile, o.thread_percent) for k, o in enumerate(jobs) if k != i]
+        out.append(1.0 / model.predict(job.profile, job.thread_percent, others))
+    return out
+
+
+def model_summary(model: InterferenceModel) -> dict[str, Any]:
+    return model.to_dict()
+
+
+def request_fraction(profile: PipeProfile | None, *, default: float = 1.0) -> float:
+    """The share a job asks for when sized from its solo profile: its busiest of SMs, pipes
+    and DRAM, plus gpushare's thread headroom, rounded up to 5% (no profile: ``default``)."""
+    if profile is None:
+        return default
+    need = compute_demand(profile) * HEADROOM
+    return min(1.0, max(0.05, math.ceil(need * 20 - 1e-9) / 20))
+
+
+def choose_pack(
+    decider: GpushareDecider, kinds: Sequence[str], fractions: Mapping[str, float]
+) -> PackKey:
+    """The pack gpushare forms when ``kinds`` arrive in this order at an empty GPU."""
+    running: list[Running] = []
+    for i, kind in enumerate(kinds):
+        job = TraceJob(f"s{i}-{kind}", kind, 0.0, 0.0, fractions[kind])
+        verdict = decider(job, running)
+        if isinstance(verdict, Launch):
+            running.append(Running(job, verdict))
+    return pack_key((r.job.kind, r.launch.thread_percent or 100) for r in running)

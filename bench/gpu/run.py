@@ -1,0 +1,602 @@
+"""Benchmark job mixes on one real GPU: gpushare vs exclusive FIFO, time-slicing, equal-split
+MPS and MPS without limits; colocation measurements for the interference model.
+
+    PYTHONPATH=. python3 -m bench.gpu.run --out DIR [--quick]
+
+One invocation does everything on one GPU in three phases, within ``--budget-s``:
+
+A. MPS on: each job kind alone (solo rate + per-pipe profile from gpushare's profiler), then
+   pairs and larger packs at several thread caps -> colocations.json; fit gpushare's
+   interference model; measure the packs gpushare itself would form.
+B. MPS off: both traces under exclusive FIFO and time-slicing; inference alone (solo p99).
+C. MPS on: both traces under equal-split MPS, MPS without limits and gpushare; inference
+   beside training.
+
+Writes gpu-packing.json, gpu-packing.md, colocations.json and run.log into ``--out``.
+"""
+
+import argparse
+import datetime as dt
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.gpu import colocate, policy, report, traces
+from bench.gpu.catalog import KINDS, TRAINING_KINDS
+from bench.gpu.colocate import Member, PackResult, Stage
+from bench.gpu.gpm import Sampler, to_profile
+from bench.gpu.metrics import JobResult, summarize
+from bench.gpu.mps import MpsDaemon, priority_for
+from bench.gpu.procs import Workers
+from bench.gpu.runner import Pool, measure_stages, run_trace, safe
+from bench.gpu.schemes import (
+    ExclusiveFifo,
+    Gpushare,
+    Launch,
+    MpsEqual,
+    MpsUnlimited,
+    Running,
+    Scheme,
+    TimeSlice,
+)
+from bench.gpu.stats import percentile
+from gpushare.packing.interference import InterferenceModel, load_default
+from gpushare.packing.model import PipeProfile
+from gpushare.packing.threads import assign_thread_percent
+
+log = logging.getLogger("bench.gpu")
+
+LATENCY_FRACTION = 0.5
+"""Share asked by the inference service and the training job in the latency experiment."""
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.gpu.run",
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", type=Path, required=True, help="directory for results and logs")
+    p.add_argument("--quick", action="store_true", help="shorter jobs, fewer packs (~4 min)")
+    p.add_argument("--gpu", type=int, default=0, help="GPU index (default 0)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="wall-clock budget; colocation packs are trimmed to fit (default 540, quick 270)",
+    )
+    p.add_argument("--slots", type=int, default=4, help="replicas of equal-split MPS (100/N%%)")
+    p.add_argument(
+        "--latency-bound",
+        type=float,
+        default=policy.DEFAULT_BOUNDS["latency"],
+        help="largest predicted slowdown gpushare accepts for latency-class jobs",
+    )
+    p.add_argument(
+        "--batch-bound",
+        type=float,
+        default=policy.DEFAULT_BOUNDS["batch"],
+        help="largest predicted slowdown gpushare accepts for batch jobs",
+    )
+    p.add_argument(
+        "--dry",
+        action="store_true",
+        help="no GPU: workers sleep instead of computing; checks the harness, not a benchmark",
+    )
+    args = p.parse_args(argv)
+    if args.slots < 1:
+        p.error("--slots must be at least 1 (equal-split MPS needs one replica or more)")
+    if args.budget_s is None:
+        args.budget_s = 270.0 if args.quick else 540.0
+    if args.budget_s < 60:
+        p.error("--budget-s below 60 s cannot fit a run; give 270 (quick) or 540 (full)")
+    return args
+
+
+@dataclass
+class Ctx:
+    args: argparse.Namespace
+    t_start: float
+    tmp: Path
+    gpu_name: str = "unknown"
+    driver: str = "unknown"
+    memory_bytes: int = 80 * 2**30
+    errors: list[str] = field(default_factory=list)
+    torch: str | None = None
+
+    def workers(self) -> Workers:
+        device = "sleep" if self.args.dry else "cuda"
+        return Workers(
+            device=device,
+            tiny=False,
+            log_dir=self.tmp,
+            base_env={"CUDA_VISIBLE_DEVICES": str(self.args.gpu)},
+        )
+
+    def left(self) -> float:
+        return self.args.budget_s - (time.time() - self.t_start)
+
+    def daemon(self) -> MpsDaemon | None:
+        if self.args.dry:
+            return None
+        d = MpsDaemon(gpu=str(self.args.gpu))
+        d.start()
+        return d
+
+
+def gpu_info(ctx: Ctx) -> None:
+    if ctx.args.dry:
+        ctx.gpu_name, ctx.driver = "none (dry run)", "none"
+        return
+    try:
+        import pynvml  # noqa: PLC0415  (absent in dry runs)
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(ctx.args.gpu)
+        name = pynvml.nvmlDeviceGetName(h)
+        ctx.gpu_name = name.decode() if isinstance(name, bytes) else str(name)
+        drv = pynvml.nvmlSystemGetDriverVersion()
+        ctx.driver = drv.decode() if isinstance(drv, bytes) else str(drv)
+        ctx.memory_bytes = int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
+        pynvml.nvmlShutdown()
+    except Exception as exc:
+        ctx.errors.append(f"GPU info: {exc}")
+
+
+# --- phase A ----------------------------------------------------------------------------
+
+
+@dataclass
+class PhaseA:
+    results: list[PackResult] = field(default_factory=list)
+    profiles: dict[str, dict[str, float]] = field(default_factory=dict)
+    raw_profiles: dict[str, dict[str, float]] = field(default_factory=dict)
+    solo: dict[str, float] = field(default_factory=dict)
+    source: str = "unavailable"
+    model: InterferenceModel | None = None
+    model_source: str = ""
+    chosen: dict[colocate.PackKey, colocate.PackKey] = field(default_factory=dict)
+
+
+def _members(key: colocate.PackKey) -> tuple[Member, ...]:
+    seen: dict[tuple[str, int], int] = {}
+    out = []
+    for kind, tp in key:
+        out.append(Member(kind, tp, seen.get((kind, tp), 0)))
+        seen[(kind, tp)] = seen.get((kind, tp), 0) + 1
+    return tuple(out)
+
+
+def phase_a(ctx: Ctx, a: PhaseA, *, fractions: dict[str, float]) -> None:
+    quick = ctx.args.quick
+    stages = colocate.plan(TRAINING_KINDS, quick=quick)
+    # The inference service is profiled alone (its rate is its arrival rate, so packs of it
+    # say nothing about slowdown; the latency experiment covers it).
+    solo_stage = stages[0]
+    stages[0] = Stage(
+        solo_stage.name, (*solo_stage.packs, (Member("infer", 100),)), solo_stage.window_s
+    )
+    workers = ctx.workers()
+    daemon = ctx.daemon()
+    sampler = None if ctx.args.dry else Sampler(index=ctx.args.gpu, period_s=0.2)
+    a.source = sampler.source if sampler else "none (dry run)"
+    pool = Pool(workers, daemon.pipe_dir if daemon else None, {})
+    budget_end = time.time() + (0.32 if not quick else 0.30) * ctx.args.budget_s
+
+    def on_solo(m: Member, start: float, end: float, rate: float) -> None:
+        a.solo[m.kind] = rate
+        if sampler is not None:
+            values = sampler.profile_last(max(0.3, end - start - 0.5))
+            if values:
+                a.raw_profiles[m.kind] = {k: round(v, 4) for k, v in values.items()}
+            a.profiles[m.kind] = to_profile(values)
+        else:
+            a.profiles[m.kind] = to_profile({"sm_occupancy": 0.2, "fp32": 0.2})
+
+    try:
+        a.results += measure_stages(pool=pool, stages=stages, deadline=budget_end, on_solo=on_solo)
+        fractions.update({k: policy.request_fraction(_pipe(a, k, ctx)) for k in a.profiles})
+        log.info("requests sized from profiles: %s", fractions)
+        recs = colocate.records(gpu=ctx.gpu_name, results=a.results, profiles=a.profiles)
+        a.model, a.model_source = fit_or_default(recs, ctx)
+        decider = make_decider(ctx, a)
+        measured = {colocate.key_of(r) for r in recs}
+        solo_caps = set(colocate.solo_table(a.results))
+        extra: list[tuple[Member, ...]] = []
+        for scen in colocate.scenarios(recs):
+            kinds = [k for k, _ in scen]
+            pick = policy.choose_pack(decider, kinds, fractions)
+            a.chosen[scen] = pick
+            for kind, tp in pick:
+                if (kind, tp) not in solo_caps:
+                    solo_caps.add((kind, tp))
+                    extra.append((Member(kind, tp),))
+            if len(pick) > 1 and pick not in measured:
+                measured.add(pick)
+                extra.append(_members(pick))
+        log.info(
+            "gpushare's packs for %d scenarios; %d packs to measure", len(a.chosen), len(extra)
+        )
+        if extra:
+            window = stages[1].window_s
+            choice_stage = Stage("gpushare-choices", tuple(extra), window)
+            a.results += measure_stages(
+                pool=pool, stages=[choice_stage], deadline=budget_end + 30, on_solo=on_solo
+            )
+    finally:
+        pool.close()
+        if sampler is not None:
+            sampler.close()
+        if daemon is not None:
+            daemon.stop()
+
+
+def _pipe(a: PhaseA, kind: str, ctx: Ctx) -> PipeProfile | None:
+    values = a.profiles.get(kind)
+    return policy.to_pipe_profile(values, gpu_model=ctx.gpu_name) if values else None
+
+
+def fit_or_default(recs: list[colocate.Record], ctx: Ctx) -> tuple[InterferenceModel, str]:
+    try:
+        model = policy.fit_model(policy.parse(recs), source=f"fit on this run's {len(recs)} packs")
+        return model, model.source
+    except Exception as exc:
+        ctx.errors.append(f"fitting the interference model: {exc}; using the shipped default")
+        return load_default(), "gpushare.packing default (shipped)"
+
+
+def make_decider(ctx: Ctx, a: PhaseA) -> policy.GpushareDecider:
+    profiles = {k: p for k in a.profiles if (p := _pipe(a, k, ctx)) is not None}
+    return policy.GpushareDecider(
+        profiles=profiles,
+        model=a.model or load_default(),
+        bounds={"latency": ctx.args.latency_bound, "batch": ctx.args.batch_bound},
+        gpu_model=ctx.gpu_name,
+        gpu_memory_bytes=ctx.memory_bytes,
+    )
+
+
+# --- traces -----------------------------------------------------------------------------
+
+
+def run_scheme(
+    ctx: Ctx,
+    scheme: Scheme,
+    jobs: list[traces.TraceJob],
+    iterations: dict[str, int],
+    daemon: MpsDaemon | None,
+) -> list[JobResult] | None:
+    work = sum(j.work_s for j in jobs)
+    timeout = max(60.0, 4 * work + 30)
+    if ctx.left() < min(timeout, 2 * work + 20):
+        ctx.errors.append(f"{scheme.name}: skipped, {ctx.left():.0f}s of budget left")
+        return None
+    log.info("== %s: %s", scheme.name, scheme.description)
+    pipe = daemon.pipe_dir if daemon else None
+    if ctx.args.dry and scheme.mps:
+        pipe = ctx.tmp / "no-mps"
+    return safe(
+        lambda: run_trace(
+            scheme=scheme,
+            jobs=jobs,
+            iterations=iterations,
+            workers=ctx.workers(),
+            pipe_dir=pipe,
+            timeout_s=timeout,
+        ),
+        f"trace under {scheme.name}",
+        ctx.errors,
+    )
+
+
+# --- latency ----------------------------------------------------------------------------
+
+
+def latency_window(pool: Pool, members: list[Member], seconds: float) -> list[dict[str, Any]]:
+    return pool.window(members, seconds=seconds, seed=7)
+
+
+def _lat_row(
+    setting: str, rep: dict[str, Any], train: dict[str, Any] | None, solo: float | None
+) -> dict[str, Any]:
+    lat = rep.get("latencies_ms", [])
+    row: dict[str, Any] = {"setting": setting, "requests": len(lat)}
+    if lat:
+        row["p50_ms"] = round(percentile(lat, 50), 3)
+        row["p99_ms"] = round(percentile(lat, 99), 3)
+    if train is not None:
+        row["train_rate"] = round(float(train["rate"]), 3)
+        if solo:
+            row["train_share"] = round(float(train["rate"]) / solo, 3)
+    return row
+
+
+# --- main -------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    handlers: list[logging.Handler] = [
+        logging.StreamHandler(sys.stderr),
+        logging.FileHandler(args.out / "run.log", mode="w"),
+    ]
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", handlers=handlers
+    )
+    if args.dry:
+        log.warning("DRY RUN: no GPU work is done; numbers only check the harness")
+    tmp = Path(tempfile.mkdtemp(prefix="gpushare-bench-"))
+    ctx = Ctx(args=args, t_start=time.time(), tmp=tmp)
+    try:
+        results = run(ctx)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    js, md = report.write(args.out, results)
+    log.info("wrote %s and %s in %.0fs", js, md, time.time() - ctx.t_start)
+    for c in results["targets"]:
+        log.info("target %-55s %s (limit %s): %s", c["target"], c["value"], c["limit"], c["met"])
+    return 0
+
+
+def run(ctx: Ctx) -> dict[str, Any]:
+    args = ctx.args
+    gpu_info(ctx)
+    log.info("GPU %s, driver %s, budget %.0fs", ctx.gpu_name, ctx.driver, args.budget_s)
+    scale = 0.4 if args.quick else 1.0
+    fractions: dict[str, float] = {}
+    a = PhaseA()
+    safe(
+        lambda: phase_a(ctx, a, fractions=fractions), "phase A (profiles, colocations)", ctx.errors
+    )
+    recs = colocate.records(gpu=ctx.gpu_name, results=a.results, profiles=a.profiles)
+    (args.out / "colocations.json").write_text(json.dumps(colocate.validate(recs), indent=1) + "\n")
+    for k in KINDS:
+        fractions.setdefault(k, 1.0)
+    trace_jobs = {
+        "light": traces.with_requests(traces.light(scale), fractions),
+        "heavy": traces.with_requests(traces.heavy(scale), fractions),
+    }
+    iterations: dict[str, dict[str, int]] = {}
+    for name, jobs in trace_jobs.items():
+        iterations[name] = {}
+        for j in jobs:
+            rate = a.solo.get(j.kind, 0.0)
+            try:
+                iterations[name][j.id] = traces.iterations_for(j, solo_rate=rate)
+            except ValueError as exc:
+                ctx.errors.append(str(exc))
+    runnable = {n: [j for j in jobs if j.id in iterations[n]] for n, jobs in trace_jobs.items()}
+    decider = make_decider(ctx, a)
+    runs: dict[str, dict[str, list[JobResult]]] = {"light": {}, "heavy": {}}
+    lat_rows: list[dict[str, Any]] = []
+    latency: dict[str, Any] = {}
+    lat_s = 4.0 if args.quick else 10.0
+
+    # Phase B: no MPS.
+    for name, jobs in runnable.items():
+        for scheme in (ExclusiveFifo(), TimeSlice()):
+            r = run_scheme(ctx, scheme, jobs, iterations[name], None)
+            if r:
+                runs[name][scheme.name] = r
+    solo_lat = safe(lambda: solo_latency(ctx, lat_s), "inference alone", ctx.errors)
+    if solo_lat:
+        lat_rows.append(solo_lat)
+        latency["solo_p99_ms"] = solo_lat.get("p99_ms")
+
+    # Phase C: MPS.
+    daemon = safe(ctx.daemon, "starting MPS", ctx.errors) if not args.dry else None
+    try:
+        gs = Gpushare(decider, source=f"gpushare.packing (model: {a.model_source})")
+        for name, jobs in runnable.items():
+            for scheme in (MpsEqual(args.slots), MpsUnlimited(), gs):
+                r = run_scheme(ctx, scheme, jobs, iterations[name], daemon)
+                if r:
+                    runs[name][scheme.name] = r
+        shared = safe(
+            lambda: shared_latency(ctx, daemon, decider, a.solo.get("resnet50"), lat_s),
+            "inference beside training",
+            ctx.errors,
+        )
+        if shared:
+            lat_rows += shared["rows"]
+            latency.update(shared["latency"])
+    finally:
+        if daemon is not None:
+            daemon.stop()
+
+    return assemble(
+        ctx=ctx,
+        a=a,
+        recs=recs,
+        runs=runs,
+        jobs=runnable,
+        iterations=iterations,
+        latency=latency,
+        lat_rows=lat_rows,
+        holds=gs.holds,
+        fractions=fractions,
+    )
+
+
+def solo_latency(ctx: Ctx, seconds: float) -> dict[str, Any]:
+    pool = Pool(ctx.workers(), None, {})
+    try:
+        m = Member("infer", 100)
+        pool.ensure({m}, priority=lambda _: None)
+        rep = latency_window(pool, [m], seconds)[0]
+        return _lat_row("inference alone, no MPS (solo)", rep, None, None)
+    finally:
+        pool.close()
+
+
+def shared_latency(
+    ctx: Ctx,
+    daemon: MpsDaemon | None,
+    decider: policy.GpushareDecider,
+    train_solo: float | None,
+    seconds: float,
+) -> dict[str, Any]:
+    """Inference (latency class) beside ResNet-50 training: plain MPS vs gpushare's settings."""
+    infer = traces.TraceJob("lat-infer", "infer", 0.0, 0.0, LATENCY_FRACTION)
+    train = traces.TraceJob("lat-train", "resnet50", 0.0, 0.0, LATENCY_FRACTION)
+    first = decider(infer, [])
+    assert isinstance(first, Launch), first
+    running = [Running(infer, first)]
+    verdict = decider(train, running)
+    if isinstance(verdict, Launch):
+        train_threads, note = verdict.thread_percent or 100, "admitted"
+    else:
+        train_threads = assign_thread_percent(decider.demand(train), decider.gpu(running))
+        note = f"admission would refuse ({verdict}); run anyway to measure protection"
+    infer_threads = first.thread_percent or 100
+    plain_i, plain_t = Member("infer", 100, 0), Member("resnet50", 100, 0)
+    gs_i, gs_t = Member("infer", infer_threads, 1), Member("resnet50", train_threads, 1)
+    prio = {gs_i: priority_for("latency"), gs_t: priority_for("batch")}
+    pool = Pool(ctx.workers(), daemon.pipe_dir if daemon else ctx.tmp / "no-mps", {})
+    rows = []
+    try:
+        pool.ensure({plain_i, plain_t, gs_i, gs_t}, priority=prio.get)
+        alone = latency_window(pool, [plain_i], seconds)[0]
+        rows.append(_lat_row("inference alone, MPS", alone, None, None))
+        both = latency_window(pool, [plain_i, plain_t], seconds)
+        rows.append(
+            _lat_row("beside training, MPS no caps/priorities", both[0], both[1], train_solo)
+        )
+        g = latency_window(pool, [gs_i, gs_t], seconds)
+        gs_row = _lat_row(
+            f"beside training, gpushare (inference {infer_threads}% prio 0, "
+            f"training {train_threads}% prio 1)",
+            g[0],
+            g[1],
+            train_solo,
+        )
+        rows.append(gs_row)
+    finally:
+        pool.close()
+    return {
+        "rows": rows,
+        "latency": {
+            "shared_p99_ms": gs_row.get("p99_ms"),
+            "train_retained_ratio": gs_row.get("train_share"),
+            "mps_solo_p99_ms": rows[0].get("p99_ms"),
+            "uncapped_shared_p99_ms": rows[1].get("p99_ms"),
+            "gpushare_admission": note,
+        },
+    }
+
+
+def assemble(
+    *,
+    ctx: Ctx,
+    a: PhaseA,
+    recs: list[colocate.Record],
+    runs: dict[str, dict[str, list[JobResult]]],
+    jobs: dict[str, list[traces.TraceJob]],
+    iterations: dict[str, dict[str, int]],
+    latency: dict[str, Any],
+    lat_rows: list[dict[str, Any]],
+    holds: list[str],
+    fractions: dict[str, float],
+) -> dict[str, Any]:
+    traces_out: dict[str, dict[str, Any]] = {}
+    scheme_details: dict[str, dict[str, Any]] = {}
+    job_details: dict[str, dict[str, Any]] = {}
+    for name, by_scheme in runs.items():
+        ex = by_scheme.get("exclusive", [])
+        solo_run = {j.id: j.run_s for j in ex if j.ok}
+        traces_out[name] = {}
+        scheme_details[name] = {}
+        job_details[name] = {}
+        for scheme, results in by_scheme.items():
+            s = summarize(results, solo_run_s=solo_run)
+            traces_out[name][scheme] = {k: s[k] for k in report.TRACE_KEYS}
+            scheme_details[name][scheme] = {
+                k: v for k, v in s.items() if k not in report.TRACE_KEYS
+            }
+            job_details[name][scheme] = [j.to_json() for j in results]
+    mape_out: dict[str, Any] = {}
+    if len(recs) >= 4:
+        mape_out = (
+            safe(
+                lambda: colocate.held_out_mape(recs, fit=policy.fitter("k-fold"), k=5),
+                "held-out MAPE",
+                ctx.errors,
+            )
+            or {}
+        )
+    exhaustive: dict[str, Any] = {}
+    if a.chosen:
+        exhaustive = (
+            safe(
+                lambda: colocate.exhaustive_comparison(
+                    recs, chosen=a.chosen, solo=colocate.solo_table(a.results)
+                ),
+                "exhaustive comparison",
+                ctx.errors,
+            )
+            or {}
+        )
+    results: dict[str, Any] = {
+        "gpu": ctx.gpu_name,
+        "driver": ctx.driver,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "traces": traces_out,
+        "latency": {
+            "solo_p99_ms": latency.get("solo_p99_ms"),
+            "shared_p99_ms": latency.get("shared_p99_ms"),
+            "train_retained_ratio": latency.get("train_retained_ratio"),
+        },
+        "prediction_mape": _clean(mape_out.get("mape_multi_job_packs")),
+        "packing_vs_exhaustive": _clean(exhaustive.get("packing_vs_exhaustive")),
+    }
+    results["details"] = {
+        "quick": ctx.args.quick,
+        "dry_run": ctx.args.dry,
+        "run_s": round(time.time() - ctx.t_start, 1),
+        "machine": f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}",
+        "profile_source": a.source,
+        "policy_source": f"gpushare.packing (fit_reason, admit_reason bounds "
+        f"latency {ctx.args.latency_bound} / batch {ctx.args.batch_bound}, "
+        f"assign_thread_percent); model: {a.model_source}",
+        "model": a.model.to_dict() if a.model else None,
+        "mps_equal_slots": ctx.args.slots,
+        "requested_fractions": fractions,
+        "solo_rates_mps": {k: round(v, 3) for k, v in a.solo.items()},
+        "profiles": a.profiles,
+        "raw_profiles": a.raw_profiles,
+        "trace_jobs": {n: len(j) for n, j in jobs.items()},
+        "iterations": iterations,
+        "schemes": scheme_details,
+        "jobs": job_details,
+        "gpushare_holds": holds[:200],
+        "latency": latency,
+        "latency_rows": lat_rows,
+        "mape": mape_out,
+        "exhaustive": exhaustive,
+        "colocation_packs": len(recs),
+        "errors": ctx.errors,
+    }
+    results["targets"] = report.check_targets(results)
+    return results
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):  # NaN is not JSON
+        return None
+    return round(value, 4) if isinstance(value, float) else value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Sharing schemes as pure decisions: given the queue and what runs, which jobs start now, with
+which MPS settings. The runner executes the decisions on the real GPU."""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from bench.gpu.traces import TraceJob
+
+
+@dataclass(frozen=True)
+class Launch:
+    job: TraceJob
+    thread_percent: int | None = None
+    """MPS active-thread %, None = no cap (or no MPS)."""
+    priority: int | None = None
+    """MPS client priority, None = driver default."""
+    memory_limit_mib: int | None = None
+    """MPS pinned device memory limit, None = none."""
+    note: str = ""
+
+
+@dataclass
+class Running:
+    job: TraceJob
+    launch: Launch
+
+
+class Scheme:
+    """Base: subclasses decide ``select``; ``mps`` says whether clients use the MPS daemon."""
+
+    name = "scheme"
+    mps = False
+    description = ""
+
+    def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
+        raise NotImplementedError
+
+    def finished(self, job: TraceJob) -> None:
+        """Called when ``job`` ends (successfully or not)."""
+
+
+class ExclusiveFifo(Scheme):
+    name = "exclusive"
+    description = "one job at a time in arrival order, whole GPU, no MPS"
+
+    def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
+        if running or not pending:
+            return []
+        return [Launch(pending[0])]
+
+
+class TimeSlice(Scheme):
+    name = "timeslice"
+    description = "every job starts on arrival, no MPS (the driver time-slices contexts)"
+
+    def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
+        return [Launch(j) for j in pending]
+
+
+class MpsUnlimited(Scheme):
+    name = "mps_unlimited"
+    mps = True
+    description = "every job starts on arrival as an MPS client with 100% threads"
+
+    def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
+        return [Launch(j) for j in pending]
+
+
+class MpsEqual(Scheme):
+    name = "mps_equal"
+    mps = True
+
+    def __init__(self, slots: int = 4) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.slots = slots
+        self.description = (
+            f"NVIDIA device-plugin style: {slots} MPS replicas of {100 // slots}% threads each, "
+            "jobs wait for a free replica in arrival order"
+        )
+
+    def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
+        free = self.slots - len(running)
+        return [Launch(j, thread_percent=100 // self.slots) for j in pending[: max(free, 0)]]
+
+
+Decide = Callable[[TraceJob, Sequence[Running]], Launch | str]
+"""A placement policy: a Launch when the job may start now beside ``running``, else why not."""
+
+
+class Gpushare(Scheme):
+    """gpushare's placement: the policy admits or holds each queued job, in queue order with
+    backfilling, and sets its thread cap and MPS priority."""
+
+    name = "gpushare"
+    mps = True
+
+    def __init__(self, decide: Decide, *, source: str) -> None:
+        self.decide = decide
+        self.source = source
+        self.holds: list[str] = []
+        self.description = f"profiles + {source}: admission, thread % and priority per job"
+
+    def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
+        live = list(running)
+        out: list[Launch] = []
+        for job in pending:
+            verdict = self.decide(job, live)
+            if isinstance(verdict, Launch):
+                out.append(verdict)
+                live.append(Running(job, verdict))
+            else:
+                note = f"{job.id}: {verdict}"
+                if not self.holds or self.holds[-1] != note:
+                    self.holds.append(note)
+        return out
+
+
+def all_schemes(decide: Decide, *, source: str, slots: int = 4) -> list[Scheme]:
+    return [
+        ExclusiveFifo(),
+        TimeSlice(),
+        MpsEqual(slots),
+        MpsUnlimited(),
+        Gpushare(decide, source=source),
+    ]

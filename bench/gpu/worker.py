@@ -1,0 +1,185 @@
+"""One benchmark job as its own process (MPS clients are processes).
+
+The coordinator starts the process early so that ``import torch`` is paid before the clock
+starts; CUDA is first touched only when a command arrives, after the command's environment
+(MPS pipe directory, active-thread percentage, client priority) has been applied, because the
+CUDA driver reads those variables when it initialises. Trace jobs therefore pay CUDA start-up
+inside their completion time under every scheme alike, as a pod does.
+
+Protocol: JSON commands on stdin, one per line; JSON events on stdout, prefixed ``@@ ``.
+
+- ``{"cmd": "job", "kind", "env", "iterations"}``: initialise, run a fixed amount of work,
+  report ``done`` with ``t_go``, ``t_ready``, ``t_end`` (wall clock) and request latencies.
+- ``{"cmd": "init", "kind", "env"}`` then any number of
+  ``{"cmd": "window", "start", "end"}``: run back to back (or serve Poisson requests) inside
+  the window and report the rate; used for solo profiles and colocation packs.
+- ``{"cmd": "quit"}``.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from bench.gpu.catalog import kind as job_kind
+from bench.gpu.stats import poisson_arrivals
+
+EVENT_PREFIX = "@@ "
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(EVENT_PREFIX + json.dumps({"event": event, **fields}), flush=True)
+
+
+def _sleep_until(t: float) -> None:
+    delay = t - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+# Per-step seconds of the dry-run stand-in (``--device sleep``): exercises the harness only.
+_DRY_STEP_S = {
+    "resnet18": 0.004,
+    "resnet50": 0.02,
+    "transformer": 0.015,
+    "lstm": 0.008,
+    "dgemm": 0.02,
+    "infer": 0.005,
+}
+
+
+class _DryWorkload:
+    def __init__(self, kind: str) -> None:
+        self.seconds = _DRY_STEP_S[kind]
+
+    def step(self) -> None:
+        time.sleep(self.seconds)
+
+
+class _Runner:
+    def __init__(self, *, device_name: str, tiny: bool) -> None:
+        self.torch: Any = None
+        if device_name != "sleep":
+            import torch  # noqa: PLC0415  (only workers import torch)
+
+            self.torch = torch
+            torch.set_num_threads(1)
+        self.device_name = device_name
+        self.tiny = tiny
+        self.workload: Any = None
+        self.kind = ""
+
+    def init(self, kind: str, env: dict[str, str]) -> float:
+        """Apply MPS settings, touch CUDA, build the job and warm it up; returns seconds."""
+        t0 = time.time()
+        self.kind = kind
+        if self.device_name == "sleep":
+            self.workload = _DryWorkload(kind)
+            return time.time() - t0
+        from bench.gpu.workloads import build  # noqa: PLC0415  (imports torch)
+
+        if self.device_name == "cuda" and self.torch.cuda.is_initialized():
+            raise RuntimeError("CUDA was initialised before the MPS environment was applied")
+        os.environ.update(env)
+        device = self.torch.device(self.device_name)
+        if self.device_name == "cuda":
+            self.torch.cuda.init()
+        self.workload = build(kind, device=device, tiny=self.tiny)
+        for _ in range(2):
+            self.workload.step()
+        return time.time() - t0
+
+    def run_iterations(self, n: int) -> list[float]:
+        for _ in range(n):
+            self.workload.step()
+        return []
+
+    def serve(
+        self, *, start: float, end: float | None, count: int | None, seed: int
+    ) -> list[float]:
+        """Serve Poisson requests from ``start``; latency = completion - arrival (ms)."""
+        rate = job_kind(self.kind).request_rate_hz
+        latencies: list[float] = []
+        for arrival in poisson_arrivals(rate_hz=rate, start=start, end=end, count=count, seed=seed):
+            _sleep_until(arrival)
+            self.workload.step()
+            latencies.append((time.time() - arrival) * 1000.0)
+        return latencies
+
+    def window(self, *, start: float, end: float, seed: int) -> dict[str, Any]:
+        _sleep_until(start)
+        if job_kind(self.kind).poisson:
+            lat = self.serve(start=start, end=end, count=None, seed=seed)
+            return {"rate": len(lat) / (end - start), "iters": len(lat), "latencies_ms": lat}
+        done: list[float] = []
+        while True:
+            self.workload.step()
+            now = time.time()
+            if now > end:
+                break
+            done.append(now)
+        rate = len(done) / (done[-1] - start) if done else 0.0
+        return {"rate": rate, "iters": len(done), "latencies_ms": []}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu", "sleep"),
+        help="sleep: no torch, steps just sleep (dry run of the harness, not a benchmark)",
+    )
+    parser.add_argument("--tiny", action="store_true", help="tiny models (CPU smoke test)")
+    parser.add_argument("--label", default="", help="name shown in the coordinator's logs")
+    args = parser.parse_args(argv)
+    runner = _Runner(device_name=args.device, tiny=args.tiny)
+    torch = runner.torch
+    emit(
+        "imported",
+        pid=os.getpid(),
+        torch=torch.__version__ if torch else None,
+        cuda=torch.version.cuda if torch else None,
+    )
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        msg = json.loads(line)
+        cmd = msg["cmd"]
+        try:
+            if cmd == "quit":
+                break
+            if cmd == "init":
+                emit("ready", init_s=runner.init(msg["kind"], msg.get("env", {})))
+            elif cmd == "window":
+                emit(
+                    "window",
+                    **runner.window(start=msg["start"], end=msg["end"], seed=msg.get("seed", 0)),
+                )
+            elif cmd == "job":
+                t_go = time.time()
+                runner.init(msg["kind"], msg.get("env", {}))
+                t_ready = time.time()
+                if job_kind(msg["kind"]).poisson:
+                    lat = runner.serve(
+                        start=t_ready,
+                        end=None,
+                        count=int(msg["iterations"]),
+                        seed=msg.get("seed", 0),
+                    )
+                else:
+                    lat = runner.run_iterations(int(msg["iterations"]))
+                emit("done", t_go=t_go, t_ready=t_ready, t_end=time.time(), latencies_ms=lat)
+                break
+            else:
+                raise ValueError(f"unknown command {cmd!r}")
+        except Exception as exc:  # report, then exit non-zero: the coordinator records it
+            emit("error", error=f"{type(exc).__name__}: {exc}")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""PyTorch workloads on synthetic data (imported only inside worker processes).
+
+Models are written out here (no torchvision) so the benchmark needs nothing but torch.
+``tiny=True`` shrinks every model so the harness can be smoke-tested on a CPU; results from
+tiny models are never benchmark results.
+"""
+
+# torch has no complete type stubs for every call used here; keep mypy out of this file.
+# mypy: ignore-errors
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+
+class _Basic(nn.Module):
+    expansion = 1
+
+    def __init__(self, cin: int, width: int, stride: int) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, width, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(width)
+        self.c2 = nn.Conv2d(width, width, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(width)
+        self.down = _shortcut(cin, width, stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.b1(self.c1(x)))
+        return F.relu(self.b2(self.c2(y)) + self.down(x))
+
+
+class _Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, cin: int, width: int, stride: int) -> None:
+        super().__init__()
+        out = width * 4
+        self.c1 = nn.Conv2d(cin, width, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(width)
+        self.c2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(width)
+        self.c3 = nn.Conv2d(width, out, 1, bias=False)
+        self.b3 = nn.BatchNorm2d(out)
+        self.down = _shortcut(cin, out, stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.b1(self.c1(x)))
+        y = F.relu(self.b2(self.c2(y)))
+        return F.relu(self.b3(self.c3(y)) + self.down(x))
+
+
+def _shortcut(cin: int, cout: int, stride: int) -> nn.Module:
+    if stride == 1 and cin == cout:
+        return nn.Identity()
+    return nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+
+class ResNet(nn.Module):
+    """ResNet-18 (basic blocks 2-2-2-2) or ResNet-50 (bottlenecks 3-4-6-3)."""
+
+    def __init__(self, block: type, layers: list[int], *, classes: int, small_input: bool):
+        super().__init__()
+        if small_input:  # CIFAR stem: 3x3 conv, no max-pool
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
+            )
+        else:
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+                nn.BatchNorm2d(64),
+                nn.ReLU(),
+                nn.MaxPool2d(3, 2, 1),
+            )
+        blocks: list[nn.Module] = []
+        cin = 64
+        for i, n in enumerate(layers):
+            width = 64 * 2**i
+            for j in range(n):
+                blocks.append(block(cin, width, 2 if (j == 0 and i > 0) else 1))
+                cin = width * block.expansion
+        self.body = nn.Sequential(*blocks)
+        self.head = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(self.stem(x))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
+
+
+class _Lstm(nn.Module):
+    def __init__(self, inp: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(inp, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.rnn(x)
+        return self.head(y[:, -1])
+
+
+class _Encoder(nn.Module):
+    def __init__(self, d: int, heads: int, layers: int, *, classes: int) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d, heads, 4 * d, batch_first=True, dropout=0.0)
+        self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(x).mean(1))
+
+
+@dataclass
+class Workload:
+    """One job's unit of work: ``step()`` runs one iteration (or one request) and waits for it."""
+
+    step: Callable[[], None]
+    sync: Callable[[], None]
+
+
+def _training(
+    model: nn.Module,
+    make_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    *,
+    device: torch.device,
+    bf16: bool,
+    optim: str = "sgd",
+) -> Callable[[], None]:
+    model.train()
+    opt: torch.optim.Optimizer
+    if optim == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = make_batch()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def build(name: str, *, device: torch.device, tiny: bool = False) -> Workload:
+    """Build a job kind's model and synthetic batch on ``device``."""
+    torch.manual_seed(0)
+    cuda = device.type == "cuda"
+    sync: Callable[[], None] = torch.cuda.synchronize if cuda else (lambda: None)
+    step: Callable[[], None]
+
+    def batch(
+        shape: tuple[int, ...], classes: int, *, channels_last: bool = False
+    ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        def make() -> tuple[torch.Tensor, torch.Tensor]:
+            x = torch.randn(*shape, device=device)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            return x, torch.randint(0, classes, (shape[0],), device=device)
+
+        return make
+
+    if name == "resnet18":
+        model = ResNet(_Basic, [2, 2, 2, 2], classes=10, small_input=True).to(device)
+        step = _training(
+            model, batch((4 if tiny else 32, 3, 32, 32), 10), device=device, bf16=False
+        )
+    elif name in ("resnet50", "infer"):
+        model = ResNet(_Bottleneck, [3, 4, 6, 3], classes=1000, small_input=False)
+        model = model.to(device).to(memory_format=torch.channels_last)
+        side = 64 if tiny else 224
+        if name == "resnet50":
+            step = _training(
+                model,
+                batch((2 if tiny else 48, 3, side, side), 1000, channels_last=True),
+                device=device,
+                bf16=True,
+            )
+        else:
+            model.eval()
+            x = torch.randn(1 if tiny else 8, 3, side, side, device=device)
+            x = x.contiguous(memory_format=torch.channels_last)
+
+            def step() -> None:
+                with (
+                    torch.inference_mode(),
+                    torch.autocast(device_type=device.type, dtype=torch.bfloat16),
+                ):
+                    model(x)
+    elif name == "transformer":
+        d, heads, layers, seq, bsz = (64, 4, 1, 32, 2) if tiny else (1024, 16, 6, 512, 16)
+        model = _Encoder(d, heads, layers, classes=16).to(device)
+        step = _training(model, batch((bsz, seq, d), 16), device=device, bf16=True, optim="adamw")
+    elif name == "lstm":
+        inp, hidden, seq, bsz = (16, 32, 8, 4) if tiny else (512, 1024, 64, 32)
+        model = _Lstm(inp, hidden, 10).to(device)
+        step = _training(model, batch((bsz, seq, inp), 10), device=device, bf16=False)
+    elif name == "dgemm":
+        n = 256 if tiny else 8192
+        a = torch.randn(n, n, dtype=torch.float64, device=device)
+        b = torch.randn(n, n, dtype=torch.float64, device=device)
+        c = torch.empty(n, n, dtype=torch.float64, device=device)
+
+        def step() -> None:
+            torch.matmul(a, b, out=c)
+    else:
+        raise ValueError(f"unknown job kind {name!r}")
+
+    def synced() -> None:
+        step()
+        sync()
+
+    return Workload(step=synced, sync=sync)
