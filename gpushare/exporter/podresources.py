@@ -9,11 +9,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import grpc
+from typing import TYPE_CHECKING
 
 from gpushare.api.names import DEVICE_ID_SEPARATOR, RESOURCE_GPU_PERCENT
-from gpushare.deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc
+
+if TYPE_CHECKING:
+    from gpushare.deviceplugin.podresources.v1 import api_pb2
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
@@ -31,7 +32,7 @@ class ContainerDevices:
         return {d.split(DEVICE_ID_SEPARATOR, 1)[0] for d in self.device_ids}
 
 
-def flatten(response: api_pb2.ListPodResourcesResponse) -> list[ContainerDevices]:
+def flatten(response: "api_pb2.ListPodResourcesResponse") -> list[ContainerDevices]:
     """One entry per (pod, container, resource) from a ListPodResourcesResponse."""
     return [
         ContainerDevices(pod.namespace, pod.name, c.name, d.resource_name, tuple(d.device_ids))
@@ -45,6 +46,11 @@ def list_pod_resources(
     *, socket_path: Path = DEFAULT_SOCKET, timeout_s: float = 5.0
 ) -> list[ContainerDevices]:
     """Call the kubelet's ``List`` over its unix socket; raises grpc.RpcError on failure."""
+    # gRPC and the generated stubs load only where the kubelet socket is used.
+    import grpc  # noqa: PLC0415
+
+    from gpushare.deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
+
     with grpc.insecure_channel(f"unix://{socket_path}") as channel:
         stub = api_pb2_grpc.PodResourcesListerStub(channel)
         response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=timeout_s)
@@ -76,6 +82,8 @@ class PodResourcesPoller:
         self.refreshed_at: float | None = None
 
     def refresh(self) -> None:
+        import grpc  # noqa: PLC0415
+
         try:
             entries = gpu_holders(self._fetch())
         except grpc.RpcError as exc:

@@ -8,15 +8,17 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIServer, make_server
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, ThreadingWSGIServer, _SilentHandler
 
 from gpushare.exporter.profiler import ProfileError, Profiler
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -86,9 +88,10 @@ def start_http_server(
 
 
 def add_aiohttp_routes(
-    app: web.Application, *, registry: CollectorRegistry, profiler: Profiler | None
+    app: "web.Application", *, registry: CollectorRegistry, profiler: Profiler | None
 ) -> None:
     """Mount GET /metrics and GET /profile on an aiohttp application (the agent's server)."""
+    from aiohttp import web  # noqa: PLC0415  (only agents serving with aiohttp need it)
 
     async def metrics(_request: web.Request) -> web.Response:
         # Collecting reads in-memory state only, but keep the event loop free anyway.
