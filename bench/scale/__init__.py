@@ -1,0 +1,1 @@
+"""Scheduling throughput at scale: kube-scheduler + the gpushare extender over KWOK nodes."""

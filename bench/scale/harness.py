@@ -1,0 +1,244 @@
+"""Processes of the bench: the KWOK control plane (hack/kwok-cluster.sh) and the controller.
+
+Each process is started by this module and stopped by its PID; CPU time per process is read from
+/proc so a result says which component the run was waiting on.
+"""
+
+import asyncio
+import importlib.util
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "hack" / "kwok-cluster.sh"
+DEFAULT_STATE_DIR = Path("/var/lib/gpushare-scale")
+KUBE_SCHEDULER_PORT = 10359
+GPUSHARE_SCHEDULER_PORT = 10361
+DEFAULT_EXTENDER_PORT = 18888
+COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "gpushare-scheduler", "kwok")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class HarnessError(Exception):
+    """A component would not start; the message says where its log is."""
+
+
+@dataclass
+class ControlPlane:
+    """The running KWOK control plane of hack/kwok-cluster.sh."""
+
+    state_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "admin.kubeconfig"
+
+    @property
+    def logs(self) -> Path:
+        return self.state_dir / "logs"
+
+    def script(self, *args: str, timeout: float = 900) -> str:
+        proc = subprocess.run(
+            ["bash", str(SCRIPT), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise HarnessError(
+                f"hack/kwok-cluster.sh {shlex.join(args)} failed:\n{proc.stderr[-3000:]}"
+            )
+        return proc.stdout
+
+    def pids(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name in COMPONENTS:
+            path = self.state_dir / "run" / f"{name}.pid"
+            if path.is_file():
+                out[name] = int(path.read_text().strip())
+        return out
+
+
+def control_plane_up(*, state_dir: Path, extender_port: int) -> ControlPlane:
+    """Start a fresh control plane (removing any earlier state of this harness)."""
+    env = dict(os.environ)
+    env["GPUSHARE_SCALE_STATE_DIR"] = str(state_dir)
+    env["GPUSHARE_SCALE_EXTENDER_URL"] = f"http://127.0.0.1:{extender_port}/scheduler"
+    cp = ControlPlane(state_dir=state_dir, env=env)
+    if any(_alive(pid) for pid in cp.pids().values()):
+        cp.script("down")
+    cp.script("up")
+    return cp
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class Controller:
+    """The gpushare controller process (extender only: no webhook, no operator)."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+
+def controller_available() -> bool:
+    """True when this checkout has the controller's extender (``gpushare.controller``)."""
+    return (
+        importlib.util.find_spec("gpushare.controller") is not None
+        and importlib.util.find_spec("gpushare.controller.__main__") is not None
+    )
+
+
+async def start_controller(
+    *, kubeconfig: Path, port: int, log_path: Path, extra_args: list[str], ready_timeout: float
+) -> Controller:
+    """Run ``python -m gpushare.controller`` against the bench's API server, serving only the
+    extender; returns once its /readyz answers 200 (view synced)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpushare.controller",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--extender-host",
+        "127.0.0.1",
+        "--extender-port",
+        str(port),
+        "--no-webhook",
+        "--no-operator",
+        *extra_args,
+    ]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
+    ctl = Controller(proc=proc, port=port, log_path=log_path)
+    deadline = time.monotonic() + ready_timeout
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise HarnessError(
+                    f"controller exited with {proc.returncode}; log: {log_path}\n"
+                    + log_path.read_text()[-3000:]
+                )
+            try:
+                async with session.get(ctl.url + "/readyz") as resp:
+                    if resp.status == 200:
+                        return ctl
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.5)
+    ctl.stop()
+    raise HarnessError(f"controller not ready after {ready_timeout}s; log: {log_path}")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process (None when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot."""
+    parts = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
+    total = sum(parts[:8])
+    return (total - idle) / CLOCK_TICKS, total / CLOCK_TICKS
+
+
+@dataclass
+class CpuSample:
+    at: float
+    per_process: dict[str, float]
+    machine_busy: float
+    machine_total: float
+
+
+def sample_cpu(pids: Mapping[str, int]) -> CpuSample:
+    per = {name: s for name, pid in pids.items() if (s := cpu_seconds(pid)) is not None}
+    busy, total = machine_cpu_seconds()
+    return CpuSample(time.monotonic(), per, busy, total)
+
+
+def cpu_usage(before: CpuSample, after: CpuSample) -> dict[str, float]:
+    """Cores used on average between two samples, per process, ours in all, and the rest of
+    the machine (other tenants of a shared host)."""
+    wall = max(after.at - before.at, 1e-9)
+    out = {
+        name: round((after.per_process[name] - before.per_process.get(name, 0.0)) / wall, 3)
+        for name in after.per_process
+    }
+    ours = sum(out.values())
+    machine = (after.machine_busy - before.machine_busy) / wall
+    out["machine_busy"] = round(machine, 3)
+    out["outside_bench"] = round(max(machine - ours, 0.0), 3)
+    return out
+
+
+def machine_description() -> dict[str, object]:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_kib = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    except OSError:
+        pass
+    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    return {
+        "cpu_model": model,
+        "cpu_cores": os.cpu_count(),
+        "memory_gib": round(mem_kib / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_average_at_start": [float(x) for x in load],
+        "shared_host": True,
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }

@@ -1,0 +1,183 @@
+"""One measured phase: create pods as fast as the API server takes them, watch them get bound.
+
+Times are taken in this process: creation = when the API server answered the POST, bound = when
+the watch first shows ``spec.nodeName``. End-to-end rate = pods bound / (last bound - first
+POST sent).
+"""
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.scale.kube import Api, Json
+from bench.scale.workload import BENCH_LABEL
+
+
+@dataclass
+class PhaseTiming:
+    """What the watch and the creators saw, in seconds since the first POST was sent."""
+
+    total: int
+    created: dict[str, float] = field(default_factory=dict)
+    bound: dict[str, float] = field(default_factory=dict)
+    running: dict[str, float] = field(default_factory=dict)
+    create_errors: list[str] = field(default_factory=list)
+    stalled: bool = False
+
+    def summary(self) -> dict[str, Any]:
+        bound_times = sorted(self.bound.values())
+        created_times = sorted(self.created.values())
+        latencies = sorted(self.bound[n] - self.created[n] for n in self.bound if n in self.created)
+        last_bound = bound_times[-1] if bound_times else math.nan
+        last_created = created_times[-1] if created_times else math.nan
+        return {
+            "pods": self.total,
+            "created": len(self.created),
+            "bound": len(self.bound),
+            "running": len(self.running),
+            "create_errors": len(self.create_errors),
+            "create_error_examples": self.create_errors[:5],
+            "stalled": self.stalled,
+            "duration_s": _round(last_bound),
+            "creation_s": _round(last_created),
+            "pods_per_s": _round(len(bound_times) / last_bound if bound_times else 0.0),
+            "creation_pods_per_s": _round(
+                len(created_times) / last_created if created_times else 0.0
+            ),
+            "steady_pods_per_s": _round(steady_rate(bound_times)),
+            "bind_latency_ms": {
+                "p50": _round(_quantile(latencies, 0.5) * 1000),
+                "p90": _round(_quantile(latencies, 0.9) * 1000),
+                "p99": _round(_quantile(latencies, 0.99) * 1000),
+                "max": _round(latencies[-1] * 1000 if latencies else math.nan),
+            },
+        }
+
+
+def _round(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 3)
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return math.nan
+    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+def steady_rate(sorted_times: Sequence[float]) -> float:
+    """Pods per second between the 10th and 90th percentile bind: the rate once the pipeline
+    is full, without start-up and tail."""
+    n = len(sorted_times)
+    if n < 20:
+        return math.nan
+    lo, hi = sorted_times[n // 10], sorted_times[(9 * n) // 10]
+    return ((9 * n) // 10 - n // 10) / (hi - lo) if hi > lo else math.nan
+
+
+async def _watch(
+    api: Api,
+    *,
+    path: str,
+    selector: str,
+    rv: str,
+    timing: PhaseTiming,
+    t0: float,
+    done: asyncio.Event,
+) -> None:
+    while True:
+        try:
+            async for event in api.watch(
+                path, resource_version=rv, params={"labelSelector": selector}
+            ):
+                obj: Json = event.get("object", {})
+                if event.get("type") == "ERROR":
+                    raise RuntimeError(f"watch error: {obj.get('message')}")
+                rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                if event.get("type") not in ("ADDED", "MODIFIED"):
+                    continue
+                name = obj["metadata"]["name"]
+                now = time.monotonic() - t0
+                if obj.get("spec", {}).get("nodeName") and name not in timing.bound:
+                    timing.bound[name] = now
+                    if len(timing.bound) >= timing.total:
+                        done.set()
+                if obj.get("status", {}).get("phase") == "Running" and name not in timing.running:
+                    timing.running[name] = now
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a dropped watch: resume from the last resourceVersion
+            await asyncio.sleep(0.2)
+
+
+async def run_phase(
+    api: Api,
+    *,
+    namespace: str,
+    phase: str,
+    manifests: Sequence[Json],
+    concurrency: int,
+    stall_timeout_s: float,
+    timeout_s: float,
+) -> PhaseTiming:
+    """Create ``manifests`` with ``concurrency`` parallel POSTs and wait until all are bound,
+    no pod got bound for ``stall_timeout_s``, or ``timeout_s`` passed."""
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    selector = f"{BENCH_LABEL}={phase}"
+    listed = await api.request("GET", path, params={"labelSelector": selector, "limit": "1"})
+    rv = listed["metadata"]["resourceVersion"]
+    timing = PhaseTiming(total=len(manifests))
+    done = asyncio.Event()
+    t0 = time.monotonic()
+    watcher = asyncio.create_task(
+        _watch(api, path=path, selector=selector, rv=rv, timing=timing, t0=t0, done=done)
+    )
+    queue: asyncio.Queue[Json] = asyncio.Queue()
+    for m in manifests:
+        queue.put_nowait(m)
+
+    async def creator() -> None:
+        while True:
+            try:
+                manifest = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            name = manifest["metadata"]["name"]
+            try:
+                await api.create(path, manifest)
+                timing.created[name] = time.monotonic() - t0
+            except Exception as exc:
+                timing.create_errors.append(f"{name}: {exc}")
+
+    creators = [asyncio.create_task(creator()) for _ in range(concurrency)]
+    deadline = t0 + timeout_s
+    last_progress, last_count = time.monotonic(), 0
+    try:
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), timeout=1.0)
+            now = time.monotonic()
+            if len(timing.bound) != last_count:
+                last_progress, last_count = now, len(timing.bound)
+            creating = any(not c.done() for c in creators)
+            if not creating and len(timing.bound) >= len(timing.created):
+                break  # every pod that could be created is bound
+            if not creating and now - last_progress > stall_timeout_s:
+                timing.stalled = True
+                break
+            if now > deadline:
+                timing.stalled = True
+                break
+        await asyncio.gather(*creators)
+        # Give kwok a moment to mark the last pods Running (reported, not waited on).
+        await asyncio.sleep(1.0)
+    finally:
+        for c in creators:
+            c.cancel()
+        watcher.cancel()
+        await asyncio.gather(watcher, *creators, return_exceptions=True)
+    return timing

@@ -1,0 +1,129 @@
+"""The human-readable twin of scale.json."""
+
+from typing import Any
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.1f}{unit}" if abs(value) >= 10 else f"{value:.3g}{unit}"
+    return f"{value}{unit}"
+
+
+def _latency_rows(phase: dict[str, Any]) -> list[str]:
+    rows = []
+    sched = phase.get("scheduler", {})
+    for label, key in (
+        ("scheduler SLI (pod_scheduling_sli_duration)", "pod_scheduling_sli"),
+        ("scheduler attempt, scheduled", "scheduling_attempt_scheduled"),
+    ):
+        s = sched.get(key, {})
+        rows.append(
+            f"| {label} | {_fmt(s.get('count'))} | {_fmt(s.get('p50_ms'), ' ms')} | "
+            f"{_fmt(s.get('p99_ms'), ' ms')} | {_fmt(s.get('p99_bucket_ms'))} |"
+        )
+    lat = phase.get("bind_latency_ms", {})
+    rows.append(
+        f"| bench: created -> bound | {_fmt(phase.get('bound'))} | {_fmt(lat.get('p50'), ' ms')} | "
+        f"{_fmt(lat.get('p99'), ' ms')} | exact |"
+    )
+    return rows
+
+
+def render_markdown(r: dict[str, Any]) -> str:
+    m = r["machine"]
+    setup = r["setup"]
+    ext = r["phases"].get("extender")
+    stock = r["phases"].get("stock")
+    lines = [
+        "# Scheduling throughput at scale",
+        "",
+        f"{r['date']} - {m['cpu_cores']} cores ({m['cpu_model']}), {m['memory_gib']} GiB, "
+        f"kernel {m['kernel']}, Python {m['python']}, Kubernetes {setup['kubernetes']}; "
+        f"shared host, load average at start {m['load_average_at_start']}.",
+        "",
+        f"{r['nodes']} KWOK nodes x {setup['node_shape']['gpus']} GPUs "
+        f"({r['gpus']} GPUs), {r['pods']} fractional pods from `{setup['trace_file']}` "
+        f"(gpushare-scheduler + extender), {r['stock_pods']} whole-GPU pods for the stock "
+        "default-scheduler on the same nodes; pods created with "
+        f"{setup['concurrency']} parallel POSTs.",
+        "",
+        "| result | value | target | met |",
+        "| --- | --- | --- | --- |",
+    ]
+    t = r["targets"]
+    worst = max((v for v in r["extender_p99_ms"].values() if v is not None), default=None)
+    lines += [
+        f"| extender end-to-end rate | {_fmt(r['extender_pods_per_s'], ' pods/s')} | >= 100 | "
+        f"{'yes' if t['extender_pods_per_s >= 100'] else 'NO'} |",
+        f"| stock scheduler rate | {_fmt(r['stock_pods_per_s'], ' pods/s')} | reference | |",
+        f"| ratio extender / stock | {_fmt(r['ratio_to_stock'])} | >= 0.5 | "
+        f"{'yes' if t['ratio_to_stock >= 0.5'] else 'NO'} |",
+        f"| extender p99, worst verb | {_fmt(worst, ' ms')} | <= 10 ms | "
+        f"{'yes' if t['extender_p99_ms <= 10 per verb'] else 'NO'} |",
+        f"| invariant violations | {r['violations']} (bound {r['pods_bound']}/{r['pods']}) | 0 | "
+        f"{'yes' if t['violations == 0'] else 'NO'} |",
+        "",
+        "## Phases",
+        "",
+        "| phase | pods | bound | e2e pods/s | steady pods/s | creation pods/s | duration |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, p in (("stock", stock), ("extender", ext)):
+        if p is None:
+            continue
+        lines.append(
+            f"| {name} | {p['pods']} | {p['bound']} | {_fmt(p['pods_per_s'])} | "
+            f"{_fmt(p['steady_pods_per_s'])} | {_fmt(p['creation_pods_per_s'])} | "
+            f"{_fmt(p['duration_s'], ' s')} |"
+        )
+    lines += ["", "## Latency", ""]
+    for name, p in (("stock", stock), ("extender", ext)):
+        if p is None:
+            continue
+        lines += [
+            f"{name}:",
+            "",
+            "| what | count | p50 | p99 | p99 bucket (ms) |",
+            "| --- | --- | --- | --- | --- |",
+            *_latency_rows(p),
+            "",
+            f"attempts by result: {p['scheduler']['attempts_by_result']}",
+            "",
+        ]
+    ext = ext or {}
+    lines += [
+        f"Extender per verb (controller histogram `{ext.get('extender_metric')}`):",
+        "",
+        "| verb | calls | mean | p50 | p90 | p99 | p99 bucket (ms) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for verb, s in ext.get("extender_latency", {}).items():
+        lines.append(
+            f"| {verb} | {s['count']} | {_fmt(s['mean_ms'], ' ms')} | "
+            f"{_fmt(s['p50_ms'], ' ms')} | {_fmt(s['p90_ms'], ' ms')} | "
+            f"{_fmt(s['p99_ms'], ' ms')} | {_fmt(s['p99_bucket_ms'])} |"
+        )
+    lines += ["", "## CPU (cores used on average during each phase)", ""]
+    present = [(n, p) for n, p in (("stock", stock), ("extender", ext)) if p]
+    names = sorted({k for _, p in present for k in p["cpu_cores_used"]})
+    lines.append("| process | " + " | ".join(n for n, _ in present) + " |")
+    lines.append("| --- |" + " --- |" * len(present))
+    for n in names:
+        cells = [_fmt(p["cpu_cores_used"].get(n)) for _, p in present]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    inv = r["invariant"]
+    lines += [
+        "",
+        "## Invariant",
+        "",
+        f"{inv['gpus_used']} of {inv['gpus']} GPUs used by {inv['pods_placed']} pods "
+        f"({inv['allocated_gpu_equivalents']} GPUs of guaranteed shares); fullest GPU "
+        f"{inv['max_guaranteed_percent_on_a_gpu']}%, most pods on a GPU "
+        f"{inv['max_pods_on_a_gpu']}; unbound gpushare pods {inv['pods_unbound']}; "
+        f"violations {inv['violations']}.",
+    ]
+    for v in inv.get("violation_examples", []):
+        lines.append(f"- {v}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,539 @@
+"""Scheduling throughput at scale: ``python -m bench.scale.run --nodes 1000 --pods 10000``.
+
+Starts a separate control plane (hack/kwok-cluster.sh), lets KWOK fake ``--nodes`` GPU nodes,
+runs the gpushare controller's extender against it, then measures two phases on the same nodes:
+
+1. stock: the default kube-scheduler places whole-GPU pods (``gpushare.io/gpu-percent: 100``,
+   no extender) - the reference rate;
+2. extender: gpushare-scheduler + the extender place fractional pods shaped like the openb trace.
+
+Then checks the packing invariant on every GPU and writes ``<out>.json`` and ``<out>.md``.
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.scale import harness, metrics
+from bench.scale.invariant import check
+from bench.scale.kube import Api, Json, client_ssl
+from bench.scale.phase import PhaseTiming, run_phase
+from bench.scale.report import render_markdown
+from bench.scale.workload import (
+    BENCH_LABEL,
+    DEFAULT_TRACE_FILE,
+    NodeShape,
+    fractional_pod,
+    node_manifest,
+    read_trace,
+    take,
+    whole_gpu_pod,
+)
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.names import SCHEDULER_NAME
+
+log = logging.getLogger("bench.scale")
+
+NAMESPACE = "gpushare-scale"
+DEFAULT_TRACES = harness.REPO.parent / "shared" / "traces" / "openb"
+DEFAULT_OUT = harness.REPO / "bench" / "results" / "scale"
+SLI = "scheduler_pod_scheduling_sli_duration_seconds"
+ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
+TARGETS = {
+    "extender_pods_per_s": 100.0,
+    "ratio_to_stock": 0.5,
+    "extender_p99_ms": 10.0,
+    "violations": 0,
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    nodes: int
+    pods: int
+    stock_pods: int
+    traces: Path
+    trace_file: str
+    concurrency: int
+    state_dir: Path
+    extender_port: int
+    out: Path
+    keep: bool
+    stall_timeout_s: float
+    timeout_s: float
+    controller_args: list[str] = field(default_factory=list)
+    require_extender: bool = True
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.scale.run",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--nodes", type=int, help="fake GPU nodes, 8 GPUs each (default 1000)")
+    p.add_argument("--pods", type=int, help="fractional pods for the extender (default 10000)")
+    p.add_argument(
+        "--stock-pods",
+        type=int,
+        default=None,
+        help="whole-GPU pods for the stock scheduler (default: min(--pods, 6 per node))",
+    )
+    p.add_argument("--small", action="store_true", help="smoke-test size: 20 nodes, 200 pods")
+    p.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="openb trace directory")
+    p.add_argument("--trace-file", default=DEFAULT_TRACE_FILE, help="pod list in --traces")
+    p.add_argument("--concurrency", type=int, default=32, help="parallel pod creations")
+    p.add_argument("--state-dir", type=Path, default=harness.DEFAULT_STATE_DIR)
+    p.add_argument("--extender-port", type=int, default=harness.DEFAULT_EXTENDER_PORT)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results prefix (.json, .md)")
+    p.add_argument("--keep", action="store_true", help="leave the control plane running")
+    p.add_argument(
+        "--stock-only",
+        action="store_true",
+        help="only the stock-scheduler phase (checks the harness without the controller)",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        help="give up after this many seconds without a pod bound",
+    )
+    p.add_argument("--timeout", type=float, default=1800.0, help="limit per phase, seconds")
+    p.add_argument(
+        "--controller-arg",
+        action="append",
+        default=[],
+        help="extra gpushare-controller argument (repeatable): --controller-arg=--policy=spread",
+    )
+    ns = p.parse_args(argv)
+    nodes = ns.nodes if ns.nodes is not None else (20 if ns.small else 1000)
+    pods = ns.pods if ns.pods is not None else (200 if ns.small else 10000)
+    stock = ns.stock_pods if ns.stock_pods is not None else min(pods, 6 * nodes)
+    for flag, value, low in (
+        ("--nodes", nodes, 1),
+        ("--pods", pods, 1),
+        ("--stock-pods", stock, 0),
+        ("--concurrency", ns.concurrency, 1),
+    ):
+        if value < low:
+            raise InvalidInputError(flag, f"{value} is below {low}", f"give at least {low}")
+    if stock > 8 * nodes:
+        raise InvalidInputError(
+            "--stock-pods",
+            f"{stock} whole-GPU pods do not fit on {nodes} nodes of 8 GPUs",
+            f"give at most {8 * nodes} (default: 6 per node)",
+        )
+    return Options(
+        nodes=nodes,
+        pods=pods,
+        stock_pods=stock,
+        traces=ns.traces,
+        trace_file=ns.trace_file,
+        concurrency=ns.concurrency,
+        state_dir=ns.state_dir,
+        extender_port=ns.extender_port,
+        out=ns.out,
+        keep=ns.keep,
+        stall_timeout_s=ns.stall_timeout,
+        timeout_s=ns.timeout,
+        controller_args=list(ns.controller_arg),
+        require_extender=not ns.stock_only,
+    )
+
+
+class Scraper:
+    """/metrics of the two schedulers (secure ports, admin client certificate) and of the
+    controller (plain HTTP on the extender port)."""
+
+    def __init__(self, *, kubeconfig: Path, controller_url: str | None) -> None:
+        ssl = client_ssl(kubeconfig, verify=False)
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl))
+        self.controller_url = controller_url
+
+    async def get(self, url: str) -> str:
+        async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            resp.raise_for_status()
+            return await resp.text()
+
+    async def scheduler(self, port: int) -> str:
+        return await self.get(f"https://127.0.0.1:{port}/metrics")
+
+    async def controller(self) -> str:
+        if self.controller_url is None:
+            return ""
+        return await self.get(self.controller_url + "/metrics")
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+async def _create_all(api: Api, path: str, objs: Sequence[Json], concurrency: int) -> None:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(obj: Json) -> None:
+        async with sem:
+            await api.create(path, obj)
+
+    await asyncio.gather(*(one(o) for o in objs))
+
+
+def _ready(node: Json) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in node.get("status", {}).get("conditions", [])
+    )
+
+
+async def _wait(what: str, timeout_s: float, probe: Any) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await probe():
+            return
+        await asyncio.sleep(0.5)
+    raise harness.HarnessError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+async def setup_nodes(api: Api, scraper: Scraper, *, nodes: int, concurrency: int) -> float:
+    """Create the fake nodes; wait until kwok made them Ready and both schedulers see them.
+    Returns seconds taken."""
+    t0 = time.monotonic()
+    shape = NodeShape()
+    await _create_all(
+        api, "/api/v1/nodes", [node_manifest(i, shape) for i in range(nodes)], concurrency
+    )
+
+    async def all_ready() -> bool:
+        listed = await api.list_all(
+            "/api/v1/nodes", params={"labelSelector": f"{BENCH_LABEL}=nodes"}
+        )
+        return sum(1 for n in listed["items"] if _ready(n)) >= nodes
+
+    await _wait(f"{nodes} nodes Ready (kwok)", 300, all_ready)
+
+    async def schedulers_see_nodes() -> bool:
+        for port in (harness.KUBE_SCHEDULER_PORT, harness.GPUSHARE_SCHEDULER_PORT):
+            text = await scraper.scheduler(port)
+            if (
+                metrics.counter(
+                    text, "scheduler_cache_size", lambda labels: labels.get("type") == "nodes"
+                )
+                < nodes
+            ):
+                return False
+        return True
+
+    await _wait("both schedulers to cache every node", 120, schedulers_see_nodes)
+    return time.monotonic() - t0
+
+
+async def setup_namespace(api: Api) -> None:
+    await api.create(
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+    )
+    # No controller-manager runs: make the service account the admission plugin looks up.
+    await api.create(
+        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
+    )
+
+
+def scheduler_summary(before: str, after: str, *, profile: str) -> dict[str, Any]:
+    """The scheduler's own view of the phase: its SLI and attempt histograms, attempts by
+    result."""
+
+    def scheduled(labels: Any) -> bool:
+        return bool(labels.get("profile") == profile and labels.get("result") == "scheduled")
+
+    sli = metrics.histogram(after, SLI).minus(metrics.histogram(before, SLI))
+    attempt = metrics.histogram(after, ATTEMPT, scheduled).minus(
+        metrics.histogram(before, ATTEMPT, scheduled)
+    )
+    results: dict[str, int] = {}
+    for result in ("scheduled", "unschedulable", "error"):
+
+        def by_result(labels: Any, r: str = result) -> bool:
+            return bool(labels.get("profile") == profile and labels.get("result") == r)
+
+        results[result] = int(
+            metrics.histogram(after, ATTEMPT, by_result).count
+            - metrics.histogram(before, ATTEMPT, by_result).count
+        )
+    return {
+        "pod_scheduling_sli": metrics.summarize(sli),
+        "scheduling_attempt_scheduled": metrics.summarize(attempt),
+        "attempts_by_result": results,
+    }
+
+
+EXTENDER_VERBS = ("filter", "prioritize", "bind")
+
+
+def extender_summary(before: str, after: str) -> tuple[str | None, dict[str, Any]]:
+    """Per-verb latency from the controller's /metrics: the first histogram whose name mentions
+    the extender and that has a ``verb`` label. (None, {}) when it exposes none."""
+    candidates = [
+        f.name
+        for f in text_string_to_metric_families(after)
+        if f.type == "histogram"
+        and "extender" in f.name
+        and any("verb" in s.labels for s in f.samples)
+    ]
+    if not candidates:
+        return None, {}
+    name = sorted(candidates, key=lambda n: (not n.endswith("_seconds"), n))[0]
+    out: dict[str, Any] = {}
+    for verb in metrics.label_values(after, name, "verb"):
+
+        def of_verb(labels: Any, v: str = verb) -> bool:
+            return bool(labels.get("verb") == v)
+
+        h = metrics.histogram(after, name, of_verb).minus(metrics.histogram(before, name, of_verb))
+        if h.count > 0:
+            out[verb] = metrics.summarize(h)
+    return name, out
+
+
+async def measure_phase(
+    api: Api,
+    scraper: Scraper,
+    cp: harness.ControlPlane,
+    *,
+    phase: str,
+    manifests: list[Json],
+    scheduler_port: int,
+    profile: str,
+    opts: Options,
+    extra_pids: dict[str, int],
+) -> dict[str, Any]:
+    log.info("phase %s: %d pods", phase, len(manifests))
+    sched_before = await scraper.scheduler(scheduler_port)
+    ctl_before = await scraper.controller() if phase == "extender" else ""
+    pids = {**cp.pids(), **extra_pids, "bench": os.getpid()}
+    cpu_before = harness.sample_cpu(pids)
+    timing: PhaseTiming = await run_phase(
+        api,
+        namespace=NAMESPACE,
+        phase=phase,
+        manifests=manifests,
+        concurrency=opts.concurrency,
+        stall_timeout_s=opts.stall_timeout_s,
+        timeout_s=opts.timeout_s,
+    )
+    cpu_after = harness.sample_cpu(pids)
+    sched_after = await scraper.scheduler(scheduler_port)
+    result: dict[str, Any] = timing.summary()
+    result["scheduler"] = scheduler_summary(sched_before, sched_after, profile=profile)
+    result["cpu_cores_used"] = harness.cpu_usage(cpu_before, cpu_after)
+    if phase == "extender":
+        ctl_after = await scraper.controller()
+        name, verbs = extender_summary(ctl_before, ctl_after)
+        result["extender_metric"] = name
+        result["extender_latency"] = verbs
+    log.info(
+        "phase %s: %s/%s bound in %ss: %s pods/s (creation %s pods/s)",
+        phase,
+        result["bound"],
+        result["pods"],
+        result["duration_s"],
+        result["pods_per_s"],
+        result["creation_pods_per_s"],
+    )
+    return result
+
+
+async def delete_phase_pods(api: Api, phase: str) -> None:
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    await api.delete_collection(path, label_selector=f"{BENCH_LABEL}={phase}")
+
+    async def gone() -> bool:
+        listed = await api.request(
+            "GET", path, params={"labelSelector": f"{BENCH_LABEL}={phase}", "limit": "1"}
+        )
+        return not listed.get("items")
+
+    await _wait(f"{phase} pods deleted", 300, gone)
+
+
+async def run(opts: Options) -> dict[str, Any]:
+    started = datetime.now(UTC)
+    machine = harness.machine_description()
+    trace = read_trace(opts.traces, file=opts.trace_file)
+    fractional = take(trace, opts.pods, fractional=True)
+    whole = take(trace, opts.stock_pods, fractional=False) if opts.stock_pods else []
+    if opts.require_extender and not harness.controller_available():
+        raise harness.HarnessError(
+            "gpushare.controller has no __main__ (the extender) in this checkout; "
+            "nothing to measure (--stock-only checks the rest)"
+        )
+    log.info("control plane up (%s)", opts.state_dir)
+    cp = harness.control_plane_up(state_dir=opts.state_dir, extender_port=opts.extender_port)
+    api = Api.connect(kubeconfig=cp.kubeconfig, connections=max(opts.concurrency, 8) + 4)
+    controller: harness.Controller | None = None
+    scraper = Scraper(
+        kubeconfig=cp.kubeconfig,
+        controller_url=f"http://127.0.0.1:{opts.extender_port}" if opts.require_extender else None,
+    )
+    try:
+        version = await api.request("GET", "/version")
+        await setup_namespace(api)
+        log.info("creating %d kwok nodes", opts.nodes)
+        nodes_s = await setup_nodes(api, scraper, nodes=opts.nodes, concurrency=opts.concurrency)
+        log.info("nodes ready in %.1fs; starting the controller", nodes_s)
+        extra: dict[str, int] = {}
+        if opts.require_extender:
+            controller = await harness.start_controller(
+                kubeconfig=cp.kubeconfig,
+                port=opts.extender_port,
+                log_path=cp.logs / "gpushare-controller.log",
+                extra_args=opts.controller_args,
+                ready_timeout=180,
+            )
+            extra["gpushare-controller"] = controller.proc.pid
+        phases: dict[str, Any] = {}
+        if whole:
+            phases["stock"] = await measure_phase(
+                api,
+                scraper,
+                cp,
+                phase="stock",
+                manifests=[whole_gpu_pod(i, t, namespace=NAMESPACE) for i, t in enumerate(whole)],
+                scheduler_port=harness.KUBE_SCHEDULER_PORT,
+                profile="default-scheduler",
+                opts=opts,
+                extra_pids=extra,
+            )
+            if opts.require_extender:
+                await delete_phase_pods(api, "stock")
+        if opts.require_extender:
+            phases["extender"] = await measure_phase(
+                api,
+                scraper,
+                cp,
+                phase="extender",
+                manifests=[
+                    fractional_pod(i, t, namespace=NAMESPACE) for i, t in enumerate(fractional)
+                ],
+                scheduler_port=harness.GPUSHARE_SCHEDULER_PORT,
+                profile=SCHEDULER_NAME,
+                opts=opts,
+                extra_pids=extra,
+            )
+        node_list = await api.list_all("/api/v1/nodes")
+        pod_list = await api.list_all(f"/api/v1/namespaces/{NAMESPACE}/pods")
+        report = check(node_list["items"], pod_list["items"])
+    finally:
+        if controller is not None:
+            controller.stop()
+        await scraper.close()
+        await api.close()
+        if not opts.keep:
+            cp.script("down")
+    return assemble(
+        opts,
+        machine=machine,
+        started=started,
+        version=version,
+        nodes_s=nodes_s,
+        phases=phases,
+        invariant=report.summary(),
+    )
+
+
+def assemble(
+    opts: Options,
+    *,
+    machine: dict[str, Any],
+    started: datetime,
+    version: Json,
+    nodes_s: float,
+    phases: dict[str, Any],
+    invariant: dict[str, Any],
+) -> dict[str, Any]:
+    empty: dict[str, Any] = {"pods_per_s": None, "bound": 0, "pods": 0}
+    ext = phases.get("extender", empty)
+    stock = phases.get("stock")
+    ext_rate = ext["pods_per_s"] or 0.0
+    stock_rate = stock["pods_per_s"] if stock else None
+    ratio = round(ext_rate / stock_rate, 3) if stock_rate else None
+    p99 = {v: s.get("p99_ms") for v, s in ext.get("extender_latency", {}).items()}
+    worst_p99 = max((v for v in p99.values() if v is not None), default=None)
+    return {
+        "nodes": opts.nodes,
+        "gpus": opts.nodes * NodeShape().gpus,
+        "pods": opts.pods,
+        "pods_bound": ext["bound"],
+        "stock_pods": opts.stock_pods,
+        "extender_pods_per_s": ext_rate,
+        "stock_pods_per_s": stock_rate,
+        "ratio_to_stock": ratio,
+        "extender_p99_ms": p99,
+        "violations": invariant["violations"],
+        "targets": {
+            "extender_pods_per_s >= 100": ext_rate >= TARGETS["extender_pods_per_s"],
+            "ratio_to_stock >= 0.5": ratio is not None and ratio >= TARGETS["ratio_to_stock"],
+            "extender_p99_ms <= 10 per verb": worst_p99 is not None
+            and worst_p99 <= TARGETS["extender_p99_ms"],
+            "violations == 0": invariant["violations"] == 0 and ext["bound"] == ext["pods"],
+        },
+        "invariant": invariant,
+        "phases": phases,
+        "setup": {
+            "node_setup_s": round(nodes_s, 1),
+            "node_shape": {
+                "gpus": NodeShape().gpus,
+                "gpu_model": NodeShape().gpu_model,
+                "cpu_milli": NodeShape().cpu_milli,
+                "memory_mib": NodeShape().memory_mib,
+            },
+            "trace_file": opts.trace_file,
+            "concurrency": opts.concurrency,
+            "controller_args": opts.controller_args,
+            "kubernetes": version.get("gitVersion"),
+            "scheduler_client_qps": int(os.environ.get("GPUSHARE_SCALE_SCHEDULER_QPS", "5000")),
+        },
+        "machine": machine,
+        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def write_results(result: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path = out.with_suffix(".json")
+    md_path = out.with_suffix(".md")
+    json_path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
+    md_path.write_text(render_markdown(result))
+    return json_path, md_path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        opts = parse_args(argv)
+        result = asyncio.run(run(opts))
+    except InvalidInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except harness.HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    json_path, md_path = write_results(result, opts.out)
+    print(render_markdown(result))
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+#!/usr/bin/env bash
+# A separate, node-less control plane for scale benchmarks, with KWOK faking the nodes:
+# etcd, kube-apiserver, kube-scheduler (default-scheduler), gpushare-scheduler (kube-scheduler
+# with the gpushare extender) and the kwok controller. It shares only binaries with
+# hack/local-cluster.sh: own state dir, own PKI, own ports, so it never disturbs tests running
+# on the local cluster (6443, 2379/2380, 10257, 10259, 10261, 8888, 9443).
+#
+#   hack/kwok-cluster.sh up       start everything (fresh state; builds binaries if needed)
+#   hack/kwok-cluster.sh down     stop what `up` started (by PID) and remove its state
+#   hack/kwok-cluster.sh status   show each component
+#   hack/kwok-cluster.sh env      print `export KUBECONFIG=...` for a shell
+#
+# No kube-controller-manager runs: nothing here needs one (no Deployments, no service-account
+# tokens; the API server's TaintNodesByCondition admission is off, so no not-ready taint waits
+# for the node lifecycle controller) and it would only take CPU from what is measured.
+#
+# Ports (all on 127.0.0.1): etcd 12379/12380 (metrics 12381), kube-apiserver 16443,
+# kube-scheduler 10359, gpushare-scheduler 10361; the extender is expected at
+# GPUSHARE_SCALE_EXTENDER_URL (default http://127.0.0.1:18888/scheduler).
+# Settings (environment): GPUSHARE_SCALE_STATE_DIR (default /var/lib/gpushare-scale),
+# GPUSHARE_SCALE_SCHEDULER_QPS (client QPS and burst of both schedulers, default 5000),
+# GPUSHARE_SCALE_ETCD_NO_FSYNC=1 (etcd --unsafe-no-fsync, to keep a busy shared disk out of it),
+# GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh). Needs root only for the default state
+# dir.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=hack/lib/versions.sh
+source "$here/lib/versions.sh"
+
+STATE="${GPUSHARE_SCALE_STATE_DIR:-/var/lib/gpushare-scale}"
+RUN="$STATE/run"
+PKI="$STATE/pki"
+LOGS="$STATE/logs"
+EXTENDER_URL="${GPUSHARE_SCALE_EXTENDER_URL:-http://127.0.0.1:18888/scheduler}"
+SCHED_QPS="${GPUSHARE_SCALE_SCHEDULER_QPS:-5000}"
+APISERVER_PORT=16443
+ETCD_CLIENT_PORT=12379
+ETCD_PEER_PORT=12380
+ETCD_METRICS_PORT=12381
+KUBE_SCHEDULER_PORT=10359
+GPUSHARE_SCHEDULER_PORT=10361
+KUBE_BIN="$GPUSHARE_CACHE_DIR/bin/kubernetes-$KUBE_VERSION"
+ETCD_BIN="$GPUSHARE_CACHE_DIR/bin/etcd-$ETCD_VERSION"
+KWOK_BIN="$GPUSHARE_CACHE_DIR/bin/kwok-$KWOK_VERSION"
+# Nodes kwok fakes carry this annotation; kwok leaves every other node alone.
+KWOK_NODE_SELECTOR="kwok.x-k8s.io/node=fake"
+COMPONENTS=(etcd kube-apiserver kube-scheduler gpushare-scheduler kwok)
+
+log() { printf '%s kwok-cluster: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+check_prereqs() {
+  command -v openssl >/dev/null || die "'openssl' not found; install it with: apt-get install openssl"
+  local b
+  for b in kube-apiserver kube-scheduler kubectl; do
+    [[ -x $KUBE_BIN/$b ]] || { log "kubernetes binaries missing; building them"; "$here/build-tools.sh" kube; break; }
+  done
+  [[ -x $ETCD_BIN/etcd ]] || "$here/build-tools.sh" etcd
+  [[ -x $KWOK_BIN/kwok ]] || "$here/build-tools.sh" kwok
+}
+
+pid_alive() { [[ -f $RUN/$1.pid ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# start NAME CMD... : run detached in its own session, log to $LOGS/NAME.log, PID to $RUN/NAME.pid
+start() {
+  local name=$1; shift
+  if pid_alive "$name"; then return 0; fi
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$RUN/$name.pid"
+  log "started $name (pid $!)"
+}
+
+stop_component() { # NAME
+  local name=$1 pid i
+  [[ -f $RUN/$name.pid ]] || return 0
+  pid=$(cat "$RUN/$name.pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+    log "stopped $name (pid $pid)"
+  fi
+  rm -f "$RUN/$name.pid"
+}
+
+wait_for() { # DESCRIPTION TIMEOUT_S CMD...
+  local what=$1 timeout=$2 i; shift 2
+  for ((i = 0; i < timeout * 5; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.2
+  done
+  die "timed out after ${timeout}s waiting for $what (logs: $LOGS)"
+}
+
+kubectl_admin() { "$KUBE_BIN/kubectl" --kubeconfig "$STATE/admin.kubeconfig" "$@"; }
+
+# ---------------------------------------------------------------------------------------------
+# PKI and kubeconfigs (same scheme as hack/local-cluster.sh, separate CA)
+
+mkcert() { # NAME CN ORG SANS(comma list or "")
+  local name=$1 cn=$2 org=$3 sans=$4 subj
+  subj="/CN=$cn"
+  [[ -n $org ]] && subj="/O=$org/CN=$cn"
+  openssl genrsa -out "$PKI/$name.key" 2048 2>/dev/null
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=serverAuth,clientAuth"
+    [[ -n $sans ]] && echo "subjectAltName=$sans"
+  } >"$PKI/$name.ext"
+  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+    -days 30 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
+  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
+}
+
+kubeconfig() { # NAME CERT
+  cat >"$STATE/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: scale
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority: $PKI/ca.crt
+users:
+- name: $1
+  user:
+    client-certificate: $PKI/$2.crt
+    client-key: $PKI/$2.key
+contexts:
+- name: scale
+  context: {cluster: scale, user: $1}
+current-context: scale
+EOF
+}
+
+make_pki() {
+  mkdir -p "$PKI"
+  chmod 700 "$PKI"
+  openssl genrsa -out "$PKI/ca.key" 2048 2>/dev/null
+  openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=gpushare-scale-ca" -days 30 \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+    -out "$PKI/ca.crt" 2>/dev/null
+  mkcert apiserver kube-apiserver "" "DNS:localhost,IP:127.0.0.1"
+  mkcert admin kubernetes-admin system:masters ""
+  mkcert scheduler system:kube-scheduler "" ""
+  openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+  kubeconfig admin admin
+  kubeconfig scheduler scheduler
+}
+
+# ---------------------------------------------------------------------------------------------
+
+start_etcd() {
+  local etcd_extra=()
+  # Off by default: a production etcd fsyncs. On for runs that must not measure a shared disk.
+  [[ ${GPUSHARE_SCALE_ETCD_NO_FSYNC:-0} == 1 ]] && etcd_extra+=(--unsafe-no-fsync)
+  mkdir -p "$STATE/etcd"
+  chmod 700 "$STATE/etcd"
+  start etcd "$ETCD_BIN/etcd" --name scale --data-dir "$STATE/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "scale=http://127.0.0.1:$ETCD_PEER_PORT" --listen-metrics-urls "http://127.0.0.1:$ETCD_METRICS_PORT" \
+    --quota-backend-bytes 4294967296 --snapshot-count 50000 "${etcd_extra[@]}"
+  wait_for etcd 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$ETCD_CLIENT_PORT"
+}
+
+start_apiserver() {
+  # No Node authorizer / NodeRestriction: no kubelet talks to this API server. No
+  # TaintNodesByCondition: it taints new nodes not-ready and only the controller-manager's node
+  # lifecycle controller (not run here) would lift the taint once kwok reports Ready.
+  start kube-apiserver "$KUBE_BIN/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$ETCD_CLIENT_PORT" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+    --endpoint-reconciler-type none --service-cluster-ip-range 10.97.0.0/16 \
+    --client-ca-file "$PKI/ca.crt" --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --authorization-mode RBAC --disable-admission-plugins TaintNodesByCondition \
+    --profiling=false --event-ttl 10m \
+    --max-requests-inflight 1600 --max-mutating-requests-inflight 800
+  wait_for kube-apiserver 90 kubectl_admin get --raw /readyz
+}
+
+write_scheduler_configs() {
+  cat >"$STATE/kube-scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection: {kubeconfig: "$STATE/scheduler.kubeconfig", qps: $SCHED_QPS, burst: $SCHED_QPS}
+leaderElection: {leaderElect: false}
+profiles:
+- schedulerName: default-scheduler
+EOF
+  # As in hack/local-cluster.sh (write_scheduler_configs), with this harness's extender URL.
+  cat >"$STATE/gpushare-scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection: {kubeconfig: "$STATE/scheduler.kubeconfig", qps: $SCHED_QPS, burst: $SCHED_QPS}
+leaderElection: {leaderElect: false}
+profiles:
+- schedulerName: gpushare-scheduler
+extenders:
+- urlPrefix: "$EXTENDER_URL"
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  bindVerb: bind
+  weight: 5
+  nodeCacheCapable: true
+  httpTimeout: 10s
+  ignorable: false
+  managedResources:
+  - name: gpushare.io/gpu-percent
+    ignoredByScheduler: true
+EOF
+}
+
+start_schedulers() {
+  write_scheduler_configs
+  start kube-scheduler "$KUBE_BIN/kube-scheduler" --config "$STATE/kube-scheduler.yaml" \
+    --authentication-kubeconfig "$STATE/scheduler.kubeconfig" --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$KUBE_SCHEDULER_PORT"
+  start gpushare-scheduler "$KUBE_BIN/kube-scheduler" --config "$STATE/gpushare-scheduler.yaml" \
+    --authentication-kubeconfig "$STATE/scheduler.kubeconfig" --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$GPUSHARE_SCHEDULER_PORT"
+}
+
+start_kwok() {
+  # Default kwok stages: node-initialize (Ready, keeps the capacity we set), node heartbeat
+  # through leases, pod-ready (bound pods become Running), pod-complete, pod-delete.
+  start kwok "$KWOK_BIN/kwok" --kubeconfig "$STATE/admin.kubeconfig" \
+    --manage-nodes-with-annotation-selector "$KWOK_NODE_SELECTOR" \
+    --cidr 10.98.0.1/16 --node-ip 10.99.0.1 --node-lease-duration-seconds 40
+}
+
+scheduler_healthy() { # PORT
+  [[ $(curl -sk --cacert "$PKI/ca.crt" "https://127.0.0.1:$1/healthz" 2>/dev/null) == ok ]]
+}
+
+cmd_up() {
+  local t0=$SECONDS c alive=0 port
+  check_prereqs
+  for c in "${COMPONENTS[@]}"; do pid_alive "$c" && alive=$((alive + 1)); done
+  ((alive == 0)) || die "already running ($alive components); run '$0 down' first"
+  [[ -d $STATE ]] && cmd_down
+  for port in $ETCD_CLIENT_PORT $ETCD_PEER_PORT $ETCD_METRICS_PORT $APISERVER_PORT $KUBE_SCHEDULER_PORT $GPUSHARE_SCHEDULER_PORT; do
+    port_free "$port" || die "port $port on 127.0.0.1 is taken by another process; free it first"
+  done
+  mkdir -p "$STATE" "$RUN" "$LOGS"
+  make_pki
+  start_etcd
+  start_apiserver
+  start_schedulers
+  start_kwok
+  wait_for "kube-scheduler /healthz" 60 scheduler_healthy "$KUBE_SCHEDULER_PORT"
+  wait_for "gpushare-scheduler /healthz" 60 scheduler_healthy "$GPUSHARE_SCHEDULER_PORT"
+  log "up in $((SECONDS - t0))s; use: eval \"\$($0 env)\""
+}
+
+cmd_down() {
+  local c
+  for c in kwok gpushare-scheduler kube-scheduler kube-apiserver etcd; do stop_component "$c"; done
+  rm -rf "$STATE"
+  log "down; state removed"
+}
+
+cmd_status() {
+  local c rc=0
+  for c in "${COMPONENTS[@]}"; do
+    if pid_alive "$c"; then printf '%-20s running (pid %s)\n' "$c" "$(cat "$RUN/$c.pid")"
+    else printf '%-20s stopped\n' "$c"; rc=1; fi
+  done
+  if pid_alive kube-apiserver; then
+    printf 'nodes: %s\n' "$(kubectl_admin get nodes --no-headers 2>/dev/null | wc -l)"
+  fi
+  return $rc
+}
+
+cmd_env() {
+  echo "export KUBECONFIG=$STATE/admin.kubeconfig"
+  echo "export PATH=$KUBE_BIN:$KWOK_BIN:\$PATH"
+  echo "export GPUSHARE_SCALE_STATE_DIR=$STATE"
+}
+
+case ${1:-} in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  -h|--help|help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
