@@ -75,8 +75,9 @@ def steady_rate(sorted_times: Sequence[float]) -> float:
     n = len(sorted_times)
     if n < 20:
         return math.nan
-    lo, hi = sorted_times[n // 10], sorted_times[(9 * n) // 10]
-    return ((9 * n) // 10 - n // 10) / (hi - lo) if hi > lo else math.nan
+    first, last = n // 10, (9 * n) // 10 - 1
+    span = sorted_times[last] - sorted_times[first]
+    return (last - first) / span if span > 0 else math.nan
 
 
 async def _watch(
