@@ -1,6 +1,7 @@
 """The node agent against the local cluster's real kubelet (simulated GPUs)."""
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,23 +32,24 @@ from tests.fixtures.node_agent import (
 pytestmark = pytest.mark.cluster
 
 GIB = 2**30
-NAMESPACE = "gpushare-dp-test"
+# The admission webhook leaves kube-system alone, so the test can play gpushare-scheduler's
+# part (write the placement, bind) whether or not the controller runs on the cluster.
+NAMESPACE = "kube-system"
+TEST_LABEL = "gpushare.io/test=deviceplugin"
+MANUAL_SCHEDULER = "gpushare-test-manual-binding"
 
 
 @pytest.fixture(scope="module")
 def namespace(cluster: Any) -> Iterator[str]:
-    cluster.kubectl("create", "namespace", NAMESPACE, check=False)
     yield NAMESPACE
-    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+    cluster.kubectl("delete", "pod", "-n", NAMESPACE, "-l", TEST_LABEL, "--wait=false", check=False)
 
 
 def pod_manifest(
     name: str,
     *,
-    node: str,
     image: str,
     slices: int,
-    annotations: dict[str, str] | None = None,
     command: str = "env | sort; echo ---; cat /dev/shm/marker 2>/dev/null; echo; sleep 3600",
     run_as_user: int | None = None,
 ) -> str:
@@ -64,16 +66,53 @@ def pod_manifest(
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": NAMESPACE, "annotations": annotations or {}},
-            # Bound directly: the kubelet admits it and calls the device plugin, as it does for
-            # pods gpushare-scheduler binds.
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "labels": dict([TEST_LABEL.split("=")]),
+            },
             "spec": {
-                "nodeName": node,
+                # No scheduler serves this name: the test binds the pod itself, as
+                # gpushare-scheduler's extender does after writing the placement.
+                "schedulerName": MANUAL_SCHEDULER,
                 "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": 1,
                 "containers": [container],
             },
         }
+    )
+
+
+def run_pod(
+    cluster: Any,
+    name: str,
+    *,
+    slices: int,
+    annotations: dict[str, str] | None = None,
+    run_as_user: int | None = None,
+) -> None:
+    """Create the pod, write its placement annotations and bind it to the node, in the order
+    the extender does; the kubelet then admits it and calls the device plugin."""
+    manifest = pod_manifest(
+        name, image=cluster.busybox_image, slices=slices, run_as_user=run_as_user
+    )
+    cluster.kubectl("apply", "-f", "-", input=manifest)
+    if annotations:
+        pairs = [f"{k}={v}" for k, v in annotations.items()]
+        cluster.kubectl("annotate", "pod", name, "-n", NAMESPACE, "--overwrite", *pairs)
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": cluster.node_name},
+    }
+    cluster.kubectl(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/binding",
+        "-f",
+        "-",
+        input=json.dumps(binding),
     )
 
 
@@ -138,17 +177,11 @@ def test_placed_pod_starts_with_its_gpu_mps_share_and_memory_limit(
     shm = node_agent.mps_root / gpu / "shm"
     (shm / "marker").write_text(f"daemon-shm-of-{gpu}")
     name = unique("placed")
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=pod_manifest(
-            name,
-            node=cluster.node_name,
-            image=cluster.busybox_image,
-            slices=30,
-            annotations=placement(gpu, threads=30, memory=10 * GIB, cls="latency"),
-        ),
+    run_pod(
+        cluster,
+        name,
+        slices=30,
+        annotations=placement(gpu, threads=30, memory=10 * GIB, cls="latency"),
     )
     try:
         pod = wait_running(cluster, name)
@@ -172,17 +205,11 @@ def test_batch_pod_runs_at_below_normal_priority_on_its_gpu(
 ) -> None:
     gpu = node_agent.gpus()[0].uuid
     name = unique("batch")
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=pod_manifest(
-            name,
-            node=cluster.node_name,
-            image=cluster.busybox_image,
-            slices=20,
-            annotations=placement(gpu, threads=25, memory=8 * GIB, cls="batch"),
-        ),
+    run_pod(
+        cluster,
+        name,
+        slices=20,
+        annotations=placement(gpu, threads=25, memory=8 * GIB, cls="batch"),
     )
     try:
         wait_running(cluster, name)
@@ -198,12 +225,7 @@ def test_pod_without_placement_gets_a_derived_share_and_an_event(
     cluster: Any, node_agent: NodeAgentProcess, namespace: str
 ) -> None:
     name = unique("unplaced")
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=pod_manifest(name, node=cluster.node_name, image=cluster.busybox_image, slices=15),
-    )
+    run_pod(cluster, name, slices=15)
     try:
         wait_running(cluster, name)
         env, _ = container_env(cluster, name)
@@ -233,18 +255,7 @@ def test_malformed_annotation_fails_only_that_pod_naming_the_annotation(
     bad, good = unique("malformed"), unique("fine")
     annotations = placement(gpu, threads=20, memory=GIB, cls="batch")
     annotations[ANN_THREAD_PERCENT] = "a lot"
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=pod_manifest(
-            bad,
-            node=cluster.node_name,
-            image=cluster.busybox_image,
-            slices=10,
-            annotations=annotations,
-        ),
-    )
+    run_pod(cluster, bad, slices=10, annotations=annotations)
     try:
 
         def failed() -> str:
@@ -253,17 +264,11 @@ def test_malformed_annotation_fails_only_that_pod_naming_the_annotation(
 
         message = wait_until(failed, timeout_s=60, what=f"pod {bad} to fail admission")
         assert ANN_THREAD_PERCENT in message
-        cluster.kubectl(
-            "apply",
-            "-f",
-            "-",
-            input=pod_manifest(
-                good,
-                node=cluster.node_name,
-                image=cluster.busybox_image,
-                slices=10,
-                annotations=placement(gpu, threads=10, memory=GIB, cls="batch"),
-            ),
+        run_pod(
+            cluster,
+            good,
+            slices=10,
+            annotations=placement(gpu, threads=10, memory=GIB, cls="batch"),
         )
         wait_running(cluster, good)
         env, _ = container_env(cluster, good)
@@ -278,33 +283,21 @@ def test_pod_with_another_uid_than_its_gpu_serves_is_refused(
 ) -> None:
     gpu = node_agent.gpus()[1].uuid
     first, second = unique("uid-a"), unique("uid-b")
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=pod_manifest(
-            first,
-            node=cluster.node_name,
-            image=cluster.busybox_image,
-            slices=10,
-            annotations=placement(gpu, threads=10, memory=GIB, cls="batch"),
-            run_as_user=1000,
-        ),
+    run_pod(
+        cluster,
+        first,
+        slices=10,
+        annotations=placement(gpu, threads=10, memory=GIB, cls="batch"),
+        run_as_user=1000,
     )
     try:
         wait_running(cluster, first)
-        cluster.kubectl(
-            "apply",
-            "-f",
-            "-",
-            input=pod_manifest(
-                second,
-                node=cluster.node_name,
-                image=cluster.busybox_image,
-                slices=10,
-                annotations=placement(gpu, threads=10, memory=GIB, cls="batch"),
-                run_as_user=2000,
-            ),
+        run_pod(
+            cluster,
+            second,
+            slices=10,
+            annotations=placement(gpu, threads=10, memory=GIB, cls="batch"),
+            run_as_user=2000,
         )
 
         def failed() -> str:
@@ -322,42 +315,34 @@ def test_kubelet_restart_reregisters_within_5s_and_restores_capacity(
 ) -> None:
     gpu = node_agent.gpus()[0].uuid
     name = unique("survivor")
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=pod_manifest(
-            name,
-            node=cluster.node_name,
-            image=cluster.busybox_image,
-            slices=10,
-            annotations=placement(gpu, threads=10, memory=GIB, cls="batch"),
-        ),
+    run_pod(
+        cluster, name, slices=10, annotations=placement(gpu, threads=10, memory=GIB, cls="batch")
     )
     try:
         before = wait_running(cluster, name)
         registrations = node_agent.registrations()
         kubelet_sock = DEVICE_PLUGIN_DIR / "kubelet.sock"
         old_inode = kubelet_sock.stat().st_ino
-        cluster.harness("restart-kubelet")
+        restart = threading.Thread(target=cluster.harness, args=("restart-kubelet",))
+        restart.start()
 
-        # When did the new kubelet's socket appear, and when were we registered again?
+        # Watch for the new kubelet's socket while the harness restarts it.
         def new_socket() -> float | None:
             try:
                 return time.monotonic() if kubelet_sock.stat().st_ino != old_inode else None
             except FileNotFoundError:
                 return None
 
-        appeared = wait_until(new_socket, timeout_s=60, what="the new kubelet.sock", every_s=0.05)
+        appeared = wait_until(new_socket, timeout_s=60, what="the new kubelet.sock", every_s=0.02)
         wait_until(
             lambda: node_agent.registrations() > registrations,
             timeout_s=30,
             what="the node agent to register again",
-            every_s=0.1,
+            every_s=0.05,
         )
         reregistered = time.monotonic()
-        # restart-kubelet returns once the node is Ready, so the socket may predate our poll.
-        assert reregistered - appeared < 5.0
+        restart.join(timeout=120)
+        assert reregistered - appeared < 5.0, f"re-registered {reregistered - appeared:.1f}s late"
         wait_until(
             lambda: node_agent.advertised() == (200, 200),
             timeout_s=60,
@@ -378,17 +363,8 @@ def test_agent_restart_leaves_running_pods_untouched(
 ) -> None:
     gpu = node_agent.gpus()[1].uuid
     name, later = unique("steady"), unique("after-restart")
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=pod_manifest(
-            name,
-            node=cluster.node_name,
-            image=cluster.busybox_image,
-            slices=20,
-            annotations=placement(gpu, threads=20, memory=GIB, cls="batch"),
-        ),
+    run_pod(
+        cluster, name, slices=20, annotations=placement(gpu, threads=20, memory=GIB, cls="batch")
     )
     try:
         before = wait_running(cluster, name)
@@ -408,17 +384,11 @@ def test_agent_restart_leaves_running_pods_untouched(
         assert (shm_dir / "still-here").exists()  # the GPU's MPS directories were kept
         assert after["metadata"]["annotations"][ANN_STATE] == "allocated"
         # And the restarted agent admits new pods.
-        cluster.kubectl(
-            "apply",
-            "-f",
-            "-",
-            input=pod_manifest(
-                later,
-                node=cluster.node_name,
-                image=cluster.busybox_image,
-                slices=10,
-                annotations=placement(gpu, threads=10, memory=GIB, cls="batch"),
-            ),
+        run_pod(
+            cluster,
+            later,
+            slices=10,
+            annotations=placement(gpu, threads=10, memory=GIB, cls="batch"),
         )
         wait_running(cluster, later)
         env, _ = container_env(cluster, later)
