@@ -23,7 +23,6 @@ from gpushare.api.names import (
     CLASSES,
     GROUP,
     MPS_MAX_CLIENTS,
-    SLICES_PER_GPU,
     VERSION,
 )
 from gpushare.api.quantities import format_memory, parse_fraction, parse_memory

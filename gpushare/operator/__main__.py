@@ -29,8 +29,17 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
         default=defaults.agent_url,
         help="node agent base URL template; {node} and {node_ip} are substituted",
     )
+    parser.add_argument(
+        "--watch-namespace",
+        action="append",
+        default=[],
+        help="handle only this namespace (repeatable); default: the whole cluster",
+    )
     parser.add_argument("--reconcile-interval", type=float, default=defaults.reconcile_interval_s)
     parser.add_argument("--measure-grace", type=float, default=defaults.measure_grace_s)
+    parser.add_argument(
+        "--profiling-start-timeout", type=float, default=defaults.profiling_start_timeout_s
+    )
     parser.add_argument(
         "--no-protection", action="store_true", help="do not run latency protection"
     )
@@ -41,6 +50,11 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
     parser.add_argument("--bad-readings", type=int, default=policy.bad_readings)
     parser.add_argument("--cooldown", type=float, default=policy.cooldown_s)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--client-log-level",
+        default="WARNING",
+        help="level of the HTTP client's and Kopf's per-request/per-handler logs",
+    )
     args = parser.parse_args(argv)
     if not 0 < args.saturation_threshold <= 1:
         parser.error("--saturation-threshold: must be in (0, 1], e.g. 0.9")
@@ -51,11 +65,15 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for noisy in ("httpx", "httpx2", "kopf.objects", "kopf.activities"):
+        logging.getLogger(noisy).setLevel(args.client_log_level.upper())
     return OperatorConfig(
         namespace=args.namespace,
+        watch_namespaces=tuple(args.watch_namespace),
         agent_url=args.agent_url,
         reconcile_interval_s=args.reconcile_interval,
         measure_grace_s=args.measure_grace,
+        profiling_start_timeout_s=args.profiling_start_timeout,
         protection=not args.no_protection,
         protection_interval_s=args.protection_interval,
         protection_window_s=args.protection_window,

@@ -53,18 +53,18 @@ def build_registry(
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    def node_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    async def node_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         view.put_node(body, deleted=event.get("type") == "DELETED")
 
     @kopf.on.event("", "v1", "pods", registry=registry)
-    def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    async def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         pod = view.put_pod(body, deleted=event.get("type") == "DELETED")
         share = view.share_of(pod) if pod.gpu_pod else None
         if share is not None:
             reconciler.kick(share.key)
 
     @kopf.on.event(*shares, registry=registry)
-    def share_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    async def share_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         share = view.put_share(body, deleted=event.get("type") == "DELETED")
         if event.get("type") != "DELETED":
             reconciler.kick(share.key)

@@ -17,6 +17,7 @@ from gpushare.api.gpushare_crd import (
     PHASE_PROFILING,
     PROFILING_ACTIVE,
     PROFILING_AUTO,
+    PROFILING_DONE,
     PROFILING_SKIP,
     PlacementEntry,
     ShareProfile,
@@ -58,9 +59,11 @@ class Elect:
 
 @dataclass(frozen=True)
 class Abandon:
-    """The profiling pod went away before its window ended: Profiling -> Pending."""
+    """The profiling pod went away before its window ended, or never started: back to
+    Pending, its mark set to ``done`` so the next election picks another pod."""
 
     reason: str
+    pod: PodSummary | None = None
 
 
 @dataclass(frozen=True)
@@ -91,14 +94,18 @@ class Measure:
 Step = Wait | SkipProfiling | UseCached | Elect | Abandon | GiveUp | StartClock | Measure
 
 
-def profiling_started(status: Mapping[str, Any]) -> datetime | None:
-    raw = status.get("profilingStarted")
+def _time_field(status: Mapping[str, Any], key: str) -> datetime | None:
+    raw = status.get(key)
     if not isinstance(raw, str) or not raw:
         return None
     try:
-        return parse_rfc3339(raw, field="status.profilingStarted")
+        return parse_rfc3339(raw, field=f"status.{key}")
     except InvalidInputError:
         return None
+
+
+def profiling_started(status: Mapping[str, Any]) -> datetime | None:
+    return _time_field(status, "profilingStarted")
 
 
 def attempts(status: Mapping[str, Any]) -> int:
@@ -122,6 +129,7 @@ def next_step(
     cached: ShareProfile | None,
     now: datetime,
     measure_grace: timedelta = timedelta(minutes=5),
+    start_timeout: timedelta = timedelta(minutes=5),
 ) -> Step:
     """The next thing to do for ``share`` given its governed ``pods`` (oldest first)."""
     spec = share.spec
@@ -140,12 +148,13 @@ def next_step(
         if not active:
             return Wait("no governed pod yet")
         marked = [p for p in active if p.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE]
-        unbound = [p for p in active if p.node_name is None]
+        untried = [p for p in active if p.annotations.get(ANN_PROFILING) != PROFILING_DONE]
+        unbound = [p for p in untried if p.node_name is None]
         if marked:
             return Elect(marked[0], mark=False)
         if unbound:
             return Elect(unbound[0], mark=True)
-        return Elect(active[0], mark=False)
+        return Elect((untried or active)[0], mark=False)
     if phase != PHASE_PROFILING:
         return Wait(f"phase {phase}")
 
@@ -162,6 +171,13 @@ def next_step(
         return Abandon(reason)
     uuid = pod.gpu_uuid
     if uuid is None or pod.node_name is None or pod.phase != "Running":
+        elected = _time_field(status, "profilingElected")
+        if elected is not None and now > elected + start_timeout:
+            return Abandon(
+                f"profiling pod {pod.name} did not start on a GPU within "
+                f"{int(start_timeout.total_seconds())} s",
+                pod=pod,
+            )
         return Wait(f"profiling pod {pod.name} is not running on a GPU yet")
     started = profiling_started(status)
     if started is None:

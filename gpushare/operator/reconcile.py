@@ -153,6 +153,7 @@ class ShareReconciler:
                 cached=cached,
                 now=now,
                 measure_grace=timedelta(seconds=self.config.measure_grace_s),
+                start_timeout=timedelta(seconds=self.config.profiling_start_timeout_s),
             )
             if not isinstance(step, Wait):
                 log.info("GpuShare %s: %s", key, type(step).__name__)
@@ -311,12 +312,19 @@ class ShareReconciler:
         elif isinstance(step, Measure):
             await self._measure(share, step, now=now)
         elif isinstance(step, Abandon):
+            if step.pod is not None:
+                await self.kube.annotate_pod(
+                    namespace=step.pod.namespace,
+                    name=step.pod.name,
+                    annotations={ANN_PROFILING: PROFILING_DONE},
+                )
             if await self.transition(
                 share,
                 to_phase=PHASE_PENDING,
                 fields={
                     "profilingPod": None,
                     "profilingStarted": None,
+                    "profilingElected": None,
                     "profilingAttempts": attempts(share.status) + 1,
                 },
                 condition=(COND_PROFILED, False, "ProfilingRestarted", step.reason),
@@ -352,7 +360,11 @@ class ShareReconciler:
         if await self.transition(
             share,
             to_phase=PHASE_PROFILING,
-            fields={"profilingPod": pod.name, "profilingStarted": None},
+            fields={
+                "profilingPod": pod.name,
+                "profilingStarted": None,
+                "profilingElected": format_rfc3339(now),
+            },
             condition=(COND_PROFILED, False, "Profiling", message),
             now=now,
         ):
@@ -434,7 +446,12 @@ class ShareReconciler:
         return await self.transition(
             share,
             to_phase=PHASE_PENDING,
-            fields={"profilingPod": None, "profilingStarted": None, "profilingAttempts": 0},
+            fields={
+                "profilingPod": None,
+                "profilingStarted": None,
+                "profilingElected": None,
+                "profilingAttempts": 0,
+            },
             condition=(COND_ACCEPTED, True, "Valid", "spec accepted"),
             now=now,
         )

@@ -75,6 +75,14 @@ async def run_operator(
     profiler = ProfilerClient(url_template=config.agent_url, timeout_s=config.agent_timeout_s)
     reconciler = ShareReconciler(config=config, kube=kube, view=own_view, profiler=profiler)
     tasks: list[asyncio.Task[None]] = []
+    ready = ready_flag if ready_flag is not None else asyncio.Event()
+
+    async def announce_ready() -> None:
+        await ready.wait()
+        scope = ", ".join(config.watch_namespaces) or "the whole cluster"
+        log.info("gpushare operator ready, watching %s", scope)
+
+    tasks.append(asyncio.create_task(announce_ready(), name="gpushare-operator-ready"))
     if config.protection:
         guard = LatencyGuard.with_default_model(
             config=config, kube=kube, view=own_view, profiler=profiler, registry=registry
@@ -86,10 +94,11 @@ async def run_operator(
         await kopf.operator(
             registry=build_registry(config=config, view=own_view, reconciler=reconciler),
             settings=kopf_settings(config),
-            clusterwide=True,
+            clusterwide=not config.watch_namespaces,
+            namespaces=list(config.watch_namespaces),
             standalone=config.standalone,
             stop_flag=stop_flag,
-            ready_flag=ready_flag,
+            ready_flag=ready,
         )
         if stop_flag is not None and not stop_flag.is_set():
             log.info("operator stopped on a signal; stopping the process")

@@ -26,6 +26,9 @@ class OperatorConfig:
     measure_grace_s: float = 300.0
     """How long after the profiling window the operator keeps asking an unreachable node
     agent before packing the share without a profile."""
+    profiling_start_timeout_s: float = 300.0
+    """An elected profiling pod that is not running on a GPU after this long is given up
+    (its mark set to ``done``) and another pod is elected."""
     protection: bool = True
     """Run the latency protection loop."""
     protection_interval_s: float = 5.0
@@ -34,5 +37,8 @@ class OperatorConfig:
     """Averaging window of each protection reading."""
     protection_policy: ProtectionPolicy = field(default_factory=ProtectionPolicy)
     """Saturation threshold, slowdown bound and hysteresis (readings in a row, cool-down)."""
+    watch_namespaces: tuple[str, ...] = ()
+    """Namespaces whose GpuShares and pods the operator handles; empty: the whole cluster.
+    Protection only ever evicts pods it sees, so tests on a shared cluster scope it here."""
     standalone: bool = True
     """Run Kopf without peering (one controller replica, or leader election done outside)."""

@@ -141,6 +141,23 @@ def test_profiling_clock_starts_when_the_pod_runs_and_measures_after_the_window(
     assert (due.node, due.gpu_uuid, due.window_seconds) == ("n1", GPU, 30)
 
 
+def test_pod_that_never_starts_is_given_up_and_another_is_elected() -> None:
+    status = {
+        "phase": "Profiling",
+        "profilingPod": "a",
+        "profilingElected": "2025-03-01T12:00:00Z",
+        "profilingAttempts": 0,
+    }
+    stuck = pod("a", annotations={ANN_PROFILING: "true"})
+    soon = next_step(share(status), [stuck], cached=None, now=T0 + timedelta(minutes=4))
+    assert isinstance(soon, Wait)
+    late = next_step(share(status), [stuck], cached=None, now=T0 + timedelta(minutes=6))
+    assert isinstance(late, Abandon) and late.pod == stuck and "did not start" in late.reason
+    tried = pod("a", minute=1, annotations={ANN_PROFILING: "done"})
+    again = next_step(share({"phase": "Pending"}), [tried, pod("b", minute=2)], cached=None, now=T0)
+    assert isinstance(again, Elect) and again.pod.name == "b"
+
+
 def test_unreachable_agent_gives_up_after_the_grace_period() -> None:
     status = {"phase": "Profiling", "profilingPod": "a", "profilingStarted": "2025-03-01T12:00:00Z"}
     late = T0 + timedelta(seconds=60 + 301)

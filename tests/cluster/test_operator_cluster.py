@@ -1,0 +1,606 @@
+"""The GpuShare operator against the local cluster's real API server, kubelet, scheduler,
+controller (extender + webhook) and node agent on simulated GPUs.
+
+The operator runs as its own process (``python -m gpushare.operator``) scoped to a fresh
+namespace, so it never touches other tests' pods, and is killed with SIGKILL where a test
+proves it resumes without repeating side effects.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILING
+from gpushare.api.names import (
+    ANN_CLASS,
+    ANN_FRACTION,
+    ANN_GPU_UUID,
+    ANN_SHARE,
+    ANN_THREAD_PERCENT,
+)
+from gpushare.node.load import PIPE_WEIGHTS
+from tests.fixtures.node_agent import NodeAgentProcess, wait_until
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "gpushare.io_gpushares.yaml"
+SIMULATED_MODEL = "NVIDIA H100 80GB HBM3"
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+@dataclass
+class OperatorProcess:
+    """``python -m gpushare.operator`` scoped to one namespace."""
+
+    cluster: Any
+    namespace: str
+    agent_url: str
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        env = {**self.cluster.env, "PYTHONPATH": str(REPO)}
+        ready_marks = self.log_text().count("gpushare operator ready")
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpushare.operator",
+                    "--watch-namespace",
+                    self.namespace,
+                    "--namespace",
+                    self.namespace,
+                    "--agent-url",
+                    self.agent_url,
+                    "--reconcile-interval",
+                    "1",
+                    *self.args,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.starts += 1
+
+        def ready() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                pytest.fail(f"operator exited {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+            return self.log_text().count("gpushare operator ready") > ready_marks
+
+        wait_until(ready, timeout_s=60, what="the operator to start")
+
+    def kill(self) -> None:
+        """SIGKILL by PID: no cleanup, like a crashed or OOM-killed operator."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def apply(cluster: Any, obj: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+
+def get(cluster: Any, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    return dict(json.loads(cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json")))
+
+
+def share_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpushare.io/v1alpha1",
+        "kind": "GpuShare",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def pod_manifest(
+    name: str,
+    namespace: str,
+    *,
+    image: str,
+    annotations: dict[str, str],
+    labels: dict[str, str] | None = None,
+    command: tuple[str, ...] = ("sleep", "3600"),
+    node_selector: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "containers": [
+            {"name": "main", "image": image, "imagePullPolicy": "Never", "command": list(command)}
+        ],
+    }
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels or {},
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def share_status(cluster: Any, name: str, namespace: str) -> dict[str, Any]:
+    return dict(get(cluster, "gpushare", name, namespace).get("status") or {})
+
+
+def events(cluster: Any, namespace: str, *, name: str, reason: str) -> int:
+    """How many times ``reason`` was reported about object ``name`` (Event counts summed)."""
+    raw = cluster.kubectl(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "-o",
+        "json",
+        "--field-selector",
+        f"involvedObject.name={name},reason={reason}",
+    )
+    return sum(int(e.get("count") or 1) for e in json.loads(raw)["items"])
+
+
+def wait_phase(
+    cluster: Any, name: str, namespace: str, phase: str, timeout_s: float
+) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        status = share_status(cluster, name, namespace)
+        return status if status.get("phase") == phase else None
+
+    result: dict[str, Any] = wait_until(
+        reached, timeout_s=timeout_s, what=f"GpuShare {name} to be {phase}", every_s=0.5
+    )
+    return result
+
+
+def wait_pod_running(
+    cluster: Any, name: str, namespace: str, timeout_s: float = 90
+) -> dict[str, Any]:
+    def running() -> dict[str, Any] | None:
+        pod = get(cluster, "pod", name, namespace)
+        return pod if pod.get("status", {}).get("phase") == "Running" else None
+
+    result: dict[str, Any] = wait_until(running, timeout_s=timeout_s, what=f"pod {name} to run")
+    return result
+
+
+def pod_gone(cluster: Any, name: str, namespace: str) -> bool:
+    out = cluster.kubectl("get", "pod", name, "-n", namespace, "--ignore-not-found", "-o", "name")
+    return not out.strip()
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: Any) -> None:
+    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl("wait", "--for", "condition=established", "crd/gpushares.gpushare.io")
+
+
+@pytest.fixture
+def namespace(cluster: Any, crd: None) -> Iterator[str]:
+    name = f"gpushare-op-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    # Drop finalizers first: the test's operator may already be gone.
+    shares = cluster.kubectl("get", "gpushares", "-n", name, "-o", "name", check=False).split()
+    for share in shares:
+        cluster.kubectl(
+            "patch",
+            share,
+            "-n",
+            name,
+            "--type",
+            "merge",
+            "-p",
+            '{"metadata":{"finalizers":null}}',
+            check=False,
+        )
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def operator(
+    cluster: Any, namespace: str, node_agent: NodeAgentProcess, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(
+        cluster=cluster,
+        namespace=namespace,
+        agent_url=f"http://127.0.0.1:{node_agent.metrics_port}",
+        log_path=tmp_path / "operator.log",
+        args=["--no-protection"],
+    )
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+# ---- the schema ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"fraction": "1.5"}, "spec.fraction must be greater than 0 and at most one GPU"),
+        ({"fraction": "12.5%"}, "spec.fraction must be a fraction with at most two decimals"),
+        ({"fraction": "0.5", "memory": "10GB"}, 'spec.memory must be a quantity like "10Gi"'),
+        ({"fraction": "0.5", "memory": "0Gi"}, "spec.memory must be greater than 0"),
+        ({"fraction": "0.5", "class": "urgent"}, 'supported values: "latency", "batch"'),
+        (
+            {"fraction": "0.5", "class": "latency", "packing": {"policy": "aggressive"}},
+            "aggressive packing cannot protect a latency-class job",
+        ),
+        ({"fraction": "0.5", "selector": {}}, "spec.selector is empty and would match every pod"),
+        (
+            {"fraction": "0.5", "profiling": {"windowSeconds": 5}},
+            "spec.profiling.windowSeconds in body should be greater than or equal to 10",
+        ),
+        (
+            {"fraction": "0.5", "packing": {"maxPodsPerGpu": 64}},
+            "spec.packing.maxPodsPerGpu in body should be less than or equal to 48",
+        ),
+        ({"memory": "1Gi"}, "spec.fraction: Required value"),
+    ],
+)
+def test_api_server_refuses_bad_specs_with_a_message_naming_the_field(
+    cluster: Any, crd: None, spec: dict[str, Any], message: str
+) -> None:
+    manifest = json.dumps(share_manifest("bad", "default", **spec))
+    proc = subprocess.run(
+        ["kubectl", "apply", "--dry-run=server", "-f", "-"],
+        input=manifest,
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        check=False,
+    )
+    assert proc.returncode != 0, f"accepted: {spec}"
+    assert message in proc.stderr, proc.stderr
+
+
+def test_api_server_accepts_a_good_spec_and_fills_defaults(cluster: Any, crd: None) -> None:
+    manifest = json.dumps(
+        share_manifest("good", "default", fraction="25%", selector={"matchLabels": {"a": "b"}})
+    )
+    out = cluster.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-", input=manifest)
+    spec = json.loads(out)["spec"]
+    assert spec["class"] == "batch"
+    assert spec["profiling"] == {"mode": "auto", "windowSeconds": 60}
+    assert spec["packing"] == {"policy": "cautious"}
+
+
+# ---- the life cycle ------------------------------------------------------------------------
+
+
+def test_share_goes_pending_profiling_packed_with_the_simulated_profile(
+    cluster: Any, controller: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    apply(
+        cluster,
+        share_manifest(
+            "train",
+            namespace,
+            fraction="0.5",
+            selector={"matchLabels": {"app": "train"}},
+            profiling={"windowSeconds": 15},
+        ),
+    )
+    # No pod yet: the share is accepted and waits, Pending.
+    wait_phase(cluster, "train", namespace, "Pending", timeout_s=30)
+    time.sleep(3)
+    assert share_status(cluster, "train", namespace)["phase"] == "Pending"
+
+    apply(
+        cluster,
+        pod_manifest(
+            "train-0",
+            namespace,
+            image=cluster.busybox_image,
+            annotations={ANN_FRACTION: "0.5"},
+            labels={"app": "train"},
+        ),
+    )
+    profiling = wait_phase(cluster, "train", namespace, "Profiling", timeout_s=60)
+    assert profiling["profilingPod"] == "train-0"
+    # A governed pod that no node can take stays unbound: it inherits the share's request.
+    apply(
+        cluster,
+        pod_manifest(
+            "train-waiting",
+            namespace,
+            image=cluster.busybox_image,
+            annotations={ANN_FRACTION: "0.5"},
+            labels={"app": "train"},
+            node_selector={"gpushare.io/test": "no-such-node"},
+        ),
+    )
+    packed = wait_phase(cluster, "train", namespace, "Packed", timeout_s=120)
+
+    profiled_pod = get(cluster, "pod", "train-0", namespace)
+    ann = profiled_pod["metadata"]["annotations"]
+    threads = int(ann[ANN_THREAD_PERCENT])
+    profile = packed["profile"]
+    assert profile["gpuModel"] == SIMULATED_MODEL
+    assert profile["simulated"] is True and profile["source"] == "measured"
+    assert profile["sampledSeconds"] >= 10
+    # The node agent's simulated load for this pod alone (gpushare.node.load), averaged over
+    # the window: tensor > fp32 > fp16 > fp64, tensor near its share of the threads.
+    expected_tensor = PIPE_WEIGHTS["tensor"] * threads / 100
+    assert profile["tensor"] == pytest.approx(expected_tensor, rel=0.25)
+    assert profile["tensor"] > profile["fp32"] > profile["fp16"] > profile["fp64"]
+    assert ann[ANN_PROFILING] == "done"
+
+    conditions = {c["type"]: c for c in packed["conditions"]}
+    assert conditions["Profiled"]["status"] == "True"
+    assert conditions["Profiled"]["reason"] == "Measured"
+    placed = {p["pod"]: p for p in packed["placements"]}
+    assert (
+        placed["train-0"]["gpuUuid"]
+        == get(cluster, "pod", "train-0", namespace)["metadata"]["annotations"][ANN_GPU_UUID]
+    )
+
+    waiting = get(cluster, "pod", "train-waiting", namespace)["metadata"]["annotations"]
+    assert waiting[ANN_SHARE] == "train"
+    assert waiting[ANN_PACKING_POLICY] == "cautious"
+    assert json.loads(waiting["gpushare.io/profile"])["tensor"] == profile["tensor"]
+
+    cache = get(cluster, "configmap", "gpushare-profile-cache", namespace)["data"]
+    entries = [json.loads(v) for v in cache.values()]
+    assert any(
+        e["image"] == cluster.busybox_image and e["gpuModel"] == SIMULATED_MODEL for e in entries
+    )
+
+    for reason in ("Accepted", "ProfilingStarted", "Profiled"):
+        assert events(cluster, namespace, name="train", reason=reason) == 1, reason
+    out = cluster.kubectl("get", "gpushares", "-n", namespace)
+    assert out.split()[:6] == ["NAME", "PHASE", "FRACTION", "CLASS", "POLICY", "PODS"]
+
+
+def test_operator_killed_mid_profiling_resumes_without_repeating_side_effects(
+    cluster: Any, controller: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    apply(
+        cluster,
+        share_manifest(
+            "resume",
+            namespace,
+            fraction="0.4",
+            profiling={"mode": "always", "windowSeconds": 20},
+        ),
+    )
+    apply(
+        cluster,
+        pod_manifest(
+            "resume-0",
+            namespace,
+            image=cluster.busybox_image,
+            annotations={ANN_SHARE: "resume", ANN_FRACTION: "0.4"},
+            command=("sh", "-c", "sleep 3600"),
+        ),
+    )
+
+    def clock_started() -> bool:
+        status = share_status(cluster, "resume", namespace)
+        return status.get("phase") == "Profiling" and bool(status.get("profilingStarted"))
+
+    wait_until(clock_started, timeout_s=90, what="the profiling clock to start")
+    started = share_status(cluster, "resume", namespace)["profilingStarted"]
+    operator.kill()
+    time.sleep(2)
+    operator.start()
+
+    packed = wait_phase(cluster, "resume", namespace, "Packed", timeout_s=120)
+    assert packed["profilingStarted"] == started  # the window was not restarted
+    assert packed["profile"]["source"] == "measured"
+    for reason in ("Accepted", "ProfilingStarted", "Profiled"):
+        assert events(cluster, namespace, name="resume", reason=reason) == 1, reason
+
+    # A restart after the share is Packed re-runs no create handler and takes no step.
+    operator.kill()
+    operator.start()
+    time.sleep(5)
+    assert share_status(cluster, "resume", namespace)["phase"] == "Packed"
+    for reason in ("Accepted", "ProfilingStarted", "Profiled"):
+        assert events(cluster, namespace, name="resume", reason=reason) == 1, reason
+    meta = get(cluster, "gpushare", "resume", namespace)["metadata"]
+    assert "gpushare.io/finalizer" in meta["finalizers"]
+    assert "gpushare.io/last-handled-configuration" in meta["annotations"]
+    assert not [k for k in meta["annotations"] if k.startswith("gpushare.io/accept")]
+
+
+def test_second_share_of_the_same_job_reuses_the_cached_profile(
+    cluster: Any, controller: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    command = ("sh", "-c", "sleep 3600 # cached-job")
+    apply(
+        cluster, share_manifest("first", namespace, fraction="0.3", profiling={"windowSeconds": 10})
+    )
+    apply(
+        cluster,
+        pod_manifest(
+            "first-0",
+            namespace,
+            image=cluster.busybox_image,
+            command=command,
+            annotations={ANN_SHARE: "first", ANN_FRACTION: "0.3"},
+        ),
+    )
+    measured = wait_phase(cluster, "first", namespace, "Packed", timeout_s=120)["profile"]
+    cluster.kubectl("delete", "pod", "first-0", "-n", namespace, "--wait=true")
+
+    apply(cluster, share_manifest("second", namespace, fraction="0.3"))
+    apply(
+        cluster,
+        pod_manifest(
+            "second-0",
+            namespace,
+            image=cluster.busybox_image,
+            command=command,
+            annotations={ANN_SHARE: "second", ANN_FRACTION: "0.3"},
+        ),
+    )
+    reused = wait_phase(cluster, "second", namespace, "Packed", timeout_s=60)["profile"]
+    assert reused["source"] == "cache"
+    assert reused["tensor"] == measured["tensor"] and reused["time"] == measured["time"]
+    assert events(cluster, namespace, name="second", reason="ProfilingStarted") == 0
+    assert events(cluster, namespace, name="second", reason="ProfileReused") == 1
+
+
+# ---- latency protection --------------------------------------------------------------------
+
+
+def _gpu_and_threads(cluster: Any, name: str, namespace: str) -> tuple[str, int]:
+    ann = wait_pod_running(cluster, name, namespace)["metadata"]["annotations"]
+    return ann[ANN_GPU_UUID], int(ann[ANN_THREAD_PERCENT])
+
+
+def test_saturated_gpu_of_a_latency_pod_evicts_its_newest_batch_pod(
+    cluster: Any,
+    controller: Any,
+    node_agent: NodeAgentProcess,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    image = cluster.busybox_image
+
+    def pod(name: str, fraction: str, cls: str, **ann: str) -> dict[str, Any]:
+        return pod_manifest(
+            name,
+            namespace,
+            image=image,
+            labels={"app": name},
+            annotations={ANN_FRACTION: fraction, ANN_CLASS: cls, **ann},
+        )
+
+    # Fill one GPU entirely, so every other pod lands on the other one.
+    apply(cluster, pod("blocker", "1", "batch"))
+    blocked_gpu, _ = _gpu_and_threads(cluster, "blocker", namespace)
+    apply(
+        cluster,
+        share_manifest(
+            "infer", namespace, fraction="0.3", **{"class": "latency"}, profiling={"mode": "skip"}
+        ),
+    )
+    apply(cluster, pod("infer", "0.3", "latency", **{ANN_SHARE: "infer"}))
+    gpu, infer_threads = _gpu_and_threads(cluster, "infer", namespace)
+    assert gpu != blocked_gpu
+    apply(cluster, pod("train-a", "0.4", "batch"))
+    gpu_a, threads_a = _gpu_and_threads(cluster, "train-a", namespace)
+    apply(cluster, pod("train-b", "0.3", "batch"))
+    gpu_b, threads_b = _gpu_and_threads(cluster, "train-b", namespace)
+    assert gpu_a == gpu_b == gpu, "pods did not share the latency pod's GPU"
+
+    # The simulated GPU's busiest pipe follows the threads placed on it (gpushare.node.load);
+    # saturation is set between the load without and with the newest batch pod.
+    weight = PIPE_WEIGHTS["tensor"]
+    before = weight * min(1.0, (infer_threads + threads_a) / 100)
+    after = weight * min(1.0, (infer_threads + threads_a + threads_b) / 100)
+    assert after > before
+    threshold = (before + after) / 2
+    guard = OperatorProcess(
+        cluster=cluster,
+        namespace=namespace,
+        agent_url=f"http://127.0.0.1:{node_agent.metrics_port}",
+        log_path=tmp_path / "operator.log",
+        args=[
+            "--protection-interval",
+            "1",
+            "--protection-window",
+            "2",
+            "--saturation-threshold",
+            f"{threshold:.4f}",
+            "--bad-readings",
+            "3",
+            "--cooldown",
+            "8",
+            "--slowdown-bound",
+            "100",
+        ],
+    )
+    guard.start()
+    try:
+        wait_until(
+            lambda: (
+                pod_gone(cluster, "train-b", namespace)
+                or get(cluster, "pod", "train-b", namespace)["metadata"].get("deletionTimestamp")
+            ),
+            timeout_s=60,
+            what="the newest batch pod to be evicted",
+        )
+        assert events(cluster, namespace, name="train-b", reason="EvictedForLatency") == 1
+        assert events(cluster, namespace, name="infer", reason="NeighbourEvicted") >= 1
+        status = share_status(cluster, "infer", namespace)
+        assert status["evictions"] == 1
+        condition = {c["type"]: c for c in status["conditions"]}["NeighbourEvicted"]
+        assert condition["status"] == "True" and "train-b" in condition["message"]
+
+        # Below the threshold again: the older batch pod and the latency pod stay.
+        time.sleep(12)
+        for name in ("infer", "train-a"):
+            assert get(cluster, "pod", name, namespace)["status"]["phase"] == "Running", name
+        assert events(cluster, namespace, name="train-a", reason="EvictedForLatency") == 0
+
+        # A PodDisruptionBudget is respected: the eviction is refused, reported once, retried.
+        apply(
+            cluster,
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": "keep-train-c", "namespace": namespace},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train-c"}}},
+            },
+        )
+        apply(cluster, pod("train-c", "0.3", "batch"))
+        assert _gpu_and_threads(cluster, "train-c", namespace)[0] == gpu
+        wait_until(
+            lambda: events(cluster, namespace, name="train-c", reason="EvictionBlocked") >= 1,
+            timeout_s=60,
+            what="the PDB to block the eviction",
+        )
+        time.sleep(5)
+        assert get(cluster, "pod", "train-c", namespace)["status"]["phase"] == "Running"
+        assert events(cluster, namespace, name="train-c", reason="EvictionBlocked") == 1
+        cluster.kubectl("delete", "pdb", "keep-train-c", "-n", namespace)
+        wait_until(
+            lambda: (
+                pod_gone(cluster, "train-c", namespace)
+                or get(cluster, "pod", "train-c", namespace)["metadata"].get("deletionTimestamp")
+            ),
+            timeout_s=60,
+            what="the eviction to go through once the PDB is gone",
+        )
+        assert get(cluster, "pod", "train-a", namespace)["status"]["phase"] == "Running"
+    finally:
+        guard.stop()
