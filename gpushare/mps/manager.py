@@ -192,7 +192,12 @@ class MpsManager:
             raise MpsError(f"no live MPS control daemon for {uuid} (pid file {pid})")
         if CONTROL_BINARY not in _cmdline(pid):
             raise MpsError(f"pid {pid} in {paths.pipe / PID_FILE} is not {CONTROL_BINARY}")
-        servers = parse_server_list(self.query(uuid, "get_server_list"))
+        # Answers whether or not a server runs yet: the liveness probe through the pipe.
+        self.query(uuid, "get_default_active_thread_percentage")
+        try:
+            servers = parse_server_list(self.query(uuid, "get_server_list"))
+        except MpsError:
+            servers = ()
         return pid, servers
 
     # --- lifecycle -----------------------------------------------------------------------
