@@ -124,7 +124,13 @@ class PodWriter(Protocol):
 
 
 def _prefixed(reason: str) -> str:
-    return reason if reason.startswith("gpushare") else f"gpushare: {reason}"
+    return scheduler_safe(reason if reason.startswith("gpushare") else f"gpushare: {reason}")
+
+
+def scheduler_safe(message: str) -> str:
+    """kube-scheduler passes extender messages through a printf-style event formatter, where
+    "41% compute" turns into "41%!c(MISSING)ompute": spell percent signs out."""
+    return message.replace("%", " percent")
 
 
 class Extender:
@@ -148,7 +154,7 @@ class Extender:
         try:
             demand = pods.demand_of(args.pod)
         except InvalidInputError as exc:
-            message = f"gpushare: {exc}"
+            message = scheduler_safe(f"gpushare: {exc}")
             return self._filter_result(args, [], {}, dict.fromkeys(args.node_names, message))
         if demand is None:
             return self._filter_result(args, list(args.node_names), {}, {})
@@ -172,6 +178,16 @@ class Extender:
                 unresolvable[name] = _prefixed(empty_reason)
             else:
                 failed[name] = _prefixed(reason)
+        if not passed and args.node_names:
+            first = args.node_names[0]
+            log.info(
+                "no node fits",
+                extra={
+                    "pod": key,
+                    "nodes": len(args.node_names),
+                    "example": f"{first}: {failed.get(first) or unresolvable.get(first)}",
+                },
+            )
         return self._filter_result(args, passed, failed, unresolvable)
 
     @staticmethod
@@ -223,6 +239,10 @@ class Extender:
     async def bind(self, args: BindingArgs) -> dict[str, str]:
         """Choose GPU(s), hold them in the view before any await, write the placement
         annotations, then POST the Binding. On failure the hold is rolled back."""
+        result = await self._bind(args)
+        return {"Error": scheduler_safe(result["Error"])}
+
+    async def _bind(self, args: BindingArgs) -> dict[str, str]:
         if self.writer is None:
             return {"Error": "gpushare: this extender has no API access and cannot bind"}
         ns, name, node_name = args.pod_namespace, args.pod_name, args.node
@@ -252,7 +272,7 @@ class Extender:
         assignment = choose_gpus(node, demand, policy=self.policy)
         if assignment is None:
             reason = node_fit_reason(node, demand) or "no GPU fits"
-            return {"Error": f"gpushare: node {node_name}: {reason}"}
+            return {"Error": scheduler_safe(f"gpushare: node {node_name}: {reason}")}
         bind_time = datetime.now(UTC)
         try:
             held = self.view.reserve(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import httpx2
+import msgspec
 from lightkube import ApiError, AsyncClient
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.core_v1 import ObjectReference
@@ -111,6 +112,10 @@ class Kube:
         )
         try:
             await self._client.create(binding, name, namespace=namespace)
+        except msgspec.ValidationError:
+            # 201 Created: the API server answers a Binding with a Status, which lightkube
+            # cannot decode as a Binding. Errors raise ApiError before any decoding.
+            return
         except Exception as exc:
             raise _wrap(exc, f"bind pod {namespace}/{name} to {node}") from exc
 

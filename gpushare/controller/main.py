@@ -126,7 +126,7 @@ async def _register(ctx: ControllerContext) -> None:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
     ctx.webhook_registered = True
-    log.info("admission webhooks registered", extra={"name": ctx.settings.webhook_config_name})
+    log.info("admission webhooks registered", extra={"config": ctx.settings.webhook_config_name})
 
 
 async def run(

@@ -45,16 +45,20 @@ def _webhook(settings: Settings, ca_pem: bytes, *, kind: str, path: str) -> dict
         "matchConditions": [{"name": "gpushare-pods", "expression": match_condition_expression()}],
         "matchPolicy": "Equivalent",
     }
+    expressions: list[dict[str, Any]] = []
     if settings.webhook_exclude_namespaces:
-        hook["namespaceSelector"] = {
-            "matchExpressions": [
-                {
-                    "key": "kubernetes.io/metadata.name",
-                    "operator": "NotIn",
-                    "values": list(settings.webhook_exclude_namespaces),
-                }
-            ]
-        }
+        expressions.append(
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": list(settings.webhook_exclude_namespaces),
+            }
+        )
+    if settings.webhook_namespace_label is not None:
+        key, _, value = settings.webhook_namespace_label.partition("=")
+        expressions.append({"key": key, "operator": "In", "values": [value]})
+    if expressions:
+        hook["namespaceSelector"] = {"matchExpressions": expressions}
     if kind == "mutate":
         hook["reinvocationPolicy"] = "IfNeeded"
     return hook

@@ -72,6 +72,9 @@ class Settings:
     """How long the API server waits for the webhook (1..30)."""
     webhook_exclude_namespaces: tuple[str, ...] = ("kube-system",)
     """Namespaces the webhook never sees (the control plane keeps working if we are down)."""
+    webhook_namespace_label: str | None = None
+    """``key=value``: only namespaces with this label are sent to the webhook (e.g. to confine
+    a test controller in a shared cluster); None sends every namespace but the excluded ones."""
     protected_host_paths: tuple[str, ...] = DEFAULT_PROTECTED_HOST_PATHS
     """Host directories gpushare pods may not mount (MPS pipes, device-plugin sockets)."""
 
@@ -166,6 +169,14 @@ class Settings:
                 )
         if self.webhook_service is not None:
             parse_service(self.webhook_service)
+        if self.webhook_namespace_label is not None:
+            key, sep, _ = self.webhook_namespace_label.partition("=")
+            if not sep or not key or "," in self.webhook_namespace_label:
+                raise InvalidInputError(
+                    "--webhook-namespace-label",
+                    f"{self.webhook_namespace_label!r} is not key=value",
+                    "write one label like gpushare.io/webhook=enabled",
+                )
         if self.stale_assume_seconds <= 0 or self.resync_seconds <= 0:
             raise InvalidInputError(
                 "--stale-assume-seconds/--resync-seconds", "must be positive", "give seconds > 0"
@@ -313,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help=_doc("webhook_exclude_namespaces") + " Repeatable; default kube-system.",
     )
+    w.add_argument("--webhook-namespace-label", help=_doc("webhook_namespace_label"))
     w.add_argument(
         "--protected-host-path",
         dest="protected_host_paths",

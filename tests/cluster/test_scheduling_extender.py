@@ -1,0 +1,387 @@
+"""gpushare-scheduler (the stock kube-scheduler calling our extender) on the local cluster, with
+the node agent on simulated GPUs: fractional pods land on the GPU their annotations name, no GPU
+is ever oversubscribed, misfits stay Pending with the reason, the webhook refuses bad pods, and
+a controller killed mid-burst loses and double-books nothing."""
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from gpushare.api.inventory import GpuInfo, load_inventory
+from gpushare.api.names import (
+    ANN_FRACTION,
+    ANN_GPU_UUID,
+    ANN_MEMORY,
+    ANN_NODE_GPUS,
+    RESOURCE_GPU_PERCENT,
+    SCHEDULER_NAME,
+)
+from gpushare.api.placement import parse_placement
+from gpushare.api.quantities import parse_fraction, parse_memory
+from tests.fixtures.cluster import REPO, LocalCluster
+from tests.fixtures.controller import ControllerProcess
+
+pytestmark = pytest.mark.cluster
+
+Pod = dict[str, Any]
+
+
+@dataclass
+class GpuNode:
+    name: str
+    gpus: list[GpuInfo]
+
+
+def _node(cluster: LocalCluster) -> dict[str, Any]:
+    return json.loads(cluster.kubectl("get", "node", cluster.node_name, "-o", "json"))  # type: ignore[no-any-return]
+
+
+def _inventory_ready(cluster: LocalCluster) -> list[GpuInfo] | None:
+    node = _node(cluster)
+    text = node["metadata"].get("annotations", {}).get(ANN_NODE_GPUS)
+    allocatable = int(node["status"].get("allocatable", {}).get(RESOURCE_GPU_PERCENT, "0"))
+    if text is None or allocatable < 100:
+        return None
+    gpus = load_inventory(text)
+    return gpus if allocatable == 100 * len(gpus) else None
+
+
+@pytest.fixture(scope="module")
+def gpu_node(
+    cluster: LocalCluster, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GpuNode]:
+    """The node with the node agent advertising two simulated H100s."""
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        request.getfixturevalue("node_agent")
+    except pytest.FixtureLookupError:
+        # The shared node-agent fixture is not there: run the real agent ourselves.
+        log = (tmp_path_factory.mktemp("node-agent") / "agent.log").open("wb")
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpushare.node.main",
+                "--backend",
+                "simulated:2xH100-80GB",
+                "--node-name",
+                cluster.node_name,
+                "--kubeconfig",
+                str(cluster.kubeconfig),
+                "--metrics-port",
+                "0",
+            ],
+            cwd=REPO,
+            env=cluster.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 90
+    gpus = _inventory_ready(cluster)
+    while gpus is None and time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"node agent exited with {proc.returncode}")
+        time.sleep(1)
+        gpus = _inventory_ready(cluster)
+    if gpus is None:
+        pytest.fail("node never advertised its simulated GPUs (inventory + gpu-percent)")
+    try:
+        yield GpuNode(cluster.node_name, gpus)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster, controller: ControllerProcess) -> Iterator[str]:
+    name = f"gs-sched-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, controller.namespace_label)
+    try:
+        yield name
+    finally:
+        # Wait, so the next test starts with this one's shares released.
+        cluster.kubectl("delete", "namespace", name, "--timeout=120s", check=False)
+
+
+def gpushare_pod(
+    cluster: LocalCluster, name: str, fraction: str, *, memory: str | None = None, **spec: Any
+) -> Pod:
+    annotations = {ANN_FRACTION: fraction}
+    if memory is not None:
+        annotations[ANN_MEMORY] = memory
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": cluster.busybox_image,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "resources": {"requests": {"cpu": "1m", "memory": "4Mi"}},
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def create(cluster: LocalCluster, namespace: str, pods: list[Pod]) -> None:
+    doc = {"apiVersion": "v1", "kind": "List", "items": pods}
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(doc))
+
+
+def list_pods(cluster: LocalCluster, *args: str) -> list[Pod]:
+    return json.loads(cluster.kubectl("get", "pods", *args, "-o", "json"))["items"]  # type: ignore[no-any-return]
+
+
+def wait_bound(
+    cluster: LocalCluster, namespace: str, count: int, *, timeout: float = 180
+) -> list[Pod]:
+    deadline = time.monotonic() + timeout
+    pods: list[Pod] = []
+    while time.monotonic() < deadline:
+        pods = list_pods(cluster, "-n", namespace)
+        bound = [
+            p
+            for p in pods
+            if p["spec"].get("nodeName") and ANN_GPU_UUID in p["metadata"]["annotations"]
+        ]
+        if len(bound) >= count:
+            return pods
+        time.sleep(1)
+    pending = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
+    raise AssertionError(f"only {count - len(pending)}/{count} bound after {timeout}s: {pending}")
+
+
+def assert_no_gpu_oversubscribed(cluster: LocalCluster, node: GpuNode) -> dict[str, list[str]]:
+    """Over every live pod in the cluster (not only ours): guaranteed shares <= 100% and
+    memory limits <= the GPU's memory, each pod on the node that owns the GPU it names."""
+    by_gpu = {g.uuid: g for g in node.gpus}
+    percent: dict[str, int] = defaultdict(int)
+    memory: dict[str, int] = defaultdict(int)
+    tenants: dict[str, list[str]] = defaultdict(list)
+    for pod in list_pods(cluster, "-A"):
+        if pod["status"].get("phase") in ("Succeeded", "Failed"):
+            continue
+        ann = pod["metadata"].get("annotations", {})
+        placement = parse_placement(ann)
+        if placement is None:
+            continue
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        for uuid_ in placement.gpu_uuids:
+            assert uuid_ in by_gpu, f"{key} names GPU {uuid_}, not on node {node.name}"
+            if pod["spec"].get("nodeName"):
+                assert pod["spec"]["nodeName"] == node.name, key
+            share = (
+                parse_fraction(ann[ANN_FRACTION], field=ANN_FRACTION)
+                if ANN_FRACTION in ann
+                else 100
+            )
+            percent[uuid_] += min(share, 100)
+            memory[uuid_] += placement.memory_limit_bytes
+            tenants[uuid_].append(key)
+    for uuid_, total in percent.items():
+        assert total <= 100, f"GPU {uuid_} oversubscribed: {total}% for {tenants[uuid_]}"
+        assert memory[uuid_] <= by_gpu[uuid_].memory_bytes, f"GPU {uuid_} memory oversubscribed"
+    return tenants
+
+
+def mixed_pods(cluster: LocalCluster, count: int, prefix: str) -> list[Pod]:
+    """Sizes cycle 8%, 4% (4Gi), 2%, 1%: 40 pods take 150% and 128Gi of two 80GB GPUs."""
+    sizes: list[tuple[str, str | None]] = [
+        ("0.08", None),
+        ("4%", "4Gi"),
+        ("0.02", None),
+        ("1%", None),
+    ]
+    return [
+        gpushare_pod(
+            cluster,
+            f"{prefix}-{i:02d}",
+            sizes[i % len(sizes)][0],
+            memory=sizes[i % len(sizes)][1],
+        )
+        for i in range(count)
+    ]
+
+
+def test_forty_fractional_pods_land_on_the_gpu_their_annotations_name(
+    cluster: LocalCluster, controller: ControllerProcess, gpu_node: GpuNode, namespace: str
+) -> None:
+    create(cluster, namespace, mixed_pods(cluster, 40, "frac"))
+    pods = wait_bound(cluster, namespace, 40)
+    tenants = assert_no_gpu_oversubscribed(cluster, gpu_node)
+    assert sum(len(t) for t in tenants.values()) >= 40
+    for pod in pods:
+        ann = pod["metadata"]["annotations"]
+        placement = parse_placement(ann)
+        assert placement is not None and len(placement.gpu_uuids) == 1
+        assert pod["spec"]["schedulerName"] == SCHEDULER_NAME
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        assert limits[RESOURCE_GPU_PERCENT] == str(
+            parse_fraction(ann[ANN_FRACTION], field=ANN_FRACTION)
+        )
+        if ANN_MEMORY in ann:
+            assert placement.memory_limit_bytes == parse_memory(ann[ANN_MEMORY], field=ANN_MEMORY)
+    # The kubelet runs them with the GPU the scheduler chose (the device plugin reads the
+    # placement annotations at Allocate): look inside a few containers.
+    deadline = time.monotonic() + 120
+    running: list[Pod] = []
+    while time.monotonic() < deadline:
+        running = [
+            p for p in list_pods(cluster, "-n", namespace) if p["status"].get("phase") == "Running"
+        ]
+        if len(running) == 40:
+            break
+        time.sleep(2)
+    assert len(running) == 40, "not every pod reached Running"
+    for pod in running[:6]:
+        env = cluster.kubectl("exec", "-n", namespace, pod["metadata"]["name"], "--", "env")
+        uuid_ = pod["metadata"]["annotations"][ANN_GPU_UUID]
+        assert f"CUDA_VISIBLE_DEVICES={uuid_}" in env.splitlines()
+
+
+def test_a_pod_that_fits_no_single_gpu_stays_pending_with_the_reason(
+    cluster: LocalCluster, controller: ControllerProcess, gpu_node: GpuNode, namespace: str
+) -> None:
+    # Two 60% pods take one GPU each (60 + 60 > 100), leaving 40% free on each.
+    create(
+        cluster,
+        namespace,
+        [gpushare_pod(cluster, "filler-a", "0.6"), gpushare_pod(cluster, "filler-b", "0.6")],
+    )
+    wait_bound(cluster, namespace, 2)
+    free = {g.uuid: 100 for g in gpu_node.gpus}
+    for uuid_, keys in assert_no_gpu_oversubscribed(cluster, gpu_node).items():
+        for key in keys:
+            ns, name = key.split("/")
+            pod = json.loads(cluster.kubectl("get", "pod", "-n", ns, name, "-o", "json"))
+            ann = pod["metadata"]["annotations"]
+            free[uuid_] -= min(parse_fraction(ann.get(ANN_FRACTION, "1"), field=ANN_FRACTION), 100)
+    want = max(free.values()) + 1
+    assert want <= 100 and sum(free.values()) >= want, f"cluster too busy for this test: {free}"
+    create(cluster, namespace, [gpushare_pod(cluster, "too-big", f"{want}%")])
+    deadline = time.monotonic() + 60
+    message = ""
+    while time.monotonic() < deadline and "gpushare" not in message:
+        events = json.loads(
+            cluster.kubectl(
+                "get",
+                "events",
+                "-n",
+                namespace,
+                "-o",
+                "json",
+                "--field-selector",
+                "involvedObject.name=too-big,reason=FailedScheduling",
+            )
+        )["items"]
+        message = " ".join(e.get("message", "") for e in events)
+        time.sleep(1)
+    assert f"needs {want} percent compute" in message, message
+    assert "MISSING" not in message
+    pod = json.loads(cluster.kubectl("get", "pod", "-n", namespace, "too-big", "-o", "json"))
+    assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ({"fraction": "1.5"}, "gpushare.io/gpu-fraction: '1.5' is above 1 but not a whole number"),
+        ({"fraction": "0.5", "memory": "200Gi"}, "gpushare.io/gpu-memory: asks for 200Gi"),
+        ({"env": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"}, "remove CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+        ({"env": "CUDA_VISIBLE_DEVICES"}, "remove CUDA_VISIBLE_DEVICES"),
+        ({"nvidia": "1"}, "remove nvidia.com/gpu"),
+        ({"class": "realtime"}, "gpushare.io/class: unknown class 'realtime'"),
+    ],
+)
+def test_the_webhook_refuses_invalid_pods_with_the_field_and_fix(
+    cluster: LocalCluster,
+    controller: ControllerProcess,
+    gpu_node: GpuNode,
+    namespace: str,
+    case: tuple[dict[str, str], str],
+) -> None:
+    overrides, expected = case
+    pod = gpushare_pod(
+        cluster, "bad", overrides.get("fraction", "0.5"), memory=overrides.get("memory")
+    )
+    container = pod["spec"]["containers"][0]
+    if "env" in overrides:
+        container["env"] = [{"name": overrides["env"], "value": "1"}]
+    if "nvidia" in overrides:
+        container["resources"]["limits"] = {"nvidia.com/gpu": overrides["nvidia"]}
+    if "class" in overrides:
+        pod["metadata"]["annotations"]["gpushare.io/class"] = overrides["class"]
+    out = subprocess.run(
+        ["kubectl", "create", "-n", namespace, "-f", "-"],
+        input=json.dumps(pod),
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        check=False,
+    )
+    assert out.returncode != 0, "the API server accepted an invalid gpushare pod"
+    assert "denied the request: gpushare:" in out.stderr
+    assert expected in out.stderr, out.stderr
+
+
+def test_killing_the_controller_mid_burst_loses_and_double_books_nothing(
+    cluster: LocalCluster, controller: ControllerProcess, gpu_node: GpuNode, namespace: str
+) -> None:
+    create(cluster, namespace, mixed_pods(cluster, 40, "burst"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        bound = [p for p in list_pods(cluster, "-n", namespace) if p["spec"].get("nodeName")]
+        if len(bound) >= 5:
+            break
+        time.sleep(0.2)
+    controller.kill()
+    try:
+        assert len(bound) < 40, "burst finished before the kill; nothing was tested"
+        assert_no_gpu_oversubscribed(cluster, gpu_node)
+        # While it is down, pods gpushare does not own are admitted as usual ...
+        plain = gpushare_pod(cluster, "plain", "0.5")
+        del plain["metadata"]["annotations"]
+        cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(plain))
+        # ... and gpushare pods are refused rather than admitted unchecked.
+        out = subprocess.run(
+            ["kubectl", "create", "-n", namespace, "-f", "-"],
+            input=json.dumps(gpushare_pod(cluster, "during-outage", "0.1")),
+            capture_output=True,
+            text=True,
+            env=cluster.env,
+            check=False,
+        )
+        assert out.returncode != 0 and "gpushare" in out.stderr
+    finally:
+        controller.start()
+    pods = wait_bound(cluster, namespace, 40)
+    assert_no_gpu_oversubscribed(cluster, gpu_node)
+    ours = [p for p in pods if p["metadata"]["name"].startswith("burst-")]
+    assert len(ours) == 40
+    assert all(parse_placement(p["metadata"]["annotations"]) is not None for p in ours)
+
+
+def test_controller_log_is_structured_json(controller: ControllerProcess) -> None:
+    records = controller.log_records()
+    assert any(r.get("msg") == "extender listening" for r in records)
+    assert all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
