@@ -132,7 +132,10 @@ def placed_pods(cluster: LocalCluster) -> Iterator[list[dict[str, Any]]]:
 
         yield _wait("the test pods to run", running, timeout_s=120)
     finally:
-        cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+        # Wait: other tests must not see these placements on the node's GPUs afterwards.
+        cluster.kubectl(
+            "delete", "namespace", NAMESPACE, "--wait=true", "--timeout=120s", check=False
+        )
 
 
 @pytest.fixture(scope="module")
