@@ -21,6 +21,7 @@ from gpushare.api.placement import Placement, parse_placement
 from gpushare.controller import pods
 from gpushare.controller.view import ClusterView, ReservationError
 from gpushare.packing.fit import node_fit_reason
+from gpushare.packing.model import Demand
 from gpushare.packing.policy import Policy, choose_gpus, score_node
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,11 @@ NO_INVENTORY = (
     "gpushare: node has no GPUs shared by gpushare (no gpushare.io/gpus inventory from the "
     "node agent)"
 )
+
+
+CACHE_LIMIT = 200_000
+"""Entries per answer cache (node x pod shape) before it is dropped and refilled."""
+_PASS, _FAILED, _UNRESOLVABLE = "pass", "failed", "unresolvable"
 
 
 class BadRequestError(ValueError):
@@ -142,6 +148,8 @@ class Extender:
         self.view = view
         self.writer = writer
         self.policy = policy
+        self._verdicts: dict[tuple[str, Demand], tuple[int, str, str]] = {}
+        self._scores: dict[tuple[str, Demand], tuple[int, int]] = {}
 
     # ---- filter --------------------------------------------------------------------------
 
@@ -159,25 +167,15 @@ class Extender:
         if demand is None:
             return self._filter_result(args, list(args.node_names), {}, {})
         key = pods.pod_key(args.pod)
+        own = self._own_nodes(key)
         for name in args.node_names:
-            node = self.view.node_for(name, key)
-            if node is None or not node.gpus:
-                unresolvable[name] = (
-                    f"gpushare: {self.view.node_problem(name)}"
-                    if self.view.node_problem(name)
-                    else NO_INVENTORY
-                )
-                continue
-            reason = node_fit_reason(node, demand)
-            if reason is None:
+            verdict, message = self._verdict(name, key, demand, cached=name not in own)
+            if verdict == _PASS:
                 passed.append(name)
-                continue
-            empty = self.view.empty_node(name)
-            empty_reason = node_fit_reason(empty, demand) if empty is not None else reason
-            if empty_reason is not None:
-                unresolvable[name] = _prefixed(empty_reason)
+            elif verdict == _FAILED:
+                failed[name] = message
             else:
-                failed[name] = _prefixed(reason)
+                unresolvable[name] = message
         if not passed and args.node_names:
             first = args.node_names[0]
             log.info(
@@ -189,6 +187,58 @@ class Extender:
                 },
             )
         return self._filter_result(args, passed, failed, unresolvable)
+
+    def _own_nodes(self, key: str) -> set[str]:
+        """Nodes where the pod itself already holds a share (a stale or earlier placement):
+        its answers there depend on the pod, so they are not cached."""
+        return {n for u in self.view.tenancy(key) if (n := self.view.node_of_gpu(u)) is not None}
+
+    def _verdict(self, name: str, key: str, demand: Demand, *, cached: bool) -> tuple[str, str]:
+        """(pass|failed|unresolvable, message) for one node, cached per node version: between
+        two changes of a node, every pod of the same shape gets the same answer there."""
+        version = self.view.node_version(name)
+        if cached:
+            hit = self._verdicts.get((name, demand))
+            if hit is not None and hit[0] == version:
+                return hit[1], hit[2]
+        node = self.view.node_for(name, key)
+        if node is None or not node.gpus:
+            problem = self.view.node_problem(name)
+            return _UNRESOLVABLE, (
+                scheduler_safe(f"gpushare: {problem}") if problem else NO_INVENTORY
+            )
+        reason = node_fit_reason(node, demand)
+        if reason is None:
+            verdict, message = _PASS, ""
+        else:
+            empty = self.view.empty_node(name)
+            empty_reason = node_fit_reason(empty, demand) if empty is not None else reason
+            if empty_reason is not None:
+                verdict, message = _UNRESOLVABLE, _prefixed(empty_reason)
+            else:
+                verdict, message = _FAILED, _prefixed(reason)
+        if cached:
+            if len(self._verdicts) > CACHE_LIMIT:
+                self._verdicts.clear()
+            self._verdicts[(name, demand)] = (version, verdict, message)
+        return verdict, message
+
+    def _score(self, name: str, key: str, demand: Demand, *, cached: bool) -> int:
+        version = self.view.node_version(name)
+        if cached:
+            hit = self._scores.get((name, demand))
+            if hit is not None and hit[0] == version:
+                return hit[1]
+        node = self.view.node_for(name, key)
+        score = 0
+        if node is not None and node.gpus:
+            raw = score_node(node, demand, policy=self.policy)
+            score = max(0, min(MAX_EXTENDER_PRIORITY, int(raw)))
+        if cached:
+            if len(self._scores) > CACHE_LIMIT:
+                self._scores.clear()
+            self._scores[(name, demand)] = (version, score)
+        return score
 
     @staticmethod
     def _filter_result(
@@ -224,15 +274,11 @@ class Extender:
         if demand is None:
             return [{"Host": n, "Score": 0} for n in args.node_names]
         key = pods.pod_key(args.pod)
-        out: list[dict[str, Any]] = []
-        for name in args.node_names:
-            node = self.view.node_for(name, key)
-            score = 0
-            if node is not None and node.gpus:
-                raw = score_node(node, demand, policy=self.policy)
-                score = max(0, min(MAX_EXTENDER_PRIORITY, int(raw)))
-            out.append({"Host": name, "Score": score})
-        return out
+        own = self._own_nodes(key)
+        return [
+            {"Host": name, "Score": self._score(name, key, demand, cached=name not in own)}
+            for name in args.node_names
+        ]
 
     # ---- bind ----------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ Binding for the extender, and registers the admission webhooks.
 """
 
 import asyncio
+import gc
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -140,7 +141,13 @@ class Kube:
                 items: list[dict[str, Any]] = [obj.to_dict() async for obj in listing]
                 version = listing.resourceVersion
                 replace(items)
-                log.info("listed", extra={"kind": kind, "count": len(items), "rv": version})
+                count = len(items)
+                del items
+                # The view is long-lived: keep the cyclic GC from rescanning it on every
+                # collection (that showed as 10+ ms tails in extender latency).
+                gc.collect()
+                gc.freeze()
+                log.info("listed", extra={"kind": kind, "count": count, "rv": version})
                 backoff = 0.5
                 async with asyncio.timeout(resync_seconds):
                     async for event, obj in self._client.watch(

@@ -73,6 +73,7 @@ class ClusterView:
         self._max_gpu_memory = 0
         self.generation = 0
         """Bumped on every change; lets readers cache derived data."""
+        self._node_versions: dict[str, int] = {}
         self.nodes_synced = False
         self.pods_synced = False
         self.share_resolver: ShareResolver | None = None
@@ -98,6 +99,14 @@ class ClusterView:
     def empty_node(self, name: str) -> NodeState | None:
         """The node's GPUs with no tenants: what fits after preempting everyone."""
         return self._empty_nodes.get(name)
+
+    def node_version(self, name: str) -> int:
+        """Changes whenever the node's GPUs or their tenants change: a cache key for anything
+        computed from ``node(name)``."""
+        return self._node_versions.get(name, 0)
+
+    def _bump(self, name: str) -> None:
+        self._node_versions[name] = self._node_versions.get(name, 0) + 1
 
     def node_problem(self, name: str) -> str | None:
         """Why a node's inventory annotation could not be read, if it could not."""
@@ -189,6 +198,7 @@ class ClusterView:
             self._gpus[info.uuid] = state
             self._gpu_node[info.uuid] = name
         self._nodes[name] = NodeState(name=name, gpus=gpus)
+        self._bump(name)
         self._empty_nodes[name] = NodeState(name=name, gpus=empties)
         self._refresh_max_memory()
         self._changed("node", name)
@@ -207,6 +217,7 @@ class ClusterView:
         self._node_problems.pop(name, None)
         if name in self._nodes:
             self._drop_node_gpus(name)
+            self._bump(name)
             self._refresh_max_memory()
             self._changed("node", name)
 
@@ -381,6 +392,7 @@ class ClusterView:
             gpu = self._gpus.get(uuid)
             if gpu is not None:
                 gpu.tenants = list(self._tenants_by_gpu.get(uuid, {}).values())
+                self._bump(self._gpu_node[uuid])
         self._changed("pod", key)
 
     def _changed(self, kind: str, key: str) -> None:

@@ -148,3 +148,18 @@ def test_prioritize_with_spread_prefers_the_emptiest_node() -> None:
     result = view_with(policy=Policy.SPREAD).prioritize(args(pod_json("p", fraction="0.1"), ALL))
     scores = {h["Host"]: h["Score"] for h in result}
     assert scores["empty"] > scores["half"] > scores["busy"]
+
+
+def test_cached_answers_follow_every_change_of_a_node() -> None:
+    ext = view_with()
+    pod = pod_json("p", fraction="0.5")
+    assert ext.filter(args(pod, ["empty"]))["NodeNames"] == ["empty"]
+    before = ext.prioritize(args(pod, ["empty"]))[0]["Score"]
+    ext.view.upsert_pod(pod_json("e0", fraction="0.6", node="empty", placement=on("E0", 60)))
+    result = ext.filter(args(pod, ["empty"]))
+    assert result["NodeNames"] == [] and "empty" in result["FailedNodes"]
+    ext.view.delete_pod("default/e0")
+    assert ext.filter(args(pod, ["empty"]))["NodeNames"] == ["empty"]
+    assert ext.prioritize(args(pod, ["empty"]))[0]["Score"] == before
+    ext.view.upsert_node(node_json("empty", [gpu("E0", healthy=False)]))
+    assert "empty" in ext.filter(args(pod, ["empty"]))["FailedAndUnresolvableNodes"]
