@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gpushare.api.errors import InvalidInputError
 from gpushare.controller.settings import is_ip
 
 CERT_FILE = "tls.crt"
@@ -78,10 +79,24 @@ def ensure_certs(
     more days and covering ``required`` (default: all ``hosts``), e.g. ones cert-manager
     mounted; otherwise a new CA and a certificate for ``hosts`` are generated there."""
     now = now or dt.datetime.now(dt.UTC)
-    directory.mkdir(parents=True, exist_ok=True)
     files = CertFiles(directory / CERT_FILE, directory / KEY_FILE, directory / CA_FILE)
     if _usable(files, hosts if required is None else required, now):
         return files
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _generate(files, hosts, now)
+    except OSError as exc:
+        raise InvalidInputError(
+            "--webhook-cert-dir",
+            f"has no usable certificate for {', '.join(required or hosts)} and cannot be written "
+            f"({exc.strerror})",
+            "mount a certificate covering those names (tls.crt, tls.key, ca.crt) or a writable "
+            "directory",
+        ) from None
+    return files
+
+
+def _generate(files: CertFiles, hosts: list[str], now: dt.datetime) -> None:
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpushare webhook CA")])
     ca_cert = (
@@ -137,4 +152,3 @@ def ensure_certs(
         private=True,
     )
     _write(files.cert, cert.public_bytes(pem))
-    return files

@@ -4,8 +4,10 @@ import datetime as dt
 import ssl
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 
+from gpushare.api.errors import InvalidInputError
 from gpushare.controller.registration import webhook_configurations
 from gpushare.controller.settings import parse_args
 from gpushare.controller.tls import ensure_certs
@@ -65,3 +67,10 @@ def test_in_cluster_registration_points_at_the_service() -> None:
         "path": "/mutate",
     }
     assert "gpushare-controller.gpushare.svc" in settings.webhook_hosts()
+
+
+def test_an_unwritable_cert_dir_without_usable_files_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    with pytest.raises(InvalidInputError, match=r"--webhook-cert-dir.*cannot be written"):
+        ensure_certs(blocker / "certs", hosts=["127.0.0.1"])
