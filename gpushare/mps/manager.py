@@ -32,6 +32,7 @@ from typing import Literal
 log = logging.getLogger(__name__)
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
+SERVER_BINARY = "nvidia-cuda-mps-server"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_PIPE = "control"
 ShmMode = Literal["private", "host"]
@@ -114,6 +115,7 @@ class MpsManager:
         self.on_change = on_change
         self._lock = threading.RLock()
         self._status: dict[str, DaemonStatus] = {}
+        self._orphans: dict[str, set[int]] = {}
         if simulated:
             log.warning(
                 "SIMULATED GPUs: the MPS manager runs no nvidia-cuda-mps-control daemon; it "
@@ -336,6 +338,9 @@ class MpsManager:
             pid, servers = self._probe(uuid)
         except MpsError as exc:
             log.warning("MPS daemon for %s is down: %s; restarting it", uuid, exc)
+            # Its servers keep serving their clients; remember them so stop() can end them.
+            with self._lock:
+                self._orphans.setdefault(uuid, set()).update(current.server_pids)
             self._set(replace(current, up=False, reason=str(exc), restarts=current.restarts + 1))
             return self._ensure_one(uuid)
         status = replace(current, up=True, pid=pid, server_pids=servers, reason="")
@@ -343,11 +348,19 @@ class MpsManager:
         return status
 
     def stop(self, uuid: str) -> None:
-        """Quit one daemon (``quit`` through its pipe; SIGTERM if it does not answer)."""
+        """Quit one daemon (``quit`` through its pipe; SIGTERM if it does not answer) and end
+        the MPS servers it leaves behind, including those of daemons that died earlier."""
         if self.simulated:
             return
         paths = self.paths(uuid)
         pid = self._read_pid(paths)
+        with self._lock:
+            servers = set(self._orphans.pop(uuid, set()))
+            known = self._status.get(uuid)
+        if known is not None:
+            servers.update(known.server_pids)
+        with contextlib.suppress(MpsError):
+            servers.update(parse_server_list(self.query(uuid, "get_server_list")))
         try:
             self.query(uuid, "quit")
         except MpsError as exc:
@@ -359,6 +372,9 @@ class MpsManager:
                 time.sleep(0.05)
             else:
                 self._kill(pid)
+        for server in servers:
+            if _pid_alive(server) and SERVER_BINARY in _cmdline(server):
+                self._kill(server)
         with self._lock:
             self._status.pop(uuid, None)
 

@@ -169,6 +169,12 @@ def mps(gpus: list[GpuInfo]) -> Iterator[MpsManager]:
                         f"==== {gpu.uuid} {name}\n{path.read_text(errors='replace')[-20000:]}"
                     )
         manager.stop_all()
+        time.sleep(0.5)
+        RESULTS["gpu"]["mps_processes_left_after_stop"] = sum(
+            1
+            for proc in Path("/proc").iterdir()
+            if proc.name.isdigit() and b"nvidia-cuda-mps" in _read(proc / "cmdline")
+        )
         (out_dir() / "mps_logs.txt").write_text("\n".join(logs))
         RESULTS["gpu"]["date"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         (out_dir() / "deviceplugin_gpu.json").write_text(json.dumps(RESULTS, indent=2))
@@ -176,7 +182,16 @@ def mps(gpus: list[GpuInfo]) -> Iterator[MpsManager]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def pod(gpu: str, *, threads: int, memory: int, cls: str = "batch") -> PodInfo:
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def pod(
+    gpu: str, *, threads: int, memory: int, cls: str = "batch", slices: int | None = None
+) -> PodInfo:
     return PodInfo(
         namespace="gpu-test",
         name=f"p{threads}",
@@ -189,16 +204,22 @@ def pod(gpu: str, *, threads: int, memory: int, cls: str = "batch") -> PodInfo:
             ANN_STATE: "assumed",
             ANN_CLASS: cls,
         },
-        requested_slices=(threads,),
+        requested_slices=(slices or threads,),
     )
 
 
 def allocate(
-    mps: MpsManager, gpus: list[GpuInfo], gpu: str, *, threads: int, memory: int
+    mps: MpsManager,
+    gpus: list[GpuInfo],
+    gpu: str,
+    *,
+    threads: int,
+    memory: int,
+    slices: int | None = None,
 ) -> ContainerAllocation:
-    """What Allocate answers for a pod placed on ``gpu`` with this share."""
+    """What Allocate answers for a pod asking ``slices`` (default: threads) placed on ``gpu``."""
     ctx = AllocationContext(node_name="gpu-test", gpus={g.uuid: g for g in gpus}, mps=mps)
-    placed = pod(gpu, threads=threads, memory=memory)
+    placed = pod(gpu, threads=threads, memory=memory, slices=slices)
     placement = parse_placement(placed.annotations)
     assert placement is not None
     allocation, _ = allocation_for_pod(ctx, placed, placement, [])
@@ -333,7 +354,8 @@ def test_thread_percentage_caps_throughput(mps: MpsManager, gpus: list[GpuInfo])
     gpu = gpus[0].uuid
     measured = {}
     for percent in (100, 70, 30):
-        allocation = allocate(mps, gpus, gpu, threads=percent, memory=16 * GIB)
+        # 100 %: a half-GPU pod given all threads (a whole-GPU pod would bypass MPS).
+        allocation = allocate(mps, gpus, gpu, threads=percent, memory=16 * GIB, slices=50)
         assert allocation.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(percent)
         (result,), _, _ = run_gemms(mps, [allocation], seconds=3.0)
         measured[percent] = result["tflops"]
