@@ -46,7 +46,9 @@ DOC_PREFIXES = (
     "/usr/share/linda/",
 )
 MERGED_USR_LINKS = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
-PYTHON_BIN_KEEP = re.compile(r"^(python3(\.\d+)?(-config)?|pydoc3(\.\d+)?|idle3(\.\d+)?|2to3(-\d.*)?)$")
+PYTHON_BIN_KEEP = re.compile(
+    r"^(python3(\.\d+)?(-config)?|pydoc3(\.\d+)?|idle3(\.\d+)?|2to3(-\d.*)?)$"
+)
 
 
 def log(msg: str) -> None:
@@ -54,13 +56,12 @@ def log(msg: str) -> None:
 
 
 def dpkg_query(*args: str) -> str:
-    return subprocess.run(
-        ["dpkg-query", *args], capture_output=True, text=True, check=False
-    ).stdout
+    return subprocess.run(["dpkg-query", *args], capture_output=True, text=True, check=False).stdout
 
 
 def installed_packages() -> dict[str, dict[str, str]]:
-    fmt = "${Package}\\t${Priority}\\t${Essential}\\t${db:Status-Abbrev}\\t${Depends}\\t${Pre-Depends}\\n"
+    fields = ("Package", "Priority", "Essential", "db:Status-Abbrev", "Depends", "Pre-Depends")
+    fmt = "\\t".join("${" + f + "}" for f in fields) + "\\n"
     out: dict[str, dict[str, str]] = {}
     for line in dpkg_query("-W", "-f", fmt).splitlines():
         name, prio, essential, status, deps, predeps = (line.split("\t") + [""] * 6)[:6]
@@ -88,7 +89,11 @@ def lib_owners(elves: list[Path]) -> set[str]:
         out = subprocess.run(["ldd", str(elf)], capture_output=True, text=True, check=False).stdout
         for line in out.splitlines():
             m = re.search(r"=>\s+(/\S+)", line)
-            if m and not m.group(1).startswith(str(elf.parents[0])) and "/.pyenv/" not in m.group(1):
+            if (
+                m
+                and not m.group(1).startswith(str(elf.parents[0]))
+                and "/.pyenv/" not in m.group(1)
+            ):
                 libs.add(os.path.realpath(m.group(1)))
     owners: set[str] = set()
     for lib in sorted(libs):
@@ -161,10 +166,21 @@ def system_files(root: Path, packages: list[str]) -> None:
         (root / target).mkdir(parents=True, exist_ok=True)
         if not (root / link).is_symlink():
             if (root / link).exists():
-                raise SystemExit(f"python-base: {link} is a directory in the new root; expected merged /usr")
+                raise SystemExit(
+                    f"python-base: {link} is a directory in the new root; expected merged /usr"
+                )
             (root / link).symlink_to(target)
-    for d, mode in (("tmp", 0o1777), ("root", 0o700), ("proc", 0o555), ("sys", 0o555), ("dev", 0o755),
-                    ("run", 0o755), ("var/tmp", 0o1777), ("home", 0o755), ("etc", 0o755)):
+    for d, mode in (
+        ("tmp", 0o1777),
+        ("root", 0o700),
+        ("proc", 0o555),
+        ("sys", 0o555),
+        ("dev", 0o755),
+        ("run", 0o755),
+        ("var/tmp", 0o1777),
+        ("home", 0o755),
+        ("etc", 0o755),
+    ):
         (root / d).mkdir(parents=True, exist_ok=True)
         (root / d).chmod(mode)
     if not (root / "var/run").exists():
@@ -173,10 +189,21 @@ def system_files(root: Path, packages: list[str]) -> None:
     group = Path("/usr/share/base-passwd/group.master").read_text()
     write(root, "etc/passwd", passwd)
     write(root, "etc/group", group)
-    write(root, "etc/shadow", "".join(f"{u.split(':')[0]}:*:19000:0:99999:7:::\n" for u in passwd.splitlines()), 0o640)
-    write(root, "etc/gshadow", "".join(f"{g.split(':')[0]}:*::\n" for g in group.splitlines()), 0o640)
+    write(
+        root,
+        "etc/shadow",
+        "".join(f"{u.split(':')[0]}:*:19000:0:99999:7:::\n" for u in passwd.splitlines()),
+        0o640,
+    )
+    write(
+        root, "etc/gshadow", "".join(f"{g.split(':')[0]}:*::\n" for g in group.splitlines()), 0o640
+    )
     nss = Path("/usr/share/libc-bin/nsswitch.conf")
-    write(root, "etc/nsswitch.conf", nss.read_text() if nss.exists() else "passwd: files\ngroup: files\nhosts: files dns\n")
+    write(
+        root,
+        "etc/nsswitch.conf",
+        nss.read_text() if nss.exists() else "passwd: files\ngroup: files\nhosts: files dns\n",
+    )
     write(root, "etc/hostname", "localhost\n")
     certs = sorted(Path("/usr/share/ca-certificates/mozilla").glob("*.crt"))
     if certs:
@@ -218,17 +245,22 @@ def copy_python(prefix: Path, root: Path) -> str:
         out = []
         for n in names:
             sub = os.path.normpath(os.path.join(rel, n))
-            if sub in skip_dirs or n == "__pycache__" or n.endswith((".a", ".pyc")) or (
-                n.startswith("_tkinter")  # the official slim image has no Tk either
-            ):
-                out.append(n)
-            elif rel == "bin" and not PYTHON_BIN_KEEP.match(n):
+            if (
+                sub in skip_dirs
+                or n == "__pycache__"
+                or n.endswith((".a", ".pyc"))
+                or (
+                    n.startswith("_tkinter")  # the official slim image has no Tk either
+                )
+            ) or (rel == "bin" and not PYTHON_BIN_KEEP.match(n)):
                 out.append(n)
         return out
 
     for part in ("bin", "lib", "include"):
         if (prefix / part).exists() and part not in skip_dirs:
-            shutil.copytree(prefix / part, dest / part, symlinks=True, ignore=ignore, dirs_exist_ok=True)
+            shutil.copytree(
+                prefix / part, dest / part, symlinks=True, ignore=ignore, dirs_exist_ok=True
+            )
     (dest / f"lib/{pyver}/site-packages").mkdir(parents=True, exist_ok=True)
     # Scripts installed with the prefix point at its old location.
     for script in (dest / "bin").iterdir():
@@ -239,14 +271,21 @@ def copy_python(prefix: Path, root: Path) -> str:
                 script.write_bytes(data)
     version = subprocess.run(
         [str(prefix / "bin" / pyver), "-c", "import platform; print(platform.python_version())"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     return version
 
 
 def chroot(root: Path, *cmd: str) -> None:
-    env = {"PATH": "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
-           "HOME": "/root", "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env = {
+        "PATH": "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": "/root",
+        "PIP_NO_INDEX": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
     subprocess.run(["chroot", str(root), *cmd], env=env, check=True)
 
 
@@ -254,13 +293,23 @@ def finish_python(root: Path) -> None:
     chroot(root, "/sbin/ldconfig")
     chroot(root, "/usr/local/bin/python3", "-m", "ensurepip", "--default-pip")
     bin_dir = root / "usr/local/bin"
-    for link, target in (("python", "python3"), ("pip", "pip3"), ("pydoc", "pydoc3"),
-                         ("idle", "idle3"), ("python-config", "python3-config")):
+    for link, target in (
+        ("python", "python3"),
+        ("pip", "pip3"),
+        ("pydoc", "pydoc3"),
+        ("idle", "idle3"),
+        ("python-config", "python3-config"),
+    ):
         if not (bin_dir / link).exists() and (bin_dir / target).exists():
             (bin_dir / link).symlink_to(target)
     for cache in list(root.joinpath("usr/local").rglob("__pycache__")):
         shutil.rmtree(cache)
-    chroot(root, "/usr/local/bin/python3", "-c", "import ssl, sqlite3, ctypes, zlib, bz2, lzma, uuid, readline")
+    chroot(
+        root,
+        "/usr/local/bin/python3",
+        "-c",
+        "import ssl, sqlite3, ctypes, zlib, bz2, lzma, uuid, readline",
+    )
 
 
 def docker_archive(root: Path, *, ref: str, out: Path, python_version: str) -> None:
@@ -283,7 +332,9 @@ def docker_archive(root: Path, *, ref: str, out: Path, python_version: str) -> N
             ],
             "Cmd": ["python3"],
             "Labels": {
-                "io.gpushare.base-image": "local stand-in for " + ref + ", made by hack/build-image.sh "
+                "io.gpushare.base-image": "local stand-in for "
+                + ref
+                + ", made by hack/build-image.sh "
                 "from this host's Debian packages and Python; not the official image",
             },
         },
@@ -294,7 +345,10 @@ def docker_archive(root: Path, *, ref: str, out: Path, python_version: str) -> N
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
     manifest = [{"Config": config_name, "RepoTags": [ref], "Layers": ["layer.tar"]}]
     with tarfile.open(out, "w") as archive:
-        for name, data in ((config_name, config_bytes), ("manifest.json", json.dumps(manifest).encode())):
+        for name, data in (
+            (config_name, config_bytes),
+            ("manifest.json", json.dumps(manifest).encode()),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             info.mode = 0o644
@@ -304,9 +358,13 @@ def docker_archive(root: Path, *, ref: str, out: Path, python_version: str) -> N
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--python", type=Path, required=True, help="CPython install prefix to copy")
-    parser.add_argument("--ref", required=True, help="tag of the base image, as in the Dockerfile's FROM")
+    parser.add_argument(
+        "--ref", required=True, help="tag of the base image, as in the Dockerfile's FROM"
+    )
     parser.add_argument("--out", type=Path, required=True, help="docker-archive tarball to write")
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one)")
     args = parser.parse_args()
@@ -327,7 +385,9 @@ def main() -> int:
             for p in prefix.rglob("*.so*")
             if "site-packages" not in p.parts and not p.name.startswith("_tkinter")
         ]
-        elves += [p for p in (prefix / "bin").glob("python3*") if p.is_file() and not p.is_symlink()]
+        elves += [
+            p for p in (prefix / "bin").glob("python3*") if p.is_file() and not p.is_symlink()
+        ]
         packages = package_set(elves)
         log(f"{len(packages)} Debian packages: {' '.join(packages)}")
         copy_packages(packages, root)

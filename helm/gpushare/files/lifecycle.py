@@ -1,0 +1,224 @@
+"""Uninstall clean-up for the gpushare chart: nothing of gpushare stays on the nodes.
+
+Two entry points, both run from the chart's own image with the standard library only:
+
+``uninstall``   pre-delete hook Job. Deletes the node-agent DaemonSet with foreground
+                propagation and waits until it is gone, so every agent's preStop hook runs
+                while the release's RBAC still exists.
+``node-cleanup`` preStop hook of each node agent. Does nothing on an ordinary restart (rolling
+                update, eviction, crash): running pods keep their MPS daemons. When the
+                DaemonSet is being deleted (or is gone), it freezes the agent, stops the MPS
+                control daemons, removes the MPS directories and the plugin socket, and removes
+                the gpushare annotation and labels from the node; then lets the agent exit.
+
+Settings come from the environment the chart sets: POD_NAMESPACE, DAEMONSET_NAME, NODE_NAME,
+MPS_ROOT, PLUGIN_SOCKET, TIMEOUT_SECONDS.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+NODE_ANNOTATIONS = ("gpushare.io/gpus",)
+NODE_LABELS = ("gpushare.io/mps-capable", "gpushare.io/simulated")
+MPS_CONTROL = "nvidia-cuda-mps-control"
+PID_FILE = "nvidia-cuda-mps-control.pid"
+
+
+def log(msg: str) -> None:
+    print(f"gpushare-lifecycle: {msg}", file=sys.stderr, flush=True)
+
+
+def api(
+    method: str, path: str, body: object = None, content_type: str = "application/json"
+) -> tuple[int, dict[str, Any]]:
+    """One call to the API server with the pod's service account; (status, JSON body)."""
+    host = os.environ["KUBERNETES_SERVICE_HOST"]
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    ctx = ssl.create_default_context(cafile=str(SA_DIR / "ca.crt"))
+    req = urllib.request.Request(
+        f"https://{host}:{port}{path}",
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={
+            "Authorization": "Bearer " + (SA_DIR / "token").read_text().strip(),
+            "Content-Type": content_type,
+            "Accept": "application/json",
+        },
+    )
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except ValueError:
+            return exc.code, {}
+
+
+def daemonset_path() -> str:
+    ns, name = os.environ["POD_NAMESPACE"], os.environ["DAEMONSET_NAME"]
+    return f"/apis/apps/v1/namespaces/{ns}/daemonsets/{name}"
+
+
+# --- pre-delete hook ------------------------------------------------------------------------
+
+
+def uninstall() -> int:
+    timeout = float(os.environ.get("TIMEOUT_SECONDS", "180"))
+    status, _ = api(
+        "DELETE",
+        daemonset_path(),
+        {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"},
+    )
+    if status == 404:
+        log("node-agent DaemonSet already gone")
+        return 0
+    if status >= 300:
+        log(f"could not delete the node-agent DaemonSet (HTTP {status}); nodes keep gpushare state")
+        return 0  # never block `helm uninstall`
+    log("deleting the node agents; each cleans its node before it exits")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, _ = api("GET", daemonset_path())
+        if status == 404:
+            log("all node agents are gone")
+            return 0
+        time.sleep(1)
+    log(f"node agents still terminating after {timeout:.0f}s; continuing the uninstall")
+    return 0
+
+
+# --- preStop hook ---------------------------------------------------------------------------
+
+
+def uninstalling() -> bool:
+    """True when the agent's DaemonSet is being deleted or is gone; False on a mere restart."""
+    try:
+        status, body = api("GET", daemonset_path())
+    except OSError as exc:
+        log(f"API server unreachable ({exc}); treating this as a restart")
+        return False
+    if status == 200:
+        return bool(body.get("metadata", {}).get("deletionTimestamp"))
+    # 404: deleted. 401: our ServiceAccount is gone with the release.
+    return status in (401, 404)
+
+
+def agent_pids() -> list[int]:
+    """The node agent's processes in this container (found by cgroup, so hostPID works too)."""
+    try:
+        mine = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return []
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            same = (proc / "cgroup").read_text() == mine
+        except OSError:
+            continue
+        if same and "gpushare-node-agent" in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def stop_mps(gpu_dir: Path) -> None:
+    pipe = gpu_dir / "pipe"
+    try:
+        pid = int((pipe / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return
+    if shutil.which(MPS_CONTROL):
+        env = dict(
+            os.environ,
+            CUDA_MPS_PIPE_DIRECTORY=str(pipe),
+            CUDA_MPS_LOG_DIRECTORY=str(gpu_dir / "log"),
+        )
+        try:
+            subprocess.run(
+                [MPS_CONTROL], input="quit\n", text=True, env=env, timeout=10, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log(f"quit to the MPS daemon in {pipe} failed: {exc}")
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            log(f"MPS daemon {pid} of {gpu_dir.name} stopped")
+            return
+        except PermissionError:
+            break
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        log(f"MPS daemon {pid} of {gpu_dir.name} killed")
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def node_cleanup() -> int:
+    if not uninstalling():
+        log("DaemonSet still present: a restart, leaving MPS daemons and directories in place")
+        return 0
+    log("uninstall: cleaning this node")
+    agents = agent_pids()
+    # Frozen, the agent cannot restart a daemon or recreate a directory behind our back.
+    signal_all(agents, signal.SIGSTOP)
+    try:
+        root = Path(os.environ.get("MPS_ROOT", "/run/gpushare/mps"))
+        if root.is_dir():
+            for gpu_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+                stop_mps(gpu_dir)
+            shutil.rmtree(root, ignore_errors=True)
+            log(f"removed {root}")
+        sock = os.environ.get("PLUGIN_SOCKET")
+        if sock and os.path.lexists(sock):
+            os.unlink(sock)
+            log(f"removed {sock}")
+        node = os.environ.get("NODE_NAME", "")
+        if node:
+            patch = {
+                "metadata": {
+                    "annotations": {k: None for k in NODE_ANNOTATIONS},
+                    "labels": {k: None for k in NODE_LABELS},
+                }
+            }
+            status, _ = api("PATCH", f"/api/v1/nodes/{node}", patch, "application/merge-patch+json")
+            log(f"node {node}: gpushare annotation and labels removed (HTTP {status})")
+    finally:
+        # SIGTERM first, so the agent handles it as soon as it runs again and exits.
+        signal_all(agents, signal.SIGTERM)
+        signal_all(agents, signal.SIGCONT)
+    return 0
+
+
+def main() -> int:
+    commands = {"uninstall": uninstall, "node-cleanup": node_cleanup}
+    if len(sys.argv) != 2 or sys.argv[1] not in commands:
+        log(f"usage: lifecycle.py {'|'.join(commands)}")
+        return 2
+    return commands[sys.argv[1]]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+{{/*
+Names and labels. Every object's labels come from gpushare.labels, selectors from
+gpushare.selectorLabels, so `-l app.kubernetes.io/instance=<release>` finds all of a release.
+*/}}
+
+{{- define "gpushare.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpushare.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A component's object name: gpushare.component (dict "root" $ "component" "controller") */}}
+{{- define "gpushare.componentName" -}}
+{{- printf "%s-%s" (include "gpushare.fullname" .root | trunc 45 | trimSuffix "-") .component }}
+{{- end }}
+
+{{- define "gpushare.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpushare.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* gpushare.labels (dict "root" $ "component" "controller"); component may be "" */}}
+{{- define "gpushare.labels" -}}
+{{ include "gpushare.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: gpushare
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "gpushare.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* kube-scheduler matching the cluster: vX.Y.Z of the API server unless a tag is given. */}}
+{{- define "gpushare.schedulerImage" -}}
+{{- $tag := .Values.scheduler.image.tag }}
+{{- if not $tag }}
+{{- $tag = regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version }}
+{{- end }}
+{{- printf "%s:%s" .Values.scheduler.image.repository $tag }}
+{{- end }}
+
+{{- define "gpushare.controllerService" -}}
+{{- include "gpushare.componentName" (dict "root" . "component" "controller") }}
+{{- end }}
+
+{{/* The URL kube-scheduler calls the extender at: the pinned cluster IP, else the DNS name. */}}
+{{- define "gpushare.extenderURL" -}}
+{{- $host := printf "%s.%s.svc" (include "gpushare.controllerService" .) .Release.Namespace }}
+{{- with .Values.controller.service.clusterIP }}{{ $host = . }}{{ end }}
+{{- printf "http://%s:%d/scheduler" $host (int .Values.controller.extender.port) }}
+{{- end }}
+
+{{- define "gpushare.webhookConfigName" -}}
+{{- include "gpushare.fullname" . }}
+{{- end }}
+
+{{/* Node agent: privileged / hostPID default to "only with real GPUs". */}}
+{{- define "gpushare.node.real" -}}
+{{- if eq .Values.node.backend "nvml" }}true{{ end }}
+{{- end }}
+
+{{- define "gpushare.node.privileged" -}}
+{{- if kindIs "bool" .Values.node.privileged }}{{ if .Values.node.privileged }}true{{ end }}
+{{- else }}{{ include "gpushare.node.real" . }}{{ end }}
+{{- end }}
+
+{{- define "gpushare.node.hostPID" -}}
+{{- if kindIs "bool" .Values.node.hostPID }}{{ if .Values.node.hostPID }}true{{ end }}
+{{- else }}{{ include "gpushare.node.real" . }}{{ end }}
+{{- end }}
+
+{{- define "gpushare.serviceAccountName" -}}
+{{- include "gpushare.componentName" (dict "root" .root "component" .component) }}
+{{- end }}
+
+{{/* Prometheus Operator CRDs served? */}}
+{{- define "gpushare.monitoring" -}}
+{{- if and .Values.monitoring.serviceMonitor.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor") }}true{{ end }}
+{{- end }}

@@ -1,0 +1,38 @@
+"""cert-manager (optional): a Certificate covering every name the API server calls."""
+
+from gpushare.controller.settings import parse_args
+from tests.fixtures.helm_chart import Chart, container
+
+
+def test_no_cert_manager_objects_unless_asked(chart: Chart) -> None:
+    rendered = chart.render()
+    assert not rendered.all("Certificate")
+    assert not rendered.all("Issuer")
+
+
+def test_certificate_covers_the_hosts_the_controller_requires(chart: Chart) -> None:
+    rendered = chart.render({"webhook": {"certManager": {"enabled": True}}})
+    cert = rendered.get("Certificate", "gpushare-controller-webhook")
+    settings = parse_args(
+        container(rendered.get("Deployment", "gpushare-controller"), "controller")["args"]
+    )
+    assert set(settings.webhook_required_hosts()) <= set(cert["spec"]["dnsNames"])
+    assert cert["spec"]["secretName"] == "gpushare-controller-webhook-tls"
+    assert cert["spec"]["issuerRef"] == {"name": "gpushare-controller-selfsigned", "kind": "Issuer"}
+    assert rendered.has("Issuer", "gpushare-controller-selfsigned")
+
+
+def test_an_existing_issuer_is_used_instead_of_a_self_signed_one(chart: Chart) -> None:
+    rendered = chart.render(
+        {
+            "webhook": {
+                "certManager": {
+                    "enabled": True,
+                    "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"},
+                }
+            }
+        }
+    )
+    cert = rendered.get("Certificate", "gpushare-controller-webhook")
+    assert cert["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+    assert not rendered.all("Issuer")

@@ -1,0 +1,39 @@
+"""The chart as a whole: lints clean, its CRDs are the project's CRDs, versions agree."""
+
+import tomllib
+
+import yaml
+
+from tests.fixtures.helm_chart import CHART, LOCAL_VALUES, REPO, Chart
+
+
+def test_helm_lint_passes_with_defaults_and_local_values(chart: Chart) -> None:
+    for args in ((), ("--values", str(LOCAL_VALUES)), ("--strict",)):
+        proc = chart.lint(*args)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "0 chart(s) failed" in proc.stdout
+
+
+def test_chart_crds_are_the_projects_crds() -> None:
+    """One source of truth: helm/gpushare/crds/ holds byte-identical copies of crds/.
+    Fix a failure with: cp crds/*.yaml helm/gpushare/crds/"""
+    top = {p.name: p.read_bytes() for p in (REPO / "crds").glob("*.yaml")}
+    packaged = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    assert top, "no CRDs in crds/"
+    assert packaged.keys() == top.keys(), "run: cp crds/*.yaml helm/gpushare/crds/"
+    for name, data in top.items():
+        assert packaged[name] == data, f"helm/gpushare/crds/{name} differs from crds/{name}"
+
+
+def test_app_version_is_the_package_version() -> None:
+    """The default image tag is appVersion, which hack/build-image.sh tags from pyproject."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
+
+
+def test_every_template_has_its_own_test_file() -> None:
+    tests = {p.name for p in (REPO / "tests" / "chart").glob("test_*.py")}
+    for template in (CHART / "templates").glob("*.yaml"):
+        expected = "test_" + template.stem.replace("-", "_") + ".py"
+        assert expected in tests, f"templates/{template.name} has no tests/chart/{expected}"

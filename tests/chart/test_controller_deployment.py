@@ -1,0 +1,88 @@
+"""The controller Deployment: flags the real controller accepts, non-root, one replica."""
+
+from gpushare.controller.settings import parse_args, parse_service
+from tests.fixtures.helm_chart import Chart, container
+
+
+def _controller(chart: Chart, values: dict | None = None) -> dict:  # type: ignore[type-arg]
+    return chart.render(values).get("Deployment", "gpushare-controller")
+
+
+def test_flags_parse_with_the_controllers_own_parser(chart: Chart) -> None:
+    deploy = _controller(chart)
+    c = container(deploy, "controller")
+    assert c["command"] == ["gpushare-controller"]
+    settings = parse_args(c["args"])
+    assert settings.extender_host == "0.0.0.0"
+    assert settings.register_webhooks
+    namespace, name, port = parse_service(settings.webhook_service or "")
+    assert (namespace, name, port) == ("gpushare-system", "gpushare-controller", 443)
+    assert settings.webhook_exclude_namespaces == ("kube-system",)
+    assert settings.operator_enabled
+
+
+def test_values_reach_the_controller(chart: Chart) -> None:
+    deploy = _controller(
+        chart,
+        {
+            "controller": {
+                "policy": "spread",
+                "logLevel": "DEBUG",
+                "operator": False,
+                "extender": {"port": 18888},
+                "extraArgs": ["--resync-seconds=60"],
+            },
+            "webhook": {"port": 19443, "timeoutSeconds": 9, "excludeNamespaces": ["a", "b"]},
+        },
+    )
+    c = container(deploy, "controller")
+    settings = parse_args(c["args"])
+    assert str(settings.policy) == "spread"
+    assert settings.log_level == "DEBUG"
+    assert not settings.operator_enabled
+    assert settings.extender_port == 18888
+    assert settings.webhook_port == 19443
+    assert settings.webhook_timeout_seconds == 9
+    assert settings.webhook_exclude_namespaces == ("a", "b")
+    assert settings.resync_seconds == 60
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"extender": 18888, "webhook": 19443}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "extender"}
+
+
+def test_one_replica_replaced_not_rolled(chart: Chart) -> None:
+    """Two controllers would each bind pods from their own view: never run two at once."""
+    deploy = _controller(chart)
+    assert deploy["spec"]["replicas"] == 1
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_runs_as_non_root_without_capabilities(chart: Chart) -> None:
+    deploy = _controller(chart)
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    sc = container(deploy, "controller")["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert pod["serviceAccountName"] == "gpushare-controller"
+
+
+def test_webhook_certificate_comes_from_the_controller_or_cert_manager(chart: Chart) -> None:
+    own = _controller(chart)
+    volumes = {v["name"]: v for v in own["spec"]["template"]["spec"]["volumes"]}
+    assert "emptyDir" in volumes["webhook-certs"]
+    managed = _controller(chart, {"webhook": {"certManager": {"enabled": True}}})
+    volumes = {v["name"]: v for v in managed["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["webhook-certs"]["secret"]["secretName"] == "gpushare-controller-webhook-tls"
+    args = container(managed, "controller")["args"]
+    assert parse_args(args).webhook_cert_dir is not None
+
+
+def test_image_follows_values(chart: Chart) -> None:
+    c = container(_controller(chart), "controller")
+    assert c["image"] == "gpushare/gpushare:0.1.0"
+    assert c["imagePullPolicy"] == "IfNotPresent"
+    custom = _controller(chart, {"image": {"repository": "r.example/gs", "tag": "dev"}})
+    assert container(custom, "controller")["image"] == "r.example/gs:dev"

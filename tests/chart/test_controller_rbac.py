@@ -1,0 +1,62 @@
+"""Controller RBAC: exactly the verbs the extender, webhook registration and operator use."""
+
+from tests.fixtures.helm_chart import Chart
+
+Rule = tuple[str, str, str, str]
+
+
+def _rules(role: dict) -> set[Rule]:  # type: ignore[type-arg]
+    out = set()
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    for name in rule.get("resourceNames", ["*"]):
+                        out.add((group, resource, verb, name))
+    return out
+
+
+def test_cluster_role_grants_no_wildcards_no_secrets_no_deletes(chart: Chart) -> None:
+    rules = _rules(chart.render().get("ClusterRole", "gpushare-controller"))
+    assert rules, "no rules"
+    for group, resource, verb, _ in rules:
+        assert "*" not in (group, resource, verb)
+        assert resource != "secrets"
+        assert verb not in ("delete", "deletecollection", "escalate", "bind", "impersonate")
+
+
+def test_what_the_controller_needs_is_granted(chart: Chart) -> None:
+    rules = _rules(chart.render().get("ClusterRole", "gpushare-controller"))
+    for needed in [
+        ("", "pods", "watch", "*"),
+        ("", "pods", "patch", "*"),
+        ("", "pods/binding", "create", "*"),
+        ("", "nodes", "watch", "*"),
+        ("gpushare.io", "gpushares/status", "patch", "*"),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch", "gpushare"),
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch", "gpushare"),
+    ]:
+        assert needed in rules, needed
+
+
+def test_webhook_configurations_only_its_own(chart: Chart) -> None:
+    rules = _rules(chart.render(release="blue").get("ClusterRole", "blue-gpushare-controller"))
+    names = {n for g, _, _, n in rules if g == "admissionregistration.k8s.io"}
+    assert names == {"blue-gpushare"}
+
+
+def test_profile_cache_configmap_only_in_its_namespace(chart: Chart) -> None:
+    rendered = chart.render()
+    role = rendered.get("Role", "gpushare-controller")
+    assert role["metadata"]["namespace"] == "gpushare-system"
+    rules = _rules(role)
+    assert ("", "configmaps", "patch", "gpushare-profile-cache") in rules
+    assert all(name == "gpushare-profile-cache" for _, _, verb, name in rules if verb != "create")
+    binding = rendered.get("RoleBinding", "gpushare-controller")
+    assert binding["subjects"][0]["name"] == "gpushare-controller"
+
+
+def test_rbac_can_be_left_to_the_user(chart: Chart) -> None:
+    rendered = chart.render({"rbac": {"create": False}})
+    kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    assert not [o for o in rendered.objects if o["kind"] in kinds]

@@ -1,0 +1,107 @@
+"""The node agent DaemonSet: the agent's real flags, host paths, privileges only where needed."""
+
+from typing import Any
+
+from gpushare.api.names import LABEL_MPS_CAPABLE
+from gpushare.node.main import build_parser
+from tests.fixtures.helm_chart import LOCAL_VALUES, Chart, container
+
+
+def _ds(chart: Chart, values: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+    return chart.render(values, **kw).get("DaemonSet", "gpushare-node-agent")
+
+
+def _agent(ds: dict[str, Any]) -> dict[str, Any]:
+    return container(ds, "agent")
+
+
+def test_flags_parse_with_the_agents_own_parser(chart: Chart) -> None:
+    c = _agent(_ds(chart, values_files=[LOCAL_VALUES]))
+    assert c["command"] == ["gpushare-node-agent"]
+    args = build_parser().parse_args(c["args"])
+    assert args.backend == "simulated:2xH100-80GB"
+    assert args.node_name == "$(NODE_NAME)"
+    assert str(args.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
+    assert str(args.pod_resources_socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert str(args.mps_root) == "/run/gpushare/mps"
+    assert args.metrics_port == 9400
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_host_directories_are_mounted_at_their_host_paths(chart: Chart) -> None:
+    """The kubelet mounts MPS pipe dirs into pods by host path and connects to the plugin's
+    socket in its own directory: the agent must see both at the same paths."""
+    ds = _ds(chart, {"node": {"kubeletRoot": "/var/lib/k0s/kubelet", "mpsRoot": "/run/gs/mps"}})
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    for mount in _agent(ds)["volumeMounts"]:
+        host = volumes[mount["name"]].get("hostPath")
+        if host:
+            assert host["path"] == mount["mountPath"], mount
+    args = build_parser().parse_args(_agent(ds)["args"])
+    assert str(args.device_plugin_dir) == "/var/lib/k0s/kubelet/device-plugins"
+    assert str(args.mps_root) == "/run/gs/mps"
+    host_paths = {v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v}
+    assert host_paths == {
+        "/var/lib/k0s/kubelet/device-plugins",
+        "/var/lib/k0s/kubelet/pod-resources",
+        "/run/gs",
+    }
+
+
+def test_simulated_gpus_run_without_privilege_or_host_pids(chart: Chart) -> None:
+    ds = _ds(chart, values_files=[LOCAL_VALUES])
+    pod = ds["spec"]["template"]["spec"]
+    sc = _agent(ds)["securityContext"]
+    assert "privileged" not in sc
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert "hostPID" not in pod
+    assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in _agent(ds)["env"]}
+
+
+def test_real_gpus_get_privilege_host_pids_and_the_driver(chart: Chart) -> None:
+    ds = _ds(chart, {"node": {"runtimeClassName": "nvidia"}})
+    pod = ds["spec"]["template"]["spec"]
+    assert _agent(ds)["securityContext"]["privileged"] is True
+    assert pod["hostPID"] is True
+    assert pod["runtimeClassName"] == "nvidia"
+    env = {e["name"]: e.get("value") for e in _agent(ds)["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"]
+    # Either can be forced.
+    forced = _ds(chart, {"node": {"privileged": False, "hostPID": False}})
+    assert "privileged" not in _agent(forced)["securityContext"]
+    assert "hostPID" not in forced["spec"]["template"]["spec"]
+
+
+def test_node_selector_is_not_the_label_the_agent_writes(chart: Chart) -> None:
+    """The agent sets/removes gpushare.io/mps-capable itself; selecting on it would evict the
+    agent whenever MPS is down, and never start it on a new node."""
+    selector = _ds(chart)["spec"]["template"]["spec"]["nodeSelector"]
+    assert selector == {"nvidia.com/gpu.present": "true"}
+    assert LABEL_MPS_CAPABLE not in selector
+    local = _ds(chart, values_files=[LOCAL_VALUES])["spec"]["template"]["spec"]["nodeSelector"]
+    assert local == {"kubernetes.io/os": "linux"}
+
+
+def test_uninstall_cleanup_hook_is_wired(chart: Chart) -> None:
+    ds = _ds(chart)
+    c = _agent(ds)
+    assert c["lifecycle"]["preStop"]["exec"]["command"][-1] == "node-cleanup"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["DAEMONSET_NAME"] == "gpushare-node-agent"
+    assert env["PLUGIN_SOCKET"] == "/var/lib/kubelet/device-plugins/gpushare-gpu-percent.sock"
+    args = build_parser().parse_args(c["args"])
+    assert env["PLUGIN_SOCKET"] == f"{args.device_plugin_dir}/{args.plugin_endpoint}"
+    assert env["MPS_ROOT"] == str(args.mps_root)
+    off = _agent(_ds(chart, {"uninstall": {"cleanupNodes": False}}))
+    assert "lifecycle" not in off
+
+
+def test_metrics_port_and_probes(chart: Chart) -> None:
+    c = _agent(_ds(chart, {"node": {"metrics": {"port": 19400}}}))
+    assert build_parser().parse_args(c["args"]).metrics_port == 19400
+    assert c["ports"] == [{"name": "metrics", "containerPort": 19400}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}

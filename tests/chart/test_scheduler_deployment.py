@@ -1,0 +1,42 @@
+"""gpushare-scheduler: the official kube-scheduler image, matching the cluster's version."""
+
+from tests.fixtures.helm_chart import Chart, container
+
+
+def _deploy(chart: Chart, values: dict | None = None, **kw: str) -> dict:  # type: ignore[type-arg]
+    return chart.render(values, **kw).get("Deployment", "gpushare-scheduler")
+
+
+def test_image_tag_is_the_clusters_version_unless_set(chart: Chart) -> None:
+    c = container(_deploy(chart, kube_version="1.31.2"), "kube-scheduler")
+    assert c["image"] == "registry.k8s.io/kube-scheduler:v1.31.2"
+    c = container(_deploy(chart, kube_version="1.34.4"), "kube-scheduler")
+    assert c["image"] == "registry.k8s.io/kube-scheduler:v1.34.4"
+    pinned = _deploy(chart, {"scheduler": {"image": {"tag": "v1.33.0"}}})
+    assert container(pinned, "kube-scheduler")["image"] == "registry.k8s.io/kube-scheduler:v1.33.0"
+    assert container(pinned, "kube-scheduler")["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_runs_the_mounted_config_as_non_root(chart: Chart) -> None:
+    deploy = _deploy(chart)
+    c = container(deploy, "kube-scheduler")
+    assert c["command"][0] == "kube-scheduler"
+    assert "--config=/etc/gpushare-scheduler/config.yaml" in c["command"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["config"] == "/etc/gpushare-scheduler"
+    pod = deploy["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == "gpushare-scheduler"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+
+
+def test_a_config_change_rolls_the_scheduler(chart: Chart) -> None:
+    def checksum(values: dict) -> str:  # type: ignore[type-arg]
+        return _deploy(chart, values)["spec"]["template"]["metadata"]["annotations"][
+            "checksum/config"
+        ]
+
+    assert checksum({}) == checksum({"controller": {"logLevel": "DEBUG"}})
+    assert checksum({}) != checksum({"scheduler": {"extenderWeight": 9}})
