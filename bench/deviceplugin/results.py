@@ -28,7 +28,12 @@ def machine() -> dict[str, Any]:
         memory_gib = round(int(first.split()[1]) / 2**20, 1)
     except (OSError, IndexError, ValueError):
         pass
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = -1.0
     return {
+        "load_average_1m": round(load, 2),
         "cpu": cpu,
         "cores": os.cpu_count(),
         "memory_gib": memory_gib,
@@ -63,7 +68,7 @@ def render(data: dict[str, Any]) -> str:
             "",
             f"Measured {bench.get('date', '?')} on {host.get('cpu', '?')} "
             f"({host.get('cores', '?')} cores, {host.get('memory_gib', '?')} GiB, shared with "
-            "other work), Python "
+            f"other work: load average {host.get('load_average_1m', '?')}), Python "
             f"{host.get('python', '?')}: {bench.get('gpus')} GPUs, {bench.get('pods')} pods "
             f"placed, {bench.get('samples')} Allocate calls.",
             "",
@@ -95,6 +100,16 @@ def render(data: dict[str, Any]) -> str:
         for row in data["mps"]:
             share = f"{row['tflops'] / full:.2f}" if full else "-"
             lines.append(f"| {row['percent']} | {row['tflops']:.1f} | {share} |")
+        if data.get("mps_concurrent"):
+            lines += [
+                "",
+                "Both at once on one MPS server (one client at 30 %, one at 70 %):",
+                "",
+                "| active-thread % | bf16 GEMM TFLOP/s |",
+                "| --- | --- |",
+            ]
+            for row in data["mps_concurrent"]:
+                lines.append(f"| {row['percent']} | {row['tflops']:.1f} |")
         lines += [
             "",
             f"- memory limit refused an over-limit allocation: "
@@ -105,3 +120,17 @@ def render(data: dict[str, Any]) -> str:
                 lines.append(f"- {key}: {value}")
         lines.append("")
     return "\n".join(lines)
+
+
+def main() -> None:
+    """``python -m bench.deviceplugin.results <deviceplugin_gpu.json> "<machine>"``: merge the
+    GPU test's output (tests/gpu/test_mps_gpu.py) into the results."""
+    import sys  # noqa: PLC0415
+
+    part = json.loads(Path(sys.argv[1]).read_text())
+    part.setdefault("gpu", {})["machine"] = sys.argv[2] if len(sys.argv) > 2 else ""
+    merge(part)
+
+
+if __name__ == "__main__":
+    main()
