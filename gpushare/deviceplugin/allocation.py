@@ -157,8 +157,11 @@ def _epoch() -> datetime:
 
 
 def _candidate(pod: PodInfo) -> WaitingPod | None:
-    """A pod with a gpushare placement that is still waiting for its Allocate; else None."""
-    if pod.finished or ANN_GPU_UUID not in pod.annotations:
+    """A pod with a gpushare placement that is still waiting for its Allocate; else None.
+
+    Only Pending pods wait: a pod whose containers run was admitted long ago, whatever its
+    state annotation says (a stale ``assumed`` must not capture other pods' slices)."""
+    if pod.phase != "Pending" or ANN_GPU_UUID not in pod.annotations:
         return None
     try:
         placement = parse_placement(pod.annotations)

@@ -109,6 +109,15 @@ def test_pods_already_handled_or_finished_are_skipped() -> None:
     assert found is None
 
 
+def test_a_running_pod_with_a_stale_assumed_state_captures_nothing() -> None:
+    pods = [
+        pod("running", GPU_A, bind_s=-60, phase="Running"),
+        pod("new", GPU_A, bind_s=0),
+    ]
+    found = select_pod(pods, gpus={GPU_A}, sizes=(25,))
+    assert found is not None and found[0].name == "new"
+
+
 def test_malformed_annotation_fails_that_pod_naming_the_annotation() -> None:
     broken = pod("broken", GPU_A, bind_s=0, threads="lots")
     with pytest.raises(MalformedPlacementError, match=ANN_THREAD_PERCENT) as err:
