@@ -1,9 +1,11 @@
-"""What Allocate and GetPreferredAllocation decide: pure logic over pods and slice IDs.
+"""What Allocate and GetPreferredAllocation decide. The module-level functions are pure logic
+over pods and slice IDs; ``Allocator`` adds the Kubernetes reads and writes around them.
 
 The kubelet calls both with device IDs only, never the pod (DESIGN.md). The pod is found from
-the scheduler's placement annotations: bound to this node, not yet ``allocated``, placed on
-exactly the GPU(s) the slice IDs belong to, state ``assumed``, oldest bind-time first. The
-request size only breaks ties between such pods; it never picks a pod on its own.
+the scheduler's placement annotations: bound to this node, still Pending, not yet
+``allocated``, placed on exactly the GPU(s) the slice IDs belong to, state ``assumed``, oldest
+bind-time first. The request size only breaks ties between such pods; it never picks a pod on
+its own.
 
 With no such pod (a pod not placed by gpushare-scheduler, or annotations that arrive late),
 a safe placement is derived from the slice IDs: the GPU they belong to, an active-thread
