@@ -106,6 +106,8 @@ def node_fit_reason(node: NodeState, demand: Demand) -> str | None:
     host = _host_reason(node, demand)
     if host is not None:
         return host
+    if demand.gpus <= 0 or demand.percent <= 0:
+        return None  # asks for no GPU: host resources are all it needs
     if not node.gpus:
         return "node has no GPUs"
     wanted = max(demand.gpus, 1)

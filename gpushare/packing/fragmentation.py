@@ -46,6 +46,7 @@ class TaskClass:
     cpu_milli: int = 0
     gpu_model: str | None = None
     """Allowed GPU models, ``"A|B"``; None = any."""
+    host_memory_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,35 +72,58 @@ class Workload:
         if not tasks or total <= 0:
             raise ValueError("a workload needs at least one task class with positive weight")
         self.tasks: tuple[TaskClass, ...] = tuple(
-            TaskClass(t.weight / total, t.percent, t.gpus, t.cpu_milli, t.gpu_model) for t in tasks
+            TaskClass(
+                t.weight / total, t.percent, t.gpus, t.cpu_milli, t.gpu_model, t.host_memory_bytes
+            )
+            for t in tasks
         )
         self._tables: dict[str, tuple[float, tuple[_Group, ...]]] = {}
         self._memo: dict[tuple[tuple[int, ...], int | None, str], float] = {}
+        gpu_tasks = [t for t in self.tasks if t.gpus > 0 and t.percent > 0]
+        share = sum(t.weight * t.percent * t.gpus for t in gpu_tasks)
+        cpu = sum(t.weight * t.cpu_milli for t in gpu_tasks)
+        memory = sum(t.weight * t.host_memory_bytes for t in gpu_tasks)
+        self.cpu_per_percent: float | None = cpu / share if share > 0 and cpu > 0 else None
+        """Mean milli-CPU GPU tasks bring per GPU-percent (None: the workload has no CPU)."""
+        self.memory_per_percent: float | None = memory / share if share > 0 and memory > 0 else None
+        """Mean host memory bytes GPU tasks bring per GPU-percent (None: not known)."""
 
     @classmethod
-    def typical(
-        cls, demands: Iterable[tuple[int, int, int, str | None]], *, coverage: float = 0.95
-    ) -> "Workload":
-        """Most popular (percent, gpus, cpu_milli, gpu_model) shapes covering ``coverage`` of
-        the demands, weighted by popularity (the FGD paper's "typical pods")."""
-        counts: dict[tuple[int, int, int, str | None], int] = {}
-        n = 0
-        for shape in demands:
-            counts[shape] = counts.get(shape, 0) + 1
-            n += 1
-        if n == 0:
+    def typical(cls, tasks: Iterable[TaskClass], *, coverage: float = 0.95) -> "Workload":
+        """The most popular task shapes covering ``coverage`` of ``tasks`` (each counted with
+        its weight), weighted by popularity: the FGD paper's "typical pods" at 0.95; 1.0 keeps
+        every shape, rare multi-GPU and model-restricted ones included."""
+        counts: dict[tuple[int, int, int, str | None, int], float] = {}
+        n = 0.0
+        for t in tasks:
+            key = (t.percent, t.gpus, t.cpu_milli, t.gpu_model or None, t.host_memory_bytes)
+            counts[key] = counts.get(key, 0.0) + t.weight
+            n += t.weight
+        if n <= 0:
             raise ValueError("no demands to learn a workload from")
         ranked = sorted(
-            counts.items(), key=lambda kv: (-kv[1], kv[0][2], kv[0][0], kv[0][1], kv[0][3] or "")
+            counts.items(),
+            key=lambda kv: (-kv[1], kv[0][2], kv[0][0], kv[0][1], kv[0][3] or "", kv[0][4]),
         )
         chosen: list[TaskClass] = []
-        covered = 0
-        for (percent, gpus, cpu, model), count in ranked:
-            chosen.append(TaskClass(count, percent, gpus, cpu, model))
+        covered = 0.0
+        for (percent, gpus, cpu, model, memory), count in ranked:
+            chosen.append(TaskClass(count, percent, gpus, cpu, model, memory))
             covered += count
-            if covered >= coverage * n:
+            if covered >= coverage * n - 1e-9:
                 break
         return cls(chosen)
+
+    def stranded(self, free: int, cpu_free: int | None, memory_free: int | None) -> float:
+        """GPU-percent of ``free`` that the node's CPU and memory cannot feed, at the workload's
+        mean CPU and memory per GPU-percent: the fragmentation that builds up over the next
+        several tasks, which FGD's one-task look-ahead misses."""
+        worst = 0.0
+        if cpu_free is not None and self.cpu_per_percent:
+            worst = max(worst, free - cpu_free / self.cpu_per_percent)
+        if memory_free is not None and self.memory_per_percent:
+            worst = max(worst, free - memory_free / self.memory_per_percent)
+        return worst
 
     @classmethod
     def default(cls) -> "Workload":
@@ -216,6 +240,8 @@ class Option:
     """Change of the node's fragmentation (GPU-percent); negative is good."""
     free_after: int
     """Free share left on the (first) chosen GPU: the best-fit tie-breaker."""
+    strand_delta: float = 0.0
+    """Change of :meth:`Workload.stranded` on the node (GPU-percent)."""
 
 
 def _replace(free: tuple[int, ...], old: int, new: int, count: int = 1) -> tuple[int, ...]:
@@ -241,16 +267,25 @@ def placement_options(node: NodeState, demand: Demand, workload: Workload) -> li
     model = node_model(node)
     free = free_shares(node)
     cpu_after = None if node.cpu_milli_free is None else node.cpu_milli_free - demand.cpu_milli
+    memory = node.memory_free_bytes
+    memory_after = None if memory is None else memory - demand.host_memory_bytes
     before = workload.fragmentation(free, node.cpu_milli_free, model)
     percent = min(demand.percent, SLICES_PER_GPU)
+    gpus = max(demand.gpus, 0) if percent > 0 else 0
+    total = sum(free)
+    strand = workload.stranded(total - percent * gpus, cpu_after, memory_after) - (
+        workload.stranded(total, node.cpu_milli_free, memory)
+    )
     options: list[Option] = []
+    if gpus == 0:  # CPU-only: only the node's free CPU and memory change
+        after = workload.fragmentation(free, cpu_after, model)
+        return [Option((), after - before, 0, strand)]
     if demand.whole:
-        wanted = max(demand.gpus, 1)
-        chosen = [i for i, g in enumerate(node.gpus) if fit_reason(g, demand) is None][:wanted]
-        if len(chosen) < wanted:
+        chosen = [i for i, g in enumerate(node.gpus) if fit_reason(g, demand) is None][:gpus]
+        if len(chosen) < gpus:
             return []
-        after = workload.fragmentation(_replace(free, SLICES_PER_GPU, 0, wanted), cpu_after, model)
-        return [Option(tuple(chosen), after - before, 0)]
+        after = workload.fragmentation(_replace(free, SLICES_PER_GPU, 0, gpus), cpu_after, model)
+        return [Option(tuple(chosen), after - before, 0, strand)]
     seen: set[int] = set()
     for i, g in enumerate(node.gpus):
         f = g.free_percent
@@ -258,7 +293,7 @@ def placement_options(node: NodeState, demand: Demand, workload: Workload) -> li
             continue
         seen.add(f)
         after = workload.fragmentation(_replace(free, f, f - percent), cpu_after, model)
-        options.append(Option((i,), after - before, f - percent))
+        options.append(Option((i,), after - before, f - percent, strand))
     return options
 
 

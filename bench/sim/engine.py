@@ -1,0 +1,568 @@
+"""The openb placement experiment: pods arrive one by one, are placed or fail, none departs.
+
+The cluster is a list of :class:`gpushare.packing.model.NodeState` and every feasibility check,
+fragmentation value, GPU choice, thread percentage and slowdown prediction comes from
+``gpushare.packing`` -- the code the extender runs. What lives here is only the experiment
+(arrivals, bookkeeping, metrics) and the baselines' node scores from the FGD paper's simulator.
+
+Speed: a node's score for a pod depends only on the node's state and the pod's *shape* (CPU,
+memory, GPUs, share, allowed models). Each shape keeps an index of node scores; a placement
+marks one node dirty, and a shape re-scores only the nodes that changed since it last looked.
+Baselines score 0..100 integers (as in the paper's kube-scheduler plugins); ties go to the first
+node in name order, as in the paper's patched kube-scheduler.
+"""
+
+import heapq
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from bench.sim.profiles import profile_of
+from bench.sim.trace import GPU_MEMORY_GIB, NodeSpec, PodSpec
+from gpushare.api.names import SLICES_PER_GPU
+from gpushare.packing.fit import fit_reason, model_allows, node_fit_reason
+from gpushare.packing.fragmentation import (
+    Option,
+    TaskClass,
+    Workload,
+    fgd_score,
+    placement_options,
+)
+from gpushare.packing.interference import InterferenceModel, tenant_threads
+from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile, Tenant
+from gpushare.packing.policy import base_cost, option_cost
+from gpushare.packing.threads import assign_thread_percent, compute_demand
+
+MIB = 1 << 20
+MAX_SPEC_CPU = 128_000
+"""The FGD simulator's normalisation constants (milli-CPU, milli-GPU) for best-fit/dot-product."""
+MAX_SPEC_GPU_PERCENT = 800
+
+POLICIES = ("random", "dotprod", "gpupacking", "bestfit", "fgd", "gpushare")
+
+
+# --- cluster -------------------------------------------------------------------------------
+
+
+class Cluster:
+    """Nodes as gpushare.packing sees them, plus a change log for the score indexes."""
+
+    def __init__(self, nodes: Sequence[NodeSpec]) -> None:
+        self.nodes: list[NodeState] = []
+        for spec in nodes:
+            memory = GPU_MEMORY_GIB.get(spec.model, 32) << 30
+            gpus = [
+                GpuState(uuid=f"{spec.name}/{i}", memory_bytes=memory, model=spec.model, index=i)
+                for i in range(spec.gpus)
+            ]
+            self.nodes.append(
+                NodeState(
+                    name=spec.name,
+                    gpus=gpus,
+                    cpu_milli_free=spec.cpu_milli,
+                    memory_free_bytes=spec.memory_mib * MIB,
+                )
+            )
+        self.capacity = SLICES_PER_GPU * sum(len(n.gpus) for n in self.nodes)
+        self.allocated = 0
+        self.log: list[int] = []
+        self.pods: dict[str, tuple[PodSpec, int, tuple[int, ...]]] = {}
+
+    def place(
+        self,
+        node_index: int,
+        gpus: tuple[int, ...],
+        pod: PodSpec,
+        demand: Demand,
+        threads: int,
+    ) -> None:
+        node = self.nodes[node_index]
+        for i in gpus:
+            gpu = node.gpus[i]
+            gpu.tenants.append(
+                Tenant(
+                    key=pod.name,
+                    percent=demand.percent,
+                    memory_bytes=gpu.memory_bytes * demand.percent // SLICES_PER_GPU,
+                    gpu_class=demand.gpu_class,
+                    processes=demand.processes,
+                    profile=demand.profile,
+                    thread_percent=threads,
+                )
+            )
+        assert node.cpu_milli_free is not None and node.memory_free_bytes is not None
+        node.cpu_milli_free -= demand.cpu_milli
+        node.memory_free_bytes -= demand.host_memory_bytes
+        self.allocated += demand.percent * len(gpus)
+        self.pods[pod.name] = (pod, node_index, gpus)
+        self.log.append(node_index)
+
+
+def demand_of(pod: PodSpec, *, with_profile: bool = False) -> Demand:
+    return Demand(
+        percent=pod.percent if pod.num_gpu else 0,
+        gpus=pod.num_gpu,
+        gpu_model=pod.gpu_spec or None,
+        cpu_milli=pod.cpu_milli,
+        host_memory_bytes=pod.memory_mib * MIB,
+        profile=profile_of(pod) if with_profile and pod.num_gpu else None,
+    )
+
+
+# --- baseline scores (FGD paper's simulator, 0..100) ----------------------------------------
+
+
+def _free(node: NodeState) -> list[int]:
+    return [g.free_percent for g in node.gpus]
+
+
+def _best_fit_gpus(node: NodeState, demand: Demand) -> tuple[int, ...]:
+    """The paper simulator's default GPU choice: share pods on the fitting GPU with the least
+    free share (lowest index on ties), whole-GPU pods on the first idle GPUs."""
+    if demand.gpus <= 0 or demand.percent <= 0:
+        return ()
+    if demand.whole:
+        idle = [i for i, g in enumerate(node.gpus) if fit_reason(g, demand) is None]
+        return tuple(idle[: demand.gpus])
+    best: int | None = None
+    best_free = 0
+    for i, g in enumerate(node.gpus):
+        if fit_reason(g, demand) is None and (best is None or g.free_percent < best_free):
+            best, best_free = i, g.free_percent
+    return () if best is None else (best,)
+
+
+def _random_gpus(node: NodeState, demand: Demand, rng: random.Random) -> tuple[int, ...]:
+    if demand.gpus <= 0 or demand.percent <= 0 or demand.whole:
+        return _best_fit_gpus(node, demand)
+    fitting = [i for i, g in enumerate(node.gpus) if fit_reason(g, demand) is None]
+    return (rng.choice(fitting),)
+
+
+def score_random(node: NodeState, demand: Demand, workload: Workload) -> int | None:
+    return None if node_fit_reason(node, demand) is not None else 1
+
+
+def score_bestfit(node: NodeState, demand: Demand, workload: Workload) -> int | None:
+    """Best-fit: 100 * (1 - sum_r 0.5 * (free_r - request_r) / max_spec_r), r in (CPU, GPU)."""
+    if node_fit_reason(node, demand) is not None:
+        return None
+    assert node.cpu_milli_free is not None
+    gpu_free = sum(_free(node))
+    cpu_term = (node.cpu_milli_free - demand.cpu_milli) / MAX_SPEC_CPU
+    gpu_term = (gpu_free - demand.percent * demand.gpus) / MAX_SPEC_GPU_PERCENT
+    return int((1.0 - 0.5 * cpu_term - 0.5 * gpu_term) * 100)
+
+
+def score_dotprod(node: NodeState, demand: Demand, workload: Workload) -> int | None:
+    """Tetris dot product of free and requested (CPU, GPU), max-normalised; the paper's
+    simulator ranks the *smaller* product higher: 100 * (1 - dot / 2)."""
+    if node_fit_reason(node, demand) is not None:
+        return None
+    assert node.cpu_milli_free is not None
+    dot = (node.cpu_milli_free / MAX_SPEC_CPU) * (demand.cpu_milli / MAX_SPEC_CPU) + (
+        sum(_free(node)) / MAX_SPEC_GPU_PERCENT
+    ) * (demand.percent * demand.gpus / MAX_SPEC_GPU_PERCENT)
+    return int(100 * (1.0 - dot / 2))
+
+
+def score_gpupacking(node: NodeState, demand: Demand, workload: Workload) -> int | None:
+    """GPU packing: prefer a shared GPU (score 50..100, fuller is better), then idle GPUs on a
+    used node (33..50, fewer is better), then an idle node (<= 33)."""
+    if node_fit_reason(node, demand) is not None:
+        return None
+    if demand.gpus <= 0 or demand.percent <= 0:
+        return 0
+    free = _free(node)
+    idle = sum(1 for f in free if f >= SLICES_PER_GPU)
+    if idle == len(free):
+        return max(33 - idle, idle)
+    wanted = demand.gpus
+    idle_used = 0
+    left_on_used = 0
+    for i in sorted(range(len(free)), key=lambda k: free[k]):
+        if wanted == 0:
+            break
+        if free[i] >= demand.percent and fit_reason(node.gpus[i], demand) is None:
+            wanted -= 1
+            left_on_used += free[i]
+            if free[i] >= SLICES_PER_GPU:
+                idle_used += 1
+    if idle_used > 0:
+        return max(50 - idle_used, 33)
+    return max(100 - left_on_used // 10, 50)
+
+
+def score_fgd(node: NodeState, demand: Demand, workload: Workload) -> int | None:
+    """FGD: 100 * sigmoid(-fragmentation increase / one GPU), best GPU of the node."""
+    options = placement_options(node, demand, workload)
+    if not options:
+        return None
+    return fgd_score(min(o.frag_delta for o in options))
+
+
+def _fgd_gpus(node: NodeState, demand: Demand, workload: Workload) -> tuple[int, ...]:
+    """The paper's GPU choice: the lowest-index GPU among those with the best *integer* score."""
+    options = placement_options(node, demand, workload)
+    best = max(fgd_score(o.frag_delta) for o in options)
+    return min(o.gpus for o in options if fgd_score(o.frag_delta) == best)
+
+
+Scorer = Callable[[NodeState, Demand, Workload], int | None]
+SCORERS: dict[str, Scorer] = {
+    "random": score_random,
+    "dotprod": score_dotprod,
+    "gpupacking": score_gpupacking,
+    "bestfit": score_bestfit,
+    "fgd": score_fgd,
+}
+
+
+# --- per-shape score indexes ---------------------------------------------------------------
+
+
+class _IndexedSet:
+    __slots__ = ("items", "where")
+
+    def __init__(self) -> None:
+        self.items: list[int] = []
+        self.where: dict[int, int] = {}
+
+    def add(self, x: int) -> None:
+        self.where[x] = len(self.items)
+        self.items.append(x)
+
+    def discard(self, x: int) -> None:
+        pos = self.where.pop(x)
+        last = self.items.pop()
+        if last != x:
+            self.items[pos] = last
+            self.where[last] = pos
+
+
+class BucketIndex:
+    """Integer node scores for one pod shape, bucketed for an O(1) random pick among the best."""
+
+    def __init__(self, cluster: Cluster, scorer: Scorer, demand: Demand, wl: Workload) -> None:
+        self.cluster, self.scorer, self.demand, self.workload = cluster, scorer, demand, wl
+        self.score: list[int | None] = [None] * len(cluster.nodes)
+        self.buckets: dict[int, _IndexedSet] = {}
+        for i in range(len(cluster.nodes)):
+            self._set(i)
+        self.pos = len(cluster.log)
+
+    def _set(self, i: int) -> None:
+        old = self.score[i]
+        if old is not None:
+            bucket = self.buckets[old]
+            bucket.discard(i)
+            if not bucket.items:
+                del self.buckets[old]
+        new = self.scorer(self.cluster.nodes[i], self.demand, self.workload)
+        self.score[i] = new
+        if new is not None:
+            self.buckets.setdefault(new, _IndexedSet()).add(i)
+
+    def refresh(self) -> None:
+        log = self.cluster.log
+        if self.pos < len(log):
+            for i in set(log[self.pos :]):
+                self._set(i)
+            self.pos = len(log)
+
+    def pick(self, rng: random.Random | None = None) -> int | None:
+        """A best-scored node; ties go to the first node in name order, as in the FGD paper's
+        simulator (its kube-scheduler picks the lexicographically smallest name "for
+        reproducibility" instead of a random one). With ``rng``: a uniformly random one (the
+        Random policy, whose score plugin gives one random feasible node the top score)."""
+        self.refresh()
+        if not self.buckets:
+            return None
+        items = self.buckets[max(self.buckets)].items
+        return items[rng.randrange(len(items))] if rng is not None else min(items)
+
+
+class CostIndex:
+    """gpushare's exact costs for one pod shape: per node the fragmentation options and their
+    lower bound (fragmentation + best fit, no interference), in a lazily updated min-heap."""
+
+    def __init__(self, cluster: Cluster, demand: Demand, wl: Workload) -> None:
+        self.cluster, self.demand, self.workload = cluster, demand, wl
+        n = len(cluster.nodes)
+        self.options: list[list[Option]] = [[] for _ in range(n)]
+        self.bound: list[float | None] = [None] * n
+        self.heap: list[tuple[float, int]] = []
+        for i in range(n):
+            self._set(i)
+        self.pos = len(cluster.log)
+
+    def _set(self, i: int) -> None:
+        node = self.cluster.nodes[i]
+        options = placement_options(node, self.demand, self.workload)
+        self.options[i] = options
+        if options:
+            bound = min(base_cost(o) for o in options)
+            self.bound[i] = bound
+            heapq.heappush(self.heap, (bound, i))
+        else:
+            self.bound[i] = None
+
+    def refresh(self) -> None:
+        log = self.cluster.log
+        if self.pos < len(log):
+            for i in set(log[self.pos :]):
+                self._set(i)
+            self.pos = len(log)
+            if len(self.heap) > 4 * len(self.bound) + 64:
+                self.heap = [(b, i) for i, b in enumerate(self.bound) if b is not None]
+                heapq.heapify(self.heap)
+
+    def pick(
+        self, demand: Demand, model: InterferenceModel, weight: float
+    ) -> tuple[int, Option] | None:
+        """The node and option of least cost; interference is added only while a node's lower
+        bound could still beat the best cost found (it never lowers a cost)."""
+        self.refresh()
+        heap = self.heap
+        nodes = self.cluster.nodes
+        popped: list[tuple[float, int]] = []
+        best: tuple[float, int, Option] | None = None
+        interference = weight > 0 and demand.profile is not None and not demand.whole
+        while heap:
+            bound, i = heap[0]
+            if self.bound[i] != bound:
+                heapq.heappop(heap)  # stale
+                continue
+            if best is not None and bound >= best[0]:
+                break
+            popped.append(heapq.heappop(heap))
+            for o in self.options[i]:
+                if interference and o.gpus:
+                    cost = option_cost(nodes[i], demand, o, model=model, interference_weight=weight)
+                else:
+                    cost = base_cost(o)
+                if best is None or cost < best[0]:
+                    best = (cost, i, o)
+            if not interference:
+                break
+        for item in popped:
+            heapq.heappush(heap, item)
+        return None if best is None else (best[1], best[2])
+
+
+# --- the experiment ------------------------------------------------------------------------
+
+
+def arrivals(
+    pods: Sequence[PodSpec], capacity: int, ratio: float, rng: random.Random
+) -> list[PodSpec]:
+    """The FGD experiment's workload: every pod of the list in a seeded random order, then pods
+    drawn with replacement until the next one would push arrived GPU demand past ``ratio`` x
+    capacity (or random pods removed while the list alone exceeds it)."""
+    by_name = sorted(pods, key=lambda p: p.name)
+    order = list(by_name)
+    rng.shuffle(order)
+    target = ratio * capacity
+    total = sum(p.gpu_percent_total for p in order)
+    while total > target and order:
+        removed = order.pop(rng.randrange(len(order)))
+        total -= removed.gpu_percent_total
+    copy = 0
+    while total < target:
+        pod = by_name[rng.randrange(len(by_name))]
+        if total + pod.gpu_percent_total > target:
+            break
+        order.append(replace(pod, name=f"{pod.name}~{copy}"))
+        total += pod.gpu_percent_total
+        copy += 1
+    return order
+
+
+def typical_workload(pods: Sequence[PodSpec], *, coverage: float = 0.95) -> Workload:
+    """FGD's target workload: the pod shapes covering 95% of the pod list, by popularity.
+
+    gpushare uses every shape (``coverage=1.0``) with the pods' host memory, so that rare
+    multi-GPU and model-restricted pods and the memory they bring count too.
+    """
+    full = coverage >= 1.0
+    return Workload.typical(
+        (
+            TaskClass(
+                1.0,
+                p.percent if p.num_gpu else 0,
+                p.num_gpu,
+                p.cpu_milli,
+                p.gpu_spec or None,
+                p.memory_mib * MIB if full else 0,
+            )
+            for p in pods
+        ),
+        coverage=coverage,
+    )
+
+
+@dataclass
+class RunResult:
+    trace: str
+    policy: str
+    seed: int
+    alloc_100: float
+    alloc_130: float
+    effective_throughput_130: float
+    """Every policy's pods under gpushare's MPS thread caps: the placements alone differ."""
+    effective_throughput_130_uncapped: float
+    """Baselines' tenants uncapped (as their published systems share GPUs without compute
+    caps), gpushare's under its caps: the systems as a whole differ."""
+    pods: int
+    placed: int
+    failed: int
+    seconds: float = 0.0
+    violations: list[str] = field(default_factory=list)
+
+
+def simulate(
+    nodes: Sequence[NodeSpec],
+    pods: Sequence[PodSpec],
+    *,
+    policy: str,
+    seed: int,
+    model: InterferenceModel,
+    ratio: float = 1.3,
+    interference_weight: float = 1.0,
+    trace: str = "",
+) -> RunResult:
+    """One run of the experiment; see the module docstring."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
+    rng = random.Random(seed)
+    cluster = Cluster(nodes)
+    workload = typical_workload(pods, coverage=1.0 if policy == "gpushare" else 0.95)
+    queue = arrivals(pods, cluster.capacity, ratio, rng)
+    buckets: dict[tuple[int, int, int, int, str], BucketIndex] = {}
+    costs: dict[tuple[int, int, int, int, str], CostIndex] = {}
+    arrived = 0
+    alloc_100: float | None = None
+    placed = failed = 0
+    for pod in queue:
+        arrived += pod.gpu_percent_total
+        shape = pod.shape
+        if policy == "gpushare":
+            index = costs.get(shape)
+            if index is None:
+                index = costs[shape] = CostIndex(cluster, demand_of(pod), workload)
+            demand = demand_of(pod, with_profile=True)
+            picked = index.pick(demand, model, interference_weight)
+            if picked is None:
+                failed += 1
+            else:
+                i, option = picked
+                node = cluster.nodes[i]
+                threads = (
+                    assign_thread_percent(demand, node.gpus[option.gpus[0]])
+                    if option.gpus
+                    else SLICES_PER_GPU
+                )
+                cluster.place(i, option.gpus, pod, demand, threads)
+                placed += 1
+        else:
+            bindex = buckets.get(shape)
+            if bindex is None:
+                bindex = buckets[shape] = BucketIndex(
+                    cluster, SCORERS[policy], demand_of(pod), workload
+                )
+            i_or_none = bindex.pick(rng if policy == "random" else None)
+            if i_or_none is None:
+                failed += 1
+            else:
+                node = cluster.nodes[i_or_none]
+                demand = demand_of(pod, with_profile=True)
+                if policy == "fgd" and demand.gpus:
+                    gpus = _fgd_gpus(node, demand, workload)
+                elif policy == "random":
+                    gpus = _random_gpus(node, demand, rng)
+                else:
+                    gpus = _best_fit_gpus(node, demand)
+                threads = (
+                    assign_thread_percent(demand, node.gpus[gpus[0]]) if gpus else SLICES_PER_GPU
+                )
+                cluster.place(i_or_none, gpus, pod, demand, threads)
+                placed += 1
+        if alloc_100 is None and arrived >= cluster.capacity:
+            alloc_100 = 100.0 * cluster.allocated / cluster.capacity
+    alloc_130 = 100.0 * cluster.allocated / cluster.capacity
+    return RunResult(
+        trace=trace,
+        policy=policy,
+        seed=seed,
+        alloc_100=alloc_100 if alloc_100 is not None else alloc_130,
+        alloc_130=alloc_130,
+        effective_throughput_130=effective_throughput(cluster, model),
+        effective_throughput_130_uncapped=effective_throughput(
+            cluster, model, uncapped=policy != "gpushare"
+        ),
+        pods=len(queue),
+        placed=placed,
+        failed=failed,
+        violations=violations(cluster),
+    )
+
+
+def cap_ratio(profile: PipeProfile, threads: int, share: int) -> float:
+    """Rate at ``threads`` relative to rate at the guaranteed ``share`` (linear below demand)."""
+    need = max(compute_demand(profile), 0.01) * SLICES_PER_GPU
+
+    def rate(t: int) -> float:
+        return min(1.0, t / need)
+
+    return rate(threads) / rate(share)
+
+
+def effective_throughput(
+    cluster: Cluster, model: InterferenceModel, *, uncapped: bool = False
+) -> float:
+    """Allocated GPU-percent weighted by 1 / predicted slowdown (and by any thread-cap loss
+    below the guaranteed share), as a percent of cluster capacity. Pods are profiled by
+    :func:`bench.sim.profiles.profile_of` whatever policy placed them; ``uncapped`` predicts
+    as if every tenant ran with 100% MPS threads (no compute isolation)."""
+    total = 0.0
+    for node in cluster.nodes:
+        for gpu in node.gpus:
+            tenants = gpu.tenants
+            if len(tenants) == 1:
+                total += tenants[0].percent
+                continue
+            loads = [
+                (
+                    profile_of(cluster.pods[t.key][0]),
+                    SLICES_PER_GPU if uncapped else tenant_threads(t),
+                )
+                for t in tenants
+            ]
+            for k, t in enumerate(tenants):
+                profile, threads = loads[k]
+                others = loads[:k] + loads[k + 1 :]
+                slowdown = model.predict(profile, threads, others)
+                ratio = 1.0 if uncapped else cap_ratio(profile, threads, t.percent)
+                total += t.percent * ratio / slowdown
+    return 100.0 * total / cluster.capacity
+
+
+def violations(cluster: Cluster) -> list[str]:
+    """Broken constraints after a run (an empty list is the expected outcome)."""
+    found: list[str] = []
+    for node in cluster.nodes:
+        assert node.cpu_milli_free is not None and node.memory_free_bytes is not None
+        if node.cpu_milli_free < 0:
+            found.append(f"{node.name}: CPU over-allocated by {-node.cpu_milli_free}m")
+        if node.memory_free_bytes < 0:
+            found.append(f"{node.name}: memory over-allocated")
+        for gpu in node.gpus:
+            if gpu.used_percent > SLICES_PER_GPU:
+                found.append(f"{gpu.uuid}: {gpu.used_percent}% allocated")
+            if gpu.clients > gpu.max_clients:
+                found.append(f"{gpu.uuid}: {gpu.clients} MPS clients")
+            for t in gpu.tenants:
+                spec = cluster.pods[t.key][0].gpu_spec
+                if spec and not model_allows(spec, gpu.model):
+                    found.append(f"{t.key} on a {gpu.model} but asks for {spec}")
+    return found
