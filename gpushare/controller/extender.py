@@ -9,6 +9,7 @@ Per call the work is proportional to the candidate nodes: each is looked up in t
 checked with gpushare.packing; nothing else is serialized.
 """
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ NO_INVENTORY = (
 )
 
 
+GATE_POLL_SECONDS = 0.02
 CACHE_LIMIT = 200_000
 """Entries per answer cache (node x pod shape) before it is dropped and refilled."""
 _PASS, _FAILED, _UNRESOLVABLE = "pass", "failed", "unresolvable"
@@ -143,11 +145,19 @@ class Extender:
     """The three verbs over one view; the HTTP layer (server.py) only parses and times."""
 
     def __init__(
-        self, *, view: ClusterView, writer: PodWriter | None, policy: Policy = Policy.BINPACK
+        self,
+        *,
+        view: ClusterView,
+        writer: PodWriter | None,
+        policy: Policy = Policy.BINPACK,
+        gate_seconds: float = 5.0,
     ) -> None:
         self.view = view
         self.writer = writer
         self.policy = policy
+        self.gate_seconds = gate_seconds
+        """Longest a bind waits for its node (queue + earlier pods' Allocate)."""
+        self._node_locks: dict[str, asyncio.Lock] = {}
         self._verdicts: dict[tuple[str, Demand], tuple[int, str, str]] = {}
         self._scores: dict[tuple[str, Demand], tuple[int, int]] = {}
 
@@ -284,13 +294,44 @@ class Extender:
 
     async def bind(self, args: BindingArgs) -> dict[str, str]:
         """Choose GPU(s), hold them in the view before any await, write the placement
-        annotations, then POST the Binding. On failure the hold is rolled back."""
-        result = await self._bind(args)
+        annotations, then POST the Binding. On failure the hold is rolled back.
+
+        Binds to one node are serialized, and each waits until no other pod on the node is
+        still waiting for its Allocate: the kubelet calls Allocate with device IDs only, so
+        the node agent can only tell which pod it is for when one pod at a time waits there.
+        """
+        if self.writer is None:
+            return {"Error": "gpushare: this extender has no API access and cannot bind"}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.gate_seconds
+        lock = self._node_locks.setdefault(args.node, asyncio.Lock())
+        try:
+            async with asyncio.timeout_at(deadline):
+                await lock.acquire()
+        except TimeoutError:
+            waiting = self.view.awaiting_allocation(args.node)
+            return {
+                "Error": f"gpushare: node {args.node} is busy: {len(waiting)} pod(s) there "
+                "still wait for their GPU allocation; the pod will be retried"
+            }
+        try:
+            key = f"{args.pod_namespace}/{args.pod_name}"
+            waiting = self.view.awaiting_allocation(args.node, exclude=key)
+            while waiting and loop.time() < deadline:
+                await asyncio.sleep(GATE_POLL_SECONDS)
+                waiting = self.view.awaiting_allocation(args.node, exclude=key)
+            if waiting:
+                log.warning(
+                    "binding while other pods still wait for their allocation",
+                    extra={"pod": key, "node": args.node, "waiting": waiting[:5]},
+                )
+            result = await self._bind(args)
+        finally:
+            lock.release()
         return {"Error": scheduler_safe(result["Error"])}
 
     async def _bind(self, args: BindingArgs) -> dict[str, str]:
-        if self.writer is None:
-            return {"Error": "gpushare: this extender has no API access and cannot bind"}
+        assert self.writer is not None
         ns, name, node_name = args.pod_namespace, args.pod_name, args.node
         key = f"{ns}/{name}"
         try:

@@ -156,7 +156,12 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
     tasks: dict[asyncio.Task[None], str] = {}
     tmpdir: tempfile.TemporaryDirectory[str] | None = None
     try:
-        extender = Extender(view=ctx.view, writer=ctx.kube, policy=settings.policy)
+        extender = Extender(
+            view=ctx.view,
+            writer=ctx.kube,
+            policy=settings.policy,
+            gate_seconds=settings.bind_gate_seconds,
+        )
         ssl_ext = None
         if settings.extender_tls_cert is not None and settings.extender_tls_key is not None:
             ssl_ext = CertFiles(

@@ -18,6 +18,7 @@ from gpushare.api.names import (
     GROUP,
     RESOURCE_GPU_PERCENT,
     SLICES_PER_GPU,
+    STATE_ASSUMED,
 )
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.api.quantities import parse_memory
@@ -225,6 +226,19 @@ class PodFacts:
     placement: Placement | None
     problem: str | None = None
     """Why demand or placement could not be read, for logs."""
+    phase: str = ""
+
+    @property
+    def awaiting_allocation(self) -> bool:
+        """Bound with state ``assumed`` and not yet admitted: the node agent's Allocate for it
+        is still to come."""
+        return (
+            self.node is not None
+            and not self.finished
+            and self.phase == "Pending"
+            and self.placement is not None
+            and self.placement.state == STATE_ASSUMED
+        )
 
 
 def facts(pod: Pod) -> PodFacts:
@@ -247,4 +261,5 @@ def facts(pod: Pod) -> PodFacts:
         demand=demand,
         placement=placement,
         problem=problem,
+        phase=str(_mapping(pod.get("status")).get("phase") or ""),
     )

@@ -83,6 +83,10 @@ class Settings:
     stale_assume_seconds: float = 120.0
     """A pod whose placement annotations were written but which never got bound (the
     controller died between the two writes) stops holding its share after this long."""
+    bind_gate_seconds: float = 5.0
+    """Longest a bind waits for the pods bound just before it on the same node to get their
+    Allocate (kept below kube-scheduler's extender httpTimeout); a bind that cannot even start
+    in that time is answered "busy" and retried by the scheduler."""
     resync_seconds: float = 300.0
     """Re-list pods and nodes this often, as a guard against a missed watch event."""
     operator_enabled: bool = True
@@ -177,10 +181,13 @@ class Settings:
                     f"{self.webhook_namespace_label!r} is not key=value",
                     "write one label like gpushare.io/webhook=enabled",
                 )
-        if self.stale_assume_seconds <= 0 or self.resync_seconds <= 0:
-            raise InvalidInputError(
-                "--stale-assume-seconds/--resync-seconds", "must be positive", "give seconds > 0"
-            )
+        for flag, value in (
+            ("--stale-assume-seconds", self.stale_assume_seconds),
+            ("--resync-seconds", self.resync_seconds),
+            ("--bind-gate-seconds", self.bind_gate_seconds),
+        ):
+            if value <= 0:
+                raise InvalidInputError(flag, f"{value} is not positive", "give seconds > 0")
         if logging.getLevelName(self.log_level.upper()) == f"Level {self.log_level.upper()}":
             raise InvalidInputError(
                 "--log-level",
@@ -295,6 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--resync-seconds", type=float, default=d.resync_seconds, help=_doc("resync_seconds")
+    )
+    g.add_argument(
+        "--bind-gate-seconds",
+        type=float,
+        default=d.bind_gate_seconds,
+        help=_doc("bind_gate_seconds"),
     )
     w = p.add_argument_group("admission webhook")
     w.add_argument(

@@ -74,6 +74,8 @@ class ClusterView:
         self.generation = 0
         """Bumped on every change; lets readers cache derived data."""
         self._node_versions: dict[str, int] = {}
+        self._awaiting: dict[str, set[str]] = {}
+        self._awaiting_node: dict[str, str] = {}
         self.nodes_synced = False
         self.pods_synced = False
         self.share_resolver: ShareResolver | None = None
@@ -138,6 +140,25 @@ class ClusterView:
 
     def pods(self) -> Mapping[str, PodFacts]:
         return self._pods
+
+    def awaiting_allocation(self, node: str, *, exclude: str = "") -> list[str]:
+        """Pods on ``node`` whose Allocate is still to come: bound with state ``assumed`` and
+        Pending, or being bound by this process right now."""
+        keys = set(self._awaiting.get(node, ()))
+        keys.update(k for k, r in self._reservations.items() if r.node == node)
+        keys.discard(exclude)
+        return sorted(keys)
+
+    def _track_awaiting(self, key: str, f: PodFacts | None) -> None:
+        old = self._awaiting_node.pop(key, None)
+        if old is not None:
+            keys = self._awaiting[old]
+            keys.discard(key)
+            if not keys:
+                del self._awaiting[old]
+        if f is not None and f.awaiting_allocation and f.node is not None:
+            self._awaiting.setdefault(f.node, set()).add(key)
+            self._awaiting_node[key] = f.node
 
     def reservation(self, key: str) -> Reservation | None:
         return self._reservations.get(key)
@@ -247,6 +268,7 @@ class ClusterView:
             self.delete_pod(f.key)
             return None
         self._pods[f.key] = f
+        self._track_awaiting(f.key, f)
         res = self._reservations.get(f.key)
         if res is not None and (
             f.uid != res.uid
@@ -265,6 +287,7 @@ class ClusterView:
     def delete_pod(self, key: str) -> None:
         had = key in self._pods or key in self._reservations
         self._pods.pop(key, None)
+        self._track_awaiting(key, None)
         self._reservations.pop(key, None)
         self._apply(key)
         if had:

@@ -5,7 +5,6 @@ a controller killed mid-burst loses and double-books nothing."""
 
 import json
 import subprocess
-import sys
 import time
 import uuid
 from collections import defaultdict
@@ -26,8 +25,9 @@ from gpushare.api.names import (
 )
 from gpushare.api.placement import parse_placement
 from gpushare.api.quantities import parse_fraction, parse_memory
-from tests.fixtures.cluster import REPO, LocalCluster
+from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.controller import ControllerProcess
+from tests.fixtures.node_agent import NodeAgentProcess
 
 pytestmark = pytest.mark.cluster
 
@@ -55,54 +55,16 @@ def _inventory_ready(cluster: LocalCluster) -> list[GpuInfo] | None:
 
 
 @pytest.fixture(scope="module")
-def gpu_node(
-    cluster: LocalCluster, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GpuNode]:
-    """The node with the node agent advertising two simulated H100s."""
-    proc: subprocess.Popen[bytes] | None = None
-    try:
-        request.getfixturevalue("node_agent")
-    except pytest.FixtureLookupError:
-        # The shared node-agent fixture is not there: run the real agent ourselves.
-        log = (tmp_path_factory.mktemp("node-agent") / "agent.log").open("wb")
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpushare.node.main",
-                "--backend",
-                "simulated:2xH100-80GB",
-                "--node-name",
-                cluster.node_name,
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-                "--metrics-port",
-                "0",
-            ],
-            cwd=REPO,
-            env=cluster.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+def gpu_node(cluster: LocalCluster, node_agent: NodeAgentProcess) -> GpuNode:
+    """The node with the shared node agent advertising its two simulated H100s."""
     deadline = time.monotonic() + 90
     gpus = _inventory_ready(cluster)
     while gpus is None and time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"node agent exited with {proc.returncode}")
         time.sleep(1)
         gpus = _inventory_ready(cluster)
     if gpus is None:
-        pytest.fail("node never advertised its simulated GPUs (inventory + gpu-percent)")
-    try:
-        yield GpuNode(cluster.node_name, gpus)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        pytest.fail(f"node never advertised its simulated GPUs:\n{node_agent.log_text()[-2000:]}")
+    return GpuNode(cluster.node_name, gpus)
 
 
 @pytest.fixture

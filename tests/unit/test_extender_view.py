@@ -194,3 +194,31 @@ def test_largest_gpu_memory_tracks_inventory() -> None:
     assert view.max_gpu_memory == 80 * GIB
     view.upsert_node(node_json("n1", [gpu("G1", memory_gib=40)]))
     assert view.max_gpu_memory == 40 * GIB
+
+
+def test_pods_waiting_for_their_allocate_are_tracked_per_node() -> None:
+    """Binds to a node wait on this list: Allocate carries device IDs only, so the node agent
+    can tell pods apart only when one at a time waits for it."""
+    view = make_view()
+    assumed = placed("GPU-2", 20, state=STATE_ASSUMED)
+    view.upsert_pod(pod_json("w", fraction="0.2", node="n1", placement=assumed))
+    assert view.awaiting_allocation("n1") == ["default/w"]
+    assert view.awaiting_allocation("n1", exclude="default/w") == []
+    res = view.reserve(
+        key="default/pending",
+        uid="uid-default-pending",
+        node="n1",
+        assignment=Assignment("n1", ("GPU-2",), 10, GIB),
+        demand=Demand(percent=10),
+        bind_time=NOW,
+    )
+    assert view.awaiting_allocation("n1") == ["default/pending", "default/w"]
+    view.release(res)
+    allocated = placed("GPU-2", 20, state=STATE_ALLOCATED)
+    view.upsert_pod(pod_json("w", fraction="0.2", node="n1", placement=allocated))
+    assert view.awaiting_allocation("n1") == []
+    view.upsert_pod(pod_json("w", fraction="0.2", node="n1", placement=assumed, phase="Running"))
+    assert view.awaiting_allocation("n1") == []
+    view.upsert_pod(pod_json("w", fraction="0.2", node="n1", placement=assumed))
+    view.delete_pod("default/w")
+    assert view.awaiting_allocation("n1") == []
