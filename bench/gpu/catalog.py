@@ -33,11 +33,11 @@ KINDS: dict[str, JobKind] = {
         ),
         JobKind(
             "resnet50",
-            "ResNet-50 training, 224x224 images, batch 48, bf16 autocast, channels-last",
+            "ResNet-50 training, 224x224 images, batch 128, bf16 autocast, channels-last",
         ),
         JobKind(
             "transformer",
-            "Transformer encoder training (6 layers, d=1024, seq 512, batch 16), bf16 autocast",
+            "Transformer encoder training (6 layers, d=1024, seq 512, batch 32), bf16 autocast",
         ),
         JobKind("lstm", "2-layer LSTM training (hidden 1024, seq 64, batch 32), fp32 cuDNN"),
         JobKind("dgemm", "FP64 GEMM loop, 8192x8192 matrices (FP64 tensor cores)"),

@@ -17,12 +17,13 @@ class JobResult:
     arrival_s: float
     iterations: int
     start_s: float | None = None
-    ready_s: float | None = None
-    """CUDA initialised, model built and warmed up; the counted work starts here."""
     end_s: float | None = None
+    init_s: float | None = None
+    """Process start-up before the trace's clock: CUDA context, model, two warm-up steps."""
     thread_percent: int | None = None
     priority: int | None = None
     error: str | None = None
+    note: str | None = None
     latencies_ms: list[float] = field(default_factory=list)
 
     @property
@@ -36,7 +37,7 @@ class JobResult:
 
     @property
     def run_s(self) -> float:
-        """Start to end, CUDA start-up included (as a pod pays it)."""
+        """Start to end of the counted work (start-up was paid before the clock)."""
         assert self.end_s is not None and self.start_s is not None
         return self.end_s - self.start_s
 

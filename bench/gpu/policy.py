@@ -14,7 +14,7 @@ from typing import Any
 from bench.gpu.colocate import PackKey, Predictor, Record, pack_key
 from bench.gpu.schemes import Launch, Running
 from bench.gpu.traces import TraceJob
-from gpushare.api.names import MPS_PRIORITY_BY_CLASS
+from gpushare.api.names import CLASS_LATENCY, MPS_PRIORITY_BY_CLASS
 from gpushare.packing.fit import demand_memory, fit_reason
 from gpushare.packing.interference import (
     ColocationRecord,
@@ -24,7 +24,7 @@ from gpushare.packing.interference import (
 )
 from gpushare.packing.interference import fit as fit_model
 from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
-from gpushare.packing.threads import HEADROOM, assign_thread_percent, compute_demand
+from gpushare.packing.threads import HEADROOM, assign_thread_percent
 
 DEFAULT_BOUNDS: dict[str, float] = {"latency": 1.15, "batch": 1.6}
 """Largest predicted slowdown (vs. the same job alone at its cap) each class accepts."""
@@ -93,10 +93,17 @@ class GpushareDecider:
         )
         if reason is not None:
             return reason
-        threads = assign_thread_percent(demand, gpu)
+        return self._launch(job, demand, gpu)
+
+    def prepare(self, job: TraceJob) -> Launch:
+        """The settings ``job`` gets, computed as for an empty GPU (the runner checks they
+        equal the ones chosen at admission)."""
+        return self._launch(job, self.demand(job), self.gpu([]))
+
+    def _launch(self, job: TraceJob, demand: Demand, gpu: GpuState) -> Launch:
         return Launch(
             job,
-            thread_percent=threads,
+            thread_percent=assign_thread_percent(demand, gpu),
             priority=MPS_PRIORITY_BY_CLASS[demand.gpu_class],
             memory_limit_mib=max(1, demand_memory(demand, gpu) // MiB),
             note=f"share {demand.percent}%",
@@ -131,13 +138,22 @@ def model_summary(model: InterferenceModel) -> dict[str, Any]:
     return model.to_dict()
 
 
-def request_fraction(profile: PipeProfile | None, *, default: float = 1.0) -> float:
-    """The share a job asks for when sized from its solo profile: its busiest of SMs, pipes
-    and DRAM, plus gpushare's thread headroom, rounded up to 5% (no profile: ``default``)."""
-    if profile is None:
-        return default
-    need = compute_demand(profile) * HEADROOM
-    return min(1.0, max(0.05, math.ceil(need * 20 - 1e-9) / 20))
+LATENCY_FRACTION = 0.5
+"""Share a latency-class job asks for: services reserve room for bursts, not their average."""
+SIZING_KEYS = ("sm_utilization", "sm_occupancy", "fp16", "fp32", "fp64", "tensor", "dram_bandwidth")
+
+
+def request_fraction(values: Mapping[str, float] | None, *, gpu_class: str) -> float:
+    """The share a job asks for, sized from its solo profile as a user reading gpushare's
+    profiler would: the busiest of SM utilization (share of SMs busy), SM occupancy, the
+    pipes and DRAM, plus gpushare's thread headroom, rounded up to 5%. Latency-class jobs ask
+    for LATENCY_FRACTION; without a profile a job asks for the whole GPU."""
+    if gpu_class == CLASS_LATENCY:
+        return LATENCY_FRACTION
+    if not values:
+        return 1.0
+    busy = max(float(values.get(k, 0.0) or 0.0) for k in SIZING_KEYS)
+    return min(1.0, max(0.05, math.ceil(busy * HEADROOM * 20 - 1e-9) / 20))
 
 
 def choose_pack(

@@ -53,15 +53,18 @@ class Worker:
             return "(no stderr)"
         return "stderr: " + " | ".join(text[-lines:]) if text else "(empty stderr)"
 
-    def close(self, *, timeout_s: float = 10.0) -> None:
+    def ask_to_quit(self) -> None:
         if self.proc.poll() is None:
             with contextlib.suppress(WorkerError):
                 self.send({"cmd": "quit"})
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+
+    def close(self, *, timeout_s: float = 15.0) -> None:
+        self.ask_to_quit()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class Workers:
@@ -140,9 +143,16 @@ class Workers:
         return started
 
     def close_all(self) -> None:
-        for w in list(self.workers.values()):
-            w.close()
+        close_together(list(self.workers.values()))
         self.workers.clear()
         # Drop stale events so the next phase starts clean.
         while not self.all_events.empty():
             self.all_events.get_nowait()
+
+
+def close_together(workers: list[Worker]) -> None:
+    """Ask every worker to quit first, then wait: their CUDA teardowns overlap."""
+    for w in workers:
+        w.ask_to_quit()
+    for w in workers:
+        w.close()

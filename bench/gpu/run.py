@@ -56,8 +56,9 @@ from gpushare.packing.threads import assign_thread_percent
 
 log = logging.getLogger("bench.gpu")
 
-LATENCY_FRACTION = 0.5
-"""Share asked by the inference service and the training job in the latency experiment."""
+TRAIN_FRACTION = 0.5
+"""Share the training job asks for beside the inference service (DESIGN: training capped at
+about half the GPU kept inference p99 near solo on an H200)."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -205,7 +206,14 @@ def phase_a(ctx: Ctx, a: PhaseA, *, fractions: dict[str, float]) -> None:
 
     try:
         a.results += measure_stages(pool=pool, stages=stages, deadline=budget_end, on_solo=on_solo)
-        fractions.update({k: policy.request_fraction(_pipe(a, k, ctx)) for k in a.profiles})
+        fractions.update(
+            {
+                k: policy.request_fraction(
+                    a.raw_profiles.get(k) or a.profiles.get(k), gpu_class=KINDS[k].gpu_class
+                )
+                for k in a.profiles
+            }
+        )
         log.info("requests sized from profiles: %s", fractions)
         recs = colocate.records(gpu=ctx.gpu_name, results=a.results, profiles=a.profiles)
         a.model, a.model_source = fit_or_default(recs, ctx)
@@ -342,11 +350,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = run(ctx)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    js, md = report.write(args.out, results)
-    log.info("wrote %s and %s in %.0fs", js, md, time.time() - ctx.t_start)
+    log.info("wrote results into %s in %.0fs", args.out, time.time() - ctx.t_start)
     for c in results["targets"]:
         log.info("target %-55s %s (limit %s): %s", c["target"], c["value"], c["limit"], c["met"])
     return 0
+
+
+@dataclass
+class State:
+    """Everything measured so far; assembled into the results at every checkpoint."""
+
+    a: PhaseA = field(default_factory=PhaseA)
+    recs: list[colocate.Record] = field(default_factory=list)
+    runs: dict[str, dict[str, list[JobResult]]] = field(default_factory=dict)
+    jobs: dict[str, list[traces.TraceJob]] = field(default_factory=dict)
+    iterations: dict[str, dict[str, int]] = field(default_factory=dict)
+    latency: dict[str, Any] = field(default_factory=dict)
+    lat_rows: list[dict[str, Any]] = field(default_factory=list)
+    holds: list[str] = field(default_factory=list)
+    fractions: dict[str, float] = field(default_factory=dict)
+    mape: dict[str, Any] = field(default_factory=dict)
+    exhaustive: dict[str, Any] = field(default_factory=dict)
 
 
 def run(ctx: Ctx) -> dict[str, Any]:
@@ -354,79 +378,112 @@ def run(ctx: Ctx) -> dict[str, Any]:
     gpu_info(ctx)
     log.info("GPU %s, driver %s, budget %.0fs", ctx.gpu_name, ctx.driver, args.budget_s)
     scale = 0.4 if args.quick else 1.0
-    fractions: dict[str, float] = {}
-    a = PhaseA()
+    st = State()
+    a = st.a
+
+    def checkpoint() -> dict[str, Any]:
+        """Write what we have: a run cut short still leaves its results behind."""
+        results = assemble(ctx=ctx, st=st)
+        report.write(args.out, results)
+        return results
+
     safe(
-        lambda: phase_a(ctx, a, fractions=fractions), "phase A (profiles, colocations)", ctx.errors
+        lambda: phase_a(ctx, a, fractions=st.fractions),
+        "phase A (profiles, colocations)",
+        ctx.errors,
     )
-    recs = colocate.records(gpu=ctx.gpu_name, results=a.results, profiles=a.profiles)
-    (args.out / "colocations.json").write_text(json.dumps(colocate.validate(recs), indent=1) + "\n")
+    st.recs = colocate.records(gpu=ctx.gpu_name, results=a.results, profiles=a.profiles)
+    (args.out / "colocations.json").write_text(
+        json.dumps(colocate.validate(st.recs), indent=1) + "\n"
+    )
+    evaluate_model(ctx, st)
     for k in KINDS:
-        fractions.setdefault(k, 1.0)
+        st.fractions.setdefault(k, 1.0)
     trace_jobs = {
-        "light": traces.with_requests(traces.light(scale), fractions),
-        "heavy": traces.with_requests(traces.heavy(scale), fractions),
+        "light": traces.with_requests(traces.light(scale), st.fractions),
+        "heavy": traces.with_requests(traces.heavy(scale), st.fractions),
     }
-    iterations: dict[str, dict[str, int]] = {}
     for name, jobs in trace_jobs.items():
-        iterations[name] = {}
+        st.iterations[name] = {}
+        st.runs[name] = {}
         for j in jobs:
-            rate = a.solo.get(j.kind, 0.0)
             try:
-                iterations[name][j.id] = traces.iterations_for(j, solo_rate=rate)
+                st.iterations[name][j.id] = traces.iterations_for(
+                    j, solo_rate=a.solo.get(j.kind, 0.0)
+                )
             except ValueError as exc:
                 ctx.errors.append(str(exc))
-    runnable = {n: [j for j in jobs if j.id in iterations[n]] for n, jobs in trace_jobs.items()}
+        st.jobs[name] = [j for j in jobs if j.id in st.iterations[name]]
     decider = make_decider(ctx, a)
-    runs: dict[str, dict[str, list[JobResult]]] = {"light": {}, "heavy": {}}
-    lat_rows: list[dict[str, Any]] = []
-    latency: dict[str, Any] = {}
-    lat_s = 4.0 if args.quick else 10.0
+    lat_s = 4.0 if args.quick else 8.0
+    checkpoint()
+
+    def trace(name: str, scheme: Scheme, daemon: MpsDaemon | None) -> None:
+        r = run_scheme(ctx, scheme, st.jobs[name], st.iterations[name], daemon)
+        if r:
+            st.runs[name][scheme.name] = r
+        checkpoint()
 
     # Phase B: no MPS.
-    for name, jobs in runnable.items():
-        for scheme in (ExclusiveFifo(), TimeSlice()):
-            r = run_scheme(ctx, scheme, jobs, iterations[name], None)
-            if r:
-                runs[name][scheme.name] = r
+    for name in st.jobs:
+        trace(name, ExclusiveFifo(), None)
+        trace(name, TimeSlice(), None)
     solo_lat = safe(lambda: solo_latency(ctx, lat_s), "inference alone", ctx.errors)
     if solo_lat:
-        lat_rows.append(solo_lat)
-        latency["solo_p99_ms"] = solo_lat.get("p99_ms")
+        st.lat_rows.append(solo_lat)
+        st.latency["solo_p99_ms"] = solo_lat.get("p99_ms")
 
-    # Phase C: MPS.
+    # Phase C: MPS. gpushare and the latency experiment first, so a short budget cuts a
+    # baseline rather than the system under test.
     daemon = safe(ctx.daemon, "starting MPS", ctx.errors) if not args.dry else None
     try:
-        gs = Gpushare(decider, source=f"gpushare.packing (model: {a.model_source})")
-        for name, jobs in runnable.items():
-            for scheme in (MpsEqual(args.slots), MpsUnlimited(), gs):
-                r = run_scheme(ctx, scheme, jobs, iterations[name], daemon)
-                if r:
-                    runs[name][scheme.name] = r
+        gs = Gpushare(
+            decider,
+            prepare=decider.prepare,
+            source=f"gpushare.packing (model: {a.model_source})",
+        )
+        st.holds = gs.holds
+        for name in st.jobs:
+            trace(name, gs, daemon)
         shared = safe(
             lambda: shared_latency(ctx, daemon, decider, a.solo.get("resnet50"), lat_s),
             "inference beside training",
             ctx.errors,
         )
         if shared:
-            lat_rows += shared["rows"]
-            latency.update(shared["latency"])
+            st.lat_rows += shared["rows"]
+            st.latency.update(shared["latency"])
+        for name in st.jobs:
+            trace(name, MpsEqual(args.slots), daemon)
+            trace(name, MpsUnlimited(), daemon)
     finally:
         if daemon is not None:
             daemon.stop()
+    return checkpoint()
 
-    return assemble(
-        ctx=ctx,
-        a=a,
-        recs=recs,
-        runs=runs,
-        jobs=runnable,
-        iterations=iterations,
-        latency=latency,
-        lat_rows=lat_rows,
-        holds=gs.holds,
-        fractions=fractions,
-    )
+
+def evaluate_model(ctx: Ctx, st: State) -> None:
+    """Held-out MAPE of gpushare's interference model and its packs vs exhaustive search."""
+    if len(st.recs) >= 4:
+        st.mape = (
+            safe(
+                lambda: colocate.held_out_mape(st.recs, fit=policy.fitter("k-fold"), k=5),
+                "held-out MAPE",
+                ctx.errors,
+            )
+            or {}
+        )
+    if st.a.chosen:
+        st.exhaustive = (
+            safe(
+                lambda: colocate.exhaustive_comparison(
+                    st.recs, chosen=st.a.chosen, solo=colocate.solo_table(st.a.results)
+                ),
+                "exhaustive comparison",
+                ctx.errors,
+            )
+            or {}
+        )
 
 
 def solo_latency(ctx: Ctx, seconds: float) -> dict[str, Any]:
@@ -448,8 +505,8 @@ def shared_latency(
     seconds: float,
 ) -> dict[str, Any]:
     """Inference (latency class) beside ResNet-50 training: plain MPS vs gpushare's settings."""
-    infer = traces.TraceJob("lat-infer", "infer", 0.0, 0.0, LATENCY_FRACTION)
-    train = traces.TraceJob("lat-train", "resnet50", 0.0, 0.0, LATENCY_FRACTION)
+    infer = traces.TraceJob("lat-infer", "infer", 0.0, 0.0, policy.LATENCY_FRACTION)
+    train = traces.TraceJob("lat-train", "resnet50", 0.0, 0.0, TRAIN_FRACTION)
     first = decider(infer, [])
     assert isinstance(first, Launch), first
     running = [Running(infer, first)]
@@ -462,11 +519,18 @@ def shared_latency(
     infer_threads = first.thread_percent or 100
     plain_i, plain_t = Member("infer", 100, 0), Member("resnet50", 100, 0)
     gs_i, gs_t = Member("infer", infer_threads, 1), Member("resnet50", train_threads, 1)
-    prio = {gs_i: priority_for("latency"), gs_t: priority_for("batch")}
+    # DESIGN's recommendation, for comparison: inference uncapped, training capped at half.
+    rec_i, rec_t = Member("infer", 100, 2), Member("resnet50", 50, 2)
+    prio = {
+        gs_i: priority_for("latency"),
+        gs_t: priority_for("batch"),
+        rec_i: priority_for("latency"),
+        rec_t: priority_for("batch"),
+    }
     pool = Pool(ctx.workers(), daemon.pipe_dir if daemon else ctx.tmp / "no-mps", {})
     rows = []
     try:
-        pool.ensure({plain_i, plain_t, gs_i, gs_t}, priority=prio.get)
+        pool.ensure({plain_i, plain_t, gs_i, gs_t, rec_i, rec_t}, priority=prio.get)
         alone = latency_window(pool, [plain_i], seconds)[0]
         rows.append(_lat_row("inference alone, MPS", alone, None, None))
         both = latency_window(pool, [plain_i, plain_t], seconds)
@@ -482,6 +546,15 @@ def shared_latency(
             train_solo,
         )
         rows.append(gs_row)
+        r = latency_window(pool, [rec_i, rec_t], seconds)
+        rows.append(
+            _lat_row(
+                "beside training, inference 100% prio 0, training 50% prio 1 (DESIGN)",
+                r[0],
+                r[1],
+                train_solo,
+            )
+        )
     finally:
         pool.close()
     return {
@@ -496,69 +569,38 @@ def shared_latency(
     }
 
 
-def assemble(
-    *,
-    ctx: Ctx,
-    a: PhaseA,
-    recs: list[colocate.Record],
-    runs: dict[str, dict[str, list[JobResult]]],
-    jobs: dict[str, list[traces.TraceJob]],
-    iterations: dict[str, dict[str, int]],
-    latency: dict[str, Any],
-    lat_rows: list[dict[str, Any]],
-    holds: list[str],
-    fractions: dict[str, float],
-) -> dict[str, Any]:
+def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
+    a = st.a
     traces_out: dict[str, dict[str, Any]] = {}
     scheme_details: dict[str, dict[str, Any]] = {}
     job_details: dict[str, dict[str, Any]] = {}
-    for name, by_scheme in runs.items():
+    for name, by_scheme in st.runs.items():
         ex = by_scheme.get("exclusive", [])
         solo_run = {j.id: j.run_s for j in ex if j.ok}
         traces_out[name] = {}
         scheme_details[name] = {}
         job_details[name] = {}
-        for scheme, results in by_scheme.items():
-            s = summarize(results, solo_run_s=solo_run)
+        for scheme in report.SCHEMES:
+            if scheme not in by_scheme:
+                continue
+            s = summarize(by_scheme[scheme], solo_run_s=solo_run)
             traces_out[name][scheme] = {k: s[k] for k in report.TRACE_KEYS}
             scheme_details[name][scheme] = {
                 k: v for k, v in s.items() if k not in report.TRACE_KEYS
             }
-            job_details[name][scheme] = [j.to_json() for j in results]
-    mape_out: dict[str, Any] = {}
-    if len(recs) >= 4:
-        mape_out = (
-            safe(
-                lambda: colocate.held_out_mape(recs, fit=policy.fitter("k-fold"), k=5),
-                "held-out MAPE",
-                ctx.errors,
-            )
-            or {}
-        )
-    exhaustive: dict[str, Any] = {}
-    if a.chosen:
-        exhaustive = (
-            safe(
-                lambda: colocate.exhaustive_comparison(
-                    recs, chosen=a.chosen, solo=colocate.solo_table(a.results)
-                ),
-                "exhaustive comparison",
-                ctx.errors,
-            )
-            or {}
-        )
+            job_details[name][scheme] = [j.to_json() for j in by_scheme[scheme]]
     results: dict[str, Any] = {
         "gpu": ctx.gpu_name,
         "driver": ctx.driver,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "traces": traces_out,
         "latency": {
-            "solo_p99_ms": latency.get("solo_p99_ms"),
-            "shared_p99_ms": latency.get("shared_p99_ms"),
-            "train_retained_ratio": latency.get("train_retained_ratio"),
+            "solo_p99_ms": st.latency.get("solo_p99_ms"),
+            "shared_p99_ms": st.latency.get("shared_p99_ms"),
+            "train_retained_ratio": st.latency.get("train_retained_ratio"),
         },
-        "prediction_mape": _clean(mape_out.get("mape_multi_job_packs")),
-        "packing_vs_exhaustive": _clean(exhaustive.get("packing_vs_exhaustive")),
+        "prediction_mape": _clean(st.mape.get("mape_slowdown")),
+        "packing_vs_exhaustive": _clean(st.exhaustive.get("packing_vs_exhaustive")),
     }
     results["details"] = {
         "quick": ctx.args.quick,
@@ -572,20 +614,20 @@ def assemble(
         f"assign_thread_percent); model: {a.model_source}",
         "model": a.model.to_dict() if a.model else None,
         "mps_equal_slots": ctx.args.slots,
-        "requested_fractions": fractions,
+        "requested_fractions": st.fractions,
         "solo_rates_mps": {k: round(v, 3) for k, v in a.solo.items()},
         "profiles": a.profiles,
         "raw_profiles": a.raw_profiles,
-        "trace_jobs": {n: len(j) for n, j in jobs.items()},
-        "iterations": iterations,
+        "trace_jobs": {n: len(j) for n, j in st.jobs.items()},
+        "iterations": st.iterations,
         "schemes": scheme_details,
         "jobs": job_details,
-        "gpushare_holds": holds[:200],
-        "latency": latency,
-        "latency_rows": lat_rows,
-        "mape": mape_out,
-        "exhaustive": exhaustive,
-        "colocation_packs": len(recs),
+        "gpushare_holds": st.holds[:200],
+        "latency": st.latency,
+        "latency_rows": st.lat_rows,
+        "mape": {k: _clean(v) for k, v in st.mape.items()},
+        "exhaustive": st.exhaustive,
+        "colocation_packs": len(st.recs),
         "errors": ctx.errors,
     }
     results["targets"] = report.check_targets(results)

@@ -35,6 +35,11 @@ class Scheme:
     def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
         raise NotImplementedError
 
+    def prepare(self, job: TraceJob) -> Launch:
+        """The MPS settings ``job`` will start with, known before it starts (its process is
+        warmed up with them); ``select`` must launch it with the same settings."""
+        return Launch(job)
+
     def finished(self, job: TraceJob) -> None:
         """Called when ``job`` ends (successfully or not)."""
 
@@ -79,6 +84,9 @@ class MpsEqual(Scheme):
             "jobs wait for a free replica in arrival order"
         )
 
+    def prepare(self, job: TraceJob) -> Launch:
+        return Launch(job, thread_percent=100 // self.slots)
+
     def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
         free = self.slots - len(running)
         return [Launch(j, thread_percent=100 // self.slots) for j in pending[: max(free, 0)]]
@@ -86,6 +94,8 @@ class MpsEqual(Scheme):
 
 Decide = Callable[[TraceJob, Sequence[Running]], Launch | str]
 """A placement policy: a Launch when the job may start now beside ``running``, else why not."""
+Prepare = Callable[[TraceJob], Launch]
+"""The settings a policy will give a job, before knowing its neighbours."""
 
 
 class Gpushare(Scheme):
@@ -95,11 +105,15 @@ class Gpushare(Scheme):
     name = "gpushare"
     mps = True
 
-    def __init__(self, decide: Decide, *, source: str) -> None:
+    def __init__(self, decide: Decide, *, prepare: Prepare, source: str) -> None:
         self.decide = decide
+        self._prepare = prepare
         self.source = source
         self.holds: list[str] = []
         self.description = f"profiles + {source}: admission, thread % and priority per job"
+
+    def prepare(self, job: TraceJob) -> Launch:
+        return self._prepare(job)
 
     def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
         live = list(running)
@@ -116,11 +130,9 @@ class Gpushare(Scheme):
         return out
 
 
-def all_schemes(decide: Decide, *, source: str, slots: int = 4) -> list[Scheme]:
-    return [
-        ExclusiveFifo(),
-        TimeSlice(),
-        MpsEqual(slots),
-        MpsUnlimited(),
-        Gpushare(decide, source=source),
-    ]
+def same_settings(a: Launch, b: Launch) -> bool:
+    return (a.thread_percent, a.priority, a.memory_limit_mib) == (
+        b.thread_percent,
+        b.priority,
+        b.memory_limit_mib,
+    )

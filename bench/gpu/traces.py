@@ -51,16 +51,16 @@ def light(scale: float = 1.0) -> list[TraceJob]:
     """Mostly jobs that leave a Hopper GPU idle (small batches, an LSTM, an inference service),
     plus a few heavy ones (a transformer, a ResNet-50, an FP64 GEMM)."""
     rows = [
-        (0.0, "resnet18", 3.0),
-        (0.2, "lstm", 3.0),
-        (0.4, "infer", 6.0),
-        (0.6, "resnet18", 3.0),
-        (0.8, "transformer", 3.0),
-        (1.0, "resnet18", 3.0),
-        (1.2, "lstm", 3.0),
-        (1.4, "resnet18", 3.0),
+        (0.0, "resnet18", 2.5),
+        (0.2, "lstm", 2.5),
+        (0.4, "infer", 5.0),
+        (0.6, "resnet18", 2.5),
+        (0.8, "transformer", 2.5),
+        (1.0, "resnet18", 2.5),
+        (1.2, "lstm", 2.5),
+        (1.4, "resnet18", 2.5),
         (1.6, "dgemm", 2.0),
-        (1.8, "resnet18", 3.0),
+        (1.8, "resnet18", 2.5),
         (2.0, "resnet50", 2.5),
     ]
     return _jobs("light", rows, scale)
@@ -69,11 +69,11 @@ def light(scale: float = 1.0) -> list[TraceJob]:
 def heavy(scale: float = 1.0) -> list[TraceJob]:
     """Jobs that each saturate the GPU: packing them only adds interference."""
     rows = [
-        (0.0, "resnet50", 4.0),
-        (0.3, "transformer", 4.0),
-        (0.6, "dgemm", 4.0),
-        (0.9, "resnet50", 4.0),
-        (1.2, "transformer", 4.0),
+        (0.0, "resnet50", 3.0),
+        (0.3, "transformer", 3.0),
+        (0.6, "dgemm", 3.0),
+        (0.9, "resnet50", 3.0),
+        (1.2, "transformer", 3.0),
     ]
     return _jobs("heavy", rows, scale)
 

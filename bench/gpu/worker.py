@@ -3,13 +3,16 @@
 The coordinator starts the process early so that ``import torch`` is paid before the clock
 starts; CUDA is first touched only when a command arrives, after the command's environment
 (MPS pipe directory, active-thread percentage, client priority) has been applied, because the
-CUDA driver reads those variables when it initialises. Trace jobs therefore pay CUDA start-up
-inside their completion time under every scheme alike, as a pod does.
+CUDA driver reads those variables when it initialises. Trace jobs are initialised and warmed
+up before the trace's clock starts (with the MPS settings their scheme will give them), so
+completion times measure GPU sharing, not process start-up (reported separately).
 
 Protocol: JSON commands on stdin, one per line; JSON events on stdout, prefixed ``@@ ``.
 
-- ``{"cmd": "job", "kind", "env", "iterations"}``: initialise, run a fixed amount of work,
-  report ``done`` with ``t_go``, ``t_ready``, ``t_end`` (wall clock) and request latencies.
+- ``{"cmd": "init", "kind", "env"}`` then ``{"cmd": "run", "iterations"}``: a trace job,
+  warmed up before the trace starts, then a fixed amount of work; reports ``done`` with
+  ``t_go``, ``t_end`` (wall clock) and request latencies, and exits.
+- ``{"cmd": "job", "kind", "env", "iterations"}``: the same with start-up inside the clock.
 - ``{"cmd": "init", "kind", "env"}`` then any number of
   ``{"cmd": "window", "start", "end"}``: run back to back (or serve Poisson requests) inside
   the window and report the rate; used for solo profiles and colocation packs.
@@ -158,6 +161,16 @@ def main(argv: list[str] | None = None) -> int:
                     "window",
                     **runner.window(start=msg["start"], end=msg["end"], seed=msg.get("seed", 0)),
                 )
+            elif cmd == "run":
+                t_go = time.time()
+                if job_kind(runner.kind).poisson:
+                    lat = runner.serve(
+                        start=t_go, end=None, count=int(msg["iterations"]), seed=msg.get("seed", 0)
+                    )
+                else:
+                    lat = runner.run_iterations(int(msg["iterations"]))
+                emit("done", t_go=t_go, t_ready=t_go, t_end=time.time(), latencies_ms=lat)
+                break
             elif cmd == "job":
                 t_go = time.time()
                 runner.init(msg["kind"], msg.get("env", {}))

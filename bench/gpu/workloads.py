@@ -175,7 +175,7 @@ def build(name: str, *, device: torch.device, tiny: bool = False) -> Workload:
         if name == "resnet50":
             step = _training(
                 model,
-                batch((2 if tiny else 48, 3, side, side), 1000, channels_last=True),
+                batch((2 if tiny else 128, 3, side, side), 1000, channels_last=True),
                 device=device,
                 bf16=True,
             )
@@ -191,7 +191,7 @@ def build(name: str, *, device: torch.device, tiny: bool = False) -> Workload:
                 ):
                     model(x)
     elif name == "transformer":
-        d, heads, layers, seq, bsz = (64, 4, 1, 32, 2) if tiny else (1024, 16, 6, 512, 16)
+        d, heads, layers, seq, bsz = (64, 4, 1, 32, 2) if tiny else (1024, 16, 6, 512, 32)
         model = _Encoder(d, heads, layers, classes=16).to(device)
         step = _training(model, batch((bsz, seq, d), 16), device=device, bf16=True, optim="adamw")
     elif name == "lstm":
