@@ -298,7 +298,7 @@ class CostIndex:
 
     def _set(self, i: int) -> None:
         node = self.cluster.nodes[i]
-        options = placement_options(node, self.demand, self.workload)
+        options = placement_options(node, self.demand, self.workload, every_gpu=True)
         self.options[i] = options
         if options:
             bound = min(base_cost(o) for o in options)

@@ -253,12 +253,16 @@ def _replace(free: tuple[int, ...], old: int, new: int, count: int = 1) -> tuple
     return tuple(items)
 
 
-def placement_options(node: NodeState, demand: Demand, workload: Workload) -> list[Option]:
+def placement_options(
+    node: NodeState, demand: Demand, workload: Workload, *, every_gpu: bool = False
+) -> list[Option]:
     """Every distinct way ``demand`` fits on ``node``, with its fragmentation change.
 
-    Fractional demands: one option per distinct free share among fitting GPUs (GPUs with equal
-    free share are interchangeable; the lowest index represents them). Whole-GPU demands: the
-    first ``gpus`` idle fitting GPUs by index (idle GPUs are interchangeable).
+    Fractional demands: one option per distinct free share among fitting GPUs (for
+    fragmentation GPUs with equal free share are interchangeable; the lowest index represents
+    them). ``every_gpu`` keeps one option per fitting GPU instead (idle GPUs still collapse into
+    one), for callers that tell GPUs apart by their tenants. Whole-GPU demands: the first
+    ``gpus`` idle fitting GPUs by index (idle GPUs are interchangeable).
     """
     if node.cpu_milli_free is not None and demand.cpu_milli > node.cpu_milli_free:
         return []
@@ -289,9 +293,10 @@ def placement_options(node: NodeState, demand: Demand, workload: Workload) -> li
     seen: set[int] = set()
     for i, g in enumerate(node.gpus):
         f = g.free_percent
-        if f in seen or f < percent or fit_reason(g, demand) is not None:
+        key = -1 if every_gpu and not g.tenants else (i if every_gpu else f)
+        if key in seen or f < percent or fit_reason(g, demand) is not None:
             continue
-        seen.add(f)
+        seen.add(key)
         after = workload.fragmentation(_replace(free, f, f - percent), cpu_after, model)
         options.append(Option((i,), after - before, f - percent, strand))
     return options

@@ -124,7 +124,9 @@ def _choose_indices(
 ) -> tuple[tuple[int, ...], float] | None:
     """Chosen GPU positions and the policy's cost of the choice (lower is better)."""
     if policy is Policy.GPUSHARE:
-        options = placement_options(node, demand, workload or Workload.default())
+        options = placement_options(
+            node, demand, workload or Workload.default(), every_gpu=demand.profile is not None
+        )
         if not options:
             return None
         m = model or load_default()

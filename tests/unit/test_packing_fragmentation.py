@@ -1,0 +1,95 @@
+"""FGD's fragmentation measure on hand-built nodes, checked against the paper's definitions."""
+
+import pytest
+
+from gpushare.packing.fragmentation import (
+    TaskClass,
+    Workload,
+    fgd_option,
+    fgd_score,
+    node_fragmentation,
+    placement_options,
+)
+from gpushare.packing.model import Demand, GpuState, NodeState, Tenant
+
+HALF_AND_WHOLE = Workload([TaskClass(1, 50), TaskClass(1, 100)])
+
+
+def node(*used: int, model: str = "T4", cpu: int | None = None) -> NodeState:
+    gpus = [
+        GpuState(f"g{i}", 16 << 30, model=model, tenants=[Tenant("x", u, 0)] if u else [])
+        for i, u in enumerate(used)
+    ]
+    return NodeState("n", gpus, cpu_milli_free=cpu)
+
+
+@pytest.mark.parametrize(
+    ("used", "expected"),
+    [
+        ((0, 0), 0.0),  # both GPUs fit both tasks
+        ((50, 0), 25.0),  # the half-free GPU is a fragment for whole-GPU tasks
+        ((100, 0), 0.0),  # a full GPU is not a fragment, the idle one fits everything
+        ((70, 70), 60.0),  # 30% + 30% free: nobody fits
+        ((100, 100), 0.0),  # nothing free, nothing fragmented
+    ],
+)
+def test_fragmentation_is_the_free_share_the_workload_cannot_use(
+    used: tuple[int, ...], expected: float
+) -> None:
+    assert node_fragmentation(node(*used), HALF_AND_WHOLE) == pytest.approx(expected)
+
+
+def test_free_gpu_share_is_a_fragment_for_tasks_without_gpus_and_for_other_models() -> None:
+    cpu_only = Workload([TaskClass(1, 0, gpus=0)])
+    assert node_fragmentation(node(0, 0), cpu_only) == pytest.approx(200.0)
+    a100_only = Workload([TaskClass(1, 50, gpu_model="A100")])
+    assert node_fragmentation(node(0, 0, model="T4"), a100_only) == pytest.approx(200.0)
+    assert node_fragmentation(node(0, 0, model="A100"), a100_only) == pytest.approx(0.0)
+
+
+def test_node_short_of_cpu_strands_all_its_free_gpu_share() -> None:
+    needs_cpu = Workload([TaskClass(1, 50, cpu_milli=8000)])
+    assert node_fragmentation(node(0, 0, cpu=4000), needs_cpu) == pytest.approx(200.0)
+    assert node_fragmentation(node(0, 0, cpu=8000), needs_cpu) == pytest.approx(0.0)
+
+
+def test_multi_gpu_task_sees_partly_used_gpus_as_fragments() -> None:
+    two_gpus = Workload([TaskClass(1, 100, gpus=2)])
+    assert node_fragmentation(node(0, 0, 30), two_gpus) == pytest.approx(70.0)
+    assert node_fragmentation(node(0, 30, 30), two_gpus) == pytest.approx(240.0)
+
+
+def test_fgd_fills_the_half_free_gpu_rather_than_break_an_idle_one() -> None:
+    n = node(50, 0)
+    best = fgd_option(n, Demand(percent=50), HALF_AND_WHOLE)
+    assert best is not None and best.gpus == (0,)
+    assert best.frag_delta == pytest.approx(-25.0)
+
+
+def test_placement_options_are_one_per_distinct_free_share() -> None:
+    n = node(50, 50, 0, 0)
+    options = placement_options(n, Demand(percent=30), HALF_AND_WHOLE)
+    assert sorted(o.gpus for o in options) == [(0,), (2,)]
+    every = placement_options(n, Demand(percent=30), HALF_AND_WHOLE, every_gpu=True)
+    assert sorted(o.gpus for o in every) == [(0,), (1,), (2,)]
+
+
+def test_published_fgd_score_is_an_integer_sigmoid_of_one_gpu() -> None:
+    assert fgd_score(0.0) == 50
+    assert fgd_score(-100.0) == 73  # fragmentation fell by one GPU
+    assert fgd_score(100.0) == 26
+    assert fgd_score(-1e6) == 100 and fgd_score(1e6) == 0
+
+
+def test_typical_workload_keeps_the_most_popular_shapes_up_to_the_coverage() -> None:
+    tasks = [TaskClass(1, 50)] * 5 + [TaskClass(1, 100)] * 3 + [TaskClass(1, 25)] * 2
+    typical = Workload.typical(tasks, coverage=0.8)
+    assert [(t.percent, round(t.weight, 3)) for t in typical.tasks] == [(50, 0.625), (100, 0.375)]
+    assert len(Workload.typical(tasks, coverage=1.0).tasks) == 3
+
+
+def test_stranded_share_is_what_free_cpu_cannot_feed() -> None:
+    workload = Workload([TaskClass(1, 100, cpu_milli=10_000)])  # 100 milli-CPU per percent
+    assert workload.stranded(200, 10_000, None) == pytest.approx(100.0)
+    assert workload.stranded(200, 50_000, None) == 0.0
+    assert workload.stranded(200, None, None) == 0.0

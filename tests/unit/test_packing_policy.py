@@ -1,0 +1,120 @@
+"""choose_gpus / score_node: which GPU a pod gets under each policy and how nodes rank."""
+
+from gpushare.packing.fragmentation import TaskClass, Workload
+from gpushare.packing.interference import InterferenceModel
+from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile, Tenant
+from gpushare.packing.policy import Policy, choose_gpus, node_cost, score_node
+
+GIB = 1 << 30
+
+
+def gpu(uuid: str, *tenants: Tenant, memory: int = 80 * GIB) -> GpuState:
+    return GpuState(uuid, memory, model="H100", tenants=list(tenants))
+
+
+def tenant(key: str, percent: int, profile: PipeProfile | None = None) -> Tenant:
+    return Tenant(key, percent, 80 * GIB * percent // 100, profile=profile)
+
+
+def test_binpack_fills_the_fuller_gpu_and_spread_the_emptier() -> None:
+    node = NodeState(
+        "n1", [gpu("half", tenant("a", 50)), gpu("most", tenant("b", 70)), gpu("idle")]
+    )
+    demand = Demand(percent=30)
+    binpack = choose_gpus(node, demand, policy=Policy.BINPACK)
+    spread = choose_gpus(node, demand, policy=Policy.SPREAD)
+    assert binpack is not None and binpack.gpu_uuids == ("most",)
+    assert spread is not None and spread.gpu_uuids == ("idle",)
+
+
+def test_assignment_carries_thread_percent_and_proportional_memory() -> None:
+    node = NodeState("n1", [gpu("g0")])
+    a = choose_gpus(node, Demand(percent=25), policy=Policy.BINPACK)
+    assert a is not None
+    assert (a.node, a.thread_percent, a.memory_limit_bytes) == ("n1", 25, 20 * GIB)
+    capped = choose_gpus(node, Demand(percent=25, memory_bytes=5 * GIB), policy=Policy.BINPACK)
+    assert capped is not None and capped.memory_limit_bytes == 5 * GIB
+
+
+def test_multi_gpu_pod_gets_distinct_idle_gpus_with_all_threads() -> None:
+    node = NodeState("n1", [gpu("g0"), gpu("g1", tenant("a", 10)), gpu("g2"), gpu("g3")])
+    for policy in Policy:
+        a = choose_gpus(node, Demand(percent=100, gpus=2), policy=policy)
+        assert a is not None
+        assert len(set(a.gpu_uuids)) == 2 and "g1" not in a.gpu_uuids
+        assert a.thread_percent == 100
+
+
+def test_gpushare_fills_the_exact_hole_instead_of_opening_an_idle_gpu() -> None:
+    # Half the workload asks for whole GPUs: opening the idle GPU would strand it for them.
+    workload = Workload([TaskClass(1, 100), TaskClass(1, 50)])
+    node = NodeState("n1", [gpu("idle"), gpu("half", tenant("a", 50))])
+    a = choose_gpus(node, Demand(percent=50), policy=Policy.GPUSHARE, workload=workload)
+    assert a is not None and a.gpu_uuids == ("half",)
+
+
+def test_gpushare_keeps_a_hole_usable_by_the_workload() -> None:
+    # A 30% pod on the 60%-free GPU leaves 30% that the 30% tasks can still use; on the
+    # 40%-free GPU it would leave 10% that nobody can use.
+    workload = Workload([TaskClass(1, 30)])
+    node = NodeState("n1", [gpu("forty", tenant("a", 60)), gpu("sixty", tenant("b", 40))])
+    a = choose_gpus(node, Demand(percent=30), policy=Policy.GPUSHARE, workload=workload)
+    assert a is not None and a.gpu_uuids == ("sixty",)
+
+
+def test_gpushare_avoids_a_neighbour_predicted_to_interfere() -> None:
+    fp32 = PipeProfile(fp32=0.6, sm_occupancy=0.6, dram_bandwidth=0.3)
+    fp64 = PipeProfile(fp64=0.6, sm_occupancy=0.6, dram_bandwidth=0.3)
+    model = InterferenceModel(coefficients=(0.0, 0.0, 0.0, 3.0, 0.0))  # cross-pipe load hurts
+    workload = Workload([TaskClass(1, 40)])
+    node = NodeState(
+        "n1", [gpu("beside-fp64", tenant("a", 40, fp64)), gpu("beside-fp32", tenant("b", 40, fp32))]
+    )
+    demand = Demand(percent=40, profile=fp32)
+    a = choose_gpus(node, demand, policy=Policy.GPUSHARE, workload=workload, model=model)
+    assert a is not None and a.gpu_uuids == ("beside-fp32",)
+    # Without a profile there is no interference opinion: the first equal option wins.
+    b = choose_gpus(
+        node, Demand(percent=40), policy=Policy.GPUSHARE, workload=workload, model=model
+    )
+    assert b is not None and b.gpu_uuids == ("beside-fp64",)
+
+
+def test_binpack_scores_the_fuller_node_higher_and_a_misfit_zero() -> None:
+    full = NodeState("full", [gpu("a", tenant("x", 70)), gpu("b", tenant("y", 60))])
+    empty = NodeState("empty", [gpu("c"), gpu("d")])
+    tight = NodeState("tight", [gpu("e", tenant("z", 90))])
+    demand = Demand(percent=30)
+    assert score_node(full, demand, policy=Policy.BINPACK) > score_node(
+        empty, demand, policy=Policy.BINPACK
+    )
+    assert score_node(empty, demand, policy=Policy.SPREAD) > score_node(
+        full, demand, policy=Policy.SPREAD
+    )
+    for policy in Policy:
+        assert score_node(tight, demand, policy=policy) == 0
+        assert node_cost(tight, demand, policy=policy) is None
+        assert 0 <= score_node(full, demand, policy=policy) <= 10
+
+
+def test_gpushare_scores_the_node_it_would_choose_highest() -> None:
+    workload = Workload([TaskClass(1, 100), TaskClass(1, 50)])
+    hole = NodeState("hole", [gpu("a", tenant("x", 50)), gpu("b")])
+    idle = NodeState("idle", [gpu("c"), gpu("d")])
+    demand = Demand(percent=50)
+    assert score_node(hole, demand, policy=Policy.GPUSHARE, workload=workload) > score_node(
+        idle, demand, policy=Policy.GPUSHARE, workload=workload
+    )
+
+
+def test_cpu_starved_node_is_avoided_by_gpushare() -> None:
+    # Both nodes can take the pod, but on the starved one its 8 CPUs would leave the other
+    # idle GPU without the CPU any task needs.
+    workload = Workload([TaskClass(1, 100, cpu_milli=8000)])
+    starved = NodeState("starved", [gpu("a"), gpu("b")], cpu_milli_free=12000)
+    roomy = NodeState("roomy", [gpu("c"), gpu("d")], cpu_milli_free=64000)
+    demand = Demand(percent=100, cpu_milli=8000)
+    starved_cost = node_cost(starved, demand, policy=Policy.GPUSHARE, workload=workload)
+    roomy_cost = node_cost(roomy, demand, policy=Policy.GPUSHARE, workload=workload)
+    assert starved_cost is not None and roomy_cost is not None
+    assert roomy_cost < starved_cost

@@ -1,0 +1,106 @@
+"""The openb simulator on a tiny synthetic trace it writes itself: constraints hold, FGD packs
+better than random, and the CLI writes the results a reader expects."""
+
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from bench.sim import run
+from bench.sim.engine import POLICIES, arrivals, simulate
+from bench.sim.trace import load_nodes, load_pods
+from gpushare.api.errors import InvalidInputError
+from gpushare.packing.interference import load_default
+
+NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model\n"
+POD_HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    "creation_time,deletion_time,scheduled_time\n"
+)
+
+
+def write_trace(directory: Path) -> Path:
+    """12 nodes of three kinds; pods that fragment GPUs when placed carelessly."""
+    rng = random.Random(7)
+    nodes = [NODE_HEADER]
+    for i in range(12):
+        kind = ("T4", 2, 32_000), ("V100M16", 4, 48_000), ("G2", 8, 96_000)
+        model, gpus, cpu = kind[i % 3]
+        nodes.append(f"node-{i:02d},{cpu},262144,{gpus},{model}\n")
+    (directory / "openb_node_list_gpu_node.csv").write_text("".join(nodes))
+    pods = [POD_HEADER]
+    shapes = [(1, 1000, ""), (1, 600, ""), (1, 450, ""), (1, 300, ""), (2, 1000, ""),
+              (0, 0, ""), (1, 500, "T4"), (1, 700, "V100M16|G2")]  # fmt: skip
+    for i in range(160):
+        num_gpu, milli, spec = rng.choice(shapes)
+        cpu = rng.choice((2000, 4000, 8000))
+        qos = rng.choice(("LS", "BE"))
+        pods.append(f"pod-{i:03d},{cpu},8192,{num_gpu},{milli},{spec},{qos},Running,0,0,0\n")
+    (directory / "openb_pod_list_tiny.csv").write_text("".join(pods))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_trace(tmp_path_factory.mktemp("openb"))
+
+
+def test_every_policy_keeps_gpu_cpu_memory_and_model_constraints(trace: Path) -> None:
+    nodes = load_nodes(trace / "openb_node_list_gpu_node.csv")
+    pods = load_pods(trace / "openb_pod_list_tiny.csv")
+    for policy in POLICIES:
+        result = simulate(nodes, pods, policy=policy, seed=3, model=load_default())
+        assert result.violations == [], policy
+        assert result.placed + result.failed == result.pods
+        assert 0 < result.alloc_100 <= result.alloc_130 <= 100
+        assert 0 < result.effective_throughput_130 <= result.alloc_130
+
+
+def test_arrivals_stop_at_130_percent_of_gpu_capacity(trace: Path) -> None:
+    pods = load_pods(trace / "openb_pod_list_tiny.csv")
+    capacity = 100 * sum(n.gpus for n in load_nodes(trace / "openb_node_list_gpu_node.csv"))
+    queue = arrivals(pods, capacity, 1.3, random.Random(1))
+    demand = sum(p.gpu_percent_total for p in queue)
+    assert 1.3 * capacity - 200 < demand <= 1.3 * capacity
+    assert queue != arrivals(pods, capacity, 1.3, random.Random(2))  # seeds change the order
+
+
+def test_fgd_packs_more_than_random(trace: Path) -> None:
+    nodes = load_nodes(trace / "openb_node_list_gpu_node.csv")
+    pods = load_pods(trace / "openb_pod_list_tiny.csv")
+
+    def mean_alloc(policy: str) -> float:
+        runs = [
+            simulate(nodes, pods, policy=policy, seed=s, model=load_default()) for s in range(4)
+        ]
+        return statistics.fmean(r.alloc_130 for r in runs)
+
+    assert mean_alloc("fgd") >= mean_alloc("random")
+
+
+def test_cli_writes_json_and_markdown_per_trace_and_policy(trace: Path, tmp_path: Path) -> None:
+    out = tmp_path / "openb-sim.json"
+    args = ["--traces", str(trace), "--seeds", "1,2", "--workers", "1", "--output", str(out)]
+    code = run.main([*args, "--policy", "random", "--policy", "fgd"])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["seeds"] == [1, 2] and doc["runtime_s"] >= 0 and doc["machine"] and doc["date"]
+    row = doc["traces"]["tiny"]["fgd"]
+    assert {"alloc_100", "alloc_130", "effective_throughput_130"} <= set(row)
+    assert "| fgd |" in out.with_suffix(".md").read_text()
+
+
+def test_cli_names_the_flag_when_the_trace_directory_is_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run.main(["--traces", str(tmp_path / "missing"), "--no-write"]) == 2
+    assert "openb_pod_list_*.csv" in capsys.readouterr().err
+
+
+def test_pod_list_with_a_fractional_percent_is_refused_naming_the_row(tmp_path: Path) -> None:
+    (tmp_path / "openb_pod_list_bad.csv").write_text(POD_HEADER + "p,1000,1,1,455,,,,,,\n")
+    with pytest.raises(InvalidInputError) as err:
+        load_pods(tmp_path / "openb_pod_list_bad.csv")
+    assert err.value.field == "openb_pod_list_bad.csv[0].gpu_milli"
