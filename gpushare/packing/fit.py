@@ -44,10 +44,13 @@ def fit_reason(
     (processes, not pods) and the latency-class rules (guaranteed shares never exceed 100%, at
     most ``max_latency_tenants`` latency pods per GPU).
     """
-    if not gpu.healthy:
-        return f"GPU {gpu.uuid} is unhealthy"
-    if demand.gpu_model and not model_allows(demand.gpu_model, gpu.model):
-        return f"needs GPU model {demand.gpu_model}, GPU is {gpu.model or 'of unknown model'}"
+    return gpu_fit(gpu, demand, max_latency_tenants=max_latency_tenants)[0]
+
+
+def gpu_fit(
+    gpu: GpuState, demand: Demand, *, max_latency_tenants: int = MAX_LATENCY_TENANTS
+) -> tuple[str | None, int]:
+    """(:func:`fit_reason`, the GPU's allocated percent) from one pass over its tenants."""
     used = used_memory = clients = latency = 0
     for tenant in gpu.tenants:
         used += tenant.percent
@@ -55,30 +58,35 @@ def fit_reason(
         clients += tenant.processes
         if tenant.gpu_class == CLASS_LATENCY:
             latency += 1
+    if not gpu.healthy:
+        return f"GPU {gpu.uuid} is unhealthy", used
+    if demand.gpu_model and not model_allows(demand.gpu_model, gpu.model):
+        model = gpu.model or "of unknown model"
+        return f"needs GPU model {demand.gpu_model}, GPU is {model}", used
     want = min(demand.percent, SLICES_PER_GPU)
     free = SLICES_PER_GPU - used
     if want > free:
         if demand.whole:
-            return f"needs a whole GPU, GPU has {used}% allocated"
-        return f"needs {want}% compute, GPU has {max(free, 0)}% free"
+            return f"needs a whole GPU, GPU has {used}% allocated", used
+        return f"needs {want}% compute, GPU has {max(free, 0)}% free", used
     need_memory = demand_memory(demand, gpu)
     free_memory = gpu.memory_bytes - used_memory
     if need_memory > free_memory:
         return (
             f"needs {format_memory(need_memory)} GPU memory, "
             f"GPU has {format_memory(max(free_memory, 0))} free"
-        )
+        ), used
     if clients + demand.processes > gpu.max_clients:
         left = max(gpu.max_clients - clients, 0)
         return (
             f"needs {demand.processes} MPS client process(es), "
             f"GPU's MPS server has {left} of {gpu.max_clients} left"
-        )
+        ), used
     if demand.gpu_class == CLASS_LATENCY and latency >= max_latency_tenants:
         return (
             f"GPU already has {latency} latency-class pod(s); at most {max_latency_tenants} per GPU"
-        )
-    return None
+        ), used
+    return None, used
 
 
 def _host_reason(node: NodeState, demand: Demand) -> str | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from gpushare.api.names import SLICES_PER_GPU
-from gpushare.packing.fit import fit_reason, model_allows
+from gpushare.packing.fit import gpu_fit, model_allows
 from gpushare.packing.model import Demand, GpuState, NodeState
 
 _MEMO_LIMIT = 400_000
@@ -269,7 +269,8 @@ def placement_options(
     if node.memory_free_bytes is not None and demand.host_memory_bytes > node.memory_free_bytes:
         return []
     model = node_model(node)
-    free = free_shares(node)
+    checked = [(i, g, *gpu_fit(g, demand)) for i, g in enumerate(node.gpus)]
+    free = tuple(sorted(SLICES_PER_GPU - used for _, g, _, used in checked if g.healthy))
     cpu_after = None if node.cpu_milli_free is None else node.cpu_milli_free - demand.cpu_milli
     memory = node.memory_free_bytes
     memory_after = None if memory is None else memory - demand.host_memory_bytes
@@ -285,16 +286,18 @@ def placement_options(
         after = workload.fragmentation(free, cpu_after, model)
         return [Option((), after - before, 0, strand)]
     if demand.whole:
-        chosen = [i for i, g in enumerate(node.gpus) if fit_reason(g, demand) is None][:gpus]
+        chosen = [i for i, _, reason, _ in checked if reason is None][:gpus]
         if len(chosen) < gpus:
             return []
         after = workload.fragmentation(_replace(free, SLICES_PER_GPU, 0, gpus), cpu_after, model)
         return [Option(tuple(chosen), after - before, 0, strand)]
     seen: set[int] = set()
-    for i, g in enumerate(node.gpus):
-        f = g.free_percent
-        key = -1 if every_gpu and not g.tenants else (i if every_gpu else f)
-        if key in seen or f < percent or fit_reason(g, demand) is not None:
+    for i, g, reason, used in checked:
+        if reason is not None:
+            continue
+        f = SLICES_PER_GPU - used
+        key = (-1 if not g.tenants else i) if every_gpu else f
+        if key in seen:
             continue
         seen.add(key)
         after = workload.fragmentation(_replace(free, f, f - percent), cpu_after, model)

@@ -50,8 +50,14 @@ _PROFILE_KEYS = ("fp16", "fp32", "fp64", "tensor", "sm_occupancy", "dram_bandwid
 _MIN_OCCUPANCY = 0.05
 
 
-def _loads(profile: PipeProfile, threads: int) -> tuple[float, float, float, float, float, float]:
-    """(occupancy, fp16, fp32, fp64, tensor, dram) scaled by the thread cap."""
+Load = tuple[float, float, float, float, float, float]
+"""(occupancy, fp16, fp32, fp64, tensor, dram) of one job under its thread cap."""
+_ZERO: Load = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def load_of(profile: PipeProfile, threads: int) -> Load:
+    """The job's loads scaled down by its thread cap (a job capped at 40% of the threads
+    cannot keep more than 40% of the SMs busy)."""
     occ = profile.sm_occupancy
     cap = max(1, min(threads, SLICES_PER_GPU)) / SLICES_PER_GPU
     scale = min(1.0, cap / max(occ, _MIN_OCCUPANCY))
@@ -65,26 +71,41 @@ def _loads(profile: PipeProfile, threads: int) -> tuple[float, float, float, flo
     )
 
 
-def features(
-    target: PipeProfile, target_threads: int, neighbours: Sequence[tuple[PipeProfile, int]]
-) -> tuple[float, ...]:
-    """The model's inputs for one target job (see the module docstring), in FEATURE_NAMES order."""
-    ot, h_t, s_t, d_t, x_t, m_t = _loads(target, target_threads)
-    on = h_n = s_n = d_n = x_n = m_n = 0.0
-    for profile, threads in neighbours:
-        o, h, s, d, x, m = _loads(profile, threads)
-        on += o
-        h_n += h
-        s_n += s
-        d_n += d
-        x_n += x
-        m_n += m
+def add_loads(a: Load, b: Load) -> Load:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4], a[5] + b[5])
+
+
+def sub_loads(a: Load, b: Load) -> Load:
+    return (
+        max(a[0] - b[0], 0.0),
+        max(a[1] - b[1], 0.0),
+        max(a[2] - b[2], 0.0),
+        max(a[3] - b[3], 0.0),
+        max(a[4] - b[4], 0.0),
+        max(a[5] - b[5], 0.0),
+    )
+
+
+def features_from(target: Load, neighbours: Load) -> tuple[float, ...]:
+    """The model's inputs from the target's load and the neighbours' summed loads."""
+    ot, h_t, s_t, d_t, x_t, m_t = target
+    on, h_n, s_n, d_n, x_n, m_n = neighbours
     total = ot + on
     over = max(0.0, total - 1.0) * (on / total) if total > 0 else 0.0
     same = h_t * h_n + s_t * s_n + d_t * d_n + x_t * x_n
     cross = (h_t + s_t + d_t + x_t) * (h_n + s_n + d_n + x_n) - same
     dram = m_t * m_n + max(0.0, m_t + m_n - 1.0)
     return (over, ot * on, same, max(cross, 0.0), dram)
+
+
+def features(
+    target: PipeProfile, target_threads: int, neighbours: Sequence[tuple[PipeProfile, int]]
+) -> tuple[float, ...]:
+    """The model's inputs for one target job (see the module docstring), in FEATURE_NAMES order."""
+    total = _ZERO
+    for profile, threads in neighbours:
+        total = add_loads(total, load_of(profile, threads))
+    return features_from(load_of(target, target_threads), total)
 
 
 @dataclass(frozen=True)
@@ -120,6 +141,14 @@ class InterferenceModel:
         if not neighbours:
             return 1.0
         x = features(target, target_threads, neighbours)
+        z = sum(c * v for c, v in zip(self.coefficients, x, strict=True))
+        return math.exp(z) if z > 0 else 1.0
+
+    def predict_load(self, target: Load, neighbours: Load) -> float:
+        """:meth:`predict` from precomputed loads (``neighbours`` summed)."""
+        if neighbours[0] <= 0.0 and neighbours[5] <= 0.0:
+            return 1.0
+        x = features_from(target, neighbours)
         z = sum(c * v for c, v in zip(self.coefficients, x, strict=True))
         return math.exp(z) if z > 0 else 1.0
 
@@ -438,8 +467,11 @@ def gpu_loss(tenants: Sequence[tuple[float, PipeProfile, int]], model: Interfere
     """
     if len(tenants) < 2:
         return 0.0
+    loads = [load_of(profile, threads) for _, profile, threads in tenants]
+    total = _ZERO
+    for load in loads:
+        total = add_loads(total, load)
     lost = 0.0
-    for i, (percent, profile, threads) in enumerate(tenants):
-        others = [(p, t) for k, (_, p, t) in enumerate(tenants) if k != i]
-        lost += percent * (1.0 - 1.0 / model.predict(profile, threads, others))
+    for (percent, _, _), load in zip(tenants, loads, strict=True):
+        lost += percent * (1.0 - 1.0 / model.predict_load(load, sub_loads(total, load)))
     return lost

@@ -20,11 +20,10 @@ Three policies:
 """
 
 import math
-from collections.abc import Sequence
 from enum import StrEnum
 
 from gpushare.api.names import SLICES_PER_GPU
-from gpushare.packing.fit import demand_memory, fit_reason
+from gpushare.packing.fit import demand_memory, gpu_fit
 from gpushare.packing.fragmentation import Option, Workload, placement_options
 from gpushare.packing.interference import (
     InterferenceModel,
@@ -103,18 +102,6 @@ def option_cost(
     return cost
 
 
-def _binpack_index(gpus: Sequence[GpuState], demand: Demand, fullest: bool) -> int | None:
-    best: int | None = None
-    best_free = 0
-    for i, g in enumerate(gpus):
-        if fit_reason(g, demand) is not None:
-            continue
-        free = g.free_percent
-        if best is None or (free < best_free if fullest else free > best_free):
-            best, best_free = i, free
-    return best
-
-
 def _choose_indices(
     node: NodeState,
     demand: Demand,
@@ -138,22 +125,33 @@ def _choose_indices(
     if node.memory_free_bytes is not None and demand.host_memory_bytes > node.memory_free_bytes:
         return None
     capacity = SLICES_PER_GPU * max(len(node.gpus), 1)
-    used = sum(g.used_percent for g in node.gpus)
+    fullest = policy is Policy.BINPACK
+    used_total = 0
+    fitting: list[int] = []
+    best: int | None = None
+    best_free = 0
+    for i, g in enumerate(node.gpus):
+        reason, used = gpu_fit(g, demand)
+        used_total += used
+        if reason is not None:
+            continue
+        fitting.append(i)
+        free = SLICES_PER_GPU - used
+        if best is None or (free < best_free if fullest else free > best_free):
+            best, best_free = i, free
     if demand.whole:
         wanted = max(demand.gpus, 1)
-        idle = [i for i, g in enumerate(node.gpus) if fit_reason(g, demand) is None][:wanted]
-        if len(idle) < wanted:
+        if len(fitting) < wanted:
             return None
-        after = used + SLICES_PER_GPU * wanted
-        chosen = tuple(idle)
+        after = used_total + SLICES_PER_GPU * wanted
+        chosen = tuple(fitting[:wanted])
     else:
-        index = _binpack_index(node.gpus, demand, fullest=policy is Policy.BINPACK)
-        if index is None:
+        if best is None:
             return None
-        after = used + min(demand.percent, SLICES_PER_GPU)
-        chosen = (index,)
+        after = used_total + min(demand.percent, SLICES_PER_GPU)
+        chosen = (best,)
     utilization = after / capacity
-    return chosen, (1.0 - utilization if policy is Policy.BINPACK else utilization)
+    return chosen, (1.0 - utilization if fullest else utilization)
 
 
 def choose_gpus(
