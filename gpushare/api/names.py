@@ -54,3 +54,9 @@ RESERVED_ENV_PREFIXES: Final = ("CUDA_MPS_",)
 RESERVED_ENV_NAMES: Final = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 METRIC_PREFIX: Final = "gpushare_"
+
+# Fault containment: a workload whose MPS clients fault repeatedly gets a GPU of its own.
+# Node annotation (JSON, written by the node agent): the workloads it marked exclusive.
+ANN_NODE_EXCLUSIVE: Final = f"{GROUP}/exclusive-workloads"
+# Pod annotation: why the pod was given a whole GPU (written by the webhook or the node agent).
+ANN_EXCLUSIVE: Final = f"{GROUP}/exclusive"

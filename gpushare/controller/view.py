@@ -16,8 +16,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.exclusive import ExclusiveWorkload, load_exclusive
 from gpushare.api.inventory import GpuInfo, load_inventory
-from gpushare.api.names import ANN_NODE_GPUS, SLICES_PER_GPU
+from gpushare.api.names import ANN_NODE_EXCLUSIVE, ANN_NODE_GPUS, SLICES_PER_GPU
 from gpushare.api.request import GpuRequest
 from gpushare.controller.pods import PodFacts, facts
 from gpushare.packing.fit import fit_reason
@@ -71,6 +72,7 @@ class ClusterView:
         self._tenancy: dict[str, dict[str, Tenant]] = {}
         self._tenants_by_gpu: dict[str, dict[str, Tenant]] = {}
         self._max_gpu_memory = 0
+        self._exclusive: dict[str, dict[str, ExclusiveWorkload]] = {}
         self.generation = 0
         """Bumped on every change; lets readers cache derived data."""
         self._node_versions: dict[str, int] = {}
@@ -182,6 +184,7 @@ class ClusterView:
             return
         ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
         assert isinstance(ann, Mapping)
+        self._read_exclusive(name, ann.get(ANN_NODE_EXCLUSIVE))
         text = ann.get(ANN_NODE_GPUS)
         if not isinstance(text, str):
             self.delete_node(name)
@@ -195,6 +198,24 @@ class ClusterView:
             return
         self._node_problems.pop(name, None)
         self._set_inventory(name, inventory)
+
+    def _read_exclusive(self, name: str, text: object) -> None:
+        """Workloads the node's agent marked for a GPU of their own (gpushare.api.exclusive)."""
+        if not isinstance(text, str) or not text:
+            self._exclusive.pop(name, None)
+            return
+        try:
+            self._exclusive[name] = {w.uid: w for w in load_exclusive(text)}
+        except InvalidInputError as exc:
+            log.warning("exclusive workloads unreadable", extra={"node": name, "error": str(exc)})
+
+    def exclusive_reason(self, workload_uid: str) -> str | None:
+        """Why the workload (a pod's controller UID) must run on a GPU of its own, if it must."""
+        for marks in self._exclusive.values():
+            mark = marks.get(workload_uid)
+            if mark is not None:
+                return mark.reason
+        return None
 
     def _set_inventory(self, name: str, inventory: list[GpuInfo]) -> None:
         old = self._nodes.get(name)
@@ -252,6 +273,8 @@ class ClusterView:
             self.upsert_node(node)
         for name in [n for n in self._nodes if n not in seen]:
             self.delete_node(name)
+        for name in [n for n in self._exclusive if n not in seen]:
+            del self._exclusive[name]
         self.nodes_synced = True
 
     def _refresh_max_memory(self) -> None:

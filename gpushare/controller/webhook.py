@@ -9,13 +9,14 @@ import base64
 import json
 import posixpath
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import (
     ANN_BIND_TIME,
     ANN_CLASS,
+    ANN_EXCLUSIVE,
     ANN_FRACTION,
     ANN_GPU_UUID,
     ANN_MEMORY,
@@ -44,6 +45,7 @@ PLACEMENT_ANNOTATIONS = (
 DEFAULT_SCHEDULERS = ("", "default-scheduler", SCHEDULER_NAME)
 
 ShareLookup = Callable[[str, str], GpuRequest | None]
+ExclusiveLookup = Callable[[str], str | None]
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class ClusterFacts:
     """Most GPUs on one node; 0 = unknown."""
     share_lookup: ShareLookup | None = None
     protected_host_paths: tuple[str, ...] = ()
+    exclusive_lookup: ExclusiveLookup | None = None
+    """Workload (controller) UID -> why it must get a GPU of its own (repeated GPU faults)."""
 
 
 @dataclass(frozen=True)
@@ -316,12 +320,37 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
     if errors:
         return Verdict(allowed=False, errors=tuple(errors))
     assert request is not None
-    patch = _patch(pod, request=request, target=target) if mutate else []
-    return Verdict(allowed=True, patch=patch)
+    exclusive = _exclusive_reason(pod, facts=facts) if mutate and request.fractional else None
+    if exclusive is not None:
+        request = replace(request, percent=SLICES_PER_GPU)
+    patch = _patch(pod, request=request, target=target, exclusive=exclusive) if mutate else []
+    warnings = (f"gpushare: {exclusive}; this pod gets a whole GPU",) if exclusive else ()
+    return Verdict(allowed=True, patch=patch, warnings=warnings)
 
 
-def _patch(pod: pods.Pod, *, request: GpuRequest, target: int) -> list[dict[str, Any]]:
+def _exclusive_reason(pod: pods.Pod, *, facts: ClusterFacts) -> str | None:
+    """Why the pod's workload must run alone on a GPU (its clients faulted repeatedly on shared
+    GPUs, see gpushare.node.faults), or None."""
+    if facts.exclusive_lookup is None:
+        return None
+    refs = pods.metadata(pod).get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else []:
+        if isinstance(ref, Mapping) and ref.get("controller") and isinstance(ref.get("uid"), str):
+            return facts.exclusive_lookup(ref["uid"])
+    return None
+
+
+def _patch(
+    pod: pods.Pod, *, request: GpuRequest, target: int, exclusive: str | None = None
+) -> list[dict[str, Any]]:
     ops: list[dict[str, Any]] = []
+    if exclusive is not None:
+        if not isinstance(pods.metadata(pod).get("annotations"), Mapping):
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        for key, value in ((ANN_FRACTION, "1"), (ANN_EXCLUSIVE, exclusive)):
+            ops.append(
+                {"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": value}
+            )
     container = pods.containers(pod)[target]
     base = f"/spec/containers/{target}/resources"
     resources = container.get("resources")

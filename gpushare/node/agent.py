@@ -32,6 +32,7 @@ from gpushare.deviceplugin.server import DevicePluginServicer
 from gpushare.gpu.backend import GpuBackend, HealthEvent
 from gpushare.mps.manager import MpsManager, ShmMode
 from gpushare.node.extension import ExporterHandle, wire_exporter
+from gpushare.node.faults import FaultMonitor, PodResolver
 from gpushare.node.load import Share, simulated_load
 from gpushare.node.metrics import AgentCollector, MetricsServer
 
@@ -69,6 +70,11 @@ class AgentSettings:
     pods using them keep running."""
     exporter: bool = True
     """Wire in gpushare.exporter's collectors and /profile endpoint when installed."""
+    fault_check_s: float = 0.5
+    """How often the MPS daemons' logs are read for fatal client faults (gpushare.node.faults)."""
+    exclusive_after_faults: int = 2
+    """Fatal GPU faults a workload may cause within an hour before it is moved to a GPU of its
+    own (0: never)."""
 
 
 def mps_capable(gpus: list[GpuInfo]) -> bool:
@@ -116,6 +122,17 @@ class NodeAgent:
             plugin_dir=settings.device_plugin_dir,
             endpoint=settings.plugin_endpoint,
         )
+        self.faults = FaultMonitor(
+            node_name=settings.node_name,
+            log_dirs=lambda: {g.uuid: self.mps.paths(g.uuid).log for g in self.gpus},
+            pods=self.pods,
+            fresh_pods=getattr(kube, "raw_node_pods", None),
+            kube=kube,
+            resolver=PodResolver(candidates=self._client_pids),
+            mps_check=lambda uuid: self.mps.check_one(uuid).up,
+            terminate_client=None if backend.simulated else self._terminate_client,
+            exclusive_after=settings.exclusive_after_faults,
+        )
         self.registry = CollectorRegistry()
         self._servicers: list[DevicePluginServicer] = []
         self._exporter: ExporterHandle | None = None
@@ -153,6 +170,15 @@ class NodeAgent:
         servicer = DevicePluginServicer(allocator=self.allocator, health=self.health)
         self._servicers.append(servicer)
         return servicer
+
+    def _client_pids(self, uuid: str) -> list[int]:
+        try:
+            return [p.pid for p in self.backend.processes(uuid) if p.mps_client]
+        except Exception:
+            return []
+
+    def _terminate_client(self, uuid: str, server_pid: int, client_pid: int) -> None:
+        self.mps.query(uuid, f"terminate_client {server_pid} {client_pid}")
 
     def _stats(self) -> dict[str, float]:
         _, state = self.health.snapshot()
@@ -288,6 +314,7 @@ class NodeAgent:
                     backend_name=self.backend.name,
                 )
             )
+            self.registry.register(self.faults.collector())
             self.metrics = MetricsServer(
                 registry=self.registry, host=settings.metrics_host, port=settings.metrics_port
             )
@@ -306,6 +333,9 @@ class NodeAgent:
             threads.append(self._health_loop(stop))
             threads.append(self._loop("mps-check", stop, settings.mps_check_s, self.mps.check))
             threads.append(self._loop("pods", stop, settings.pod_refresh_s, self.refresh_pods))
+            threads.append(
+                self._loop("mps-faults", stop, settings.fault_check_s, self.faults.check)
+            )
             threads.append(self._loop("publish", stop, 1.0, self._publish_step))
             self.runner.run(stop)
         finally:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from lightkube import Client, KubeConfig
+from lightkube import ApiError, Client, KubeConfig
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node, Pod
@@ -118,6 +118,25 @@ class NodeKube:
             patch_type=PatchType.MERGE,
         )
 
+    def annotate_pod(self, *, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        self.client.patch(
+            Pod,
+            name,
+            {"metadata": {"annotations": dict(annotations)}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+
+    def evict_pod(self, *, namespace: str, name: str) -> None:
+        """Evict through the Eviction API (PodDisruptionBudgets hold); a pod already gone is
+        fine."""
+        body = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
+        try:
+            self.client.create(body, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+
     # --- events --------------------------------------------------------------------------
 
     def _node_uid(self) -> str | None:
@@ -156,6 +175,10 @@ class NodeKube:
         self.client.create(event, namespace=namespace)
 
     # --- node ----------------------------------------------------------------------------
+
+    def node_annotations(self) -> dict[str, str]:
+        node = self.client.get(Node, self.node_name)
+        return dict((node.metadata.annotations if node.metadata else None) or {})
 
     def publish_node(
         self, *, annotations: Mapping[str, str], labels: Mapping[str, str | None]

@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not wire in gpushare.exporter (serve only the agent's own metrics)",
     )
     parser.add_argument(
+        "--exclusive-after-faults",
+        type=int,
+        default=2,
+        help="fatal GPU faults a workload may cause within an hour before it is moved to a GPU "
+        "of its own; 0 never moves it (default: %(default)s)",
+    )
+    parser.add_argument(
         "--log-level",
         default="INFO",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -149,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pod_resources_socket=args.pod_resources_socket,
         stop_mps_on_exit=args.stop_mps_on_exit,
         exporter=not args.no_exporter,
+        exclusive_after_faults=max(0, args.exclusive_after_faults),
     )
     agent = NodeAgent(settings, backend=backend, kube=kube, device_nodes=_device_nodes(backend))
     stop = threading.Event()

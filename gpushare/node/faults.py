@@ -1,0 +1,891 @@
+"""Fatal GPU faults of MPS clients: detect them, tell the faulting pod from its victims, recover.
+
+Why: a fatal fault in one MPS client (an illegal memory access, a device-side assert) is
+reported to every client of that GPU's MPS server, so the pods sharing the GPU fail with it
+(seen on an H200: an innocent neighbour's next GEMM failed; the server survived and took new
+clients about a second later). Users see only "illegal memory access" in every pod; this module
+says which pod caused it.
+
+How: each GPU's MPS daemon writes ``control.log`` and ``server.log`` into its log directory
+(``<mps-root>/<uuid>/log``). The monitor follows both files, tracks which client PIDs are
+connected to which server, and turns fault lines into a :class:`FaultIncident`: the client(s)
+the server names as the cause, and every other client connected at the time as victims. Client
+PIDs are resolved to pods while the clients live (``/proc/<pid>/cgroup``, or the PID namespace
+mapping when the server logs a container-side PID). Then it
+
+- records a Warning Event on the faulting pod and on each victim, and counts them in metrics;
+- health-checks the GPU's MPS daemon (the manager restarts a daemon that does not answer);
+- asks the control daemon to ``terminate_client`` affected clients that still hold their broken
+  context after a grace period (the server takes no new client until they are gone);
+- marks a workload whose clients caused ``exclusive_after`` faults within ``window_s`` for an
+  exclusive GPU: listed in the node annotation ``gpushare.io/exclusive-workloads`` (the
+  admission webhook gives the workload's new pods a whole GPU, which runs without MPS) and its
+  pod evicted, so its controller recreates it on a GPU of its own.
+
+The parsing and classification are pure functions; the monitor does its I/O through the
+callables it is given, so it is tested without a GPU or a cluster.
+"""
+
+import logging
+import re
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.exclusive import ExclusiveWorkload, dump_exclusive, load_exclusive
+from gpushare.api.names import ANN_EXCLUSIVE, ANN_NODE_EXCLUSIVE, SLICES_PER_GPU
+from gpushare.api.placement import format_time, parse_placement
+from gpushare.deviceplugin.allocation import PodInfo
+from gpushare.exporter.attribution import parse_cgroup
+
+log = logging.getLogger(__name__)
+
+LOG_FILES = ("server.log", "control.log")
+MAX_INITIAL_READ = 8 * 2**20
+"""Bytes of an existing log read at start (to learn which clients are connected)."""
+
+# ---- parsing ------------------------------------------------------------------------------
+
+_LINE = re.compile(
+    r"^\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)\s+(?P<source>[A-Za-z][A-Za-z ]*?)"
+    r"\s+(?P<pid>\d+)\]\s?(?P<msg>.*)$"
+)
+_CONNECT = re.compile(
+    r"(?:[Cc]lient\s*\{\s*PID:\s*(\d+)[^}]*\}\s*connected)|(?:[Nn]ew client (\d+) connected)"
+    r"|(?:[Cc]lient (\d+) connected)"
+)
+_DISCONNECT = re.compile(
+    r"[Cc]lient\s*(?:\{\s*PID:\s*)?(\d+)[^\n]*?(?:disconnected|exited|has exited|terminated)"
+)
+_PIDS = re.compile(r"(?:PID:\s*|[Cc]lients?\s+(?:process\s+)?|\bpid[ =:]+)(\d+)")
+_FAULT_WORDS = re.compile(
+    r"fatal|exception|fault|illegal|xid|sticky|unrecoverable|device-side assert|error",
+    re.IGNORECASE,
+)
+# A fault line naming a client as the cause.
+_CAUSE_WORDS = re.compile(
+    r"encounter|caus|trigger|generat|originat|faulted|faulting|raised|from client|by client",
+    re.IGNORECASE,
+)
+# A fault line naming clients the fault reaches (victims, or everyone, cause included).
+_AFFECTED_WORDS = re.compile(
+    r"affect|notif|terminat|kill|reset|victim|sending|propagat|abort", re.IGNORECASE
+)
+_SERVER_EXIT = re.compile(r"Server (\d+) exited")
+# Lines with a fault word that are routine.
+_ROUTINE = re.compile(
+    r"Receive command failed, assuming client exit|did not send valid credentials"
+    r"|set to|Starting|started|Startup",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class MpsLogLine:
+    """One line of an MPS daemon or server log."""
+
+    at: float
+    """When it was logged (epoch seconds; MPS logs local time to the millisecond)."""
+    source: str
+    """``Control``, ``Server``, ``Other``, ... as the log writes it."""
+    pid: int
+    """PID of the process that logged it (the control daemon or the MPS server)."""
+    message: str
+    text: str
+
+
+def parse_log_line(text: str) -> MpsLogLine | None:
+    """``[2026-11-21 10:00:01.123 Server  4428] message`` -> MpsLogLine; None if not that shape."""
+    match = _LINE.match(text.rstrip("\n"))
+    if match is None:
+        return None
+    stamp = match["ts"]
+    try:
+        moment = datetime.strptime(
+            stamp, "%Y-%m-%d %H:%M:%S.%f" if "." in stamp else "%Y-%m-%d %H:%M:%S"
+        )
+    except ValueError:
+        return None
+    return MpsLogLine(
+        at=moment.timestamp(),
+        source=match["source"].strip(),
+        pid=int(match["pid"]),
+        message=match["msg"].strip(),
+        text=text.rstrip("\n"),
+    )
+
+
+def _first_pid(match: re.Match[str]) -> int:
+    return int(next(g for g in match.groups() if g))
+
+
+def connected_pid(line: MpsLogLine) -> int | None:
+    match = _CONNECT.search(line.message)
+    return _first_pid(match) if match else None
+
+
+def disconnected_pid(line: MpsLogLine) -> int | None:
+    match = _DISCONNECT.search(line.message)
+    return int(match.group(1)) if match else None
+
+
+def is_fault_line(line: MpsLogLine) -> bool:
+    """A line reporting a fatal GPU error (not a client connecting or leaving normally)."""
+    if connected_pid(line) is not None:
+        return False
+    if not _FAULT_WORDS.search(line.message):
+        return False
+    return not _ROUTINE.search(line.message)
+
+
+def mentioned_pids(line: MpsLogLine) -> list[int]:
+    """Client PIDs a line names (never the PID of the server that logged it)."""
+    return [int(p) for p in _PIDS.findall(line.message) if int(p) != line.pid]
+
+
+# ---- incidents ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultIncident:
+    """One fatal fault on one GPU's MPS server, as the logs tell it."""
+
+    gpu_uuid: str
+    server_pid: int | None
+    logged_at: float
+    """When the first fault line was logged."""
+    detected_at: float
+    """When the monitor read it."""
+    faulting_pids: tuple[int, ...]
+    """Clients the server named as the cause; empty when the log names none."""
+    victim_pids: tuple[int, ...]
+    """Other clients connected to the server when it happened."""
+    evidence: tuple[str, ...]
+    """The fault lines, as logged (at most a few)."""
+
+    @property
+    def attributed(self) -> bool:
+        return bool(self.faulting_pids)
+
+    @property
+    def detection_s(self) -> float:
+        return max(0.0, self.detected_at - self.logged_at)
+
+
+def classify(
+    fault_lines: list[MpsLogLine], connected: Iterable[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(faulting pids, victim pids) from the fault lines of one incident and the clients that
+    were connected. A pid named on a "cause" line is the faulter; pids on "affected" lines and
+    the connected clients are victims; a single pid named on an otherwise plain fault line is
+    taken as the faulter."""
+    causes: list[int] = []
+    affected: list[int] = []
+    plain: list[int] = []
+    for line in fault_lines:
+        pids = mentioned_pids(line)
+        if not pids:
+            continue
+        if _AFFECTED_WORDS.search(line.message) and not _CAUSE_WORDS.search(line.message):
+            affected += pids
+        elif _CAUSE_WORDS.search(line.message):
+            causes += pids
+        else:
+            plain += pids
+    faulting = list(dict.fromkeys(causes))
+    if not faulting and len(set(plain)) == 1:
+        faulting = [plain[0]]
+        plain = []
+    others = [*affected, *plain, *connected]
+    victims = [p for p in dict.fromkeys(others) if p not in faulting]
+    return tuple(faulting), tuple(victims)
+
+
+class ServerState:
+    """Connected clients of each MPS server of one GPU, learned from its logs."""
+
+    def __init__(self) -> None:
+        self.clients: dict[int, set[int]] = defaultdict(set)
+        self.broken: set[int] = set()
+        """Clients an earlier fault broke that have not left yet."""
+        self.last_server: int | None = None
+
+    def connected(self, server: int | None) -> set[int]:
+        if server is not None:
+            return set(self.clients.get(server, set()))
+        return set().union(*self.clients.values()) if self.clients else set()
+
+    def healthy(self, server: int | None) -> set[int]:
+        """Connected clients no earlier fault broke."""
+        return self.connected(server) - self.broken
+
+    def feed(self, line: MpsLogLine) -> None:
+        if line.source.lower().endswith("server") or line.source == "Other":
+            self.last_server = line.pid
+        pid = connected_pid(line)
+        if pid is not None:
+            self.clients[line.pid].add(pid)
+            return
+        gone = disconnected_pid(line)
+        if gone is not None:
+            self.broken.discard(gone)
+            for clients in self.clients.values():
+                clients.discard(gone)
+        ended = _SERVER_EXIT.search(line.message) if line.source == "Control" else None
+        if ended is not None:
+            for pid in self.clients.pop(int(ended.group(1)), set()):
+                self.broken.discard(pid)
+
+
+class FaultDetector:
+    """Turns one GPU's log lines into incidents. Lines of one fault arrive within a moment of
+    each other; an incident is emitted once no new fault line came for ``settle_s``."""
+
+    def __init__(self, gpu_uuid: str, *, settle_s: float = 0.3, since: float = 0.0) -> None:
+        self.gpu_uuid = gpu_uuid
+        self.settle_s = settle_s
+        self.since = since
+        """Fault lines logged before this (e.g. before the agent started) are history."""
+        self.state = ServerState()
+        self._pending: list[MpsLogLine] = []
+        self._pending_connected: set[int] = set()
+        self._last_fault_read = 0.0
+
+    def feed(self, lines: Iterable[MpsLogLine], *, now: float) -> list[int]:
+        """Take new lines in; returns the client PIDs that connected (to resolve while alive)."""
+        connected: list[int] = []
+        for line in lines:
+            if is_fault_line(line) and line.at >= self.since:
+                if not self._pending:
+                    server = line.pid if line.source != "Control" else self.state.last_server
+                    self._pending_connected = self.state.healthy(server)
+                self._pending.append(line)
+                self._last_fault_read = now
+                # Clients logged as leaving after the fault are still its victims.
+                continue
+            pid = connected_pid(line)
+            if pid is not None:
+                connected.append(pid)
+            self.state.feed(line)
+        return connected
+
+    def incidents(self, *, now: float) -> list[FaultIncident]:
+        if not self._pending or now - self._last_fault_read < self.settle_s:
+            return []
+        lines, self._pending = self._pending, []
+        servers = [ln.pid for ln in lines if ln.source != "Control"]
+        server = servers[0] if servers else self.state.last_server
+        faulting, victims = classify(lines, self._pending_connected)
+        # Every client of the server is broken by the fault and must exit: it is no victim of a
+        # later fault.
+        self.state.broken.update((*faulting, *victims))
+        return [
+            FaultIncident(
+                gpu_uuid=self.gpu_uuid,
+                server_pid=server,
+                logged_at=lines[0].at,
+                detected_at=now,
+                faulting_pids=faulting,
+                victim_pids=victims,
+                evidence=tuple(ln.text for ln in lines[:6]),
+            )
+        ]
+
+
+# ---- following log files ------------------------------------------------------------------
+
+
+class LogTail:
+    """New complete lines of a file that grows, is truncated or is replaced."""
+
+    def __init__(self, path: Path, *, from_start: bool = True) -> None:
+        self.path = path
+        self._offset = 0
+        self._inode: int | None = None
+        self._partial = b""
+        self._from_start = from_start
+
+    def read(self) -> list[str]:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return []
+        if self._inode != stat.st_ino or stat.st_size < self._offset:
+            first = self._inode is None
+            self._inode, self._partial = stat.st_ino, b""
+            if first and not self._from_start:
+                self._offset = stat.st_size
+            else:
+                self._offset = max(0, stat.st_size - MAX_INITIAL_READ) if first else 0
+        if stat.st_size == self._offset:
+            return []
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read(stat.st_size - self._offset)
+        except OSError:
+            return []
+        self._offset += len(data)
+        data = self._partial + data
+        *complete, self._partial = data.split(b"\n")
+        return [line.decode(errors="replace") for line in complete if line.strip()]
+
+
+# ---- PIDs to pods -------------------------------------------------------------------------
+
+
+def _nspids(proc_root: Path, pid: int) -> list[int]:
+    """``NSpid`` of a process: its PID in each PID namespace, outermost first."""
+    try:
+        for line in (proc_root / str(pid) / "status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def _pod_of_host_pid(proc_root: Path, pid: int) -> str | None:
+    try:
+        owner = parse_cgroup((proc_root / str(pid) / "cgroup").read_text())
+    except OSError:
+        return None
+    return owner.pod_uid if owner else None
+
+
+class PodResolver:
+    """Client PID (as the MPS server logs it) -> pod UID.
+
+    The server may log a host PID or, for a client in a container's PID namespace, the PID the
+    client sees; the second is matched against the innermost ``NSpid`` of the GPU's live
+    client processes (``candidates``, host PIDs from NVML), and only when exactly one pod
+    matches. Results are cached, because a faulting client is often gone by the time its fault
+    is read."""
+
+    def __init__(
+        self,
+        *,
+        proc_root: Path = Path("/proc"),
+        candidates: Callable[[str], Iterable[int]] | None = None,
+        cache_size: int = 4096,
+    ) -> None:
+        self.proc_root = proc_root
+        self.candidates = candidates
+        self._cache: dict[tuple[str, int], str] = {}
+        self._order: deque[tuple[str, int]] = deque()
+        self._cache_size = cache_size
+
+    def remember(self, gpu_uuid: str, pid: int) -> str | None:
+        key = (gpu_uuid, pid)
+        if key in self._cache:
+            return self._cache[key]
+        uid = self._lookup(gpu_uuid, pid)
+        if uid is not None:
+            self._cache[key] = uid
+            self._order.append(key)
+            while len(self._order) > self._cache_size:
+                self._cache.pop(self._order.popleft(), None)
+        return uid
+
+    def _lookup(self, gpu_uuid: str, pid: int) -> str | None:
+        live = list(self.candidates(gpu_uuid)) if self.candidates else []
+        if pid in live or not live:
+            found = _pod_of_host_pid(self.proc_root, pid)
+            if found is not None or pid in live:
+                return found
+        owners = {
+            _pod_of_host_pid(self.proc_root, host)
+            for host in live
+            if (ns := _nspids(self.proc_root, host)) and len(ns) > 1 and ns[-1] == pid
+        }
+        owners.discard(None)
+        if len(owners) == 1:
+            return owners.pop()
+        return _pod_of_host_pid(self.proc_root, pid) if live else None
+
+
+# ---- workloads and repeat offenders -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What recreates a pod: its controller, else the pod itself."""
+
+    uid: str
+    kind: str
+    namespace: str
+    name: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+def workload_of(pod: Mapping[str, Any]) -> Workload:
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace", ""))
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("uid"):
+            return Workload(str(ref["uid"]), str(ref.get("kind", "")), namespace, str(ref["name"]))
+    return Workload(str(meta.get("uid", "")), "Pod", namespace, str(meta.get("name", "")))
+
+
+class RepeatOffenders:
+    """Faults caused per workload within a sliding window."""
+
+    def __init__(self, *, threshold: int, window_s: float) -> None:
+        self.threshold = threshold
+        self.window_s = window_s
+        self._times: dict[str, deque[float]] = defaultdict(deque)
+
+    def record(self, workload: Workload, at: float) -> int:
+        """Count one fault; returns the workload's faults within the window."""
+        times = self._times[workload.uid]
+        times.append(at)
+        while times and times[0] < at - self.window_s:
+            times.popleft()
+        return len(times)
+
+    def repeat(self, count: int) -> bool:
+        return self.threshold > 0 and count >= self.threshold
+
+
+# ---- the monitor --------------------------------------------------------------------------
+
+
+class FaultKube(Protocol):
+    """The Kubernetes calls the monitor makes (gpushare.node.kube.NodeKube implements them)."""
+
+    def record_event(
+        self, *, pod: PodInfo | None, reason: str, message: str, warning: bool
+    ) -> None: ...
+
+    def publish_node(
+        self, *, annotations: Mapping[str, str], labels: Mapping[str, str | None]
+    ) -> None: ...
+
+    def node_annotations(self) -> dict[str, str]: ...
+
+    def annotate_pod(
+        self, *, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> None: ...
+
+    def evict_pod(self, *, namespace: str, name: str) -> None: ...
+
+
+@dataclass
+class FaultStats:
+    incidents: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    """(gpu uuid, attributed yes|no) -> incidents."""
+    clients: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    """(gpu uuid, role) -> clients, role faulting|victim|unattributed."""
+    detection_s: dict[str, float] = field(default_factory=dict)
+    terminated: int = 0
+    evicted: int = 0
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """A pod an incident involves."""
+
+    pid: int
+    uid: str | None
+    manifest: Mapping[str, Any] | None
+
+    @property
+    def key(self) -> str:
+        meta = (self.manifest or {}).get("metadata") or {}
+        return f"{meta.get('namespace', '?')}/{meta.get('name', '?')}" if self.manifest else "?"
+
+
+def _pod_info(pod: Mapping[str, Any]) -> PodInfo:
+    meta = pod.get("metadata") or {}
+    return PodInfo(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        annotations=dict(meta.get("annotations") or {}),
+        phase=str((pod.get("status") or {}).get("phase") or "Pending"),
+    )
+
+
+def _shares_gpu(pod: Mapping[str, Any]) -> bool:
+    """True when the pod runs on a share of a GPU (through MPS), not on whole GPUs."""
+    try:
+        placement = parse_placement((pod.get("metadata") or {}).get("annotations") or {})
+    except InvalidInputError:
+        return True
+    return placement is None or (
+        len(placement.gpu_uuids) == 1 and placement.thread_percent < SLICES_PER_GPU
+    )
+
+
+class FaultMonitor:
+    """Follows every GPU's MPS logs and reacts to fatal client faults (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        log_dirs: Callable[[], Mapping[str, Path]],
+        pods: Callable[[], list[dict[str, Any]]],
+        fresh_pods: Callable[[], list[dict[str, Any]]] | None,
+        kube: FaultKube | None,
+        resolver: PodResolver | Callable[[str, int], str | None],
+        mps_check: Callable[[str], bool] | None = None,
+        terminate_client: Callable[[str, int, int], None] | None = None,
+        exclusive_after: int = 2,
+        window_s: float = 3600.0,
+        terminate_after_s: float = 15.0,
+        exclusive_ttl_s: float = 86400.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node_name = node_name
+        self.log_dirs = log_dirs
+        self.pods = pods
+        self.fresh_pods = fresh_pods
+        self.kube = kube
+        self._resolve = resolver.remember if isinstance(resolver, PodResolver) else resolver
+        self.mps_check = mps_check
+        self.terminate_client = terminate_client
+        self.offenders = RepeatOffenders(threshold=exclusive_after, window_s=window_s)
+        self.terminate_after_s = terminate_after_s
+        self.exclusive_ttl_s = exclusive_ttl_s
+        self.clock = clock
+        self.started = clock()
+        self.stats = FaultStats()
+        self.history: deque[FaultIncident] = deque(maxlen=100)
+        self.exclusive: dict[str, ExclusiveWorkload] = {}
+        self._detectors: dict[str, FaultDetector] = {}
+        self._tails: dict[str, list[LogTail]] = {}
+        self._lingering: list[tuple[float, FaultIncident]] = []
+        self._lock = threading.Lock()
+        self._loaded = False
+
+    # --- the loop step -------------------------------------------------------------------
+
+    def check(self) -> list[FaultIncident]:
+        """Read new log lines of every GPU; handle incidents. Called every ~0.5 s."""
+        with self._lock:
+            self._load_exclusive()
+            now = self.clock()
+            found: list[FaultIncident] = []
+            for uuid, directory in self.log_dirs().items():
+                detector = self._detectors.get(uuid)
+                if detector is None:
+                    detector = self._detectors[uuid] = FaultDetector(uuid, since=self.started)
+                    self._tails[uuid] = [LogTail(directory / name) for name in LOG_FILES]
+                lines = [
+                    parsed
+                    for tail in self._tails[uuid]
+                    for raw in tail.read()
+                    if (parsed := parse_log_line(raw)) is not None
+                ]
+                lines.sort(key=lambda ln: ln.at)
+                for pid in detector.feed(lines, now=now):
+                    self._resolve(uuid, pid)
+                found += detector.incidents(now=now)
+            for incident in found:
+                self._handle(incident)
+            self._terminate_lingering(now)
+            return found
+
+    # --- reactions -----------------------------------------------------------------------
+
+    def _pods_by_uid(self, uids: set[str]) -> dict[str, Mapping[str, Any]]:
+        def index(pods: list[dict[str, Any]]) -> dict[str, Mapping[str, Any]]:
+            return {str((p.get("metadata") or {}).get("uid")): p for p in pods}
+
+        known = index(self.pods())
+        if not uids <= set(known) and self.fresh_pods is not None:
+            try:
+                known = index(self.fresh_pods())
+            except Exception as exc:
+                log.warning("could not list this node's pods: %s", exc)
+        return known
+
+    def refs(self, incident: FaultIncident) -> tuple[list[PodRef], list[PodRef]]:
+        """(faulting, victims) as pods."""
+        uids = {
+            pid: self._resolve(incident.gpu_uuid, pid)
+            for pid in (*incident.faulting_pids, *incident.victim_pids)
+        }
+        pods = self._pods_by_uid({u for u in uids.values() if u})
+
+        def ref(pid: int) -> PodRef:
+            uid = uids.get(pid)
+            return PodRef(pid=pid, uid=uid, manifest=pods.get(uid) if uid else None)
+
+        faulting = [ref(p) for p in incident.faulting_pids]
+        blamed = {r.uid for r in faulting if r.uid}
+        victims = [ref(p) for p in incident.victim_pids]
+        # Another process of the faulting pod is not a victim of it.
+        victims = [v for v in victims if not (v.uid and v.uid in blamed)]
+        return faulting, victims
+
+    def _handle(self, incident: FaultIncident) -> None:
+        self.history.append(incident)
+        stats = self.stats
+        stats.incidents[(incident.gpu_uuid, "yes" if incident.attributed else "no")] += 1
+        stats.detection_s[incident.gpu_uuid] = incident.detection_s
+        faulting, victims = self.refs(incident)
+        cause = ", ".join(f"{r.key} (process {r.pid})" for r in faulting) or "an unknown client"
+        log.warning(
+            "fatal GPU fault on %s: caused by %s; %d other client(s) affected",
+            incident.gpu_uuid,
+            cause,
+            len(victims),
+            extra={"evidence": list(incident.evidence), "detection_s": incident.detection_s},
+        )
+        for ref in faulting:
+            stats.clients[(incident.gpu_uuid, "faulting")] += 1
+            self._event(
+                ref,
+                "GpuShareFault",
+                f"process {ref.pid} of this pod caused a fatal GPU fault on shared GPU "
+                f"{incident.gpu_uuid}; the MPS server reported it to the {len(victims)} other "
+                "client(s) on the GPU, whose CUDA work failed too. A workload that faults "
+                f"{self.offenders.threshold} times in {self.offenders.window_s / 3600:g} h gets "
+                "a GPU of its own. Server log: " + " | ".join(incident.evidence[:2]),
+            )
+        role = "victim" if incident.attributed else "unattributed"
+        for ref in victims:
+            stats.clients[(incident.gpu_uuid, role)] += 1
+            if incident.attributed:
+                message = (
+                    f"process {ref.pid} of this pod lost its CUDA context on shared GPU "
+                    f"{incident.gpu_uuid} because of a fatal GPU fault in {cause}; this pod did "
+                    "nothing wrong. Restart the failed container (restartPolicy does it)."
+                )
+            else:
+                message = (
+                    f"process {ref.pid} of this pod lost its CUDA context on shared GPU "
+                    f"{incident.gpu_uuid} in a fatal GPU fault; the MPS server log did not name "
+                    "the client that caused it. Server log: " + " | ".join(incident.evidence[:2])
+                )
+            self._event(ref, "GpuShareFaultVictim", message)
+        if self.kube is not None:
+            try:
+                self.kube.record_event(
+                    pod=None,
+                    reason="GpuShareFault",
+                    message=f"fatal GPU fault on {incident.gpu_uuid} caused by {cause}; "
+                    f"{len(victims)} other client(s) affected",
+                    warning=True,
+                )
+            except Exception as exc:
+                log.warning("could not record the node event: %s", exc)
+        if self.mps_check is not None:
+            try:
+                up = self.mps_check(incident.gpu_uuid)
+            except Exception as exc:
+                log.warning("MPS daemon check after the fault failed: %s", exc)
+                up = False
+            log.info(
+                "MPS daemon of %s after the fault: %s", incident.gpu_uuid, "up" if up else "down"
+            )
+        if self.terminate_client is not None and incident.server_pid is not None:
+            self._lingering.append((incident.detected_at, incident))
+        for ref in faulting:
+            if ref.manifest is not None:
+                self._count_fault(ref, incident)
+
+    def _event(self, ref: PodRef, reason: str, message: str) -> None:
+        if self.kube is None or ref.manifest is None:
+            return
+        try:
+            self.kube.record_event(
+                pod=_pod_info(ref.manifest), reason=reason, message=message, warning=True
+            )
+        except Exception as exc:
+            log.warning("could not record event %s on %s: %s", reason, ref.key, exc)
+
+    def _terminate_lingering(self, now: float) -> None:
+        """Affected clients still connected after the grace period keep the server from taking
+        new clients: ask the control daemon to terminate their work."""
+        keep: list[tuple[float, FaultIncident]] = []
+        for since, incident in self._lingering:
+            if now - since < self.terminate_after_s:
+                keep.append((since, incident))
+                continue
+            detector = self._detectors.get(incident.gpu_uuid)
+            still = detector.state.connected(incident.server_pid) if detector else set()
+            for pid in sorted(still & {*incident.faulting_pids, *incident.victim_pids}):
+                assert self.terminate_client is not None and incident.server_pid is not None
+                try:
+                    self.terminate_client(incident.gpu_uuid, incident.server_pid, pid)
+                    self.stats.terminated += 1
+                    log.warning(
+                        "terminated MPS client %d of server %d on %s: it kept its broken context",
+                        pid,
+                        incident.server_pid,
+                        incident.gpu_uuid,
+                    )
+                except Exception as exc:
+                    log.warning("terminate_client %d failed: %s", pid, exc)
+        self._lingering = keep
+
+    # --- exclusive GPUs for repeat offenders ---------------------------------------------
+
+    def _load_exclusive(self) -> None:
+        if self._loaded or self.kube is None:
+            return
+        self._loaded = True
+        try:
+            text = self.kube.node_annotations().get(ANN_NODE_EXCLUSIVE)
+            if text:
+                self.exclusive = {w.uid: w for w in load_exclusive(text)}
+        except Exception as exc:
+            log.warning("ignoring this node's %s: %s", ANN_NODE_EXCLUSIVE, exc)
+
+    def _count_fault(self, ref: PodRef, incident: FaultIncident) -> None:
+        assert ref.manifest is not None
+        workload = workload_of(ref.manifest)
+        count = self.offenders.record(workload, incident.logged_at)
+        if not self.offenders.repeat(count):
+            return
+        mark = ExclusiveWorkload(
+            uid=workload.uid,
+            kind=workload.kind,
+            namespace=workload.namespace,
+            name=workload.name,
+            faults=count,
+            since=format_time(datetime.fromtimestamp(incident.logged_at, tz=UTC)),
+            gpu_uuid=incident.gpu_uuid,
+        )
+        first = workload.uid not in self.exclusive
+        self.exclusive[workload.uid] = mark
+        if first:
+            self._publish_exclusive()
+        if not _shares_gpu(ref.manifest):
+            return
+        info = _pod_info(ref.manifest)
+        recreate = (
+            f"its {workload.kind} recreates it on a GPU of its own"
+            if workload.kind != "Pod"
+            else 'it has no controller: recreate it with gpushare.io/gpu-fraction: "1"'
+        )
+        self._event(
+            ref,
+            "GpuShareExclusiveGpu",
+            f"{mark.reason}; evicting this pod from its shared GPU so it stops breaking its "
+            f"neighbours; {recreate}",
+        )
+        if self.kube is None:
+            return
+        try:
+            self.kube.annotate_pod(
+                namespace=info.namespace, name=info.name, annotations={ANN_EXCLUSIVE: mark.reason}
+            )
+            self.kube.evict_pod(namespace=info.namespace, name=info.name)
+            self.stats.evicted += 1
+        except Exception as exc:
+            log.warning("could not move %s to an exclusive GPU: %s", info.key, exc)
+
+    def _publish_exclusive(self) -> None:
+        cutoff = self.clock() - self.exclusive_ttl_s
+        for uid, mark in list(self.exclusive.items()):
+            try:
+                marked = datetime.fromisoformat(mark.since.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+            if marked < cutoff:
+                del self.exclusive[uid]
+        if self.kube is None:
+            return
+        try:
+            self.kube.publish_node(
+                annotations={ANN_NODE_EXCLUSIVE: dump_exclusive(list(self.exclusive.values()))},
+                labels={},
+            )
+        except Exception as exc:
+            log.warning("could not publish %s: %s", ANN_NODE_EXCLUSIVE, exc)
+
+    # --- metrics -------------------------------------------------------------------------
+
+    def collector(self) -> Collector:
+        return FaultCollector(monitor=self)
+
+
+class FaultCollector(Collector):
+    """``gpushare_mps_fault_*`` series of one node."""
+
+    def __init__(self, *, monitor: FaultMonitor) -> None:
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.monitor
+        node = m.node_name
+        incidents = CounterMetricFamily(
+            "gpushare_mps_fault_incidents",
+            "Fatal GPU faults of MPS clients seen in the MPS server logs; attributed=yes when "
+            "the log named the client that caused it.",
+            labels=["node", "gpu_uuid", "attributed"],
+        )
+        for (uuid, attributed), value in sorted(m.stats.incidents.items()):
+            incidents.add_metric([node, uuid, attributed], float(value))
+        yield incidents
+        clients = CounterMetricFamily(
+            "gpushare_mps_fault_clients",
+            "MPS clients involved in fatal GPU faults, by role: faulting (caused it), victim "
+            "(broken by a neighbour's fault), unattributed (the log named no cause).",
+            labels=["node", "gpu_uuid", "role"],
+        )
+        for (uuid, role), value in sorted(m.stats.clients.items()):
+            clients.add_metric([node, uuid, role], float(value))
+        yield clients
+        detection = GaugeMetricFamily(
+            "gpushare_mps_fault_detection_seconds",
+            "Time from the last fault being logged by the MPS server to the node agent acting.",
+            labels=["node", "gpu_uuid"],
+        )
+        for uuid, seconds in sorted(m.stats.detection_s.items()):
+            detection.add_metric([node, uuid], seconds)
+        yield detection
+        exclusive = GaugeMetricFamily(
+            "gpushare_exclusive_workloads",
+            "Workloads this node marked for a GPU of their own after repeated faults.",
+            labels=["node"],
+        )
+        exclusive.add_metric([node], float(len(m.exclusive)))
+        yield exclusive
+        for name, value, help_text in (
+            (
+                "gpushare_mps_fault_evictions",
+                m.stats.evicted,
+                "Pods evicted from a shared GPU to get one of their own.",
+            ),
+            (
+                "gpushare_mps_fault_terminated_clients",
+                m.stats.terminated,
+                "Affected MPS clients terminated after keeping a broken context.",
+            ),
+        ):
+            counter = CounterMetricFamily(name, help_text, labels=["node"])
+            counter.add_metric([node], float(value))
+            yield counter
+
+
+__all__ = [
+    "FaultDetector",
+    "FaultIncident",
+    "FaultMonitor",
+    "LogTail",
+    "MpsLogLine",
+    "PodResolver",
+    "RepeatOffenders",
+    "Workload",
+    "classify",
+    "is_fault_line",
+    "parse_log_line",
+    "workload_of",
+]

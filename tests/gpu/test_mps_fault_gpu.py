@@ -1,0 +1,383 @@
+"""A faulting MPS client on a real GPU: its neighbour breaks, gpushare names the culprit, the
+server recovers, and the workload that keeps faulting is marked for a GPU of its own.
+
+Runs gpushare's MpsManager and FaultMonitor (the node agent's fault detection, polling the MPS
+logs every 0.5 s as the agent does) against real CUDA clients started with the environment and
+mounts Allocate returns:
+
+- A: a victim runs GEMMs; a faulter writes to an unmapped device address. The victim's next
+  GEMM fails; the monitor must name the faulter and list the victim. Detection time = monitor
+  reaction - fault.
+- B: fresh clients (driver API only) probe the server until one runs: recovery time; the
+  control daemon is checked healthy (same daemon, answering).
+- C: a victim that catches the error and keeps its broken context: the monitor asks the control
+  daemon to ``terminate_client`` it after a grace period; recovery measured again.
+- D: the faulting workload (two faults from pods of one ReplicaSet) is marked exclusive.
+
+Never changes GPU settings. Skips loudly without a GPU. Writes $OUT/reliability_gpu.json and
+the raw MPS logs ($OUT/mps_fault_logs.txt); ``bench/faults/summary.py`` merges the JSON into
+bench/results/reliability.json under ``gpu_fault``.
+
+    PYTHONPATH=. python3 -m pytest --noconftest -p no:cacheprovider -x -s \\
+        tests/gpu/test_mps_fault_gpu.py
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpushare.api.inventory import GpuInfo
+from gpushare.deviceplugin.allocation import ContainerAllocation
+from gpushare.gpu.nvml import NvmlBackend
+from gpushare.mps.manager import MpsManager
+from gpushare.node.faults import FaultIncident, FaultMonitor
+from tests.gpu.test_mps_gpu import CONTAINERIZED, allocate, client_env
+
+pytestmark = pytest.mark.gpu
+
+WORKER = Path(__file__).resolve().parents[1] / "faults" / "mps_fault_worker.py"
+GIB = 2**30
+POLL_S = 0.5
+RESULTS: dict[str, Any] = {}
+
+
+def out_dir() -> Path:
+    return Path(os.environ.get("OUT") or tempfile.gettempdir())
+
+
+def pod(uid: str, name: str, *, owner: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "gpu-test", "uid": uid, "annotations": {}}
+    if owner:
+        meta["ownerReferences"] = [
+            {"kind": "ReplicaSet", "name": "faulty", "uid": owner, "controller": True}
+        ]
+    return {"metadata": meta, "status": {"phase": "Running"}}
+
+
+@dataclass
+class Rig:
+    gpu: GpuInfo
+    mps: MpsManager
+    monitor: FaultMonitor
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pid_pod: dict[int, str] = field(default_factory=dict)
+    xids: list[dict[str, Any]] = field(default_factory=list)
+    daemon_pid: int | None = None
+    first_fault_at: float = 0.0
+
+    def allocation(self, threads: int) -> ContainerAllocation:
+        return allocate(self.mps, [self.gpu], self.gpu.uuid, threads=threads, memory=16 * GIB)
+
+    def start(self, threads: int, pod_uid: str | None, *args: str) -> subprocess.Popen[str]:
+        allocation = self.allocation(threads)
+        python = [sys.executable, str(WORKER), *args]
+        command = python
+        if CONTAINERIZED:
+            mounts = " && ".join(
+                f'mkdir -p "{m.container_path}" && mount --bind "{m.host_path}" '
+                f'"{m.container_path}"'
+                for m in allocation.mounts
+            )
+            command = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c"]
+            command += [f'{mounts} && exec "$@"', "container", *python]
+        proc = subprocess.Popen(
+            command,
+            env=client_env(allocation, self.mps),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if pod_uid is not None:
+            self.pid_pod[proc.pid] = pod_uid  # exec keeps the PID: it is the client's PID
+        return proc
+
+
+def finish(proc: subprocess.Popen[str], timeout_s: float = 90) -> dict[str, Any]:
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if not lines:
+        return {"no_report": True, "returncode": proc.returncode, "stderr": err[-1500:]}
+    return {**json.loads(lines[-1]), "returncode": proc.returncode}
+
+
+def wait_ready(barrier: Path, count: int, procs: list[subprocess.Popen[str]]) -> None:
+    deadline = time.monotonic() + 150
+    while len(list(barrier.glob("ready-*"))) < count:
+        for p in procs:
+            if p.poll() is not None:
+                _, err = p.communicate()
+                pytest.fail(f"a client died before it was ready:\n{err[-2000:]}")
+        assert time.monotonic() < deadline, "clients never got ready"
+        time.sleep(0.05)
+
+
+def wait_incident(rig: Rig, after: int, timeout_s: float = 20) -> FaultIncident | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(rig.monitor.history) > after:
+            return rig.monitor.history[after]
+        time.sleep(0.05)
+    return None
+
+
+def probe_until_ok(rig: Rig, *, timeout_s: float) -> tuple[dict[str, Any] | None, list[Any]]:
+    """Fresh clients one after the other until one runs; (first success, failures)."""
+    failures: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = finish(rig.start(10, None, "probe"), timeout_s=20)
+        if result.get("ok"):
+            return result, failures
+        failures.append({k: result.get(k) for k in ("step", "rc", "at", "stderr")})
+        time.sleep(0.1)
+    return None, failures
+
+
+def _xid_watch(rig: Rig, stop: threading.Event) -> None:
+    """Record XID events NVML reports meanwhile (for the record: which XIDs a client fault
+    raises under MPS)."""
+    import pynvml  # noqa: PLC0415
+
+    try:
+        events = pynvml.nvmlEventSetCreate()
+        handle = pynvml.nvmlDeviceGetHandleByUUID(rig.gpu.uuid)
+        pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
+    except pynvml.NVMLError as exc:
+        rig.xids.append({"unavailable": str(exc)})
+        return
+    while not stop.is_set():
+        try:
+            data = pynvml.nvmlEventSetWait_v2(events, 300)
+        except pynvml.NVMLError:
+            continue
+        rig.xids.append({"xid": int(data.eventData), "at": time.time()})
+    pynvml.nvmlEventSetFree(events)
+
+
+def terminate(mps: MpsManager, uuid: str, server: int, client: int) -> None:
+    RESULTS.setdefault("terminate_client_answers", []).append(
+        mps.query(uuid, f"terminate_client {server} {client}").strip()[:200]
+    )
+
+
+@pytest.fixture(scope="module")
+def rig() -> Iterator[Rig]:
+    nvml = NvmlBackend()
+    gpu = nvml.inventory()[0]
+    import pynvml  # noqa: PLC0415
+
+    RESULTS["device"] = {
+        "model": gpu.model,
+        "driver": pynvml.nvmlSystemGetDriverVersion(),
+        "compute_capability": gpu.compute_capability,
+    }
+    root = Path(tempfile.mkdtemp(prefix="gsflt", dir="/tmp"))
+    mode = "private" if CONTAINERIZED else "host"
+    mps = MpsManager(root=root, simulated=False, shm_mode=mode)
+    if not mps.ensure([gpu.uuid])[gpu.uuid].up and mode == "private":
+        mps.stop_all()
+        mode = "host"
+        mps = MpsManager(root=root, simulated=False, shm_mode=mode)
+        mps.ensure([gpu.uuid])
+    RESULTS["device"]["shm_mode"] = mode
+    holder: dict[str, Rig] = {}
+
+    def pods() -> list[dict[str, Any]]:
+        return list(holder["rig"].pods.values())
+
+    monitor = FaultMonitor(
+        node_name="gpu-test",
+        log_dirs=lambda: {gpu.uuid: mps.paths(gpu.uuid).log},
+        pods=pods,
+        fresh_pods=None,
+        kube=None,
+        resolver=lambda _uuid, pid: holder["rig"].pid_pod.get(pid),
+        mps_check=lambda uuid: mps.check_one(uuid).up,
+        terminate_client=lambda uuid, server, client: terminate(mps, uuid, server, client),
+        exclusive_after=2,
+        terminate_after_s=3.0,
+    )
+    rig = holder["rig"] = Rig(gpu=gpu, mps=mps, monitor=monitor)
+    rig.daemon_pid = mps.status()[gpu.uuid].pid
+    for uid, name, owner in (
+        ("victim-a", "victim-a", None),
+        ("faulter-1", "faulty-1", "rs-faulty"),
+        ("victim-b", "victim-b", None),
+        ("faulter-2", "faulty-2", "rs-faulty"),
+    ):
+        rig.pods[uid] = pod(uid, name, owner=owner)
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            monitor.check()
+            stop.wait(POLL_S)
+
+    threads = [
+        threading.Thread(target=poll, daemon=True),
+        threading.Thread(target=_xid_watch, args=(rig, stop), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        yield rig
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=5)
+        logs = []
+        for name in ("control.log", "server.log"):
+            path = mps.paths(gpu.uuid).log / name
+            if path.exists():
+                logs.append(f"==== {name}\n{path.read_text(errors='replace')[-60000:]}")
+        (out_dir() / "mps_fault_logs.txt").write_text("\n".join(logs))
+        dmesg = subprocess.run(["dmesg"], capture_output=True, text=True, check=False)
+        RESULTS["dmesg_xid"] = [
+            line for line in dmesg.stdout.splitlines() if "Xid" in line or "NVRM" in line
+        ][-20:] or (dmesg.stderr.strip()[:200] or "no NVRM lines")
+        RESULTS["xid_events"] = rig.xids
+        RESULTS["metrics"] = {
+            "incidents": {f"{k[0]}|{k[1]}": v for k, v in monitor.stats.incidents.items()},
+            "clients": {f"{k[0]}|{k[1]}": v for k, v in monitor.stats.clients.items()},
+            "terminated": monitor.stats.terminated,
+        }
+        RESULTS["date"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        mps.stop_all()
+        nvml.close()
+        (out_dir() / "reliability_gpu.json").write_text(json.dumps(RESULTS, indent=2))
+        print(json.dumps(RESULTS, indent=2))
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def incident_record(incident: FaultIncident | None, fault_at: float) -> dict[str, Any]:
+    if incident is None:
+        return {"detected": False}
+    return {
+        "detected": True,
+        "attributed": incident.attributed,
+        "faulting_pids": list(incident.faulting_pids),
+        "victim_pids": list(incident.victim_pids),
+        "server_pid": incident.server_pid,
+        "logged_after_fault_s": round(incident.logged_at - fault_at, 3),
+        "detection_s": round(incident.detected_at - fault_at, 3),
+        "evidence": list(incident.evidence),
+    }
+
+
+def run_fault(rig: Rig, *, victim_uid: str, faulter_uid: str, linger: bool) -> dict[str, Any]:
+    barrier = Path(tempfile.mkdtemp(prefix="gsbar", dir="/tmp"))
+    seen = len(rig.monitor.history)
+    victim = rig.start(50, victim_uid, "victim", str(barrier), "1" if linger else "0")
+    faulter = rig.start(30, faulter_uid, "fault", str(barrier))
+    wait_ready(barrier, 2, [victim, faulter])
+    time.sleep(1.0)  # both clients busy on the server
+    (barrier / "go").touch()
+    faulted = finish(faulter)
+    incident = wait_incident(rig, seen)
+    return {
+        "barrier": barrier,
+        "victim": victim,
+        "faulter": faulted,
+        "faulter_pid": faulter.pid,
+        "victim_pid": victim.pid,
+        "incident": incident,
+    }
+
+
+def test_faulting_client_breaks_its_neighbour_and_is_named(rig: Rig) -> None:
+    run = run_fault(rig, victim_uid="victim-a", faulter_uid="faulter-1", linger=False)
+    victim = finish(run["victim"])
+    fault_at = run["faulter"].get("fault_at", time.time())
+    incident: FaultIncident | None = run["incident"]
+    RESULTS["a_neighbour_breaks"] = {
+        "faulter": {k: v for k, v in run["faulter"].items() if k != "pid"},
+        "victim_failed": bool(victim.get("failed")),
+        "victim_error": victim.get("error"),
+        "victim_failed_after_fault_s": round(victim["failed_at"] - fault_at, 3)
+        if victim.get("failed")
+        else None,
+        "incident": incident_record(incident, fault_at),
+    }
+    rig.first_fault_at = fault_at
+    shutil.rmtree(run["barrier"], ignore_errors=True)
+    assert run["faulter"].get("rc") not in (None, 0), run["faulter"]
+    assert victim.get("failed"), f"the neighbour's GEMMs did not fail: {victim}"
+    assert incident is not None, "the monitor saw no fault in the MPS logs"
+    assert incident.faulting_pids == (run["faulter_pid"],), incident
+    assert run["victim_pid"] in incident.victim_pids, incident
+    assert run["faulter_pid"] not in incident.victim_pids
+
+
+def test_server_takes_new_clients_again_and_the_daemon_is_healthy(rig: Rig) -> None:
+    fault_at = rig.first_fault_at or time.time()
+    ok, failures = probe_until_ok(rig, timeout_s=40)
+    status = rig.mps.check_one(rig.gpu.uuid)
+    RESULTS["b_recovery"] = {
+        "recovered": ok is not None,
+        "recovery_s": round(ok["at"] - fault_at, 3) if ok else None,
+        "probes_refused": len(failures),
+        "refusals": failures[:5],
+        "daemon_up": status.up,
+        "daemon_same_pid": status.pid == rig.daemon_pid,
+        "daemon_restarts": status.restarts,
+    }
+    assert ok is not None, f"no new client ran within 40 s: {failures[:3]}"
+    assert status.up and status.pid == rig.daemon_pid
+
+
+def test_lingering_victim_is_terminated_so_the_server_recovers(rig: Rig) -> None:
+    run = run_fault(rig, victim_uid="victim-b", faulter_uid="faulter-2", linger=True)
+    fault_at = run["faulter"].get("fault_at", time.time())
+    incident: FaultIncident | None = run["incident"]
+    # While the broken victim lingers, does the server take a new client?
+    early = finish(rig.start(10, None, "probe"), timeout_s=20)
+    deadline = time.monotonic() + 15
+    while rig.monitor.stats.terminated == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    terminated_at = time.time() if rig.monitor.stats.terminated else None
+    ok, failures = probe_until_ok(rig, timeout_s=20)
+    alive_at_recovery = run["victim"].poll() is None
+    (run["barrier"] / "stop").touch()
+    victim = finish(run["victim"])
+    after_exit = None
+    if ok is None:
+        after_exit, _ = probe_until_ok(rig, timeout_s=30)
+    RESULTS["c_lingering_victim"] = {
+        "incident": incident_record(incident, fault_at),
+        "victim_failed": bool(victim.get("failed")),
+        "probe_while_lingering": {k: early.get(k) for k in ("ok", "step", "rc")},
+        "terminate_client_sent": rig.monitor.stats.terminated,
+        "terminated_after_fault_s": round(terminated_at - fault_at, 3) if terminated_at else None,
+        "recovered_with_victim_alive": ok is not None and alive_at_recovery,
+        "recovery_s": round(ok["at"] - fault_at, 3) if ok else None,
+        "recovered_after_victim_exit": after_exit is not None if ok is None else None,
+        "refusals": failures[:5],
+    }
+    shutil.rmtree(run["barrier"], ignore_errors=True)
+    assert incident is not None and incident.faulting_pids == (run["faulter_pid"],), incident
+    assert run["victim_pid"] in incident.victim_pids
+    assert rig.monitor.stats.terminated >= 1, "the lingering client was not terminated"
+    assert ok is not None or after_exit is not None, "the server never took a new client"
+
+
+def test_workload_faulting_twice_is_marked_for_a_gpu_of_its_own(rig: Rig) -> None:
+    marks = rig.monitor.exclusive
+    RESULTS["d_exclusive"] = {uid: mark.reason for uid, mark in marks.items()}
+    assert set(marks) == {"rs-faulty"}, marks
+    assert marks["rs-faulty"].faults == 2
