@@ -174,7 +174,43 @@ def _check_containers(pod: pods.Pod, *, facts: ClusterFacts) -> list[InvalidInpu
                         f"remove {name} from the container",
                     )
                 )
+        env_from = c.get("envFrom")
+        for j, source in enumerate(env_from if isinstance(env_from, list) else []):
+            prefix = source.get("prefix") if isinstance(source, Mapping) else None
+            if not _safe_env_prefix(prefix if isinstance(prefix, str) else ""):
+                errors.append(
+                    InvalidInputError(
+                        f"{where}.envFrom[{j}]",
+                        "could set CUDA_MPS_* or CUDA_VISIBLE_DEVICES from a ConfigMap or Secret, "
+                        "overriding the GPU share gpushare's device plugin sets",
+                        'give it a prefix that no reserved name starts with (e.g. prefix: "APP_"), '
+                        "or list the variables under env",
+                    )
+                )
     return errors
+
+
+def _safe_env_prefix(prefix: str) -> bool:
+    """True when no name ``prefix + key`` can be one gpushare reserves."""
+    if not prefix:
+        return False
+    reserved = (*RESERVED_ENV_PREFIXES, *RESERVED_ENV_NAMES)
+    return not any(r.startswith(prefix) or prefix.startswith(r) for r in reserved)
+
+
+def _check_node_name(pod: pods.Pod) -> list[InvalidInputError]:
+    """A gpushare pod created with spec.nodeName would skip gpushare-scheduler: its share would
+    be invisible to every placement decision."""
+    if pods.node_name(pod) is None:
+        return []
+    return [
+        InvalidInputError(
+            "spec.nodeName",
+            "is set, so the pod would skip gpushare-scheduler and use a GPU share no placement "
+            "accounts for",
+            "remove spec.nodeName; pick nodes with nodeSelector or affinity instead",
+        )
+    ]
 
 
 def _check_volumes(pod: pods.Pod, *, facts: ClusterFacts) -> list[InvalidInputError]:
@@ -300,6 +336,7 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
     errors += request_errors
     errors += _check_containers(pod, facts=facts)
     errors += _check_volumes(pod, facts=facts)
+    errors += _check_node_name(pod)
     target = 0
     try:
         target = pods.target_container(pod)

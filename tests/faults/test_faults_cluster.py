@@ -1,0 +1,333 @@
+"""Faults during a burst of fractional pods on the local cluster: kill -9, in turn, the controller
+(extender + webhook), the node agent, gpushare-scheduler, the kubelet and the kube-apiserver,
+then start it again the way its supervisor would. After each: no GPU oversubscribed in compute
+or memory, no device given twice by the kubelet, every pod Running with the environment its
+placement promises or Pending with a scheduling reason, and all of it without manual help.
+
+Each fault gets a burst of ``GPUSHARE_FAULT_PODS`` pods (CI: 24; the full run in
+bench/faults/run_faults.py uses 200) created in chunks while the component is killed, kept down
+for ``GPUSHARE_FAULT_DOWN_S`` seconds and restarted. Time to converge is measured from the
+component being back until every pod is settled and every invariant holds. The components run
+as host processes (the controller and node agent fixtures, the harness's schedulers, kubelet and
+API server); see docs/reliability.md.
+
+Destructive for everyone on the shared cluster: each test first waits until no other pytest runs.
+Measurements go to $GPUSHARE_RELIABILITY_OUT (a JSON file), merged into
+bench/results/reliability.json by bench/faults/summary.py.
+"""
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpushare.api.inventory import GpuInfo
+from gpushare.api.names import RESOURCE_GPU_PERCENT
+from tests.faults.cluster_checks import (
+    FateReader,
+    Pod,
+    apiserver_ready,
+    burst_pods,
+    checkpoint_duplicates,
+    fits_somewhere,
+    invariant_violations,
+    inventory,
+    kubectl_json,
+    sigkill,
+    wait_quiet,
+    wait_until,
+)
+from tests.fixtures.controller import ControllerProcess
+from tests.fixtures.node_agent import DEVICE_PLUGIN_DIR, PLUGIN_SOCKET, NodeAgentProcess, find_agent
+
+pytestmark = pytest.mark.cluster
+
+PODS = int(os.environ.get("GPUSHARE_FAULT_PODS", "24"))
+DOWN_S = float(os.environ.get("GPUSHARE_FAULT_DOWN_S", "3"))
+CONVERGE_TIMEOUT_S = float(os.environ.get("GPUSHARE_FAULT_CONVERGE_TIMEOUT_S", "240"))
+CHUNK = 8
+FAULTS = ("controller", "node-agent", "gpushare-scheduler", "kubelet", "kube-apiserver")
+RESULTS: dict[str, Any] = {"pods_per_fault": PODS, "down_s": DOWN_S, "faults": {}}
+
+
+def results_path(cluster: Any) -> Path:
+    return Path(
+        os.environ.get("GPUSHARE_RELIABILITY_OUT")
+        or Path(cluster.state_dir) / "reliability" / f"faults-{os.getpid()}.json"
+    )
+
+
+@pytest.fixture(scope="module")
+def record(cluster: Any) -> Iterator[dict[str, Any]]:
+    yield RESULTS
+    path = results_path(cluster)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    previous.setdefault("faults", {}).update(RESULTS["faults"])
+    previous.update({k: v for k, v in RESULTS.items() if k != "faults"})
+    path.write_text(json.dumps(previous, indent=2, sort_keys=True))
+
+
+@dataclass
+class Rig:
+    cluster: Any
+    controller: ControllerProcess
+    node_agent: NodeAgentProcess
+    gpus: list[GpuInfo]
+
+
+@pytest.fixture(scope="module")
+def rig(cluster: Any, controller: ControllerProcess, node_agent: NodeAgentProcess) -> Rig:
+    found = wait_until(lambda: inventory(cluster), timeout_s=60)
+    assert found, "the node agent published no GPU inventory"
+    return Rig(cluster, controller, node_agent, list(found))
+
+
+@pytest.fixture
+def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
+    name = f"gs-fault-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, controller.namespace_label)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--timeout=180s", check=False)
+
+
+@dataclass
+class Burst:
+    """Creates the pods in chunks from a thread, retrying what the cluster refuses meanwhile
+    (the webhook or the API server down), as a workload controller would."""
+
+    cluster: Any
+    namespace: str
+    pods: list[Pod]
+    created: int = 0
+    refused: int = 0
+    errors: list[str] = field(default_factory=list)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 300
+        for start in range(0, len(self.pods), CHUNK):
+            chunk = self.pods[start : start + CHUNK]
+            while time.monotonic() < deadline:
+                doc = {"apiVersion": "v1", "kind": "List", "items": chunk}
+                self.cluster.kubectl(
+                    "apply", "-n", self.namespace, "-f", "-", input=json.dumps(doc), check=False
+                )
+                if self._exist({p["metadata"]["name"] for p in chunk}):
+                    break
+                self.refused += 1
+                time.sleep(0.5)
+            self.created = start + len(chunk)
+            time.sleep(0.3)
+
+    def _exist(self, names: set[str]) -> bool:
+        out = self.cluster.kubectl(
+            "get", "pods", "-n", self.namespace, "-o", "name", check=False
+        ).split()
+        return names <= {n.removeprefix("pod/") for n in out}
+
+    def join(self) -> None:
+        assert self.thread is not None
+        self.thread.join(timeout=320)
+
+
+def component_fault(
+    name: str, *, cluster: Any, controller: ControllerProcess, node_agent: NodeAgentProcess
+) -> dict[str, Any]:
+    """kill -9 the component, keep it down DOWN_S, start it again; returns what was seen."""
+    seen: dict[str, Any] = {}
+    if name == "controller":
+        controller.kill()
+        time.sleep(DOWN_S)
+        controller.start(timeout=120)
+    elif name == "node-agent":
+        found = find_agent(cluster.node_name)
+        assert found is not None, "no node agent runs"
+        sigkill(found[0])
+        seen["stale_socket_left"] = PLUGIN_SOCKET.exists()
+        time.sleep(DOWN_S)
+        node_agent.start()
+    elif name == "kubelet":
+        registrations = node_agent.registrations()
+        kubelet_sock = DEVICE_PLUGIN_DIR / "kubelet.sock"
+        old = kubelet_sock.stat().st_ino if kubelet_sock.exists() else None
+        cluster.harness("stop", "kubelet")
+        time.sleep(DOWN_S)
+        cluster.harness("start", "kubelet")
+
+        def new_socket() -> float | None:
+            try:
+                return time.monotonic() if kubelet_sock.stat().st_ino != old else None
+            except FileNotFoundError:
+                return None
+
+        appeared = wait_until(new_socket, timeout_s=60, every_s=0.02)
+        registered = wait_until(
+            lambda: time.monotonic() if node_agent.registrations() > registrations else None,
+            timeout_s=30,
+            every_s=0.05,
+        )
+        expected = len(node_agent.gpus()) * 100
+        restored = wait_until(
+            lambda: time.monotonic() if node_agent.advertised() == (expected, expected) else None,
+            timeout_s=60,
+            every_s=0.1,
+        )
+        seen["reregister_s"] = round(registered - appeared, 2) if appeared and registered else None
+        seen["capacity_restored_s"] = (
+            round(restored - appeared, 2) if appeared and restored else None
+        )
+    elif name in ("gpushare-scheduler", "kube-apiserver"):
+        cluster.harness("stop", name)
+        time.sleep(DOWN_S)
+        cluster.harness("start", name)
+        if name == "kube-apiserver":
+            wait_until(lambda: apiserver_ready(cluster), timeout_s=90)
+    else:
+        raise AssertionError(f"unknown component {name}")
+    return seen
+
+
+def restore(
+    name: str, *, cluster: Any, controller: ControllerProcess, node_agent: NodeAgentProcess
+) -> None:
+    """Whatever happened in the test, leave the component running for everyone else."""
+    if name == "controller":
+        if controller.proc is None or controller.proc.poll() is not None:
+            controller.start(timeout=120)
+    elif name == "node-agent":
+        if find_agent(cluster.node_name) is None:
+            node_agent.start()
+    else:
+        cluster.harness("start", name)
+
+
+def settle(
+    cluster: Any, namespace: str, gpus: list[GpuInfo], expected: int, timeout_s: float
+) -> tuple[float | None, dict[str, Any]]:
+    """Poll until every pod of the burst is settled and every invariant holds; (seconds, last
+    state)."""
+    reader = FateReader(cluster, namespace)
+    start = time.monotonic()
+    state: dict[str, Any] = {}
+    while time.monotonic() - start < timeout_s:
+        try:
+            everyone = kubectl_json(cluster, "get", "pods", "-A")["items"]
+            events = kubectl_json(cluster, "get", "events", "-n", namespace)["items"]
+        except AssertionError as exc:  # the API server is still coming back
+            state = {"api": str(exc)[:200]}
+            time.sleep(1)
+            continue
+        ours = [p for p in everyone if p["metadata"]["namespace"] == namespace]
+        fate = reader.read(ours, events)
+        live = {
+            p["metadata"]["uid"]
+            for p in everyone
+            if p["status"].get("phase") not in ("Succeeded", "Failed")
+        }
+        invariants = invariant_violations(everyone, gpus, cluster.node_name)
+        duplicates = checkpoint_duplicates(live)
+        waiting_with_room = [
+            f"{p['metadata']['name']} fits on {gpu}"
+            for p in ours
+            if not p["spec"].get("nodeName")
+            and (gpu := fits_somewhere(p, gpus, everyone)) is not None
+        ]
+        state = {
+            "pods": len(ours),
+            "running": len(fate.running),
+            "pending_with_reason": len(fate.pending),
+            "unsettled": dict(list(fate.unsettled.items())[:5]),
+            "lost": fate.violations,
+            "invariants": invariants + duplicates,
+            "pending_with_room": waiting_with_room[:5],
+        }
+        if invariants or duplicates or fate.violations:
+            return None, state  # a violation is final: report it, do not wait it away
+        if len(ours) == expected and not fate.unsettled and not waiting_with_room:
+            return time.monotonic() - start, state
+        time.sleep(1.0)
+    return None, state
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_fault_during_a_burst_loses_and_double_books_nothing(
+    fault: str, rig: Rig, namespace: str, record: dict[str, Any]
+) -> None:
+    cluster, controller, node_agent, gpus = rig.cluster, rig.controller, rig.node_agent, rig.gpus
+    wait_quiet(timeout_s=600)
+    pods = burst_pods(cluster.busybox_image, PODS, fault.replace("kube-", "k"))
+    burst = Burst(cluster, namespace, pods)
+    before_agent = find_agent(cluster.node_name)
+    running_before: dict[str, Any] = {}
+    burst.start()
+    # Kill once a third of the burst is in and scheduling is under way.
+    wait_until(lambda: burst.created >= max(CHUNK, PODS // 3), timeout_s=120)
+    if fault == "node-agent":
+        running_before = {
+            p["metadata"]["name"]: p["status"]["containerStatuses"][0]
+            for p in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]
+            if p["status"].get("phase") == "Running"
+        }
+    killed = time.monotonic()
+    try:
+        seen = component_fault(fault, cluster=cluster, controller=controller, node_agent=node_agent)
+    finally:
+        restore(fault, cluster=cluster, controller=controller, node_agent=node_agent)
+    back = time.monotonic()
+    burst.join()
+    converge_s, state = settle(cluster, namespace, gpus, len(pods), CONVERGE_TIMEOUT_S)
+    violations = [*state.get("lost", []), *state.get("invariants", [])]
+    if converge_s is None and not violations:
+        violations.append(f"did not converge in {CONVERGE_TIMEOUT_S:.0f}s: {state}")
+    if fault == "node-agent":
+        # Pods that ran before the agent died still run, same container, never restarted.
+        pods_now = {
+            p["metadata"]["name"]: p
+            for p in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]
+        }
+        untouched = [
+            name
+            for name, status in running_before.items()
+            if name in pods_now
+            and pods_now[name]["status"]["containerStatuses"][0]["containerID"]
+            == status["containerID"]
+            and pods_now[name]["status"]["containerStatuses"][0]["restartCount"] == 0
+        ]
+        seen["running_pods_untouched"] = f"{len(untouched)}/{len(running_before)}"
+        seen["agent_pid_changed"] = before_agent is not None and node_agent.pid != before_agent[0]
+        seen["mps_dirs_kept"] = all((node_agent.mps_root / g.uuid / "pipe").is_dir() for g in gpus)
+        seen["gpus_mps_ready"] = all(g.mps_ready for g in node_agent.gpus())
+        if len(untouched) != len(running_before):
+            violations.append(
+                f"agent restart touched running pods: {seen['running_pods_untouched']}"
+            )
+    node = kubectl_json(cluster, "get", "node", cluster.node_name)
+    record["faults"][fault] = {
+        "converge_s": round(converge_s, 1) if converge_s is not None else None,
+        "down_s": round(back - killed, 1),
+        "violations": violations,
+        "pods": state.get("pods"),
+        "running": state.get("running"),
+        "pending_with_reason": state.get("pending_with_reason"),
+        "creates_refused_meanwhile": burst.refused,
+        "allocatable_after": node["status"]["allocatable"].get(RESOURCE_GPU_PERCENT),
+        **seen,
+    }
+    assert not violations, violations
+    if fault == "kubelet":
+        assert seen["reregister_s"] is not None and seen["capacity_restored_s"] is not None

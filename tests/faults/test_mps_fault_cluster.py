@@ -1,0 +1,254 @@
+"""The node agent's reaction to a fatal MPS client fault, end to end on the local cluster.
+
+The node's GPUs are simulated, so no CUDA client can fault here; the test writes into the
+simulated GPU's MPS server log the lines a real MPS server writes when one client faults (their
+format is the one recorded on an H200, tests/gpu/test_mps_fault_gpu.py), naming the host PIDs of
+two real pod containers. Everything after that is real: the agent resolves the PIDs to pods
+through /proc, records Events on the faulting pod and on its victim, counts them in its
+metrics, and after the workload's second fault lists it in the node annotation, evicts its pod,
+and the ReplicaSet's replacement goes through the webhook onto a GPU of its own.
+"""
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpushare.api.exclusive import load_exclusive
+from gpushare.api.names import ANN_EXCLUSIVE, ANN_FRACTION, ANN_NODE_EXCLUSIVE
+from gpushare.api.placement import parse_placement
+from tests.faults.cluster_checks import kubectl_json, wait_quiet, wait_until
+from tests.fixtures.controller import ControllerProcess
+from tests.fixtures.node_agent import NodeAgentProcess
+
+pytestmark = pytest.mark.cluster
+
+FAKE_SERVER_PID = 4_000_001  # above pid_max: never a real process
+
+
+def mps_line(pid: int, message: str) -> str:
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return f"[{stamp} Server {pid:>7}] {message}\n"
+
+
+def fault_lines(faulter: int) -> list[str]:
+    """What the MPS server logs when client ``faulter`` hits a fatal GPU error."""
+    return [
+        mps_line(
+            FAKE_SERVER_PID,
+            f"Client {{PID: {faulter}, Context ID: 0}} encountered a fatal GPU error",
+        )
+    ]
+
+
+def container_pid(pod_uid: str) -> int:
+    """Host PID of the pod's main process (``sleep``), found through its cgroup."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cgroup = (entry / "cgroup").read_text()
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if pod_uid in cgroup.replace("_", "-") and argv.startswith(b"sleep") and b"3600" in argv:
+            return int(entry.name)
+    raise AssertionError(f"no sleep process of pod {pod_uid} on this host")
+
+
+@pytest.fixture(scope="module")
+def agent(cluster: Any, node_agent: NodeAgentProcess) -> NodeAgentProcess:
+    """The shared agent, restarted once if it predates fault detection (only when no other
+    test run would be disturbed)."""
+    if not any(k.startswith("gpushare_mps_fault") for k in node_agent.metrics()) and not any(
+        k.startswith("gpushare_exclusive_workloads") for k in node_agent.metrics()
+    ):
+        wait_quiet(timeout_s=600)
+        node_agent.restart()
+    return node_agent
+
+
+@pytest.fixture
+def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
+    name = f"gs-mpsfault-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, controller.namespace_label)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--timeout=120s", check=False)
+        cluster.kubectl(
+            "annotate", "node", cluster.node_name, f"{ANN_NODE_EXCLUSIVE}-", check=False
+        )
+
+
+def container(image: str) -> dict[str, Any]:
+    return {
+        "name": "main",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "command": ["sleep", "3600"],
+        "resources": {"requests": {"cpu": "1m", "memory": "4Mi"}},
+    }
+
+
+def manifests(image: str) -> list[dict[str, Any]]:
+    template = {
+        "metadata": {"labels": {"app": "faulty"}, "annotations": {ANN_FRACTION: "0.25"}},
+        "spec": {"terminationGracePeriodSeconds": 0, "containers": [container(image)]},
+    }
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "faulty"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "faulty"}},
+                "template": template,
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "neighbour", "annotations": {ANN_FRACTION: "0.25"}},
+            "spec": {"terminationGracePeriodSeconds": 0, "containers": [container(image)]},
+        },
+    ]
+
+
+def running_pods(cluster: Any, namespace: str) -> list[dict[str, Any]]:
+    pods = kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]
+    return [
+        p
+        for p in pods
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def events(cluster: Any, namespace: str, reason: str) -> list[dict[str, Any]]:
+    items = kubectl_json(cluster, "get", "events", "-n", namespace)["items"]
+    return [e for e in items if e.get("reason") == reason]
+
+
+def test_faulting_pod_and_victim_get_events_and_a_repeat_faulter_gets_its_own_gpu(
+    cluster: Any, agent: NodeAgentProcess, namespace: str
+) -> None:
+    doc = {"apiVersion": "v1", "kind": "List", "items": manifests(cluster.busybox_image)}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    pods = wait_until(
+        lambda: (r := running_pods(cluster, namespace)) and len(r) == 2 and r, timeout_s=120
+    )
+    assert pods, "the faulty Deployment's pod and its neighbour never ran"
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    faulty = next(p for n, p in by_name.items() if n.startswith("faulty-"))
+    neighbour = by_name["neighbour"]
+    placement = parse_placement(faulty["metadata"]["annotations"])
+    assert placement is not None
+    gpu = placement.gpu_uuids[0]
+    log = agent.mps_root / gpu / "log" / "server.log"
+    faulter_pid = container_pid(faulty["metadata"]["uid"])
+    victim_pid = container_pid(neighbour["metadata"]["uid"])
+
+    with log.open("a") as handle:
+        for pid in (victim_pid, faulter_pid):
+            handle.write(
+                mps_line(FAKE_SERVER_PID, f"Client {{PID: {pid}, Context ID: 0}} connected")
+            )
+    time.sleep(1.5)  # the agent resolves clients to pods while they are connected
+    injected = time.monotonic()
+    with log.open("a") as handle:
+        handle.writelines(fault_lines(faulter_pid))
+    blamed = wait_until(lambda: events(cluster, namespace, "GpuShareFault"), timeout_s=30)
+    detected = time.monotonic() - injected
+    assert blamed, f"no GpuShareFault event:\n{agent.log_text()[-2000:]}"
+    assert {e["involvedObject"]["name"] for e in blamed} == {faulty["metadata"]["name"]}
+    assert str(faulter_pid) in blamed[0]["message"] and gpu in blamed[0]["message"]
+    victims = wait_until(lambda: events(cluster, namespace, "GpuShareFaultVictim"), timeout_s=10)
+    assert victims and {e["involvedObject"]["name"] for e in victims} == {"neighbour"}
+    assert faulty["metadata"]["name"] in victims[0]["message"]  # the victim is told who did it
+    metrics = agent.metrics()
+    faulting = [
+        v
+        for k, v in metrics.items()
+        if "gpushare_mps_fault_clients_total" in k and 'role="faulting"' in k and gpu in k
+    ]
+    assert faulting and faulting[0] >= 1
+
+    # The same workload faults again: it is marked, evicted, and recreated on a whole GPU.
+    with log.open("a") as handle:
+        handle.write(
+            mps_line(FAKE_SERVER_PID, f"Client {{PID: {faulter_pid}, Context ID: 0}} connected")
+        )
+    time.sleep(1.0)
+    with log.open("a") as handle:
+        handle.writelines(fault_lines(faulter_pid))
+
+    def marked() -> list[Any]:
+        node = kubectl_json(cluster, "get", "node", cluster.node_name)
+        text = node["metadata"].get("annotations", {}).get(ANN_NODE_EXCLUSIVE)
+        return load_exclusive(text) if text else []
+
+    marks = wait_until(marked, timeout_s=30)
+    rs_uid = faulty["metadata"]["ownerReferences"][0]["uid"]
+    assert marks and rs_uid in {m.uid for m in marks}, marks
+
+    def replacement() -> dict[str, Any] | None:
+        for pod in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]:
+            name = pod["metadata"]["name"]
+            if name.startswith("faulty-") and pod["metadata"]["uid"] != faulty["metadata"]["uid"]:
+                return pod  # type: ignore[no-any-return]
+        return None
+
+    new = wait_until(replacement, timeout_s=60)
+    assert new is not None, "the faulting pod was not moved"
+    ann = new["metadata"]["annotations"]
+    assert ann[ANN_FRACTION] == "1" and "fatal GPU faults" in ann[ANN_EXCLUSIVE]
+    exclusive_events = events(cluster, namespace, "GpuShareExclusiveGpu")
+    assert exclusive_events and "evicting" in exclusive_events[0]["message"]
+
+    def placed_alone() -> str | None:
+        pod = next(
+            (
+                p
+                for p in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]
+                if p["metadata"]["uid"] == new["metadata"]["uid"]
+            ),
+            None,
+        )
+        if pod is None:
+            return None
+        where = parse_placement(pod["metadata"].get("annotations") or {})
+        if where is not None and pod["status"].get("phase") == "Running":
+            return f"running alone on {where.gpu_uuids[0]} at {where.thread_percent}%"
+        pending = [
+            e
+            for e in events(cluster, namespace, "FailedScheduling")
+            if e["involvedObject"]["name"] == pod["metadata"]["name"]
+        ]
+        return f"pending: {pending[-1]['message']}" if pending else None
+
+    outcome = wait_until(placed_alone, timeout_s=90)
+    assert outcome, "the replacement was neither placed nor given a reason"
+    if outcome.startswith("running"):
+        everyone = kubectl_json(cluster, "get", "pods", "-A")["items"]
+        where = outcome.split()[3]
+        sharing = [
+            p["metadata"]["name"]
+            for p in everyone
+            if p["metadata"]["uid"] != new["metadata"]["uid"]
+            and p["status"].get("phase") not in ("Succeeded", "Failed")
+            and (pl := parse_placement(p["metadata"].get("annotations") or {})) is not None
+            and where in pl.gpu_uuids
+        ]
+        assert not sharing, f"the exclusive pod shares {where} with {sharing}"
+    # The victim was never touched.
+    still = {p["metadata"]["name"]: p for p in running_pods(cluster, namespace)}
+    assert "neighbour" in still
+    assert still["neighbour"]["status"]["containerStatuses"][0]["restartCount"] == 0
+    print(f"\nfault detected and evented in {detected:.2f}s; replacement: {outcome}")
