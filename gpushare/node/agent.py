@@ -130,7 +130,6 @@ class NodeAgent:
             kube=kube,
             resolver=PodResolver(candidates=self._client_pids),
             mps_check=lambda uuid: self.mps.check_one(uuid).up,
-            terminate_client=None if backend.simulated else self._terminate_client,
             exclusive_after=settings.exclusive_after_faults,
         )
         self.registry = CollectorRegistry()
@@ -176,9 +175,6 @@ class NodeAgent:
             return [p.pid for p in self.backend.processes(uuid) if p.mps_client]
         except Exception:
             return []
-
-    def _terminate_client(self, uuid: str, server_pid: int, client_pid: int) -> None:
-        self.mps.query(uuid, f"terminate_client {server_pid} {client_pid}")
 
     def _stats(self) -> dict[str, float]:
         _, state = self.health.snapshot()

@@ -15,8 +15,12 @@ mapping when the server logs a container-side PID). Then it
 
 - records a Warning Event on the faulting pod and on each victim, and counts them in metrics;
 - health-checks the GPU's MPS daemon (the manager restarts a daemon that does not answer);
-- asks the control daemon to ``terminate_client`` affected clients that still hold their broken
-  context after a grace period (the server takes no new client until they are gone);
+- follows the recovery: the server takes no new client (CUDA error 807, "Server teardown in
+  progress") until every affected client has exited. A pod that keeps its broken context gets an
+  Event after ``linger_after_s`` and is evicted after ``evict_lingering_after_s``, because it
+  blocks the GPU for every new pod. (``terminate_client`` through the control daemon is no
+  remedy: on driver 580 it only asks the client to exit and blocks the control daemon, health
+  checks included, until it does.)
 - marks a workload whose clients caused ``exclusive_after`` faults within ``window_s`` for an
   exclusive GPU: listed in the node annotation ``gpushare.io/exclusive-workloads`` (the
   admission webhook gives the workload's new pods a whole GPU, which runs without MPS) and its
@@ -63,28 +67,38 @@ _CONNECT = re.compile(
     r"(?:[Cc]lient\s*\{\s*PID:\s*(\d+)[^}]*\}\s*connected)|(?:[Nn]ew client (\d+) connected)"
     r"|(?:[Cc]lient (\d+) connected)"
 )
+# "Client process 1453 disconnected" (driver 580); "Client 14777 disconnected" (older).
 _DISCONNECT = re.compile(
-    r"[Cc]lient\s*(?:\{\s*PID:\s*)?(\d+)[^\n]*?(?:disconnected|exited|has exited|terminated)"
+    r"[Cc]lient\s*(?:process\s+)?(?:\{\s*PID:\s*)?(\d+)[^\n]*?(?:disconnected|has exited)"
 )
-_PIDS = re.compile(r"(?:PID:\s*|[Cc]lients?\s+(?:process\s+)?|\bpid[ =:]+)(\d+)")
+_PIDS = re.compile(r"(?:PID:\s*|[Cc]lients?\s+(?:process\s+)?|\bpid[ =:]+|process\s+)(\d+)")
+# What an MPS server writes when a client faults (H200, driver 580; tests/faults/data):
+#   Client {PID: 1455, Context: 1} encountered a fatal GPU error.
+#   Server is handling a fatal GPU error.
+#   Client {PID: 1453, Context ID: 1} on device 0 to be torn down          (every client)
+#   All clients belonging to error trigging process 1453 will be torn down  (every client!)
+#   The following client process have a sticky error set:
+#   1455
+#   1453
+# Only the "encountered" line names the cause; the others list everyone the fault reaches.
 _FAULT_WORDS = re.compile(
-    r"fatal|exception|fault|illegal|xid|sticky|unrecoverable|device-side assert|error",
+    r"\bfatal\b|\bexception\b|\bfault(?:s|ed|ing)?\b|\billegal\b|\bxid\b|\bsticky\b"
+    r"|\bunrecoverable\b|device-side assert|\berrors?\b|torn down",
     re.IGNORECASE,
 )
-# A fault line naming a client as the cause.
-_CAUSE_WORDS = re.compile(
-    r"encounter|caus|trigger|generat|originat|faulted|faulting|raised|from client|by client",
-    re.IGNORECASE,
-)
-# A fault line naming clients the fault reaches (victims, or everyone, cause included).
+_CAUSE_WORDS = re.compile(r"\bencounter|\bcaused\b|\boriginat", re.IGNORECASE)
 _AFFECTED_WORDS = re.compile(
-    r"affect|notif|terminat|kill|reset|victim|sending|propagat|abort", re.IGNORECASE
+    r"torn down|sticky|affect|notif|terminat|\bkill|\breset|victim|requesting client",
+    re.IGNORECASE,
 )
+_STICKY_HEADER = re.compile(r"sticky error set", re.IGNORECASE)
 _SERVER_EXIT = re.compile(r"Server (\d+) exited")
+# The server dropped its broken GPU context: every affected client has gone.
+_CONTEXT_DESTROYED = re.compile(r"Destroy server context", re.IGNORECASE)
 # Lines with a fault word that are routine.
 _ROUTINE = re.compile(
     r"Receive command failed, assuming client exit|did not send valid credentials"
-    r"|set to|Starting|started|Startup",
+    r"|set to|Starting|started|Startup|Refusing to accept|Failed to accept client",
     re.IGNORECASE,
 )
 
@@ -184,20 +198,26 @@ class FaultIncident:
 def classify(
     fault_lines: list[MpsLogLine], connected: Iterable[int]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(faulting pids, victim pids) from the fault lines of one incident and the clients that
-    were connected. A pid named on a "cause" line is the faulter; pids on "affected" lines and
-    the connected clients are victims; a single pid named on an otherwise plain fault line is
-    taken as the faulter."""
+    """(faulting pids, victim pids) from the lines of one fault and the clients that were
+    connected. A pid on a "cause" line (``encountered a fatal GPU error``) is the faulter; pids
+    on "affected" lines (torn down, sticky error) and the connected clients are victims. When
+    no line names a cause, a single pid named on a plain fault line is taken as the faulter."""
     causes: list[int] = []
     affected: list[int] = []
     plain: list[int] = []
+    listing = False
     for line in fault_lines:
+        message = line.message.strip()
+        if listing and message.isdigit():
+            affected.append(int(message))  # one pid per line under the sticky-error header
+            continue
+        listing = bool(_STICKY_HEADER.search(message))
         pids = mentioned_pids(line)
         if not pids:
             continue
-        if _AFFECTED_WORDS.search(line.message) and not _CAUSE_WORDS.search(line.message):
+        if _AFFECTED_WORDS.search(message):
             affected += pids
-        elif _CAUSE_WORDS.search(line.message):
+        elif _CAUSE_WORDS.search(message):
             causes += pids
         else:
             plain += pids
@@ -206,7 +226,7 @@ def classify(
         faulting = [plain[0]]
         plain = []
     others = [*affected, *plain, *connected]
-    victims = [p for p in dict.fromkeys(others) if p not in faulting]
+    victims = [p for p in dict.fromkeys(others) if p not in faulting and p > 0]
     return tuple(faulting), tuple(victims)
 
 
@@ -246,37 +266,75 @@ class ServerState:
                 self.broken.discard(pid)
 
 
+@dataclass
+class OpenIncident:
+    """An incident whose affected clients have not all left yet: until they have, the MPS
+    server takes no new client ("Server teardown in progress", CUDA error 807)."""
+
+    incident: FaultIncident
+    remaining: set[int]
+    recovered_at: float | None = None
+
+
 class FaultDetector:
     """Turns one GPU's log lines into incidents. Lines of one fault arrive within a moment of
-    each other; an incident is emitted once no new fault line came for ``settle_s``."""
+    each other; an incident is emitted once no new fault line came for ``settle_s``. It then
+    stays open until every affected client has left the server (its recovery)."""
 
-    def __init__(self, gpu_uuid: str, *, settle_s: float = 0.3, since: float = 0.0) -> None:
+    def __init__(self, gpu_uuid: str, *, settle_s: float = 0.2, since: float = 0.0) -> None:
         self.gpu_uuid = gpu_uuid
         self.settle_s = settle_s
         self.since = since
         """Fault lines logged before this (e.g. before the agent started) are history."""
         self.state = ServerState()
+        self.open: list[OpenIncident] = []
         self._pending: list[MpsLogLine] = []
         self._pending_connected: set[int] = set()
+        self._pending_gone: dict[int, float] = {}
         self._last_fault_read = 0.0
+        self._recovered: list[OpenIncident] = []
 
     def feed(self, lines: Iterable[MpsLogLine], *, now: float) -> list[int]:
         """Take new lines in; returns the client PIDs that connected (to resolve while alive)."""
         connected: list[int] = []
         for line in lines:
+            if self._pending and line.message.strip().isdigit():
+                self._pending.append(line)  # a pid listed under the sticky-error header
+                continue
             if is_fault_line(line) and line.at >= self.since:
                 if not self._pending:
                     server = line.pid if line.source != "Control" else self.state.last_server
                     self._pending_connected = self.state.healthy(server)
+                    self._pending_gone = {}
                 self._pending.append(line)
                 self._last_fault_read = now
-                # Clients logged as leaving after the fault are still its victims.
                 continue
             pid = connected_pid(line)
             if pid is not None:
                 connected.append(pid)
+            gone = disconnected_pid(line)
+            if gone is not None:
+                if self._pending:
+                    self._pending_gone[gone] = line.at
+                self._left(gone, line.at)
+            if _CONTEXT_DESTROYED.search(line.message):
+                for item in self.open:
+                    if item.incident.server_pid in (None, line.pid):
+                        self._close(item, line.at)
             self.state.feed(line)
         return connected
+
+    def _left(self, pid: int, at: float) -> None:
+        for item in self.open:
+            item.remaining.discard(pid)
+            if not item.remaining:
+                self._close(item, at)
+
+    def _close(self, item: OpenIncident, at: float) -> None:
+        if item in self.open:
+            item.recovered_at = at
+            self.open.remove(item)
+            self._recovered.append(item)
 
     def incidents(self, *, now: float) -> list[FaultIncident]:
         if not self._pending or now - self._last_fault_read < self.settle_s:
@@ -288,17 +346,31 @@ class FaultDetector:
         # Every client of the server is broken by the fault and must exit: it is no victim of a
         # later fault.
         self.state.broken.update((*faulting, *victims))
-        return [
-            FaultIncident(
-                gpu_uuid=self.gpu_uuid,
-                server_pid=server,
-                logged_at=lines[0].at,
-                detected_at=now,
-                faulting_pids=faulting,
-                victim_pids=victims,
-                evidence=tuple(ln.text for ln in lines[:6]),
-            )
-        ]
+        incident = FaultIncident(
+            gpu_uuid=self.gpu_uuid,
+            server_pid=server,
+            logged_at=lines[0].at,
+            detected_at=now,
+            faulting_pids=faulting,
+            victim_pids=victims,
+            evidence=tuple(ln.text for ln in lines if not ln.message.strip().isdigit())[:6],
+        )
+        remaining = {*faulting, *victims} - set(self._pending_gone)
+        item = OpenIncident(incident, remaining)
+        self.open.append(item)
+        if not remaining:
+            self._close(item, max(self._pending_gone.values(), default=lines[-1].at))
+        return [incident]
+
+    @property
+    def pending(self) -> bool:
+        """Fault lines were read whose incident is not out yet (more may follow at once)."""
+        return bool(self._pending)
+
+    def recovered(self) -> list[OpenIncident]:
+        """Incidents closed since the last call (every affected client gone)."""
+        done, self._recovered = self._recovered, []
+        return done
 
 
 # ---- following log files ------------------------------------------------------------------
@@ -489,8 +561,12 @@ class FaultStats:
     clients: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     """(gpu uuid, role) -> clients, role faulting|victim|unattributed."""
     detection_s: dict[str, float] = field(default_factory=dict)
-    terminated: int = 0
+    recovery_s: dict[str, float] = field(default_factory=dict)
+    """GPU -> seconds from the last fault to its last affected client leaving the server."""
+    lingering: int = 0
+    """Affected clients that kept their broken context past the grace period."""
     evicted: int = 0
+    evicted_lingering: int = 0
 
 
 @dataclass(frozen=True)
@@ -542,11 +618,12 @@ class FaultMonitor:
         kube: FaultKube | None,
         resolver: PodResolver | Callable[[str, int], str | None],
         mps_check: Callable[[str], bool] | None = None,
-        terminate_client: Callable[[str, int, int], None] | None = None,
         exclusive_after: int = 2,
         window_s: float = 3600.0,
-        terminate_after_s: float = 15.0,
+        linger_after_s: float = 15.0,
+        evict_lingering_after_s: float = 60.0,
         exclusive_ttl_s: float = 86400.0,
+        settle_s: float = 0.2,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.node_name = node_name
@@ -556,18 +633,20 @@ class FaultMonitor:
         self.kube = kube
         self._resolve = resolver.remember if isinstance(resolver, PodResolver) else resolver
         self.mps_check = mps_check
-        self.terminate_client = terminate_client
         self.offenders = RepeatOffenders(threshold=exclusive_after, window_s=window_s)
-        self.terminate_after_s = terminate_after_s
+        self.linger_after_s = linger_after_s
+        self.evict_lingering_after_s = evict_lingering_after_s
         self.exclusive_ttl_s = exclusive_ttl_s
         self.clock = clock
+        self._settle_s = settle_s
         self.started = clock()
         self.stats = FaultStats()
         self.history: deque[FaultIncident] = deque(maxlen=100)
         self.exclusive: dict[str, ExclusiveWorkload] = {}
         self._detectors: dict[str, FaultDetector] = {}
         self._tails: dict[str, list[LogTail]] = {}
-        self._lingering: list[tuple[float, FaultIncident]] = []
+        self._reported: dict[tuple[str, float, int], str] = {}
+        """(gpu, fault time, pid) -> what was done about a lingering client."""
         self._lock = threading.Lock()
         self._loaded = False
 
@@ -577,27 +656,45 @@ class FaultMonitor:
         """Read new log lines of every GPU; handle incidents. Called every ~0.5 s."""
         with self._lock:
             self._load_exclusive()
-            now = self.clock()
             found: list[FaultIncident] = []
+            settling = False
             for uuid, directory in self.log_dirs().items():
-                detector = self._detectors.get(uuid)
-                if detector is None:
-                    detector = self._detectors[uuid] = FaultDetector(uuid, since=self.started)
-                    self._tails[uuid] = [LogTail(directory / name) for name in LOG_FILES]
-                lines = [
-                    parsed
-                    for tail in self._tails[uuid]
-                    for raw in tail.read()
-                    if (parsed := parse_log_line(raw)) is not None
-                ]
-                lines.sort(key=lambda ln: ln.at)
-                for pid in detector.feed(lines, now=now):
-                    self._resolve(uuid, pid)
-                found += detector.incidents(now=now)
+                found += self._read(uuid, directory)
+                settling = settling or self._detectors[uuid].pending
+            if settling:
+                # A fault is written as a burst of lines within a millisecond or two: read the
+                # rest of it now rather than one polling period later.
+                time.sleep(self._settle_s)
+                for uuid, directory in self.log_dirs().items():
+                    found += self._read(uuid, directory)
             for incident in found:
                 self._handle(incident)
-            self._terminate_lingering(now)
+            now = self.clock()
+            for detector in self._detectors.values():
+                for item in detector.recovered():
+                    self._recovered(item)
+                for item in detector.open:
+                    self._lingering(item, now)
             return found
+
+    def _read(self, uuid: str, directory: Path) -> list[FaultIncident]:
+        now = self.clock()
+        detector = self._detectors.get(uuid)
+        if detector is None:
+            detector = self._detectors[uuid] = FaultDetector(
+                uuid, since=self.started, settle_s=self._settle_s
+            )
+            self._tails[uuid] = [LogTail(directory / name) for name in LOG_FILES]
+        lines = [
+            parsed
+            for tail in self._tails[uuid]
+            for raw in tail.read()
+            if (parsed := parse_log_line(raw)) is not None
+        ]
+        lines.sort(key=lambda ln: ln.at)
+        for pid in detector.feed(lines, now=now):
+            self._resolve(uuid, pid)
+        return detector.incidents(now=now)
 
     # --- reactions -----------------------------------------------------------------------
 
@@ -693,8 +790,6 @@ class FaultMonitor:
             log.info(
                 "MPS daemon of %s after the fault: %s", incident.gpu_uuid, "up" if up else "down"
             )
-        if self.terminate_client is not None and incident.server_pid is not None:
-            self._lingering.append((incident.detected_at, incident))
         for ref in faulting:
             if ref.manifest is not None:
                 self._count_fault(ref, incident)
@@ -709,30 +804,61 @@ class FaultMonitor:
         except Exception as exc:
             log.warning("could not record event %s on %s: %s", reason, ref.key, exc)
 
-    def _terminate_lingering(self, now: float) -> None:
-        """Affected clients still connected after the grace period keep the server from taking
-        new clients: ask the control daemon to terminate their work."""
-        keep: list[tuple[float, FaultIncident]] = []
-        for since, incident in self._lingering:
-            if now - since < self.terminate_after_s:
-                keep.append((since, incident))
+    def _recovered(self, item: OpenIncident) -> None:
+        incident = item.incident
+        if item.recovered_at is None:
+            return
+        seconds = max(0.0, item.recovered_at - incident.logged_at)
+        self.stats.recovery_s[incident.gpu_uuid] = seconds
+        log.info(
+            "MPS server of %s takes new clients again: every client the fault reached has left "
+            "(%.2f s after the fault)",
+            incident.gpu_uuid,
+            seconds,
+        )
+
+    def _lingering(self, item: OpenIncident, now: float) -> None:
+        """Affected clients that keep their broken context block the GPU for every new client:
+        tell their pod, then evict it."""
+        age = now - item.incident.detected_at
+        if age < self.linger_after_s or not item.remaining:
+            return
+        faulting, victims = self.refs(item.incident)
+        for ref in (*faulting, *victims):
+            if ref.pid not in item.remaining:
                 continue
-            detector = self._detectors.get(incident.gpu_uuid)
-            still = detector.state.connected(incident.server_pid) if detector else set()
-            for pid in sorted(still & {*incident.faulting_pids, *incident.victim_pids}):
-                assert self.terminate_client is not None and incident.server_pid is not None
+            key = (item.incident.gpu_uuid, item.incident.logged_at, ref.pid)
+            done = self._reported.get(key)
+            if done is None:
+                self._reported[key] = "told"
+                self.stats.lingering += 1
+                self._event(
+                    ref,
+                    "GpuShareBrokenClient",
+                    f"process {ref.pid} of this pod still holds the CUDA context a fatal GPU fault "
+                    f"broke {age:.0f}s ago on shared GPU {item.incident.gpu_uuid}; its MPS server "
+                    "takes no new client (CUDA error 807) until it exits. Restart this pod"
+                    + (
+                        f"; gpushare evicts it after {self.evict_lingering_after_s:.0f}s."
+                        if self.evict_lingering_after_s > 0
+                        else "."
+                    ),
+                )
+            elif (
+                done == "told"
+                and self.evict_lingering_after_s > 0
+                and age >= self.evict_lingering_after_s
+                and ref.manifest is not None
+                and self.kube is not None
+            ):
+                self._reported[key] = "evicted"
+                info = _pod_info(ref.manifest)
                 try:
-                    self.terminate_client(incident.gpu_uuid, incident.server_pid, pid)
-                    self.stats.terminated += 1
-                    log.warning(
-                        "terminated MPS client %d of server %d on %s: it kept its broken context",
-                        pid,
-                        incident.server_pid,
-                        incident.gpu_uuid,
-                    )
+                    self.kube.evict_pod(namespace=info.namespace, name=info.name)
+                    self.stats.evicted_lingering += 1
+                    log.warning("evicted %s: it kept a broken MPS client", info.key)
                 except Exception as exc:
-                    log.warning("terminate_client %d failed: %s", pid, exc)
-        self._lingering = keep
+                    log.warning("could not evict %s: %s", info.key, exc)
 
     # --- exclusive GPUs for repeat offenders ---------------------------------------------
 
@@ -851,6 +977,15 @@ class FaultCollector(Collector):
         for uuid, seconds in sorted(m.stats.detection_s.items()):
             detection.add_metric([node, uuid], seconds)
         yield detection
+        recovery = GaugeMetricFamily(
+            "gpushare_mps_fault_recovery_seconds",
+            "Time from the last fault to the last client it reached leaving the MPS server (the "
+            "server takes new clients again).",
+            labels=["node", "gpu_uuid"],
+        )
+        for uuid, seconds in sorted(m.stats.recovery_s.items()):
+            recovery.add_metric([node, uuid], seconds)
+        yield recovery
         exclusive = GaugeMetricFamily(
             "gpushare_exclusive_workloads",
             "Workloads this node marked for a GPU of their own after repeated faults.",
@@ -865,9 +1000,15 @@ class FaultCollector(Collector):
                 "Pods evicted from a shared GPU to get one of their own.",
             ),
             (
-                "gpushare_mps_fault_terminated_clients",
-                m.stats.terminated,
-                "Affected MPS clients terminated after keeping a broken context.",
+                "gpushare_mps_fault_lingering_clients",
+                m.stats.lingering,
+                "Clients a fault broke that kept their context past the grace period (they block "
+                "the GPU's MPS server for new clients).",
+            ),
+            (
+                "gpushare_mps_fault_lingering_evictions",
+                m.stats.evicted_lingering,
+                "Pods evicted because they kept a broken MPS client.",
             ),
         ):
             counter = CounterMetricFamily(name, help_text, labels=["node"])

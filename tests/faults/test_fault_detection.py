@@ -273,3 +273,61 @@ def test_exclusive_annotation_round_trips_and_names_itself_when_broken() -> None
     for bad in ("{", json.dumps({"uid": "x"}), json.dumps([{"kind": "Job"}])):
         with pytest.raises(InvalidInputError, match=r"gpushare\.io/exclusive-workloads"):
             load_exclusive(bad)
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def replay(step_s: float = 0.5) -> tuple[list[Any], list[Any], FaultDetector]:
+    """Feed the MPS logs recorded on an H200 (tests/gpu/test_mps_fault_gpu.py: two faults, the
+    second with a victim that kept its broken context) as the agent reads them, every step_s."""
+    lines = sorted(
+        (
+            p
+            for name in ("h200_mps_server.log", "h200_mps_control.log")
+            for raw in (DATA / name).read_text().splitlines()
+            if (p := parse_log_line(raw)) is not None
+        ),
+        key=lambda ln: ln.at,
+    )
+    detector = FaultDetector("GPU-38a0bb2b-f91a-f611-a184-71c3a4d7efba")
+    incidents, recovered = [], []
+    now, fed = lines[0].at, 0
+    while fed < len(lines) or detector.open:
+        now += step_s
+        batch = [ln for ln in lines[fed:] if ln.at <= now]
+        fed += len(batch)
+        detector.feed(batch, now=now)
+        if detector.pending:  # the monitor reads the rest of a fault settle_s later
+            now += detector.settle_s
+            batch = [ln for ln in lines[fed:] if ln.at <= now]
+            fed += len(batch)
+            detector.feed(batch, now=now)
+        incidents += detector.incidents(now=now)
+        recovered += detector.recovered()
+        if fed == len(lines) and now > lines[-1].at + 5:
+            break
+    return incidents, recovered, detector
+
+
+def test_real_h200_logs_name_the_faulter_and_its_victim_and_nothing_else() -> None:
+    incidents, _, _ = replay()
+    assert [(i.faulting_pids, i.victim_pids) for i in incidents] == [
+        ((1455,), (1453,)),  # every client is "error trigging" in the log; only 1455 faulted
+        ((1536,), (1535,)),  # the probe client 1519 in between was no victim
+    ]
+    assert all(i.server_pid == 1498 for i in incidents)
+    assert all("encountered a fatal GPU error" in i.evidence[0] for i in incidents)
+    # Read within one polling period and the settle time of the fault being logged.
+    assert all(i.detection_s <= 0.5 + 0.2 + 0.01 for i in incidents)
+
+
+def test_real_h200_logs_show_recovery_and_the_client_that_blocked_it() -> None:
+    incidents, recovered, detector = replay()
+    first, second = incidents
+    by_fault = {r.incident.logged_at: r.recovered_at - r.incident.logged_at for r in recovered}
+    # The first fault's clients both exited: the server dropped its context 0.24 s later.
+    assert 0.2 < by_fault[first.logged_at] < 0.4
+    # The second fault's victim kept its broken context ~24 s, until the test let it exit.
+    assert 24 < by_fault[second.logged_at] < 25
+    assert detector.open == []

@@ -10,8 +10,9 @@ mounts Allocate returns:
   reaction - fault.
 - B: fresh clients (driver API only) probe the server until one runs: recovery time; the
   control daemon is checked healthy (same daemon, answering).
-- C: a victim that catches the error and keeps its broken context: the monitor asks the control
-  daemon to ``terminate_client`` it after a grace period; recovery measured again.
+- C: a victim that catches the error and keeps its broken context: the server refuses new
+  clients (CUDA error 807) until it exits; the monitor flags it after its grace period and
+  sees the recovery once it is gone.
 - D: the faulting workload (two faults from pods of one ReplicaSet) is marked exclusive.
 
 Never changes GPU settings. Skips loudly without a GPU. Writes $OUT/reliability_gpu.json and
@@ -170,12 +171,6 @@ def _xid_watch(rig: Rig, stop: threading.Event) -> None:
     pynvml.nvmlEventSetFree(events)
 
 
-def terminate(mps: MpsManager, uuid: str, server: int, client: int) -> None:
-    RESULTS.setdefault("terminate_client_answers", []).append(
-        mps.query(uuid, f"terminate_client {server} {client}").strip()[:200]
-    )
-
-
 @pytest.fixture(scope="module")
 def rig() -> Iterator[Rig]:
     nvml = NvmlBackend()
@@ -209,9 +204,9 @@ def rig() -> Iterator[Rig]:
         kube=None,
         resolver=lambda _uuid, pid: holder["rig"].pid_pod.get(pid),
         mps_check=lambda uuid: mps.check_one(uuid).up,
-        terminate_client=lambda uuid, server, client: terminate(mps, uuid, server, client),
         exclusive_after=2,
-        terminate_after_s=3.0,
+        linger_after_s=3.0,
+        evict_lingering_after_s=0,
     )
     rig = holder["rig"] = Rig(gpu=gpu, mps=mps, monitor=monitor)
     rig.daemon_pid = mps.status()[gpu.uuid].pid
@@ -255,7 +250,8 @@ def rig() -> Iterator[Rig]:
         RESULTS["metrics"] = {
             "incidents": {f"{k[0]}|{k[1]}": v for k, v in monitor.stats.incidents.items()},
             "clients": {f"{k[0]}|{k[1]}": v for k, v in monitor.stats.clients.items()},
-            "terminated": monitor.stats.terminated,
+            "lingering": monitor.stats.lingering,
+            "recovery_s": monitor.stats.recovery_s,
         }
         RESULTS["date"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         mps.stop_all()
@@ -341,39 +337,40 @@ def test_server_takes_new_clients_again_and_the_daemon_is_healthy(rig: Rig) -> N
     assert status.up and status.pid == rig.daemon_pid
 
 
-def test_lingering_victim_is_terminated_so_the_server_recovers(rig: Rig) -> None:
+def test_victim_keeping_its_broken_context_blocks_new_clients_until_it_exits(rig: Rig) -> None:
     run = run_fault(rig, victim_uid="victim-b", faulter_uid="faulter-2", linger=True)
     fault_at = run["faulter"].get("fault_at", time.time())
     incident: FaultIncident | None = run["incident"]
-    # While the broken victim lingers, does the server take a new client?
     early = finish(rig.start(10, None, "probe"), timeout_s=20)
-    deadline = time.monotonic() + 15
-    while rig.monitor.stats.terminated == 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    terminated_at = time.time() if rig.monitor.stats.terminated else None
-    ok, failures = probe_until_ok(rig, timeout_s=20)
-    alive_at_recovery = run["victim"].poll() is None
+    flagged = wait_flagged(rig, timeout_s=15)
     (run["barrier"] / "stop").touch()
     victim = finish(run["victim"])
-    after_exit = None
-    if ok is None:
-        after_exit, _ = probe_until_ok(rig, timeout_s=30)
+    exited_at = time.time()
+    ok, failures = probe_until_ok(rig, timeout_s=30)
     RESULTS["c_lingering_victim"] = {
         "incident": incident_record(incident, fault_at),
         "victim_failed": bool(victim.get("failed")),
         "probe_while_lingering": {k: early.get(k) for k in ("ok", "step", "rc")},
-        "terminate_client_sent": rig.monitor.stats.terminated,
-        "terminated_after_fault_s": round(terminated_at - fault_at, 3) if terminated_at else None,
-        "recovered_with_victim_alive": ok is not None and alive_at_recovery,
-        "recovery_s": round(ok["at"] - fault_at, 3) if ok else None,
-        "recovered_after_victim_exit": after_exit is not None if ok is None else None,
-        "refusals": failures[:5],
+        "flagged_lingering_after_fault_s": round(flagged - fault_at, 3) if flagged else None,
+        "recovered_after_victim_exit_s": round(ok["at"] - exited_at, 3) if ok else None,
+        "monitor_recovery_s": rig.monitor.stats.recovery_s.get(rig.gpu.uuid),
+        "refusals_after_exit": failures[:5],
     }
     shutil.rmtree(run["barrier"], ignore_errors=True)
     assert incident is not None and incident.faulting_pids == (run["faulter_pid"],), incident
     assert run["victim_pid"] in incident.victim_pids
-    assert rig.monitor.stats.terminated >= 1, "the lingering client was not terminated"
-    assert ok is not None or after_exit is not None, "the server never took a new client"
+    assert not early.get("ok") and early.get("rc") == 807, early  # cudaErrorMpsServerNotReady
+    assert flagged, "the monitor did not flag the client that kept its broken context"
+    assert ok is not None, f"no new client ran after the victim exited: {failures[:3]}"
+
+
+def wait_flagged(rig: Rig, *, timeout_s: float) -> float | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if rig.monitor.stats.lingering:
+            return time.time()
+        time.sleep(0.1)
+    return None
 
 
 def test_workload_faulting_twice_is_marked_for_a_gpu_of_its_own(rig: Rig) -> None:
