@@ -39,6 +39,14 @@ KINDS: dict[str, JobKind] = {
             "transformer",
             "Transformer encoder training (6 layers, d=1024, seq 512, batch 32), bf16 autocast",
         ),
+        JobKind(
+            "resnet50_xl",
+            "ResNet-50 training, batch 256 (otherwise as resnet50): keeps every SM busy",
+        ),
+        JobKind(
+            "transformer_xl",
+            "Transformer encoder training, batch 64 (otherwise as transformer): keeps SMs busy",
+        ),
         JobKind("lstm", "2-layer LSTM training (hidden 1024, seq 64, batch 32), fp32 cuDNN"),
         JobKind("dgemm", "FP64 GEMM loop, 8192x8192 matrices (FP64 tensor cores)"),
         JobKind(
@@ -51,8 +59,10 @@ KINDS: dict[str, JobKind] = {
     )
 }
 
-# Kinds measured in colocation packs (the inference service runs closed-loop there).
+# Kinds measured in colocation packs. The inference service (Poisson arrivals: its rate is its
+# arrival rate) and the heavy trace's XL jobs (they ask for whole GPUs) are profiled alone.
 TRAINING_KINDS: tuple[str, ...] = ("resnet18", "resnet50", "transformer", "lstm", "dgemm")
+SOLO_ONLY_KINDS: tuple[str, ...] = ("infer", "resnet50_xl", "transformer_xl")
 
 
 def kind(name: str) -> JobKind:

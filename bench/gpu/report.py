@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench.gpu.catalog import KINDS
 from bench.gpu.metrics import ratio
 
 SCHEMES = ("exclusive", "timeslice", "mps_equal", "mps_unlimited", "gpushare")
@@ -102,6 +103,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"- Profiles from: {d.get('profile_source')}; placement by: {d.get('policy_source')}",
         "",
     ]
+    lines += _jobs_table(d)
     for trace in ("light", "heavy"):
         rows = results.get("traces", {}).get(trace, {})
         extra = d.get("schemes", {}).get(trace, {})
@@ -166,6 +168,33 @@ def markdown(results: dict[str, Any]) -> str:
     if d.get("errors"):
         lines += ["", "## Errors during the run", ""] + [f"- {e}" for e in d["errors"]]
     return "\n".join(lines) + "\n"
+
+
+def _jobs_table(d: dict[str, Any]) -> list[str]:
+    """Per kind: what it is, its solo profile, what it asked for and what start-up cost."""
+    lines = [
+        "## Jobs (solo profiles from gpushare's profiler, MPS, 100% threads)",
+        "",
+        "| kind | job | it/s | SM util | SM occ | tensor | fp32 | fp64 | DRAM | asks "
+        "| start-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    raw = d.get("raw_profiles", {})
+    for name, spec in KINDS.items():
+        p = d.get("profiles", {}).get(name)
+        if p is None:
+            continue
+        rate = d.get("solo_rates_mps", {}).get(name)
+        asks = d.get("requested_fractions", {}).get(name)
+        lines.append(
+            f"| {name} | {spec.description} | {_fmt(rate, 1)} | "
+            f"{_fmt(raw.get(name, {}).get('sm_utilization'))} | {_fmt(p.get('sm_occupancy'))} | "
+            f"{_fmt(p.get('tensor'))} | {_fmt(p.get('fp32'))} | {_fmt(p.get('fp64'))} | "
+            f"{_fmt(p.get('dram_bandwidth'))} | {_fmt(asks)} | "
+            f"{_fmt(d.get('startup_s', {}).get(name), 1)} |"
+        )
+    lines.append("")
+    return lines
 
 
 def write(out: Path, results: dict[str, Any], *, name: str = "gpu-packing") -> tuple[Path, Path]:

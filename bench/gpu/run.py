@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu import colocate, policy, report, traces
-from bench.gpu.catalog import KINDS, TRAINING_KINDS
+from bench.gpu.catalog import KINDS, SOLO_ONLY_KINDS, TRAINING_KINDS
 from bench.gpu.colocate import Member, PackResult, Stage
 from bench.gpu.gpm import Sampler, to_profile
 from bench.gpu.metrics import JobResult, summarize
@@ -181,12 +181,10 @@ def _members(key: colocate.PackKey) -> tuple[Member, ...]:
 def phase_a(ctx: Ctx, a: PhaseA, *, fractions: dict[str, float]) -> None:
     quick = ctx.args.quick
     stages = colocate.plan(TRAINING_KINDS, quick=quick)
-    # The inference service is profiled alone (its rate is its arrival rate, so packs of it
-    # say nothing about slowdown; the latency experiment covers it).
+    # Kinds profiled alone only (see catalog.SOLO_ONLY_KINDS).
     solo_stage = stages[0]
-    stages[0] = Stage(
-        solo_stage.name, (*solo_stage.packs, (Member("infer", 100),)), solo_stage.window_s
-    )
+    extra_solo = tuple((Member(k, 100),) for k in SOLO_ONLY_KINDS)
+    stages[0] = Stage(solo_stage.name, (*solo_stage.packs, *extra_solo), solo_stage.window_s)
     workers = ctx.workers()
     daemon = ctx.daemon()
     sampler = None if ctx.args.dry else Sampler(index=ctx.args.gpu, period_s=0.2)
@@ -619,6 +617,7 @@ def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
         "profiles": a.profiles,
         "raw_profiles": a.raw_profiles,
         "trace_jobs": {n: len(j) for n, j in st.jobs.items()},
+        "startup_s": startup_by_kind(st),
         "iterations": st.iterations,
         "schemes": scheme_details,
         "jobs": job_details,
@@ -632,6 +631,17 @@ def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
     }
     results["targets"] = report.check_targets(results)
     return results
+
+
+def startup_by_kind(st: State) -> dict[str, float]:
+    """Mean process start-up (CUDA context, model, warm-up) per kind, paid before the clock."""
+    seen: dict[str, list[float]] = {}
+    for by_scheme in st.runs.values():
+        for results in by_scheme.values():
+            for j in results:
+                if j.init_s is not None:
+                    seen.setdefault(j.kind, []).append(j.init_s)
+    return {k: round(sum(v) / len(v), 2) for k, v in seen.items()}
 
 
 def _clean(value: Any) -> Any:

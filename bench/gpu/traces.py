@@ -69,11 +69,11 @@ def light(scale: float = 1.0) -> list[TraceJob]:
 def heavy(scale: float = 1.0) -> list[TraceJob]:
     """Jobs that each saturate the GPU: packing them only adds interference."""
     rows = [
-        (0.0, "resnet50", 3.0),
-        (0.3, "transformer", 3.0),
+        (0.0, "resnet50_xl", 3.0),
+        (0.3, "transformer_xl", 3.0),
         (0.6, "dgemm", 3.0),
-        (0.9, "resnet50", 3.0),
-        (1.2, "transformer", 3.0),
+        (0.9, "resnet50_xl", 3.0),
+        (1.2, "transformer_xl", 3.0),
     ]
     return _jobs("heavy", rows, scale)
 

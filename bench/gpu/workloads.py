@@ -168,14 +168,15 @@ def build(name: str, *, device: torch.device, tiny: bool = False) -> Workload:
         step = _training(
             model, batch((4 if tiny else 32, 3, 32, 32), 10), device=device, bf16=False
         )
-    elif name in ("resnet50", "infer"):
+    elif name in ("resnet50", "resnet50_xl", "infer"):
         model = ResNet(_Bottleneck, [3, 4, 6, 3], classes=1000, small_input=False)
         model = model.to(device).to(memory_format=torch.channels_last)
         side = 64 if tiny else 224
-        if name == "resnet50":
+        if name != "infer":
+            bsz = 2 if tiny else (256 if name == "resnet50_xl" else 128)
             step = _training(
                 model,
-                batch((2 if tiny else 128, 3, side, side), 1000, channels_last=True),
+                batch((bsz, 3, side, side), 1000, channels_last=True),
                 device=device,
                 bf16=True,
             )
@@ -190,8 +191,10 @@ def build(name: str, *, device: torch.device, tiny: bool = False) -> Workload:
                     torch.autocast(device_type=device.type, dtype=torch.bfloat16),
                 ):
                     model(x)
-    elif name == "transformer":
+    elif name in ("transformer", "transformer_xl"):
         d, heads, layers, seq, bsz = (64, 4, 1, 32, 2) if tiny else (1024, 16, 6, 512, 32)
+        if name == "transformer_xl" and not tiny:
+            bsz = 64
         model = _Encoder(d, heads, layers, classes=16).to(device)
         step = _training(model, batch((bsz, seq, d), 16), device=device, bf16=True, optim="adamw")
     elif name == "lstm":
