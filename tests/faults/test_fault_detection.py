@@ -331,3 +331,41 @@ def test_real_h200_logs_show_recovery_and_the_client_that_blocked_it() -> None:
     # The second fault's victim kept its broken context ~24 s, until the test let it exit.
     assert 24 < by_fault[second.logged_at] < 25
     assert detector.open == []
+
+
+def test_a_client_that_keeps_its_broken_context_is_flagged_and_recovery_is_timed(
+    tmp_path: Path,
+) -> None:
+    log_dir = tmp_path / GPU / "log"
+    log_dir.mkdir(parents=True)
+    pods = {POD_A: pod(POD_A, "trainer-7d9-x", owner="rs-uid"), POD_B: pod(POD_B, "server")}
+    pid_pod = {4281: POD_A, 4267: POD_B}
+    clock = [time.mktime(time.strptime("2026-11-21 10:00:02", "%Y-%m-%d %H:%M:%S"))]
+    monitor = FaultMonitor(
+        node_name="n1",
+        log_dirs=lambda: {GPU: log_dir},
+        pods=lambda: list(pods.values()),
+        fresh_pods=None,
+        kube=None,
+        resolver=lambda _gpu, pid: pid_pod.get(pid),
+        linger_after_s=15,
+        clock=lambda: clock[0],
+    )
+    monitor.started = 0.0
+    write_fault(log_dir, "10:00:01.000", 4281, 4267)
+    with (log_dir / "server.log").open("a") as handle:
+        handle.write(line("10:00:01.300", "Server", 82, "Client process 4281 disconnected") + "\n")
+    monitor.check()
+    clock[0] += 1
+    assert len(monitor.check()) == 1
+    clock[0] += 10
+    monitor.check()
+    assert monitor.stats.lingering == 0  # within its grace period
+    clock[0] += 10
+    monitor.check()
+    assert monitor.stats.lingering == 1  # 4267 still holds the broken context
+    assert monitor.stats.recovery_s == {}
+    with (log_dir / "server.log").open("a") as handle:
+        handle.write(line("10:00:31.500", "Server", 82, "Client process 4267 disconnected") + "\n")
+    monitor.check()
+    assert monitor.stats.recovery_s[GPU] == pytest.approx(30.5)

@@ -36,13 +36,30 @@ def mps_line(pid: int, message: str) -> str:
     return f"[{stamp} Server {pid:>7}] {message}\n"
 
 
-def fault_lines(faulter: int) -> list[str]:
-    """What the MPS server logs when client ``faulter`` hits a fatal GPU error."""
+def fault_lines(faulter: int, victim: int) -> list[str]:
+    """What the MPS server logs when client ``faulter`` hits a fatal GPU error while ``victim``
+    shares the server (the block an H200 wrote, tests/faults/data/h200_mps_server.log)."""
+    s = FAKE_SERVER_PID
     return [
-        mps_line(
-            FAKE_SERVER_PID,
-            f"Client {{PID: {faulter}, Context ID: 0}} encountered a fatal GPU error",
-        )
+        mps_line(s, f"Client {{PID: {faulter}, Context: 1}} encountered a fatal GPU error."),
+        mps_line(s, "Server is handling a fatal GPU error."),
+        mps_line(s, f"Client {{PID: {faulter}, Context ID: 1}} on device 0 to be torn down"),
+        mps_line(s, f"Client {{PID: {victim}, Context ID: 1}} on device 0 to be torn down"),
+        mps_line(s, f"All clients belonging to error trigging process {faulter} will be torn down"),
+        mps_line(s, f"All clients belonging to error trigging process {victim} will be torn down"),
+        mps_line(s, "The following devices will be reset:"),
+        mps_line(s, "0"),
+        mps_line(s, "The following client process have a sticky error set:"),
+        mps_line(s, str(faulter)),
+        mps_line(s, str(victim)),
+    ]
+
+
+def exit_lines(*pids: int) -> list[str]:
+    """The clients a fault broke exit (their containers restart) and the server recovers."""
+    return [
+        *(mps_line(FAKE_SERVER_PID, f"Client process {pid} disconnected") for pid in pids),
+        mps_line(FAKE_SERVER_PID, "Destroy server context on device 0 (NVIDIA H100 80GB HBM3)"),
     ]
 
 
@@ -163,7 +180,8 @@ def test_faulting_pod_and_victim_get_events_and_a_repeat_faulter_gets_its_own_gp
     time.sleep(1.5)  # the agent resolves clients to pods while they are connected
     injected = time.monotonic()
     with log.open("a") as handle:
-        handle.writelines(fault_lines(faulter_pid))
+        handle.writelines(fault_lines(faulter_pid, victim_pid))
+        handle.writelines(exit_lines(faulter_pid, victim_pid))
     blamed = wait_until(lambda: events(cluster, namespace, "GpuShareFault"), timeout_s=30)
     detected = time.monotonic() - injected
     assert blamed, f"no GpuShareFault event:\n{agent.log_text()[-2000:]}"
@@ -182,12 +200,14 @@ def test_faulting_pod_and_victim_get_events_and_a_repeat_faulter_gets_its_own_gp
 
     # The same workload faults again: it is marked, evicted, and recreated on a whole GPU.
     with log.open("a") as handle:
-        handle.write(
-            mps_line(FAKE_SERVER_PID, f"Client {{PID: {faulter_pid}, Context ID: 0}} connected")
-        )
+        for pid in (victim_pid, faulter_pid):
+            handle.write(
+                mps_line(FAKE_SERVER_PID, f"Client {{PID: {pid}, Context ID: 0}} connected")
+            )
     time.sleep(1.0)
     with log.open("a") as handle:
-        handle.writelines(fault_lines(faulter_pid))
+        handle.writelines(fault_lines(faulter_pid, victim_pid))
+        handle.writelines(exit_lines(faulter_pid, victim_pid))
 
     def marked() -> list[Any]:
         node = kubectl_json(cluster, "get", "node", cluster.node_name)
