@@ -31,11 +31,13 @@ DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_ENDPOINT = "gpushare-gpu-percent.sock"
 
 
-def _inode(path: Path) -> int | None:
+def socket_identity(path: Path) -> tuple[int, int] | None:
+    """(inode, change time) of a socket file: a recreated file may reuse the inode number."""
     try:
-        return path.stat().st_ino
+        info = path.stat()
     except OSError:
         return None
+    return info.st_ino, info.st_ctime_ns
 
 
 def wait_until_accepting(path: Path, *, timeout_s: float) -> None:
@@ -96,7 +98,7 @@ class PluginRunner:
             while not stop.is_set():
                 self._restart.clear()
                 try:
-                    kubelet_inode = self._start()
+                    kubelet_identity = self._start()
                 except Exception as exc:
                     log.warning(
                         "device plugin start failed (%s); retrying in %.0f s", exc, self.retry_s
@@ -104,24 +106,24 @@ class PluginRunner:
                     self._stop_server()
                     stop.wait(self.retry_s)
                     continue
-                reason = self._watch(stop, kubelet_inode)
+                reason = self._watch(stop, kubelet_identity)
                 if reason:
                     log.info("device plugin restarting: %s", reason)
                 self._stop_server()
         finally:
             self._stop_server()
 
-    def _watch(self, stop: threading.Event, kubelet_inode: int | None) -> str | None:
+    def _watch(self, stop: threading.Event, kubelet_identity: tuple[int, int] | None) -> str | None:
         while not stop.wait(self.poll_s):
             if self._restart.is_set():
                 return "restart requested"
             if not self.socket_path.exists():
                 return f"{self.socket_path} was removed (kubelet restart?)"
-            if _inode(self.kubelet_socket) != kubelet_inode:
+            if socket_identity(self.kubelet_socket) != kubelet_identity:
                 return f"{self.kubelet_socket} was recreated (kubelet restart)"
         return None
 
-    def _start(self) -> int | None:
+    def _start(self) -> tuple[int, int] | None:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
@@ -132,8 +134,8 @@ class PluginRunner:
         server.start()
         self._server, self._servicer = server, servicer
         wait_until_accepting(self.socket_path, timeout_s=self.register_timeout_s)
-        kubelet_inode = _inode(self.kubelet_socket)
-        if kubelet_inode is None:
+        kubelet_identity = socket_identity(self.kubelet_socket)
+        if kubelet_identity is None:
             raise FileNotFoundError(f"{self.kubelet_socket} does not exist (kubelet not running?)")
         self._register()
         self.registrations += 1
@@ -144,7 +146,7 @@ class PluginRunner:
             self.socket_path,
             self.registrations,
         )
-        return kubelet_inode
+        return kubelet_identity
 
     def _register(self) -> None:
         with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:

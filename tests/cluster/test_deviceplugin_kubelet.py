@@ -22,6 +22,7 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
 )
 from gpushare.api.placement import format_time
+from gpushare.deviceplugin.plugin import socket_identity
 from tests.fixtures.node_agent import (
     DEVICE_PLUGIN_DIR,
     PLUGIN_SOCKET,
@@ -322,16 +323,14 @@ def test_kubelet_restart_reregisters_within_5s_and_restores_capacity(
         before = wait_running(cluster, name)
         registrations = node_agent.registrations()
         kubelet_sock = DEVICE_PLUGIN_DIR / "kubelet.sock"
-        old_inode = kubelet_sock.stat().st_ino
+        old_identity = socket_identity(kubelet_sock)
         restart = threading.Thread(target=cluster.harness, args=("restart-kubelet",))
         restart.start()
 
         # Watch for the new kubelet's socket while the harness restarts it.
         def new_socket() -> float | None:
-            try:
-                return time.monotonic() if kubelet_sock.stat().st_ino != old_inode else None
-            except FileNotFoundError:
-                return None
+            current = socket_identity(kubelet_sock)
+            return time.monotonic() if current not in (None, old_identity) else None
 
         appeared = wait_until(new_socket, timeout_s=60, what="the new kubelet.sock", every_s=0.02)
         wait_until(
