@@ -60,3 +60,6 @@ METRIC_PREFIX: Final = "gpushare_"
 ANN_NODE_EXCLUSIVE: Final = f"{GROUP}/exclusive-workloads"
 # Pod annotation: why the pod was given a whole GPU (written by the webhook or the node agent).
 ANN_EXCLUSIVE: Final = f"{GROUP}/exclusive"
+# Pod annotation (node agent): why the controller should evict the pod (it keeps breaking its
+# GPU's other tenants). The controller holds the eviction right; the node agent does not.
+ANN_EVICT: Final = f"{GROUP}/evict"

@@ -120,6 +120,22 @@ class Kube:
         except Exception as exc:
             raise _wrap(exc, f"bind pod {namespace}/{name} to {node}") from exc
 
+    async def evict_pod(self, *, namespace: str, name: str) -> bool:
+        """Evict through the Eviction API, so PodDisruptionBudgets hold. False when a budget
+        blocks it now (HTTP 429: try later); a pod already gone counts as evicted."""
+        body = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
+        try:
+            await self._client.create(body, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return True
+            if exc.status.code == 429:
+                return False
+            raise _wrap(exc, f"evict pod {namespace}/{name}") from exc
+        except msgspec.ValidationError:
+            return True  # 201 with a Status body, as for a Binding
+        return True
+
     # ---- watches -------------------------------------------------------------------------
 
     async def _informer(

@@ -109,6 +109,35 @@ async def _expire_loop(ctx: ControllerContext) -> None:
             log.info("stale placement released (pod never bound)", extra={"pod": key})
 
 
+async def _evict_loop(ctx: ControllerContext, *, period_s: float = 2.0) -> None:
+    """Evict pods the node agent marked ``gpushare.io/evict``: a workload whose CUDA clients
+    keep breaking their GPU's other tenants (repeated fatal faults, or a broken context kept
+    open). The node agent may only mark; eviction (through PodDisruptionBudgets) is ours."""
+    assert ctx.kube is not None
+    tried: dict[str, float] = {}
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(period_s)
+        marked = [f for f in ctx.view.pods().values() if f.evict and f.node and not f.finished]
+        for f in marked:
+            if loop.time() - tried.get(f.uid, -1e9) < 30.0:
+                continue
+            tried[f.uid] = loop.time()
+            namespace, _, name = f.key.partition("/")
+            try:
+                done = await ctx.kube.evict_pod(namespace=namespace, name=name)
+            except Exception as exc:
+                log.warning("eviction failed", extra={"pod": f.key, "error": str(exc)})
+                continue
+            log.info(
+                "evicted at the node agent's request" if done else "eviction blocked; retrying",
+                extra={"pod": f.key, "why": f.evict},
+            )
+        live = {f.uid for f in marked}
+        for uid in [u for u in tried if u not in live]:
+            del tried[uid]
+
+
 async def _register(ctx: ControllerContext) -> None:
     assert ctx.kube is not None and ctx.certs is not None
     # Wait for the inventory first, so the very first reviews can check memory sizes.
@@ -218,6 +247,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             ] = "pod watch"
             if settings.register_webhooks:
                 tasks[asyncio.create_task(_register(ctx))] = "webhook registration"
+            tasks[asyncio.create_task(_evict_loop(ctx))] = "evictions requested by node agents"
         else:
             ctx.view.nodes_synced = ctx.view.pods_synced = True
         tasks[asyncio.create_task(_expire_loop(ctx))] = "stale placement expiry"

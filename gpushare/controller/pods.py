@@ -12,6 +12,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import (
     ANN_CLASS,
     ANN_CONTAINER,
+    ANN_EVICT,
     ANN_FRACTION,
     ANN_MEMORY,
     ANN_SHARE,
@@ -227,6 +228,8 @@ class PodFacts:
     problem: str | None = None
     """Why demand or placement could not be read, for logs."""
     phase: str = ""
+    evict: str | None = None
+    """Why the node agent asks for the pod to be evicted (``gpushare.io/evict``), if it does."""
 
     @property
     def awaiting_allocation(self) -> bool:
@@ -262,4 +265,5 @@ def facts(pod: Pod) -> PodFacts:
         placement=placement,
         problem=problem,
         phase=str(_mapping(pod.get("status")).get("phase") or ""),
+        evict=annotations(pod).get(ANN_EVICT),
     )

@@ -17,14 +17,15 @@ mapping when the server logs a container-side PID). Then it
 - health-checks the GPU's MPS daemon (the manager restarts a daemon that does not answer);
 - follows the recovery: the server takes no new client (CUDA error 807, "Server teardown in
   progress") until every affected client has exited. A pod that keeps its broken context gets an
-  Event after ``linger_after_s`` and is evicted after ``evict_lingering_after_s``, because it
-  blocks the GPU for every new pod. (``terminate_client`` through the control daemon is no
-  remedy: on driver 580 it only asks the client to exit and blocks the control daemon, health
-  checks included, until it does.)
+  Event after ``linger_after_s`` and is marked for eviction (``gpushare.io/evict``) after
+  ``evict_lingering_after_s``, because it blocks the GPU for every new pod. (``terminate_client``
+  through the control daemon is no remedy: on driver 580 it only asks the client to exit and
+  blocks the control daemon, health checks included, until it does.)
 - marks a workload whose clients caused ``exclusive_after`` faults within ``window_s`` for an
   exclusive GPU: listed in the node annotation ``gpushare.io/exclusive-workloads`` (the
   admission webhook gives the workload's new pods a whole GPU, which runs without MPS) and its
-  pod evicted, so its controller recreates it on a GPU of its own.
+  pod annotated ``gpushare.io/evict``: the gpushare controller evicts it (the node agent has no
+  eviction right), so its own controller recreates it on a GPU of its own.
 
 The parsing and classification are pure functions; the monitor does its I/O through the
 callables it is given, so it is tested without a GPU or a cluster.
@@ -46,7 +47,7 @@ from prometheus_client.registry import Collector
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import ExclusiveWorkload, dump_exclusive, load_exclusive
-from gpushare.api.names import ANN_EXCLUSIVE, ANN_NODE_EXCLUSIVE, SLICES_PER_GPU
+from gpushare.api.names import ANN_EVICT, ANN_EXCLUSIVE, ANN_NODE_EXCLUSIVE, SLICES_PER_GPU
 from gpushare.api.placement import format_time, parse_placement
 from gpushare.deviceplugin.allocation import PodInfo
 from gpushare.exporter.attribution import parse_cgroup
@@ -551,8 +552,6 @@ class FaultKube(Protocol):
         self, *, namespace: str, name: str, annotations: Mapping[str, str]
     ) -> None: ...
 
-    def evict_pod(self, *, namespace: str, name: str) -> None: ...
-
 
 @dataclass
 class FaultStats:
@@ -853,12 +852,18 @@ class FaultMonitor:
             ):
                 self._reported[key] = "evicted"
                 info = _pod_info(ref.manifest)
+                reason = (
+                    f"process {ref.pid} kept a CUDA context a fatal GPU fault broke on "
+                    f"{item.incident.gpu_uuid} for {age:.0f}s, blocking the GPU for new pods"
+                )
                 try:
-                    self.kube.evict_pod(namespace=info.namespace, name=info.name)
+                    self.kube.annotate_pod(
+                        namespace=info.namespace, name=info.name, annotations={ANN_EVICT: reason}
+                    )
                     self.stats.evicted_lingering += 1
-                    log.warning("evicted %s: it kept a broken MPS client", info.key)
+                    log.warning("asked the controller to evict %s: %s", info.key, reason)
                 except Exception as exc:
-                    log.warning("could not evict %s: %s", info.key, exc)
+                    log.warning("could not mark %s for eviction: %s", info.key, exc)
 
     # --- exclusive GPUs for repeat offenders ---------------------------------------------
 
@@ -909,10 +914,12 @@ class FaultMonitor:
         if self.kube is None:
             return
         try:
+            # The controller evicts it (it holds that right; this agent does not).
             self.kube.annotate_pod(
-                namespace=info.namespace, name=info.name, annotations={ANN_EXCLUSIVE: mark.reason}
+                namespace=info.namespace,
+                name=info.name,
+                annotations={ANN_EXCLUSIVE: mark.reason, ANN_EVICT: mark.reason},
             )
-            self.kube.evict_pod(namespace=info.namespace, name=info.name)
             self.stats.evicted += 1
         except Exception as exc:
             log.warning("could not move %s to an exclusive GPU: %s", info.key, exc)

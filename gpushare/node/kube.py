@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from lightkube import ApiError, Client, KubeConfig
+from lightkube import Client, KubeConfig
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node, Pod
@@ -126,16 +126,6 @@ class NodeKube:
             namespace=namespace,
             patch_type=PatchType.MERGE,
         )
-
-    def evict_pod(self, *, namespace: str, name: str) -> None:
-        """Evict through the Eviction API (PodDisruptionBudgets hold); a pod already gone is
-        fine."""
-        body = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
-        try:
-            self.client.create(body, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
 
     # --- events --------------------------------------------------------------------------
 
