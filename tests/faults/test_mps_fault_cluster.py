@@ -28,6 +28,7 @@ from tests.fixtures.node_agent import NodeAgentProcess
 
 pytestmark = pytest.mark.cluster
 
+NODE_CODE = Path(__file__).resolve().parents[2] / "gpushare"
 FAKE_SERVER_PID = 4_000_001  # above pid_max: never a real process
 
 
@@ -78,13 +79,18 @@ def container_pid(pod_uid: str) -> int:
     raise AssertionError(f"no sleep process of pod {pod_uid} on this host")
 
 
+def agent_is_stale(agent: NodeAgentProcess) -> bool:
+    """The running agent started before the node-side code last changed."""
+    started = Path(f"/proc/{agent.pid}").stat().st_ctime
+    sources = [*NODE_CODE.glob("node/*.py"), *NODE_CODE.glob("api/*.py")]
+    return max(p.stat().st_mtime for p in sources) > started
+
+
 @pytest.fixture(scope="module")
 def agent(cluster: Any, node_agent: NodeAgentProcess) -> NodeAgentProcess:
-    """The shared agent, restarted once if it predates fault detection (only when no other
-    test run would be disturbed)."""
-    if not any(k.startswith("gpushare_mps_fault") for k in node_agent.metrics()) and not any(
-        k.startswith("gpushare_exclusive_workloads") for k in node_agent.metrics()
-    ):
+    """The shared agent, restarted once if it runs older code than this checkout (only when no
+    other test run would be disturbed)."""
+    if agent_is_stale(node_agent):
         wait_quiet(timeout_s=600)
         node_agent.restart()
     return node_agent
