@@ -344,7 +344,9 @@ start_schedulers() {
 }
 
 start_kube_proxy() {
-  cat >"$STATE/kube-proxy.yaml" <<EOF
+  # kube-proxy exits whenever its config file is written (fsnotify), so a second `up` must not
+  # rewrite an unchanged file: write a candidate and replace only on a difference.
+  cat >"$STATE/kube-proxy.yaml.new" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: "$STATE/kube-proxy.kubeconfig"}
@@ -356,6 +358,11 @@ healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0}
 EOF
+  if cmp -s "$STATE/kube-proxy.yaml.new" "$STATE/kube-proxy.yaml"; then
+    rm -f "$STATE/kube-proxy.yaml.new"
+  else
+    mv "$STATE/kube-proxy.yaml.new" "$STATE/kube-proxy.yaml"
+  fi
   start kube-proxy "$KUBE_BIN/kube-proxy" --config "$STATE/kube-proxy.yaml"
 }
 
