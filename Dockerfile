@@ -22,7 +22,8 @@ LABEL org.opencontainers.image.title="gpushare" \
 # The final stage installs only what the build stage resolved: no index, no compilers.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --root-user-action=ignore --no-index --find-links /wheels gpushare \
-    && pip check
+    && pip check \
+    && gpushare-controller --help >/dev/null && gpushare-node-agent --help >/dev/null
 ENV PYTHONUNBUFFERED=1
 # Non-root by default (the controller); the node agent's DaemonSet runs as root because it
 # serves sockets in the kubelet's root-owned directories and starts the MPS daemons.

@@ -155,15 +155,16 @@ def agent_processes() -> list[int]:
 
 
 def diagnostics(cluster: LocalCluster) -> str:
+    """What a failing run needs: pods, recent events, and the last lines of each gpushare pod."""
     out = [cluster.kubectl("get", "pods", "-A", "-o", "wide", check=False)]
-    out.append(
-        cluster.kubectl("get", "events", "-n", NAMESPACE, "--sort-by=.lastTimestamp", check=False)
-    )
+    events = cluster.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False)
+    out.append("\n".join(events.splitlines()[-30:]))
     for pod in release_pods(cluster):
         name = pod["metadata"]["name"]
+        logs = cluster.kubectl("logs", "-n", NAMESPACE, name, "--tail=25", check=False)
         out.append(f"--- logs {name}")
-        out.append(cluster.kubectl("logs", "-n", NAMESPACE, name, "--tail=40", check=False))
-    return "\n".join(out)[-12000:]
+        out += [line[:300] for line in logs.splitlines()]
+    return "\n".join(out)
 
 
 # ---- exclusive use of the node's gpushare slots ----------------------------------------------
