@@ -375,6 +375,12 @@ class ShareProfile:
     simulated: bool = False
     source: str = "measured"
     """``measured`` by the profiler, or ``cache`` when reused from an earlier measurement."""
+    tensor_hmma: float | None = None
+    """Tensor-pipe share doing half/bf16 matrix math (HMMA): bf16 training and inference."""
+    tensor_dmma: float | None = None
+    """Tensor-pipe share doing fp64 matrix math (DMMA): an fp64 GEMM lands here, not in fp64."""
+    tensor_imma: float | None = None
+    """Tensor-pipe share doing integer matrix math (IMMA): int8 inference."""
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -389,6 +395,9 @@ class ShareProfile:
             ("fp32", self.fp32),
             ("fp64", self.fp64),
             ("tensor", self.tensor),
+            ("tensorHmma", self.tensor_hmma),
+            ("tensorDmma", self.tensor_dmma),
+            ("tensorImma", self.tensor_imma),
             ("smOccupancy", self.sm_occupancy),
             ("dramBandwidth", self.dram_bandwidth),
         ):
@@ -432,6 +441,9 @@ def parse_profile(raw: Mapping[str, Any], *, path: str = "status.profile") -> Sh
         time=parse_rfc3339(str(raw.get("time", "")), field=f"{path}.time"),
         simulated=bool(raw.get("simulated", False)),
         source=str(raw.get("source", "measured")),
+        tensor_hmma=_ratio(raw, "tensorHmma", path),
+        tensor_dmma=_ratio(raw, "tensorDmma", path),
+        tensor_imma=_ratio(raw, "tensorImma", path),
     )
 
 

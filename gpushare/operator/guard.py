@@ -24,7 +24,7 @@ from gpushare.api.gpushare_crd import (
 )
 from gpushare.api.names import METRIC_PREFIX
 from gpushare.operator.kube import EvictionOutcome, KubeApi, ObjectRef
-from gpushare.operator.profiler_client import ProfilerClient, ProfileReading, ProfilerError
+from gpushare.operator.profiler_client import ProfilerClient
 from gpushare.operator.profiling import with_condition
 from gpushare.operator.protection import (
     ProtectionTracker,
@@ -32,6 +32,7 @@ from gpushare.operator.protection import (
     judge,
     latency_tenants,
 )
+from gpushare.operator.readings import ProfileReading, ProfilerError
 from gpushare.operator.settings import OperatorConfig
 from gpushare.operator.view import ClusterView, PodSummary
 from gpushare.packing.interference import InterferenceModel, load_default

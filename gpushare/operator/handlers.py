@@ -75,7 +75,8 @@ def build_registry(
 
         @kopf.subhandler(id="status")
         async def status(**_: Any) -> None:
-            await reconciler.validate(share, now=utcnow())
+            if await reconciler.validate(share, now=utcnow()) is None:
+                raise kopf.TemporaryError("status changed meanwhile; retrying", delay=1)
 
         @kopf.subhandler(id="announce")
         async def announce(**_: Any) -> None:
@@ -84,7 +85,10 @@ def build_registry(
     @kopf.on.update(*shares, field="spec", id="respec", registry=registry)
     async def respec(body: kopf.Body, **_: Any) -> None:
         share = share_summary(body)
-        if await reconciler.validate(share, now=utcnow()):
+        changed = await reconciler.validate(share, now=utcnow())
+        if changed is None:
+            raise kopf.TemporaryError("status changed meanwhile; retrying", delay=1)
+        if changed:
             await reconciler.announce(share)
 
     @kopf.timer(*shares, interval=config.reconcile_interval_s, id="reconcile", registry=registry)

@@ -103,8 +103,10 @@ class KubeApi:
         except ApiError as exc:
             if exc.status.code == 404:
                 return False
-            if exc.status.code in (409, 422) and "test" in (exc.status.message or "").lower():
-                log.info("share %s/%s: step already taken (%s)", namespace, name, exc)
+            # A failed "test" op is a 422 without causes; a schema violation lists its causes.
+            details = exc.status.details
+            if exc.status.code == 422 and not (details and details.causes):
+                log.info("share %s/%s: status changed meanwhile; step not taken", namespace, name)
                 return False
             raise
         return True

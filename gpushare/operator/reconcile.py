@@ -32,7 +32,7 @@ from gpushare.api.gpushare_crd import (
 )
 from gpushare.operator import cache
 from gpushare.operator.kube import KubeApi, ObjectRef
-from gpushare.operator.profiler_client import ProfilerClient, ProfileReading, ProfilerError
+from gpushare.operator.profiler_client import ProfilerClient
 from gpushare.operator.profiling import (
     Abandon,
     Elect,
@@ -50,8 +50,9 @@ from gpushare.operator.profiling import (
     stale_marks,
     with_condition,
 )
+from gpushare.operator.readings import ProfilerError, profile_from_reading
 from gpushare.operator.settings import OperatorConfig
-from gpushare.operator.view import ClusterView, PodSummary, ShareSummary
+from gpushare.operator.view import ClusterView, PodSummary, ShareSummary, share_summary
 
 log = logging.getLogger(__name__)
 
@@ -61,23 +62,6 @@ COND_PROFILED = "Profiled"
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def profile_from_reading(reading: ProfileReading, *, now: datetime) -> ShareProfile:
-    return ShareProfile(
-        gpu_model=reading.gpu_model,
-        fp16=reading.fp16,
-        fp32=reading.fp32,
-        fp64=reading.fp64,
-        tensor=reading.tensor,
-        sm_occupancy=reading.sm_occupancy,
-        dram_bandwidth=reading.dram_bandwidth,
-        memory_bytes=reading.memory_used_bytes,
-        sampled_seconds=reading.sampled_seconds,
-        time=now,
-        simulated=reading.simulated,
-        source="measured",
-    )
 
 
 def describe(profile: ShareProfile) -> str:
@@ -187,6 +171,8 @@ class ShareReconciler:
             )
 
     async def _sync_placements(self, share: ShareSummary, pods: Sequence[PodSummary]) -> None:
+        if "phase" not in share.status:
+            return  # the create handler writes the first status
         entries = placement_entries(pods)
         desired = {"placements": placements_status(entries), "pods": len(entries)}
         status = share.status
@@ -429,21 +415,31 @@ class ShareReconciler:
 
     # ---- validation (create / spec update) -------------------------------------------------
 
-    async def validate(self, share: ShareSummary, *, now: datetime) -> bool:
+    async def validate(self, share: ShareSummary, *, now: datetime) -> bool | None:
         """Set phase and the Accepted condition after the spec was created or changed: an
         invalid spec fails the share; a valid one (re)starts a failed or new share at Pending.
-        True when this call changed the phase (the caller announces it, once)."""
+
+        Reads the share afresh (a handler's body may predate our own writes). True when this
+        call changed the phase (the caller announces it, once), False when nothing was to be
+        done, None when the status changed meanwhile (the caller retries)."""
+        fresh = await self.kube.get_share(namespace=share.namespace, name=share.name)
+        if fresh is None:
+            return False
+        share = share_summary(fresh)
         phase = share.status.get("phase")
         if share.spec is None:
-            return phase != PHASE_FAILED and await self.transition(
+            if phase == PHASE_FAILED:
+                return False
+            changed = await self.transition(
                 share,
                 to_phase=PHASE_FAILED,
                 condition=(COND_ACCEPTED, False, "InvalidSpec", f"{share.spec_error}"),
                 now=now,
             )
+            return True if changed else None
         if phase not in (None, PHASE_FAILED):
             return False
-        return await self.transition(
+        changed = await self.transition(
             share,
             to_phase=PHASE_PENDING,
             fields={
@@ -455,6 +451,7 @@ class ShareReconciler:
             condition=(COND_ACCEPTED, True, "Valid", "spec accepted"),
             now=now,
         )
+        return True if changed else None
 
     async def announce(self, share: ShareSummary) -> None:
         """The Event that goes with ``validate`` (a separate Kopf sub-handler, run once)."""

@@ -190,12 +190,16 @@ def wait_phase(
 def wait_pod_running(
     cluster: Any, name: str, namespace: str, timeout_s: float = 90
 ) -> dict[str, Any]:
-    def running() -> dict[str, Any] | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         pod = get(cluster, "pod", name, namespace)
-        return pod if pod.get("status", {}).get("phase") == "Running" else None
-
-    result: dict[str, Any] = wait_until(running, timeout_s=timeout_s, what=f"pod {name} to run")
-    return result
+        if pod.get("status", {}).get("phase") == "Running":
+            return pod
+        time.sleep(0.5)
+    seen = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
+    )
+    pytest.fail(f"pod {name} not running after {timeout_s:.0f}s; its events:\n{seen}")
 
 
 def pod_gone(cluster: Any, name: str, namespace: str) -> bool:
@@ -210,9 +214,13 @@ def crd(cluster: Any) -> None:
 
 
 @pytest.fixture
-def namespace(cluster: Any, crd: None) -> Iterator[str]:
+def namespace(cluster: Any, crd: None, request: pytest.FixtureRequest) -> Iterator[str]:
     name = f"gpushare-op-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
+    if "controller" in request.fixturenames:
+        # The test controller's webhook serves only namespaces carrying its label.
+        label = request.getfixturevalue("controller").namespace_label
+        cluster.kubectl("label", "namespace", name, label)
     yield name
     # Drop finalizers first: the test's operator may already be gone.
     shares = cluster.kubectl("get", "gpushares", "-n", name, "-o", "name", check=False).split()
@@ -572,6 +580,11 @@ def test_saturated_gpu_of_a_latency_pod_evicts_its_newest_batch_pod(
             assert get(cluster, "pod", name, namespace)["status"]["phase"] == "Running", name
         assert events(cluster, namespace, name="train-a", reason="EvictedForLatency") == 0
 
+        wait_until(
+            lambda: pod_gone(cluster, "train-b", namespace),
+            timeout_s=60,
+            what="the evicted pod to be gone",
+        )
         # A PodDisruptionBudget is respected: the eviction is refused, reported once, retried.
         apply(
             cluster,

@@ -9,13 +9,14 @@ from prometheus_client import CollectorRegistry
 from gpushare.exporter import SamplerSettings, build_exporter
 from gpushare.exporter.server import start_http_server
 from gpushare.gpu.simulated import SimulatedBackend
-from gpushare.operator.profiler_client import (
-    ProfilerClient,
+from gpushare.operator.profiler_client import ProfilerClient
+from gpushare.operator.readings import (
     ProfilerError,
     agent_url,
     parse_reading,
+    profile_from_reading,
 )
-from gpushare.operator.reconcile import profile_from_reading, utcnow
+from gpushare.operator.reconcile import utcnow
 
 
 class Clock:
