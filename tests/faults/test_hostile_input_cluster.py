@@ -231,7 +231,25 @@ json_values = st.recursive(
     ),
     max_leaves=8,
 )
-specs = st.fixed_dictionaries(
+valid_specs = st.fixed_dictionaries(
+    {"fraction": st.sampled_from(["0.25", "0.5", "25%", "1", "0.05", "10%"])},
+    optional={
+        "memory": st.sampled_from(["10Gi", "512Mi", "1Gi"]),
+        "class": st.sampled_from(["latency", "batch"]),
+        "selector": st.fixed_dictionaries(
+            {"matchLabels": st.fixed_dictionaries({"app": st.sampled_from(["a", "train-1"])})}
+        ),
+        "packing": st.fixed_dictionaries(
+            {},
+            optional={
+                "policy": st.sampled_from(["binpack", "spread"]),
+                "maxPodsPerGpu": st.integers(1, 48),
+            },
+        ),
+        "profiling": st.fixed_dictionaries({"windowSeconds": st.integers(10, 600)}),
+    },
+)
+junk_specs = st.fixed_dictionaries(
     {},
     optional={
         "fraction": text_values | json_values,
@@ -257,6 +275,12 @@ specs = st.fixed_dictionaries(
         "unknownField": json_values,
     },
 )
+# Half well-formed (with one field perhaps replaced by junk), half junk.
+specs = st.one_of(
+    valid_specs,
+    st.tuples(valid_specs, junk_specs).map(lambda pair: {**pair[0], **pair[1]}),
+    junk_specs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +290,7 @@ def crd(cluster: Any) -> None:
 
 
 @settings(
-    max_examples=60,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
