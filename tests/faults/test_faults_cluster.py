@@ -57,6 +57,14 @@ FAULTS = ("controller", "node-agent", "gpushare-scheduler", "kubelet", "kube-api
 RESULTS: dict[str, Any] = {"pods_per_fault": PODS, "down_s": DOWN_S, "faults": {}}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def quiet_cluster() -> None:
+    """Before any cluster fixture starts a controller or node agent: this module kills or
+    restarts shared components, so it waits until no other test run uses the cluster (the
+    chart e2e, say, runs its own agent on the node)."""
+    wait_quiet(timeout_s=1200)
+
+
 def results_path(cluster: Any) -> Path:
     return Path(
         os.environ.get("GPUSHARE_RELIABILITY_OUT")

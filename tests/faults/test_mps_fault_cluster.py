@@ -32,6 +32,14 @@ NODE_CODE = Path(__file__).resolve().parents[2] / "gpushare"
 FAKE_SERVER_PID = 4_000_001  # above pid_max: never a real process
 
 
+@pytest.fixture(scope="session", autouse=True)
+def quiet_cluster() -> None:
+    """Before any cluster fixture starts a controller or node agent: this module kills or
+    restarts shared components, so it waits until no other test run uses the cluster (the
+    chart e2e, say, runs its own agent on the node)."""
+    wait_quiet(timeout_s=1200)
+
+
 def mps_line(pid: int, message: str) -> str:
     stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     return f"[{stamp} Server {pid:>7}] {message}\n"
