@@ -299,15 +299,19 @@ def container_env(cluster: LocalCluster, namespace: str, name: str) -> dict[str,
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+def scheduler_instance(cluster: LocalCluster) -> str:
+    """The reportingInstance of Scheduled events from the chart's scheduler pod."""
+    scheduler = [p for p in release_pods(cluster) if component(p) == "scheduler"]
+    assert len(scheduler) == 1, [p["metadata"]["name"] for p in scheduler]
+    return f"{SCHEDULER_NAME}-{scheduler[0]['metadata']['name']}"
+
+
 def check_placed(
     cluster: LocalCluster, namespace: str, pods: dict[str, Obj], gpu_uuids: set[str]
-) -> dict[str, float]:
-    """Each pod placed by the in-cluster gpushare-scheduler onto a GPU, with that GPU's
-    environment in its container; returns the share used per GPU."""
-    scheduler = [p for p in release_pods(cluster) if component(p) == "scheduler"]
-    assert len(scheduler) == 1
-    instance = f"{SCHEDULER_NAME}-{scheduler[0]['metadata']['name']}"
-    used: dict[str, float] = {}
+) -> None:
+    """Each pod placed by the chart's gpushare-scheduler pod onto one of the node's GPUs, with
+    that GPU's environment in its container."""
+    instance = scheduler_instance(cluster)
     for name, pod in pods.items():
         ann = pod["metadata"]["annotations"]
         assert pod["spec"]["schedulerName"] == SCHEDULER_NAME, "the webhook sets the scheduler"
@@ -330,11 +334,17 @@ def check_placed(
         env = container_env(cluster, namespace, name)
         assert env["CUDA_VISIBLE_DEVICES"] == uuid_
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == ann[ANN_THREAD_PERCENT]
+        assert int(ann[ANN_THREAD_PERCENT]) >= round(float(ann[ANN_FRACTION]) * 100), ann
         pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
         cluster.kubectl("exec", "-n", namespace, name, "--", "test", "-d", pipe)
-        share = float(ann[ANN_FRACTION])
-        assert int(ann[ANN_THREAD_PERCENT]) >= round(share * 100), ann
-        used[uuid_] = used.get(uuid_, 0.0) + share
+
+
+def shares_per_gpu(cluster: LocalCluster, namespace: str, names: list[str]) -> dict[str, float]:
+    """Sum of the placed pods' fractions on each GPU; none may exceed one GPU."""
+    used: dict[str, float] = {}
+    for name in names:
+        ann = kjson(cluster, "get", "pod", "-n", namespace, name)["metadata"]["annotations"]
+        used[ann[ANN_GPU_UUID]] = used.get(ann[ANN_GPU_UUID], 0.0) + float(ann[ANN_FRACTION])
     assert all(total <= 1.0 + 1e-9 for total in used.values()), f"a GPU is over-booked: {used}"
     return used
 
@@ -383,7 +393,8 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
             # -- annotated pods placed by the chart's scheduler, right env inside -----------
             cluster.kubectl("create", "namespace", work)
             placed = place(cluster, work, {"a": "0.5", "b": "0.25", "c": "0.5", "d": "0.5"})
-            used = check_placed(cluster, work, placed, uuids)
+            check_placed(cluster, work, placed, uuids)
+            used = shares_per_gpu(cluster, work, list(placed))
             assert sum(used.values()) == pytest.approx(1.75)
 
             # -- upgrade with changed values: every component rolls, nothing breaks ----------
@@ -441,8 +452,9 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
                 assert now["metadata"]["uid"] == pod["metadata"]["uid"]
                 assert now["status"]["phase"] == "Running"
             more = place(cluster, work, {"e": "0.25"})
-            used_after = check_placed(cluster, work, {**placed, **more}, uuids)
-            assert sum(used_after.values()) == pytest.approx(2.0)
+            check_placed(cluster, work, more, uuids)
+            used = shares_per_gpu(cluster, work, [*placed, *more])
+            assert sum(used.values()) == pytest.approx(2.0)
 
             # -- uninstall: nothing of gpushare left ----------------------------------------
             cluster.kubectl("delete", "namespace", work, "--wait=true", "--timeout=120s")
