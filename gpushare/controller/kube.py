@@ -206,6 +206,17 @@ class Kube:
     async def feed_pods(self, view: ClusterView, *, resync_seconds: float) -> None:
         def upsert(data: Mapping[str, Any]) -> None:
             f = view.upsert_pod(data)
+            if f is not None and log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "pod event",
+                    extra={
+                        "pod": f.key,
+                        "node": f.node,
+                        "phase": f.phase,
+                        "state": f.placement.state if f.placement else None,
+                        "awaiting": f.awaiting_allocation,
+                    },
+                )
             if f is not None and f.problem is not None:
                 log.warning("pod annotations unreadable", extra={"pod": f.key, "error": f.problem})
 
