@@ -1,0 +1,342 @@
+"""The real-GPU benchmark's logic that needs no GPU: schemes, data format, metrics, targets."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.gpu import colocate, policy, report, run, traces
+from bench.gpu.catalog import KINDS, TRAINING_KINDS
+from bench.gpu.colocate import Member, PackResult
+from bench.gpu.metrics import JobResult, summarize
+from bench.gpu.mps import client_env
+from bench.gpu.schemes import ExclusiveFifo, Gpushare, MpsEqual, Running, TimeSlice
+from bench.gpu.stats import mape, percentile, poisson_arrivals
+from gpushare.packing.interference import fit, load_default, parse_records
+
+DATA = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "data" / "colocations.json"
+
+PROFILES = {
+    "resnet18": {"sm_utilization": 0.37, "sm_occupancy": 0.12, "tensor": 0.05},
+    "lstm": {"sm_utilization": 0.41, "sm_occupancy": 0.06, "tensor": 0.10},
+    "dgemm": {"sm_utilization": 0.98, "sm_occupancy": 0.12, "tensor": 0.97},
+    "infer": {"sm_utilization": 0.02, "sm_occupancy": 0.01},
+}
+
+
+def job(jid: str, kind: str, fraction: float, arrival: float = 0.0) -> traces.TraceJob:
+    return traces.TraceJob(jid, kind, arrival, 1.0, fraction)
+
+
+def decider() -> policy.GpushareDecider:
+    return policy.GpushareDecider(
+        profiles={
+            k: policy.to_pipe_profile(v, gpu_model="NVIDIA H200") for k, v in PROFILES.items()
+        },
+        model=load_default(),
+        bounds=policy.DEFAULT_BOUNDS,
+        gpu_model="NVIDIA H200",
+        gpu_memory_bytes=141 * 2**30,
+    )
+
+
+# --- schemes ------------------------------------------------------------------------------
+
+
+def test_exclusive_fifo_runs_one_job_at_a_time_in_arrival_order() -> None:
+    a, b = job("a", "resnet18", 1.0), job("b", "lstm", 1.0)
+    scheme = ExclusiveFifo()
+    assert [x.job.id for x in scheme.select([a, b], [])] == ["a"]
+    assert scheme.select([b], [Running(a, scheme.prepare(a))]) == []
+
+
+def test_timeslice_starts_every_arrived_job_without_mps() -> None:
+    jobs = [job(str(i), "resnet18", 1.0) for i in range(5)]
+    launches = TimeSlice().select(jobs, [])
+    assert len(launches) == 5
+    assert all(x.thread_percent is None for x in launches)
+    assert not TimeSlice().mps
+
+
+def test_equal_split_mps_fills_its_replicas_at_100_over_n_percent() -> None:
+    jobs = [job(str(i), "resnet18", 1.0) for i in range(6)]
+    scheme = MpsEqual(4)
+    launches = scheme.select(jobs, [])
+    assert [x.thread_percent for x in launches] == [25, 25, 25, 25]
+    running = [Running(x.job, x) for x in launches[:3]]
+    assert len(scheme.select(jobs[4:], running)) == 1
+
+
+def test_equal_split_rejects_zero_replicas() -> None:
+    with pytest.raises(ValueError, match="slots"):
+        MpsEqual(0)
+
+
+def test_gpushare_holds_a_whole_gpu_job_until_the_gpu_is_empty() -> None:
+    d = decider()
+    scheme = Gpushare(d, prepare=d.prepare, source="test")
+    small = job("small", "resnet18", 0.5)
+    gemm = job("gemm", "dgemm", 1.0)
+    first = scheme.select([small], [])
+    assert [x.job.id for x in first] == ["small"]
+    assert scheme.select([gemm], [Running(small, first[0])]) == []
+    assert "whole GPU" in scheme.holds[-1]
+    assert [x.job.id for x in scheme.select([gemm], [])] == ["gemm"]
+
+
+def test_gpushare_gives_latency_jobs_priority_0_and_batch_jobs_priority_1() -> None:
+    d = decider()
+    infer = d(job("i", "infer", 0.5), [])
+    train = d(job("t", "resnet18", 0.5), [])
+    assert not isinstance(infer, str) and infer.priority == 0
+    assert not isinstance(train, str) and train.priority == 1
+    assert train.memory_limit_mib == 141 * 1024 // 2
+
+
+def test_gpushare_warm_up_settings_match_what_admission_chooses() -> None:
+    d = decider()
+    a, b = job("a", "resnet18", 0.5), job("b", "lstm", 0.4)
+    first = d(a, [])
+    assert not isinstance(first, str)
+    second = d(b, [Running(a, first)])
+    assert not isinstance(second, str)
+    for launch in (first, second):
+        prepared = d.prepare(launch.job)
+        assert (prepared.thread_percent, prepared.priority, prepared.memory_limit_mib) == (
+            launch.thread_percent,
+            launch.priority,
+            launch.memory_limit_mib,
+        )
+
+
+def test_chosen_pack_lists_only_the_jobs_gpushare_admitted() -> None:
+    key = policy.choose_pack(decider(), ["resnet18", "dgemm"], {"resnet18": 0.5, "dgemm": 1.0})
+    assert [k for k, _ in key] == ["resnet18"]
+
+
+# --- requests, traces ---------------------------------------------------------------------
+
+
+def test_requests_are_sized_from_the_busiest_counter_with_headroom() -> None:
+    assert policy.request_fraction(PROFILES["resnet18"], gpu_class="batch") == 0.5
+    assert policy.request_fraction(PROFILES["dgemm"], gpu_class="batch") == 1.0
+    assert policy.request_fraction(None, gpu_class="batch") == 1.0
+    assert policy.request_fraction(PROFILES["infer"], gpu_class="latency") == 0.5
+
+
+def test_trace_jobs_need_a_request_for_every_kind() -> None:
+    with pytest.raises(ValueError, match="resnet18"):
+        traces.with_requests(traces.light(), {"lstm": 0.5})
+    with pytest.raises(ValueError, match="no gpu-fraction"):
+        _ = traces.light()[0].percent
+
+
+def test_traces_use_only_known_kinds_and_arrive_in_order() -> None:
+    for make in traces.TRACES.values():
+        jobs = make()
+        assert all(j.kind in KINDS for j in jobs)
+        assert [j.arrival_s for j in jobs] == sorted(j.arrival_s for j in jobs)
+    assert all(KINDS[k].name == k for k in TRAINING_KINDS)
+
+
+def test_inference_work_is_requests_at_its_arrival_rate() -> None:
+    infer = traces.TraceJob("i", "infer", 0.0, 5.0, 0.5)
+    assert traces.iterations_for(infer, solo_rate=999.0) == 5 * KINDS["infer"].request_rate_hz
+    train = traces.TraceJob("t", "resnet18", 0.0, 2.0, 0.5)
+    assert traces.iterations_for(train, solo_rate=100.0) == 200
+    with pytest.raises(ValueError, match="cannot size"):
+        traces.iterations_for(train, solo_rate=0.0)
+
+
+# --- MPS environment ----------------------------------------------------------------------
+
+
+def test_client_env_carries_cap_priority_and_memory_limit() -> None:
+    env = client_env(pipe_dir=Path("pipe"), thread_percent=25, priority=1, memory_limit_mib=20480)
+    assert env == {
+        "CUDA_MPS_PIPE_DIRECTORY": "pipe",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        "CUDA_MPS_CLIENT_PRIORITY": "1",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M",
+    }
+    assert client_env(pipe_dir=None, thread_percent=25, priority=1) == {}
+
+
+@pytest.mark.parametrize("threads", [0, 101])
+def test_client_env_refuses_impossible_thread_percentages(threads: int) -> None:
+    with pytest.raises(ValueError, match=r"thread_percent must be 1\.\.100"):
+        client_env(pipe_dir=Path("p"), thread_percent=threads, priority=None)
+
+
+# --- statistics and trace metrics ---------------------------------------------------------
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert mape([(110.0, 100.0), (90.0, 100.0)]) == pytest.approx(0.10)
+
+
+def test_poisson_arrivals_have_the_requested_rate_and_stop_when_told() -> None:
+    times = list(poisson_arrivals(rate_hz=40.0, start=0.0, end=None, count=4000, seed=3))
+    assert len(times) == 4000
+    assert 4000 / times[-1] == pytest.approx(40.0, rel=0.05)
+    assert all(t <= 2.0 for t in poisson_arrivals(rate_hz=40, start=0, end=2.0, count=None, seed=1))
+    with pytest.raises(ValueError, match="never stop"):
+        next(poisson_arrivals(rate_hz=1.0, start=0.0, end=None, count=None, seed=0))
+
+
+def _result(jid: str, arrival: float, start: float, end: float | None) -> JobResult:
+    r = JobResult(jid, "resnet18", "batch", arrival, 10, start_s=start, end_s=end)
+    if end is None:
+        r.error = "exit"
+    return r
+
+
+def test_summary_reports_makespan_jct_throughput_and_failures() -> None:
+    jobs = [_result("a", 0.0, 0.0, 4.0), _result("b", 1.0, 1.0, 9.0), _result("c", 2.0, 2.0, None)]
+    s = summarize(jobs, solo_run_s={"a": 2.0, "b": 4.0})
+    assert s["makespan_s"] == 9.0
+    assert s["mean_jct_s"] == 6.0
+    assert s["throughput"] == pytest.approx(6.0 / 9.0, abs=1e-4)
+    assert s["max_slowdown"] == 2.0 and s["slowest_job"] == "a"
+    assert s["failed"] == ["c"]
+
+
+# --- colocation data ----------------------------------------------------------------------
+
+
+def _two_packs() -> list[PackResult]:
+    r18, lstm = Member("resnet18", 50), Member("lstm", 50)
+    return [
+        PackResult((Member("resnet18", 100),), (200.0,)),
+        PackResult((Member("lstm", 100),), (150.0,)),
+        PackResult((r18,), (180.0,)),
+        PackResult((lstm,), (140.0,)),
+        PackResult((r18, lstm), (160.0, 120.0)),
+        PackResult((Member("resnet18", 25), lstm), (90.0, 130.0)),  # no solo at 25%
+    ]
+
+
+def test_records_use_the_solo_rate_at_the_same_cap_and_skip_unmeasured_caps() -> None:
+    recs = colocate.records(
+        gpu="NVIDIA H200",
+        results=_two_packs(),
+        profiles={"resnet18": {"sm_occupancy": 0.12}, "lstm": {"sm_occupancy": 0.06}},
+    )
+    assert len(recs) == 1
+    r18, lstm = recs[0]["jobs"]
+    assert (r18["solo_rate"], r18["colocated_rate"], r18["thread_percent"]) == (180.0, 160.0, 50)
+    assert lstm["solo_rate"] == 140.0
+    assert colocate.validate(recs) == recs
+    assert parse_records(recs)[0].jobs[0].slowdown == pytest.approx(180.0 / 160.0)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("jobs", 0, "thread_percent"), 0, "thread_percent"),
+        (("jobs", 0, "profile", "fp32"), 1.5, "profile.fp32"),
+        (("jobs", 0, "solo_rate"), 0.0, "solo_rate"),
+    ],
+)
+def test_bad_colocation_data_is_refused_naming_the_field(
+    path: tuple[str | int, ...], value: float, field: str
+) -> None:
+    recs = colocate.records(gpu="g", results=_two_packs(), profiles={"resnet18": {}, "lstm": {}})
+    target = recs[0]
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = value
+    with pytest.raises(ValueError, match=rf"\[0\]\.jobs\[0\]\.{field}"):
+        colocate.validate(recs)
+
+
+def test_committed_colocations_are_valid_and_fit_gpushares_model() -> None:
+    data = colocate.validate(json.loads(DATA.read_text()))
+    assert len(data) >= 20
+    assert {j["name"] for p in data for j in p["jobs"]} >= set(TRAINING_KINDS)
+    model = fit(parse_records(data))
+    assert model.records == len(data)
+    err = colocate.held_out_mape(data, fit=policy.fitter("test"), k=5)
+    assert err["predictions"] == sum(len(p["jobs"]) for p in data)
+    assert math.isfinite(err["mape_slowdown"]) and err["mape_slowdown"] > 0
+
+
+def test_folds_hold_every_pack_out_exactly_once() -> None:
+    data = [{"gpu": "g", "jobs": [{"i": i}]} for i in range(7)]
+    held = [p["jobs"][0]["i"] for _, test in colocate.folds(data, 3) for p in test]
+    assert sorted(held) == list(range(7))
+
+
+def _pack(*jobs: tuple[str, int, float, float]) -> colocate.Record:
+    return {
+        "gpu": "g",
+        "jobs": [
+            {
+                "name": n,
+                "profile": dict.fromkeys(colocate.PROFILE_KEYS, 0.1),
+                "thread_percent": tp,
+                "solo_rate": solo,
+                "colocated_rate": rate,
+            }
+            for n, tp, solo, rate in jobs
+        ],
+    }
+
+
+def test_exhaustive_search_scores_the_chosen_pack_against_the_best_measured() -> None:
+    data = [
+        _pack(("a", 100, 10.0, 9.0), ("b", 100, 10.0, 9.0)),  # 1.8 of solo speed
+        _pack(("a", 50, 8.0, 7.0), ("b", 50, 8.0, 7.0)),  # 1.4
+        _pack(("a", 100, 10.0, 1.0), ("c", 100, 10.0, 10.0)),  # a starved: infeasible
+    ]
+    best = colocate.pack_key([("a", 100), ("b", 100)])
+    worse = colocate.pack_key([("a", 50), ("b", 50)])
+    starve = colocate.pack_key([("a", 100), ("c", 100)])
+    ab, ac = (
+        colocate.pack_key([("a", 100), ("b", 100)]),
+        colocate.pack_key([("a", 100), ("c", 100)]),
+    )
+    out = colocate.exhaustive_comparison(data, chosen={ab: best, ac: starve})
+    assert out["packing_vs_exhaustive"] == 1.0
+    assert out["chosen_with_a_job_below_half_speed"] == 1
+    out = colocate.exhaustive_comparison(data, chosen={ab: worse})
+    assert out["packing_vs_exhaustive"] == pytest.approx(1.4 / 1.8, abs=1e-3)
+
+
+# --- report and command line --------------------------------------------------------------
+
+
+def test_targets_say_met_or_missed_and_markdown_marks_missing_schemes() -> None:
+    traces_out = {
+        "light": {
+            "exclusive": {"makespan_s": 30.0, "mean_jct_s": 15.0, "throughput": 1.0},
+            "mps_equal": {"makespan_s": 20.0, "mean_jct_s": 10.0, "throughput": 1.5},
+            "gpushare": {"makespan_s": 14.0, "mean_jct_s": 8.0, "throughput": 2.1},
+        },
+        "heavy": {},
+    }
+    results = {"traces": traces_out, "latency": {"solo_p99_ms": 7.0, "shared_p99_ms": 9.0}}
+    checks = {c["target"]: c for c in report.check_targets(results)}
+    assert checks["light: gpushare makespan / exclusive"]["met"] is True
+    assert checks["light: gpushare mean JCT / exclusive"]["met"] is False
+    assert checks["latency: shared p99 / solo p99"]["met"] is False
+    assert checks["heavy: gpushare makespan / best other scheme"]["met"] is None
+    results["targets"] = list(checks.values())
+    md = report.markdown(results)
+    assert "| timeslice | not run |" in md
+    assert "| light: gpushare mean JCT / exclusive | 0.533 | 0.5 | **no** |" in md
+
+
+def test_command_line_help_and_bad_slots(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ok:
+        run.parse_args(["--help"])
+    assert ok.value.code == 0
+    assert "--quick" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:
+        run.parse_args(["--out", "x", "--slots", "0"])
+    assert bad.value.code == 2
+    assert "--slots must be at least 1" in capsys.readouterr().err
