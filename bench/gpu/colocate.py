@@ -319,7 +319,7 @@ def exhaustive_comparison(
     singles = {((k, tp),) for k, tp in at_cap}
     ratios: list[float] = []
     below = 0
-    details = []
+    details: list[dict[str, Any]] = []
     for scen, pick in sorted(chosen.items()):
         kinds = _kinds(scen)
         best = 0.0

@@ -51,6 +51,7 @@ from bench.gpu.schemes import (
 )
 from bench.gpu.stats import percentile
 from gpushare.packing.interference import InterferenceModel, load_default
+from gpushare.packing.interference import fit as fit_model
 from gpushare.packing.model import PipeProfile
 from gpushare.packing.threads import assign_thread_percent
 
@@ -125,7 +126,7 @@ class Ctx:
         )
 
     def left(self) -> float:
-        return self.args.budget_s - (time.time() - self.t_start)
+        return float(self.args.budget_s) - (time.time() - self.t_start)
 
     def daemon(self) -> MpsDaemon | None:
         if self.args.dry:
@@ -254,7 +255,7 @@ def _pipe(a: PhaseA, kind: str, ctx: Ctx) -> PipeProfile | None:
 
 def fit_or_default(recs: list[colocate.Record], ctx: Ctx) -> tuple[InterferenceModel, str]:
     try:
-        model = policy.fit_model(policy.parse(recs), source=f"fit on this run's {len(recs)} packs")
+        model = fit_model(policy.parse(recs), source=f"fit on this run's {len(recs)} packs")
         return model, model.source
     except Exception as exc:
         ctx.errors.append(f"fitting the interference model: {exc}; using the shipped default")
@@ -291,7 +292,7 @@ def run_scheme(
     pipe = daemon.pipe_dir if daemon else None
     if ctx.args.dry and scheme.mps:
         pipe = ctx.tmp / "no-mps"
-    return safe(
+    result: list[JobResult] | None = safe(
         lambda: run_trace(
             scheme=scheme,
             jobs=jobs,
@@ -303,6 +304,7 @@ def run_scheme(
         f"trace under {scheme.name}",
         ctx.errors,
     )
+    return result
 
 
 # --- latency ----------------------------------------------------------------------------
