@@ -79,10 +79,18 @@ def control_plane_up(*, state_dir: Path, extender_port: int) -> ControlPlane:
     env["GPUSHARE_SCALE_STATE_DIR"] = str(state_dir)
     env["GPUSHARE_SCALE_EXTENDER_URL"] = f"http://127.0.0.1:{extender_port}/scheduler"
     cp = ControlPlane(state_dir=state_dir, env=env)
-    if any(_alive(pid) for pid in cp.pids().values()):
-        cp.script("down")
+    if control_plane_running(state_dir):
+        raise HarnessError(
+            f"a scale control plane is already running (state in {state_dir}); another bench "
+            "may be using it. Stop it with: hack/kwok-cluster.sh down"
+        )
     cp.script("up")
     return cp
+
+
+def control_plane_running(state_dir: Path) -> bool:
+    """True when a component of the harness in ``state_dir`` is alive."""
+    return any(_alive(pid) for pid in ControlPlane(state_dir=state_dir).pids().values())
 
 
 def _alive(pid: int) -> bool:
@@ -126,12 +134,23 @@ def controller_available() -> bool:
 
 
 async def start_controller(
-    *, kubeconfig: Path, port: int, log_path: Path, extra_args: list[str], ready_timeout: float
+    *,
+    kubeconfig: Path,
+    port: int,
+    log_path: Path,
+    extra_args: list[str],
+    ready_timeout: float,
+    profile_to: Path | None = None,
+    source: Path | None = None,
 ) -> Controller:
     """Run ``python -m gpushare.controller`` against the bench's API server, serving only the
-    extender; returns once its /readyz answers 200 (view synced)."""
+    extender; returns once its /readyz answers 200 (view synced). With ``profile_to`` it runs
+    under cProfile and writes the profile there when stopped. ``source`` is a directory holding
+    a ``gpushare`` package to run instead of this checkout's (to try a patch on a copy)."""
+    profiler = ["-m", "cProfile", "-o", str(profile_to)] if profile_to is not None else []
     cmd = [
         sys.executable,
+        *profiler,
         "-m",
         "gpushare.controller",
         "--kubeconfig",
@@ -147,7 +166,7 @@ async def start_controller(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=source or REPO, start_new_session=True
         )
     ctl = Controller(proc=proc, port=port, log_path=log_path)
     deadline = time.monotonic() + ready_timeout

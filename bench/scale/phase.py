@@ -32,6 +32,9 @@ class PhaseTiming:
         bound_times = sorted(self.bound.values())
         created_times = sorted(self.created.values())
         latencies = sorted(self.bound[n] - self.created[n] for n in self.bound if n in self.created)
+        to_running = sorted(
+            self.running[n] - self.bound[n] for n in self.running if n in self.bound
+        )
         last_bound = bound_times[-1] if bound_times else math.nan
         last_created = created_times[-1] if created_times else math.nan
         return {
@@ -54,6 +57,10 @@ class PhaseTiming:
                 "p90": _round(_quantile(latencies, 0.9) * 1000),
                 "p99": _round(_quantile(latencies, 0.99) * 1000),
                 "max": _round(latencies[-1] * 1000 if latencies else math.nan),
+            },
+            "bound_to_running_ms": {
+                "p50": _round(_quantile(to_running, 0.5) * 1000),
+                "p99": _round(_quantile(to_running, 0.99) * 1000),
             },
         }
 

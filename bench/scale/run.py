@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -75,6 +76,9 @@ class Options:
     timeout_s: float
     controller_args: list[str] = field(default_factory=list)
     require_extender: bool = True
+    profile_controller: Path | None = None
+    controller_source: Path | None = None
+    logs: Path | None = None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -117,6 +121,22 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         default=[],
         help="extra gpushare-controller argument (repeatable): --controller-arg=--policy=spread",
     )
+    p.add_argument(
+        "--profile-controller",
+        type=Path,
+        help="run the controller under cProfile and write its profile to this file",
+    )
+    p.add_argument(
+        "--controller-source",
+        type=Path,
+        help="directory with a gpushare package to run as the controller instead of this "
+        "checkout's (measure a patch on a copy without touching the tree)",
+    )
+    p.add_argument(
+        "--logs",
+        type=Path,
+        help="copy every component's log here before the control plane is removed",
+    )
     ns = p.parse_args(argv)
     nodes = ns.nodes if ns.nodes is not None else (20 if ns.small else 1000)
     pods = ns.pods if ns.pods is not None else (200 if ns.small else 10000)
@@ -150,6 +170,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         timeout_s=ns.timeout,
         controller_args=list(ns.controller_arg),
         require_extender=not ns.stock_only,
+        profile_controller=ns.profile_controller,
+        controller_source=ns.controller_source,
+        logs=ns.logs,
     )
 
 
@@ -400,6 +423,8 @@ async def run(opts: Options) -> dict[str, Any]:
                 log_path=cp.logs / "gpushare-controller.log",
                 extra_args=opts.controller_args,
                 ready_timeout=180,
+                profile_to=opts.profile_controller,
+                source=opts.controller_source,
             )
             extra["gpushare-controller"] = controller.proc.pid
         phases: dict[str, Any] = {}
@@ -439,6 +464,8 @@ async def run(opts: Options) -> dict[str, Any]:
             controller.stop()
         await scraper.close()
         await api.close()
+        if opts.logs is not None:
+            shutil.copytree(cp.logs, opts.logs, dirs_exist_ok=True)
         if not opts.keep:
             cp.script("down")
     return assemble(
@@ -501,6 +528,9 @@ def assemble(
             "trace_file": opts.trace_file,
             "concurrency": opts.concurrency,
             "controller_args": opts.controller_args,
+            "controller_source": str(opts.controller_source)
+            if opts.controller_source
+            else "checkout",
             "kubernetes": version.get("gitVersion"),
             "scheduler_client_qps": int(os.environ.get("GPUSHARE_SCALE_SCHEDULER_QPS", "5000")),
         },
