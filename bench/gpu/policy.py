@@ -24,10 +24,11 @@ from gpushare.packing.interference import (
 )
 from gpushare.packing.interference import fit as fit_model
 from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
-from gpushare.packing.threads import HEADROOM, assign_thread_percent
+from gpushare.packing.threads import HEADROOM, assign_thread_percent, compute_demand
 
-DEFAULT_BOUNDS: dict[str, float] = {"latency": 1.15, "batch": 1.6}
-"""Largest predicted slowdown (vs. the same job alone at its cap) each class accepts."""
+DEFAULT_BOUNDS: dict[str, float] = {"latency": 1.15, "batch": 2.0}
+"""Largest predicted slowdown (vs. the same job alone at its cap) each class accepts; the
+values docs/packing.md gives for admit_reason."""
 
 MiB = 1024 * 1024
 
@@ -154,6 +155,17 @@ def request_fraction(values: Mapping[str, float] | None, *, gpu_class: str) -> f
         return 1.0
     busy = max(float(values.get(k, 0.0) or 0.0) for k in SIZING_KEYS)
     return min(1.0, max(0.05, math.ceil(busy * HEADROOM * 20 - 1e-9) / 20))
+
+
+def dense_fraction(profile: PipeProfile | None, *, gpu_class: str) -> float:
+    """Sensitivity sizing: the policy's own compute demand (SM occupancy, pipes, DRAM; not SM
+    utilization) plus headroom, rounded up to 5%. Smaller shares: denser packing, lower caps."""
+    if gpu_class == CLASS_LATENCY:
+        return LATENCY_FRACTION
+    if profile is None:
+        return 1.0
+    need = compute_demand(profile) * HEADROOM
+    return min(1.0, max(0.05, math.ceil(need * 20 - 1e-9) / 20))
 
 
 def choose_pack(

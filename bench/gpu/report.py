@@ -130,6 +130,19 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{_fmt(x.get('max_slowdown'))}x | {len(x.get('failed', []))} |"
             )
         lines.append("")
+    for name, v in d.get("variants", {}).items():
+        ex = results.get("traces", {}).get("light", {}).get("exclusive", {})
+        eq = results.get("traces", {}).get("light", {}).get("mps_equal", {})
+        lines += [
+            f"Sensitivity, light trace, `{name}` (requests sized by the policy's own compute "
+            f"demand: {v.get('requested_fractions')}): makespan {_fmt(v.get('makespan_s'))} s "
+            f"({_fmt(ratio(v.get('makespan_s'), ex.get('makespan_s')))}x exclusive, "
+            f"{_fmt(ratio(v.get('makespan_s'), eq.get('makespan_s')))}x mps_equal), mean JCT "
+            f"{_fmt(v.get('mean_jct_s'))} s "
+            f"({_fmt(ratio(v.get('mean_jct_s'), ex.get('mean_jct_s')))}x exclusive), slowest "
+            f"job {_fmt(v.get('max_slowdown'))}x its solo time.",
+            "",
+        ]
     lat = results.get("latency", {})
     lines += [
         "## Inference beside training",

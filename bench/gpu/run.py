@@ -371,6 +371,9 @@ class State:
     fractions: dict[str, float] = field(default_factory=dict)
     mape: dict[str, Any] = field(default_factory=dict)
     exhaustive: dict[str, Any] = field(default_factory=dict)
+    variants: dict[str, list[JobResult]] = field(default_factory=dict)
+    """Light-trace runs of gpushare under other request sizings."""
+    dense_fractions: dict[str, float] = field(default_factory=dict)
 
 
 def run(ctx: Ctx) -> dict[str, Any]:
@@ -456,6 +459,25 @@ def run(ctx: Ctx) -> dict[str, Any]:
         for name in st.jobs:
             trace(name, MpsEqual(args.slots), daemon)
             trace(name, MpsUnlimited(), daemon)
+        # Sensitivity, last (skipped first when time is short): the light trace with requests
+        # sized by the policy's own compute demand (denser packing, lower thread caps).
+        dense = {
+            k: policy.dense_fraction(_pipe(a, k, ctx), gpu_class=KINDS[k].gpu_class)
+            for k in st.fractions
+        }
+        st.dense_fractions = dense
+        dense_jobs = traces.with_requests(
+            [j for j in traces.light(scale) if j.id in st.iterations["light"]], dense
+        )
+        r = run_scheme(
+            ctx,
+            Gpushare(decider, prepare=decider.prepare, source="gpushare.packing, dense requests"),
+            dense_jobs,
+            st.iterations["light"],
+            daemon,
+        )
+        if r:
+            st.variants["gpushare_dense"] = r
     finally:
         if daemon is not None:
             daemon.stop()
@@ -620,6 +642,7 @@ def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
         "raw_profiles": a.raw_profiles,
         "trace_jobs": {n: len(j) for n, j in st.jobs.items()},
         "startup_s": startup_by_kind(st),
+        "variants": variant_summaries(st),
         "iterations": st.iterations,
         "schemes": scheme_details,
         "jobs": job_details,
@@ -633,6 +656,20 @@ def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
     }
     results["targets"] = report.check_targets(results)
     return results
+
+
+def variant_summaries(st: State) -> dict[str, Any]:
+    ex = st.runs.get("light", {}).get("exclusive", [])
+    solo_run = {j.id: j.run_s for j in ex if j.ok}
+    return {
+        name: {
+            "trace": "light",
+            "requested_fractions": st.dense_fractions,
+            **summarize(results, solo_run_s=solo_run),
+            "jobs": [j.to_json() for j in results],
+        }
+        for name, results in st.variants.items()
+    }
 
 
 def startup_by_kind(st: State) -> dict[str, float]:
