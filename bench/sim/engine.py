@@ -29,9 +29,9 @@ from gpushare.packing.fragmentation import (
     placement_options,
 )
 from gpushare.packing.interference import InterferenceModel, tenant_threads
-from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile, Tenant
+from gpushare.packing.model import Demand, GpuState, NodeState, Tenant
 from gpushare.packing.policy import base_cost, option_cost
-from gpushare.packing.threads import assign_thread_percent, compute_demand
+from gpushare.packing.threads import assign_thread_percent
 
 MIB = 1 << 20
 MAX_SPEC_CPU = 128_000
@@ -507,23 +507,14 @@ def simulate(
     )
 
 
-def cap_ratio(profile: PipeProfile, threads: int, share: int) -> float:
-    """Rate at ``threads`` relative to rate at the guaranteed ``share`` (linear below demand)."""
-    need = max(compute_demand(profile), 0.01) * SLICES_PER_GPU
-
-    def rate(t: int) -> float:
-        return min(1.0, t / need)
-
-    return rate(threads) / rate(share)
-
-
 def effective_throughput(
     cluster: Cluster, model: InterferenceModel, *, uncapped: bool = False
 ) -> float:
-    """Allocated GPU-percent weighted by 1 / predicted slowdown (and by any thread-cap loss
-    below the guaranteed share), as a percent of cluster capacity. Pods are profiled by
-    :func:`bench.sim.profiles.profile_of` whatever policy placed them; ``uncapped`` predicts
-    as if every tenant ran with 100% MPS threads (no compute isolation)."""
+    """Allocated GPU-percent weighted by the pod's predicted rate relative to running alone
+    with its guaranteed share as MPS thread cap (at most 1), as a percent of cluster capacity.
+
+    Pods are profiled by :func:`bench.sim.profiles.profile_of` whatever policy placed them.
+    ``uncapped`` predicts every tenant at 100% threads (no compute isolation)."""
     total = 0.0
     for node in cluster.nodes:
         for gpu in node.gpus:
@@ -541,9 +532,9 @@ def effective_throughput(
             for k, t in enumerate(tenants):
                 profile, threads = loads[k]
                 others = loads[:k] + loads[k + 1 :]
-                slowdown = model.predict(profile, threads, others)
-                ratio = 1.0 if uncapped else cap_ratio(profile, threads, t.percent)
-                total += t.percent * ratio / slowdown
+                reference = model.cap_slowdown(profile, t.percent)
+                slowdown = model.predict_vs_full_gpu(profile, threads, others)
+                total += t.percent * min(1.0, reference / slowdown)
     return 100.0 * total / cluster.capacity
 
 

@@ -40,7 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a colocations JSON file, or --seed")
     try:
         records = parse_records(json.loads(path.read_text()), origin=path.name)
-        source = SEED_SOURCE if args.seed else f"fit on {path.name} ({len(records)} records)"
+        gpus = sorted({r.gpu for r in records if r.gpu})
+        source = (
+            SEED_SOURCE
+            if args.seed
+            else f"measured: {len(records)} colocation packs on {', '.join(gpus) or 'GPUs'} "
+            f"({path.name}); refit: python -m bench.sim.fit_interference <colocations.json>"
+        )
         model = fit(records, source=source)
     except (OSError, json.JSONDecodeError) as exc:
         print(f"cannot read {path}: {exc}", file=sys.stderr)

@@ -1,22 +1,31 @@
 """How much slower a job runs beside its GPU neighbours: a small, inspectable linear model.
 
 After KACE (kernel-aware colocation): aggregate the solo profiles of the target and of its
-neighbours into a few features and fit a linear regression on measured colocations. The target
-variable is ``ln(slowdown)``, so no neighbours means exactly 1.0 and effects compose
-multiplicatively. Pipes are not independent (on an H200 an FP64 GEMM beside an FP32 GEMM fell to
-11% of its solo speed), so the features are about totals -- SM oversubscription, SM sharing,
-total pipe load, DRAM -- not only same-pipe overlap:
+neighbours into a few features and fit a linear regression on measured colocations, with
+``ln(slowdown)`` as the target so effects compose multiplicatively. Pipes are not independent
+(on an H200 an uncapped FP64 GEMM starved its neighbours to a few percent of their solo speed), so
+the features are about totals, not only same-pipe overlap:
 
-- ``sm_oversubscription``: how far the SM demand of all tenants exceeds the GPU, times the
-  neighbours' part of that demand (the share of the overload the target loses);
-- ``sm_sharing``: target occupancy x neighbours' occupancy;
+- ``sm_oversubscription``: how far the SM occupancy of all tenants exceeds the GPU, times the
+  neighbours' part of it;
+- ``pipe_pressure``: the neighbours' total pipe load x how little of its own the target has --
+  asymmetric on purpose: a light job beside a pipe-saturating one starves, not the other way
+  round (an FP64 GEMM running its DMMA pipe at 97% barely slowed, its neighbours ran 40-58x
+  slower);
 - ``same_pipe``: overlap on the same pipe (fp16, fp32, fp64, tensor);
 - ``cross_pipe``: the target's pipe load x the neighbours' load on the *other* pipes;
-- ``dram_contention``: product of DRAM bandwidth shares plus any oversubscription of it.
+- ``dram_contention``: product of DRAM bandwidth shares plus any oversubscription of it;
+- ``thread_cap``: the target's own cost of its MPS thread cap, ``demand x ln(100 / threads)``.
 
-Every load is first scaled down by the job's MPS active-thread cap: a job capped at 40% of the
-threads cannot keep more than 40% of the SMs busy. The slowdown is relative to the same job
-alone at the same thread cap (``solo_rate`` in a :class:`ColocationRecord`).
+MPS thread caps partition the SMs: when the caps of a GPU's tenants add up to at most 100%, the
+jobs can run on disjoint SMs and only memory is shared (measured on an H200: ResNet-18 beside an
+uncapped FP64 GEMM ran 44x slower, at 50/50 caps 1.17x). So the SM-level features are scaled by
+the share of the target's SMs it must share, ``max(0, its cap + the neighbours' caps - 100) /
+its cap``, and every load by the job's cap relative to its compute demand.
+
+Measurements give rates relative to the job alone at 100% threads, so the fit includes the
+``thread_cap`` term; :meth:`InterferenceModel.predict` leaves it out and answers the colocation
+question: the slowdown relative to the same job alone *at the same cap*, never below 1.0.
 """
 
 import json
@@ -30,15 +39,18 @@ from typing import Any
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import SLICES_PER_GPU
 from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
-from gpushare.packing.threads import assign_thread_percent
+from gpushare.packing.threads import assign_thread_percent, compute_demand
 
 FEATURE_NAMES: tuple[str, ...] = (
     "sm_oversubscription",
-    "sm_sharing",
+    "pipe_pressure",
     "same_pipe",
     "cross_pipe",
     "dram_contention",
+    "thread_cap",
 )
+_COLOCATION = 5
+"""The first five features describe the neighbours; the last one the target's own cap."""
 
 CONSERVATIVE_PROFILE = PipeProfile(
     fp16=0.3, fp32=0.6, fp64=0.0, tensor=0.6, sm_occupancy=0.9, dram_bandwidth=0.6
@@ -50,29 +62,37 @@ _PROFILE_KEYS = ("fp16", "fp32", "fp64", "tensor", "sm_occupancy", "dram_bandwid
 _MIN_OCCUPANCY = 0.05
 
 
-Load = tuple[float, float, float, float, float, float]
-"""(occupancy, fp16, fp32, fp64, tensor, dram) of one job under its thread cap."""
-_ZERO: Load = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+Load = tuple[float, float, float, float, float, float, float]
+"""(occupancy, fp16, fp32, fp64, tensor, dram, cap) of one job; cap = threads / 100."""
+_ZERO: Load = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def load_of(profile: PipeProfile, threads: int) -> Load:
-    """The job's loads scaled down by its thread cap (a job capped at 40% of the threads
-    cannot keep more than 40% of the SMs busy)."""
-    occ = profile.sm_occupancy
+    """The job's loads scaled down by its thread cap where the cap is below its compute demand
+    (a job capped at 40% of the threads cannot keep more than 40% of the GPU busy)."""
     cap = max(1, min(threads, SLICES_PER_GPU)) / SLICES_PER_GPU
-    scale = min(1.0, cap / max(occ, _MIN_OCCUPANCY))
+    scale = min(1.0, cap / max(compute_demand(profile), _MIN_OCCUPANCY))
     return (
-        occ * scale,
+        profile.sm_occupancy * scale,
         profile.fp16 * scale,
         profile.fp32 * scale,
         profile.fp64 * scale,
         profile.tensor * scale,
         profile.dram_bandwidth * scale,
+        cap,
     )
 
 
 def add_loads(a: Load, b: Load) -> Load:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4], a[5] + b[5])
+    return (
+        a[0] + b[0],
+        a[1] + b[1],
+        a[2] + b[2],
+        a[3] + b[3],
+        a[4] + b[4],
+        a[5] + b[5],
+        a[6] + b[6],
+    )
 
 
 def sub_loads(a: Load, b: Load) -> Load:
@@ -83,19 +103,29 @@ def sub_loads(a: Load, b: Load) -> Load:
         max(a[3] - b[3], 0.0),
         max(a[4] - b[4], 0.0),
         max(a[5] - b[5], 0.0),
+        max(a[6] - b[6], 0.0),
     )
 
 
-def features_from(target: Load, neighbours: Load) -> tuple[float, ...]:
+def cap_feature(profile: PipeProfile, threads: int) -> float:
+    """``thread_cap``: compute demand x ln(100 / threads) (0 at 100% threads)."""
+    cap = max(1, min(threads, SLICES_PER_GPU))
+    return compute_demand(profile) * math.log(SLICES_PER_GPU / cap)
+
+
+def features_from(target: Load, neighbours: Load, cap_cost: float = 0.0) -> tuple[float, ...]:
     """The model's inputs from the target's load and the neighbours' summed loads."""
-    ot, h_t, s_t, d_t, x_t, m_t = target
-    on, h_n, s_n, d_n, x_n, m_n = neighbours
+    ot, h_t, s_t, d_t, x_t, m_t, c_t = target
+    on, h_n, s_n, d_n, x_n, m_n, c_n = neighbours
+    shared = min(1.0, max(0.0, c_t + c_n - 1.0) / c_t) if c_t > 0 and on + m_n > 0 else 0.0
     total = ot + on
     over = max(0.0, total - 1.0) * (on / total) if total > 0 else 0.0
     same = h_t * h_n + s_t * s_n + d_t * d_n + x_t * x_n
     cross = (h_t + s_t + d_t + x_t) * (h_n + s_n + d_n + x_n) - same
     dram = m_t * m_n + max(0.0, m_t + m_n - 1.0)
-    return (over, ot * on, same, max(cross, 0.0), dram)
+    pipes_t = h_t + s_t + d_t + x_t
+    pressure = (h_n + s_n + d_n + x_n) * max(0.0, 1.0 - pipes_t)
+    return (over, shared * pressure, shared * same, shared * max(cross, 0.0), dram, cap_cost)
 
 
 def features(
@@ -105,7 +135,9 @@ def features(
     total = _ZERO
     for profile, threads in neighbours:
         total = add_loads(total, load_of(profile, threads))
-    return features_from(load_of(target, target_threads), total)
+    return features_from(
+        load_of(target, target_threads), total, cap_feature(target, target_threads)
+    )
 
 
 @dataclass(frozen=True)
@@ -137,20 +169,39 @@ class InterferenceModel:
         target_threads: int,
         neighbours: Sequence[tuple[PipeProfile, int]],
     ) -> float:
-        """Slowdown factor (>= 1.0) of ``target`` beside ``neighbours`` (profile, threads)."""
+        """Slowdown factor (>= 1.0) of ``target`` beside ``neighbours`` (profile, threads),
+        relative to the same job alone at the same thread cap."""
         if not neighbours:
             return 1.0
         x = features(target, target_threads, neighbours)
-        z = sum(c * v for c, v in zip(self.coefficients, x, strict=True))
-        return math.exp(z) if z > 0 else 1.0
+        return self._colocation(x)
 
     def predict_load(self, target: Load, neighbours: Load) -> float:
         """:meth:`predict` from precomputed loads (``neighbours`` summed)."""
-        if neighbours[0] <= 0.0 and neighbours[5] <= 0.0:
+        if neighbours[0] <= 0.0 and neighbours[5] <= 0.0 and neighbours[6] <= 0.0:
             return 1.0
-        x = features_from(target, neighbours)
-        z = sum(c * v for c, v in zip(self.coefficients, x, strict=True))
+        return self._colocation(features_from(target, neighbours))
+
+    def _colocation(self, x: Sequence[float]) -> float:
+        c = self.coefficients
+        z = c[0] * x[0] + c[1] * x[1] + c[2] * x[2] + c[3] * x[3] + c[4] * x[4]
         return math.exp(z) if z > 0 else 1.0
+
+    def cap_slowdown(self, target: PipeProfile, threads: int) -> float:
+        """Slowdown of ``target`` alone at ``threads`` relative to alone at 100% threads."""
+        return math.exp(self.coefficients[_COLOCATION] * cap_feature(target, threads))
+
+    def predict_vs_full_gpu(
+        self,
+        target: PipeProfile,
+        target_threads: int,
+        neighbours: Sequence[tuple[PipeProfile, int]],
+    ) -> float:
+        """Slowdown relative to the job alone at 100% threads (what colocation records
+        measure): :meth:`predict` x :meth:`cap_slowdown`."""
+        return self.predict(target, target_threads, neighbours) * self.cap_slowdown(
+            target, target_threads
+        )
 
     def explain(
         self,
@@ -158,7 +209,8 @@ class InterferenceModel:
         target_threads: int,
         neighbours: Sequence[tuple[PipeProfile, int]],
     ) -> dict[str, float]:
-        """Each feature's contribution to ln(slowdown), for logs and for users asking why."""
+        """Each feature's contribution to ln(slowdown vs the full GPU), for logs and for users
+        asking why."""
         x = features(target, target_threads, neighbours)
         return {n: c * v for n, c, v in zip(self.feature_names, self.coefficients, x, strict=True)}
 
@@ -218,7 +270,7 @@ class ColocationJob:
     profile: PipeProfile
     thread_percent: int = SLICES_PER_GPU
     solo_rate: float | None = None
-    """Rate alone on the GPU at the same thread cap."""
+    """Rate alone on the GPU at 100% threads."""
     colocated_rate: float | None = None
 
     @property
@@ -377,7 +429,7 @@ def mape(model: InterferenceModel, records: Sequence[ColocationRecord]) -> float
             if measured is None:
                 continue
             others = [(o.profile, o.thread_percent) for k, o in enumerate(record.jobs) if k != i]
-            predicted = model.predict(job.profile, job.thread_percent, others)
+            predicted = model.predict_vs_full_gpu(job.profile, job.thread_percent, others)
             errors.append(abs(predicted - measured) / measured)
     return sum(errors) / len(errors) if errors else 0.0
 

@@ -63,21 +63,26 @@ def test_gpushare_keeps_a_hole_usable_by_the_workload() -> None:
 
 
 def test_gpushare_avoids_a_neighbour_predicted_to_interfere() -> None:
-    fp32 = PipeProfile(fp32=0.6, sm_occupancy=0.6, dram_bandwidth=0.3)
-    fp64 = PipeProfile(fp64=0.6, sm_occupancy=0.6, dram_bandwidth=0.3)
-    model = InterferenceModel(coefficients=(0.0, 0.0, 0.0, 3.0, 0.0))  # cross-pipe load hurts
+    # Thread caps split the SMs, but DRAM bandwidth stays shared.
+    streaming = PipeProfile(fp32=0.2, sm_occupancy=0.3, dram_bandwidth=0.8)
+    compute = PipeProfile(fp32=0.2, sm_occupancy=0.3, dram_bandwidth=0.05)
+    model = InterferenceModel(coefficients=(0.0, 0.0, 0.0, 0.0, 3.0, 0.0))
     workload = Workload([TaskClass(1, 40)])
     node = NodeState(
-        "n1", [gpu("beside-fp64", tenant("a", 40, fp64)), gpu("beside-fp32", tenant("b", 40, fp32))]
+        "n1",
+        [
+            gpu("beside-streaming", tenant("a", 40, streaming)),
+            gpu("beside-compute", tenant("b", 40, compute)),
+        ],
     )
-    demand = Demand(percent=40, profile=fp32)
+    demand = Demand(percent=40, profile=streaming)
     a = choose_gpus(node, demand, policy=Policy.GPUSHARE, workload=workload, model=model)
-    assert a is not None and a.gpu_uuids == ("beside-fp32",)
+    assert a is not None and a.gpu_uuids == ("beside-compute",)
     # Without a profile there is no interference opinion: the first equal option wins.
     b = choose_gpus(
         node, Demand(percent=40), policy=Policy.GPUSHARE, workload=workload, model=model
     )
-    assert b is not None and b.gpu_uuids == ("beside-fp64",)
+    assert b is not None and b.gpu_uuids == ("beside-streaming",)
 
 
 def test_binpack_scores_the_fuller_node_higher_and_a_misfit_zero() -> None:
