@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import httpx2
 import msgspec
-from lightkube import ApiError, AsyncClient
+from lightkube import ALL_NS, ApiError, AsyncClient
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
@@ -146,14 +146,17 @@ class Kube:
         upsert: Callable[[Mapping[str, Any]], object],
         delete: Callable[[Mapping[str, Any]], None],
         resync_seconds: float,
+        namespaced: bool = False,
     ) -> None:
-        """List, then watch from the list's resourceVersion; re-list on 410 Gone, on any error
-        (after a backoff) and every ``resync_seconds``. Never returns."""
+        """List, then watch from the list's resourceVersion, in every namespace for namespaced
+        kinds (lightkube's default is the kubeconfig's namespace only). Re-list on 410 Gone, on
+        any error (after a backoff) and every ``resync_seconds``. Never returns."""
         kind = res.__name__
         backoff = 0.5
         while True:
             try:
-                listing = self._client.list(res, chunk_size=500)
+                scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
+                listing = self._client.list(res, chunk_size=500, **scope)
                 items: list[dict[str, Any]] = [obj.to_dict() async for obj in listing]
                 version = listing.resourceVersion
                 replace(items)
@@ -167,7 +170,10 @@ class Kube:
                 backoff = 0.5
                 async with asyncio.timeout(resync_seconds):
                     async for event, obj in self._client.watch(
-                        res, resource_version=version, server_timeout=int(resync_seconds)
+                        res,
+                        resource_version=version,
+                        server_timeout=int(resync_seconds),
+                        **scope,
                     ):
                         data: dict[str, Any] = obj.to_dict()
                         if event == "DELETED":
@@ -230,6 +236,7 @@ class Kube:
             upsert=upsert,
             delete=delete,
             resync_seconds=resync_seconds,
+            namespaced=True,
         )
 
     # ---- webhook registration ------------------------------------------------------------
