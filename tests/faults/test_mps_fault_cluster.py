@@ -168,7 +168,7 @@ def events(cluster: Any, namespace: str, reason: str) -> list[dict[str, Any]]:
 
 
 def test_faulting_pod_and_victim_get_events_and_a_repeat_faulter_gets_its_own_gpu(
-    cluster: Any, agent: NodeAgentProcess, namespace: str
+    cluster: Any, agent: NodeAgentProcess, controller: ControllerProcess, namespace: str
 ) -> None:
     doc = {"apiVersion": "v1", "kind": "List", "items": manifests(cluster.busybox_image)}
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
@@ -240,7 +240,13 @@ def test_faulting_pod_and_victim_get_events_and_a_repeat_faulter_gets_its_own_gp
         return None
 
     new = wait_until(replacement, timeout_s=60)
-    assert new is not None, "the faulting pod was not moved"
+    if new is None:
+        now = kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]
+        pytest.fail(
+            "the faulting pod was not moved:\n"
+            + json.dumps([p["metadata"].get("annotations") for p in now], indent=1)
+            + f"\ncontroller:\n{controller.log_tail(20)}\nagent:\n{agent.log_text()[-3000:]}"
+        )
     ann = new["metadata"]["annotations"]
     assert ann[ANN_FRACTION] == "1" and "fatal GPU faults" in ann[ANN_EXCLUSIVE]
     exclusive_events = events(cluster, namespace, "GpuShareExclusiveGpu")
