@@ -188,6 +188,15 @@ async def start_controller(
     raise HarnessError(f"controller not ready after {ready_timeout}s; log: {log_path}")
 
 
+def pause(pid: int) -> None:
+    """SIGSTOP a component this harness started (backlog measurements)."""
+    os.kill(pid, signal.SIGSTOP)
+
+
+def resume(pid: int) -> None:
+    os.kill(pid, signal.SIGCONT)
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of a process (None when it is gone)."""
     try:
@@ -232,6 +241,26 @@ def cpu_usage(before: CpuSample, after: CpuSample) -> dict[str, float]:
     out["machine_busy"] = round(machine, 3)
     out["outside_bench"] = round(max(machine - ours, 0.0), 3)
     return out
+
+
+def source_state() -> dict[str, object]:
+    """The commit this checkout is at and whether gpushare/ differs from it (the controller
+    measured is the working tree's unless --controller-source says otherwise)."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "gpushare"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return {"git_head": head or "unknown", "gpushare_modified_in_tree": bool(dirty)}
 
 
 def machine_description() -> dict[str, object]:

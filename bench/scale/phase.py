@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,8 @@ class PhaseTiming:
     running: dict[str, float] = field(default_factory=dict)
     create_errors: list[str] = field(default_factory=list)
     stalled: bool = False
+    released: float | None = None
+    """Backlog mode: when the paused scheduler was let go, all pods created by then."""
 
     def summary(self) -> dict[str, Any]:
         bound_times = sorted(self.bound.values())
@@ -37,7 +39,16 @@ class PhaseTiming:
         )
         last_bound = bound_times[-1] if bound_times else math.nan
         last_created = created_times[-1] if created_times else math.nan
+        drain: dict[str, Any] = {}
+        if self.released is not None and bound_times:
+            span = last_bound - self.released
+            drain = {
+                "released_s": _round(self.released),
+                "drain_s": _round(span),
+                "drain_pods_per_s": _round(len(bound_times) / span if span > 0 else math.nan),
+            }
         return {
+            **drain,
             "pods": self.total,
             "created": len(self.created),
             "bound": len(self.bound),
@@ -131,9 +142,14 @@ async def run_phase(
     concurrency: int,
     stall_timeout_s: float,
     timeout_s: float,
+    pause: Callable[[], None] | None = None,
+    resume: Callable[[], None] | None = None,
 ) -> PhaseTiming:
     """Create ``manifests`` with ``concurrency`` parallel POSTs and wait until all are bound,
-    no pod got bound for ``stall_timeout_s``, or ``timeout_s`` passed."""
+    no pod got bound for ``stall_timeout_s``, or ``timeout_s`` passed.
+
+    Backlog mode (``pause``/``resume`` given): the scheduler is paused while every pod is
+    created and let go at once, so its drain rate is not bounded by how fast pods arrive."""
     path = f"/api/v1/namespaces/{namespace}/pods"
     selector = f"{BENCH_LABEL}={phase}"
     listed = await api.request("GET", path, params={"labelSelector": selector, "limit": "1"})
@@ -161,7 +177,15 @@ async def run_phase(
             except Exception as exc:
                 timing.create_errors.append(f"{name}: {exc}")
 
+    if pause is not None:
+        pause()
     creators = [asyncio.create_task(creator()) for _ in range(concurrency)]
+    if resume is not None:
+        try:
+            await asyncio.gather(*creators)
+        finally:
+            resume()
+        timing.released = time.monotonic() - t0
     deadline = t0 + timeout_s
     last_progress, last_count = time.monotonic(), 0
     try:

@@ -28,6 +28,11 @@ def _latency_rows(phase: dict[str, Any]) -> list[str]:
         f"| bench: created -> bound | {_fmt(phase.get('bound'))} | {_fmt(lat.get('p50'), ' ms')} | "
         f"{_fmt(lat.get('p99'), ' ms')} | exact |"
     )
+    run = phase.get("bound_to_running_ms", {})
+    rows.append(
+        f"| bench: bound -> Running (kwok) | {_fmt(phase.get('running'))} | "
+        f"{_fmt(run.get('p50'), ' ms')} | {_fmt(run.get('p99'), ' ms')} | exact |"
+    )
     return rows
 
 
@@ -35,7 +40,6 @@ def render_markdown(r: dict[str, Any]) -> str:
     m = r["machine"]
     setup = r["setup"]
     ext = r["phases"].get("extender")
-    stock = r["phases"].get("stock")
     lines = [
         "# Scheduling throughput at scale",
         "",
@@ -60,6 +64,10 @@ def render_markdown(r: dict[str, Any]) -> str:
         f"| stock scheduler rate | {_fmt(r['stock_pods_per_s'], ' pods/s')} | reference | |",
         f"| ratio extender / stock | {_fmt(r['ratio_to_stock'])} | >= 0.5 | "
         f"{'yes' if t['ratio_to_stock >= 0.5'] else 'NO'} |",
+        f"| extender drain rate (backlog) | {_fmt(r.get('extender_drain_pods_per_s'), ' pods/s')} "
+        "| | |",
+        f"| stock drain rate (backlog) | {_fmt(r.get('stock_drain_pods_per_s'), ' pods/s')} | | |",
+        f"| drain ratio extender / stock | {_fmt(r.get('drain_ratio_to_stock'))} | | |",
         f"| extender p99, worst verb | {_fmt(worst, ' ms')} | <= 10 ms | "
         f"{'yes' if t['extender_p99_ms <= 10 per verb'] else 'NO'} |",
         f"| invariant violations | {r['violations']} (bound {r['pods_bound']}/{r['pods']}) | 0 | "
@@ -67,21 +75,19 @@ def render_markdown(r: dict[str, Any]) -> str:
         "",
         "## Phases",
         "",
-        "| phase | pods | bound | e2e pods/s | steady pods/s | creation pods/s | duration |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| phase | pods | bound | e2e pods/s | steady pods/s | creation pods/s | drain pods/s "
+        "| duration | errors (retried attempts) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, p in (("stock", stock), ("extender", ext)):
-        if p is None:
-            continue
+    for name, p in r["phases"].items():
         lines.append(
             f"| {name} | {p['pods']} | {p['bound']} | {_fmt(p['pods_per_s'])} | "
             f"{_fmt(p['steady_pods_per_s'])} | {_fmt(p['creation_pods_per_s'])} | "
-            f"{_fmt(p['duration_s'], ' s')} |"
+            f"{_fmt(p.get('drain_pods_per_s'))} | {_fmt(p['duration_s'], ' s')} | "
+            f"{p['scheduler']['attempts_by_result'].get('error', 0)} |"
         )
     lines += ["", "## Latency", ""]
-    for name, p in (("stock", stock), ("extender", ext)):
-        if p is None:
-            continue
+    for name, p in r["phases"].items():
         lines += [
             f"{name}:",
             "",
@@ -106,7 +112,7 @@ def render_markdown(r: dict[str, Any]) -> str:
             f"{_fmt(s['p99_ms'], ' ms')} | {_fmt(s['p99_bucket_ms'])} |"
         )
     lines += ["", "## CPU (cores used on average during each phase)", ""]
-    present = [(n, p) for n, p in (("stock", stock), ("extender", ext)) if p]
+    present = list(r["phases"].items())
     names = sorted({k for _, p in present for k in p["cpu_cores_used"]})
     lines.append("| process | " + " | ".join(n for n, _ in present) + " |")
     lines.append("| --- |" + " --- |" * len(present))

@@ -79,6 +79,7 @@ class Options:
     profile_controller: Path | None = None
     controller_source: Path | None = None
     logs: Path | None = None
+    backlog_pods: int = 0
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -133,6 +134,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "checkout's (measure a patch on a copy without touching the tree)",
     )
     p.add_argument(
+        "--backlog-pods",
+        type=int,
+        default=None,
+        help="also measure each scheduler draining this many pods created while it was paused "
+        "(its rate without the creation bound); default min(--pods, 2000), 0 skips",
+    )
+    p.add_argument(
         "--logs",
         type=Path,
         help="copy every component's log here before the control plane is removed",
@@ -173,6 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         profile_controller=ns.profile_controller,
         controller_source=ns.controller_source,
         logs=ns.logs,
+        backlog_pods=ns.backlog_pods if ns.backlog_pods is not None else min(pods, 2000),
     )
 
 
@@ -340,12 +349,16 @@ async def measure_phase(
     profile: str,
     opts: Options,
     extra_pids: dict[str, int],
+    backlog: bool = False,
 ) -> dict[str, Any]:
-    log.info("phase %s: %d pods", phase, len(manifests))
+    log.info("phase %s: %d pods%s", phase, len(manifests), " (backlog)" if backlog else "")
     sched_before = await scraper.scheduler(scheduler_port)
-    ctl_before = await scraper.controller() if phase == "extender" else ""
+    ctl_before = await scraper.controller() if profile == SCHEDULER_NAME else ""
     pids = {**cp.pids(), **extra_pids, "bench": os.getpid()}
     cpu_before = harness.sample_cpu(pids)
+    scheduler_pid = pids[
+        "kube-scheduler" if profile == "default-scheduler" else "gpushare-scheduler"
+    ]
     timing: PhaseTiming = await run_phase(
         api,
         namespace=NAMESPACE,
@@ -354,25 +367,28 @@ async def measure_phase(
         concurrency=opts.concurrency,
         stall_timeout_s=opts.stall_timeout_s,
         timeout_s=opts.timeout_s,
+        pause=(lambda: harness.pause(scheduler_pid)) if backlog else None,
+        resume=(lambda: harness.resume(scheduler_pid)) if backlog else None,
     )
     cpu_after = harness.sample_cpu(pids)
     sched_after = await scraper.scheduler(scheduler_port)
     result: dict[str, Any] = timing.summary()
     result["scheduler"] = scheduler_summary(sched_before, sched_after, profile=profile)
     result["cpu_cores_used"] = harness.cpu_usage(cpu_before, cpu_after)
-    if phase == "extender":
+    if profile == SCHEDULER_NAME:
         ctl_after = await scraper.controller()
         name, verbs = extender_summary(ctl_before, ctl_after)
         result["extender_metric"] = name
         result["extender_latency"] = verbs
     log.info(
-        "phase %s: %s/%s bound in %ss: %s pods/s (creation %s pods/s)",
+        "phase %s: %s/%s bound in %ss: %s pods/s (creation %s pods/s, drain %s pods/s)",
         phase,
         result["bound"],
         result["pods"],
         result["duration_s"],
         result["pods_per_s"],
         result["creation_pods_per_s"],
+        result.get("drain_pods_per_s"),
     )
     return result
 
@@ -393,6 +409,7 @@ async def delete_phase_pods(api: Api, phase: str) -> None:
 async def run(opts: Options) -> dict[str, Any]:
     started = datetime.now(UTC)
     machine = harness.machine_description()
+    source = harness.source_state()
     trace = read_trace(opts.traces, file=opts.trace_file)
     fractional = take(trace, opts.pods, fractional=True)
     whole = take(trace, opts.stock_pods, fractional=False) if opts.stock_pods else []
@@ -428,7 +445,32 @@ async def run(opts: Options) -> dict[str, Any]:
             )
             extra["gpushare-controller"] = controller.proc.pid
         phases: dict[str, Any] = {}
+        invariants: list[dict[str, Any]] = []
+        backlog = opts.backlog_pods
+
+        async def invariant() -> dict[str, Any]:
+            node_list = await api.list_all("/api/v1/nodes")
+            pod_list = await api.list_all(f"/api/v1/namespaces/{NAMESPACE}/pods")
+            return check(node_list["items"], pod_list["items"]).summary()
+
         if whole:
+            if backlog:
+                phases["stock_backlog"] = await measure_phase(
+                    api,
+                    scraper,
+                    cp,
+                    phase="stock-backlog",
+                    manifests=[
+                        whole_gpu_pod(i, t, namespace=NAMESPACE, phase="stock-backlog")
+                        for i, t in enumerate(whole[:backlog])
+                    ],
+                    scheduler_port=harness.KUBE_SCHEDULER_PORT,
+                    profile="default-scheduler",
+                    opts=opts,
+                    extra_pids=extra,
+                    backlog=True,
+                )
+                await delete_phase_pods(api, "stock-backlog")
             phases["stock"] = await measure_phase(
                 api,
                 scraper,
@@ -443,6 +485,24 @@ async def run(opts: Options) -> dict[str, Any]:
             if opts.require_extender:
                 await delete_phase_pods(api, "stock")
         if opts.require_extender:
+            if backlog:
+                phases["extender_backlog"] = await measure_phase(
+                    api,
+                    scraper,
+                    cp,
+                    phase="extender-backlog",
+                    manifests=[
+                        fractional_pod(i, t, namespace=NAMESPACE, phase="extender-backlog")
+                        for i, t in enumerate(fractional[:backlog])
+                    ],
+                    scheduler_port=harness.GPUSHARE_SCHEDULER_PORT,
+                    profile=SCHEDULER_NAME,
+                    opts=opts,
+                    extra_pids=extra,
+                    backlog=True,
+                )
+                invariants.append(await invariant())
+                await delete_phase_pods(api, "extender-backlog")
             phases["extender"] = await measure_phase(
                 api,
                 scraper,
@@ -456,9 +516,13 @@ async def run(opts: Options) -> dict[str, Any]:
                 opts=opts,
                 extra_pids=extra,
             )
-        node_list = await api.list_all("/api/v1/nodes")
-        pod_list = await api.list_all(f"/api/v1/namespaces/{NAMESPACE}/pods")
-        report = check(node_list["items"], pod_list["items"])
+        final = await invariant()
+        if invariants:
+            final["violations"] += sum(i["violations"] for i in invariants)
+            final["violation_examples"] += [v for i in invariants for v in i["violation_examples"]][
+                :20
+            ]
+            final["backlog_phase"] = invariants[0]
     finally:
         if controller is not None:
             controller.stop()
@@ -475,7 +539,8 @@ async def run(opts: Options) -> dict[str, Any]:
         version=version,
         nodes_s=nodes_s,
         phases=phases,
-        invariant=report.summary(),
+        invariant=final,
+        source=source,
     )
 
 
@@ -488,6 +553,7 @@ def assemble(
     nodes_s: float,
     phases: dict[str, Any],
     invariant: dict[str, Any],
+    source: dict[str, Any],
 ) -> dict[str, Any]:
     empty: dict[str, Any] = {"pods_per_s": None, "bound": 0, "pods": 0}
     ext = phases.get("extender", empty)
@@ -506,6 +572,12 @@ def assemble(
         "extender_pods_per_s": ext_rate,
         "stock_pods_per_s": stock_rate,
         "ratio_to_stock": ratio,
+        "extender_drain_pods_per_s": phases.get("extender_backlog", {}).get("drain_pods_per_s"),
+        "stock_drain_pods_per_s": phases.get("stock_backlog", {}).get("drain_pods_per_s"),
+        "drain_ratio_to_stock": _ratio(
+            phases.get("extender_backlog", {}).get("drain_pods_per_s"),
+            phases.get("stock_backlog", {}).get("drain_pods_per_s"),
+        ),
         "extender_p99_ms": p99,
         "violations": invariant["violations"],
         "targets": {
@@ -527,16 +599,20 @@ def assemble(
             },
             "trace_file": opts.trace_file,
             "concurrency": opts.concurrency,
+            "backlog_pods": opts.backlog_pods,
             "controller_args": opts.controller_args,
-            "controller_source": str(opts.controller_source)
-            if opts.controller_source
-            else "checkout",
+            "controller_source": "patched copy" if opts.controller_source else "checkout",
+            **source,
             "kubernetes": version.get("gitVersion"),
             "scheduler_client_qps": int(os.environ.get("GPUSHARE_SCALE_SCHEDULER_QPS", "5000")),
         },
         "machine": machine,
         "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
 
 
 def write_results(result: dict[str, Any], out: Path) -> tuple[Path, Path]:

@@ -228,13 +228,15 @@ def _pod(
     }
 
 
-def fractional_pod(index: int, task: TracePod, *, namespace: str) -> dict[str, Any]:
+def fractional_pod(
+    index: int, task: TracePod, *, namespace: str, phase: str = "extender"
+) -> dict[str, Any]:
     """A gpushare pod as it leaves the admission webhook: the user's annotations plus the
     ``gpushare.io/gpu-percent`` request/limit and schedulerName the webhook adds."""
     pod = _pod(
-        f"frac-{index:05d}",
+        f"{phase}-{index:05d}",
         namespace,
-        "extender",
+        phase,
         task,
         scheduler=SCHEDULER_NAME,
         percent=task.percent,
@@ -246,13 +248,15 @@ def fractional_pod(index: int, task: TracePod, *, namespace: str) -> dict[str, A
     return pod
 
 
-def whole_gpu_pod(index: int, task: TracePod, *, namespace: str) -> dict[str, Any]:
+def whole_gpu_pod(
+    index: int, task: TracePod, *, namespace: str, phase: str = "stock"
+) -> dict[str, Any]:
     """The reference: a whole-GPU pod (``nvidia.com/gpu: 1`` style, here
     ``gpushare.io/gpu-percent: 100``) for the stock default-scheduler, no extender."""
     return _pod(
-        f"whole-{index:05d}",
+        f"{phase}-{index:05d}",
         namespace,
-        "stock",
+        phase,
         task,
         scheduler="default-scheduler",
         percent=SLICES_PER_GPU,
