@@ -11,7 +11,8 @@ component being back until every pod is settled and every invariant holds. The c
 as host processes (the controller and node agent fixtures, the harness's schedulers, kubelet and
 API server); see docs/reliability.md.
 
-Destructive for everyone on the shared cluster: each test first waits until no other pytest runs.
+Destructive for everyone on the shared cluster: the module waits until no other pytest runs
+before its fixtures start a controller or node agent.
 Measurements go to $GPUSHARE_RELIABILITY_OUT (a JSON file), merged into
 bench/results/reliability.json by bench/faults/summary.py.
 """
@@ -277,7 +278,6 @@ def test_fault_during_a_burst_loses_and_double_books_nothing(
     fault: str, rig: Rig, namespace: str, record: dict[str, Any]
 ) -> None:
     cluster, controller, node_agent, gpus = rig.cluster, rig.controller, rig.node_agent, rig.gpus
-    wait_quiet(timeout_s=600)
     pods = burst_pods(cluster.busybox_image, PODS, fault.replace("kube-", "k"))
     burst = Burst(cluster, namespace, pods)
     before_agent = find_agent(cluster.node_name)
