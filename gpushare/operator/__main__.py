@@ -40,6 +40,7 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
     parser.add_argument(
         "--profiling-start-timeout", type=float, default=defaults.profiling_start_timeout_s
     )
+    parser.add_argument("--profiling-warmup", type=float, default=defaults.profiling_warmup_s)
     parser.add_argument(
         "--no-protection", action="store_true", help="do not run latency protection"
     )
@@ -74,6 +75,7 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
         reconcile_interval_s=args.reconcile_interval,
         measure_grace_s=args.measure_grace,
         profiling_start_timeout_s=args.profiling_start_timeout,
+        profiling_warmup_s=args.profiling_warmup,
         protection=not args.no_protection,
         protection_interval_s=args.protection_interval,
         protection_window_s=args.protection_window,

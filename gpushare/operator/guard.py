@@ -116,6 +116,7 @@ class LatencyGuard:
         predictor: Predictor | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        synced: asyncio.Event | None = None,
     ) -> None:
         self.config = config
         self.kube = kube
@@ -123,6 +124,8 @@ class LatencyGuard:
         self.profiler = profiler
         self.predictor = predictor
         self.clock = clock
+        self.synced = synced
+        """Set once the view holds every pod: never pick a victim from a partial view."""
         self.tracker = ProtectionTracker(config.protection_policy)
         self.evictions: list[EvictionRecord] = []
         self._counter = (
@@ -147,6 +150,8 @@ class LatencyGuard:
 
     async def run(self) -> None:
         """Until cancelled: one tick per protection interval; a failed tick is logged."""
+        if self.synced is not None:
+            await self.synced.wait()
         while True:
             try:
                 await self.tick()

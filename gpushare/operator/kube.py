@@ -19,7 +19,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Event, Pod
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 from lightkube.types import PatchType
 
 from gpushare.api.gpushare_crd import API_VERSION, KIND, PLURAL
@@ -72,6 +72,14 @@ class KubeApi:
 
     async def close(self) -> None:
         await self._client.close()
+
+    async def list_pods(self, *, namespace: str | None) -> list[dict[str, Any]]:
+        """Every pod of ``namespace`` (None: all namespaces), as API JSON."""
+        found = self._client.list(Pod, namespace=namespace or "*", chunk_size=500)
+        return [dict(pod.to_dict()) async for pod in found]
+
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        return [dict(node.to_dict()) async for node in self._client.list(Node, chunk_size=500)]
 
     async def get_share(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         try:

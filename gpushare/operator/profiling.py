@@ -130,6 +130,7 @@ def next_step(
     now: datetime,
     measure_grace: timedelta = timedelta(minutes=5),
     start_timeout: timedelta = timedelta(minutes=5),
+    warmup: timedelta = timedelta(0),
 ) -> Step:
     """The next thing to do for ``share`` given its governed ``pods`` (oldest first)."""
     spec = share.spec
@@ -182,10 +183,12 @@ def next_step(
     started = profiling_started(status)
     if started is None:
         return StartClock(pod, now)
-    window = timedelta(seconds=spec.profiling.window_seconds)
-    if now < started + window:
-        return Wait(f"profiling {pod.name} until {format_rfc3339(started + window)}")
-    if now > started + window + measure_grace:
+    # The window covers [started + warmup, started + warmup + window]: the job's start-up
+    # (and the node agent noticing it) stays out of its profile.
+    end = started + warmup + timedelta(seconds=spec.profiling.window_seconds)
+    if now < end:
+        return Wait(f"profiling {pod.name} until {format_rfc3339(end)}")
+    if now > end + measure_grace:
         return GiveUp(
             f"the node agent on {pod.node_name} gave no profile for GPU {uuid} within "
             f"{int(measure_grace.total_seconds())} s after the window; check the node agent"

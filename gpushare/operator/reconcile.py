@@ -100,6 +100,33 @@ class ShareReconciler:
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
         self._kicks: dict[str, asyncio.Task[None]] = {}
+        self.synced = asyncio.Event()
+        """Set once the view holds a full listing of pods and nodes. Until then nothing acts:
+        after a restart, a pod not yet seen again must not read as a deleted one."""
+
+    async def seed(self) -> None:
+        """List pods and nodes once, so the first decisions see the whole cluster; watch
+        events that arrived meanwhile are newer and win. Retries until it succeeds."""
+        delay = 1.0
+        while True:
+            try:
+                namespaces: tuple[str | None, ...] = self.config.watch_namespaces or (None,)
+                pods = [p for ns in namespaces for p in await self.kube.list_pods(namespace=ns)]
+                nodes = await self.kube.list_nodes()
+                break
+            except Exception as exc:  # API down at start-up: keep trying, act on nothing
+                log.warning("listing pods and nodes failed (%s); retrying in %.0f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        for body in nodes:
+            if (body.get("metadata") or {}).get("name") not in self.view.nodes:
+                self.view.put_node(body)
+        for body in pods:
+            meta = body.get("metadata") or {}
+            if f"{meta.get('namespace')}/{meta.get('name')}" not in self.view.pods:
+                self.view.put_pod(body)
+        self.synced.set()
+        log.info("view seeded with %d pods and %d nodes", len(pods), len(nodes))
 
     def kick(self, key: str) -> None:
         """Reconcile ``key`` soon, without waiting (from event handlers); coalesces kicks."""
@@ -120,6 +147,8 @@ class ShareReconciler:
         await asyncio.gather(*self._kicks.values(), return_exceptions=True)
 
     async def reconcile(self, key: str) -> Step | None:
+        if not self.synced.is_set():
+            return None
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             share = self.view.shares.get(key)
@@ -138,6 +167,7 @@ class ShareReconciler:
                 now=now,
                 measure_grace=timedelta(seconds=self.config.measure_grace_s),
                 start_timeout=timedelta(seconds=self.config.profiling_start_timeout_s),
+                warmup=timedelta(seconds=self.config.profiling_warmup_s),
             )
             if not isinstance(step, Wait):
                 log.info("GpuShare %s: %s", key, type(step).__name__)

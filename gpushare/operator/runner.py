@@ -83,9 +83,15 @@ async def run_operator(
         log.info("gpushare operator ready, watching %s", scope)
 
     tasks.append(asyncio.create_task(announce_ready(), name="gpushare-operator-ready"))
+    tasks.append(asyncio.create_task(reconciler.seed(), name="gpushare-operator-seed"))
     if config.protection:
         guard = LatencyGuard.with_default_model(
-            config=config, kube=kube, view=own_view, profiler=profiler, registry=registry
+            config=config,
+            kube=kube,
+            view=own_view,
+            profiler=profiler,
+            registry=registry,
+            synced=reconciler.synced,
         )
         tasks.append(asyncio.create_task(guard.run(), name="gpushare-latency-guard"))
     try:

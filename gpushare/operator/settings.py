@@ -26,6 +26,9 @@ class OperatorConfig:
     measure_grace_s: float = 300.0
     """How long after the profiling window the operator keeps asking an unreachable node
     agent before packing the share without a profile."""
+    profiling_warmup_s: float = 10.0
+    """Seconds after the profiling pod starts running before its window opens, so start-up
+    (imports, data loading, the node agent noticing the pod) stays out of the profile."""
     profiling_start_timeout_s: float = 300.0
     """An elected profiling pod that is not running on a GPU after this long is given up
     (its mark set to ``done``) and another pod is elected."""

@@ -158,6 +158,20 @@ def test_pod_that_never_starts_is_given_up_and_another_is_elected() -> None:
     assert isinstance(again, Elect) and again.pod.name == "b"
 
 
+def test_warmup_keeps_the_job_start_up_out_of_the_window() -> None:
+    status = {"phase": "Profiling", "profilingPod": "a", "profilingStarted": "2025-03-01T12:00:00Z"}
+    placed = pod("a", node="n1", phase="Running")
+    spec = {"profiling": {"windowSeconds": 30}}
+    warm = timedelta(seconds=10)
+    at_window = T0 + timedelta(seconds=31)
+    step = next_step(share(status, **spec), [placed], cached=None, now=at_window, warmup=warm)
+    assert isinstance(step, Wait) and "12:00:40" in step.reason
+    later = T0 + timedelta(seconds=41)
+    assert isinstance(
+        next_step(share(status, **spec), [placed], cached=None, now=later, warmup=warm), Measure
+    )
+
+
 def test_unreachable_agent_gives_up_after_the_grace_period() -> None:
     status = {"phase": "Profiling", "profilingPod": "a", "profilingStarted": "2025-03-01T12:00:00Z"}
     late = T0 + timedelta(seconds=60 + 301)
