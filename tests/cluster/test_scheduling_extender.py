@@ -124,7 +124,7 @@ def wait_bound(
         bound = [
             p
             for p in pods
-            if p["spec"].get("nodeName") and ANN_GPU_UUID in p["metadata"]["annotations"]
+            if p["spec"].get("nodeName") and ANN_GPU_UUID in p["metadata"].get("annotations", {})
         ]
         if len(bound) >= count:
             return pods
@@ -203,22 +203,32 @@ def test_forty_fractional_pods_land_on_the_gpu_their_annotations_name(
         )
         if ANN_MEMORY in ann:
             assert placement.memory_limit_bytes == parse_memory(ann[ANN_MEMORY], field=ANN_MEMORY)
-    # The kubelet runs them with the GPU the scheduler chose (the device plugin reads the
-    # placement annotations at Allocate): look inside a few containers.
+    assert_each_runs_on_its_gpu(cluster, namespace, 40)
+
+
+def assert_each_runs_on_its_gpu(cluster: LocalCluster, namespace: str, count: int) -> None:
+    """The kubelet runs each pod with the GPU and thread share the scheduler chose (the node
+    agent reads the placement annotations at Allocate): look inside every container."""
     deadline = time.monotonic() + 120
     running: list[Pod] = []
     while time.monotonic() < deadline:
         running = [
-            p for p in list_pods(cluster, "-n", namespace) if p["status"].get("phase") == "Running"
+            p
+            for p in list_pods(cluster, "-n", namespace)
+            if p["status"].get("phase") == "Running"
+            and ANN_FRACTION in p["metadata"].get("annotations", {})
         ]
-        if len(running) == 40:
+        if len(running) == count:
             break
         time.sleep(2)
-    assert len(running) == 40, "not every pod reached Running"
-    for pod in running[:6]:
+    assert len(running) == count, f"only {len(running)}/{count} pods reached Running"
+    for pod in running:
         env = cluster.kubectl("exec", "-n", namespace, pod["metadata"]["name"], "--", "env")
-        uuid_ = pod["metadata"]["annotations"][ANN_GPU_UUID]
-        assert f"CUDA_VISIBLE_DEVICES={uuid_}" in env.splitlines()
+        ann = pod["metadata"]["annotations"]
+        lines = env.splitlines()
+        assert f"CUDA_VISIBLE_DEVICES={ann[ANN_GPU_UUID]}" in lines, pod["metadata"]["name"]
+        threads = ann["gpushare.io/active-thread-percentage"]
+        assert f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads}" in lines, pod["metadata"]["name"]
 
 
 def test_a_pod_that_fits_no_single_gpu_stays_pending_with_the_reason(
@@ -341,6 +351,7 @@ def test_killing_the_controller_mid_burst_loses_and_double_books_nothing(
     ours = [p for p in pods if p["metadata"]["name"].startswith("burst-")]
     assert len(ours) == 40
     assert all(parse_placement(p["metadata"]["annotations"]) is not None for p in ours)
+    assert_each_runs_on_its_gpu(cluster, namespace, 40)
 
 
 def test_controller_log_is_structured_json(controller: ControllerProcess) -> None:
