@@ -3,10 +3,11 @@ watches that feed the view and, when present, the Kopf operator.
 
 Hooking in the operator: a module ``gpushare.controller.operator`` exposing
 ``async def run_operator(context: ControllerContext) -> None`` is started as a task in the same
-loop (unless ``--no-operator``). It gets the same :class:`ClusterView` the extender and webhook
-use (``context.view``; ``view.share_resolver`` and ``view.listeners`` are its hooks), the
-settings, and ``context.stopping``, an event set when the process shuts down. If it returns or
-raises, the process stops, so Kubernetes restarts it whole.
+loop (unless ``--no-operator``); without it, ``gpushare.operator.runner.run_operator`` is. It
+gets the same :class:`ClusterView` the extender and webhook use (``context.view``;
+``view.share_resolver`` and ``view.listeners`` are its hooks), the metrics registry, and
+``context.stopping``, an event set when the process shuts down. If it returns or raises, the
+process stops, so Kubernetes restarts it whole.
 """
 
 import asyncio
@@ -14,6 +15,7 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -39,6 +41,7 @@ from gpushare.controller.webhook import ClusterFacts
 log = logging.getLogger("gpushare.controller")
 
 OPERATOR_MODULE = "gpushare.controller.operator"
+OPERATOR_RUNNER = "gpushare.operator.runner"
 
 
 @dataclass
@@ -77,12 +80,26 @@ Hook = Callable[[ControllerContext], Coroutine[Any, Any, None]]
 
 
 def find_operator() -> Hook | None:
-    """The operator's entry point, if that module is installed."""
-    if importlib.util.find_spec(OPERATOR_MODULE) is None:
+    """The operator's entry point: ``gpushare.controller.operator.run_operator(context)`` if
+    that module exists, else ``gpushare.operator.runner.run_operator`` wired to this process's
+    view, metrics registry and stop event; None when neither is installed."""
+    if importlib.util.find_spec(OPERATOR_MODULE) is not None:
+        module = importlib.import_module(OPERATOR_MODULE)
+        hook = getattr(module, "run_operator", None)
+        return hook if callable(hook) else None
+    if importlib.util.find_spec(OPERATOR_RUNNER) is None:
         return None
-    module = importlib.import_module(OPERATOR_MODULE)
-    hook = getattr(module, "run_operator", None)
-    return hook if callable(hook) else None
+    runner = importlib.import_module(OPERATOR_RUNNER)
+
+    async def run_operator(ctx: ControllerContext) -> None:
+        if ctx.settings.kubeconfig is not None:
+            # The operator's own client reads $KUBECONFIG; point it at ours.
+            os.environ.setdefault("KUBECONFIG", str(ctx.settings.kubeconfig))
+        await runner.run_operator(
+            view=ctx.view, registry=ctx.metrics.registry, stop_flag=ctx.stopping
+        )
+
+    return run_operator
 
 
 async def _start_site(
