@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.scale import harness, metrics
 from bench.scale.invariant import check
-from bench.scale.kube import Api, Json, client_ssl
+from bench.scale.kube import Api, ApiError, Json, client_ssl
 from bench.scale.phase import PhaseTiming, run_phase
 from bench.scale.report import render_markdown
 from bench.scale.workload import (
@@ -394,16 +394,27 @@ async def measure_phase(
 
 
 async def delete_phase_pods(api: Api, phase: str) -> None:
+    """Delete a phase's pods (grace 0) and wait until they are gone. A DELETE collection of
+    thousands of pods can outlive the API server's request timeout; it is then sent again."""
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
-    await api.delete_collection(path, label_selector=f"{BENCH_LABEL}={phase}")
+    selector = f"{BENCH_LABEL}={phase}"
+    deadline = time.monotonic() + 600
 
-    async def gone() -> bool:
-        listed = await api.request(
-            "GET", path, params={"labelSelector": f"{BENCH_LABEL}={phase}", "limit": "1"}
-        )
-        return not listed.get("items")
+    async def left() -> int:
+        listed = await api.request("GET", path, params={"labelSelector": selector, "limit": "1"})
+        remaining = listed.get("metadata", {}).get("remainingItemCount", 0)
+        return len(listed.get("items", [])) + int(remaining or 0)
 
-    await _wait(f"{phase} pods deleted", 300, gone)
+    while time.monotonic() < deadline:
+        try:
+            await api.delete_collection(path, label_selector=selector)
+        except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+            log.info("delete of %s pods interrupted (%s); sending it again", phase, exc)
+        for _ in range(60):
+            if await left() == 0:
+                return
+            await asyncio.sleep(0.5)
+    raise harness.HarnessError(f"{phase} pods still present after 600s of deleting")
 
 
 async def run(opts: Options) -> dict[str, Any]:
