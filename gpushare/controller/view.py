@@ -18,7 +18,12 @@ from typing import Any
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import ExclusiveWorkload, load_exclusive
 from gpushare.api.inventory import GpuInfo, load_inventory
-from gpushare.api.names import ANN_NODE_EXCLUSIVE, ANN_NODE_GPUS, SLICES_PER_GPU
+from gpushare.api.names import (
+    ANN_NODE_EXCLUSIVE,
+    ANN_NODE_GPUS,
+    RESOURCE_GPU_PERCENT,
+    SLICES_PER_GPU,
+)
 from gpushare.api.request import GpuRequest
 from gpushare.controller.pods import PodFacts, facts
 from gpushare.packing.fit import fit_reason
@@ -195,6 +200,18 @@ class ClusterView:
             log.warning("node inventory unreadable", extra={"node": name, "error": str(exc)})
             self.delete_node(name)
             self._node_problems[name] = str(exc)
+            return
+        status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
+        assert isinstance(status, Mapping)
+        allocatable = status.get("allocatable")
+        if isinstance(allocatable, Mapping) and str(allocatable.get(RESOURCE_GPU_PERCENT)) == "0":
+            # The kubelet lost the device plugin (node agent down or restarting): a pod bound now
+            # would fail admission ("no healthy devices") and a bare pod would be lost.
+            self.delete_node(name)
+            self._node_problems[name] = (
+                f"the node's kubelet has no allocatable {RESOURCE_GPU_PERCENT}: the gpushare node "
+                "agent (device plugin) is not registered; waiting for it"
+            )
             return
         self._node_problems.pop(name, None)
         self._set_inventory(name, inventory)

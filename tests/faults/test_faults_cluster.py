@@ -173,16 +173,16 @@ def component_fault(
     elif name == "kubelet":
         registrations = node_agent.registrations()
         kubelet_sock = DEVICE_PLUGIN_DIR / "kubelet.sock"
-        old = kubelet_sock.stat().st_ino if kubelet_sock.exists() else None
+        # A new kubelet deletes the socket and makes another: inode numbers may be reused, so
+        # tell them apart by inode and change time.
+        old = socket_id(kubelet_sock)
         cluster.harness("stop", "kubelet")
         time.sleep(DOWN_S)
         cluster.harness("start", "kubelet")
 
         def new_socket() -> float | None:
-            try:
-                return time.monotonic() if kubelet_sock.stat().st_ino != old else None
-            except FileNotFoundError:
-                return None
+            now = socket_id(kubelet_sock)
+            return time.monotonic() if now is not None and now != old else None
 
         appeared = wait_until(new_socket, timeout_s=60, every_s=0.02)
         registered = wait_until(
@@ -209,6 +209,14 @@ def component_fault(
     else:
         raise AssertionError(f"unknown component {name}")
     return seen
+
+
+def socket_id(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_ctime_ns
 
 
 def restore(
@@ -273,6 +281,14 @@ def settle(
     return None, state
 
 
+def running(cluster: Any, namespace: str) -> list[Pod]:
+    return [
+        p
+        for p in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]
+        if p["status"].get("phase") == "Running"
+    ]
+
+
 @pytest.mark.parametrize("fault", FAULTS)
 def test_fault_during_a_burst_loses_and_double_books_nothing(
     fault: str, rig: Rig, namespace: str, record: dict[str, Any]
@@ -283,13 +299,15 @@ def test_fault_during_a_burst_loses_and_double_books_nothing(
     before_agent = find_agent(cluster.node_name)
     running_before: dict[str, Any] = {}
     burst.start()
-    # Kill once a third of the burst is in and scheduling is under way.
+    # Kill once a third of the burst is in and scheduling is under way (for the node agent:
+    # once some pods run, to see that they are left alone).
     wait_until(lambda: burst.created >= max(CHUNK, PODS // 3), timeout_s=120)
+    if fault == "node-agent":
+        wait_until(lambda: len(running(cluster, namespace)) >= 3, timeout_s=120, every_s=0.2)
     if fault == "node-agent":
         running_before = {
             p["metadata"]["name"]: p["status"]["containerStatuses"][0]
-            for p in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]
-            if p["status"].get("phase") == "Running"
+            for p in running(cluster, namespace)
         }
     killed = time.monotonic()
     try:
