@@ -149,9 +149,12 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{f.get('running')} | {f.get('pending_with_reason')} | {notes} |"
         )
     lines += ["", "## Hostile input", ""]
+    http = doc.get("fuzz_http") or {}
     lines.append(
-        f"- HTTP fuzzing (extender, webhook, node agent /profile): {doc.get('fuzz_cases')} "
-        f"generated cases, {doc.get('fuzz_crashes')} crashes (5xx or a server that stopped)."
+        f"- In all {doc.get('fuzz_cases')} fuzz cases, {doc.get('fuzz_crashes')} crashes. HTTP "
+        f"(extender, webhook, node agent /profile): {http.get('cases')} generated cases over "
+        f"{len(http.get('per_test', {}))} properties, {http.get('failed_tests')} failed "
+        "(a 5xx, an answer without a reason, or a server that stopped)."
     )
     gs = doc.get("gpushare_fuzz")
     if gs:
