@@ -1,6 +1,6 @@
 """The full fault run: every component killed during a burst of 200 fractional pods.
 
-    .venv/bin/python -m bench.faults.run_faults [--pods 200] [--out /tmp/faults.json]
+    .venv/bin/python -m bench.faults.run_faults [--pods 200] [--out faults.json]
 
 Runs tests/faults/test_faults_cluster.py against the local cluster with GPUSHARE_FAULT_PODS set
 (CI runs the same tests with 24 pods) and merges the figures into

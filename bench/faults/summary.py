@@ -10,7 +10,7 @@ Inputs (each optional; sections not given keep their previous value):
 - ``--fuzz``: run the HTTP fuzzers here (tests/fuzz, tests/faults/test_fuzz_profiler.py) and
   count their generated cases and failures.
 
-    .venv/bin/python -m bench.faults.summary --fuzz --faults /tmp/faults.json --gpu gpu.json
+    .venv/bin/python -m bench.faults.summary --fuzz --faults faults.json --gpu gpu.json
 """
 
 import argparse

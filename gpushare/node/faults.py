@@ -644,6 +644,7 @@ class FaultMonitor:
         self.exclusive: dict[str, ExclusiveWorkload] = {}
         self._detectors: dict[str, FaultDetector] = {}
         self._tails: dict[str, list[LogTail]] = {}
+        self._linger_refs: dict[tuple[str, float], list[PodRef]] = {}
         self._reported: dict[tuple[str, float, int], str] = {}
         """(gpu, fault time, pid) -> what was done about a lingering client."""
         self._lock = threading.Lock()
@@ -805,6 +806,7 @@ class FaultMonitor:
 
     def _recovered(self, item: OpenIncident) -> None:
         incident = item.incident
+        self._linger_refs.pop((incident.gpu_uuid, incident.logged_at), None)
         if item.recovered_at is None:
             return
         seconds = max(0.0, item.recovered_at - incident.logged_at)
@@ -822,8 +824,12 @@ class FaultMonitor:
         age = now - item.incident.detected_at
         if age < self.linger_after_s or not item.remaining:
             return
-        faulting, victims = self.refs(item.incident)
-        for ref in (*faulting, *victims):
+        incident_key = (item.incident.gpu_uuid, item.incident.logged_at)
+        refs = self._linger_refs.get(incident_key)
+        if refs is None:  # resolved once, not on every check while it lingers
+            faulting, victims = self.refs(item.incident)
+            refs = self._linger_refs[incident_key] = [*faulting, *victims]
+        for ref in refs:
             if ref.pid not in item.remaining:
                 continue
             key = (item.incident.gpu_uuid, item.incident.logged_at, ref.pid)
