@@ -807,6 +807,8 @@ class FaultMonitor:
     def _recovered(self, item: OpenIncident) -> None:
         incident = item.incident
         self._linger_refs.pop((incident.gpu_uuid, incident.logged_at), None)
+        for key in [k for k in self._reported if k[:2] == (incident.gpu_uuid, incident.logged_at)]:
+            del self._reported[key]
         if item.recovered_at is None:
             return
         seconds = max(0.0, item.recovered_at - incident.logged_at)
