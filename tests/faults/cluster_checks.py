@@ -236,7 +236,7 @@ class FateReader:
 # ---- pods of a burst -----------------------------------------------------------------------
 
 SIZES = (5, 10, 15, 20)
-"""Percent per pod, cycling: 30 pods ask for ~3.7 GPUs of the node's 2, so some must wait."""
+"""Percent per pod, cycling: 24 pods ask for 3 GPUs of the node's 2, so a third must wait."""
 
 
 def burst_pods(image: str, count: int, prefix: str) -> list[Pod]:
