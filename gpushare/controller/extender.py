@@ -35,7 +35,6 @@ NO_INVENTORY = (
 )
 
 
-GATE_POLL_SECONDS = 0.02
 CACHE_LIMIT = 200_000
 """Entries per answer cache (node x pod shape) before it is dropped and refilled."""
 _PASS, _FAILED, _UNRESOLVABLE = "pass", "failed", "unresolvable"
@@ -118,17 +117,15 @@ class PodWriter(Protocol):
 
     async def get_pod(self, *, namespace: str, name: str) -> dict[str, Any]: ...
 
-    async def patch_pod_annotations(
+    async def bind_pod(
         self,
         *,
         namespace: str,
         name: str,
         uid: str,
-        annotations: Mapping[str, str | None],
-        resource_version: str | None = None,
-    ) -> dict[str, Any]: ...
-
-    async def bind_pod(self, *, namespace: str, name: str, uid: str, node: str) -> None: ...
+        node: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None: ...
 
 
 def _prefixed(reason: str) -> str:
@@ -158,6 +155,8 @@ class Extender:
         self.gate_seconds = gate_seconds
         """Longest a bind waits for its node (queue + earlier pods' Allocate)."""
         self._node_locks: dict[str, asyncio.Lock] = {}
+        self._node_events: dict[str, asyncio.Event] = {}
+        view.allocation_listeners.append(self._wake)
         self._verdicts: dict[tuple[str, Demand], tuple[int, str, str]] = {}
         self._scores: dict[tuple[str, Demand], tuple[int, int]] = {}
 
@@ -293,8 +292,9 @@ class Extender:
     # ---- bind ----------------------------------------------------------------------------
 
     async def bind(self, args: BindingArgs) -> dict[str, str]:
-        """Choose GPU(s), hold them in the view before any await, write the placement
-        annotations, then POST the Binding. On failure the hold is rolled back.
+        """Choose GPU(s), hold them in the view before any await, then POST the Binding with
+        the placement annotations in it (the API server sets them with ``spec.nodeName`` in one
+        update). On failure the hold is rolled back; nothing was written.
 
         Binds to one node are serialized, and each waits until no other pod on the node is
         still waiting for its Allocate: the kubelet calls Allocate with device IDs only, so
@@ -316,10 +316,7 @@ class Extender:
             }
         try:
             key = f"{args.pod_namespace}/{args.pod_name}"
-            waiting = self.view.awaiting_allocation(args.node, exclude=key)
-            while waiting and loop.time() < deadline:
-                await asyncio.sleep(GATE_POLL_SECONDS)
-                waiting = self.view.awaiting_allocation(args.node, exclude=key)
+            waiting = await self._wait_for_allocations(args.node, key, deadline)
             if waiting:
                 log.warning(
                     "binding while other pods still wait for their allocation",
@@ -330,26 +327,62 @@ class Extender:
             lock.release()
         return {"Error": scheduler_safe(result["Error"])}
 
+    def _wake(self, node: str) -> None:
+        event = self._node_events.get(node)
+        if event is not None:
+            event.set()
+
+    async def _wait_for_allocations(self, node: str, key: str, deadline: float) -> list[str]:
+        """Wait (woken by the view, no polling) until no other pod on ``node`` waits for its
+        Allocate, or until ``deadline``; returns those still waiting."""
+        loop = asyncio.get_running_loop()
+        event = self._node_events.setdefault(node, asyncio.Event())
+        while True:
+            event.clear()
+            waiting = self.view.awaiting_allocation(node, exclude=key)
+            remaining = deadline - loop.time()
+            if not waiting or remaining <= 0:
+                return waiting
+            try:
+                async with asyncio.timeout(remaining):
+                    await event.wait()
+            except TimeoutError:
+                return self.view.awaiting_allocation(node, exclude=key)
+
+    async def _pod_facts(self, args: BindingArgs) -> tuple[str, str | None, Demand | None]:
+        """(uid, node it is bound to, demand) from the view, or from a GET when the view does
+        not know this pod (or an older pod of the same name). Raises InvalidInputError for
+        unreadable annotations and KubeError-like exceptions for API failures."""
+        assert self.writer is not None
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        known = self.view.pod(key)
+        if (
+            known is not None
+            and (not args.pod_uid or known.uid == args.pod_uid)
+            and (known.demand is not None or known.problem is not None)
+        ):
+            if known.demand is None and known.problem is not None:
+                raise InvalidInputError(key, known.problem, "fix the pod's gpushare annotations")
+            return known.uid, known.node, known.demand
+        pod = await self.writer.get_pod(namespace=args.pod_namespace, name=args.pod_name)
+        return pods.pod_uid(pod), pods.node_name(pod), pods.demand_of(pod)
+
     async def _bind(self, args: BindingArgs) -> dict[str, str]:
         assert self.writer is not None
         ns, name, node_name = args.pod_namespace, args.pod_name, args.node
         key = f"{ns}/{name}"
         try:
-            pod = await self.writer.get_pod(namespace=ns, name=name)
+            uid, bound_to, demand = await self._pod_facts(args)
+        except InvalidInputError as exc:
+            return {"Error": f"gpushare: {exc}"}
         except Exception as exc:
             return {"Error": f"gpushare: {exc}"}
-        uid = pods.pod_uid(pod)
         if args.pod_uid and uid != args.pod_uid:
             return {"Error": f"gpushare: pod {key} was recreated (uid {uid}, asked {args.pod_uid})"}
-        bound_to = pods.node_name(pod)
         if bound_to is not None:
             if bound_to == node_name:
                 return {"Error": ""}  # a retried bind that already went through
             return {"Error": f"gpushare: pod {key} is already bound to {bound_to}"}
-        try:
-            demand = pods.demand_of(pod)
-        except InvalidInputError as exc:
-            return {"Error": f"gpushare: {exc}"}
         if demand is None:
             return await self._plain_bind(ns, name, uid, node_name)
         # From here to view.reserve() nothing awaits: no other bind can interleave.
@@ -379,21 +412,24 @@ class Extender:
             bind_time=bind_time,
             state=STATE_ASSUMED,
         )
-        annotated = False
         try:
-            # uid precondition only: a resourceVersion would fail on any unrelated status write.
-            await self.writer.patch_pod_annotations(
-                namespace=ns, name=name, uid=uid, annotations=placement.to_annotations()
+            await self.writer.bind_pod(
+                namespace=ns,
+                name=name,
+                uid=uid,
+                node=node_name,
+                annotations=placement.to_annotations(),
             )
-            annotated = True
-            await self.writer.bind_pod(namespace=ns, name=name, uid=uid, node=node_name)
         except Exception as exc:
-            if annotated and await self._bound_anyway(ns, name, node_name, placement):
-                log.info("bind answered with an error but went through", extra={"pod": key})
+            current = await self._current_binding(ns, name)
+            if current is not None and current[0] == node_name:
+                # Bound anyway (a lost response, or a retried bind that won the race): the
+                # annotations that came with that Binding are the record.
+                if current[1] is None or current[1].gpu_uuids != assignment.gpu_uuids:
+                    self.view.release(held)
+                log.info("bind answered with an error but the pod is bound", extra={"pod": key})
                 return {"Error": ""}
             self.view.release(held)
-            if annotated:
-                await self._unannotate(ns, name, uid, placement)
             log.warning(
                 "bind failed; share released",
                 extra={"pod": key, "node": node_name, "error": str(exc)},
@@ -419,39 +455,18 @@ class Extender:
             return {"Error": f"gpushare: {exc}"}
         return {"Error": ""}
 
-    async def _bound_anyway(self, ns: str, name: str, node: str, placement: Placement) -> bool:
-        """After an error from the Binding POST: did it land anyway (e.g. a lost response)?"""
+    async def _current_binding(self, ns: str, name: str) -> tuple[str, Placement | None] | None:
+        """(node, placement) of the pod as the API server has it now; None if unbound or
+        unknown."""
         assert self.writer is not None
         try:
             pod = await self.writer.get_pod(namespace=ns, name=name)
         except Exception:
-            return False
+            return None
+        bound = pods.node_name(pod)
+        if bound is None:
+            return None
         try:
-            current = parse_placement(pods.annotations(pod))
+            return bound, parse_placement(pods.annotations(pod))
         except InvalidInputError:
-            return False
-        return (
-            pods.node_name(pod) == node
-            and current is not None
-            and current.gpu_uuids == placement.gpu_uuids
-        )
-
-    async def _unannotate(self, ns: str, name: str, uid: str, placement: Placement) -> None:
-        """Best effort: take our placement off a pod we failed to bind. If this fails too, the
-        stale placement stops counting after ``stale_assume_seconds``."""
-        assert self.writer is not None
-        try:
-            pod = await self.writer.get_pod(namespace=ns, name=name)
-            if pods.node_name(pod) is not None:
-                return
-            await self.writer.patch_pod_annotations(
-                namespace=ns,
-                name=name,
-                uid=uid,
-                annotations=dict.fromkeys(placement.to_annotations()),
-            )
-        except Exception as exc:
-            log.warning(
-                "could not remove placement of unbound pod",
-                extra={"pod": f"{ns}/{name}", "error": str(exc)},
-            )
+            return bound, None

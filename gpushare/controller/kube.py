@@ -22,7 +22,6 @@ from lightkube.resources.admissionregistration_v1 import (
     ValidatingWebhookConfiguration,
 )
 from lightkube.resources.core_v1 import Node, Pod
-from lightkube.types import PatchType
 
 from gpushare.controller.view import ClusterView
 
@@ -78,37 +77,26 @@ class Kube:
             raise _wrap(exc, f"get pod {namespace}/{name}") from exc
         return dict(pod.to_dict())
 
-    async def patch_pod_annotations(
+    async def bind_pod(
         self,
         *,
         namespace: str,
         name: str,
         uid: str,
-        annotations: Mapping[str, str | None],
-        resource_version: str | None = None,
-    ) -> PodDict:
-        """JSON merge patch of annotations (None deletes a key). The uid (and the
-        resourceVersion, when given) make it fail if the pod changed under us."""
-        meta: dict[str, Any] = {"uid": uid, "annotations": dict(annotations)}
-        if resource_version:
-            meta["resourceVersion"] = resource_version
-        try:
-            pod = await self._client.patch(
-                Pod,
-                name,
-                {"metadata": meta},
-                namespace=namespace,
-                patch_type=PatchType.MERGE,
-                field_manager=self._field_manager,
-            )
-        except Exception as exc:
-            raise _wrap(exc, f"annotate pod {namespace}/{name}") from exc
-        return dict(pod.to_dict())
-
-    async def bind_pod(self, *, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST pods/<name>/binding; the uid makes the API server refuse a recreated pod."""
+        node: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """POST pods/<name>/binding. The API server copies the Binding's annotations onto the
+        pod in the same update that sets ``spec.nodeName``, so a pod is never bound without
+        its placement nor annotated without being bound. The uid makes it refuse a recreated
+        pod; a second Binding of a bound pod fails with 409 and writes nothing."""
         binding = Pod.Binding(
-            metadata=ObjectMeta(name=name, namespace=namespace, uid=uid),
+            metadata=ObjectMeta(
+                name=name,
+                namespace=namespace,
+                uid=uid,
+                annotations=dict(annotations) if annotations else None,
+            ),
             target=ObjectReference(apiVersion="v1", kind="Node", name=node),
         )
         try:

@@ -74,6 +74,7 @@ class ClusterView:
         self._gpu_node: dict[str, str] = {}
         self._pods: dict[str, PodFacts] = {}
         self._reservations: dict[str, Reservation] = {}
+        self._reserved_on: dict[str, set[str]] = {}
         self._tenancy: dict[str, dict[str, Tenant]] = {}
         self._tenants_by_gpu: dict[str, dict[str, Tenant]] = {}
         self._max_gpu_memory = 0
@@ -88,6 +89,9 @@ class ClusterView:
         self.share_resolver: ShareResolver | None = None
         self.listeners: list[Callable[[str, str], None]] = []
         """Called with (kind, key) after a node or pod changed; kind is "node" or "pod"."""
+        self.allocation_listeners: list[Callable[[str], None]] = []
+        """Called with a node name when a pod there stopped waiting for its Allocate (or a
+        reservation there ended): wakes binds waiting on that node."""
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -151,10 +155,32 @@ class ClusterView:
     def awaiting_allocation(self, node: str, *, exclude: str = "") -> list[str]:
         """Pods on ``node`` whose Allocate is still to come: bound with state ``assumed`` and
         Pending, or being bound by this process right now."""
-        keys = set(self._awaiting.get(node, ()))
-        keys.update(k for k, r in self._reservations.items() if r.node == node)
+        keys = self._awaiting.get(node, set()) | self._reserved_on.get(node, set())
         keys.discard(exclude)
         return sorted(keys)
+
+    def _set_reservation(self, res: Reservation) -> None:
+        self._drop_reservation(res.key)
+        self._reservations[res.key] = res
+        self._reserved_on.setdefault(res.node, set()).add(res.key)
+
+    def _drop_reservation(self, key: str) -> None:
+        res = self._reservations.pop(key, None)
+        if res is None:
+            return
+        keys = self._reserved_on.get(res.node)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._reserved_on[res.node]
+        self._allocation_progress(res.node)
+
+    def _allocation_progress(self, node: str) -> None:
+        for listener in self.allocation_listeners:
+            try:
+                listener(node)
+            except Exception:
+                log.exception("allocation listener failed", extra={"node": node})
 
     def _track_awaiting(self, key: str, f: PodFacts | None) -> None:
         old = self._awaiting_node.pop(key, None)
@@ -166,6 +192,8 @@ class ClusterView:
         if f is not None and f.awaiting_allocation and f.node is not None:
             self._awaiting.setdefault(f.node, set()).add(key)
             self._awaiting_node[key] = f.node
+        elif old is not None:
+            self._allocation_progress(old)
 
     def reservation(self, key: str) -> Reservation | None:
         return self._reservations.get(key)
@@ -320,7 +348,7 @@ class ClusterView:
             )
         ):
             # Bound with our annotations (or gone): the annotations are the record now.
-            del self._reservations[f.key]
+            self._drop_reservation(f.key)
         self._apply(f.key)
         return f
 
@@ -328,7 +356,7 @@ class ClusterView:
         had = key in self._pods or key in self._reservations
         self._pods.pop(key, None)
         self._track_awaiting(key, None)
-        self._reservations.pop(key, None)
+        self._drop_reservation(key)
         self._apply(key)
         if had:
             self._changed("pod", key)
@@ -381,14 +409,14 @@ class ClusterView:
             if reason is not None:
                 raise ReservationError(f"GPU {uuid} on {node}: {reason}")
         res = Reservation(key, uid, node, assignment, demand, bind_time)
-        self._reservations[key] = res
+        self._set_reservation(res)
         self._apply(key)
         return res
 
     def release(self, res: Reservation) -> None:
         """Undo a reservation (bind failed); a later reservation of the pod is left alone."""
         if self._reservations.get(res.key) is res:
-            del self._reservations[res.key]
+            self._drop_reservation(res.key)
             self._apply(res.key)
 
     # ---- tenancy -------------------------------------------------------------------------
