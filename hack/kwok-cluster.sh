@@ -20,6 +20,7 @@
 # Settings (environment): GPUSHARE_SCALE_STATE_DIR (default /var/lib/gpushare-scale),
 # GPUSHARE_SCALE_SCHEDULER_QPS (client QPS and burst of both schedulers, default 5000),
 # GPUSHARE_SCALE_ETCD_NO_FSYNC=1 (etcd --unsafe-no-fsync, to keep a busy shared disk out of it),
+# GPUSHARE_SCALE_KWOK_POD_WORKERS (kwok's parallel pod stage workers, default 32),
 # GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh). Needs root only for the default state
 # dir.
 set -euo pipefail
@@ -33,6 +34,7 @@ PKI="$STATE/pki"
 LOGS="$STATE/logs"
 EXTENDER_URL="${GPUSHARE_SCALE_EXTENDER_URL:-http://127.0.0.1:18888/scheduler}"
 SCHED_QPS="${GPUSHARE_SCALE_SCHEDULER_QPS:-5000}"
+KWOK_POD_WORKERS="${GPUSHARE_SCALE_KWOK_POD_WORKERS:-32}"
 APISERVER_PORT=16443
 ETCD_CLIENT_PORT=12379
 ETCD_PEER_PORT=12380
@@ -230,8 +232,18 @@ start_schedulers() {
 
 start_kwok() {
   # Default kwok stages: node-initialize (Ready, keeps the capacity we set), node heartbeat
-  # through leases, pod-ready (bound pods become Running), pod-complete, pod-delete.
-  start kwok "$KWOK_BIN/kwok" --kubeconfig "$STATE/admin.kubeconfig" \
+  # through leases, pod-ready (bound pods become Running), pod-complete, pod-delete. kwok plays
+  # pod stages with 4 workers by default, too few to keep up with hundreds of binds a second:
+  # pods would turn Running seconds late, and gpushare's bind gate waits for exactly that.
+  cat >"$STATE/kwok.yaml" <<EOF
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  podPlayStageParallelism: ${KWOK_POD_WORKERS}
+  nodePlayStageParallelism: 8
+  nodeLeaseParallelism: 8
+EOF
+  start kwok "$KWOK_BIN/kwok" --kubeconfig "$STATE/admin.kubeconfig" --config "$STATE/kwok.yaml" \
     --manage-nodes-with-annotation-selector "$KWOK_NODE_SELECTOR" \
     --cidr 10.98.0.1/16 --node-ip 10.99.0.1 --node-lease-duration-seconds 40
 }
@@ -290,6 +302,6 @@ case ${1:-} in
   down) cmd_down ;;
   status) cmd_status ;;
   env) cmd_env ;;
-  -h|--help|help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  -h|--help|help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

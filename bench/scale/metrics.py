@@ -48,6 +48,12 @@ class Histogram:
             lower, below = le, cumulative
         return lower
 
+    def overflows(self, q: float) -> bool:
+        """True when the q-quantile lies beyond the last finite bucket (then ``quantile``
+        returns that bucket's bound: a lower limit, not an estimate)."""
+        finite = [c for le, c in self.buckets if not math.isinf(le)]
+        return self.count > 0 and bool(finite) and finite[-1] < q * self.count
+
     def bucket_bounds(self, value: float) -> tuple[float, float]:
         """The (lower, upper) bucket bounds around ``value``: the estimate's resolution."""
         lower = 0.0
@@ -118,10 +124,12 @@ def summarize(h: Histogram, *, scale: float = 1000.0) -> dict[str, Any]:
     bucket bounds around p99 so a reader sees the resolution."""
 
     def ms(v: float | None) -> float | None:
-        return None if v is None else round(v * scale, 3)
+        return None if v is None or math.isinf(v) else round(v * scale, 3)
 
     p99 = h.quantile(0.99)
     bounds = h.bucket_bounds(p99) if p99 is not None else None
+    if bounds is not None and h.overflows(0.99):
+        bounds = (bounds[1], math.inf)
     return {
         "count": int(h.count),
         "mean_ms": ms(h.mean),
@@ -129,4 +137,5 @@ def summarize(h: Histogram, *, scale: float = 1000.0) -> dict[str, Any]:
         "p90_ms": ms(h.quantile(0.9)),
         "p99_ms": ms(p99),
         "p99_bucket_ms": None if bounds is None else [ms(bounds[0]), ms(bounds[1])],
+        "p99_beyond_last_bucket": h.overflows(0.99),
     }
