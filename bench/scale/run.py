@@ -590,6 +590,9 @@ def assemble(
             phases.get("stock_backlog", {}).get("drain_pods_per_s"),
         ),
         "extender_p99_ms": p99,
+        "extender_p99_beyond_last_bucket": [
+            v for v, s in ext.get("extender_latency", {}).items() if s.get("p99_beyond_last_bucket")
+        ],
         "violations": invariant["violations"],
         "targets": {
             "extender_pods_per_s >= 100": ext_rate >= TARGETS["extender_pods_per_s"],
