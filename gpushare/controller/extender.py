@@ -22,7 +22,7 @@ from gpushare.api.placement import Placement, parse_placement
 from gpushare.controller import pods
 from gpushare.controller.view import ClusterView, ReservationError
 from gpushare.packing.fit import node_fit_reason
-from gpushare.packing.model import Demand
+from gpushare.packing.model import Assignment, Demand
 from gpushare.packing.policy import Policy, choose_gpus, score_node
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ NO_INVENTORY = (
 )
 
 
+HOLD_SECONDS = 30.0
+"""A share held by filter (``hold_in_filter``) lapses if no bind for the pod comes in time."""
 CACHE_LIMIT = 200_000
 """Entries per answer cache (node x pod shape) before it is dropped and refilled."""
 _PASS, _FAILED, _UNRESOLVABLE = "pass", "failed", "unresolvable"
@@ -148,12 +150,17 @@ class Extender:
         writer: PodWriter | None,
         policy: Policy = Policy.BINPACK,
         gate_seconds: float = 5.0,
+        hold_in_filter: bool = False,
+        hold_seconds: float = HOLD_SECONDS,
     ) -> None:
         self.view = view
         self.writer = writer
         self.policy = policy
         self.gate_seconds = gate_seconds
         """Longest a bind waits for its node (queue + earlier pods' Allocate)."""
+        self.hold_in_filter = hold_in_filter
+        """Filter picks the node itself and holds the GPU there until the bind (see docs)."""
+        self.hold_seconds = hold_seconds
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._node_events: dict[str, asyncio.Event] = {}
         view.allocation_listeners.append(self._wake)
@@ -185,6 +192,8 @@ class Extender:
                 failed[name] = message
             else:
                 unresolvable[name] = message
+        if self.hold_in_filter and passed:
+            passed, failed = self._hold_best(args, key, demand, passed, failed)
         if not passed and args.node_names:
             first = args.node_names[0]
             log.info(
@@ -196,6 +205,40 @@ class Extender:
                 },
             )
         return self._filter_result(args, passed, failed, unresolvable)
+
+    def _hold_best(
+        self,
+        args: ExtenderArgs,
+        key: str,
+        demand: Demand,
+        passed: list[str],
+        failed: dict[str, str],
+    ) -> tuple[list[str], dict[str, str]]:
+        """Pick the policy's best node among ``passed``, hold the GPU(s) there for the pod now,
+        and offer only that node. Later pods are filtered against the hold, so they do not
+        collide with this one at bind time (kube-scheduler binds asynchronously). The price:
+        the scheduler's own scores cannot pick among GPU-feasible nodes any more."""
+        own = self._own_nodes(key)
+        best = max(passed, key=lambda n: self._score(n, key, demand, cached=n not in own))
+        node = self.view.node_for(best, key)
+        assignment = choose_gpus(node, demand, policy=self.policy) if node else None
+        if assignment is None:
+            return passed, failed
+        try:
+            self.view.reserve(
+                key=key,
+                uid=pods.pod_uid(args.pod),
+                node=best,
+                assignment=assignment,
+                demand=demand,
+                bind_time=datetime.now(UTC),
+                hold_seconds=self.hold_seconds,
+            )
+        except ReservationError:
+            return passed, failed
+        note = f"gpushare: a GPU on node {best} is held for this pod"
+        others = {n: note for n in passed if n != best}
+        return [best], {**failed, **others}
 
     def _own_nodes(self, key: str) -> set[str]:
         """Nodes where the pod itself already holds a share (a stale or earlier placement):
@@ -389,7 +432,11 @@ class Extender:
         node = self.view.node_for(node_name, key)
         if node is None or not node.gpus:
             return {"Error": f"gpushare: node {node_name} has no GPUs shared by gpushare"}
-        assignment = choose_gpus(node, demand, policy=self.policy)
+        hold = self.view.reservation(key)
+        if hold is not None and hold.is_hold and hold.node == node_name and hold.uid == uid:
+            assignment: Assignment | None = hold.assignment  # what filter promised
+        else:
+            assignment = choose_gpus(node, demand, policy=self.policy)
         if assignment is None:
             reason = node_fit_reason(node, demand) or "no GPU fits"
             return {"Error": scheduler_safe(f"gpushare: node {node_name}: {reason}")}

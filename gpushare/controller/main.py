@@ -119,11 +119,13 @@ async def _start_site(
 
 
 async def _expire_loop(ctx: ControllerContext) -> None:
-    period = max(1.0, min(10.0, ctx.settings.stale_assume_seconds / 4))
+    period = max(1.0, min(5.0, ctx.settings.stale_assume_seconds / 4))
     while True:
         await asyncio.sleep(period)
         for key in ctx.view.expire_stale():
             log.info("stale placement released (pod never bound)", extra={"pod": key})
+        for key in ctx.view.expire_holds():
+            log.info("filter-time hold lapsed (no bind came)", extra={"pod": key})
 
 
 async def _evict_loop(ctx: ControllerContext, *, period_s: float = 2.0) -> None:
@@ -208,6 +210,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             writer=ctx.kube,
             policy=settings.policy,
             gate_seconds=settings.bind_gate_seconds,
+            hold_in_filter=settings.hold_in_filter,
         )
         ssl_ext = None
         if settings.extender_tls_cert is not None and settings.extender_tls_key is not None:

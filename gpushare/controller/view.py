@@ -10,6 +10,7 @@ fit and reserves without awaiting in between can never oversubscribe a GPU.
 """
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -42,7 +43,9 @@ class ReservationError(Exception):
 
 @dataclass(frozen=True)
 class Reservation:
-    """A bind in progress: the GPU share is held before any API write is awaited."""
+    """A bind in progress: the GPU share is held before any API write is awaited. With
+    ``held_until`` set it is a *hold* taken at filter time (``--hold-in-filter``), waiting for
+    its bind; it lapses at that ``time.monotonic()`` deadline."""
 
     key: str
     uid: str
@@ -50,6 +53,11 @@ class Reservation:
     assignment: Assignment
     demand: Demand
     bind_time: datetime
+    held_until: float | None = None
+
+    @property
+    def is_hold(self) -> bool:
+        return self.held_until is not None
 
 
 def _now() -> datetime:
@@ -162,7 +170,8 @@ class ClusterView:
     def _set_reservation(self, res: Reservation) -> None:
         self._drop_reservation(res.key)
         self._reservations[res.key] = res
-        self._reserved_on.setdefault(res.node, set()).add(res.key)
+        if not res.is_hold:  # a hold's pod is not bound: nothing for the gate to wait for
+            self._reserved_on.setdefault(res.node, set()).add(res.key)
 
     def _drop_reservation(self, key: str) -> None:
         res = self._reservations.pop(key, None)
@@ -394,9 +403,11 @@ class ClusterView:
         assignment: Assignment,
         demand: Demand,
         bind_time: datetime,
+        hold_seconds: float | None = None,
     ) -> Reservation:
         """Hold the assignment's share now. Raises ReservationError (holding nothing) when a GPU
-        is not on the node or would be oversubscribed; replaces the pod's earlier share."""
+        is not on the node or would be oversubscribed; replaces the pod's earlier share.
+        ``hold_seconds``: a filter-time hold that lapses unless a bind replaces it."""
         current = self.node_for(node, key)
         if current is None:
             raise ReservationError(f"node {node!r} has no GPUs shared by gpushare")
@@ -408,10 +419,23 @@ class ClusterView:
             reason = fit_reason(gpu, per_gpu)
             if reason is not None:
                 raise ReservationError(f"GPU {uuid} on {node}: {reason}")
-        res = Reservation(key, uid, node, assignment, demand, bind_time)
+        until = time.monotonic() + hold_seconds if hold_seconds is not None else None
+        res = Reservation(key, uid, node, assignment, demand, bind_time, until)
         self._set_reservation(res)
         self._apply(key)
         return res
+
+    def expire_holds(self, now: float | None = None) -> list[str]:
+        """Let go of filter-time holds whose bind never came; returns their pod keys."""
+        moment = time.monotonic() if now is None else now
+        lapsed = [
+            r
+            for r in self._reservations.values()
+            if r.held_until is not None and r.held_until <= moment
+        ]
+        for res in lapsed:
+            self.release(res)
+        return [r.key for r in lapsed]
 
     def release(self, res: Reservation) -> None:
         """Undo a reservation (bind failed); a later reservation of the pod is left alone."""

@@ -163,3 +163,20 @@ def test_cached_answers_follow_every_change_of_a_node() -> None:
     assert ext.prioritize(args(pod, ["empty"]))[0]["Score"] == before
     ext.view.upsert_node(node_json("empty", [gpu("E0", healthy=False)]))
     assert "empty" in ext.filter(args(pod, ["empty"]))["FailedAndUnresolvableNodes"]
+
+
+def test_hold_in_filter_offers_one_node_and_the_next_pod_sees_the_held_share() -> None:
+    ext = view_with()
+    ext.hold_in_filter = True
+    first = ext.filter(args(pod_json("a", fraction="0.5"), ["half", "empty"]))
+    assert len(first["NodeNames"]) == 1
+    held_on = first["NodeNames"][0]
+    other = "empty" if held_on == "half" else "half"
+    assert "held for this pod" in first["FailedNodes"][other]
+    assert ext.view.awaiting_allocation(held_on) == []  # nothing bound there yet
+    # A second pod filtered before the first one's bind arrives cannot take the held GPU.
+    held_gpu = ext.view.reservation("default/a").assignment.gpu_uuids[0]  # type: ignore[union-attr]
+    assert ext.view.gpu(held_gpu).used_percent == 100  # type: ignore[union-attr]
+    # The hold lapses when no bind comes.
+    assert ext.view.expire_holds(now=float("inf")) == ["default/a"]
+    assert ext.view.reservation("default/a") is None
