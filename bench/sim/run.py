@@ -100,10 +100,11 @@ def markdown(doc: dict[str, object]) -> str:
         "",
         "Allocated GPU share (% of cluster GPU capacity) when arrived GPU demand reaches 100% "
         "and 130% of capacity, mean of the seeds (std in brackets). Effective throughput: "
-        "allocation weighted by 1/predicted slowdown (gpushare interference model, seed "
-        "coefficients), all pods under gpushare's MPS thread caps; *uncapped*: baselines' "
-        "tenants without compute caps, as their published systems run. Published: the FGD "
-        "paper simulator's own 130% results.",
+        "allocation weighted by each pod's predicted rate relative to running alone with its "
+        "share as thread cap (gpushare's interference model as shipped, fit on measured H200 "
+        "colocations; pods profiled as in bench/sim/profiles.py), all pods under gpushare's "
+        "MPS thread caps; *uncapped*: baselines' tenants without compute caps, as their "
+        "published systems run. Published: the FGD paper simulator's own 130% results.",
         "",
     ]
     for trace, rows in table.items():
@@ -171,6 +172,12 @@ def targets(table: dict[str, dict[str, dict[str, float]]]) -> list[str]:
                     f"{'met' if gain >= 5.0 else 'MISSED'} (target >= +5%)"
                 )
     return notes
+
+
+def rerender(path: Path) -> None:
+    """Rewrite the markdown of an existing results JSON (after a wording change)."""
+    doc = json.loads(path.read_text())
+    path.with_suffix(".md").write_text(markdown(doc))
 
 
 def main(argv: list[str] | None = None) -> int:
