@@ -24,7 +24,12 @@ from gpushare.packing.interference import (
 )
 from gpushare.packing.interference import fit as fit_model
 from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
-from gpushare.packing.threads import HEADROOM, assign_thread_percent, compute_demand
+from gpushare.packing.threads import (
+    HEADROOM,
+    SATURATING,
+    assign_thread_percent,
+    compute_demand,
+)
 
 DEFAULT_BOUNDS: dict[str, float] = {"latency": 1.15, "batch": 2.0}
 """Largest predicted slowdown (vs. the same job alone at its cap) each class accepts; the
@@ -139,22 +144,30 @@ def model_summary(model: InterferenceModel) -> dict[str, Any]:
     return model.to_dict()
 
 
-LATENCY_FRACTION = 0.5
-"""Share a latency-class job asks for: services reserve room for bursts, not their average."""
-SIZING_KEYS = ("sm_utilization", "sm_occupancy", "fp16", "fp32", "fp64", "tensor", "dram_bandwidth")
+LATENCY_FRACTION = 0.25
+"""Share a latency-class job asks for: room for bursts (the service measured here keeps 2% of
+the SMs busy); it runs uncapped at MPS priority 0, so the share is admission bookkeeping."""
+SATURATING_KEYS = ("sm_utilization", "fp16", "fp32", "fp64", "tensor")
+SIZING_KEYS = ("sm_occupancy", "fp16", "fp32", "fp64", "tensor", "dram_bandwidth")
 
 
 def request_fraction(values: Mapping[str, float] | None, *, gpu_class: str) -> float:
     """The share a job asks for, sized from its solo profile as a user reading gpushare's
-    profiler would: the busiest of SM utilization (share of SMs busy), SM occupancy, the
-    pipes and DRAM, plus gpushare's thread headroom, rounded up to 5%. Latency-class jobs ask
-    for LATENCY_FRACTION; without a profile a job asks for the whole GPU."""
+    profiler would. A job that alone keeps the SMs or a pipe busier than
+    ``threads.SATURATING`` asks for the whole GPU (packing it only adds interference); any
+    other asks for its compute demand (SM occupancy, pipes, DRAM -- what its neighbours feel)
+    plus gpushare's headroom, rounded up to 5%: its thread cap is sized separately and may
+    overlap its neighbours' (``assign_thread_percent``). Latency-class jobs ask for
+    LATENCY_FRACTION; without a profile a job asks for the whole GPU."""
     if gpu_class == CLASS_LATENCY:
         return LATENCY_FRACTION
     if not values:
         return 1.0
-    busy = max(float(values.get(k, 0.0) or 0.0) for k in SIZING_KEYS)
-    return min(1.0, max(0.05, math.ceil(busy * HEADROOM * 20 - 1e-9) / 20))
+    busiest = max(float(values.get(k, 0.0) or 0.0) for k in SATURATING_KEYS)
+    if busiest >= SATURATING:
+        return 1.0
+    demand = max(float(values.get(k, 0.0) or 0.0) for k in SIZING_KEYS)
+    return min(1.0, max(0.05, math.ceil(demand * HEADROOM * 20 - 1e-9) / 20))
 
 
 def dense_fraction(profile: PipeProfile | None, *, gpu_class: str) -> float:

@@ -1,26 +1,41 @@
-"""The MPS active-thread percentage a pod gets: "cautiously aggressive" space sharing.
+"""The MPS active-thread percentage a pod gets: guaranteed share for admission, generous caps.
 
-Pan (cautiously-aggressive-gpu-space-sharing, Fig. 2) found that a job with low resource demand
-loses almost nothing when given fewer MPS threads, while a high-demand job slows linearly. So a
-pod whose measured profile shows it uses far less than its guaranteed share gets a smaller
-active-thread cap -- it then crowds its neighbours' SMs less -- and a pod that needs its share
-keeps it. Caution: never below half the guaranteed share, always 25% headroom over the measured
-demand, and no change at all without a profile.
+A pod's ``percent`` is what it reserves of the GPU (admission adds these up to at most 100);
+its thread cap is how many SMs its kernels may spread over. The two need not be equal: caps may
+overlap, and on an H200 they had to. Measured there (bench/gpu): alone, ResNet-18 and an LSTM
+keep 0.88 of their speed at 50% threads but only 0.61-0.62 at 25%, though their SM occupancy
+is 0.05-0.12 -- they keep 38-41% of the SMs busy, launch-bound, and a cap sized from occupancy
+halves their speed. Two ResNet-18 at full threads reach 1.69x one job's throughput and four at
+25% 2.0x, so the win is many small jobs running at once with caps that overlap, not few jobs
+with tight caps. Hence:
+
+- latency-class pods are never capped (100%): a cap raised the inference p99 by 1.5-4.3 ms,
+  while MPS priority 0 for them and a 50% cap on their batch neighbours kept it at solo level;
+- a fractional batch pod with a profile gets ``max(percent, 50)``: never below its guarantee,
+  never below half the GPU (SM utilization x 1.25 headroom is about 50% for the launch-bound
+  jobs measured), and no more than half when it asked for less, so a heavy neighbour capped
+  at 50% (an FP64 GEMM starved uncapped neighbours to 2% of their speed, at 50/50 both kept
+  0.47-0.72) still has SMs of its own;
+- a pod without a profile, or profiled on another GPU model, keeps its share as its cap
+  (caution: nothing measured says it is small); whole GPUs get 100.
 """
 
-import math
-
-from gpushare.api.names import SLICES_PER_GPU
+from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU
 from gpushare.packing.model import Demand, GpuState, PipeProfile
 
 HEADROOM = 1.25
-"""Thread cap stays at least this factor above the measured compute demand."""
+"""Requests sized from a profile stay at least this factor above the measured demand."""
+MIN_BATCH_THREADS = 50
+"""Thread cap floor for a profiled fractional batch pod (GPU-percent)."""
 MIN_FRACTION_OF_SHARE = 0.5
-"""Never cap below this fraction of the guaranteed percent."""
+"""Kept for callers of the earlier rule; caps are now never below the guaranteed percent."""
+SATURATING = 0.8
+"""A pipe (or SM utilization) busier than this alone marks a job that saturates the GPU."""
 
 
 def compute_demand(profile: PipeProfile) -> float:
-    """Share of the GPU (0-1) the job keeps busy when alone: its busiest of SMs, pipes, DRAM."""
+    """Share of the GPU (0-1) the job keeps busy when alone: its busiest of SM occupancy,
+    pipes, DRAM. (Occupancy, not SM utilization: this is what its neighbours feel.)"""
     return max(
         profile.sm_occupancy,
         profile.fp16,
@@ -32,19 +47,24 @@ def compute_demand(profile: PipeProfile) -> float:
     )
 
 
-def assign_thread_percent(demand: Demand, gpu: GpuState) -> int:
-    """MPS active-thread % for the pod on ``gpu``; always 1..100.
+def pipe_saturating(profile: PipeProfile) -> bool:
+    """True for a job that alone keeps a compute pipe almost fully busy (an FP64 or tensor
+    GEMM): uncapped, it starves every neighbour."""
+    return max(profile.fp16, profile.fp32, profile.fp64, profile.tensor) >= SATURATING
 
-    Default: the guaranteed percent (whole GPUs: 100). With a profile measured on the same GPU
-    model (or of unknown model), a low-demand pod gets ``max(ceil(demand * 100 * 1.25),
-    ceil(percent / 2))``; a pod whose demand is close to its share keeps its share.
+
+def assign_thread_percent(demand: Demand, gpu: GpuState) -> int:
+    """MPS active-thread % for the pod on ``gpu``; always 1..100 (rules in the module doc).
+
+    Depends only on the pod and the GPU's model, never on the neighbours: the device plugin sets
+    it once, when the pod's containers start.
     """
     share = max(1, min(demand.percent, SLICES_PER_GPU))
+    if demand.gpu_class == CLASS_LATENCY:
+        return SLICES_PER_GPU
     profile = demand.profile
     if profile is None or share >= SLICES_PER_GPU:
         return share
     if profile.gpu_model and gpu.model and profile.gpu_model != gpu.model:
         return share
-    need = math.ceil(compute_demand(profile) * SLICES_PER_GPU * HEADROOM)
-    floor = math.ceil(share * MIN_FRACTION_OF_SHARE)
-    return max(1, min(share, max(need, floor)))
+    return max(share, MIN_BATCH_THREADS)

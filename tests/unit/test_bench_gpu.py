@@ -118,11 +118,15 @@ def test_chosen_pack_lists_only_the_jobs_gpushare_admitted() -> None:
 # --- requests, traces ---------------------------------------------------------------------
 
 
-def test_requests_are_sized_from_the_busiest_counter_with_headroom() -> None:
-    assert policy.request_fraction(PROFILES["resnet18"], gpu_class="batch") == 0.5
+def test_requests_are_sized_from_compute_demand_and_saturating_jobs_ask_a_whole_gpu() -> None:
+    assert policy.request_fraction(PROFILES["resnet18"], gpu_class="batch") == 0.15
+    assert (
+        policy.request_fraction({"sm_utilization": 0.85, "sm_occupancy": 0.48}, gpu_class="batch")
+        == 1.0
+    )
     assert policy.request_fraction(PROFILES["dgemm"], gpu_class="batch") == 1.0
     assert policy.request_fraction(None, gpu_class="batch") == 1.0
-    assert policy.request_fraction(PROFILES["infer"], gpu_class="latency") == 0.5
+    assert policy.request_fraction(PROFILES["infer"], gpu_class="latency") == 0.25
 
 
 def test_trace_jobs_need_a_request_for_every_kind() -> None:

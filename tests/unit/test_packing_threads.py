@@ -14,18 +14,27 @@ def test_without_a_profile_a_pod_gets_its_guaranteed_share() -> None:
     assert assign_thread_percent(Demand(percent=100, gpus=2), H100) == 100
 
 
-def test_low_demand_pod_gets_fewer_threads_but_never_below_half_its_share() -> None:
-    light = PipeProfile(fp32=0.10, sm_occupancy=0.12, dram_bandwidth=0.05)  # needs ~15%
-    assert assign_thread_percent(Demand(percent=40, profile=light), H100) == 20
+def test_small_profiled_batch_pod_gets_half_the_gpu_in_threads_not_its_small_share() -> None:
+    # Measured on an H200: ResNet-18 (occupancy 0.12) keeps 0.88 of its speed at 50% threads,
+    # 0.62 at 25%; a 15% share must not become a 15% cap.
+    small = PipeProfile(fp32=0.015, tensor=0.05, sm_occupancy=0.12, dram_bandwidth=0.07)
+    assert assign_thread_percent(Demand(percent=15, profile=small), H100) == 50
     idle = PipeProfile(sm_occupancy=0.01)
-    assert assign_thread_percent(Demand(percent=60, profile=idle), H100) == 30
+    assert assign_thread_percent(Demand(percent=60, profile=idle), H100) == 60
+
+
+def test_latency_pod_is_never_capped() -> None:
+    tiny = PipeProfile(sm_occupancy=0.01)
+    latency = Demand(percent=25, gpu_class="latency", profile=tiny)
+    assert assign_thread_percent(latency, H100) == 100
+    assert assign_thread_percent(Demand(percent=25, gpu_class="latency"), H100) == 100
 
 
 def test_pod_that_uses_its_share_keeps_it() -> None:
     heavy = PipeProfile(tensor=0.78, sm_occupancy=0.95)
-    assert assign_thread_percent(Demand(percent=50, profile=heavy), H100) == 50
-    medium = PipeProfile(fp32=0.30, sm_occupancy=0.36)  # 36% x 1.25 headroom = 45%
-    assert assign_thread_percent(Demand(percent=50, profile=medium), H100) == 45
+    assert assign_thread_percent(Demand(percent=70, profile=heavy), H100) == 70
+    gemm = PipeProfile(tensor=0.97, sm_occupancy=0.12)  # FP64 GEMM: never uncapped beside others
+    assert assign_thread_percent(Demand(percent=30, profile=gemm), H100) == 50
 
 
 def test_profile_measured_on_another_gpu_model_is_not_trusted() -> None:
@@ -37,9 +46,9 @@ def test_profile_measured_on_another_gpu_model_is_not_trusted() -> None:
     percent=st.integers(min_value=1, max_value=100),
     values=st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=6, max_size=6),
 )
-def test_thread_percent_is_always_between_1_and_the_share(
+def test_batch_thread_percent_never_below_the_share_and_at_most_half_beyond_it(
     percent: int, values: list[float]
 ) -> None:
     profile = PipeProfile(*values)
     threads = assign_thread_percent(Demand(percent=percent, profile=profile), H100)
-    assert 1 <= threads <= percent
+    assert max(percent, 1) <= threads <= max(percent, 50)
