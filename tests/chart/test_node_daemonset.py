@@ -103,5 +103,9 @@ def test_uninstall_cleanup_hook_is_wired(chart: Chart) -> None:
 def test_metrics_port_and_probes(chart: Chart) -> None:
     c = _agent(_ds(chart, {"node": {"metrics": {"port": 19400}}}))
     assert build_parser().parse_args(c["args"]).metrics_port == 19400
-    assert c["ports"] == [{"name": "metrics", "containerPort": 19400}]
+    # Published on the node's address by default: the operator's profiler client reads
+    # http://<node IP>:<port>/profile.
+    assert c["ports"] == [{"name": "metrics", "containerPort": 19400, "hostPort": 19400}]
+    off = _agent(_ds(chart, {"node": {"metrics": {"port": 19400, "hostPort": False}}}))
+    assert off["ports"] == [{"name": "metrics", "containerPort": 19400}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
