@@ -20,9 +20,17 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import STATE_ASSUMED
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.controller import pods
+from gpushare.controller.share_rules import (
+    NO_RULES,
+    ShareRules,
+    hold_reason,
+    permitted,
+    rules_of,
+    with_profile,
+)
 from gpushare.controller.view import ClusterView, ReservationError
 from gpushare.packing.fit import node_fit_reason
-from gpushare.packing.model import Assignment, Demand
+from gpushare.packing.model import Assignment, Demand, NodeState
 from gpushare.packing.policy import Policy, choose_gpus, score_node
 
 log = logging.getLogger(__name__)
@@ -130,6 +138,16 @@ class PodWriter(Protocol):
     ) -> None: ...
 
 
+def pod_rules(pod: Mapping[str, Any]) -> ShareRules:
+    """The pod's GpuShare rules; raises InvalidInputError naming a bad annotation."""
+    meta = pods.metadata(pod)
+    return rules_of(
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace") or "default"),
+        annotations=pods.annotations(pod),
+    )
+
+
 def _prefixed(reason: str) -> str:
     return scheduler_safe(reason if reason.startswith("gpushare") else f"gpushare: {reason}")
 
@@ -177,15 +195,22 @@ class Extender:
         unresolvable: dict[str, str] = {}
         try:
             demand = pods.demand_of(args.pod)
+            rules = pod_rules(args.pod) if demand is not None else NO_RULES
         except InvalidInputError as exc:
             message = scheduler_safe(f"gpushare: {exc}")
             return self._filter_result(args, [], {}, dict.fromkeys(args.node_names, message))
         if demand is None:
             return self._filter_result(args, list(args.node_names), {}, {})
+        demand = with_profile(demand, rules)
+        hold = self._hold_reason(rules)
+        if hold is not None:
+            message = _prefixed(hold)
+            return self._filter_result(args, [], {}, dict.fromkeys(args.node_names, message))
         key = pods.pod_key(args.pod)
         own = self._own_nodes(key)
         for name in args.node_names:
-            verdict, message = self._verdict(name, key, demand, cached=name not in own)
+            cached = name not in own and not rules.constrains_gpus
+            verdict, message = self._verdict(name, key, demand, rules, cached=cached)
             if verdict == _PASS:
                 passed.append(name)
             elif verdict == _FAILED:
@@ -193,7 +218,7 @@ class Extender:
             else:
                 unresolvable[name] = message
         if self.hold_in_filter and passed:
-            passed, failed = self._hold_best(args, key, demand, passed, failed)
+            passed, failed = self._hold_best(args, key, demand, rules, passed=passed, failed=failed)
         if not passed and args.node_names:
             first = args.node_names[0]
             log.info(
@@ -211,6 +236,8 @@ class Extender:
         args: ExtenderArgs,
         key: str,
         demand: Demand,
+        rules: ShareRules,
+        *,
         passed: list[str],
         failed: dict[str, str],
     ) -> tuple[list[str], dict[str, str]]:
@@ -219,8 +246,11 @@ class Extender:
         collide with this one at bind time (kube-scheduler binds asynchronously). The price:
         the scheduler's own scores cannot pick among GPU-feasible nodes any more."""
         own = self._own_nodes(key)
-        best = max(passed, key=lambda n: self._score(n, key, demand, cached=n not in own))
-        node = self.view.node_for(best, key)
+        uncached = own if not rules.constrains_gpus else set(passed)
+        best = max(
+            passed, key=lambda n: self._score(n, key, demand, rules, cached=n not in uncached)
+        )
+        node, _ = self._node(best, key, rules)
         assignment = choose_gpus(node, demand, policy=self.policy) if node else None
         if assignment is None:
             return passed, failed
@@ -245,7 +275,28 @@ class Extender:
         its answers there depend on the pod, so they are not cached."""
         return {n for u in self.view.tenancy(key) if (n := self.view.node_of_gpu(u)) is not None}
 
-    def _verdict(self, name: str, key: str, demand: Demand, *, cached: bool) -> tuple[str, str]:
+    def _hold_reason(self, rules: ShareRules) -> str | None:
+        if rules.share is None:
+            return None
+        status = self.view.share_status(rules.namespace, rules.share)
+        return hold_reason(rules, share_status=status)
+
+    def _node(self, name: str, key: str, rules: ShareRules) -> tuple[NodeState | None, str | None]:
+        """The node as the pod sees it, narrowed to the GPUs its GpuShare rules (and those of
+        the pods already there) permit, with the first refusal when a GPU was taken away."""
+        node = self.view.node_for(name, key)
+        if node is None or not node.gpus:
+            return node, None
+        return permitted(
+            node,
+            rules=rules,
+            tenant_rules=self.view.pod_rules(),
+            others_block=self.view.any_blockers,
+        )
+
+    def _verdict(
+        self, name: str, key: str, demand: Demand, rules: ShareRules, *, cached: bool
+    ) -> tuple[str, str]:
         """(pass|failed|unresolvable, message) for one node, cached per node version: between
         two changes of a node, every pod of the same shape gets the same answer there."""
         version = self.view.node_version(name)
@@ -253,15 +304,19 @@ class Extender:
             hit = self._verdicts.get((name, demand))
             if hit is not None and hit[0] == version:
                 return hit[1], hit[2]
-        node = self.view.node_for(name, key)
-        if node is None or not node.gpus:
+        node, refusal = self._node(name, key, rules)
+        if node is None or (not node.gpus and refusal is None):
             problem = self.view.node_problem(name)
             return _UNRESOLVABLE, (
                 scheduler_safe(f"gpushare: {problem}") if problem else NO_INVENTORY
             )
-        reason = node_fit_reason(node, demand)
+        reason = node_fit_reason(node, demand) if node.gpus else refusal
         if reason is None:
             verdict, message = _PASS, ""
+        elif refusal is not None:
+            # Rules took GPUs away; pods leaving (or a profile stored) can give them back.
+            detail = refusal if reason == refusal else f"{refusal}; on its other GPUs: {reason}"
+            verdict, message = _FAILED, _prefixed(detail)
         else:
             empty = self.view.empty_node(name)
             empty_reason = node_fit_reason(empty, demand) if empty is not None else reason
@@ -275,13 +330,15 @@ class Extender:
             self._verdicts[(name, demand)] = (version, verdict, message)
         return verdict, message
 
-    def _score(self, name: str, key: str, demand: Demand, *, cached: bool) -> int:
+    def _score(
+        self, name: str, key: str, demand: Demand, rules: ShareRules, *, cached: bool
+    ) -> int:
         version = self.view.node_version(name)
         if cached:
             hit = self._scores.get((name, demand))
             if hit is not None and hit[0] == version:
                 return hit[1]
-        node = self.view.node_for(name, key)
+        node, _ = self._node(name, key, rules)
         score = 0
         if node is not None and node.gpus:
             raw = score_node(node, demand, policy=self.policy)
@@ -321,14 +378,25 @@ class Extender:
         """HostPriorityList: the packing policy's score per node, clamped to 0..10."""
         try:
             demand = pods.demand_of(args.pod)
+            rules = pod_rules(args.pod) if demand is not None else NO_RULES
         except InvalidInputError:
             demand = None
         if demand is None:
             return [{"Host": n, "Score": 0} for n in args.node_names]
+        demand = with_profile(demand, rules)
         key = pods.pod_key(args.pod)
         own = self._own_nodes(key)
         return [
-            {"Host": name, "Score": self._score(name, key, demand, cached=name not in own)}
+            {
+                "Host": name,
+                "Score": self._score(
+                    name,
+                    key,
+                    demand,
+                    rules,
+                    cached=name not in own and not rules.constrains_gpus,
+                ),
+            }
             for name in args.node_names
         ]
 
@@ -392,10 +460,13 @@ class Extender:
             except TimeoutError:
                 return self.view.awaiting_allocation(node, exclude=key)
 
-    async def _pod_facts(self, args: BindingArgs) -> tuple[str, str | None, Demand | None]:
-        """(uid, node it is bound to, demand) from the view, or from a GET when the view does
-        not know this pod (or an older pod of the same name). Raises InvalidInputError for
-        unreadable annotations and KubeError-like exceptions for API failures."""
+    async def _pod_facts(
+        self, args: BindingArgs
+    ) -> tuple[str, str | None, Demand | None, ShareRules]:
+        """(uid, node it is bound to, demand, GpuShare rules) from the view, or from a GET when
+        the view does not know this pod (or an older pod of the same name). Raises
+        InvalidInputError for unreadable annotations and KubeError-like exceptions for API
+        failures."""
         assert self.writer is not None
         key = f"{args.pod_namespace}/{args.pod_name}"
         known = self.view.pod(key)
@@ -406,16 +477,20 @@ class Extender:
         ):
             if known.demand is None and known.problem is not None:
                 raise InvalidInputError(key, known.problem, "fix the pod's gpushare annotations")
-            return known.uid, known.node, known.demand
+            rules = self.view.pod_rules().get(key, NO_RULES)
+            return known.uid, known.node, known.demand, rules
         pod = await self.writer.get_pod(namespace=args.pod_namespace, name=args.pod_name)
-        return pods.pod_uid(pod), pods.node_name(pod), pods.demand_of(pod)
+        demand = pods.demand_of(pod)
+        rules = pod_rules(pod) if demand is not None else NO_RULES
+        demand = with_profile(demand, rules) if demand is not None else None
+        return pods.pod_uid(pod), pods.node_name(pod), demand, rules
 
     async def _bind(self, args: BindingArgs) -> dict[str, str]:
         assert self.writer is not None
         ns, name, node_name = args.pod_namespace, args.pod_name, args.node
         key = f"{ns}/{name}"
         try:
-            uid, bound_to, demand = await self._pod_facts(args)
+            uid, bound_to, demand, rules = await self._pod_facts(args)
         except InvalidInputError as exc:
             return {"Error": f"gpushare: {exc}"}
         except Exception as exc:
@@ -428,18 +503,30 @@ class Extender:
             return {"Error": f"gpushare: pod {key} is already bound to {bound_to}"}
         if demand is None:
             return await self._plain_bind(ns, name, uid, node_name)
+        waits = self._hold_reason(rules)
+        if waits is not None:
+            return {"Error": f"gpushare: {waits}"}
         # From here to view.reserve() nothing awaits: no other bind can interleave.
-        node = self.view.node_for(node_name, key)
-        if node is None or not node.gpus:
+        node, refusal = self._node(node_name, key, rules)
+        if node is None or (not node.gpus and refusal is None):
             return {"Error": f"gpushare: node {node_name} has no GPUs shared by gpushare"}
         hold = self.view.reservation(key)
-        if hold is not None and hold.is_hold and hold.node == node_name and hold.uid == uid:
+        usable = {g.uuid for g in node.gpus}
+        if (
+            hold is not None
+            and hold.is_hold
+            and hold.node == node_name
+            and hold.uid == uid
+            and usable.issuperset(hold.assignment.gpu_uuids)
+        ):
             assignment: Assignment | None = hold.assignment  # what filter promised
         else:
-            assignment = choose_gpus(node, demand, policy=self.policy)
+            assignment = choose_gpus(node, demand, policy=self.policy) if node.gpus else None
         if assignment is None:
-            reason = node_fit_reason(node, demand) or "no GPU fits"
-            return {"Error": scheduler_safe(f"gpushare: node {node_name}: {reason}")}
+            reason = (node_fit_reason(node, demand) if node.gpus else None) or refusal
+            return {
+                "Error": scheduler_safe(f"gpushare: node {node_name}: {reason or 'no GPU fits'}")
+            }
         bind_time = datetime.now(UTC)
         try:
             held = self.view.reserve(

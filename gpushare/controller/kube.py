@@ -15,6 +15,7 @@ import httpx2
 import msgspec
 from lightkube import ALL_NS, ApiError, AsyncClient
 from lightkube.config.kubeconfig import KubeConfig
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import (
@@ -23,9 +24,13 @@ from lightkube.resources.admissionregistration_v1 import (
 )
 from lightkube.resources.core_v1 import Node, Pod
 
+from gpushare.api.gpushare_crd import KIND, PLURAL
+from gpushare.api.names import GROUP, VERSION
 from gpushare.controller.view import ClusterView
 
 log = logging.getLogger(__name__)
+
+GpuShareResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 
 PodDict = dict[str, Any]
 
@@ -223,6 +228,17 @@ class Kube:
             replace=view.replace_pods,
             upsert=upsert,
             delete=delete,
+            resync_seconds=resync_seconds,
+            namespaced=True,
+        )
+
+    async def feed_shares(self, view: ClusterView, *, resync_seconds: float) -> None:
+        """GpuShare statuses for the extender's hold rule (gpushare.controller.share_rules)."""
+        await self._informer(
+            GpuShareResource,
+            replace=view.replace_shares,
+            upsert=view.upsert_share,
+            delete=view.delete_share,
             resync_seconds=resync_seconds,
             namespaced=True,
         )

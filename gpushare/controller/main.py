@@ -265,6 +265,11 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                     ctx.kube.feed_pods(ctx.view, resync_seconds=settings.resync_seconds)
                 )
             ] = "pod watch"
+            tasks[
+                asyncio.create_task(
+                    ctx.kube.feed_shares(ctx.view, resync_seconds=settings.resync_seconds)
+                )
+            ] = "GpuShare watch"
             if settings.register_webhooks:
                 tasks[asyncio.create_task(_register(ctx))] = "webhook registration"
             tasks[asyncio.create_task(_evict_loop(ctx))] = "evictions requested by node agents"

@@ -26,7 +26,8 @@ from gpushare.api.names import (
     SLICES_PER_GPU,
 )
 from gpushare.api.request import GpuRequest
-from gpushare.controller.pods import PodFacts, facts
+from gpushare.controller.pods import PodFacts, annotations, facts, metadata
+from gpushare.controller.share_rules import NO_RULES, ShareRules, rules_of, with_profile
 from gpushare.packing.fit import fit_reason
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, Tenant
 
@@ -95,6 +96,10 @@ class ClusterView:
         self.nodes_synced = False
         self.pods_synced = False
         self.share_resolver: ShareResolver | None = None
+        self._rules: dict[str, ShareRules] = {}
+        self._blockers: set[str] = set()
+        self._share_status: dict[str, Mapping[str, Any]] = {}
+        self.shares_synced = False
         self.listeners: list[Callable[[str, str], None]] = []
         """Called with (kind, key) after a node or pod changed; kind is "node" or "pod"."""
         self.allocation_listeners: list[Callable[[str], None]] = []
@@ -344,6 +349,10 @@ class ClusterView:
         if f.demand is None and f.placement is None and f.problem is None:
             self.delete_pod(f.key)
             return None
+        rules = _rules_of(pod)
+        if f.demand is not None:
+            f = replace(f, demand=with_profile(f.demand, rules))
+        self._set_rules(f.key, rules)
         self._pods[f.key] = f
         self._track_awaiting(f.key, f)
         res = self._reservations.get(f.key)
@@ -364,6 +373,7 @@ class ClusterView:
     def delete_pod(self, key: str) -> None:
         had = key in self._pods or key in self._reservations
         self._pods.pop(key, None)
+        self._set_rules(key, NO_RULES)
         self._track_awaiting(key, None)
         self._drop_reservation(key)
         self._apply(key)
@@ -391,6 +401,60 @@ class ClusterView:
                 if before and not self._tenancy.get(key):
                     released.append(key)
         return released
+
+    # ---- GpuShare rules ------------------------------------------------------------------
+
+    def _set_rules(self, key: str, rules: ShareRules) -> None:
+        """Remember a pod's GpuShare rules; a change of a placed pod's rules changes what
+        fits its GPUs, so their nodes' versions move (cached answers there are dropped)."""
+        if rules.share is None and not rules.constrains_gpus:
+            rules = NO_RULES
+        if rules == self._rules.get(key, NO_RULES):
+            return
+        if rules == NO_RULES:
+            self._rules.pop(key, None)
+        else:
+            self._rules[key] = rules
+        if rules.blocks_others:
+            self._blockers.add(key)
+        else:
+            self._blockers.discard(key)
+        for node in {self._gpu_node.get(u) for u in self._tenancy.get(key, {})}:
+            if node is not None:
+                self._bump(node)
+
+    def pod_rules(self) -> Mapping[str, ShareRules]:
+        """Pod key -> GpuShare rules, for the pods that have any."""
+        return self._rules
+
+    @property
+    def any_blockers(self) -> bool:
+        """True while some pod keeps other pods off its GPU (profiling, exclusive policy)."""
+        return bool(self._blockers)
+
+    def share_status(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The GpuShare's ``status`` as last watched; None when the share is unknown."""
+        return self._share_status.get(f"{namespace}/{name}")
+
+    def upsert_share(self, share: Mapping[str, Any]) -> None:
+        meta = share.get("metadata")
+        if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+            return
+        status = share.get("status")
+        key = f"{meta.get('namespace') or 'default'}/{meta['name']}"
+        self._share_status[key] = dict(status) if isinstance(status, Mapping) else {}
+
+    def delete_share(self, share: Mapping[str, Any]) -> None:
+        meta = share.get("metadata")
+        if isinstance(meta, Mapping):
+            self._share_status.pop(f"{meta.get('namespace') or 'default'}/{meta.get('name')}", None)
+
+    def replace_shares(self, shares: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: shares missing from it are gone."""
+        self._share_status.clear()
+        for share in shares:
+            self.upsert_share(share)
+        self.shares_synced = True
 
     # ---- reservations --------------------------------------------------------------------
 
@@ -517,6 +581,20 @@ class ClusterView:
                 listener(kind, key)
             except Exception:
                 log.exception("view listener failed", extra={"kind": kind, "key": key})
+
+
+def _rules_of(pod: Mapping[str, Any]) -> ShareRules:
+    """The pod's GpuShare rules; unreadable ones count as none here (the extender refuses the
+    pod itself with the reason when it is scheduled)."""
+    meta = metadata(pod)
+    try:
+        return rules_of(
+            name=str(meta.get("name", "")),
+            namespace=str(meta.get("namespace") or "default"),
+            annotations=annotations(pod),
+        )
+    except InvalidInputError:
+        return NO_RULES
 
 
 def _per_gpu_demand(demand: Demand) -> Demand:
