@@ -293,9 +293,15 @@ def test_histogram_delta_only_counts_the_phase() -> None:
     assert delta.quantile(0.5) == pytest.approx(0.0075)
 
 
-def test_quantile_in_the_overflow_bucket_reports_the_last_bound() -> None:
+def test_quantile_in_the_overflow_bucket_reports_the_last_bound_as_a_lower_limit() -> None:
     h = metrics.histogram(PAGE, "x_seconds", lambda labels: labels["verb"] == "bind")
     assert h.quantile(0.99) == 0.01
+    assert h.overflows(0.99)
+    summary = metrics.summarize(h)
+    assert summary["p99_beyond_last_bucket"] is True
+    assert summary["p99_bucket_ms"] == [10.0, None]
+    json.dumps(summary, allow_nan=False)
+    assert not metrics.histogram(PAGE, "x_seconds").overflows(0.5)
 
 
 def test_gauges_and_label_values_are_read() -> None:
