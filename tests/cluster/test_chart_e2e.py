@@ -352,10 +352,33 @@ def shares_per_gpu(cluster: LocalCluster, namespace: str, names: list[str]) -> d
 # ---- the end-to-end test ------------------------------------------------------------------
 
 
+def remove_release(cluster: LocalCluster) -> None:
+    """Uninstall the test release whatever state it is in (a failed or interrupted install
+    leaves fail-closed webhook configurations that would refuse every gpushare pod)."""
+    binary = helm_binary()
+    if binary is not None:
+        subprocess.run(
+            [binary, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "5m"],
+            capture_output=True,
+            text=True,
+            env=cluster.env,
+            timeout=400,
+            check=False,
+        )
+    cluster.kubectl(
+        "delete",
+        "mutatingwebhookconfigurations,validatingwebhookconfigurations",
+        "-l",
+        f"app.kubernetes.io/instance={RELEASE}",
+        "--ignore-not-found",
+        check=False,
+    )
+
+
 def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) -> None:
     work = f"gpushare-e2e-work-{uuid.uuid4().hex[:6]}"
     with exclusive_node(cluster):
-        installed = False
+        remove_release(cluster)  # what an interrupted earlier run may have left
         try:
             # -- install: every gpushare pod Ready ----------------------------------------
             out = helm(
@@ -372,7 +395,6 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
                 "--timeout",
                 "5m",
             ).stdout
-            installed = True
             assert "SIMULATED" in out, "NOTES must say the GPUs are simulated"
             pods = release_pods(cluster)
             assert sorted(component(p) for p in pods) == ["controller", "node-agent", "scheduler"]
@@ -461,23 +483,12 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
             helm(
                 cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "5m"
             )
-            installed = False
             check_nothing_left(cluster)
         except BaseException:
             print(diagnostics(cluster))
             raise
         finally:
-            if installed:
-                helm(
-                    cluster,
-                    "uninstall",
-                    RELEASE,
-                    "--namespace",
-                    NAMESPACE,
-                    "--wait",
-                    "--timeout",
-                    "5m",
-                )
+            remove_release(cluster)  # quick no-op after a clean uninstall
             cluster.kubectl(
                 "delete",
                 "namespace",
