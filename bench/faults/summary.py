@@ -3,7 +3,8 @@
 Inputs (each optional; sections not given keep their previous value):
 
 - ``--faults FILE``: what tests/faults/test_faults_cluster.py wrote ($GPUSHARE_RELIABILITY_OUT);
-  bench/faults/run_faults.py produces it with 200 pods per fault.
+  bench/faults/run_faults.py produces it with 200 pods per fault. ``--faults-ci FILE``: the same
+  from a CI-sized run, kept as ``faults_ci``.
 - ``--mps-fault FILE``: what tests/faults/test_mps_fault_cluster.py printed, if kept.
 - ``--gpu FILE``: reliability_gpu.json from tests/gpu/test_mps_fault_gpu.py on a real GPU.
 - ``--gpushare-fuzz FILE``: counts from tests/faults/test_hostile_input_cluster.py.
@@ -204,6 +205,7 @@ def markdown(doc: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--faults", action="append", default=[])
+    parser.add_argument("--faults-ci", help="the CI-sized run (24 pods), kept apart as faults_ci")
     parser.add_argument("--gpu")
     parser.add_argument("--gpu-note", action="append", default=[])
     parser.add_argument("--gpushare-fuzz")
@@ -217,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         doc.setdefault("faults", {}).update(raw.get("faults", {}))
         doc["pods_per_fault"] = raw.get("pods_per_fault")
         doc["down_s"] = raw.get("down_s")
+    if args.faults_ci:
+        raw = load(args.faults_ci)
+        doc["faults_ci"] = {"pods_per_fault": raw.get("pods_per_fault"), **raw.get("faults", {})}
     if args.gpu:
         raw = load(args.gpu)
         raw["notes"] = args.gpu_note
