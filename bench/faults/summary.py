@@ -5,7 +5,6 @@ Inputs (each optional; sections not given keep their previous value):
 - ``--faults FILE``: what tests/faults/test_faults_cluster.py wrote ($GPUSHARE_RELIABILITY_OUT);
   bench/faults/run_faults.py produces it with 200 pods per fault. ``--faults-ci FILE``: the same
   from a CI-sized run, kept as ``faults_ci``.
-- ``--mps-fault FILE``: what tests/faults/test_mps_fault_cluster.py printed, if kept.
 - ``--gpu FILE``: reliability_gpu.json from tests/gpu/test_mps_fault_gpu.py on a real GPU.
 - ``--gpushare-fuzz FILE``: counts from tests/faults/test_hostile_input_cluster.py.
 - ``--fuzz``: run the HTTP fuzzers here (tests/fuzz, tests/faults/test_fuzz_profiler.py) and
