@@ -158,6 +158,18 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{len(f.get('violations', []))} | "
             f"{f.get('running')} | {f.get('pending_with_reason')} | {notes} |"
         )
+    ci = doc.get("faults_ci")
+    if ci:
+        lines += [
+            "",
+            f"CI-sized run ({ci.get('pods_per_fault')} pods per fault), violations per component: "
+            + ", ".join(
+                f"{name} {len(f.get('violations', []))}"
+                for name, f in ci.items()
+                if isinstance(f, dict)
+            )
+            + " (details in faults_ci; docs/reliability.md explains them).",
+        ]
     lines += ["", "## Hostile input", ""]
     http = doc.get("fuzz_http") or {}
     lines.append(
