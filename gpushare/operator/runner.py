@@ -5,7 +5,10 @@ in the main thread), after stopping the protection loop and closing its clients.
 """
 
 import asyncio
+import getpass
 import logging
+import os
+import socket
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -94,6 +97,7 @@ async def run_operator(
             synced=reconciler.synced,
         )
         tasks.append(asyncio.create_task(guard.run(), name="gpushare-latency-guard"))
+    ensure_peering_identity()
     try:
         # In the main thread Kopf takes over SIGINT/SIGTERM; when it stops on one while
         # embedded, pass the stop on to the host process through its stop flag.
@@ -117,3 +121,18 @@ async def run_operator(
         await reconciler.close()
         await profiler.close()
         await kube.close()
+
+
+def ensure_peering_identity() -> None:
+    """Give Kopf an identity it can name without a passwd entry.
+
+    Kopf names the operator ``<user>@<host>`` from ``getpass.getuser()`` unless ``POD_ID`` is
+    set; in a container running as a UID with no passwd entry (the chart's 65532) that lookup
+    raises KeyError and the operator dies at start.
+    """
+    if os.environ.get("POD_ID"):
+        return
+    try:
+        getpass.getuser()
+    except (KeyError, OSError):
+        os.environ["POD_ID"] = f"gpushare-controller@{socket.gethostname()}/{os.getpid()}"
