@@ -276,7 +276,7 @@ class Extender:
         return {n for u in self.view.tenancy(key) if (n := self.view.node_of_gpu(u)) is not None}
 
     def _hold_reason(self, rules: ShareRules) -> str | None:
-        if rules.share is None:
+        if rules.share is None or self.view.share_skips_profiling(rules.namespace, rules.share):
             return None
         status = self.view.share_status(rules.namespace, rules.share)
         return hold_reason(rules, share_status=status)

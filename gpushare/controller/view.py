@@ -18,6 +18,7 @@ from typing import Any
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import ExclusiveWorkload, load_exclusive
+from gpushare.api.gpushare_crd import PROFILING_SKIP
 from gpushare.api.inventory import GpuInfo, load_inventory
 from gpushare.api.names import (
     ANN_NODE_EXCLUSIVE,
@@ -99,6 +100,7 @@ class ClusterView:
         self._rules: dict[str, ShareRules] = {}
         self._blockers: set[str] = set()
         self._share_status: dict[str, Mapping[str, Any]] = {}
+        self._shares_without_profiling: set[str] = set()
         self.shares_synced = False
         self.listeners: list[Callable[[str, str], None]] = []
         """Called with (kind, key) after a node or pod changed; kind is "node" or "pod"."""
@@ -443,15 +445,30 @@ class ClusterView:
         status = share.get("status")
         key = f"{meta.get('namespace') or 'default'}/{meta['name']}"
         self._share_status[key] = dict(status) if isinstance(status, Mapping) else {}
+        spec = share.get("spec")
+        profiling = spec.get("profiling") if isinstance(spec, Mapping) else None
+        mode = profiling.get("mode") if isinstance(profiling, Mapping) else None
+        if mode == PROFILING_SKIP:
+            self._shares_without_profiling.add(key)
+        else:
+            self._shares_without_profiling.discard(key)
+
+    def share_skips_profiling(self, namespace: str, name: str) -> bool:
+        """The GpuShare asks for no profiling (``spec.profiling.mode: skip``): its pods are
+        never held back for a profiling run."""
+        return f"{namespace}/{name}" in self._shares_without_profiling
 
     def delete_share(self, share: Mapping[str, Any]) -> None:
         meta = share.get("metadata")
         if isinstance(meta, Mapping):
-            self._share_status.pop(f"{meta.get('namespace') or 'default'}/{meta.get('name')}", None)
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            self._share_status.pop(key, None)
+            self._shares_without_profiling.discard(key)
 
     def replace_shares(self, shares: Iterable[Mapping[str, Any]]) -> None:
         """A full list: shares missing from it are gone."""
         self._share_status.clear()
+        self._shares_without_profiling.clear()
         for share in shares:
             self.upsert_share(share)
         self.shares_synced = True

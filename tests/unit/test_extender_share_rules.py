@@ -117,6 +117,21 @@ def test_a_pod_of_a_share_still_electing_its_profiling_pod_waits_on_every_node()
     assert "nodeName" not in store.pods["default/trainer-1"]["spec"]
 
 
+def test_pods_of_a_share_that_skips_profiling_are_never_held() -> None:
+    """A GpuShare with ``profiling.mode: skip`` has nothing to profile: its pods go straight
+    to placement, even before the operator has written any status."""
+    skipping = {
+        "metadata": {"name": "infer", "namespace": "default"},
+        "spec": {"profiling": {"mode": "skip"}},
+    }
+    ext, store = setup([], [skipping])
+    pod = pod_json("infer-1", fraction="0.25", annotations=governed("infer"))
+    result = filter_pod(ext, pod)
+    assert set(result["NodeNames"]) == {"a", "b"}
+    assert bind(ext, store, pod, "a") == ""
+    assert store.pods["default/infer-1"]["spec"]["nodeName"] == "a"
+
+
 def test_while_profiling_only_the_elected_pod_is_placed_and_after_packing_all_are() -> None:
     ext, store = setup([], [share("trainer", PHASE_PROFILING, "trainer-0")])
     elected = pod_json(
