@@ -22,6 +22,7 @@ from gpushare.api.names import (
     ANN_NODE_GPUS,
     LABEL_MPS_CAPABLE,
     LABEL_SIMULATED,
+    RESOURCE_GPU_PERCENT,
     STATE_ALLOCATED,
 )
 from gpushare.api.placement import parse_placement
@@ -269,8 +270,11 @@ class NodeAgent:
                 continue
             if placement is None or placement.state != STATE_ALLOCATED:
                 continue
+            guaranteed = _guaranteed_percent(pod, gpus=len(placement.gpu_uuids))
             for uuid in placement.gpu_uuids:
-                shares[uuid].append(Share(placement.thread_percent, placement.memory_limit_bytes))
+                shares[uuid].append(
+                    Share(placement.thread_percent, placement.memory_limit_bytes, guaranteed)
+                )
         set_load = getattr(self.backend, "set_load", None)
         if set_load is None:
             return
@@ -349,3 +353,20 @@ class NodeAgent:
                 log.info("leaving MPS daemons running; the next agent adopts them")
             self.backend.close()
             log.info("node agent stopped")
+
+
+def _guaranteed_percent(pod: dict[str, Any], *, gpus: int) -> int | None:
+    """The pod's gpushare.io/gpu-percent per GPU (limits of all containers), None if unset."""
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        value = limits.get(RESOURCE_GPU_PERCENT)
+        if value is None:
+            continue
+        try:
+            total += int(str(value))
+        except ValueError:
+            return None
+    if total <= 0:
+        return None
+    return total // max(1, gpus)

@@ -2,8 +2,10 @@
 
 The simulated backend reports whatever ``set_load`` was last given; the node agent feeds it
 from the pods allocated on each GPU, so dashboards, the exporter and the profiler see load
-move as pods come and go. With ``a`` = the summed active-thread percentage of the running
-pods on the GPU / 100 (capped at 1):
+move as pods come and go. With ``a`` = the summed busy share of the running pods on the GPU /
+100 (capped at 1), where a pod's busy share is its active-thread percentage, or its guaranteed
+``gpushare.io/gpu-percent`` when that is smaller (thread caps may overlap: a latency pod runs
+uncapped while it reserved 30%):
 
 - pipes: tensor and tensor_hmma ``0.55 a``, fp32 ``0.45 a``, integer ``0.25 a``,
   fp16 ``0.10 a``, fp64 ``0.02 a``, tensor_dmma and tensor_imma 0 (a bf16-training-like mix);
@@ -40,6 +42,14 @@ class Share:
 
     thread_percent: int
     memory_limit_bytes: int
+    guaranteed_percent: int | None = None
+    """The pod's gpushare.io/gpu-percent on this GPU, when known."""
+
+    @property
+    def busy_percent(self) -> int:
+        if self.guaranteed_percent is None:
+            return self.thread_percent
+        return min(self.thread_percent, self.guaranteed_percent)
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,7 @@ class Load:
 def simulated_load(gpu: GpuInfo, shares: Iterable[Share]) -> Load:
     """The load formula above, for one GPU."""
     items = list(shares)
-    active = min(1.0, sum(s.thread_percent for s in items) / 100.0)
+    active = min(1.0, sum(s.busy_percent for s in items) / 100.0)
     memory = 0
     for share in items:
         limit = share.memory_limit_bytes or gpu.memory_bytes * share.thread_percent // 100

@@ -532,9 +532,12 @@ def test_saturated_gpu_of_a_latency_pod_evicts_its_newest_batch_pod(
 
     # The simulated GPU's busiest pipe follows the threads placed on it (gpushare.node.load);
     # saturation is set between the load without and with the newest batch pod.
+    # A pod counts its thread percentage, or its guaranteed share when smaller (the latency
+    # pod runs uncapped on a 30 % share).
     weight = PIPE_WEIGHTS["tensor"]
-    before = weight * min(1.0, (infer_threads + threads_a) / 100)
-    after = weight * min(1.0, (infer_threads + threads_a + threads_b) / 100)
+    infer_busy, a_busy, b_busy = min(infer_threads, 30), min(threads_a, 40), min(threads_b, 30)
+    before = weight * min(1.0, (infer_busy + a_busy) / 100)
+    after = weight * min(1.0, (infer_busy + a_busy + b_busy) / 100)
     assert after > before
     threshold = (before + after) / 2
     guard = OperatorProcess(
