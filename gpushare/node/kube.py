@@ -8,12 +8,13 @@ Kubernetes through this class (import-linter enforces it).
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from lightkube import Client, KubeConfig
+import httpx2
+from lightkube import ApiError, Client, KubeConfig
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node, Pod
@@ -93,10 +94,15 @@ class NodeKube:
 
     def raw_node_pods(self) -> list[dict[str, Any]]:
         """Manifests of the pods bound to this node, read fresh from the API server."""
-        pods = [
-            p.to_dict()
-            for p in self.client.list(Pod, namespace="*", fields={"spec.nodeName": self.node_name})
-        ]
+        pods = _retry_transient(
+            lambda: [
+                p.to_dict()
+                for p in self.client.list(
+                    Pod, namespace="*", fields={"spec.nodeName": self.node_name}
+                )
+            ],
+            what="list this node's pods",
+        )
         self._last_pods, self._last_pods_time = pods, time.monotonic()
         return pods
 
@@ -110,12 +116,15 @@ class NodeKube:
         return [pod_info(p) for p in self.raw_node_pods()]
 
     def mark_allocated(self, pod: PodInfo) -> None:
-        self.client.patch(
-            Pod,
-            pod.name,
-            {"metadata": {"annotations": {ANN_STATE: STATE_ALLOCATED}}},
-            namespace=pod.namespace,
-            patch_type=PatchType.MERGE,
+        _retry_transient(
+            lambda: self.client.patch(
+                Pod,
+                pod.name,
+                {"metadata": {"annotations": {ANN_STATE: STATE_ALLOCATED}}},
+                namespace=pod.namespace,
+                patch_type=PatchType.MERGE,
+            ),
+            what=f"mark {pod.namespace}/{pod.name} allocated",
         )
 
     def annotate_pod(self, *, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
@@ -183,3 +192,28 @@ class NodeKube:
 
     def close(self) -> None:
         self.client.close()
+
+
+T = TypeVar("T")
+TRANSIENT_RETRY_S = 20.0
+"""How long Allocate's API calls ride out an API server restart before failing the pod: the
+kubelet admits pods while the API server is down, and failing Allocate then loses the pod."""
+
+
+def _retry_transient(call: Callable[[], T], *, what: str) -> T:
+    """Run ``call``, retrying connection errors and 429/5xx answers for TRANSIENT_RETRY_S."""
+    deadline = time.monotonic() + TRANSIENT_RETRY_S
+    delay = 0.2
+    while True:
+        try:
+            return call()
+        except (httpx2.TransportError, OSError, ApiError) as exc:
+            status = exc.status.code if isinstance(exc, ApiError) else None
+            transient = status is None or status == 429 or (status or 0) >= 500
+            if not transient or time.monotonic() + delay > deadline:
+                raise
+            log.warning(
+                "API server unavailable; retrying", extra={"action": what, "error": str(exc)}
+            )
+            time.sleep(delay)
+            delay = min(2.0, delay * 2)
