@@ -269,13 +269,20 @@ def steer(
 ) -> tuple[list[str], str | None]:
     """GetPreferredAllocation: ``size`` slice IDs from ``available`` (``must_include`` first),
     taken from the GPU(s) the scheduler chose for the oldest waiting pod that fits there, else
-    a best fit. Returns the IDs and the pod steered for (None for a best fit)."""
+    a best fit. Returns the IDs and the pod steered for (None for a best fit).
+
+    Pods that asked for exactly ``size`` slices in one container are tried first: with pods of
+    several sizes waiting on one node, the kubelet's request for 30 slices is for a 30-slice
+    pod, and steering it to an older 50-slice pod's GPU would make Allocate derive a placement.
+    """
     free = group_by_gpu(available)
     must = list(dict.fromkeys(must_include))
     must_gpus = set(group_by_gpu(must))
     target: list[str] | None = None
     steered: str | None = None
-    for cand in waiting_pods(pods, skip=skip):
+    waiting = waiting_pods(pods, skip=skip)
+    sized = [c for c in waiting if size in c.pod.requested_slices]
+    for cand in sized + [c for c in waiting if c not in sized]:
         if cand.placement is None:
             continue
         gpus = list(cand.placement.gpu_uuids)

@@ -1,5 +1,6 @@
 """GetPreferredAllocation: the kubelet is steered to slices of the GPU the scheduler chose."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -85,3 +86,14 @@ def test_device_ids_round_trip_and_bad_ids_name_the_format() -> None:
         parse_device_id(f"{GPU_A}::100")
     with pytest.raises(InvalidInputError, match="not a gpushare slice ID"):
         parse_device_id(GPU_A)
+
+
+def test_a_waiting_pod_of_the_requested_size_is_steered_before_an_older_pod_of_another() -> None:
+    available = slice_ids(GPU_A) + slice_ids(GPU_B)
+    older = replace(waiting("big", GPU_A, 0), requested_slices=(50,))
+    younger = replace(waiting("small", GPU_B, 9), requested_slices=(30,))
+    chosen, steered = steer(available, [], 30, [older, younger])
+    assert gpus_of(chosen) == {GPU_B} and steered == "ns/small"
+    # With no pod of that size waiting, the oldest pod still decides.
+    chosen, steered = steer(available, [], 20, [older, younger])
+    assert gpus_of(chosen) == {GPU_A} and steered == "ns/big"
