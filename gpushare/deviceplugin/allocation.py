@@ -7,6 +7,12 @@ the scheduler's placement annotations: bound to this node, still Pending, not ye
 bind-time first. The request size only breaks ties between such pods; it never picks a pod on
 its own.
 
+A kubelet that dies between our Allocate answer and its checkpoint asks again, for the same pod,
+after it restarts; that pod is already ``allocated``. So a pod ``allocated`` under an earlier
+kubelet, still Pending with no container ever started, which the current kubelet holds no slices
+for (its pod-resources API), waits again with its own placement (``forgotten_pods``); the
+slices it had are offered again first (``steer``).
+
 With no such pod (a pod not placed by gpushare-scheduler, or annotations that arrive late),
 a safe placement is derived from the slice IDs: the GPU they belong to, an active-thread
 percentage equal to the slice count, and the same share of the GPU's memory; the caller
@@ -38,6 +44,7 @@ from gpushare.api.names import (
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.api.request import parse_class
 from gpushare.deviceplugin.devices import device_id, group_by_gpu
+from gpushare.deviceplugin.holdings import Answer, AnswerBook
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +73,9 @@ class PodInfo:
     requested_slices: tuple[int, ...] = ()
     """gpu-percent slices asked for by each container that asks for any, in spec order."""
     created: datetime | None = None
+    started: bool = False
+    """Some container of the pod has been created or has run (a container ID, a running or
+    terminated state, or a restart): the kubelet admitted it for good."""
 
     @property
     def key(self) -> str:
@@ -158,13 +168,20 @@ def _epoch() -> datetime:
     return datetime.fromtimestamp(0, tz=UTC)
 
 
-def _candidate(pod: PodInfo) -> WaitingPod | None:
+def _candidate(pod: PodInfo, again: AbstractSet[str] = frozenset()) -> WaitingPod | None:
     """A pod with a gpushare placement that is still waiting for its Allocate; else None.
 
     Only Pending pods wait: a pod whose containers run was admitted long ago, whatever its
-    state annotation says (a stale ``assumed`` must not capture other pods' slices)."""
+    state annotation says (a stale ``assumed`` must not capture other pods' slices). A pod in
+    ``again`` (forgotten by a restarted kubelet) waits whatever its state."""
     if pod.phase != "Pending" or ANN_GPU_UUID not in pod.annotations:
         return None
+    if pod.uid in again:
+        try:
+            placement = parse_placement(pod.annotations)
+        except InvalidInputError:
+            return None
+        return None if placement is None else WaitingPod(pod, placement, None, placement.bind_time)
     try:
         placement = parse_placement(pod.annotations)
     except InvalidInputError as exc:
@@ -223,11 +240,51 @@ class AllocationContext:
     """Also set NVIDIA_VISIBLE_DEVICES, for nodes whose runtime injects the driver from it."""
 
 
+def suspect_pods(
+    pods: Iterable[PodInfo], *, answers: Mapping[str, Answer], kubelet: str | None
+) -> list[PodInfo]:
+    """Pods the running kubelet may have forgotten: allocated (by the annotation, or by an
+    answer of ours whose mark may not show yet), still Pending, no container ever started, a
+    placement that parses, and not answered (or confirmed held) under this very kubelet.
+
+    Only these need the kubelet's pod-resources answer; any other pod cannot come back."""
+    found = []
+    for pod in pods:
+        answer = answers.get(pod.uid)
+        if pod.phase != "Pending" or pod.started or ANN_GPU_UUID not in pod.annotations:
+            continue
+        if pod.annotations.get(ANN_STATE) != STATE_ALLOCATED and answer is None:
+            continue
+        if answer is not None and kubelet is not None and answer.kubelet == kubelet:
+            continue
+        try:
+            if parse_placement(pod.annotations) is None:
+                continue
+        except InvalidInputError:
+            continue
+        found.append(pod)
+    return found
+
+
+def forgotten_pods(
+    suspects: Iterable[PodInfo], held: Mapping[str, tuple[str, ...]]
+) -> frozenset[str]:
+    """UIDs of the suspects the kubelet holds no slices for (``held``: namespace/name -> slice
+    IDs, from its pod-resources API): their Allocate will come again."""
+    return frozenset(p.uid for p in suspects if p.key not in held)
+
+
 def waiting_pods(
-    pods: Iterable[PodInfo], *, skip: AbstractSet[str] = frozenset()
+    pods: Iterable[PodInfo],
+    *,
+    skip: AbstractSet[str] = frozenset(),
+    again: AbstractSet[str] = frozenset(),
 ) -> list[WaitingPod]:
-    """Pods with a placement still waiting for their Allocate, oldest bind-time first."""
-    found = [c for p in pods if p.uid not in skip and (c := _candidate(p))]
+    """Pods with a placement still waiting for their Allocate, oldest bind-time first: assumed
+    pods not in ``skip``, and the forgotten pods in ``again``."""
+    found = [
+        c for p in pods if (p.uid not in skip or p.uid in again) and (c := _candidate(p, again))
+    ]
     return sorted(found, key=lambda c: (c.order, c.pod.key))
 
 
@@ -237,23 +294,34 @@ def select_pod(
     gpus: AbstractSet[str],
     sizes: tuple[int, ...],
     skip: AbstractSet[str] = frozenset(),
+    again: AbstractSet[str] = frozenset(),
+    previous: Mapping[str, tuple[str, ...]] | None = None,
+    devices: AbstractSet[str] = frozenset(),
 ) -> tuple[PodInfo, Placement] | None:
     """The pod an Allocate for slices of ``gpus`` is for: placed on exactly those GPUs, state
-    assumed, oldest bind-time; among those, pods whose per-container requests equal ``sizes``
-    go first (size breaks ties, it never selects on its own). None when no pod waits there.
+    assumed (or forgotten by a restarted kubelet: ``again``), oldest bind-time; among those,
+    pods whose per-container requests equal ``sizes`` go first (size breaks ties, it never
+    selects on its own), then a forgotten pod whose earlier answer (``previous``: uid -> slice
+    IDs) covered exactly ``devices``. None when no pod waits there.
 
     Raises MalformedPlacementError when the pod it lands on carries malformed annotations.
     """
     matching = [
         c
-        for c in waiting_pods(pods, skip=skip)
+        for c in waiting_pods(pods, skip=skip, again=again)
         if (c.placement is not None and frozenset(c.placement.gpu_uuids) == gpus)
         or (c.placement is None and _raw_gpus(c.pod) == gpus)
     ]
     if not matching:
         return None
-    sized = [c for c in matching if c.pod.requested_slices == sizes]
-    best = (sized or matching)[0]
+    earlier = previous or {}
+    wanted = tuple(sorted(devices))
+
+    def rank(c: WaitingPod) -> tuple[bool, bool]:
+        same = bool(wanted) and c.pod.uid in again and earlier.get(c.pod.uid) == wanted
+        return c.pod.requested_slices != sizes, not same
+
+    best = min(matching, key=rank)  # min is stable: oldest bind-time within a rank
     if best.error is not None or best.placement is None:
         raise MalformedPlacementError(best.pod, f"pod {best.pod.key}: {best.error}")
     return best.pod, best.placement
@@ -266,10 +334,14 @@ def steer(
     pods: Iterable[PodInfo],
     *,
     skip: AbstractSet[str] = frozenset(),
+    again: AbstractSet[str] = frozenset(),
+    previous: Mapping[str, tuple[str, ...]] | None = None,
 ) -> tuple[list[str], str | None]:
     """GetPreferredAllocation: ``size`` slice IDs from ``available`` (``must_include`` first),
     taken from the GPU(s) the scheduler chose for the oldest waiting pod that fits there, else
-    a best fit. Returns the IDs and the pod steered for (None for a best fit).
+    a best fit. Returns the IDs and the pod steered for (None for a best fit). A pod forgotten
+    by a restarted kubelet (``again``) gets the very slices its earlier answer covered
+    (``previous``: uid -> slice IDs) when they are all still available.
 
     Pods that asked for exactly ``size`` slices in one container are tried first: with pods of
     several sizes waiting on one node, the kubelet's request for 30 slices is for a 30-slice
@@ -280,11 +352,15 @@ def steer(
     must_gpus = set(group_by_gpu(must))
     target: list[str] | None = None
     steered: str | None = None
-    waiting = waiting_pods(pods, skip=skip)
+    waiting = waiting_pods(pods, skip=skip, again=again)
     sized = [c for c in waiting if size in c.pod.requested_slices]
+    offered = set(available)
     for cand in sized + [c for c in waiting if c not in sized]:
         if cand.placement is None:
             continue
+        same = (previous or {}).get(cand.pod.uid, ()) if cand.pod.uid in again else ()
+        if len(same) == size and offered.issuperset(same) and set(must) <= set(same):
+            return list(same), cand.pod.key
         gpus = list(cand.placement.gpu_uuids)
         if must_gpus - set(gpus):
             continue
@@ -455,7 +531,14 @@ class Allocator:
         device_nodes: Callable[[str], list[DeviceNode]] | None = None,
         nvidia_runtime_env: bool = False,
         retry_delays_s: Sequence[float] = (0.2, 0.5),
+        kubelet: Callable[[], str | None] | None = None,
+        held: Callable[[], Mapping[str, tuple[str, ...]]] | None = None,
+        answers: AnswerBook | None = None,
     ) -> None:
+        """``kubelet`` names the running kubelet (holdings.kubelet_identity), ``held`` asks it
+        which pods hold our slices (holdings.kubelet_held), ``answers`` remembers what each
+        Allocate answered. Without ``held`` a restarted kubelet's repeated Allocate is not
+        recognised."""
         self.node_name = node_name
         self.gpus = gpus
         self.pods = pods
@@ -468,6 +551,14 @@ class Allocator:
         # Pods this process already allocated or refused, in case the API server has not yet
         # shown our annotation patch (or the kubelet's Failed phase) when the next call comes.
         self._handled: dict[str, float] = {}
+        self.kubelet = kubelet or (lambda: None)
+        self.held = held
+        self.answers = answers or AnswerBook()
+        now = time.monotonic()
+        for uid in self.answers.all():
+            self._handled[uid] = now
+        self.reallocations = 0
+        """Allocate calls answered again for a pod a restarted kubelet had forgotten."""
 
     def _context(self) -> AllocationContext:
         return AllocationContext(
@@ -492,6 +583,36 @@ class Allocator:
         except Exception as exc:
             log.error("could not record Event %s: %s", reason, exc)
 
+    def _forgotten(self, pods: Sequence[PodInfo]) -> frozenset[str]:
+        """UIDs of allocated pods the running kubelet holds nothing for (it died before its
+        checkpoint): their Allocate comes again. Asks the kubelet only when some pod could be
+        one; pods it does hold are confirmed so that it is not asked about them again."""
+        if self.held is None:
+            return frozenset()
+        kubelet = self.kubelet()
+        suspects = suspect_pods(pods, answers=self.answers.all(), kubelet=kubelet)
+        if not suspects:
+            return frozenset()
+        try:
+            held = self.held()
+        except Exception as exc:
+            log.warning(
+                "pod-resources List failed (%s); cannot check %d pod(s)", exc, len(suspects)
+            )
+            return frozenset()
+        forgotten = forgotten_pods(suspects, held)
+        if kubelet is not None:
+            self.answers.confirm(
+                {p.uid: (p.key, held[p.key]) for p in suspects if p.key in held}, kubelet
+            )
+        if forgotten:
+            names = ", ".join(p.key for p in suspects if p.uid in forgotten)
+            log.info("kubelet holds no slices for allocated pod(s) %s: they wait again", names)
+        return forgotten
+
+    def _previous(self, uids: AbstractSet[str]) -> dict[str, tuple[str, ...]]:
+        return {uid: a.devices for uid in uids if (a := self.answers.get(uid)) is not None}
+
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
@@ -501,7 +622,16 @@ class Allocator:
             except Exception as exc:  # the API server is not essential for a hint
                 log.warning("GetPreferredAllocation: listing pods failed (%s); best fit", exc)
                 pods = []
-            chosen, steered = steer(available, must_include, size, pods, skip=set(self._handled))
+            again = self._forgotten(pods)
+            chosen, steered = steer(
+                available,
+                must_include,
+                size,
+                pods,
+                skip=set(self._handled),
+                again=again,
+                previous=self._previous(again),
+            )
         if steered:
             log.info("GetPreferredAllocation: %d slice(s) steered for pod %s", size, steered)
         return chosen
@@ -518,14 +648,25 @@ class Allocator:
                     )
         wanted = frozenset(u for g in groups for u in g)
         sizes = tuple(sum(len(s) for s in g.values()) for g in groups)
+        devices = frozenset(d for ids in container_requests for d in ids)
         with self._lock:
             found = None
             pods: list[PodInfo] = []
+            again: frozenset[str] = frozenset()
             for delay in (0.0, *self.retry_delays_s):
                 time.sleep(delay)
                 pods = self.pods.list_node_pods()
+                again = self._forgotten(pods)
                 try:
-                    found = select_pod(pods, gpus=wanted, sizes=sizes, skip=set(self._handled))
+                    found = select_pod(
+                        pods,
+                        gpus=wanted,
+                        sizes=sizes,
+                        skip=set(self._handled),
+                        again=again,
+                        previous=self._previous(again),
+                        devices=devices,
+                    )
                 except MalformedPlacementError as exc:
                     self._remember(exc.pod)
                     raise
@@ -538,6 +679,11 @@ class Allocator:
                 return [allocation for allocation, _ in answers]
             pod, placement = found
             self._remember(pod)
+            repeated = pod.uid in again
+            self.answers.record(
+                Answer(pod.uid, pod.key, tuple(sorted(devices)), self.kubelet(), time.time()),
+                live=[p.uid for p in pods],
+            )
             result = []
             for _ in groups:
                 neighbours = allocated_neighbours(
@@ -547,6 +693,20 @@ class Allocator:
                 if warning:
                     self._event(pod, "GpushareUidUnchecked", warning)
                 result.append(allocation)
+        if repeated:
+            self.reallocations += 1
+            message = (
+                f"the kubelet restarted before recording this pod's slices and asked again; "
+                f"gave it its own placement again (GPU {', '.join(placement.gpu_uuids)}, "
+                f"active-thread percentage {placement.thread_percent})"
+            )
+            log.warning("pod %s: %s", pod.key, message)
+            try:
+                self.pods.record_event(
+                    pod=pod, reason="GpushareAllocatedAgain", message=message, warning=False
+                )
+            except Exception as exc:
+                log.error("could not record Event GpushareAllocatedAgain: %s", exc)
         try:
             self.pods.mark_allocated(pod)
         except Exception as exc:

@@ -28,7 +28,14 @@ from gpushare.api.names import (
 from gpushare.api.placement import parse_placement
 from gpushare.deviceplugin.allocation import Allocator, DeviceNode, PodSource
 from gpushare.deviceplugin.health import DeviceHealth
-from gpushare.deviceplugin.plugin import DEFAULT_ENDPOINT, PluginRunner
+from gpushare.deviceplugin.holdings import (
+    STATE_DIR,
+    STATE_FILE,
+    AnswerBook,
+    kubelet_held,
+    kubelet_identity,
+)
+from gpushare.deviceplugin.plugin import DEFAULT_ENDPOINT, KUBELET_SOCKET, PluginRunner
 from gpushare.deviceplugin.server import DevicePluginServicer
 from gpushare.gpu.backend import GpuBackend, HealthEvent
 from gpushare.mps.manager import MpsManager, ShmMode
@@ -62,6 +69,10 @@ class AgentSettings:
     """0 picks a free port (logged)."""
     pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     """The kubelet's pod-resources socket, for the exporter's per-container attribution."""
+    allocation_state_file: Path | None = None
+    """Where the device plugin keeps what each Allocate answered, across agent restarts
+    (None: ``<device_plugin_dir>/gpushare/allocations.json``; a subdirectory, since a new
+    kubelet deletes the plain files in its directory)."""
     pod_refresh_s: float = 5.0
     """How often the pods on this node are re-read for publishing, loads and metrics."""
     mps_check_s: float = 10.0
@@ -110,7 +121,15 @@ class NodeAgent:
             on_change=self._mps_changed,
         )
         pods: PodSource = kube
+        kubelet_socket = settings.device_plugin_dir / KUBELET_SOCKET
+        pod_resources = settings.pod_resources_socket
         self.allocator = Allocator(
+            kubelet=lambda: kubelet_identity(kubelet_socket),
+            held=(lambda: kubelet_held(socket_path=pod_resources)) if pod_resources else None,
+            answers=AnswerBook(
+                path=settings.allocation_state_file
+                or settings.device_plugin_dir / STATE_DIR / STATE_FILE
+            ),
             node_name=settings.node_name,
             gpus=self.inventory,
             pods=pods,
@@ -184,6 +203,7 @@ class NodeAgent:
             "registrations": float(self.runner.registrations),
             "allocations": float(sum(s.allocations for s in self._servicers)),
             "allocation_failures": float(sum(s.allocation_failures for s in self._servicers)),
+            "reallocations": float(self.allocator.reallocations),
             "healthy_gpus": float(sum(state.values())),
         }
 

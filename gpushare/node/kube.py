@@ -67,6 +67,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     elif created_text:
         created = datetime.fromisoformat(str(created_text).replace("Z", "+00:00"))
     return PodInfo(
+        started=_started(status),
         namespace=str(metadata.get("namespace", "")),
         name=str(metadata.get("name", "")),
         uid=str(metadata.get("uid", "")),
@@ -76,6 +77,22 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         requested_slices=tuple(requested),
         created=created,
     )
+
+
+def _started(status: Mapping[str, Any]) -> bool:
+    """Whether any container (init containers included) was ever created or run."""
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(key) or []:
+            state = container.get("state") or {}
+            if (
+                container.get("containerID")
+                or state.get("running")
+                or state.get("terminated")
+                or (container.get("lastState") or {}).get("terminated")
+                or int(container.get("restartCount") or 0) > 0
+            ):
+                return True
+    return False
 
 
 class NodeKube:

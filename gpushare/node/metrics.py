@@ -111,6 +111,11 @@ class AgentCollector(Collector):
                 "allocation_failures",
                 "Allocate calls refused or failed.",
             ),
+            (
+                "gpushare_deviceplugin_reallocations",
+                "reallocations",
+                "Allocate calls answered again for a pod a restarted kubelet had not recorded.",
+            ),
         ):
             counter = CounterMetricFamily(name, help_text, labels=["node", "simulated"])
             counter.add_metric([self.node_name, simulated], float(values.get(key, 0)))

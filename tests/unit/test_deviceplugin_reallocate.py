@@ -1,0 +1,301 @@
+"""A kubelet killed between our Allocate answer and its checkpoint asks again for the same pod
+after it restarts. The pod must get its own placement again, and the pods after it theirs."""
+
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from gpushare.api.inventory import GpuInfo
+from gpushare.api.names import (
+    ANN_BIND_TIME,
+    ANN_GPU_UUID,
+    ANN_MEMORY_LIMIT,
+    ANN_STATE,
+    ANN_THREAD_PERCENT,
+    STATE_ALLOCATED,
+)
+from gpushare.deviceplugin.allocation import (
+    Allocator,
+    PodInfo,
+    forgotten_pods,
+    select_pod,
+    steer,
+    suspect_pods,
+)
+from gpushare.deviceplugin.devices import device_id, slice_ids
+from gpushare.deviceplugin.holdings import Answer, AnswerBook
+from gpushare.mps.manager import MpsManager
+from gpushare.node.kube import pod_info
+
+GIB = 2**30
+GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+GPU_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+OLD, NEW = "11:100", "12:200"  # kubelet identities before and after the restart
+
+
+def pod(
+    name: str,
+    gpus: str = GPU_A,
+    *,
+    bind_s: int = 0,
+    threads: int = 10,
+    state: str = "assumed",
+    phase: str = "Pending",
+    started: bool = False,
+) -> PodInfo:
+    return PodInfo(
+        namespace="team",
+        name=name,
+        uid=f"uid-{name}",
+        annotations={
+            ANN_GPU_UUID: gpus,
+            ANN_THREAD_PERCENT: str(threads),
+            ANN_MEMORY_LIMIT: str(threads * GIB),
+            ANN_BIND_TIME: (T0 + timedelta(seconds=bind_s)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            ANN_STATE: state,
+        },
+        phase=phase,
+        requested_slices=(threads,),
+        created=T0,
+        started=started,
+    )
+
+
+def answer(p: PodInfo, kubelet: str, devices: tuple[str, ...] = ()) -> Answer:
+    return Answer(p.uid, p.key, devices, kubelet, 0.0)
+
+
+# --- which pods the kubelet may have forgotten --------------------------------------------
+
+
+def test_an_allocated_pod_answered_under_an_earlier_kubelet_is_suspect() -> None:
+    x = pod("x", state=STATE_ALLOCATED)
+    assert suspect_pods([x], answers={x.uid: answer(x, OLD)}, kubelet=NEW) == [x]
+    assert suspect_pods([x], answers={x.uid: answer(x, NEW)}, kubelet=NEW) == []
+
+
+def test_an_allocated_pod_no_answer_of_this_agent_covers_is_suspect() -> None:
+    """An agent restarted without its state file cannot tell which kubelet it was."""
+    x = pod("x", state=STATE_ALLOCATED)
+    assert suspect_pods([x], answers={}, kubelet=NEW) == [x]
+
+
+def test_started_running_or_waiting_pods_are_never_suspect() -> None:
+    pods = [
+        pod("started", state=STATE_ALLOCATED, started=True),
+        pod("running", state=STATE_ALLOCATED, phase="Running"),
+        pod("assumed"),  # waits anyway; not allocated by anyone
+    ]
+    assert suspect_pods(pods, answers={}, kubelet=NEW) == []
+
+
+def test_our_answer_counts_before_the_allocated_mark_shows() -> None:
+    x = pod("x")  # the API server does not show our allocated patch yet
+    assert suspect_pods([x], answers={x.uid: answer(x, OLD)}, kubelet=NEW) == [x]
+
+
+def test_the_suspects_the_kubelet_holds_slices_for_are_not_forgotten() -> None:
+    x, y = pod("x", state=STATE_ALLOCATED), pod("y", state=STATE_ALLOCATED)
+    held = {y.key: (device_id(GPU_A, 0),)}
+    assert forgotten_pods([x, y], held) == {x.uid}
+
+
+# --- select and steer ---------------------------------------------------------------------
+
+
+def test_a_forgotten_pod_gets_its_own_placement_not_the_next_pods() -> None:
+    """The bug: the plugin skipped the allocated pod and handed it the next assumed pod's."""
+    x = pod("x", bind_s=0, threads=10, state=STATE_ALLOCATED)
+    y = pod("y", bind_s=1, threads=10)
+    found = select_pod([x, y], gpus=frozenset({GPU_A}), sizes=(10,), skip={x.uid}, again={x.uid})
+    assert found is not None and found[0].name == "x"
+    # Without the kubelet's word the old choice stands: y waits, x does not.
+    found = select_pod([x, y], gpus=frozenset({GPU_A}), sizes=(10,), skip={x.uid})
+    assert found is not None and found[0].name == "y"
+
+
+def test_a_forgotten_pod_of_another_size_does_not_take_a_waiting_pods_slices() -> None:
+    x = pod("x", bind_s=0, threads=20, state=STATE_ALLOCATED)
+    y = pod("y", bind_s=1, threads=10)
+    found = select_pod([x, y], gpus=frozenset({GPU_A}), sizes=(10,), again={x.uid})
+    assert found is not None and found[0].name == "y"
+
+
+def test_the_same_slices_as_before_pick_the_pod_they_were_answered_for() -> None:
+    x = pod("x", bind_s=1, threads=10, state=STATE_ALLOCATED)
+    w = pod("w", bind_s=2, threads=10, state=STATE_ALLOCATED)
+    before = {x.uid: tuple(slice_ids(GPU_A)[:10]), w.uid: tuple(slice_ids(GPU_A)[10:20])}
+    found = select_pod(
+        [x, w],
+        gpus=frozenset({GPU_A}),
+        sizes=(10,),
+        again={x.uid, w.uid},
+        previous=before,
+        devices=frozenset(before[w.uid]),
+    )
+    assert found is not None and found[0].name == "w"
+
+
+def test_steer_offers_a_forgotten_pod_the_slices_it_had() -> None:
+    x = pod("x", gpus=GPU_B, bind_s=0, threads=10, state=STATE_ALLOCATED)
+    y = pod("y", gpus=GPU_A, bind_s=1, threads=10)
+    had = tuple(slice_ids(GPU_B)[40:50])
+    available = slice_ids(GPU_A) + slice_ids(GPU_B)
+    chosen, steered = steer(
+        available, [], 10, [x, y], skip={x.uid}, again={x.uid}, previous={x.uid: had}
+    )
+    assert (chosen, steered) == (list(had), x.key)
+    # Its old slices taken meanwhile: still its GPU, not the next pod's.
+    chosen, steered = steer(
+        [d for d in available if d not in had[:1]],
+        [],
+        10,
+        [x, y],
+        again={x.uid},
+        previous={x.uid: had},
+    )
+    assert steered == x.key and {c.split("::")[0] for c in chosen} == {GPU_B}
+
+
+# --- the Allocator through a kubelet restart ----------------------------------------------
+
+
+class ApiServer:
+    """The pods bound to the node as the API server stores them (annotations patched)."""
+
+    def __init__(self, pods: list[PodInfo]) -> None:
+        self.pods = {p.uid: p for p in pods}
+        self.events: list[str] = []
+
+    def list_node_pods(self) -> list[PodInfo]:
+        return list(self.pods.values())
+
+    def mark_allocated(self, pod: PodInfo) -> None:
+        current = self.pods[pod.uid]
+        annotations = {**current.annotations, ANN_STATE: STATE_ALLOCATED}
+        self.pods[pod.uid] = replace(current, annotations=annotations)
+
+    def record_event(
+        self, *, pod: PodInfo | None, reason: str, message: str, warning: bool
+    ) -> None:
+        self.events.append(reason)
+
+
+class Kubelet:
+    """What the allocator can see of the kubelet: its identity and what it has checkpointed."""
+
+    def __init__(self) -> None:
+        self.identity = OLD
+        self.held: dict[str, tuple[str, ...]] = {}
+        self.asked = 0
+
+    def list(self) -> Mapping[str, tuple[str, ...]]:
+        self.asked += 1
+        return dict(self.held)
+
+
+def make(tmp_path: Path, api: ApiServer, kubelet: Kubelet, book: AnswerBook) -> Allocator:
+    gpus = [
+        GpuInfo(u, i, "NVIDIA H100 80GB HBM3", 80 * GIB, 132, "9.0", simulated=True)
+        for i, u in enumerate((GPU_A, GPU_B))
+    ]
+    return Allocator(
+        node_name="node-1",
+        gpus=lambda: gpus,
+        pods=api,
+        mps=MpsManager(root=tmp_path / "mps", simulated=True),
+        retry_delays_s=(),
+        kubelet=lambda: kubelet.identity,
+        held=kubelet.list,
+        answers=book,
+    )
+
+
+def allocate(allocator: Allocator, size: int) -> dict[str, str]:
+    ids = allocator.preferred(slice_ids(GPU_A) + slice_ids(GPU_B), [], size)
+    return allocator.allocate([ids])[0].envs
+
+
+@pytest.fixture
+def state_file(tmp_path: Path) -> Path:
+    return tmp_path / "device-plugins" / "gpushare" / "allocations.json"
+
+
+def test_every_pod_keeps_its_placement_through_a_kubelet_restart(
+    tmp_path: Path, state_file: Path
+) -> None:
+    x = pod("x", gpus=GPU_B, bind_s=0, threads=5)
+    y = pod("y", gpus=GPU_A, bind_s=1, threads=5)
+    z = pod("z", gpus=GPU_A, bind_s=2, threads=20)
+    api, kubelet = ApiServer([x, y, z]), Kubelet()
+    allocator = make(tmp_path, api, kubelet, AnswerBook(path=state_file))
+    first = allocate(allocator, 5)
+    assert (first["CUDA_VISIBLE_DEVICES"], first["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]) == (
+        GPU_B,
+        "5",
+    )
+    # The kubelet dies before its checkpoint and comes back: it holds nothing, asks again.
+    kubelet.identity = NEW
+    again = allocate(allocator, 5)
+    assert again == first
+    assert api.events == ["GpushareAllocatedAgain"]
+    assert allocator.reallocations == 1
+    kubelet.held[x.key] = ("checkpointed",)
+    # The next pods get their own placements, not one pod further down the queue.
+    assert allocate(allocator, 5)["CUDA_VISIBLE_DEVICES"] == GPU_A
+    assert allocate(allocator, 20)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"
+
+
+def test_the_kubelet_is_asked_only_while_a_pod_could_be_forgotten(
+    tmp_path: Path, state_file: Path
+) -> None:
+    x, y = pod("x", bind_s=0), pod("y", bind_s=1)
+    api, kubelet = ApiServer([x, y]), Kubelet()
+    allocator = make(tmp_path, api, kubelet, AnswerBook(path=state_file))
+    allocate(allocator, 10)
+    allocate(allocator, 10)
+    assert kubelet.asked == 0  # same kubelet throughout: nothing to ask
+    kubelet.identity = NEW
+    kubelet.held = {x.key: ("a",), y.key: ("b",)}
+    assert allocator.allocate([slice_ids(GPU_A)[50:60]])[0].pod is None  # nobody waits
+    asked = kubelet.asked
+    allocator.allocate([slice_ids(GPU_A)[60:70]])
+    assert kubelet.asked == asked  # both confirmed held by the new kubelet
+
+
+def test_answers_survive_an_agent_restart(tmp_path: Path, state_file: Path) -> None:
+    x, y = pod("x", bind_s=0), pod("y", bind_s=1)
+    api, kubelet = ApiServer([x, y]), Kubelet()
+    allocate(make(tmp_path, api, kubelet, AnswerBook(path=state_file)), 10)
+    saved = json.loads(state_file.read_text())["answers"]
+    assert [(a["pod"], a["kubelet"], len(a["devices"])) for a in saved] == [(x.key, OLD, 10)]
+    # A new agent and a new kubelet; the API server never showed x allocated (mark lost).
+    api.pods[x.uid] = x
+    kubelet.identity = NEW
+    allocator = make(tmp_path, api, kubelet, AnswerBook(path=state_file))
+    envs = allocate(allocator, 10)
+    assert allocator.reallocations == 1 and envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
+    # The kubelet now holds x: y, not x again, gets the next slices.
+    kubelet.held[x.key] = ("checkpointed",)
+    allocator.allocate([slice_ids(GPU_A)[20:30]])
+    assert api.pods[y.uid].annotations[ANN_STATE] == STATE_ALLOCATED
+
+
+def test_an_unreadable_state_file_is_ignored(state_file: Path) -> None:
+    state_file.parent.mkdir(parents=True)
+    state_file.write_text("{not json")
+    assert AnswerBook(path=state_file).all() == {}
+
+
+def test_pod_info_tells_a_started_pod_from_one_never_started() -> None:
+    creating = {"containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    created = {"containerStatuses": [{"containerID": "containerd://1", "state": {"waiting": {}}}]}
+    manifest = {"metadata": {"name": "p", "namespace": "n", "uid": "u"}, "spec": {}}
+    assert not pod_info({**manifest, "status": creating}).started
+    assert pod_info({**manifest, "status": created}).started
+    assert not pod_info(manifest).started
