@@ -10,6 +10,7 @@ checked with gpushare.packing; nothing else is serialized.
 """
 
 import asyncio
+import heapq
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ NO_INVENTORY = (
 )
 
 
+GATE_AVOID_CANDIDATES = 16
+"""Best-scored nodes a filter-time hold looks through for one where the bind would not wait."""
 HOLD_SECONDS = 30.0
 """A share held by filter (``hold_in_filter``) lapses if no bind for the pod comes in time."""
 CACHE_LIMIT = 200_000
@@ -179,7 +182,7 @@ class Extender:
         self.hold_in_filter = hold_in_filter
         """Filter picks the node itself and holds the GPU there until the bind (see docs)."""
         self.hold_seconds = hold_seconds
-        self._node_locks: dict[str, asyncio.Lock] = {}
+        self._node_locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._node_events: dict[str, asyncio.Event] = {}
         view.allocation_listeners.append(self._wake)
         self._verdicts: dict[tuple[str, Demand], tuple[int, str, str]] = {}
@@ -218,7 +221,12 @@ class Extender:
             else:
                 unresolvable[name] = message
         if self.hold_in_filter and passed:
-            passed, failed = self._hold_best(args, key, demand, rules, passed=passed, failed=failed)
+            best = self._hold_best(args, key, demand, rules, passed=passed)
+            if best is not None:
+                # The scheduler reads the reasons for left-out nodes only when no node is left
+                # (for its events and preemption); with one node offered they are dead weight
+                # (hundreds of entries per call to encode and decode), so none are sent.
+                return self._filter_result(args, [best], {}, {})
         if not passed and args.node_names:
             first = args.node_names[0]
             log.info(
@@ -232,28 +240,34 @@ class Extender:
         return self._filter_result(args, passed, failed, unresolvable)
 
     def _hold_best(
-        self,
-        args: ExtenderArgs,
-        key: str,
-        demand: Demand,
-        rules: ShareRules,
-        *,
-        passed: list[str],
-        failed: dict[str, str],
-    ) -> tuple[list[str], dict[str, str]]:
+        self, args: ExtenderArgs, key: str, demand: Demand, rules: ShareRules, *, passed: list[str]
+    ) -> str | None:
         """Pick the policy's best node among ``passed``, hold the GPU(s) there for the pod now,
-        and offer only that node. Later pods are filtered against the hold, so they do not
-        collide with this one at bind time (kube-scheduler binds asynchronously). The price:
-        the scheduler's own scores cannot pick among GPU-feasible nodes any more."""
+        and return it (None when nothing could be held). Later pods are filtered against the
+        hold, so they do not collide with this one at bind time (kube-scheduler binds
+        asynchronously). The price: the scheduler's own scores cannot pick among GPU-feasible
+        nodes any more."""
         own = self._own_nodes(key)
         uncached = own if not rules.constrains_gpus else set(passed)
-        best = max(
-            passed, key=lambda n: self._score(n, key, demand, rules, cached=n not in uncached)
+        ranked = heapq.nsmallest(
+            GATE_AVOID_CANDIDATES,
+            range(len(passed)),
+            key=lambda i: (
+                -self._score(passed[i], key, demand, rules, cached=passed[i] not in uncached),
+                i,
+            ),
         )
+        best = passed[ranked[0]]
+        # Among the best few, prefer a node where the bind will not wait at the allocation
+        # gate behind a pod of the same size (binpack sends back-to-back pods to one node).
+        for i in ranked:
+            if not self._pending_alike(passed[i], key, demand.percent):
+                best = passed[i]
+                break
         node, _ = self._node(best, key, rules)
         assignment = choose_gpus(node, demand, policy=self.policy) if node else None
         if assignment is None:
-            return passed, failed
+            return None
         try:
             self.view.reserve(
                 key=key,
@@ -265,10 +279,17 @@ class Extender:
                 hold_seconds=self.hold_seconds,
             )
         except ReservationError:
-            return passed, failed
-        note = f"gpushare: a GPU on node {best} is held for this pod"
-        others = {n: note for n in passed if n != best}
-        return [best], {**failed, **others}
+            return None
+        return best
+
+    def _pending_alike(self, node: str, key: str, size: int) -> bool:
+        """A bind of this pod to ``node`` would wait at the gate: a pod of the same size is
+        waiting for its Allocate there, or holds a share there from filter and will be."""
+        if self._ambiguous(node, key, size):
+            return True
+        return any(
+            other != key and self._size(other) in (size, -1) for other in self.view.held_on(node)
+        )
 
     def _own_nodes(self, key: str) -> set[str]:
         """Nodes where the pod itself already holds a share (a stale or earlier placement):
@@ -407,27 +428,29 @@ class Extender:
         the placement annotations in it (the API server sets them with ``spec.nodeName`` in one
         update). On failure the hold is rolled back; nothing was written.
 
-        Binds to one node are serialized, and each waits until no other pod on the node is
-        still waiting for its Allocate: the kubelet calls Allocate with device IDs only, so
-        the node agent can only tell which pod it is for when one pod at a time waits there.
+        Binds of pods of one size to one node are serialized, and each waits until no other pod
+        of that size on the node is still waiting for its Allocate: the kubelet calls Allocate
+        with device IDs only, and the node agent tells waiting pods apart by GPU and slice
+        count, so only same-size pods could be mistaken for each other.
         """
         if self.writer is None:
             return {"Error": "gpushare: this extender has no API access and cannot bind"}
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        size = self._size(key)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.gate_seconds
-        lock = self._node_locks.setdefault(args.node, asyncio.Lock())
+        lock = self._node_locks.setdefault((args.node, size), asyncio.Lock())
         try:
             async with asyncio.timeout_at(deadline):
                 await lock.acquire()
         except TimeoutError:
-            waiting = self.view.awaiting_allocation(args.node)
+            waiting = self._ambiguous(args.node, key, size)
             return {
                 "Error": f"gpushare: node {args.node} is busy: {len(waiting)} pod(s) there "
                 "still wait for their GPU allocation; the pod will be retried"
             }
         try:
-            key = f"{args.pod_namespace}/{args.pod_name}"
-            waiting = await self._wait_for_allocations(args.node, key, deadline)
+            waiting = await self._wait_for_allocations(args.node, key, size, deadline)
             if waiting:
                 log.warning(
                     "binding while other pods still wait for their allocation",
@@ -443,14 +466,36 @@ class Extender:
         if event is not None:
             event.set()
 
-    async def _wait_for_allocations(self, node: str, key: str, deadline: float) -> list[str]:
-        """Wait (woken by the view, no polling) until no other pod on ``node`` waits for its
-        Allocate, or until ``deadline``; returns those still waiting."""
+    def _size(self, key: str) -> int:
+        """The pod's gpu-percent request as the view knows it (-1 when unknown: such a pod
+        waits for every other pod on the node)."""
+        known = self.view.pod(key)
+        return known.demand.percent if known is not None and known.demand is not None else -1
+
+    def _ambiguous(self, node: str, key: str, size: int) -> list[str]:
+        """Pods on ``node`` still waiting for their Allocate that the node agent could mistake
+        for this one. It tells waiting pods apart by GPU and slice count
+        (deviceplugin.allocation.select_pod), so only pods of the same size, or of unknown
+        size, count."""
+        out: list[str] = []
+        for other in self.view.awaiting_allocation(node, exclude=key):
+            other_size = self._size(other)
+            if size >= 0 and other_size >= 0 and other_size != size:
+                continue
+            out.append(other)
+        return out
+
+    async def _wait_for_allocations(
+        self, node: str, key: str, size: int, deadline: float
+    ) -> list[str]:
+        """Wait (woken by the view, no polling) until no pod on ``node`` that the node agent
+        could mistake for this one waits for its Allocate, or until ``deadline``; returns those
+        still waiting."""
         loop = asyncio.get_running_loop()
         event = self._node_events.setdefault(node, asyncio.Event())
         while True:
             event.clear()
-            waiting = self.view.awaiting_allocation(node, exclude=key)
+            waiting = self._ambiguous(node, key, size)
             remaining = deadline - loop.time()
             if not waiting or remaining <= 0:
                 return waiting
@@ -458,7 +503,7 @@ class Extender:
                 async with asyncio.timeout(remaining):
                     await event.wait()
             except TimeoutError:
-                return self.view.awaiting_allocation(node, exclude=key)
+                return self._ambiguous(node, key, size)
 
     async def _pod_facts(
         self, args: BindingArgs

@@ -87,10 +87,11 @@ class Settings:
     """Longest a bind waits for the pods bound just before it on the same node to get their
     Allocate (kept below kube-scheduler's extender httpTimeout); a bind that cannot even start
     in that time is answered "busy" and retried by the scheduler."""
-    hold_in_filter: bool = False
+    hold_in_filter: bool = True
     """Filter picks the best node itself and holds the GPU there until the bind, offering the
     scheduler that node only: no bind collisions between pods scheduled back to back, at the
-    cost of the scheduler's own scores among GPU-feasible nodes (see docs/scheduling.md)."""
+    cost of the scheduler's own scores among GPU-feasible nodes (see docs/scheduling.md).
+    --no-hold-in-filter lets the scheduler choose among all GPU-feasible nodes."""
     resync_seconds: float = 300.0
     """Re-list pods and nodes this often, as a guard against a missed watch event."""
     operator_enabled: bool = True
@@ -307,7 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--resync-seconds", type=float, default=d.resync_seconds, help=_doc("resync_seconds")
     )
-    g.add_argument("--hold-in-filter", action="store_true", help=_doc("hold_in_filter"))
+    g.add_argument(
+        "--hold-in-filter",
+        action=argparse.BooleanOptionalAction,
+        default=d.hold_in_filter,
+        help=_doc("hold_in_filter"),
+    )
     g.add_argument(
         "--bind-gate-seconds",
         type=float,

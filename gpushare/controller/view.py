@@ -85,6 +85,7 @@ class ClusterView:
         self._pods: dict[str, PodFacts] = {}
         self._reservations: dict[str, Reservation] = {}
         self._reserved_on: dict[str, set[str]] = {}
+        self._held_on: dict[str, set[str]] = {}
         self._tenancy: dict[str, dict[str, Tenant]] = {}
         self._tenants_by_gpu: dict[str, dict[str, Tenant]] = {}
         self._max_gpu_memory = 0
@@ -174,21 +175,28 @@ class ClusterView:
         keys.discard(exclude)
         return sorted(keys)
 
+    def held_on(self, node: str) -> set[str]:
+        """Pods holding a share on ``node`` from filter (``--hold-in-filter``) whose bind has
+        not come yet: they will be waiting for their Allocate there shortly."""
+        return self._held_on.get(node, set())
+
     def _set_reservation(self, res: Reservation) -> None:
         self._drop_reservation(res.key)
         self._reservations[res.key] = res
-        if not res.is_hold:  # a hold's pod is not bound: nothing for the gate to wait for
-            self._reserved_on.setdefault(res.node, set()).add(res.key)
+        # A hold's pod is not bound: nothing for the gate to wait for yet.
+        index = self._held_on if res.is_hold else self._reserved_on
+        index.setdefault(res.node, set()).add(res.key)
 
     def _drop_reservation(self, key: str) -> None:
         res = self._reservations.pop(key, None)
         if res is None:
             return
-        keys = self._reserved_on.get(res.node)
+        index = self._held_on if res.is_hold else self._reserved_on
+        keys = index.get(res.node)
         if keys is not None:
             keys.discard(key)
             if not keys:
-                del self._reserved_on[res.node]
+                del index[res.node]
         self._allocation_progress(res.node)
 
     def _allocation_progress(self, node: str) -> None:

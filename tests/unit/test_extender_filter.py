@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime
 
-from gpushare.api.names import ANN_CLASS, ANN_MEMORY, STATE_ALLOCATED
+from gpushare.api.names import ANN_CLASS, ANN_MEMORY, STATE_ALLOCATED, STATE_ASSUMED
 from gpushare.api.placement import Placement
 from gpushare.controller.extender import Extender, ExtenderArgs, parse_extender_args
 from gpushare.controller.view import ClusterView
@@ -171,8 +171,8 @@ def test_hold_in_filter_offers_one_node_and_the_next_pod_sees_the_held_share() -
     first = ext.filter(args(pod_json("a", fraction="0.5"), ["half", "empty"]))
     assert len(first["NodeNames"]) == 1
     held_on = first["NodeNames"][0]
-    other = "empty" if held_on == "half" else "half"
-    assert "held for this pod" in first["FailedNodes"][other]
+    # Reasons for the nodes left out are only read when none is left: none are sent.
+    assert first["FailedNodes"] == {} and first["FailedAndUnresolvableNodes"] == {}
     assert ext.view.awaiting_allocation(held_on) == []  # nothing bound there yet
     # A second pod filtered before the first one's bind arrives cannot take the held GPU.
     held_gpu = ext.view.reservation("default/a").assignment.gpu_uuids[0]  # type: ignore[union-attr]
@@ -180,3 +180,32 @@ def test_hold_in_filter_offers_one_node_and_the_next_pod_sees_the_held_share() -
     # The hold lapses when no bind comes.
     assert ext.view.expire_holds(now=float("inf")) == ["default/a"]
     assert ext.view.reservation("default/a") is None
+
+
+def test_the_bind_gate_waits_only_for_pods_the_node_agent_could_mistake_for_this_one() -> None:
+    # The node agent tells pods waiting for Allocate apart by GPU and slice count.
+    ext = view_with()
+    waiting = Placement(("E0",), 30, 8 * GIB, NOW, STATE_ASSUMED)
+    ext.view.upsert_pod(pod_json("w30", fraction="0.3", node="empty", placement=waiting))
+    ext.view.upsert_pod(pod_json("same", fraction="0.3"))
+    ext.view.upsert_pod(pod_json("other", fraction="0.4"))
+    assert ext.view.awaiting_allocation("empty") == ["default/w30"]
+    assert ext._ambiguous("empty", "default/same", ext._size("default/same")) == ["default/w30"]
+    assert ext._ambiguous("empty", "default/other", ext._size("default/other")) == []
+    assert ext._ambiguous("empty", "default/unknown", ext._size("default/unknown")) == [
+        "default/w30"
+    ]
+
+
+def test_hold_in_filter_steers_a_pod_away_from_a_node_where_its_bind_would_wait() -> None:
+    # binpack's best node for a 30 % pod is "half"; once a 30 % pod holds a GPU there, the next
+    # 30 % pod would wait at the bind gate behind it (the node agent could confuse the two), so
+    # it is held on the next-best node; a 25 % pod cannot be confused with them and joins.
+    ext = view_with()
+    ext.hold_in_filter = True
+    for name, fraction in (("a", "0.3"), ("b", "0.3"), ("c", "0.25")):
+        ext.view.upsert_pod(pod_json(name, fraction=fraction))
+    assert ext.filter(args(pod_json("a", fraction="0.3"), ALL))["NodeNames"] == ["half"]
+    assert ext.filter(args(pod_json("b", fraction="0.3"), ALL))["NodeNames"] == ["empty"]
+    assert ext.filter(args(pod_json("c", fraction="0.25"), ALL))["NodeNames"] == ["half"]
+    assert ext.view.held_on("half") == {"default/a", "default/c"}

@@ -18,6 +18,9 @@ def test_defaults_listen_on_loopback_where_the_dev_scheduler_calls() -> None:
     assert (s.extender_host, s.extender_port) == ("127.0.0.1", 8888)
     assert s.policy is Policy.BINPACK
     assert s.webhook_enabled and not s.register_webhooks
+    # Filter holds the chosen GPU (no bind collisions between pods scheduled back to back).
+    assert s.hold_in_filter
+    assert not parse_args(["--no-hold-in-filter"]).hold_in_filter
 
 
 def test_flags_reach_the_settings() -> None:
