@@ -10,7 +10,6 @@ checked with gpushare.packing; nothing else is serialized.
 """
 
 import asyncio
-import heapq
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,8 +43,6 @@ NO_INVENTORY = (
 )
 
 
-GATE_AVOID_CANDIDATES = 16
-"""Best-scored nodes a filter-time hold looks through for one where the bind would not wait."""
 HOLD_SECONDS = 30.0
 """A share held by filter (``hold_in_filter``) lapses if no bind for the pod comes in time."""
 CACHE_LIMIT = 200_000
@@ -249,21 +246,17 @@ class Extender:
         nodes any more."""
         own = self._own_nodes(key)
         uncached = own if not rules.constrains_gpus else set(passed)
-        ranked = heapq.nsmallest(
-            GATE_AVOID_CANDIDATES,
-            range(len(passed)),
-            key=lambda i: (
-                -self._score(passed[i], key, demand, rules, cached=passed[i] not in uncached),
-                i,
-            ),
-        )
-        best = passed[ranked[0]]
-        # Among the best few, prefer a node where the bind will not wait at the allocation
-        # gate behind a pod of the same size (binpack sends back-to-back pods to one node).
-        for i in ranked:
-            if not self._pending_alike(passed[i], key, demand.percent):
-                best = passed[i]
-                break
+        scores = [self._score(n, key, demand, rules, cached=n not in uncached) for n in passed]
+        # Prefer the best node where the bind will not wait at the allocation gate behind a
+        # pod of the same size (binpack sends back-to-back pods to one node; on a busy
+        # cluster, hundreds of pods wait for their Allocate at any moment).
+        clear = [
+            i
+            for i, n in enumerate(passed)
+            if not self.view.has_pending(n) or not self._pending_alike(n, key, demand.percent)
+        ]
+        pick = max(clear or range(len(passed)), key=lambda i: (scores[i], -i))
+        best = passed[pick]
         node, _ = self._node(best, key, rules)
         assignment = choose_gpus(node, demand, policy=self.policy) if node else None
         if assignment is None:

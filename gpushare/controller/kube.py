@@ -7,14 +7,17 @@ Binding for the extender, and registers the admission webhooks.
 import asyncio
 import gc
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
+import aiohttp
 import httpx2
 import msgspec
 from lightkube import ALL_NS, ApiError, AsyncClient
-from lightkube.config.kubeconfig import KubeConfig
+from lightkube.config.client_adapter import verify_cluster
+from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
@@ -50,12 +53,159 @@ def _wrap(exc: Exception, what: str) -> KubeError:
     return KubeError(f"{what}: {type(exc).__name__}: {exc}")
 
 
+TOKEN_REREAD_SECONDS = 60.0
+"""A token file (in-cluster service account, rotated by the kubelet) is read again this often."""
+_decode = msgspec.json.Decoder()
+_encode = msgspec.json.Encoder()
+
+
+class RawApi:
+    """JSON over one aiohttp session, for the hot paths: the pod and node watches and the
+    Binding POST. At hundreds of pods a second, lightkube's stack (httpx, anyio TLS streams,
+    h11, model objects turned back into dicts) cost the controller more CPU per pod than the
+    extender's decisions; here events are decoded straight into dicts with msgspec.
+
+    Built only for kubeconfigs with client certificates, a token or a token file (in-cluster
+    service accounts); anything else (exec plugins, basic auth) stays on lightkube."""
+
+    def __init__(
+        self, *, server: str, ssl: Any, token: str | None, token_file: Path | None
+    ) -> None:
+        self._server = server.rstrip("/")
+        self._ssl = ssl
+        self._token = token
+        self._token_file = token_file
+        self._token_read = -1e9
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_config(cls, config: SingleConfig) -> "RawApi | None":
+        user = config.user
+        if user is None or user.exec is not None or user.username or user.auth_provider:
+            return None
+        if not config.cluster.server.startswith(("https://", "http://")):
+            return None
+        token_file = Path(config.abs_file(user.token_file)) if user.token_file else None
+        ssl = None
+        if config.cluster.server.startswith("https://"):
+            ssl = verify_cluster(config.cluster, user, config.abs_file)
+        return cls(server=config.cluster.server, ssl=ssl, token=user.token, token_file=token_file)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        if self._token_file is not None:
+            now = time.monotonic()
+            if now - self._token_read > TOKEN_REREAD_SECONDS:
+                self._token = self._token_file.read_text().strip()
+                self._token_read = now
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        return headers
+
+    def _forget_token(self) -> None:
+        """After a 401: read the token file again on the next request (it was rotated)."""
+        self._token_read = -1e9
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _error(self, resp: aiohttp.ClientResponse, what: str) -> "KubeError":
+        body = await resp.read()
+        if resp.status == 401:
+            self._forget_token()
+        message = body[:300].decode(errors="replace")
+        try:
+            doc = _decode.decode(body)
+            if isinstance(doc, dict) and isinstance(doc.get("message"), str):
+                message = doc["message"]
+        except msgspec.DecodeError:
+            pass
+        return KubeError(f"{what}: {message}", status=resp.status)
+
+    async def post(
+        self, path: str, body: Mapping[str, Any], *, what: str, timeout: float = 15.0
+    ) -> None:
+        """POST a JSON body; raises KubeError with the API server's message on 4xx/5xx."""
+        async with self.session().post(
+            self._server + path,
+            data=_encode.encode(body),
+            headers=self._headers(),
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            if resp.status >= 400:
+                raise await self._error(resp, what)
+            await resp.read()
+
+    async def list(self, path: str, *, what: str) -> tuple[list[dict[str, Any]], str]:
+        """Every item of a (paginated) list, and the list's resourceVersion."""
+        items: list[dict[str, Any]] = []
+        params = {"limit": "500"}
+        while True:
+            async with self.session().get(
+                self._server + path,
+                params=params,
+                headers=self._headers(),
+                timeout=aiohttp.ClientTimeout(total=60),
+            ) as resp:
+                if resp.status >= 400:
+                    raise await self._error(resp, what)
+                page = _decode.decode(await resp.read())
+            items += page.get("items") or []
+            meta = page.get("metadata") or {}
+            if not meta.get("continue"):
+                return items, str(meta.get("resourceVersion", ""))
+            params["continue"] = meta["continue"]
+
+    async def watch(
+        self, path: str, *, resource_version: str, timeout_seconds: int, what: str
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(event type, object) from ``resource_version`` on; an ERROR event (410 Gone when
+        the version is too old) raises KubeError with its code."""
+        params = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_seconds),
+            "allowWatchBookmarks": "false",
+        }
+        async with self.session().get(
+            self._server + path,
+            params=params,
+            headers=self._headers(),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+        ) as resp:
+            if resp.status >= 400:
+                raise await self._error(resp, what)
+            async for line in resp.content:
+                if not line.strip():
+                    continue
+                event = _decode.decode(line)
+                obj = event.get("object") or {}
+                kind = str(event.get("type", ""))
+                if kind == "ERROR":
+                    raise KubeError(
+                        f"{what}: {obj.get('message')}", status=int(obj.get("code") or 0)
+                    )
+                yield kind, obj
+
+
 class Kube:
     """A small typed facade over lightkube for exactly what the controller needs."""
 
-    def __init__(self, client: AsyncClient, *, field_manager: str) -> None:
+    def __init__(
+        self, client: AsyncClient, *, field_manager: str, raw: RawApi | None = None
+    ) -> None:
         self._client = client
         self._field_manager = field_manager
+        self._raw = raw
 
     @classmethod
     def connect(cls, *, kubeconfig: Path | None, field_manager: str) -> "Kube":
@@ -68,10 +218,14 @@ class Kube:
             field_manager=field_manager,
             timeout=httpx2.Timeout(15.0),
         )
-        return cls(client, field_manager=field_manager)
+        single = config.get()
+        raw = RawApi.from_config(single) if single is not None else None
+        return cls(client, field_manager=field_manager, raw=raw)
 
     async def close(self) -> None:
         await self._client.close()
+        if self._raw is not None:
+            await self._raw.close()
 
     # ---- pods ----------------------------------------------------------------------------
 
@@ -95,6 +249,26 @@ class Kube:
         pod in the same update that sets ``spec.nodeName``, so a pod is never bound without
         its placement nor annotated without being bound. The uid makes it refuse a recreated
         pod; a second Binding of a bound pod fails with 409 and writes nothing."""
+        if self._raw is not None:
+            meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+            if annotations:
+                meta["annotations"] = dict(annotations)
+            body = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": meta,
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            }
+            what = f"bind pod {namespace}/{name} to {node}"
+            try:
+                await self._raw.post(
+                    f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body, what=what
+                )
+            except KubeError:
+                raise
+            except Exception as exc:
+                raise _wrap(exc, what) from exc
+            return
         binding = Pod.Binding(
             metadata=ObjectMeta(
                 name=name,
@@ -140,18 +314,19 @@ class Kube:
         delete: Callable[[Mapping[str, Any]], None],
         resync_seconds: float,
         namespaced: bool = False,
+        raw_path: str | None = None,
     ) -> None:
         """List, then watch from the list's resourceVersion, in every namespace for namespaced
         kinds (lightkube's default is the kubeconfig's namespace only). Re-list on 410 Gone, on
-        any error (after a backoff) and every ``resync_seconds``. Never returns."""
+        any error (after a backoff) and every ``resync_seconds``. Never returns.
+
+        With ``raw_path`` (the collection's URL path) and a kubeconfig RawApi supports, events
+        come as plain dicts decoded by msgspec instead of through lightkube's models."""
         kind = res.__name__
         backoff = 0.5
         while True:
             try:
-                scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
-                listing = self._client.list(res, chunk_size=500, **scope)
-                items: list[dict[str, Any]] = [obj.to_dict() async for obj in listing]
-                version = listing.resourceVersion
+                items, version = await self._list(res, namespaced=namespaced, raw_path=raw_path)
                 replace(items)
                 count = len(items)
                 del items
@@ -162,13 +337,13 @@ class Kube:
                 log.info("listed", extra={"kind": kind, "count": count, "rv": version})
                 backoff = 0.5
                 async with asyncio.timeout(resync_seconds):
-                    async for event, obj in self._client.watch(
+                    async for event, data in self._watch(
                         res,
-                        resource_version=version,
-                        server_timeout=int(resync_seconds),
-                        **scope,
+                        version=version,
+                        timeout_seconds=int(resync_seconds),
+                        namespaced=namespaced,
+                        raw_path=raw_path,
                     ):
-                        data: dict[str, Any] = obj.to_dict()
                         if event == "DELETED":
                             delete(data)
                         elif event in ("ADDED", "MODIFIED"):
@@ -177,8 +352,8 @@ class Kube:
                 continue  # periodic re-list
             except asyncio.CancelledError:
                 raise
-            except ApiError as exc:
-                code = exc.status.code
+            except (ApiError, KubeError) as exc:
+                code = exc.status.code if isinstance(exc, ApiError) else exc.status
                 if code != 410:
                     log.warning("watch failed", extra={"kind": kind, "error": str(exc)})
                     await asyncio.sleep(backoff)
@@ -190,6 +365,40 @@ class Kube:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
 
+    async def _list(
+        self, res: Any, *, namespaced: bool, raw_path: str | None
+    ) -> tuple[list[dict[str, Any]], str]:
+        if raw_path is not None and self._raw is not None:
+            return await self._raw.list(raw_path, what=f"list {res.__name__}")
+        scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
+        listing = self._client.list(res, chunk_size=500, **scope)
+        items: list[dict[str, Any]] = [obj.to_dict() async for obj in listing]
+        return items, str(listing.resourceVersion)
+
+    async def _watch(
+        self,
+        res: Any,
+        *,
+        version: str,
+        timeout_seconds: int,
+        namespaced: bool,
+        raw_path: str | None,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        if raw_path is not None and self._raw is not None:
+            async for event, data in self._raw.watch(
+                raw_path,
+                resource_version=version,
+                timeout_seconds=timeout_seconds,
+                what=f"watch {res.__name__}",
+            ):
+                yield event, data
+            return
+        scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
+        async for event, obj in self._client.watch(
+            res, resource_version=version, server_timeout=timeout_seconds, **scope
+        ):
+            yield event, obj.to_dict()
+
     async def feed_nodes(self, view: ClusterView, *, resync_seconds: float) -> None:
         def delete(data: Mapping[str, Any]) -> None:
             view.delete_node(str(data.get("metadata", {}).get("name", "")))
@@ -200,6 +409,7 @@ class Kube:
             upsert=view.upsert_node,
             delete=delete,
             resync_seconds=resync_seconds,
+            raw_path="/api/v1/nodes",
         )
 
     async def feed_pods(self, view: ClusterView, *, resync_seconds: float) -> None:
@@ -230,6 +440,7 @@ class Kube:
             delete=delete,
             resync_seconds=resync_seconds,
             namespaced=True,
+            raw_path="/api/v1/pods",
         )
 
     async def feed_shares(self, view: ClusterView, *, resync_seconds: float) -> None:

@@ -175,6 +175,10 @@ class ClusterView:
         keys.discard(exclude)
         return sorted(keys)
 
+    def has_pending(self, node: str) -> bool:
+        """Some pod on ``node`` waits for its Allocate, is being bound, or is held there."""
+        return node in self._awaiting or node in self._reserved_on or node in self._held_on
+
     def held_on(self, node: str) -> set[str]:
         """Pods holding a share on ``node`` from filter (``--hold-in-filter``) whose bind has
         not come yet: they will be waiting for their Allocate there shortly."""
