@@ -34,7 +34,9 @@ from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import (
     ANN_CLASS,
     ANN_GPU_UUID,
+    ANN_MEMORY_LIMIT,
     ANN_STATE,
+    ANN_THREAD_PERCENT,
     CLASS_BATCH,
     MPS_PRIORITY_BY_CLASS,
     SLICES_PER_GPU,
@@ -94,6 +96,9 @@ class PodSource(Protocol):
 
     def mark_allocated(self, pod: PodInfo) -> None:
         """Set the pod's ``gpushare.io/state`` annotation to ``allocated``."""
+
+    def annotate_pod(self, *, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """Merge ``annotations`` into the pod's."""
 
     def record_event(
         self, *, pod: PodInfo | None, reason: str, message: str, warning: bool
@@ -272,6 +277,88 @@ def forgotten_pods(
     """UIDs of the suspects the kubelet holds no slices for (``held``: namespace/name -> slice
     IDs, from its pod-resources API): their Allocate will come again."""
     return frozenset(p.uid for p in suspects if p.key not in held)
+
+
+PLACEMENT_KEYS = (ANN_GPU_UUID, ANN_THREAD_PERCENT, ANN_MEMORY_LIMIT)
+"""The placement annotations an Allocate answer's environment is made of."""
+UNVERIFIED_FOR_S = 120.0
+"""An answer no pod holds after this long is given up on (the kubelet refused the pod)."""
+
+
+def placement_values(pod: PodInfo) -> tuple[tuple[str, str], ...]:
+    return tuple((k, pod.annotations[k]) for k in PLACEMENT_KEYS if k in pod.annotations)
+
+
+def ambiguous(waiting: Iterable[WaitingPod], sizes: tuple[int, ...]) -> bool:
+    """Several pods of the requested sizes wait with different placements: the kubelet may be
+    admitting any of them (it admits a batch, after a restart say, in creation-time order with
+    ties unordered), and the device-plugin API does not say which."""
+    return (
+        len(
+            {
+                placement_values(c.pod)
+                for c in waiting
+                if c.placement is not None and c.pod.requested_slices == sizes
+            }
+        )
+        > 1
+    )
+
+
+@dataclass
+class Reconciliation:
+    """What the kubelet's pod-resources answer says about unverified Allocate answers."""
+
+    settled: list[tuple[Answer, PodInfo]] = field(default_factory=list)
+    """Each answer and the pod the kubelet gave it to."""
+    patches: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Pod UID -> placement annotations to write so that they say what its containers run
+    with (the pod that got another's answer), or what it waits for now (the pod it was meant
+    for, which takes over the first pod's unused placement)."""
+    reopened: set[str] = field(default_factory=set)
+    """UIDs of pods an answer was meant for that still wait for their Allocate."""
+    exchanged: list[tuple[PodInfo, Answer]] = field(default_factory=list)
+
+
+def reconcile(
+    pods: Sequence[PodInfo], held: Mapping[str, tuple[str, ...]], unverified: Iterable[Answer]
+) -> Reconciliation:
+    """Match unverified answers to the pods the kubelet gave them to (same slice IDs).
+
+    A pod P holding the answer meant for Q runs with Q's placement: P's annotations get Q's
+    placement. When Q still waits and P's own placement went to nobody, Q takes P's placement
+    over (state assumed), so that its Allocate, steered to P's GPU, gets it. A permutation
+    within a batch thus keeps every GPU's total, and every pod's annotations say what it runs
+    with."""
+    answers = list(unverified)
+    by_key = {p.key: p for p in pods}
+    by_uid = {p.uid: p for p in pods}
+    holder_of = {tuple(sorted(devices)): key for key, devices in held.items()}
+    answered = {a.uid for a in answers}
+    plan = Reconciliation()
+    for answer in answers:
+        key = holder_of.get(answer.devices)
+        holder = by_key.get(key) if key is not None else None
+        if holder is None:
+            continue
+        plan.settled.append((answer, holder))
+        if holder.uid == answer.uid or not answer.placement:
+            continue
+        if placement_values(holder) != answer.placement:
+            plan.patches[holder.uid] = {**dict(answer.placement), ANN_STATE: STATE_ALLOCATED}
+            plan.exchanged.append((holder, answer))
+        meant = by_uid.get(answer.uid)
+        own = placement_values(holder)
+        if (
+            meant is not None
+            and meant.key not in held
+            and meant.uid not in plan.patches
+            and holder.uid not in answered
+            and own
+        ):
+            plan.patches[meant.uid] = {**dict(own), ANN_STATE: STATE_ASSUMED}
+            plan.reopened.add(meant.uid)
+    return plan
 
 
 def waiting_pods(
@@ -558,6 +645,9 @@ class Allocator:
         for uid in self.answers.all():
             self._handled[uid] = now
         self.reallocations = 0
+        self.exchanges = 0
+        """Pods whose placement annotations were rewritten to the answer the kubelet gave
+        them (another pod's of the same size)."""
         """Allocate calls answered again for a pod a restarted kubelet had forgotten."""
 
     def _context(self) -> AllocationContext:
@@ -610,6 +700,64 @@ class Allocator:
             log.info("kubelet holds no slices for allocated pod(s) %s: they wait again", names)
         return forgotten
 
+    def reconcile(self) -> int:
+        """Check unverified answers against the kubelet's pod-resources answer and rewrite the
+        placement annotations of pods that got another's (``reconcile``). Returns how many
+        pods were exchanged. Called before each decision and from the agent's pod loop."""
+        with self._lock:
+            return self._reconcile()
+
+    def _reconcile(self) -> int:
+        unverified = self.answers.unverified()
+        if not unverified or self.held is None:
+            return 0
+        try:
+            held = self.held()
+            pods = self.pods.list_node_pods()
+        except Exception as exc:
+            log.warning("cannot check %d Allocate answer(s): %s", len(unverified), exc)
+            return 0
+        plan = reconcile(pods, held, unverified)
+        by_uid = {p.uid: p for p in pods}
+        for uid, annotations in plan.patches.items():
+            target = by_uid[uid]
+            try:
+                self.pods.annotate_pod(
+                    namespace=target.namespace, name=target.name, annotations=annotations
+                )
+            except Exception as exc:
+                log.error("could not rewrite the placement of pod %s: %s", target.key, exc)
+                return 0  # try again next time, nothing settled
+        for uid in plan.reopened:
+            self._handled.pop(uid, None)
+        for answer, holder in plan.settled:
+            self.answers.settle(answer, uid=holder.uid, pod=holder.key)
+            self._remember(holder)
+        settled = {a.uid for a, _ in plan.settled}
+        cutoff = time.time() - UNVERIFIED_FOR_S
+        for answer in unverified:
+            if answer.uid not in settled and answer.at < cutoff:
+                self.answers.settle(answer, uid=answer.uid, pod=answer.pod)
+        for holder, answer in plan.exchanged:
+            self.exchanges += 1
+            values = dict(answer.placement)
+            message = (
+                f"the kubelet gave this pod the slices Allocate answered for pod {answer.pod}: "
+                "pods of the same size waited together and the device-plugin API does not say "
+                "which pod an Allocate is for; its placement annotations now say what its "
+                f"containers run with: GPU {values.get(ANN_GPU_UUID)}, active-thread "
+                f"percentage {values.get(ANN_THREAD_PERCENT)}, memory limit "
+                f"{values.get(ANN_MEMORY_LIMIT)} bytes"
+            )
+            log.warning("pod %s: %s", holder.key, message)
+            try:
+                self.pods.record_event(
+                    pod=holder, reason="GpusharePlacementExchanged", message=message, warning=True
+                )
+            except Exception as exc:
+                log.error("could not record Event GpusharePlacementExchanged: %s", exc)
+        return len(plan.exchanged)
+
     def _previous(self, uids: AbstractSet[str]) -> dict[str, tuple[str, ...]]:
         return {uid: a.devices for uid in uids if (a := self.answers.get(uid)) is not None}
 
@@ -617,6 +765,7 @@ class Allocator:
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
         with self._lock:
+            self._reconcile()
             try:
                 pods = self.pods.list_node_pods()
             except Exception as exc:  # the API server is not essential for a hint
@@ -650,6 +799,7 @@ class Allocator:
         sizes = tuple(sum(len(s) for s in g.values()) for g in groups)
         devices = frozenset(d for ids in container_requests for d in ids)
         with self._lock:
+            self._reconcile()
             found = None
             pods: list[PodInfo] = []
             again: frozenset[str] = frozenset()
@@ -678,10 +828,19 @@ class Allocator:
                     self._event(None, "GpushareAllocationDerived", message)
                 return [allocation for allocation, _ in answers]
             pod, placement = found
-            self._remember(pod)
             repeated = pod.uid in again
+            unsure = ambiguous(waiting_pods(pods, skip=set(self._handled), again=again), sizes)
+            self._remember(pod)
             self.answers.record(
-                Answer(pod.uid, pod.key, tuple(sorted(devices)), self.kubelet(), time.time()),
+                Answer(
+                    pod.uid,
+                    pod.key,
+                    tuple(sorted(devices)),
+                    self.kubelet(),
+                    time.time(),
+                    placement=placement_values(pod),
+                    verified=not unsure,
+                ),
                 live=[p.uid for p in pods],
             )
             result = []

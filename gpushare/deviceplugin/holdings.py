@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from gpushare.api.names import RESOURCE_GPU_PERCENT
@@ -77,6 +77,12 @@ class Answer:
     """kubelet_identity() of the kubelet that asked (None: unknown)."""
     at: float
     """Wall-clock time of the answer (seconds since the epoch)."""
+    placement: tuple[tuple[str, str], ...] = ()
+    """The placement annotations the answer's environment carries (GPU, active-thread
+    percentage, memory limit); empty when not recorded."""
+    verified: bool = True
+    """False while it is not known that the kubelet gave the answer to the pod it was meant
+    for: several pods of the same size waited with different placements, or none waited."""
 
 
 class AnswerBook:
@@ -109,6 +115,15 @@ class AnswerBook:
                     del self._answers[uid]
         self._save()
 
+    def unverified(self) -> list[Answer]:
+        return [a for a in self._answers.values() if not a.verified]
+
+    def settle(self, answer: Answer, *, uid: str, pod: str) -> None:
+        """The kubelet gave ``answer`` to pod ``uid``: it is that pod's, and verified."""
+        self._answers.pop(answer.uid, None)
+        self._answers[uid] = replace(answer, uid=uid, pod=pod, verified=True)
+        self._save()
+
     def confirm(
         self, uids_devices: Mapping[str, tuple[str, tuple[str, ...]]], kubelet: str
     ) -> None:
@@ -118,13 +133,23 @@ class AnswerBook:
             return
         now = time.time()
         for uid, (pod, devices) in uids_devices.items():
-            self._answers[uid] = Answer(uid, pod, devices, kubelet, now)
+            old = self._answers.get(uid)
+            self._answers[uid] = (
+                replace(old, devices=devices, kubelet=kubelet)
+                if old is not None
+                else Answer(uid, pod, devices, kubelet, now)
+            )
         self._save()
 
     def _save(self) -> None:
         if self.path is None:
             return
-        data = {"version": 1, "answers": [asdict(a) for a in self._answers.values()]}
+        data = {
+            "version": 1,
+            "answers": [
+                {**asdict(a), "placement": dict(a.placement)} for a in self._answers.values()
+            ],
+        }
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,6 +180,10 @@ def _load(path: Path) -> dict[str, Answer]:
                 devices=tuple(str(d) for d in item["devices"]),
                 kubelet=None if item.get("kubelet") is None else str(item["kubelet"]),
                 at=float(item["at"]),
+                placement=tuple(
+                    (str(k), str(v)) for k, v in dict(item.get("placement") or {}).items()
+                ),
+                verified=bool(item.get("verified", True)),
             )
         except (KeyError, TypeError, ValueError):
             continue

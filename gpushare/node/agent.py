@@ -204,6 +204,7 @@ class NodeAgent:
             "allocations": float(sum(s.allocations for s in self._servicers)),
             "allocation_failures": float(sum(s.allocation_failures for s in self._servicers)),
             "reallocations": float(self.allocator.reallocations),
+            "placement_exchanges": float(self.allocator.exchanges),
             "healthy_gpus": float(sum(state.values())),
         }
 
@@ -270,6 +271,8 @@ class NodeAgent:
         return thread
 
     def refresh_pods(self) -> None:
+        # The last Allocate of a batch is checked here (the others at the next Allocate).
+        self.allocator.reconcile()
         pods = self.kube.raw_node_pods()
         with self._pods_lock:
             self._pods = pods

@@ -116,6 +116,12 @@ class AgentCollector(Collector):
                 "reallocations",
                 "Allocate calls answered again for a pod a restarted kubelet had not recorded.",
             ),
+            (
+                "gpushare_deviceplugin_placement_exchanges",
+                "placement_exchanges",
+                "Pods whose placement annotations were rewritten to the Allocate answer the "
+                "kubelet gave them (meant for another pod of the same size).",
+            ),
         ):
             counter = CounterMetricFamily(name, help_text, labels=["node", "simulated"])
             counter.add_metric([self.node_name, simulated], float(values.get(key, 0)))

@@ -208,9 +208,14 @@ class FateReader:
             key, uid = pod_key(pod), pod["metadata"]["uid"]
             phase = pod["status"].get("phase")
             if phase in ("Failed", "Succeeded"):
+                ended = [
+                    f"{c.get('name')}: {term.get('reason')} exit {term.get('exitCode')}"
+                    for c in pod["status"].get("containerStatuses") or []
+                    if (term := (c.get("state") or {}).get("terminated"))
+                ]
                 fate.violations.append(
                     f"{key}: {phase} ({pod['status'].get('reason')}: "
-                    f"{pod['status'].get('message')})"
+                    f"{pod['status'].get('message')}; containers {ended})"
                 )
             elif uid in problems:
                 problem = problems[uid]

@@ -290,18 +290,7 @@ def running(cluster: Any, namespace: str) -> list[Pod]:
     ]
 
 
-KUBELET_REALLOCATE = pytest.mark.xfail(
-    reason="known bug (device plugin): a kubelet killed between a pod's Allocate and its "
-    "checkpoint calls Allocate again for that pod after restart; the plugin, which picks the "
-    "oldest pod still 'assumed' on the GPU, hands it the next pod's placement, and that pod "
-    "then gets another's or a derived one (wrong CUDA_MPS_* env). See docs/reliability.md.",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "fault", [pytest.param(f, marks=KUBELET_REALLOCATE) if f == "kubelet" else f for f in FAULTS]
-)
+@pytest.mark.parametrize("fault", FAULTS)
 def test_fault_during_a_burst_loses_and_double_books_nothing(
     fault: str, rig: Rig, namespace: str, record: dict[str, Any]
 ) -> None:

@@ -17,11 +17,13 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
     STATE_ALLOCATED,
+    STATE_ASSUMED,
 )
 from gpushare.deviceplugin.allocation import (
     Allocator,
     PodInfo,
     forgotten_pods,
+    reconcile,
     select_pod,
     steer,
     suspect_pods,
@@ -44,6 +46,7 @@ def pod(
     *,
     bind_s: int = 0,
     threads: int = 10,
+    memory_gib: int | None = None,
     state: str = "assumed",
     phase: str = "Pending",
     started: bool = False,
@@ -55,7 +58,7 @@ def pod(
         annotations={
             ANN_GPU_UUID: gpus,
             ANN_THREAD_PERCENT: str(threads),
-            ANN_MEMORY_LIMIT: str(threads * GIB),
+            ANN_MEMORY_LIMIT: str((memory_gib or threads) * GIB),
             ANN_BIND_TIME: (T0 + timedelta(seconds=bind_s)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             ANN_STATE: state,
         },
@@ -180,6 +183,12 @@ class ApiServer:
         annotations = {**current.annotations, ANN_STATE: STATE_ALLOCATED}
         self.pods[pod.uid] = replace(current, annotations=annotations)
 
+    def annotate_pod(self, *, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        current = next(p for p in self.pods.values() if p.key == f"{namespace}/{name}")
+        self.pods[current.uid] = replace(
+            current, annotations={**current.annotations, **annotations}
+        )
+
     def record_event(
         self, *, pod: PodInfo | None, reason: str, message: str, warning: bool
     ) -> None:
@@ -299,3 +308,71 @@ def test_pod_info_tells_a_started_pod_from_one_never_started() -> None:
     assert not pod_info({**manifest, "status": creating}).started
     assert pod_info({**manifest, "status": created}).started
     assert not pod_info(manifest).started
+
+
+# --- the kubelet admits same-size pods in an order Allocate cannot see -----------------------
+
+
+def envs_of(allocator: Allocator, ids: list[str]) -> tuple[str, str, str]:
+    envs = allocator.allocate([ids])[0].envs
+    return (
+        envs["CUDA_VISIBLE_DEVICES"],
+        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"],
+        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"],
+    )
+
+
+def described(p: PodInfo) -> tuple[str, str, str]:
+    a = p.annotations
+    return (a[ANN_GPU_UUID], a[ANN_THREAD_PERCENT], f"0={int(a[ANN_MEMORY_LIMIT]) // 2**20}M")
+
+
+def test_a_pod_given_another_same_size_pods_answer_ends_up_described_by_it(
+    tmp_path: Path, state_file: Path
+) -> None:
+    """x (older, 8 GiB) and y (20 GiB) both ask 10 slices of GPU A; the kubelet admits y
+    first. y runs with x's answer, so y's annotations must say so; x, still waiting, takes y's
+    placement over and gets exactly that."""
+    x = pod("x", bind_s=0, threads=10, memory_gib=8)
+    y = pod("y", bind_s=1, threads=10, memory_gib=20)
+    api, kubelet = ApiServer([x, y]), Kubelet()
+    allocator = make(tmp_path, api, kubelet, AnswerBook(path=state_file))
+    first = slice_ids(GPU_A)[:10]
+    given_to_y = envs_of(allocator, first)  # answered for x, the oldest
+    kubelet.held[y.key] = tuple(sorted(first))  # ...but the kubelet was admitting y
+    given_to_x = envs_of(allocator, slice_ids(GPU_A)[10:20])
+    kubelet.held[x.key] = tuple(sorted(slice_ids(GPU_A)[10:20]))
+    allocator.reconcile()
+    assert described(api.pods[y.uid]) == given_to_y
+    assert described(api.pods[x.uid]) == given_to_x
+    assert given_to_x != given_to_y  # the two placements really differ
+    assert {api.pods[u].annotations[ANN_STATE] for u in (x.uid, y.uid)} == {STATE_ALLOCATED}
+    assert allocator.exchanges == 1 and api.events.count("GpusharePlacementExchanged") == 1
+
+
+def test_answers_given_to_the_pod_meant_are_left_alone() -> None:
+    x = pod("x", state=STATE_ALLOCATED, memory_gib=8)
+    y = pod("y", memory_gib=20)
+    a = Answer(x.uid, x.key, ("A::00",), OLD, 0.0, placement=(), verified=False)
+    plan = reconcile([x, y], {x.key: ("A::00",)}, [a])
+    assert plan.patches == {} and [h.name for _, h in plan.settled] == ["x"]
+
+
+def test_the_pod_an_answer_was_meant_for_waits_with_the_placement_left_free() -> None:
+    x = pod("x", memory_gib=8, state=STATE_ALLOCATED)  # we marked it; y got its answer
+    y = pod("y", gpus=GPU_B, memory_gib=20)
+    given = (
+        (ANN_GPU_UUID, GPU_A),
+        (ANN_THREAD_PERCENT, "10"),
+        (ANN_MEMORY_LIMIT, str(8 * GIB)),
+    )
+    a = Answer(x.uid, x.key, ("A::00",), OLD, 0.0, placement=given, verified=False)
+    plan = reconcile([x, y], {y.key: ("A::00",)}, [a])
+    assert plan.patches[y.uid][ANN_GPU_UUID] == GPU_A
+    assert plan.patches[x.uid] == {
+        ANN_GPU_UUID: GPU_B,
+        ANN_THREAD_PERCENT: "10",
+        ANN_MEMORY_LIMIT: str(20 * GIB),
+        ANN_STATE: STATE_ASSUMED,
+    }
+    assert plan.reopened == {x.uid}
