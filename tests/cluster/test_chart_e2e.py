@@ -505,7 +505,8 @@ NAMESPACED_KINDS = (
     "serviceaccounts,roles,rolebindings,jobs,leases"
 )
 CLUSTER_KINDS = (
-    "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations"
+    "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,"
+    "validatingadmissionpolicies,validatingadmissionpolicybindings"
 )
 
 
