@@ -12,7 +12,8 @@ from. It is a list of packs::
                 "solo_rate": 180.2,
                 "colocated_rate": 150.9}, ...]}, ...]
 
-``profile`` is the job's solo profile (0-1, measured alone at 100% threads), ``solo_rate`` its
+``profile`` is the job's solo profile (0-1, measured alone at 100% threads; ``sm_utilization``,
+the share of SMs busy, is optional and recorded when GPM measured it), ``solo_rate`` its
 iterations/s alone at 100% threads under MPS, ``colocated_rate`` its iterations/s in this pack
 with ``thread_percent`` active threads. A pack of one job at less than 100% threads measures
 the thread cap alone.
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.gpu.gpm import PROFILE_KEYS
+from bench.gpu.gpm import OPTIONAL_PROFILE_KEYS, PROFILE_KEYS
 from bench.gpu.stats import mape
 
 Record = dict[str, Any]
@@ -81,8 +82,15 @@ def plan(kinds: Sequence[str], *, quick: bool) -> list[Stage]:
     heavy = [k for k in kinds if k not in light]
 
     solo = tuple(_pack((k, 100)) for k in kinds)
-    full = tuple(_pack((a, 100), (b, 100)) for a, b in pairs)
-    stages = [Stage("solo", solo, profile_window), Stage("full-threads", full, window)]
+    full = [_pack((a, 100), (b, 100)) for a, b in pairs]
+    if len(light) == 2 and not quick:  # launch-bound jobs stacked: how many fit uncapped
+        r18, lstm = light
+        full += [
+            _pack((r18, 100), (r18, 100), (r18, 100)),
+            _pack((r18, 100), (r18, 100), (lstm, 100)),
+            _pack((r18, 100), (r18, 100), (lstm, 100), (lstm, 100)),
+        ]
+    stages = [Stage("solo", solo, profile_window), Stage("full-threads", tuple(full), window)]
 
     capped: list[Pack] = [_pack((k, 50)) for k in kinds] + [_pack((k, 25)) for k in kinds]
     capped += [_pack((a, 50), (b, 50)) for a, b in pairs]
@@ -95,6 +103,8 @@ def plan(kinds: Sequence[str], *, quick: bool) -> list[Stage]:
             _pack((r18, 25), (r18, 25), (lstm, 25), (lstm, 25)),
             _pack((r18, 25), (lstm, 25), *((h, 25) for h in heavy[:2])),
             _pack((r18, 25), (r18, 25), (lstm, 25), (heavy[0], 25)),
+            _pack((r18, 50), (r18, 50), (r18, 50), (r18, 50)),
+            _pack((r18, 50), (r18, 50), (lstm, 50), (lstm, 50)),
         ]
         capped += [_pack((h, 50), (r18, 25), (lstm, 25)) for h in heavy]
         if len(heavy) >= 3:
@@ -144,7 +154,11 @@ def records(
         jobs = [
             {
                 "name": m.kind,
-                "profile": {k: round(float(profiles[m.kind].get(k, 0.0)), 4) for k in PROFILE_KEYS},
+                "profile": {
+                    k: round(float(profiles[m.kind].get(k, 0.0)), 4)
+                    for k in PROFILE_KEYS + OPTIONAL_PROFILE_KEYS
+                    if k in PROFILE_KEYS or k in profiles[m.kind]
+                },
                 "thread_percent": m.thread_percent,
                 "solo_rate": round(solo[(m.kind, m.thread_percent)], 4),
                 "colocated_rate": round(rate, 4),
@@ -178,8 +192,14 @@ def validate(data: Any) -> list[Record]:
             if not isinstance(job, dict) or set(job) != keys:
                 raise bad(where, f"must have exactly the keys {sorted(keys)}")
             prof = job["profile"]
-            if not isinstance(prof, dict) or set(prof) != set(PROFILE_KEYS):
-                raise bad(f"{where}.profile", f"must have exactly {list(PROFILE_KEYS)}")
+            if not isinstance(prof, dict) or not (
+                set(PROFILE_KEYS) <= set(prof) <= set(PROFILE_KEYS + OPTIONAL_PROFILE_KEYS)
+            ):
+                raise bad(
+                    f"{where}.profile",
+                    f"must have exactly {list(PROFILE_KEYS)}, optionally "
+                    f"{list(OPTIONAL_PROFILE_KEYS)}",
+                )
             for k, v in prof.items():
                 if not isinstance(v, int | float) or not 0 <= v <= 1:
                     raise bad(f"{where}.profile.{k}", f"{v!r} is not a number in 0..1")

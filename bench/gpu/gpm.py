@@ -18,6 +18,8 @@ from bench.gpu.stats import mean
 log = logging.getLogger("bench.gpu")
 
 PROFILE_KEYS = ("fp16", "fp32", "fp64", "tensor", "sm_occupancy", "dram_bandwidth")
+OPTIONAL_PROFILE_KEYS = ("sm_utilization",)
+"""Recorded when measured: the interference model counts SM sharing with it."""
 
 # NVML GPM metric ids (nvml.h, NVML_GPM_METRIC_*), reported 0-100.
 _GPM_IDS = {
@@ -210,4 +212,6 @@ def to_profile(values: dict[str, float] | None) -> dict[str, float]:
     missing = [k for k in PROFILE_KEYS if k not in values]
     if missing:
         log.warning("profile lacks %s; recorded as 0", ",".join(missing))
-    return {k: round(values.get(k, 0.0), 4) for k in PROFILE_KEYS}
+    out = {k: round(values.get(k, 0.0), 4) for k in PROFILE_KEYS}
+    out.update({k: round(values[k], 4) for k in OPTIONAL_PROFILE_KEYS if k in values})
+    return out

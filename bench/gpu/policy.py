@@ -47,6 +47,9 @@ def to_pipe_profile(values: Mapping[str, float], *, gpu_model: str) -> PipeProfi
         sm_occupancy=float(values.get("sm_occupancy", 0.0)),
         dram_bandwidth=float(values.get("dram_bandwidth", 0.0)),
         gpu_model=gpu_model,
+        sm_utilization=(
+            float(values["sm_utilization"]) if values.get("sm_utilization") is not None else None
+        ),
     )
 
 

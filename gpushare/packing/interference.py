@@ -2,30 +2,35 @@
 
 After KACE (kernel-aware colocation): aggregate the solo profiles of the target and of its
 neighbours into a few features and fit a linear regression on measured colocations, with
-``ln(slowdown)`` as the target so effects compose multiplicatively. Pipes are not independent
-(on an H200 an uncapped FP64 GEMM starved its neighbours to a few percent of their solo speed), so
-the features are about totals, not only same-pipe overlap:
+``ln(slowdown)`` as the target so effects compose multiplicatively. The features rest on the
+share of SMs each job keeps busy (its SM utilization alone, no more than its MPS thread cap;
+a job without a measured SM utilization is assumed to fill its cap), because that, not SM
+occupancy, is what launch-bound jobs contend for (H200: ResNet-18 at batch 32 has occupancy
+0.12 but keeps 38% of the SMs busy, and three of them at 50% threads each ran 1.29x slower):
 
-- ``sm_oversubscription``: how far the SM occupancy of all tenants exceeds the GPU, times the
-  neighbours' part of it;
-- ``pipe_pressure``: the neighbours' total pipe load x how little of its own the target has --
-  asymmetric on purpose: a light job beside a pipe-saturating one starves, not the other way
-  round (an FP64 GEMM running its DMMA pipe at 97% barely slowed, its neighbours ran 40-58x
-  slower);
-- ``same_pipe``: overlap on the same pipe (fp16, fp32, fp64, tensor);
-- ``cross_pipe``: the target's pipe load x the neighbours' load on the *other* pipes;
+- ``time_share``: ``ln(max(1, busy of all))`` -- once the jobs want more SMs than there are,
+  they take turns (two transformers at 87% each: 1.87x);
+- ``dominance``: the same, times how much larger the busiest neighbour's share is than the
+  target's (up to 3x): a job with small kernels waits behind one with large kernels (an LSTM
+  beside a transformer ran 3.8x slower, the transformer 1.1x);
+- ``starvation``: how nearly the neighbours saturate a compute pipe (``min(1, their pipes)^4``)
+  x how little of its own the target has, where thread caps overlap -- an FP64 GEMM running its
+  DMMA pipe at 97% starved every uncapped neighbour to 2% of its speed, at 50/50 caps 1.2x;
+- ``neighbour_busy``: the neighbours' SM share itself (four ResNet-18 at 25% threads, which
+  fit the GPU exactly, still ran 1.28x slower);
 - ``dram_contention``: product of DRAM bandwidth shares plus any oversubscription of it;
 - ``thread_cap``: the target's own cost of its MPS thread cap, ``demand x ln(100 / threads)``.
 
-MPS thread caps partition the SMs: when the caps of a GPU's tenants add up to at most 100%, the
-jobs can run on disjoint SMs and only memory is shared (measured on an H200: ResNet-18 beside an
-uncapped FP64 GEMM ran 44x slower, at 50/50 caps 1.17x). So the SM-level features are scaled by
-the share of the target's SMs it must share, ``max(0, its cap + the neighbours' caps - 100) /
-its cap``, and every load by the job's cap relative to its compute demand.
+A target that saturates a pipe itself is barely slowed by anyone (the GEMM kept 99% of its
+speed beside every other job), so the first, second and fourth terms are scaled by
+``1 - min(1, its pipes)^4``. MPS thread caps partition the SMs: only where the caps of the
+target and its neighbours add up to more than 100% can a pipe-saturating neighbour reach its
+SMs, so ``starvation`` is scaled by ``max(0, its cap + the neighbours' caps - 100) / its cap``.
 
-Measurements give rates relative to the job alone at 100% threads, so the fit includes the
-``thread_cap`` term; :meth:`InterferenceModel.predict` leaves it out and answers the colocation
-question: the slowdown relative to the same job alone *at the same cap*, never below 1.0.
+Measurements give rates relative to the job alone at the same thread cap; the ``thread_cap``
+term is kept for records relative to the full GPU. :meth:`InterferenceModel.predict` leaves it
+out and answers the colocation question: the slowdown relative to the same job alone at the
+same cap, never below 1.0.
 """
 
 import json
@@ -42,10 +47,10 @@ from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
 from gpushare.packing.threads import MIN_BATCH_THREADS, assign_thread_percent, compute_demand
 
 FEATURE_NAMES: tuple[str, ...] = (
-    "sm_oversubscription",
-    "pipe_pressure",
-    "same_pipe",
-    "cross_pipe",
+    "time_share",
+    "dominance",
+    "starvation",
+    "neighbour_busy",
     "dram_contention",
     "thread_cap",
 )
@@ -60,11 +65,27 @@ refusing a latency pod rather than promising what it cannot keep."""
 
 _PROFILE_KEYS = ("fp16", "fp32", "fp64", "tensor", "sm_occupancy", "dram_bandwidth")
 _MIN_OCCUPANCY = 0.05
+_MIN_BUSY = 0.01
+DOMINANCE_CAP = 3.0
+"""Largest ratio of the busiest neighbour's SM share to the target's that ``dominance`` counts."""
+SATURATION_POWER = 4
+"""``min(1, pipes)^4``: near 1 only for a job that keeps a pipe almost fully busy."""
 
 
-Load = tuple[float, float, float, float, float, float, float]
-"""(occupancy, fp16, fp32, fp64, tensor, dram, cap) of one job; cap = threads / 100."""
-_ZERO: Load = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+Load = tuple[float, float, float, float, float, float, float, float, float]
+"""(occupancy, fp16, fp32, fp64, tensor, dram, cap, busy, largest busy) of one job or a sum of
+jobs; cap = threads / 100, busy = share of SMs kept busy (summed; the last field is the largest
+single job's)."""
+_ZERO: Load = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def busy_share(profile: PipeProfile, threads: int) -> float:
+    """Share of the SMs the job keeps busy at ``threads``: its SM utilization alone, no more
+    than its cap; without a measured SM utilization, the whole cap."""
+    cap = max(1, min(threads, SLICES_PER_GPU)) / SLICES_PER_GPU
+    if profile.sm_utilization is None:
+        return cap
+    return min(cap, max(profile.sm_utilization, 0.0))
 
 
 def load_of(profile: PipeProfile, threads: int) -> Load:
@@ -72,6 +93,7 @@ def load_of(profile: PipeProfile, threads: int) -> Load:
     (a job capped at 40% of the threads cannot keep more than 40% of the GPU busy)."""
     cap = max(1, min(threads, SLICES_PER_GPU)) / SLICES_PER_GPU
     scale = min(1.0, cap / max(compute_demand(profile), _MIN_OCCUPANCY))
+    busy = busy_share(profile, threads)
     return (
         profile.sm_occupancy * scale,
         profile.fp16 * scale,
@@ -80,6 +102,8 @@ def load_of(profile: PipeProfile, threads: int) -> Load:
         profile.tensor * scale,
         profile.dram_bandwidth * scale,
         cap,
+        busy,
+        busy,
     )
 
 
@@ -92,19 +116,16 @@ def add_loads(a: Load, b: Load) -> Load:
         a[4] + b[4],
         a[5] + b[5],
         a[6] + b[6],
+        a[7] + b[7],
+        max(a[8], b[8]),
     )
 
 
-def sub_loads(a: Load, b: Load) -> Load:
-    return (
-        max(a[0] - b[0], 0.0),
-        max(a[1] - b[1], 0.0),
-        max(a[2] - b[2], 0.0),
-        max(a[3] - b[3], 0.0),
-        max(a[4] - b[4], 0.0),
-        max(a[5] - b[5], 0.0),
-        max(a[6] - b[6], 0.0),
-    )
+def sum_loads(loads: Sequence[Load]) -> Load:
+    total = _ZERO
+    for load in loads:
+        total = add_loads(total, load)
+    return total
 
 
 def cap_feature(profile: PipeProfile, threads: int) -> float:
@@ -115,26 +136,31 @@ def cap_feature(profile: PipeProfile, threads: int) -> float:
 
 def features_from(target: Load, neighbours: Load, cap_cost: float = 0.0) -> tuple[float, ...]:
     """The model's inputs from the target's load and the neighbours' summed loads."""
-    ot, h_t, s_t, d_t, x_t, m_t, c_t = target
-    on, h_n, s_n, d_n, x_n, m_n, c_n = neighbours
-    shared = min(1.0, max(0.0, c_t + c_n - 1.0) / c_t) if c_t > 0 and on + m_n > 0 else 0.0
-    total = ot + on
-    over = max(0.0, total - 1.0) * (on / total) if total > 0 else 0.0
-    same = h_t * h_n + s_t * s_n + d_t * d_n + x_t * x_n
-    cross = (h_t + s_t + d_t + x_t) * (h_n + s_n + d_n + x_n) - same
-    dram = m_t * m_n + max(0.0, m_t + m_n - 1.0)
+    _, h_t, s_t, d_t, x_t, m_t, c_t, b_t, _ = target
+    _, h_n, s_n, d_n, x_n, m_n, c_n, b_n, b_max = neighbours
     pipes_t = h_t + s_t + d_t + x_t
-    pressure = (h_n + s_n + d_n + x_n) * max(0.0, 1.0 - pipes_t)
-    return (over, shared * pressure, shared * same, shared * max(cross, 0.0), dram, cap_cost)
+    pipes_n = h_n + s_n + d_n + x_n
+    exposed = 1.0 - min(1.0, pipes_t) ** SATURATION_POWER
+    turns = math.log(max(1.0, b_t + b_n))
+    bigger = max(0.0, min(DOMINANCE_CAP, b_max / max(b_t, _MIN_BUSY)) - 1.0)
+    shared = min(1.0, max(0.0, c_t + c_n - 1.0) / c_t) if c_t > 0 else 0.0
+    starve = shared * min(1.0, pipes_n) ** SATURATION_POWER * max(0.0, 1.0 - pipes_t)
+    dram = m_t * m_n + max(0.0, m_t + m_n - 1.0)
+    return (
+        exposed * turns,
+        exposed * turns * bigger,
+        starve,
+        exposed * b_n,
+        dram,
+        cap_cost,
+    )
 
 
 def features(
     target: PipeProfile, target_threads: int, neighbours: Sequence[tuple[PipeProfile, int]]
 ) -> tuple[float, ...]:
     """The model's inputs for one target job (see the module docstring), in FEATURE_NAMES order."""
-    total = _ZERO
-    for profile, threads in neighbours:
-        total = add_loads(total, load_of(profile, threads))
+    total = sum_loads([load_of(profile, threads) for profile, threads in neighbours])
     return features_from(
         load_of(target, target_threads), total, cap_feature(target, target_threads)
     )
@@ -178,7 +204,7 @@ class InterferenceModel:
 
     def predict_load(self, target: Load, neighbours: Load) -> float:
         """:meth:`predict` from precomputed loads (``neighbours`` summed)."""
-        if neighbours[0] <= 0.0 and neighbours[5] <= 0.0 and neighbours[6] <= 0.0:
+        if neighbours[6] <= 0.0 and neighbours[7] <= 0.0:
             return 1.0
         return self._colocation(features_from(target, neighbours))
 
@@ -317,6 +343,9 @@ def parse_records(raw: object, *, origin: str = "colocations") -> list[Colocatio
                 k: _number(prof.get(k, 0.0), f"{jwhere}.profile.{k}", low=0.0, high=1.0)
                 for k in _PROFILE_KEYS
             }
+            sm_util = prof.get("sm_utilization")
+            if sm_util is not None:
+                sm_util = _number(sm_util, f"{jwhere}.profile.sm_utilization", low=0.0, high=1.0)
             rates = {
                 k: None if job.get(k) is None else _number(job[k], f"{jwhere}.{k}", low=1e-12)
                 for k in ("solo_rate", "colocated_rate")
@@ -332,6 +361,7 @@ def parse_records(raw: object, *, origin: str = "colocations") -> list[Colocatio
                         sm_occupancy=values["sm_occupancy"],
                         dram_bandwidth=values["dram_bandwidth"],
                         gpu_model=str(item.get("gpu", "")),
+                        sm_utilization=sm_util,
                     ),
                     thread_percent=int(
                         _number(
@@ -551,10 +581,8 @@ def gpu_loss(tenants: Sequence[tuple[float, PipeProfile, int]], model: Interfere
     if len(tenants) < 2:
         return 0.0
     loads = [load_of(profile, threads) for _, profile, threads in tenants]
-    total = _ZERO
-    for load in loads:
-        total = add_loads(total, load)
     lost = 0.0
-    for (percent, _, _), load in zip(tenants, loads, strict=True):
-        lost += percent * (1.0 - 1.0 / model.predict_load(load, sub_loads(total, load)))
+    for i, ((percent, _, _), load) in enumerate(zip(tenants, loads, strict=True)):
+        others = sum_loads([other for k, other in enumerate(loads) if k != i])
+        lost += percent * (1.0 - 1.0 / model.predict_load(load, others))
     return lost

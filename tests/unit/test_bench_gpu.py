@@ -238,6 +238,30 @@ def test_records_use_the_solo_rate_at_the_same_cap_and_skip_unmeasured_caps() ->
     assert parse_records(recs)[0].jobs[0].slowdown == pytest.approx(180.0 / 160.0)
 
 
+def test_records_keep_the_measured_sm_utilization_for_the_model() -> None:
+    profiles = {
+        "resnet18": {"sm_occupancy": 0.12, "sm_utilization": 0.38},
+        "lstm": {"sm_occupancy": 0.06},
+    }
+    recs = colocate.records(gpu="NVIDIA H200", results=_two_packs(), profiles=profiles)
+    r18, lstm = recs[0]["jobs"]
+    assert r18["profile"]["sm_utilization"] == 0.38 and "sm_utilization" not in lstm["profile"]
+    assert colocate.validate(recs) == recs
+    jobs = parse_records(recs)[0].jobs
+    assert (jobs[0].profile.sm_utilization, jobs[1].profile.sm_utilization) == (0.38, None)
+    r18["profile"]["sm_util"] = 0.4
+    with pytest.raises(ValueError, match=r"\[0\]\.jobs\[0\]\.profile: must have exactly"):
+        colocate.validate(recs)
+
+
+def test_stored_colocations_carry_sm_utilization_and_the_model_fits_them() -> None:
+    data = json.loads(DATA.read_text())
+    assert colocate.validate(data) == data
+    assert all("sm_utilization" in j["profile"] for p in data for j in p["jobs"])
+    held = colocate.held_out_mape(data, fit=policy.fitter("test"), k=5)
+    assert held["mape_slowdown"] < 0.12
+
+
 @pytest.mark.parametrize(
     ("path", "value", "field"),
     [
