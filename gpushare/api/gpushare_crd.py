@@ -381,6 +381,9 @@ class ShareProfile:
     """Tensor-pipe share doing fp64 matrix math (DMMA): an fp64 GEMM lands here, not in fp64."""
     tensor_imma: float | None = None
     """Tensor-pipe share doing integer matrix math (IMMA): int8 inference."""
+    sm_utilization: float | None = None
+    """Share of SMs busy (GPM SM_UTIL); launch-bound jobs keep it well below their thread
+    cap, which is what lets the interference model pack them (absent in older profiles)."""
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -399,6 +402,7 @@ class ShareProfile:
             ("tensorDmma", self.tensor_dmma),
             ("tensorImma", self.tensor_imma),
             ("smOccupancy", self.sm_occupancy),
+            ("smUtilization", self.sm_utilization),
             ("dramBandwidth", self.dram_bandwidth),
         ):
             if value is not None:
@@ -444,6 +448,7 @@ def parse_profile(raw: Mapping[str, Any], *, path: str = "status.profile") -> Sh
         tensor_hmma=_ratio(raw, "tensorHmma", path),
         tensor_dmma=_ratio(raw, "tensorDmma", path),
         tensor_imma=_ratio(raw, "tensorImma", path),
+        sm_utilization=_ratio(raw, "smUtilization", path),
     )
 
 

@@ -27,6 +27,7 @@ from gpushare.api.gpushare_crd import (
 )
 from gpushare.api.names import ANN_SHARE, MPS_MAX_CLIENTS
 from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile
+from gpushare.packing.stored_profile import pipe_profile
 
 
 @dataclass(frozen=True)
@@ -92,16 +93,7 @@ def rules_of(*, name: str, namespace: str, annotations: Mapping[str, str]) -> Sh
     profile: PipeProfile | None = None
     profile_text = annotations.get(ANN_PROFILE)
     if profile_text is not None:
-        stored = parse_profile_annotation(profile_text)
-        profile = PipeProfile(
-            fp16=stored.fp16 or 0.0,
-            fp32=stored.fp32 or 0.0,
-            fp64=stored.fp64 or 0.0,
-            tensor=stored.tensor or 0.0,
-            sm_occupancy=stored.sm_occupancy or 0.0,
-            dram_bandwidth=stored.dram_bandwidth or 0.0,
-            gpu_model=stored.gpu_model,
-        )
+        profile = pipe_profile(parse_profile_annotation(profile_text))
     return ShareRules(
         namespace=namespace,
         share=share,

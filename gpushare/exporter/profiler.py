@@ -137,7 +137,13 @@ def pipe_profile_from_json(data: Mapping[str, Any]) -> PipeProfile:
                 "profile the job on a GPU with NVML GPM (Hopper or newer)",
             )
         values[key] = float(raw)
-    return PipeProfile(**values, gpu_model=str(data.get("gpu_model", "")))
+    # Optional: the interference model falls back to the thread cap without it.
+    sm_util = data.get("sm_utilization")
+    return PipeProfile(
+        **values,
+        gpu_model=str(data.get("gpu_model", "")),
+        sm_utilization=None if sm_util is None else float(sm_util),
+    )
 
 
 class Profiler:

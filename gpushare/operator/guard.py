@@ -36,7 +36,7 @@ from gpushare.operator.readings import ProfileReading, ProfilerError
 from gpushare.operator.settings import OperatorConfig
 from gpushare.operator.view import ClusterView, PodSummary
 from gpushare.packing.interference import InterferenceModel, load_default
-from gpushare.packing.model import PipeProfile
+from gpushare.packing.stored_profile import pipe_profile
 
 log = logging.getLogger(__name__)
 
@@ -69,18 +69,6 @@ def pod_profile(view: ClusterView, pod: PodSummary) -> ShareProfile | None:
     except InvalidInputError as exc:
         log.warning("pod %s: unusable profile: %s", pod.key, exc)
         return None
-
-
-def pipe_profile(profile: ShareProfile) -> PipeProfile:
-    return PipeProfile(
-        fp16=profile.fp16 or 0.0,
-        fp32=profile.fp32 or 0.0,
-        fp64=profile.fp64 or 0.0,
-        tensor=profile.tensor or 0.0,
-        sm_occupancy=profile.sm_occupancy or 0.0,
-        dram_bandwidth=profile.dram_bandwidth or 0.0,
-        gpu_model=profile.gpu_model,
-    )
 
 
 def _threads(pod: PodSummary) -> int:

@@ -38,6 +38,8 @@ class ProfileReading:
     """Double-precision matrix (DMMA) tensor work."""
     tensor_imma: float | None = None
     """Integer matrix (IMMA) tensor work."""
+    sm_utilization: float | None = None
+    """Share of SMs busy (GPM SM_UTIL)."""
 
     def as_reading(self) -> Reading:
         return Reading(
@@ -92,6 +94,7 @@ def parse_reading(payload: object) -> ProfileReading:
         tensor_hmma=_ratio(payload, "tensor_hmma"),
         tensor_dmma=_ratio(payload, "tensor_dmma"),
         tensor_imma=_ratio(payload, "tensor_imma"),
+        sm_utilization=_ratio(payload, "sm_utilization"),
     )
 
 
@@ -120,4 +123,5 @@ def profile_from_reading(reading: ProfileReading, *, now: datetime) -> ShareProf
         tensor_hmma=reading.tensor_hmma,
         tensor_dmma=reading.tensor_dmma,
         tensor_imma=reading.tensor_imma,
+        sm_utilization=reading.sm_utilization,
     )

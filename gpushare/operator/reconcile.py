@@ -73,6 +73,7 @@ def describe(profile: ShareProfile) -> str:
             ("fp64", profile.fp64),
             ("tensor", profile.tensor),
             ("SM occupancy", profile.sm_occupancy),
+            ("SM busy", profile.sm_utilization),
             ("DRAM", profile.dram_bandwidth),
         )
         if value is not None
