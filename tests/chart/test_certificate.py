@@ -1,6 +1,7 @@
 """cert-manager (optional): a Certificate covering every name the API server calls."""
 
 from gpushare.controller.settings import parse_args
+from tests.chart.controller_flags import parseable
 from tests.fixtures.helm_chart import Chart, container
 
 
@@ -14,7 +15,9 @@ def test_certificate_covers_the_hosts_the_controller_requires(chart: Chart) -> N
     rendered = chart.render({"webhook": {"certManager": {"enabled": True}}})
     cert = rendered.get("Certificate", "gpushare-controller-webhook")
     settings = parse_args(
-        container(rendered.get("Deployment", "gpushare-controller"), "controller")["args"]
+        parseable(
+            container(rendered.get("Deployment", "gpushare-controller"), "controller")["args"]
+        )
     )
     assert set(settings.webhook_required_hosts()) <= set(cert["spec"]["dnsNames"])
     assert cert["spec"]["secretName"] == "gpushare-controller-webhook-tls"

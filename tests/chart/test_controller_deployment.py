@@ -1,6 +1,7 @@
 """The controller Deployment: flags the real controller accepts, non-root, one replica."""
 
 from gpushare.controller.settings import parse_args, parse_service
+from tests.chart.controller_flags import parseable
 from tests.fixtures.helm_chart import Chart, container
 
 
@@ -12,7 +13,7 @@ def test_flags_parse_with_the_controllers_own_parser(chart: Chart) -> None:
     deploy = _controller(chart)
     c = container(deploy, "controller")
     assert c["command"] == ["gpushare-controller"]
-    settings = parse_args(c["args"])
+    settings = parse_args(parseable(c["args"]))
     assert settings.extender_host == "0.0.0.0"
     assert settings.register_webhooks
     namespace, name, port = parse_service(settings.webhook_service or "")
@@ -36,7 +37,7 @@ def test_values_reach_the_controller(chart: Chart) -> None:
         },
     )
     c = container(deploy, "controller")
-    settings = parse_args(c["args"])
+    settings = parse_args(parseable(c["args"]))
     assert str(settings.policy) == "spread"
     assert settings.log_level == "DEBUG"
     assert not settings.operator_enabled
@@ -47,7 +48,11 @@ def test_values_reach_the_controller(chart: Chart) -> None:
     assert settings.resync_seconds == 60
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"extender": 18888, "webhook": 19443}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "extender"}
+    assert c["readinessProbe"]["httpGet"] == {
+        "path": "/readyz",
+        "port": "extender",
+        "scheme": "HTTPS",
+    }
 
 
 def test_one_replica_replaced_not_rolled(chart: Chart) -> None:
@@ -77,7 +82,7 @@ def test_webhook_certificate_comes_from_the_controller_or_cert_manager(chart: Ch
     volumes = {v["name"]: v for v in managed["spec"]["template"]["spec"]["volumes"]}
     assert volumes["webhook-certs"]["secret"]["secretName"] == "gpushare-controller-webhook-tls"
     args = container(managed, "controller")["args"]
-    assert parse_args(args).webhook_cert_dir is not None
+    assert parse_args(parseable(args)).webhook_cert_dir is not None
 
 
 def test_image_follows_values(chart: Chart) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from gpushare.controller.registration import webhook_configurations
 from gpushare.controller.settings import parse_args
+from tests.chart.controller_flags import parseable
 from tests.fixtures.helm_chart import Chart, container
 
 KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
@@ -18,7 +19,7 @@ KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
 def _applied_by_controller(rendered: Any, release_name: str) -> dict[str, dict[str, Any]]:
     deploy = rendered.get("Deployment", f"{release_name}-controller")
-    settings = parse_args(container(deploy, "controller")["args"])
+    settings = parse_args(parseable(container(deploy, "controller")["args"]))
     mutating, validating = webhook_configurations(settings, b"-----BEGIN CERTIFICATE-----")
     for doc in (mutating, validating):
         for hook in doc["webhooks"]:

@@ -66,7 +66,8 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- define "gpushare.extenderURL" -}}
 {{- $host := printf "%s.%s.svc" (include "gpushare.controllerService" .) .Release.Namespace }}
 {{- with .Values.controller.service.clusterIP }}{{ $host = . }}{{ end }}
-{{- printf "http://%s:%d/scheduler" $host (int .Values.controller.extender.port) }}
+{{- $scheme := ternary "https" "http" (.Values.controller.extender.tls.enabled | default false) }}
+{{- printf "%s://%s:%d/scheduler" $scheme $host (int .Values.controller.extender.port) }}
 {{- end }}
 
 {{- define "gpushare.webhookConfigName" -}}

@@ -1,0 +1,28 @@
+"""The controller's flags as rendered, made parseable here: the extender's TLS files live in a
+Secret the pod mounts, so they are written out from the rendered Secret (Helm-made) or left out
+(cert-manager, issued in the cluster) before the controller's own parser checks them."""
+
+import base64
+import tempfile
+from pathlib import Path
+
+from tests.fixtures.helm_chart import Obj, Rendered
+
+TLS_FLAGS = ("--extender-tls-cert=", "--extender-tls-key=")
+
+
+def parseable(args: list[str], rendered: Rendered | None = None) -> list[str]:
+    secrets = [] if rendered is None else rendered.all("Secret")
+    secret: Obj | None = next(
+        (s for s in secrets if s["metadata"]["name"].endswith("-extender-tls")), None
+    )
+    out = []
+    for arg in args:
+        flag = next((f for f in TLS_FLAGS if arg.startswith(f)), None)
+        if flag is None:
+            out.append(arg)
+        elif secret is not None:
+            path = Path(tempfile.mkdtemp(prefix="gs-chart-")) / Path(arg[len(flag) :]).name
+            path.write_bytes(base64.b64decode(secret["data"][path.name]))
+            out.append(flag + str(path))
+    return out

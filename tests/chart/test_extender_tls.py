@@ -1,0 +1,130 @@
+"""gpushare-scheduler calls the extender over HTTPS and checks it against the chart's CA."""
+
+import base64
+import socket
+import ssl
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpushare.controller.settings import parse_args
+from gpushare.controller.tls import CertFiles
+from tests.chart.controller_flags import parseable
+from tests.fixtures.helm_chart import LOCAL_VALUES, Chart, container
+
+SECRET = "gpushare-controller-extender-tls"
+
+
+def _scheduler_extender(rendered: Any) -> dict[str, Any]:
+    config = yaml.safe_load(rendered.get("ConfigMap", "gpushare-scheduler")["data"]["config.yaml"])
+    (extender,) = config["extenders"]
+    return dict(extender)
+
+
+def _handshake(ca_pem: bytes, cert_pem: bytes, key_pem: bytes, host: str) -> str:
+    """Serve TLS with the certificate, connect as the scheduler would (CA, host name); returns
+    what the server sent."""
+    work = Path(tempfile.mkdtemp(prefix="gs-tls-"))
+    (work / "tls.crt").write_bytes(cert_pem)
+    (work / "tls.key").write_bytes(key_pem)
+    server_ctx = CertFiles(work / "tls.crt", work / "tls.key", work / "tls.crt").server_context()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        try:
+            with server_ctx.wrap_socket(conn, server_side=True) as tls:
+                tls.sendall(b"ok")
+        except (ssl.SSLError, OSError):
+            conn.close()  # the client refused the certificate
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = ssl.create_default_context(cadata=ca_pem.decode())
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+            client.wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            return tls.recv(2).decode()
+    finally:
+        listener.close()
+        thread.join(5)
+
+
+def test_scheduler_trusts_the_certificate_the_controller_serves(chart: Chart) -> None:
+    rendered = chart.render(values_files=[LOCAL_VALUES])
+    data = {k: base64.b64decode(v) for k, v in rendered.get("Secret", SECRET)["data"].items()}
+    extender = _scheduler_extender(rendered)
+    assert extender["urlPrefix"] == "https://10.96.88.88:8888/scheduler"
+    assert extender["enableHTTPS"] is True
+    # The scheduler mounts only the CA, where its config reads it.
+    sched = rendered.get("Deployment", "gpushare-scheduler")["spec"]["template"]["spec"]
+    (volume,) = [v for v in sched["volumes"] if v["name"] == "extender-ca"]
+    assert volume["secret"] == {
+        "secretName": SECRET,
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    mount = next(m for m in container(
+        rendered.get("Deployment", "gpushare-scheduler"), "kube-scheduler")["volumeMounts"]
+        if m["name"] == "extender-ca")  # fmt: skip
+    assert extender["tlsConfig"] == {"caFile": f"{mount['mountPath']}/ca.crt"}
+    # Checked the way kube-scheduler checks it: the pinned IP (no cluster DNS) and the DNS name.
+    for host in ("10.96.88.88", "gpushare-controller.gpushare-system.svc"):
+        assert _handshake(data["ca.crt"], data["tls.crt"], data["tls.key"], host) == "ok"
+
+
+def test_controller_serves_the_extender_with_the_secret(chart: Chart) -> None:
+    rendered = chart.render()
+    deploy = rendered.get("Deployment", "gpushare-controller")
+    c = container(deploy, "controller")
+    settings = parse_args(parseable(c["args"], rendered))
+    assert settings.extender_tls_cert is not None and settings.extender_tls_key is not None
+    assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert c["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["extender-tls"]["secret"]["secretName"] == SECRET
+
+
+def test_a_certificate_for_another_name_is_refused(chart: Chart) -> None:
+    """The CA is the chart's own: a certificate the scheduler did not ask for fails."""
+    first = chart.render()  # `helm template` makes a new CA each time
+    second = chart.render()
+    a = {k: base64.b64decode(v) for k, v in first.get("Secret", SECRET)["data"].items()}
+    b = {k: base64.b64decode(v) for k, v in second.get("Secret", SECRET)["data"].items()}
+    try:
+        _handshake(
+            a["ca.crt"], b["tls.crt"], b["tls.key"], "gpushare-controller.gpushare-system.svc"
+        )
+    except ssl.SSLError as exc:
+        assert "certificate verify failed" in str(exc)
+    else:
+        raise AssertionError("a certificate from another CA was trusted")
+
+
+def test_cert_manager_issues_it_from_the_webhook_issuer(chart: Chart) -> None:
+    rendered = chart.render(
+        {
+            "webhook": {"certManager": {"enabled": True}},
+            "controller": {"service": {"clusterIP": "10.96.88.88"}},
+        }
+    )
+    cert = rendered.get("Certificate", "gpushare-controller-extender")
+    assert cert["spec"]["secretName"] == SECRET
+    assert cert["spec"]["ipAddresses"] == ["10.96.88.88"]
+    assert "gpushare-controller.gpushare-system.svc" in cert["spec"]["dnsNames"]
+    assert cert["spec"]["issuerRef"] == {"name": "gpushare-controller-selfsigned", "kind": "Issuer"}
+    assert not [s for s in rendered.all("Secret") if s["metadata"]["name"] == SECRET]
+
+
+def test_plain_http_when_turned_off(chart: Chart) -> None:
+    rendered = chart.render({"controller": {"extender": {"tls": {"enabled": False}}}})
+    extender = _scheduler_extender(rendered)
+    assert extender["urlPrefix"].startswith("http://") and "tlsConfig" not in extender
+    args = container(rendered.get("Deployment", "gpushare-controller"), "controller")["args"]
+    assert not [a for a in args if a.startswith("--extender-tls")]
+    assert not [s for s in rendered.all("Secret") if s["metadata"]["name"] == SECRET]
