@@ -20,7 +20,7 @@
 # Settings (environment): GPUSHARE_SCALE_STATE_DIR (default /var/lib/gpushare-scale),
 # GPUSHARE_SCALE_SCHEDULER_QPS (client QPS and burst of both schedulers, default 5000),
 # GPUSHARE_SCALE_ETCD_NO_FSYNC=1 (etcd --unsafe-no-fsync, to keep a busy shared disk out of it),
-# GPUSHARE_SCALE_KWOK_POD_WORKERS (kwok's parallel pod stage workers, default 32),
+# GPUSHARE_SCALE_KWOK_POD_WORKERS (kwok's parallel pod stage workers, default 256),
 # GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh). Needs root only for the default state
 # dir.
 set -euo pipefail
@@ -34,7 +34,7 @@ PKI="$STATE/pki"
 LOGS="$STATE/logs"
 EXTENDER_URL="${GPUSHARE_SCALE_EXTENDER_URL:-http://127.0.0.1:18888/scheduler}"
 SCHED_QPS="${GPUSHARE_SCALE_SCHEDULER_QPS:-5000}"
-KWOK_POD_WORKERS="${GPUSHARE_SCALE_KWOK_POD_WORKERS:-32}"
+KWOK_POD_WORKERS="${GPUSHARE_SCALE_KWOK_POD_WORKERS:-256}"
 APISERVER_PORT=16443
 ETCD_CLIENT_PORT=12379
 ETCD_PEER_PORT=12380
@@ -235,6 +235,9 @@ start_kwok() {
   # through leases, pod-ready (bound pods become Running), pod-complete, pod-delete. kwok plays
   # pod stages with 4 workers by default, too few to keep up with hundreds of binds a second:
   # pods would turn Running seconds late, and gpushare's bind gate waits for exactly that.
+  # Each worker waits for its status PATCH, which takes up to a second on a saturated API
+  # server, so kwok's rate is about workers / PATCH latency: with 32 workers pods turned
+  # Running 10-40 s after their bind in both the stock and the extender phases; 256 keeps up.
   cat >"$STATE/kwok.yaml" <<EOF
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration

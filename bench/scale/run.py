@@ -619,7 +619,7 @@ def assemble(
             **source,
             "kubernetes": version.get("gitVersion"),
             "scheduler_client_qps": int(os.environ.get("GPUSHARE_SCALE_SCHEDULER_QPS", "5000")),
-            "kwok_pod_workers": int(os.environ.get("GPUSHARE_SCALE_KWOK_POD_WORKERS", "32")),
+            "kwok_pod_workers": int(os.environ.get("GPUSHARE_SCALE_KWOK_POD_WORKERS", "256")),
         },
         "machine": machine,
         "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -250,12 +250,12 @@ class Extender:
         # Prefer the best node where the bind will not wait at the allocation gate behind a
         # pod of the same size (binpack sends back-to-back pods to one node; on a busy
         # cluster, hundreds of pods wait for their Allocate at any moment).
-        clear = [
-            i
-            for i, n in enumerate(passed)
-            if not self.view.has_pending(n) or not self._pending_alike(n, key, demand.percent)
-        ]
-        pick = max(clear or range(len(passed)), key=lambda i: (scores[i], -i))
+        size = demand.percent
+        top = max(range(len(passed)), key=lambda i: (scores[i], -i))
+        pick = top
+        if self._pending_alike(passed[top], key, size):
+            order = sorted(range(len(passed)), key=lambda i: (-scores[i], i))
+            pick = next((i for i in order if not self._pending_alike(passed[i], key, size)), top)
         best = passed[pick]
         node, _ = self._node(best, key, rules)
         assignment = choose_gpus(node, demand, policy=self.policy) if node else None
@@ -276,13 +276,15 @@ class Extender:
         return best
 
     def _pending_alike(self, node: str, key: str, size: int) -> bool:
-        """A bind of this pod to ``node`` would wait at the gate: a pod of the same size is
-        waiting for its Allocate there, or holds a share there from filter and will be."""
-        if self._ambiguous(node, key, size):
-            return True
-        return any(
-            other != key and self._size(other) in (size, -1) for other in self.view.held_on(node)
-        )
+        """A bind of this pod to ``node`` would wait at the gate: a pod of the same size (or
+        of unknown size) waits for its Allocate there, is being bound there, or holds a share
+        there from filter and soon will be. Stops at the first such pod."""
+        for other in self.view.pending_on(node):
+            if other != key:
+                other_size = self._size(other)
+                if other_size == size or other_size < 0 or size < 0:
+                    return True
+        return False
 
     def _own_nodes(self, key: str) -> set[str]:
         """Nodes where the pod itself already holds a share (a stale or earlier placement):

@@ -11,7 +11,7 @@ fit and reserves without awaiting in between can never oversubscribe a GPU.
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -175,9 +175,13 @@ class ClusterView:
         keys.discard(exclude)
         return sorted(keys)
 
-    def has_pending(self, node: str) -> bool:
-        """Some pod on ``node`` waits for its Allocate, is being bound, or is held there."""
-        return node in self._awaiting or node in self._reserved_on or node in self._held_on
+    def pending_on(self, node: str) -> Iterator[str]:
+        """Pods on ``node`` waiting for their Allocate, being bound, or held there by filter
+        (a pod may come up twice); nothing is copied."""
+        for index in (self._awaiting, self._reserved_on, self._held_on):
+            keys = index.get(node)
+            if keys:
+                yield from keys
 
     def held_on(self, node: str) -> set[str]:
         """Pods holding a share on ``node`` from filter (``--hold-in-filter``) whose bind has
