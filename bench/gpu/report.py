@@ -144,6 +144,7 @@ def markdown(results: dict[str, Any]) -> str:
             "",
         ]
     lat = results.get("latency", {})
+    dl = d.get("latency", {})
     lines += [
         "## Inference beside training",
         "",
@@ -157,8 +158,11 @@ def markdown(results: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"Solo p99 {_fmt(lat.get('solo_p99_ms'))} ms, shared under gpushare "
-        f"{_fmt(lat.get('shared_p99_ms'))} ms, training kept "
+        f"Solo p99 (alone under the same MPS daemon, same window and arrivals) "
+        f"{_fmt(lat.get('solo_p99_ms'))} ms; shared under gpushare "
+        f"{_fmt(lat.get('shared_p99_ms'))} ms at the training cap picked from the measured "
+        f"curve ({_fmt(dl.get('picked_training_cap'))}%; p99 / solo by cap: "
+        f"{dl.get('p99_ratio_by_training_cap', '-')}), training kept "
         f"{_fmt(lat.get('train_retained_ratio'))} of its solo throughput.",
         "",
         "## Interference model and packing",

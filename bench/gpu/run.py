@@ -53,16 +53,21 @@ from bench.gpu.stats import percentile
 from gpushare.packing.interference import InterferenceModel, load_default
 from gpushare.packing.interference import fit as fit_model
 from gpushare.packing.model import PipeProfile
-from gpushare.packing.threads import assign_thread_percent
+from gpushare.packing.threads import assign_thread_percent, cap_beside_latency
 
 log = logging.getLogger("bench.gpu")
 
-LATENCY_LONG_S = 50.0
-"""Window of the two rows the latency target compares (inference alone without MPS, and beside
-training under gpushare): 50 s at 40 req/s is about 2000 requests, so p99 is the 20th-slowest
-request rather than the third (8-s windows gave 6.9 and 12.7 ms for the same settings)."""
+LATENCY_LONG_S = 30.0
+"""Window of the rows the latency target compares -- inference alone under the same MPS daemon
+(the solo p99) and beside training at each measured training cap -- all with the same arrival
+sequence: 30 s at 40 req/s is about 1200 requests, so p99 is the 12th-slowest request (8-s
+windows gave 6.9 and 12.7 ms for the same settings)."""
 LATENCY_SHORT_S = 8.0
-"""Window of the context rows (alone under MPS, beside training without caps or priorities)."""
+"""Window of the context rows (alone without MPS, beside training without caps or priorities)."""
+NEIGHBOUR_CAPS = (50, 40)
+"""Training thread caps measured beside the inference service; gpushare's cap for the job
+(``assign_thread_percent``) is always one of them, and ``threads.cap_beside_latency`` picks
+from the measured curve."""
 TRAIN_FRACTION = 0.5
 """Share the training job asks for beside the inference service (DESIGN: training capped at
 about half the GPU kept inference p99 near solo on an H200)."""
@@ -437,13 +442,15 @@ def run(ctx: Ctx) -> dict[str, Any]:
     for name in st.jobs:
         trace(name, ExclusiveFifo(), None)
         trace(name, TimeSlice(), None)
-    solo_lat = safe(lambda: solo_latency(ctx, lat_s[1]), "inference alone", ctx.errors)
+    solo_lat = safe(lambda: solo_latency(ctx, lat_s[0]), "inference alone", ctx.errors)
     if solo_lat:
         st.lat_rows.append(solo_lat)
-        st.latency["solo_p99_ms"] = solo_lat.get("p99_ms")
+        st.latency["no_mps_solo_p99_ms"] = solo_lat.get("p99_ms")
 
-    # Phase C: MPS. gpushare and the latency experiment first, so a short budget cuts a
-    # baseline rather than the system under test.
+    # Phase C: MPS. gpushare first, then the baselines its targets compare with (MPS without
+    # limits on both traces, equal-split on the light one), then the latency experiment; a
+    # short budget cuts the equal-split heavy run and the sensitivity run, nothing a target
+    # needs.
     daemon = safe(ctx.daemon, "starting MPS", ctx.errors) if not args.dry else None
     try:
         gs = Gpushare(
@@ -454,6 +461,10 @@ def run(ctx: Ctx) -> dict[str, Any]:
         st.holds = gs.holds
         for name in st.jobs:
             trace(name, gs, daemon)
+        for name in st.jobs:
+            trace(name, MpsUnlimited(), daemon)
+        if "light" in st.jobs:
+            trace("light", MpsEqual(args.slots), daemon)
         shared = safe(
             lambda: shared_latency(ctx, daemon, decider, a.solo.get("resnet50"), lat_s),
             "inference beside training",
@@ -462,9 +473,10 @@ def run(ctx: Ctx) -> dict[str, Any]:
         if shared:
             st.lat_rows += shared["rows"]
             st.latency.update(shared["latency"])
+        checkpoint()
         for name in st.jobs:
-            trace(name, MpsEqual(args.slots), daemon)
-            trace(name, MpsUnlimited(), daemon)
+            if name != "light":
+                trace(name, MpsEqual(args.slots), daemon)
         # Sensitivity, last (skipped first when time is short): the light trace with requests
         # sized by the policy's own compute demand (denser packing, lower thread caps).
         dense = {
@@ -520,7 +532,7 @@ def solo_latency(ctx: Ctx, seconds: float) -> dict[str, Any]:
         m = Member("infer", 100)
         pool.ensure({m}, priority=lambda _: None)
         rep = latency_window(pool, [m], seconds)[0]
-        return _lat_row("inference alone, no MPS (solo)", rep, None, None)
+        return _lat_row("inference alone, no MPS", rep, None, None)
     finally:
         pool.close()
 
@@ -532,11 +544,14 @@ def shared_latency(
     train_solo: float | None,
     seconds: tuple[float, float],
 ) -> dict[str, Any]:
-    """Inference (latency class) beside ResNet-50 training: plain MPS vs gpushare's settings.
+    """Inference (latency class) beside ResNet-50 training under one MPS daemon.
 
-    ``seconds`` = (short, long): gpushare's row, which the target compares with the solo p99,
-    gets the long window; DESIGN's recommendation is measured only when gpushare's settings
-    differ from it."""
+    ``seconds`` = (short, long). The solo p99 is the service alone under this daemon for the
+    long window; gpushare's settings (inference uncapped at priority 0, training at priority 1)
+    are measured for the long window at each training cap of NEIGHBOUR_CAPS plus gpushare's
+    own, all with the same request arrivals; ``threads.cap_beside_latency`` picks the cap from
+    that curve and its row is the one the targets read. Plain MPS (no caps, no priorities) is
+    a short context row."""
     short, long = seconds
     infer = traces.TraceJob("lat-infer", "infer", 0.0, 0.0, policy.LATENCY_FRACTION)
     train = traces.TraceJob("lat-train", "resnet50", 0.0, 0.0, TRAIN_FRACTION)
@@ -545,59 +560,56 @@ def shared_latency(
     running = [Running(infer, first)]
     verdict = decider(train, running)
     if isinstance(verdict, Launch):
-        train_threads, note = verdict.thread_percent or 100, "admitted"
+        own_cap, note = verdict.thread_percent or 100, "admitted"
     else:
-        train_threads = assign_thread_percent(decider.demand(train), decider.gpu(running))
+        own_cap = assign_thread_percent(decider.demand(train), decider.gpu(running))
         note = f"admission would refuse ({verdict}); run anyway to measure protection"
     infer_threads = first.thread_percent or 100
+    caps = sorted({own_cap, *NEIGHBOUR_CAPS}, reverse=True)
     plain_i, plain_t = Member("infer", 100, 0), Member("resnet50", 100, 0)
-    gs_i, gs_t = Member("infer", infer_threads, 1), Member("resnet50", train_threads, 1)
-    # DESIGN's recommendation, for comparison: inference uncapped, training capped at half.
-    rec_i, rec_t = Member("infer", 100, 2), Member("resnet50", 50, 2)
-    prio = {
-        gs_i: priority_for("latency"),
-        gs_t: priority_for("batch"),
-        rec_i: priority_for("latency"),
-        rec_t: priority_for("batch"),
-    }
+    gs_i = Member("infer", infer_threads, 1)
+    trainers = {cap: Member("resnet50", cap, 1) for cap in caps}
+    prio: dict[Member, int | None] = {gs_i: priority_for("latency")}
+    prio.update({m: priority_for("batch") for m in trainers.values()})
     pool = Pool(ctx.workers(), daemon.pipe_dir if daemon else ctx.tmp / "no-mps", {})
     rows = []
+    curve: dict[int, dict[str, Any]] = {}
     try:
-        pool.ensure({plain_i, plain_t, gs_i, gs_t, rec_i, rec_t}, priority=prio.get)
-        alone = latency_window(pool, [plain_i], short)[0]
-        rows.append(_lat_row("inference alone, MPS", alone, None, None))
+        pool.ensure({plain_i, plain_t, gs_i, *trainers.values()}, priority=prio.get)
+        alone = latency_window(pool, [gs_i], long)[0]
+        solo_row = _lat_row("inference alone, MPS (solo)", alone, None, None)
+        rows.append(solo_row)
         both = latency_window(pool, [plain_i, plain_t], short)
         rows.append(
             _lat_row("beside training, MPS no caps/priorities", both[0], both[1], train_solo)
         )
-        g = latency_window(pool, [gs_i, gs_t], long)
-        same = (infer_threads, train_threads) == (rec_i.thread_percent, rec_t.thread_percent)
-        gs_row = _lat_row(
-            f"beside training, gpushare (inference {infer_threads}% prio 0, "
-            f"training {train_threads}% prio 1{', = DESIGN' if same else ''})",
-            g[0],
-            g[1],
-            train_solo,
-        )
-        rows.append(gs_row)
-        if not same:
-            r = latency_window(pool, [rec_i, rec_t], short)
-            rows.append(
-                _lat_row(
-                    "beside training, inference 100% prio 0, training 50% prio 1 (DESIGN)",
-                    r[0],
-                    r[1],
-                    train_solo,
-                )
+        for cap, trainer in trainers.items():
+            g = latency_window(pool, [gs_i, trainer], long)
+            own = " (assign_thread_percent's cap)" if cap == own_cap else ""
+            curve[cap] = _lat_row(
+                f"beside training, inference {infer_threads}% prio 0, training {cap}% prio 1{own}",
+                g[0],
+                g[1],
+                train_solo,
             )
+            rows.append(curve[cap])
     finally:
         pool.close()
+    solo = solo_row.get("p99_ms")
+    ratios = {cap: row["p99_ms"] / solo for cap, row in curve.items() if solo and row.get("p99_ms")}
+    pick = cap_beside_latency(ratios, bound=ctx.args.latency_bound) if ratios else own_cap
+    picked = curve.get(pick, {})
+    if picked:
+        picked["setting"] += " <- picked"
     return {
         "rows": rows,
         "latency": {
-            "shared_p99_ms": gs_row.get("p99_ms"),
-            "train_retained_ratio": gs_row.get("train_share"),
-            "mps_solo_p99_ms": rows[0].get("p99_ms"),
+            "solo_p99_ms": solo,
+            "shared_p99_ms": picked.get("p99_ms"),
+            "train_retained_ratio": picked.get("train_share"),
+            "picked_training_cap": pick,
+            "assign_thread_percent_cap": own_cap,
+            "p99_ratio_by_training_cap": {str(c): round(r, 3) for c, r in ratios.items()},
             "uncapped_shared_p99_ms": rows[1].get("p99_ms"),
             "gpushare_admission": note,
         },

@@ -36,7 +36,7 @@ same cap, never below 1.0.
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -129,9 +129,15 @@ def sum_loads(loads: Sequence[Load]) -> Load:
 
 
 def cap_feature(profile: PipeProfile, threads: int) -> float:
-    """``thread_cap``: compute demand x ln(100 / threads) (0 at 100% threads)."""
+    """``thread_cap``: how busy the job keeps the GPU alone x ln(100 / threads) (0 at 100%).
+
+    Busy is its SM utilization where measured (what a cap takes away: on an H200 ResNet-18,
+    38% of SMs busy, kept 0.84 of its speed at 50% threads and 0.60 at 25%; ResNet-50 and a
+    transformer, 84-87% busy, 0.64-0.65 and 0.35), else its compute demand."""
     cap = max(1, min(threads, SLICES_PER_GPU))
-    return compute_demand(profile) * math.log(SLICES_PER_GPU / cap)
+    busy = profile.sm_utilization if profile.sm_utilization is not None else None
+    demand = compute_demand(profile) if busy is None else max(busy, 0.0)
+    return demand * math.log(SLICES_PER_GPU / cap)
 
 
 def features_from(target: Load, neighbours: Load, cap_cost: float = 0.0) -> tuple[float, ...]:
@@ -433,25 +439,36 @@ def fit(records: Sequence[ColocationRecord], *, source: str = "") -> Interferenc
     """Least squares on ln(slowdown), no intercept, coefficients kept non-negative.
 
     Contention never speeds a job up, so a feature whose coefficient comes out negative is
-    dropped and the rest refit (a plain active-set non-negative least squares).
+    dropped and the rest refit (a plain active-set non-negative least squares). Records whose
+    solo rates are at the job's own cap (the GPU benchmark's) measure slowdown at the same cap:
+    the colocation terms are fit on them alone and ``thread_cap`` on the solo rates at each cap
+    (:func:`fit_cap_cost`); records relative to the full GPU fit all six together.
     """
     if not _observations(records):
         raise InvalidInputError(
             "records", "contain no job with both solo_rate and colocated_rate", "measure some"
         )
-    model = InterferenceModel(coefficients=fit_coefficients(records), source=source)
+    cap = fit_cap_cost(records)
+    coefficients = list(fit_coefficients(records, cap_term=cap is None))
+    if cap is not None:
+        coefficients[_COLOCATION] = cap
+    model = InterferenceModel(coefficients=tuple(coefficients), source=source)
+    same_cap = cap is not None
     return InterferenceModel(
         coefficients=model.coefficients,
         source=source,
-        mape_in_sample=mape(model, records),
-        mape_held_out=held_out_mape(records) if len(records) > 2 else None,
+        mape_in_sample=mape(model, records, same_cap=same_cap),
+        mape_held_out=held_out_mape(records, same_cap=same_cap) if len(records) > 2 else None,
         records=len(records),
         jobs=len(_observations(records)),
     )
 
 
-def mape(model: InterferenceModel, records: Sequence[ColocationRecord]) -> float:
-    """Mean absolute percentage error of predicted vs measured slowdown over all jobs."""
+def mape(
+    model: InterferenceModel, records: Sequence[ColocationRecord], *, same_cap: bool = False
+) -> float:
+    """Mean absolute percentage error of predicted vs measured slowdown over all jobs
+    (``same_cap``: the records' slowdowns are relative to the job alone at its cap)."""
     errors: list[float] = []
     for record in records:
         for i, job in enumerate(record.jobs):
@@ -459,28 +476,74 @@ def mape(model: InterferenceModel, records: Sequence[ColocationRecord]) -> float
             if measured is None:
                 continue
             others = [(o.profile, o.thread_percent) for k, o in enumerate(record.jobs) if k != i]
-            predicted = model.predict_vs_full_gpu(job.profile, job.thread_percent, others)
+            if same_cap:
+                predicted = model.predict(job.profile, job.thread_percent, others)
+            else:
+                predicted = model.predict_vs_full_gpu(job.profile, job.thread_percent, others)
             errors.append(abs(predicted - measured) / measured)
     return sum(errors) / len(errors) if errors else 0.0
 
 
-def held_out_mape(records: Sequence[ColocationRecord]) -> float:
+def held_out_mape(records: Sequence[ColocationRecord], *, same_cap: bool = False) -> float:
     """Leave-one-record-out MAPE: each record predicted by a model fit on all the others."""
     errors: list[float] = []
     for i, record in enumerate(records):
         rest = [r for k, r in enumerate(records) if k != i]
         if not _observations(rest) or not _observations([record]):
             continue
-        model = InterferenceModel(coefficients=fit_coefficients(rest))
+        model = InterferenceModel(coefficients=fit_coefficients(rest, cap_term=not same_cap))
         jobs = sum(1 for j in record.jobs if j.slowdown is not None)
-        errors.extend([mape(model, [record])] * jobs)
+        errors.extend([mape(model, [record], same_cap=same_cap)] * jobs)
     return sum(errors) / len(errors) if errors else 0.0
 
 
-def fit_coefficients(records: Sequence[ColocationRecord]) -> tuple[float, ...]:
-    """Just the coefficients of :func:`fit` (no accuracy bookkeeping)."""
+def cap_observations(records: Sequence[ColocationRecord]) -> list[tuple[float, float]]:
+    """(``thread_cap`` feature, ln(rate at 100% / rate at the cap)) for every job of records
+    whose ``solo_rate`` is the rate alone *at the record's cap* (the GPU benchmark's format):
+    the same job name on the same GPU with a different solo rate at 100% threads gives the
+    cap's own cost. Records whose solo rates are all at 100% give none."""
+    full: dict[tuple[str, str], list[float]] = {}
+    for record in records:
+        for job in record.jobs:
+            if job.thread_percent >= SLICES_PER_GPU and job.solo_rate is not None:
+                full.setdefault((record.gpu, job.name), []).append(job.solo_rate)
+    seen: dict[tuple[str, str, int], tuple[float, float]] = {}
+    for record in records:
+        for job in record.jobs:
+            rates = full.get((record.gpu, job.name))
+            if job.thread_percent >= SLICES_PER_GPU or job.solo_rate is None or not rates:
+                continue
+            ratio = (sum(rates) / len(rates)) / job.solo_rate
+            if abs(ratio - 1.0) < 1e-6:  # solo rates relative to the full GPU: no cap data
+                continue
+            key = (record.gpu, job.name, job.thread_percent)
+            seen[key] = (cap_feature(job.profile, job.thread_percent), math.log(max(ratio, 1.0)))
+    return list(seen.values())
+
+
+def fit_cap_cost(records: Sequence[ColocationRecord]) -> float | None:
+    """Coefficient of ``thread_cap`` from :func:`cap_observations` (least squares through
+    the origin, never negative); None when the records carry no rates at lower caps."""
+    rows = [(x, y) for x, y in cap_observations(records) if x > 0]
+    if not rows:
+        return None
+    return max(0.0, sum(x * y for x, y in rows) / sum(x * x for x, _ in rows))
+
+
+def with_cap_cost(model: InterferenceModel, coefficient: float) -> InterferenceModel:
+    """``model`` with its ``thread_cap`` coefficient replaced (colocation terms unchanged)."""
+    coefficients = list(model.coefficients)
+    coefficients[_COLOCATION] = coefficient
+    return replace(model, coefficients=tuple(coefficients))
+
+
+def fit_coefficients(
+    records: Sequence[ColocationRecord], *, cap_term: bool = True
+) -> tuple[float, ...]:
+    """Just the coefficients of :func:`fit` (no accuracy bookkeeping); ``cap_term=False``
+    leaves ``thread_cap`` at 0 (records measured at the same cap cannot see it)."""
     rows = _observations(records)
-    active = list(range(len(FEATURE_NAMES)))
+    active = list(range(len(FEATURE_NAMES) if cap_term else _COLOCATION))
     coefficients = [0.0] * len(FEATURE_NAMES)
     while active and rows:
         solution = _least_squares(rows, active)
@@ -507,6 +570,15 @@ threads kept its solo p99 beside ResNet-50 training capped at 50% (the model kno
 priorities and predicted it slower)."""
 
 
+def reserved(profile: PipeProfile) -> PipeProfile:
+    """A latency pod as its neighbours feel it: busy over its whole reserved share (it runs
+    uncapped at MPS priority 0, and its bursts take SMs first), not at its average SM
+    utilization -- an H200 inference service at 40 req/s averaged 2% of the SMs busy, and
+    four small jobs at 50% threads beside it ran 2.2x their solo time where the model, told
+    2%, predicted 1.8-1.9x at their caps."""
+    return replace(profile, sm_utilization=None)
+
+
 def admit_reason(
     gpu: GpuState,
     demand: Demand,
@@ -519,7 +591,8 @@ def admit_reason(
     ``bounds`` maps a class to the largest acceptable slowdown, e.g. ``{"latency": 1.15,
     "batch": 2.0}``; a class without a bound is not checked. Pods without a profile are assumed
     heavy (:data:`CONSERVATIVE_PROFILE`). A latency pod's slowdown leaves out its
-    :data:`SHIELDED` batch neighbours (MPS priority protects it from them).
+    :data:`SHIELDED` batch neighbours (MPS priority protects it from them). A latency pod counts
+    towards its neighbours as busy over its whole reserved share (:func:`reserved`).
     """
     if not gpu.tenants:
         return None
@@ -528,7 +601,9 @@ def admit_reason(
     # A latency pod runs uncapped for its bursts; to its neighbours it weighs its reserved share.
     loads = [
         (
-            t.profile or CONSERVATIVE_PROFILE,
+            reserved(t.profile or CONSERVATIVE_PROFILE)
+            if t.gpu_class == CLASS_LATENCY
+            else t.profile or CONSERVATIVE_PROFILE,
             t.percent if t.gpu_class == CLASS_LATENCY else tenant_threads(t),
         )
         for t in gpu.tenants
@@ -554,6 +629,7 @@ def admit_reason(
             )
     if demand.gpu_class == CLASS_LATENCY:
         threads = max(1, min(demand.percent, SLICES_PER_GPU))
+        newcomer = reserved(newcomer)
     for i, tenant in enumerate(gpu.tenants):
         bound = bounds.get(tenant.gpu_class)
         if bound is None:

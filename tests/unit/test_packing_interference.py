@@ -228,3 +228,62 @@ def test_records_carry_an_optional_sm_utilization() -> None:
     with pytest.raises(InvalidInputError) as err:
         parse_records([{"gpu": "H200", "jobs": [job]}])
     assert err.value.field == "colocations[0].jobs[0].profile.sm_utilization"
+
+
+# H200 solo profiles as gpushare's profiler measured them (bench/results/gpu-packing.json).
+R18 = PipeProfile(fp32=0.015, tensor=0.049, sm_occupancy=0.12, dram_bandwidth=0.07,
+                  sm_utilization=0.385)  # fmt: skip
+LSTM = PipeProfile(tensor=0.1, sm_occupancy=0.06, dram_bandwidth=0.1, sm_utilization=0.41)
+SERVICE = PipeProfile(tensor=0.004, sm_occupancy=0.007, dram_bandwidth=0.003, sm_utilization=0.023)
+
+
+def _small(key: str, profile: PipeProfile) -> Tenant:
+    return Tenant(key, 20, 20 << 30, profile=profile, thread_percent=50)
+
+
+def test_a_latency_tenant_weighs_its_reserved_share_on_its_neighbours() -> None:
+    # H200 run 3: the service averaged 2% of the SMs busy, so four small jobs at 50% threads
+    # were admitted beside it and ran 2.2x their solo time. Counted at its 25% reservation, the
+    # fourth waits; three fit beside it, and four fit once it has gone.
+    service = Tenant("ns/web", 25, 20 << 30, gpu_class="latency", profile=SERVICE)
+    three = [_small("ns/a", R18), _small("ns/b", LSTM), _small("ns/c", R18)]
+    fourth = Demand(percent=20, profile=R18)
+    model = load_default()
+    reason = admit_reason(_gpu(*three, service), fourth, model=model, bounds=BOUNDS)
+    assert reason is not None and "batch" in reason
+    assert admit_reason(_gpu(*three[:2], service), fourth, model=model, bounds=BOUNDS) is None
+    assert admit_reason(_gpu(*three), fourth, model=model, bounds=BOUNDS) is None
+    # The service arriving last is held back the same way.
+    web = Demand(percent=25, gpu_class="latency", profile=SERVICE)
+    assert admit_reason(_gpu(*three, _small("ns/d", R18)), web, model=model, bounds=BOUNDS)
+
+
+def _same_cap_records(cap_coefficient: float) -> list[ColocationRecord]:
+    """Records as the GPU benchmark writes them: solo_rate is the rate alone at the cap."""
+    truth = InterferenceModel(coefficients=(0.4, 1.4, 3.9, 0.3, 0.5, cap_coefficient))
+    heavy = PipeProfile(tensor=0.3, sm_occupancy=0.45, dram_bandwidth=0.4, sm_utilization=0.87)
+    records = []
+    for a, b in ((R18, LSTM), (R18, heavy), (heavy, LSTM), (R18, R18)):
+        for cap in (100, 50, 25):
+            jobs = []
+            for me, other in ((a, b), (b, a)):
+                alone = 100.0 / truth.cap_slowdown(me, cap)
+                slowdown = truth.predict(me, cap, [(other, cap)])
+                jobs.append(ColocationJob("r18" if me is R18 else str(id(me)), me, cap, alone,
+                                          alone / slowdown))  # fmt: skip
+            records.append(ColocationRecord("H200", tuple(jobs)))
+    return records
+
+
+def test_fit_learns_the_cost_of_a_thread_cap_from_solo_rates_at_each_cap() -> None:
+    # The benchmark's records measure slowdown at the same cap, so the cap's own cost comes from
+    # the solo rates at 100% vs lower caps (H200: ResNet-18 0.84 at 50%, ResNet-50 0.65).
+    model = fit(_same_cap_records(0.87))
+    assert model.coefficients[-1] == pytest.approx(0.87, rel=1e-6)
+    # Its MAPE compares same-cap predictions with same-cap slowdowns (no cap cost charged).
+    assert model.mape_in_sample is not None and model.mape_in_sample < 0.05
+    assert model.cap_slowdown(R18, 50) == pytest.approx(math.exp(0.87 * 0.385 * math.log(2)))
+    # Records relative to the full GPU (same solo rate at every cap) carry no cap data.
+    assert fit(_synthetic_records((0.9, 0.3, 0.5, 1.2, 0.4, 0.7))).coefficients[-1] == (
+        pytest.approx(0.7, abs=1e-6)
+    )

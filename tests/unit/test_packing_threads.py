@@ -1,10 +1,11 @@
 """assign_thread_percent: cautiously aggressive MPS thread caps."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpushare.packing.model import Demand, GpuState, PipeProfile
-from gpushare.packing.threads import assign_thread_percent
+from gpushare.packing.threads import assign_thread_percent, cap_beside_latency
 
 H100 = GpuState("g0", 80 << 30, model="H100")
 
@@ -52,3 +53,14 @@ def test_batch_thread_percent_never_below_the_share_and_at_most_half_beyond_it(
     profile = PipeProfile(*values)
     threads = assign_thread_percent(Demand(percent=percent, profile=profile), H100)
     assert max(percent, 1) <= threads <= max(percent, 50)
+
+
+def test_cap_beside_a_latency_pod_is_the_largest_that_kept_its_p99() -> None:
+    assert cap_beside_latency({50: 1.10, 40: 1.02}, bound=1.15) == 50
+    assert cap_beside_latency({50: 1.22, 40: 1.08}, bound=1.15) == 40
+    # None kept it: protect the latency pod with the smallest cap measured.
+    assert cap_beside_latency({50: 1.30, 40: 1.21}, bound=1.15) == 40
+    with pytest.raises(ValueError, match="p99_ratio_by_threads"):
+        cap_beside_latency({}, bound=1.15)
+    with pytest.raises(ValueError, match=r"outside 1\.\.100"):
+        cap_beside_latency({150: 1.0}, bound=1.15)
