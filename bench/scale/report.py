@@ -83,6 +83,12 @@ def render_markdown(r: dict[str, Any]) -> str:
             f"{'yes' if _within(summary, 10.0) else 'NO'} |"
             for verb, summary in (ext or {}).get("extender_latency", {}).items()
         ],
+        *[
+            f"| extender p99, {verb} | no calls (filter offers one node; kube-scheduler scores "
+            "only when several are left) | <= 10 ms | n/a |"
+            for verb in ("filter", "prioritize", "bind")
+            if ext is not None and verb not in ext.get("extender_latency", {"filter": 0})
+        ],
         f"| invariant violations | {r['violations']} (bound {r['pods_bound']}/{r['pods']}) | 0 | "
         f"{'yes' if t['violations == 0'] else 'NO'} |",
         "",
@@ -124,6 +130,23 @@ def render_markdown(r: dict[str, Any]) -> str:
             f"{_fmt(s['p50_ms'], ' ms')} | {_fmt(s['p90_ms'], ' ms')} | "
             f"{_p99(s)} | {_fmt(s['p99_bucket_ms'])} |"
         )
+    stages = ext.get("bind_stages") or {}
+    if stages:
+        lines += [
+            "",
+            "Bind stages (controller histogram `gpushare_extender_bind_stage_seconds`): gate = "
+            "waiting until no pod of the same size on the node still waits for its Allocate; "
+            "write = choosing GPUs and the Binding POST.",
+            "",
+            "| stage | count | mean | p50 | p90 | p99 | p99 bucket (ms) |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for stage, s in stages.items():
+            lines.append(
+                f"| {stage} | {s['count']} | {_fmt(s['mean_ms'], ' ms')} | "
+                f"{_fmt(s['p50_ms'], ' ms')} | {_fmt(s['p90_ms'], ' ms')} | "
+                f"{_p99(s)} | {_fmt(s['p99_bucket_ms'])} |"
+            )
     lines += ["", "## CPU (cores used on average during each phase)", ""]
     present = list(r["phases"].items())
     names = sorted({k for _, p in present for k in p["cpu_cores_used"]})
@@ -146,3 +169,12 @@ def render_markdown(r: dict[str, Any]) -> str:
     for v in inv.get("violation_examples", []):
         lines.append(f"- {v}")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    from pathlib import Path
+
+    # Render a stored result again: python -m bench.scale.report RESULT.json > RESULT.md
+    sys.stdout.write(render_markdown(json.loads(Path(sys.argv[1]).read_text())))

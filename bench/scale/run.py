@@ -338,6 +338,26 @@ def extender_summary(before: str, after: str) -> tuple[str | None, dict[str, Any
     return name, out
 
 
+BIND_STAGE_METRIC = "gpushare_extender_bind_stage_seconds"
+
+
+def bind_stage_summary(before: str, after: str) -> dict[str, Any]:
+    """Where bind time goes (controller histogram ``BIND_STAGE_METRIC`` by ``stage``): the
+    allocation gate or the write. Empty for a controller without the histogram."""
+    out: dict[str, Any] = {}
+    for stage in metrics.label_values(after, BIND_STAGE_METRIC, "stage"):
+
+        def of_stage(labels: Any, v: str = stage) -> bool:
+            return bool(labels.get("stage") == v)
+
+        h = metrics.histogram(after, BIND_STAGE_METRIC, of_stage).minus(
+            metrics.histogram(before, BIND_STAGE_METRIC, of_stage)
+        )
+        if h.count > 0:
+            out[stage] = metrics.summarize(h)
+    return out
+
+
 async def measure_phase(
     api: Api,
     scraper: Scraper,
@@ -380,6 +400,7 @@ async def measure_phase(
         name, verbs = extender_summary(ctl_before, ctl_after)
         result["extender_metric"] = name
         result["extender_latency"] = verbs
+        result["bind_stages"] = bind_stage_summary(ctl_before, ctl_after)
     log.info(
         "phase %s: %s/%s bound in %ss: %s pods/s (creation %s pods/s, drain %s pods/s)",
         phase,

@@ -11,7 +11,7 @@ checked with gpushare.packing; nothing else is serialized.
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -184,6 +184,9 @@ class Extender:
         view.allocation_listeners.append(self._wake)
         self._verdicts: dict[tuple[str, Demand], tuple[int, str, str]] = {}
         self._scores: dict[tuple[str, Demand], tuple[int, int]] = {}
+        self.bind_stage_observer: Callable[[str, float], None] | None = None
+        """Told (stage, seconds) for each bind: ``gate`` (waiting for the node's earlier pods'
+        Allocate) and ``write`` (choosing GPUs and the Binding POST)."""
 
     # ---- filter --------------------------------------------------------------------------
 
@@ -433,12 +436,14 @@ class Extender:
         key = f"{args.pod_namespace}/{args.pod_name}"
         size = self._size(key)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.gate_seconds
+        start = loop.time()
+        deadline = start + self.gate_seconds
         lock = self._node_locks.setdefault((args.node, size), asyncio.Lock())
         try:
             async with asyncio.timeout_at(deadline):
                 await lock.acquire()
         except TimeoutError:
+            self._observe("gate", loop.time() - start)
             waiting = self._ambiguous(args.node, key, size)
             return {
                 "Error": f"gpushare: node {args.node} is busy: {len(waiting)} pod(s) there "
@@ -451,10 +456,17 @@ class Extender:
                     "binding while other pods still wait for their allocation",
                     extra={"pod": key, "node": args.node, "waiting": waiting[:5]},
                 )
+            opened = loop.time()
+            self._observe("gate", opened - start)
             result = await self._bind(args)
+            self._observe("write", loop.time() - opened)
         finally:
             lock.release()
         return {"Error": scheduler_safe(result["Error"])}
+
+    def _observe(self, stage: str, seconds: float) -> None:
+        if self.bind_stage_observer is not None:
+            self.bind_stage_observer(stage, seconds)
 
     def _wake(self, node: str) -> None:
         event = self._node_events.get(node)

@@ -58,6 +58,14 @@ class Metrics:
             ["verb", "outcome"],
             registry=self.registry,
         )
+        self.bind_stage_seconds = Histogram(
+            f"{METRIC_PREFIX}extender_bind_stage_seconds",
+            "Time a bind spends per stage: gate (waiting until no pod of its size on the node "
+            "still waits for its Allocate) and write (choosing GPUs and the Binding POST)",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.binds = Counter(
             f"{METRIC_PREFIX}extender_binds",
             "Bind attempts by result (bound, failed)",

@@ -74,6 +74,8 @@ def extender_app(
 ) -> web.Application:
     """POST {prefix}/filter, {prefix}/prioritize, {prefix}/bind; GET /healthz /readyz /metrics."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
+    stages = metrics.bind_stage_seconds
+    extender.bind_stage_observer = lambda stage, seconds: stages.labels(stage).observe(seconds)
 
     def verb(
         name: str, work: Callable[[Any], Awaitable[tuple[object, bool]]]
