@@ -7,6 +7,8 @@ weigh packings by predicted interference the simulator gives every pod a solo pr
    (bench/gpu, ``bench/results/gpu-packing.md``): ResNet-18, ResNet-50, a transformer, an LSTM
    and an FP64 GEMM -- the same profiles the shipped interference model was fit on. The draw is
    ``crc32(pod name) mod 5``, so a pod (and every sampled copy of it) always gets the same one.
+   Each archetype carries its measured SM utilization (the share of SMs it keeps busy), which
+   the interference model's time-sharing features rest on.
 2. Intensity: latency-sensitive pods (``qos == LS``, mostly inference in the trace) are assumed
    to run at half their archetype's load; a pod asking for a share p of a GPU is assumed lighter
    than a whole-GPU job, scaled by ``0.5 + 0.5 p / 100``; and a per-pod jitter in [0.8, 1.2]
@@ -18,13 +20,14 @@ import zlib
 from bench.sim.trace import PodSpec
 from gpushare.packing.model import PipeProfile
 
-ARCHETYPES: dict[str, tuple[float, float, float, float, float, float]] = {
-    # name: (fp16, fp32, fp64, tensor, sm_occupancy, dram_bandwidth), H200 GPM, alone, 100% threads
-    "resnet18": (0.0, 0.0147, 0.0, 0.0475, 0.118, 0.0684),
-    "resnet50": (0.0, 0.0319, 0.0, 0.1242, 0.4774, 0.414),
-    "transformer": (0.0, 0.024, 0.0, 0.3106, 0.4215, 0.4104),
-    "lstm": (0.0, 0.0034, 0.0, 0.1022, 0.0555, 0.0993),
-    "fp64-gemm": (0.0, 0.0, 0.0002, 0.9695, 0.1221, 0.1068),
+ARCHETYPES: dict[str, tuple[float, float, float, float, float, float, float]] = {
+    # name: (fp16, fp32, fp64, tensor, sm_occupancy, dram_bandwidth, sm_utilization),
+    # H200 GPM, alone, 100% threads (bench/gpu/data/colocations.json)
+    "resnet18": (0.0, 0.0152, 0.0, 0.0493, 0.1215, 0.071, 0.3847),
+    "resnet50": (0.0, 0.0321, 0.0, 0.1255, 0.4756, 0.4162, 0.8443),
+    "transformer": (0.0, 0.024, 0.0, 0.3113, 0.4183, 0.4119, 0.8663),
+    "lstm": (0.0, 0.0034, 0.0, 0.1028, 0.0554, 0.0989, 0.413),
+    "fp64-gemm": (0.0, 0.0, 0.0002, 0.9691, 0.1221, 0.1038, 0.9837),
 }
 _NAMES = tuple(ARCHETYPES)
 LATENCY_SCALE = 0.5
@@ -45,7 +48,13 @@ def profile_of(pod: PodSpec) -> PipeProfile:
     jitter = 0.8 + 0.4 * (h % 1001) / 1000
     share = min(pod.percent, 100) / 100 if pod.num_gpu else 1.0
     scale = (0.5 + 0.5 * share) * jitter * (LATENCY_SCALE if pod.qos == "LS" else 1.0)
-    fp16, fp32, fp64, tensor, occ, dram = (min(1.0, v * scale) for v in values)
+    fp16, fp32, fp64, tensor, occ, dram, busy = (min(1.0, v * scale) for v in values)
     return PipeProfile(
-        fp16=fp16, fp32=fp32, fp64=fp64, tensor=tensor, sm_occupancy=occ, dram_bandwidth=dram
+        fp16=fp16,
+        fp32=fp32,
+        fp64=fp64,
+        tensor=tensor,
+        sm_occupancy=occ,
+        dram_bandwidth=dram,
+        sm_utilization=busy,
     )

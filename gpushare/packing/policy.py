@@ -20,6 +20,7 @@ Three policies:
 """
 
 import math
+from collections.abc import Sequence
 from enum import StrEnum
 
 from gpushare.api.names import SLICES_PER_GPU
@@ -27,11 +28,12 @@ from gpushare.packing.fit import demand_memory, gpu_fit
 from gpushare.packing.fragmentation import Option, Workload, placement_options
 from gpushare.packing.interference import (
     InterferenceModel,
-    gpu_loss,
+    add_loads,
     load_default,
+    load_of,
     tenant_threads,
 )
-from gpushare.packing.model import Assignment, Demand, GpuState, NodeState
+from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile
 from gpushare.packing.threads import assign_thread_percent
 
 
@@ -46,17 +48,70 @@ INTERFERENCE_WEIGHT = 1.0
 STRANDING_WEIGHT = 4.0
 """Weight of GPU share stranded by CPU/memory exhaustion against FGD's one-task fragmentation
 (tuned on the openb default trace with seeds 1-4, not the reported 42-51)."""
+LOOKAHEAD_WEIGHT = 2.0
 BEST_FIT_WEIGHT = 0.01
 """Per GPU-percent left free on the chosen GPU: a tie-breaker, below any real cost difference."""
 SCORE_SCALE = 25.0
 """Cost (GPU-percent) that moves the 0-10 gpushare score from 5 to about 7.3 or 2.7."""
 
 
+def guaranteed_loss(
+    tenants: Sequence[tuple[float, PipeProfile, int]], model: InterferenceModel
+) -> float:
+    """GPU-percent a GPU's tenants (percent, profile, threads) run below their guarantee: a
+    tenant loses ``percent x (1 - rate)``, its rate being its predicted speed beside the others
+    relative to running alone capped at its guaranteed percent (at most 1).
+
+    A tenant whose thread cap exceeds its percent (latency pods, profiled batch pods: see
+    :mod:`threads`) has headroom: it loses nothing until its neighbours slow it by more than
+    its larger cap gained it. Counting slowdown against the cap instead (as
+    :func:`interference.gpu_loss` does) calls harmless colocations harmful and spreads pods
+    for nothing.
+    """
+    if len(tenants) < 2:
+        return 0.0
+    key = tuple(tenants)
+    if _loss_memo.model is not model:
+        _loss_memo.model, _loss_memo.values = model, {}
+    cached = _loss_memo.values.get(key)
+    if cached is not None:
+        return cached
+    loads = [load_of(profile, threads) for _, profile, threads in tenants]
+    lost = 0.0
+    for k, (percent, profile, threads) in enumerate(tenants):
+        rest = [load for j, load in enumerate(loads) if j != k]
+        others = rest[0]
+        for load in rest[1:]:
+            others = add_loads(others, load)
+        slowdown = model.predict_load(loads[k], others)
+        if slowdown <= 1.0:
+            continue
+        share = max(1, min(round(percent), SLICES_PER_GPU))
+        headroom = model.cap_slowdown(profile, share) / model.cap_slowdown(profile, threads)
+        lost += percent * max(0.0, 1.0 - headroom / slowdown)
+    if len(_loss_memo.values) >= _LOSS_MEMO_LIMIT:
+        _loss_memo.values.clear()
+    _loss_memo.values[key] = lost
+    return lost
+
+
+class _LossMemo:
+    """Losses by tenant set: a GPU's tenants stay the same across many pods' scoring."""
+
+    def __init__(self) -> None:
+        self.model: InterferenceModel | None = None
+        self.values: dict[tuple[tuple[float, PipeProfile, int], ...], float] = {}
+
+
+_loss_memo = _LossMemo()
+_LOSS_MEMO_LIMIT = 200_000
+
+
 def interference_delta(
     gpu: GpuState, demand: Demand, threads: int, model: InterferenceModel
 ) -> float:
-    """GPU-percent the GPU's tenants (newcomer included) are predicted to lose to interference
-    once ``demand`` joins them, minus what they lose now.
+    """GPU-percent the GPU's tenants (newcomer included) are predicted to lose below their
+    guarantees once ``demand`` joins them, minus what they lose now (:func:`guaranteed_loss`).
 
     Only measured profiles count: a pod without one has no interference opinion here (the
     placement falls back to pure FGD for it), while :func:`interference.admit_reason` keeps
@@ -72,7 +127,7 @@ def interference_delta(
     if not before:
         return 0.0
     newcomer = (float(min(demand.percent, SLICES_PER_GPU)), demand.profile, threads)
-    return gpu_loss([*before, newcomer], model) - gpu_loss(before, model)
+    return guaranteed_loss([*before, newcomer], model) - guaranteed_loss(before, model)
 
 
 def base_cost(option: Option) -> float:
@@ -81,6 +136,7 @@ def base_cost(option: Option) -> float:
     return (
         option.frag_delta
         + STRANDING_WEIGHT * option.strand_delta
+        + LOOKAHEAD_WEIGHT * option.waste_delta
         + BEST_FIT_WEIGHT * option.free_after
     )
 

@@ -93,3 +93,44 @@ def test_stranded_share_is_what_free_cpu_cannot_feed() -> None:
     assert workload.stranded(200, 10_000, None) == pytest.approx(100.0)
     assert workload.stranded(200, 50_000, None) == 0.0
     assert workload.stranded(200, None, None) == 0.0
+
+
+# Roughly the openb default mix: whole GPUs, 81% pods that strand 19%, and fractions.
+OPENB_LIKE = Workload(
+    [
+        TaskClass(48, 100),
+        TaskClass(13, 81),
+        TaskClass(9, 47),
+        TaskClass(4, 32),
+        TaskClass(3, 65),
+        TaskClass(1, 16),
+    ]
+)
+
+
+def test_gap_a_popular_task_fills_wastes_less_than_one_only_rare_tasks_fit() -> None:
+    waste = OPENB_LIKE.waste_table("T4")
+    assert waste[0] == 0.0
+    assert waste[10] == 10.0  # nothing fits 10%: it stays free for good
+    # 36% free: the 32% tasks fill it to 4%. 21% free: only the rare 16% tasks fit.
+    assert waste[36] < 0.5 * waste[21]
+    # FGD's one-task measure ranks them the other way round (21% hurts fewer tasks than 36%).
+    assert node_fragmentation(node(64, 100, model="T4"), OPENB_LIKE) > node_fragmentation(
+        node(79, 100, model="T4"), OPENB_LIKE
+    )
+    # Tasks that may not use the GPU model do not fill its gaps.
+    t4_only = Workload([TaskClass(1, 50, gpu_model="T4")])
+    assert t4_only.waste_table("V100M16")[50] == 50.0
+    assert t4_only.waste_table("T4")[50] == 0.0
+
+
+def test_options_carry_the_change_of_lookahead_waste() -> None:
+    options = placement_options(node(47, 32, model="T4"), Demand(percent=32), OPENB_LIKE)
+    by_gpu = {o.gpus: o for o in options}
+    beside_47, beside_32 = by_gpu[(0,)], by_gpu[(1,)]
+    # FGD alone prefers leaving 21% beside the 47% pod; the look-ahead sees that 36% beside
+    # the 32% pod gets used and 21% does not.
+    assert beside_47.frag_delta < beside_32.frag_delta
+    assert beside_32.waste_delta < 0 < beside_47.waste_delta
+    whole = placement_options(node(0, 0, model="T4"), Demand(percent=100, gpus=2), OPENB_LIKE)
+    assert whole[0].waste_delta == pytest.approx(-2 * OPENB_LIKE.waste_table("T4")[100])

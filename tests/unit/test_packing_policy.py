@@ -1,9 +1,17 @@
 """choose_gpus / score_node: which GPU a pod gets under each policy and how nodes rank."""
 
-from gpushare.packing.fragmentation import TaskClass, Workload
-from gpushare.packing.interference import InterferenceModel
+import pytest
+
+from gpushare.packing.fragmentation import TaskClass, Workload, fgd_option
+from gpushare.packing.interference import InterferenceModel, gpu_loss
 from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile, Tenant
-from gpushare.packing.policy import Policy, choose_gpus, node_cost, score_node
+from gpushare.packing.policy import (
+    Policy,
+    choose_gpus,
+    guaranteed_loss,
+    node_cost,
+    score_node,
+)
 
 GIB = 1 << 30
 
@@ -123,3 +131,44 @@ def test_cpu_starved_node_is_avoided_by_gpushare() -> None:
     roomy_cost = node_cost(roomy, demand, policy=Policy.GPUSHARE, workload=workload)
     assert starved_cost is not None and roomy_cost is not None
     assert roomy_cost < starved_cost
+
+
+def test_gpushare_keeps_a_gap_the_workload_fills_where_fgd_would_strand_one() -> None:
+    # openb-like mix: a 32% pod beside a 47% one leaves 21% that only rare 16% pods fit;
+    # beside another 32% it leaves 36%, which the next 32% pod fills to 4%.
+    workload = Workload(
+        [
+            TaskClass(48, 100),
+            TaskClass(13, 81),
+            TaskClass(9, 47),
+            TaskClass(4, 32),
+            TaskClass(3, 65),
+            TaskClass(1, 16),
+        ]
+    )
+    node = NodeState("n1", [gpu("with-47", tenant("a", 47)), gpu("with-32", tenant("b", 32))])
+    demand = Demand(percent=32)
+    fgd = fgd_option(node, demand, workload)
+    assert fgd is not None and fgd.gpus == (0,)  # FGD alone: beside the 47% pod
+    a = choose_gpus(node, demand, policy=Policy.GPUSHARE, workload=workload)
+    assert a is not None and a.gpu_uuids == ("with-32",)
+
+
+def test_interference_counts_only_what_a_tenant_loses_below_its_guaranteed_share() -> None:
+    # DRAM contention plus the cost of a thread cap; two 25% tenants.
+    model = InterferenceModel(coefficients=(0.0, 0.0, 0.0, 0.0, 3.0, 1.0))
+    light = PipeProfile(tensor=0.3, sm_occupancy=0.4, dram_bandwidth=0.3, sm_utilization=0.4)
+    heavy = PipeProfile(tensor=0.3, sm_occupancy=0.4, dram_bandwidth=0.9, sm_utilization=0.4)
+    # Capped at their shares there is no headroom: every slowdown is lost share.
+    at_share = [(25.0, light, 25), (25.0, light, 25)]
+    assert guaranteed_loss(at_share, model) == pytest.approx(gpu_loss(at_share, model))
+    assert guaranteed_loss(at_share, model) > 0
+    # At 50% threads they run faster than their 25% alone would, and a light neighbour
+    # takes no more than that: nothing below the guarantee is lost.
+    roomy = [(25.0, light, 50), (25.0, light, 50)]
+    assert gpu_loss(roomy, model) > 0
+    assert guaranteed_loss(roomy, model) == 0.0
+    # A heavy neighbour slows them past the headroom.
+    crowded = [(25.0, heavy, 50), (25.0, heavy, 50)]
+    assert 0 < guaranteed_loss(crowded, model) < gpu_loss(crowded, model)
+    assert guaranteed_loss([(25.0, heavy, 50)], model) == 0.0
