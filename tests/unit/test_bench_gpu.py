@@ -368,3 +368,22 @@ def test_command_line_help_and_bad_slots(capsys: pytest.CaptureFixture[str]) -> 
         run.parse_args(["--out", "x", "--slots", "0"])
     assert bad.value.code == 2
     assert "--slots must be at least 1" in capsys.readouterr().err
+
+
+# --- offline replay -----------------------------------------------------------------------
+
+
+def test_replay_charging_the_cap_cost_trades_makespan_for_the_slowest_job() -> None:
+    # The estimate run 4's docs quote: with the bound on the slowdown vs the whole GPU no job
+    # passes 2x, and the light trace takes longer (fewer small jobs run at once).
+    from bench.gpu import replay  # noqa: PLC0415  (only this test needs it)
+
+    results = json.loads((DATA.parents[2] / "results" / "gpu-packing.json").read_text())
+    records = colocate.validate(json.loads(DATA.read_text()))
+    model = fit(parse_records(records))
+    fractions = dict(results["details"]["requested_fractions"])
+    common = {"results": results, "records": records, "trace": "light", "fractions": fractions}
+    plain = replay.replay(model=model, **common)
+    charged = replay.replay(model=model, admission=replay.CapCharged(model.coefficients), **common)
+    assert charged["slowest"] <= 2.0 < plain["slowest"]
+    assert charged["makespan_s"] > plain["makespan_s"]

@@ -1,0 +1,158 @@
+"""Replay a trace under gpushare's decisions with the interference model as the GPU: an offline
+estimate (no GPU) for choosing what a full run should measure, never a result of record.
+
+    PYTHONPATH=. python3 -m bench.gpu.replay --results bench/results/gpu-packing.json \\
+        --colocations bench/gpu/data/colocations.json [--trace light] [--charge-cap]
+
+Each running job advances at 1 / (the model's same-cap slowdown x its measured cost of the
+thread cap alone); the inference service runs for its measured duration. Profiles, requests and
+solo rates at each cap come from a run's results and colocations; the model is fit on the
+colocations. ``--charge-cap`` replays admission with the bound on the slowdown vs the whole GPU
+(the cap's modelled cost charged, up to sqrt(bound)); ``--half-heavy`` lets the transformer and
+ResNet-50 ask for half a GPU.
+"""
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.gpu import colocate, policy, traces
+from bench.gpu.schemes import Gpushare, Running
+from gpushare.api.names import CLASS_LATENCY
+from gpushare.packing import interference
+from gpushare.packing.interference import InterferenceModel, fit, parse_records
+from gpushare.packing.model import PipeProfile
+
+STEP_S = 0.01
+
+
+@dataclass(frozen=True)
+class CapCharged(InterferenceModel):
+    """Admission's view with the bound on the slowdown vs the whole GPU: the same-cap
+    prediction x the cap's modelled cost (profiles with an SM utilization; up to sqrt(2))."""
+
+    def predict(
+        self,
+        target: PipeProfile,
+        target_threads: int,
+        neighbours: Sequence[tuple[PipeProfile, int]],
+    ) -> float:
+        base = super().predict(target, target_threads, neighbours)
+        if target.sm_utilization is None:
+            return base
+        return base * min(self.cap_slowdown(target, target_threads), math.sqrt(2.0))
+
+
+def replay(
+    *,
+    results: dict[str, Any],
+    records: list[colocate.Record],
+    trace: str,
+    fractions: dict[str, float],
+    model: InterferenceModel,
+    admission: InterferenceModel | None = None,
+) -> dict[str, float]:
+    """(makespan, mean JCT, slowest run time / solo work) of ``trace`` under gpushare, jobs
+    advancing at the rates ``model`` predicts; ``admission`` is the model the decisions use
+    (default ``model``)."""
+    d = results["details"]
+    gpu = str(results.get("gpu", ""))
+    profiles = {k: policy.to_pipe_profile(v, gpu_model=gpu) for k, v in d["profiles"].items()}
+    full, at_cap = colocate.tables(records)
+    decider = policy.GpushareDecider(
+        profiles=profiles,
+        model=admission or model,
+        bounds=dict(policy.DEFAULT_BOUNDS),
+        gpu_model=gpu,
+        gpu_memory_bytes=141 * 2**30,
+    )
+    scheme = Gpushare(decider, prepare=decider.prepare, source="replay")
+    jobs = traces.with_requests(traces.TRACES[trace](), fractions)
+    service = {j["id"]: j for j in d["jobs"][trace]["exclusive"] if j["kind"] == "infer"}
+    left = {
+        j.id: (service[j.id]["end_s"] - service[j.id]["start_s"]) if j.id in service else j.work_s
+        for j in jobs
+    }
+    arrivals = sorted(jobs, key=lambda j: j.arrival_s)
+    pending: list[traces.TraceJob] = []
+    running: dict[str, Running] = {}
+    start: dict[str, float] = {}
+    end: dict[str, float] = {}
+    t = 0.0
+    while arrivals or pending or running:
+        while arrivals and arrivals[0].arrival_s <= t + 1e-9:
+            pending.append(arrivals.pop(0))
+        for launch in scheme.select(list(pending), list(running.values())):
+            pending.remove(launch.job)
+            running[launch.job.id] = Running(launch.job, launch)
+            start[launch.job.id] = t
+        tenants = decider.gpu(list(running.values())).tenants
+        for i, (r, tenant) in enumerate(zip(running.values(), tenants, strict=True)):
+            if r.job.gpu_class == CLASS_LATENCY or tenant.profile is None:
+                left[r.job.id] -= STEP_S
+                continue
+            others = [
+                (
+                    o.profile or interference.CONSERVATIVE_PROFILE,
+                    o.percent if o.gpu_class == CLASS_LATENCY else interference.tenant_threads(o),
+                )
+                for k, o in enumerate(tenants)
+                if k != i
+            ]
+            threads = interference.tenant_threads(tenant)
+            alone = full.get(r.job.kind, 1.0)
+            cap_cost = alone / at_cap.get((r.job.kind, threads), alone)
+            slowdown = model.predict(tenant.profile, threads, others) * cap_cost
+            left[r.job.id] -= STEP_S / slowdown
+        t += STEP_S
+        for jid in [k for k in running if left[k] <= 0]:
+            end[jid] = t
+            del running[jid]
+    return {
+        "makespan_s": round(max(end.values()), 2),
+        "mean_jct_s": round(sum(end[j.id] - j.arrival_s for j in jobs) / len(jobs), 2),
+        "slowest": round(
+            max((end[j.id] - start[j.id]) / j.work_s for j in jobs if j.id not in service), 2
+        ),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.gpu.replay",
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--results", type=Path, required=True, help="a run's gpu-packing.json")
+    p.add_argument("--colocations", type=Path, required=True, help="colocations.json")
+    p.add_argument("--trace", choices=sorted(traces.TRACES), default="light")
+    p.add_argument("--charge-cap", action="store_true", help="bound on slowdown vs whole GPU")
+    p.add_argument("--half-heavy", action="store_true", help="transformer, resnet50 ask 0.5")
+    args = p.parse_args(argv)
+    results = json.loads(args.results.read_text())
+    records = colocate.validate(json.loads(args.colocations.read_text()))
+    model = fit(parse_records(records), source="replay")
+    fractions = dict(results["details"]["requested_fractions"])
+    if args.half_heavy:
+        fractions.update(transformer=0.5, resnet50=0.5)
+    admission = CapCharged(coefficients=model.coefficients) if args.charge_cap else None
+    out = replay(
+        results=results,
+        records=records,
+        trace=args.trace,
+        fractions=fractions,
+        model=model,
+        admission=admission,
+    )
+    flags = {"charge_cap": args.charge_cap, "half_heavy": args.half_heavy}
+    print(json.dumps({"trace": args.trace, **flags, **out}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
