@@ -10,7 +10,8 @@ import pytest
 
 from bench.sim import run
 from bench.sim.engine import POLICIES, arrivals, simulate
-from bench.sim.trace import load_nodes, load_pods
+from bench.sim.profiles import ARCHETYPES, archetype, profile_of
+from bench.sim.trace import PodSpec, load_nodes, load_pods
 from gpushare.api.errors import InvalidInputError
 from gpushare.packing.interference import load_default
 
@@ -104,3 +105,15 @@ def test_pod_list_with_a_fractional_percent_is_refused_naming_the_row(tmp_path: 
     with pytest.raises(InvalidInputError) as err:
         load_pods(tmp_path / "openb_pod_list_bad.csv")
     assert err.value.field == "openb_pod_list_bad.csv[0].gpu_milli"
+
+
+def test_simulated_pods_carry_a_measured_sm_utilization_scaled_like_their_load() -> None:
+    # Without it the interference model takes every pod to keep its whole thread cap busy.
+    whole = PodSpec("p", 4000, 8192, 1, 100, "", "BE")
+    small = PodSpec("p", 4000, 8192, 1, 20, "", "BE")
+    served = PodSpec("p", 4000, 8192, 1, 100, "", "LS")
+    busy = profile_of(whole).sm_utilization
+    measured = ARCHETYPES[archetype(whole)][6]
+    assert busy is not None and 0.8 * measured <= busy <= min(1.0, 1.2 * measured)
+    assert profile_of(small).sm_utilization == pytest.approx(busy * 0.6)
+    assert profile_of(served).sm_utilization == pytest.approx(busy * 0.5)
