@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import STATE_ASSUMED
@@ -48,6 +48,7 @@ HOLD_SECONDS = 30.0
 CACHE_LIMIT = 200_000
 """Entries per answer cache (node x pod shape) before it is dropped and refilled."""
 _PASS, _FAILED, _UNRESOLVABLE = "pass", "failed", "unresolvable"
+_V = TypeVar("_V")
 
 
 class BadRequestError(ValueError):
@@ -182,8 +183,11 @@ class Extender:
         self._node_locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._node_events: dict[str, asyncio.Event] = {}
         view.allocation_listeners.append(self._wake)
-        self._verdicts: dict[tuple[str, Demand], tuple[int, str, str]] = {}
-        self._scores: dict[tuple[str, Demand], tuple[int, int]] = {}
+        # Answer caches by pod shape, then node: the shape (a dataclass, slow to hash) is
+        # hashed once per call, and each node costs one str-keyed lookup.
+        self._verdicts: dict[Demand, dict[str, tuple[int, str, str]]] = {}
+        self._scores: dict[Demand, dict[str, tuple[int, int]]] = {}
+        self._cached = 0
         self.bind_stage_observer: Callable[[str, float], None] | None = None
         """Told (stage, seconds) for each bind: ``gate`` (waiting for the node's earlier pods'
         Allocate) and ``write`` (choosing GPUs and the Binding POST)."""
@@ -211,9 +215,15 @@ class Extender:
             return self._filter_result(args, [], {}, dict.fromkeys(args.node_names, message))
         key = pods.pod_key(args.pod)
         own = self._own_nodes(key)
+        versions = self.view.node_versions
+        hits = self._verdicts.get(demand, {}) if not rules.constrains_gpus else {}
         for name in args.node_names:
-            cached = name not in own and not rules.constrains_gpus
-            verdict, message = self._verdict(name, key, demand, rules, cached=cached)
+            hit = hits.get(name)
+            if hit is not None and hit[0] == versions.get(name, 0) and name not in own:
+                verdict, message = hit[1], hit[2]  # the common case, inlined
+            else:
+                cached = name not in own and not rules.constrains_gpus
+                verdict, message = self._verdict(name, key, demand, rules, cached=cached)
             if verdict == _PASS:
                 passed.append(name)
             elif verdict == _FAILED:
@@ -249,7 +259,15 @@ class Extender:
         nodes any more."""
         own = self._own_nodes(key)
         uncached = own if not rules.constrains_gpus else set(passed)
-        scores = [self._score(n, key, demand, rules, cached=n not in uncached) for n in passed]
+        versions = self.view.node_versions
+        hits = self._scores.get(demand, {})
+        scores: list[int] = []
+        for n in passed:
+            hit = hits.get(n)
+            if hit is not None and hit[0] == versions.get(n, 0) and n not in uncached:
+                scores.append(hit[1])  # the common case, inlined
+            else:
+                scores.append(self._score(n, key, demand, rules, cached=n not in uncached))
         # Prefer the best node where the bind will not wait at the allocation gate behind a
         # pod of the same size (binpack sends back-to-back pods to one node; on a busy
         # cluster, hundreds of pods wait for their Allocate at any moment).
@@ -282,9 +300,11 @@ class Extender:
         """A bind of this pod to ``node`` would wait at the gate: a pod of the same size (or
         of unknown size) waits for its Allocate there, is being bound there, or holds a share
         there from filter and soon will be. Stops at the first such pod."""
+        known = self.view.pods()
         for other in self.view.pending_on(node):
             if other != key:
-                other_size = self._size(other)
+                f = known.get(other)
+                other_size = f.demand.percent if f is not None and f.demand is not None else -1
                 if other_size == size or other_size < 0 or size < 0:
                     return True
         return False
@@ -320,7 +340,7 @@ class Extender:
         two changes of a node, every pod of the same shape gets the same answer there."""
         version = self.view.node_version(name)
         if cached:
-            hit = self._verdicts.get((name, demand))
+            hit = self._verdicts.get(demand, {}).get(name)
             if hit is not None and hit[0] == version:
                 return hit[1], hit[2]
         node, refusal = self._node(name, key, rules)
@@ -344,9 +364,7 @@ class Extender:
             else:
                 verdict, message = _FAILED, _prefixed(reason)
         if cached:
-            if len(self._verdicts) > CACHE_LIMIT:
-                self._verdicts.clear()
-            self._verdicts[(name, demand)] = (version, verdict, message)
+            self._remember(self._verdicts, demand, name, (version, verdict, message))
         return verdict, message
 
     def _score(
@@ -354,7 +372,7 @@ class Extender:
     ) -> int:
         version = self.view.node_version(name)
         if cached:
-            hit = self._scores.get((name, demand))
+            hit = self._scores.get(demand, {}).get(name)
             if hit is not None and hit[0] == version:
                 return hit[1]
         node, _ = self._node(name, key, rules)
@@ -363,10 +381,19 @@ class Extender:
             raw = score_node(node, demand, policy=self.policy)
             score = max(0, min(MAX_EXTENDER_PRIORITY, int(raw)))
         if cached:
-            if len(self._scores) > CACHE_LIMIT:
-                self._scores.clear()
-            self._scores[(name, demand)] = (version, score)
+            self._remember(self._scores, demand, name, (version, score))
         return score
+
+    def _remember(
+        self, cache: dict[Demand, dict[str, _V]], demand: Demand, name: str, value: _V
+    ) -> None:
+        """Store one answer; past CACHE_LIMIT entries both caches start over."""
+        self._cached += 1
+        if self._cached > CACHE_LIMIT:
+            self._verdicts.clear()
+            self._scores.clear()
+            self._cached = 1
+        cache.setdefault(demand, {})[name] = value
 
     @staticmethod
     def _filter_result(

@@ -4,12 +4,12 @@ Handlers only parse, time and answer; the decisions live in extender.py and webh
 malformed body gets a 4xx with the reason, and no request can stop the server.
 """
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -31,19 +31,21 @@ Readiness = Callable[[], tuple[bool, str]]
 FactsSource = Callable[[], webhook.ClusterFacts]
 
 
+_encode = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder()
+
+
 def _json(data: object, *, status: int = 200) -> web.Response:
-    return web.Response(
-        body=json.dumps(data, separators=(",", ":")).encode(),
-        status=status,
-        content_type="application/json",
-    )
+    # msgspec: a filter call carries hundreds of node names each way; the stdlib json module
+    # was a visible share of the controller's CPU per pod at 1000 nodes.
+    return web.Response(body=_encode.encode(data), status=status, content_type="application/json")
 
 
 async def _body_json(request: web.Request) -> Any:
     raw = await request.read()
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return _decode.decode(raw)
+    except msgspec.DecodeError as exc:
         raise BadRequestError(f"body is not JSON: {exc}") from None
 
 

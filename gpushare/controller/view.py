@@ -134,6 +134,11 @@ class ClusterView:
         computed from ``node(name)``."""
         return self._node_versions.get(name, 0)
 
+    @property
+    def node_versions(self) -> Mapping[str, int]:
+        """Every node's version (``node_version``), for callers checking many nodes at once."""
+        return self._node_versions
+
     def _bump(self, name: str) -> None:
         self._node_versions[name] = self._node_versions.get(name, 0) + 1
 
