@@ -1,7 +1,8 @@
 """Workloads that must run on a GPU of their own, published by node agents on their node.
 
-A node agent that sees one workload's MPS clients cause fatal GPU faults repeatedly (each fault
-breaks every client of the GPU's MPS server) lists the workload in the node annotation
+A node agent that sees one workload involved in fatal GPU faults repeatedly, each time beside
+different neighbours (each fault breaks every client of the GPU's MPS server, and the server's
+log does not reliably name the client that faulted), lists the workload in the node annotation
 ``gpushare.io/exclusive-workloads``. The admission webhook reads every node's list and gives the
 workload's new pods a whole GPU, which runs without MPS, so the faults stay its own.
 
@@ -26,7 +27,8 @@ class ExclusiveWorkload:
     namespace: str
     name: str
     faults: int
-    """Fatal GPU faults its clients caused before it was marked."""
+    """Fatal GPU faults its clients were involved in (within the agent's window) when it was
+    marked; the only workload common to all of them."""
     since: str
     """RFC 3339 time it was marked."""
     gpu_uuid: str = ""
@@ -35,8 +37,9 @@ class ExclusiveWorkload:
     @property
     def reason(self) -> str:
         return (
-            f"{self.kind} {self.namespace}/{self.name} caused {self.faults} fatal GPU faults on "
-            f"shared GPUs (last on {self.gpu_uuid or 'a GPU'}, marked {self.since})"
+            f"{self.kind} {self.namespace}/{self.name} was involved in {self.faults} fatal GPU "
+            "faults on shared GPUs, the only workload common to all of them (last on "
+            f"{self.gpu_uuid or 'a GPU'}, marked {self.since})"
         )
 
 

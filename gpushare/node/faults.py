@@ -1,19 +1,29 @@
-"""Fatal GPU faults of MPS clients: detect them, tell the faulting pod from its victims, recover.
+"""Fatal GPU faults of MPS clients: detect them, say who was involved, recover, and find the
+workload that keeps faulting.
 
 Why: a fatal fault in one MPS client (an illegal memory access, a device-side assert) is
 reported to every client of that GPU's MPS server, so the pods sharing the GPU fail with it
 (seen on an H200: an innocent neighbour's next GEMM failed; the server survived and took new
-clients about a second later). Users see only "illegal memory access" in every pod; this module
-says which pod caused it.
+clients about a second later). Users see only "illegal memory access" in every pod.
+
+Who faulted cannot be read off one fault: the server's ``Client {PID: X, Context: 1}
+encountered a fatal GPU error`` line and the kernel's Xid 31 line name the same process, but on
+an H200 with driver 580 that process was the real faulter in only about half of the faults
+measured (the other half it was the victim, whichever client started first). So an incident
+keeps the named client as evidence ("named by the MPS server") and treats every client torn
+down with it as *involved*; Events say exactly that. Guilt is concluded across incidents: a
+workload involved in ``exclusive_after`` faults whose other involved workloads have nothing in
+common is the common factor (a victim shares its faults only with the faulter).
 
 How: each GPU's MPS daemon writes ``control.log`` and ``server.log`` into its log directory
 (``<mps-root>/<uuid>/log``). The monitor follows both files, tracks which client PIDs are
 connected to which server, and turns fault lines into a :class:`FaultIncident`: the client(s)
-the server names as the cause, and every other client connected at the time as victims. Client
+the server names, and every other client torn down with it or connected at the time. Client
 PIDs are resolved to pods while the clients live (``/proc/<pid>/cgroup``, or the PID namespace
 mapping when the server logs a container-side PID). Then it
 
-- records a Warning Event on the faulting pod and on each victim, and counts them in metrics;
+- records a Warning Event on the named pod (``GpuShareFault``: the server named it, which is
+  not proof) and on each other involved pod (``GpuShareFaultVictim``), and counts them;
 - health-checks the GPU's MPS daemon (the manager restarts a daemon that does not answer);
 - follows the recovery: the server takes no new client (CUDA error 807, "Server teardown in
   progress") until every affected client has exited. A pod that keeps its broken context gets an
@@ -21,11 +31,16 @@ mapping when the server logs a container-side PID). Then it
   ``evict_lingering_after_s``, because it blocks the GPU for every new pod. (``terminate_client``
   through the control daemon is no remedy: on driver 580 it only asks the client to exit and
   blocks the control daemon, health checks included, until it does.)
-- marks a workload whose clients caused ``exclusive_after`` faults within ``window_s`` for an
-  exclusive GPU: listed in the node annotation ``gpushare.io/exclusive-workloads`` (the
-  admission webhook gives the workload's new pods a whole GPU, which runs without MPS) and its
-  pod annotated ``gpushare.io/evict``: the gpushare controller evicts it (the node agent has no
-  eviction right), so its own controller recreates it on a GPU of its own.
+- marks the culprit (:class:`RepeatOffenders`: involved in ``exclusive_after`` faults within
+  ``window_s`` whose other involved workloads have no workload in common) for an exclusive GPU:
+  listed in the node annotation ``gpushare.io/exclusive-workloads`` (the admission webhook
+  gives the workload's new pods a whole GPU, which runs without MPS) and its pod annotated
+  ``gpushare.io/evict``: the gpushare controller evicts it (the node agent has no eviction
+  right), so its own controller recreates it on a GPU of its own.
+- separates workloads that keep faulting together (their faults always involve the same
+  others, so nothing can be concluded): one pod of them, chosen by :func:`pick_to_separate`, is
+  marked ``gpushare.io/evict`` but not exclusive, so it is recreated and the next fault, beside
+  other neighbours, tells which one faults.
 
 The parsing and classification are pure functions; the monitor does its I/O through the
 callables it is given, so it is tested without a GPU or a cluster.
@@ -181,15 +196,28 @@ class FaultIncident:
     detected_at: float
     """When the monitor read it."""
     faulting_pids: tuple[int, ...]
-    """Clients the server named as the cause; empty when the log names none."""
+    """Clients the server named (``encountered a fatal GPU error``); empty when the log names
+    none. Evidence, not proof: on driver 580 the named client was the real faulter in about
+    half of the faults measured on an H200 (the kernel's Xid line names the same process)."""
     victim_pids: tuple[int, ...]
-    """Other clients connected to the server when it happened."""
+    """Other clients the fault tore down (or connected to the server when it happened)."""
     evidence: tuple[str, ...]
     """The fault lines, as logged (at most a few)."""
 
     @property
     def attributed(self) -> bool:
+        """The server named a client (which may not be the one that faulted)."""
         return bool(self.faulting_pids)
+
+    @property
+    def named_pids(self) -> tuple[int, ...]:
+        """Clients named by the MPS server (same as ``faulting_pids``)."""
+        return self.faulting_pids
+
+    @property
+    def involved_pids(self) -> tuple[int, ...]:
+        """Every client the fault tore down: the real faulter is one of them."""
+        return (*self.faulting_pids, *self.victim_pids)
 
     @property
     def detection_s(self) -> float:
@@ -512,24 +540,93 @@ def workload_of(pod: Mapping[str, Any]) -> Workload:
     return Workload(str(meta.get("uid", "")), "Pod", namespace, str(meta.get("name", "")))
 
 
+UNKNOWN_WORKLOAD = "?"
+"""An involved client no pod was found for: it may be the same workload every time, so it
+counts as one partner common to every incident it appears in (it never clears anyone)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the faults within the window say after one more incident."""
+
+    culprits: Mapping[str, int]
+    """Workload UID -> faults it was involved in, for each workload involved in ``threshold``
+    faults whose other involved workloads have no workload in common: it is the common factor
+    (a victim shares its faults only with the faulter)."""
+    together: tuple[str, ...]
+    """Workloads involved in every one of ``threshold`` faults with each other (the same set
+    keeps faulting together): nothing can be concluded; one of them should be moved away.
+    Empty when there are culprits."""
+
+
 class RepeatOffenders:
-    """Faults caused per workload within a sliding window."""
+    """Fatal faults within a sliding window, each as the set of workloads it involved.
+
+    Pure: the monitor feeds it the involved workloads of each incident (every client the fault
+    tore down, not the one the MPS server named, which on driver 580 is right about half the
+    time) and acts on the :class:`Verdict`. Once a culprit is found, the faults it was involved
+    in are explained and dropped, so its victims are not implicated by them later."""
 
     def __init__(self, *, threshold: int, window_s: float) -> None:
         self.threshold = threshold
         self.window_s = window_s
-        self._times: dict[str, deque[float]] = defaultdict(deque)
+        self._incidents: deque[tuple[float, frozenset[str]]] = deque()
 
-    def record(self, workload: Workload, at: float) -> int:
-        """Count one fault; returns the workload's faults within the window."""
-        times = self._times[workload.uid]
-        times.append(at)
-        while times and times[0] < at - self.window_s:
-            times.popleft()
-        return len(times)
+    def record(self, involved: Iterable[str], at: float) -> Verdict:
+        """Add one fault (the UIDs of the workloads it involved, ``UNKNOWN_WORKLOAD`` for a
+        client without a pod) at ``at``; returns what the window now says."""
+        workloads = frozenset(involved)
+        self._incidents.append((at, workloads))
+        self._incidents = deque((t, ws) for t, ws in self._incidents if at - self.window_s <= t)
+        if self.threshold <= 0:
+            return Verdict(culprits={}, together=())
+        culprits: dict[str, int] = {}
+        together: set[str] = set()
+        for uid in sorted(workloads - {UNKNOWN_WORKLOAD}):
+            partners = [ws - {uid} for _, ws in self._incidents if uid in ws]
+            if len(partners) < self.threshold:
+                continue
+            common = frozenset.intersection(*partners)
+            if common:
+                together |= {uid} | (common - {UNKNOWN_WORKLOAD})
+            else:
+                culprits[uid] = len(partners)
+        if culprits:
+            self._incidents = deque(
+                (t, ws) for t, ws in self._incidents if not ws.intersection(culprits)
+            )
+            together = set()
+        return Verdict(culprits=culprits, together=tuple(sorted(together)))
+
+    def involved(self, uid: str) -> int:
+        """Faults within the window (not yet explained by a culprit) that involved ``uid``."""
+        return sum(1 for _, ws in self._incidents if uid in ws)
 
     def repeat(self, count: int) -> bool:
         return self.threshold > 0 and count >= self.threshold
+
+
+def _created(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+def pick_to_separate(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The pod to move away from pods that keep faulting together, or None.
+
+    Only a pod with a controller is moved (its controller recreates it, elsewhere if the
+    scheduler can; evicting a bare pod would delete it for good). Among those, the youngest
+    (latest ``creationTimestamp``: the least work lost, and the long-running neighbour stays),
+    then by namespace/name, so every agent picks the same one."""
+
+    def key(pod: Mapping[str, Any]) -> tuple[str, str, str]:
+        meta = pod.get("metadata") or {}
+        return (_created(pod), str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+    owned = [p for p in pods if workload_of(p).kind != "Pod"]
+    if not owned:
+        return None
+    newest = max(_created(p) for p in owned)
+    return min((p for p in owned if _created(p) == newest), key=key)
 
 
 # ---- the monitor --------------------------------------------------------------------------
@@ -558,7 +655,8 @@ class FaultStats:
     incidents: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     """(gpu uuid, attributed yes|no) -> incidents."""
     clients: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
-    """(gpu uuid, role) -> clients, role faulting|victim|unattributed."""
+    """(gpu uuid, role) -> clients, role faulting (named by the MPS server) | victim (another
+    client torn down with it) | unattributed (torn down; the server named no client)."""
     detection_s: dict[str, float] = field(default_factory=dict)
     recovery_s: dict[str, float] = field(default_factory=dict)
     """GPU -> seconds from the last fault to its last affected client leaving the server."""
@@ -566,6 +664,8 @@ class FaultStats:
     """Affected clients that kept their broken context past the grace period."""
     evicted: int = 0
     evicted_lingering: int = 0
+    separated: int = 0
+    """Pods evicted (not marked exclusive) to separate workloads that keep faulting together."""
 
 
 @dataclass(frozen=True)
@@ -649,6 +749,8 @@ class FaultMonitor:
         """(gpu, fault time, pid) -> what was done about a lingering client."""
         self._lock = threading.Lock()
         self._loaded = False
+        self.separated: dict[str, str] = {}
+        """Pod UID -> why it is moved away from pods it keeps faulting with (marked once)."""
 
     # --- the loop step -------------------------------------------------------------------
 
@@ -729,45 +831,62 @@ class FaultMonitor:
         victims = [v for v in victims if not (v.uid and v.uid in blamed)]
         return faulting, victims
 
+    def _plan(self) -> str:
+        """What gpushare does about repeated faults, for the Events."""
+        k, hours = self.offenders.threshold, self.offenders.window_s / 3600
+        if k <= 0:
+            return "gpushare moves no workload after faults (--exclusive-after-faults 0)."
+        return (
+            f"gpushare gives a workload a GPU of its own once it is involved in {k} such faults "
+            f"within {hours:g} h beside different neighbours (the common factor), and moves one "
+            "of a set of pods that keep faulting together to another GPU to tell them apart."
+        )
+
     def _handle(self, incident: FaultIncident) -> None:
         self.history.append(incident)
         stats = self.stats
         stats.incidents[(incident.gpu_uuid, "yes" if incident.attributed else "no")] += 1
         stats.detection_s[incident.gpu_uuid] = incident.detection_s
-        faulting, victims = self.refs(incident)
-        cause = ", ".join(f"{r.key} (process {r.pid})" for r in faulting) or "an unknown client"
+        named, victims = self.refs(incident)
+        by_server = ", ".join(f"{r.key} (process {r.pid})" for r in named) or "no client"
+        involved = len(named) + len(victims)
         log.warning(
-            "fatal GPU fault on %s: caused by %s; %d other client(s) affected",
+            "fatal GPU fault on %s: %d client(s) involved; the MPS server named %s",
             incident.gpu_uuid,
-            cause,
-            len(victims),
+            involved,
+            by_server,
             extra={"evidence": list(incident.evidence), "detection_s": incident.detection_s},
         )
-        for ref in faulting:
+        plan = self._plan()
+        for ref in named:
             stats.clients[(incident.gpu_uuid, "faulting")] += 1
             self._event(
                 ref,
                 "GpuShareFault",
-                f"process {ref.pid} of this pod caused a fatal GPU fault on shared GPU "
-                f"{incident.gpu_uuid}; the MPS server reported it to the {len(victims)} other "
-                "client(s) on the GPU, whose CUDA work failed too. A workload that faults "
-                f"{self.offenders.threshold} times in {self.offenders.window_s / 3600:g} h gets "
-                "a GPU of its own. Server log: " + " | ".join(incident.evidence[:2]),
+                f"the MPS server named process {ref.pid} of this pod as the client that hit a "
+                f"fatal GPU error on shared GPU {incident.gpu_uuid}; {len(victims)} other "
+                "client(s) were torn down with it. The naming is evidence, not proof: on an "
+                "H200 with driver 580 it was the real faulter only about half the time. "
+                f"{plan} Server log: " + " | ".join(incident.evidence[:2]),
             )
         role = "victim" if incident.attributed else "unattributed"
         for ref in victims:
             stats.clients[(incident.gpu_uuid, role)] += 1
+            lost = (
+                f"process {ref.pid} of this pod was involved in a fatal GPU fault on shared GPU "
+                f"{incident.gpu_uuid} and lost its CUDA context (restartPolicy restarts the "
+                "container). "
+            )
             if incident.attributed:
                 message = (
-                    f"process {ref.pid} of this pod lost its CUDA context on shared GPU "
-                    f"{incident.gpu_uuid} because of a fatal GPU fault in {cause}; this pod did "
-                    "nothing wrong. Restart the failed container (restartPolicy does it)."
+                    f"{lost}The MPS server named {by_server} as the client that hit the error, "
+                    "which on an H200 with driver 580 was right only about half the time. "
+                    f"{plan}"
                 )
             else:
                 message = (
-                    f"process {ref.pid} of this pod lost its CUDA context on shared GPU "
-                    f"{incident.gpu_uuid} in a fatal GPU fault; the MPS server log did not name "
-                    "the client that caused it. Server log: " + " | ".join(incident.evidence[:2])
+                    f"{lost}The MPS server log named no client. {plan} Server log: "
+                    + " | ".join(incident.evidence[:2])
                 )
             self._event(ref, "GpuShareFaultVictim", message)
         if self.kube is not None:
@@ -775,8 +894,8 @@ class FaultMonitor:
                 self.kube.record_event(
                     pod=None,
                     reason="GpuShareFault",
-                    message=f"fatal GPU fault on {incident.gpu_uuid} caused by {cause}; "
-                    f"{len(victims)} other client(s) affected",
+                    message=f"fatal GPU fault on {incident.gpu_uuid}: {involved} client(s) "
+                    f"involved; the MPS server named {by_server}",
                     warning=True,
                 )
             except Exception as exc:
@@ -790,9 +909,7 @@ class FaultMonitor:
             log.info(
                 "MPS daemon of %s after the fault: %s", incident.gpu_uuid, "up" if up else "down"
             )
-        for ref in faulting:
-            if ref.manifest is not None:
-                self._count_fault(ref, incident)
+        self._judge(incident, [*named, *victims])
 
     def _event(self, ref: PodRef, reason: str, message: str) -> None:
         if self.kube is None or ref.manifest is None:
@@ -886,12 +1003,23 @@ class FaultMonitor:
         except Exception as exc:
             log.warning("ignoring this node's %s: %s", ANN_NODE_EXCLUSIVE, exc)
 
-    def _count_fault(self, ref: PodRef, incident: FaultIncident) -> None:
+    def _judge(self, incident: FaultIncident, refs: list[PodRef]) -> None:
+        """Record the workloads the incident involved; move the culprit to a GPU of its own, or
+        separate workloads that keep faulting together."""
+        workloads: dict[str, list[PodRef]] = defaultdict(list)
+        for ref in refs:
+            uid = workload_of(ref.manifest).uid if ref.manifest is not None else ""
+            workloads[uid or UNKNOWN_WORKLOAD].append(ref)
+        verdict = self.offenders.record(workloads, incident.logged_at)
+        for uid, count in verdict.culprits.items():
+            for ref in workloads[uid]:
+                self._mark_exclusive(ref, incident, count)
+        if verdict.together:
+            self._separate(incident, {uid: workloads[uid] for uid in verdict.together})
+
+    def _mark_exclusive(self, ref: PodRef, incident: FaultIncident, count: int) -> None:
         assert ref.manifest is not None
         workload = workload_of(ref.manifest)
-        count = self.offenders.record(workload, incident.logged_at)
-        if not self.offenders.repeat(count):
-            return
         mark = ExclusiveWorkload(
             uid=workload.uid,
             kind=workload.kind,
@@ -932,6 +1060,57 @@ class FaultMonitor:
         except Exception as exc:
             log.warning("could not move %s to an exclusive GPU: %s", info.key, exc)
 
+    def _separate(self, incident: FaultIncident, together: Mapping[str, list[PodRef]]) -> None:
+        """Evict one pod of workloads that keep faulting together (not marked exclusive): its
+        controller recreates it, and the next fault, beside other neighbours, tells."""
+        pods = {
+            str((r.manifest.get("metadata") or {}).get("uid")): r
+            for refs in together.values()
+            for r in refs
+            if r.manifest is not None and _shares_gpu(r.manifest)
+        }
+        labels = sorted(workload_of(r.manifest).label for r in pods.values() if r.manifest)
+        count = max(self.offenders.involved(uid) for uid in together)
+        if pods.keys() & self.separated.keys():
+            return  # one of them is already being moved
+        chosen = pick_to_separate([r.manifest for r in pods.values() if r.manifest is not None])
+        if chosen is None:
+            for ref in pods.values():
+                self._event(
+                    ref,
+                    "GpuShareFaultSeparate",
+                    f"{', '.join(labels)} were all involved in the last {count} fatal GPU faults "
+                    f"on shared GPU {incident.gpu_uuid}, so gpushare cannot tell which one "
+                    "faults; none has a controller that would recreate it, so none is evicted: "
+                    "recreate one of them on another GPU (or with gpushare.io/gpu-fraction: "
+                    '"1").',
+                )
+            return
+        ref = pods[str((chosen.get("metadata") or {}).get("uid"))]
+        info = _pod_info(chosen)
+        mine = workload_of(chosen).label
+        others = ", ".join(label for label in labels if label != mine) or "nothing else"
+        reason = (
+            f"{mine} and {others} were all involved in the last {count} fatal GPU faults on "
+            f"shared GPU {incident.gpu_uuid}, so which one faults cannot be told; this pod is "
+            "moved (not to an exclusive GPU) so the next fault, beside other neighbours, tells"
+        )
+        self._event(
+            ref, "GpuShareFaultSeparate", f"{reason}; evicting it, its controller recreates it"
+        )
+        self.separated[info.uid] = reason
+        if self.kube is None:
+            return
+        try:
+            self.kube.annotate_pod(
+                namespace=info.namespace, name=info.name, annotations={ANN_EVICT: reason}
+            )
+            self.stats.separated += 1
+            log.warning("asked the controller to evict %s: %s", info.key, reason)
+        except Exception as exc:
+            self.separated.pop(info.uid, None)
+            log.warning("could not mark %s for eviction: %s", info.key, exc)
+
     def _publish_exclusive(self) -> None:
         cutoff = self.clock() - self.exclusive_ttl_s
         for uid, mark in list(self.exclusive.items()):
@@ -969,7 +1148,8 @@ class FaultCollector(Collector):
         incidents = CounterMetricFamily(
             "gpushare_mps_fault_incidents",
             "Fatal GPU faults of MPS clients seen in the MPS server logs; attributed=yes when "
-            "the log named the client that caused it.",
+            "the log named a client (evidence, not proof: on driver 580 the named client was "
+            "the real faulter about half the time).",
             labels=["node", "gpu_uuid", "attributed"],
         )
         for (uuid, attributed), value in sorted(m.stats.incidents.items()):
@@ -977,8 +1157,9 @@ class FaultCollector(Collector):
         yield incidents
         clients = CounterMetricFamily(
             "gpushare_mps_fault_clients",
-            "MPS clients involved in fatal GPU faults, by role: faulting (caused it), victim "
-            "(broken by a neighbour's fault), unattributed (the log named no cause).",
+            "MPS clients involved in fatal GPU faults (torn down by them), by role: faulting "
+            "(named by the MPS server, right about half the time on driver 580), victim "
+            "(another client torn down with it), unattributed (the log named no client).",
             labels=["node", "gpu_uuid", "role"],
         )
         for (uuid, role), value in sorted(m.stats.clients.items()):
@@ -1003,7 +1184,8 @@ class FaultCollector(Collector):
         yield recovery
         exclusive = GaugeMetricFamily(
             "gpushare_exclusive_workloads",
-            "Workloads this node marked for a GPU of their own after repeated faults.",
+            "Workloads this node marked for a GPU of their own: each involved in repeated faults "
+            "whose other involved workloads had nothing in common.",
             labels=["node"],
         )
         exclusive.add_metric([node], float(len(m.exclusive)))
@@ -1013,6 +1195,12 @@ class FaultCollector(Collector):
                 "gpushare_mps_fault_evictions",
                 m.stats.evicted,
                 "Pods evicted from a shared GPU to get one of their own.",
+            ),
+            (
+                "gpushare_mps_fault_separations",
+                m.stats.separated,
+                "Pods evicted, not marked exclusive, to separate workloads that keep faulting "
+                "together (which one faults cannot be told until they fault apart).",
             ),
             (
                 "gpushare_mps_fault_lingering_clients",
@@ -1032,6 +1220,7 @@ class FaultCollector(Collector):
 
 
 __all__ = [
+    "UNKNOWN_WORKLOAD",
     "FaultDetector",
     "FaultIncident",
     "FaultMonitor",
@@ -1039,9 +1228,11 @@ __all__ = [
     "MpsLogLine",
     "PodResolver",
     "RepeatOffenders",
+    "Verdict",
     "Workload",
     "classify",
     "is_fault_line",
     "parse_log_line",
+    "pick_to_separate",
     "workload_of",
 ]
