@@ -88,11 +88,20 @@ def load(path: str | None) -> Any:
     return json.loads(Path(path).read_text()) if path else None
 
 
+def _both_involved(raw: dict[str, Any]) -> bool | None:
+    """Every recorded fault listed its faulter and its neighbour as involved."""
+    trials = (raw.get("attribution") or {}).get("trials") or []
+    if not trials:
+        return None
+    return all({t["faulter_pid"], t["victim_pid"]} <= set(t.get("involved") or []) for t in trials)
+
+
 def gpu_section(raw: dict[str, Any]) -> dict[str, Any]:
     a = raw.get("a_neighbour_breaks", {})
     b = raw.get("b_recovery", {})
     c = raw.get("c_lingering_victim", {})
     incident = a.get("incident", {})
+    attribution = raw.get("attribution") or {}
     return {
         "device": raw.get("device"),
         "date": raw.get("date"),
@@ -103,7 +112,23 @@ def gpu_section(raw: dict[str, Any]) -> dict[str, Any]:
         "neighbour_failed_after_s": a.get("victim_failed_after_fault_s"),
         "server_logged_after_s": incident.get("logged_after_fault_s"),
         "detection_s": incident.get("detection_s"),
-        "faulter_named": incident.get("attributed"),
+        "detection_s_c": (c.get("incident") or {}).get("detection_s"),
+        "both_involved": _both_involved(raw),
+        "attribution": {k: v for k, v in attribution.items() if k != "trials"},
+        "attribution_trials": [
+            {
+                k: t.get(k)
+                for k in (
+                    "scenario",
+                    "faulter_started_first",
+                    "faulter_pid",
+                    "victim_pid",
+                    "named",
+                    "xid_pid",
+                )
+            }
+            for t in attribution.get("trials", [])
+        ],
         "evidence": incident.get("evidence", [])[:1],
         "recovery_s": b.get("recovery_s"),
         "daemon_healthy_same_pid": bool(b.get("daemon_up") and b.get("daemon_same_pid")),
@@ -113,10 +138,35 @@ def gpu_section(raw: dict[str, Any]) -> dict[str, Any]:
             or c.get("recovered_after_victim_exit_s"),
         },
         "exclusive_marked": raw.get("d_exclusive"),
+        "separated": raw.get("d_separated"),
         "xid_events": raw.get("xid_events"),
         "kernel_log": [line for line in raw.get("dmesg_xid", []) if "Xid" in line],
         "notes": raw.get("notes", []),
     }
+
+
+def _named(gpu: dict[str, Any]) -> str:
+    a = gpu.get("attribution") or {}
+    if not a:
+        return "not recorded"
+    nobody = int(a.get("faults", 0)) - int(a.get("server_named_one", 0))
+    return (
+        f"{a.get('server_named_faulter')} of {a.get('faults')} faults (named the victim "
+        f"{a.get('server_named_victim')}, nobody {nobody}); kernel Xid 31 pid = the faulter "
+        f"{a.get('xid_named_faulter')} of {a.get('faults')}, "
+        f"= the server's choice {a.get('xid_agrees_with_server')}"
+    )
+
+
+GPU_HEADING = "## A faulting MPS client on a real GPU"
+
+
+def splice_gpu_section(old: str, new: str) -> str:
+    """``old`` (the .md as it is, maybe edited by hand) with its GPU section, the last one,
+    replaced by the one in ``new``; the rest is kept as it is."""
+    section = new[new.index(GPU_HEADING) :] if GPU_HEADING in new else ""
+    kept = old[: old.index(GPU_HEADING)] if GPU_HEADING in old else old.rstrip("\n") + "\n\n"
+    return kept + section
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -191,8 +241,7 @@ def markdown(doc: dict[str, Any]) -> str:
         dev = gpu.get("device") or {}
         lines += [
             "",
-            f"## A faulting MPS client on a real GPU ({dev.get('model')}, driver "
-            f"{dev.get('driver')}, {gpu.get('date')})",
+            f"{GPU_HEADING} ({dev.get('model')}, driver {dev.get('driver')}, {gpu.get('date')})",
             "",
             "| what | value |",
             "| --- | --- |",
@@ -201,11 +250,14 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{gpu.get('neighbour_failed_after_s')} s after the fault: "
             f"{gpu.get('neighbour_error')} |",
             f"| MPS server logged it after | {gpu.get('server_logged_after_s')} s |",
-            f"| gpushare detected it after (0.5 s polling) | {gpu.get('detection_s')} s |",
-            f"| faulting client named, victim listed | {gpu.get('faulter_named')} |",
+            f"| gpushare detected it after (0.5 s polling) | {gpu.get('detection_s')} s "
+            f"(second fault: {gpu.get('detection_s_c')} s) |",
+            f"| both clients reported involved, every fault | {gpu.get('both_involved')} |",
+            f"| MPS server named the real faulter | {_named(gpu)} |",
             f"| server takes new clients again after | {gpu.get('recovery_s')} s |",
             f"| MPS control daemon healthy, not restarted | {gpu.get('daemon_healthy_same_pid')} |",
-            f"| workload faulting twice marked exclusive | {bool(gpu.get('exclusive_marked'))} |",
+            "| workload common to two faults (different neighbours) marked exclusive, "
+            f"victims not | {', '.join(gpu.get('exclusive_marked') or {}) or 'none'} |",
         ]
         for note in gpu.get("notes", []):
             lines.append(f"\n{note}")
@@ -246,11 +298,19 @@ def main(argv: list[str] | None = None) -> int:
     gs = doc.get("gpushare_fuzz") or {}
     doc["fuzz_cases"] = int(http.get("cases", 0)) + int(gs.get("cases", 0))
     doc["fuzz_crashes"] = int(http.get("failed_tests", 0)) + int(gs.get("crashes", 0))
-    doc["date"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    doc["machine"] = machine()
+    if args.faults or args.faults_ci or args.fuzz or args.gpushare_fuzz or not doc.get("date"):
+        # Only sections measured on this machine date the file; a GPU run carries its own.
+        doc["date"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        doc["machine"] = machine()
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(doc))
+    md_path = args.out.with_suffix(".md")
+    text = markdown(doc)
+    local = args.faults or args.faults_ci or args.fuzz or args.gpushare_fuzz
+    if args.gpu and not local and md_path.exists():
+        # Only the GPU section is new: keep the rest as written (it may carry hand-made notes).
+        text = splice_gpu_section(md_path.read_text(), text)
+    md_path.write_text(text)
     print(f"wrote {json_path} and {args.out.with_suffix('.md')}")
     return 0
 

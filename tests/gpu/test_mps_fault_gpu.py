@@ -1,19 +1,28 @@
-"""A faulting MPS client on a real GPU: its neighbour breaks, gpushare names the culprit, the
-server recovers, and the workload that keeps faulting is marked for a GPU of its own.
+"""A faulting MPS client on a real GPU: its neighbour breaks, gpushare reports every client
+involved, the server recovers, and the workload that keeps faulting is marked for a GPU of its
+own.
 
 Runs gpushare's MpsManager and FaultMonitor (the node agent's fault detection, polling the MPS
 logs every 0.5 s as the agent does) against real CUDA clients started with the environment and
 mounts Allocate returns:
 
 - A: a victim runs GEMMs; a faulter writes to an unmapped device address. The victim's next
-  GEMM fails; the monitor must name the faulter and list the victim. Detection time = monitor
-  reaction - fault.
+  GEMM fails; the monitor must report both clients as involved and the one the MPS server named
+  (on driver 580 the server names the real faulter only about half the time, so which one it
+  names is recorded, not asserted). Detection time = monitor reaction - fault.
 - B: fresh clients (driver API only) probe the server until one runs: recovery time; the
   control daemon is checked healthy (same daemon, answering).
 - C: a victim that catches the error and keeps its broken context: the server refuses new
   clients (CUDA error 807) until it exits; the monitor flags it after its grace period and
   sees the recovery once it is gone.
-- D: the faulting workload (two faults from pods of one ReplicaSet) is marked exclusive.
+- D: faulter-1 (beside victim-a, in A) and faulter-2 (beside victim-b, in C) belong to one
+  ReplicaSet: it is the only workload common to both faults, so it is marked exclusive and
+  neither victim is.
+- E: more fault pairs of unrelated pods, alternating which client starts first, only to count
+  how often the server (and the kernel's Xid line) names the real faulter.
+
+``attribution`` in the results counts, over every fault of the run, how often the MPS server
+named the real faulter.
 
 Never changes GPU settings. Skips loudly without a GPU. Writes $OUT/reliability_gpu.json and
 the raw MPS logs ($OUT/mps_fault_logs.txt); ``bench/faults/summary.py`` merges the JSON into
@@ -25,6 +34,7 @@ bench/results/reliability.json under ``gpu_fault``.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,7 +61,13 @@ pytestmark = pytest.mark.gpu
 WORKER = Path(__file__).resolve().parents[1] / "faults" / "mps_fault_worker.py"
 GIB = 2**30
 POLL_S = 0.5
+DETECTION_LIMIT_S = 3.0
+"""Fault to incident: the server logs it within ~0.3 s, the monitor polls every 0.5 s and reads
+the rest of the burst 0.2 s later; 3 s leaves room for a loaded machine."""
+ATTRIBUTION_TRIALS = 4
 RESULTS: dict[str, Any] = {}
+TRIALS: list[dict[str, Any]] = []
+"""One record per fault: the real faulter, its neighbour, whom the server named."""
 
 
 def out_dir() -> Path:
@@ -247,6 +263,9 @@ def rig() -> Iterator[Rig]:
             line for line in dmesg.stdout.splitlines() if "Xid" in line or "NVRM" in line
         ][-20:] or (dmesg.stderr.strip()[:200] or "no NVRM lines")
         RESULTS["xid_events"] = rig.xids
+        RESULTS["attribution"] = attribution(
+            TRIALS, [line for line in dmesg.stdout.splitlines() if "Xid" in line]
+        )
         RESULTS["metrics"] = {
             "incidents": {f"{k[0]}|{k[1]}": v for k, v in monitor.stats.incidents.items()},
             "clients": {f"{k[0]}|{k[1]}": v for k, v in monitor.stats.clients.items()},
@@ -261,14 +280,34 @@ def rig() -> Iterator[Rig]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def attribution(trials: list[dict[str, Any]], kernel: list[str]) -> dict[str, Any]:
+    """How often the MPS server (and the kernel's Xid 31 line) named the real faulter."""
+    xid_pids = [
+        int(m.group(1)) for line in kernel if (m := re.search(r"Xid .*?: 31, pid=(\d+)", line))
+    ]
+    for trial in trials:
+        pair = {trial["faulter_pid"], trial["victim_pid"]}
+        trial["xid_pid"] = next((p for p in xid_pids if p in pair), None)
+    named = [t for t in trials if t["named"]]
+    return {
+        "faults": len(trials),
+        "server_named_one": len(named),
+        "server_named_faulter": sum(1 for t in named if t["named"] == [t["faulter_pid"]]),
+        "server_named_victim": sum(1 for t in named if t["named"] == [t["victim_pid"]]),
+        "xid_named_faulter": sum(1 for t in trials if t["xid_pid"] == t["faulter_pid"]),
+        "xid_agrees_with_server": sum(1 for t in named if [t["xid_pid"]] == t["named"]),
+        "trials": trials,
+    }
+
+
 def incident_record(incident: FaultIncident | None, fault_at: float) -> dict[str, Any]:
     if incident is None:
         return {"detected": False}
     return {
         "detected": True,
         "attributed": incident.attributed,
-        "faulting_pids": list(incident.faulting_pids),
-        "victim_pids": list(incident.victim_pids),
+        "named_pids": list(incident.faulting_pids),
+        "involved_pids": list(incident.involved_pids),
         "server_pid": incident.server_pid,
         "logged_after_fault_s": round(incident.logged_at - fault_at, 3),
         "detection_s": round(incident.detected_at - fault_at, 3),
@@ -276,16 +315,39 @@ def incident_record(incident: FaultIncident | None, fault_at: float) -> dict[str
     }
 
 
-def run_fault(rig: Rig, *, victim_uid: str, faulter_uid: str, linger: bool) -> dict[str, Any]:
+def run_fault(
+    rig: Rig,
+    *,
+    victim_uid: str,
+    faulter_uid: str,
+    linger: bool,
+    scenario: str,
+    faulter_first: bool = False,
+) -> dict[str, Any]:
     barrier = Path(tempfile.mkdtemp(prefix="gsbar", dir="/tmp"))
     seen = len(rig.monitor.history)
+    if faulter_first:
+        faulter = rig.start(30, faulter_uid, "fault", str(barrier))
+        wait_ready(barrier, 1, [faulter])
     victim = rig.start(50, victim_uid, "victim", str(barrier), "1" if linger else "0")
-    faulter = rig.start(30, faulter_uid, "fault", str(barrier))
+    if not faulter_first:
+        wait_ready(barrier, 1, [victim])
+        faulter = rig.start(30, faulter_uid, "fault", str(barrier))
     wait_ready(barrier, 2, [victim, faulter])
     time.sleep(1.0)  # both clients busy on the server
     (barrier / "go").touch()
     faulted = finish(faulter)
     incident = wait_incident(rig, seen)
+    TRIALS.append(
+        {
+            "scenario": scenario,
+            "faulter_started_first": faulter_first,
+            "faulter_pid": faulter.pid,
+            "victim_pid": victim.pid,
+            "named": list(incident.faulting_pids) if incident else None,
+            "involved": sorted(incident.involved_pids) if incident else None,
+        }
+    )
     return {
         "barrier": barrier,
         "victim": victim,
@@ -296,8 +358,17 @@ def run_fault(rig: Rig, *, victim_uid: str, faulter_uid: str, linger: bool) -> d
     }
 
 
-def test_faulting_client_breaks_its_neighbour_and_is_named(rig: Rig) -> None:
-    run = run_fault(rig, victim_uid="victim-a", faulter_uid="faulter-1", linger=False)
+def assert_both_involved(run: dict[str, Any], incident: FaultIncident | None) -> None:
+    """Both clients are involved and the server named one of them (which one is recorded)."""
+    assert incident is not None, "the monitor saw no fault in the MPS logs"
+    pair = {run["faulter_pid"], run["victim_pid"]}
+    assert pair <= set(incident.involved_pids), incident
+    assert len(incident.faulting_pids) == 1 and incident.faulting_pids[0] in pair, incident
+    assert not set(incident.faulting_pids) & set(incident.victim_pids), incident
+
+
+def test_faulting_client_breaks_its_neighbour_and_both_are_reported_involved(rig: Rig) -> None:
+    run = run_fault(rig, victim_uid="victim-a", faulter_uid="faulter-1", linger=False, scenario="A")
     victim = finish(run["victim"])
     fault_at = run["faulter"].get("fault_at", time.time())
     incident: FaultIncident | None = run["incident"]
@@ -314,10 +385,9 @@ def test_faulting_client_breaks_its_neighbour_and_is_named(rig: Rig) -> None:
     shutil.rmtree(run["barrier"], ignore_errors=True)
     assert run["faulter"].get("rc") not in (None, 0), run["faulter"]
     assert victim.get("failed"), f"the neighbour's GEMMs did not fail: {victim}"
-    assert incident is not None, "the monitor saw no fault in the MPS logs"
-    assert incident.faulting_pids == (run["faulter_pid"],), incident
-    assert run["victim_pid"] in incident.victim_pids, incident
-    assert run["faulter_pid"] not in incident.victim_pids
+    assert_both_involved(run, incident)
+    assert incident is not None
+    assert incident.detected_at - fault_at < DETECTION_LIMIT_S, incident_record(incident, fault_at)
 
 
 def test_server_takes_new_clients_again_and_the_daemon_is_healthy(rig: Rig) -> None:
@@ -338,7 +408,7 @@ def test_server_takes_new_clients_again_and_the_daemon_is_healthy(rig: Rig) -> N
 
 
 def test_victim_keeping_its_broken_context_blocks_new_clients_until_it_exits(rig: Rig) -> None:
-    run = run_fault(rig, victim_uid="victim-b", faulter_uid="faulter-2", linger=True)
+    run = run_fault(rig, victim_uid="victim-b", faulter_uid="faulter-2", linger=True, scenario="C")
     fault_at = run["faulter"].get("fault_at", time.time())
     incident: FaultIncident | None = run["incident"]
     early = finish(rig.start(10, None, "probe"), timeout_s=20)
@@ -357,8 +427,7 @@ def test_victim_keeping_its_broken_context_blocks_new_clients_until_it_exits(rig
         "refusals_after_exit": failures[:5],
     }
     shutil.rmtree(run["barrier"], ignore_errors=True)
-    assert incident is not None and incident.faulting_pids == (run["faulter_pid"],), incident
-    assert run["victim_pid"] in incident.victim_pids
+    assert_both_involved(run, incident)
     assert not early.get("ok") and early.get("rc") == 807, early  # cudaErrorMpsServerNotReady
     assert flagged, "the monitor did not flag the client that kept its broken context"
     assert ok is not None, f"no new client ran after the victim exited: {failures[:3]}"
@@ -373,8 +442,32 @@ def wait_flagged(rig: Rig, *, timeout_s: float) -> float | None:
     return None
 
 
-def test_workload_faulting_twice_is_marked_for_a_gpu_of_its_own(rig: Rig) -> None:
+def test_workload_common_to_two_faults_is_marked_for_a_gpu_of_its_own(rig: Rig) -> None:
     marks = rig.monitor.exclusive
     RESULTS["d_exclusive"] = {uid: mark.reason for uid, mark in marks.items()}
+    RESULTS["d_separated"] = dict(rig.monitor.separated)
+    assert "victim-a" not in marks and "victim-b" not in marks, marks
     assert set(marks) == {"rs-faulty"}, marks
     assert marks["rs-faulty"].faults == 2
+    assert rig.monitor.separated == {}
+
+
+def test_how_often_the_server_names_the_real_faulter(rig: Rig) -> None:
+    """Not a property of gpushare: a count for the record (and for the docs' claim)."""
+    for k in range(ATTRIBUTION_TRIALS):
+        for uid in (f"trial-{k}-f", f"trial-{k}-v"):
+            rig.pods[uid] = pod(uid, uid)
+        run = run_fault(
+            rig,
+            victim_uid=f"trial-{k}-v",
+            faulter_uid=f"trial-{k}-f",
+            linger=False,
+            scenario="E",
+            faulter_first=k % 2 == 0,
+        )
+        finish(run["victim"])
+        shutil.rmtree(run["barrier"], ignore_errors=True)
+        assert_both_involved(run, run["incident"])
+        ok, failures = probe_until_ok(rig, timeout_s=30)
+        assert ok is not None, f"the server did not recover after trial {k}: {failures[:3]}"
+    assert set(rig.monitor.exclusive) == {"rs-faulty"}  # one fault each: nobody new marked
