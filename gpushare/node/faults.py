@@ -1071,6 +1071,7 @@ class FaultMonitor:
         }
         labels = sorted(workload_of(r.manifest).label for r in pods.values() if r.manifest)
         count = max(self.offenders.involved(uid) for uid in together)
+        window = f"{self.offenders.window_s / 3600:g} h"
         if pods.keys() & self.separated.keys():
             return  # one of them is already being moved
         chosen = pick_to_separate([r.manifest for r in pods.values() if r.manifest is not None])
@@ -1079,8 +1080,9 @@ class FaultMonitor:
                 self._event(
                     ref,
                     "GpuShareFaultSeparate",
-                    f"{', '.join(labels)} were all involved in the last {count} fatal GPU faults "
-                    f"on shared GPU {incident.gpu_uuid}, so gpushare cannot tell which one "
+                    f"{', '.join(labels)} keep being involved in the same fatal GPU faults "
+                    f"({count} within {window}, last on shared GPU {incident.gpu_uuid}), so "
+                    "gpushare cannot tell which one "
                     "faults; none has a controller that would recreate it, so none is evicted: "
                     "recreate one of them on another GPU (or with gpushare.io/gpu-fraction: "
                     '"1").',
@@ -1091,8 +1093,9 @@ class FaultMonitor:
         mine = workload_of(chosen).label
         others = ", ".join(label for label in labels if label != mine) or "nothing else"
         reason = (
-            f"{mine} and {others} were all involved in the last {count} fatal GPU faults on "
-            f"shared GPU {incident.gpu_uuid}, so which one faults cannot be told; this pod is "
+            f"{mine} and {others} keep being involved in the same fatal GPU faults ({count} "
+            f"within {window}, last on shared GPU {incident.gpu_uuid}), so which one faults "
+            "cannot be told; this pod is "
             "moved (not to an exclusive GPU) so the next fault, beside other neighbours, tells"
         )
         self._event(
