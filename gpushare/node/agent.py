@@ -85,8 +85,8 @@ class AgentSettings:
     fault_check_s: float = 0.5
     """How often the MPS daemons' logs are read for fatal client faults (gpushare.node.faults)."""
     exclusive_after_faults: int = 2
-    """Fatal GPU faults a workload may cause within an hour before it is moved to a GPU of its
-    own (0: never)."""
+    """Fatal GPU faults a workload may be involved in, beside neighbours with none in common,
+    within an hour before it is moved to a GPU of its own (0: never)."""
 
 
 def mps_capable(gpus: list[GpuInfo]) -> bool:

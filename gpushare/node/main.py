@@ -108,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--exclusive-after-faults",
         type=int,
         default=2,
-        help="fatal GPU faults a workload may cause within an hour before it is moved to a GPU "
-        "of its own; 0 never moves it (default: %(default)s)",
+        help="fatal GPU faults a workload may be involved in, beside different neighbours, "
+        "within an hour before it is moved to a GPU of its own; 0 never moves it "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--log-level",
