@@ -2,7 +2,7 @@
 estimate (no GPU) for choosing what a full run should measure, never a result of record.
 
     PYTHONPATH=. python3 -m bench.gpu.replay --results bench/results/gpu-packing.json \\
-        --colocations bench/gpu/data/colocations.json [--trace light] [--charge-cap]
+        --colocations bench/gpu/data/colocations.json [--trace light] [--charge-cap] [--no-tail]
 
 Each running job advances at 1 / (the model's same-cap slowdown x its measured cost of the
 thread cap alone); the inference service runs for its measured duration. Profiles, requests and
@@ -56,10 +56,12 @@ def replay(
     fractions: dict[str, float],
     model: InterferenceModel,
     admission: InterferenceModel | None = None,
+    tail: bool = True,
 ) -> dict[str, float]:
     """(makespan, mean JCT, slowest run time / solo work) of ``trace`` under gpushare, jobs
     advancing at the rates ``model`` predicts; ``admission`` is the model the decisions use
-    (default ``model``)."""
+    (default ``model``); ``tail``: the last waiting job may pair with a lone one
+    (``GpushareDecider.tail_pair``)."""
     d = results["details"]
     gpu = str(results.get("gpu", ""))
     profiles = {k: policy.to_pipe_profile(v, gpu_model=gpu) for k, v in d["profiles"].items()}
@@ -71,7 +73,9 @@ def replay(
         gpu_model=gpu,
         gpu_memory_bytes=141 * 2**30,
     )
-    scheme = Gpushare(decider, prepare=decider.prepare, source="replay")
+    scheme = Gpushare(
+        decider, prepare=decider.prepare, source="replay", tail=decider.tail_pair if tail else None
+    )
     jobs = traces.with_requests(traces.TRACES[trace](), fractions)
     service = {j["id"]: j for j in d["jobs"][trace]["exclusive"] if j["kind"] == "infer"}
     left = {
@@ -89,7 +93,7 @@ def replay(
             pending.append(arrivals.pop(0))
         for launch in scheme.select(list(pending), list(running.values())):
             pending.remove(launch.job)
-            running[launch.job.id] = Running(launch.job, launch)
+            running[launch.job.id] = Running(launch.job, launch, t)
             start[launch.job.id] = t
         tenants = decider.gpu(list(running.values())).tenants
         for i, (r, tenant) in enumerate(zip(running.values(), tenants, strict=True)):
@@ -133,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--trace", choices=sorted(traces.TRACES), default="light")
     p.add_argument("--charge-cap", action="store_true", help="bound on slowdown vs whole GPU")
     p.add_argument("--half-heavy", action="store_true", help="transformer, resnet50 ask 0.5")
+    p.add_argument("--no-tail", action="store_true", help="no tail pairing (gpushare to run 4)")
     args = p.parse_args(argv)
     results = json.loads(args.results.read_text())
     records = colocate.validate(json.loads(args.colocations.read_text()))
@@ -148,8 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         fractions=fractions,
         model=model,
         admission=admission,
+        tail=not args.no_tail,
     )
-    flags = {"charge_cap": args.charge_cap, "half_heavy": args.half_heavy}
+    flags = {"charge_cap": args.charge_cap, "half_heavy": args.half_heavy, "tail": not args.no_tail}
     print(json.dumps({"trace": args.trace, **flags, **out}))
     return 0
 

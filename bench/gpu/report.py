@@ -131,11 +131,17 @@ def markdown(results: dict[str, Any]) -> str:
             )
         lines.append("")
     for name, v in d.get("variants", {}).items():
-        ex = results.get("traces", {}).get("light", {}).get("exclusive", {})
-        eq = results.get("traces", {}).get("light", {}).get("mps_equal", {})
+        trace = v.get("trace", "light")
+        ex = results.get("traces", {}).get(trace, {}).get("exclusive", {})
+        eq = results.get("traces", {}).get(trace, {}).get("mps_equal", {})
+        what = (
+            f"requests sized by the policy's own compute demand: {v['requested_fractions']}"
+            if v.get("requested_fractions")
+            else "gpushare without tail pairing"
+        )
         lines += [
-            f"Sensitivity, light trace, `{name}` (requests sized by the policy's own compute "
-            f"demand: {v.get('requested_fractions')}): makespan {_fmt(v.get('makespan_s'))} s "
+            f"Sensitivity, {trace} trace, `{name}` ({what}): "
+            f"makespan {_fmt(v.get('makespan_s'))} s "
             f"({_fmt(ratio(v.get('makespan_s'), ex.get('makespan_s')))}x exclusive, "
             f"{_fmt(ratio(v.get('makespan_s'), eq.get('makespan_s')))}x mps_equal), mean JCT "
             f"{_fmt(v.get('mean_jct_s'))} s "
@@ -158,7 +164,9 @@ def markdown(results: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"Solo p99 (alone under the same MPS daemon, same window and arrivals) "
+        f"Solo p99 (alone under the same MPS daemon, same window length and arrivals, over "
+        f"the windows before and after the shared rows: "
+        f"{' / '.join(_fmt(x) for x in dl.get('solo_p99_ms_by_window', [])) or '-'} ms) "
         f"{_fmt(lat.get('solo_p99_ms'))} ms; shared under gpushare "
         f"{_fmt(lat.get('shared_p99_ms'))} ms at the training cap picked from the measured "
         f"curve ({_fmt(dl.get('picked_training_cap'))}%; p99 / solo by cap: "

@@ -109,7 +109,7 @@ def _drive(
             seed = zlib.crc32(job.id.encode()) % 10_000
             procs[label_of[job.id]].send({"cmd": "run", "iterations": res.iterations, "seed": seed})
             pending.remove(job)
-            running[job.id] = Running(job, launch)
+            running[job.id] = Running(job, launch, res.start_s)
             log.info(
                 "[%s] t=%6.2fs start %s threads=%s prio=%s%s",
                 scheme.name,

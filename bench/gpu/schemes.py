@@ -23,6 +23,9 @@ class Launch:
 class Running:
     job: TraceJob
     launch: Launch
+    start_s: float | None = None
+    """Trace time it started; None = it starts in the current decision round (so after every
+    job now waiting arrived)."""
 
 
 class Scheme:
@@ -96,6 +99,8 @@ Decide = Callable[[TraceJob, Sequence[Running]], Launch | str]
 """A placement policy: a Launch when the job may start now beside ``running``, else why not."""
 Prepare = Callable[[TraceJob], Launch]
 """The settings a policy will give a job, before knowing its neighbours."""
+Tail = Callable[[TraceJob, Sequence[Running]], Launch | None]
+"""A second chance for the one job still waiting when nobody waits behind it."""
 
 
 class Gpushare(Scheme):
@@ -105,9 +110,12 @@ class Gpushare(Scheme):
     name = "gpushare"
     mps = True
 
-    def __init__(self, decide: Decide, *, prepare: Prepare, source: str) -> None:
+    def __init__(
+        self, decide: Decide, *, prepare: Prepare, source: str, tail: Tail | None = None
+    ) -> None:
         self.decide = decide
         self._prepare = prepare
+        self.tail = tail
         self.source = source
         self.holds: list[str] = []
         self.description = f"profiles + {source}: admission, thread % and priority per job"
@@ -118,15 +126,22 @@ class Gpushare(Scheme):
     def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
         live = list(running)
         out: list[Launch] = []
+        held: list[TraceJob] = []
         for job in pending:
             verdict = self.decide(job, live)
             if isinstance(verdict, Launch):
                 out.append(verdict)
                 live.append(Running(job, verdict))
             else:
+                held.append(job)
                 note = f"{job.id}: {verdict}"
                 if not self.holds or self.holds[-1] != note:
                     self.holds.append(note)
+        if self.tail is not None and len(held) == 1:
+            late = self.tail(held[0], live)
+            if late is not None:
+                out.append(late)
+                self.holds.append(f"{held[0].id}: started beside the last job ({late.note})")
         return out
 
 
