@@ -451,9 +451,9 @@ def run(ctx: Ctx) -> dict[str, Any]:
         st.latency["no_mps_solo_p99_ms"] = solo_lat.get("p99_ms")
 
     # Phase C: MPS. gpushare first, then the baselines its targets compare with (MPS without
-    # limits on both traces, equal-split on the light one), then the latency experiment; a
-    # short budget cuts the equal-split heavy run and the sensitivity run, nothing a target
-    # needs.
+    # limits on both traces, equal-split on the light one), then the latency experiment, then
+    # the heavy trace without tail pairing; a short budget cuts the equal-split heavy run and
+    # the dense sensitivity run, nothing a target needs.
     daemon = safe(ctx.daemon, "starting MPS", ctx.errors) if not args.dry else None
     try:
         gs = Gpushare(
@@ -478,9 +478,6 @@ def run(ctx: Ctx) -> dict[str, Any]:
             st.lat_rows += shared["rows"]
             st.latency.update(shared["latency"])
         checkpoint()
-        for name in st.jobs:
-            if name != "light":
-                trace(name, MpsEqual(args.slots), daemon)
         # Sensitivity: the heavy trace without tail pairing (gpushare before run 5), same run.
         if "heavy" in st.jobs:
             r = run_scheme(
@@ -494,6 +491,9 @@ def run(ctx: Ctx) -> dict[str, Any]:
                 st.variants["gpushare_no_tail"] = r
                 st.variant_traces["gpushare_no_tail"] = "heavy"
             checkpoint()
+        for name in st.jobs:
+            if name != "light":
+                trace(name, MpsEqual(args.slots), daemon)
         # Sensitivity, last (skipped first when time is short): the light trace with requests
         # sized by the policy's own compute demand (denser packing, lower thread caps).
         dense = {
