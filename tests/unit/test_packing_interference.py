@@ -309,3 +309,15 @@ def test_pair_throughput_says_which_saturating_pairs_gain_on_the_stored_h200_pac
     assert gain > 1.0
     assert gain == pytest.approx(measured[("resnet50", "transformer")], rel=0.05)
     assert pair_throughput(model, (profiles["dgemm"], 100), (profiles["resnet50"], 100)) < 1.0
+
+
+def test_a_pipe_saturating_job_is_shielded_from_everyone_but_its_own_pipe() -> None:
+    # H200: two FP64 GEMMs at 100/100 threads ran 2.0x slower each (they share the DMMA pipe);
+    # a GEMM beside ResNet-18 kept 99% of its speed. Before the same-pipe term the shield
+    # predicted 1.2x for the GEMM pair.
+    model = load_default()
+    gemm = replace(FP64_GEMM, sm_utilization=0.98)
+    r18 = replace(RESNET18, sm_utilization=0.38)
+    pair = model.predict(gemm, 100, [(gemm, 100)])
+    assert pair == pytest.approx(2.0, rel=0.2)
+    assert model.predict(gemm, 100, [(r18, 100)]) < 1.1
