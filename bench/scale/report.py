@@ -64,6 +64,11 @@ def render_markdown(r: dict[str, Any]) -> str:
         "default-scheduler on the same nodes; pods created with "
         f"{setup['concurrency']} parallel POSTs.",
         "",
+        f"Controller: {setup.get('controller_source', 'checkout')} at {setup.get('git_head')}, "
+        f"arguments {setup.get('controller_args') or 'none (defaults)'}; kwok pod stage "
+        f"workers {setup.get('kwok_pod_workers')}. Other tenants' CPU during each phase: "
+        "`outside_bench` in the CPU table.",
+        "",
         "| result | value | target | met |",
         "| --- | --- | --- | --- |",
     ]

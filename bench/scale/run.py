@@ -636,7 +636,9 @@ def assemble(
             "concurrency": opts.concurrency,
             "backlog_pods": opts.backlog_pods,
             "controller_args": opts.controller_args,
-            "controller_source": "patched copy" if opts.controller_source else "checkout",
+            "controller_source": "copy (--controller-source)"
+            if opts.controller_source
+            else "checkout",
             **source,
             "kubernetes": version.get("gitVersion"),
             "scheduler_client_qps": int(os.environ.get("GPUSHARE_SCALE_SCHEDULER_QPS", "5000")),
