@@ -47,9 +47,12 @@ KWOK_BIN="$GPUSHARE_CACHE_DIR/bin/kwok-$KWOK_VERSION"
 # Nodes kwok fakes carry this annotation; kwok leaves every other node alone.
 KWOK_NODE_SELECTOR="kwok.x-k8s.io/node=fake"
 COMPONENTS=(etcd kube-apiserver kube-scheduler gpushare-scheduler kwok)
-
-log() { printf '%s kwok-cluster: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+CLUSTER_LOG_NAME=kwok-cluster
+CLUSTER_NAME=scale
+APISERVER_URL="https://127.0.0.1:$APISERVER_PORT"
+CERT_DAYS=30
+# shellcheck source=hack/lib/cluster-common.sh
+source "$here/lib/cluster-common.sh"
 
 check_prereqs() {
   command -v openssl >/dev/null || die "'openssl' not found; install it with: apt-get install openssl"
@@ -61,83 +64,8 @@ check_prereqs() {
   [[ -x $KWOK_BIN/kwok ]] || "$here/build-tools.sh" kwok
 }
 
-pid_alive() { [[ -f $RUN/$1.pid ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
-
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-# start NAME CMD... : run detached in its own session, log to $LOGS/NAME.log, PID to $RUN/NAME.pid
-start() {
-  local name=$1; shift
-  if pid_alive "$name"; then return 0; fi
-  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
-  echo $! >"$RUN/$name.pid"
-  log "started $name (pid $!)"
-}
-
-stop_component() { # NAME
-  local name=$1 pid i
-  [[ -f $RUN/$name.pid ]] || return 0
-  pid=$(cat "$RUN/$name.pid")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-    log "stopped $name (pid $pid)"
-  fi
-  rm -f "$RUN/$name.pid"
-}
-
-wait_for() { # DESCRIPTION TIMEOUT_S CMD...
-  local what=$1 timeout=$2 i; shift 2
-  for ((i = 0; i < timeout * 5; i++)); do
-    if "$@" >/dev/null 2>&1; then return 0; fi
-    sleep 0.2
-  done
-  die "timed out after ${timeout}s waiting for $what (logs: $LOGS)"
-}
-
-kubectl_admin() { "$KUBE_BIN/kubectl" --kubeconfig "$STATE/admin.kubeconfig" "$@"; }
-
 # ---------------------------------------------------------------------------------------------
-# PKI and kubeconfigs (same scheme as hack/local-cluster.sh, separate CA)
-
-mkcert() { # NAME CN ORG SANS(comma list or "")
-  local name=$1 cn=$2 org=$3 sans=$4 subj
-  subj="/CN=$cn"
-  [[ -n $org ]] && subj="/O=$org/CN=$cn"
-  openssl genrsa -out "$PKI/$name.key" 2048 2>/dev/null
-  {
-    echo "basicConstraints=CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    echo "extendedKeyUsage=serverAuth,clientAuth"
-    [[ -n $sans ]] && echo "subjectAltName=$sans"
-  } >"$PKI/$name.ext"
-  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
-  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
-    -days 30 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
-  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
-}
-
-kubeconfig() { # NAME CERT
-  cat >"$STATE/$1.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: scale
-  cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
-    certificate-authority: $PKI/ca.crt
-users:
-- name: $1
-  user:
-    client-certificate: $PKI/$2.crt
-    client-key: $PKI/$2.key
-contexts:
-- name: scale
-  context: {cluster: scale, user: $1}
-current-context: scale
-EOF
-}
+# PKI and kubeconfigs (the scheme of hack/lib/cluster-common.sh, with a CA of its own)
 
 make_pki() {
   mkdir -p "$PKI"
