@@ -1,7 +1,10 @@
-"""The one module of the cluster side that talks to the Kubernetes API (lightkube AsyncClient).
+"""The one module of the cluster side that talks to the Kubernetes API.
 
 It feeds the view from list+watch of nodes and pods, writes a pod's placement annotations and
-Binding for the extender, and registers the admission webhooks.
+Binding for the extender, and registers the admission webhooks. The hot paths (pod and node
+watches, Bindings) go through :class:`RawApi` (aiohttp + msgspec, plain dicts) when the
+kubeconfig uses certificates or tokens; everything else, and exec/basic-auth kubeconfigs, use
+lightkube's AsyncClient.
 """
 
 import asyncio
@@ -198,7 +201,8 @@ class RawApi:
 
 
 class Kube:
-    """A small typed facade over lightkube for exactly what the controller needs."""
+    """A small typed facade over lightkube (and RawApi for the hot paths) for exactly what the
+    controller needs."""
 
     def __init__(
         self, client: AsyncClient, *, field_manager: str, raw: RawApi | None = None
