@@ -41,8 +41,12 @@ PAUSE_IMAGE=registry.k8s.io/pause:3.10.1
 BUSYBOX_IMAGE=gpushare.local/busybox:1.35
 COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager kube-scheduler gpushare-scheduler kube-proxy kubelet)
 
-log() { printf '%s local-cluster: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+CLUSTER_LOG_NAME=local-cluster
+CLUSTER_NAME=local
+APISERVER_URL=https://127.0.0.1:6443
+# log, die, pid_alive, start, stop_component, wait_for, kubectl_admin, mkcert, kubeconfig
+# shellcheck source=hack/lib/cluster-common.sh
+source "$here/lib/cluster-common.sh"
 
 need() { # CMD INSTALL_HINT
   command -v "$1" >/dev/null || die "'$1' not found; install it with: $2"
@@ -67,85 +71,8 @@ check_prereqs() {
   [[ -x $ETCD_BIN/etcd ]] || "$here/build-tools.sh" etcd
 }
 
-pid_alive() { [[ -f $RUN/$1.pid ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
-
-# start NAME CMD... : run detached in its own session, log to $LOGS/NAME.log, PID to $RUN/NAME.pid
-start() {
-  local name=$1; shift
-  if pid_alive "$name"; then return 0; fi
-  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
-  echo $! >"$RUN/$name.pid"
-  log "started $name (pid $!)"
-}
-
-stop_component() { # NAME [SIGNAL]
-  local name=$1 sig=${2:-TERM} pid i
-  [[ -f $RUN/$name.pid ]] || return 0
-  pid=$(cat "$RUN/$name.pid")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "-$sig" "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-    log "stopped $name (pid $pid)"
-  fi
-  rm -f "$RUN/$name.pid"
-}
-
-wait_for() { # DESCRIPTION TIMEOUT_S CMD...
-  local what=$1 timeout=$2 i; shift 2
-  for ((i = 0; i < timeout * 5; i++)); do
-    if "$@" >/dev/null 2>&1; then return 0; fi
-    sleep 0.2
-  done
-  die "timed out after ${timeout}s waiting for $what (logs: $LOGS)"
-}
-
-kubectl_admin() { "$KUBE_BIN/kubectl" --kubeconfig "$STATE/admin.kubeconfig" "$@"; }
-
 # ---------------------------------------------------------------------------------------------
-# PKI and kubeconfigs
-
-mkcert() { # NAME CN ORG SANS(comma list or "")
-  local name=$1 cn=$2 org=$3 sans=$4
-  local subj="/CN=$cn"
-  [[ -f $PKI/$name.crt ]] && return 0
-  [[ -n $org ]] && subj="/O=$org/CN=$cn"
-  openssl genrsa -out "$PKI/$name.key" 2048 2>/dev/null
-  local ext="$PKI/$name.ext"
-  {
-    echo "basicConstraints=CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    echo "extendedKeyUsage=serverAuth,clientAuth"
-    [[ -n $sans ]] && echo "subjectAltName=$sans"
-  } >"$ext"
-  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
-  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
-    -days 365 -extfile "$ext" -out "$PKI/$name.crt" 2>/dev/null
-  rm -f "$PKI/$name.csr" "$ext"
-}
-
-kubeconfig() { # NAME CERT
-  local file="$STATE/$1.kubeconfig" cert=$2
-  [[ -f $file ]] && return 0
-  cat >"$file" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: https://127.0.0.1:6443
-    certificate-authority: $PKI/ca.crt
-users:
-- name: $1
-  user:
-    client-certificate: $PKI/$cert.crt
-    client-key: $PKI/$cert.key
-contexts:
-- name: local
-  context: {cluster: local, user: $1}
-current-context: local
-EOF
-}
+# PKI and kubeconfigs (mkcert and kubeconfig come from hack/lib/cluster-common.sh)
 
 make_pki() {
   mkdir -p "$PKI"
