@@ -53,8 +53,8 @@ STRANDING_WEIGHT = 4.0
 (tuned on the openb default trace with seeds 1-4, not the reported 42-51)."""
 LOOKAHEAD_WEIGHT = 2.0
 """Weight of the change of :meth:`Workload.waste_table` on the chosen GPU(s): FGD ranks a gap
-only the rare small tasks fit above one a popular task fills (tuned on openb default seeds 1-8,
-not the reported 42-51)."""
+only the rare small tasks fit above one a popular task fills (tuned on openb default seeds 1-4,
+checked on 5-8, not on the reported 42-51)."""
 BEST_FIT_WEIGHT = 0.01
 """Per GPU-percent left free on the chosen GPU: a tie-breaker, below any real cost difference."""
 SCORE_SCALE = 25.0
