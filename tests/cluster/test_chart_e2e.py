@@ -123,6 +123,16 @@ def ready(pod: Obj) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
+def wait_ready_release_pods(cluster: LocalCluster, *, timeout_s: float) -> list[Obj]:
+    """The release's pods once all are Ready (or as they are when the time is up)."""
+    deadline = time.monotonic() + timeout_s
+    pods = release_pods(cluster)
+    while not (pods and all(ready(p) for p in pods)) and time.monotonic() < deadline:
+        time.sleep(1)
+        pods = release_pods(cluster)
+    return pods
+
+
 def component(pod: Obj) -> str:
     return str(pod["metadata"]["labels"].get("app.kubernetes.io/component", ""))
 
@@ -396,7 +406,9 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
                 "5m",
             ).stdout
             assert "SIMULATED" in out, "NOTES must say the GPUs are simulated"
-            pods = release_pods(cluster)
+            # helm's --wait counts a one-node DaemonSet ready before its pod is (it allows
+            # maxUnavailable=1 of 1), so the node agent gets the same 2 minutes to be Ready.
+            pods = wait_ready_release_pods(cluster, timeout_s=120)
             assert sorted(component(p) for p in pods) == ["controller", "node-agent", "scheduler"]
             assert all(ready(p) for p in pods), [p["status"] for p in pods]
             images_used = {c["image"] for p in pods for c in p["spec"]["containers"]}

@@ -6,17 +6,40 @@ Speeds are not asserted here (bench/results/scale.* holds them): only that the b
 complete, correct result a user can rely on.
 """
 
+import csv
 import importlib.util
 import json
 import os
+import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from bench.scale.harness import DEFAULT_STATE_DIR, REPO, control_plane_running
+from bench.scale.run import DEFAULT_TRACES
+from bench.scale.workload import DEFAULT_TRACE_FILE
 
 pytestmark = pytest.mark.cluster
+
+
+def traces_dir(tmp: Path) -> Path:
+    """The openb traces when this checkout sits beside them (they are never committed), else a
+    small pod list in their format: fractional and whole-GPU tasks, the shapes the bench reads."""
+    if (DEFAULT_TRACES / DEFAULT_TRACE_FILE).is_file():
+        return DEFAULT_TRACES
+    rng = random.Random(7)
+    with (tmp / DEFAULT_TRACE_FILE).open("w", newline="") as handle:
+        out = csv.writer(handle)
+        out.writerow(
+            ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "qos", "creation_time"]
+        )
+        for i in range(600):
+            milli = rng.choice([1000, 810, 650, 470, 460, 320, 230, 100, 50])
+            qos = rng.choice(["LS", "BE"])
+            out.writerow([f"pod-{i:04d}", rng.choice([2000, 4000, 8000]), 8192, 1, milli, qos, i])
+    return tmp
 
 
 def _controller_present() -> bool:
@@ -42,6 +65,8 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignore
             str(out / "scale"),
             "--logs",
             str(out / "logs"),
+            "--traces",
+            str(traces_dir(out)),
             "--stall-timeout",
             "60",
             "--timeout",
