@@ -9,6 +9,7 @@ the pinned-memory limit is what the device plugin would set.
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from bench.gpu.colocate import PackKey, Predictor, Record, pack_key
@@ -43,6 +44,23 @@ TAIL_PAIR_GAIN = 1.0
 """A whole-GPU job nobody waits behind joins a lone whole-GPU job only when the model predicts
 the pair finishes more work per second than running them one after the other (see
 ``GpushareDecider.tail_pair``)."""
+
+
+@dataclass(frozen=True)
+class CapCharged(InterferenceModel):
+    """Admission's view with the bound on the slowdown vs the whole GPU: the same-cap
+    prediction x the cap's modelled cost (profiles with an SM utilization; up to sqrt(2))."""
+
+    def predict(
+        self,
+        target: PipeProfile,
+        target_threads: int,
+        neighbours: Sequence[tuple[PipeProfile, int]],
+    ) -> float:
+        base = super().predict(target, target_threads, neighbours)
+        if target.sm_utilization is None:
+            return base
+        return base * min(self.cap_slowdown(target, target_threads), math.sqrt(2.0))
 
 
 def to_pipe_profile(values: Mapping[str, float], *, gpu_model: str) -> PipeProfile:

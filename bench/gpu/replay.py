@@ -4,20 +4,18 @@ estimate (no GPU) for choosing what a full run should measure, never a result of
     PYTHONPATH=. python3 -m bench.gpu.replay --results bench/results/gpu-packing.json \\
         --colocations bench/gpu/data/colocations.json [--trace light] [--charge-cap] [--no-tail]
 
-Each running job advances at 1 / (the model's same-cap slowdown x its measured cost of the
-thread cap alone); the inference service runs for its measured duration. Profiles, requests and
-solo rates at each cap come from a run's results and colocations; the model is fit on the
-colocations. ``--charge-cap`` replays admission with the bound on the slowdown vs the whole GPU
-(the cap's modelled cost charged, up to sqrt(bound)); ``--half-heavy`` lets the transformer and
-ResNet-50 ask for half a GPU.
+Each running job advances at 1 / (the model's same-cap slowdown x the cost of its thread cap
+alone: measured at 100/50/25%, the model's cap cost at any other cap); the inference service
+runs for its measured duration. Profiles, requests and solo rates at each cap come from a run's
+results and colocations; the model is fit on the colocations. ``--charge-cap`` replays
+admission with the bound on the slowdown vs the whole GPU (the cap's modelled cost charged, up
+to sqrt(bound)); ``--half-heavy`` lets the transformer and ResNet-50 ask for half a GPU.
 """
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,26 +24,8 @@ from bench.gpu.schemes import Gpushare, Running
 from gpushare.api.names import CLASS_LATENCY
 from gpushare.packing import interference
 from gpushare.packing.interference import InterferenceModel, fit, parse_records
-from gpushare.packing.model import PipeProfile
 
 STEP_S = 0.01
-
-
-@dataclass(frozen=True)
-class CapCharged(InterferenceModel):
-    """Admission's view with the bound on the slowdown vs the whole GPU: the same-cap
-    prediction x the cap's modelled cost (profiles with an SM utilization; up to sqrt(2))."""
-
-    def predict(
-        self,
-        target: PipeProfile,
-        target_threads: int,
-        neighbours: Sequence[tuple[PipeProfile, int]],
-    ) -> float:
-        base = super().predict(target, target_threads, neighbours)
-        if target.sm_utilization is None:
-            return base
-        return base * min(self.cap_slowdown(target, target_threads), math.sqrt(2.0))
 
 
 def replay(
@@ -110,7 +90,12 @@ def replay(
             ]
             threads = interference.tenant_threads(tenant)
             alone = full.get(r.job.kind, 1.0)
-            cap_cost = alone / at_cap.get((r.job.kind, threads), alone)
+            measured = at_cap.get((r.job.kind, threads))
+            cap_cost = (
+                alone / measured
+                if measured is not None
+                else model.cap_slowdown(tenant.profile, threads)
+            )
             slowdown = model.predict(tenant.profile, threads, others) * cap_cost
             left[r.job.id] -= STEP_S / slowdown
         t += STEP_S
@@ -145,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fractions = dict(results["details"]["requested_fractions"])
     if args.half_heavy:
         fractions.update(transformer=0.5, resnet50=0.5)
-    admission = CapCharged(coefficients=model.coefficients) if args.charge_cap else None
+    admission = policy.CapCharged(coefficients=model.coefficients) if args.charge_cap else None
     out = replay(
         results=results,
         records=records,

@@ -478,6 +478,33 @@ def run(ctx: Ctx) -> dict[str, Any]:
             st.lat_rows += shared["rows"]
             st.latency.update(shared["latency"])
         checkpoint()
+        # Sensitivity (run 6): the light trace with admission bounding the slowdown vs the
+        # whole GPU (the thread cap's modelled cost charged), the candidate fix for the
+        # slowest-job target; same requests and caps as gpushare.
+        if "light" in st.jobs:
+            charged = policy.GpushareDecider(
+                profiles=decider.profiles,
+                model=policy.CapCharged(coefficients=decider.model.coefficients),
+                bounds=decider.bounds,
+                gpu_model=decider.gpu_model,
+                gpu_memory_bytes=decider.gpu_memory_bytes,
+            )
+            r = run_scheme(
+                ctx,
+                Gpushare(
+                    charged,
+                    prepare=charged.prepare,
+                    source="gpushare.packing, cap cost charged in admission",
+                    tail=charged.tail_pair,
+                ),
+                st.jobs["light"],
+                st.iterations["light"],
+                daemon,
+            )
+            if r:
+                st.variants["gpushare_charge_cap"] = r
+                st.variant_traces["gpushare_charge_cap"] = "light"
+            checkpoint()
         # Sensitivity: the heavy trace without tail pairing (gpushare before run 5), same run.
         if "heavy" in st.jobs:
             r = run_scheme(
