@@ -26,6 +26,8 @@ from gpushare.packing import interference
 from gpushare.packing.interference import InterferenceModel, fit, parse_records
 
 STEP_S = 0.01
+CapCharged = policy.CapCharged
+"""Admission's view with the cap's cost charged (defined in ``policy``; the run measures it)."""
 
 
 def replay(
@@ -130,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fractions = dict(results["details"]["requested_fractions"])
     if args.half_heavy:
         fractions.update(transformer=0.5, resnet50=0.5)
-    admission = policy.CapCharged(coefficients=model.coefficients) if args.charge_cap else None
+    admission = CapCharged(coefficients=model.coefficients) if args.charge_cap else None
     out = replay(
         results=results,
         records=records,
