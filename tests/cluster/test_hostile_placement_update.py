@@ -70,7 +70,8 @@ def guarded(cluster: Any) -> Iterator[dict[str, str]]:
             KUBE_VERSION,
             "--show-only",
             "templates/placement-policy.yaml",
-            "--set",
+            # --set-string: a suffix of hex digits only ("380144") would be read as a number.
+            "--set-string",
             f"placementGuard.namespaceSelector.matchLabels.gpushare-vap-test={suffix}",
         ],
         capture_output=True,
