@@ -152,6 +152,10 @@ class Fate:
     """Pods on their way (bound but not running yet, pending with no reason yet)."""
     violations: list[str] = field(default_factory=list)
     """Pods lost: failed, running with a wrong environment."""
+    failed_to_start: list[str] = field(default_factory=list)
+    """Pods Failed only because the runtime's container start failed (``StartError``): a kubelet
+    killed mid-start leaves such a ``restartPolicy: Never`` pod Failed, with that reason on its
+    container. Reported apart; only the kubelet fault may cause them."""
 
 
 class FateReader:
@@ -213,10 +217,14 @@ class FateReader:
                     for c in pod["status"].get("containerStatuses") or []
                     if (term := (c.get("state") or {}).get("terminated"))
                 ]
-                fate.violations.append(
+                text = (
                     f"{key}: {phase} ({pod['status'].get('reason')}: "
                     f"{pod['status'].get('message')}; containers {ended})"
                 )
+                start_error = (
+                    phase == "Failed" and ended and all(": StartError exit" in e for e in ended)
+                )
+                (fate.failed_to_start if start_error else fate.violations).append(text)
             elif uid in problems:
                 problem = problems[uid]
                 if problem is None:

@@ -271,6 +271,7 @@ def settle(
             "pending_with_reason": len(fate.pending),
             "unsettled": dict(list(fate.unsettled.items())[:5]),
             "lost": fate.violations,
+            "failed_to_start": fate.failed_to_start,
             "invariants": invariants + duplicates,
             "pending_with_room": waiting_with_room[:5],
         }
@@ -322,6 +323,12 @@ def test_fault_during_a_burst_loses_and_double_books_nothing(
     # From the component being back; the rest of the burst is still arriving meanwhile.
     converge_s = None if settled_s is None else last_pod - back + settled_s
     violations = [*state.get("lost", []), *state.get("invariants", [])]
+    # A kubelet killed while the runtime starts a container leaves that restartPolicy-Never pod
+    # Failed with StartError on its container: the kubelet's doing, visible on the pod, and
+    # only acceptable for the kubelet fault.
+    failed_to_start = state.get("failed_to_start", [])
+    if fault != "kubelet":
+        violations.extend(failed_to_start)
     if converge_s is None and not violations:
         violations.append(f"did not converge in {CONVERGE_TIMEOUT_S:.0f}s: {state}")
     if fault == "node-agent":
@@ -356,6 +363,7 @@ def test_fault_during_a_burst_loses_and_double_books_nothing(
         "running": state.get("running"),
         "pending_with_reason": state.get("pending_with_reason"),
         "creates_refused_meanwhile": burst.refused,
+        "failed_to_start": failed_to_start,
         "allocatable_after": node["status"]["allocatable"].get(RESOURCE_GPU_PERCENT),
         **seen,
     }
