@@ -318,10 +318,18 @@ class Reconciliation:
     reopened: set[str] = field(default_factory=set)
     """UIDs of pods an answer was meant for that still wait for their Allocate."""
     exchanged: list[tuple[PodInfo, Answer]] = field(default_factory=list)
+    stale: list[Answer] = field(default_factory=list)
+    """Answers whose slice IDs a later answer covered: the kubelet that asked forgot them
+    (it restarted) and gave the same slices out again, so the pod holding them now holds the
+    later answer, not this one."""
 
 
 def reconcile(
-    pods: Sequence[PodInfo], held: Mapping[str, tuple[str, ...]], unverified: Iterable[Answer]
+    pods: Sequence[PodInfo],
+    held: Mapping[str, tuple[str, ...]],
+    unverified: Iterable[Answer],
+    *,
+    others: Iterable[Answer] = (),
 ) -> Reconciliation:
     """Match unverified answers to the pods the kubelet gave them to (same slice IDs).
 
@@ -329,8 +337,16 @@ def reconcile(
     placement. When Q still waits and P's own placement went to nobody, Q takes P's placement
     over (state assumed), so that its Allocate, steered to P's GPU, gets it. A permutation
     within a batch thus keeps every GPU's total, and every pod's annotations say what it runs
-    with."""
+    with.
+
+    Slice IDs held by one pod may have been answered more than once: a restarted kubelet that
+    forgot an answer hands the same slices out again. The pod holds the latest answer for
+    them; earlier ones (among ``unverified`` and ``others``, the rest of the answers) are
+    ``stale`` and match nobody."""
     answers = list(unverified)
+    latest: dict[tuple[str, ...], float] = {}
+    for a in (*answers, *others):
+        latest[a.devices] = max(a.at, latest.get(a.devices, a.at))
     by_key = {p.key: p for p in pods}
     by_uid = {p.uid: p for p in pods}
     holder_of = {tuple(sorted(devices)): key for key, devices in held.items()}
@@ -340,6 +356,9 @@ def reconcile(
         key = holder_of.get(answer.devices)
         holder = by_key.get(key) if key is not None else None
         if holder is None:
+            continue
+        if answer.at < latest[answer.devices]:
+            plan.stale.append(answer)
             continue
         plan.settled.append((answer, holder))
         if holder.uid == answer.uid or not answer.placement:
@@ -666,10 +685,14 @@ class Allocator:
             if now - seen > 3600:
                 del self._handled[uid]
 
-    def _event(self, pod: PodInfo | None, reason: str, message: str) -> None:
-        log.warning("%s: %s", reason, message)
+    def _event(
+        self, pod: PodInfo | None, reason: str, message: str, *, warning: bool = True
+    ) -> None:
+        """Log ``message`` and record it as an Event on ``pod`` (or the node)."""
+        subject = f"pod {pod.key}" if pod is not None else reason
+        log.warning("%s: %s", subject, message)
         try:
-            self.pods.record_event(pod=pod, reason=reason, message=message, warning=True)
+            self.pods.record_event(pod=pod, reason=reason, message=message, warning=warning)
         except Exception as exc:
             log.error("could not record Event %s: %s", reason, exc)
 
@@ -717,7 +740,7 @@ class Allocator:
         except Exception as exc:
             log.warning("cannot check %d Allocate answer(s): %s", len(unverified), exc)
             return 0
-        plan = reconcile(pods, held, unverified)
+        plan = reconcile(pods, held, unverified, others=self.answers.all().values())
         by_uid = {p.uid: p for p in pods}
         for uid, annotations in plan.patches.items():
             target = by_uid[uid]
@@ -733,7 +756,14 @@ class Allocator:
         for answer, holder in plan.settled:
             self.answers.settle(answer, uid=holder.uid, pod=holder.key)
             self._remember(holder)
-        settled = {a.uid for a, _ in plan.settled}
+        for answer in plan.stale:
+            log.info(
+                "Allocate answer for pod %s is stale: the kubelet gave its slices out again "
+                "after forgetting it",
+                answer.pod,
+            )
+            self.answers.settle(answer, uid=answer.uid, pod=answer.pod)
+        settled = {a.uid for a, _ in plan.settled} | {a.uid for a in plan.stale}
         cutoff = time.time() - UNVERIFIED_FOR_S
         for answer in unverified:
             if answer.uid not in settled and answer.at < cutoff:
@@ -749,13 +779,7 @@ class Allocator:
                 f"percentage {values.get(ANN_THREAD_PERCENT)}, memory limit "
                 f"{values.get(ANN_MEMORY_LIMIT)} bytes"
             )
-            log.warning("pod %s: %s", holder.key, message)
-            try:
-                self.pods.record_event(
-                    pod=holder, reason="GpusharePlacementExchanged", message=message, warning=True
-                )
-            except Exception as exc:
-                log.error("could not record Event GpusharePlacementExchanged: %s", exc)
+            self._event(holder, "GpusharePlacementExchanged", message)
         return len(plan.exchanged)
 
     def _previous(self, uids: AbstractSet[str]) -> dict[str, tuple[str, ...]]:
@@ -859,13 +883,7 @@ class Allocator:
                 f"gave it its own placement again (GPU {', '.join(placement.gpu_uuids)}, "
                 f"active-thread percentage {placement.thread_percent})"
             )
-            log.warning("pod %s: %s", pod.key, message)
-            try:
-                self.pods.record_event(
-                    pod=pod, reason="GpushareAllocatedAgain", message=message, warning=False
-                )
-            except Exception as exc:
-                log.error("could not record Event GpushareAllocatedAgain: %s", exc)
+            self._event(pod, "GpushareAllocatedAgain", message, warning=False)
         try:
             self.pods.mark_allocated(pod)
         except Exception as exc:

@@ -291,18 +291,7 @@ def running(cluster: Any, namespace: str) -> list[Pod]:
     ]
 
 
-KUBELET_RACE = pytest.mark.xfail(
-    reason="known race (device plugin, open): after a kubelet killed mid-admission restarts, "
-    "same-size pods can still end up running with each other's memory limit when the "
-    "pod-resources exchange check misses (1 of 5 clean-clone runs after the fix); see "
-    "docs/reliability.md",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "fault", [pytest.param(f, marks=KUBELET_RACE) if f == "kubelet" else f for f in FAULTS]
-)
+@pytest.mark.parametrize("fault", FAULTS)
 def test_fault_during_a_burst_loses_and_double_books_nothing(
     fault: str, rig: Rig, namespace: str, record: dict[str, Any]
 ) -> None:

@@ -202,9 +202,12 @@ class Kubelet:
         self.identity = OLD
         self.held: dict[str, tuple[str, ...]] = {}
         self.asked = 0
+        self.answering = True
 
     def list(self) -> Mapping[str, tuple[str, ...]]:
         self.asked += 1
+        if not self.answering:
+            raise ConnectionError("pod-resources socket not ready")
         return dict(self.held)
 
 
@@ -376,3 +379,30 @@ def test_the_pod_an_answer_was_meant_for_waits_with_the_placement_left_free() ->
         ANN_STATE: STATE_ASSUMED,
     }
     assert plan.reopened == {x.uid}
+
+
+def test_slices_a_restarted_kubelet_gave_out_again_keep_the_later_answer(
+    tmp_path: Path, state_file: Path
+) -> None:
+    """x (older, 12 GiB) and y (8 GiB) both wait for 15 slices of GPU A. The kubelet asks for
+    slices D, we answer for x (unverified: two same-size pods wait), and the kubelet dies
+    before recording it. The restarted kubelet's pod-resources socket is not up yet when it
+    asks for D again for y, so x cannot be seen forgotten and y gets its own answer. y runs
+    with its own placement: the stale answer for x must not rewrite y's annotations."""
+    x = pod("x", bind_s=0, threads=15, memory_gib=12)
+    y = pod("y", bind_s=1, threads=15, memory_gib=8)
+    api, kubelet = ApiServer([x, y]), Kubelet()
+    allocator = make(tmp_path, api, kubelet, AnswerBook(path=state_file))
+    d = slice_ids(GPU_A)[:15]
+    assert envs_of(allocator, d)[2] == "0=12288M"  # x's answer; the kubelet then dies
+    kubelet.identity, kubelet.answering = NEW, False
+    given_to_y = envs_of(allocator, d)
+    assert given_to_y == described(api.pods[y.uid]) and given_to_y[2] == "0=8192M"
+    kubelet.answering = True
+    kubelet.held = {y.key: tuple(sorted(d))}
+    assert allocator.reconcile() == 0
+    assert described(api.pods[y.uid]) == given_to_y  # y still says what it runs with
+    assert described(api.pods[x.uid])[2] == "0=12288M"
+    assert "GpusharePlacementExchanged" not in api.events
+    # x, forgotten by the new kubelet, gets its own placement when asked again.
+    assert envs_of(allocator, slice_ids(GPU_A)[15:30])[2] == "0=12288M"
