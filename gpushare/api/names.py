@@ -63,3 +63,7 @@ ANN_EXCLUSIVE: Final = f"{GROUP}/exclusive"
 # Pod annotation (node agent): why the controller should evict the pod (it keeps breaking its
 # GPU's other tenants). The controller holds the eviction right; the node agent does not.
 ANN_EVICT: Final = f"{GROUP}/evict"
+# Pod annotation (controller): when capacity the scheduler cannot see was let go after the
+# extender refused this pod; the update itself is what sends the pod back to kube-scheduler's
+# queue (see gpushare.controller.requeue).
+ANN_REQUEUED_AT: Final = f"{GROUP}/requeued-at"

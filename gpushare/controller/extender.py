@@ -20,6 +20,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import STATE_ASSUMED
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.controller import pods
+from gpushare.controller.requeue import RefusedPods
 from gpushare.controller.share_rules import (
     NO_RULES,
     ShareRules,
@@ -188,6 +189,8 @@ class Extender:
         self._verdicts: dict[Demand, dict[str, tuple[int, str, str]]] = {}
         self._scores: dict[Demand, dict[str, tuple[int, int]]] = {}
         self._cached = 0
+        self.refused = RefusedPods()
+        """Pods the filter left without a node, for ``requeue`` when hidden capacity frees."""
         self.bind_stage_observer: Callable[[str, float], None] | None = None
         """Told (stage, seconds) for each bind: ``gate`` (waiting for the node's earlier pods'
         Allocate) and ``write`` (choosing GPUs and the Binding POST)."""
@@ -230,6 +233,10 @@ class Extender:
                 failed[name] = message
             else:
                 unresolvable[name] = message
+        if passed:
+            self.refused.placed(key)
+        elif args.node_names:
+            self.refused.refused(key)
         if self.hold_in_filter and passed:
             best = self._hold_best(args, key, demand, rules, passed=passed)
             if best is not None:

@@ -29,6 +29,7 @@ from lightkube.resources.admissionregistration_v1 import (
     ValidatingWebhookConfiguration,
 )
 from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
 
 from gpushare.api.gpushare_crd import KIND, PLURAL
 from gpushare.api.names import GROUP, VERSION
@@ -290,6 +291,18 @@ class Kube:
             return
         except Exception as exc:
             raise _wrap(exc, f"bind pod {namespace}/{name} to {node}") from exc
+
+    async def annotate_pod(
+        self, *, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> None:
+        """Merge-patch the pod's annotations (a Pod update event for kube-scheduler)."""
+        patch = {"metadata": {"annotations": dict(annotations)}}
+        try:
+            await self._client.patch(
+                Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE
+            )
+        except Exception as exc:
+            raise _wrap(exc, f"annotate pod {namespace}/{name}") from exc
 
     async def evict_pod(self, *, namespace: str, name: str) -> bool:
         """Evict through the Eviction API, so PodDisruptionBudgets hold. False when a budget

@@ -32,6 +32,7 @@ from gpushare.controller.extender import Extender
 from gpushare.controller.kube import Kube
 from gpushare.controller.metrics import Metrics
 from gpushare.controller.registration import webhook_configurations
+from gpushare.controller.requeue import requeue
 from gpushare.controller.server import extender_app, webhook_app
 from gpushare.controller.settings import PROG, Settings, parse_args
 from gpushare.controller.tls import CertFiles, ensure_certs
@@ -118,14 +119,23 @@ async def _start_site(
     return runner
 
 
-async def _expire_loop(ctx: ControllerContext) -> None:
+async def _expire_loop(ctx: ControllerContext, extender: Extender) -> None:
     period = max(1.0, min(5.0, ctx.settings.stale_assume_seconds / 4))
     while True:
         await asyncio.sleep(period)
-        for key in ctx.view.expire_stale():
+        released = ctx.view.expire_stale()
+        for key in released:
             log.info("stale placement released (pod never bound)", extra={"pod": key})
-        for key in ctx.view.expire_holds():
+        lapsed = ctx.view.expire_holds()
+        for key in lapsed:
             log.info("filter-time hold lapsed (no bind came)", extra={"pod": key})
+        if (released or lapsed) and ctx.kube is not None and len(extender.refused):
+            touched = await requeue(extender.refused, ctx.view.pods(), ctx.kube)
+            if touched:
+                log.info(
+                    "asked the scheduler to retry pods refused before capacity was let go",
+                    extra={"pods": len(touched), "example": touched[0]},
+                )
 
 
 async def _evict_loop(ctx: ControllerContext, *, period_s: float = 2.0) -> None:
@@ -275,7 +285,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             tasks[asyncio.create_task(_evict_loop(ctx))] = "evictions requested by node agents"
         else:
             ctx.view.nodes_synced = ctx.view.pods_synced = True
-        tasks[asyncio.create_task(_expire_loop(ctx))] = "stale placement expiry"
+        tasks[asyncio.create_task(_expire_loop(ctx, extender))] = "stale placement expiry"
         all_hooks = list(hooks)
         if settings.operator_enabled:
             operator = find_operator()

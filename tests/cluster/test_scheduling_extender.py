@@ -6,6 +6,7 @@ a controller killed mid-burst loses and double-books nothing."""
 import json
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -20,13 +21,15 @@ from gpushare.api.names import (
     ANN_GPU_UUID,
     ANN_MEMORY,
     ANN_NODE_GPUS,
+    ANN_REQUEUED_AT,
     RESOURCE_GPU_PERCENT,
     SCHEDULER_NAME,
 )
 from gpushare.api.placement import parse_placement
 from gpushare.api.quantities import parse_fraction, parse_memory
+from gpushare.controller.extender import HOLD_SECONDS
 from tests.fixtures.cluster import LocalCluster
-from tests.fixtures.controller import ControllerProcess
+from tests.fixtures.controller import ControllerProcess, pod_json
 from tests.fixtures.node_agent import NodeAgentProcess
 
 pytestmark = pytest.mark.cluster
@@ -352,6 +355,55 @@ def test_killing_the_controller_mid_burst_loses_and_double_books_nothing(
     assert len(ours) == 40
     assert all(parse_placement(p["metadata"]["annotations"]) is not None for p in ours)
     assert_each_runs_on_its_gpu(cluster, namespace, 40)
+
+
+def test_a_pod_refused_while_a_lost_bind_held_the_gpus_is_placed_when_the_hold_lapses(
+    cluster: LocalCluster, controller: ControllerProcess, gpu_node: GpuNode, namespace: str
+) -> None:
+    """A scheduler that filtered pods and died before binding them leaves filter-time holds:
+    capacity kube-scheduler cannot see. A pod refused meanwhile sits among its unschedulable
+    pods until some cluster event, up to five minutes in a quiet cluster. When the holds lapse
+    the controller touches the refused pod so it is tried again at once."""
+    assert not assert_no_gpu_oversubscribed(cluster, gpu_node), "GPUs not empty at the start"
+    url = f"{controller.extender_url}/scheduler/filter"
+    for i, _ in enumerate(gpu_node.gpus):
+        ghost = pod_json(f"ghost-{i}", namespace=namespace, fraction="1", uid=str(uuid.uuid4()))
+        body = json.dumps({"Pod": ghost, "NodeNames": [gpu_node.name]}).encode()
+        request = urllib.request.Request(
+            url, data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert json.load(resp)["NodeNames"] == [gpu_node.name]  # held, never bound
+    held = time.monotonic()
+    create(cluster, namespace, [gpushare_pod(cluster, "late", "0.5")])
+    deadline = time.monotonic() + 60
+    refused = ""
+    while time.monotonic() < deadline and not refused:
+        events = list_events(cluster, namespace, "late")
+        refused = " ".join(e.get("message", "") for e in events)
+        time.sleep(0.5)
+    assert "gpushare" in refused, f"the held GPUs did not refuse the pod: {refused!r}"
+    pods = wait_bound(cluster, namespace, 1, timeout=HOLD_SECONDS + 60)
+    waited = time.monotonic() - held
+    pod = next(p for p in pods if p["metadata"]["name"] == "late")
+    assert ANN_REQUEUED_AT in pod["metadata"]["annotations"]
+    # Without the touch: kube-scheduler's own retry, five minutes after the refusal.
+    assert waited < HOLD_SECONDS + 60, waited
+
+
+def list_events(cluster: LocalCluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    return json.loads(  # type: ignore[no-any-return]
+        cluster.kubectl(
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "-o",
+            "json",
+            "--field-selector",
+            f"involvedObject.name={name},reason=FailedScheduling",
+        )
+    )["items"]
 
 
 def test_controller_log_is_structured_json(controller: ControllerProcess) -> None:
