@@ -451,9 +451,10 @@ def run(ctx: Ctx) -> dict[str, Any]:
         st.latency["no_mps_solo_p99_ms"] = solo_lat.get("p99_ms")
 
     # Phase C: MPS. gpushare first, then the baselines its targets compare with (MPS without
-    # limits on both traces, equal-split on the light one), then the latency experiment, then
-    # the heavy trace without tail pairing; a short budget cuts the equal-split heavy run and
-    # the dense sensitivity run, nothing a target needs.
+    # limits on both traces, equal-split on the light one), then the cap-charged light-trace
+    # variant, then the latency experiment, then the heavy trace without tail pairing; a short
+    # budget cuts that, the equal-split heavy run and the dense sensitivity run, nothing a
+    # target needs.
     daemon = safe(ctx.daemon, "starting MPS", ctx.errors) if not args.dry else None
     try:
         gs = Gpushare(
@@ -469,18 +470,10 @@ def run(ctx: Ctx) -> dict[str, Any]:
             trace(name, MpsUnlimited(), daemon)
         if "light" in st.jobs:
             trace("light", MpsEqual(args.slots), daemon)
-        shared = safe(
-            lambda: shared_latency(ctx, daemon, decider, a.solo.get("resnet50"), lat_s),
-            "inference beside training",
-            ctx.errors,
-        )
-        if shared:
-            st.lat_rows += shared["rows"]
-            st.latency.update(shared["latency"])
-        checkpoint()
-        # Sensitivity (run 6): the light trace with admission bounding the slowdown vs the
-        # whole GPU (the thread cap's modelled cost charged), the candidate fix for the
-        # slowest-job target; same requests and caps as gpushare.
+        # Sensitivity (run 6; before the latency rows since run 7, so a tight budget cannot skip
+        # it): the light trace with admission bounding the slowdown vs the whole GPU (the
+        # thread cap's modelled cost charged), the candidate fix for the slowest-job target;
+        # same requests and caps as gpushare.
         if "light" in st.jobs:
             charged = policy.GpushareDecider(
                 profiles=decider.profiles,
@@ -505,6 +498,15 @@ def run(ctx: Ctx) -> dict[str, Any]:
                 st.variants["gpushare_charge_cap"] = r
                 st.variant_traces["gpushare_charge_cap"] = "light"
             checkpoint()
+        shared = safe(
+            lambda: shared_latency(ctx, daemon, decider, a.solo.get("resnet50"), lat_s),
+            "inference beside training",
+            ctx.errors,
+        )
+        if shared:
+            st.lat_rows += shared["rows"]
+            st.latency.update(shared["latency"])
+        checkpoint()
         # Sensitivity: the heavy trace without tail pairing (gpushare before run 5), same run.
         if "heavy" in st.jobs:
             r = run_scheme(
