@@ -9,6 +9,8 @@
 #   hack/kwok-cluster.sh down     stop what `up` started (by PID) and remove its state
 #   hack/kwok-cluster.sh status   show each component
 #   hack/kwok-cluster.sh env      print `export KUBECONFIG=...` for a shell
+#   hack/kwok-cluster.sh pki DIR  write a CA, certificates and keys into DIR (for
+#                                 GPUSHARE_SCALE_PKI_DIR on a machine without openssl)
 #
 # No kube-controller-manager runs: nothing here needs one (no Deployments, no service-account
 # tokens; the API server's TaintNodesByCondition admission is off, so no not-ready taint waits
@@ -21,8 +23,10 @@
 # GPUSHARE_SCALE_SCHEDULER_QPS (client QPS and burst of both schedulers, default 5000),
 # GPUSHARE_SCALE_ETCD_NO_FSYNC=1 (etcd --unsafe-no-fsync, to keep a busy shared disk out of it),
 # GPUSHARE_SCALE_KWOK_POD_WORKERS (kwok's parallel pod stage workers, default 256),
-# GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh). Needs root only for the default state
-# dir.
+# GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh), GPUSHARE_SCALE_BIN_DIR (one directory
+# with kube-apiserver, kube-scheduler, etcd and kwok to use instead: nothing is built, and
+# neither kubectl nor curl is needed), GPUSHARE_SCALE_PKI_DIR (copy the PKI written by `pki DIR`
+# instead of making one: no openssl needed). Needs root only for the default state dir.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=hack/lib/versions.sh
@@ -44,6 +48,9 @@ GPUSHARE_SCHEDULER_PORT=10361
 KUBE_BIN="$GPUSHARE_CACHE_DIR/bin/kubernetes-$KUBE_VERSION"
 ETCD_BIN="$GPUSHARE_CACHE_DIR/bin/etcd-$ETCD_VERSION"
 KWOK_BIN="$GPUSHARE_CACHE_DIR/bin/kwok-$KWOK_VERSION"
+BIN_DIR="${GPUSHARE_SCALE_BIN_DIR:-}"
+PKI_FROM="${GPUSHARE_SCALE_PKI_DIR:-}"
+if [[ -n $BIN_DIR ]]; then KUBE_BIN=$BIN_DIR ETCD_BIN=$BIN_DIR KWOK_BIN=$BIN_DIR; fi
 # Nodes kwok fakes carry this annotation; kwok leaves every other node alone.
 KWOK_NODE_SELECTOR="kwok.x-k8s.io/node=fake"
 COMPONENTS=(etcd kube-apiserver kube-scheduler gpushare-scheduler kwok)
@@ -55,8 +62,20 @@ CERT_DAYS=30
 source "$here/lib/cluster-common.sh"
 
 check_prereqs() {
-  command -v openssl >/dev/null || die "'openssl' not found; install it with: apt-get install openssl"
   local b
+  if [[ -n $PKI_FROM ]]; then
+    for b in ca apiserver admin scheduler sa; do
+      [[ -f $PKI_FROM/$b.key ]] || die "GPUSHARE_SCALE_PKI_DIR=$PKI_FROM has no $b.key; write it with: $0 pki DIR"
+    done
+  else
+    command -v openssl >/dev/null || die "'openssl' not found; install it with: apt-get install openssl (or set GPUSHARE_SCALE_PKI_DIR)"
+  fi
+  if [[ -n $BIN_DIR ]]; then
+    for b in kube-apiserver kube-scheduler etcd kwok; do
+      [[ -x $BIN_DIR/$b ]] || die "GPUSHARE_SCALE_BIN_DIR=$BIN_DIR has no executable $b; put it there or unset the variable to build it"
+    done
+    return 0
+  fi
   for b in kube-apiserver kube-scheduler kubectl; do
     [[ -x $KUBE_BIN/$b ]] || { log "kubernetes binaries missing; building them"; "$here/build-tools.sh" kube; break; }
   done
@@ -70,6 +89,16 @@ check_prereqs() {
 make_pki() {
   mkdir -p "$PKI"
   chmod 700 "$PKI"
+  if [[ -n $PKI_FROM ]]; then
+    cp "$PKI_FROM"/*.crt "$PKI_FROM"/*.key "$PKI_FROM"/sa.pub "$PKI/"
+  else
+    generate_pki
+  fi
+  kubeconfig admin admin
+  kubeconfig scheduler scheduler
+}
+
+generate_pki() { # into $PKI
   openssl genrsa -out "$PKI/ca.key" 2048 2>/dev/null
   openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=gpushare-scale-ca" -days 30 \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
@@ -79,8 +108,28 @@ make_pki() {
   mkcert scheduler system:kube-scheduler "" ""
   openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
   openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
-  kubeconfig admin admin
-  kubeconfig scheduler scheduler
+}
+
+# HTTPS GET of URL, printing the body: curl where there is one, else python3 (with the admin
+# client certificate), so the probes below work on a machine with neither curl nor kubectl.
+https_get() { # URL
+  if command -v curl >/dev/null; then
+    curl -sk --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$1"
+    return
+  fi
+  python3 - "$1" "$PKI/admin.crt" "$PKI/admin.key" <<'PY'
+import ssl, sys, urllib.request
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+print(urllib.request.urlopen(sys.argv[1], context=ctx, timeout=5).read().decode(), end="")
+PY
+}
+
+apiserver_ready() {
+  if [[ -x $KUBE_BIN/kubectl ]]; then kubectl_admin get --raw /readyz
+  else [[ $(https_get "https://127.0.0.1:$APISERVER_PORT/readyz") == ok ]]; fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -113,7 +162,7 @@ start_apiserver() {
     --authorization-mode RBAC --disable-admission-plugins TaintNodesByCondition \
     --profiling=false --event-ttl 10m \
     --max-requests-inflight 1600 --max-mutating-requests-inflight 800
-  wait_for kube-apiserver 90 kubectl_admin get --raw /readyz
+  wait_for kube-apiserver 90 apiserver_ready
 }
 
 write_scheduler_configs() {
@@ -180,7 +229,7 @@ EOF
 }
 
 scheduler_healthy() { # PORT
-  [[ $(curl -sk --cacert "$PKI/ca.crt" "https://127.0.0.1:$1/healthz" 2>/dev/null) == ok ]]
+  [[ $(https_get "https://127.0.0.1:$1/healthz" 2>/dev/null) == ok ]]
 }
 
 cmd_up() {
@@ -222,6 +271,17 @@ cmd_status() {
   return $rc
 }
 
+cmd_pki() { # DIR
+  [[ -n ${1:-} ]] || die "usage: $0 pki DIR"
+  [[ ! -e $1 ]] || [[ -z $(ls -A "$1") ]] || die "$1 is not empty; give a new directory"
+  command -v openssl >/dev/null || die "'openssl' not found; install it with: apt-get install openssl"
+  PKI=$1 CERT_DAYS=30
+  mkdir -p "$PKI"
+  chmod 700 "$PKI"
+  generate_pki
+  log "PKI written to $PKI (valid $CERT_DAYS days); use: GPUSHARE_SCALE_PKI_DIR=$PKI"
+}
+
 cmd_env() {
   echo "export KUBECONFIG=$STATE/admin.kubeconfig"
   echo "export PATH=$KUBE_BIN:$KWOK_BIN:\$PATH"
@@ -233,6 +293,7 @@ case ${1:-} in
   down) cmd_down ;;
   status) cmd_status ;;
   env) cmd_env ;;
-  -h|--help|help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  pki) cmd_pki "${2:-}" ;;
+  -h|--help|help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -263,7 +263,19 @@ def source_state() -> dict[str, object]:
     return {"git_head": head or "unknown", "gpushare_modified_in_tree": bool(dirty)}
 
 
-def machine_description() -> dict[str, object]:
+def _cpu_quota() -> float | None:
+    """Cores the cgroup v2 CPU quota allows (None when unlimited or unreadable)."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else round(int(quota) / int(period), 2)
+
+
+def machine_description(*, shared_host: bool = True, label: str | None = None) -> dict[str, object]:
+    """What the run ran on. ``shared_host`` and ``label`` come from the person running it (the
+    bench cannot tell a quiet dedicated machine from a busy shared one by itself; the
+    ``outside_bench`` CPU column shows what other tenants took)."""
     model = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -280,13 +292,21 @@ def machine_description() -> dict[str, object]:
     except OSError:
         pass
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    try:
+        version = Path("/proc/version").read_text().strip()
+    except OSError:
+        version = "unknown"
     return {
+        **({"label": label} if label else {}),
         "cpu_model": model,
         "cpu_cores": os.cpu_count(),
+        "cpu_cores_usable": len(os.sched_getaffinity(0)),
+        "cpu_quota_cores": _cpu_quota(),
         "memory_gib": round(mem_kib / 2**20, 1),
         "kernel": platform.release(),
+        "proc_version": version,
         "python": platform.python_version(),
         "load_average_at_start": [float(x) for x in load],
-        "shared_host": True,
+        "shared_host": shared_host,
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }

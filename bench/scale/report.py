@@ -47,6 +47,20 @@ def _latency_rows(phase: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _machine(m: dict[str, Any]) -> str:
+    label = f"{m['label']}: " if m.get("label") else ""
+    cores = f"{m['cpu_cores']} cores"
+    usable = m.get("cpu_cores_usable")
+    if usable is not None and usable != m["cpu_cores"]:
+        cores += f" ({usable} usable)"
+    if m.get("cpu_quota_cores") is not None:
+        cores += f", CPU quota {m['cpu_quota_cores']} cores"
+    return (
+        f"{label}{cores} ({m['cpu_model']}), {m['memory_gib']} GiB, kernel {m['kernel']}, "
+        f"Python {m['python']}"
+    )
+
+
 def render_markdown(r: dict[str, Any]) -> str:
     m = r["machine"]
     setup = r["setup"]
@@ -54,9 +68,9 @@ def render_markdown(r: dict[str, Any]) -> str:
     lines = [
         "# Scheduling throughput at scale",
         "",
-        f"{r['date']} - {m['cpu_cores']} cores ({m['cpu_model']}), {m['memory_gib']} GiB, "
-        f"kernel {m['kernel']}, Python {m['python']}, Kubernetes {setup['kubernetes']}; "
-        f"shared host, load average at start {m['load_average_at_start']}.",
+        f"{r['date']} - {_machine(m)}, Kubernetes {setup['kubernetes']}; "
+        f"{'shared host' if m.get('shared_host', True) else 'dedicated to this run'}, "
+        f"load average at start {m['load_average_at_start']}.",
         "",
         f"{r['nodes']} KWOK nodes x {setup['node_shape']['gpus']} GPUs "
         f"({r['gpus']} GPUs), {r['pods']} fractional pods from `{setup['trace_file']}` "

@@ -80,6 +80,8 @@ class Options:
     controller_source: Path | None = None
     logs: Path | None = None
     backlog_pods: int = 0
+    dedicated_host: bool = False
+    machine_label: str | None = None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -145,6 +147,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         type=Path,
         help="copy every component's log here before the control plane is removed",
     )
+    p.add_argument(
+        "--dedicated-host",
+        action="store_true",
+        help="record the machine as dedicated to this run (default: a shared host)",
+    )
+    p.add_argument(
+        "--machine-label",
+        help="short name of the machine, written into the results (e.g. '16-core device')",
+    )
     ns = p.parse_args(argv)
     nodes = ns.nodes if ns.nodes is not None else (20 if ns.small else 1000)
     pods = ns.pods if ns.pods is not None else (200 if ns.small else 10000)
@@ -182,6 +193,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         controller_source=ns.controller_source,
         logs=ns.logs,
         backlog_pods=ns.backlog_pods if ns.backlog_pods is not None else min(pods, 2000),
+        dedicated_host=ns.dedicated_host,
+        machine_label=ns.machine_label,
     )
 
 
@@ -440,7 +453,9 @@ async def delete_phase_pods(api: Api, phase: str) -> None:
 
 async def run(opts: Options) -> dict[str, Any]:
     started = datetime.now(UTC)
-    machine = harness.machine_description()
+    machine = harness.machine_description(
+        shared_host=not opts.dedicated_host, label=opts.machine_label
+    )
     source = harness.source_state()
     trace = read_trace(opts.traces, file=opts.trace_file)
     fractional = take(trace, opts.pods, fractional=True)
