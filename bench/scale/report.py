@@ -47,8 +47,8 @@ def _latency_rows(phase: dict[str, Any]) -> list[str]:
     return rows
 
 
-def _machine(m: dict[str, Any]) -> str:
-    label = f"{m['label']}: " if m.get("label") else ""
+def _machine(m: dict[str, Any], *, with_label: bool = True) -> str:
+    label = f"{m['label']}: " if m.get("label") and with_label else ""
     cores = f"{m['cpu_cores']} cores"
     usable = m.get("cpu_cores_usable")
     if usable is not None and usable != m["cpu_cores"]:
@@ -62,6 +62,44 @@ def _machine(m: dict[str, Any]) -> str:
 
 
 def render_markdown(r: dict[str, Any]) -> str:
+    """One run's report; for a combined file (``runs``, see bench/scale/combine.py) a table of
+    the runs side by side, then each run's report under its machine's label."""
+    runs = r.get("runs")
+    if not runs:
+        return _render_run(r)
+    lines = [
+        "# Scheduling throughput at scale",
+        "",
+        f"{len(runs)} runs of the same bench; the top-level fields of the JSON are the first "
+        f"run's (`primary_run`: {r.get('primary_run')}).",
+        "",
+        "| run | machine | nodes / pods | extender e2e | stock e2e | ratio | extender drain "
+        "| stock drain | drain ratio | filter p99 | bind p99 | violations |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for run in runs:
+        lat = (run["phases"].get("extender") or {}).get("extender_latency", {})
+        lines.append(
+            f"| {run['machine'].get('label', '')} | {_machine(run['machine'], with_label=False)}, "
+            f"{'shared' if run['machine'].get('shared_host', True) else 'dedicated'} "
+            f"({run['date']}) | {run['nodes']} / {run['pods']} | "
+            f"{_fmt(run['extender_pods_per_s'])} | {_fmt(run['stock_pods_per_s'])} | "
+            f"{_fmt(run['ratio_to_stock'])} | {_fmt(run.get('extender_drain_pods_per_s'))} | "
+            f"{_fmt(run.get('stock_drain_pods_per_s'))} | "
+            f"{_fmt(run.get('drain_ratio_to_stock'))} | "
+            f"{_p99(lat['filter']) if 'filter' in lat else 'n/a'} | "
+            f"{_p99(lat['bind']) if 'bind' in lat else 'n/a'} | {run['violations']} |"
+        )
+    lines.append("")
+    for run in runs:
+        body = _render_run(run).splitlines()
+        body[0] = f"# Run: {run['machine'].get('label', run['date'])}"
+        lines += ["#" + ln if ln.startswith("#") else ln for ln in body]
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _render_run(r: dict[str, Any]) -> str:
     m = r["machine"]
     setup = r["setup"]
     ext = r["phases"].get("extender")

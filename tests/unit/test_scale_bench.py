@@ -1,6 +1,7 @@
 """The scale bench's pure parts: what it submits, how it checks the packing, how it reads
 /metrics. (The end-to-end run is tests/cluster/test_scale_smoke.py.)"""
 
+import copy
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -9,8 +10,12 @@ from typing import Any
 import pytest
 
 from bench.scale import metrics
+from bench.scale.combine import combine, label_of
+from bench.scale.harness import machine_description
 from bench.scale.invariant import check
 from bench.scale.phase import PhaseTiming, steady_rate
+from bench.scale.report import render_markdown
+from bench.scale.run import assemble, parse_args
 from bench.scale.workload import (
     NodeShape,
     TracePod,
@@ -327,3 +332,74 @@ def test_phase_rate_counts_from_first_post_to_last_bind() -> None:
 def test_steady_rate_ignores_start_and_tail() -> None:
     times = [0.0] * 10 + [10.0 + i * 0.01 for i in range(80)] + [100.0] * 10
     assert steady_rate(times) == pytest.approx(80 / 0.8, rel=0.02)
+
+
+# ---- several runs in one results file ------------------------------------------------------
+
+
+def _run_result(*, label: str | None, seconds_per_pod: float, dedicated: bool = False) -> Any:
+    """A result as bench.scale.run assembles it: two pods per phase bound at the given pace."""
+    opts = parse_args(["--nodes", "2", "--pods", "2", "--stock-pods", "2"])
+    filter_page = PAGE
+
+    def phase(extender: bool) -> dict[str, Any]:
+        t = PhaseTiming(total=2)
+        t.created = {"a": 0.001, "b": 0.002}
+        t.bound = {"a": seconds_per_pod, "b": 2 * seconds_per_pod}
+        out = t.summary()
+        out["scheduler"] = {"attempts_by_result": {"scheduled": 2, "error": 0}}
+        out["cpu_cores_used"] = {"bench": 0.1}
+        if extender:
+            h = metrics.histogram(filter_page, "x_seconds", lambda lb: lb["verb"] == "filter")
+            out["extender_latency"] = {"filter": metrics.summarize(h)}
+        return out
+
+    return assemble(
+        opts,
+        machine=machine_description(shared_host=not dedicated, label=label),
+        started=datetime(2026, 1, 1, tzinfo=UTC),
+        version={"gitVersion": "v1.34.4"},
+        nodes_s=1.0,
+        phases={"stock": phase(False), "extender": phase(True)},
+        invariant=check([], []).summary(),
+        source={"git_head": "abc1234"},
+    )
+
+
+def test_combined_results_keep_the_primary_run_on_top_and_every_run_labelled() -> None:
+    quiet = _run_result(label="16-core machine", seconds_per_pod=0.005, dedicated=True)
+    busy = _run_result(label=None, seconds_per_pod=0.02)
+    combined = combine(quiet, {"runs": [busy]})
+    # The issue's fields stay where readers look for them, from the primary run.
+    for key in ("nodes", "pods", "extender_pods_per_s", "stock_pods_per_s", "extender_p99_ms"):
+        assert combined[key] == quiet[key]
+    assert combined["extender_pods_per_s"] == 200.0
+    assert combined["machine"]["shared_host"] is False
+    assert combined["primary_run"] == "16-core machine"
+    assert [r["extender_pods_per_s"] for r in combined["runs"]] == [200.0, 50.0]
+    json.dumps(combined, allow_nan=False)
+    # Combining again (e.g. with a third run) keeps the earlier runs.
+    third = _run_result(label="third", seconds_per_pod=0.01)
+    again = combine(third, combined)
+    assert [label_of(r) for r in again["runs"]][:2] == ["third", "16-core machine"]
+    assert len(again["runs"]) == 3
+
+
+def test_runs_that_cannot_be_told_apart_are_refused_with_the_fix() -> None:
+    a = _run_result(label="same", seconds_per_pod=0.01)
+    with pytest.raises(InvalidInputError) as err:
+        combine(a, copy.deepcopy(a))
+    assert "FILE.json=LABEL" in str(err.value)
+
+
+def test_combined_markdown_compares_the_machines_then_details_each() -> None:
+    quiet = _run_result(label="16-core machine", seconds_per_pod=0.005, dedicated=True)
+    busy = _run_result(label="2-core VM", seconds_per_pod=0.02)
+    md = render_markdown(combine(quiet, busy))
+    table = [ln for ln in md.splitlines() if ln.startswith("| 16-core machine |")]
+    assert len(table) == 1 and "| 200.0 |" in table[0] and "dedicated" in table[0]
+    assert any(ln.startswith("| 2-core VM |") and "| 50.0 |" in ln for ln in md.splitlines())
+    assert "## Run: 16-core machine" in md and "## Run: 2-core VM" in md
+    assert "### Phases" in md
+    single = render_markdown(busy)
+    assert "2-core VM: " in single and "shared host" in single
