@@ -245,22 +245,31 @@ def cpu_usage(before: CpuSample, after: CpuSample) -> dict[str, float]:
 
 def source_state() -> dict[str, object]:
     """The commit this checkout is at and whether gpushare/ differs from it (the controller
-    measured is the working tree's unless --controller-source says otherwise)."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "gpushare"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    return {"git_head": head or "unknown", "gpushare_modified_in_tree": bool(dirty)}
+    measured is the working tree's unless --controller-source says otherwise). A copy of the
+    tree without git (a bare machine) reports GPUSHARE_SCALE_SOURCE, set by whoever copied it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        dirty: bool | None = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--", "gpushare"],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+        )
+    except OSError:
+        head, dirty = "", None
+    if not head:
+        head = os.environ.get("GPUSHARE_SCALE_SOURCE", "") or "unknown"
+        dirty = None
+    return {"git_head": head, "gpushare_modified_in_tree": dirty}
 
 
 def _cpu_quota() -> float | None:
