@@ -92,6 +92,16 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+VARIANTS: dict[str, str] = {
+    "gpushare_no_tail": "gpushare without tail pairing",
+    "gpushare_charge_cap": (
+        "gpushare with the thread cap's modelled cost charged in admission: "
+        "the batch bound is on the slowdown vs the whole GPU"
+    ),
+}
+"""What each sensitivity run changes, for the markdown."""
+
+
 def markdown(results: dict[str, Any]) -> str:
     d = results.get("details", {})
     lines = [
@@ -137,7 +147,7 @@ def markdown(results: dict[str, Any]) -> str:
         what = (
             f"requests sized by the policy's own compute demand: {v['requested_fractions']}"
             if v.get("requested_fractions")
-            else "gpushare without tail pairing"
+            else VARIANTS.get(name, name)
         )
         lines += [
             f"Sensitivity, {trace} trace, `{name}` ({what}): "

@@ -475,3 +475,25 @@ def test_markdown_names_a_heavy_trace_variant_against_the_heavy_baselines() -> N
     md = report.markdown(results)
     assert "Sensitivity, heavy trace, `gpushare_no_tail` (gpushare without tail pairing)" in md
     assert "mean JCT 8.40 s (1.05x exclusive)" in md
+
+
+def test_markdown_says_what_the_cap_charged_variant_changes() -> None:
+    light = {"exclusive": {"makespan_s": 28.0, "mean_jct_s": 15.0, "throughput": 1.0}}
+    results = {
+        "traces": {"light": light, "heavy": {}},
+        "details": {
+            "variants": {
+                "gpushare_charge_cap": {
+                    "trace": "light",
+                    "makespan_s": 17.5,
+                    "mean_jct_s": 8.0,
+                    "max_slowdown": 1.66,
+                }
+            }
+        },
+    }
+    md = report.markdown(results)
+    line = next(x for x in md.splitlines() if "`gpushare_charge_cap`" in x)
+    assert "charged in admission" in line
+    assert "without tail pairing" not in line
+    assert "slowest job 1.66x" in line
