@@ -246,7 +246,10 @@ def cpu_usage(before: CpuSample, after: CpuSample) -> dict[str, float]:
 def source_state() -> dict[str, object]:
     """The commit this checkout is at and whether gpushare/ differs from it (the controller
     measured is the working tree's unless --controller-source says otherwise). A copy of the
-    tree without git (a bare machine) reports GPUSHARE_SCALE_SOURCE, set by whoever copied it."""
+    tree sent to another machine reports GPUSHARE_SCALE_SOURCE, set by whoever copied it: its
+    git metadata, if any came along, may describe another commit than the files."""
+    if source := os.environ.get("GPUSHARE_SCALE_SOURCE"):
+        return {"git_head": source, "gpushare_modified_in_tree": None}
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -266,10 +269,7 @@ def source_state() -> dict[str, object]:
         )
     except OSError:
         head, dirty = "", None
-    if not head:
-        head = os.environ.get("GPUSHARE_SCALE_SOURCE", "") or "unknown"
-        dirty = None
-    return {"git_head": head, "gpushare_modified_in_tree": dirty}
+    return {"git_head": head or "unknown", "gpushare_modified_in_tree": dirty}
 
 
 def _cpu_quota() -> float | None:
