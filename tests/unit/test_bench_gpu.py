@@ -497,3 +497,43 @@ def test_markdown_says_what_the_cap_charged_variant_changes() -> None:
     assert "charged in admission" in line
     assert "without tail pairing" not in line
     assert "slowest job 1.66x" in line
+
+
+def test_run7_cap_charged_admission_refuses_the_four_job_pack_the_policy_forms() -> None:
+    # Run 7 on the GPU: the unchanged policy let a second ResNet-18 join ResNet-18, LSTM and the
+    # inference service at 0.6 s (four batch jobs at 50% caps; an LSTM in such a pack ran
+    # 2.11x its solo time); the cap-charged variant refused it (its slowdown vs the whole GPU
+    # over 2.0) and ran at most three. Both decisions, from run 7's own profiles and packs.
+    results = json.loads((DATA.parent / "run7-results.json").read_text())
+    records = colocate.validate(json.loads((DATA.parent / "run7-colocations.json").read_text()))
+    model = fit(parse_records(records))
+    gpu = str(results["gpu"])
+    profiles = {
+        k: policy.to_pipe_profile(v, gpu_model=gpu)
+        for k, v in results["details"]["profiles"].items()
+    }
+    fractions = results["details"]["requested_fractions"]
+    verdicts = {}
+    for name, admission in (
+        ("plain", model),
+        ("charged", policy.CapCharged(coefficients=model.coefficients)),
+    ):
+        decider = policy.GpushareDecider(
+            profiles=profiles,
+            model=admission,
+            bounds=policy.DEFAULT_BOUNDS,
+            gpu_model=gpu,
+            gpu_memory_bytes=141 * 2**30,
+        )
+        running: list[Running] = []
+        for i, kind in enumerate(("resnet18", "lstm", "infer", "resnet18")):
+            job = traces.TraceJob(f"j{i}-{kind}", kind, 0.0, 0.0, fractions[kind])
+            verdict = decider(job, running)
+            if isinstance(verdict, str):
+                verdicts[name] = verdict
+                break
+            running.append(Running(job, verdict, 0.0))
+        else:
+            verdicts[name] = None
+    assert verdicts["plain"] is None
+    assert verdicts["charged"] is not None and "bound" in verdicts["charged"]
