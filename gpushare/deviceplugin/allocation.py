@@ -405,19 +405,42 @@ def select_pod(
     devices: AbstractSet[str] = frozenset(),
 ) -> tuple[PodInfo, Placement] | None:
     """The pod an Allocate for slices of ``gpus`` is for: placed on exactly those GPUs, state
-    assumed (or forgotten by a restarted kubelet: ``again``), oldest bind-time; among those,
-    pods whose per-container requests equal ``sizes`` go first (size breaks ties, it never
-    selects on its own), then a forgotten pod whose earlier answer (``previous``: uid -> slice
-    IDs) covered exactly ``devices``. None when no pod waits there.
+    assumed (or forgotten by a restarted kubelet: ``again``), a container of it asking for
+    that many slices, oldest bind-time; among those, pods whose per-container requests equal
+    ``sizes`` go first, then a forgotten pod whose earlier answer (``previous``: uid -> slice
+    IDs) covered exactly ``devices``. When no such pod waits on ``gpus``, a single-GPU pod of
+    exactly ``sizes`` waiting on another GPU: the kubelet took the slices where it saw room
+    (after a restart its free slices need not match the placements), and the answer's
+    environment follows the pod's placement, not the slice IDs. None when no pod fits.
+
+    A pod of another size is never chosen: the kubelet asks for exactly what one container
+    requested, so that pod cannot be the one admitted.
 
     Raises MalformedPlacementError when the pod it lands on carries malformed annotations.
     """
+    waiting = waiting_pods(pods, skip=skip, again=again)
+
+    def could_be(c: WaitingPod) -> bool:
+        asked = c.pod.requested_slices
+        return not asked or all(size in asked for size in sizes)
+
     matching = [
         c
-        for c in waiting_pods(pods, skip=skip, again=again)
-        if (c.placement is not None and frozenset(c.placement.gpu_uuids) == gpus)
-        or (c.placement is None and _raw_gpus(c.pod) == gpus)
+        for c in waiting
+        if could_be(c)
+        and (
+            (c.placement is not None and frozenset(c.placement.gpu_uuids) == gpus)
+            or (c.placement is None and _raw_gpus(c.pod) == gpus)
+        )
     ]
+    if not matching:
+        matching = [
+            c
+            for c in waiting
+            if c.placement is not None
+            and len(c.placement.gpu_uuids) == 1
+            and c.pod.requested_slices == sizes
+        ]
     if not matching:
         return None
     earlier = previous or {}
@@ -853,7 +876,9 @@ class Allocator:
                 return [allocation for allocation, _ in answers]
             pod, placement = found
             repeated = pod.uid in again
-            unsure = ambiguous(waiting_pods(pods, skip=set(self._handled), again=again), sizes)
+            unsure = frozenset(placement.gpu_uuids) != wanted or ambiguous(
+                waiting_pods(pods, skip=set(self._handled), again=again), sizes
+            )
             self._remember(pod)
             self.answers.record(
                 Answer(

@@ -95,12 +95,21 @@ def test_the_oldest_waiting_pod_on_the_gpu_of_the_slices_gets_them() -> None:
     assert found[0].name == "older"
 
 
-def test_request_size_breaks_ties_but_never_selects_alone() -> None:
+def test_only_a_pod_of_the_requested_size_is_chosen() -> None:
     pods = [pod("small", GPU_A, bind_s=0, slices=(10,)), pod("big", GPU_A, bind_s=5, slices=(40,))]
     found = select_pod(pods, gpus={GPU_A}, sizes=(40,))
     assert found is not None and found[0].name == "big"
-    # A pod of the right size on another GPU is not taken for slices of this one.
-    assert select_pod([pod("b", GPU_B, slices=(40,))], gpus={GPU_A}, sizes=(40,)) is None
+    # The kubelet asks for what one container requested: a 10-slice pod is never the one.
+    assert select_pod(pods[:1], gpus={GPU_A}, sizes=(40,)) is None
+
+
+def test_slices_taken_from_another_gpu_go_to_the_pod_of_that_size_waiting_elsewhere() -> None:
+    """After a kubelet restart its free slices need not match the placements: it may take a
+    40-slice request from GPU A for the pod placed on GPU B. That pod, with its own placement,
+    is the answer; a pod of another size on A is not."""
+    pods = [pod("other-size", GPU_A, bind_s=0, slices=(10,)), pod("b", GPU_B, slices=(40,))]
+    found = select_pod(pods, gpus={GPU_A}, sizes=(40,))
+    assert found is not None and found[0].name == "b" and found[1].gpu_uuids == (GPU_B,)
 
 
 def test_pods_already_handled_or_finished_are_skipped() -> None:
