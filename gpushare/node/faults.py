@@ -889,17 +889,12 @@ class FaultMonitor:
                     + " | ".join(incident.evidence[:2])
                 )
             self._event(ref, "GpuShareFaultVictim", message)
-        if self.kube is not None:
-            try:
-                self.kube.record_event(
-                    pod=None,
-                    reason="GpuShareFault",
-                    message=f"fatal GPU fault on {incident.gpu_uuid}: {involved} client(s) "
-                    f"involved; the MPS server named {by_server}",
-                    warning=True,
-                )
-            except Exception as exc:
-                log.warning("could not record the node event: %s", exc)
+        self._event(
+            None,
+            "GpuShareFault",
+            f"fatal GPU fault on {incident.gpu_uuid}: {involved} client(s) involved; "
+            f"the MPS server named {by_server}",
+        )
         if self.mps_check is not None:
             try:
                 up = self.mps_check(incident.gpu_uuid)
@@ -911,15 +906,16 @@ class FaultMonitor:
             )
         self._judge(incident, [*named, *victims])
 
-    def _event(self, ref: PodRef, reason: str, message: str) -> None:
-        if self.kube is None or ref.manifest is None:
+    def _event(self, ref: PodRef | None, reason: str, message: str) -> None:
+        """A warning Event on the pod of ``ref``, or on the node when ``ref`` is None."""
+        if self.kube is None or (ref is not None and ref.manifest is None):
             return
+        pod = _pod_info(ref.manifest) if ref is not None and ref.manifest is not None else None
         try:
-            self.kube.record_event(
-                pod=_pod_info(ref.manifest), reason=reason, message=message, warning=True
-            )
+            self.kube.record_event(pod=pod, reason=reason, message=message, warning=True)
         except Exception as exc:
-            log.warning("could not record event %s on %s: %s", reason, ref.key, exc)
+            where = ref.key if ref is not None else "the node"
+            log.warning("could not record event %s on %s: %s", reason, where, exc)
 
     def _recovered(self, item: OpenIncident) -> None:
         incident = item.incident
