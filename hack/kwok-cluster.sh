@@ -23,6 +23,8 @@
 # GPUSHARE_SCALE_SCHEDULER_QPS (client QPS and burst of both schedulers, default 5000),
 # GPUSHARE_SCALE_ETCD_NO_FSYNC=1 (etcd --unsafe-no-fsync, to keep a busy shared disk out of it),
 # GPUSHARE_SCALE_KWOK_POD_WORKERS (kwok's parallel pod stage workers, default 256),
+# GPUSHARE_SCALE_GPUSHARE_NODES_PERCENT (percentageOfNodesToScore of the gpushare-scheduler
+# profile, 1-100; default unset: kube-scheduler's adaptive share, 42 % at 1000 nodes),
 # GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh), GPUSHARE_SCALE_BIN_DIR (one directory
 # with kube-apiserver, kube-scheduler, etcd and kwok to use instead: nothing is built, and
 # neither kubectl nor curl is needed), GPUSHARE_SCALE_PKI_DIR (copy the PKI written by `pki DIR`
@@ -39,6 +41,7 @@ LOGS="$STATE/logs"
 EXTENDER_URL="${GPUSHARE_SCALE_EXTENDER_URL:-http://127.0.0.1:18888/scheduler}"
 SCHED_QPS="${GPUSHARE_SCALE_SCHEDULER_QPS:-5000}"
 KWOK_POD_WORKERS="${GPUSHARE_SCALE_KWOK_POD_WORKERS:-256}"
+GPUSHARE_NODES_PERCENT="${GPUSHARE_SCALE_GPUSHARE_NODES_PERCENT:-}"
 APISERVER_PORT=16443
 ETCD_CLIENT_PORT=12379
 ETCD_PEER_PORT=12380
@@ -175,6 +178,8 @@ profiles:
 - schedulerName: default-scheduler
 EOF
   # As in hack/local-cluster.sh (write_scheduler_configs), with this harness's extender URL.
+  local percent=""
+  [[ -n $GPUSHARE_NODES_PERCENT ]] && percent="  percentageOfNodesToScore: $GPUSHARE_NODES_PERCENT"
   cat >"$STATE/gpushare-scheduler.yaml" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
@@ -182,6 +187,7 @@ clientConnection: {kubeconfig: "$STATE/scheduler.kubeconfig", qps: $SCHED_QPS, b
 leaderElection: {leaderElect: false}
 profiles:
 - schedulerName: gpushare-scheduler
+$percent
 extenders:
 - urlPrefix: "$EXTENDER_URL"
   filterVerb: filter
@@ -294,6 +300,6 @@ case ${1:-} in
   status) cmd_status ;;
   env) cmd_env ;;
   pki) cmd_pki "${2:-}" ;;
-  -h|--help|help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  -h|--help|help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

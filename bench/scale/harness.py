@@ -73,11 +73,16 @@ class ControlPlane:
         return out
 
 
-def control_plane_up(*, state_dir: Path, extender_port: int) -> ControlPlane:
+def control_plane_up(
+    *, state_dir: Path, extender_port: int, gpushare_nodes_percent: int | None = None
+) -> ControlPlane:
     """Start a fresh control plane (removing any earlier state of this harness)."""
     env = dict(os.environ)
     env["GPUSHARE_SCALE_STATE_DIR"] = str(state_dir)
     env["GPUSHARE_SCALE_EXTENDER_URL"] = f"http://127.0.0.1:{extender_port}/scheduler"
+    env.pop("GPUSHARE_SCALE_GPUSHARE_NODES_PERCENT", None)
+    if gpushare_nodes_percent is not None:
+        env["GPUSHARE_SCALE_GPUSHARE_NODES_PERCENT"] = str(gpushare_nodes_percent)
     cp = ControlPlane(state_dir=state_dir, env=env)
     if control_plane_running(state_dir):
         raise HarnessError(

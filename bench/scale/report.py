@@ -118,7 +118,10 @@ def _render_run(r: dict[str, Any]) -> str:
         "",
         f"Controller: {setup.get('controller_source', 'checkout')} at {setup.get('git_head')}, "
         f"arguments {setup.get('controller_args') or 'none (defaults)'}; kwok pod stage "
-        f"workers {setup.get('kwok_pod_workers')}. Other tenants' CPU during each phase: "
+        f"workers {setup.get('kwok_pod_workers')}; gpushare-scheduler "
+        f"percentageOfNodesToScore "
+        f"{setup.get('gpushare_percentage_of_nodes_to_score') or 'adaptive (default)'}. "
+        "Other tenants' CPU during each phase: "
         "`outside_bench` in the CPU table.",
         "",
         "| result | value | target | met |",

@@ -82,6 +82,7 @@ class Options:
     backlog_pods: int = 0
     dedicated_host: bool = False
     machine_label: str | None = None
+    gpushare_nodes_percent: int | None = None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -156,6 +157,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "--machine-label",
         help="short name of the machine, written into the results (e.g. '16-core device')",
     )
+    p.add_argument(
+        "--gpushare-nodes-percent",
+        type=int,
+        help="percentageOfNodesToScore of the gpushare-scheduler profile (1-100): how many "
+        "feasible nodes kube-scheduler looks for, and sends to the extender, per pod "
+        "(default: kube-scheduler's adaptive share, 42%% at 1000 nodes; the stock "
+        "scheduler keeps its default)",
+    )
     ns = p.parse_args(argv)
     nodes = ns.nodes if ns.nodes is not None else (20 if ns.small else 1000)
     pods = ns.pods if ns.pods is not None else (200 if ns.small else 10000)
@@ -168,6 +177,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     ):
         if value < low:
             raise InvalidInputError(flag, f"{value} is below {low}", f"give at least {low}")
+    if ns.gpushare_nodes_percent is not None and not 1 <= ns.gpushare_nodes_percent <= 100:
+        raise InvalidInputError(
+            "--gpushare-nodes-percent",
+            f"{ns.gpushare_nodes_percent} is not a percentage",
+            "give 1-100, or leave it out for kube-scheduler's adaptive share",
+        )
     if stock > 8 * nodes:
         raise InvalidInputError(
             "--stock-pods",
@@ -195,6 +210,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         backlog_pods=ns.backlog_pods if ns.backlog_pods is not None else min(pods, 2000),
         dedicated_host=ns.dedicated_host,
         machine_label=ns.machine_label,
+        gpushare_nodes_percent=ns.gpushare_nodes_percent,
     )
 
 
@@ -466,7 +482,11 @@ async def run(opts: Options) -> dict[str, Any]:
             "nothing to measure (--stock-only checks the rest)"
         )
     log.info("control plane up (%s)", opts.state_dir)
-    cp = harness.control_plane_up(state_dir=opts.state_dir, extender_port=opts.extender_port)
+    cp = harness.control_plane_up(
+        state_dir=opts.state_dir,
+        extender_port=opts.extender_port,
+        gpushare_nodes_percent=opts.gpushare_nodes_percent,
+    )
     api = Api.connect(kubeconfig=cp.kubeconfig, connections=max(opts.concurrency, 8) + 4)
     controller: harness.Controller | None = None
     scraper = Scraper(
@@ -658,6 +678,7 @@ def assemble(
             "kubernetes": version.get("gitVersion"),
             "scheduler_client_qps": int(os.environ.get("GPUSHARE_SCALE_SCHEDULER_QPS", "5000")),
             "kwok_pod_workers": int(os.environ.get("GPUSHARE_SCALE_KWOK_POD_WORKERS", "256")),
+            "gpushare_percentage_of_nodes_to_score": opts.gpushare_nodes_percent,
         },
         "machine": machine,
         "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
