@@ -73,7 +73,8 @@ class BindingArgs:
 
 
 def _str_list(value: object, where: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    # set(map(type, ...)): the check runs in C; node lists are hundreds of names per call.
+    if not isinstance(value, list) or not set(map(type, value)) <= {str}:
         raise BadRequestError(f"{where} must be a list of strings")
     return list(value)
 
@@ -219,16 +220,31 @@ class Extender:
         key = pods.pod_key(args.pod)
         own = self._own_nodes(key)
         versions = self.view.node_versions
-        hits = self._verdicts.get(demand, {}) if not rules.constrains_gpus else {}
+        constrained = rules.constrains_gpus
+        hits = self._verdicts.get(demand, {}) if not constrained else {}
+        # With filter-time holds the passing nodes are scored in the same pass (one lookup of
+        # each node's version for both caches).
+        scoring = self.hold_in_filter
+        score_hits = self._scores.get(demand, {}) if scoring and not constrained else {}
+        scores: list[int] = []
         for name in args.node_names:
+            version = versions.get(name, 0)
+            mine = name in own
             hit = hits.get(name)
-            if hit is not None and hit[0] == versions.get(name, 0) and name not in own:
+            if hit is not None and hit[0] == version and not mine:
                 verdict, message = hit[1], hit[2]  # the common case, inlined
             else:
-                cached = name not in own and not rules.constrains_gpus
+                cached = not mine and not constrained
                 verdict, message = self._verdict(name, key, demand, rules, cached=cached)
             if verdict == _PASS:
                 passed.append(name)
+                if scoring:
+                    shit = score_hits.get(name)
+                    if shit is not None and shit[0] == version and not mine:
+                        scores.append(shit[1])
+                    else:
+                        cached = not mine and not constrained
+                        scores.append(self._score(name, key, demand, rules, cached=cached))
             elif verdict == _FAILED:
                 failed[name] = message
             else:
@@ -237,8 +253,8 @@ class Extender:
             self.refused.placed(key)
         elif args.node_names:
             self.refused.refused(key)
-        if self.hold_in_filter and passed:
-            best = self._hold_best(args, key, demand, rules, passed=passed)
+        if scoring and passed:
+            best = self._hold_best(args, key, demand, rules, passed=passed, scores=scores)
             if best is not None:
                 # The scheduler reads the reasons for left-out nodes only when no node is left
                 # (for its events and preemption); with one node offered they are dead weight
@@ -257,32 +273,29 @@ class Extender:
         return self._filter_result(args, passed, failed, unresolvable)
 
     def _hold_best(
-        self, args: ExtenderArgs, key: str, demand: Demand, rules: ShareRules, *, passed: list[str]
+        self,
+        args: ExtenderArgs,
+        key: str,
+        demand: Demand,
+        rules: ShareRules,
+        *,
+        passed: list[str],
+        scores: list[int],
     ) -> str | None:
-        """Pick the policy's best node among ``passed``, hold the GPU(s) there for the pod now,
-        and return it (None when nothing could be held). Later pods are filtered against the
-        hold, so they do not collide with this one at bind time (kube-scheduler binds
-        asynchronously). The price: the scheduler's own scores cannot pick among GPU-feasible
-        nodes any more."""
-        own = self._own_nodes(key)
-        uncached = own if not rules.constrains_gpus else set(passed)
-        versions = self.view.node_versions
-        hits = self._scores.get(demand, {})
-        scores: list[int] = []
-        for n in passed:
-            hit = hits.get(n)
-            if hit is not None and hit[0] == versions.get(n, 0) and n not in uncached:
-                scores.append(hit[1])  # the common case, inlined
-            else:
-                scores.append(self._score(n, key, demand, rules, cached=n not in uncached))
+        """Pick the policy's best node among ``passed`` (``scores``: their scores, in order),
+        hold the GPU(s) there for the pod now, and return it (None when nothing could be
+        held). Later pods are filtered against the hold, so they do not collide with this one
+        at bind time (kube-scheduler binds asynchronously). The price: the scheduler's own
+        scores cannot pick among GPU-feasible nodes any more."""
         # Prefer the best node where the bind will not wait at the allocation gate behind a
         # pod of the same size (binpack sends back-to-back pods to one node; on a busy
-        # cluster, hundreds of pods wait for their Allocate at any moment).
+        # cluster, hundreds of pods wait for their Allocate at any moment). Ties go to the
+        # earlier node.
         size = demand.percent
-        top = max(range(len(passed)), key=lambda i: (scores[i], -i))
+        top = scores.index(max(scores))
         pick = top
         if self._pending_alike(passed[top], key, size):
-            order = sorted(range(len(passed)), key=lambda i: (-scores[i], i))
+            order = sorted(range(len(passed)), key=scores.__getitem__, reverse=True)
             pick = next((i for i in order if not self._pending_alike(passed[i], key, size)), top)
         best = passed[pick]
         node, _ = self._node(best, key, rules)
