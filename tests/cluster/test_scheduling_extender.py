@@ -117,6 +117,31 @@ def list_pods(cluster: LocalCluster, *args: str) -> list[Pod]:
     return json.loads(cluster.kubectl("get", "pods", *args, "-o", "json"))["items"]  # type: ignore[no-any-return]
 
 
+def scheduling_failure(
+    cluster: LocalCluster, namespace: str, name: str, *, timeout_s: float = 60
+) -> str:
+    """The pod's FailedScheduling messages, once one from gpushare is there (or the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    message = ""
+    while time.monotonic() < deadline and "gpushare" not in message:
+        events = json.loads(
+            cluster.kubectl(
+                "get",
+                "events",
+                "-n",
+                namespace,
+                "-o",
+                "json",
+                "--field-selector",
+                f"involvedObject.name={name},reason=FailedScheduling",
+            )
+        )["items"]
+        message = " ".join(e.get("message", "") for e in events)
+        if "gpushare" not in message:
+            time.sleep(0.5)
+    return message
+
+
 def wait_bound(
     cluster: LocalCluster, namespace: str, count: int, *, timeout: float = 180
 ) -> list[Pod]:
@@ -254,23 +279,7 @@ def test_a_pod_that_fits_no_single_gpu_stays_pending_with_the_reason(
     want = max(free.values()) + 1
     assert want <= 100 and sum(free.values()) >= want, f"cluster too busy for this test: {free}"
     create(cluster, namespace, [gpushare_pod(cluster, "too-big", f"{want}%")])
-    deadline = time.monotonic() + 60
-    message = ""
-    while time.monotonic() < deadline and "gpushare" not in message:
-        events = json.loads(
-            cluster.kubectl(
-                "get",
-                "events",
-                "-n",
-                namespace,
-                "-o",
-                "json",
-                "--field-selector",
-                "involvedObject.name=too-big,reason=FailedScheduling",
-            )
-        )["items"]
-        message = " ".join(e.get("message", "") for e in events)
-        time.sleep(1)
+    message = scheduling_failure(cluster, namespace, "too-big")
     assert f"needs {want} percent compute" in message, message
     assert "MISSING" not in message
     pod = json.loads(cluster.kubectl("get", "pod", "-n", namespace, "too-big", "-o", "json"))
@@ -376,12 +385,7 @@ def test_a_pod_refused_while_a_lost_bind_held_the_gpus_is_placed_when_the_hold_l
             assert json.load(resp)["NodeNames"] == [gpu_node.name]  # held, never bound
     held = time.monotonic()
     create(cluster, namespace, [gpushare_pod(cluster, "late", "0.5")])
-    deadline = time.monotonic() + 60
-    refused = ""
-    while time.monotonic() < deadline and not refused:
-        events = list_events(cluster, namespace, "late")
-        refused = " ".join(e.get("message", "") for e in events)
-        time.sleep(0.5)
+    refused = scheduling_failure(cluster, namespace, "late")
     assert "gpushare" in refused, f"the held GPUs did not refuse the pod: {refused!r}"
     pods = wait_bound(cluster, namespace, 1, timeout=HOLD_SECONDS + 60)
     waited = time.monotonic() - held
@@ -389,21 +393,6 @@ def test_a_pod_refused_while_a_lost_bind_held_the_gpus_is_placed_when_the_hold_l
     assert ANN_REQUEUED_AT in pod["metadata"]["annotations"]
     # Without the touch: kube-scheduler's own retry, five minutes after the refusal.
     assert waited < HOLD_SECONDS + 60, waited
-
-
-def list_events(cluster: LocalCluster, namespace: str, name: str) -> list[dict[str, Any]]:
-    return json.loads(  # type: ignore[no-any-return]
-        cluster.kubectl(
-            "get",
-            "events",
-            "-n",
-            namespace,
-            "-o",
-            "json",
-            "--field-selector",
-            f"involvedObject.name={name},reason=FailedScheduling",
-        )
-    )["items"]
 
 
 def test_controller_log_is_structured_json(controller: ControllerProcess) -> None:
