@@ -50,3 +50,10 @@ def test_leader_election_uses_its_own_lease(chart: Chart) -> None:
         "resourceNamespace": "n",
         "resourceName": "r-gpushare-scheduler",
     }
+
+
+def test_nodes_to_score_is_the_schedulers_default_unless_set(chart: Chart) -> None:
+    (profile,) = _config(chart)["profiles"]
+    assert "percentageOfNodesToScore" not in profile
+    (profile,) = _config(chart, {"scheduler": {"percentageOfNodesToScore": 25}})["profiles"]
+    assert profile["percentageOfNodesToScore"] == 25
