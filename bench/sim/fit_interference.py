@@ -1,9 +1,10 @@
 """Refit gpushare's interference model from measured colocations; one command.
 
-    python -m bench.sim.fit_interference bench/gpu/data/colocations.json
+    python -m bench.sim.fit_interference bench/gpu/data/colocations.json [more.json ...]
     python -m bench.sim.fit_interference --seed           # the shipped seed-derived default
 
-Reads a JSON list of colocation records (format in gpushare.packing.interference), fits
+Reads JSON lists of colocation records (format in gpushare.packing.interference; several
+files, e.g. several GPU runs, are fit as one list), fits
 ln(slowdown) by non-negative least squares, prints each coefficient, the in-sample MAPE and the
 leave-one-record-out (held-out) MAPE, and writes gpushare/packing/data/interference.json unless
 ``--dry-run``.
@@ -30,22 +31,26 @@ SEED_SOURCE = (
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("records", nargs="?", type=Path, help="colocations JSON file")
+    parser.add_argument("records", nargs="*", type=Path, help="colocations JSON file(s)")
     parser.add_argument("--seed", action="store_true", help="fit the shipped seed records")
     parser.add_argument("--output", type=Path, default=OUTPUT)
     parser.add_argument("--dry-run", action="store_true", help="print, do not write")
     args = parser.parse_args(argv)
-    path: Path | None = SEED if args.seed else args.records
-    if path is None:
+    paths: list[Path] = [SEED] if args.seed else list(args.records)
+    if not paths:
         parser.error("give a colocations JSON file, or --seed")
+    path = paths[0]
     try:
-        records = parse_records(json.loads(path.read_text()), origin=path.name)
+        records = []
+        for path in paths:
+            records += parse_records(json.loads(path.read_text()), origin=path.name)
         gpus = sorted({r.gpu for r in records if r.gpu})
         source = (
             SEED_SOURCE
             if args.seed
             else f"measured: {len(records)} colocation packs on {', '.join(gpus) or 'GPUs'} "
-            f"({path.name}); refit: python -m bench.sim.fit_interference <colocations.json>"
+            f"({', '.join(p.name for p in paths)}); "
+            "refit: python -m bench.sim.fit_interference <colocations.json> ..."
         )
         model = fit(records, source=source)
     except (OSError, json.JSONDecodeError) as exc:

@@ -18,6 +18,7 @@ from gpushare.packing.interference import (
     load_default,
     pair_throughput,
     parse_records,
+    reserved,
 )
 from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
 
@@ -79,7 +80,7 @@ def _synthetic_records(coefficients: tuple[float, ...]) -> list[ColocationRecord
     records = []
     for i, a in enumerate(profiles):
         for b in profiles[i:]:
-            for ta, tb in ((100, 100), (60, 40), (50, 50)):
+            for ta, tb in ((100, 100), (60, 40), (50, 50), (80, 80), (50, 100)):
                 jobs = []
                 for me, mine, other, theirs in ((a, ta, b, tb), (b, tb, a, ta)):
                     slowdown = truth.predict_vs_full_gpu(me, mine, [(other, theirs)])
@@ -89,7 +90,7 @@ def _synthetic_records(coefficients: tuple[float, ...]) -> list[ColocationRecord
 
 
 def test_fit_recovers_the_model_that_generated_the_data() -> None:
-    coefficients = (0.9, 0.3, 0.5, 1.2, 0.4, 0.7)
+    coefficients = (0.9, 0.3, 0.5, 1.2, 0.4, 0.6, 0.7)
     model = fit(_synthetic_records(coefficients), source="synthetic")
     assert model.coefficients == pytest.approx(coefficients, abs=1e-6)
     assert model.mape_in_sample == pytest.approx(0.0, abs=1e-9)
@@ -98,7 +99,7 @@ def test_fit_recovers_the_model_that_generated_the_data() -> None:
 
 def test_fit_never_returns_a_negative_coefficient() -> None:
     # Measured speedups beside a neighbour (noise) must not teach "contention helps".
-    records = _synthetic_records((0.9, 0.0, 0.5, 1.2, 0.0, 0.3))
+    records = _synthetic_records((0.9, 0.0, 0.5, 1.2, 0.0, 0.0, 0.3))
     noisy = [
         ColocationRecord(
             r.gpu,
@@ -207,7 +208,9 @@ def test_launch_bound_jobs_stack_where_jobs_that_fill_their_caps_do_not() -> Non
     three = model.predict(LAUNCH_BOUND, 50, [(LAUNCH_BOUND, 50)] * 2)
     assert three < 1.6
     assert model.predict(RESNET18, 50, [(RESNET18, 50)] * 2) > three
-    assert model.predict(LAUNCH_BOUND, 50, [(LAUNCH_BOUND, 50)] * 5) > 2.0
+    # Stacking stops: with cap_relief (four at 50% measured 1.40x, predicted 1.42x) the 2.0x
+    # batch bound is crossed at seven.
+    assert model.predict(LAUNCH_BOUND, 50, [(LAUNCH_BOUND, 50)] * 6) > 2.0
 
 
 def test_small_kernels_wait_behind_large_ones_not_the_other_way_round() -> None:
@@ -243,25 +246,30 @@ def _small(key: str, profile: PipeProfile) -> Tenant:
 
 
 def test_a_latency_tenant_weighs_its_reserved_share_on_its_neighbours() -> None:
-    # H200 run 3: the service averaged 2% of the SMs busy, so four small jobs at 50% threads
-    # were admitted beside it and ran 2.2x their solo time. Counted at its 25% reservation, the
-    # fourth waits; three fit beside it, and four fit once it has gone.
+    # H200 run 3: the service averaged 2% of the SMs busy, so small jobs at 50% threads were
+    # admitted beside it as if it were not there and ran 2.2x their solo time. Counted at its
+    # 25% reservation it weighs on them; with the runs 5 + 7 fit (cap_relief: stacks of small
+    # jobs at 50% measured 1.1-1.5x) five fit beside it and a sixth waits; the service arriving
+    # last is held back beside six.
     service = Tenant("ns/web", 25, 20 << 30, gpu_class="latency", profile=SERVICE)
-    three = [_small("ns/a", R18), _small("ns/b", LSTM), _small("ns/c", R18)]
-    fourth = Demand(percent=20, profile=R18)
+    five = [_small(f"ns/{i}", LSTM if i % 3 == 1 else R18) for i in range(5)]
+    newcomer = Demand(percent=20, profile=R18)
     model = load_default()
-    reason = admit_reason(_gpu(*three, service), fourth, model=model, bounds=BOUNDS)
+    neighbours = [(t.profile, 50) for t in five[:4] if t.profile is not None]
+    assert model.predict(R18, 50, [*neighbours, (reserved(SERVICE), 25)]) > model.predict(
+        R18, 50, [*neighbours, (SERVICE, 25)]
+    )
+    assert admit_reason(_gpu(*five[:4], service), newcomer, model=model, bounds=BOUNDS) is None
+    reason = admit_reason(_gpu(*five, service), newcomer, model=model, bounds=BOUNDS)
     assert reason is not None and "batch" in reason
-    assert admit_reason(_gpu(*three[:2], service), fourth, model=model, bounds=BOUNDS) is None
-    assert admit_reason(_gpu(*three), fourth, model=model, bounds=BOUNDS) is None
-    # The service arriving last is held back the same way.
     web = Demand(percent=25, gpu_class="latency", profile=SERVICE)
-    assert admit_reason(_gpu(*three, _small("ns/d", R18)), web, model=model, bounds=BOUNDS)
+    assert admit_reason(_gpu(*five[:4]), web, model=model, bounds=BOUNDS) is None
+    assert admit_reason(_gpu(*five, _small("ns/5", R18)), web, model=model, bounds=BOUNDS)
 
 
 def _same_cap_records(cap_coefficient: float) -> list[ColocationRecord]:
     """Records as the GPU benchmark writes them: solo_rate is the rate alone at the cap."""
-    truth = InterferenceModel(coefficients=(0.4, 1.4, 3.9, 0.3, 0.5, cap_coefficient))
+    truth = InterferenceModel(coefficients=(0.4, 1.4, 3.9, 0.3, 0.5, 0.0, cap_coefficient))
     heavy = PipeProfile(tensor=0.3, sm_occupancy=0.45, dram_bandwidth=0.4, sm_utilization=0.87)
     records = []
     for a, b in ((R18, LSTM), (R18, heavy), (heavy, LSTM), (R18, R18)):
@@ -285,7 +293,7 @@ def test_fit_learns_the_cost_of_a_thread_cap_from_solo_rates_at_each_cap() -> No
     assert model.mape_in_sample is not None and model.mape_in_sample < 0.05
     assert model.cap_slowdown(R18, 50) == pytest.approx(math.exp(0.87 * 0.385 * math.log(2)))
     # Records relative to the full GPU (same solo rate at every cap) carry no cap data.
-    assert fit(_synthetic_records((0.9, 0.3, 0.5, 1.2, 0.4, 0.7))).coefficients[-1] == (
+    assert fit(_synthetic_records((0.9, 0.3, 0.5, 1.2, 0.4, 0.6, 0.7))).coefficients[-1] == (
         pytest.approx(0.7, abs=1e-6)
     )
 
@@ -307,7 +315,9 @@ def test_pair_throughput_says_which_saturating_pairs_gain_on_the_stored_h200_pac
     gain = pair_throughput(model, (profiles["resnet50"], 100), (profiles["transformer"], 100))
     assert measured[("resnet50", "transformer")] > 1.05
     assert gain > 1.0
-    assert gain == pytest.approx(measured[("resnet50", "transformer")], rel=0.05)
+    # The runs 5 + 7 fit with cap_relief weighs time_share more for uncapped jobs: 1.05 here
+    # (1.09 before the term), still above one job's work, so the tail pair still forms.
+    assert gain == pytest.approx(measured[("resnet50", "transformer")], rel=0.07)
     assert pair_throughput(model, (profiles["dgemm"], 100), (profiles["resnet50"], 100)) < 1.0
 
 
@@ -321,3 +331,59 @@ def test_a_pipe_saturating_job_is_shielded_from_everyone_but_its_own_pipe() -> N
     pair = model.predict(gemm, 100, [(gemm, 100)])
     assert pair == pytest.approx(2.0, rel=0.2)
     assert model.predict(gemm, 100, [(r18, 100)]) < 1.1
+
+
+def _stored(name: str) -> list[ColocationRecord]:
+    return parse_records(json.loads((REPO / "bench/gpu/data" / name).read_text()), origin=name)
+
+
+def test_capped_small_jobs_stacked_four_deep_are_predicted_near_what_the_h200_measured() -> None:
+    # Run 5: four ResNet-18 at 50% threads each ran 1.40-1.42x slower than alone at 50%. MPS
+    # caps partition the SMs, so a capped job waits less for its neighbours' turns: without
+    # cap_relief the model said 1.92x (and admission held such stacks back for nothing).
+    model = load_default()
+    no_relief = replace(
+        model,
+        coefficients=tuple(
+            0.0 if n == "cap_relief" else c
+            for n, c in zip(model.feature_names, model.coefficients, strict=True)
+        ),
+    )
+    (stack,) = [
+        r
+        for r in _stored("colocations.json")
+        if len(r.jobs) == 4 and all(j.name == "resnet18" and j.thread_percent == 50 for j in r.jobs)
+    ]
+    for i, job in enumerate(stack.jobs):
+        others = [(o.profile, o.thread_percent) for k, o in enumerate(stack.jobs) if k != i]
+        measured = job.slowdown
+        assert measured is not None and 1.3 < measured < 1.5
+        with_relief = model.predict(job.profile, 50, others)
+        without = no_relief.predict(job.profile, 50, others)
+        assert abs(with_relief - measured) / measured < 0.10
+        assert without > 1.25 * measured
+        # An uncapped job gets no relief: the same four at 100% threads predict as before.
+        full = [(o.profile, 100) for o in stack.jobs[1:]]
+        assert model.predict(job.profile, 100, full) == no_relief.predict(job.profile, 100, full)
+
+
+def test_both_h200_runs_packs_give_the_cap_relief_weight_and_fit_within_ten_percent() -> None:
+    # Refit as shipped (runs 5 + 7, 118 packs): the term earns a positive coefficient and the
+    # leave-one-pack-out error meets the 10% target (0.100 without it on run 5's packs alone).
+    model = fit(_stored("colocations.json") + _stored("run7-colocations.json"))
+    assert model.coefficients[model.feature_names.index("cap_relief")] > 0.5
+    assert model.mape_held_out is not None and model.mape_held_out < 0.10
+    shipped = load_default()
+    assert model.coefficients == pytest.approx(shipped.coefficients, abs=1e-6)
+    assert shipped.records == 118
+
+
+def test_a_model_file_from_before_cap_relief_still_loads_without_relief() -> None:
+    old = {
+        "feature_names": [n for n in FEATURE_NAMES if n != "cap_relief"],
+        "coefficients": [0.41, 1.44, 3.86, 0.31, 0.49, 0.86],
+    }
+    model = InterferenceModel.from_dict(old)
+    assert model.feature_names == FEATURE_NAMES
+    assert model.coefficients == (0.41, 1.44, 3.86, 0.31, 0.49, 0.0, 0.86)
+    assert model.predict(RESNET18, 50, [(RESNET18, 50), (RESNET18, 50), (RESNET18, 50)]) > 1.0

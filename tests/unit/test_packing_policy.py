@@ -74,7 +74,7 @@ def test_gpushare_avoids_a_neighbour_predicted_to_interfere() -> None:
     # Thread caps split the SMs, but DRAM bandwidth stays shared.
     streaming = PipeProfile(fp32=0.2, sm_occupancy=0.3, dram_bandwidth=0.8)
     compute = PipeProfile(fp32=0.2, sm_occupancy=0.3, dram_bandwidth=0.05)
-    model = InterferenceModel(coefficients=(0.0, 0.0, 0.0, 0.0, 3.0, 0.0))
+    model = InterferenceModel(coefficients=(0.0, 0.0, 0.0, 0.0, 3.0, 0.0, 0.0))
     workload = Workload([TaskClass(1, 40)])
     node = NodeState(
         "n1",
@@ -156,7 +156,7 @@ def test_gpushare_keeps_a_gap_the_workload_fills_where_fgd_would_strand_one() ->
 
 def test_interference_counts_only_what_a_tenant_loses_below_its_guaranteed_share() -> None:
     # DRAM contention plus the cost of a thread cap; two 25% tenants.
-    model = InterferenceModel(coefficients=(0.0, 0.0, 0.0, 0.0, 3.0, 1.0))
+    model = InterferenceModel(coefficients=(0.0, 0.0, 0.0, 0.0, 3.0, 0.0, 1.0))
     light = PipeProfile(tensor=0.3, sm_occupancy=0.4, dram_bandwidth=0.3, sm_utilization=0.4)
     heavy = PipeProfile(tensor=0.3, sm_occupancy=0.4, dram_bandwidth=0.9, sm_utilization=0.4)
     # Capped at their shares there is no headroom: every slowdown is lost share.
