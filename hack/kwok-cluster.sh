@@ -169,38 +169,7 @@ start_apiserver() {
 }
 
 write_scheduler_configs() {
-  cat >"$STATE/kube-scheduler.yaml" <<EOF
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection: {kubeconfig: "$STATE/scheduler.kubeconfig", qps: $SCHED_QPS, burst: $SCHED_QPS}
-leaderElection: {leaderElect: false}
-profiles:
-- schedulerName: default-scheduler
-EOF
-  # As in hack/local-cluster.sh (write_scheduler_configs), with this harness's extender URL.
-  local percent=""
-  [[ -n $GPUSHARE_NODES_PERCENT ]] && percent="  percentageOfNodesToScore: $GPUSHARE_NODES_PERCENT"
-  cat >"$STATE/gpushare-scheduler.yaml" <<EOF
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection: {kubeconfig: "$STATE/scheduler.kubeconfig", qps: $SCHED_QPS, burst: $SCHED_QPS}
-leaderElection: {leaderElect: false}
-profiles:
-- schedulerName: gpushare-scheduler
-$percent
-extenders:
-- urlPrefix: "$EXTENDER_URL"
-  filterVerb: filter
-  prioritizeVerb: prioritize
-  bindVerb: bind
-  weight: 5
-  nodeCacheCapable: true
-  httpTimeout: 10s
-  ignorable: false
-  managedResources:
-  - name: gpushare.io/gpu-percent
-    ignoredByScheduler: true
-EOF
+  write_scheduler_configs_with "$SCHED_QPS" "$SCHED_QPS" "$GPUSHARE_NODES_PERCENT"
 }
 
 start_schedulers() {

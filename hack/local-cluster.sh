@@ -228,36 +228,7 @@ start_controller_manager() {
 }
 
 write_scheduler_configs() {
-  cat >"$STATE/kube-scheduler.yaml" <<EOF
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection: {kubeconfig: "$STATE/scheduler.kubeconfig", qps: 200, burst: 400}
-leaderElection: {leaderElect: false}
-profiles:
-- schedulerName: default-scheduler
-EOF
-  # gpushare-scheduler: the stock kube-scheduler whose only profile is gpushare-scheduler and
-  # which asks the gpushare extender to filter, score and bind pods using gpushare.io/gpu-percent.
-  cat >"$STATE/gpushare-scheduler.yaml" <<EOF
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection: {kubeconfig: "$STATE/scheduler.kubeconfig", qps: 200, burst: 400}
-leaderElection: {leaderElect: false}
-profiles:
-- schedulerName: gpushare-scheduler
-extenders:
-- urlPrefix: "$EXTENDER_URL"
-  filterVerb: filter
-  prioritizeVerb: prioritize
-  bindVerb: bind
-  weight: 5
-  nodeCacheCapable: true
-  httpTimeout: 10s
-  ignorable: false
-  managedResources:
-  - name: gpushare.io/gpu-percent
-    ignoredByScheduler: true
-EOF
+  write_scheduler_configs_with 200 400
 }
 
 start_schedulers() {

@@ -88,3 +88,42 @@ contexts:
 current-context: $CLUSTER_NAME
 KUBECONFIG
 }
+
+# write_scheduler_configs_with QPS BURST [NODES_PERCENT] : $STATE/kube-scheduler.yaml (the
+# default profile) and $STATE/gpushare-scheduler.yaml: the stock kube-scheduler whose only
+# profile is gpushare-scheduler and which asks the extender at $EXTENDER_URL to filter, score
+# and bind pods using gpushare.io/gpu-percent (as the chart configures it). NODES_PERCENT sets
+# that profile's percentageOfNodesToScore (empty: kube-scheduler's adaptive default).
+write_scheduler_configs_with() {
+  local qps=$1 burst=$2 percent=""
+  [[ -n ${3:-} ]] && percent="  percentageOfNodesToScore: $3"
+  cat >"$STATE/kube-scheduler.yaml" <<YAML
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection: {kubeconfig: "$STATE/scheduler.kubeconfig", qps: $qps, burst: $burst}
+leaderElection: {leaderElect: false}
+profiles:
+- schedulerName: default-scheduler
+YAML
+  cat >"$STATE/gpushare-scheduler.yaml" <<YAML
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection: {kubeconfig: "$STATE/scheduler.kubeconfig", qps: $qps, burst: $burst}
+leaderElection: {leaderElect: false}
+profiles:
+- schedulerName: gpushare-scheduler
+$percent
+extenders:
+- urlPrefix: "$EXTENDER_URL"
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  bindVerb: bind
+  weight: 5
+  nodeCacheCapable: true
+  httpTimeout: 10s
+  ignorable: false
+  managedResources:
+  - name: gpushare.io/gpu-percent
+    ignoredByScheduler: true
+YAML
+}
