@@ -330,28 +330,54 @@ def reconcile(
     unverified: Iterable[Answer],
     *,
     others: Iterable[Answer] = (),
+    running: AbstractSet[str] = frozenset(),
 ) -> Reconciliation:
     """Match unverified answers to the pods the kubelet gave them to (same slice IDs).
 
-    A pod P holding the answer meant for Q runs with Q's placement: P's annotations get Q's
-    placement. When Q still waits and P's own placement went to nobody, Q takes P's placement
-    over (state assumed), so that its Allocate, steered to P's GPU, gets it. A permutation
-    within a batch thus keeps every GPU's total, and every pod's annotations say what it runs
-    with.
+    A pod P holding the answer meant for Q runs with the placement that answer carried: P's
+    annotations get it, and the pod that carries that placement now and waits (Q, or whoever
+    took it over in an earlier exchange) gets P's vacated placement in exchange (state
+    assumed), so that its Allocate, steered to that GPU, gets it. Every exchange is a swap of
+    two pods' placements, so each GPU's total stays what the scheduler booked, also when
+    answers chain (P holds Q's, Q's went to R, ...) within one check or across several, and
+    every running pod's annotations say what it runs with. Only a pod that waits (no slices
+    held, no container started) gives its placement up; when none carries it, P's placement is
+    rewritten alone (its old placement then counts for nobody until the pod that holds its
+    answer shows up).
 
     Slice IDs held by one pod may have been answered more than once: a restarted kubelet that
     forgot an answer hands the same slices out again. The pod holds the latest answer for
     them; earlier ones (among ``unverified`` and ``others``, the rest of the answers) are
-    ``stale`` and match nobody."""
-    answers = list(unverified)
+    ``stale`` and match nobody. ``running``: UIDs of pods whose containers run (seen on the
+    node) though the API may not say so yet; they never give their placement up."""
+    answers = sorted(unverified, key=lambda a: a.at)
     latest: dict[tuple[str, ...], float] = {}
     for a in (*answers, *others):
         latest[a.devices] = max(a.at, latest.get(a.devices, a.at))
     by_key = {p.key: p for p in pods}
     by_uid = {p.uid: p for p in pods}
     holder_of = {tuple(sorted(devices)): key for key, devices in held.items()}
-    answered = {a.uid for a in answers}
+    current = {p.uid: placement_values(p) for p in pods}
     plan = Reconciliation()
+
+    def waits(pod: PodInfo) -> bool:
+        return (
+            pod.key not in held
+            and not pod.started
+            and pod.phase == "Pending"
+            and pod.uid not in running
+        )
+
+    def owner(answer: Answer, holder: PodInfo) -> PodInfo | None:
+        """The waiting pod that carries the answer's placement now, the one meant first."""
+        meant = by_uid.get(answer.uid)
+        candidates = [meant] if meant is not None else []
+        candidates += sorted((p for p in pods if p.uid != answer.uid), key=lambda p: p.key)
+        for pod in candidates:
+            if pod.uid != holder.uid and current[pod.uid] == answer.placement and waits(pod):
+                return pod
+        return None
+
     for answer in answers:
         key = holder_of.get(answer.devices)
         holder = by_key.get(key) if key is not None else None
@@ -363,20 +389,17 @@ def reconcile(
         plan.settled.append((answer, holder))
         if holder.uid == answer.uid or not answer.placement:
             continue
-        if placement_values(holder) != answer.placement:
-            plan.patches[holder.uid] = {**dict(answer.placement), ANN_STATE: STATE_ALLOCATED}
-            plan.exchanged.append((holder, answer))
-        meant = by_uid.get(answer.uid)
-        own = placement_values(holder)
-        if (
-            meant is not None
-            and meant.key not in held
-            and meant.uid not in plan.patches
-            and holder.uid not in answered
-            and own
-        ):
-            plan.patches[meant.uid] = {**dict(own), ANN_STATE: STATE_ASSUMED}
-            plan.reopened.add(meant.uid)
+        vacated = current[holder.uid]
+        if vacated == answer.placement:
+            continue
+        giver = owner(answer, holder)
+        plan.patches[holder.uid] = {**dict(answer.placement), ANN_STATE: STATE_ALLOCATED}
+        plan.exchanged.append((holder, answer))
+        current[holder.uid] = answer.placement
+        if giver is not None and vacated:
+            plan.patches[giver.uid] = {**dict(vacated), ANN_STATE: STATE_ASSUMED}
+            plan.reopened.add(giver.uid)
+            current[giver.uid] = vacated
     return plan
 
 
@@ -663,11 +686,15 @@ class Allocator:
         kubelet: Callable[[], str | None] | None = None,
         held: Callable[[], Mapping[str, tuple[str, ...]]] | None = None,
         answers: AnswerBook | None = None,
+        running: Callable[[], AbstractSet[str]] | None = None,
     ) -> None:
         """``kubelet`` names the running kubelet (holdings.kubelet_identity), ``held`` asks it
         which pods hold our slices (holdings.kubelet_held), ``answers`` remembers what each
-        Allocate answered. Without ``held`` a restarted kubelet's repeated Allocate is not
-        recognised."""
+        Allocate answered, ``running`` lists the UIDs of pods whose containers run on the node
+        (attribution.pods_with_running_containers). Without ``held`` a restarted kubelet's
+        repeated Allocate is not recognised; without ``running`` a container the old kubelet
+        started just before it died counts as never started until the API says otherwise
+        (the new kubelet does not ask Allocate for it again: it sees it running)."""
         self.node_name = node_name
         self.gpus = gpus
         self.pods = pods
@@ -683,6 +710,7 @@ class Allocator:
         self.kubelet = kubelet or (lambda: None)
         self.held = held
         self.answers = answers or AnswerBook()
+        self.running: Callable[[], AbstractSet[str]] = running or frozenset
         now = time.monotonic()
         for uid in self.answers.all():
             self._handled[uid] = now
@@ -719,6 +747,13 @@ class Allocator:
         except Exception as exc:
             log.error("could not record Event %s: %s", reason, exc)
 
+    def _running(self) -> AbstractSet[str]:
+        try:
+            return self.running()
+        except Exception as exc:  # a hint only: without it the API's status decides
+            log.warning("cannot tell which pods' containers run: %s", exc)
+            return frozenset()
+
     def _forgotten(self, pods: Sequence[PodInfo]) -> frozenset[str]:
         """UIDs of allocated pods the running kubelet holds nothing for (it died before its
         checkpoint): their Allocate comes again. Asks the kubelet only when some pod could be
@@ -727,6 +762,12 @@ class Allocator:
             return frozenset()
         kubelet = self.kubelet()
         suspects = suspect_pods(pods, answers=self.answers.all(), kubelet=kubelet)
+        if suspects:
+            # A container the old kubelet started just before it died runs with its answer;
+            # the new kubelet will not ask Allocate for it again, and its status may not show
+            # it yet.
+            running = self._running()
+            suspects = [p for p in suspects if p.uid not in running]
         if not suspects:
             return frozenset()
         try:
@@ -763,7 +804,9 @@ class Allocator:
         except Exception as exc:
             log.warning("cannot check %d Allocate answer(s): %s", len(unverified), exc)
             return 0
-        plan = reconcile(pods, held, unverified, others=self.answers.all().values())
+        plan = reconcile(
+            pods, held, unverified, others=self.answers.all().values(), running=self._running()
+        )
         by_uid = {p.uid: p for p in pods}
         for uid, annotations in plan.patches.items():
             target = by_uid[uid]

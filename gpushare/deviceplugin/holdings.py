@@ -64,6 +64,25 @@ def kubelet_held(
     return held
 
 
+def kubelet_allocatable(
+    *, socket_path: Path, resource: str = RESOURCE_GPU_PERCENT, timeout_s: float = 2.0
+) -> int:
+    """How many ``resource`` device IDs the kubelet itself counts as allocatable (pod-resources
+    v1 ``GetAllocatableResources``): the view its admission uses, current as soon as a plugin's
+    ListAndWatch answered, while the node object follows on the kubelet's status period.
+    Raises grpc.RpcError when the kubelet does not answer."""
+    import grpc  # noqa: PLC0415  (loaded only where the kubelet socket is used)
+
+    from gpushare.deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
+
+    with grpc.insecure_channel(f"unix://{socket_path}") as channel:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        response = stub.GetAllocatableResources(
+            api_pb2.AllocatableResourcesRequest(), timeout=timeout_s
+        )
+    return sum(len(d.device_ids) for d in response.devices if d.resource_name == resource)
+
+
 @dataclass(frozen=True)
 class Answer:
     """One Allocate answered for a pod."""

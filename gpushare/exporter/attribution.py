@@ -58,6 +58,29 @@ def parse_cgroup(text: str) -> CgroupOwner | None:
     return None
 
 
+def pods_with_running_containers(*, proc_root: Path = Path("/proc")) -> frozenset[str]:
+    """UIDs of pods with a live process in a container other than their sandbox. A pod's cgroup
+    holds its sandbox's pause process from the start, so a second container ID there means an
+    app container runs, whatever the pod's status in the API says yet (a restarted kubelet
+    reports it late). Empty when the host's /proc is not visible."""
+    ids: dict[str, set[str]] = {}
+    try:
+        entries = list(proc_root.iterdir())
+    except OSError as exc:
+        log.debug("cannot list %s: %s", proc_root, exc)
+        return frozenset()
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            owner = parse_cgroup((entry / "cgroup").read_text())
+        except OSError:
+            continue  # gone meanwhile
+        if owner is not None and owner.container_id is not None:
+            ids.setdefault(owner.pod_uid, set()).add(owner.container_id)
+    return frozenset(uid for uid, containers in ids.items() if len(containers) >= 2)
+
+
 class ProcessResolver:
     """Caches PID -> owner so each process's cgroup file is read once while it lives."""
 

@@ -37,6 +37,7 @@ from gpushare.deviceplugin.holdings import (
 )
 from gpushare.deviceplugin.plugin import DEFAULT_ENDPOINT, KUBELET_SOCKET, PluginRunner
 from gpushare.deviceplugin.server import DevicePluginServicer
+from gpushare.exporter.attribution import pods_with_running_containers
 from gpushare.gpu.backend import GpuBackend, HealthEvent
 from gpushare.mps.manager import MpsManager, ShmMode
 from gpushare.node.extension import ExporterHandle, wire_exporter
@@ -126,6 +127,8 @@ class NodeAgent:
         self.allocator = Allocator(
             kubelet=lambda: kubelet_identity(kubelet_socket),
             held=(lambda: kubelet_held(socket_path=pod_resources)) if pod_resources else None,
+            running=pods_with_running_containers,
+
             answers=AnswerBook(
                 path=settings.allocation_state_file
                 or settings.device_plugin_dir / STATE_DIR / STATE_FILE

@@ -22,10 +22,12 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
 )
 from gpushare.api.placement import format_time
+from gpushare.deviceplugin.holdings import kubelet_allocatable
 from gpushare.deviceplugin.plugin import socket_identity
 from tests.fixtures.node_agent import (
     DEVICE_PLUGIN_DIR,
     PLUGIN_SOCKET,
+    POD_RESOURCES_SOCKET,
     NodeAgentProcess,
     wait_until,
 )
@@ -342,6 +344,14 @@ def test_kubelet_restart_reregisters_within_5s_and_restores_capacity(
         reregistered = time.monotonic()
         restart.join(timeout=120)
         assert reregistered - appeared < 5.0, f"re-registered {reregistered - appeared:.1f}s late"
+        # The kubelet's own count (what it admits pods against) has every slice again; the
+        # node object follows on the kubelet's status period.
+        wait_until(
+            lambda: kubelet_allocatable(socket_path=POD_RESOURCES_SOCKET) == 200,
+            timeout_s=30,
+            what="the kubelet to count all 200 slices allocatable (pod-resources)",
+            every_s=0.05,
+        )
         wait_until(
             lambda: node_agent.advertised() == (200, 200),
             timeout_s=60,

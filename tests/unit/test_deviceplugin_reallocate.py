@@ -406,3 +406,75 @@ def test_slices_a_restarted_kubelet_gave_out_again_keep_the_later_answer(
     assert "GpusharePlacementExchanged" not in api.events
     # x, forgotten by the new kubelet, gets its own placement when asked again.
     assert envs_of(allocator, slice_ids(GPU_A)[15:30])[2] == "0=12288M"
+
+
+def placements_after(pods: list[PodInfo], patches: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Each pod's placement (GPU/threads/memory) once ``patches`` are applied, sorted."""
+    out = []
+    for p in pods:
+        a = {**p.annotations, **patches.get(p.uid, {})}
+        out.append(f"{a[ANN_GPU_UUID]}/{a[ANN_THREAD_PERCENT]}/{a[ANN_MEMORY_LIMIT]}")
+    return sorted(out)
+
+
+def given(p: PodInfo) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (k, p.annotations[k]) for k in (ANN_GPU_UUID, ANN_THREAD_PERCENT, ANN_MEMORY_LIMIT)
+    )
+
+
+def test_answers_that_chain_keep_every_gpus_total() -> None:
+    """h got m's answer, r got h's, and m still waits: h and r run with what they got, and m
+    must wait with r's vacated placement, not keep its own (then counted twice: h runs with
+    it) while r's is counted for nobody."""
+    m = pod("m", gpus=GPU_A, bind_s=0, threads=10, memory_gib=4, state=STATE_ALLOCATED)
+    h = pod("h", gpus=GPU_B, bind_s=1, threads=10, memory_gib=8)
+    r = pod("r", gpus=GPU_A, bind_s=2, threads=10, memory_gib=12)
+    pods = [m, h, r]
+    a_m = Answer(m.uid, m.key, ("A::00",), OLD, 1.0, placement=given(m), verified=False)
+    a_h = Answer(h.uid, h.key, ("B::00",), OLD, 2.0, placement=given(h), verified=False)
+    plan = reconcile(pods, {h.key: ("A::00",), r.key: ("B::00",)}, [a_m, a_h])
+    assert placements_after(pods, plan.patches) == placements_after(pods, {})  # same totals
+    assert plan.patches[h.uid][ANN_MEMORY_LIMIT] == str(4 * GIB)  # h runs with m's answer
+    assert plan.patches[r.uid][ANN_MEMORY_LIMIT] == str(8 * GIB)  # r runs with h's answer
+    assert plan.patches[m.uid] == {**dict(given(r)), ANN_STATE: STATE_ASSUMED}
+    assert plan.reopened == {m.uid}
+
+
+def test_a_chain_across_two_checks_moves_the_waiting_pod_on() -> None:
+    """First check: h holds m's answer, m takes h's placement and waits. Second check: r
+    holds the answer once meant for h: m, which carries that placement now, gives it to r."""
+    m = pod("m", gpus=GPU_A, bind_s=0, threads=10, memory_gib=4, state=STATE_ALLOCATED)
+    h = pod("h", gpus=GPU_B, bind_s=1, threads=10, memory_gib=8)
+    r = pod("r", gpus=GPU_A, bind_s=2, threads=10, memory_gib=12)
+    a_m = Answer(m.uid, m.key, ("A::00",), OLD, 1.0, placement=given(m), verified=False)
+    first = reconcile([m, h, r], {h.key: ("A::00",)}, [a_m])
+    after = [
+        replace(p, annotations={**p.annotations, **first.patches.get(p.uid, {})}) for p in (m, h, r)
+    ]
+    a_h = Answer(h.uid, h.key, ("B::00",), OLD, 2.0, placement=given(h), verified=False)
+    second = reconcile(after, {h.key: ("A::00",), r.key: ("B::00",)}, [a_h])
+    assert placements_after(after, second.patches) == placements_after([m, h, r], {})
+    assert second.patches[m.uid] == {**dict(given(r)), ANN_STATE: STATE_ASSUMED}
+
+
+def test_a_container_the_old_kubelet_started_is_not_taken_for_forgotten(
+    tmp_path: Path, state_file: Path
+) -> None:
+    """x's container was started by the kubelet that died; the new kubelet holds no slices for
+    it (it sees the container running and asks nothing) and the API does not show it started
+    yet. x is not forgotten: the next Allocate of its size goes to y, and x keeps its
+    placement (its container runs with it)."""
+    x = pod("x", bind_s=0, threads=10, memory_gib=4)
+    y = pod("y", bind_s=1, threads=10, memory_gib=8)
+    api, kubelet = ApiServer([x, y]), Kubelet()
+    allocator = make(tmp_path, api, kubelet, AnswerBook(path=state_file))
+    assert envs_of(allocator, slice_ids(GPU_A)[:10])[2] == "0=4096M"  # x's answer
+    kubelet.identity = NEW  # restarted; holds nothing, x's container runs
+    allocator.running = lambda: frozenset({x.uid})
+    ids = slice_ids(GPU_A)[10:20]
+    assert envs_of(allocator, ids) == described(y)
+    kubelet.held = {y.key: tuple(sorted(ids))}
+    allocator.reconcile()
+    assert described(api.pods[x.uid])[2] == "0=4096M"
+    assert allocator.reallocations == 0

@@ -11,7 +11,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.exporter import PodAllocation, SamplerSettings, build_exporter
-from gpushare.exporter.attribution import CgroupOwner, ProcessResolver, parse_cgroup
+from gpushare.exporter.attribution import (
+    CgroupOwner,
+    ProcessResolver,
+    parse_cgroup,
+    pods_with_running_containers,
+)
 from gpushare.exporter.runner import SimulatedPodProcesses
 from gpushare.gpu.backend import GpuProcess
 from gpushare.gpu.simulated import SimulatedBackend
@@ -113,3 +118,18 @@ def test_memory_of_a_pods_processes_adds_up_per_container(tmp_path: Path) -> Non
         ("", "unattributed", ""): 2**28,
         ("", "mps_clients", ""): 3,
     }
+
+
+def test_a_pod_runs_a_container_once_one_besides_its_sandbox_has_a_process(
+    tmp_path: Path,
+) -> None:
+    other = "1e4c2b7a-90d3-4f65-8a21-3b9c7d6e5f40"
+    _proc(tmp_path, 100, CGROUPFS_V1)  # the pod's sandbox (pause) only: nothing runs yet
+    _proc(tmp_path, 300, GUARANTEED_V2.replace(UID, other))
+    _proc(tmp_path, 301, GUARANTEED_V2.replace(UID, other).replace(CID, CID2))
+    _proc(tmp_path, 400, HOST)
+    (tmp_path / "self").mkdir()
+    assert pods_with_running_containers(proc_root=tmp_path) == {other}
+    _proc(tmp_path, 101, CGROUPFS_V1.replace(CID, CID2))  # its app container starts
+    assert pods_with_running_containers(proc_root=tmp_path) == {UID, other}
+    assert pods_with_running_containers(proc_root=tmp_path / "absent") == frozenset()
