@@ -919,8 +919,13 @@ class Allocator:
                 return [allocation for allocation, _ in answers]
             pod, placement = found
             repeated = pod.uid in again
-            unsure = frozenset(placement.gpu_uuids) != wanted or ambiguous(
-                waiting_pods(pods, skip=set(self._handled), again=again), sizes
+            # With the kubelet's pod-resources API at hand every answer is checked against
+            # it: which pod the kubelet admits is not ours to know (after a restart it may be
+            # one this process counts as handled, or its List may not answer yet).
+            unsure = (
+                self.held is not None
+                or frozenset(placement.gpu_uuids) != wanted
+                or ambiguous(waiting_pods(pods, skip=set(self._handled), again=again), sizes)
             )
             self._remember(pod)
             self.answers.record(

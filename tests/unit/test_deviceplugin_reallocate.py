@@ -263,20 +263,29 @@ def test_every_pod_keeps_its_placement_through_a_kubelet_restart(
     assert allocate(allocator, 20)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"
 
 
-def test_the_kubelet_is_asked_only_while_a_pod_could_be_forgotten(
+def test_the_kubelet_is_asked_only_until_every_answer_is_confirmed(
     tmp_path: Path, state_file: Path
 ) -> None:
     x, y = pod("x", bind_s=0), pod("y", bind_s=1)
     api, kubelet = ApiServer([x, y]), Kubelet()
     allocator = make(tmp_path, api, kubelet, AnswerBook(path=state_file))
-    allocate(allocator, 10)
-    allocate(allocator, 10)
-    assert kubelet.asked == 0  # same kubelet throughout: nothing to ask
+    first = allocator.preferred(slice_ids(GPU_A), [], 10)
+    allocator.allocate([first])
+    kubelet.held = {x.key: tuple(sorted(first))}
+    second = allocator.preferred(slice_ids(GPU_A)[10:], [], 10)
+    allocator.allocate([second])
+    kubelet.held[y.key] = tuple(sorted(second))
+    allocator.reconcile()
+    asked = kubelet.asked
+    assert asked > 0  # each answer was checked against what the kubelet holds
+    allocator.reconcile()
+    allocator.allocate([slice_ids(GPU_A)[50:60]])  # nobody waits: a derived answer
+    assert kubelet.asked == asked  # both confirmed: nothing left to ask about
     kubelet.identity = NEW
     kubelet.held = {x.key: ("a",), y.key: ("b",)}
-    assert allocator.allocate([slice_ids(GPU_A)[50:60]])[0].pod is None  # nobody waits
+    assert allocator.allocate([slice_ids(GPU_A)[60:70]])[0].pod is None  # nobody waits
     asked = kubelet.asked
-    allocator.allocate([slice_ids(GPU_A)[60:70]])
+    allocator.allocate([slice_ids(GPU_A)[70:80]])
     assert kubelet.asked == asked  # both confirmed held by the new kubelet
 
 
