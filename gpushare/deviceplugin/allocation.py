@@ -274,9 +274,11 @@ def suspect_pods(
 def forgotten_pods(
     suspects: Iterable[PodInfo], held: Mapping[str, tuple[str, ...]]
 ) -> frozenset[str]:
-    """UIDs of the suspects the kubelet holds no slices for (``held``: namespace/name -> slice
-    IDs, from its pod-resources API): their Allocate will come again."""
-    return frozenset(p.uid for p in suspects if p.key not in held)
+    """UIDs of the suspects the kubelet lists holding no slices (``held``: namespace/name ->
+    slice IDs, from its pod-resources API): their Allocate will come again. A suspect the
+    kubelet does not list yet is not concluded forgotten: a restarted kubelet lists a pod once
+    it learns it from the API server, with the slices its checkpoint kept for it."""
+    return frozenset(p.uid for p in suspects if p.key in held and not held[p.key])
 
 
 PLACEMENT_KEYS = (ANN_GPU_UUID, ANN_THREAD_PERCENT, ANN_MEMORY_LIMIT)
@@ -356,13 +358,13 @@ def reconcile(
         latest[a.devices] = max(a.at, latest.get(a.devices, a.at))
     by_key = {p.key: p for p in pods}
     by_uid = {p.uid: p for p in pods}
-    holder_of = {tuple(sorted(devices)): key for key, devices in held.items()}
+    holder_of = {tuple(sorted(devices)): key for key, devices in held.items() if devices}
     current = {p.uid: placement_values(p) for p in pods}
     plan = Reconciliation()
 
     def waits(pod: PodInfo) -> bool:
         return (
-            pod.key not in held
+            not held.get(pod.key)
             and not pod.started
             and pod.phase == "Pending"
             and pod.uid not in running
@@ -780,7 +782,7 @@ class Allocator:
         forgotten = forgotten_pods(suspects, held)
         if kubelet is not None:
             self.answers.confirm(
-                {p.uid: (p.key, held[p.key]) for p in suspects if p.key in held}, kubelet
+                {p.uid: (p.key, held[p.key]) for p in suspects if held.get(p.key)}, kubelet
             )
         if forgotten:
             names = ", ".join(p.key for p in suspects if p.uid in forgotten)

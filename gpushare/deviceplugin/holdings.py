@@ -41,8 +41,10 @@ def kubelet_held(
     *, socket_path: Path, resource: str = RESOURCE_GPU_PERCENT, timeout_s: float = 2.0
 ) -> dict[str, tuple[str, ...]]:
     """``namespace/name`` -> the ``resource`` device IDs the kubelet holds for that pod (all its
-    containers); pods holding none are left out. Raises grpc.RpcError when the kubelet does not
-    answer."""
+    containers), for every pod the kubelet lists; a pod holding none maps to ``()``. A pod the
+    kubelet does not list is not known to it yet (a restarted kubelet lists pods as it learns
+    them from the API server, with the devices its checkpoint kept for them), which is not the
+    same as holding nothing. Raises grpc.RpcError when the kubelet does not answer."""
     import grpc  # noqa: PLC0415  (loaded only where the kubelet socket is used)
 
     from gpushare.deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
@@ -59,8 +61,7 @@ def kubelet_held(
             if devices.resource_name == resource
             for device in devices.device_ids
         ]
-        if ids:
-            held[f"{pod.namespace}/{pod.name}"] = tuple(sorted(ids))
+        held[f"{pod.namespace}/{pod.name}"] = tuple(sorted(ids))
     return held
 
 

@@ -321,19 +321,7 @@ def running(cluster: Any, namespace: str) -> list[Pod]:
     ]
 
 
-KUBELET_RACE = pytest.mark.xfail(
-    reason="known race (device plugin, open): a kubelet killed mid-admission leaves pods whose "
-    "containers it had created or started with one Allocate answer while the restarted kubelet "
-    "and the API do not show them yet; the plugin may hand their placement on, so a pod runs "
-    "with an environment its annotations do not say and a GPU is counted at 105-120 %; seen in "
-    "about half of the local runs after this round of fixes; see docs/reliability.md",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "fault", [pytest.param(f, marks=KUBELET_RACE) if f == "kubelet" else f for f in FAULTS]
-)
+@pytest.mark.parametrize("fault", FAULTS)
 def test_fault_during_a_burst_loses_and_double_books_nothing(
     fault: str, rig: Rig, namespace: str, record: dict[str, Any]
 ) -> None:

@@ -104,8 +104,16 @@ def test_our_answer_counts_before_the_allocated_mark_shows() -> None:
 
 def test_the_suspects_the_kubelet_holds_slices_for_are_not_forgotten() -> None:
     x, y = pod("x", state=STATE_ALLOCATED), pod("y", state=STATE_ALLOCATED)
-    held = {y.key: (device_id(GPU_A, 0),)}
+    held = {x.key: (), y.key: (device_id(GPU_A, 0),)}
     assert forgotten_pods([x, y], held) == {x.uid}
+
+
+def test_a_pod_the_restarted_kubelet_does_not_list_yet_is_not_forgotten() -> None:
+    """A restarted kubelet lists a pod (with the slices its checkpoint kept) only once it has
+    learnt it from the API server: not listed is not the same as holding nothing."""
+    x = pod("x", state=STATE_ALLOCATED)
+    assert forgotten_pods([x], {}) == frozenset()
+    assert forgotten_pods([x], {x.key: ()}) == {x.uid}
 
 
 # --- select and steer ---------------------------------------------------------------------
@@ -201,6 +209,9 @@ class Kubelet:
     def __init__(self) -> None:
         self.identity = OLD
         self.held: dict[str, tuple[str, ...]] = {}
+        self.knows: set[str] = set()
+        """Pods it lists (with no slices unless ``held`` says), as a kubelet lists every pod
+        it has learnt from the API server."""
         self.asked = 0
         self.answering = True
 
@@ -208,10 +219,11 @@ class Kubelet:
         self.asked += 1
         if not self.answering:
             raise ConnectionError("pod-resources socket not ready")
-        return dict(self.held)
+        return {key: self.held.get(key, ()) for key in self.knows | set(self.held)}
 
 
 def make(tmp_path: Path, api: ApiServer, kubelet: Kubelet, book: AnswerBook) -> Allocator:
+    kubelet.knows |= {p.key for p in api.pods.values()}
     gpus = [
         GpuInfo(u, i, "NVIDIA H100 80GB HBM3", 80 * GIB, 132, "9.0", simulated=True)
         for i, u in enumerate((GPU_A, GPU_B))
