@@ -128,7 +128,6 @@ class NodeAgent:
             kubelet=lambda: kubelet_identity(kubelet_socket),
             held=(lambda: kubelet_held(socket_path=pod_resources)) if pod_resources else None,
             running=pods_with_running_containers,
-
             answers=AnswerBook(
                 path=settings.allocation_state_file
                 or settings.device_plugin_dir / STATE_DIR / STATE_FILE
