@@ -497,7 +497,24 @@ class Extender:
                 "still wait for their GPU allocation; the pod will be retried"
             }
         try:
+            seen = self.view.allocations_seen(args.node)
             waiting = await self._wait_for_allocations(args.node, key, size, deadline)
+            if waiting and self.view.allocations_seen(args.node) == seen:
+                # Nothing on the node got its Allocate for the whole wait: its node agent (or
+                # kubelet) is not answering, and a pod bound now would be refused by the
+                # kubelet ("no healthy devices") and end Failed. Let the scheduler retry.
+                self._observe("gate", loop.time() - start)
+                log.warning(
+                    "not binding: no pod on the node got its allocation during the wait",
+                    extra={"pod": key, "node": args.node, "waiting": waiting[:5]},
+                )
+                return {
+                    "Error": scheduler_safe(
+                        f"gpushare: node {args.node}: {len(waiting)} pod(s) there have waited "
+                        f"{self.gate_seconds:.0f}s for their GPU allocation and none got it "
+                        "(is the gpushare node agent running there?); the pod will be retried"
+                    )
+                }
             if waiting:
                 log.warning(
                     "binding while other pods still wait for their allocation",

@@ -106,6 +106,7 @@ class ClusterView:
         self.listeners: list[Callable[[str, str], None]] = []
         """Called with (kind, key) after a node or pod changed; kind is "node" or "pod"."""
         self.allocation_listeners: list[Callable[[str], None]] = []
+        self._allocations_seen: dict[str, int] = {}
         """Called with a node name when a pod there stopped waiting for its Allocate (or a
         reservation there ended): wakes binds waiting on that node."""
 
@@ -230,7 +231,14 @@ class ClusterView:
             self._awaiting.setdefault(f.node, set()).add(key)
             self._awaiting_node[key] = f.node
         elif old is not None:
+            self._allocations_seen[old] = self._allocations_seen.get(old, 0) + 1
             self._allocation_progress(old)
+
+    def allocations_seen(self, node: str) -> int:
+        """How many pods on ``node`` stopped waiting for their Allocate (allocated, started,
+        failed or gone) since this process began: when it does not move while pods wait, the
+        node agent or the kubelet is not answering."""
+        return self._allocations_seen.get(node, 0)
 
     def reservation(self, key: str) -> Reservation | None:
         return self._reservations.get(key)

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 STATE_DIR = "gpushare"
 STATE_FILE = "allocations.json"
-KEEP_S = 3600.0
+KEEP_S = 300.0
 """Answers for pods no longer on the node are dropped after this long."""
 
 

@@ -54,3 +54,25 @@ def test_a_bind_waits_for_a_same_size_pod_allocate_and_not_for_another_size() ->
     assert gate["x40"] < 0.1
     assert 0.3 <= gate["y30"] < 1.5
     assert {stage for _, stage, _ in stages} == {"gate", "write"}
+
+
+def test_a_bind_is_refused_when_no_pod_on_the_node_gets_its_allocate() -> None:
+    """The node agent is down: w30 never gets its Allocate. Binding y30 anyway would have the
+    kubelet refuse it ("no healthy devices") and the pod end Failed; the bind is refused with
+    the reason, so the scheduler retries it once the agent is back."""
+    view = ClusterView(clock=lambda: NOW)
+    view.replace_nodes([node_json("a", [gpu("A0"), gpu("A1", index=1)])])
+    view.replace_pods([waiting_on_a(STATE_ASSUMED)])
+    store = PodStore()
+    ext = Extender(view=view, writer=store, gate_seconds=0.3)
+    pod = store.add(pod_json("y30", fraction="0.3"))
+    view.upsert_pod(pod)
+    meta = pod["metadata"]
+    args = BindingArgs(meta["name"], meta["namespace"], meta["uid"], "a")
+    error = asyncio.run(ext.bind(args))["Error"]
+    assert "none got it" in error and "node agent" in error
+    assert not store.pods["default/y30"]["spec"].get("nodeName")
+    # Once the agent answers again, the same bind goes through.
+    view.upsert_pod(waiting_on_a(STATE_ALLOCATED))
+    assert asyncio.run(ext.bind(args))["Error"] == ""
+    assert store.pods["default/y30"]["spec"]["nodeName"] == "a"
