@@ -161,17 +161,8 @@ def share_status(cluster: Any, name: str, namespace: str) -> dict[str, Any]:
 
 def events(cluster: Any, namespace: str, *, name: str, reason: str) -> int:
     """How many times ``reason`` was reported about object ``name`` (Event counts summed)."""
-    raw = cluster.kubectl(
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "-o",
-        "json",
-        "--field-selector",
-        f"involvedObject.name={name},reason={reason}",
-    )
-    return sum(int(e.get("count") or 1) for e in json.loads(raw)["items"])
+    found = cluster.events(namespace, name=name, reason=reason)
+    return sum(int(e.get("count") or 1) for e in found)
 
 
 def wait_phase(

@@ -124,18 +124,7 @@ def scheduling_failure(
     deadline = time.monotonic() + timeout_s
     message = ""
     while time.monotonic() < deadline and "gpushare" not in message:
-        events = json.loads(
-            cluster.kubectl(
-                "get",
-                "events",
-                "-n",
-                namespace,
-                "-o",
-                "json",
-                "--field-selector",
-                f"involvedObject.name={name},reason=FailedScheduling",
-            )
-        )["items"]
+        events = cluster.events(namespace, name=name, reason="FailedScheduling")
         message = " ".join(e.get("message", "") for e in events)
         if "gpushare" not in message:
             time.sleep(0.5)
