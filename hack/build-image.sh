@@ -69,7 +69,7 @@ import_archive() { # ARCHIVE REF
     return 0
   fi
   ctr_k8s images import "$1" >/dev/null
-  ctr_k8s images ls -q | grep -qx "$(normalize "$2")" || die "import of $1 did not produce $2"
+  grep -qx "$(normalize "$2")" <<<"$(ctr_k8s images ls -q)" || die "import of $1 did not produce $2"
   log "imported $2 into containerd (k8s.io)"
 }
 
@@ -84,7 +84,7 @@ normalize() { # REF -> the name containerd stores (docker.io/library/... for sho
   fi
 }
 
-have_image() { [[ -S $SOCKET ]] && ctr_k8s images ls -q | grep -qx "$(normalize "$1")"; }
+have_image() { [[ -S $SOCKET ]] && grep -qx "$(normalize "$1")" <<<"$(ctr_k8s images ls -q)"; }
 
 # ---------------------------------------------------------------------------------------------
 build_scheduler() {

@@ -6,7 +6,7 @@ pkgs=(containerd runc containernetworking-plugins busybox-static iptables conntr
       iproute2 openssl prometheus buildah)
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  grep -q 'install ok installed' <<<"$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" || missing+=("$p")
 done
 if ((${#missing[@]} == 0)); then
   echo "install-prereqs: all present (${pkgs[*]})"

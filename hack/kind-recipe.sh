@@ -30,7 +30,7 @@ if [[ ${1:-} == delete ]]; then
   exit 0
 fi
 
-if ! kind get clusters | grep -qx "$CLUSTER"; then
+if ! grep -qx "$CLUSTER" <<<"$(kind get clusters)"; then
   kind create cluster --name "$CLUSTER" --config - <<'KIND'
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4

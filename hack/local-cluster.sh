@@ -165,7 +165,7 @@ ctr_k8s() { ctr --address "$RUN/containerd.sock" -n k8s.io "$@"; }
 import_images() {
   local img="$STATE/images" build="$GPUSHARE_CACHE_DIR/images"
   mkdir -p "$img" "$build"
-  if ! ctr_k8s images ls -q | grep -qx "$PAUSE_IMAGE"; then
+  if ! grep -qx "$PAUSE_IMAGE" <<<"$(ctr_k8s images ls -q)"; then
     if [[ ! -x $build/pause ]]; then
       (cd "$here/images/pause" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$build/pause" .)
     fi
@@ -174,7 +174,7 @@ import_images() {
     ctr_k8s images import --no-unpack=false "$img/pause.tar" >/dev/null
     ctr_k8s images label "$PAUSE_IMAGE" io.cri-containerd.pinned=pinned >/dev/null
   fi
-  if ! ctr_k8s images ls -q | grep -qx "$BUSYBOX_IMAGE"; then
+  if ! grep -qx "$BUSYBOX_IMAGE" <<<"$(ctr_k8s images ls -q)"; then
     local links=() applet
     for applet in $(busybox --list); do
       [[ $applet == busybox ]] || links+=(--symlink "/bin/$applet:busybox")

@@ -580,6 +580,16 @@ def test_service_accounts_can_do_exactly_what_they_need(cluster: LocalCluster) -
     rendered = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
     # Only the RBAC objects: the hook Job would run a pod.
     docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] != "Job"]
+    # `kubectl auth can-i` checks a custom resource's group only when the API server serves it;
+    # without the CRD (no install ran first) every GpuShare check would read "no".
+    cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        str(CHART / "crds" / "gpushare.io_gpushares.yaml"),
+    )
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", CRD)
     cluster.kubectl("create", "namespace", ns)
     try:
         cluster.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(d) for d in docs))

@@ -4,6 +4,7 @@ record (placements vs node inventory), the kubelet's own device assignments, eac
 helpers that kill and restart components and wait for the shared cluster to be quiet.
 """
 
+import itertools
 import json
 import os
 import signal
@@ -314,20 +315,46 @@ def fits_somewhere(pod: Pod, gpus: list[GpuInfo], all_pods: Iterable[Pod]) -> st
 # ---- a quiet cluster, and components ------------------------------------------------------
 
 
+def _ancestors() -> set[int]:
+    """This process and every process above it (the make or CI shell that started it)."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        # The command name in parentheses may hold spaces; the parent PID follows it.
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return pids
+
+
+def _runs_pytest(argv: list[str]) -> bool:
+    """A pytest process itself: `pytest ...`, `python -m pytest ...`, not a shell whose
+    script text merely mentions pytest."""
+    head = [Path(a).name for a in argv[:3]]
+    if any(h in ("pytest", "py.test") for h in head):
+        return True
+    return any(a == "-m" and b == "pytest" for a, b in itertools.pairwise(argv[:4]))
+
+
 def other_pytests() -> list[str]:
     """Other pytest processes on this host (teammates' runs on the shared cluster)."""
-    mine = {os.getpid(), os.getppid()}
+    mine = _ancestors()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) in mine:
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            argv = [
+                a.decode(errors="replace")
+                for a in (entry / "cmdline").read_bytes().split(b"\0")
+                if a
+            ]
         except OSError:
             continue
-        text = " ".join(a.decode(errors="replace") for a in argv if a)
-        if "pytest" in text and "timeout " not in text[:8]:
-            found.append(f"{entry.name}: {text[:120]}")
+        if _runs_pytest(argv):
+            found.append(f"{entry.name}: {' '.join(argv)[:120]}")
     return found
 
 
