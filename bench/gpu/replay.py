@@ -63,6 +63,9 @@ def replay(
         bounds=dict(policy.DEFAULT_BOUNDS),
         gpu_model=gpu,
         gpu_memory_bytes=141 * 2**30,
+        pair_calibration=policy.pair_calibration(model, records, fractions=fractions)[0]
+        if tail
+        else 1.0,
     )
     scheme = Gpushare(
         decider, prepare=decider.prepare, source="replay", tail=decider.tail_pair if tail else None

@@ -180,6 +180,8 @@ class PhaseA:
     source: str = "unavailable"
     model: InterferenceModel | None = None
     model_source: str = ""
+    pair_calibration: tuple[float, int] = (1.0, 0)
+    """``policy.pair_calibration`` on this run's packs (factor, pairs counted)."""
     chosen: dict[colocate.PackKey, colocate.PackKey] = field(default_factory=dict)
 
 
@@ -229,6 +231,8 @@ def phase_a(ctx: Ctx, a: PhaseA, *, fractions: dict[str, float]) -> None:
         log.info("requests sized from profiles: %s", fractions)
         recs = colocate.records(gpu=ctx.gpu_name, results=a.results, profiles=a.profiles)
         a.model, a.model_source = fit_or_default(recs, ctx)
+        a.pair_calibration = policy.pair_calibration(a.model, recs, fractions=fractions)
+        log.info("whole-GPU pairs: measured / predicted %.3f over %d", *a.pair_calibration)
         decider = make_decider(ctx, a)
         measured = {colocate.key_of(r) for r in recs}
         solo_caps = set(colocate.solo_table(a.results))
@@ -283,6 +287,7 @@ def make_decider(ctx: Ctx, a: PhaseA) -> policy.GpushareDecider:
         bounds={"latency": ctx.args.latency_bound, "batch": ctx.args.batch_bound},
         gpu_model=ctx.gpu_name,
         gpu_memory_bytes=ctx.memory_bytes,
+        pair_calibration=a.pair_calibration[0],
     )
 
 
@@ -481,6 +486,7 @@ def run(ctx: Ctx) -> dict[str, Any]:
                 bounds=decider.bounds,
                 gpu_model=decider.gpu_model,
                 gpu_memory_bytes=decider.gpu_memory_bytes,
+                pair_calibration=decider.pair_calibration,
             )
             r = run_scheme(
                 ctx,
@@ -719,6 +725,7 @@ def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
         f"latency {ctx.args.latency_bound} / batch {ctx.args.batch_bound}, "
         f"assign_thread_percent); model: {a.model_source}",
         "model": a.model.to_dict() if a.model else None,
+        "pair_calibration": {"factor": a.pair_calibration[0], "pairs": a.pair_calibration[1]},
         "mps_equal_slots": ctx.args.slots,
         "requested_fractions": st.fractions,
         "solo_rates_mps": {k: round(v, 3) for k, v in a.solo.items()},

@@ -124,6 +124,29 @@ def test_gpushare_pairs_the_last_job_of_a_backlog_with_the_one_running() -> None
     assert scheme.select([last, behind], [Running(first, d.prepare(first), 2.0)]) == []
 
 
+def test_tail_pairing_goes_by_the_measured_whole_gpu_pairs() -> None:
+    # Run 5's packs: the model, fit on every pack, predicts the three whole-GPU pairs at
+    # 100/100 (ResNet-50 and transformer, each with itself and the other) below what the GPU
+    # did; the FP64 GEMM pairs do not count (it saturates a pipe), nor any small job's.
+    records = colocate.validate(json.loads(DATA.read_text()))
+    model = fit(parse_records(records))
+    whole = {"resnet50": 1.0, "transformer": 1.0, "dgemm": 1.0, "resnet18": 0.15, "lstm": 0.15}
+    factor, pairs = policy.pair_calibration(model, records, fractions=whole)
+    assert pairs == 3
+    assert 1.02 < factor < 1.15
+    halves = {**whole, "resnet50": 0.5, "transformer": 0.5}
+    assert policy.pair_calibration(model, records, fractions=halves) == (1.0, 0)
+    # The decision follows the factor: a pair the model puts above 1.0 stays apart when the
+    # measured pairs say the model overrates such pairs by half.
+    first = job("a", "resnet50", 1.0, arrival=0.0)
+    last = job("b", "transformer", 1.0, arrival=1.0)
+    running = [Running(first, decider().prepare(first), 2.0)]
+    assert decider().tail_pair(last, running) is not None
+    doubtful = decider()
+    doubtful.pair_calibration = 0.5
+    assert doubtful.tail_pair(last, running) is None
+
+
 def test_gpushare_never_tail_pairs_a_gemm_or_a_fractional_job() -> None:
     d = decider()
     scheme = Gpushare(d, prepare=d.prepare, source="test", tail=d.tail_pair)
