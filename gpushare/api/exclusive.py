@@ -6,6 +6,11 @@ log does not reliably name the client that faulted), lists the workload in the n
 ``gpushare.io/exclusive-workloads``. The admission webhook reads every node's list and gives the
 workload's new pods a whole GPU, which runs without MPS, so the faults stay its own.
 
+Workloads that keep faulting *together* (nothing tells which one faults) are listed, in the same
+format, in ``gpushare.io/separated-workloads``: the one moved, with the GPU where they faulted;
+the webhook keeps its new pods off that GPU (``gpushare.io/avoid-gpus``), so the next fault,
+beside other neighbours, tells.
+
 A workload is the pod's controller (ReplicaSet, Job, StatefulSet, ...), named by its UID so a
 recreated pod of the same controller is recognised; a bare pod is its own workload.
 """
@@ -14,7 +19,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.names import ANN_NODE_EXCLUSIVE
+from gpushare.api.names import ANN_AVOID_GPUS, ANN_NODE_EXCLUSIVE, ANN_NODE_SEPARATED
 
 
 @dataclass(frozen=True)
@@ -51,19 +56,20 @@ def dump_exclusive(workloads: list[ExclusiveWorkload]) -> str:
     )
 
 
-def load_exclusive(text: str) -> list[ExclusiveWorkload]:
-    """Parse the node annotation; raises InvalidInputError naming it when malformed."""
+def load_exclusive(text: str, *, annotation: str = ANN_NODE_EXCLUSIVE) -> list[ExclusiveWorkload]:
+    """Parse the node annotation (``annotation``: the exclusive or the separated list); raises
+    InvalidInputError naming it when malformed."""
     fix = "the node agent writes it; delete the annotation to clear every mark on the node"
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidInputError(ANN_NODE_EXCLUSIVE, f"is not JSON ({exc.msg})", fix) from None
+        raise InvalidInputError(annotation, f"is not JSON ({exc.msg})", fix) from None
     if not isinstance(raw, list):
-        raise InvalidInputError(ANN_NODE_EXCLUSIVE, "must be a JSON list of workloads", fix)
+        raise InvalidInputError(annotation, "must be a JSON list of workloads", fix)
     out: list[ExclusiveWorkload] = []
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
-            raise InvalidInputError(f"{ANN_NODE_EXCLUSIVE}[{i}]", "must be an object", fix)
+            raise InvalidInputError(f"{annotation}[{i}]", "must be an object", fix)
         try:
             out.append(
                 ExclusiveWorkload(
@@ -78,8 +84,41 @@ def load_exclusive(text: str) -> list[ExclusiveWorkload]:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInputError(
-                f"{ANN_NODE_EXCLUSIVE}[{i}]", f"bad or missing field {exc}", fix
+                f"{annotation}[{i}]", f"bad or missing field {exc}", fix
             ) from None
         if not out[-1].uid:
-            raise InvalidInputError(f"{ANN_NODE_EXCLUSIVE}[{i}].uid", "is empty", fix)
+            raise InvalidInputError(f"{annotation}[{i}].uid", "is empty", fix)
     return out
+
+
+def load_separated(text: str) -> list[ExclusiveWorkload]:
+    """Parse ``gpushare.io/separated-workloads`` (each entry: the workload moved, the GPU it
+    keeps off in ``gpu_uuid``)."""
+    return load_exclusive(text, annotation=ANN_NODE_SEPARATED)
+
+
+def separation_reason(mark: ExclusiveWorkload) -> str:
+    return (
+        f"{mark.kind} {mark.namespace}/{mark.name} kept being involved in the same fatal GPU "
+        f"faults as its neighbours ({mark.faults}, last on {mark.gpu_uuid}, {mark.since}); its "
+        "new pods are kept off that GPU so the next fault, beside other neighbours, tells which "
+        "one faults"
+    )
+
+
+def parse_avoid_gpus(text: str | None) -> frozenset[str]:
+    """``gpushare.io/avoid-gpus``: comma-separated GPU UUIDs (``GPU-...``); empty when unset.
+    Raises InvalidInputError naming the annotation and the bad entry."""
+    if text is None or not text.strip():
+        return frozenset()
+    out = set()
+    for part in text.split(","):
+        uuid = part.strip()
+        if not uuid.startswith("GPU-") or len(uuid) < 8 or any(c.isspace() for c in uuid):
+            raise InvalidInputError(
+                ANN_AVOID_GPUS,
+                f"{uuid!r} is not a GPU UUID",
+                'list GPU UUIDs as nvidia-smi -L prints them, e.g. "GPU-5f1e...,GPU-0a2b..."',
+            )
+        out.add(uuid)
+    return frozenset(out)

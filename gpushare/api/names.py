@@ -60,6 +60,12 @@ METRIC_PREFIX: Final = "gpushare_"
 ANN_NODE_EXCLUSIVE: Final = f"{GROUP}/exclusive-workloads"
 # Pod annotation: why the pod was given a whole GPU (written by the webhook or the node agent).
 ANN_EXCLUSIVE: Final = f"{GROUP}/exclusive"
+# Node annotation (JSON, node agent): workloads moved apart from the workloads they kept
+# faulting with, and the GPU where they faulted (same format as ANN_NODE_EXCLUSIVE).
+ANN_NODE_SEPARATED: Final = f"{GROUP}/separated-workloads"
+# Pod annotation: comma-separated GPU UUIDs the pod must not be placed on (the webhook sets it
+# for a separated workload's new pods; a user may set it too).
+ANN_AVOID_GPUS: Final = f"{GROUP}/avoid-gpus"
 # Pod annotation (node agent): why the controller should evict the pod (it keeps breaking its
 # GPU's other tenants). The controller holds the eviction right; the node agent does not.
 ANN_EVICT: Final = f"{GROUP}/evict"

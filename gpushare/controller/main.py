@@ -74,6 +74,7 @@ class ControllerContext:
             share_lookup=self.view.share_resolver,
             protected_host_paths=self.settings.protected_host_paths,
             exclusive_lookup=self.view.exclusive_reason,
+            separation_lookup=self.view.separation,
         )
 
 

@@ -5,11 +5,13 @@ pure functions reads them all, so the view, the extender and the webhook agree o
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.exclusive import parse_avoid_gpus
 from gpushare.api.names import (
+    ANN_AVOID_GPUS,
     ANN_CLASS,
     ANN_CONTAINER,
     ANN_EVICT,
@@ -212,10 +214,16 @@ def demand_of_request(request: GpuRequest) -> Demand:
 
 def demand_of(pod: Pod, *, ann: Mapping[str, str] | None = None) -> Demand | None:
     """What the pod asks of the GPUs, as gpushare.packing sees it; None for other pods."""
+    if ann is None:
+        ann = annotations(pod)
     request = request_of(pod, ann=ann)
     if request is None or request.percent <= 0:
         return None
-    return demand_of_request(request)
+    demand = demand_of_request(request)
+    avoid = ann.get(ANN_AVOID_GPUS)
+    if avoid is None:
+        return demand
+    return replace(demand, avoid_gpus=parse_avoid_gpus(avoid))
 
 
 @dataclass(frozen=True)

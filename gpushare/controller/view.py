@@ -17,12 +17,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.exclusive import ExclusiveWorkload, load_exclusive
+from gpushare.api.exclusive import (
+    ExclusiveWorkload,
+    load_exclusive,
+    load_separated,
+    separation_reason,
+)
 from gpushare.api.gpushare_crd import PROFILING_SKIP
 from gpushare.api.inventory import GpuInfo, load_inventory
 from gpushare.api.names import (
     ANN_NODE_EXCLUSIVE,
     ANN_NODE_GPUS,
+    ANN_NODE_SEPARATED,
     RESOURCE_GPU_PERCENT,
     SLICES_PER_GPU,
 )
@@ -90,6 +96,7 @@ class ClusterView:
         self._tenants_by_gpu: dict[str, dict[str, Tenant]] = {}
         self._max_gpu_memory = 0
         self._exclusive: dict[str, dict[str, ExclusiveWorkload]] = {}
+        self._separated: dict[str, dict[str, ExclusiveWorkload]] = {}
         self.generation = 0
         """Bumped on every change; lets readers cache derived data."""
         self._node_versions: dict[str, int] = {}
@@ -263,6 +270,7 @@ class ClusterView:
         ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
         assert isinstance(ann, Mapping)
         self._read_exclusive(name, ann.get(ANN_NODE_EXCLUSIVE))
+        self._read_separated(name, ann.get(ANN_NODE_SEPARATED))
         text = ann.get(ANN_NODE_GPUS)
         if not isinstance(text, str):
             self.delete_node(name)
@@ -298,6 +306,24 @@ class ClusterView:
             self._exclusive[name] = {w.uid: w for w in load_exclusive(text)}
         except InvalidInputError as exc:
             log.warning("exclusive workloads unreadable", extra={"node": name, "error": str(exc)})
+
+    def _read_separated(self, name: str, text: object) -> None:
+        """Workloads the node's agent moved apart after shared faults (gpushare.api.exclusive)."""
+        if not isinstance(text, str) or not text:
+            self._separated.pop(name, None)
+            return
+        try:
+            self._separated[name] = {w.uid: w for w in load_separated(text)}
+        except InvalidInputError as exc:
+            log.warning("separated workloads unreadable", extra={"node": name, "error": str(exc)})
+
+    def separation(self, workload_uid: str) -> tuple[frozenset[str], str] | None:
+        """(GPUs the workload's new pods keep off, why) when some node's agent separated it."""
+        marks = [m for node in self._separated.values() if (m := node.get(workload_uid))]
+        gpus = frozenset(m.gpu_uuid for m in marks if m.gpu_uuid)
+        if not gpus:
+            return None
+        return gpus, separation_reason(marks[-1])
 
     def exclusive_reason(self, workload_uid: str) -> str | None:
         """Why the workload (a pod's controller UID) must run on a GPU of its own, if it must."""
@@ -365,6 +391,8 @@ class ClusterView:
             self.delete_node(name)
         for name in [n for n in self._exclusive if n not in seen]:
             del self._exclusive[name]
+        for name in [n for n in self._separated if n not in seen]:
+            del self._separated[name]
         self.nodes_synced = True
 
     def _refresh_max_memory(self) -> None:

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.exclusive import parse_avoid_gpus
 from gpushare.api.names import (
+    ANN_AVOID_GPUS,
     ANN_BIND_TIME,
     ANN_CLASS,
     ANN_EXCLUSIVE,
@@ -46,6 +48,8 @@ DEFAULT_SCHEDULERS = ("", "default-scheduler", SCHEDULER_NAME)
 
 ShareLookup = Callable[[str, str], GpuRequest | None]
 ExclusiveLookup = Callable[[str], str | None]
+SeparationLookup = Callable[[str], tuple[frozenset[str], str] | None]
+"""Workload UID -> (GPUs its new pods keep off, why), for workloads separated after faults."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class ClusterFacts:
     protected_host_paths: tuple[str, ...] = ()
     exclusive_lookup: ExclusiveLookup | None = None
     """Workload (controller) UID -> why it must get a GPU of its own (repeated GPU faults)."""
+    separation_lookup: SeparationLookup | None = None
+    """Workload (controller) UID -> GPUs to keep its pods off (it kept faulting with others)."""
 
 
 @dataclass(frozen=True)
@@ -242,7 +248,7 @@ def _check_volumes(pod: pods.Pod, *, facts: ClusterFacts) -> list[InvalidInputEr
 
 def _check_annotations(pod: pods.Pod) -> list[InvalidInputError]:
     ann = pods.annotations(pod)
-    return [
+    errors = [
         InvalidInputError(
             key,
             "is written by gpushare-scheduler when it binds the pod",
@@ -251,6 +257,11 @@ def _check_annotations(pod: pods.Pod) -> list[InvalidInputError]:
         for key in PLACEMENT_ANNOTATIONS
         if key in ann
     ]
+    try:
+        parse_avoid_gpus(ann.get(ANN_AVOID_GPUS))
+    except InvalidInputError as exc:
+        errors.append(exc)
+    return errors
 
 
 def _check_scheduler(pod: pods.Pod, *, final: bool) -> list[InvalidInputError]:
@@ -360,21 +371,67 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
     exclusive = _exclusive_reason(pod, facts=facts) if mutate and request.fractional else None
     if exclusive is not None:
         request = replace(request, percent=SLICES_PER_GPU)
+    separation = (
+        _separation(pod, facts=facts)
+        if mutate and request.fractional and exclusive is None
+        else None
+    )
     patch = _patch(pod, request=request, target=target, exclusive=exclusive) if mutate else []
-    warnings = (f"gpushare: {exclusive}; this pod gets a whole GPU",) if exclusive else ()
+    warnings: tuple[str, ...] = ()
+    if exclusive:
+        warnings = (f"gpushare: {exclusive}; this pod gets a whole GPU",)
+    if separation is not None:
+        avoid, why = separation
+        patch += _annotation_ops(pod, {ANN_AVOID_GPUS: ",".join(sorted(avoid))}, after=patch)
+        warnings = (f"gpushare: {why}; this pod is kept off {', '.join(sorted(avoid))}",)
     return Verdict(allowed=True, patch=patch, warnings=warnings)
+
+
+def _controller_uid(pod: pods.Pod) -> str | None:
+    refs = pods.metadata(pod).get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else []:
+        if isinstance(ref, Mapping) and ref.get("controller") and isinstance(ref.get("uid"), str):
+            return str(ref["uid"])
+    return None
+
+
+def _separation(pod: pods.Pod, *, facts: ClusterFacts) -> tuple[frozenset[str], str] | None:
+    """(GPUs to keep the pod off, why) when its workload was separated from the workloads it
+    kept faulting with (gpushare.node.faults); the pod's own avoid-gpus are kept."""
+    uid = _controller_uid(pod)
+    if facts.separation_lookup is None or uid is None:
+        return None
+    found = facts.separation_lookup(uid)
+    if found is None:
+        return None
+    avoid, why = found
+    own = parse_avoid_gpus(pods.annotations(pod).get(ANN_AVOID_GPUS))
+    if avoid <= own:
+        return None
+    return avoid | own, why
+
+
+def _annotation_ops(
+    pod: pods.Pod, values: Mapping[str, str], *, after: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """JSON patch operations that set pod annotations (``after``: the patch so far, which may
+    already have created the annotations map)."""
+    ops: list[dict[str, Any]] = []
+    created = any(op.get("path") == "/metadata/annotations" for op in after)
+    if not created and not isinstance(pods.metadata(pod).get("annotations"), Mapping):
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+    for key, value in values.items():
+        ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": value})
+    return ops
 
 
 def _exclusive_reason(pod: pods.Pod, *, facts: ClusterFacts) -> str | None:
     """Why the pod's workload must run alone on a GPU (its clients faulted repeatedly on shared
     GPUs, see gpushare.node.faults), or None."""
-    if facts.exclusive_lookup is None:
+    uid = _controller_uid(pod)
+    if facts.exclusive_lookup is None or uid is None:
         return None
-    refs = pods.metadata(pod).get("ownerReferences")
-    for ref in refs if isinstance(refs, list) else []:
-        if isinstance(ref, Mapping) and ref.get("controller") and isinstance(ref.get("uid"), str):
-            return facts.exclusive_lookup(ref["uid"])
-    return None
+    return facts.exclusive_lookup(uid)
 
 
 def _patch(

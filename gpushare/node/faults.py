@@ -61,8 +61,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.exclusive import ExclusiveWorkload, dump_exclusive, load_exclusive
-from gpushare.api.names import ANN_EVICT, ANN_EXCLUSIVE, ANN_NODE_EXCLUSIVE, SLICES_PER_GPU
+from gpushare.api.exclusive import (
+    ExclusiveWorkload,
+    dump_exclusive,
+    load_exclusive,
+    load_separated,
+)
+from gpushare.api.names import (
+    ANN_EVICT,
+    ANN_EXCLUSIVE,
+    ANN_NODE_EXCLUSIVE,
+    ANN_NODE_SEPARATED,
+    SLICES_PER_GPU,
+)
 from gpushare.api.placement import format_time, parse_placement
 from gpushare.deviceplugin.allocation import PodInfo
 from gpushare.exporter.attribution import parse_cgroup
@@ -751,6 +762,9 @@ class FaultMonitor:
         self._loaded = False
         self.separated: dict[str, str] = {}
         """Pod UID -> why it is moved away from pods it keeps faulting with (marked once)."""
+        self.apart: dict[str, ExclusiveWorkload] = {}
+        """Workload UID -> its separation (published as ``gpushare.io/separated-workloads``:
+        the webhook keeps its new pods off ``gpu_uuid``)."""
 
     # --- the loop step -------------------------------------------------------------------
 
@@ -993,11 +1007,20 @@ class FaultMonitor:
             return
         self._loaded = True
         try:
-            text = self.kube.node_annotations().get(ANN_NODE_EXCLUSIVE)
-            if text:
-                self.exclusive = {w.uid: w for w in load_exclusive(text)}
+            annotations = self.kube.node_annotations()
         except Exception as exc:
-            log.warning("ignoring this node's %s: %s", ANN_NODE_EXCLUSIVE, exc)
+            log.warning("could not read this node's annotations: %s", exc)
+            return
+        for key, load, into in (
+            (ANN_NODE_EXCLUSIVE, load_exclusive, self.exclusive),
+            (ANN_NODE_SEPARATED, load_separated, self.apart),
+        ):
+            try:
+                text = annotations.get(key)
+                if text:
+                    into.update({w.uid: w for w in load(text)})
+            except Exception as exc:
+                log.warning("ignoring this node's %s: %s", key, exc)
 
     def _judge(self, incident: FaultIncident, refs: list[PodRef]) -> None:
         """Record the workloads the incident involved; move the culprit to a GPU of its own, or
@@ -1098,6 +1121,17 @@ class FaultMonitor:
             ref, "GpuShareFaultSeparate", f"{reason}; evicting it, its controller recreates it"
         )
         self.separated[info.uid] = reason
+        moved = workload_of(chosen)
+        self.apart[moved.uid] = ExclusiveWorkload(
+            uid=moved.uid,
+            kind=moved.kind,
+            namespace=moved.namespace,
+            name=moved.name,
+            faults=count,
+            since=format_time(datetime.fromtimestamp(incident.logged_at, tz=UTC)),
+            gpu_uuid=incident.gpu_uuid,
+        )
+        self._publish_exclusive()
         if self.kube is None:
             return
         try:
@@ -1111,23 +1145,31 @@ class FaultMonitor:
             log.warning("could not mark %s for eviction: %s", info.key, exc)
 
     def _publish_exclusive(self) -> None:
+        """Publish the exclusive and the separated workloads (marks older than
+        ``exclusive_ttl_s`` dropped)."""
         cutoff = self.clock() - self.exclusive_ttl_s
-        for uid, mark in list(self.exclusive.items()):
-            try:
-                marked = datetime.fromisoformat(mark.since.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                continue
-            if marked < cutoff:
-                del self.exclusive[uid]
+        for marks in (self.exclusive, self.apart):
+            for uid, mark in list(marks.items()):
+                try:
+                    marked = datetime.fromisoformat(mark.since.replace("Z", "+00:00")).timestamp()
+                except ValueError:
+                    continue
+                if marked < cutoff:
+                    del marks[uid]
         if self.kube is None:
             return
         try:
             self.kube.publish_node(
-                annotations={ANN_NODE_EXCLUSIVE: dump_exclusive(list(self.exclusive.values()))},
+                annotations={
+                    ANN_NODE_EXCLUSIVE: dump_exclusive(list(self.exclusive.values())),
+                    ANN_NODE_SEPARATED: dump_exclusive(list(self.apart.values())),
+                },
                 labels={},
             )
         except Exception as exc:
-            log.warning("could not publish %s: %s", ANN_NODE_EXCLUSIVE, exc)
+            log.warning(
+                "could not publish %s and %s: %s", ANN_NODE_EXCLUSIVE, ANN_NODE_SEPARATED, exc
+            )
 
     # --- metrics -------------------------------------------------------------------------
 

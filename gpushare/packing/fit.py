@@ -40,9 +40,9 @@ def fit_reason(
 ) -> str | None:
     """None when ``demand`` fits on ``gpu``; otherwise a short reason for the user.
 
-    Checks health, GPU model, free compute share, free memory, the MPS server's client budget
-    (processes, not pods) and the latency-class rules (guaranteed shares never exceed 100%, at
-    most ``max_latency_tenants`` latency pods per GPU).
+    Checks health, the GPUs the pod avoids, GPU model, free compute share, free memory, the MPS
+    server's client budget (processes, not pods) and the latency-class rules (guaranteed shares
+    never exceed 100%, at most ``max_latency_tenants`` latency pods per GPU).
     """
     return gpu_fit(gpu, demand, max_latency_tenants=max_latency_tenants)[0]
 
@@ -60,6 +60,8 @@ def gpu_fit(
             latency += 1
     if not gpu.healthy:
         return f"GPU {gpu.uuid} is unhealthy", used
+    if gpu.uuid in demand.avoid_gpus:
+        return f"pod avoids GPU {gpu.uuid} (gpushare.io/avoid-gpus)", used
     if demand.gpu_model and not model_allows(demand.gpu_model, gpu.model):
         model = gpu.model or "of unknown model"
         return f"needs GPU model {demand.gpu_model}, GPU is {model}", used

@@ -43,6 +43,8 @@ class Demand:
     """Host CPU the pod requests (milli-CPU), checked against ``NodeState.cpu_milli_free``."""
     host_memory_bytes: int = 0
     """Host memory the pod requests, checked against ``NodeState.memory_free_bytes``."""
+    avoid_gpus: frozenset[str] = frozenset()
+    """GPU UUIDs the pod must not use (``gpushare.io/avoid-gpus``: a separated workload's GPU)."""
 
     @property
     def whole(self) -> bool:

@@ -8,7 +8,9 @@ through /proc, records Events on the faulting pod and on its victim, counts them
 metrics, and after the workload's second fault beside a *different* neighbour (the MPS server's
 own attribution is unreliable, so only the workload common to faults with different neighbours is
 taken for the culprit) lists it in the node annotation, evicts its pod, and the ReplicaSet's
-replacement goes through the webhook onto a GPU of its own.
+replacement goes through the webhook onto a GPU of its own. Two workloads that fault together
+twice are separated instead: the younger one's replacement is kept off the GPU where they
+faulted.
 """
 
 import json
@@ -21,8 +23,14 @@ from typing import Any
 
 import pytest
 
-from gpushare.api.exclusive import load_exclusive
-from gpushare.api.names import ANN_EXCLUSIVE, ANN_FRACTION, ANN_NODE_EXCLUSIVE
+from gpushare.api.exclusive import load_exclusive, load_separated, parse_avoid_gpus
+from gpushare.api.names import (
+    ANN_AVOID_GPUS,
+    ANN_EXCLUSIVE,
+    ANN_FRACTION,
+    ANN_NODE_EXCLUSIVE,
+    ANN_NODE_SEPARATED,
+)
 from gpushare.api.placement import parse_placement
 from tests.faults.cluster_checks import kubectl_json, wait_quiet, wait_until
 from tests.fixtures.controller import ControllerProcess
@@ -116,7 +124,12 @@ def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
     finally:
         cluster.kubectl("delete", "namespace", name, "--timeout=120s", check=False)
         cluster.kubectl(
-            "annotate", "node", cluster.node_name, f"{ANN_NODE_EXCLUSIVE}-", check=False
+            "annotate",
+            "node",
+            cluster.node_name,
+            f"{ANN_NODE_EXCLUSIVE}-",
+            f"{ANN_NODE_SEPARATED}-",
+            check=False,
         )
 
 
@@ -156,6 +169,22 @@ def manifests(image: str) -> list[dict[str, Any]]:
             for name in ("neighbour", "neighbour-2")
         ),
     ]
+
+
+def deployment(name: str, image: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": {ANN_FRACTION: "0.25"}},
+                "spec": {"terminationGracePeriodSeconds": 0, "containers": [container(image)]},
+            },
+        },
+    }
 
 
 def running_pods(cluster: Any, namespace: str) -> list[dict[str, Any]]:
@@ -306,3 +335,108 @@ def test_faulting_pod_and_victim_get_events_and_a_repeat_faulter_gets_its_own_gp
         assert name in still
         assert still[name]["status"]["containerStatuses"][0]["restartCount"] == 0
     print(f"\nfault detected and evented in {detected:.2f}s; replacement: {outcome}")
+
+
+def test_a_pair_that_keeps_faulting_together_is_separated_off_the_gpu_where_it_faulted(
+    cluster: Any, agent: NodeAgentProcess, controller: ControllerProcess, namespace: str
+) -> None:
+    def apply(doc: dict[str, Any]) -> None:
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
+
+    def running(prefix: str) -> dict[str, Any] | None:
+        return next(
+            (
+                p
+                for p in running_pods(cluster, namespace)
+                if p["metadata"]["name"].startswith(prefix)
+            ),
+            None,
+        )
+
+    apply(deployment("server", cluster.busybox_image))
+    server = wait_until(lambda: running("server-"), timeout_s=120)
+    assert server, "the server Deployment's pod never ran"
+    time.sleep(1.1)  # creation timestamps have second resolution: the trainer is younger
+    apply(deployment("trainer", cluster.busybox_image))
+    trainer = wait_until(lambda: running("trainer-"), timeout_s=120)
+    assert trainer, "the trainer Deployment's pod never ran"
+    placement = parse_placement(server["metadata"]["annotations"])
+    assert placement is not None
+    gpu = placement.gpu_uuids[0]
+    log = agent.mps_root / gpu / "log" / "server.log"
+    server_pid = container_pid(server["metadata"]["uid"])
+    trainer_pid = container_pid(trainer["metadata"]["uid"])
+
+    for _ in range(2):  # the same pair, twice: nothing tells which of them faults
+        with log.open("a") as handle:
+            for pid in (server_pid, trainer_pid):
+                handle.write(
+                    mps_line(FAKE_SERVER_PID, f"Client {{PID: {pid}, Context ID: 0}} connected")
+                )
+        time.sleep(1.5)  # the agent resolves clients to pods while they are connected
+        with log.open("a") as handle:
+            handle.writelines(fault_lines(server_pid, trainer_pid))
+            handle.writelines(exit_lines(server_pid, trainer_pid))
+        time.sleep(1.0)
+
+    def separated() -> list[Any]:
+        node = kubectl_json(cluster, "get", "node", cluster.node_name)
+        text = node["metadata"].get("annotations", {}).get(ANN_NODE_SEPARATED)
+        return load_separated(text) if text else []
+
+    trainer_rs = trainer["metadata"]["ownerReferences"][0]["uid"]
+    marks = wait_until(lambda: [m for m in separated() if m.uid == trainer_rs], timeout_s=30)
+    assert marks, f"the trainer was not separated:\n{agent.log_text()[-3000:]}"
+    assert marks[0].gpu_uuid == gpu
+    assert trainer_rs not in {m.uid for m in load_exclusive_marks(cluster)}
+
+    def replacement() -> dict[str, Any] | None:
+        for pod in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]:
+            name = pod["metadata"]["name"]
+            if name.startswith("trainer-") and pod["metadata"]["uid"] != trainer["metadata"]["uid"]:
+                return pod  # type: ignore[no-any-return]
+        return None
+
+    new = wait_until(replacement, timeout_s=60)
+    assert new is not None, f"the trainer was not moved:\n{controller.log_tail(20)}"
+    ann = new["metadata"]["annotations"]
+    assert parse_avoid_gpus(ann.get(ANN_AVOID_GPUS)) == {gpu}
+    assert ann[ANN_FRACTION] == "0.25" and ANN_EXCLUSIVE not in ann  # its share is unchanged
+
+    def outcome() -> str | None:
+        pod = next(
+            (
+                p
+                for p in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]
+                if p["metadata"]["uid"] == new["metadata"]["uid"]
+            ),
+            None,
+        )
+        if pod is None:
+            return None
+        where = parse_placement(pod["metadata"].get("annotations") or {})
+        if where is not None and pod["status"].get("phase") == "Running":
+            return f"running on {where.gpu_uuids[0]}"
+        refused = [
+            e["message"]
+            for e in events(cluster, namespace, "FailedScheduling")
+            if e["involvedObject"]["name"] == pod["metadata"]["name"]
+        ]
+        return f"pending: {refused[-1]}" if refused else None
+
+    result = wait_until(outcome, timeout_s=90)
+    assert result, "the replacement was neither placed nor given a reason"
+    if result.startswith("running"):
+        assert gpu not in result, f"the separated trainer is back on {gpu}"
+    else:
+        assert f"avoids GPU {gpu}" in result, result
+    # The server, the long-running one, was never touched.
+    still = running("server-")
+    assert still is not None and still["metadata"]["uid"] == server["metadata"]["uid"]
+    print(f"\nseparated off {gpu}; replacement: {result}")
+
+
+def load_exclusive_marks(cluster: Any) -> list[Any]:
+    node = kubectl_json(cluster, "get", "node", cluster.node_name)
+    text = node["metadata"].get("annotations", {}).get(ANN_NODE_EXCLUSIVE)
+    return load_exclusive(text) if text else []

@@ -193,3 +193,7 @@ def test_a_pair_that_faults_twice_has_its_younger_controlled_pod_moved_not_marke
     assert monitor.exclusive == {}  # nobody's guilt follows from the same pair twice
     assert list(monitor.separated) == ["trn"]  # the younger pod is recreated elsewhere
     assert "ReplicaSet team/server-rs" in monitor.separated["trn"]
+    # Its workload is listed for the webhook, with the GPU its new pods must keep off.
+    assert list(monitor.apart) == ["rs-trainer"]
+    assert monitor.apart["rs-trainer"].gpu_uuid == GPU
+    assert monitor.apart["rs-trainer"].faults == 2
