@@ -8,7 +8,7 @@ active-thread percentage, both clients on one MPS server, the memory limit refus
 over-limit allocation, confinement to the GPU, restart after a daemon dies.
 
 Skips itself (loudly) without a GPU. Results go to $OUT/deviceplugin_gpu.json when $OUT is
-set (the device machine), else next to the pytest temp dir; ``bench.deviceplugin.results``
+set (the GPU host), else next to the pytest temp dir; ``bench.deviceplugin.results``
 merges them into bench/results/deviceplugin.json. Needs only torch, nvidia-ml-py and pytest:
 
     PYTHONPATH=. python3 -m pytest --noconftest -p no:cacheprovider tests/gpu -x -s
