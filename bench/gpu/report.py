@@ -189,7 +189,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"{_fmt(results.get('prediction_mape'), 3)}; of the predicted colocated rate: "
         f"{_fmt(d.get('mape', {}).get('mape_rate'), 3)}",
         f"- Chosen packings vs exhaustive best over measured packs: "
-        f"{_fmt(results.get('packing_vs_exhaustive'), 3)}",
+        f"{_fmt(results.get('packing_vs_exhaustive'), 3)}; against the best the requests allow "
+        "(whole-GPU jobs alone): "
+        f"{_fmt(d.get('exhaustive', {}).get('packing_vs_exhaustive_within_requests'), 3)}",
         f"- Colocation packs measured: {d.get('colocation_packs', '-')}",
         "",
         "## Targets",

@@ -570,7 +570,10 @@ def evaluate_model(ctx: Ctx, st: State) -> None:
         st.exhaustive = (
             safe(
                 lambda: colocate.exhaustive_comparison(
-                    st.recs, chosen=st.a.chosen, solo=colocate.solo_table(st.a.results)
+                    st.recs,
+                    chosen=st.a.chosen,
+                    solo=colocate.solo_table(st.a.results),
+                    fractions=st.fractions,
                 ),
                 "exhaustive comparison",
                 ctx.errors,

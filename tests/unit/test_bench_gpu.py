@@ -409,6 +409,32 @@ def test_exhaustive_search_scores_the_chosen_pack_against_the_best_measured() ->
     assert out["packing_vs_exhaustive"] == pytest.approx(1.4 / 1.8, abs=1e-3)
 
 
+def test_exhaustive_search_within_requests_keeps_whole_gpu_jobs_alone() -> None:
+    # a asks for a whole GPU: the best pack the requests allow is a alone (1.0) or b alone.
+    data = [
+        _pack(("a", 100, 10.0, 9.0), ("b", 100, 10.0, 9.0)),  # 1.8, but a asked for all of it
+        _pack(("a", 100, 10.0, 10.0)),
+        _pack(("b", 50, 8.0, 8.0)),  # b alone at a 50% cap: 0.8 of its full speed
+    ]
+    ab = colocate.pack_key([("a", 100), ("b", 100)])
+    alone = colocate.pack_key([("a", 100)])
+    capped = colocate.pack_key([("b", 50)])
+    out = colocate.exhaustive_comparison(data, chosen={ab: alone}, fractions={"a": 1.0, "b": 0.2})
+    assert out["packing_vs_exhaustive"] == pytest.approx(1.0 / 1.8, abs=1e-3)
+    assert out["packing_vs_exhaustive_within_requests"] == 1.0
+    out = colocate.exhaustive_comparison(data, chosen={ab: capped}, fractions={"a": 1.0, "b": 0.2})
+    assert out["packing_vs_exhaustive_within_requests"] == pytest.approx(0.8, abs=1e-3)
+    # Two small jobs may share: the pair is allowed and is the best.
+    out = colocate.exhaustive_comparison(data, chosen={ab: alone}, fractions={"a": 0.5, "b": 0.5})
+    assert out["packing_vs_exhaustive_within_requests"] == pytest.approx(1.0 / 1.8, abs=1e-3)
+    assert (
+        colocate.exhaustive_comparison(data, chosen={ab: alone}).get(
+            "packing_vs_exhaustive_within_requests"
+        )
+        is None
+    )
+
+
 # --- report and command line --------------------------------------------------------------
 
 
