@@ -269,8 +269,8 @@ class ClusterView:
             return
         ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
         assert isinstance(ann, Mapping)
-        self._read_exclusive(name, ann.get(ANN_NODE_EXCLUSIVE))
-        self._read_separated(name, ann.get(ANN_NODE_SEPARATED))
+        self._read_marks(self._exclusive, name, ann.get(ANN_NODE_EXCLUSIVE), load_exclusive)
+        self._read_marks(self._separated, name, ann.get(ANN_NODE_SEPARATED), load_separated)
         text = ann.get(ANN_NODE_GPUS)
         if not isinstance(text, str):
             self.delete_node(name)
@@ -297,25 +297,22 @@ class ClusterView:
         self._node_problems.pop(name, None)
         self._set_inventory(name, inventory)
 
-    def _read_exclusive(self, name: str, text: object) -> None:
-        """Workloads the node's agent marked for a GPU of their own (gpushare.api.exclusive)."""
+    @staticmethod
+    def _read_marks(
+        into: dict[str, dict[str, ExclusiveWorkload]],
+        name: str,
+        text: object,
+        load: Callable[[str], list[ExclusiveWorkload]],
+    ) -> None:
+        """Workloads the node's agent marked, exclusive or separated (gpushare.api.exclusive);
+        an unreadable list keeps the last one read."""
         if not isinstance(text, str) or not text:
-            self._exclusive.pop(name, None)
+            into.pop(name, None)
             return
         try:
-            self._exclusive[name] = {w.uid: w for w in load_exclusive(text)}
+            into[name] = {w.uid: w for w in load(text)}
         except InvalidInputError as exc:
-            log.warning("exclusive workloads unreadable", extra={"node": name, "error": str(exc)})
-
-    def _read_separated(self, name: str, text: object) -> None:
-        """Workloads the node's agent moved apart after shared faults (gpushare.api.exclusive)."""
-        if not isinstance(text, str) or not text:
-            self._separated.pop(name, None)
-            return
-        try:
-            self._separated[name] = {w.uid: w for w in load_separated(text)}
-        except InvalidInputError as exc:
-            log.warning("separated workloads unreadable", extra={"node": name, "error": str(exc)})
+            log.warning("workload marks unreadable", extra={"node": name, "error": str(exc)})
 
     def separation(self, workload_uid: str) -> tuple[frozenset[str], str] | None:
         """(GPUs the workload's new pods keep off, why) when some node's agent separated it."""

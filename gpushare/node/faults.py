@@ -551,6 +551,20 @@ def workload_of(pod: Mapping[str, Any]) -> Workload:
     return Workload(str(meta.get("uid", "")), "Pod", namespace, str(meta.get("name", "")))
 
 
+def _mark(workload: Workload, incident: FaultIncident, count: int) -> ExclusiveWorkload:
+    """The node annotation entry for ``workload`` after ``count`` faults, the last
+    ``incident``."""
+    return ExclusiveWorkload(
+        uid=workload.uid,
+        kind=workload.kind,
+        namespace=workload.namespace,
+        name=workload.name,
+        faults=count,
+        since=format_time(datetime.fromtimestamp(incident.logged_at, tz=UTC)),
+        gpu_uuid=incident.gpu_uuid,
+    )
+
+
 UNKNOWN_WORKLOAD = "?"
 """An involved client no pod was found for: it may be the same workload every time, so it
 counts as one partner common to every incident it appears in (it never clears anyone)."""
@@ -1039,15 +1053,7 @@ class FaultMonitor:
     def _mark_exclusive(self, ref: PodRef, incident: FaultIncident, count: int) -> None:
         assert ref.manifest is not None
         workload = workload_of(ref.manifest)
-        mark = ExclusiveWorkload(
-            uid=workload.uid,
-            kind=workload.kind,
-            namespace=workload.namespace,
-            name=workload.name,
-            faults=count,
-            since=format_time(datetime.fromtimestamp(incident.logged_at, tz=UTC)),
-            gpu_uuid=incident.gpu_uuid,
-        )
+        mark = _mark(workload, incident, count)
         first = workload.uid not in self.exclusive
         self.exclusive[workload.uid] = mark
         if first:
@@ -1122,15 +1128,7 @@ class FaultMonitor:
         )
         self.separated[info.uid] = reason
         moved = workload_of(chosen)
-        self.apart[moved.uid] = ExclusiveWorkload(
-            uid=moved.uid,
-            kind=moved.kind,
-            namespace=moved.namespace,
-            name=moved.name,
-            faults=count,
-            since=format_time(datetime.fromtimestamp(incident.logged_at, tz=UTC)),
-            gpu_uuid=incident.gpu_uuid,
-        )
+        self.apart[moved.uid] = _mark(moved, incident, count)
         self._publish_exclusive()
         if self.kube is None:
             return

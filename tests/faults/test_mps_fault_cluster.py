@@ -196,6 +196,37 @@ def running_pods(cluster: Any, namespace: str) -> list[dict[str, Any]]:
     ]
 
 
+def replacement_of(cluster: Any, namespace: str, prefix: str, old_uid: str) -> Any:
+    """The pod its controller created in place of the evicted one, or None yet."""
+    for pod in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]:
+        if pod["metadata"]["name"].startswith(prefix) and pod["metadata"]["uid"] != old_uid:
+            return pod
+    return None
+
+
+def where_it_went(cluster: Any, namespace: str, pod: dict[str, Any]) -> str | None:
+    """ "running on <GPU> at <threads>%", "pending: <the scheduler's reason>", or None yet."""
+    now = next(
+        (
+            p
+            for p in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]
+            if p["metadata"]["uid"] == pod["metadata"]["uid"]
+        ),
+        None,
+    )
+    if now is None:
+        return None
+    where = parse_placement(now["metadata"].get("annotations") or {})
+    if where is not None and now["status"].get("phase") == "Running":
+        return f"running on {where.gpu_uuids[0]} at {where.thread_percent}%"
+    refused = [
+        e["message"]
+        for e in events(cluster, namespace, "FailedScheduling")
+        if e["involvedObject"]["name"] == now["metadata"]["name"]
+    ]
+    return f"pending: {refused[-1]}" if refused else None
+
+
 def events(cluster: Any, namespace: str, reason: str) -> list[dict[str, Any]]:
     items = kubectl_json(cluster, "get", "events", "-n", namespace)["items"]
     return [e for e in items if e.get("reason") == reason]
@@ -264,23 +295,14 @@ def test_faulting_pod_and_victim_get_events_and_a_repeat_faulter_gets_its_own_gp
         handle.writelines(fault_lines(second_victim_pid, faulter_pid))
         handle.writelines(exit_lines(faulter_pid, second_victim_pid))
 
-    def marked() -> list[Any]:
-        node = kubectl_json(cluster, "get", "node", cluster.node_name)
-        text = node["metadata"].get("annotations", {}).get(ANN_NODE_EXCLUSIVE)
-        return load_exclusive(text) if text else []
-
-    marks = wait_until(marked, timeout_s=30)
+    marks = wait_until(lambda: load_exclusive_marks(cluster), timeout_s=30)
     rs_uid = faulty["metadata"]["ownerReferences"][0]["uid"]
     assert marks and rs_uid in {m.uid for m in marks}, marks
 
-    def replacement() -> dict[str, Any] | None:
-        for pod in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]:
-            name = pod["metadata"]["name"]
-            if name.startswith("faulty-") and pod["metadata"]["uid"] != faulty["metadata"]["uid"]:
-                return pod  # type: ignore[no-any-return]
-        return None
-
-    new = wait_until(replacement, timeout_s=60)
+    new = wait_until(
+        lambda: replacement_of(cluster, namespace, "faulty-", faulty["metadata"]["uid"]),
+        timeout_s=60,
+    )
     if new is None:
         now = kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]
         pytest.fail(
@@ -293,32 +315,11 @@ def test_faulting_pod_and_victim_get_events_and_a_repeat_faulter_gets_its_own_gp
     exclusive_events = events(cluster, namespace, "GpuShareExclusiveGpu")
     assert exclusive_events and "evicting" in exclusive_events[0]["message"]
 
-    def placed_alone() -> str | None:
-        pod = next(
-            (
-                p
-                for p in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]
-                if p["metadata"]["uid"] == new["metadata"]["uid"]
-            ),
-            None,
-        )
-        if pod is None:
-            return None
-        where = parse_placement(pod["metadata"].get("annotations") or {})
-        if where is not None and pod["status"].get("phase") == "Running":
-            return f"running alone on {where.gpu_uuids[0]} at {where.thread_percent}%"
-        pending = [
-            e
-            for e in events(cluster, namespace, "FailedScheduling")
-            if e["involvedObject"]["name"] == pod["metadata"]["name"]
-        ]
-        return f"pending: {pending[-1]['message']}" if pending else None
-
-    outcome = wait_until(placed_alone, timeout_s=90)
+    outcome = wait_until(lambda: where_it_went(cluster, namespace, new), timeout_s=90)
     assert outcome, "the replacement was neither placed nor given a reason"
     if outcome.startswith("running"):
         everyone = kubectl_json(cluster, "get", "pods", "-A")["items"]
-        where = outcome.split()[3]
+        where = outcome.split()[2]
         sharing = [
             p["metadata"]["name"]
             for p in everyone
@@ -329,7 +330,7 @@ def test_faulting_pod_and_victim_get_events_and_a_repeat_faulter_gets_its_own_gp
         ]
         assert not sharing, f"the exclusive pod shares {where} with {sharing}"
     # The victims were never touched, nor marked.
-    assert {m.uid for m in marked()} == {rs_uid}
+    assert {m.uid for m in load_exclusive_marks(cluster)} == {rs_uid}
     still = {p["metadata"]["name"]: p for p in running_pods(cluster, namespace)}
     for name in ("neighbour", "neighbour-2"):
         assert name in still
@@ -390,41 +391,16 @@ def test_a_pair_that_keeps_faulting_together_is_separated_off_the_gpu_where_it_f
     assert marks[0].gpu_uuid == gpu
     assert trainer_rs not in {m.uid for m in load_exclusive_marks(cluster)}
 
-    def replacement() -> dict[str, Any] | None:
-        for pod in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]:
-            name = pod["metadata"]["name"]
-            if name.startswith("trainer-") and pod["metadata"]["uid"] != trainer["metadata"]["uid"]:
-                return pod  # type: ignore[no-any-return]
-        return None
-
-    new = wait_until(replacement, timeout_s=60)
+    new = wait_until(
+        lambda: replacement_of(cluster, namespace, "trainer-", trainer["metadata"]["uid"]),
+        timeout_s=60,
+    )
     assert new is not None, f"the trainer was not moved:\n{controller.log_tail(20)}"
     ann = new["metadata"]["annotations"]
     assert parse_avoid_gpus(ann.get(ANN_AVOID_GPUS)) == {gpu}
     assert ann[ANN_FRACTION] == "0.25" and ANN_EXCLUSIVE not in ann  # its share is unchanged
 
-    def outcome() -> str | None:
-        pod = next(
-            (
-                p
-                for p in kubectl_json(cluster, "get", "pods", "-n", namespace)["items"]
-                if p["metadata"]["uid"] == new["metadata"]["uid"]
-            ),
-            None,
-        )
-        if pod is None:
-            return None
-        where = parse_placement(pod["metadata"].get("annotations") or {})
-        if where is not None and pod["status"].get("phase") == "Running":
-            return f"running on {where.gpu_uuids[0]}"
-        refused = [
-            e["message"]
-            for e in events(cluster, namespace, "FailedScheduling")
-            if e["involvedObject"]["name"] == pod["metadata"]["name"]
-        ]
-        return f"pending: {refused[-1]}" if refused else None
-
-    result = wait_until(outcome, timeout_s=90)
+    result = wait_until(lambda: where_it_went(cluster, namespace, new), timeout_s=90)
     assert result, "the replacement was neither placed nor given a reason"
     if result.startswith("running"):
         assert gpu not in result, f"the separated trainer is back on {gpu}"

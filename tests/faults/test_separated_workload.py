@@ -16,6 +16,7 @@ from gpushare.controller.webhook import ClusterFacts, review
 from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.model import GpuState, NodeState
 from gpushare.packing.policy import choose_gpus
+from tests.faults import test_exclusive_gpu as exclusive_case
 from tests.fixtures.controller import gpu, node_json, pod_json
 from tests.unit.test_webhook_review import apply_patch
 
@@ -40,17 +41,8 @@ def node_with(marks: list[ExclusiveWorkload] | None) -> dict[str, Any]:
 
 
 def owned_pod(owner: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    pod = pod_json("trainer-7d9-abcde", namespace="team", fraction="0.25")
+    pod = exclusive_case.owned_pod(owner)
     pod["metadata"]["annotations"].update(annotations or {})
-    pod["metadata"]["ownerReferences"] = [
-        {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "name": "x",
-            "uid": owner,
-            "controller": True,
-        }
-    ]
     return pod
 
 
