@@ -9,7 +9,6 @@ the pinned-memory limit is what the device plugin would set.
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from bench.gpu.colocate import PackKey, Predictor, Record, pack_key
@@ -35,8 +34,8 @@ from gpushare.packing.threads import (
 )
 
 DEFAULT_BOUNDS: dict[str, float] = {"latency": 1.15, "batch": 2.0}
-"""Largest predicted slowdown (vs. the same job alone at its cap) each class accepts; the
-values docs/packing.md gives for admit_reason."""
+"""Largest predicted slowdown (a batch job's vs. the job alone on the whole GPU, a latency
+job's vs. alone) each class accepts; the values docs/packing.md gives for admit_reason."""
 
 MiB = 1024 * 1024
 
@@ -44,23 +43,6 @@ TAIL_PAIR_GAIN = 1.0
 """A whole-GPU job nobody waits behind joins a lone whole-GPU job only when the model predicts
 the pair finishes more work per second than running them one after the other (see
 ``GpushareDecider.tail_pair``)."""
-
-
-@dataclass(frozen=True)
-class CapCharged(InterferenceModel):
-    """Admission's view with the bound on the slowdown vs the whole GPU: the same-cap
-    prediction x the cap's modelled cost (profiles with an SM utilization; up to sqrt(2))."""
-
-    def predict(
-        self,
-        target: PipeProfile,
-        target_threads: int,
-        neighbours: Sequence[tuple[PipeProfile, int]],
-    ) -> float:
-        base = super().predict(target, target_threads, neighbours)
-        if target.sm_utilization is None:
-            return base
-        return base * min(self.cap_slowdown(target, target_threads), math.sqrt(2.0))
 
 
 def to_pipe_profile(values: Mapping[str, float], *, gpu_model: str) -> PipeProfile:
@@ -90,6 +72,7 @@ class GpushareDecider:
         gpu_model: str,
         gpu_memory_bytes: int,
         pair_calibration: float = 1.0,
+        charge_cap: bool = True,
     ) -> None:
         self.profiles = profiles
         self.model = model
@@ -99,6 +82,9 @@ class GpushareDecider:
         self.pair_calibration = pair_calibration
         """Measured / predicted work per second of the whole-GPU pairs measured in the same
         run (:func:`pair_calibration`); ``tail_pair`` scales its prediction by it."""
+        self.charge_cap = charge_cap
+        """Admission bounds a batch job's slowdown vs the whole GPU (``admit_reason``'s
+        default, since run 9); False: vs the job alone at its own cap (gpushare to run 8)."""
 
     def demand(self, job: TraceJob) -> Demand:
         return Demand(
@@ -127,7 +113,7 @@ class GpushareDecider:
         gpu = self.gpu(running)
         demand = self.demand(job)
         reason = fit_reason(gpu, demand) or admit_reason(
-            gpu, demand, model=self.model, bounds=self.bounds
+            gpu, demand, model=self.model, bounds=self.bounds, charge_cap=self.charge_cap
         )
         if reason is not None:
             return reason

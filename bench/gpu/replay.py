@@ -2,14 +2,15 @@
 estimate (no GPU) for choosing what a full run should measure, never a result of record.
 
     PYTHONPATH=. python3 -m bench.gpu.replay --results bench/results/gpu-packing.json \\
-        --colocations bench/gpu/data/colocations.json [--trace light] [--charge-cap] [--no-tail]
+        --colocations bench/gpu/data/colocations.json [--trace light] [--own-cap] [--no-tail]
 
 Each running job advances at 1 / (the model's same-cap slowdown x the cost of its thread cap
 alone: measured at 100/50/25%, the model's cap cost at any other cap); the inference service
 runs for its measured duration. Profiles, requests and solo rates at each cap come from a run's
-results and colocations; the model is fit on the colocations. ``--charge-cap`` replays
-admission with the bound on the slowdown vs the whole GPU (the cap's modelled cost charged, up
-to sqrt(bound)); ``--half-heavy`` lets the transformer and ResNet-50 ask for half a GPU;
+results and colocations; the model is fit on the colocations. Admission bounds a batch job's
+slowdown vs the whole GPU (the cap's modelled cost charged, up to sqrt(bound): gpushare's
+default since run 9); ``--own-cap`` replays the bound vs the job alone at its own cap (gpushare
+to run 8); ``--half-heavy`` lets the transformer and ResNet-50 ask for half a GPU;
 ``--measured-solo`` gives each job its run time under ``exclusive`` as its solo work (default:
 the trace's nominal ``work_s``, 2.5 s for most, which overstates the run's 23.9 s of batch work
 by 0.6 s); ``--saturating-first`` starts a pipe-saturating whole-GPU job (the FP64 GEMM) before
@@ -31,8 +32,6 @@ from gpushare.packing.interference import InterferenceModel, fit, parse_records
 from gpushare.packing.threads import pipe_saturating
 
 STEP_S = 0.01
-CapCharged = policy.CapCharged
-"""Admission's view with the cap's cost charged (defined in ``policy``; the run measures it)."""
 
 
 def replay(
@@ -42,30 +41,32 @@ def replay(
     trace: str,
     fractions: dict[str, float],
     model: InterferenceModel,
-    admission: InterferenceModel | None = None,
+    charge_cap: bool = True,
     tail: bool = True,
     measured_solo: bool = False,
     saturating_first: bool = False,
 ) -> dict[str, float]:
     """(makespan, mean JCT, slowest run time / solo work) of ``trace`` under gpushare, jobs
-    advancing at the rates ``model`` predicts; ``admission`` is the model the decisions use
-    (default ``model``); ``tail``: the last waiting job may pair with a lone one
-    (``GpushareDecider.tail_pair``); ``measured_solo``: a job's work is its run time under
-    ``exclusive`` in the same run; ``saturating_first``: pipe-saturating whole-GPU jobs go
-    before the other whole-GPU jobs in the queue (small jobs keep their places)."""
+    advancing at the rates ``model`` predicts; ``charge_cap``: admission bounds the slowdown vs
+    the whole GPU (False: vs the job alone at its cap); ``tail``: the last waiting job may
+    pair with a lone one (``GpushareDecider.tail_pair``); ``measured_solo``: a job's work is its
+    run time under ``exclusive`` in the same run; ``saturating_first``: pipe-saturating
+    whole-GPU jobs go before the other whole-GPU jobs in the queue (small jobs keep their
+    places)."""
     d = results["details"]
     gpu = str(results.get("gpu", ""))
     profiles = {k: policy.to_pipe_profile(v, gpu_model=gpu) for k, v in d["profiles"].items()}
     full, at_cap = colocate.tables(records)
     decider = policy.GpushareDecider(
         profiles=profiles,
-        model=admission or model,
+        model=model,
         bounds=dict(policy.DEFAULT_BOUNDS),
         gpu_model=gpu,
         gpu_memory_bytes=141 * 2**30,
         pair_calibration=policy.pair_calibration(model, records, fractions=fractions)[0]
         if tail
         else 1.0,
+        charge_cap=charge_cap,
     )
     scheme = Gpushare(
         decider, prepare=decider.prepare, source="replay", tail=decider.tail_pair if tail else None
@@ -151,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--results", type=Path, required=True, help="a run's gpu-packing.json")
     p.add_argument("--colocations", type=Path, required=True, help="colocations.json")
     p.add_argument("--trace", choices=sorted(traces.TRACES), default="light")
-    p.add_argument("--charge-cap", action="store_true", help="bound on slowdown vs whole GPU")
+    p.add_argument("--own-cap", action="store_true", help="bound vs alone at own cap (to run 8)")
     p.add_argument("--half-heavy", action="store_true", help="transformer, resnet50 ask 0.5")
     p.add_argument("--no-tail", action="store_true", help="no tail pairing (gpushare to run 4)")
     p.add_argument("--measured-solo", action="store_true", help="work = run time under exclusive")
@@ -165,20 +166,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     fractions = dict(results["details"]["requested_fractions"])
     if args.half_heavy:
         fractions.update(transformer=0.5, resnet50=0.5)
-    admission = CapCharged(coefficients=model.coefficients) if args.charge_cap else None
     out = replay(
         results=results,
         records=records,
         trace=args.trace,
         fractions=fractions,
         model=model,
-        admission=admission,
+        charge_cap=not args.own_cap,
         tail=not args.no_tail,
         measured_solo=args.measured_solo,
         saturating_first=args.saturating_first,
     )
     flags = {
-        "charge_cap": args.charge_cap,
+        "charge_cap": not args.own_cap,
         "half_heavy": args.half_heavy,
         "tail": not args.no_tail,
         "measured_solo": args.measured_solo,

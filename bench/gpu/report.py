@@ -96,7 +96,11 @@ VARIANTS: dict[str, str] = {
     "gpushare_no_tail": "gpushare without tail pairing",
     "gpushare_charge_cap": (
         "gpushare with the thread cap's modelled cost charged in admission: "
-        "the batch bound is on the slowdown vs the whole GPU"
+        "the batch bound is on the slowdown vs the whole GPU (runs 6-8; the default since run 9)"
+    ),
+    "gpushare_own_cap": (
+        "gpushare with the batch bound on the slowdown vs the job alone at its own cap, "
+        "the thread cap's cost not charged in admission (gpushare to run 8)"
     ),
 }
 """What each sensitivity run changes, for the markdown."""

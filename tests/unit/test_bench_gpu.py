@@ -484,8 +484,8 @@ def test_replay_charging_the_cap_cost_trades_makespan_for_the_slowest_job() -> N
     model = fit(parse_records(records))
     fractions = dict(results["details"]["requested_fractions"])
     common = {"results": results, "records": records, "trace": "light", "fractions": fractions}
-    plain = replay.replay(model=model, **common)
-    charged = replay.replay(model=model, admission=replay.CapCharged(model.coefficients), **common)
+    plain = replay.replay(model=model, charge_cap=False, **common)
+    charged = replay.replay(model=model, **common)
     assert charged["slowest"] <= 2.0
     assert charged["slowest"] < plain["slowest"]
     assert charged["makespan_s"] > plain["makespan_s"]
@@ -567,13 +567,11 @@ def test_run7_cap_charged_admission_refuses_the_four_job_pack_the_policy_forms()
     }
     fractions = results["details"]["requested_fractions"]
     verdicts = {}
-    for name, admission in (
-        ("plain", model),
-        ("charged", policy.CapCharged(coefficients=model.coefficients)),
-    ):
+    for name, charge_cap in (("plain", False), ("charged", True)):
         decider = policy.GpushareDecider(
             profiles=profiles,
-            model=admission,
+            model=model,
+            charge_cap=charge_cap,
             bounds=policy.DEFAULT_BOUNDS,
             gpu_model=gpu,
             gpu_memory_bytes=141 * 2**30,

@@ -1,5 +1,6 @@
 """The colocated-slowdown model: predictions, fitting, the shipped default, admission."""
 
+import functools
 import json
 import math
 from dataclasses import replace
@@ -14,6 +15,7 @@ from gpushare.packing.interference import (
     ColocationRecord,
     InterferenceModel,
     admit_reason,
+    charged_cap_cost,
     fit,
     load_default,
     pair_throughput,
@@ -250,7 +252,8 @@ def test_a_latency_tenant_weighs_its_reserved_share_on_its_neighbours() -> None:
     # admitted beside it as if it were not there and ran 2.2x their solo time. Counted at its
     # 25% reservation it weighs on them; with the runs 5 + 7 fit (cap_relief: stacks of small
     # jobs at 50% measured 1.1-1.5x) five fit beside it and a sixth waits; the service arriving
-    # last is held back beside six.
+    # last is held back beside six. (Counts under the same-cap bound; the whole-GPU bound,
+    # admission's default, is the next test.)
     service = Tenant("ns/web", 25, 20 << 30, gpu_class="latency", profile=SERVICE)
     five = [_small(f"ns/{i}", LSTM if i % 3 == 1 else R18) for i in range(5)]
     newcomer = Demand(percent=20, profile=R18)
@@ -259,12 +262,41 @@ def test_a_latency_tenant_weighs_its_reserved_share_on_its_neighbours() -> None:
     assert model.predict(R18, 50, [*neighbours, (reserved(SERVICE), 25)]) > model.predict(
         R18, 50, [*neighbours, (SERVICE, 25)]
     )
-    assert admit_reason(_gpu(*five[:4], service), newcomer, model=model, bounds=BOUNDS) is None
-    reason = admit_reason(_gpu(*five, service), newcomer, model=model, bounds=BOUNDS)
+    admit = functools.partial(admit_reason, model=model, bounds=BOUNDS, charge_cap=False)
+    assert admit(_gpu(*five[:4], service), newcomer) is None
+    reason = admit(_gpu(*five, service), newcomer)
     assert reason is not None and "batch" in reason
     web = Demand(percent=25, gpu_class="latency", profile=SERVICE)
-    assert admit_reason(_gpu(*five[:4]), web, model=model, bounds=BOUNDS) is None
-    assert admit_reason(_gpu(*five, _small("ns/5", R18)), web, model=model, bounds=BOUNDS)
+    assert admit(_gpu(*five[:4]), web) is None
+    assert admit(_gpu(*five, _small("ns/5", R18)), web)
+
+
+def test_admission_bounds_a_batch_jobs_slowdown_against_the_whole_gpu() -> None:
+    # H200 runs 5, 7, 8: bounded against the job alone at its own 50% cap, four small jobs
+    # shared the GPU beside the inference service and an LSTM among them ran 2.04-2.20x its
+    # whole-GPU time; with the cap's cost charged (the default) 1.66-1.91x. Here: beside the
+    # service and three small jobs, a fourth fits by the same-cap bound and not by the
+    # whole-GPU one, which is the same-cap prediction x the cap's modelled cost.
+    service = Tenant("ns/web", 25, 20 << 30, gpu_class="latency", profile=SERVICE)
+    three = [_small(f"ns/{i}", LSTM if i % 3 == 1 else R18) for i in range(3)]
+    newcomer = Demand(percent=20, profile=R18)
+    model = load_default()
+    gpu = _gpu(*three, service)
+    assert admit_reason(gpu, newcomer, model=model, bounds=BOUNDS, charge_cap=False) is None
+    reason = admit_reason(gpu, newcomer, model=model, bounds=BOUNDS)
+    assert reason is not None and "batch pod" in reason and "2.00x bound" in reason
+    same_cap = model.predict(R18, 50, [(t.profile, 50) for t in three if t.profile] +
+                             [(reserved(SERVICE), 25)])  # fmt: skip
+    charged = same_cap * model.cap_slowdown(R18, 50)
+    assert f"predicted {charged:.2f}x" in reason
+    # The cap's charge is at most sqrt(bound): a 10% cap is not refused for the cap alone.
+    assert model.cap_slowdown(R18, 10) > math.sqrt(2.0)
+    assert charged_cap_cost(model, R18, 10, 2.0) == pytest.approx(math.sqrt(2.0))
+    # Without a measured SM utilization nothing is charged (the cost was fit on it).
+    assert charged_cap_cost(model, replace(R18, sm_utilization=None), 50, 2.0) == 1.0
+    # A latency pod runs uncapped: its bound is unchanged by the charge.
+    web = Demand(percent=25, gpu_class="latency", profile=SERVICE)
+    assert admit_reason(_gpu(*three), web, model=model, bounds=BOUNDS) is None
 
 
 def _same_cap_records(cap_coefficient: float) -> list[ColocationRecord]:
