@@ -178,13 +178,25 @@ def markdown(results: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"Solo p99 (alone under the same MPS daemon, same window length and arrivals, over "
-        f"the windows before and after the shared rows: "
-        f"{' / '.join(_fmt(x) for x in dl.get('solo_p99_ms_by_window', [])) or '-'} ms) "
+        "Solo p99 (alone under the same MPS daemon, "
+        + (
+            f"{len(dl.get('solo_p99_ms_by_window', []))} windows of {_fmt(dl['window_s'], 0)} s "
+            "interleaved with the shared rows' in rotating order, same arrivals per round; "
+            "each window's p99: "
+            if dl.get("window_s")
+            else "same window length and arrivals, windows before and after the shared rows: "
+        )
+        + f"{' / '.join(_fmt(x) for x in dl.get('solo_p99_ms_by_window', [])) or '-'} ms) "
         f"{_fmt(lat.get('solo_p99_ms'))} ms; shared under gpushare "
         f"{_fmt(lat.get('shared_p99_ms'))} ms at the training cap picked from the measured "
         f"curve ({_fmt(dl.get('picked_training_cap'))}%; p99 / solo by cap: "
-        f"{dl.get('p99_ratio_by_training_cap', '-')}), training kept "
+        f"{dl.get('p99_ratio_by_training_cap', '-')}"
+        + (
+            f"; each window's p99 by cap: {dl['p99_ms_by_window_by_training_cap']}"
+            if dl.get("p99_ms_by_window_by_training_cap")
+            else ""
+        )
+        + "), training kept "
         f"{_fmt(lat.get('train_retained_ratio'))} of its solo throughput.",
         "",
         "## Interference model and packing",

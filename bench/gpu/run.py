@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 from bench.gpu import colocate, policy, report, traces
@@ -57,13 +58,17 @@ from gpushare.packing.threads import assign_thread_percent, cap_beside_latency
 
 log = logging.getLogger("bench.gpu")
 
-LATENCY_LONG_S = 24.0
-"""Window of the rows the latency target compares -- inference alone under the same MPS daemon
-(twice: before and after the shared rows; the solo p99 is over both) and beside training at
-each measured training cap -- all with the same arrival sequence: 24 s at 40 req/s is about 960
-requests per row, so a row's p99 is its 10th-slowest request and the solo p99 the 19th of about
-1900 (8-s windows gave 6.9 and 12.7 ms for the same settings; run 4's one solo window had a
-worse tail than the shared row)."""
+LATENCY_LONG_S = 32.0
+"""Time each setting the latency target compares gets -- inference alone under the same MPS
+daemon and beside training at each measured training cap -- split into LATENCY_ROUNDS windows
+interleaved with the other settings' (see ``shared_latency``): 32 s at 40 req/s is about 1280
+requests, so a setting's p99 is its 13th-slowest request. Before run 10 each setting had one
+24-s window in a row (the solo one twice, before and after), and a slow stretch of the host
+landed in one setting: run 8's second solo window had a p99 of 20.4 ms against 8.0 ms in the
+first."""
+LATENCY_ROUNDS = 4
+"""Rounds of the interleaved latency windows; each round runs every setting once, in an order
+rotated from round to round, with that round's own arrival sequence."""
 LATENCY_SHORT_S = 8.0
 """Window of the context rows (alone without MPS, beside training without caps or priorities)."""
 NEIGHBOUR_CAPS = (50, 40)
@@ -603,14 +608,14 @@ def shared_latency(
 ) -> dict[str, Any]:
     """Inference (latency class) beside ResNet-50 training under one MPS daemon.
 
-    ``seconds`` = (short, long). The solo p99 is the service alone under this daemon over two
-    long windows, one before and one after the shared rows (a tail that moves with the GPU's
-    state between windows shows as two different solo p99s); gpushare's settings (inference
-    uncapped at priority 0, training at priority 1)
-    are measured for the long window at each training cap of NEIGHBOUR_CAPS plus gpushare's
-    own, all with the same request arrivals; ``threads.cap_beside_latency`` picks the cap from
-    that curve and its row is the one the targets read. Plain MPS (no caps, no priorities) is
-    a short context row."""
+    ``seconds`` = (short, long). The settings the target compares -- the service alone under
+    this daemon, and with gpushare's settings (inference uncapped at priority 0, training at
+    priority 1) beside training at each cap of NEIGHBOUR_CAPS plus gpushare's own -- each get
+    ``long`` seconds in LATENCY_ROUNDS windows, interleaved: every round runs each setting once
+    with the same arrivals, in an order rotated by one each round, so a slow stretch of the GPU
+    or host falls on every setting alike rather than on whichever ran then.
+    ``threads.cap_beside_latency`` picks the cap from the curve of pooled p99s and its row is
+    the one the targets read. Plain MPS (no caps, no priorities) is a short context row."""
     short, long = seconds
     infer = traces.TraceJob("lat-infer", "infer", 0.0, 0.0, policy.LATENCY_FRACTION)
     train = traces.TraceJob("lat-train", "resnet50", 0.0, 0.0, TRAIN_FRACTION)
@@ -631,38 +636,36 @@ def shared_latency(
     prio: dict[Member, int | None] = {gs_i: priority_for("latency")}
     prio.update({m: priority_for("batch") for m in trainers.values()})
     pool = Pool(ctx.workers(), daemon.pipe_dir if daemon else ctx.tmp / "no-mps", {})
-    rows = []
-    curve: dict[int, dict[str, Any]] = {}
+    settings: list[int | None] = [None, *caps]  # None: the service alone
+    got: dict[int | None, list[list[dict[str, Any]]]] = {k: [] for k in settings}
+    order: list[str] = []
     try:
         pool.ensure({plain_i, plain_t, gs_i, *trainers.values()}, priority=prio.get)
-        alone = latency_window(pool, [gs_i], long)[0]
-        solo_row = _lat_row(
-            "inference alone, MPS (solo, before the shared rows)", alone, None, None
-        )
-        rows.append(solo_row)
         both = latency_window(pool, [plain_i, plain_t], short)
-        rows.append(
-            _lat_row("beside training, MPS no caps/priorities", both[0], both[1], train_solo)
-        )
-        for cap, trainer in trainers.items():
-            g = latency_window(pool, [gs_i, trainer], long)
-            own = " (assign_thread_percent's cap)" if cap == own_cap else ""
-            curve[cap] = _lat_row(
-                f"beside training, inference {infer_threads}% prio 0, training {cap}% prio 1{own}",
-                g[0],
-                g[1],
-                train_solo,
-            )
-            rows.append(curve[cap])
-        after = latency_window(pool, [gs_i], long)[0]
-        after_row = _lat_row(
-            "inference alone, MPS (solo, after the shared rows)", after, None, None
-        )
-        rows.append(after_row)
+        window = long / LATENCY_ROUNDS
+        for r in range(LATENCY_ROUNDS):
+            shift = r % len(settings)
+            for setting in settings[shift:] + settings[:shift]:
+                members = [gs_i] if setting is None else [gs_i, trainers[setting]]
+                got[setting].append(pool.window(members, seconds=window, seed=7 + r))
+                order.append("solo" if setting is None else f"{setting}%")
     finally:
         pool.close()
-    both_solo = [*alone.get("latencies_ms", []), *after.get("latencies_ms", [])]
-    solo = round(percentile(both_solo, 99), 3) if both_solo else None
+    solo_row = _pooled_row("inference alone, MPS (solo)", got[None], train_solo)
+    rows = [
+        solo_row,
+        _lat_row("beside training, MPS no caps/priorities", both[0], both[1], train_solo),
+    ]
+    curve: dict[int, dict[str, Any]] = {}
+    for cap in caps:
+        own = " (assign_thread_percent's cap)" if cap == own_cap else ""
+        curve[cap] = _pooled_row(
+            f"beside training, inference {infer_threads}% prio 0, training {cap}% prio 1{own}",
+            got[cap],
+            train_solo,
+        )
+        rows.append(curve[cap])
+    solo = solo_row.get("p99_ms")
     ratios = {cap: row["p99_ms"] / solo for cap, row in curve.items() if solo and row.get("p99_ms")}
     pick = cap_beside_latency(ratios, bound=ctx.args.latency_bound) if ratios else own_cap
     picked = curve.get(pick, {})
@@ -672,17 +675,38 @@ def shared_latency(
         "rows": rows,
         "latency": {
             "solo_p99_ms": solo,
-            "solo_p99_ms_by_window": [solo_row.get("p99_ms"), after_row.get("p99_ms")],
-            "solo_requests": len(both_solo),
+            "solo_p99_ms_by_window": solo_row.get("p99_ms_by_window", []),
+            "solo_requests": solo_row.get("requests", 0),
             "shared_p99_ms": picked.get("p99_ms"),
             "train_retained_ratio": picked.get("train_share"),
             "picked_training_cap": pick,
             "assign_thread_percent_cap": own_cap,
             "p99_ratio_by_training_cap": {str(c): round(r, 3) for c, r in ratios.items()},
+            "p99_ms_by_window_by_training_cap": {
+                str(c): row.get("p99_ms_by_window", []) for c, row in curve.items()
+            },
+            "window_s": round(long / LATENCY_ROUNDS, 2),
+            "window_order": order,
             "uncapped_shared_p99_ms": rows[1].get("p99_ms"),
             "gpushare_admission": note,
         },
     }
+
+
+def _pooled_row(
+    setting: str, windows: list[list[dict[str, Any]]], train_solo: float | None
+) -> dict[str, Any]:
+    """One setting's latency row over its interleaved windows: percentiles of every request
+    pooled, each window's own p99, training's rate averaged over the windows."""
+    service = {"latencies_ms": [x for w in windows for x in w[0].get("latencies_ms", [])]}
+    trains = [w[1] for w in windows if len(w) > 1]
+    train = {"rate": mean([float(t["rate"]) for t in trains])} if trains else None
+    row = _lat_row(setting, service, train, train_solo)
+    row["p99_ms_by_window"] = [
+        round(percentile(lat, 99), 3) if (lat := w[0].get("latencies_ms")) else None
+        for w in windows
+    ]
+    return row
 
 
 def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:

@@ -588,3 +588,22 @@ def test_run7_cap_charged_admission_refuses_the_four_job_pack_the_policy_forms()
             verdicts[name] = None
     assert verdicts["plain"] is None
     assert verdicts["charged"] is not None and "bound" in verdicts["charged"]
+
+
+def test_a_latency_setting_is_judged_on_all_its_interleaved_windows_pooled() -> None:
+    # Run 9: one 24-s window per setting, the 50% training cap's landed on a slow stretch
+    # (p99 1.41x solo) and the 40% cap was picked (training kept 0.52). Since run 10 each
+    # setting runs in several windows interleaved with the others'; one slow window among four
+    # moves the pooled p99 far less than it moves that window's own.
+    steady = [4.0 + 0.01 * i for i in range(300)]
+    slow = [4.0 + 0.01 * i for i in range(290)] + [30.0] * 10
+    windows = [[{"latencies_ms": steady}, {"rate": 20.0}] for _ in range(3)]
+    windows.insert(1, [{"latencies_ms": slow}, {"rate": 22.0}])
+    row = run._pooled_row("beside training", windows, train_solo=33.0)
+    assert row["requests"] == 1200
+    assert row["p99_ms_by_window"][1] == 30.0
+    assert row["p99_ms"] < 8.0
+    assert row["train_rate"] == pytest.approx(20.5)
+    assert row["train_share"] == pytest.approx(20.5 / 33.0, abs=1e-3)
+    solo = run._pooled_row("alone", [[{"latencies_ms": steady}]] * 2, train_solo=None)
+    assert "train_rate" not in solo and solo["requests"] == 600
