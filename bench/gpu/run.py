@@ -305,11 +305,15 @@ def run_scheme(
     jobs: list[traces.TraceJob],
     iterations: dict[str, int],
     daemon: MpsDaemon | None,
+    *,
+    label: str,
 ) -> list[JobResult] | None:
+    """The jobs' results, or None when the budget left cannot fit the run or it failed;
+    ``label`` names the run in errors (variants share the scheme's name)."""
     work = sum(j.work_s for j in jobs)
     timeout = max(60.0, 4 * work + 30)
     if ctx.left() < min(timeout, 2 * work + 20):
-        ctx.errors.append(f"{scheme.name}: skipped, {ctx.left():.0f}s of budget left")
+        ctx.errors.append(f"{label}: skipped, {ctx.left():.0f}s of budget left")
         return None
     log.info("== %s: %s", scheme.name, scheme.description)
     pipe = daemon.pipe_dir if daemon else None
@@ -324,7 +328,7 @@ def run_scheme(
             pipe_dir=pipe,
             timeout_s=timeout,
         ),
-        f"trace under {scheme.name}",
+        f"trace under {label}",
         ctx.errors,
     )
     return result
@@ -446,7 +450,9 @@ def run(ctx: Ctx) -> dict[str, Any]:
     checkpoint()
 
     def trace(name: str, scheme: Scheme, daemon: MpsDaemon | None) -> None:
-        r = run_scheme(ctx, scheme, st.jobs[name], st.iterations[name], daemon)
+        r = run_scheme(
+            ctx, scheme, st.jobs[name], st.iterations[name], daemon, label=f"{scheme.name}, {name}"
+        )
         if r:
             st.runs[name][scheme.name] = r
         checkpoint()
@@ -505,6 +511,7 @@ def run(ctx: Ctx) -> dict[str, Any]:
                 st.jobs["light"],
                 st.iterations["light"],
                 daemon,
+                label="gpushare_own_cap, light",
             )
             if r:
                 st.variants["gpushare_own_cap"] = r
@@ -527,6 +534,7 @@ def run(ctx: Ctx) -> dict[str, Any]:
                 st.jobs["heavy"],
                 st.iterations["heavy"],
                 daemon,
+                label="gpushare_no_tail, heavy",
             )
             if r:
                 st.variants["gpushare_no_tail"] = r
@@ -551,6 +559,7 @@ def run(ctx: Ctx) -> dict[str, Any]:
             dense_jobs,
             st.iterations["light"],
             daemon,
+            label="gpushare_dense, light",
         )
         if r:
             st.variants["gpushare_dense"] = r
