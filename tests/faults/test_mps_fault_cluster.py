@@ -97,6 +97,14 @@ def container_pid(pod_uid: str) -> int:
     raise AssertionError(f"no sleep process of pod {pod_uid} on this host")
 
 
+def mps_server_log(agent: NodeAgentProcess, pod: dict[str, Any]) -> tuple[str, Path]:
+    """(the GPU the pod was placed on, that GPU's MPS server log, which the tests write to)."""
+    placement = parse_placement(pod["metadata"]["annotations"])
+    assert placement is not None, f"pod {pod['metadata']['name']} has no placement"
+    gpu = placement.gpu_uuids[0]
+    return gpu, agent.mps_root / gpu / "log" / "server.log"
+
+
 def agent_is_stale(agent: NodeAgentProcess) -> bool:
     """The running agent started before the node-side code last changed."""
     started = Path(f"/proc/{agent.pid}").stat().st_ctime
@@ -244,10 +252,7 @@ def test_faulting_pod_and_victim_get_events_and_a_repeat_faulter_gets_its_own_gp
     by_name = {p["metadata"]["name"]: p for p in pods}
     faulty = next(p for n, p in by_name.items() if n.startswith("faulty-"))
     neighbour = by_name["neighbour"]
-    placement = parse_placement(faulty["metadata"]["annotations"])
-    assert placement is not None
-    gpu = placement.gpu_uuids[0]
-    log = agent.mps_root / gpu / "log" / "server.log"
+    gpu, log = mps_server_log(agent, faulty)
     faulter_pid = container_pid(faulty["metadata"]["uid"])
     victim_pid = container_pid(neighbour["metadata"]["uid"])
     second_victim_pid = container_pid(by_name["neighbour-2"]["metadata"]["uid"])
@@ -361,10 +366,7 @@ def test_a_pair_that_keeps_faulting_together_is_separated_off_the_gpu_where_it_f
     apply(deployment("trainer", cluster.busybox_image))
     trainer = wait_until(lambda: running("trainer-"), timeout_s=120)
     assert trainer, "the trainer Deployment's pod never ran"
-    placement = parse_placement(server["metadata"]["annotations"])
-    assert placement is not None
-    gpu = placement.gpu_uuids[0]
-    log = agent.mps_root / gpu / "log" / "server.log"
+    gpu, log = mps_server_log(agent, server)
     server_pid = container_pid(server["metadata"]["uid"])
     trainer_pid = container_pid(trainer["metadata"]["uid"])
 
