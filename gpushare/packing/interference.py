@@ -637,7 +637,7 @@ def admit_reason(
     GPU, the same-cap prediction x its thread cap's modelled cost (:func:`charged_cap_cost`),
     which is what its users see; without it, against the pod alone at its own cap. Why: on an
     H200 the same-cap bound let four small jobs at 50% caps share, and the LSTM among them ran
-    2.04-2.20x its whole-GPU time (runs 5, 7, 8); charged, 1.66-1.91x (runs 7, 8).
+    2.04-2.20x its whole-GPU time (runs 5, 7, 8); charged, 1.66-1.95x (runs 7-10).
     """
     if not gpu.tenants:
         return None
