@@ -8,7 +8,11 @@ repo="$(cd "$here/.." && pwd)"
 cd "$repo"
 was_up=0
 bash hack/local-cluster.sh status >/dev/null 2>&1 && was_up=1
-.venv/bin/pytest "$@"
+# Modules marked order_independent run in a new random order each time (the seed is in
+# pytest's header; replay one with --test-order=shuffle:SEED). A caller's --test-order wins.
+order=(--test-order=shuffle)
+for arg in "$@"; do [[ $arg == --test-order* ]] && order=(); done
+.venv/bin/pytest "${order[@]}" "$@"
 rc=$?
 if ((was_up == 0)) && [[ ${GPUSHARE_KEEP_CLUSTER:-0} != 1 ]] && [[ $(id -u) -eq 0 ]]; then
   bash hack/local-cluster.sh down >/dev/null 2>&1 || true

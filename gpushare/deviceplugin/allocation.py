@@ -13,10 +13,13 @@ kubelet, still Pending with no container ever started, which the current kubelet
 for (its pod-resources API), waits again with its own placement (``forgotten_pods``); the
 slices it had are offered again first (``steer``).
 
-With no such pod (a pod not placed by gpushare-scheduler, or annotations that arrive late),
-a safe placement is derived from the slice IDs: the GPU they belong to, an active-thread
-percentage equal to the slice count, and the same share of the GPU's memory; the caller
-records a Kubernetes Event saying so.
+With no such pod, Allocate derives an answer only for a pod gpushare did not place: a
+Pending pod on the node with no placement annotations asking for that many slices (bound by
+another scheduler, say). It then gets a safe placement derived from the slice IDs (the GPU
+they belong to, an active-thread percentage equal to the slice count, the same share of the
+GPU's memory) and an Event says so. A pod with a malformed placement is refused, naming the
+annotation, whichever GPU's slices the kubelet took; when no pod could be the one asking,
+Allocate refuses rather than hand out a placement nobody chose (docs/node-agent.md).
 """
 
 import logging
@@ -436,7 +439,8 @@ def select_pod(
     IDs) covered exactly ``devices``. When no such pod waits on ``gpus``, a single-GPU pod of
     exactly ``sizes`` waiting on another GPU: the kubelet took the slices where it saw room
     (after a restart its free slices need not match the placements), and the answer's
-    environment follows the pod's placement, not the slice IDs. None when no pod fits.
+    environment follows the pod's placement, not the slice IDs. Last, a pod of exactly
+    ``sizes`` whose placement does not parse, on any GPU. None when no pod fits.
 
     A pod of another size is never chosen: the kubelet asks for exactly what one container
     requested, so that pod cannot be the one admitted.
@@ -466,6 +470,10 @@ def select_pod(
             and len(c.placement.gpu_uuids) == 1
             and c.pod.requested_slices == sizes
         ]
+    if not matching:
+        # Last, a pod of that size with a malformed placement, whatever GPU the kubelet took
+        # the slices from: it must be refused, not served as if no pod were waiting.
+        matching = [c for c in waiting if c.placement is None and c.pod.requested_slices == sizes]
     if not matching:
         return None
     earlier = previous or {}
@@ -511,6 +519,12 @@ def steer(
     offered = set(available)
     for cand in sized + [c for c in waiting if c not in sized]:
         if cand.placement is None:
+            # Malformed: still steer to the GPU it names (when it names one of ours), so the
+            # slices come from where its annotation points; Allocate then refuses it.
+            gpus = sorted(_raw_gpus(cand.pod) & set(free))
+            if len(gpus) == 1 and size < SLICES_PER_GPU and len(free[gpus[0]]) >= size:
+                target, steered = gpus, cand.pod.key
+                break
             continue
         same = (previous or {}).get(cand.pod.uid, ()) if cand.pod.uid in again else ()
         if len(same) == size and offered.issuperset(same) and set(must) <= set(same):
@@ -589,6 +603,35 @@ def allocation_for_pod(
         pod=pod.key,
     )
     return allocation, warning
+
+
+def unplaced_pods(
+    pods: Iterable[PodInfo], *, sizes: tuple[int, ...], skip: AbstractSet[str] = frozenset()
+) -> list[PodInfo]:
+    """Pods gpushare did not place that an Allocate for ``sizes`` could be for: Pending, no
+    container started, no gpushare placement annotation, a container asking for that many
+    slices, not already answered or refused by this process (``skip``)."""
+    return [
+        p
+        for p in pods
+        if p.phase == "Pending"
+        and not p.started
+        and p.uid not in skip
+        and ANN_GPU_UUID not in p.annotations
+        and all(size in p.requested_slices for size in sizes)
+    ]
+
+
+def unplaced_refusal(node: str, group: Mapping[str, list[int]]) -> str:
+    """Why an Allocate no pod can be found for is refused (the kubelet shows it on the pod)."""
+    total = sum(len(s) for s in group.values())
+    return (
+        f"Allocate found no pod on node {node} waiting for {total} gpushare.io/gpu-percent "
+        f"slice(s) of GPU(s) {', '.join(sorted(group))}: no pod with a gpushare placement "
+        "(gpushare.io/gpu-uuid, state assumed) of that size, and none without a placement; "
+        "refusing rather than run a pod with a share nobody chose. Delete the pod so its "
+        "controller recreates it and gpushare-scheduler places it"
+    )
 
 
 def derived_allocation(
@@ -915,6 +958,10 @@ class Allocator:
                 if found is not None:
                     break
             if found is None:
+                if not unplaced_pods(pods, sizes=sizes, skip=set(self._handled)):
+                    message = unplaced_refusal(self.node_name, groups[0])
+                    log.warning("%s", message)
+                    raise AllocationError(message)
                 answers = [derived_allocation(ctx, group) for group in groups]
                 for _, message in answers[:1]:
                     self._event(None, "GpushareAllocationDerived", message)

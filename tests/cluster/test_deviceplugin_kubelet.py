@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import grpc
 import pytest
 
 from gpushare.api.names import (
@@ -22,7 +23,7 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
 )
 from gpushare.api.placement import format_time
-from gpushare.deviceplugin.holdings import kubelet_allocatable
+from gpushare.deviceplugin.holdings import kubelet_allocatable, kubelet_held
 from gpushare.deviceplugin.plugin import socket_identity
 from tests.fixtures.node_agent import (
     DEVICE_PLUGIN_DIR,
@@ -32,7 +33,9 @@ from tests.fixtures.node_agent import (
     wait_until,
 )
 
-pytestmark = pytest.mark.cluster
+# Each test leaves the node as it found it (``clean_node``), so the file passes in any order
+# (``--test-order``; hack/run-pytest.sh shuffles it on every run).
+pytestmark = [pytest.mark.cluster, pytest.mark.order_independent]
 
 GIB = 2**30
 # The admission webhook leaves kube-system alone, so the test can play gpushare-scheduler's
@@ -46,6 +49,50 @@ MANUAL_SCHEDULER = "gpushare-test-manual-binding"
 def namespace(cluster: Any) -> Iterator[str]:
     yield NAMESPACE
     cluster.kubectl("delete", "pod", "-n", NAMESPACE, "-l", TEST_LABEL, "--wait=false", check=False)
+
+
+@pytest.fixture(autouse=True)
+def clean_node(cluster: Any, node_agent: NodeAgentProcess) -> Iterator[None]:
+    """After each test, its pods are gone and the kubelet holds no slice it did not hold
+    before: the kubelet's own choice of slices depends on what is free, so what one test
+    left behind would steer the next one's."""
+    before = held_slices()
+    yield
+    cluster.kubectl(
+        "delete",
+        "pod",
+        "-n",
+        NAMESPACE,
+        "-l",
+        TEST_LABEL,
+        "--wait=true",
+        "--timeout=90s",
+        check=False,
+    )
+
+    def gone() -> bool:
+        listed = cluster.kubectl("get", "pod", "-n", NAMESPACE, "-l", TEST_LABEL, "-o", "name")
+        return not listed.strip()
+
+    wait_until(gone, timeout_s=90, what="the test's pods to be gone")
+    wait_until(
+        lambda: held_slices() <= before,
+        timeout_s=60,
+        what="the kubelet to hold no slice it did not hold before the test (pod-resources)",
+    )
+
+
+def held_slices() -> frozenset[str]:
+    """Every gpu-percent slice the kubelet holds for some pod (its pod-resources List)."""
+
+    def answer() -> dict[str, tuple[str, ...]] | None:
+        try:
+            return kubelet_held(socket_path=POD_RESOURCES_SOCKET) or {"": ()}
+        except grpc.RpcError:  # a kubelet restarting does not answer yet
+            return None
+
+    held = wait_until(answer, timeout_s=30, what="the kubelet's pod-resources answer")
+    return frozenset(d for ids in held.values() for d in ids)
 
 
 def pod_manifest(

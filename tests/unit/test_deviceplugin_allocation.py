@@ -27,6 +27,7 @@ from gpushare.deviceplugin.allocation import (
     derived_allocation,
     pinned_memory_limit,
     select_pod,
+    steer,
 )
 from gpushare.deviceplugin.devices import group_by_gpu, slice_ids
 from gpushare.mps.manager import MpsManager
@@ -142,6 +143,31 @@ def test_malformed_pod_elsewhere_disturbs_no_other_pod() -> None:
     pods.append(pod("next", GPU_B, bind_s=7))
     found = select_pod(pods, gpus={GPU_B}, sizes=(25,), skip={"uid-broken"})
     assert found is not None and found[0].name == "next"
+
+
+def test_a_malformed_pod_is_refused_whichever_gpu_the_kubelet_took_the_slices_from() -> None:
+    """The kubelet may take the slices from another GPU than the malformed annotation names
+    (its own best fit): the pod is still the one asking and must be refused, not served a
+    placement nobody chose (issue seen on a fresh machine, order-dependent)."""
+    broken = pod("broken", GPU_A, bind_s=0, threads="a lot", slices=(10,))
+    with pytest.raises(MalformedPlacementError, match=ANN_THREAD_PERCENT) as err:
+        select_pod([broken], gpus={GPU_B}, sizes=(10,))
+    assert err.value.pod.name == "broken"
+    # A well-formed pod of that size waiting elsewhere goes first: it may be the one.
+    fine = pod("fine", GPU_A, bind_s=5, slices=(10,))
+    found = select_pod([broken, fine], gpus={GPU_B}, sizes=(10,))
+    assert found is not None and found[0].name == "fine"
+
+
+def test_slices_are_steered_to_the_gpu_a_malformed_pod_names() -> None:
+    """GetPreferredAllocation offers the kubelet slices of the GPU the malformed pod's
+    annotation names, so Allocate sees them there and refuses that pod."""
+    broken = pod("broken", GPU_B, threads="a lot", slices=(10,))
+    fuller = pod("neighbour", GPU_A, state="allocated", slices=(30,))
+    available = slice_ids(GPU_A)[30:] + slice_ids(GPU_B)
+    chosen, steered = steer(available, [], 10, [broken, fuller])
+    assert steered == broken.key
+    assert set(group_by_gpu(chosen)) == {GPU_B}
 
 
 def test_fractional_pod_gets_its_gpu_mps_pipe_threads_memory_and_priority(

@@ -20,6 +20,7 @@ from gpushare.api.names import (
     STATE_ASSUMED,
 )
 from gpushare.deviceplugin.allocation import (
+    AllocationError,
     Allocator,
     PodInfo,
     forgotten_pods,
@@ -291,14 +292,40 @@ def test_the_kubelet_is_asked_only_until_every_answer_is_confirmed(
     asked = kubelet.asked
     assert asked > 0  # each answer was checked against what the kubelet holds
     allocator.reconcile()
-    allocator.allocate([slice_ids(GPU_A)[50:60]])  # nobody waits: a derived answer
+    with pytest.raises(AllocationError, match="found no pod"):  # nobody waits: refused
+        allocator.allocate([slice_ids(GPU_A)[50:60]])
     assert kubelet.asked == asked  # both confirmed: nothing left to ask about
     kubelet.identity = NEW
     kubelet.held = {x.key: ("a",), y.key: ("b",)}
-    assert allocator.allocate([slice_ids(GPU_A)[60:70]])[0].pod is None  # nobody waits
+    with pytest.raises(AllocationError, match="found no pod"):
+        allocator.allocate([slice_ids(GPU_A)[60:70]])
     asked = kubelet.asked
-    allocator.allocate([slice_ids(GPU_A)[70:80]])
+    with pytest.raises(AllocationError, match="found no pod"):
+        allocator.allocate([slice_ids(GPU_A)[70:80]])
     assert kubelet.asked == asked  # both confirmed held by the new kubelet
+
+
+def test_allocate_derives_a_placement_only_for_a_pod_gpushare_did_not_place(
+    tmp_path: Path, state_file: Path
+) -> None:
+    """No pod with a gpushare placement waits: a Pending pod without one (another scheduler
+    bound it) gets a derived placement and an Event; with no such pod either, Allocate
+    refuses instead of handing out a share nobody chose."""
+    unplaced = replace(pod("unplaced"), annotations={}, requested_slices=(15,))
+    api, kubelet = ApiServer([unplaced]), Kubelet()
+    allocator = make(tmp_path, api, kubelet, AnswerBook(path=state_file))
+    answer_ = allocator.allocate([slice_ids(GPU_A)[:15]])[0]
+    assert answer_.pod is None
+    assert answer_.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "15"
+    assert api.events == ["GpushareAllocationDerived"]
+    # Another size than the unplaced pod asked for: nobody can be the one asking.
+    with pytest.raises(AllocationError, match="found no pod on node node-1 waiting for 20"):
+        allocator.allocate([slice_ids(GPU_A)[15:35]])
+    # Nor once that pod runs.
+    api.pods[unplaced.uid] = replace(unplaced, phase="Running", started=True)
+    with pytest.raises(AllocationError, match="refusing rather than run a pod"):
+        allocator.allocate([slice_ids(GPU_A)[35:50]])
+    assert api.events == ["GpushareAllocationDerived"]
 
 
 def test_answers_survive_an_agent_restart(tmp_path: Path, state_file: Path) -> None:
