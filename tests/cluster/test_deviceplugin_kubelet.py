@@ -301,8 +301,18 @@ def test_pod_without_placement_gets_a_derived_share_and_an_event(
 def test_malformed_annotation_fails_only_that_pod_naming_the_annotation(
     cluster: Any, node_agent: NodeAgentProcess, namespace: str
 ) -> None:
-    gpu = node_agent.gpus()[0].uuid
-    bad, good = unique("malformed"), unique("fine")
+    """A pod on the other GPU makes that one the kubelet's own best fit for 10 slices: the
+    malformed pod is still refused (it once ran with a derived share when the slices came
+    from another GPU than its annotation names), and its neighbours are undisturbed."""
+    gpu, other = node_agent.gpus()[0].uuid, node_agent.gpus()[1].uuid
+    bad, good, neighbour = unique("malformed"), unique("fine"), unique("neighbour")
+    run_pod(
+        cluster,
+        neighbour,
+        slices=30,
+        annotations=placement(other, threads=30, memory=GIB, cls="batch"),
+    )
+    wait_running(cluster, neighbour)
     annotations = placement(gpu, threads=20, memory=GIB, cls="batch")
     annotations[ANN_THREAD_PERCENT] = "a lot"
     run_pod(cluster, bad, slices=10, annotations=annotations)
@@ -324,8 +334,9 @@ def test_malformed_annotation_fails_only_that_pod_naming_the_annotation(
         env, _ = container_env(cluster, good)
         assert env["CUDA_VISIBLE_DEVICES"] == gpu
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
+        assert get_pod(cluster, neighbour)["status"]["phase"] == "Running"
     finally:
-        delete(cluster, bad, good)
+        delete(cluster, bad, good, neighbour)
 
 
 def test_pod_with_another_uid_than_its_gpu_serves_is_refused(
