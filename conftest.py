@@ -1,5 +1,6 @@
-"""Loads pytester and every module in tests/fixtures/ as a pytest plugin, so fixtures shared across test
-directories (the local cluster, the node agent, the controller) live in one place each."""
+"""Loads pytester and every module in tests/fixtures/ as a pytest plugin, so fixtures shared
+across test directories (the local cluster, the node agent, the controller) live in one place
+each."""
 
 from pathlib import Path
 
