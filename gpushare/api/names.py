@@ -20,12 +20,18 @@ ANN_FRACTION: Final = f"{GROUP}/gpu-fraction"
 ANN_MEMORY: Final = f"{GROUP}/gpu-memory"
 ANN_CLASS: Final = f"{GROUP}/class"
 ANN_SHARE: Final = f"{GROUP}/share"
+# Optional: the most of one GPU the pod's processes may use when neighbours leave room (its MPS
+# active-thread cap), like a Kubernetes CPU limit; the fraction is the request (guaranteed).
+ANN_LIMIT: Final = f"{GROUP}/gpu-limit"
 # Which container gets the GPU when a pod has several (default: the first).
 ANN_CONTAINER: Final = f"{GROUP}/container"
 
 # Placement annotations written by the extender at bind.
 ANN_GPU_UUID: Final = f"{GROUP}/gpu-uuid"
 ANN_THREAD_PERCENT: Final = f"{GROUP}/active-thread-percentage"
+# The guaranteed share (GPU-percent per GPU) the placement accounted for; the thread cap above is
+# the effective limit, which may be larger (docs/packing.md, "Requests and limits").
+ANN_REQUEST_PERCENT: Final = f"{GROUP}/request-percentage"
 ANN_MEMORY_LIMIT: Final = f"{GROUP}/memory-limit"
 ANN_BIND_TIME: Final = f"{GROUP}/bind-time"
 ANN_STATE: Final = f"{GROUP}/state"

@@ -9,6 +9,7 @@ from gpushare.api.names import (
     ANN_BIND_TIME,
     ANN_GPU_UUID,
     ANN_MEMORY_LIMIT,
+    ANN_REQUEST_PERCENT,
     ANN_STATE,
     ANN_THREAD_PERCENT,
     STATE_ALLOCATED,
@@ -30,15 +31,26 @@ class Placement:
     """MPS pinned device memory limit, per GPU."""
     bind_time: datetime
     state: str
+    request_percent: int | None = None
+    """Guaranteed GPU-percent per GPU the scheduler accounted for (``thread_percent`` is the
+    effective limit and may be larger); None on placements written before it was recorded."""
+
+    @property
+    def guaranteed_percent(self) -> int:
+        """The request, or the thread cap for placements that do not record one."""
+        return self.request_percent if self.request_percent is not None else self.thread_percent
 
     def to_annotations(self) -> dict[str, str]:
-        return {
+        out = {
             ANN_GPU_UUID: ",".join(self.gpu_uuids),
             ANN_THREAD_PERCENT: str(self.thread_percent),
             ANN_MEMORY_LIMIT: str(self.memory_limit_bytes),
             ANN_BIND_TIME: format_time(self.bind_time),
             ANN_STATE: self.state,
         }
+        if self.request_percent is not None:
+            out[ANN_REQUEST_PERCENT] = str(self.request_percent)
+        return out
 
 
 def format_time(moment: datetime) -> str:
@@ -59,6 +71,7 @@ def parse_placement(annotations: Mapping[str, str]) -> Placement | None:
         raise InvalidInputError(ANN_THREAD_PERCENT, "is not an integer", _FIX) from None
     if not 1 <= threads <= 100:
         raise InvalidInputError(ANN_THREAD_PERCENT, f"{threads} is outside 1..100", _FIX)
+    request = _percent(annotations.get(ANN_REQUEST_PERCENT), ANN_REQUEST_PERCENT)
     try:
         memory = int(annotations.get(ANN_MEMORY_LIMIT, "0"))
     except ValueError:
@@ -79,4 +92,14 @@ def parse_placement(annotations: Mapping[str, str]) -> Placement | None:
         raise InvalidInputError(
             ANN_STATE, f"unknown state {state!r}", f"{_FIX} (states: assumed, allocated)"
         )
-    return Placement(uuids, threads, memory, bind_time, state)
+    return Placement(uuids, threads, memory, bind_time, state, request)
+
+
+def _percent(text: str | None, field: str) -> int | None:
+    """A 1..100 GPU-percent written by the scheduler (at most 3 digits); None when absent."""
+    if text is None:
+        return None
+    value = text.strip()
+    if not (value.isascii() and value.isdigit()) or len(value) > 3 or not 1 <= int(value) <= 100:
+        raise InvalidInputError(field, f"{text[:16]!r} is not a percent 1..100", _FIX)
+    return int(value)

@@ -4,9 +4,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.limit import check_limit, parse_limit
 from gpushare.api.names import (
     ANN_CLASS,
     ANN_FRACTION,
+    ANN_LIMIT,
     ANN_MEMORY,
     ANN_SHARE,
     CLASS_BATCH,
@@ -28,6 +30,9 @@ class GpuRequest:
     """``latency`` or ``batch``."""
     share: str | None = None
     """Name of the GpuShare in the pod's namespace that governs this pod, if any."""
+    limit_percent: int | None = None
+    """``gpushare.io/gpu-limit`` in GPU-percent (its MPS thread cap); None = the default
+    (``gpushare.packing.threads``: uncapped for batch pods, see docs/packing.md)."""
 
     @property
     def whole_gpus(self) -> int:
@@ -54,11 +59,19 @@ def parse_request(annotations: Mapping[str, str]) -> GpuRequest | None:
     """Parse a pod's gpushare annotations; None when the pod asks for no shared GPU.
 
     A pod linked to a GpuShare (``gpushare.io/share``) without its own fraction gets the
-    share's fraction later; here it reads as a request of 0 percent.
+    share's fraction later; here it reads as a request of 0 percent (its limit is checked
+    against the share's fraction once that is known).
     """
     fraction = annotations.get(ANN_FRACTION)
     share = annotations.get(ANN_SHARE)
+    limit_text = annotations.get(ANN_LIMIT)
     if fraction is None and share is None:
+        if limit_text is not None:
+            raise InvalidInputError(
+                ANN_LIMIT,
+                f"is set without {ANN_FRACTION}",
+                f"add {ANN_FRACTION} (the share the pod is guaranteed), or remove the limit",
+            )
         return None
     if share is not None and not share.strip():
         raise InvalidInputError(ANN_SHARE, "is empty", "name a GpuShare in the pod's namespace")
@@ -71,9 +84,12 @@ def parse_request(annotations: Mapping[str, str]) -> GpuRequest | None:
             "applies to fractional requests only",
             f"remove it, or ask for at most one GPU in {ANN_FRACTION}",
         )
+    limit = parse_limit(limit_text) if limit_text is not None else None
+    check_limit(limit, percent)
     return GpuRequest(
         percent=percent,
         memory_bytes=memory,
         gpu_class=parse_class(annotations.get(ANN_CLASS)),
         share=share.strip() if share is not None else None,
+        limit_percent=limit,
     )

@@ -28,6 +28,7 @@ def _gpu_header(gpu: GpuRow, *, live: bool) -> str:
         info.model,
         info.uuid,
         f"allocated {gpu.allocated_percent}%",
+        f"limits {gpu.limit_percent}%",
         f"pods {len(gpu.pods)}",
     ]
     if live:
@@ -59,7 +60,7 @@ def render_text(nodes: list[NodeRow], *, live_source: str | None) -> str:
     lines: list[str] = []
     if not nodes:
         return "No node advertises gpushare GPUs (is the gpushare node agent running?)\n"
-    headers = ("NAMESPACE", "POD", "CLASS", "FRACTION", "THREADS", "MEM-LIMIT", "MEM-USED")
+    headers = ("NAMESPACE", "POD", "CLASS", "REQUEST", "LIMIT", "MEM-LIMIT", "MEM-USED")
     for node in nodes:
         lines.append(f"NODE {node.name}")
         if node.problem:
@@ -105,6 +106,7 @@ def render_json(nodes: list[NodeRow], *, live_source: str | None) -> dict[str, A
                     {
                         **asdict(g.info),
                         "allocated_percent": g.allocated_percent,
+                        "limit_percent": g.limit_percent,
                         "pipes": g.pipes,
                         "utilization": g.utilization,
                         "sm_occupancy": g.sm_occupancy,

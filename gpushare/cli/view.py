@@ -21,8 +21,10 @@ class PodRow:
     name: str
     gpu_class: str
     fraction_percent: int | None
-    """Guaranteed share in GPU-percent from the pod's annotation (None when set by a GpuShare)."""
+    """Guaranteed share (request) in GPU-percent: the pod's annotation, else what the scheduler
+    recorded at bind (a GpuShare's pods); None when neither says."""
     thread_percent: int
+    """The pod's limit: the MPS active-thread cap its processes run with."""
     memory_limit_bytes: int
     state: str
     phase: str
@@ -40,6 +42,12 @@ class GpuRow:
     memory_used_bytes: float | None = None
     mps_clients: float | None = None
     simulated: bool = False
+
+    @property
+    def limit_percent(self) -> int:
+        """Sum of the pods' thread caps (limits); above ``allocated_percent`` when pods may use
+        room their neighbours leave."""
+        return sum(p.thread_percent for p in self.pods)
 
     @property
     def allocated_percent(self) -> int:
@@ -102,13 +110,13 @@ def _pod_row(pod: Mapping[str, Any]) -> tuple[PodRow, tuple[str, ...]] | None:
     phase = str((pod.get("status") or {}).get("phase", ""))
     if phase in ("Succeeded", "Failed"):
         return None
-    fraction: int | None = None
+    fraction: int | None = placement.request_percent
     raw = annotations.get(ANN_FRACTION)
     if raw is not None:
         try:
             fraction = min(parse_fraction(raw, field=ANN_FRACTION), 100)
         except InvalidInputError:
-            fraction = None
+            fraction = placement.request_percent
     row = PodRow(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),

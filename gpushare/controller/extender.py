@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.names import STATE_ASSUMED
+from gpushare.api.names import SLICES_PER_GPU, STATE_ASSUMED
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.controller import pods
 from gpushare.controller.requeue import RefusedPods
@@ -661,6 +661,7 @@ class Extender:
             memory_limit_bytes=assignment.memory_limit_bytes,
             bind_time=bind_time,
             state=STATE_ASSUMED,
+            request_percent=min(demand.percent, SLICES_PER_GPU),
         )
         try:
             await self.writer.bind_pod(
@@ -692,6 +693,7 @@ class Extender:
                 "node": node_name,
                 "gpus": list(assignment.gpu_uuids),
                 "thread_percent": assignment.thread_percent,
+                "request_percent": placement.request_percent,
                 "memory_limit": assignment.memory_limit_bytes,
             },
         )

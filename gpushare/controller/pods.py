@@ -10,6 +10,7 @@ from typing import Any
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import parse_avoid_gpus
+from gpushare.api.limit import check_limit
 from gpushare.api.names import (
     ANN_AVOID_GPUS,
     ANN_CLASS,
@@ -191,11 +192,14 @@ def request_of(pod: Pod, *, ann: Mapping[str, str] | None = None) -> GpuRequest 
         return request
     memory_text = ann.get(ANN_MEMORY)
     memory = parse_memory(memory_text, field=ANN_MEMORY) if memory_text is not None else None
+    limit = request.limit_percent if request is not None else None
+    check_limit(limit, resource)
     return GpuRequest(
         percent=resource,
         memory_bytes=memory if resource <= SLICES_PER_GPU else None,
         gpu_class=parse_class(ann.get(ANN_CLASS)),
         share=request.share if request is not None else None,
+        limit_percent=limit,
     )
 
 
@@ -208,7 +212,10 @@ def demand_of_request(request: GpuRequest) -> Demand:
             gpus=max(1, request.whole_gpus),
         )
     return Demand(
-        percent=request.percent, memory_bytes=request.memory_bytes, gpu_class=request.gpu_class
+        percent=request.percent,
+        memory_bytes=request.memory_bytes,
+        gpu_class=request.gpu_class,
+        limit_percent=request.limit_percent,
     )
 
 

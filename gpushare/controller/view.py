@@ -598,7 +598,7 @@ class ClusterView:
                 return {}
         demand = f.demand
         if demand is None:
-            demand = Demand(percent=min(f.placement.thread_percent, SLICES_PER_GPU))
+            demand = Demand(percent=min(f.placement.guaranteed_percent, SLICES_PER_GPU))
         return self._tenants(key, f.placement.gpu_uuids, demand, f.placement.memory_limit_bytes)
 
     def _tenants(

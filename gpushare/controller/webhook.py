@@ -14,6 +14,7 @@ from typing import Any
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import parse_avoid_gpus
+from gpushare.api.limit import check_limit
 from gpushare.api.names import (
     ANN_AVOID_GPUS,
     ANN_BIND_TIME,
@@ -21,8 +22,10 @@ from gpushare.api.names import (
     ANN_EXCLUSIVE,
     ANN_FRACTION,
     ANN_GPU_UUID,
+    ANN_LIMIT,
     ANN_MEMORY,
     ANN_MEMORY_LIMIT,
+    ANN_REQUEST_PERCENT,
     ANN_SHARE,
     ANN_STATE,
     ANN_THREAD_PERCENT,
@@ -40,6 +43,7 @@ from gpushare.controller import pods
 PLACEMENT_ANNOTATIONS = (
     ANN_GPU_UUID,
     ANN_THREAD_PERCENT,
+    ANN_REQUEST_PERCENT,
     ANN_MEMORY_LIMIT,
     ANN_BIND_TIME,
     ANN_STATE,
@@ -106,11 +110,16 @@ def resolve_request(
                     "create the GpuShare first, or set gpushare.io/gpu-fraction on the pod",
                 )
             ]
+        try:
+            check_limit(request.limit_percent, shared.percent)
+        except InvalidInputError as exc:
+            return None, [exc]
         request = GpuRequest(
             percent=shared.percent,
             memory_bytes=request.memory_bytes if ANN_MEMORY in ann else shared.memory_bytes,
             gpu_class=request.gpu_class if ANN_CLASS in ann else shared.gpu_class,
             share=request.share,
+            limit_percent=request.limit_percent,
         )
     if request is None:
         # No annotation: a pod asking for the gpu-percent resource directly.
@@ -445,6 +454,8 @@ def _patch(
             ops.append(
                 {"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": value}
             )
+        if ANN_LIMIT in pods.annotations(pod):  # a whole GPU is never capped
+            ops.append({"op": "remove", "path": f"/metadata/annotations/{_escape(ANN_LIMIT)}"})
     container = pods.containers(pod)[target]
     base = f"/spec/containers/{target}/resources"
     resources = container.get("resources")

@@ -41,7 +41,6 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
     CLASS_BATCH,
-    MPS_PRIORITY_BY_CLASS,
     SLICES_PER_GPU,
     STATE_ALLOCATED,
     STATE_ASSUMED,
@@ -50,10 +49,10 @@ from gpushare.api.placement import Placement, parse_placement
 from gpushare.api.request import parse_class
 from gpushare.deviceplugin.devices import device_id, group_by_gpu
 from gpushare.deviceplugin.holdings import Answer, AnswerBook
+from gpushare.mps.client import MiB, client_limits_env
 
 log = logging.getLogger(__name__)
 
-MiB = 2**20
 # Where a container sees its GPU's MPS directories.
 CONTAINER_MPS_DIR = "/run/gpushare/mps"
 CONTAINER_PIPE_DIR = f"{CONTAINER_MPS_DIR}/pipe"
@@ -601,6 +600,7 @@ def allocation_for_pod(
         memory_limit_bytes=placement.memory_limit_bytes,
         gpu_class=gpu_class,
         pod=pod.key,
+        request_percent=placement.guaranteed_percent,
     )
     return allocation, warning
 
@@ -691,19 +691,21 @@ def _mps(
     memory_limit_bytes: int,
     gpu_class: str,
     pod: str | None,
+    request_percent: int | None = None,
 ) -> ContainerAllocation:
     paths = ctx.mps.paths(uuid)
     envs = {
         "CUDA_VISIBLE_DEVICES": uuid,
         "CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR,
         "CUDA_MPS_LOG_DIRECTORY": CONTAINER_LOG_DIR,
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(thread_percent),
-        "CUDA_MPS_CLIENT_PRIORITY": str(MPS_PRIORITY_BY_CLASS[gpu_class]),
+        **client_limits_env(
+            thread_percent=thread_percent,
+            gpu_class=gpu_class,
+            memory_limit_bytes=memory_limit_bytes,
+            gpu_memory_bytes=ctx.gpus[uuid].memory_bytes,
+            request_percent=request_percent,
+        ),
     }
-    limit = memory_limit_bytes or ctx.gpus[uuid].memory_bytes * thread_percent // 100
-    if limit > 0:
-        # The container sees exactly one GPU, so device ordinal 0 is this GPU.
-        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = pinned_memory_limit(limit)
     if ctx.nvidia_runtime_env:
         envs["NVIDIA_VISIBLE_DEVICES"] = uuid
     mounts = [
@@ -1015,11 +1017,6 @@ class Allocator:
                 "pod %s allocated but marking it %s failed: %s", pod.key, STATE_ALLOCATED, exc
             )
         return result
-
-
-def pinned_memory_limit(limit_bytes: int) -> str:
-    """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for device ordinal 0, in whole MiB (at least 1)."""
-    return f"0={max(1, limit_bytes // MiB)}M"
 
 
 def _best_fit(free: Mapping[str, list[int]], size: int) -> list[str]:

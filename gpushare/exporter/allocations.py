@@ -28,7 +28,8 @@ class PodAllocation:
     compute_ratio: float
     """Guaranteed compute share per GPU, 0-1 (1.0 for each GPU of a multi-GPU pod)."""
     thread_percent: int
-    """MPS active-thread percentage the pod's processes run with."""
+    """MPS active-thread percentage the pod's processes run with: its limit, which may exceed
+    its guaranteed share (``compute_ratio``)."""
     memory_limit_bytes: int
     """MPS pinned device memory limit per GPU (0 = none written)."""
     gpu_class: str = CLASS_BATCH
@@ -64,9 +65,9 @@ def allocation_from_pod(pod: Mapping[str, Any]) -> PodAllocation | None:
     if request is not None and request.percent > 0:
         compute = min(request.percent, SLICES_PER_GPU) / SLICES_PER_GPU
     else:
-        # A pod governed by a GpuShare may carry no fraction of its own: its thread share is
-        # what the scheduler granted it.
-        compute = placement.thread_percent / SLICES_PER_GPU
+        # A pod governed by a GpuShare may carry no fraction of its own: its request is what
+        # the scheduler accounted for at bind (older placements: its thread cap).
+        compute = placement.guaranteed_percent / SLICES_PER_GPU
     containers: dict[str, str] = {}
     for key in ("initContainerStatuses", "containerStatuses"):
         for cs in status.get(key) or []:

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpushare.api.inventory import GpuInfo
+from gpushare.api.names import SLICES_PER_GPU
 from gpushare.exporter.allocations import PodAllocation
 from gpushare.exporter.health import HealthRecorder
 from gpushare.exporter.podresources import ContainerDevices
@@ -229,6 +230,12 @@ class GpuShareCollector(Collector):
             "Sum of the compute shares guaranteed to pods placed on this GPU.",
             labels=GPU_LABELS,
         )
+        limits = GaugeMetricFamily(
+            "gpushare_gpu_limit_compute_ratio",
+            "Sum of the MPS thread caps (limits) of pods placed on this GPU; above the "
+            "allocated (guaranteed) ratio when pods may use room their neighbours leave.",
+            labels=GPU_LABELS,
+        )
         memory = GaugeMetricFamily(
             "gpushare_gpu_allocated_memory_bytes",
             "Sum of the memory limits of pods placed on this GPU.",
@@ -237,12 +244,12 @@ class GpuShareCollector(Collector):
         pods = GaugeMetricFamily("gpushare_gpu_pods", "Pods placed on this GPU.", labels=GPU_LABELS)
         pod_compute = GaugeMetricFamily(
             "gpushare_pod_gpu_allocated_compute_ratio",
-            "Compute share guaranteed to the pod on this GPU.",
+            "Compute share guaranteed to the pod on this GPU (its request).",
             labels=[*POD_LABELS, "class"],
         )
         pod_threads = GaugeMetricFamily(
             "gpushare_pod_gpu_active_thread_ratio",
-            "MPS active-thread percentage of the pod's processes, as a ratio.",
+            "MPS active-thread percentage of the pod's processes, as a ratio (its limit).",
             labels=POD_LABELS,
         )
         pod_limit = GaugeMetricFamily(
@@ -258,6 +265,7 @@ class GpuShareCollector(Collector):
             labels = self._gpu_labels(r.info)
             placed = by_gpu.get(r.info.uuid, [])
             compute.add_metric(labels, sum(a.compute_ratio for a in placed))
+            limits.add_metric(labels, sum(a.thread_percent for a in placed) / SLICES_PER_GPU)
             memory.add_metric(labels, float(sum(a.memory_limit_bytes for a in placed)))
             pods.add_metric(labels, float(len(placed)))
             for a in placed:
@@ -266,7 +274,7 @@ class GpuShareCollector(Collector):
                 pod_threads.add_metric(plabels, a.thread_percent / 100)
                 if a.memory_limit_bytes:
                     pod_limit.add_metric(plabels, float(a.memory_limit_bytes))
-        yield from (compute, memory, pods, pod_compute, pod_threads, pod_limit)
+        yield from (compute, limits, memory, pods, pod_compute, pod_threads, pod_limit)
 
     # -- per-pod memory -------------------------------------------------------------------
     def _owner_of(

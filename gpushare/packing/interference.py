@@ -443,6 +443,15 @@ def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float]:
     return [a[i][n] / a[i][i] if abs(a[i][i]) >= 1e-15 else 0.0 for i in range(n)]
 
 
+RIDGE = 1e-3
+"""Ridge added to each diagonal entry of X'X: negligible beside a feature the records exercise
+(its diagonal sums hundreds of observations), but it keeps a feature that barely varies in the
+records from taking a huge coefficient and predicting wild slowdowns where it does vary. Fit
+leave-one-kind-out on one H200 run's packs, the FP64 GEMM's packs were predicted with a MAPE of
+500 to 240,000 when its neighbours' starvation came from a coefficient fit on near-zero values,
+0.11-0.15 with this ridge (docs/benchmarks-gpu.md, "Model generalisation")."""
+
+
 def _least_squares(
     rows: Sequence[tuple[tuple[float, ...], float]], active: list[int]
 ) -> list[float]:
@@ -455,8 +464,8 @@ def _least_squares(
             xty[i] += sub[i] * y
             for j in range(k):
                 xtx[i][j] += sub[i] * sub[j]
-    for i in range(k):  # a whisper of ridge keeps a feature that never varies from exploding
-        xtx[i][i] += 1e-9
+    for i in range(k):
+        xtx[i][i] += RIDGE
     return _solve(xtx, xty)
 
 
@@ -589,10 +598,19 @@ def tenant_threads(tenant: Tenant) -> int:
 
 
 SHIELDED = MIN_BATCH_THREADS
-"""A profiled batch pod capped at this many threads or fewer runs at MPS priority 1 and does not
-count against a latency pod's bound: measured on an H200, inference at priority 0 and 100%
-threads kept its solo p99 beside ResNet-50 training capped at 50% (the model knows nothing of
-priorities and predicted it slower)."""
+"""A profiled batch pod that keeps at most this share of the SMs busy (GPU-percent) -- capped
+at this many threads or fewer, or using no more alone (its SM utilization) -- runs at MPS
+priority 1 and does not count against a latency pod's bound: measured on an H200, inference at
+priority 0 and 100% threads kept its solo p99 beside ResNet-50 training capped at 50% (the
+model knows nothing of priorities and predicted it slower)."""
+
+
+def shielded(profile: PipeProfile | None, gpu_class: str, threads: int) -> bool:
+    """True for a batch neighbour a latency pod's bound leaves out (:data:`SHIELDED`). A pod
+    without a profile never is: nothing measured says it leaves half the GPU."""
+    if gpu_class == CLASS_LATENCY or profile is None:
+        return False
+    return busy_share(profile, threads) <= SHIELDED / SLICES_PER_GPU
 
 
 def reserved(profile: PipeProfile) -> PipeProfile:
@@ -653,18 +671,13 @@ def admit_reason(
         )
         for t in gpu.tenants
     ]
-    shielded = [
-        t.gpu_class != CLASS_LATENCY and t.profile is not None and tenant_threads(t) <= SHIELDED
-        for t in gpu.tenants
-    ]
-    new_shielded = (
-        demand.gpu_class != CLASS_LATENCY and demand.profile is not None and threads <= SHIELDED
-    )
+    kept_out = [shielded(t.profile, t.gpu_class, tenant_threads(t)) for t in gpu.tenants]
+    new_kept_out = shielded(demand.profile, demand.gpu_class, threads)
     bound = bounds.get(demand.gpu_class)
     if bound is not None:
         seen = loads
         if demand.gpu_class == CLASS_LATENCY:
-            seen = [load for load, s in zip(loads, shielded, strict=True) if not s]
+            seen = [load for load, s in zip(loads, kept_out, strict=True) if not s]
         slowdown = model.predict(newcomer, threads, seen)
         if charge_cap and demand.gpu_class != CLASS_LATENCY:
             slowdown *= charged_cap_cost(model, newcomer, threads, bound)
@@ -683,7 +696,7 @@ def admit_reason(
             continue
         others = [load for k, load in enumerate(loads) if k != i] + [(newcomer, threads)]
         if tenant.gpu_class == CLASS_LATENCY:
-            flags = [s for k, s in enumerate(shielded) if k != i] + [new_shielded]
+            flags = [s for k, s in enumerate(kept_out) if k != i] + [new_kept_out]
             others = [load for load, s in zip(others, flags, strict=True) if not s]
         own = tenant_threads(tenant)
         slowdown = model.predict(loads[i][0], own, others)

@@ -29,6 +29,9 @@ class Demand:
 
     percent: int
     """Guaranteed compute share in GPU-percent (1..100); 100 with gpus > 1 for whole GPUs."""
+    limit_percent: int | None = None
+    """Most of the GPU its processes may use (``gpushare.io/gpu-limit``, GPU-percent, at least
+    ``percent``); None = the default (:func:`gpushare.packing.threads.assign_thread_percent`)."""
     memory_bytes: int | None = None
     """Memory cap; None means proportional to percent of the chosen GPU's memory."""
     gpu_class: str = CLASS_BATCH

@@ -1,23 +1,24 @@
-"""The MPS active-thread percentage a pod gets: guaranteed share for admission, generous caps.
+"""The MPS active-thread percentage a pod gets: its request guaranteed, its limit as the cap.
 
-A pod's ``percent`` is what it reserves of the GPU (admission adds these up to at most 100);
-its thread cap is how many SMs its kernels may spread over. The two need not be equal: caps may
-overlap, and on an H200 they had to. Measured there (bench/gpu): alone, ResNet-18 and an LSTM
-keep 0.88 of their speed at 50% threads but only 0.61-0.62 at 25%, though their SM occupancy
-is 0.05-0.12 -- they keep 38-41% of the SMs busy, launch-bound, and a cap sized from occupancy
-halves their speed. Two ResNet-18 at full threads reach 1.69x one job's throughput and four at
-25% 2.0x, so the win is many small jobs running at once with caps that overlap, not few jobs
-with tight caps. Hence:
+A pod's ``percent`` is its request, what it is guaranteed (admission adds these up to at most
+100); its thread cap is its limit, how many SMs its kernels may spread over when neighbours
+leave room (``gpushare.io/gpu-limit``, like a Kubernetes CPU limit; docs/packing.md, "Requests
+and limits"). MPS fixes the cap for a process's life, so the cap written at bind is the one it
+runs with, alone or not. Hence, for a fractional batch pod:
 
-- latency-class pods are never capped (100%): a cap raised the inference p99 by 1.5-4.3 ms,
-  while MPS priority 0 for them and a 50% cap on their batch neighbours kept it at solo level;
-- a fractional batch pod with a profile gets ``max(percent, 50)``: never below its guarantee,
-  never below half the GPU (SM utilization x 1.25 headroom is about 50% for the launch-bound
-  jobs measured), and no more than half when it asked for less, so a heavy neighbour capped
-  at 50% (an FP64 GEMM starved uncapped neighbours to 2% of their speed, at 50/50 both kept
-  0.47-0.72) still has SMs of its own;
-- a pod without a profile, or profiled on another GPU model, keeps its share as its cap
-  (caution: nothing measured says it is small); whole GPUs get 100.
+- the default limit is the whole GPU: a batch job alone, or beside idle neighbours, is not
+  throttled (an H100 run had ResNet-50, asking 60%, alone on the GPU at 60% threads; alone at
+  50% threads ResNet-50 keeps about 0.6 of its speed, ResNet-18 and an LSTM 0.88);
+- an explicit ``gpushare.io/gpu-limit`` is honoured, never below the request;
+- placed on a GPU that holds a latency-class pod, the cap is at most
+  ``max(request, LATENCY_NEIGHBOUR_THREADS)``: the latency pod runs uncapped at MPS priority 0
+  and half the SMs stay out of its batch neighbours' reach (H200: inference p99 beside
+  ResNet-50 training at 50% threads and priority 1 stayed near solo; uncapped without
+  priorities it tripled).
+
+Latency-class pods and whole GPUs get 100. Caps may overlap: guaranteed shares, not caps, add
+up to at most 100, and admission (``interference.admit_reason``) keeps each tenant's predicted
+slowdown within its class bound.
 """
 
 from collections.abc import Mapping
@@ -27,10 +28,12 @@ from gpushare.packing.model import Demand, GpuState, PipeProfile
 
 HEADROOM = 1.25
 """Requests sized from a profile stay at least this factor above the measured demand."""
-MIN_BATCH_THREADS = 50
-"""Thread cap floor for a profiled fractional batch pod (GPU-percent)."""
-MIN_FRACTION_OF_SHARE = 0.5
-"""Kept for callers of the earlier rule; caps are now never below the guaranteed percent."""
+LATENCY_NEIGHBOUR_THREADS = 50
+"""Thread cap (GPU-percent) for a batch pod placed beside a latency-class pod, unless its
+request is larger (it always gets what it is guaranteed)."""
+MIN_BATCH_THREADS = LATENCY_NEIGHBOUR_THREADS
+"""A batch pod kept to this many threads (or to this share of busy SMs, see
+``interference.SHIELDED``) leaves the latency pod half the GPU."""
 SATURATING = 0.8
 """A pipe (or SM utilization) busier than this alone marks a job that saturates the GPU."""
 
@@ -56,20 +59,18 @@ def pipe_saturating(profile: PipeProfile) -> bool:
 
 
 def assign_thread_percent(demand: Demand, gpu: GpuState) -> int:
-    """MPS active-thread % for the pod on ``gpu``; always 1..100 (rules in the module doc).
-
-    Depends only on the pod and the GPU's model, never on the neighbours: the device plugin sets
-    it once, when the pod's containers start.
-    """
+    """MPS active-thread % for the pod placed on ``gpu`` now; always 1..100 (rules in the
+    module doc). It depends on the pod's request, limit and class and on whether ``gpu``
+    already holds a latency-class pod; the device plugin sets it once, when the pod's
+    containers start."""
     share = max(1, min(demand.percent, SLICES_PER_GPU))
-    if demand.gpu_class == CLASS_LATENCY:
+    if demand.gpu_class == CLASS_LATENCY or share >= SLICES_PER_GPU:
         return SLICES_PER_GPU
-    profile = demand.profile
-    if profile is None or share >= SLICES_PER_GPU:
-        return share
-    if profile.gpu_model and gpu.model and profile.gpu_model != gpu.model:
-        return share
-    return max(share, MIN_BATCH_THREADS)
+    limit = SLICES_PER_GPU if demand.limit_percent is None else demand.limit_percent
+    cap = max(share, min(limit, SLICES_PER_GPU))
+    if gpu.has_latency_tenant:
+        cap = min(cap, max(share, LATENCY_NEIGHBOUR_THREADS))
+    return cap
 
 
 def cap_beside_latency(p99_ratio_by_threads: Mapping[int, float], *, bound: float) -> int:

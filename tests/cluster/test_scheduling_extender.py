@@ -17,8 +17,10 @@ import pytest
 
 from gpushare.api.inventory import GpuInfo, load_inventory
 from gpushare.api.names import (
+    ANN_CLASS,
     ANN_FRACTION,
     ANN_GPU_UUID,
+    ANN_LIMIT,
     ANN_MEMORY,
     ANN_NODE_GPUS,
     ANN_REQUEUED_AT,
@@ -246,6 +248,34 @@ def assert_each_runs_on_its_gpu(cluster: LocalCluster, namespace: str, count: in
         assert f"CUDA_VISIBLE_DEVICES={ann[ANN_GPU_UUID]}" in lines, pod["metadata"]["name"]
         threads = ann["gpushare.io/active-thread-percentage"]
         assert f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads}" in lines, pod["metadata"]["name"]
+
+
+def test_burstable_pods_run_at_their_limit_with_the_request_recorded(
+    cluster: LocalCluster, controller: ControllerProcess, gpu_node: GpuNode, namespace: str
+) -> None:
+    """Request and limit end to end: the webhook accepts the limit, bind records the request
+    beside the effective cap, and the container runs with that cap and memory for its
+    request. A batch pod alone on a GPU, or beside batch pods, is not throttled; one placed
+    where a latency pod runs is kept to half the GPU."""
+    service = gpushare_pod(cluster, "svc", "0.1")
+    service["metadata"]["annotations"][ANN_CLASS] = "latency"
+    create(cluster, namespace, [service])
+    wait_bound(cluster, namespace, 1)
+    burst = gpushare_pod(cluster, "burst", "0.3")
+    limited = gpushare_pod(cluster, "limited", "0.2")
+    limited["metadata"]["annotations"][ANN_LIMIT] = "40%"
+    create(cluster, namespace, [burst, limited])
+    pods = {p["metadata"]["name"]: p for p in wait_bound(cluster, namespace, 3)}
+    latency_gpu = parse_placement(pods["svc"]["metadata"]["annotations"])
+    assert latency_gpu is not None and latency_gpu.thread_percent == 100
+    for name, request, limit in (("burst", 30, 100), ("limited", 20, 40)):
+        placement = parse_placement(pods[name]["metadata"]["annotations"])
+        assert placement is not None and placement.request_percent == request, name
+        beside_latency = placement.gpu_uuids == latency_gpu.gpu_uuids
+        expected = min(limit, 50) if beside_latency else limit
+        assert placement.thread_percent == expected, (name, placement)
+        assert placement.memory_limit_bytes == gpu_node.gpus[0].memory_bytes * request // 100
+    assert_each_runs_on_its_gpu(cluster, namespace, 3)
 
 
 def test_a_pod_that_fits_no_single_gpu_stays_pending_with_the_reason(

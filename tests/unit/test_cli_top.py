@@ -71,11 +71,24 @@ def test_pods_are_listed_under_the_gpus_they_share() -> None:
         ("infer", 50, 70),
     ]
     assert gpu_a.allocated_percent == 175
+    assert gpu_a.limit_percent == 195
     assert [p.name for p in gpu_b.pods] == ["big"]
     text = render_text(view, live_source=None)
     assert "GPU 0  NVIDIA H100 80GB HBM3" in text
+    assert "allocated 175%  limits 195%" in text
+    assert "REQUEST" in text and "LIMIT" in text
     assert "infer" in text and "70%" in text and "20Gi" in text
     assert "add --prometheus URL or --metrics-url URL" in text
+
+
+def test_a_share_governed_pod_shows_the_request_the_scheduler_recorded() -> None:
+    governed = pod("ml", "worker", GPU_B, "0.3", 100)
+    del governed["metadata"]["annotations"]["gpushare.io/gpu-fraction"]
+    governed["metadata"]["annotations"]["gpushare.io/request-percentage"] = "30"
+    view = build_view(NODES, [governed])
+    (row,) = view[0].gpus[1].pods
+    assert (row.fraction_percent, row.thread_percent) == (30, 100)
+    assert "30%" in render_text(view, live_source=None)
 
 
 def test_namespace_filter_keeps_only_that_namespace() -> None:

@@ -11,6 +11,7 @@ from gpushare.api.names import (
     ANN_CLASS,
     ANN_GPU_UUID,
     ANN_MEMORY_LIMIT,
+    ANN_REQUEST_PERCENT,
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
@@ -25,11 +26,11 @@ from gpushare.deviceplugin.allocation import (
     allocation_for_pod,
     check_uid,
     derived_allocation,
-    pinned_memory_limit,
     select_pod,
     steer,
 )
 from gpushare.deviceplugin.devices import group_by_gpu, slice_ids
+from gpushare.mps.client import pinned_memory_limit
 from gpushare.mps.manager import MpsManager
 
 GIB = 2**30
@@ -200,6 +201,21 @@ def test_batch_pods_run_at_below_normal_mps_priority(ctx: AllocationContext) -> 
     placement = parse_placement(batch.annotations)
     assert placement is not None
     allocation, _ = allocation_for_pod(ctx, batch, placement, [])
+    assert allocation.envs["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+
+
+def test_a_burstable_pod_runs_at_its_limit_with_memory_of_its_request(
+    ctx: AllocationContext,
+) -> None:
+    # Request 25% (what the scheduler accounted for), limit 100% (its thread cap); with no
+    # memory limit written the pinned memory follows the request, not the cap.
+    burst = pod("burst", GPU_A, threads="100", memory="0", extra={ANN_REQUEST_PERCENT: "25"})
+    placement = parse_placement(burst.annotations)
+    assert placement is not None
+    allocation, _ = allocation_for_pod(ctx, burst, placement, [])
+    assert allocation.envs["CUDA_VISIBLE_DEVICES"] == GPU_A
+    assert allocation.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+    assert allocation.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={20 * 1024}M"
     assert allocation.envs["CUDA_MPS_CLIENT_PRIORITY"] == "1"
 
 

@@ -141,6 +141,8 @@ def test_allocated_compute_adds_fractions_and_counts_multi_gpu_pods_whole() -> N
     assert values(series, "gpushare_gpu_allocated_compute_ratio", gpu_uuid=gpu1) == [1.0]
     assert values(series, "gpushare_gpu_allocated_memory_bytes", gpu_uuid=gpu0) == [12 * 2**30]
     assert values(series, "gpushare_pod_gpu_active_thread_ratio", pod="half") == [0.6]
+    # Limits may overlap: 25% + 60% + 100% of threads on a GPU with 175% guaranteed.
+    assert values(series, "gpushare_gpu_limit_compute_ratio", gpu_uuid=gpu0) == [1.85]
     assert len(values(series, "gpushare_pod_gpu_allocated_compute_ratio", pod="two-gpus")) == 2
 
 

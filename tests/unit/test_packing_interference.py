@@ -94,9 +94,10 @@ def _synthetic_records(coefficients: tuple[float, ...]) -> list[ColocationRecord
 def test_fit_recovers_the_model_that_generated_the_data() -> None:
     coefficients = (0.9, 0.3, 0.5, 1.2, 0.4, 0.6, 0.7)
     model = fit(_synthetic_records(coefficients), source="synthetic")
-    assert model.coefficients == pytest.approx(coefficients, abs=1e-6)
-    assert model.mape_in_sample == pytest.approx(0.0, abs=1e-9)
-    assert model.mape_held_out == pytest.approx(0.0, abs=1e-6)
+    # interference.RIDGE pulls coefficients a little towards 0 on this small synthetic set.
+    assert model.coefficients == pytest.approx(coefficients, abs=0.02)
+    assert model.mape_in_sample == pytest.approx(0.0, abs=1e-3)
+    assert model.mape_held_out == pytest.approx(0.0, abs=2e-3)
 
 
 def test_fit_never_returns_a_negative_coefficient() -> None:
@@ -247,6 +248,26 @@ def _small(key: str, profile: PipeProfile) -> Tenant:
     return Tenant(key, 20, 20 << 30, profile=profile, thread_percent=50)
 
 
+def test_a_latency_pod_joins_uncapped_batch_neighbours_only_where_they_leave_half_the_gpu() -> None:
+    # Batch pods run at MPS priority 1 and, placed alone, uncapped (threads.py). Small
+    # launch-bound jobs keep well under half the SMs busy alone (H200: ResNet-18 0.385, LSTM
+    # 0.41), which is what a 50% cap guarantees, so the service starts beside them; a training
+    # job that alone keeps 85% of the SMs busy holds it back until capped or gone.
+    model = load_default()
+    service = Demand(percent=25, gpu_class="latency", profile=SERVICE)
+    small = [
+        Tenant(f"ns/{i}", 15, 10 << 30, profile=p, thread_percent=100)
+        for i, p in enumerate((R18, LSTM))
+    ]
+    assert admit_reason(_gpu(*small), service, model=model, bounds=BOUNDS) is None
+    busy = replace(R18, sm_utilization=0.85, tensor=0.12, sm_occupancy=0.48, dram_bandwidth=0.43)
+    trainer = Tenant("ns/train", 60, 40 << 30, profile=busy, thread_percent=100)
+    reason = admit_reason(_gpu(trainer), service, model=model, bounds=BOUNDS)
+    assert reason is not None and "latency pod" in reason
+    capped = replace(trainer, thread_percent=50)
+    assert admit_reason(_gpu(capped), service, model=model, bounds=BOUNDS) is None
+
+
 def test_a_latency_tenant_weighs_its_reserved_share_on_its_neighbours() -> None:
     # H200 run 3: the service averaged 2% of the SMs busy, so small jobs at 50% threads were
     # admitted beside it as if it were not there and ran 2.2x their solo time. Counted at its
@@ -326,7 +347,7 @@ def test_fit_learns_the_cost_of_a_thread_cap_from_solo_rates_at_each_cap() -> No
     assert model.cap_slowdown(R18, 50) == pytest.approx(math.exp(0.87 * 0.385 * math.log(2)))
     # Records relative to the full GPU (same solo rate at every cap) carry no cap data.
     assert fit(_synthetic_records((0.9, 0.3, 0.5, 1.2, 0.4, 0.6, 0.7))).coefficients[-1] == (
-        pytest.approx(0.7, abs=1e-6)
+        pytest.approx(0.7, abs=1e-3)
     )
 
 
@@ -421,7 +442,8 @@ def test_the_h200_runs_packs_give_the_cap_relief_weight_and_fit_within_ten_perce
     assert model.coefficients[model.feature_names.index("cap_relief")] > 0.5
     assert model.mape_held_out is not None and model.mape_held_out < 0.10
     shipped = load_default()
-    assert model.coefficients == pytest.approx(shipped.coefficients, abs=1e-6)
+    # The shipped file was fit before interference.RIDGE; the ridge moves it by < 2e-3.
+    assert model.coefficients == pytest.approx(shipped.coefficients, abs=2e-3)
     assert shipped.records == 177
 
 

@@ -37,9 +37,12 @@ def test_binpack_fills_the_fuller_gpu_and_spread_the_emptier() -> None:
 
 def test_assignment_carries_thread_percent_and_proportional_memory() -> None:
     node = NodeState("n1", [gpu("g0")])
+    # Memory follows the request (25%); the thread cap is the limit (the whole GPU by default).
     a = choose_gpus(node, Demand(percent=25), policy=Policy.BINPACK)
     assert a is not None
-    assert (a.node, a.thread_percent, a.memory_limit_bytes) == ("n1", 25, 20 * GIB)
+    assert (a.node, a.thread_percent, a.memory_limit_bytes) == ("n1", 100, 20 * GIB)
+    limited = choose_gpus(node, Demand(percent=25, limit_percent=40), policy=Policy.BINPACK)
+    assert limited is not None and limited.thread_percent == 40
     capped = choose_gpus(node, Demand(percent=25, memory_bytes=5 * GIB), policy=Policy.BINPACK)
     assert capped is not None and capped.memory_limit_bytes == 5 * GIB
 

@@ -12,7 +12,9 @@ from gpushare.api.names import (
     ANN_CLASS,
     ANN_CONTAINER,
     ANN_GPU_UUID,
+    ANN_LIMIT,
     ANN_MEMORY,
+    ANN_REQUEST_PERCENT,
     ANN_SHARE,
     RESOURCE_GPU_PERCENT,
     SCHEDULER_NAME,
@@ -134,6 +136,41 @@ def test_a_gpushare_link_takes_the_share_fraction_memory_and_class() -> None:
             "remove it",
         ),
         (
+            pod_json("p", fraction="0.5", annotations={ANN_REQUEST_PERCENT: "50"}),
+            "gpushare.io/request-percentage",
+            "remove it",
+        ),
+        (
+            pod_json("p", fraction="0.5", annotations={ANN_LIMIT: "0.3"}),
+            "gpushare.io/gpu-limit",
+            "at least 50%",
+        ),
+        (
+            pod_json("p", fraction="0.5", annotations={ANN_LIMIT: "2"}),
+            "gpushare.io/gpu-limit",
+            'like "0.5" or "50%"',
+        ),
+        (
+            pod_json("p", fraction="0.5", annotations={ANN_LIMIT: "9" * 4096}),
+            "gpushare.io/gpu-limit",
+            "or remove it",
+        ),
+        (
+            pod_json("p", fraction="1", annotations={ANN_LIMIT: "0.5"}),
+            "gpushare.io/gpu-limit",
+            "never capped",
+        ),
+        (
+            pod_json("p", namespace="team", annotations={ANN_SHARE: "infer", ANN_LIMIT: "20%"}),
+            "gpushare.io/gpu-limit",
+            "at least 30%",
+        ),
+        (
+            pod_json("p", annotations={ANN_LIMIT: "0.5"}),
+            "gpushare.io/gpu-limit",
+            "add gpushare.io/gpu-fraction",
+        ),
+        (
             pod_json(
                 "p",
                 fraction="0.5",
@@ -220,9 +257,16 @@ def test_a_gpushare_link_takes_the_share_fraction_memory_and_class() -> None:
     ],
 )
 def test_refusals_name_the_field_and_the_fix(pod: dict[str, Any], field: str, fix: str) -> None:
-    message = refusal(pod)
+    namespace = pod["metadata"].get("namespace", "default")
+    message = refusal(pod, namespace)
     assert message.startswith(field) or f"; {field}" in message, message
     assert fix in message
+
+
+def test_a_limit_at_or_above_the_request_is_accepted_and_kept() -> None:
+    pod = mutated(pod_json("p", fraction="0.25", annotations={ANN_LIMIT: "60%"}))
+    assert pod["metadata"]["annotations"][ANN_LIMIT] == "60%"
+    assert pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE_GPU_PERCENT] == "25"
 
 
 def test_a_pod_asking_for_gpu_percent_directly_is_sent_to_the_gpushare_scheduler() -> None:
