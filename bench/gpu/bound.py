@@ -2,8 +2,8 @@
 measured: a fluid linear-programming bound (no GPU), to tell a policy's miss from a target
 below what the measured packs allow.
 
-    PYTHONPATH=. python3 -m bench.gpu.bound --results bench/results/gpu-packing.json \\
-        --colocations bench/gpu/data/colocations.json [--trace light]
+    PYTHONPATH=. python3 -m bench.gpu.bound --results bench/gpu/data/run10-results.json \\
+        --colocations bench/gpu/data/run10-colocations.json [--trace light]
 
 Each measured pack (and each kind alone at 100% threads) does work at the rates it measured:
 a member's colocated rate over its kind's solo rate at 100% threads, so one second of a pack

@@ -22,6 +22,9 @@ class JobKind:
     """True for the inference service: requests arrive as a Poisson process."""
     request_rate_hz: float = 0.0
     """Mean request arrival rate of the inference service."""
+    unseen: bool = False
+    """Never in any fit of the shipped interference model: its packs test how the model
+    generalises to jobs it has not seen (docs/benchmarks-gpu.md, "Model generalisation")."""
 
 
 KINDS: dict[str, JobKind] = {
@@ -50,6 +53,23 @@ KINDS: dict[str, JobKind] = {
         JobKind("lstm", "2-layer LSTM training (hidden 1024, seq 64, batch 32), fp32 cuDNN"),
         JobKind("dgemm", "FP64 GEMM loop, 8192x8192 matrices (FP64 tensor cores)"),
         JobKind(
+            "gpt2",
+            "GPT-2-style decoder training (transformers GPT2Config: 12 layers, d=768, seq 512, "
+            "batch 8), bf16 autocast, random weights",
+            unseen=True,
+        ),
+        JobKind(
+            "bert",
+            "BERT-base inference, offline batches (transformers BertConfig defaults, seq 128, "
+            "batch 32), bf16, random weights",
+            unseen=True,
+        ),
+        JobKind(
+            "vit",
+            "ViT-B/16 training (torchvision vit_b_16, weights=None, 224x224, batch 32), bf16",
+            unseen=True,
+        ),
+        JobKind(
             "infer",
             "ResNet-50 inference service, batch 8, bf16, Poisson arrivals, per-request latency",
             gpu_class=CLASS_LATENCY,
@@ -62,6 +82,7 @@ KINDS: dict[str, JobKind] = {
 # Kinds measured in colocation packs. The inference service (Poisson arrivals: its rate is its
 # arrival rate) and the heavy trace's XL jobs (they ask for whole GPUs) are profiled alone.
 TRAINING_KINDS: tuple[str, ...] = ("resnet18", "resnet50", "transformer", "lstm", "dgemm")
+UNSEEN_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.unseen)
 SOLO_ONLY_KINDS: tuple[str, ...] = ("infer", "resnet50_xl", "transformer_xl")
 
 

@@ -75,8 +75,8 @@ def _pack(*items: tuple[str, int]) -> Pack:
 def plan(kinds: Sequence[str], *, quick: bool) -> list[Stage]:
     """The measurement plan: solo profiles, pairs at 100/100, 50/50 and mixed caps, and
     larger packs. The first stage's singles are the solo profiles and solo rates."""
-    window = 0.8 if quick else 1.2
-    profile_window = 1.5 if quick else 2.5
+    window = 0.8 if quick else 1.0
+    profile_window = 1.5 if quick else 2.0
     pairs = list(itertools.combinations_with_replacement(kinds, 2))
     light = [k for k in ("resnet18", "lstm") if k in kinds]
     heavy = [k for k in kinds if k not in light]
@@ -113,6 +113,17 @@ def plan(kinds: Sequence[str], *, quick: bool) -> list[Stage]:
         capped = [p for p in capped if len(p) == 1] + [p for p in capped if len(p) > 1][::2]
     stages.append(Stage("capped", tuple(capped), window))
     return stages
+
+
+def unseen_plan(unseen: Sequence[str], known: Sequence[str], *, window: float) -> list[Stage]:
+    """Packs of the kinds the shipped model never saw: each beside every known kind and beside
+    each other at 100/100, and beside every known kind at 50/50 (with each alone at 50%, for
+    its solo rate at that cap), in two stages so each holds few processes."""
+    full = [_pack((u, 100), (k, 100)) for u in unseen for k in known]
+    full += [_pack((a, 100), (b, 100)) for a, b in itertools.combinations(unseen, 2)]
+    half = [_pack((u, 50)) for u in unseen]
+    half += [_pack((u, 50), (k, 50)) for u in unseen for k in known]
+    return [Stage("unseen-full", tuple(full), window), Stage("unseen-half", tuple(half), window)]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,16 @@
-"""Targets, the results JSON and its markdown rendering."""
+"""Targets, the results JSON and its markdown; merging runs on several GPUs into one record.
 
+    PYTHONPATH=. python3 -m bench.gpu.report merge RUN.json [RUN.json ...] --out DIR
+
+writes ``DIR/gpu-packing.json`` (``decided_by``, ``targets`` of every run, each run in full
+under ``runs``) and ``DIR/gpu-packing.md``.
+"""
+
+import argparse
 import json
 import math
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +19,26 @@ from bench.gpu.metrics import ratio
 
 SCHEMES = ("exclusive", "timeslice", "mps_equal", "mps_unlimited", "gpushare")
 TRACE_KEYS = ("makespan_s", "mean_jct_s", "throughput")
+HEAVY_BASELINES = ("exclusive", "timeslice", "mps_unlimited")
+
+LIMITS: dict[str, float] = {
+    "light_makespan": 0.50,
+    "light_jct": 0.45,
+    "light_slowest": 2.0,
+    "heavy": 1.03,
+    "mixed_makespan": 0.90,
+    "mixed_jct": 0.80,
+    "latency_p99": 1.15,
+    "latency_training": 0.60,
+    "unseen_mape": 0.15,
+    "loko_mape": 0.12,
+    "exhaustive": 0.95,
+}
 
 
 def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets, each with the measured value and whether it was met."""
+    """The issue's targets, each with the measured value and whether it was met (None: not
+    measured in this run)."""
     checks: list[dict[str, Any]] = []
 
     def add(name: str, value: float | None, limit: float, *, at_most: bool = True) -> None:
@@ -29,56 +54,56 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     traces = results.get("traces", {})
     details = results.get("details", {}).get("schemes", {})
-    light = traces.get("light", {})
-    gs = light.get("gpushare", {})
-    ex = light.get("exclusive", {})
-    eq = light.get("mps_equal", {})
+
+    def vs_exclusive(trace: str, key: str) -> float | None:
+        rows = traces.get(trace, {})
+        return ratio(rows.get("gpushare", {}).get(key), rows.get("exclusive", {}).get(key))
+
     add(
-        "light: gpushare makespan / exclusive",
-        ratio(gs.get("makespan_s"), ex.get("makespan_s")),
-        0.50,
+        "light: makespan / exclusive", vs_exclusive("light", "makespan_s"), LIMITS["light_makespan"]
     )
+    add("light: mean JCT / exclusive", vs_exclusive("light", "mean_jct_s"), LIMITS["light_jct"])
     add(
-        "light: gpushare mean JCT / exclusive",
-        ratio(gs.get("mean_jct_s"), ex.get("mean_jct_s")),
-        0.50,
-    )
-    add(
-        "light: gpushare makespan / mps_equal",
-        ratio(gs.get("makespan_s"), eq.get("makespan_s")),
-        0.85,
-    )
-    add(
-        "light: gpushare slowest job run time / its solo time",
+        "light: slowest job run time / its solo time",
         details.get("light", {}).get("gpushare", {}).get("max_slowdown"),
-        2.0,
+        LIMITS["light_slowest"],
     )
     heavy = traces.get("heavy", {})
     for key, label in (("makespan_s", "makespan"), ("mean_jct_s", "mean JCT")):
-        others = [heavy[s][key] for s in SCHEMES if s != "gpushare" and heavy.get(s, {}).get(key)]
-        best = min(others) if others else None
+        others = [heavy[s][key] for s in HEAVY_BASELINES if heavy.get(s, {}).get(key)]
+        best = min(others) if len(others) == len(HEAVY_BASELINES) else None
         add(
-            f"heavy: gpushare {label} / best other scheme",
+            f"heavy: {label} / best of exclusive, timeslice, mps_unlimited",
             ratio(heavy.get("gpushare", {}).get(key), best),
-            1.05,
+            LIMITS["heavy"],
         )
+    add(
+        "mixed: makespan / exclusive", vs_exclusive("mixed", "makespan_s"), LIMITS["mixed_makespan"]
+    )
+    add("mixed: mean JCT / exclusive", vs_exclusive("mixed", "mean_jct_s"), LIMITS["mixed_jct"])
     lat = results.get("latency", {})
     add(
-        "latency: shared p99 / solo p99",
+        "latency: shared p99 / solo p99 without MPS",
         ratio(lat.get("shared_p99_ms"), lat.get("solo_p99_ms")),
-        1.15,
+        LIMITS["latency_p99"],
     )
     add(
         "latency: training keeps of its solo throughput",
         lat.get("train_retained_ratio"),
-        0.60,
+        LIMITS["latency_training"],
         at_most=False,
     )
-    add("interference model MAPE (held-out packs)", results.get("prediction_mape"), 0.10)
+    model = results.get("model", {})
     add(
-        "gpushare packing / exhaustive best",
+        "model: MAPE on unseen kinds (shipped model)",
+        model.get("unseen_kinds_mape"),
+        LIMITS["unseen_mape"],
+    )
+    add("model: leave-one-kind-out MAPE", model.get("leave_one_kind_out_mape"), LIMITS["loko_mape"])
+    add(
+        "chosen packs / exhaustive best over measured packs",
         results.get("packing_vs_exhaustive"),
-        0.95,
+        LIMITS["exhaustive"],
         at_most=False,
     )
     return checks
@@ -92,125 +117,100 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-VARIANTS: dict[str, str] = {
-    "gpushare_no_tail": "gpushare without tail pairing",
-    "gpushare_charge_cap": (
-        "gpushare with the thread cap's modelled cost charged in admission: "
-        "the batch bound is on the slowdown vs the whole GPU (runs 6-8; the default since run 9)"
-    ),
-    "gpushare_own_cap": (
-        "gpushare with the batch bound on the slowdown vs the job alone at its own cap, "
-        "the thread cap's cost not charged in admission (gpushare to run 8)"
-    ),
-}
-"""What each sensitivity run changes, for the markdown."""
-
-
-def markdown(results: dict[str, Any]) -> str:
+def markdown(results: dict[str, Any], *, level: int = 1) -> str:
+    """One run's results (``level`` 2 nests it under a merged record's heading)."""
+    h = "#" * level
     d = results.get("details", {})
+    db = results.get("decided_by", {})
+    model = db.get("model", {})
     lines = [
-        "# gpushare on a real GPU: job mixes",
+        f"{h} gpushare on a real GPU: {results.get('gpu')}",
         "",
         f"- GPU: {results.get('gpu')} (driver {results.get('driver')}), {d.get('machine', '')}",
-        f"- Date: {results.get('date')}; run took {_fmt(d.get('run_s'), 0)} s"
-        + (" (--quick: shorter jobs and fewer packs)" if d.get("quick") else ""),
-        f"- Profiles from: {d.get('profile_source')}; placement by: {d.get('policy_source')}",
+        f"- Date: {results.get('date')}; run took {_fmt(d.get('run_s'), 0)} s of a "
+        f"{_fmt(d.get('budget_s'), 0)}-s budget"
+        + (" (--quick: shorter jobs and fewer packs)" if d.get("quick") else "")
+        + (" (DRY RUN: no GPU work, numbers check the harness only)" if d.get("dry_run") else ""),
+        f"- Decided by: {db.get('placement')}; admission {db.get('admission')} (bounds "
+        f"{db.get('bounds')}); thread cap {db.get('thread_cap')}; client env "
+        f"{db.get('client_env')}",
+        f"- Model: `{model.get('file')}` (sha256 {str(model.get('sha256', ''))[:12]}, "
+        f"{model.get('source', '')[:80]}...), shipped, never refit in the run; code "
+        f"{db.get('code_rev') or 'unrecorded'}",
+        f"- Profiles from: {d.get('profile_source')}; traces: {d.get('trace_sources')}",
         "",
     ]
-    lines += _jobs_table(d)
-    for trace in ("light", "heavy"):
-        rows = results.get("traces", {}).get(trace, {})
+    lines += _jobs_table(d, h)
+    for trace, rows in results.get("traces", {}).items():
         extra = d.get("schemes", {}).get(trace, {})
         ex = rows.get("exclusive", {})
-        eq = rows.get("mps_equal", {})
         lines += [
-            f"## {trace} trace ({d.get('trace_jobs', {}).get(trace, '?')} jobs)",
+            f"{h}# {trace} trace ({d.get('trace_jobs', {}).get(trace, '?')} jobs)",
             "",
             "| scheme | makespan s | mean JCT s | throughput | makespan / exclusive "
-            "| JCT / exclusive | makespan / mps_equal | slowest job vs solo | failed |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| JCT / exclusive | slowest job vs solo | failed |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for s in SCHEMES:
             r = rows.get(s)
             if not r:
-                lines.append(f"| {s} | not run | | | | | | | |")
+                lines.append(f"| {s} | not run | | | | | | |")
                 continue
             x = extra.get(s, {})
             lines.append(
                 f"| {s} | {_fmt(r['makespan_s'])} | {_fmt(r['mean_jct_s'])} | "
                 f"{_fmt(r['throughput'])} | {_fmt(ratio(r['makespan_s'], ex.get('makespan_s')))} | "
                 f"{_fmt(ratio(r['mean_jct_s'], ex.get('mean_jct_s')))} | "
-                f"{_fmt(ratio(r['makespan_s'], eq.get('makespan_s')))} | "
                 f"{_fmt(x.get('max_slowdown'))}x | {len(x.get('failed', []))} |"
             )
         lines.append("")
-    for name, v in d.get("variants", {}).items():
-        trace = v.get("trace", "light")
-        ex = results.get("traces", {}).get(trace, {}).get("exclusive", {})
-        eq = results.get("traces", {}).get(trace, {}).get("mps_equal", {})
-        what = (
-            f"requests sized by the policy's own compute demand: {v['requested_fractions']}"
-            if v.get("requested_fractions")
-            else VARIANTS.get(name, name)
-        )
-        lines += [
-            f"Sensitivity, {trace} trace, `{name}` ({what}): "
-            f"makespan {_fmt(v.get('makespan_s'))} s "
-            f"({_fmt(ratio(v.get('makespan_s'), ex.get('makespan_s')))}x exclusive, "
-            f"{_fmt(ratio(v.get('makespan_s'), eq.get('makespan_s')))}x mps_equal), mean JCT "
-            f"{_fmt(v.get('mean_jct_s'))} s "
-            f"({_fmt(ratio(v.get('mean_jct_s'), ex.get('mean_jct_s')))}x exclusive), slowest "
-            f"job {_fmt(v.get('max_slowdown'))}x its solo time.",
-            "",
-        ]
-    lat = results.get("latency", {})
     dl = d.get("latency", {})
     lines += [
-        "## Inference beside training",
+        f"{h}# Inference beside training",
         "",
-        "| setting | p50 ms | p99 ms | training it/s (share of solo) |",
-        "|---|---|---|---|",
+        f"Training (ResNet-50, asks 0.5) beside the service as gpushare places it: "
+        f"{dl.get('training_launch', '-')}, cap {dl.get('training_cap', '-')}% at priority 1, "
+        f"service {dl.get('service_threads', '-')}% at priority 0 "
+        f"({dl.get('gpushare_admission', '-')}). Windows of {_fmt(dl.get('window_s'), 1)} s, "
+        f"{dl.get('rounds', '-')} rounds in rotated order, warm-up requests left out.",
+        "",
+        "| setting | windows | requests | p50 ms | p99 ms | p99 by window | training it/s "
+        "(share of solo) |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for row in d.get("latency_rows", []):
+    for row in dl.get("rows", []):
         lines.append(
-            f"| {row['setting']} | {_fmt(row.get('p50_ms'))} | {_fmt(row.get('p99_ms'))} | "
+            f"| {row['setting']} | {row.get('windows')} | {row.get('requests')} | "
+            f"{_fmt(row.get('p50_ms'))} | {_fmt(row.get('p99_ms'))} | "
+            f"{' / '.join(_fmt(x, 1) for x in row.get('p99_ms_by_window', []))} | "
             f"{_fmt(row.get('train_rate'))} ({_fmt(row.get('train_share'))}) |"
         )
+    m = d.get("model", {})
+    shipped = m.get("shipped", {})
+    loko = m.get("leave_one_kind_out", {})
+    ex = d.get("exhaustive", {})
     lines += [
         "",
-        "Solo p99 (alone under the same MPS daemon, "
-        + (
-            f"{len(dl.get('solo_p99_ms_by_window', []))} windows of {_fmt(dl['window_s'], 0)} s "
-            "interleaved with the shared rows' in rotating order, same arrivals per round; "
-            "each window's p99: "
-            if dl.get("window_s")
-            else "same window length and arrivals, windows before and after the shared rows: "
-        )
-        + f"{' / '.join(_fmt(x) for x in dl.get('solo_p99_ms_by_window', [])) or '-'} ms) "
-        f"{_fmt(lat.get('solo_p99_ms'))} ms; shared under gpushare "
-        f"{_fmt(lat.get('shared_p99_ms'))} ms at the training cap picked from the measured "
-        f"curve ({_fmt(dl.get('picked_training_cap'))}%; p99 / solo by cap: "
-        f"{dl.get('p99_ratio_by_training_cap', '-')}"
-        + (
-            f"; each window's p99 by cap: {dl['p99_ms_by_window_by_training_cap']}"
-            if dl.get("p99_ms_by_window_by_training_cap")
-            else ""
-        )
-        + "), training kept "
-        f"{_fmt(lat.get('train_retained_ratio'))} of its solo throughput.",
+        f"{h}# Interference model and packing",
         "",
-        "## Interference model and packing",
-        "",
-        f"- Held-out MAPE of the predicted slowdown (5-fold by pack): "
-        f"{_fmt(results.get('prediction_mape'), 3)}; of the predicted colocated rate: "
-        f"{_fmt(d.get('mape', {}).get('mape_rate'), 3)}",
-        f"- Chosen packings vs exhaustive best over measured packs: "
-        f"{_fmt(results.get('packing_vs_exhaustive'), 3)}; against the best the requests allow "
-        "(whole-GPU jobs alone): "
-        f"{_fmt(d.get('exhaustive', {}).get('packing_vs_exhaustive_within_requests'), 3)}",
+        f"- Shipped model on this run's packs of the kinds it was fit on: MAPE "
+        f"{_fmt(shipped.get('fitted_kinds_mape'), 3)} "
+        f"({shipped.get('fitted_kinds_predictions', '-')} predictions)",
+        f"- Shipped model on packs holding a kind it never saw: MAPE "
+        f"{_fmt(shipped.get('unseen_kinds_mape'), 3)} "
+        f"({shipped.get('unseen_kinds_predictions', '-')} predictions; by kind "
+        f"{shipped.get('unseen_by_kind', {})})",
+        f"- Leave-one-kind-out (refit on this run's packs without the kind): MAPE "
+        f"{_fmt(loko.get('mape'), 3)}; by kind {loko.get('by_kind', {})}",
+        f"- 5-fold by pack (refit on this run's packs): MAPE "
+        f"{_fmt(m.get('k_fold', {}).get('mape_slowdown'), 3)}",
+        f"- Chosen packs vs exhaustive best over measured packs: "
+        f"{_fmt(results.get('packing_vs_exhaustive'), 3)}; against the best the requests allow: "
+        f"{_fmt(ex.get('packing_vs_exhaustive_within_requests'), 3)} "
+        f"({ex.get('scenarios', '-')} scenarios)",
         f"- Colocation packs measured: {d.get('colocation_packs', '-')}",
         "",
-        "## Targets",
+        f"{h}# Targets",
         "",
         "| target | value | limit | met |",
         "|---|---|---|---|",
@@ -219,14 +219,14 @@ def markdown(results: dict[str, Any]) -> str:
         met = {True: "yes", False: "**no**", None: "not measured"}[c["met"]]
         lines.append(f"| {c['target']} | {_fmt(c['value'], 3)} | {c['limit']} | {met} |")
     if d.get("errors"):
-        lines += ["", "## Errors during the run", ""] + [f"- {e}" for e in d["errors"]]
+        lines += ["", f"{h}# Errors during the run", ""] + [f"- {e}" for e in d["errors"]]
     return "\n".join(lines) + "\n"
 
 
-def _jobs_table(d: dict[str, Any]) -> list[str]:
+def _jobs_table(d: dict[str, Any], h: str) -> list[str]:
     """Per kind: what it is, its solo profile, what it asked for and what start-up cost."""
     lines = [
-        "## Jobs (solo profiles from gpushare's profiler, MPS, 100% threads)",
+        f"{h}# Jobs (solo profiles from gpushare's profiler, MPS, 100% threads)",
         "",
         "| kind | job | it/s | SM util | SM occ | tensor | fp32 | fp64 | DRAM | asks "
         "| start-up s |",
@@ -239,8 +239,9 @@ def _jobs_table(d: dict[str, Any]) -> list[str]:
             continue
         rate = d.get("solo_rates_mps", {}).get(name)
         asks = d.get("requested_fractions", {}).get(name)
+        unseen = " (unseen)" if spec.unseen else ""
         lines.append(
-            f"| {name} | {spec.description} | {_fmt(rate, 1)} | "
+            f"| {name}{unseen} | {spec.description} | {_fmt(rate, 1)} | "
             f"{_fmt(raw.get(name, {}).get('sm_utilization'))} | {_fmt(p.get('sm_occupancy'))} | "
             f"{_fmt(p.get('tensor'))} | {_fmt(p.get('fp32'))} | {_fmt(p.get('fp64'))} | "
             f"{_fmt(p.get('dram_bandwidth'))} | {_fmt(asks)} | "
@@ -257,3 +258,92 @@ def write(out: Path, results: dict[str, Any], *, name: str = "gpu-packing") -> t
     js.write_text(json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
     md.write_text(markdown(results))
     return js, md
+
+
+def short_name(gpu: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``H100``: the label a merged record's targets carry."""
+    for word in gpu.replace("-", " ").split():
+        if word[:1] in "ABHLV" and any(c.isdigit() for c in word):
+            return word
+    return gpu or "gpu"
+
+
+def merge(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One record for runs on several GPUs: each run's targets, labelled by its GPU."""
+    labels: list[str] = []
+    for r in runs:
+        label = short_name(str(r.get("gpu", "")))
+        while label in labels:
+            label += "'"
+        labels.append(label)
+    decided = [r.get("decided_by", {}) for r in runs]
+    first = decided[0] if decided else {}
+    return {
+        "decided_by": {
+            **first,
+            "same_in_every_run": all(
+                d.get("model", {}).get("sha256") == first.get("model", {}).get("sha256")
+                for d in decided
+            ),
+        },
+        "targets": [
+            {**t, "target": f"{label}: {t['target']}"}
+            for label, r in zip(labels, runs, strict=True)
+            for t in r.get("targets", [])
+        ],
+        "runs": dict(zip(labels, runs, strict=True)),
+    }
+
+
+def merged_markdown(record: dict[str, Any], notes: str = "") -> str:
+    db = record.get("decided_by", {})
+    model = db.get("model", {})
+    lines = [
+        "# gpushare on real GPUs: job mixes, decided by the product",
+        "",
+        f"Every placement, thread cap, MPS priority and admission below was decided by "
+        f"gpushare's own code ({db.get('placement')}; {db.get('admission')}; "
+        f"{db.get('thread_cap')}; {db.get('client_env')}) with the shipped interference model "
+        f"`{model.get('file')}` (sha256 {str(model.get('sha256', ''))[:12]}), never refit on "
+        f"a run's packs. Runs: {', '.join(record.get('runs', {}))}.",
+        "",
+        "## Targets",
+        "",
+        "| target | value | limit | met |",
+        "|---|---|---|---|",
+    ]
+    for c in record.get("targets", []):
+        met = {True: "yes", False: "**no**", None: "not measured"}[c["met"]]
+        lines.append(f"| {c['target']} | {_fmt(c['value'], 3)} | {c['limit']} | {met} |")
+    lines.append("")
+    if notes:
+        lines += [notes.strip(), ""]
+    for run in record.get("runs", {}).values():
+        lines.append(markdown(run, level=2))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu.report", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("merge", help="one record from runs on several GPUs")
+    m.add_argument("runs", type=Path, nargs="+", help="gpu-packing.json of each run")
+    m.add_argument("--out", type=Path, required=True, help="directory for the merged record")
+    m.add_argument("--notes", type=Path, help="markdown placed after the targets table")
+    args = p.parse_args(argv)
+    runs = []
+    for path in args.runs:
+        try:
+            runs.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            p.error(f"{path}: {exc}")
+    record = merge(runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu-packing.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    notes = args.notes.read_text() if args.notes else ""
+    (args.out / "gpu-packing.md").write_text(merged_markdown(record, notes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

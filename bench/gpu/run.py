@@ -1,18 +1,22 @@
-"""Benchmark job mixes on one real GPU: gpushare vs exclusive FIFO, time-slicing, equal-split
-MPS and MPS without limits; colocation measurements for the interference model.
+"""Benchmark job mixes on one real GPU: gpushare vs exclusive FIFO, time-slicing and MPS without
+limits (equal-split MPS as context); the interference model on packs it was not fit on.
 
-    PYTHONPATH=. python3 -m bench.gpu.run --out DIR [--quick]
+    PYTHONPATH=. python3 -m bench.gpu.run --out DIR [--trace FILE ...] [--budget-s S]
 
-One invocation does everything on one GPU in three phases, within ``--budget-s``:
+Every gpushare decision (placement, thread cap, MPS priority, admission) comes from the product
+with its shipped interference model (``decide.ProductDecider``); nothing is fit on the run's
+own packs to decide. One invocation, within ``--budget-s``:
 
-A. MPS on: each job kind alone (solo rate + per-pipe profile from gpushare's profiler), then
-   pairs and larger packs at several thread caps -> colocations.json; fit gpushare's
-   interference model; measure the packs gpushare itself would form.
-B. MPS off: both traces under exclusive FIFO and time-slicing; inference alone (solo p99).
-C. MPS on: both traces under equal-split MPS, MPS without limits and gpushare; inference
-   beside training.
+A. MPS on: each job kind alone (solo rate + profile from gpushare's profiler), packs at several
+   thread caps, the kinds the model never saw beside the others, the packs gpushare forms.
+B. MPS off: every trace under exclusive FIFO; the heavy trace under time-slicing.
+C. MPS on: every trace under gpushare; the heavy trace under MPS without limits; inference
+   beside training; then, while the budget lasts, the context runs (MPS without limits and
+   equal-split on the other traces, time-slicing on them).
 
-Writes gpu-packing.json, gpu-packing.md, colocations.json and run.log into ``--out``.
+A trace file (``--trace``, JSON or CSV) is checked before any GPU work. Writes gpu-packing.json,
+gpu-packing.md, colocations.json and run.log into ``--out``, rewriting the results after every
+run so a run cut short keeps what it measured.
 """
 
 import argparse
@@ -26,18 +30,18 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import mean
 from typing import Any
 
-from bench.gpu import colocate, policy, report, traces
-from bench.gpu.catalog import KINDS, SOLO_ONLY_KINDS, TRAINING_KINDS
+from bench.gpu import colocate, latency, model_eval, report, sizing, traces
+from bench.gpu.catalog import KINDS, SOLO_ONLY_KINDS, TRAINING_KINDS, UNSEEN_KINDS
 from bench.gpu.colocate import Member, PackResult, Stage
+from bench.gpu.decide import DECIDED_BY, DEFAULT_BOUNDS, ProductDecider, model_identity
 from bench.gpu.gpm import Sampler, to_profile
 from bench.gpu.metrics import JobResult, summarize
-from bench.gpu.mps import MpsDaemon, priority_for
+from bench.gpu.mps import MpsDaemon
 from bench.gpu.procs import Workers
 from bench.gpu.runner import Pool, measure_stages, run_trace, safe
 from bench.gpu.schemes import (
@@ -50,34 +54,14 @@ from bench.gpu.schemes import (
     Scheme,
     TimeSlice,
 )
-from bench.gpu.stats import percentile
-from gpushare.packing.interference import InterferenceModel, load_default
-from gpushare.packing.interference import fit as fit_model
 from gpushare.packing.model import PipeProfile
-from gpushare.packing.threads import assign_thread_percent, cap_beside_latency
 
 log = logging.getLogger("bench.gpu")
 
-LATENCY_LONG_S = 32.0
-"""Time each setting the latency target compares gets -- inference alone under the same MPS
-daemon and beside training at each measured training cap -- split into LATENCY_ROUNDS windows
-interleaved with the other settings' (see ``shared_latency``): 32 s at 40 req/s is about 1280
-requests, so a setting's p99 is its 13th-slowest request. Before run 10 each setting had one
-24-s window in a row (the solo one twice, before and after), and a slow stretch of the host
-landed in one setting: run 8's second solo window had a p99 of 20.4 ms against 8.0 ms in the
-first."""
-LATENCY_ROUNDS = 4
-"""Rounds of the interleaved latency windows; each round runs every setting once, in an order
-rotated from round to round, with that round's own arrival sequence."""
-LATENCY_SHORT_S = 8.0
-"""Window of the context rows (alone without MPS, beside training without caps or priorities)."""
-NEIGHBOUR_CAPS = (50, 40)
-"""Training thread caps measured beside the inference service; gpushare's cap for the job
-(``assign_thread_percent``) is always one of them, and ``threads.cap_beside_latency`` picks
-from the measured curve."""
-TRAIN_FRACTION = 0.5
-"""Share the training job asks for beside the inference service (DESIGN: training capped at
-about half the GPU kept inference p99 near solo on an H200)."""
+PHASE_A_SHARE = 0.28
+"""Share of the budget the colocation stages may take."""
+STARTUP_S = 12.0
+"""Seconds a trace run spends starting and warming up its processes, before its clock."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -87,27 +71,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", type=Path, required=True, help="directory for results and logs")
+    p.add_argument(
+        "--trace",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a trace file (JSON or CSV rows of arrival_s, kind, work_s[, fraction, limit]); "
+        "repeat for several; default: the shipped light, heavy and mixed traces",
+    )
     p.add_argument("--quick", action="store_true", help="shorter jobs, fewer packs (~4 min)")
     p.add_argument("--gpu", type=int, default=0, help="GPU index (default 0)")
     p.add_argument(
         "--budget-s",
         type=float,
         default=None,
-        help="wall-clock budget; colocation packs are trimmed to fit (default 585, quick 270)",
+        help="wall-clock budget; packs are trimmed and context runs skipped to fit "
+        "(default 540, quick 240)",
     )
     p.add_argument("--slots", type=int, default=4, help="replicas of equal-split MPS (100/N%%)")
     p.add_argument(
-        "--latency-bound",
-        type=float,
-        default=policy.DEFAULT_BOUNDS["latency"],
-        help="largest predicted slowdown gpushare accepts for latency-class jobs",
+        "--latency-rounds",
+        type=int,
+        default=6,
+        help="rounds of the reported latency windows (a multiple of 3 balances the order)",
     )
-    p.add_argument(
-        "--batch-bound",
-        type=float,
-        default=policy.DEFAULT_BOUNDS["batch"],
-        help="largest predicted slowdown gpushare accepts for batch jobs",
-    )
+    p.add_argument("--code-rev", default="", help="the code's revision, recorded in the results")
     p.add_argument(
         "--dry",
         action="store_true",
@@ -116,10 +105,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.slots < 1:
         p.error("--slots must be at least 1 (equal-split MPS needs one replica or more)")
+    if args.latency_rounds < 1:
+        p.error("--latency-rounds must be at least 1")
     if args.budget_s is None:
-        args.budget_s = 270.0 if args.quick else 585.0
+        args.budget_s = 240.0 if args.quick else 540.0
     if args.budget_s < 60:
-        p.error("--budget-s below 60 s cannot fit a run; give 270 (quick) or 585 (full)")
+        p.error("--budget-s below 60 s cannot fit a run; give 240 (quick) or 540 (full)")
+    try:
+        args.traces = traces.load_all(args.trace)
+    except traces.TraceError as exc:
+        p.error(str(exc))
     return args
 
 
@@ -132,12 +127,10 @@ class Ctx:
     driver: str = "unknown"
     memory_bytes: int = 80 * 2**30
     errors: list[str] = field(default_factory=list)
-    torch: str | None = None
 
     def workers(self) -> Workers:
-        device = "sleep" if self.args.dry else "cuda"
         return Workers(
-            device=device,
+            device="sleep" if self.args.dry else "cuda",
             tiny=False,
             log_dir=self.tmp,
             base_env={"CUDA_VISIBLE_DEVICES": str(self.args.gpu)},
@@ -152,6 +145,9 @@ class Ctx:
         d = MpsDaemon(gpu=str(self.args.gpu))
         d.start()
         return d
+
+    def pipe(self, daemon: MpsDaemon | None) -> Path:
+        return daemon.pipe_dir if daemon else self.tmp / "no-mps"
 
 
 def gpu_info(ctx: Ctx) -> None:
@@ -173,21 +169,25 @@ def gpu_info(ctx: Ctx) -> None:
         ctx.errors.append(f"GPU info: {exc}")
 
 
-# --- phase A ----------------------------------------------------------------------------
-
-
 @dataclass
-class PhaseA:
+class State:
+    """Everything measured so far; assembled into the results at every checkpoint."""
+
     results: list[PackResult] = field(default_factory=list)
     profiles: dict[str, dict[str, float]] = field(default_factory=dict)
     raw_profiles: dict[str, dict[str, float]] = field(default_factory=dict)
     solo: dict[str, float] = field(default_factory=dict)
-    source: str = "unavailable"
-    model: InterferenceModel | None = None
-    model_source: str = ""
-    pair_calibration: tuple[float, int] = (1.0, 0)
-    """``policy.pair_calibration`` on this run's packs (factor, pairs counted)."""
+    profile_source: str = "unavailable"
+    fractions: dict[str, float] = field(default_factory=dict)
     chosen: dict[colocate.PackKey, colocate.PackKey] = field(default_factory=dict)
+    recs: list[colocate.Record] = field(default_factory=list)
+    runs: dict[str, dict[str, list[JobResult]]] = field(default_factory=dict)
+    jobs: dict[str, list[traces.TraceJob]] = field(default_factory=dict)
+    iterations: dict[str, dict[str, int]] = field(default_factory=dict)
+    latency: dict[str, Any] = field(default_factory=dict)
+    holds: dict[str, list[str]] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    exhaustive: dict[str, Any] = field(default_factory=dict)
 
 
 def _members(key: colocate.PackKey) -> tuple[Member, ...]:
@@ -199,53 +199,107 @@ def _members(key: colocate.PackKey) -> tuple[Member, ...]:
     return tuple(out)
 
 
-def phase_a(ctx: Ctx, a: PhaseA, *, fractions: dict[str, float]) -> None:
+def pipe_profile(values: dict[str, float], *, gpu_model: str) -> PipeProfile:
+    """The profile as gpushare's packing reads it (``stored_profile`` does the same for the
+    cluster's stored profiles)."""
+    sm = values.get("sm_utilization")
+    return PipeProfile(
+        fp16=float(values.get("fp16", 0.0)),
+        fp32=float(values.get("fp32", 0.0)),
+        fp64=float(values.get("fp64", 0.0)),
+        tensor=float(values.get("tensor", 0.0)),
+        sm_occupancy=float(values.get("sm_occupancy", 0.0)),
+        dram_bandwidth=float(values.get("dram_bandwidth", 0.0)),
+        gpu_model=gpu_model,
+        sm_utilization=float(sm) if sm is not None else None,
+    )
+
+
+def make_decider(ctx: Ctx, st: State) -> ProductDecider:
+    profiles = {k: pipe_profile(v, gpu_model=ctx.gpu_name) for k, v in st.profiles.items()}
+    return ProductDecider(
+        profiles=profiles, gpu_model=ctx.gpu_name, gpu_memory_bytes=ctx.memory_bytes
+    )
+
+
+def choose_pack(
+    decider: ProductDecider, kinds: Sequence[str], fractions: dict[str, float]
+) -> colocate.PackKey:
+    """The pack gpushare forms when ``kinds`` arrive in this order at an idle GPU."""
+    running: list[Running] = []
+    for i, kind in enumerate(kinds):
+        job = traces.TraceJob(f"s{i}-{kind}", kind, 0.0, 0.0, fractions[kind])
+        verdict = decider(job, running)
+        if isinstance(verdict, Launch):
+            running.append(Running(job, verdict))
+    return colocate.pack_key((r.job.kind, r.launch.thread_percent or 100) for r in running)
+
+
+def trace_kinds(ctx: Ctx) -> list[str]:
+    return sorted({j.kind for t in ctx.args.traces for j in t.jobs})
+
+
+def phase_a(ctx: Ctx, st: State) -> None:
+    """Profiles, colocation packs (known and unseen kinds) and the packs gpushare forms."""
     quick = ctx.args.quick
-    stages = colocate.plan(TRAINING_KINDS, quick=quick)
-    # Kinds profiled alone only (see catalog.SOLO_ONLY_KINDS).
-    solo_stage = stages[0]
-    extra_solo = tuple((Member(k, 100),) for k in SOLO_ONLY_KINDS)
-    stages[0] = Stage(solo_stage.name, (*solo_stage.packs, *extra_solo), solo_stage.window_s)
+    # The known kinds' short plan (the shipped model was fit on their full plans in earlier
+    # runs), with the unseen kinds' packs before the capped stage so a tight budget trims that.
+    stages = colocate.plan(TRAINING_KINDS, quick=True)
+    extra_kinds = [
+        k for k in (*SOLO_ONLY_KINDS, *UNSEEN_KINDS, *trace_kinds(ctx)) if k not in TRAINING_KINDS
+    ]
+    extra_solo = tuple((Member(k, 100),) for k in dict.fromkeys(extra_kinds))
+    solo = stages[0]
+    stages[0] = Stage(solo.name, (*solo.packs, *extra_solo), 1.5 if quick else 2.0)
+    window = 0.8 if quick else 1.0
+    stages = [Stage(st_.name, st_.packs, window) if i else st_ for i, st_ in enumerate(stages)]
+    unseen = colocate.unseen_plan(UNSEEN_KINDS, TRAINING_KINDS, window=window)
+    stages = [stages[0], stages[1], *unseen, *stages[2:]]
     workers = ctx.workers()
     daemon = ctx.daemon()
     sampler = None if ctx.args.dry else Sampler(index=ctx.args.gpu, period_s=0.2)
-    a.source = sampler.source if sampler else "none (dry run)"
+    st.profile_source = sampler.source if sampler else "none (dry run)"
     pool = Pool(workers, daemon.pipe_dir if daemon else None, {})
-    budget_end = time.time() + 0.30 * ctx.args.budget_s
+    budget_end = time.time() + PHASE_A_SHARE * ctx.args.budget_s
 
     def on_solo(m: Member, start: float, end: float, rate: float) -> None:
-        a.solo[m.kind] = rate
+        st.solo[m.kind] = rate
         if sampler is not None:
             values = sampler.profile_last(max(0.3, end - start - 0.5))
             if values:
-                a.raw_profiles[m.kind] = {k: round(v, 4) for k, v in values.items()}
-            a.profiles[m.kind] = to_profile(values)
+                st.raw_profiles[m.kind] = {k: round(v, 4) for k, v in values.items()}
+            st.profiles[m.kind] = to_profile(values)
         else:
-            a.profiles[m.kind] = to_profile({"sm_occupancy": 0.2, "fp32": 0.2})
+            st.profiles[m.kind] = to_profile({"sm_occupancy": 0.2, "fp32": 0.2})
 
     try:
-        a.results += measure_stages(pool=pool, stages=stages, deadline=budget_end, on_solo=on_solo)
-        fractions.update(
+        # The solo stage first (every trace needs its kinds' rates), then the packs.
+        st.results += measure_stages(
+            pool=pool, stages=stages[:1], deadline=budget_end + 60, on_solo=on_solo
+        )
+        st.results += measure_stages(
+            pool=pool, stages=stages[1:], deadline=budget_end, on_solo=on_solo
+        )
+        st.fractions.update(
             {
-                k: policy.request_fraction(
-                    a.raw_profiles.get(k) or a.profiles.get(k), gpu_class=KINDS[k].gpu_class
+                k: sizing.request_fraction(
+                    st.raw_profiles.get(k) or st.profiles.get(k), gpu_class=KINDS[k].gpu_class
                 )
-                for k in a.profiles
+                for k in st.profiles
             }
         )
-        log.info("requests sized from profiles: %s", fractions)
-        recs = colocate.records(gpu=ctx.gpu_name, results=a.results, profiles=a.profiles)
-        a.model, a.model_source = fit_or_default(recs, ctx)
-        a.pair_calibration = policy.pair_calibration(a.model, recs, fractions=fractions)
-        log.info("whole-GPU pairs: measured / predicted %.3f over %d", *a.pair_calibration)
-        decider = make_decider(ctx, a)
+        log.info("requests sized from profiles: %s", st.fractions)
+        decider = make_decider(ctx, st)
+        recs = colocate.records(gpu=ctx.gpu_name, results=st.results, profiles=st.profiles)
         measured = {colocate.key_of(r) for r in recs}
-        solo_caps = set(colocate.solo_table(a.results))
+        solo_caps = set(colocate.solo_table(st.results))
         extra: list[tuple[Member, ...]] = []
         for scen in colocate.scenarios(recs):
             kinds = [k for k, _ in scen]
-            pick = policy.choose_pack(decider, kinds, fractions)
-            a.chosen[scen] = pick
+            if any(k not in st.fractions for k in kinds):
+                continue
+            pick = choose_pack(decider, kinds, st.fractions)
+            st.chosen[scen] = pick
             for kind, tp in pick:
                 if (kind, tp) not in solo_caps:
                     solo_caps.add((kind, tp))
@@ -253,14 +307,11 @@ def phase_a(ctx: Ctx, a: PhaseA, *, fractions: dict[str, float]) -> None:
             if len(pick) > 1 and pick not in measured:
                 measured.add(pick)
                 extra.append(_members(pick))
-        log.info(
-            "gpushare's packs for %d scenarios; %d packs to measure", len(a.chosen), len(extra)
-        )
+        log.info("gpushare's packs for %d scenarios; %d to measure", len(st.chosen), len(extra))
         if extra:
-            window = stages[1].window_s
-            choice_stage = Stage("gpushare-choices", tuple(extra), window)
-            a.results += measure_stages(
-                pool=pool, stages=[choice_stage], deadline=budget_end + 30, on_solo=on_solo
+            stage = Stage("gpushare-choices", tuple(extra), stages[1].window_s)
+            st.results += measure_stages(
+                pool=pool, stages=[stage], deadline=budget_end + 20, on_solo=on_solo
             )
     finally:
         pool.close()
@@ -270,93 +321,271 @@ def phase_a(ctx: Ctx, a: PhaseA, *, fractions: dict[str, float]) -> None:
             daemon.stop()
 
 
-def _pipe(a: PhaseA, kind: str, ctx: Ctx) -> PipeProfile | None:
-    values = a.profiles.get(kind)
-    return policy.to_pipe_profile(values, gpu_model=ctx.gpu_name) if values else None
-
-
-def fit_or_default(recs: list[colocate.Record], ctx: Ctx) -> tuple[InterferenceModel, str]:
-    try:
-        model = fit_model(policy.parse(recs), source=f"fit on this run's {len(recs)} packs")
-        return model, model.source
-    except Exception as exc:
-        ctx.errors.append(f"fitting the interference model: {exc}; using the shipped default")
-        return load_default(), "gpushare.packing default (shipped)"
-
-
-def make_decider(ctx: Ctx, a: PhaseA) -> policy.GpushareDecider:
-    profiles = {k: p for k in a.profiles if (p := _pipe(a, k, ctx)) is not None}
-    return policy.GpushareDecider(
-        profiles=profiles,
-        model=a.model or load_default(),
-        bounds={"latency": ctx.args.latency_bound, "batch": ctx.args.batch_bound},
-        gpu_model=ctx.gpu_name,
-        gpu_memory_bytes=ctx.memory_bytes,
-        pair_calibration=a.pair_calibration[0],
+def evaluate_model(ctx: Ctx, st: State) -> None:
+    """The shipped model on the run's packs, leave-one-kind-out, 5-fold; packs vs exhaustive."""
+    if not st.recs:
+        return
+    st.model["shipped"] = (
+        safe(lambda: model_eval.shipped(st.recs, unseen=UNSEEN_KINDS), "shipped MAPE", ctx.errors)
+        or {}
     )
-
-
-# --- traces -----------------------------------------------------------------------------
+    st.model["leave_one_kind_out"] = (
+        safe(lambda: model_eval.leave_one_kind_out(st.recs), "leave-one-kind-out", ctx.errors) or {}
+    )
+    if len(st.recs) >= 5:
+        st.model["k_fold"] = {
+            k: _clean(v)
+            for k, v in (
+                safe(
+                    lambda: colocate.held_out_mape(st.recs, fit=model_eval.fitter, k=5),
+                    "5-fold MAPE",
+                    ctx.errors,
+                )
+                or {}
+            ).items()
+        }
+    if st.chosen:
+        st.exhaustive = (
+            safe(
+                lambda: colocate.exhaustive_comparison(
+                    st.recs,
+                    chosen=st.chosen,
+                    solo=colocate.solo_table(st.results),
+                    fractions=st.fractions,
+                ),
+                "exhaustive comparison",
+                ctx.errors,
+            )
+            or {}
+        )
 
 
 def run_scheme(
-    ctx: Ctx,
-    scheme: Scheme,
-    jobs: list[traces.TraceJob],
-    iterations: dict[str, int],
-    daemon: MpsDaemon | None,
-    *,
-    label: str,
+    ctx: Ctx, scheme: Scheme, trace: str, st: State, daemon: MpsDaemon | None
 ) -> list[JobResult] | None:
-    """The jobs' results, or None when the budget left cannot fit the run or it failed;
-    ``label`` names the run in errors (variants share the scheme's name)."""
+    """The jobs' results (also stored in ``st.runs``), or None when the budget left cannot fit
+    the run or it failed."""
+    jobs = st.jobs[trace]
     work = sum(j.work_s for j in jobs)
     timeout = max(60.0, 4 * work + 30)
-    if ctx.left() < min(timeout, 2 * work + 20):
-        ctx.errors.append(f"{label}: skipped, {ctx.left():.0f}s of budget left")
+    label = f"{scheme.name}, {trace}"
+    need = (1.1 if scheme.name == "exclusive" else 0.8) * work + STARTUP_S
+    if ctx.left() < need:
+        ctx.errors.append(
+            f"{label}: skipped, {ctx.left():.0f}s of budget left ({need:.0f}s needed)"
+        )
         return None
-    log.info("== %s: %s", scheme.name, scheme.description)
-    pipe = daemon.pipe_dir if daemon else None
-    if ctx.args.dry and scheme.mps:
-        pipe = ctx.tmp / "no-mps"
+    log.info("== %s on %s: %s", scheme.name, trace, scheme.description)
     result: list[JobResult] | None = safe(
         lambda: run_trace(
             scheme=scheme,
             jobs=jobs,
-            iterations=iterations,
+            iterations=st.iterations[trace],
             workers=ctx.workers(),
-            pipe_dir=pipe,
+            pipe_dir=ctx.pipe(daemon) if scheme.mps else None,
             timeout_s=timeout,
         ),
         f"trace under {label}",
         ctx.errors,
     )
+    if result:
+        st.runs.setdefault(trace, {})[scheme.name] = result
     return result
 
 
-# --- latency ----------------------------------------------------------------------------
+def prepare_jobs(ctx: Ctx, st: State) -> None:
+    for kind in KINDS:
+        st.fractions.setdefault(kind, 1.0)
+    for t in ctx.args.traces:
+        jobs = traces.with_requests(list(t.jobs), st.fractions)
+        st.iterations[t.name] = {}
+        for j in jobs:
+            try:
+                st.iterations[t.name][j.id] = traces.iterations_for(
+                    j, solo_rate=st.solo.get(j.kind, 0.0)
+                )
+            except ValueError as exc:
+                ctx.errors.append(str(exc))
+        st.jobs[t.name] = [j for j in jobs if j.id in st.iterations[t.name]]
 
 
-def latency_window(pool: Pool, members: list[Member], seconds: float) -> list[dict[str, Any]]:
-    return pool.window(members, seconds=seconds, seed=7)
+def run(ctx: Ctx) -> dict[str, Any]:
+    args = ctx.args
+    gpu_info(ctx)
+    log.info("GPU %s, driver %s, budget %.0fs", ctx.gpu_name, ctx.driver, args.budget_s)
+    st = State()
+
+    def checkpoint() -> dict[str, Any]:
+        """Write what we have: a run cut short still leaves its results behind."""
+        results = assemble(ctx=ctx, st=st)
+        report.write(args.out, results)
+        return results
+
+    safe(lambda: phase_a(ctx, st), "phase A (profiles, colocations)", ctx.errors)
+    st.recs = colocate.records(gpu=ctx.gpu_name, results=st.results, profiles=st.profiles)
+    (args.out / "colocations.json").write_text(
+        json.dumps(colocate.validate(st.recs), indent=1) + "\n"
+    )
+    evaluate_model(ctx, st)
+    prepare_jobs(ctx, st)
+    decider = make_decider(ctx, st)
+    checkpoint()
+    names = [t.name for t in args.traces]
+    heavy = [n for n in names if n == "heavy"]
+
+    def runs(items: Sequence[tuple[Callable[[], Scheme], str]], daemon: MpsDaemon | None) -> None:
+        for make, trace in items:
+            scheme = make()
+            run_scheme(ctx, scheme, trace, st, daemon)
+            if isinstance(scheme, Gpushare):
+                st.holds[trace] = scheme.holds[:200]
+            checkpoint()
+
+    # Phase B: no MPS.
+    runs([(ExclusiveFifo, n) for n in names] + [(TimeSlice, n) for n in heavy], None)
+
+    # Phase C: MPS. gpushare and the baselines a target compares with, then the latency
+    # experiment, then context runs while the budget lasts.
+    daemon = safe(ctx.daemon, "starting MPS", ctx.errors) if not args.dry else None
+    try:
+
+        def gs() -> Scheme:
+            return Gpushare(decider, prepare=decider.variants, source="gpushare (product)")
+
+        runs([(gs, n) for n in names] + [(MpsUnlimited, n) for n in heavy], daemon)
+        st.latency = (
+            safe(lambda: measure_latency(ctx, st, decider, daemon), "latency", ctx.errors) or {}
+        )
+        checkpoint()
+        others = [n for n in names if n not in heavy]
+        runs([(MpsUnlimited, n) for n in others], daemon)
+        runs([(lambda: MpsEqual(args.slots), n) for n in others], daemon)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+    runs([(TimeSlice, n) for n in names if n not in heavy], None)
+    return checkpoint()
 
 
-def _lat_row(
-    setting: str, rep: dict[str, Any], train: dict[str, Any] | None, solo: float | None
+def measure_latency(
+    ctx: Ctx, st: State, decider: ProductDecider, daemon: MpsDaemon | None
 ) -> dict[str, Any]:
-    lat = rep.get("latencies_ms", [])
-    row: dict[str, Any] = {"setting": setting, "requests": len(lat)}
-    if lat:
-        row["p50_ms"] = round(percentile(lat, 50), 3)
-        row["p99_ms"] = round(percentile(lat, 99), 3)
-    if train is not None:
-        row["train_rate"] = round(float(train["rate"]), 3)
-        if solo:
-            row["train_share"] = round(float(train["rate"]) / solo, 3)
-    return row
+    quick = ctx.args.quick
+    window = 3.0 if quick else 4.0
+    rounds = 3 if quick else ctx.args.latency_rounds
+    need = window * (3 * rounds + 2) * 1.1 + 20
+    if ctx.left() < need:
+        ctx.errors.append(f"latency: skipped, {ctx.left():.0f}s of budget left ({need:.0f}s)")
+        return {}
+    pool = Pool(ctx.workers(), ctx.pipe(daemon), {})
+    try:
+        return latency.measure(
+            pool=pool,
+            decider=decider,
+            train_solo=st.solo.get("resnet50"),
+            window_s=window,
+            rounds=rounds,
+            calibration_rounds=2,
+        )
+    finally:
+        pool.close()
 
 
-# --- main -------------------------------------------------------------------------------
+def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
+    traces_out: dict[str, dict[str, Any]] = {}
+    scheme_details: dict[str, dict[str, Any]] = {}
+    job_details: dict[str, dict[str, Any]] = {}
+    for name, by_scheme in st.runs.items():
+        ex = by_scheme.get("exclusive", [])
+        solo_run = {j.id: j.run_s for j in ex if j.ok}
+        traces_out[name], scheme_details[name], job_details[name] = {}, {}, {}
+        for scheme in report.SCHEMES:
+            if scheme not in by_scheme:
+                continue
+            s = summarize(by_scheme[scheme], solo_run_s=solo_run)
+            traces_out[name][scheme] = {k: s[k] for k in report.TRACE_KEYS}
+            scheme_details[name][scheme] = {
+                k: v for k, v in s.items() if k not in report.TRACE_KEYS
+            }
+            job_details[name][scheme] = [j.to_json() for j in by_scheme[scheme]]
+    shipped = st.model.get("shipped", {})
+    loko = st.model.get("leave_one_kind_out", {})
+    results: dict[str, Any] = {
+        "gpu": ctx.gpu_name,
+        "driver": ctx.driver,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "decided_by": {
+            **DECIDED_BY,
+            "model": model_identity(),
+            "bounds": DEFAULT_BOUNDS,
+            "code_rev": ctx.args.code_rev or None,
+        },
+        "traces": traces_out,
+        "latency": {
+            k: st.latency.get(k)
+            for k in (
+                "solo_p99_ms",
+                "solo_mps_p99_ms",
+                "shared_p99_ms",
+                "train_retained_ratio",
+                "training_cap",
+            )
+        },
+        "model": {
+            "unseen_kinds_mape": shipped.get("unseen_kinds_mape"),
+            "fitted_kinds_mape": shipped.get("fitted_kinds_mape"),
+            "leave_one_kind_out_mape": loko.get("mape"),
+        },
+        "packing_vs_exhaustive": _clean(st.exhaustive.get("packing_vs_exhaustive")),
+    }
+    results["details"] = {
+        "quick": ctx.args.quick,
+        "dry_run": ctx.args.dry,
+        "budget_s": ctx.args.budget_s,
+        "run_s": round(time.time() - ctx.t_start, 1),
+        "machine": f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}",
+        "profile_source": st.profile_source,
+        "trace_sources": {t.name: t.source for t in ctx.args.traces},
+        "requested_fractions": st.fractions,
+        "limits": {
+            n: {j.id: j.limit_percent for j in jobs if j.limit_percent is not None}
+            for n, jobs in st.jobs.items()
+        },
+        "solo_rates_mps": {k: round(v, 3) for k, v in st.solo.items()},
+        "profiles": st.profiles,
+        "raw_profiles": st.raw_profiles,
+        "trace_jobs": {n: len(j) for n, j in st.jobs.items()},
+        "startup_s": startup_by_kind(st),
+        "iterations": st.iterations,
+        "schemes": scheme_details,
+        "jobs": job_details,
+        "gpushare_holds": st.holds,
+        "latency": st.latency,
+        "model": st.model,
+        "exhaustive": st.exhaustive,
+        "colocation_packs": len(st.recs),
+        "errors": ctx.errors,
+    }
+    results["targets"] = report.check_targets(results)
+    return results
+
+
+def startup_by_kind(st: State) -> dict[str, float]:
+    """Mean process start-up (CUDA context, model, warm-up) per kind, paid before the clock."""
+    seen: dict[str, list[float]] = {}
+    for by_scheme in st.runs.values():
+        for results in by_scheme.values():
+            for j in results:
+                if j.init_s is not None:
+                    seen.setdefault(j.kind, []).append(j.init_s)
+    return {k: round(sum(v) / len(v), 2) for k, v in seen.items()}
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):  # NaN is not JSON
+        return None
+    return round(value, 4) if isinstance(value, float) else value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -381,442 +610,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     for c in results["targets"]:
         log.info("target %-55s %s (limit %s): %s", c["target"], c["value"], c["limit"], c["met"])
     return 0
-
-
-@dataclass
-class State:
-    """Everything measured so far; assembled into the results at every checkpoint."""
-
-    a: PhaseA = field(default_factory=PhaseA)
-    recs: list[colocate.Record] = field(default_factory=list)
-    runs: dict[str, dict[str, list[JobResult]]] = field(default_factory=dict)
-    jobs: dict[str, list[traces.TraceJob]] = field(default_factory=dict)
-    iterations: dict[str, dict[str, int]] = field(default_factory=dict)
-    latency: dict[str, Any] = field(default_factory=dict)
-    lat_rows: list[dict[str, Any]] = field(default_factory=list)
-    holds: list[str] = field(default_factory=list)
-    fractions: dict[str, float] = field(default_factory=dict)
-    mape: dict[str, Any] = field(default_factory=dict)
-    exhaustive: dict[str, Any] = field(default_factory=dict)
-    variants: dict[str, list[JobResult]] = field(default_factory=dict)
-    """Runs of gpushare under other settings (request sizing, no tail pairing)."""
-    variant_traces: dict[str, str] = field(default_factory=dict)
-    dense_fractions: dict[str, float] = field(default_factory=dict)
-
-
-def run(ctx: Ctx) -> dict[str, Any]:
-    args = ctx.args
-    gpu_info(ctx)
-    log.info("GPU %s, driver %s, budget %.0fs", ctx.gpu_name, ctx.driver, args.budget_s)
-    scale = 0.4 if args.quick else 1.0
-    st = State()
-    a = st.a
-
-    def checkpoint() -> dict[str, Any]:
-        """Write what we have: a run cut short still leaves its results behind."""
-        results = assemble(ctx=ctx, st=st)
-        report.write(args.out, results)
-        return results
-
-    safe(
-        lambda: phase_a(ctx, a, fractions=st.fractions),
-        "phase A (profiles, colocations)",
-        ctx.errors,
-    )
-    st.recs = colocate.records(gpu=ctx.gpu_name, results=a.results, profiles=a.profiles)
-    (args.out / "colocations.json").write_text(
-        json.dumps(colocate.validate(st.recs), indent=1) + "\n"
-    )
-    evaluate_model(ctx, st)
-    for k in KINDS:
-        st.fractions.setdefault(k, 1.0)
-    trace_jobs = {
-        "light": traces.with_requests(traces.light(scale), st.fractions),
-        "heavy": traces.with_requests(traces.heavy(scale), st.fractions),
-    }
-    for name, jobs in trace_jobs.items():
-        st.iterations[name] = {}
-        st.runs[name] = {}
-        for j in jobs:
-            try:
-                st.iterations[name][j.id] = traces.iterations_for(
-                    j, solo_rate=a.solo.get(j.kind, 0.0)
-                )
-            except ValueError as exc:
-                ctx.errors.append(str(exc))
-        st.jobs[name] = [j for j in jobs if j.id in st.iterations[name]]
-    decider = make_decider(ctx, a)
-    lat_s = (4.0, 12.0) if args.quick else (LATENCY_SHORT_S, LATENCY_LONG_S)
-    checkpoint()
-
-    def trace(name: str, scheme: Scheme, daemon: MpsDaemon | None) -> None:
-        r = run_scheme(
-            ctx, scheme, st.jobs[name], st.iterations[name], daemon, label=f"{scheme.name}, {name}"
-        )
-        if r:
-            st.runs[name][scheme.name] = r
-        checkpoint()
-
-    # Phase B: no MPS.
-    for name in st.jobs:
-        trace(name, ExclusiveFifo(), None)
-        trace(name, TimeSlice(), None)
-    solo_lat = safe(lambda: solo_latency(ctx, lat_s[0]), "inference alone", ctx.errors)
-    if solo_lat:
-        st.lat_rows.append(solo_lat)
-        st.latency["no_mps_solo_p99_ms"] = solo_lat.get("p99_ms")
-
-    # Phase C: MPS. gpushare first, then the baselines its targets compare with (MPS without
-    # limits on both traces, equal-split on the light one), then the own-cap light-trace
-    # variant, then the latency experiment, then the heavy trace without tail pairing; a short
-    # budget cuts that, the equal-split heavy run and the dense sensitivity run, nothing a
-    # target needs.
-    daemon = safe(ctx.daemon, "starting MPS", ctx.errors) if not args.dry else None
-    try:
-        gs = Gpushare(
-            decider,
-            prepare=decider.prepare,
-            source=f"gpushare.packing (model: {a.model_source})",
-            tail=decider.tail_pair,
-        )
-        st.holds = gs.holds
-        for name in st.jobs:
-            trace(name, gs, daemon)
-        for name in st.jobs:
-            trace(name, MpsUnlimited(), daemon)
-        if "light" in st.jobs:
-            trace("light", MpsEqual(args.slots), daemon)
-        # Sensitivity (before the latency rows, so a tight budget cannot skip it): the light
-        # trace with admission bounding the slowdown vs the job alone at its own cap, i.e.
-        # without the thread cap's cost charged (gpushare to run 8; runs 6-8 measured the
-        # charged rule as this variant); same requests and caps as gpushare.
-        if "light" in st.jobs:
-            own_cap = policy.GpushareDecider(
-                profiles=decider.profiles,
-                model=decider.model,
-                bounds=decider.bounds,
-                gpu_model=decider.gpu_model,
-                gpu_memory_bytes=decider.gpu_memory_bytes,
-                pair_calibration=decider.pair_calibration,
-                charge_cap=False,
-            )
-            r = run_scheme(
-                ctx,
-                Gpushare(
-                    own_cap,
-                    prepare=own_cap.prepare,
-                    source="gpushare.packing, bound vs the job alone at its own cap",
-                    tail=own_cap.tail_pair,
-                ),
-                st.jobs["light"],
-                st.iterations["light"],
-                daemon,
-                label="gpushare_own_cap, light",
-            )
-            if r:
-                st.variants["gpushare_own_cap"] = r
-                st.variant_traces["gpushare_own_cap"] = "light"
-            checkpoint()
-        shared = safe(
-            lambda: shared_latency(ctx, daemon, decider, a.solo.get("resnet50"), lat_s),
-            "inference beside training",
-            ctx.errors,
-        )
-        if shared:
-            st.lat_rows += shared["rows"]
-            st.latency.update(shared["latency"])
-        checkpoint()
-        # Sensitivity: the heavy trace without tail pairing (gpushare before run 5), same run.
-        if "heavy" in st.jobs:
-            r = run_scheme(
-                ctx,
-                Gpushare(decider, prepare=decider.prepare, source="gpushare.packing, no tail"),
-                st.jobs["heavy"],
-                st.iterations["heavy"],
-                daemon,
-                label="gpushare_no_tail, heavy",
-            )
-            if r:
-                st.variants["gpushare_no_tail"] = r
-                st.variant_traces["gpushare_no_tail"] = "heavy"
-            checkpoint()
-        for name in st.jobs:
-            if name != "light":
-                trace(name, MpsEqual(args.slots), daemon)
-        # Sensitivity, last (skipped first when time is short): the light trace with requests
-        # sized by the policy's own compute demand (denser packing, lower thread caps).
-        dense = {
-            k: policy.dense_fraction(_pipe(a, k, ctx), gpu_class=KINDS[k].gpu_class)
-            for k in st.fractions
-        }
-        st.dense_fractions = dense
-        dense_jobs = traces.with_requests(
-            [j for j in traces.light(scale) if j.id in st.iterations["light"]], dense
-        )
-        r = run_scheme(
-            ctx,
-            Gpushare(decider, prepare=decider.prepare, source="gpushare.packing, dense requests"),
-            dense_jobs,
-            st.iterations["light"],
-            daemon,
-            label="gpushare_dense, light",
-        )
-        if r:
-            st.variants["gpushare_dense"] = r
-            st.variant_traces["gpushare_dense"] = "light"
-    finally:
-        if daemon is not None:
-            daemon.stop()
-    return checkpoint()
-
-
-def evaluate_model(ctx: Ctx, st: State) -> None:
-    """Held-out MAPE of gpushare's interference model and its packs vs exhaustive search."""
-    if len(st.recs) >= 4:
-        st.mape = (
-            safe(
-                lambda: colocate.held_out_mape(st.recs, fit=policy.fitter("k-fold"), k=5),
-                "held-out MAPE",
-                ctx.errors,
-            )
-            or {}
-        )
-    if st.a.chosen:
-        st.exhaustive = (
-            safe(
-                lambda: colocate.exhaustive_comparison(
-                    st.recs,
-                    chosen=st.a.chosen,
-                    solo=colocate.solo_table(st.a.results),
-                    fractions=st.fractions,
-                ),
-                "exhaustive comparison",
-                ctx.errors,
-            )
-            or {}
-        )
-
-
-def solo_latency(ctx: Ctx, seconds: float) -> dict[str, Any]:
-    pool = Pool(ctx.workers(), None, {})
-    try:
-        m = Member("infer", 100)
-        pool.ensure({m}, priority=lambda _: None)
-        rep = latency_window(pool, [m], seconds)[0]
-        return _lat_row("inference alone, no MPS", rep, None, None)
-    finally:
-        pool.close()
-
-
-def shared_latency(
-    ctx: Ctx,
-    daemon: MpsDaemon | None,
-    decider: policy.GpushareDecider,
-    train_solo: float | None,
-    seconds: tuple[float, float],
-) -> dict[str, Any]:
-    """Inference (latency class) beside ResNet-50 training under one MPS daemon.
-
-    ``seconds`` = (short, long). The settings the target compares -- the service alone under
-    this daemon, and with gpushare's settings (inference uncapped at priority 0, training at
-    priority 1) beside training at each cap of NEIGHBOUR_CAPS plus gpushare's own -- each get
-    ``long`` seconds in LATENCY_ROUNDS windows, interleaved: every round runs each setting once
-    with the same arrivals, in an order rotated by one each round, so a slow stretch of the GPU
-    or host falls on every setting alike rather than on whichever ran then.
-    ``threads.cap_beside_latency`` picks the cap from the curve of pooled p99s and its row is
-    the one the targets read. Plain MPS (no caps, no priorities) is a short context row."""
-    short, long = seconds
-    infer = traces.TraceJob("lat-infer", "infer", 0.0, 0.0, policy.LATENCY_FRACTION)
-    train = traces.TraceJob("lat-train", "resnet50", 0.0, 0.0, TRAIN_FRACTION)
-    first = decider(infer, [])
-    assert isinstance(first, Launch), first
-    running = [Running(infer, first)]
-    verdict = decider(train, running)
-    if isinstance(verdict, Launch):
-        own_cap, note = verdict.thread_percent or 100, "admitted"
-    else:
-        own_cap = assign_thread_percent(decider.demand(train), decider.gpu(running))
-        note = f"admission would refuse ({verdict}); run anyway to measure protection"
-    infer_threads = first.thread_percent or 100
-    caps = sorted({own_cap, *NEIGHBOUR_CAPS}, reverse=True)
-    plain_i, plain_t = Member("infer", 100, 0), Member("resnet50", 100, 0)
-    gs_i = Member("infer", infer_threads, 1)
-    trainers = {cap: Member("resnet50", cap, 1) for cap in caps}
-    prio: dict[Member, int | None] = {gs_i: priority_for("latency")}
-    prio.update({m: priority_for("batch") for m in trainers.values()})
-    pool = Pool(ctx.workers(), daemon.pipe_dir if daemon else ctx.tmp / "no-mps", {})
-    settings: list[int | None] = [None, *caps]  # None: the service alone
-    got: dict[int | None, list[list[dict[str, Any]]]] = {k: [] for k in settings}
-    order: list[str] = []
-    try:
-        pool.ensure({plain_i, plain_t, gs_i, *trainers.values()}, priority=prio.get)
-        both = latency_window(pool, [plain_i, plain_t], short)
-        window = long / LATENCY_ROUNDS
-        for r in range(LATENCY_ROUNDS):
-            shift = r % len(settings)
-            for setting in settings[shift:] + settings[:shift]:
-                members = [gs_i] if setting is None else [gs_i, trainers[setting]]
-                got[setting].append(pool.window(members, seconds=window, seed=7 + r))
-                order.append("solo" if setting is None else f"{setting}%")
-    finally:
-        pool.close()
-    solo_row = _pooled_row("inference alone, MPS (solo)", got[None], train_solo)
-    rows = [
-        solo_row,
-        _lat_row("beside training, MPS no caps/priorities", both[0], both[1], train_solo),
-    ]
-    curve: dict[int, dict[str, Any]] = {}
-    for cap in caps:
-        own = " (assign_thread_percent's cap)" if cap == own_cap else ""
-        curve[cap] = _pooled_row(
-            f"beside training, inference {infer_threads}% prio 0, training {cap}% prio 1{own}",
-            got[cap],
-            train_solo,
-        )
-        rows.append(curve[cap])
-    solo = solo_row.get("p99_ms")
-    ratios = {cap: row["p99_ms"] / solo for cap, row in curve.items() if solo and row.get("p99_ms")}
-    pick = cap_beside_latency(ratios, bound=ctx.args.latency_bound) if ratios else own_cap
-    picked = curve.get(pick, {})
-    if picked:
-        picked["setting"] += " <- picked"
-    return {
-        "rows": rows,
-        "latency": {
-            "solo_p99_ms": solo,
-            "solo_p99_ms_by_window": solo_row.get("p99_ms_by_window", []),
-            "solo_requests": solo_row.get("requests", 0),
-            "shared_p99_ms": picked.get("p99_ms"),
-            "train_retained_ratio": picked.get("train_share"),
-            "picked_training_cap": pick,
-            "assign_thread_percent_cap": own_cap,
-            "p99_ratio_by_training_cap": {str(c): round(r, 3) for c, r in ratios.items()},
-            "p99_ms_by_window_by_training_cap": {
-                str(c): row.get("p99_ms_by_window", []) for c, row in curve.items()
-            },
-            "window_s": round(long / LATENCY_ROUNDS, 2),
-            "window_order": order,
-            "uncapped_shared_p99_ms": rows[1].get("p99_ms"),
-            "gpushare_admission": note,
-        },
-    }
-
-
-def _pooled_row(
-    setting: str, windows: list[list[dict[str, Any]]], train_solo: float | None
-) -> dict[str, Any]:
-    """One setting's latency row over its interleaved windows: percentiles of every request
-    pooled, each window's own p99, training's rate averaged over the windows."""
-    service = {"latencies_ms": [x for w in windows for x in w[0].get("latencies_ms", [])]}
-    trains = [w[1] for w in windows if len(w) > 1]
-    train = {"rate": mean([float(t["rate"]) for t in trains])} if trains else None
-    row = _lat_row(setting, service, train, train_solo)
-    row["p99_ms_by_window"] = [
-        round(percentile(lat, 99), 3) if (lat := w[0].get("latencies_ms")) else None
-        for w in windows
-    ]
-    return row
-
-
-def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
-    a = st.a
-    traces_out: dict[str, dict[str, Any]] = {}
-    scheme_details: dict[str, dict[str, Any]] = {}
-    job_details: dict[str, dict[str, Any]] = {}
-    for name, by_scheme in st.runs.items():
-        ex = by_scheme.get("exclusive", [])
-        solo_run = {j.id: j.run_s for j in ex if j.ok}
-        traces_out[name] = {}
-        scheme_details[name] = {}
-        job_details[name] = {}
-        for scheme in report.SCHEMES:
-            if scheme not in by_scheme:
-                continue
-            s = summarize(by_scheme[scheme], solo_run_s=solo_run)
-            traces_out[name][scheme] = {k: s[k] for k in report.TRACE_KEYS}
-            scheme_details[name][scheme] = {
-                k: v for k, v in s.items() if k not in report.TRACE_KEYS
-            }
-            job_details[name][scheme] = [j.to_json() for j in by_scheme[scheme]]
-    results: dict[str, Any] = {
-        "gpu": ctx.gpu_name,
-        "driver": ctx.driver,
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "traces": traces_out,
-        "latency": {
-            "solo_p99_ms": st.latency.get("solo_p99_ms"),
-            "shared_p99_ms": st.latency.get("shared_p99_ms"),
-            "train_retained_ratio": st.latency.get("train_retained_ratio"),
-        },
-        "prediction_mape": _clean(st.mape.get("mape_slowdown")),
-        "packing_vs_exhaustive": _clean(st.exhaustive.get("packing_vs_exhaustive")),
-    }
-    results["details"] = {
-        "quick": ctx.args.quick,
-        "dry_run": ctx.args.dry,
-        "run_s": round(time.time() - ctx.t_start, 1),
-        "machine": f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}",
-        "profile_source": a.source,
-        "policy_source": f"gpushare.packing (fit_reason, admit_reason bounds "
-        f"latency {ctx.args.latency_bound} / batch {ctx.args.batch_bound} vs the whole GPU, "
-        f"assign_thread_percent); model: {a.model_source}",
-        "model": a.model.to_dict() if a.model else None,
-        "pair_calibration": {"factor": a.pair_calibration[0], "pairs": a.pair_calibration[1]},
-        "mps_equal_slots": ctx.args.slots,
-        "requested_fractions": st.fractions,
-        "solo_rates_mps": {k: round(v, 3) for k, v in a.solo.items()},
-        "profiles": a.profiles,
-        "raw_profiles": a.raw_profiles,
-        "trace_jobs": {n: len(j) for n, j in st.jobs.items()},
-        "startup_s": startup_by_kind(st),
-        "variants": variant_summaries(st),
-        "iterations": st.iterations,
-        "schemes": scheme_details,
-        "jobs": job_details,
-        "gpushare_holds": st.holds[:200],
-        "latency": st.latency,
-        "latency_rows": st.lat_rows,
-        "mape": {k: _clean(v) for k, v in st.mape.items()},
-        "exhaustive": st.exhaustive,
-        "colocation_packs": len(st.recs),
-        "errors": ctx.errors,
-    }
-    results["targets"] = report.check_targets(results)
-    return results
-
-
-def variant_summaries(st: State) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, results in st.variants.items():
-        trace = st.variant_traces.get(name, "light")
-        ex = st.runs.get(trace, {}).get("exclusive", [])
-        solo_run = {j.id: j.run_s for j in ex if j.ok}
-        out[name] = {
-            "trace": trace,
-            **summarize(results, solo_run_s=solo_run),
-            "jobs": [j.to_json() for j in results],
-        }
-        if name == "gpushare_dense":
-            out[name]["requested_fractions"] = st.dense_fractions
-    return out
-
-
-def startup_by_kind(st: State) -> dict[str, float]:
-    """Mean process start-up (CUDA context, model, warm-up) per kind, paid before the clock."""
-    seen: dict[str, list[float]] = {}
-    for by_scheme in st.runs.values():
-        for results in by_scheme.values():
-            for j in results:
-                if j.init_s is not None:
-                    seen.setdefault(j.kind, []).append(j.init_s)
-    return {k: round(sum(v) / len(v), 2) for k, v in seen.items()}
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):  # NaN is not JSON
-        return None
-    return round(value, 4) if isinstance(value, float) else value
 
 
 if __name__ == "__main__":

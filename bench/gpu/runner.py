@@ -5,21 +5,38 @@ import queue
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.gpu.colocate import Member, PackResult, Stage
 from bench.gpu.metrics import JobResult
 from bench.gpu.mps import client_env
-from bench.gpu.procs import Worker, Workers, close_together
-from bench.gpu.schemes import Launch, Running, Scheme, same_settings
+from bench.gpu.procs import Worker, WorkerError, Workers, close_together
+from bench.gpu.schemes import Launch, Running, Scheme
 from bench.gpu.traces import TraceJob
 
 log = logging.getLogger("bench.gpu")
 
 SPAWN_TIMEOUT_S = 240.0
 INIT_TIMEOUT_S = 180.0
+
+
+def _env(scheme: Scheme, launch: Launch, pipe_dir: Path | None) -> dict[str, str]:
+    """The client environment of ``launch``: gpushare's own limits when it made them (the
+    device plugin's env), else the baseline's cap; no MPS for non-MPS schemes or launches."""
+    if not scheme.mps or launch.mps is False:
+        return {}
+    if launch.env is not None:
+        assert pipe_dir is not None
+        return {"CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir), **launch.env}
+    return client_env(
+        pipe_dir=pipe_dir,
+        thread_percent=launch.thread_percent,
+        priority=launch.priority,
+        memory_limit_mib=launch.memory_limit_mib,
+    )
 
 
 def run_trace(
@@ -32,38 +49,40 @@ def run_trace(
     timeout_s: float,
 ) -> list[JobResult]:
     """Run one trace under one scheme; every job is its own process, started and warmed up
-    (CUDA context, model, two iterations) with its MPS settings before the clock starts."""
+    (CUDA context, model, two iterations) before the clock starts, once for each setting its
+    scheme may give it (``Scheme.prepare``). A job whose process fails to start is recorded as
+    failed and the trace goes on without it."""
     if scheme.mps and pipe_dir is None:
         raise ValueError(f"scheme {scheme.name} needs the MPS daemon's pipe directory")
-    by_label = {f"{scheme.name}.{j.id}": j for j in jobs}
-    label_of = {j.id: label for label, j in by_label.items()}
     results = {
         j.id: JobResult(j.id, j.kind, j.gpu_class, j.arrival_s, iterations[j.id]) for j in jobs
     }
+    warm: dict[str, list[tuple[Launch, Worker]]] = {j.id: [] for j in jobs}
     try:
-        started = workers.start_many(list(by_label), timeout_s=SPAWN_TIMEOUT_S)
-        procs = dict(zip(by_label, started, strict=True))
-        prepared = {j.id: scheme.prepare(j) for j in jobs}
-        for j in jobs:
-            p = prepared[j.id]
-            env = client_env(
-                pipe_dir=pipe_dir if scheme.mps else None,
-                thread_percent=p.thread_percent,
-                priority=p.priority,
-                memory_limit_mib=p.memory_limit_mib,
-            )
-            procs[label_of[j.id]].send({"cmd": "init", "kind": j.kind, "env": env})
-        for j in jobs:
-            ready = workers.expect(procs[label_of[j.id]], "ready", timeout_s=INIT_TIMEOUT_S)
+        planned = [(j, i, launch) for j in jobs for i, launch in enumerate(scheme.prepare(j))]
+        labels = [f"{scheme.name}.{j.id}.{i}" for j, i, _ in planned]
+        started = workers.start_many(labels, timeout_s=SPAWN_TIMEOUT_S)
+        for (j, _, launch), w in zip(planned, started, strict=True):
+            w.send({"cmd": "init", "kind": j.kind, "env": _env(scheme, launch, pipe_dir)})
+        for (j, _, launch), w in zip(planned, started, strict=True):
+            try:
+                ready = workers.expect(w, "ready", timeout_s=INIT_TIMEOUT_S)
+            except WorkerError as exc:
+                results[j.id].error = f"start-up failed: {exc}"
+                log.error("[%s] %s: %s", scheme.name, j.id, results[j.id].error)
+                continue
             results[j.id].init_s = float(ready["init_s"])
+            warm[j.id].append((launch, w))
+        for j in jobs:
+            if warm[j.id]:
+                results[j.id].error = None
         _drive(
             scheme=scheme,
-            jobs=jobs,
+            jobs=[j for j in jobs if warm[j.id]],
             results=results,
-            procs=procs,
-            label_of=label_of,
-            prepared=prepared,
+            warm=warm,
             workers=workers,
+            pipe_dir=pipe_dir,
             timeout_s=timeout_s,
         )
     finally:
@@ -71,22 +90,44 @@ def run_trace(
     return [results[j.id] for j in jobs]
 
 
+def _pick(
+    scheme: Scheme, launch: Launch, warm: list[tuple[Launch, Worker]], workers: Workers,
+    pipe_dir: Path | None,
+) -> tuple[Worker, str | None]:  # fmt: skip
+    """The warmed-up process started with ``launch``'s settings; the others are let go. With
+    none, a new process starts now, inside the clock (noted on the job)."""
+    chosen = next((w for settings, w in warm if launch.same_settings(settings)), None)
+    for _, w in warm:
+        if w is not chosen:
+            w.ask_to_quit()
+    if chosen is not None:
+        return chosen, None
+    note = (
+        f"{scheme.name} chose {launch.settings()}, which no warmed-up process had "
+        f"({[s.settings() for s, _ in warm]}): started cold, start-up inside the clock"
+    )
+    w = workers.start_many([f"{scheme.name}.{launch.job.id}.cold"], timeout_s=SPAWN_TIMEOUT_S)[0]
+    w.send({"cmd": "init", "kind": launch.job.kind, "env": _env(scheme, launch, pipe_dir)})
+    workers.expect(w, "ready", timeout_s=INIT_TIMEOUT_S)
+    return w, note
+
+
 def _drive(
     *,
     scheme: Scheme,
     jobs: Sequence[TraceJob],
     results: dict[str, JobResult],
-    procs: dict[str, Worker],
-    label_of: dict[str, str],
-    prepared: dict[str, Launch],
+    warm: dict[str, list[tuple[Launch, Worker]]],
     workers: Workers,
+    pipe_dir: Path | None,
     timeout_s: float,
 ) -> None:
-    """The trace's clock: arrivals, the scheme's launches, completions."""
-    by_label = {label: j for j in jobs for label in (label_of[j.id],)}
+    """The trace's clock: arrivals, the scheme's launches, completions. A job that crashes is
+    recorded as failed; the others go on."""
     arrivals = sorted(jobs, key=lambda j: j.arrival_s)
     pending: list[TraceJob] = []
     running: dict[str, Running] = {}
+    label_job: dict[str, TraceJob] = {}
     t0 = time.time() + 0.2
     deadline = t0 + timeout_s
     while arrivals or pending or running:
@@ -96,19 +137,27 @@ def _drive(
         for launch in scheme.select(list(pending), list(running.values())):
             job = launch.job
             res = results[job.id]
+            pending.remove(job)
+            try:
+                worker, note = _pick(scheme, launch, warm[job.id], workers, pipe_dir)
+            except WorkerError as exc:
+                res.error = f"cold start failed: {exc}"
+                scheme.finished(job)
+                continue
             res.start_s = time.time() - t0
             res.thread_percent = launch.thread_percent
             res.priority = launch.priority
-            if not same_settings(launch, prepared[job.id]):
-                res.note = (
-                    f"policy chose threads={launch.thread_percent} prio={launch.priority} "
-                    f"mem={launch.memory_limit_mib} at start, but the process was warmed up "
-                    f"with {prepared[job.id]}"
-                )
-                log.warning("[%s] %s: %s", scheme.name, job.id, res.note)
+            res.note = note or launch.note or None
+            if note:
+                log.warning("[%s] %s: %s", scheme.name, job.id, note)
             seed = zlib.crc32(job.id.encode()) % 10_000
-            procs[label_of[job.id]].send({"cmd": "run", "iterations": res.iterations, "seed": seed})
-            pending.remove(job)
+            label_job[worker.label] = job
+            try:
+                worker.send({"cmd": "run", "iterations": res.iterations, "seed": seed})
+            except WorkerError as exc:
+                res.error = str(exc)
+                scheme.finished(job)
+                continue
             running[job.id] = Running(job, launch, res.start_s)
             log.info(
                 "[%s] t=%6.2fs start %s threads=%s prio=%s%s",
@@ -130,7 +179,7 @@ def _drive(
             ev = workers.all_events.get(timeout=wait)
         except queue.Empty:
             continue
-        job_for = by_label.get(ev.label)
+        job_for = label_job.get(ev.label)
         if job_for is None or job_for.id not in running:
             continue
         res = results[job_for.id]
@@ -138,7 +187,7 @@ def _drive(
             res.end_s = ev.fields["t_end"] - t0
             res.latencies_ms = list(ev.fields.get("latencies_ms", []))
         elif ev.name in ("error", "exit"):
-            res.error = f"{ev.name}: {ev.fields} {procs[ev.label].tail(3)}"
+            res.error = f"{ev.name}: {ev.fields} {workers.workers[ev.label].tail(3)}"
             log.error("[%s] %s failed: %s", scheme.name, job_for.id, res.error)
         else:
             continue
@@ -157,36 +206,58 @@ class Pool:
     workers: Workers
     pipe_dir: Path | None
     live: dict[Member, Worker]
+    failed: dict[Member, str] = field(default_factory=dict)
 
-    def ensure(self, members: set[Member], *, priority: Callable[[Member], int | None]) -> None:
-        """Close workers not in ``members``, start and initialise the missing ones."""
+    def ensure(
+        self,
+        members: set[Member],
+        *,
+        priority: Callable[[Member], int | None],
+        no_mps: AbstractSet[Member] = frozenset(),
+    ) -> dict[Member, str]:
+        """Close workers not in ``members``, start and initialise the missing ones (those in
+        ``no_mps`` outside the MPS daemon). Returns the members that failed to start, with why:
+        their packs are skipped, the others measured."""
         gone = [m for m in self.live if m not in members]
         close_together([self.live.pop(m) for m in gone])
         for m in gone:
             self.workers.workers.pop(m.label, None)
-        missing = sorted(members - set(self.live), key=lambda m: m.label)
+        missing = sorted(members - set(self.live) - set(self.failed), key=lambda m: m.label)
         if not missing:
-            return
+            return dict(self.failed)
         started = self.workers.start_many([m.label for m in missing], timeout_s=SPAWN_TIMEOUT_S)
         for m, w in zip(missing, started, strict=True):
             env = client_env(
-                pipe_dir=self.pipe_dir,
+                pipe_dir=None if m in no_mps else self.pipe_dir,
                 thread_percent=m.thread_percent if m.thread_percent < 100 else None,
                 priority=priority(m),
             )
             w.send({"cmd": "init", "kind": m.kind, "env": env})
         for m, w in zip(missing, started, strict=True):
-            self.workers.expect(w, "ready", timeout_s=INIT_TIMEOUT_S)
+            try:
+                self.workers.expect(w, "ready", timeout_s=INIT_TIMEOUT_S)
+            except WorkerError as exc:
+                self.failed[m] = str(exc)
+                log.error("worker %s failed to start: %s", m.label, exc)
+                continue
             self.live[m] = w
+        return dict(self.failed)
 
     def window(
-        self, members: Sequence[Member], *, seconds: float, seed: int = 0
+        self, members: Sequence[Member], *, seconds: float, seed: int = 0, settle: bool = False
     ) -> list[dict[str, Any]]:
-        """Run ``members`` together for ``seconds``; each reports its own rate."""
+        """Run ``members`` together for ``seconds``; each reports its own rate (a latency
+        service with ``settle`` leaves out its warm-up requests, ``worker.settled_after``)."""
         start = time.time() + 0.15
         for m in members:
             self.live[m].send(
-                {"cmd": "window", "start": start, "end": start + seconds, "seed": seed}
+                {
+                    "cmd": "window",
+                    "start": start,
+                    "end": start + seconds,
+                    "seed": seed,
+                    "settle": settle,
+                }
             )
         return [
             self.workers.expect(self.live[m], "window", timeout_s=seconds + 60) for m in members
@@ -215,8 +286,10 @@ def measure_stages(
         if time.time() > deadline:
             log.warning("colocation stage %s skipped: out of time", stage.name)
             continue
-        pool.ensure(stage.members, priority=lambda m: None)
+        failed = pool.ensure(stage.members, priority=lambda m: None)
         for i, pack in enumerate(stage.packs):
+            if any(m in failed for m in pack):
+                continue
             if time.time() > deadline:
                 log.warning(
                     "stage %s: %d packs skipped, out of time", stage.name, len(stage.packs) - i

@@ -1,7 +1,7 @@
 """Sharing schemes as pure decisions: given the queue and what runs, which jobs start now, with
 which MPS settings. The runner executes the decisions on the real GPU."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bench.gpu.traces import TraceJob
@@ -17,6 +17,19 @@ class Launch:
     memory_limit_mib: int | None = None
     """MPS pinned device memory limit, None = none."""
     note: str = ""
+    env: Mapping[str, str] | None = None
+    """The client's ``CUDA_MPS_*`` limits as gpushare's device plugin writes them (the gpushare
+    scheme); None: built from the fields above (the baselines)."""
+    mps: bool | None = None
+    """False: this job runs without MPS even under an MPS scheme (a whole GPU under gpushare);
+    None: as its scheme says."""
+
+    def settings(self) -> tuple[object, ...]:
+        env = tuple(sorted(self.env.items())) if self.env is not None else None
+        return (self.thread_percent, self.priority, self.memory_limit_mib, env, self.mps)
+
+    def same_settings(self, other: "Launch") -> bool:
+        return self.settings() == other.settings()
 
 
 @dataclass
@@ -38,10 +51,10 @@ class Scheme:
     def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
         raise NotImplementedError
 
-    def prepare(self, job: TraceJob) -> Launch:
-        """The MPS settings ``job`` will start with, known before it starts (its process is
-        warmed up with them); ``select`` must launch it with the same settings."""
-        return Launch(job)
+    def prepare(self, job: TraceJob) -> list[Launch]:
+        """Every setting ``job`` may start with, known before it starts (a process is warmed
+        up with each); ``select`` launches it with one of them."""
+        return [Launch(job)]
 
     def finished(self, job: TraceJob) -> None:
         """Called when ``job`` ends (successfully or not)."""
@@ -87,8 +100,8 @@ class MpsEqual(Scheme):
             "jobs wait for a free replica in arrival order"
         )
 
-    def prepare(self, job: TraceJob) -> Launch:
-        return Launch(job, thread_percent=100 // self.slots)
+    def prepare(self, job: TraceJob) -> list[Launch]:
+        return [Launch(job, thread_percent=100 // self.slots)]
 
     def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
         free = self.slots - len(running)
@@ -97,57 +110,37 @@ class MpsEqual(Scheme):
 
 Decide = Callable[[TraceJob, Sequence[Running]], Launch | str]
 """A placement policy: a Launch when the job may start now beside ``running``, else why not."""
-Prepare = Callable[[TraceJob], Launch]
-"""The settings a policy will give a job, before knowing its neighbours."""
-Tail = Callable[[TraceJob, Sequence[Running]], Launch | None]
-"""A second chance for the one job still waiting when nobody waits behind it."""
+Prepare = Callable[[TraceJob], list[Launch]]
+"""The settings a policy may give a job, before knowing its neighbours."""
 
 
 class Gpushare(Scheme):
-    """gpushare's placement: the policy admits or holds each queued job, in queue order with
-    backfilling, and sets its thread cap and MPS priority."""
+    """gpushare's placement: in queue order with backfilling (as kube-scheduler retries
+    pending pods), the product admits or holds each job and sets its cap and priority."""
 
     name = "gpushare"
     mps = True
 
-    def __init__(
-        self, decide: Decide, *, prepare: Prepare, source: str, tail: Tail | None = None
-    ) -> None:
+    def __init__(self, decide: Decide, *, prepare: Prepare, source: str) -> None:
         self.decide = decide
         self._prepare = prepare
-        self.tail = tail
         self.source = source
         self.holds: list[str] = []
         self.description = f"profiles + {source}: admission, thread % and priority per job"
 
-    def prepare(self, job: TraceJob) -> Launch:
+    def prepare(self, job: TraceJob) -> list[Launch]:
         return self._prepare(job)
 
     def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
         live = list(running)
         out: list[Launch] = []
-        held: list[TraceJob] = []
         for job in pending:
             verdict = self.decide(job, live)
             if isinstance(verdict, Launch):
                 out.append(verdict)
                 live.append(Running(job, verdict))
             else:
-                held.append(job)
                 note = f"{job.id}: {verdict}"
                 if not self.holds or self.holds[-1] != note:
                     self.holds.append(note)
-        if self.tail is not None and len(held) == 1:
-            late = self.tail(held[0], live)
-            if late is not None:
-                out.append(late)
-                self.holds.append(f"{held[0].id}: started beside the last job ({late.note})")
         return out
-
-
-def same_settings(a: Launch, b: Launch) -> bool:
-    return (a.thread_percent, a.priority, a.memory_limit_mib) == (
-        b.thread_percent,
-        b.priority,
-        b.memory_limit_mib,
-    )

@@ -52,6 +52,9 @@ _DRY_STEP_S = {
     "lstm": 0.008,
     "dgemm": 0.02,
     "infer": 0.005,
+    "gpt2": 0.02,
+    "bert": 0.01,
+    "vit": 0.02,
 }
 
 
@@ -113,11 +116,17 @@ class _Runner:
             latencies.append((time.time() - arrival) * 1000.0)
         return latencies
 
-    def window(self, *, start: float, end: float, seed: int) -> dict[str, Any]:
+    def window(self, *, start: float, end: float, seed: int, settle: bool) -> dict[str, Any]:
         _sleep_until(start)
         if job_kind(self.kind).poisson:
             lat = self.serve(start=start, end=end, count=None, seed=seed)
-            return {"rate": len(lat) / (end - start), "iters": len(lat), "latencies_ms": lat}
+            warm = settled_after(lat) if settle else 0
+            return {
+                "rate": len(lat) / (end - start),
+                "iters": len(lat),
+                "latencies_ms": lat[warm:],
+                "warmup_requests": warm,
+            }
         done: list[float] = []
         while True:
             self.workload.step()
@@ -128,6 +137,25 @@ class _Runner:
                 break
         rate = len(done) / (done[-1] - start) if done else 0.0
         return {"rate": rate, "iters": len(done), "latencies_ms": []}
+
+
+SETTLE_BLOCK = 20
+SETTLE_TOLERANCE = 0.10
+
+
+def settled_after(latencies: list[float]) -> int:
+    """Requests of a latency window that are warm-up: up to the end of the first block of
+    SETTLE_BLOCK requests whose median is within SETTLE_TOLERANCE of the previous block's
+    (the service's p50 has settled), at most half of them. Causal: the cut depends only on the
+    requests before it, as if the window had started counting there."""
+    block = SETTLE_BLOCK
+    previous: float | None = None
+    for k in range(len(latencies) // block):
+        current = sorted(latencies[k * block : (k + 1) * block])[block // 2]
+        if previous is not None and abs(current - previous) <= SETTLE_TOLERANCE * previous:
+            return min((k + 1) * block, len(latencies) // 2)
+        previous = current
+    return len(latencies) // 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +190,12 @@ def main(argv: list[str] | None = None) -> int:
             elif cmd == "window":
                 emit(
                     "window",
-                    **runner.window(start=msg["start"], end=msg["end"], seed=msg.get("seed", 0)),
+                    **runner.window(
+                        start=msg["start"],
+                        end=msg["end"],
+                        seed=msg.get("seed", 0),
+                        settle=bool(msg.get("settle", False)),
+                    ),
                 )
             elif cmd == "run":
                 t_go = time.time()

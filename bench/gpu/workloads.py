@@ -1,6 +1,8 @@
 """PyTorch workloads on synthetic data (imported only inside worker processes).
 
-Models are written out here (no torchvision) so the benchmark needs nothing but torch.
+The kinds the shipped interference model was fit on are written out here with torch alone; the
+kinds it never saw (``catalog.UNSEEN_KINDS``) are built from ``transformers`` and
+``torchvision`` with random weights (no download), as packages on the GPU host provide them.
 ``tiny=True`` shrinks every model so the harness can be smoke-tested on a CPU; results from
 tiny models are never benchmark results.
 """
@@ -201,6 +203,59 @@ def build(name: str, *, device: torch.device, tiny: bool = False) -> Workload:
         inp, hidden, seq, bsz = (16, 32, 8, 4) if tiny else (512, 1024, 64, 32)
         model = _Lstm(inp, hidden, 10).to(device)
         step = _training(model, batch((bsz, seq, inp), 10), device=device, bf16=False)
+    elif name == "gpt2":
+        # A GPT-style decoder built from a transformers config: random weights, no download.
+        from transformers import GPT2Config, GPT2LMHeadModel  # noqa: PLC0415
+
+        layers, d, heads, seq, bsz = (1, 64, 2, 32, 2) if tiny else (12, 768, 12, 512, 8)
+        config = GPT2Config(
+            n_layer=layers, n_embd=d, n_head=heads, n_positions=seq, vocab_size=32000
+        )
+        model = GPT2LMHeadModel(config).to(device)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        tokens = torch.randint(0, config.vocab_size, (bsz, seq), device=device)
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                loss = model(input_ids=tokens, labels=tokens).loss
+            loss.backward()
+            opt.step()
+    elif name == "bert":
+        # BERT-base (transformers' BertConfig defaults) answering offline batches.
+        from transformers import BertConfig, BertModel  # noqa: PLC0415
+
+        config = (
+            BertConfig(
+                hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128
+            )
+            if tiny
+            else BertConfig()
+        )
+        model = BertModel(config).to(device).eval()
+        seq, bsz = (16, 2) if tiny else (128, 32)
+        tokens = torch.randint(0, config.vocab_size, (bsz, seq), device=device)
+
+        def step() -> None:
+            with (
+                torch.inference_mode(),
+                torch.autocast(device_type=device.type, dtype=torch.bfloat16),
+            ):
+                model(input_ids=tokens)
+    elif name == "vit":
+        from torchvision.models import vit_b_16  # noqa: PLC0415
+
+        side, bsz = (32, 2) if tiny else (224, 32)
+        if tiny:
+            from torchvision.models import VisionTransformer  # noqa: PLC0415
+
+            model = VisionTransformer(side, 16, 1, 2, 32, 64, num_classes=10).to(device)
+        else:
+            model = vit_b_16(weights=None, num_classes=1000).to(device)
+        step = _training(
+            model, batch((bsz, 3, side, side), 10 if tiny else 1000), device=device, bf16=True
+        )
     elif name == "dgemm":
         n = 256 if tiny else 8192
         a = torch.randn(n, n, dtype=torch.float64, device=device)

@@ -49,7 +49,7 @@ from gpushare.api.placement import Placement, parse_placement
 from gpushare.api.request import parse_class
 from gpushare.deviceplugin.devices import device_id, group_by_gpu
 from gpushare.deviceplugin.holdings import Answer, AnswerBook
-from gpushare.mps.client import MiB, client_limits_env
+from gpushare.mps.client import MiB, client_limits_env, runs_under_mps
 
 log = logging.getLogger(__name__)
 
@@ -587,10 +587,9 @@ def allocation_for_pod(
         raise AllocationError(f"pod {pod.key}: {exc}") from None
     uuids = list(placement.gpu_uuids)
     asked = sum(pod.requested_slices)
-    fractional = len(uuids) == 1 and (
-        placement.thread_percent < SLICES_PER_GPU or 0 < asked < SLICES_PER_GPU
-    )
-    if not fractional:
+    if not runs_under_mps(
+        gpus=len(uuids), thread_percent=placement.thread_percent, requested_percent=asked
+    ):
         return _whole(ctx, uuids, pod=pod.key), None
     warning = check_uid(pod, neighbours, uuids[0])
     allocation = _mps(

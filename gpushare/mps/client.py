@@ -11,6 +11,13 @@ from gpushare.api.names import MPS_PRIORITY_BY_CLASS, SLICES_PER_GPU
 MiB = 2**20
 
 
+def runs_under_mps(*, gpus: int, thread_percent: int, requested_percent: int) -> bool:
+    """Whether a pod's processes go through its GPU's MPS daemon: a single GPU shared by a
+    fraction (capped, or asking less than a whole GPU). Whole GPUs go without MPS: one process
+    cannot use several daemons, and a whole GPU needs none."""
+    return gpus == 1 and (thread_percent < SLICES_PER_GPU or 0 < requested_percent < SLICES_PER_GPU)
+
+
 def pinned_memory_limit(limit_bytes: int) -> str:
     """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for device ordinal 0, in whole MiB (at least 1)."""
     return f"0={max(1, limit_bytes // MiB)}M"

@@ -1,16 +1,14 @@
-"""The makespan bound from measured packs and the replay's issue-8 options (no GPU)."""
+"""The makespan bound from measured packs (no GPU)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from bench.gpu import bound, colocate, replay
-from gpushare.packing.interference import fit, parse_records
+from bench.gpu import bound, colocate
 
 DATA = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "data"
 RUNS = {
-    "run5": (DATA.parents[1] / "results" / "gpu-packing.json", DATA / "colocations.json"),
     "run7": (DATA / "run7-results.json", DATA / "run7-colocations.json"),
 }
 
@@ -48,22 +46,3 @@ def test_half_exclusive_is_below_what_measured_packs_allow_within_2x(run: str) -
     assert out["last_arrival_plus_its_run_s"] < 5.0
     # one ResNet-50 job in the trace: no pack of two ResNet-50 may be used
     assert not any(name.count("resnet50@") > 1 for name in within["packs"])
-
-
-def test_replay_starting_the_gemm_first_lets_the_last_two_whole_gpu_jobs_pair() -> None:
-    results_path, packs_path = RUNS["run5"]
-    results = json.loads(results_path.read_text())
-    records = colocate.validate(json.loads(packs_path.read_text()))
-    common = {
-        "results": results,
-        "records": records,
-        "trace": "light",
-        "fractions": dict(results["details"]["requested_fractions"]),
-        "model": fit(parse_records(records)),
-        "measured_solo": True,
-    }
-    plain = replay.replay(**common)
-    first = replay.replay(saturating_first=True, **common)
-    # -0.45 s with the model before cap_relief; -0.26 s with it (denser small-job packs first).
-    assert first["makespan_s"] < plain["makespan_s"] - 0.2
-    assert first["mean_jct_s"] > plain["mean_jct_s"]

@@ -1,0 +1,162 @@
+"""gpushare's decisions for the benchmark's one GPU, made by the product's own functions.
+
+Each queued job is a pod: a ``Demand`` with its request (``gpushare.io/gpu-fraction``), its
+limit (``gpushare.io/gpu-limit``, when its trace sets one), its class and the solo profile
+gpushare's profiler measured earlier in the run; each running job is a ``Tenant`` with the cap
+it was given. Whether it starts now, and how, is decided exactly where a cluster decides it:
+
+- placement, thread cap and memory limit: ``gpushare.packing.policy.choose_gpus`` on a node of
+  this one GPU (what the extender's bind runs), its refusals from
+  ``gpushare.packing.fit.node_fit_reason`` (what its filter answers);
+- admission: ``gpushare.packing.interference.admit_reason`` with the shipped interference model
+  (``gpushare/packing/data/interference.json``) and the class bounds docs/packing.md gives;
+- the client's environment (MPS or not, active-thread %, priority, pinned memory):
+  ``gpushare.mps.client``, what the device plugin writes from the placement.
+
+Nothing here decides; this module only turns trace jobs into the product's inputs and its
+answers into launches (docs/benchmarks-gpu.md, "Who decides").
+"""
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from bench.gpu.schemes import Launch, Running
+from bench.gpu.traces import TraceJob
+from gpushare.api.names import CLASS_LATENCY, MPS_PRIORITY_BY_CLASS, SLICES_PER_GPU
+from gpushare.mps.client import MiB, client_limits_env, runs_under_mps
+from gpushare.packing.fit import demand_memory, node_fit_reason
+from gpushare.packing.interference import InterferenceModel, admit_reason, load_default
+from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
+from gpushare.packing.policy import Policy, choose_gpus
+
+DEFAULT_BOUNDS: dict[str, float] = {"latency": 1.15, "batch": 2.0}
+"""Largest predicted slowdown each class accepts (a batch job's vs the job alone on the whole
+GPU, a latency job's vs alone): the values docs/packing.md gives for ``admit_reason``."""
+MODEL_FILE = "gpushare/packing/data/interference.json"
+GPU_UUID = "bench-gpu"
+_PROBE = Tenant("bench/latency-probe", 1, 0, gpu_class=CLASS_LATENCY)
+"""A stand-in latency tenant: the caps a job may get are those for an empty GPU and for one
+holding a latency pod (``threads.assign_thread_percent``)."""
+
+DECIDED_BY: dict[str, str] = {
+    "placement": "gpushare.packing.policy.choose_gpus (policy gpushare), refusals from "
+    "gpushare.packing.fit.node_fit_reason",
+    "admission": "gpushare.packing.interference.admit_reason",
+    "thread_cap": "gpushare.packing.threads.assign_thread_percent (inside choose_gpus)",
+    "client_env": "gpushare.mps.client.runs_under_mps and client_limits_env (MPS or not, "
+    "active-thread %, priority by class, pinned memory), as the device plugin writes them",
+    "profiles": "gpushare.exporter.profiler over the gpushare.gpu.nvml backend",
+}
+
+
+def model_identity() -> dict[str, Any]:
+    """The shipped model file: path, sha256 of its bytes, its ``source`` and size."""
+    raw = resources.files("gpushare.packing").joinpath("data/interference.json").read_bytes()
+    model = load_default()
+    return {
+        "file": MODEL_FILE,
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "source": model.source,
+        "records": model.records,
+        "coefficients": dict(zip(model.feature_names, model.coefficients, strict=True)),
+    }
+
+
+@dataclass
+class ProductDecider:
+    """``schemes.Decide`` for the gpushare scheme (see the module doc)."""
+
+    profiles: Mapping[str, PipeProfile]
+    gpu_model: str
+    gpu_memory_bytes: int
+    model: InterferenceModel = field(default_factory=load_default)
+    bounds: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_BOUNDS))
+    policy: Policy = Policy.GPUSHARE
+
+    def demand(self, job: TraceJob) -> Demand:
+        return Demand(
+            percent=job.percent,
+            limit_percent=job.limit_percent,
+            gpu_class=job.gpu_class,
+            profile=self.profiles.get(job.kind),
+        )
+
+    def gpu(self, running: Sequence[Running], *, extra: Sequence[Tenant] = ()) -> GpuState:
+        gpu = GpuState(uuid=GPU_UUID, memory_bytes=self.gpu_memory_bytes, model=self.gpu_model)
+        for r in running:
+            d = self.demand(r.job)
+            gpu.tenants.append(
+                Tenant(
+                    key=r.job.id,
+                    percent=min(d.percent, SLICES_PER_GPU),
+                    memory_bytes=demand_memory(d, gpu),
+                    gpu_class=d.gpu_class,
+                    profile=d.profile,
+                    thread_percent=r.launch.thread_percent or SLICES_PER_GPU,
+                )
+            )
+        gpu.tenants.extend(extra)
+        return gpu
+
+    def node(self, gpu: GpuState) -> NodeState:
+        return NodeState(name="bench-node", gpus=[gpu])
+
+    def __call__(self, job: TraceJob, running: Sequence[Running]) -> Launch | str:
+        gpu = self.gpu(running)
+        node = self.node(gpu)
+        demand = self.demand(job)
+        assignment = choose_gpus(node, demand, policy=self.policy)
+        if assignment is None:
+            return node_fit_reason(node, demand) or "no GPU fits"
+        reason = admit_reason(gpu, demand, model=self.model, bounds=self.bounds)
+        if reason is not None:
+            return reason
+        return self.launch(job, demand, assignment)
+
+    def launch(self, job: TraceJob, demand: Demand, assignment: Assignment) -> Launch:
+        """The launch the device plugin's answer amounts to for this placement."""
+        request = min(demand.percent, SLICES_PER_GPU)
+        mps = runs_under_mps(
+            gpus=len(assignment.gpu_uuids),
+            thread_percent=assignment.thread_percent,
+            requested_percent=request,
+        )
+        env = (
+            client_limits_env(
+                thread_percent=assignment.thread_percent,
+                gpu_class=demand.gpu_class,
+                memory_limit_bytes=assignment.memory_limit_bytes,
+                gpu_memory_bytes=self.gpu_memory_bytes,
+                request_percent=request,
+            )
+            if mps
+            else {}
+        )
+        limit = "default" if demand.limit_percent is None else f"{demand.limit_percent}%"
+        return Launch(
+            job,
+            thread_percent=assignment.thread_percent if mps else None,
+            priority=MPS_PRIORITY_BY_CLASS[demand.gpu_class] if mps else None,
+            memory_limit_mib=max(1, assignment.memory_limit_bytes // MiB) if mps else None,
+            note=f"request {request}%, limit {limit}" + ("" if mps else ", whole GPU, no MPS"),
+            env=env,
+            mps=mps,
+        )
+
+    def variants(self, job: TraceJob) -> list[Launch]:
+        """Every launch ``job`` may get: on an idle GPU and on one holding a latency pod (the
+        cap depends on nothing else), so its process can be warmed up with each in advance."""
+        demand = self.demand(job)
+        out: list[Launch] = []
+        for extra in ((), (_PROBE,)):
+            gpu = self.gpu([], extra=extra)
+            assignment = choose_gpus(self.node(gpu), demand, policy=self.policy)
+            if assignment is None:
+                continue
+            launch = self.launch(job, demand, assignment)
+            if not any(launch.same_settings(o) for o in out):
+                out.append(launch)
+        return out
