@@ -98,6 +98,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--code-rev", default="", help="the code's revision, recorded in the results")
     p.add_argument(
+        "--phase",
+        choices=("all", "colocations"),
+        default="all",
+        help="colocations: phase A only (profiles, packs), saved to phase-a.json for --resume",
+    )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="phase A's phase-a.json from an earlier invocation on the same GPU: run the rest",
+    )
+    p.add_argument(
         "--dry",
         action="store_true",
         help="no GPU: workers sleep instead of computing; checks the harness, not a benchmark",
@@ -260,7 +273,8 @@ def phase_a(ctx: Ctx, st: State) -> None:
     sampler = None if ctx.args.dry else Sampler(index=ctx.args.gpu, period_s=0.2)
     st.profile_source = sampler.source if sampler else "none (dry run)"
     pool = Pool(workers, daemon.pipe_dir if daemon else None, {})
-    budget_end = time.time() + PHASE_A_SHARE * ctx.args.budget_s
+    share = 1.0 if ctx.args.phase == "colocations" else PHASE_A_SHARE
+    budget_end = time.time() + share * ctx.args.budget_s - (60 if share == 1.0 else 0)
 
     def on_solo(m: Member, start: float, end: float, rate: float) -> None:
         st.solo[m.kind] = rate
@@ -409,6 +423,43 @@ def prepare_jobs(ctx: Ctx, st: State) -> None:
         st.jobs[t.name] = [j for j in jobs if j.id in st.iterations[t.name]]
 
 
+STATE_FILE = "phase-a.json"
+
+
+def dump_state(st: State) -> dict[str, Any]:
+    """Phase A's measurements, for a later invocation on the same GPU (``--resume``)."""
+    return {
+        "results": [
+            {"pack": [[m.kind, m.thread_percent, m.copy] for m in r.pack], "rates": r.rates}
+            for r in st.results
+        ],
+        "profiles": st.profiles,
+        "raw_profiles": st.raw_profiles,
+        "solo": st.solo,
+        "profile_source": st.profile_source,
+        "fractions": st.fractions,
+        "chosen": [[list(map(list, k)), list(map(list, v))] for k, v in st.chosen.items()],
+    }
+
+
+def load_state(st: State, path: Path) -> None:
+    raw = json.loads(path.read_text())
+    st.results = [
+        PackResult(
+            tuple(Member(str(k), int(t), int(c)) for k, t, c in r["pack"]),
+            tuple(float(x) for x in r["rates"]),
+        )  # fmt: skip
+        for r in raw["results"]
+    ]
+    st.profiles, st.raw_profiles = raw["profiles"], raw["raw_profiles"]
+    st.solo, st.fractions = raw["solo"], raw["fractions"]
+    st.profile_source = raw["profile_source"]
+    st.chosen = {
+        tuple((str(k), int(t)) for k, t in key): tuple((str(k), int(t)) for k, t in pick)
+        for key, pick in raw["chosen"]
+    }
+
+
 def run(ctx: Ctx) -> dict[str, Any]:
     args = ctx.args
     gpu_info(ctx)
@@ -421,7 +472,12 @@ def run(ctx: Ctx) -> dict[str, Any]:
         report.write(args.out, results)
         return results
 
-    safe(lambda: phase_a(ctx, st), "phase A (profiles, colocations)", ctx.errors)
+    if args.resume is not None:
+        load_state(st, args.resume)
+        log.info("phase A from %s: %d packs", args.resume, len(st.results))
+    else:
+        safe(lambda: phase_a(ctx, st), "phase A (profiles, colocations)", ctx.errors)
+        (args.out / STATE_FILE).write_text(json.dumps(dump_state(st)) + "\n")
     st.recs = colocate.records(gpu=ctx.gpu_name, results=st.results, profiles=st.profiles)
     (args.out / "colocations.json").write_text(
         json.dumps(colocate.validate(st.recs), indent=1) + "\n"
@@ -430,6 +486,8 @@ def run(ctx: Ctx) -> dict[str, Any]:
     prepare_jobs(ctx, st)
     decider = make_decider(ctx, st)
     checkpoint()
+    if args.phase == "colocations":
+        return checkpoint()
     names = [t.name for t in args.traces]
     heavy = [n for n in names if n == "heavy"]
 
