@@ -448,7 +448,7 @@ def load_state(st: State, path: Path) -> None:
         PackResult(
             tuple(Member(str(k), int(t), int(c)) for k, t, c in r["pack"]),
             tuple(float(x) for x in r["rates"]),
-        )  # fmt: skip
+        )
         for r in raw["results"]
     ]
     st.profiles, st.raw_profiles = raw["profiles"], raw["raw_profiles"]
@@ -605,6 +605,7 @@ def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
         f"Python {platform.python_version()}",
         "profile_source": st.profile_source,
         "trace_sources": {t.name: t.source for t in ctx.args.traces},
+        "phase_a": str(ctx.args.resume) if ctx.args.resume else "this invocation",
         "requested_fractions": st.fractions,
         "limits": {
             n: {j.id: j.limit_percent for j in jobs if j.limit_percent is not None}
