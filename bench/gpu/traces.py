@@ -216,7 +216,9 @@ def load_trace(path: Path) -> Trace:
 
 
 def shipped(name: str) -> Trace:
-    return load_trace(SHIPPED_DIR / f"{name}.json")
+    """A shipped trace, its source named relative to the repository."""
+    trace = load_trace(SHIPPED_DIR / f"{name}.json")
+    return replace(trace, source=f"bench/gpu/data/traces/{name}.json")
 
 
 def load_all(paths: Sequence[Path]) -> list[Trace]:
