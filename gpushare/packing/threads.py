@@ -21,8 +21,6 @@ up to at most 100, and admission (``interference.admit_reason``) keeps each tena
 slowdown within its class bound.
 """
 
-from collections.abc import Mapping
-
 from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU
 from gpushare.packing.model import Demand, GpuState, PipeProfile
 
@@ -71,19 +69,3 @@ def assign_thread_percent(demand: Demand, gpu: GpuState) -> int:
     if gpu.has_latency_tenant:
         cap = min(cap, max(share, LATENCY_NEIGHBOUR_THREADS))
     return cap
-
-
-def cap_beside_latency(p99_ratio_by_threads: Mapping[int, float], *, bound: float) -> int:
-    """The thread cap for a batch pod beside a latency pod, from a measured curve: the largest
-    cap at which the latency pod's p99 stayed within ``bound`` x its solo p99 (more threads =
-    more training throughput), else the smallest cap measured (protect the latency pod).
-
-    ``p99_ratio_by_threads`` maps a batch cap (GPU-percent) to the measured p99 / solo p99;
-    ValueError names the field when it is empty or a cap is outside 1..100."""
-    if not p99_ratio_by_threads:
-        raise ValueError("p99_ratio_by_threads: empty; measure at least one cap (e.g. 50)")
-    bad = [t for t in p99_ratio_by_threads if not 1 <= t <= SLICES_PER_GPU]
-    if bad:
-        raise ValueError(f"p99_ratio_by_threads: caps {bad} are outside 1..100; give percents")
-    within = [t for t, r in p99_ratio_by_threads.items() if r <= bound]
-    return max(within) if within else min(p99_ratio_by_threads)

@@ -1,11 +1,10 @@
 """assign_thread_percent: cautiously aggressive MPS thread caps."""
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
-from gpushare.packing.threads import assign_thread_percent, cap_beside_latency
+from gpushare.packing.threads import assign_thread_percent
 
 H100 = GpuState("g0", 80 << 30, model="H100")
 
@@ -62,14 +61,3 @@ def test_batch_cap_lies_between_the_request_and_the_limit(
     assert percent <= threads <= max(percent, 100 if limit is None else limit)
     if latency:
         assert threads <= max(percent, 50)
-
-
-def test_cap_beside_a_latency_pod_is_the_largest_that_kept_its_p99() -> None:
-    assert cap_beside_latency({50: 1.10, 40: 1.02}, bound=1.15) == 50
-    assert cap_beside_latency({50: 1.22, 40: 1.08}, bound=1.15) == 40
-    # None kept it: protect the latency pod with the smallest cap measured.
-    assert cap_beside_latency({50: 1.30, 40: 1.21}, bound=1.15) == 40
-    with pytest.raises(ValueError, match="p99_ratio_by_threads"):
-        cap_beside_latency({}, bound=1.15)
-    with pytest.raises(ValueError, match=r"outside 1\.\.100"):
-        cap_beside_latency({150: 1.0}, bound=1.15)
