@@ -23,21 +23,13 @@ from gpushare.packing.interference import (
     fit_coefficients,
     load_default,
     parse_records,
+    relative_errors,
 )
 
 
 def errors(model: InterferenceModel, records: Iterable[ColocationRecord]) -> list[float]:
-    """|predicted - measured| / measured slowdown of every job with both rates."""
-    out: list[float] = []
-    for record in records:
-        for i, job in enumerate(record.jobs):
-            measured = job.slowdown
-            if measured is None:
-                continue
-            others = [(o.profile, o.thread_percent) for k, o in enumerate(record.jobs) if k != i]
-            predicted = model.predict(job.profile, job.thread_percent, others)
-            out.append(abs(predicted - measured) / measured)
-    return out
+    """Relative error of the same-cap slowdown of every job with both rates."""
+    return relative_errors(model, list(records), same_cap=True)
 
 
 def _mape(errs: Sequence[float]) -> float | None:

@@ -498,11 +498,11 @@ def fit(records: Sequence[ColocationRecord], *, source: str = "") -> Interferenc
     )
 
 
-def mape(
+def relative_errors(
     model: InterferenceModel, records: Sequence[ColocationRecord], *, same_cap: bool = False
-) -> float:
-    """Mean absolute percentage error of predicted vs measured slowdown over all jobs
-    (``same_cap``: the records' slowdowns are relative to the job alone at its cap)."""
+) -> list[float]:
+    """|predicted - measured| / measured slowdown of every job with both rates (``same_cap``:
+    the records' slowdowns are relative to the job alone at its cap)."""
     errors: list[float] = []
     for record in records:
         for i, job in enumerate(record.jobs):
@@ -515,6 +515,15 @@ def mape(
             else:
                 predicted = model.predict_vs_full_gpu(job.profile, job.thread_percent, others)
             errors.append(abs(predicted - measured) / measured)
+    return errors
+
+
+def mape(
+    model: InterferenceModel, records: Sequence[ColocationRecord], *, same_cap: bool = False
+) -> float:
+    """Mean absolute percentage error of predicted vs measured slowdown over all jobs
+    (:func:`relative_errors`)."""
+    errors = relative_errors(model, records, same_cap=same_cap)
     return sum(errors) / len(errors) if errors else 0.0
 
 
