@@ -719,13 +719,14 @@ def _pod_info(pod: Mapping[str, Any]) -> PodInfo:
 
 
 def _shares_gpu(pod: Mapping[str, Any]) -> bool:
-    """True when the pod runs on a share of a GPU (through MPS), not on whole GPUs."""
+    """True when the pod runs on a share of a GPU (through MPS), not on whole GPUs. A share is
+    told by its request: a burstable pod's thread cap may be the whole GPU."""
     try:
         placement = parse_placement((pod.get("metadata") or {}).get("annotations") or {})
     except InvalidInputError:
         return True
     return placement is None or (
-        len(placement.gpu_uuids) == 1 and placement.thread_percent < SLICES_PER_GPU
+        len(placement.gpu_uuids) == 1 and placement.guaranteed_percent < SLICES_PER_GPU
     )
 
 

@@ -25,6 +25,7 @@ from gpushare.api.names import (
     ANN_CLASS,
     ANN_FRACTION,
     ANN_GPU_UUID,
+    ANN_REQUEST_PERCENT,
     ANN_SHARE,
     ANN_THREAD_PERCENT,
 )
@@ -349,14 +350,15 @@ def test_share_goes_pending_profiling_packed_with_the_simulated_profile(
 
     profiled_pod = get(cluster, "pod", "train-0", namespace)
     ann = profiled_pod["metadata"]["annotations"]
-    threads = int(ann[ANN_THREAD_PERCENT])
+    # A pod keeps its request busy, or its thread cap when that is smaller (node/load.py).
+    busy = min(int(ann[ANN_THREAD_PERCENT]), int(ann.get(ANN_REQUEST_PERCENT, "100")))
     profile = packed["profile"]
     assert profile["gpuModel"] == SIMULATED_MODEL
     assert profile["simulated"] is True and profile["source"] == "measured"
     assert profile["sampledSeconds"] >= 10
     # The node agent's simulated load for this pod alone (gpushare.node.load), averaged over
-    # the window: tensor > fp32 > fp16 > fp64, tensor near its share of the threads.
-    expected_tensor = PIPE_WEIGHTS["tensor"] * threads / 100
+    # the window: tensor > fp32 > fp16 > fp64, tensor near its busy share.
+    expected_tensor = PIPE_WEIGHTS["tensor"] * busy / 100
     assert profile["tensor"] == pytest.approx(expected_tensor, rel=0.25)
     assert profile["tensor"] > profile["fp32"] > profile["fp16"] > profile["fp64"]
     assert ann[ANN_PROFILING] == "done"

@@ -7,7 +7,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpushare.api.names import ANN_GPU_UUID, ANN_THREAD_PERCENT
+from gpushare.api.names import (
+    ANN_BIND_TIME,
+    ANN_GPU_UUID,
+    ANN_REQUEST_PERCENT,
+    ANN_STATE,
+    ANN_THREAD_PERCENT,
+)
 from gpushare.node.faults import (
     UNKNOWN_WORKLOAD,
     FaultMonitor,
@@ -86,14 +92,27 @@ def test_a_threshold_of_zero_turns_the_rule_off() -> None:
 
 
 def manifest(
-    uid: str, name: str, created: str, *, owner: str | None = None, threads: int = 30
+    uid: str,
+    name: str,
+    created: str,
+    *,
+    owner: str | None = None,
+    threads: int = 30,
+    request: int | None = None,
 ) -> dict[str, Any]:
+    annotations = {ANN_GPU_UUID: GPU, ANN_THREAD_PERCENT: str(threads)}
+    if request is not None:  # a whole placement, as the extender writes it
+        annotations |= {
+            ANN_REQUEST_PERCENT: str(request),
+            ANN_BIND_TIME: created,
+            ANN_STATE: "allocated",
+        }
     meta: dict[str, Any] = {
         "name": name,
         "namespace": "team",
         "uid": uid,
         "creationTimestamp": created,
-        "annotations": {ANN_GPU_UUID: GPU, ANN_THREAD_PERCENT: str(threads)},
+        "annotations": annotations,
     }
     if owner:
         meta["ownerReferences"] = [
@@ -197,3 +216,23 @@ def test_a_pair_that_faults_twice_has_its_younger_controlled_pod_moved_not_marke
     assert list(monitor.apart) == ["rs-trainer"]
     assert monitor.apart["rs-trainer"].gpu_uuid == GPU
     assert monitor.apart["rs-trainer"].faults == 2
+
+
+def test_burstable_pods_that_fault_together_are_separated_like_any_share(
+    tmp_path: Path,
+) -> None:
+    """A batch pod's thread cap may be the whole GPU (no limit set) while it asked for a
+    share: its request, not its cap, says it shares the GPU."""
+    pods = {
+        "srv": manifest(
+            "srv", "server", "2026-11-20T09:00:00Z", owner="rs-server", threads=100, request=25
+        ),
+        "trn": manifest(
+            "trn", "trainer", "2026-11-21T10:30:00Z", owner="rs-trainer", threads=100, request=25
+        ),
+    }
+    pid_pod = {301: "srv", 302: "trn", 401: "srv", 402: "trn"}
+    monitor, log_dir, clock = monitor_on(tmp_path, pods, pid_pod)
+    fault(monitor, log_dir, clock, "11:00:05.000", 301, 302)
+    fault(monitor, log_dir, clock, "11:00:30.000", 401, 402)
+    assert list(monitor.separated) == ["trn"]
