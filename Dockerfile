@@ -3,26 +3,41 @@
 #   gpushare-node-agent   device plugin + MPS manager + exporter (DaemonSet)
 #   kubectl-gpushare      the kubectl plugin, handy inside the cluster for debugging
 #
-#   docker build -t <registry>/gpushare:<version> .
+#   docker build --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) \
+#     -t <registry>/gpushare:0.1.0 .
 #
+# Every dependency is installed at the version requirements.lock pins (`make lock`).
+# VERSION must equal the package's version (the build refuses another), so the image's
+# org.opencontainers.image.version label cannot lie; REVISION is the source commit.
 # hack/build-image.sh builds this same file offline with buildah (see docs/chart.md).
 
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
-# setuptools >= 70.1 builds wheels by itself, so no build isolation (and no "wheel") is needed.
-RUN pip install --no-cache-dir --root-user-action=ignore "setuptools>=70.1"
-COPY pyproject.toml README.md ./
+COPY requirements.lock pyproject.toml README.md LICENSE ./
+# The build backend at its locked version; setuptools builds wheels by itself, so no build
+# isolation (and no "wheel") is needed.
+RUN pip install --no-cache-dir --root-user-action=ignore -c requirements.lock setuptools
 COPY gpushare ./gpushare
-RUN pip wheel --no-cache-dir --no-build-isolation --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --no-build-isolation -c requirements.lock --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm
+ARG VERSION=""
+ARG REVISION=""
 LABEL org.opencontainers.image.title="gpushare" \
       org.opencontainers.image.description="Pack several Kubernetes pods onto one NVIDIA GPU with MPS" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/kube-gpushare/kube-gpushare" \
+      org.opencontainers.image.documentation="https://github.com/kube-gpushare/kube-gpushare/tree/main/docs" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
 # The final stage installs only what the build stage resolved: no index, no compilers.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --root-user-action=ignore --no-index --find-links /wheels gpushare \
+    --mount=type=bind,from=build,source=/src/requirements.lock,target=/tmp/requirements.lock \
+    pip install --no-cache-dir --root-user-action=ignore --no-index --find-links /wheels \
+      -c /tmp/requirements.lock kube-gpushare \
     && pip check \
+    && installed="$(python -c 'from importlib.metadata import version; print(version("kube-gpushare"))')" \
+    && { [ "$VERSION" = "$installed" ] || { echo "build-arg VERSION='$VERSION' but the package is $installed: pass --build-arg VERSION=$installed" >&2; exit 1; }; } \
     && gpushare-controller --help >/dev/null && gpushare-node-agent --help >/dev/null
 ENV PYTHONUNBUFFERED=1
 # Non-root by default (the controller); the node agent's DaemonSet runs as root because it

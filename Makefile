@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv prereqs tools demo test lint typecheck layers unit pytest cluster-up cluster-down protos verify-protos clean
+.PHONY: help venv lock lock-upgrade verify-lock verify-lowest prereqs tools demo test lint typecheck layers unit pytest cluster-up cluster-down protos verify-protos clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -14,10 +14,25 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-venv: $(BIN)/.installed ## create .venv with gpushare and its dev tools
-$(BIN)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e '.[dev]'
+# requirements.lock pins every runtime and dev dependency (all platforms, Python >= 3.11); the
+# venv, CI and the image's build install exactly those versions (docs/development.md).
+LOCK := requirements.lock
+venv: $(BIN)/.installed ## create .venv with gpushare and its dev tools, at the versions in requirements.lock
+$(BIN)/.installed: $(BIN)/python pyproject.toml $(LOCK)
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev]'
 	touch $@
+
+lock: $(BIN)/python ## re-resolve requirements.lock after changing dependencies in pyproject.toml (keeps pins that still fit)
+	hack/lock.sh write
+
+lock-upgrade: $(BIN)/python ## re-resolve requirements.lock at the newest versions pyproject.toml allows
+	hack/lock.sh upgrade
+
+verify-lock: $(BIN)/python ## fail when requirements.lock is not what `make lock` would write
+	hack/lock.sh verify
+
+verify-lowest: $(BIN)/python ## install every dependency at its lower bound in a scratch venv and run the unit tests
+	hack/lock.sh lowest
 
 prereqs: ## install the OS packages the local cluster needs (Debian/Ubuntu, as root)
 	hack/install-prereqs.sh
@@ -28,7 +43,7 @@ tools: ## build and cache Kubernetes, etcd, helm and kwok from the Go module pro
 demo: venv prereqs tools ## bring up the local cluster with simulated GPUs and show it
 	hack/demo.sh
 
-test: venv prereqs tools lint typecheck layers pytest ## every quality gate and the whole test suite
+test: venv prereqs tools verify-lock lint typecheck layers pytest ## every quality gate and the whole test suite
 
 lint: venv ## ruff lint and format check
 	$(BIN)/ruff check .

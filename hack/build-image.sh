@@ -115,7 +115,12 @@ build_gpushare() {
 
   # Rebuild only when an input changed: the Dockerfile, the package, the wheelhouse's source.
   local stamp="$CACHE/gpushare.stamp" digest
-  digest=$(cd "$repo" && { cat Dockerfile .dockerignore pyproject.toml README.md;
+  # The OCI revision label: the commit, marked -dirty when the work tree differs from it.
+  local revision
+  revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
+  [[ -z $(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null) ]] || revision+=-dirty
+  digest=$(cd "$repo" && { cat Dockerfile .dockerignore pyproject.toml README.md LICENSE requirements.lock;
+    echo "$revision";
     find gpushare -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum;
     "$VENV_PY" -m pip freeze --all 2>/dev/null; echo "$base $tag"; } | sha256sum | cut -d' ' -f1)
   if ((force == 0)) && [[ -f $stamp && $(cat "$stamp") == "$digest" && -f $out ]] && have_image "$tag"; then
@@ -152,6 +157,7 @@ build_gpushare() {
   # unshare --net: the build runs in an empty network namespace, so nothing can be fetched.
   unshare --net "${bud[@]}" bud --isolation chroot --pull-never --layers=false \
     -v "$work/wheelhouse:/wheelhouse:ro" -v "$work/pip.conf:/etc/pip.conf:ro" \
+    --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
     -f "$repo/Dockerfile" -t "$(normalize "$tag")" "$repo" >"$work/bud.log" 2>&1 ||
     { tail -40 "$work/bud.log" >&2; die "buildah bud failed (full log above)"; }
   rm -f "$out"

@@ -41,7 +41,9 @@ KIND
 fi
 kubectl config use-context "kind-$CLUSTER" >/dev/null
 
-docker build -t "$IMAGE" "$repo"
+docker build --build-arg "VERSION=$version" \
+  --build-arg "REVISION=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)" \
+  -t "$IMAGE" "$repo"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
 # ci/local-cluster-values.yaml: simulated GPUs on every Linux node the DaemonSet tolerates (the
