@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the local cluster's binaries from the Go module proxy and cache them outside the repo.
 #
-#   hack/build-tools.sh [all|kube|etcd|helm|kwok]   (default: all)
+#   hack/build-tools.sh [all|kube|etcd|helm|kwok|prometheus-operator]   (default: all)
 #
 # Kubernetes and etcd publish their server binaries from modules whose go.mod replaces
 # sibling modules with relative paths (./staging/src/k8s.io/api, ../api), so `go install
@@ -107,19 +107,43 @@ build_go_install() { # NAME VERSION PKG
   rm -rf "$out"; mv "$out.partial" "$out"
 }
 
+# The Prometheus Operator's module replaces its own pkg/apis/monitoring and pkg/client with
+# relative paths, like etcd; its CRDs ship inside the module (example/prometheus-operator-crd)
+# and are copied next to the binaries so tests install exactly the version that runs.
+build_prometheus_operator() {
+  local v=$PROMETHEUS_OPERATOR_VERSION out="$GPUSHARE_CACHE_DIR/bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION"
+  local module=github.com/prometheus-operator/prometheus-operator
+  if [[ -x $out/operator && -x $out/prometheus-config-reloader && -d $out/crds ]]; then
+    log "prometheus-operator $v cached in $out"; return
+  fi
+  local dir="$GPUSHARE_CACHE_DIR/src/prometheus-operator-$v"
+  log "building prometheus-operator $v"
+  wrapper_module "$dir" "$module" "$v" "$v"
+  build_from "$dir" "$out" "-s -w -X github.com/prometheus/common/version.Version=${v#v}" \
+    "$module/cmd/operator" "$module/cmd/prometheus-config-reloader"
+  local src
+  src=$(cd "$dir" && GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' "$module")
+  rm -rf "$out/crds.partial"; mkdir -p "$out/crds.partial"
+  cp "$src"/example/prometheus-operator-crd/monitoring.coreos.com_*.yaml "$out/crds.partial/"
+  chmod -R u+w "$out/crds.partial"
+  rm -rf "$out/crds"; mv "$out/crds.partial" "$out/crds"
+}
+
 what=${1:-all}
 case $what in
   kube) build_kube ;;
   etcd) build_etcd ;;
   helm) build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
   kwok) build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok ;;
+  prometheus-operator) build_prometheus_operator ;;
   all)
     build_etcd
     build_kube
     build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
     build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+    build_prometheus_operator
     ;;
   -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) die "unknown target '$what'; use one of: all kube etcd helm kwok" ;;
+  *) die "unknown target '$what'; use one of: all kube etcd helm kwok prometheus-operator" ;;
 esac
 log "done: $what"

@@ -6,6 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.gpushare_crd import parse_profile
 from gpushare.api.names import METRIC_PREFIX
 from gpushare.controller.view import ClusterView
 
@@ -40,6 +42,64 @@ class _ViewCollector(Collector):
         )
         synced.add_metric([], 1.0 if view.synced else 0.0)
         yield synced
+        yield _pending_pods(view)
+        yield _share_profiles(view)
+
+
+def _pending_pods(view: ClusterView) -> GaugeMetricFamily:
+    """gpushare pods not yet bound to a node, per namespace: the queue a user waits in (the
+    cluster dashboard's "Pending fractional pods")."""
+    family = GaugeMetricFamily(
+        f"{METRIC_PREFIX}pending_pods",
+        "gpushare pods not yet bound to a node",
+        labels=["namespace"],
+    )
+    counts: dict[str, int] = {}
+    for key, pod in view.pods().items():
+        if pod.node is None and not pod.finished:
+            namespace = key.split("/", 1)[0]
+            counts[namespace] = counts.get(namespace, 0) + 1
+    for namespace, count in sorted(counts.items()):
+        family.add_metric([namespace], count)
+    return family
+
+
+# status.profile keys -> the pipe label values the node exporter uses for the same pipes.
+_PROFILE_PIPES = (
+    ("fp16", "fp16"),
+    ("fp32", "fp32"),
+    ("fp64", "fp64"),
+    ("tensor", "tensor"),
+    ("tensor_hmma", "tensor_hmma"),
+    ("tensor_dmma", "tensor_dmma"),
+    ("tensor_imma", "tensor_imma"),
+)
+
+
+def _share_profiles(view: ClusterView) -> GaugeMetricFamily:
+    """Each profiled GpuShare's measured pipe use (``status.profile``; docs/operator.md), for
+    the workload dashboard. A profile the operator has not written yet, or one that does not
+    parse, is left out rather than failing the scrape."""
+    family = GaugeMetricFamily(
+        f"{METRIC_PREFIX}share_profile_pipe_ratio",
+        "Pipe utilization measured when the GpuShare's job was profiled alone on a GPU",
+        labels=["namespace", "gpushare", "pipe", "gpu_model", "simulated"],
+    )
+    for key, status in sorted(view.share_statuses().items()):
+        raw = status.get("profile")
+        if not isinstance(raw, dict) or not raw:
+            continue
+        try:
+            profile = parse_profile(raw)
+        except InvalidInputError:
+            continue
+        namespace, name = key.split("/", 1)
+        simulated = "true" if profile.simulated else "false"
+        for attr, pipe in _PROFILE_PIPES:
+            value = getattr(profile, attr)
+            if value is not None:
+                family.add_metric([namespace, name, pipe, profile.gpu_model, simulated], value)
+    return family
 
 
 class Metrics:

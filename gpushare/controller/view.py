@@ -492,6 +492,10 @@ class ClusterView:
         """The GpuShare's ``status`` as last watched; None when the share is unknown."""
         return self._share_status.get(f"{namespace}/{name}")
 
+    def share_statuses(self) -> Mapping[str, Mapping[str, Any]]:
+        """Every known GpuShare's ``status`` by ``namespace/name`` (for the metrics)."""
+        return self._share_status
+
     def upsert_share(self, share: Mapping[str, Any]) -> None:
         meta = share.get("metadata")
         if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):

@@ -126,6 +126,7 @@ class LatencyGuard:
             if registry is not None
             else None
         )
+        self._counted: set[tuple[str, str]] = set()
 
     @classmethod
     def with_default_model(cls, **kwargs: Any) -> "LatencyGuard":
@@ -166,6 +167,7 @@ class LatencyGuard:
 
     async def tick(self) -> list[EvictionRecord]:
         """Read every GPU holding a latency-class pod once; evict where hysteresis says so."""
+        self._zero_counters()
         watched = {
             gpu: tenants
             for gpu, tenants in self.view.tenants_by_gpu().items()
@@ -182,6 +184,18 @@ class LatencyGuard:
             if record is not None:
                 done.append(record)
         return done
+
+    def _zero_counters(self) -> None:
+        """One eviction series per known GPU, at 0 until an eviction: the cluster dashboard's
+        "Protection evictions" then shows 0 rather than no data (docs/observability.md)."""
+        if self._counter is None:
+            return
+        gpus = {(n.name, uuid) for n in self.view.nodes.values() for uuid in n.gpu_models}
+        for node, uuid in gpus - self._counted:
+            self._counter.labels(node=node, gpu_uuid=uuid)
+        for node, uuid in self._counted - gpus:
+            self._counter.remove(node, uuid)
+        self._counted = gpus
 
     async def _judge(
         self, node: str, uuid: str, tenants: list[PodSummary], reading: ProfileReading

@@ -37,3 +37,27 @@ def test_every_template_has_its_own_test_file() -> None:
     for template in (CHART / "templates").glob("*.yaml"):
         expected = "test_" + template.stem.replace("-", "_") + ".py"
         assert expected in tests, f"templates/{template.name} has no tests/chart/{expected}"
+
+
+def test_renders_with_plain_helm_template_and_refuses_old_clusters(chart: Chart) -> None:
+    """No --kube-version: Helm renders as v1.20.0, which the chart takes as "no cluster"; a
+    real cluster older than 1.30 is refused with the reason."""
+    offline = chart.render(kube_version=None)
+    assert offline.has("Deployment", "gpushare-controller")
+    assert offline.has("DaemonSet", "gpushare-node-agent")
+    err = chart.fails({}, kube_version="1.29.4")
+    assert "gpushare needs Kubernetes >= 1.30" in err and "v1.29.4" in err
+    chart.render(kube_version="1.30.0")
+
+
+def test_every_pod_template_gets_the_image_pull_secrets(chart: Chart) -> None:
+    rendered = chart.render({"imagePullSecrets": [{"name": "regcred"}]})
+    workloads = [
+        o for o in rendered.objects if o["kind"] in {"Deployment", "DaemonSet", "Job", "Pod"}
+    ]
+    assert {o["kind"] for o in workloads} >= {"Deployment", "DaemonSet", "Job"}
+    for obj in workloads:
+        spec = obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
+        assert spec.get("imagePullSecrets") == [{"name": "regcred"}], (
+            f"{obj['kind']}/{obj['metadata']['name']} has no imagePullSecrets"
+        )

@@ -26,6 +26,7 @@ def test_label_namespace_and_switch_follow_values(chart: Chart) -> None:
                 "labelValue": "yes",
                 "namespace": "monitoring",
                 "folder": "",
+                "folderAnnotation": "k8s-sidecar-target-directory",
             }
         }
     ).all("ConfigMap")
@@ -37,3 +38,13 @@ def test_label_namespace_and_switch_follow_values(chart: Chart) -> None:
         assert "annotations" not in cm["metadata"]
     off = chart.render({"dashboards": {"enabled": False}}).all("ConfigMap")
     assert not [cm for cm in off if any(k.endswith(".json") for k in cm["data"])]
+
+
+def test_folder_annotation_key_follows_the_sidecars_setting(chart: Chart) -> None:
+    maps = chart.render({"dashboards": {"folderAnnotation": "k8s-sidecar-target-directory"}}).all(
+        "ConfigMap"
+    )
+    dashboards = [cm for cm in maps if any(k.endswith(".json") for k in cm["data"])]
+    assert dashboards
+    for cm in dashboards:
+        assert cm["metadata"]["annotations"] == {"k8s-sidecar-target-directory": "gpushare"}

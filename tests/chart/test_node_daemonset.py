@@ -24,7 +24,7 @@ def test_flags_parse_with_the_agents_own_parser(chart: Chart) -> None:
     assert str(args.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
     assert str(args.pod_resources_socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert str(args.mps_root) == "/run/gpushare/mps"
-    assert args.metrics_port == 9400
+    assert args.metrics_port == 9445
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
@@ -109,3 +109,25 @@ def test_metrics_port_and_probes(chart: Chart) -> None:
     off = _agent(_ds(chart, {"node": {"metrics": {"port": 19400, "hostPort": False}}}))
     assert off["ports"] == [{"name": "metrics", "containerPort": 19400}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+
+
+def test_agent_is_system_node_critical_by_default(chart: Chart) -> None:
+    """As NVIDIA's device plugin: evicted last, preempts ordinary pods to start."""
+    assert _ds(chart)["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"
+    plain = _ds(chart, {"node": {"priorityClassName": ""}})
+    assert "priorityClassName" not in plain["spec"]["template"]["spec"]
+
+
+def test_default_port_is_not_dcgm_exporters_and_the_operator_reaches_it(chart: Chart) -> None:
+    """dcgm-exporter serves 9400 with a host port; gpushare's agent must not take it, and the
+    operator's profiler client must find the agent where the chart publishes it."""
+    from gpushare.api.names import AGENT_METRICS_PORT  # noqa: PLC0415
+    from gpushare.operator.settings import OperatorConfig  # noqa: PLC0415
+
+    c = _agent(_ds(chart))
+    assert c["ports"] == [
+        {"name": "metrics", "containerPort": AGENT_METRICS_PORT, "hostPort": AGENT_METRICS_PORT}
+    ]
+    assert AGENT_METRICS_PORT != 9400
+    assert OperatorConfig().agent_url.endswith(f":{AGENT_METRICS_PORT}")
+    assert build_parser().parse_args(["--node-name", "n"]).metrics_port == AGENT_METRICS_PORT

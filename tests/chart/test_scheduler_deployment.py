@@ -40,3 +40,34 @@ def test_a_config_change_rolls_the_scheduler(chart: Chart) -> None:
 
     assert checksum({}) == checksum({"controller": {"logLevel": "DEBUG"}})
     assert checksum({}) != checksum({"scheduler": {"extenderWeight": 9}})
+
+
+def test_rendered_without_a_cluster_uses_the_tested_version_and_says_so(chart: Chart) -> None:
+    """Plain `helm template` (Helm's offline v1.20.0) must not name kube-scheduler v1.20.0."""
+    c = container(_deploy(chart, kube_version=None), "kube-scheduler")
+    assert c["image"] == "registry.k8s.io/kube-scheduler:v1.34.4"
+    text = chart._run(
+        None,
+        release="gpushare",
+        namespace="gpushare-system",
+        kube_version=None,
+        api_versions=(),
+        values_files=(),
+        show_only="templates/scheduler-deployment.yaml",
+    ).stdout
+    assert "Set scheduler.image.tag (or render with --kube-version)" in text
+    online = chart._run(
+        None,
+        release="gpushare",
+        namespace="gpushare-system",
+        kube_version="1.34.4",
+        api_versions=(),
+        values_files=(),
+        show_only="templates/scheduler-deployment.yaml",
+    ).stdout
+    assert "Set scheduler.image.tag" not in online
+
+
+def test_image_pull_secrets_reach_the_scheduler(chart: Chart) -> None:
+    deploy = _deploy(chart, {"imagePullSecrets": [{"name": "regcred"}]})
+    assert deploy["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]

@@ -32,3 +32,53 @@ def test_can_be_turned_off_even_with_the_crd(chart: Chart) -> None:
         {"monitoring": {"serviceMonitor": {"enabled": False}}}, api_versions=[MONITORING]
     )
     assert not rendered.all("ServiceMonitor")
+
+
+def test_series_keep_their_own_pod_labels_and_relabelings_pass_through(chart: Chart) -> None:
+    """honorLabels: a per-pod series names the workload's namespace/pod, not the scraped
+    gpushare pod's (kube-prometheus-stack would otherwise rename them exported_*)."""
+    drop = {"action": "drop", "regex": "gpushare_exporter_.*", "sourceLabels": ["__name__"]}
+    keep = {"action": "replace", "targetLabel": "cluster", "replacement": "east"}
+    rendered = chart.render(
+        {
+            "monitoring": {
+                "serviceMonitor": {
+                    "relabelings": [keep],
+                    "metricRelabelings": [drop],
+                    "scrapeTimeout": "20s",
+                }
+            }
+        },
+        api_versions=[MONITORING],
+    )
+    for monitor in rendered.all("ServiceMonitor"):
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["honorLabels"] is True
+        assert endpoint["relabelings"] == [keep]
+        assert endpoint["metricRelabelings"][-1] == drop
+        assert endpoint["scrapeTimeout"] == "20s"
+
+
+def test_node_agent_series_get_dcgm_join_labels(chart: Chart) -> None:
+    def joins(values: dict[str, object]) -> list[object]:
+        monitor = chart.render(values, api_versions=[MONITORING]).get(
+            "ServiceMonitor", "gpushare-node-agent"
+        )
+        return [
+            (r["sourceLabels"], r["targetLabel"])
+            for r in monitor["spec"]["endpoints"][0].get("metricRelabelings", [])
+        ]
+
+    assert joins({}) == [(["gpu_uuid"], "UUID"), (["gpu_index"], "gpu")]
+    assert joins({"monitoring": {"serviceMonitor": {"dcgmJoinLabels": False}}}) == []
+    controller = chart.render({}, api_versions=[MONITORING]).get(
+        "ServiceMonitor", "gpushare-controller"
+    )
+    assert "metricRelabelings" not in controller["spec"]["endpoints"][0]
+
+
+def test_misspelt_relabeling_key_is_refused(chart: Chart) -> None:
+    err = chart.fails(
+        {"monitoring": {"serviceMonitor": {"honourLabels": True}}}, api_versions=[MONITORING]
+    )
+    assert "honourLabels" in err

@@ -9,380 +9,48 @@ gpushare-scheduler onto simulated GPUs, with their GPU's environment inside the 
 helm upgrade with changed values rolls cleanly -> helm uninstall leaves no gpushare object,
 socket, MPS directory or node label behind.
 
-The node is shared with other tests. The kubelet takes one device plugin per resource and the
-harness's host gpushare-scheduler calls whatever listens on 127.0.0.1:8888, so the e2e waits
-until no host-process controller or node agent runs, then holds both for its duration: it
-answers 127.0.0.1:8888 itself (the host scheduler gets a quick "not here" and the in-cluster
-scheduler places the pods; the controller fixture waits for the port) and holds the node-agent
-fixture's lock (its sessions wait). If the node does not become free in time, the test skips
-saying what held it.
+The shared pieces (the release, the image build, exclusive use of the node, placing pods,
+checking that nothing is left) live in tests/fixtures/chart_release.py.
 
 `test_service_accounts_can_do_exactly_what_they_need` needs none of that: it applies only
 the chart's RBAC under a throwaway release and asks `kubectl auth can-i`.
 """
 
-import contextlib
-import fcntl
 import json
-import os
-import socket
 import subprocess
-import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from gpushare.api.inventory import load_inventory
-from gpushare.api.names import (
-    ANN_FRACTION,
-    ANN_GPU_UUID,
-    ANN_NODE_GPUS,
-    ANN_STATE,
-    ANN_THREAD_PERCENT,
-    LABEL_MPS_CAPABLE,
-    LABEL_SIMULATED,
-    RESOURCE_GPU_PERCENT,
-    SCHEDULER_NAME,
-    STATE_ALLOCATED,
+from gpushare.api.names import ANN_NODE_GPUS, LABEL_MPS_CAPABLE, LABEL_SIMULATED
+from tests.fixtures.chart_release import (
+    CRD,
+    NAMESPACE,
+    RELEASE,
+    Obj,
+    allocatable,
+    check_nothing_left,
+    check_placed,
+    component,
+    diagnostics,
+    exclusive_node,
+    helm,
+    kjson,
+    node,
+    place,
+    ready,
+    release_pods,
+    remove_release,
+    shares_per_gpu,
+    wait_for,
+    wait_ready_release_pods,
 )
-from tests.fixtures.cluster import REPO, LocalCluster
+from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.helm_chart import CHART, LOCAL_VALUES, helm_binary
 
 pytestmark = pytest.mark.cluster
-
-RELEASE = "gpushare"
-NAMESPACE = "gpushare-e2e"
-EXTENDER_PORT = 8888
-DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
-PLUGIN_SOCKET = DEVICE_PLUGIN_DIR / "gpushare-gpu-percent.sock"
-MPS_ROOT = Path("/run/gpushare/mps")
-WAIT_FOR_NODE_S = float(os.environ.get("GPUSHARE_E2E_WAIT_S", "900"))
-INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
-CRD = "gpushares.gpushare.io"
-
-Obj = dict[str, Any]
-
-
-# ---- helpers ------------------------------------------------------------------------------
-
-
-def wait_for(check: Callable[[], Any], *, timeout_s: float, what: str, every_s: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
-
-
-def helm(
-    cluster: LocalCluster, *args: str, timeout_s: float = 600
-) -> subprocess.CompletedProcess[str]:
-    binary = helm_binary()
-    if binary is None:
-        pytest.skip("helm not found: build it with `hack/build-tools.sh helm`")
-    proc = subprocess.run(
-        [binary, *args],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=timeout_s,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def kjson(cluster: LocalCluster, *args: str) -> Any:
-    return json.loads(cluster.kubectl(*args, "-o", "json"))
-
-
-def node(cluster: LocalCluster) -> Obj:
-    return kjson(cluster, "get", "node", cluster.node_name)  # type: ignore[no-any-return]
-
-
-def allocatable(cluster: LocalCluster) -> int:
-    return int(node(cluster)["status"].get("allocatable", {}).get(RESOURCE_GPU_PERCENT, 0))
-
-
-def release_pods(cluster: LocalCluster) -> list[Obj]:
-    return kjson(cluster, "get", "pods", "-n", NAMESPACE, "-l", INSTANCE)["items"]  # type: ignore[no-any-return]
-
-
-def ready(pod: Obj) -> bool:
-    conditions = pod.get("status", {}).get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def wait_ready_release_pods(cluster: LocalCluster, *, timeout_s: float) -> list[Obj]:
-    """The release's pods once all are Ready (or as they are when the time is up)."""
-    deadline = time.monotonic() + timeout_s
-    pods = release_pods(cluster)
-    while not (pods and all(ready(p) for p in pods)) and time.monotonic() < deadline:
-        time.sleep(1)
-        pods = release_pods(cluster)
-    return pods
-
-
-def component(pod: Obj) -> str:
-    return str(pod["metadata"]["labels"].get("app.kubernetes.io/component", ""))
-
-
-def socket_listening(path: Path) -> bool:
-    if not path.exists():
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1)
-        try:
-            sock.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-def agent_processes() -> list[int]:
-    """gpushare-node-agent processes on this host (the chart's run the console script)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(part.endswith(b"gpushare-node-agent") for part in argv[:2]):
-            pids.append(int(entry.name))
-    return pids
-
-
-def diagnostics(cluster: LocalCluster) -> str:
-    """What a failing run needs: pods, recent events, and the last lines of each gpushare pod."""
-    out = [cluster.kubectl("get", "pods", "-A", "-o", "wide", check=False)]
-    events = cluster.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False)
-    out.append("\n".join(events.splitlines()[-30:]))
-    for pod in release_pods(cluster):
-        name = pod["metadata"]["name"]
-        logs = cluster.kubectl("logs", "-n", NAMESPACE, name, "--tail=25", check=False)
-        out.append(f"--- logs {name}")
-        out += [line[:300] for line in logs.splitlines()]
-    return "\n".join(out)
-
-
-# ---- exclusive use of the node's gpushare slots ----------------------------------------------
-
-
-class _NotHere(BaseHTTPRequestHandler):
-    """Answers the host gpushare-scheduler while the in-cluster one does the work."""
-
-    def do_POST(self) -> None:
-        body = json.dumps(
-            {"Error": "gpushare e2e: the in-cluster gpushare-scheduler places pods now"}
-        ).encode()
-        self.send_response(503)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-def _what_holds_the_node(cluster: LocalCluster, sessions: Path) -> str | None:
-    if socket_listening(PLUGIN_SOCKET):
-        return f"a node agent serves {PLUGIN_SOCKET}"
-    live = [
-        s.name for s in sessions.glob("*") if s.name.isdigit() and Path(f"/proc/{s.name}").exists()
-    ]
-    if live:
-        return f"pytest sessions {live} use the host node agent"
-    existing = cluster.kubectl(
-        "get", "mutatingwebhookconfiguration", RELEASE, "--ignore-not-found", "-o", "name"
-    ).strip()
-    if existing:
-        return f"a webhook configuration named {RELEASE!r} exists (another controller)"
-    return None
-
-
-@contextlib.contextmanager
-def exclusive_node(cluster: LocalCluster) -> Iterator[None]:
-    shared = Path(cluster.state_dir) / "node-agent"
-    (shared / "sessions").mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + WAIT_FOR_NODE_S
-    reason = "?"
-    while True:
-        server: ThreadingHTTPServer | None = None
-        lock = None
-        try:
-            server = ThreadingHTTPServer(("127.0.0.1", EXTENDER_PORT), _NotHere)
-        except OSError:
-            reason = f"a host-process controller listens on 127.0.0.1:{EXTENDER_PORT}"
-        if server is not None:
-            lock = (shared / "lock").open("a")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            held = _what_holds_the_node(cluster, shared / "sessions")
-            if held is None:
-                break
-            reason = held
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            lock.close()
-            server.server_close()
-        if time.monotonic() > deadline:
-            pytest.skip(
-                f"the node is not free for the chart e2e after {WAIT_FOR_NODE_S:.0f}s: {reason}"
-            )
-        time.sleep(5)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        server.shutdown()
-        server.server_close()
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        lock.close()
-
-
-# ---- fixtures -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def images(cluster: LocalCluster) -> None:
-    """Build the gpushare image from the Dockerfile (offline) and the kube-scheduler image."""
-    proc = subprocess.run(
-        ["bash", str(REPO / "hack" / "build-image.sh"), "all"],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=1800,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"hack/build-image.sh failed:\n{proc.stderr[-6000:]}")
-
-
-def workload_pod(cluster: LocalCluster, name: str, fraction: str) -> Obj:
-    """A plain pod that asks for a share of a GPU with one annotation, nothing else."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": {ANN_FRACTION: fraction}},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": cluster.busybox_image,
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                }
-            ],
-        },
-    }
-
-
-def place(cluster: LocalCluster, namespace: str, pods: dict[str, str]) -> dict[str, Obj]:
-    for name, fraction in pods.items():
-        manifest = workload_pod(cluster, name, fraction)
-        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
-
-    def running() -> dict[str, Obj] | None:
-        got = {n: kjson(cluster, "get", "pod", "-n", namespace, n) for n in pods}
-        if all(p["status"].get("phase") == "Running" for p in got.values()):
-            return got
-        return None
-
-    return wait_for(running, timeout_s=120, what=f"pods {sorted(pods)} Running")  # type: ignore[no-any-return]
-
-
-def container_env(cluster: LocalCluster, namespace: str, name: str) -> dict[str, str]:
-    out = cluster.kubectl("exec", "-n", namespace, name, "--", "env")
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
-def scheduler_instance(cluster: LocalCluster) -> str:
-    """The reportingInstance of Scheduled events from the chart's scheduler pod."""
-    scheduler = [p for p in release_pods(cluster) if component(p) == "scheduler"]
-    assert len(scheduler) == 1, [p["metadata"]["name"] for p in scheduler]
-    return f"{SCHEDULER_NAME}-{scheduler[0]['metadata']['name']}"
-
-
-def check_placed(
-    cluster: LocalCluster, namespace: str, pods: dict[str, Obj], gpu_uuids: set[str]
-) -> None:
-    """Each pod placed by the chart's gpushare-scheduler pod onto one of the node's GPUs, with
-    that GPU's environment in its container."""
-    instance = scheduler_instance(cluster)
-    for name, pod in pods.items():
-        ann = pod["metadata"]["annotations"]
-        assert pod["spec"]["schedulerName"] == SCHEDULER_NAME, "the webhook sets the scheduler"
-        assert pod["spec"]["nodeName"] == cluster.node_name
-        uuid_ = ann[ANN_GPU_UUID]
-        assert uuid_ in gpu_uuids, f"{name} placed on unknown GPU {uuid_}"
-        assert ann[ANN_STATE] == STATE_ALLOCATED
-        events = kjson(
-            cluster,
-            "get",
-            "events",
-            "-n",
-            namespace,
-            "--field-selector",
-            f"involvedObject.name={name},reason=Scheduled",
-        )["items"]
-        assert [e.get("reportingInstance") for e in events] == [instance], (
-            f"{name} was not placed by the chart's scheduler pod: {events}"
-        )
-        env = container_env(cluster, namespace, name)
-        assert env["CUDA_VISIBLE_DEVICES"] == uuid_
-        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == ann[ANN_THREAD_PERCENT]
-        assert int(ann[ANN_THREAD_PERCENT]) >= round(float(ann[ANN_FRACTION]) * 100), ann
-        pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
-        cluster.kubectl("exec", "-n", namespace, name, "--", "test", "-d", pipe)
-
-
-def shares_per_gpu(cluster: LocalCluster, namespace: str, names: list[str]) -> dict[str, float]:
-    """Sum of the placed pods' fractions on each GPU; none may exceed one GPU."""
-    used: dict[str, float] = {}
-    for name in names:
-        ann = kjson(cluster, "get", "pod", "-n", namespace, name)["metadata"]["annotations"]
-        used[ann[ANN_GPU_UUID]] = used.get(ann[ANN_GPU_UUID], 0.0) + float(ann[ANN_FRACTION])
-    assert all(total <= 1.0 + 1e-9 for total in used.values()), f"a GPU is over-booked: {used}"
-    return used
-
-
-# ---- the end-to-end test ------------------------------------------------------------------
-
-
-def remove_release(cluster: LocalCluster) -> None:
-    """Uninstall the test release whatever state it is in (a failed or interrupted install
-    leaves fail-closed webhook configurations that would refuse every gpushare pod)."""
-    binary = helm_binary()
-    if binary is not None:
-        subprocess.run(
-            [binary, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "5m"],
-            capture_output=True,
-            text=True,
-            env=cluster.env,
-            timeout=400,
-            check=False,
-        )
-    cluster.kubectl(
-        "delete",
-        "mutatingwebhookconfigurations,validatingwebhookconfigurations",
-        "-l",
-        f"app.kubernetes.io/instance={RELEASE}",
-        "--ignore-not-found",
-        check=False,
-    )
 
 
 def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) -> None:
@@ -417,6 +85,12 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
                 "registry.k8s.io/kube-scheduler:v1.34.4",
             }
             wait_for(lambda: allocatable(cluster) == 200, timeout_s=60, what="200 gpu-percent")
+            # -- helm test: a pod asks for a share and checks it got it -------------------
+            tested = helm(cluster, "test", RELEASE, "-n", NAMESPACE, "--logs", timeout_s=300)
+            assert "PASS: a 0.1 share of GPU" in tested.stdout, tested.stdout
+            assert not cluster.kubectl(
+                "get", "pod", "gpushare-test-share", "-n", NAMESPACE, "--ignore-not-found"
+            ).strip(), "a passing test pod is deleted"
             labels = node(cluster)["metadata"]["labels"]
             assert labels.get(LABEL_SIMULATED) == "true"
             assert labels.get(LABEL_MPS_CAPABLE) == "true"
@@ -432,6 +106,12 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
             assert sum(used.values()) == pytest.approx(1.75)
 
             # -- upgrade with changed values: every component rolls, nothing breaks ----------
+            # The documented CRD step first (docs/chart.md, "Upgrade"): Helm never upgrades crds/.
+            crds = helm(cluster, "show", "crds", str(CHART)).stdout
+            applied = cluster.kubectl(
+                "apply", "--server-side", "--force-conflicts", "-f", "-", input=crds
+            )
+            assert CRD in applied
             before = {component(p): p["metadata"]["uid"] for p in release_pods(cluster)}
             helm(
                 cluster,
@@ -510,39 +190,6 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
                 "--wait=false",
                 check=False,
             )
-
-
-NAMESPACED_KINDS = (
-    "deployments,daemonsets,replicasets,pods,services,endpoints,configmaps,secrets,"
-    "serviceaccounts,roles,rolebindings,jobs,leases"
-)
-CLUSTER_KINDS = (
-    "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,"
-    "validatingadmissionpolicies,validatingadmissionpolicybindings"
-)
-
-
-def check_nothing_left(cluster: LocalCluster) -> None:
-    def leftovers() -> list[str]:
-        names = cluster.kubectl("get", NAMESPACED_KINDS, "-A", "-l", INSTANCE, "-o", "name").split()
-        names += cluster.kubectl("get", CLUSTER_KINDS, "-l", INSTANCE, "-o", "name").split()
-        names += cluster.kubectl(
-            "get", "pods", "-n", NAMESPACE, "-o", "name", "--ignore-not-found"
-        ).split()
-        return names
-
-    wait_for(lambda: not leftovers(), timeout_s=120, what="no object of the release")
-    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-        assert not cluster.kubectl("get", kind, RELEASE, "--ignore-not-found", "-o", "name").strip()
-    # Helm never deletes CRDs (user data); it is the one thing that stays, by design.
-    assert cluster.kubectl("get", "crd", CRD, "-o", "name").strip()
-    meta = node(cluster)["metadata"]
-    assert ANN_NODE_GPUS not in meta.get("annotations", {}), "node inventory annotation left"
-    assert LABEL_MPS_CAPABLE not in meta["labels"] and LABEL_SIMULATED not in meta["labels"]
-    assert not PLUGIN_SOCKET.exists(), f"{PLUGIN_SOCKET} left behind"
-    assert not MPS_ROOT.exists(), f"{MPS_ROOT} left behind"
-    wait_for(lambda: not agent_processes(), timeout_s=30, what="no node agent process")
-    wait_for(lambda: allocatable(cluster) == 0, timeout_s=120, what="no gpu-percent allocatable")
 
 
 # ---- RBAC: kubectl auth can-i per service account -----------------------------------------

@@ -6,12 +6,14 @@ the cluster's real pods as input: busybox pods run on the node's kubelet, get pl
 annotations as gpushare-scheduler writes them, and the exporter attributes their real
 processes (PID -> cgroup -> pod UID) to them.
 
-Panels fed by the controller (pending pods, protection evictions, GpuShare profiles) get their
-series from a static exporter in this test, because the producing code is not in the controller
-yet or only emits after a real eviction; those panels say "Source: gpushare controller" and
-``CONTROLLER_METRICS`` lists them.
+Panels fed by the controller (pending pods, protection evictions, GpuShare profiles) read the
+controller's real metrics collector over a view holding a pending pod and a profiled GpuShare
+(no controller process runs here); the DCGM row reads dcgm-exporter's series from a stand-in
+(tests/fixtures/dcgm.py). Prometheus scrapes with static targets here; the ServiceMonitor path
+is tests/cluster/test_monitoring_operator.py.
 """
 
+import asyncio
 import json
 import re
 import signal
@@ -26,13 +28,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import start_http_server as serve_registry
 
 from gpushare.api.inventory import dump_inventory
 from gpushare.api.names import ANN_NODE_GPUS
+from gpushare.controller.metrics import Metrics
+from gpushare.controller.view import ClusterView
 from gpushare.gpu.simulated import SimulatedBackend, simulated_uuid
+from gpushare.operator.guard import LatencyGuard
+from gpushare.operator.settings import OperatorConfig
+from gpushare.operator.view import ClusterView as OperatorView
 from tests.fixtures.cluster import LocalCluster
+from tests.fixtures.dcgm import dcgm_registry
 
 pytestmark = pytest.mark.cluster
 
@@ -42,11 +49,6 @@ PROMETHEUS = Path("/usr/bin/prometheus")
 NAMESPACE = "gpushare-exporter-e2e"
 SPEC = "2xH100-80GB,1xA100-80GB"
 GIB = 2**30
-CONTROLLER_METRICS = (
-    "gpushare_pending_pods",
-    "gpushare_protection_evictions_total",
-    "gpushare_gpushare_profile_pipe_ratio",
-)
 # What the test places: pod -> (fraction, thread %, memory limit GiB, GPU indexes, class).
 PODS = {
     "train-a": ("0.5", 50, 20, (0,), "batch"),
@@ -186,28 +188,68 @@ def exporter_url(
 
 
 @pytest.fixture(scope="module")
-def controller_stand_in() -> Iterator[str]:
-    """Static series for the panels the controller feeds (see module docstring)."""
-    registry = CollectorRegistry()
-    Gauge("gpushare_pending_pods", "stand-in", registry=registry).set(2)
-    Counter(
-        "gpushare_protection_evictions", "stand-in", ["node", "gpu_uuid"], registry=registry
-    ).labels("gpushare-dev", "GPU-x").inc()
-    profile = Gauge(
-        "gpushare_gpushare_profile_pipe_ratio",
-        "stand-in",
-        ["namespace", "gpushare", "pipe"],
-        registry=registry,
+def controller_stand_in(cluster: LocalCluster) -> Iterator[str]:
+    """The controller's own collectors (view sizes, pending pods, GpuShare profiles, the
+    operator guard's eviction counters) over a view fed by hand, plus dcgm-exporter's series
+    for the simulated GPUs, on one loopback port each."""
+    gpus = SimulatedBackend(SPEC, node_name=cluster.node_name).inventory()
+    view = ClusterView()
+    view.replace_nodes([{"metadata": {"name": cluster.node_name, "annotations": {}}}])
+    view.replace_pods(
+        [
+            {
+                "metadata": {
+                    "name": "waiting",
+                    "namespace": NAMESPACE,
+                    "uid": "u-waiting",
+                    "annotations": {"gpushare.io/gpu-fraction": "0.5"},
+                },
+                "spec": {"containers": [{"name": "main"}]},
+                "status": {"phase": "Pending"},
+            }
+        ]
     )
-    for pipe, value in (("fp16", 0.1), ("fp32", 0.3), ("fp64", 0.0), ("tensor", 0.6)):
-        profile.labels(NAMESPACE, "trainer", pipe).set(value)
-    port = _free_port()
-    server, thread = serve_registry(port, addr="127.0.0.1", registry=registry)
+    profile = {
+        "gpuModel": gpus[0].model,
+        "fp16": 0.1,
+        "fp32": 0.3,
+        "fp64": 0.0,
+        "tensor": 0.6,
+        "sampledSeconds": 30,
+        "time": "2026-01-01T00:00:00Z",
+        "simulated": True,
+    }
+    view.replace_shares(
+        [{"metadata": {"namespace": NAMESPACE, "name": "trainer"}, "status": {"profile": profile}}]
+    )
+    metrics = Metrics(view)
+    guard_view = OperatorView()
+    guard_view.put_node(
+        {
+            "metadata": {
+                "name": cluster.node_name,
+                "annotations": {ANN_NODE_GPUS: dump_inventory(gpus)},
+            }
+        }
+    )
+    guard = LatencyGuard(
+        config=OperatorConfig(),
+        kube=None,  # type: ignore[arg-type]  # no latency pod: nothing to read or evict
+        view=guard_view,
+        profiler=None,  # type: ignore[arg-type]
+        registry=metrics.registry,
+    )
+    asyncio.run(guard.tick())
+    servers = []
+    for registry in (metrics.registry, dcgm_registry(gpus, hostname=cluster.node_name)):
+        port = _free_port()
+        servers.append((port, *serve_registry(port, addr="127.0.0.1", registry=registry)))
     try:
-        yield f"127.0.0.1:{port}"
+        yield ",".join(f"'127.0.0.1:{port}'" for port, _, _ in servers)
     finally:
-        server.shutdown()
-        thread.join(5)
+        for _, server, thread in servers:
+            server.shutdown()
+            thread.join(5)
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +266,7 @@ def prometheus(
         f"  - job_name: gpushare-exporter\n    static_configs:\n"
         f"      - targets: ['{exporter_url}']\n"
         f"  - job_name: controller-stand-in\n    static_configs:\n"
-        f"      - targets: ['{controller_stand_in}']\n"
+        f"      - targets: [{controller_stand_in}]\n"
     )
     port = _free_port()
     log = (work / "prometheus.log").open("wb")
@@ -286,7 +328,7 @@ def _substitute(expr: str) -> str:
     """What Grafana sends with every variable at "All" and a short dashboard range."""
     values = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
     expr = re.sub(r"\$(__\w+)", lambda m: values[m.group(1)], expr)
-    return re.sub(r"\$\{?(\w+)\}?", ".*", expr)
+    return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", ".*", expr)  # not $1, label_replace's
 
 
 def test_every_dashboard_panel_query_returns_data(prometheus: str) -> None:

@@ -49,13 +49,27 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* kube-scheduler matching the cluster: vX.Y.Z of the API server unless a tag is given. */}}
+{{/*
+kube-scheduler matching the cluster: vX.Y.Z of the API server unless a tag is given. Rendered
+without a cluster (Helm's v1.20.0), the Kubernetes version the chart is tested with
+(Chart.yaml annotation gpushare.io/tested-kube-version) stands in; the scheduler Deployment
+then says so in a comment.
+*/}}
 {{- define "gpushare.schedulerImage" -}}
 {{- $tag := .Values.scheduler.image.tag }}
 {{- if not $tag }}
+{{- if include "gpushare.offlineRender" . }}
+{{- $tag = index .Chart.Annotations "gpushare.io/tested-kube-version" }}
+{{- else }}
 {{- $tag = regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version }}
 {{- end }}
+{{- end }}
 {{- printf "%s:%s" .Values.scheduler.image.repository $tag }}
+{{- end }}
+
+{{/* "true" when Helm renders without a cluster and without --kube-version. */}}
+{{- define "gpushare.offlineRender" -}}
+{{- if eq .Capabilities.KubeVersion.Version "v1.20.0" }}true{{ end }}
 {{- end }}
 
 {{- define "gpushare.controllerService" -}}
@@ -96,4 +110,16 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{/* Prometheus Operator CRDs served? */}}
 {{- define "gpushare.monitoring" -}}
 {{- if and .Values.monitoring.serviceMonitor.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor") }}true{{ end }}
+{{- end }}
+
+{{/*
+Refuse clusters older than 1.30 (webhook matchConditions, ValidatingAdmissionPolicy v1).
+Helm renders without a cluster (`helm template` with no --kube-version) as v1.20.0; that
+version is taken as "unknown" and rendering goes on, so plain `helm template` works.
+*/}}
+{{- define "gpushare.checkKubeVersion" -}}
+{{- $v := .Capabilities.KubeVersion.Version }}
+{{- if and (not (include "gpushare.offlineRender" .)) (semverCompare "<1.30.0-0" $v) }}
+{{- fail (printf "gpushare needs Kubernetes >= 1.30 (webhook matchConditions, ValidatingAdmissionPolicy v1); this cluster is %s" $v) }}
+{{- end }}
 {{- end }}

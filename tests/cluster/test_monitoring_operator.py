@@ -1,0 +1,604 @@
+"""gpushare in a kube-prometheus-stack-style monitoring setup: the Prometheus Operator turns the
+chart's ServiceMonitors into a real Prometheus's scrape configuration, and every dashboard
+panel's query returns series that name the right namespace and pod.
+
+What runs, all real except where said:
+
+- the Prometheus Operator (built from the Go module proxy by ``hack/build-tools.sh
+  prometheus-operator``, its CRDs from the same module) on the host with the cluster's
+  kubeconfig, reconciling a ``Prometheus`` that selects ServiceMonitors labelled
+  ``release: kps``, as kube-prometheus-stack's does;
+- the chart, installed with ``monitoring.serviceMonitor.labels.release=kps``: controller,
+  gpushare-scheduler and node agent on simulated GPUs, annotated workload pods placed by it and
+  a GpuShare the operator profiles;
+- Prometheus (Debian's package) on the host, running exactly the configuration the operator
+  generated (Secret ``prometheus-kps``) with the TLS assets it collected (Secret
+  ``prometheus-kps-tls-assets-0``), both as its config-reloader sidecar would mount them. The
+  operator's StatefulSet has 0 replicas: the official Prometheus image cannot be pulled here.
+  Discovery is kubernetes_sd through the ServiceMonitors, never static targets;
+- dcgm-exporter needs a real GPU and DCGM, so a stand-in on the host serves its metric names
+  and labels (``UUID``, ``gpu``, ``Hostname``, ``modelName``) for the simulated GPUs, and is
+  discovered like dcgm-exporter's own chart does it (a Service, its endpoints and a
+  ServiceMonitor), so the dashboards' DCGM row and the DCGM join labels are checked.
+"""
+
+import base64
+import contextlib
+import gzip
+import json
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.exposition import start_http_server as serve_registry
+
+from gpushare.api.gpushare_crd import ShareProfile
+from gpushare.api.inventory import load_inventory
+from gpushare.api.names import ANN_GPU_UUID, ANN_NODE_GPUS
+from tests.fixtures.chart_release import (
+    NAMESPACE,
+    RELEASE,
+    diagnostics,
+    exclusive_node,
+    helm,
+    kjson,
+    node,
+    place,
+    remove_release,
+    wait_for,
+    wait_ready_release_pods,
+)
+from tests.fixtures.cluster import REPO, LocalCluster
+from tests.fixtures.dcgm import dcgm_registry
+from tests.fixtures.helm_chart import CHART, LOCAL_VALUES
+
+pytestmark = pytest.mark.cluster
+
+DASHBOARDS = CHART / "dashboards"
+PROMETHEUS = Path("/usr/bin/prometheus")
+MONITORING = "gpushare-mon-e2e"
+WORK = "gpushare-mon-work"
+SELECTOR = {"release": "kps"}
+# Workload pods: name -> fraction; and a GpuShare with a stored profile.
+PODS = {"train-a": "0.5", "infer-b": "0.25"}
+SHARE = "trainer"
+# Queries over per-pod GPU memory. On simulated GPUs no process holds a GPU, and the chart's
+# node agent (unlike the standalone exporter, see test_exporter_prometheus.py) does not feed
+# pods' processes to the simulated backend, so these return nothing here; on NVML they do.
+# The test checks that reason holds rather than skipping them silently.
+PER_POD_MEMORY = "gpushare_pod_gpu_memory_used_bytes"
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _operator_dir(cluster: LocalCluster) -> Path:
+    """Build (or find cached) the Prometheus Operator and its CRDs."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "hack" / "build-tools.sh"), "prometheus-operator"],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=3000,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"hack/build-tools.sh prometheus-operator failed:\n{proc.stderr[-4000:]}")
+    versions = (REPO / "hack" / "lib" / "versions.sh").read_text()
+    match = re.search(
+        r'PROMETHEUS_OPERATOR_VERSION="\$\{PROMETHEUS_OPERATOR_VERSION:-([^}]+)\}"', versions
+    )
+    assert match, "PROMETHEUS_OPERATOR_VERSION missing from hack/lib/versions.sh"
+    home = Path(cluster.env.get("GPUSHARE_CACHE_DIR") or Path.home() / ".cache" / "gpushare")
+    out = home / "bin" / f"prometheus-operator-{match.group(1)}"
+    assert (out / "operator").is_file() and (out / "crds").is_dir(), out
+    return out
+
+
+@contextlib.contextmanager
+def _process(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            yield
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def _apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in objects))
+
+
+def _node_ip(cluster: LocalCluster) -> str:
+    addresses = node(cluster)["status"]["addresses"]
+    return next(a["address"] for a in addresses if a["type"] == "InternalIP")
+
+
+def _apiserver(cluster: LocalCluster) -> tuple[str, bytes]:
+    """The API server's URL and CA as the kubeconfig names them."""
+    config = json.loads(cluster.kubectl("config", "view", "--raw", "--minify", "-o", "json"))
+    entry = config["clusters"][0]["cluster"]
+    if "certificate-authority-data" in entry:
+        ca = base64.b64decode(entry["certificate-authority-data"])
+    else:
+        ca = Path(entry["certificate-authority"]).read_bytes()
+    return entry["server"], ca
+
+
+def _prometheus_objects(cluster: LocalCluster, token: str) -> list[dict[str, Any]]:
+    """A Prometheus like kube-prometheus-stack's (ServiceMonitors chosen by the release label),
+    reading the API server with a ServiceAccount token that may only discover targets."""
+    server, ca = _apiserver(cluster)
+    version = subprocess.run(
+        [str(PROMETHEUS), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    match = re.search(r"version (\d+\.\d+\.\d+)", version)
+    assert match, version
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "prometheus-apiserver", "namespace": MONITORING},
+            "stringData": {"token": token, "ca.crt": ca.decode()},
+        },
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "Prometheus",
+            "metadata": {"name": "kps", "namespace": MONITORING},
+            "spec": {
+                "version": f"v{match.group(1)}",
+                "replicas": 0,
+                "scrapeInterval": "2s",
+                "evaluationInterval": "2s",
+                "serviceMonitorSelector": {"matchLabels": SELECTOR},
+                "serviceMonitorNamespaceSelector": {},
+                "podMonitorSelector": {"matchLabels": SELECTOR},
+                "podMonitorNamespaceSelector": {},
+                "apiserverConfig": {
+                    "host": server,
+                    "authorization": {
+                        "type": "Bearer",
+                        "credentials": {"name": "prometheus-apiserver", "key": "token"},
+                    },
+                    "tlsConfig": {
+                        "ca": {"secret": {"name": "prometheus-apiserver", "key": "ca.crt"}}
+                    },
+                },
+            },
+        },
+    ]
+
+
+DISCOVERY_RBAC = [
+    {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "prometheus", "namespace": MONITORING},
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "gpushare-mon-e2e-prometheus"},
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["services", "endpoints", "pods", "nodes"],
+                "verbs": ["get", "list", "watch"],
+            },
+            {
+                "apiGroups": ["discovery.k8s.io"],
+                "resources": ["endpointslices"],
+                "verbs": ["get", "list", "watch"],
+            },
+        ],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "gpushare-mon-e2e-prometheus"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "gpushare-mon-e2e-prometheus",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": MONITORING}],
+    },
+]
+
+
+# ---- the dcgm-exporter stand-in ----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def dcgm_stand_in(cluster: LocalCluster, host: str) -> Iterator[None]:
+    """Serve dcgm-exporter's series for the node's (simulated) GPUs on the node's address and
+    publish them as dcgm-exporter's chart would: Service + endpoints + ServiceMonitor."""
+    gpus = load_inventory(node(cluster)["metadata"]["annotations"][ANN_NODE_GPUS])
+    registry = dcgm_registry(gpus, hostname=cluster.node_name)
+    port = _free_port(host)
+    server, thread = serve_registry(port, addr=host, registry=registry)
+    app = {"app.kubernetes.io/name": "dcgm-exporter"}
+    _apply(
+        cluster,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "dcgm-exporter", "namespace": MONITORING, "labels": app},
+            "spec": {"ports": [{"name": "metrics", "port": port, "targetPort": port}]},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Endpoints",
+            "metadata": {"name": "dcgm-exporter", "namespace": MONITORING, "labels": app},
+            "subsets": [
+                {"addresses": [{"ip": host}], "ports": [{"name": "metrics", "port": port}]}
+            ],
+        },
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "ServiceMonitor",
+            "metadata": {
+                "name": "dcgm-exporter",
+                "namespace": MONITORING,
+                "labels": {**app, **SELECTOR},
+            },
+            "spec": {
+                "selector": {"matchLabels": app},
+                "endpoints": [{"port": "metrics", "interval": "2s"}],
+            },
+        },
+    )
+    try:
+        yield
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
+# ---- Prometheus running the operator's configuration ------------------------------------------
+
+
+def _secret_data(cluster: LocalCluster, name: str) -> dict[str, bytes] | None:
+    found = kjson(
+        cluster, "get", "secrets", "-n", MONITORING, "--field-selector", f"metadata.name={name}"
+    )
+    items = found["items"]
+    if not items:
+        return None
+    return {k: base64.b64decode(v) for k, v in (items[0].get("data") or {}).items()}
+
+
+def generated_config(cluster: LocalCluster, work: Path) -> Path:
+    """The operator's prometheus.yaml, with its TLS assets where the config points (the pod
+    mounts them at /etc/prometheus/certs; here they go to a directory of the test's own)."""
+
+    def ready() -> str | None:
+        data = _secret_data(cluster, "prometheus-kps")
+        if not data or "prometheus.yaml.gz" not in data:
+            return None
+        text = gzip.decompress(data["prometheus.yaml.gz"]).decode()
+        # Wait until every ServiceMonitor made it in (the operator resyncs on changes).
+        wanted = [
+            f"serviceMonitor/{NAMESPACE}/{RELEASE}-controller/0",
+            f"serviceMonitor/{NAMESPACE}/{RELEASE}-node-agent/0",
+            f"serviceMonitor/{MONITORING}/dcgm-exporter/0",
+        ]
+        return text if all(w in text for w in wanted) else None
+
+    text = wait_for(ready, timeout_s=120, what="the operator's generated Prometheus config")
+    certs = work / "certs"
+    certs.mkdir(exist_ok=True)
+    for name in ("prometheus-kps-tls-assets-0",):
+        for key, value in (_secret_data(cluster, name) or {}).items():
+            (certs / key).write_bytes(value)
+    text = text.replace("/etc/prometheus/certs/", f"{certs}/")
+    config = work / "prometheus.yaml"
+    config.write_text(text)
+    return config
+
+
+def _query(base: str, expr: str) -> list[dict[str, Any]]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        data = json.load(resp)
+    assert data["status"] == "success", data
+    result: list[dict[str, Any]] = data["data"]["result"]
+    return result
+
+
+def _ready(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _targets(base: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{base}/api/v1/targets?state=active", timeout=10) as resp:
+        return json.load(resp)["data"]["activeTargets"]  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Monitored:
+    prometheus: str
+    config: str
+    placed: dict[str, dict[str, Any]]
+
+
+def profiled_share(cluster: LocalCluster) -> None:
+    """A GpuShare in phase Packed with a stored profile, written to its status as the operator
+    stores it (``ShareProfile.to_status``).
+
+    The operator inside the chart's controller cannot run on the local cluster: its Kopf
+    client calls ``kubernetes.default.svc`` and the cluster has no DNS (the same reason keeps
+    the webhook from resolving ``gpushare.io/share`` links here, so no pod links to it). What
+    this test checks, the controller exporting the stored profile, is real.
+    """
+    _apply(
+        cluster,
+        {
+            "apiVersion": "gpushare.io/v1alpha1",
+            "kind": "GpuShare",
+            "metadata": {"name": SHARE, "namespace": WORK},
+            "spec": {"fraction": "0.25", "profiling": {"mode": "skip"}},
+        },
+    )
+    profile = ShareProfile(
+        gpu_model="NVIDIA H100 80GB HBM3",
+        fp16=0.02,
+        fp32=0.31,
+        fp64=0.0,
+        tensor=0.58,
+        sm_occupancy=0.4,
+        dram_bandwidth=0.22,
+        memory_bytes=6 * 2**30,
+        sampled_seconds=10.0,
+        time=datetime.now(UTC),
+        simulated=True,
+        tensor_hmma=0.58,
+    )
+    cluster.kubectl(
+        "patch", "gpushare", SHARE, "-n", WORK, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"phase": "Packed", "profile": profile.to_status()}}),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def monitored(
+    cluster: LocalCluster, images: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Monitored]:
+    if not PROMETHEUS.exists():
+        pytest.fail("Prometheus is not installed: apt-get install prometheus (make prereqs)")
+    operator = _operator_dir(cluster)
+    work = tmp_path_factory.mktemp("monitoring")
+    crds = sorted((operator / "crds").glob("*.yaml"))
+    had = set(cluster.kubectl("get", "crd", "-o", "name").split())
+    with exclusive_node(cluster), contextlib.ExitStack() as stack:
+        remove_release(cluster)
+        try:
+            for crd in crds:
+                cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+            cluster.kubectl(
+                "wait", "--for=condition=Established", "--timeout=60s", "crd",
+                "servicemonitors.monitoring.coreos.com", "prometheuses.monitoring.coreos.com",
+            )  # fmt: skip
+            cluster.kubectl("create", "namespace", MONITORING)
+            cluster.kubectl("create", "namespace", WORK)
+            _apply(cluster, *DISCOVERY_RBAC)
+            token = cluster.kubectl(
+                "create", "token", "prometheus", "-n", MONITORING, "--duration=2h"
+            ).strip()
+            env = {**cluster.env}
+            stack.enter_context(
+                _process(
+                    [
+                        str(operator / "operator"),
+                        f"--web.listen-address=127.0.0.1:{_free_port()}",
+                        f"--namespaces={MONITORING},{NAMESPACE}",
+                        "--log-level=info",
+                    ],
+                    work / "operator.log",
+                    env=env,
+                )
+            )
+            # As kube-prometheus-stack users install it: ServiceMonitors labelled for the
+            # stack's Prometheus, scraped every 2 s so the test need not wait long.
+            helm(
+                cluster, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                "--create-namespace", "--values", str(LOCAL_VALUES),
+                "--set", "monitoring.serviceMonitor.labels.release=kps",
+                "--set", "monitoring.serviceMonitor.interval=2s",
+                "--wait", "--timeout", "5m",
+            )  # fmt: skip
+            pods = wait_ready_release_pods(cluster, timeout_s=120)
+            assert len(pods) == 3 and all(p["status"].get("phase") == "Running" for p in pods)
+            wait_for(
+                lambda: ANN_NODE_GPUS in (node(cluster)["metadata"].get("annotations") or {}),
+                timeout_s=60,
+                what="the node agent's GPU inventory",
+            )
+            _apply(cluster, *_prometheus_objects(cluster, token))
+            placed = place(cluster, WORK, PODS)
+            profiled_share(cluster)
+            stack.enter_context(dcgm_stand_in(cluster, _node_ip(cluster)))
+            config = generated_config(cluster, work)
+            port = _free_port()
+            stack.enter_context(
+                _process(
+                    [
+                        str(PROMETHEUS),
+                        f"--config.file={config}",
+                        f"--storage.tsdb.path={work / 'data'}",
+                        f"--web.listen-address=127.0.0.1:{port}",
+                    ],
+                    work / "prometheus.log",
+                )
+            )
+            base = f"http://127.0.0.1:{port}"
+            wait_for(lambda: _ready(base), timeout_s=60, what="Prometheus ready")
+            wait_for(
+                lambda: (
+                    all(t["health"] == "up" for t in _targets(base)) and len(_targets(base)) >= 3
+                ),
+                timeout_s=120,
+                what="every discovered target up",
+            )
+            # Two scrapes after everything was placed, so rate/increase panels have data.
+            time.sleep(6)
+            yield Monitored(prometheus=base, config=config.read_text(), placed=placed)
+        except BaseException:
+            print(diagnostics(cluster))
+            for log in ("operator.log", "prometheus.log"):
+                path = work / log
+                if path.exists():
+                    print(f"--- {log}\n" + "\n".join(path.read_text().splitlines()[-40:]))
+            raise
+        finally:
+            cluster.kubectl(
+                "delete", "namespace", WORK, "--wait=true", "--timeout=120s", check=False
+            )
+            cluster.kubectl(
+                "delete", "prometheus", "kps", "-n", MONITORING, "--ignore-not-found", check=False
+            )
+            remove_release(cluster)
+            cluster.kubectl(
+                "delete", "namespace", MONITORING, NAMESPACE, "--ignore-not-found",
+                "--wait=true", "--timeout=120s", check=False,
+            )  # fmt: skip
+            cluster.kubectl(
+                "delete", "clusterrole,clusterrolebinding", "gpushare-mon-e2e-prometheus",
+                "--ignore-not-found", check=False,
+            )  # fmt: skip
+            for crd in crds:
+                group, plural = crd.stem.split("_", 1)
+                if f"customresourcedefinition.apiextensions.k8s.io/{plural}.{group}" not in had:
+                    cluster.kubectl("delete", "-f", str(crd), "--ignore-not-found", check=False)
+
+
+# ---- the dashboards' queries ------------------------------------------------------------------
+
+
+def panel_queries() -> list[tuple[str, str, str]]:
+    found = []
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        for panel in json.loads(path.read_text())["panels"]:
+            for target in panel.get("targets", []):
+                found.append((path.stem, panel["title"], target["expr"]))
+    return found
+
+
+def substitute(expr: str) -> str:
+    """What Grafana sends with every variable at "All" and a short dashboard range."""
+    builtins = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
+    expr = re.sub(r"\$(__\w+)", lambda m: builtins[m.group(1)], expr)
+    # Dashboard variables only; $1 is label_replace's capture reference.
+    return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", ".*", expr)
+
+
+def test_targets_come_from_servicemonitors_not_static_configs(monitored: Monitored) -> None:
+    config = yaml.safe_load(monitored.config)
+    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    assert {
+        f"serviceMonitor/{NAMESPACE}/{RELEASE}-controller/0",
+        f"serviceMonitor/{NAMESPACE}/{RELEASE}-node-agent/0",
+    } <= jobs
+    for job in config["scrape_configs"]:
+        assert "static_configs" not in job, job["job_name"]
+        assert job["kubernetes_sd_configs"], job["job_name"]
+    pools = {t["scrapePool"] for t in _targets(monitored.prometheus) if t["health"] == "up"}
+    assert f"serviceMonitor/{NAMESPACE}/{RELEASE}-node-agent/0" in pools
+    assert f"serviceMonitor/{NAMESPACE}/{RELEASE}-controller/0" in pools
+
+
+def test_every_dashboard_panel_query_returns_data(monitored: Monitored) -> None:
+    queries = panel_queries()
+    assert len(queries) >= 40
+    empty = []
+    for board, title, expr in queries:
+        if PER_POD_MEMORY in expr:
+            continue  # checked below
+        if not _query(monitored.prometheus, substitute(expr)):
+            empty.append(f"{board}: {title}: {expr}")
+    assert empty == [], "panels without data:\n" + "\n".join(empty)
+
+
+def test_per_pod_memory_is_absent_only_because_simulated_gpus_hold_no_process(
+    monitored: Monitored,
+) -> None:
+    """The one kind of query not fed on simulated GPUs: say why, and prove the reason."""
+    assert _query(monitored.prometheus, f"{PER_POD_MEMORY}") == []
+    unattributed = _query(monitored.prometheus, "gpushare_gpu_unattributed_memory_used_bytes")
+    assert len(unattributed) == 2 and {r["value"][1] for r in unattributed} == {"0"}
+    assert {r["metric"]["simulated"] for r in unattributed} == {"true"}
+
+
+def test_per_pod_series_name_the_workloads_namespace_and_pod(monitored: Monitored) -> None:
+    """honorLabels: series about a pod carry that pod's namespace and name, not the node
+    agent's; nothing is renamed to exported_namespace/exported_pod."""
+    expected = {(WORK, name) for name in monitored.placed}
+    for board, title, expr in panel_queries():
+        if "gpushare_pod_" not in expr or PER_POD_MEMORY in expr:
+            continue
+        rows = _query(monitored.prometheus, substitute(expr))
+        assert rows, f"{board}: {title}"
+        for row in rows:
+            labels = row["metric"]
+            if "pod" in labels:
+                assert (labels.get("namespace"), labels["pod"]) in expected, (title, labels)
+            elif "namespace" in labels:
+                assert labels["namespace"] == WORK, (title, labels)
+    assert _query(monitored.prometheus, '{__name__=~"gpushare_.*", exported_pod!=""}') == []
+    assert _query(monitored.prometheus, '{__name__=~"gpushare_.*", exported_namespace!=""}') == []
+    # The workload dashboard's $namespace variable lists the workload's namespace only.
+    namespaces = _query(
+        monitored.prometheus, "count by (namespace) (gpushare_pod_gpu_allocated_compute_ratio)"
+    )
+    assert {r["metric"]["namespace"] for r in namespaces} == {WORK}
+    pending = _query(monitored.prometheus, "gpushare_pending_pods")
+    assert all(r["metric"].get("namespace") != NAMESPACE for r in pending)
+
+
+def test_placements_in_prometheus_match_the_pods(monitored: Monitored) -> None:
+    rows = _query(
+        monitored.prometheus, f'gpushare_pod_gpu_allocated_compute_ratio{{namespace="{WORK}"}}'
+    )
+    got = {r["metric"]["pod"]: (r["metric"]["gpu_uuid"], float(r["value"][1])) for r in rows}
+    for name, fraction in PODS.items():
+        uuid = monitored.placed[name]["metadata"]["annotations"][ANN_GPU_UUID]
+        assert got[name] == (uuid, pytest.approx(float(fraction)))
+
+
+def test_gpushare_series_join_dcgm_series_on_uuid_and_gpu(monitored: Monitored) -> None:
+    """The node agent's ServiceMonitor copies gpu_uuid/gpu_index to DCGM's UUID/gpu."""
+    info = _query(monitored.prometheus, "gpushare_gpu_info")
+    assert len(info) == 2
+    for row in info:
+        labels = row["metric"]
+        assert labels["UUID"] == labels["gpu_uuid"] and labels["gpu"] == labels["gpu_index"]
+    joined = _query(
+        monitored.prometheus,
+        "gpushare_gpu_allocated_compute_ratio * on (UUID, gpu) group_left (modelName) "
+        "DCGM_FI_DEV_GPU_UTIL",
+    )
+    assert len(joined) == 2
+    assert all(r["metric"]["modelName"] for r in joined)
