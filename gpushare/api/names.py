@@ -61,6 +61,11 @@ RESERVED_ENV_NAMES: Final = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 METRIC_PREFIX: Final = "gpushare_"
 
+# The node agent's metrics port (/metrics, /healthz, /profile), also published as a host port
+# for the operator's profiler client. Not 9400: that is NVIDIA dcgm-exporter's, with a host
+# port too, and gpushare runs beside it (docs/coexistence.md).
+AGENT_METRICS_PORT: Final = 9445
+
 # Fault containment: a workload whose MPS clients fault repeatedly gets a GPU of its own.
 # Node annotation (JSON, written by the node agent): the workloads it marked exclusive.
 ANN_NODE_EXCLUSIVE: Final = f"{GROUP}/exclusive-workloads"

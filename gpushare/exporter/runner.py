@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
+from gpushare.api.names import AGENT_METRICS_PORT
 from gpushare.exporter import Exporter, MpsDaemonStatus, build_exporter
 from gpushare.exporter.allocations import PodAllocation, allocations_from_pods
 from gpushare.exporter.attribution import parse_cgroup
@@ -197,7 +198,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", socket.gethostname()))
     parser.add_argument("--address", default="127.0.0.1", help="listen address (127.0.0.1)")
-    parser.add_argument("--port", type=int, default=9400, help="listen port; 0 picks one (9400)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=AGENT_METRICS_PORT,
+        help=f"listen port; 0 picks one ({AGENT_METRICS_PORT})",
+    )
     parser.add_argument(
         "--pods-file",
         type=Path,

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo, dump_inventory
 from gpushare.api.names import (
+    AGENT_METRICS_PORT,
     ANN_NODE_GPUS,
     LABEL_MPS_CAPABLE,
     LABEL_SIMULATED,
@@ -66,7 +67,7 @@ class AgentSettings:
     mps_shm: ShmMode = "private"
     """private: each daemon gets <mps_root>/<uuid>/shm as /dev/shm; host: the host's /dev/shm."""
     metrics_host: str = "0.0.0.0"
-    metrics_port: int = 9400
+    metrics_port: int = AGENT_METRICS_PORT
     """0 picks a free port (logged)."""
     pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     """The kubelet's pod-resources socket, for the exporter's per-container attribution."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import FrameType
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.names import AGENT_METRICS_PORT
 from gpushare.deviceplugin.allocation import DeviceNode
 from gpushare.deviceplugin.plugin import DEFAULT_ENDPOINT
 from gpushare.gpu.backend import GpuBackend
@@ -89,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=9400,
+        default=AGENT_METRICS_PORT,
         help="metrics port serving /metrics, /healthz and the exporter's /profile; 0 picks a "
         "free port (default: %(default)s)",
     )

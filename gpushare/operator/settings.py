@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from gpushare.api.names import AGENT_METRICS_PORT
 from gpushare.operator.protection import ProtectionPolicy
 
 DEFAULT_NAMESPACE = "gpushare-system"
@@ -16,7 +17,7 @@ class OperatorConfig:
     """Name of the profile cache ConfigMap."""
     cache_max_entries: int = 512
     """Oldest cache entries are dropped beyond this (a ConfigMap holds at most 1 MiB)."""
-    agent_url: str = "http://{node_ip}:9400"
+    agent_url: str = f"http://{{node_ip}}:{AGENT_METRICS_PORT}"
     """Base URL of a node agent's metrics server; ``{node}`` and ``{node_ip}`` (the node's
     InternalIP) are substituted. The profiler lives at ``<agent_url>/profile``."""
     agent_timeout_s: float = 10.0
