@@ -42,6 +42,9 @@ STATE_ALLOCATED: Final = "allocated"
 ANN_NODE_GPUS: Final = f"{GROUP}/gpus"
 LABEL_MPS_CAPABLE: Final = f"{GROUP}/mps-capable"
 LABEL_SIMULATED: Final = f"{GROUP}/simulated"
+# Node label an administrator sets: which of the node's GPUs gpushare manages ("all", "none",
+# or indexes joined by "_", e.g. "0_1"); overrides the agent's --gpus (docs/coexistence.md).
+LABEL_MANAGED_GPUS: Final = f"{GROUP}/managed-gpus"
 
 SCHEDULER_NAME: Final = "gpushare-scheduler"
 

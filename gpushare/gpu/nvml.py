@@ -121,6 +121,15 @@ class NvmlBackend:
             raise KeyError(f"no GPU {uuid} on this node")
         return handle
 
+    def mig_enabled(self, uuid: str) -> bool:
+        """True when MIG mode is on (current mode; a pending change counts from the next GPU
+        reset). GPUs without MIG support report False. Read only: never changes the mode."""
+        try:
+            current, _pending = pynvml.nvmlDeviceGetMigMode(self._handle(uuid))
+        except pynvml.NVMLError:
+            return False
+        return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
     def device_paths(self, uuid: str) -> list[str]:
         """Host device nodes a container needs for this GPU (those that exist here)."""
         minor = int(pynvml.nvmlDeviceGetMinorNumber(self._handle(uuid)))

@@ -50,17 +50,23 @@ MODELS: dict[str, SimulatedModel] = {
     "V100-32GB": SimulatedModel("Tesla V100-SXM2-32GB", 32768 * MiB, 80, "7.0"),
 }
 
-_PART = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+)$")
+_PART = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+?)(\+mig)?$")
 _SPEC_FIELD = "--backend simulated:<spec>"
 _SPEC_FIX = (
     'write "<count>x<model>", several joined by commas, e.g. "2xH100-80GB" or '
-    f'"1xH100-80GB,2xL4"; models: {", ".join(sorted(MODELS))}'
+    '"1xH100-80GB,2xL4"; "+mig" after a model simulates GPUs with MIG enabled, e.g. '
+    f'"1xA100-80GB+mig"; models: {", ".join(sorted(MODELS))}'
 )
 
 
 def parse_spec(spec: str) -> list[SimulatedModel]:
     """``"2xH100-80GB,1xL4"`` -> one SimulatedModel per GPU, in index order."""
-    gpus: list[SimulatedModel] = []
+    return [model for model, _ in parse_spec_mig(spec)]
+
+
+def parse_spec_mig(spec: str) -> list[tuple[SimulatedModel, bool]]:
+    """Like parse_spec, with each GPU's simulated MIG mode (``+mig`` after the model)."""
+    gpus: list[tuple[SimulatedModel, bool]] = []
     for raw in spec.split(","):
         part = raw.strip()
         match = _PART.match(part)
@@ -73,7 +79,7 @@ def parse_spec(spec: str) -> list[SimulatedModel]:
             raise InvalidInputError(_SPEC_FIELD, f"unknown GPU model {key!r}", _SPEC_FIX)
         if not 1 <= count <= 16:
             raise InvalidInputError(_SPEC_FIELD, f"count {count} is outside 1..16", _SPEC_FIX)
-        gpus.extend([model] * count)
+        gpus.extend([(model, bool(match.group(3)))] * count)
     if not gpus:
         raise InvalidInputError(_SPEC_FIELD, "names no GPU", _SPEC_FIX)
     return gpus
@@ -95,7 +101,8 @@ class SimulatedBackend:
     """GpuBackend over fake GPUs. Thread-safe: the agent, exporter and device plugin share it."""
 
     def __init__(self, spec: str, *, node_name: str) -> None:
-        models = parse_spec(spec)
+        parsed = parse_spec_mig(spec)
+        models = [m for m, _ in parsed]
         self._gpus = [
             GpuInfo(
                 uuid=simulated_uuid(node_name, i),
@@ -111,6 +118,7 @@ class SimulatedBackend:
             for i, m in enumerate(models)
         ]
         self._by_uuid = {g.uuid: g for g in self._gpus}
+        self._mig = {g.uuid for g, (_, mig) in zip(self._gpus, parsed, strict=True) if mig}
         self._lock = threading.Lock()
         self._loads: dict[str, _Load] = {}
         self._events: queue.Queue[HealthEvent] = queue.Queue()
@@ -133,6 +141,10 @@ class SimulatedBackend:
 
     def inventory(self) -> list[GpuInfo]:
         return list(self._gpus)
+
+    def mig_enabled(self, uuid: str) -> bool:
+        """Simulated MIG mode (``+mig`` in the spec): lets tests see MIG GPUs skipped."""
+        return uuid in self._mig
 
     def _require(self, uuid: str) -> GpuInfo:
         gpu = self._by_uuid.get(uuid)

@@ -192,6 +192,10 @@ class NodeKube:
 
     # --- node ----------------------------------------------------------------------------
 
+    def node_labels(self) -> dict[str, str]:
+        node = self.client.get(Node, self.node_name)
+        return dict((node.metadata.labels if node.metadata else None) or {})
+
     def node_annotations(self) -> dict[str, str]:
         node = self.client.get(Node, self.node_name)
         return dict((node.metadata.annotations if node.metadata else None) or {})

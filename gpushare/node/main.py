@@ -11,15 +11,29 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.names import AGENT_METRICS_PORT
+from gpushare.api.names import AGENT_METRICS_PORT, LABEL_MANAGED_GPUS
 from gpushare.deviceplugin.allocation import DeviceNode
 from gpushare.deviceplugin.plugin import DEFAULT_ENDPOINT
 from gpushare.gpu.backend import GpuBackend
 from gpushare.gpu.factory import open_backend
+from gpushare.gpu.selection import (
+    REASON_NOT_SELECTED,
+    GpuList,
+    SkippedGpu,
+    parse_gpu_label,
+    parse_gpu_list,
+    select_gpus,
+)
 from gpushare.node.agent import AgentSettings, NodeAgent
+from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN_HEALTH
+from gpushare.node.coexistence import OtherPluginWatch, startup_claims
 from gpushare.node.logs import setup_json_logging
+
+if TYPE_CHECKING:
+    from gpushare.node.kube import NodeKube
 
 log = logging.getLogger("gpushare.node")
 
@@ -114,6 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     parser.add_argument(
+        "--gpus",
+        default="all",
+        help='GPUs gpushare manages on this node: "all", or indexes and/or UUIDs separated by '
+        "commas; the others are left to other device plugins. MIG-enabled GPUs and GPUs "
+        "another device plugin advertises are always left out (docs/coexistence.md) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--other-plugin-check-seconds",
+        type=float,
+        default=30.0,
+        help="how often to ask the kubelet whether another device plugin advertises a GPU "
+        "gpushare manages (it then stops offering it); 0 checks only at start "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--log-level",
         default="INFO",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -133,6 +163,59 @@ def _device_nodes(backend: GpuBackend) -> Callable[[str], list[DeviceNode]] | No
     return lookup
 
 
+def _label_selection(kube: "NodeKube", *, default: GpuList | None) -> GpuList | None:
+    """The node label gpushare.io/managed-gpus if set, else --gpus. An unreadable node (API
+    down at start) falls back to --gpus with a warning; a bad label value is refused."""
+    try:
+        labels = kube.node_labels()
+    except Exception as exc:
+        log.warning("cannot read this node's labels (%s); using --gpus", exc)
+        return default
+    value = labels.get(LABEL_MANAGED_GPUS)
+    if value is None:
+        return default
+    log.info("node label %s=%s selects the GPUs gpushare manages", LABEL_MANAGED_GPUS, value)
+    return parse_gpu_label(value)
+
+
+def _node_events(kube: "NodeKube") -> Callable[[str, str, bool], None]:
+    """Post a Node Event; a failure is logged, never raised (the log line says it anyway)."""
+
+    def record(reason: str, message: str, warning: bool) -> None:
+        try:
+            kube.record_event(pod=None, reason=reason, message=message, warning=warning)
+        except Exception as exc:
+            log.warning("could not record Event %s: %s", reason, exc)
+
+    return record
+
+
+def _report_selection(
+    found: GpuBackend,
+    backend: GpuBackend,
+    wanted: GpuList | None,
+    skipped: list[SkippedGpu],
+    record: Callable[[str, str, bool], None],
+) -> None:
+    """Say which GPUs gpushare leaves alone and why: a log line and a Node Event each."""
+    for s in skipped:
+        log.warning("%s", s.message, extra={"gpu_uuid": s.gpu.uuid, "reason": s.reason})
+        record(f"Gpu{s.reason}", s.message, s.reason != REASON_NOT_SELECTED)
+    if wanted is not None:
+        present = found.inventory()
+        unknown = sorted(str(i) for i in wanted.indexes - {g.index for g in present})
+        unknown += sorted(wanted.uuids - {g.uuid for g in present})
+        if unknown:
+            log.warning("--gpus names GPUs this node does not have: %s", ", ".join(unknown))
+    managed = backend.inventory()
+    if not managed:
+        message = "gpushare manages no GPU on this node: every GPU is excluded (see above)"
+        log.error(message)
+        record("NoGpuManaged", message, True)
+    else:
+        log.info("managing %d GPU(s): %s", len(managed), ", ".join(g.uuid for g in managed))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_json_logging(component="gpushare-node-agent", level=args.log_level)
@@ -140,13 +223,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("gpushare-node-agent: --metrics-port must be 0..65535", file=sys.stderr)
         return 2
     try:
-        backend = open_backend(args.backend, node_name=args.node_name)
+        wanted = parse_gpu_list(args.gpus)
+        found = open_backend(args.backend, node_name=args.node_name)
     except InvalidInputError as exc:
         print(f"gpushare-node-agent: {exc}", file=sys.stderr)
         return 2
     from gpushare.node.kube import NodeKube  # noqa: PLC0415  (keeps --help fast)
 
     kube = NodeKube(node_name=args.node_name, kubeconfig=args.kubeconfig)
+    record = _node_events(kube)
+    try:
+        wanted = _label_selection(kube, default=wanted)
+    except InvalidInputError as exc:
+        print(f"gpushare-node-agent: {exc}", file=sys.stderr)
+        record("InvalidManagedGpus", str(exc), True)
+        return 2
+    backend, skipped = select_gpus(
+        found,
+        wanted=wanted,
+        other_plugins=startup_claims(found.inventory(), socket_path=args.pod_resources_socket),
+    )
+    _report_selection(found, backend, wanted, skipped, record)
     settings = AgentSettings(
         node_name=args.node_name,
         device_plugin_dir=args.device_plugin_dir,
@@ -162,6 +259,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     agent = NodeAgent(settings, backend=backend, kube=kube, device_nodes=_device_nodes(backend))
     stop = threading.Event()
+    if args.other_plugin_check_seconds > 0 and args.pod_resources_socket is not None:
+        OtherPluginWatch(
+            gpus=backend.inventory(),
+            socket_path=args.pod_resources_socket,
+            set_problem=lambda uuid, problem: agent.health.set_problem(
+                uuid, OTHER_PLUGIN_HEALTH, problem
+            ),
+            record=record,
+            interval_s=args.other_plugin_check_seconds,
+        ).start(stop)
 
     def on_stop(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %s: shutting down", signal.Signals(signum).name)

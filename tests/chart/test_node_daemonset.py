@@ -131,3 +131,12 @@ def test_default_port_is_not_dcgm_exporters_and_the_operator_reaches_it(chart: C
     assert AGENT_METRICS_PORT != 9400
     assert OperatorConfig().agent_url.endswith(f":{AGENT_METRICS_PORT}")
     assert build_parser().parse_args(["--node-name", "n"]).metrics_port == AGENT_METRICS_PORT
+
+
+def test_gpu_selection_reaches_the_agent(chart: Chart) -> None:
+    default = build_parser().parse_args(_agent(_ds(chart))["args"])
+    assert default.gpus == "all" and default.other_plugin_check_seconds == 30
+    values = {"node": {"gpus": [0, "GPU-8d3c1f0a-0000-4000-8000-000000000001"]}}
+    args = build_parser().parse_args(_agent(_ds(chart, values))["args"])
+    assert args.gpus == "0,GPU-8d3c1f0a-0000-4000-8000-000000000001"
+    assert "node/gpus" in chart.fails({"node": {"gpus": ["first"]}})
