@@ -4,8 +4,10 @@ Registered into a registry of our own (never Kopf's global one), so the operator
 inside the controller process next to other asyncio servers, and tests can build it twice.
 """
 
+import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -39,6 +41,19 @@ def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     return settings
 
 
+def in_cluster_server(info: kopf.ConnectionInfo, environ: Mapping[str, str]) -> kopf.ConnectionInfo:
+    """Kopf's service-account login names the API server ``kubernetes.default.svc``, which
+    needs cluster DNS; like client-go's in-cluster config, use the Service address the kubelet
+    puts in every pod's environment when it is there (clusters without DNS, the local one)."""
+    host = environ.get("KUBERNETES_SERVICE_HOST")
+    port = environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return info
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    return dataclasses.replace(info, server=f"https://{host}:{port}")
+
+
 def build_registry(
     *, config: OperatorConfig, view: ClusterView, reconciler: ShareReconciler
 ) -> kopf.OperatorRegistry:
@@ -50,7 +65,10 @@ def build_registry(
         """$KUBECONFIG first (tests, development), else the pod's service account."""
         if os.environ.get("KUBECONFIG"):
             return kopf.login_with_kubeconfig(**kwargs)
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        info = kopf.login_with_service_account(**kwargs)
+        if info is None:
+            return kopf.login_with_kubeconfig(**kwargs)
+        return in_cluster_server(info, os.environ)
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     async def node_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:

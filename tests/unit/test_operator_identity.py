@@ -22,3 +22,19 @@ def test_pod_name_given_by_the_chart_is_kept(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("POD_ID", "gpushare-controller-abc")
     ensure_peering_identity()
     assert os.environ["POD_ID"] == "gpushare-controller-abc"
+
+
+def test_in_cluster_login_uses_the_service_address_not_cluster_dns() -> None:
+    """Kopf's service-account login names kubernetes.default.svc; without cluster DNS the
+    operator could never connect, so the kubelet-provided address replaces it."""
+    import kopf  # noqa: PLC0415
+
+    from gpushare.operator.handlers import in_cluster_server  # noqa: PLC0415
+
+    info = kopf.ConnectionInfo(server="https://kubernetes.default.svc", token="t")
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    assert in_cluster_server(info, env).server == "https://10.96.0.1:443"
+    assert in_cluster_server(info, env).token == "t"
+    v6 = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}
+    assert in_cluster_server(info, v6).server == "https://[fd00::1]:6443"
+    assert in_cluster_server(info, {}).server == "https://kubernetes.default.svc"
