@@ -52,6 +52,8 @@ wrapper_module() {
         [[ -z $req || $req == v0.0.0 ]] && req=$sibling_version
         printf '\t%s => %s %s\n' "$sib" "$sib" "$req"
       done
+    # Replaces that pin another published version (Prometheus pins fsnotify) apply as written.
+    sed -n 's/^\(replace[[:space:]]\)\{0,1\}[[:space:]]*\([^ ]\{1,\}\( v[^ ]*\)\{0,1\} => [^.][^ ]* v[^ ]*\)[[:space:]]*$/\t\2/p' "$gomod"
     echo ")"
   } >"$dir/go.mod"
 }
@@ -107,6 +109,20 @@ build_go_install() { # NAME VERSION PKG
   rm -rf "$out"; mv "$out.partial" "$out"
 }
 
+# Prometheus itself, for the Prometheus Operator test: Debian's package is built without
+# kubernetes_sd_configs, which every ServiceMonitor needs. Its go.mod pins one dependency with
+# a replace, so it is built through a wrapper module like the others (no web UI assets: the
+# tests use its HTTP API).
+build_prometheus() {
+  local v=$PROMETHEUS_VERSION out="$GPUSHARE_CACHE_DIR/bin/prometheus-$PROMETHEUS_VERSION"
+  if [[ -x $out/prometheus ]]; then log "prometheus $v cached in $out"; return; fi
+  local dir="$GPUSHARE_CACHE_DIR/src/prometheus-$v"
+  log "building prometheus $v (module version $PROMETHEUS_MODULE_VERSION)"
+  wrapper_module "$dir" github.com/prometheus/prometheus "$PROMETHEUS_MODULE_VERSION" "$PROMETHEUS_MODULE_VERSION"
+  build_from "$dir" "$out" "-s -w -X github.com/prometheus/common/version.Version=${v#v}" \
+    github.com/prometheus/prometheus/cmd/prometheus
+}
+
 # The Prometheus Operator's module replaces its own pkg/apis/monitoring and pkg/client with
 # relative paths, like etcd; its CRDs ship inside the module (example/prometheus-operator-crd)
 # and are copied next to the binaries so tests install exactly the version that runs.
@@ -135,13 +151,14 @@ case $what in
   etcd) build_etcd ;;
   helm) build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
   kwok) build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok ;;
-  prometheus-operator) build_prometheus_operator ;;
+  prometheus-operator) build_prometheus_operator; build_prometheus ;;
   all)
     build_etcd
     build_kube
     build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
     build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
     build_prometheus_operator
+    build_prometheus
     ;;
   -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) die "unknown target '$what'; use one of: all kube etcd helm kwok prometheus-operator" ;;

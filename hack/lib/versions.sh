@@ -8,4 +8,7 @@ HELM_VERSION="${HELM_VERSION:-v3.21.4}"
 KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
 # The Prometheus Operator (and its CRDs) for the kube-prometheus-stack-style monitoring test.
 PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}"
+# Prometheus v3.5.0, published on the module proxy as github.com/prometheus/prometheus v0.305.0.
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v3.5.0}"
+PROMETHEUS_MODULE_VERSION="${PROMETHEUS_MODULE_VERSION:-v0.305.0}"
 GPUSHARE_CACHE_DIR="${GPUSHARE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpushare}"

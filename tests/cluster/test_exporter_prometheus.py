@@ -15,14 +15,10 @@ is tests/cluster/test_monitoring_operator.py.
 
 import asyncio
 import json
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,12 +36,17 @@ from gpushare.operator.settings import OperatorConfig
 from gpushare.operator.view import ClusterView as OperatorView
 from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.dcgm import dcgm_registry
+from tests.fixtures.prometheus import (
+    free_port,
+    panel_queries,
+    query,
+    running_prometheus,
+    substitute,
+)
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-DASHBOARDS = REPO / "helm" / "gpushare" / "dashboards"
-PROMETHEUS = Path("/usr/bin/prometheus")
 NAMESPACE = "gpushare-exporter-e2e"
 SPEC = "2xH100-80GB,1xA100-80GB"
 GIB = 2**30
@@ -55,12 +56,6 @@ PODS = {
     "infer-b": ("0.25", 40, 10, (0,), "latency"),
     "wide-c": ("2", 100, 0, (0, 1), "batch"),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(what: str, check: Any, timeout_s: float = 60.0, every_s: float = 0.5) -> Any:
@@ -242,7 +237,7 @@ def controller_stand_in(cluster: LocalCluster) -> Iterator[str]:
     asyncio.run(guard.tick())
     servers = []
     for registry in (metrics.registry, dcgm_registry(gpus, hostname=cluster.node_name)):
-        port = _free_port()
+        port = free_port()
         servers.append((port, *serve_registry(port, addr="127.0.0.1", registry=registry)))
     try:
         yield ",".join(f"'127.0.0.1:{port}'" for port, _, _ in servers)
@@ -256,8 +251,6 @@ def controller_stand_in(cluster: LocalCluster) -> Iterator[str]:
 def prometheus(
     exporter_url: str, controller_stand_in: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    if not PROMETHEUS.exists():
-        pytest.fail("Prometheus is not installed: apt-get install prometheus (make prereqs)")
     work = tmp_path_factory.mktemp("prometheus")
     config = work / "prometheus.yml"
     config.write_text(
@@ -268,82 +261,27 @@ def prometheus(
         f"  - job_name: controller-stand-in\n    static_configs:\n"
         f"      - targets: [{controller_stand_in}]\n"
     )
-    port = _free_port()
-    log = (work / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            str(PROMETHEUS),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={work / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait("Prometheus to be ready", lambda: _ready(base))
+    with running_prometheus(config, work) as base:
         _wait(
             "two scrapes of the exporter",
-            lambda: _query(base, 'count_over_time(up{job="gpushare-exporter"}[1m]) >= 4'),
+            lambda: query(base, 'count_over_time(up{job="gpushare-exporter"}[1m]) >= 4'),
         )
         yield base
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-
-def _ready(base: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
-def _query(base: str, expr: str) -> list[dict[str, Any]]:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        data = json.load(resp)
-    assert data["status"] == "success", data
-    result: list[dict[str, Any]] = data["data"]["result"]
-    return result
-
-
-def _panel_queries() -> list[tuple[str, str, str]]:
-    found = []
-    for path in sorted(DASHBOARDS.glob("*.json")):
-        board = json.loads(path.read_text())
-        for panel in board["panels"]:
-            for target in panel.get("targets", []):
-                found.append((path.stem, panel["title"], target["expr"]))
-    return found
-
-
-def _substitute(expr: str) -> str:
-    """What Grafana sends with every variable at "All" and a short dashboard range."""
-    values = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
-    expr = re.sub(r"\$(__\w+)", lambda m: values[m.group(1)], expr)
-    return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", ".*", expr)  # not $1, label_replace's
 
 
 def test_every_dashboard_panel_query_returns_data(prometheus: str) -> None:
-    queries = _panel_queries()
+    queries = panel_queries()
     assert len(queries) >= 30
     empty = [
         f"{board}: {title}: {expr}"
         for board, title, expr in queries
-        if not _query(prometheus, _substitute(expr))
+        if not query(prometheus, substitute(expr))
     ]
     assert empty == [], "panels without data:\n" + "\n".join(empty)
 
 
 def test_per_pod_memory_is_attributed_to_the_pods_real_processes(prometheus: str) -> None:
-    rows = _query(prometheus, f'gpushare_pod_gpu_memory_used_bytes{{namespace="{NAMESPACE}"}}')
+    rows = query(prometheus, f'gpushare_pod_gpu_memory_used_bytes{{namespace="{NAMESPACE}"}}')
     got = {
         (r["metric"]["pod"], r["metric"]["container"], r["metric"]["gpu_uuid"]): float(
             r["value"][1]
@@ -360,30 +298,30 @@ def test_per_pod_memory_is_attributed_to_the_pods_real_processes(prometheus: str
 
 def test_gpu_without_gpm_shows_no_pipe_series_only_unavailable(prometheus: str) -> None:
     a100 = 'model="NVIDIA A100-SXM4-80GB"'
-    assert _query(prometheus, f"gpushare_gpu_pipe_utilization_ratio{{{a100}}}") == []
-    flags = _query(
+    assert query(prometheus, f"gpushare_gpu_pipe_utilization_ratio{{{a100}}}") == []
+    flags = query(
         prometheus,
         f'gpushare_gpu_metric_available{{{a100}, metric="gpushare_gpu_pipe_utilization_ratio"}}',
     )
     assert len(flags) == 8
     assert {r["value"][1] for r in flags} == {"0"}
-    assert _query(prometheus, f"gpushare_gpu_utilization_ratio{{{a100}}}")
+    assert query(prometheus, f"gpushare_gpu_utilization_ratio{{{a100}}}")
 
 
 def test_every_exported_series_says_simulated(prometheus: str) -> None:
-    total = _query(prometheus, 'count({job="gpushare-exporter", __name__=~"gpushare_.*"})')
+    total = query(prometheus, 'count({job="gpushare-exporter", __name__=~"gpushare_.*"})')
     assert float(total[0]["value"][1]) > 100
     assert (
-        _query(prometheus, '{job="gpushare-exporter", __name__=~"gpushare_.*", simulated!="true"}')
+        query(prometheus, '{job="gpushare-exporter", __name__=~"gpushare_.*", simulated!="true"}')
         == []
     )
 
 
 def test_allocations_in_prometheus_match_the_placements(prometheus: str) -> None:
-    rows = _query(prometheus, "gpushare_gpu_allocated_compute_ratio")
+    rows = query(prometheus, "gpushare_gpu_allocated_compute_ratio")
     by_index = {r["metric"]["gpu_index"]: float(r["value"][1]) for r in rows}
     assert by_index == {"0": pytest.approx(1.75), "1": pytest.approx(1.0), "2": 0.0}
-    saved = _query(prometheus, "sum(gpushare_gpu_pods) - sum(gpushare_gpu_pods > bool 0)")
+    saved = query(prometheus, "sum(gpushare_gpu_pods) - sum(gpushare_gpu_pods > bool 0)")
     assert float(saved[0]["value"][1]) == 2  # 4 pod-GPU pairs on 2 GPUs
 
 

@@ -10,8 +10,9 @@ What runs, all real except where said:
   ``release: kps``, as kube-prometheus-stack's does;
 - the chart, installed with ``monitoring.serviceMonitor.labels.release=kps``: controller,
   gpushare-scheduler and node agent on simulated GPUs, annotated workload pods placed by it and
-  a GpuShare the operator profiles;
-- Prometheus (Debian's package) on the host, running exactly the configuration the operator
+  a GpuShare with a stored profile;
+- Prometheus v3 (built from the module proxy by the same script: Debian's package has no
+  kubernetes_sd_configs) on the host, running exactly the configuration the operator
   generated (Secret ``prometheus-kps``) with the TLS assets it collected (Secret
   ``prometheus-kps-tls-assets-0``), both as its config-reloader sidecar would mount them. The
   operator's StatefulSet has 0 replicas: the official Prometheus image cannot be pulled here.
@@ -28,7 +29,6 @@ import gzip
 import json
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -62,11 +62,16 @@ from tests.fixtures.chart_release import (
 from tests.fixtures.cluster import REPO, LocalCluster
 from tests.fixtures.dcgm import dcgm_registry
 from tests.fixtures.helm_chart import CHART, LOCAL_VALUES
+from tests.fixtures.prometheus import (
+    free_port,
+    panel_queries,
+    query,
+    running_prometheus,
+    substitute,
+)
 
 pytestmark = pytest.mark.cluster
 
-DASHBOARDS = CHART / "dashboards"
-PROMETHEUS = Path("/usr/bin/prometheus")
 MONITORING = "gpushare-mon-e2e"
 WORK = "gpushare-mon-work"
 SELECTOR = {"release": "kps"}
@@ -80,14 +85,17 @@ SHARE = "trainer"
 PER_POD_MEMORY = "gpushare_pod_gpu_memory_used_bytes"
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+@dataclass(frozen=True)
+class Tools:
+    operator: Path
+    """The Prometheus Operator's binary; its CRDs are in ``crds/`` beside it."""
+    prometheus: Path
+    """Prometheus with kubernetes_sd (Debian's package is built without it)."""
+    prometheus_version: str
 
 
-def _operator_dir(cluster: LocalCluster) -> Path:
-    """Build (or find cached) the Prometheus Operator and its CRDs."""
+def _tools(cluster: LocalCluster) -> Tools:
+    """Build (or find cached) the Prometheus Operator, its CRDs and Prometheus."""
     proc = subprocess.run(
         ["bash", str(REPO / "hack" / "build-tools.sh"), "prometheus-operator"],
         capture_output=True,
@@ -99,14 +107,21 @@ def _operator_dir(cluster: LocalCluster) -> Path:
     if proc.returncode != 0:
         pytest.fail(f"hack/build-tools.sh prometheus-operator failed:\n{proc.stderr[-4000:]}")
     versions = (REPO / "hack" / "lib" / "versions.sh").read_text()
-    match = re.search(
-        r'PROMETHEUS_OPERATOR_VERSION="\$\{PROMETHEUS_OPERATOR_VERSION:-([^}]+)\}"', versions
-    )
-    assert match, "PROMETHEUS_OPERATOR_VERSION missing from hack/lib/versions.sh"
+
+    def pinned(name: str) -> str:
+        match = re.search(rf'{name}="\$\{{{name}:-([^}}]+)\}}"', versions)
+        assert match, f"{name} missing from hack/lib/versions.sh"
+        return match.group(1)
+
     home = Path(cluster.env.get("GPUSHARE_CACHE_DIR") or Path.home() / ".cache" / "gpushare")
-    out = home / "bin" / f"prometheus-operator-{match.group(1)}"
-    assert (out / "operator").is_file() and (out / "crds").is_dir(), out
-    return out
+    operator = home / "bin" / f"prometheus-operator-{pinned('PROMETHEUS_OPERATOR_VERSION')}"
+    version = pinned("PROMETHEUS_VERSION")
+    tools = Tools(
+        operator / "operator", home / "bin" / f"prometheus-{version}" / "prometheus", version
+    )
+    assert tools.operator.is_file() and (operator / "crds").is_dir(), operator
+    assert tools.prometheus.is_file(), tools.prometheus
+    return tools
 
 
 @contextlib.contextmanager
@@ -144,48 +159,37 @@ def _apiserver(cluster: LocalCluster) -> tuple[str, bytes]:
     return entry["server"], ca
 
 
-def _prometheus_objects(cluster: LocalCluster, token: str) -> list[dict[str, Any]]:
+def _prometheus(cluster: LocalCluster, *, work: Path, token: str, version: str) -> dict[str, Any]:
     """A Prometheus like kube-prometheus-stack's (ServiceMonitors chosen by the release label),
-    reading the API server with a ServiceAccount token that may only discover targets."""
+    reading the API server with a ServiceAccount token that may only discover targets. The
+    token and CA are files of the host Prometheus (``credentialsFile``, ``caFile``), as a pod
+    would have them mounted."""
     server, ca = _apiserver(cluster)
-    version = subprocess.run(
-        [str(PROMETHEUS), "--version"], capture_output=True, text=True, check=True
-    ).stdout
-    match = re.search(r"version (\d+\.\d+\.\d+)", version)
-    assert match, version
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "prometheus-apiserver", "namespace": MONITORING},
-            "stringData": {"token": token, "ca.crt": ca.decode()},
-        },
-        {
-            "apiVersion": "monitoring.coreos.com/v1",
-            "kind": "Prometheus",
-            "metadata": {"name": "kps", "namespace": MONITORING},
-            "spec": {
-                "version": f"v{match.group(1)}",
-                "replicas": 0,
-                "scrapeInterval": "2s",
-                "evaluationInterval": "2s",
-                "serviceMonitorSelector": {"matchLabels": SELECTOR},
-                "serviceMonitorNamespaceSelector": {},
-                "podMonitorSelector": {"matchLabels": SELECTOR},
-                "podMonitorNamespaceSelector": {},
-                "apiserverConfig": {
-                    "host": server,
-                    "authorization": {
-                        "type": "Bearer",
-                        "credentials": {"name": "prometheus-apiserver", "key": "token"},
-                    },
-                    "tlsConfig": {
-                        "ca": {"secret": {"name": "prometheus-apiserver", "key": "ca.crt"}}
-                    },
+    (work / "apiserver-token").write_text(token)
+    (work / "apiserver-ca.crt").write_bytes(ca)
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "Prometheus",
+        "metadata": {"name": "kps", "namespace": MONITORING},
+        "spec": {
+            "version": version,
+            "replicas": 0,
+            "scrapeInterval": "2s",
+            "evaluationInterval": "2s",
+            "serviceMonitorSelector": {"matchLabels": SELECTOR},
+            "serviceMonitorNamespaceSelector": {},
+            "podMonitorSelector": {"matchLabels": SELECTOR},
+            "podMonitorNamespaceSelector": {},
+            "apiserverConfig": {
+                "host": server,
+                "authorization": {
+                    "type": "Bearer",
+                    "credentialsFile": str(work / "apiserver-token"),
                 },
+                "tlsConfig": {"caFile": str(work / "apiserver-ca.crt")},
             },
         },
-    ]
+    }
 
 
 DISCOVERY_RBAC = [
@@ -234,7 +238,7 @@ def dcgm_stand_in(cluster: LocalCluster, host: str) -> Iterator[None]:
     publish them as dcgm-exporter's chart would: Service + endpoints + ServiceMonitor."""
     gpus = load_inventory(node(cluster)["metadata"]["annotations"][ANN_NODE_GPUS])
     registry = dcgm_registry(gpus, hostname=cluster.node_name)
-    port = _free_port(host)
+    port = free_port(host)
     server, thread = serve_registry(port, addr=host, registry=registry)
     app = {"app.kubernetes.io/name": "dcgm-exporter"}
     _apply(
@@ -316,23 +320,6 @@ def generated_config(cluster: LocalCluster, work: Path) -> Path:
     return config
 
 
-def _query(base: str, expr: str) -> list[dict[str, Any]]:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        data = json.load(resp)
-    assert data["status"] == "success", data
-    result: list[dict[str, Any]] = data["data"]["result"]
-    return result
-
-
-def _ready(base: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
 def _targets(base: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"{base}/api/v1/targets?state=active", timeout=10) as resp:
         return json.load(resp)["data"]["activeTargets"]  # type: ignore[no-any-return]
@@ -347,13 +334,9 @@ class Monitored:
 
 def profiled_share(cluster: LocalCluster) -> None:
     """A GpuShare in phase Packed with a stored profile, written to its status as the operator
-    stores it (``ShareProfile.to_status``).
-
-    The operator inside the chart's controller cannot run on the local cluster: its Kopf
-    client calls ``kubernetes.default.svc`` and the cluster has no DNS (the same reason keeps
-    the webhook from resolving ``gpushare.io/share`` links here, so no pod links to it). What
-    this test checks, the controller exporting the stored profile, is real.
-    """
+    stores it (``ShareProfile.to_status``) instead of waiting for a profiling run
+    (tests/cluster/test_examples.py and the operator's tests cover profiling). What this test
+    checks, the controller exporting the stored profile, is real."""
     _apply(
         cluster,
         {
@@ -387,11 +370,9 @@ def profiled_share(cluster: LocalCluster) -> None:
 def monitored(
     cluster: LocalCluster, images: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Monitored]:
-    if not PROMETHEUS.exists():
-        pytest.fail("Prometheus is not installed: apt-get install prometheus (make prereqs)")
-    operator = _operator_dir(cluster)
+    tools = _tools(cluster)
     work = tmp_path_factory.mktemp("monitoring")
-    crds = sorted((operator / "crds").glob("*.yaml"))
+    crds = sorted((tools.operator.parent / "crds").glob("*.yaml"))
     had = set(cluster.kubectl("get", "crd", "-o", "name").split())
     with exclusive_node(cluster), contextlib.ExitStack() as stack:
         remove_release(cluster)
@@ -412,8 +393,8 @@ def monitored(
             stack.enter_context(
                 _process(
                     [
-                        str(operator / "operator"),
-                        f"--web.listen-address=127.0.0.1:{_free_port()}",
+                        str(tools.operator),
+                        f"--web.listen-address=127.0.0.1:{free_port()}",
                         f"--namespaces={MONITORING},{NAMESPACE}",
                         "--log-level=info",
                     ],
@@ -437,25 +418,15 @@ def monitored(
                 timeout_s=60,
                 what="the node agent's GPU inventory",
             )
-            _apply(cluster, *_prometheus_objects(cluster, token))
+            _apply(
+                cluster,
+                _prometheus(cluster, work=work, token=token, version=tools.prometheus_version),
+            )
             placed = place(cluster, WORK, PODS)
             profiled_share(cluster)
             stack.enter_context(dcgm_stand_in(cluster, _node_ip(cluster)))
             config = generated_config(cluster, work)
-            port = _free_port()
-            stack.enter_context(
-                _process(
-                    [
-                        str(PROMETHEUS),
-                        f"--config.file={config}",
-                        f"--storage.tsdb.path={work / 'data'}",
-                        f"--web.listen-address=127.0.0.1:{port}",
-                    ],
-                    work / "prometheus.log",
-                )
-            )
-            base = f"http://127.0.0.1:{port}"
-            wait_for(lambda: _ready(base), timeout_s=60, what="Prometheus ready")
+            base = stack.enter_context(running_prometheus(config, work, binary=tools.prometheus))
             wait_for(
                 lambda: (
                     all(t["health"] == "up" for t in _targets(base)) and len(_targets(base)) >= 3
@@ -498,23 +469,6 @@ def monitored(
 # ---- the dashboards' queries ------------------------------------------------------------------
 
 
-def panel_queries() -> list[tuple[str, str, str]]:
-    found = []
-    for path in sorted(DASHBOARDS.glob("*.json")):
-        for panel in json.loads(path.read_text())["panels"]:
-            for target in panel.get("targets", []):
-                found.append((path.stem, panel["title"], target["expr"]))
-    return found
-
-
-def substitute(expr: str) -> str:
-    """What Grafana sends with every variable at "All" and a short dashboard range."""
-    builtins = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
-    expr = re.sub(r"\$(__\w+)", lambda m: builtins[m.group(1)], expr)
-    # Dashboard variables only; $1 is label_replace's capture reference.
-    return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", ".*", expr)
-
-
 def test_targets_come_from_servicemonitors_not_static_configs(monitored: Monitored) -> None:
     config = yaml.safe_load(monitored.config)
     jobs = {job["job_name"] for job in config["scrape_configs"]}
@@ -537,7 +491,7 @@ def test_every_dashboard_panel_query_returns_data(monitored: Monitored) -> None:
     for board, title, expr in queries:
         if PER_POD_MEMORY in expr:
             continue  # checked below
-        if not _query(monitored.prometheus, substitute(expr)):
+        if not query(monitored.prometheus, substitute(expr)):
             empty.append(f"{board}: {title}: {expr}")
     assert empty == [], "panels without data:\n" + "\n".join(empty)
 
@@ -546,8 +500,8 @@ def test_per_pod_memory_is_absent_only_because_simulated_gpus_hold_no_process(
     monitored: Monitored,
 ) -> None:
     """The one kind of query not fed on simulated GPUs: say why, and prove the reason."""
-    assert _query(monitored.prometheus, f"{PER_POD_MEMORY}") == []
-    unattributed = _query(monitored.prometheus, "gpushare_gpu_unattributed_memory_used_bytes")
+    assert query(monitored.prometheus, f"{PER_POD_MEMORY}") == []
+    unattributed = query(monitored.prometheus, "gpushare_gpu_unattributed_memory_used_bytes")
     assert len(unattributed) == 2 and {r["value"][1] for r in unattributed} == {"0"}
     assert {r["metric"]["simulated"] for r in unattributed} == {"true"}
 
@@ -559,7 +513,7 @@ def test_per_pod_series_name_the_workloads_namespace_and_pod(monitored: Monitore
     for board, title, expr in panel_queries():
         if "gpushare_pod_" not in expr or PER_POD_MEMORY in expr:
             continue
-        rows = _query(monitored.prometheus, substitute(expr))
+        rows = query(monitored.prometheus, substitute(expr))
         assert rows, f"{board}: {title}"
         for row in rows:
             labels = row["metric"]
@@ -567,19 +521,19 @@ def test_per_pod_series_name_the_workloads_namespace_and_pod(monitored: Monitore
                 assert (labels.get("namespace"), labels["pod"]) in expected, (title, labels)
             elif "namespace" in labels:
                 assert labels["namespace"] == WORK, (title, labels)
-    assert _query(monitored.prometheus, '{__name__=~"gpushare_.*", exported_pod!=""}') == []
-    assert _query(monitored.prometheus, '{__name__=~"gpushare_.*", exported_namespace!=""}') == []
+    assert query(monitored.prometheus, '{__name__=~"gpushare_.*", exported_pod!=""}') == []
+    assert query(monitored.prometheus, '{__name__=~"gpushare_.*", exported_namespace!=""}') == []
     # The workload dashboard's $namespace variable lists the workload's namespace only.
-    namespaces = _query(
+    namespaces = query(
         monitored.prometheus, "count by (namespace) (gpushare_pod_gpu_allocated_compute_ratio)"
     )
     assert {r["metric"]["namespace"] for r in namespaces} == {WORK}
-    pending = _query(monitored.prometheus, "gpushare_pending_pods")
+    pending = query(monitored.prometheus, "gpushare_pending_pods")
     assert all(r["metric"].get("namespace") != NAMESPACE for r in pending)
 
 
 def test_placements_in_prometheus_match_the_pods(monitored: Monitored) -> None:
-    rows = _query(
+    rows = query(
         monitored.prometheus, f'gpushare_pod_gpu_allocated_compute_ratio{{namespace="{WORK}"}}'
     )
     got = {r["metric"]["pod"]: (r["metric"]["gpu_uuid"], float(r["value"][1])) for r in rows}
@@ -590,12 +544,12 @@ def test_placements_in_prometheus_match_the_pods(monitored: Monitored) -> None:
 
 def test_gpushare_series_join_dcgm_series_on_uuid_and_gpu(monitored: Monitored) -> None:
     """The node agent's ServiceMonitor copies gpu_uuid/gpu_index to DCGM's UUID/gpu."""
-    info = _query(monitored.prometheus, "gpushare_gpu_info")
+    info = query(monitored.prometheus, "gpushare_gpu_info")
     assert len(info) == 2
     for row in info:
         labels = row["metric"]
         assert labels["UUID"] == labels["gpu_uuid"] and labels["gpu"] == labels["gpu_index"]
-    joined = _query(
+    joined = query(
         monitored.prometheus,
         "gpushare_gpu_allocated_compute_ratio * on (UUID, gpu) group_left (modelName) "
         "DCGM_FI_DEV_GPU_UTIL",
