@@ -1,5 +1,6 @@
 """Operator settings: one dataclass, a docstring under each field."""
 
+import os
 from dataclasses import dataclass, field
 
 from gpushare.api.names import AGENT_METRICS_PORT
@@ -11,8 +12,12 @@ PROFILE_CACHE_CONFIGMAP = "gpushare-profile-cache"
 
 @dataclass(frozen=True)
 class OperatorConfig:
-    namespace: str = DEFAULT_NAMESPACE
-    """The operator's own namespace: where the profile cache ConfigMap lives."""
+    namespace: str = field(
+        default_factory=lambda: os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE
+    )
+    """The operator's own namespace: where the profile cache ConfigMap lives. Default: the
+    pod's namespace (``POD_NAMESPACE``, which the chart sets), else gpushare-system; the chart
+    grants the cache ConfigMap only in the release namespace."""
     cache_configmap: str = PROFILE_CACHE_CONFIGMAP
     """Name of the profile cache ConfigMap."""
     cache_max_entries: int = 512

@@ -38,3 +38,14 @@ def test_in_cluster_login_uses_the_service_address_not_cluster_dns() -> None:
     v6 = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}
     assert in_cluster_server(info, v6).server == "https://[fd00::1]:6443"
     assert in_cluster_server(info, {}).server == "https://kubernetes.default.svc"
+
+
+def test_operator_keeps_its_cache_in_its_own_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the chart's controller the operator runs with default settings; the profile cache
+    it may write is granted only in the release namespace, which POD_NAMESPACE names."""
+    from gpushare.operator.settings import DEFAULT_NAMESPACE, OperatorConfig  # noqa: PLC0415
+
+    monkeypatch.setenv("POD_NAMESPACE", "gpushare-e2e")
+    assert OperatorConfig().namespace == "gpushare-e2e"
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert OperatorConfig().namespace == DEFAULT_NAMESPACE
