@@ -136,9 +136,13 @@ def test_examples_apply_as_they_are_and_share_gpus(
             )
             conditions = {c["type"]: c["status"] for c in share_status().get("conditions", [])}
             assert conditions.get("Accepted") == "True", share_status()
-            cluster.kubectl(
-                "wait", "-n", NS, "--for=condition=Complete", "job/train", "--timeout=180s"
-            )
+
+            def complete() -> bool:
+                job = kjson(cluster, "get", "job", "train", "-n", NS)
+                conditions = job.get("status", {}).get("conditions") or []
+                return any(c["type"] == "Complete" and c["status"] == "True" for c in conditions)
+
+            wait_for(complete, timeout_s=240, what="the training Job to complete")
             (trainer,) = pods(cluster, "app=trainer")
             assert trainer["metadata"]["annotations"].get("gpushare.io/profiling") in (
                 "true",

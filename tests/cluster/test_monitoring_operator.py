@@ -28,8 +28,10 @@ import contextlib
 import gzip
 import json
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -58,6 +60,7 @@ from tests.fixtures.chart_release import (
     remove_release,
     wait_for,
     wait_ready_release_pods,
+    workload_pod,
 )
 from tests.fixtures.cluster import REPO, LocalCluster
 from tests.fixtures.dcgm import dcgm_registry
@@ -77,6 +80,7 @@ WORK = "gpushare-mon-work"
 SELECTOR = {"release": "kps"}
 # Workload pods: name -> fraction; and a GpuShare with a stored profile.
 PODS = {"train-a": "0.5", "infer-b": "0.25"}
+PENDING = "waits-for-two"  # asks for two whole GPUs while both are partly taken
 SHARE = "trainer"
 # Queries over per-pod GPU memory. On simulated GPUs no process holds a GPU, and the chart's
 # node agent (unlike the standalone exporter, see test_exporter_prometheus.py) does not feed
@@ -292,8 +296,10 @@ def _secret_data(cluster: LocalCluster, name: str) -> dict[str, bytes] | None:
 
 
 def generated_config(cluster: LocalCluster, work: Path) -> Path:
-    """The operator's prometheus.yaml, with its TLS assets where the config points (the pod
-    mounts them at /etc/prometheus/certs; here they go to a directory of the test's own)."""
+    """The operator's prometheus.yaml as its config-reloader sidecar hands it to Prometheus:
+    ``$(VAR)`` references expanded from the pod's environment (the shard number the sharding
+    relabeling keeps, the pod name), and the TLS assets where the config points (the pod mounts
+    them at /etc/prometheus/certs; here they go to a directory of the test's own)."""
 
     def ready() -> str | None:
         data = _secret_data(cluster, "prometheus-kps")
@@ -315,6 +321,10 @@ def generated_config(cluster: LocalCluster, work: Path) -> Path:
         for key, value in (_secret_data(cluster, name) or {}).items():
             (certs / key).write_bytes(value)
     text = text.replace("/etc/prometheus/certs/", f"{certs}/")
+    pod_env = {"SHARD": "0", "POD_NAME": "prometheus-kps-0"}  # shard 0's first replica
+    unknown = set(re.findall(r"\$\((\w+)\)", text)) - set(pod_env)
+    assert not unknown, f"the generated config references {unknown}, which no pod env sets"
+    text = re.sub(r"\$\((\w+)\)", lambda m: pod_env[m.group(1)], text)
     config = work / "prometheus.yaml"
     config.write_text(text)
     return config
@@ -371,7 +381,8 @@ def monitored(
     cluster: LocalCluster, images: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Monitored]:
     tools = _tools(cluster)
-    work = tmp_path_factory.mktemp("monitoring")
+    # Not under pytest's shared basetemp: other sessions prune it, logs must survive a failure.
+    work = Path(tempfile.mkdtemp(prefix="gpushare-monitoring-"))
     crds = sorted((tools.operator.parent / "crds").glob("*.yaml"))
     had = set(cluster.kubectl("get", "crd", "-o", "name").split())
     with exclusive_node(cluster), contextlib.ExitStack() as stack:
@@ -424,16 +435,25 @@ def monitored(
             )
             placed = place(cluster, WORK, PODS)
             profiled_share(cluster)
+            # Two whole GPUs, on a node whose GPUs are partly taken: stays pending.
+            cluster.kubectl(
+                "apply", "-n", WORK, "-f", "-",
+                input=json.dumps(workload_pod(cluster, PENDING, "2")),
+            )  # fmt: skip
             stack.enter_context(dcgm_stand_in(cluster, _node_ip(cluster)))
             config = generated_config(cluster, work)
             base = stack.enter_context(running_prometheus(config, work, binary=tools.prometheus))
-            wait_for(
-                lambda: (
-                    all(t["health"] == "up" for t in _targets(base)) and len(_targets(base)) >= 3
-                ),
-                timeout_s=120,
-                what="every discovered target up",
-            )
+
+            def targets_up() -> bool:
+                targets = _targets(base)
+                return len(targets) >= 3 and all(t["health"] == "up" for t in targets)
+
+            try:
+                wait_for(targets_up, timeout_s=120, what="every discovered target up")
+            except AssertionError:
+                for t in _targets(base):
+                    print(t["scrapePool"], t["scrapeUrl"], t["health"], t.get("lastError"))
+                raise
             # Two scrapes after everything was placed, so rate/increase panels have data.
             time.sleep(6)
             yield Monitored(prometheus=base, config=config.read_text(), placed=placed)
@@ -443,7 +463,10 @@ def monitored(
                 path = work / log
                 if path.exists():
                     print(f"--- {log}\n" + "\n".join(path.read_text().splitlines()[-40:]))
+            print(f"logs and the generated configuration are kept in {work}")
             raise
+        else:
+            shutil.rmtree(work, ignore_errors=True)
         finally:
             cluster.kubectl(
                 "delete", "namespace", WORK, "--wait=true", "--timeout=120s", check=False
@@ -529,7 +552,7 @@ def test_per_pod_series_name_the_workloads_namespace_and_pod(monitored: Monitore
     )
     assert {r["metric"]["namespace"] for r in namespaces} == {WORK}
     pending = query(monitored.prometheus, "gpushare_pending_pods")
-    assert all(r["metric"].get("namespace") != NAMESPACE for r in pending)
+    assert {r["metric"]["namespace"]: r["value"][1] for r in pending} == {WORK: "1"}
 
 
 def test_placements_in_prometheus_match_the_pods(monitored: Monitored) -> None:
