@@ -31,12 +31,14 @@ from gpushare.api.inventory import load_inventory
 from gpushare.api.names import ANN_NODE_GPUS, RESOURCE_GPU_PERCENT
 from gpushare.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare.gpu.simulated import simulated_uuid
+from gpushare.node.coexistence import allocatable_devices
 from tests.fixtures.chart_release import exclusive_node, node, wait_for
 from tests.fixtures.cluster import REPO, LocalCluster
 
 pytestmark = pytest.mark.cluster
 
 PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+POD_RESOURCES = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 OTHER_ENDPOINT = "gpushare-test-other-plugin.sock"
 OTHER_RESOURCE = "nvidia.com/gpu"
 SPEC = "2xH100-80GB,1xA100-80GB+mig"  # GPU 2 has MIG enabled
@@ -206,6 +208,20 @@ def test_gpus_of_another_plugin_and_mig_gpus_are_left_to_others(
                 print("\n".join(log_path.read_text().splitlines()[-40:]))
             raise
         finally:
+            # Withdraw every device before stopping: the kubelet keeps a stopped plugin's last
+            # list for its grace period, and later node agents must not see GPUs as taken.
+            other.advertise([])
+            wait_for(
+                lambda: (
+                    not any(
+                        ids
+                        for name, ids in allocatable_devices(socket_path=POD_RESOURCES)
+                        if name == OTHER_RESOURCE
+                    )
+                ),
+                timeout_s=60,
+                what=f"the kubelet to list no {OTHER_RESOURCE} device",
+            )
             other.stop()
             if agent is not None:
                 agent.send_signal(signal.SIGTERM)
