@@ -51,7 +51,8 @@ from tests.fixtures.chart_release import (
 from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.helm_chart import CHART, LOCAL_VALUES, helm_binary
 
-pytestmark = pytest.mark.cluster
+# The chart takes the node over (exclusive_node): run before host agents and controllers start.
+pytestmark = [pytest.mark.cluster, pytest.mark.whole_node]
 
 
 def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) -> None:

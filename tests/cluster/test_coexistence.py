@@ -35,7 +35,8 @@ from gpushare.node.coexistence import allocatable_devices
 from tests.fixtures.chart_release import exclusive_node, node, wait_for
 from tests.fixtures.cluster import REPO, LocalCluster
 
-pytestmark = pytest.mark.cluster
+# The chart takes the node over (exclusive_node): run before host agents and controllers start.
+pytestmark = [pytest.mark.cluster, pytest.mark.whole_node]
 
 PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 POD_RESOURCES = Path("/var/lib/kubelet/pod-resources/kubelet.sock")

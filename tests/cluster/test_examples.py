@@ -38,7 +38,8 @@ from tests.fixtures.chart_release import (
 from tests.fixtures.cluster import REPO, LocalCluster
 from tests.fixtures.helm_chart import CHART, LOCAL_VALUES
 
-pytestmark = pytest.mark.cluster
+# The chart takes the node over (exclusive_node): run before host agents and controllers start.
+pytestmark = [pytest.mark.cluster, pytest.mark.whole_node]
 
 EXAMPLES = REPO / "examples"
 NS = "gpushare-examples"

@@ -73,7 +73,8 @@ from tests.fixtures.prometheus import (
     substitute,
 )
 
-pytestmark = pytest.mark.cluster
+# The chart takes the node over (exclusive_node): run before host agents and controllers start.
+pytestmark = [pytest.mark.cluster, pytest.mark.whole_node]
 
 MONITORING = "gpushare-mon-e2e"
 WORK = "gpushare-mon-work"

@@ -49,3 +49,26 @@ def test_a_malformed_order_is_refused_naming_the_option(pytester: pytest.Pyteste
     pytester.makepyfile(test_x="def test_x(): pass")
     result = pytester.runpytest("-p", "tests.fixtures.ordering", "--test-order=sideways")
     assert "--test-order='sideways'" in "\n".join(result.errlines)
+
+
+def test_modules_that_take_the_whole_node_run_first(pytester: pytest.Pytester) -> None:
+    """A host node agent started by an earlier module holds the node until the session ends,
+    so modules marked whole_node go before every other module, in their own order."""
+    log = pytester.path / "ran.txt"
+
+    def module(name: str, *, whole: bool) -> str:
+        mark = "pytestmark = pytest.mark.whole_node" if whole else ""
+        return (
+            f"import pytest\n{mark}\n"
+            f"def test_it():\n    open({str(log)!r}, 'a').write('{name}\\n')\n"
+        )
+
+    pytester.makepyfile(
+        test_a=module("a", whole=False),
+        test_b=module("b", whole=True),
+        test_c=module("c", whole=False),
+        test_d=module("d", whole=True),
+    )
+    result = pytester.runpytest("-p", "tests.fixtures.ordering")
+    result.assert_outcomes(passed=4)
+    assert log.read_text().split() == ["b", "d", "a", "c"]
