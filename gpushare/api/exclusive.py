@@ -18,6 +18,7 @@ recreated pod of the same controller is recognised; a bare pod is its own worklo
 import json
 from dataclasses import asdict, dataclass
 
+from gpushare.api.bounds import check_length, load_json
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import ANN_AVOID_GPUS, ANN_NODE_EXCLUSIVE, ANN_NODE_SEPARATED
 
@@ -60,10 +61,7 @@ def load_exclusive(text: str, *, annotation: str = ANN_NODE_EXCLUSIVE) -> list[E
     """Parse the node annotation (``annotation``: the exclusive or the separated list); raises
     InvalidInputError naming it when malformed."""
     fix = "the node agent writes it; delete the annotation to clear every mark on the node"
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(annotation, f"is not JSON ({exc.msg})", fix) from None
+    raw = load_json(text, field=annotation, fix=fix, max_chars=256 * 1024)
     if not isinstance(raw, list):
         raise InvalidInputError(annotation, "must be a JSON list of workloads", fix)
     out: list[ExclusiveWorkload] = []
@@ -111,6 +109,7 @@ def parse_avoid_gpus(text: str | None) -> frozenset[str]:
     Raises InvalidInputError naming the annotation and the bad entry."""
     if text is None or not text.strip():
         return frozenset()
+    check_length(text, field=ANN_AVOID_GPUS, fix="list at most a few dozen GPU UUIDs", limit=8192)
     out = set()
     for part in text.split(","):
         uuid = part.strip()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from gpushare.api.bounds import MAX_BYTES, check_length, load_json
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import (
     ANN_CLASS,
@@ -427,11 +428,19 @@ def parse_profile(raw: Mapping[str, Any], *, path: str = "status.profile") -> Sh
     if not isinstance(model, str) or not model:
         raise InvalidInputError(f"{path}.gpuModel", "is missing", "re-profile")
     memory = raw.get("memoryBytes")
-    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int)):
+    if memory is not None and (
+        isinstance(memory, bool) or not isinstance(memory, int) or not 0 <= memory <= MAX_BYTES
+    ):
         raise InvalidInputError(f"{path}.memoryBytes", "is not a byte count", "re-profile")
     sampled = raw.get("sampledSeconds", 0)
-    if isinstance(sampled, bool) or not isinstance(sampled, int | float):
-        raise InvalidInputError(f"{path}.sampledSeconds", "is not a number", "re-profile")
+    if (
+        isinstance(sampled, bool)
+        or not isinstance(sampled, int | float)
+        or not 0 <= sampled <= 10**9
+    ):
+        raise InvalidInputError(
+            f"{path}.sampledSeconds", "is not a number of seconds", "re-profile"
+        )
     return ShareProfile(
         gpu_model=model,
         fp16=_ratio(raw, "fp16", path),
@@ -480,10 +489,7 @@ def profile_annotation(status_profile: Mapping[str, Any]) -> str:
 def parse_profile_annotation(text: str) -> ShareProfile:
     """Read ``gpushare.io/profile``; raises InvalidInputError naming the annotation."""
     fix = "the operator writes it; remove the annotation and it is written again"
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(ANN_PROFILE, f"is not JSON ({exc.msg})", fix) from None
+    raw = load_json(text, field=ANN_PROFILE, fix=fix)
     if not isinstance(raw, Mapping):
         raise InvalidInputError(ANN_PROFILE, "must be a JSON object", fix)
     return parse_profile(raw, path=ANN_PROFILE)
@@ -494,6 +500,7 @@ def format_rfc3339(moment: datetime) -> str:
 
 
 def parse_rfc3339(text: str, *, field: str) -> datetime:
+    check_length(text, field=field, fix='write e.g. "2025-01-31T12:00:00Z"', limit=64)
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

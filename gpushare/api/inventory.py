@@ -4,8 +4,12 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpushare.api.bounds import MAX_BYTES, load_json
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import ANN_NODE_GPUS
+
+MAX_GPUS_PER_NODE = 256
+"""Most GPUs one node's inventory lists."""
 
 
 @dataclass(frozen=True)
@@ -33,32 +37,38 @@ def dump_inventory(gpus: list[GpuInfo]) -> str:
 def load_inventory(text: str) -> list[GpuInfo]:
     """Parse the node annotation; raises InvalidInputError naming the annotation on bad JSON."""
     fix = "the node agent rewrites it; delete the annotation and restart the node agent"
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(ANN_NODE_GPUS, f"is not JSON ({exc.msg})", fix) from None
+    raw = load_json(text, field=ANN_NODE_GPUS, fix=fix, max_chars=64 * 1024)
     if not isinstance(raw, list):
         raise InvalidInputError(ANN_NODE_GPUS, "must be a JSON list of GPUs", fix)
+    if len(raw) > MAX_GPUS_PER_NODE:
+        raise InvalidInputError(
+            ANN_NODE_GPUS, f"lists {len(raw)} GPUs (at most {MAX_GPUS_PER_NODE})", fix
+        )
     gpus: list[GpuInfo] = []
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
             raise InvalidInputError(f"{ANN_NODE_GPUS}[{i}]", "must be an object", fix)
         try:
-            gpus.append(
-                GpuInfo(
-                    uuid=str(item["uuid"]),
-                    index=int(item["index"]),
-                    model=str(item["model"]),
-                    memory_bytes=int(item["memory_bytes"]),
-                    sm_count=int(item.get("sm_count", 0)),
-                    compute_capability=str(item.get("compute_capability", "")),
-                    healthy=bool(item.get("healthy", True)),
-                    mps_ready=bool(item.get("mps_ready", False)),
-                    simulated=bool(item.get("simulated", False)),
-                )
+            info = GpuInfo(
+                uuid=str(item["uuid"]),
+                index=int(item["index"]),
+                model=str(item["model"]),
+                memory_bytes=int(item["memory_bytes"]),
+                sm_count=int(item.get("sm_count", 0)),
+                compute_capability=str(item.get("compute_capability", "")),
+                healthy=bool(item.get("healthy", True)),
+                mps_ready=bool(item.get("mps_ready", False)),
+                simulated=bool(item.get("simulated", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInputError(
                 f"{ANN_NODE_GPUS}[{i}]", f"bad or missing field {exc}", fix
             ) from None
+        if not 0 <= info.index < 1024 or not 0 <= info.memory_bytes <= MAX_BYTES:
+            raise InvalidInputError(
+                f"{ANN_NODE_GPUS}[{i}]", "index or memory_bytes is out of range", fix
+            )
+        if len(info.uuid) > 128 or not info.uuid:
+            raise InvalidInputError(f"{ANN_NODE_GPUS}[{i}].uuid", "is empty or too long", fix)
+        gpus.append(info)
     return gpus

@@ -4,6 +4,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from gpushare.api.bounds import MAX_BYTES, bounded_int, check_length
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import (
     ANN_BIND_TIME,
@@ -17,6 +18,8 @@ from gpushare.api.names import (
 )
 
 _FIX = "placement annotations are written by gpushare-scheduler; delete the pod and recreate it"
+MAX_PLACED_GPUS = 64
+"""Most GPUs one placement names."""
 
 
 @dataclass(frozen=True)
@@ -62,23 +65,30 @@ def parse_placement(annotations: Mapping[str, str]) -> Placement | None:
     annotation when one is present but malformed."""
     if ANN_GPU_UUID not in annotations:
         return None
-    uuids = tuple(u.strip() for u in annotations[ANN_GPU_UUID].split(",") if u.strip())
+    raw_uuids = check_length(annotations[ANN_GPU_UUID], field=ANN_GPU_UUID, fix=_FIX, limit=8192)
+    uuids = tuple(u.strip() for u in raw_uuids.split(",") if u.strip())
     if not uuids:
         raise InvalidInputError(ANN_GPU_UUID, "is empty", _FIX)
-    try:
-        threads = int(annotations.get(ANN_THREAD_PERCENT, "100"))
-    except ValueError:
-        raise InvalidInputError(ANN_THREAD_PERCENT, "is not an integer", _FIX) from None
-    if not 1 <= threads <= 100:
-        raise InvalidInputError(ANN_THREAD_PERCENT, f"{threads} is outside 1..100", _FIX)
+    if len(uuids) > MAX_PLACED_GPUS:
+        raise InvalidInputError(ANN_GPU_UUID, f"names {len(uuids)} GPUs", _FIX)
+    threads = bounded_int(
+        annotations.get(ANN_THREAD_PERCENT, "100"),
+        field=ANN_THREAD_PERCENT,
+        fix=_FIX,
+        low=1,
+        high=100,
+    )
     request = _percent(annotations.get(ANN_REQUEST_PERCENT), ANN_REQUEST_PERCENT)
-    try:
-        memory = int(annotations.get(ANN_MEMORY_LIMIT, "0"))
-    except ValueError:
-        raise InvalidInputError(ANN_MEMORY_LIMIT, "is not a byte count", _FIX) from None
-    if memory < 0:
-        raise InvalidInputError(ANN_MEMORY_LIMIT, "is negative", _FIX)
-    raw_time = annotations.get(ANN_BIND_TIME, "")
+    memory = bounded_int(
+        annotations.get(ANN_MEMORY_LIMIT, "0"),
+        field=ANN_MEMORY_LIMIT,
+        fix=_FIX,
+        low=0,
+        high=MAX_BYTES,
+    )
+    raw_time = check_length(
+        annotations.get(ANN_BIND_TIME, ""), field=ANN_BIND_TIME, fix=_FIX, limit=64
+    )
     try:
         bind_time = datetime.fromisoformat(raw_time.replace("Z", "+00:00"))
     except ValueError:

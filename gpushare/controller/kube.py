@@ -201,6 +201,48 @@ class RawApi:
                 yield kind, obj
 
 
+POISON_LOG_EVERY = 100
+"""One warning per this many objects a watch could not take in (after the first)."""
+_poisoned: dict[str, int] = {}
+
+
+def poisoned_events(kind: str) -> int:
+    """Watch events of ``kind`` the view could not take in since the process began."""
+    return _poisoned.get(kind, 0)
+
+
+def _apply_event(
+    kind: str,
+    event: str,
+    data: Mapping[str, Any],
+    *,
+    upsert: Callable[[Mapping[str, Any]], object],
+    delete: Callable[[Mapping[str, Any]], None],
+) -> None:
+    """Hand one watch event to the view. An object the view cannot take in (a bug: parsing is
+    total) is logged and skipped, so one poison object never stops the watch: re-listing would
+    meet it again and the watch would never run (docs/security.md)."""
+    try:
+        if event == "DELETED":
+            delete(data)
+        elif event in ("ADDED", "MODIFIED"):
+            upsert(data)
+    except Exception as exc:
+        count = _poisoned[kind] = _poisoned.get(kind, 0) + 1
+        if count == 1 or count % POISON_LOG_EVERY == 0:
+            raw_meta = data.get("metadata")
+            meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
+            log.error(
+                "watch event skipped: the view could not take the object in",
+                extra={
+                    "kind": kind,
+                    "object": f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+                    "error": f"{type(exc).__name__}: {str(exc)[:200]}",
+                    "skipped": count,
+                },
+            )
+
+
 class Kube:
     """A small typed facade over lightkube (and RawApi for the hot paths) for exactly what the
     controller needs."""
@@ -361,10 +403,7 @@ class Kube:
                         namespaced=namespaced,
                         raw_path=raw_path,
                     ):
-                        if event == "DELETED":
-                            delete(data)
-                        elif event in ("ADDED", "MODIFIED"):
-                            upsert(data)
+                        _apply_event(kind, event, data, upsert=upsert, delete=delete)
             except TimeoutError:
                 continue  # periodic re-list
             except asyncio.CancelledError:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpushare.api.bounds import MAX_INT_DIGITS
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import parse_avoid_gpus
 from gpushare.api.limit import check_limit
@@ -25,13 +26,14 @@ from gpushare.api.names import (
     STATE_ASSUMED,
 )
 from gpushare.api.placement import Placement, parse_placement
-from gpushare.api.quantities import parse_memory
+from gpushare.api.quantities import MAX_WHOLE_GPUS, parse_memory
 from gpushare.api.request import GpuRequest, parse_class, parse_request
 from gpushare.packing.model import Demand
 
 Pod = Mapping[str, Any]
 
 FINISHED_PHASES = ("Succeeded", "Failed")
+MAX_PERCENT = MAX_WHOLE_GPUS * SLICES_PER_GPU
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
@@ -115,14 +117,17 @@ def gpu_percent_resource(pod: Pod) -> int | None:
         if value is None:
             continue
         try:
-            number = int(value)
+            number = int(value) if len(value) <= MAX_INT_DIGITS else None
         except ValueError:
+            number = None
+        if number is None or number > MAX_PERCENT:
+            shown = value if len(value) <= 24 else value[:20] + "..."
             raise InvalidInputError(
                 f"spec.containers[{i}].resources.limits[{RESOURCE_GPU_PERCENT}]",
-                f"{value!r} is not a whole number of GPU percent",
+                f"{shown!r} is not a whole number of GPU percent up to {MAX_PERCENT}",
                 "write an integer such as 25 (a quarter GPU), or use the gpushare.io/gpu-fraction "
                 "annotation",
-            ) from None
+            )
         if number <= 0:
             raise InvalidInputError(
                 f"spec.containers[{i}].resources.limits[{RESOURCE_GPU_PERCENT}]",
@@ -233,6 +238,10 @@ def demand_of(pod: Pod, *, ann: Mapping[str, str] | None = None) -> Demand | Non
     return replace(demand, avoid_gpus=parse_avoid_gpus(avoid))
 
 
+def _unexpected(exc: Exception) -> str:
+    return f"gpushare annotations unreadable ({type(exc).__name__}); fix or remove them"
+
+
 @dataclass(frozen=True)
 class PodFacts:
     """What the view keeps of one gpushare pod."""
@@ -264,17 +273,22 @@ class PodFacts:
 
 
 def facts(pod: Pod) -> PodFacts:
-    """Read a watched pod; never raises (a broken pod must not stop the watch)."""
+    """Read a watched pod; never raises (a broken pod must not stop the watch): what cannot be
+    read becomes ``problem``, reported on the pod, and the pod holds what its placement says."""
     problem: str | None = None
     ann = annotations(pod)  # read once: every pod event of the cluster comes through here
     try:
         demand = demand_of(pod, ann=ann)
     except InvalidInputError as exc:
         demand, problem = None, str(exc)
+    except Exception as exc:  # a bound missed somewhere: still never the watch's problem
+        demand, problem = None, _unexpected(exc)
     try:
         placement = parse_placement(ann)
     except InvalidInputError as exc:
         placement, problem = None, str(exc)
+    except Exception as exc:
+        placement, problem = None, _unexpected(exc)
     node = node_name(pod)
     deleting = metadata(pod).get("deletionTimestamp") is not None and node is None
     return PodFacts(

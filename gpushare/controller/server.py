@@ -42,11 +42,17 @@ def _json(data: object, *, status: int = 200) -> web.Response:
 
 
 async def _body_json(request: web.Request) -> Any:
-    raw = await request.read()
+    return decode_body(await request.read())
+
+
+def decode_body(raw: bytes) -> Any:
+    """An extender request body as plain JSON values; BadRequestError for anything else."""
     try:
         return _decode.decode(raw)
-    except msgspec.DecodeError as exc:
+    except msgspec.DecodeError as exc:  # also integers and floats out of range
         raise BadRequestError(f"body is not JSON: {exc}") from None
+    except RecursionError:  # msgspec checks the interpreter's limit, and fails cleanly
+        raise BadRequestError("body is nested too deeply") from None
 
 
 def health_routes(app: web.Application, *, ready: Readiness, metrics: Metrics | None) -> None:

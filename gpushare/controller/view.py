@@ -668,7 +668,7 @@ def _rules_of(pod: Mapping[str, Any]) -> ShareRules:
             namespace=str(meta.get("namespace") or "default"),
             annotations=annotations(pod),
         )
-    except InvalidInputError:
+    except Exception:  # InvalidInputError, or a bound missed: never the watch's problem
         return NO_RULES
 
 

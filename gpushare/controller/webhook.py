@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpushare.api.bounds import load_body
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import parse_avoid_gpus
 from gpushare.api.limit import check_limit
@@ -512,9 +513,9 @@ class ReviewRequest:
 def parse_review(body: bytes) -> ReviewRequest:
     """Parse an AdmissionReview; raises BadReviewError with the reason."""
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadReviewError(f"body is not JSON: {exc}") from None
+        doc = load_body(body, field="body", fix="send an AdmissionReview v1 object")
+    except InvalidInputError as exc:
+        raise BadReviewError(str(exc)) from None
     if not isinstance(doc, dict):
         raise BadReviewError("body must be an AdmissionReview object")
     if doc.get("kind") != "AdmissionReview":

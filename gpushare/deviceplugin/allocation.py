@@ -923,8 +923,13 @@ class Allocator:
 
     def allocate(self, container_requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         """Answer one Allocate call (all its containers belong to one pod)."""
+        if not container_requests or not all(container_requests):
+            raise AllocationError("Allocate named a container with no device IDs")
         ctx = self._context()
-        groups = [group_by_gpu(ids) for ids in container_requests]
+        try:
+            groups = [group_by_gpu(ids) for ids in container_requests]
+        except InvalidInputError as exc:
+            raise AllocationError(str(exc)) from None
         for group in groups:
             for uuid in group:
                 if uuid not in ctx.gpus:

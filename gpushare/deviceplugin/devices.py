@@ -26,7 +26,9 @@ def parse_device_id(value: str) -> tuple[str, int]:
     """``"GPU-abc::07"`` -> ``("GPU-abc", 7)``; InvalidInputError for anything else."""
     uuid, sep, number = value.rpartition(DEVICE_ID_SEPARATOR)
     fix = f"device IDs are <GPU-UUID>{DEVICE_ID_SEPARATOR}<00..99>, as ListAndWatch advertised"
-    if not sep or not uuid or not number.isdigit():
+    if len(value) > MAX_DEVICE_ID_LENGTH:
+        raise InvalidInputError("device ID", f"{value[:70]!r}... is too long", fix)
+    if not sep or not uuid or not (number.isascii() and number.isdigit()) or len(number) > 2:
         raise InvalidInputError("device ID", f"{value!r} is not a gpushare slice ID", fix)
     index = int(number)
     if not 0 <= index < SLICES_PER_GPU:

@@ -2,7 +2,12 @@
 
 import aiohttp
 
+from gpushare.api.bounds import load_json
+from gpushare.api.errors import InvalidInputError
 from gpushare.operator.readings import ProfileReading, ProfilerError, agent_url, parse_reading
+
+MAX_ANSWER_BYTES = 64 * 1024
+"""A /profile answer is a few hundred bytes; anything far larger is refused unread."""
 
 
 class ProfilerClient:
@@ -30,9 +35,20 @@ class ProfilerClient:
                 if response.status != 200:
                     text = (await response.text())[:200]
                     raise ProfilerError(f"{url} answered {response.status}: {text}")
-                payload = await response.json(content_type=None)
+                raw = await response.content.read(MAX_ANSWER_BYTES + 1)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise ProfilerError(f"{url}: {exc.__class__.__name__}: {exc}") from None
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise ProfilerError(f"{url} answered more than {MAX_ANSWER_BYTES} bytes")
+        try:
+            payload = load_json(
+                raw.decode(errors="replace"),
+                field=f"{url} answer",
+                fix="check the node agent",
+                max_chars=MAX_ANSWER_BYTES,
+            )
+        except InvalidInputError as exc:
+            raise ProfilerError(str(exc)) from None
         return parse_reading(payload)
 
     async def close(self) -> None:
