@@ -87,3 +87,11 @@ ANN_EVICT: Final = f"{GROUP}/evict"
 # extender refused this pod; the update itself is what sends the pod back to kube-scheduler's
 # queue (see gpushare.controller.requeue).
 ANN_REQUEUED_AT: Final = f"{GROUP}/requeued-at"
+
+# Tenancy (docs/security.md). Namespace labels only cluster admins can set:
+# pods of namespaces with the same sharing group may share a GPU (default: one namespace).
+LABEL_SHARING_GROUP: Final = f"{GROUP}/sharing-group"
+# Pods of a namespace labelled so may keep others off their GPU (packing-policy exclusive,
+# profiling alone).
+LABEL_NEIGHBOUR_RULES: Final = f"{GROUP}/neighbour-rules"
+NEIGHBOUR_RULES_GRANTED: Final = "granted"

@@ -17,9 +17,10 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.names import SLICES_PER_GPU, STATE_ASSUMED
+from gpushare.api.names import SCHEDULER_NAME, SLICES_PER_GPU, STATE_ASSUMED
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.controller import pods
+from gpushare.controller.offers import Offers
 from gpushare.controller.requeue import RefusedPods
 from gpushare.controller.share_rules import (
     NO_RULES,
@@ -141,13 +142,14 @@ class PodWriter(Protocol):
     ) -> None: ...
 
 
-def pod_rules(pod: Mapping[str, Any]) -> ShareRules:
+def pod_rules(pod: Mapping[str, Any], *, granted: bool = True) -> ShareRules:
     """The pod's GpuShare rules; raises InvalidInputError naming a bad annotation."""
     meta = pods.metadata(pod)
     return rules_of(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace") or "default"),
         annotations=pods.annotations(pod),
+        granted=granted,
     )
 
 
@@ -192,9 +194,21 @@ class Extender:
         self._cached = 0
         self.refused = RefusedPods()
         """Pods the filter left without a node, for ``requeue`` when hidden capacity frees."""
+        self.offers = Offers()
+        """The nodes filter passed for each pod: bind places a pod only on one of them."""
         self.bind_stage_observer: Callable[[str, float], None] | None = None
         """Told (stage, seconds) for each bind: ``gate`` (waiting for the node's earlier pods'
         Allocate) and ``write`` (choosing GPUs and the Binding POST)."""
+
+    def _read(self, pod: Mapping[str, Any]) -> tuple[Demand | None, ShareRules]:
+        """The pod's demand (with its tenancy) and GpuShare rules (with its namespace's grant);
+        raises InvalidInputError naming a bad annotation."""
+        demand = pods.demand_of(pod)
+        if demand is None:
+            return None, NO_RULES
+        namespace = str(pods.metadata(pod).get("namespace") or "default")
+        rules = pod_rules(pod, granted=self.view.tenancies.neighbour_rules(namespace))
+        return self.view.with_tenancy(demand, namespace), rules
 
     # ---- filter --------------------------------------------------------------------------
 
@@ -205,8 +219,7 @@ class Extender:
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         try:
-            demand = pods.demand_of(args.pod)
-            rules = pod_rules(args.pod) if demand is not None else NO_RULES
+            demand, rules = self._read(args.pod)
         except InvalidInputError as exc:
             message = scheduler_safe(f"gpushare: {exc}")
             return self._filter_result(args, [], {}, dict.fromkeys(args.node_names, message))
@@ -253,13 +266,17 @@ class Extender:
             self.refused.placed(key)
         elif args.node_names:
             self.refused.refused(key)
-        if scoring and passed:
+        uid = pods.pod_uid(args.pod)
+        if scoring and passed and self._may_hold(key, uid):
             best = self._hold_best(args, key, demand, rules, passed=passed, scores=scores)
             if best is not None:
                 # The scheduler reads the reasons for left-out nodes only when no node is left
                 # (for its events and preemption); with one node offered they are dead weight
                 # (hundreds of entries per call to encode and decode), so none are sent.
+                self.offers.offer(key, uid, (best,))
                 return self._filter_result(args, [best], {}, {})
+        if passed:
+            self.offers.offer(key, uid, passed)
         if not passed and args.node_names:
             first = args.node_names[0]
             log.info(
@@ -315,6 +332,21 @@ class Extender:
         except ReservationError:
             return None
         return best
+
+    def _may_hold(self, key: str, uid: str) -> bool:
+        """Filter holds a share only for a real pod waiting for gpushare-scheduler, as the
+        view knows it from its watch (same UID, not bound): a forged filter call for a pod
+        that does not exist holds nothing, and each pod holds at most one share (a later hold
+        replaces it) that lapses after ``hold_seconds``."""
+        known = self.view.pod(key)
+        return (
+            known is not None
+            and bool(uid)
+            and known.uid == uid
+            and known.node is None
+            and not known.finished
+            and known.scheduler == SCHEDULER_NAME
+        )
 
     def _pending_alike(self, node: str, key: str, size: int) -> bool:
         """A bind of this pod to ``node`` would wait at the gate: a pod of the same size (or
@@ -443,8 +475,7 @@ class Extender:
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         """HostPriorityList: the packing policy's score per node, clamped to 0..10."""
         try:
-            demand = pods.demand_of(args.pod)
-            rules = pod_rules(args.pod) if demand is not None else NO_RULES
+            demand, rules = self._read(args.pod)
         except InvalidInputError:
             demand = None
         if demand is None:
@@ -578,11 +609,11 @@ class Extender:
 
     async def _pod_facts(
         self, args: BindingArgs
-    ) -> tuple[str, str | None, Demand | None, ShareRules]:
-        """(uid, node it is bound to, demand, GpuShare rules) from the view, or from a GET when
-        the view does not know this pod (or an older pod of the same name). Raises
-        InvalidInputError for unreadable annotations and KubeError-like exceptions for API
-        failures."""
+    ) -> tuple[str, str | None, Demand | None, ShareRules, str]:
+        """(uid, node it is bound to, demand, GpuShare rules, scheduler name) from the view, or
+        from a GET when the view does not know this pod (or an older pod of the same name).
+        Raises InvalidInputError for unreadable annotations and KubeError-like exceptions for
+        API failures."""
         assert self.writer is not None
         key = f"{args.pod_namespace}/{args.pod_name}"
         known = self.view.pod(key)
@@ -594,19 +625,18 @@ class Extender:
             if known.demand is None and known.problem is not None:
                 raise InvalidInputError(key, known.problem, "fix the pod's gpushare annotations")
             rules = self.view.pod_rules().get(key, NO_RULES)
-            return known.uid, known.node, known.demand, rules
+            return known.uid, known.node, known.demand, rules, known.scheduler
         pod = await self.writer.get_pod(namespace=args.pod_namespace, name=args.pod_name)
-        demand = pods.demand_of(pod)
-        rules = pod_rules(pod) if demand is not None else NO_RULES
+        demand, rules = self._read(pod)
         demand = with_profile(demand, rules) if demand is not None else None
-        return pods.pod_uid(pod), pods.node_name(pod), demand, rules
+        return pods.pod_uid(pod), pods.node_name(pod), demand, rules, pods.scheduler_name(pod)
 
     async def _bind(self, args: BindingArgs) -> dict[str, str]:
         assert self.writer is not None
         ns, name, node_name = args.pod_namespace, args.pod_name, args.node
         key = f"{ns}/{name}"
         try:
-            uid, bound_to, demand, rules = await self._pod_facts(args)
+            uid, bound_to, demand, rules, scheduler = await self._pod_facts(args)
         except InvalidInputError as exc:
             return {"Error": f"gpushare: {exc}"}
         except Exception as exc:
@@ -617,8 +647,11 @@ class Extender:
             if bound_to == node_name:
                 return {"Error": ""}  # a retried bind that already went through
             return {"Error": f"gpushare: pod {key} is already bound to {bound_to}"}
-        if demand is None:
-            return await self._plain_bind(ns, name, uid, node_name)
+        refusal = self._not_ours(key, uid, node_name, demand=demand, scheduler=scheduler)
+        if refusal is not None:
+            log.warning("bind refused", extra={"pod": key, "node": node_name, "why": refusal})
+            return {"Error": f"gpushare: {refusal}"}
+        assert demand is not None
         waits = self._hold_reason(rules)
         if waits is not None:
             return {"Error": f"gpushare: {waits}"}
@@ -699,13 +732,28 @@ class Extender:
         )
         return {"Error": ""}
 
-    async def _plain_bind(self, ns: str, name: str, uid: str, node: str) -> dict[str, str]:
-        assert self.writer is not None
-        try:
-            await self.writer.bind_pod(namespace=ns, name=name, uid=uid, node=node)
-        except Exception as exc:
-            return {"Error": f"gpushare: {exc}"}
-        return {"Error": ""}
+    def _not_ours(
+        self, key: str, uid: str, node: str, *, demand: Demand | None, scheduler: str
+    ) -> str | None:
+        """Why this bind is not the caller's to ask for, or None: the extender binds only
+        gpushare pods of gpushare-scheduler (with the controller's cluster-wide binding
+        right, anything else would let a caller move any pod), and only to a node its own
+        filter offered for that pod moments before."""
+        if scheduler != SCHEDULER_NAME:
+            return (
+                f"pod {key} is scheduled by {scheduler or 'default-scheduler'!r}, not "
+                f"{SCHEDULER_NAME}; this extender binds only the pods {SCHEDULER_NAME} places"
+            )
+        if demand is None:
+            return (
+                f"pod {key} asks for no GPU share; this extender binds only pods it places on a GPU"
+            )
+        if not self.offers.offered(key, uid, node):
+            return (
+                f"node {node} was not offered for pod {key} by this controller's filter (or the "
+                "offer expired); the scheduler filters again"
+            )
+        return None
 
     async def _current_binding(self, ns: str, name: str) -> tuple[str, Placement | None] | None:
         """(node, placement) of the pod as the API server has it now; None if unbound or

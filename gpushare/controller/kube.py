@@ -28,11 +28,13 @@ from lightkube.resources.admissionregistration_v1 import (
     MutatingWebhookConfiguration,
     ValidatingWebhookConfiguration,
 )
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
 
 from gpushare.api.gpushare_crd import KIND, PLURAL
 from gpushare.api.names import GROUP, VERSION
+from gpushare.controller.leader import LeaseConflictError
 from gpushare.controller.view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -509,6 +511,70 @@ class Kube:
             resync_seconds=resync_seconds,
             namespaced=True,
         )
+
+    async def feed_namespaces(self, view: ClusterView, *, resync_seconds: float) -> None:
+        """Namespace labels an admin sets: sharing groups and neighbour-rule grants
+        (gpushare.controller.tenancy)."""
+        await self._informer(
+            Namespace,
+            replace=view.replace_namespaces,
+            upsert=view.upsert_namespace,
+            delete=view.delete_namespace,
+            resync_seconds=resync_seconds,
+            raw_path="/api/v1/namespaces",
+        )
+
+    # ---- leader election -----------------------------------------------------------------
+
+    async def get_lease(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            lease = await self._client.get(Lease, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise _wrap(exc, f"get lease {namespace}/{name}") from exc
+        except Exception as exc:
+            raise _wrap(exc, f"get lease {namespace}/{name}") from exc
+        return dict(lease.to_dict())
+
+    async def create_lease(
+        self, *, namespace: str, name: str, spec: dict[str, Any]
+    ) -> dict[str, Any]:
+        body = cast(
+            Lease,
+            Lease.from_dict(
+                {"metadata": {"name": name, "namespace": namespace}, "spec": dict(spec)}
+            ),
+        )
+        return await self._write_lease(self._client.create(body), namespace, name)
+
+    async def replace_lease(
+        self, *, namespace: str, name: str, lease: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Replace with the lease's resourceVersion: LeaseConflictError when it moved on."""
+        body = cast(Lease, Lease.from_dict(dict(lease)))
+        return await self._write_lease(self._client.replace(body), namespace, name)
+
+    async def _write_lease(self, call: Any, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            written = await call
+        except ApiError as exc:
+            if exc.status.code in (409, 422):
+                raise LeaseConflictError(str(exc.status.message)) from None
+            raise _wrap(exc, f"write lease {namespace}/{name}") from exc
+        except Exception as exc:
+            raise _wrap(exc, f"write lease {namespace}/{name}") from exc
+        return dict(written.to_dict())
+
+    async def label_pod(self, *, namespace: str, name: str, labels: Mapping[str, str]) -> None:
+        """Merge-patch the pod's labels (the controller's own pod: its leader role)."""
+        patch = {"metadata": {"labels": dict(labels)}}
+        try:
+            await self._client.patch(
+                Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE
+            )
+        except Exception as exc:
+            raise _wrap(exc, f"label pod {namespace}/{name}") from exc
 
     # ---- webhook registration ------------------------------------------------------------
 

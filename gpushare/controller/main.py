@@ -17,8 +17,10 @@ import importlib.util
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,12 +32,13 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.controller import logs
 from gpushare.controller.extender import Extender
 from gpushare.controller.kube import Kube
+from gpushare.controller.leader import LeaderElector
 from gpushare.controller.metrics import Metrics
 from gpushare.controller.registration import webhook_configurations
 from gpushare.controller.requeue import requeue
 from gpushare.controller.server import extender_app, webhook_app
 from gpushare.controller.settings import PROG, Settings, parse_args
-from gpushare.controller.tls import CertFiles, ensure_certs
+from gpushare.controller.tls import CertFiles, ReloadingServerTls, ensure_certs
 from gpushare.controller.view import ClusterView
 from gpushare.controller.webhook import ClusterFacts
 
@@ -56,13 +59,20 @@ class ControllerContext:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     webhook_registered: bool = False
     certs: CertFiles | None = None
+    webhook_tls: ReloadingServerTls | None = None
+    extender_tls: ReloadingServerTls | None = None
+    ca_bundle: bytes = b""
+    """The CA bundle registered in the webhook configurations (during a rotation: the new CA
+    and the one before it)."""
+    leading: bool = False
+    """This replica binds pods and runs the operator (always, without --leader-elect)."""
 
     def ready(self) -> tuple[bool, str]:
         if not self.view.synced:
             return False, "waiting for the first list of nodes and pods"
         if self.settings.register_webhooks and not self.webhook_registered:
             return False, "waiting to register the admission webhooks"
-        return True, "ready"
+        return True, "ready (leader)" if self.leading else "ready (standby: serves the webhook)"
 
     def cluster_facts(self) -> ClusterFacts:
         return ClusterFacts(
@@ -105,19 +115,39 @@ def find_operator() -> Hook | None:
 
 
 async def _start_site(
-    app: web.Application, *, host: str, port: int, ssl_context: object | None
+    app: web.Application,
+    *,
+    host: str,
+    port: int,
+    ssl_context: object | None,
+    reuse_port: bool = False,
+    wait_s: float = 0.0,
 ) -> web.AppRunner:
+    """Listen; with ``wait_s`` keep trying that long while the port is taken (a takeover on
+    one host: the old leader's socket may linger a moment)."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)  # type: ignore[arg-type]
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise InvalidInputError(
-            f"{host}:{port}", f"cannot listen ({exc.strerror})", "free the port or pick another"
-        ) from None
-    return runner
+    deadline = time.monotonic() + wait_s
+    while True:
+        site = web.TCPSite(
+            runner,
+            host,
+            port,
+            ssl_context=ssl_context,  # type: ignore[arg-type]
+            reuse_address=True,
+            reuse_port=reuse_port or None,
+        )
+        try:
+            await site.start()
+            return runner
+        except OSError as exc:
+            if time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                continue
+            await runner.cleanup()
+            raise InvalidInputError(
+                f"{host}:{port}", f"cannot listen ({exc.strerror})", "free the port or pick another"
+            ) from None
 
 
 async def _expire_loop(ctx: ControllerContext, extender: Extender) -> None:
@@ -130,7 +160,7 @@ async def _expire_loop(ctx: ControllerContext, extender: Extender) -> None:
         lapsed = ctx.view.expire_holds()
         for key in lapsed:
             log.info("filter-time hold lapsed (no bind came)", extra={"pod": key})
-        if (released or lapsed) and ctx.kube is not None and len(extender.refused):
+        if (released or lapsed) and ctx.leading and ctx.kube is not None and len(extender.refused):
             touched = await requeue(extender.refused, ctx.view.pods(), ctx.kube)
             if touched:
                 log.info(
@@ -175,7 +205,7 @@ async def _register(ctx: ControllerContext) -> None:
         if ctx.view.synced:
             break
         await asyncio.sleep(0.1)
-    mutating, validating = webhook_configurations(ctx.settings, ctx.certs.ca_pem())
+    mutating, validating = webhook_configurations(ctx.settings, ctx.ca_bundle)
     delay = 0.5
     while True:
         try:
@@ -212,9 +242,12 @@ async def run(
 
 async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
     settings = ctx.settings
+    ctx.view.tenancies.mode = settings.tenancy
+    ctx.view.tenancies.rules = settings.neighbour_rules
     runners: list[web.AppRunner] = []
     tasks: dict[asyncio.Task[None], str] = {}
     tmpdir: tempfile.TemporaryDirectory[str] | None = None
+    elector: LeaderElector | None = None
     try:
         extender = Extender(
             view=ctx.view,
@@ -223,26 +256,12 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             gate_seconds=settings.bind_gate_seconds,
             hold_in_filter=settings.hold_in_filter,
         )
-        ssl_ext = None
         if settings.extender_tls_cert is not None and settings.extender_tls_key is not None:
-            ssl_ext = CertFiles(
-                settings.extender_tls_cert, settings.extender_tls_key, settings.extender_tls_cert
-            ).server_context()
-        runners.append(
-            await _start_site(
-                extender_app(extender, metrics=ctx.metrics, ready=ctx.ready),
-                host=settings.extender_host,
-                port=settings.extender_port,
-                ssl_context=ssl_ext,
+            ctx.extender_tls = ReloadingServerTls(
+                cert=settings.extender_tls_cert,
+                key=settings.extender_tls_key,
+                client_ca=settings.extender_client_ca,
             )
-        )
-        log.info(
-            "extender listening",
-            extra={
-                "url": f"{'https' if ssl_ext else 'http'}://{settings.extender_host}:"
-                f"{settings.extender_port}/scheduler"
-            },
-        )
         if settings.webhook_enabled:
             cert_dir = settings.webhook_cert_dir
             if cert_dir is None:
@@ -253,12 +272,16 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                 hosts=settings.webhook_hosts(),
                 required=settings.webhook_required_hosts() or None,
             )
+            ctx.ca_bundle = ctx.certs.ca_pem()
+            ctx.webhook_tls = ReloadingServerTls(cert=ctx.certs.cert, key=ctx.certs.key)
             runners.append(
                 await _start_site(
                     webhook_app(facts=ctx.cluster_facts, metrics=ctx.metrics, ready=ctx.ready),
                     host=settings.webhook_host,
                     port=settings.webhook_port,
-                    ssl_context=ctx.certs.server_context(),
+                    ssl_context=ctx.webhook_tls.context,
+                    # Replicas on one host (tests) share the port; the kernel spreads the calls.
+                    reuse_port=settings.leader_elect,
                 )
             )
             log.info(
@@ -266,27 +289,21 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                 extra={"url": f"https://{settings.webhook_host}:{settings.webhook_port}"},
             )
         if ctx.kube is not None:
-            tasks[
-                asyncio.create_task(
-                    ctx.kube.feed_nodes(ctx.view, resync_seconds=settings.resync_seconds)
-                )
-            ] = "node watch"
-            tasks[
-                asyncio.create_task(
-                    ctx.kube.feed_pods(ctx.view, resync_seconds=settings.resync_seconds)
-                )
-            ] = "pod watch"
-            tasks[
-                asyncio.create_task(
-                    ctx.kube.feed_shares(ctx.view, resync_seconds=settings.resync_seconds)
-                )
-            ] = "GpuShare watch"
+            for name, feed in (
+                ("node watch", ctx.kube.feed_nodes),
+                ("pod watch", ctx.kube.feed_pods),
+                ("GpuShare watch", ctx.kube.feed_shares),
+                ("namespace watch", ctx.kube.feed_namespaces),
+            ):
+                tasks[
+                    asyncio.create_task(feed(ctx.view, resync_seconds=settings.resync_seconds))
+                ] = name
             if settings.register_webhooks:
                 tasks[asyncio.create_task(_register(ctx))] = "webhook registration"
-            tasks[asyncio.create_task(_evict_loop(ctx))] = "evictions requested by node agents"
         else:
             ctx.view.nodes_synced = ctx.view.pods_synced = True
         tasks[asyncio.create_task(_expire_loop(ctx, extender))] = "stale placement expiry"
+        tasks[asyncio.create_task(_reload_certs(ctx))] = "certificate reload"
         all_hooks = list(hooks)
         if settings.operator_enabled:
             operator = find_operator()
@@ -294,8 +311,19 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                 all_hooks.append(operator)
             else:
                 log.info("no operator module installed; running extender and webhook only")
-        for hook in all_hooks:
-            tasks[asyncio.create_task(hook(ctx))] = getattr(hook, "__qualname__", "hook")
+        if settings.leader_elect and ctx.kube is not None:
+            elector = LeaderElector(
+                ctx.kube,
+                namespace=settings.leader_elect_namespace,
+                name=settings.leader_elect_name,
+                identity=settings.leader_identity
+                or os.environ.get("POD_NAME")
+                or f"{socket.gethostname()}-{os.getpid()}",
+                lease_seconds=settings.leader_elect_lease_seconds,
+                renew_seconds=settings.leader_elect_renew_seconds,
+            )
+        duties = _lead(ctx, extender, elector=elector, hooks=all_hooks, runners=runners)
+        tasks[asyncio.create_task(duties)] = "leader duties"
         stop: asyncio.Task[Any] = asyncio.create_task(ctx.stopping.wait())
         while True:
             waiting: list[asyncio.Task[Any]] = [stop, *tasks]
@@ -320,11 +348,139 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                 await task
         for runner in runners:
             await runner.cleanup()
+        if elector is not None:
+            await elector.release()
         if ctx.kube is not None:
             with contextlib.suppress(Exception):
                 await ctx.kube.close()
         if tmpdir is not None:
             tmpdir.cleanup()
+
+
+async def _lead(
+    ctx: ControllerContext,
+    extender: Extender,
+    *,
+    elector: LeaderElector | None,
+    hooks: Sequence[Hook],
+    runners: list[web.AppRunner],
+) -> None:
+    """What only one replica may do: serve the extender (bind pods), evict, run the operator.
+    With an elector, first wait for the Lease (serving the webhook meanwhile), then renew it;
+    losing it raises, which stops the process (Kubernetes restarts it as a standby)."""
+    settings = ctx.settings
+    if elector is not None:
+        await _label_role(ctx, ROLE_STANDBY)
+        if not await elector.acquire(ctx.stopping):
+            return
+    ctx.leading = True
+    runners.append(
+        await _start_site(
+            extender_app(extender, metrics=ctx.metrics, ready=ctx.ready),
+            host=settings.extender_host,
+            port=settings.extender_port,
+            ssl_context=ctx.extender_tls.context if ctx.extender_tls else None,
+            wait_s=settings.leader_elect_lease_seconds if elector is not None else 0.0,
+        )
+    )
+    log.info(
+        "extender listening",
+        extra={
+            "url": f"{'https' if ctx.extender_tls else 'http'}://{settings.extender_host}:"
+            f"{settings.extender_port}/scheduler",
+            "client_certificates": settings.extender_client_ca is not None,
+        },
+    )
+    if elector is not None:
+        await _label_role(ctx, ROLE_LEADER)
+
+    async def fatal_on_return(hook: Hook) -> None:
+        await hook(ctx)
+        raise RuntimeError(f"{getattr(hook, '__qualname__', 'hook')} returned")
+
+    async with asyncio.TaskGroup() as group:
+        if elector is not None:
+            group.create_task(elector.keep(ctx.stopping))
+        if ctx.kube is not None:
+            group.create_task(_evict_loop(ctx))
+        for hook in hooks:
+            group.create_task(fatal_on_return(hook))
+    await ctx.stopping.wait()  # nothing else to run (no API server): serve until stopped
+
+
+ROLE_LABEL = "gpushare.io/controller-role"
+"""Label on a controller replica's pod: the extender Service selects ``leader``."""
+ROLE_LEADER = "leader"
+ROLE_STANDBY = "standby"
+
+
+async def _label_role(ctx: ControllerContext, role: str) -> None:
+    """Mark this replica's pod, so the extender Service routes only to the leader."""
+    pod = ctx.settings.leader_pod or (
+        f"{os.environ['POD_NAMESPACE']}/{os.environ['POD_NAME']}"
+        if os.environ.get("POD_NAMESPACE") and os.environ.get("POD_NAME")
+        else ""
+    )
+    if not pod or ctx.kube is None:
+        return
+    namespace, _, name = pod.partition("/")
+    for attempt in range(20):
+        try:
+            await ctx.kube.label_pod(namespace=namespace, name=name, labels={ROLE_LABEL: role})
+            return
+        except Exception as exc:
+            log.warning("could not label this replica's pod", extra={"error": str(exc)})
+            await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
+    raise RuntimeError(f"could not label pod {pod} {ROLE_LABEL}={role}")
+
+
+CA_PROPAGATION_SECONDS = 3.0
+"""After registering a new CA bundle, how long to wait before serving with the new certificate
+(the API server picks webhook configurations up from its own watch)."""
+
+
+async def _reload_certs(ctx: ControllerContext) -> None:
+    """Pick up rotated certificates without a restart. The webhook's new CA is registered
+    (alongside the old one) before the new serving certificate is used, so no admission fails
+    during a rotation; the extender's certificate and client CA are swapped in place (a new
+    extender certificate must come from the CA kube-scheduler already trusts)."""
+    settings = ctx.settings
+    while True:
+        await asyncio.sleep(settings.cert_reload_seconds)
+        tls = ctx.extender_tls
+        if tls is not None and tls.changed():
+            if tls.reload():
+                log.info("extender certificates reloaded", extra={"reloads": tls.reloads})
+            else:
+                log.warning("extender certificate files changed but are not usable yet")
+        hook = ctx.webhook_tls
+        if hook is None or ctx.certs is None or not hook.changed():
+            continue
+        try:
+            new_ca = ctx.certs.ca_pem()
+        except OSError:
+            continue
+        if settings.register_webhooks and ctx.kube is not None and new_ca not in ctx.ca_bundle:
+            bundle = new_ca.rstrip(b"\n") + b"\n" + _last_ca(ctx.ca_bundle)
+            mutating, validating = webhook_configurations(settings, bundle)
+            try:
+                await ctx.kube.register_webhooks(mutating=mutating, validating=validating)
+            except Exception as exc:
+                log.warning("could not register the new CA bundle", extra={"error": str(exc)})
+                continue
+            ctx.ca_bundle = bundle
+            await asyncio.sleep(CA_PROPAGATION_SECONDS)
+        if hook.reload():
+            log.info("webhook certificate reloaded", extra={"reloads": hook.reloads})
+        else:
+            log.warning("webhook certificate files changed but are not usable yet")
+
+
+def _last_ca(bundle: bytes) -> bytes:
+    """The first certificate of a PEM bundle (the CA in use before a rotation)."""
+    end = b"-----END CERTIFICATE-----"
+    head, sep, _ = bundle.partition(end)
+    return head + sep + b"\n" if sep else b""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -75,6 +75,11 @@ def node_name(pod: Pod) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+def scheduler_name(pod: Pod) -> str:
+    name = spec(pod).get("schedulerName")
+    return name if isinstance(name, str) else ""
+
+
 def finished(pod: Pod) -> bool:
     """Succeeded/Failed pods, and pods being deleted, no longer hold a GPU share."""
     phase = _mapping(pod.get("status")).get("phase")
@@ -139,11 +144,12 @@ def gpu_percent_resource(pod: Pod) -> int | None:
 
 
 def wants_gpushare(pod: Pod) -> bool:
-    """True for pods gpushare places: annotated, or requesting gpushare.io/gpu-percent."""
+    """True for pods gpushare places: annotated, or requesting gpushare.io/gpu-percent (in
+    any container, init containers included: the webhook refuses those)."""
     ann = metadata(pod).get("annotations")
     if isinstance(ann, Mapping) and (ANN_FRACTION in ann or ANN_SHARE in ann):
         return True
-    for c in containers(pod):
+    for _, _, c in all_containers(pod):
         limit, request = resource_value(c, RESOURCE_GPU_PERCENT)
         if limit is not None or request is not None:
             return True
@@ -258,6 +264,8 @@ class PodFacts:
     phase: str = ""
     evict: str | None = None
     """Why the node agent asks for the pod to be evicted (``gpushare.io/evict``), if it does."""
+    scheduler: str = ""
+    """``spec.schedulerName``: the extender binds only pods of gpushare-scheduler."""
 
     @property
     def awaiting_allocation(self) -> bool:
@@ -301,4 +309,5 @@ def facts(pod: Pod) -> PodFacts:
         problem=problem,
         phase=str(_mapping(pod.get("status")).get("phase") or ""),
         evict=ann.get(ANN_EVICT),
+        scheduler=scheduler_name(pod),
     )

@@ -131,7 +131,7 @@ def extender_app(
 
 
 def webhook_app(*, facts: FactsSource, metrics: Metrics, ready: Readiness) -> web.Application:
-    """POST /mutate and /validate (AdmissionReview v1); GET /healthz /readyz."""
+    """POST /mutate and /validate (AdmissionReview v1); GET /healthz /readyz /metrics."""
     app = web.Application(client_max_size=8 * 2**20)
 
     def review(name: str, *, mutate: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -170,5 +170,6 @@ def webhook_app(*, facts: FactsSource, metrics: Metrics, ready: Readiness) -> we
 
     app.router.add_post("/mutate", review("mutate", mutate=True))
     app.router.add_post("/validate", review("validate", mutate=False))
-    health_routes(app, ready=ready, metrics=None)
+    # /metrics here too: every replica serves this port, and it asks for no client certificate.
+    health_routes(app, ready=ready, metrics=metrics)
     return app

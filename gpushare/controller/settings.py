@@ -16,6 +16,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.controller.tenancy import (
+    RULES_GRANTED,
+    RULES_MODES,
+    TENANCY_MODES,
+    TENANCY_NAMESPACE,
+)
 from gpushare.packing.policy import Policy
 
 PROG = "gpushare-controller"
@@ -48,6 +54,41 @@ class Settings:
     """PEM certificate for the extender; with ``extender_tls_key`` the extender serves HTTPS."""
     extender_tls_key: Path | None = None
     """PEM private key matching ``extender_tls_cert``."""
+    extender_client_ca: Path | None = None
+    """PEM CA bundle: the extender then answers only clients presenting a certificate it
+    signed (kube-scheduler's extender tlsConfig certFile/keyFile; mutual TLS). Needs the
+    extender's own certificate. /healthz and /readyz stay on the webhook port for probes."""
+    cert_reload_seconds: float = 10.0
+    """How often certificate files are checked for a change (rotation): a changed set is
+    loaded for new connections, and the webhook configurations get the new CA bundle first."""
+
+    tenancy: str = TENANCY_NAMESPACE
+    """``namespace``: a GPU is shared only by pods of one namespace (or of one sharing group an
+    admin set with the namespace label gpushare.io/sharing-group). ``cluster``: pods of every
+    namespace may share a GPU (cross-namespace sharing, an explicit opt-in)."""
+    neighbour_rules: str = RULES_GRANTED
+    """``granted-namespaces``: packing-policy exclusive and profiling alone on a GPU take effect
+    only in namespaces an admin labelled gpushare.io/neighbour-rules=granted. ``everyone``:
+    in every namespace."""
+
+    leader_elect: bool = False
+    """Run as one of several replicas: a Lease elects the one that binds pods, serves the
+    extender and runs the operator; the others serve the admission webhook and keep their
+    view warm for a takeover."""
+    leader_elect_namespace: str = "default"
+    """Namespace of the Lease (the chart: the release namespace)."""
+    leader_elect_name: str = "gpushare-controller"
+    """Name of the Lease."""
+    leader_elect_lease_seconds: float = 8.0
+    """A leader that has not renewed for this long is replaced."""
+    leader_elect_renew_seconds: float = 2.0
+    """How often the leader renews, and a standby tries to take over."""
+    leader_identity: str = ""
+    """This replica's name in the Lease; empty: $POD_NAME, else host name and PID."""
+    leader_pod: str = ""
+    """``namespace/name`` of this replica's pod, labelled gpushare.io/controller-role=leader or
+    standby (the extender Service selects the leader); empty: $POD_NAMESPACE/$POD_NAME when
+    set, else no label (a host process)."""
 
     webhook_enabled: bool = True
     """Serve the admission webhook (/mutate, /validate) over HTTPS."""
@@ -126,9 +167,16 @@ class Settings:
                 "needs --extender-tls-key too (and the other way round)",
                 "give both files, or neither for plain HTTP",
             )
+        if self.extender_client_ca is not None and self.extender_tls_cert is None:
+            raise InvalidInputError(
+                "--extender-client-ca",
+                "needs --extender-tls-cert and --extender-tls-key (mutual TLS is TLS first)",
+                "give the extender its own certificate too",
+            )
         for name, path in (
             ("--extender-tls-cert", self.extender_tls_cert),
             ("--extender-tls-key", self.extender_tls_key),
+            ("--extender-client-ca", self.extender_client_ca),
             ("--kubeconfig", self.kubeconfig),
         ):
             if path is not None and not path.is_file():
@@ -190,9 +238,23 @@ class Settings:
             ("--stale-assume-seconds", self.stale_assume_seconds),
             ("--resync-seconds", self.resync_seconds),
             ("--bind-gate-seconds", self.bind_gate_seconds),
+            ("--cert-reload-seconds", self.cert_reload_seconds),
+            ("--leader-elect-lease-seconds", self.leader_elect_lease_seconds),
+            ("--leader-elect-renew-seconds", self.leader_elect_renew_seconds),
         ):
             if value <= 0:
                 raise InvalidInputError(flag, f"{value} is not positive", "give seconds > 0")
+        if self.leader_elect_renew_seconds * 2 > self.leader_elect_lease_seconds:
+            raise InvalidInputError(
+                "--leader-elect-renew-seconds",
+                f"{self.leader_elect_renew_seconds} is more than half the lease "
+                f"({self.leader_elect_lease_seconds})",
+                "renew at least twice per lease",
+            )
+        if self.leader_pod and self.leader_pod.count("/") != 1:
+            raise InvalidInputError(
+                "--leader-pod", f"{self.leader_pod!r} is not namespace/name", "write ns/pod-name"
+            )
         if logging.getLevelName(self.log_level.upper()) == f"Level {self.log_level.upper()}":
             raise InvalidInputError(
                 "--log-level",
@@ -293,6 +355,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--extender-port", type=int, default=d.extender_port, help=_doc("extender_port"))
     g.add_argument("--extender-tls-cert", type=Path, help=_doc("extender_tls_cert"))
     g.add_argument("--extender-tls-key", type=Path, help=_doc("extender_tls_key"))
+    g.add_argument("--extender-client-ca", type=Path, help=_doc("extender_client_ca"))
+    g.add_argument(
+        "--cert-reload-seconds",
+        type=float,
+        default=d.cert_reload_seconds,
+        help=_doc("cert_reload_seconds"),
+    )
+    g.add_argument("--tenancy", default=d.tenancy, choices=TENANCY_MODES, help=_doc("tenancy"))
+    g.add_argument(
+        "--neighbour-rules",
+        default=d.neighbour_rules,
+        choices=RULES_MODES,
+        help=_doc("neighbour_rules"),
+    )
     g.add_argument(
         "--policy",
         default=str(d.policy),
@@ -363,6 +439,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not run the operator",
     )
     o.add_argument("--log-level", default=d.log_level, help=_doc("log_level"))
+    le = p.add_argument_group("high availability")
+    le.add_argument("--leader-elect", action="store_true", help=_doc("leader_elect"))
+    le.add_argument(
+        "--leader-elect-namespace",
+        default=d.leader_elect_namespace,
+        help=_doc("leader_elect_namespace"),
+    )
+    le.add_argument(
+        "--leader-elect-name", default=d.leader_elect_name, help=_doc("leader_elect_name")
+    )
+    le.add_argument(
+        "--leader-elect-lease-seconds",
+        type=float,
+        default=d.leader_elect_lease_seconds,
+        help=_doc("leader_elect_lease_seconds"),
+    )
+    le.add_argument(
+        "--leader-elect-renew-seconds",
+        type=float,
+        default=d.leader_elect_renew_seconds,
+        help=_doc("leader_elect_renew_seconds"),
+    )
+    le.add_argument("--leader-identity", default=d.leader_identity, help=_doc("leader_identity"))
+    le.add_argument("--leader-pod", default=d.leader_pod, help=_doc("leader_pod"))
     o.add_argument(
         "--set",
         dest="extra",

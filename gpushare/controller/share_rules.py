@@ -25,7 +25,12 @@ from gpushare.api.gpushare_crd import (
     parse_profile_annotation,
     scheduling_hold,
 )
-from gpushare.api.names import ANN_SHARE, MPS_MAX_CLIENTS
+from gpushare.api.names import (
+    ANN_SHARE,
+    LABEL_NEIGHBOUR_RULES,
+    MPS_MAX_CLIENTS,
+    NEIGHBOUR_RULES_GRANTED,
+)
 from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile
 from gpushare.packing.stored_profile import pipe_profile
 
@@ -41,6 +46,9 @@ class ShareRules:
     profiling: bool = False
     profile: PipeProfile | None = None
     pod_name: str = ""
+    granted: bool = True
+    """The namespace may keep others off its GPUs (gpushare.controller.tenancy): without the
+    grant, ``exclusive`` is refused and a profiling pod is placed like any other."""
 
     @property
     def constrains_gpus(self) -> bool:
@@ -51,7 +59,7 @@ class ShareRules:
     @property
     def blocks_others(self) -> bool:
         """True when, placed on a GPU, this pod keeps (some) other pods off that GPU."""
-        return self.profiling or self.policy == POLICY_EXCLUSIVE
+        return self.granted and (self.profiling or self.policy == POLICY_EXCLUSIVE)
 
     @property
     def label(self) -> str:
@@ -67,9 +75,12 @@ class ShareRules:
 
 
 NO_RULES = ShareRules(namespace="")
+GRANT_LABEL = f"{LABEL_NEIGHBOUR_RULES}={NEIGHBOUR_RULES_GRANTED}"
 
 
-def rules_of(*, name: str, namespace: str, annotations: Mapping[str, str]) -> ShareRules:
+def rules_of(
+    *, name: str, namespace: str, annotations: Mapping[str, str], granted: bool = True
+) -> ShareRules:
     """Read the rule annotations; raises InvalidInputError naming the annotation and the fix."""
     share = annotations.get(ANN_SHARE, "").strip() or None
     policy = annotations.get(ANN_PACKING_POLICY)
@@ -102,6 +113,7 @@ def rules_of(*, name: str, namespace: str, annotations: Mapping[str, str]) -> Sh
         profiling=annotations.get(ANN_PROFILING) == PROFILING_ACTIVE,
         profile=profile,
         pod_name=name,
+        granted=granted,
     )
 
 
@@ -133,16 +145,22 @@ def gpu_refusal(
 ) -> str | None:
     """Why the rules (the pod's own, or those of pods already on ``gpu``) keep the pod off this
     GPU, or None. ``tenant_rules``: pod key -> rules, for tenants that have any."""
+    if rules.policy == POLICY_EXCLUSIVE and not rules.granted:
+        return (
+            f"{rules.label} (policy exclusive) would keep other pods off its GPUs, which needs an "
+            f"admin's grant: label namespace {rules.namespace} {GRANT_LABEL}, or use policy "
+            "cautious"
+        )
     foreign = False
     for tenant in gpu.tenants:
         other = tenant_rules.get(tenant.key)
-        if other is not None and other.profiling:
+        if other is not None and other.profiling and other.granted:
             return f"{other.label} is profiling pod {other.pod_name} alone on this GPU"
         same = rules.same_owner(other)
-        if other is not None and other.policy == POLICY_EXCLUSIVE and not same:
+        if other is not None and other.policy == POLICY_EXCLUSIVE and other.granted and not same:
             return f"{other.label} (policy exclusive) keeps this GPU to its own pods"
         foreign = foreign or not same
-    if rules.profiling:
+    if rules.profiling and rules.granted:
         if rules.policy == POLICY_AGGRESSIVE:
             if gpu.used_percent > LIGHTLY_LOADED_PERCENT:
                 return (

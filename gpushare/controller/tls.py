@@ -152,3 +152,70 @@ def _generate(files: CertFiles, hosts: list[str], now: dt.datetime) -> None:
         private=True,
     )
     _write(files.cert, cert.public_bytes(pem))
+
+
+class ReloadingServerTls:
+    """The SSLContext of a listener whose certificate files are rotated underneath it (a
+    Secret updated by cert-manager or Helm). New connections pick the newest context through
+    the SNI callback; connections already open keep theirs. With ``client_ca`` the listener
+    requires a client certificate signed by it (mutual TLS); a rotated client CA is trusted
+    alongside the previous one, so clients holding certificates of either work during the
+    change."""
+
+    def __init__(self, *, cert: Path, key: Path, client_ca: Path | None = None) -> None:
+        self.cert = cert
+        self.key = key
+        self.client_ca = client_ca
+        self._previous_ca = b""
+        self._seen = self.fingerprint()
+        self.context = self._build()
+        self.context.sni_callback = self._pick
+        self._current = self.context
+        self.reloads = 0
+
+    def fingerprint(self) -> tuple[bytes, ...]:
+        """The files' contents (kubelet swaps a Secret's files by symlink: content is what
+        tells a change)."""
+        paths = [self.cert, self.key, *([self.client_ca] if self.client_ca else [])]
+        out: list[bytes] = []
+        for path in paths:
+            try:
+                out.append(path.read_bytes())
+            except OSError:
+                out.append(b"")
+        return tuple(out)
+
+    def _build(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.cert, self.key)
+        if self.client_ca is not None:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            bundle = self.client_ca.read_bytes() + b"\n" + self._previous_ca
+            ctx.load_verify_locations(cadata=bundle.decode())
+        return ctx
+
+    def _pick(self, sock: ssl.SSLObject | ssl.SSLSocket, name: str | None, _: object) -> None:
+        if self._current is not sock.context:
+            sock.context = self._current
+
+    def changed(self) -> bool:
+        return self.fingerprint() != self._seen
+
+    def reload(self) -> bool:
+        """Load the files again; False (the old context kept) while they do not form a usable
+        set yet (a rotation half written)."""
+        seen = self.fingerprint()
+        previous = self._seen[2] if self.client_ca is not None and len(self._seen) > 2 else b""
+        keep = self._previous_ca
+        if previous and previous != (seen[2] if len(seen) > 2 else b""):
+            self._previous_ca = previous
+        try:
+            context = self._build()
+        except (OSError, ssl.SSLError, ValueError):
+            self._previous_ca = keep
+            return False
+        self._current = context
+        self._seen = seen
+        self.reloads += 1
+        return True

@@ -35,6 +35,7 @@ from gpushare.api.names import (
 from gpushare.api.request import GpuRequest
 from gpushare.controller.pods import PodFacts, annotations, facts, metadata
 from gpushare.controller.share_rules import NO_RULES, ShareRules, rules_of, with_profile
+from gpushare.controller.tenancy import Tenancies
 from gpushare.packing.fit import fit_reason
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, Tenant
 
@@ -105,6 +106,8 @@ class ClusterView:
         self.nodes_synced = False
         self.pods_synced = False
         self.share_resolver: ShareResolver | None = None
+        self.tenancies = Tenancies()
+        """Namespace grants: the tenancy boundary and who may keep others off a GPU."""
         self._rules: dict[str, ShareRules] = {}
         self._blockers: set[str] = set()
         self._share_status: dict[str, Mapping[str, Any]] = {}
@@ -405,9 +408,11 @@ class ClusterView:
         if f.demand is None and f.placement is None and f.problem is None:
             self.delete_pod(f.key)
             return None
-        rules = _rules_of(pod)
+        namespace = f.key.partition("/")[0]
+        rules = _rules_of(pod, granted=self.tenancies.neighbour_rules(namespace))
         if f.demand is not None:
-            f = replace(f, demand=with_profile(f.demand, rules))
+            f = replace(f, demand=self.with_tenancy(with_profile(f.demand, rules), namespace))
+        f = self._frozen(f)
         self._set_rules(f.key, rules)
         self._pods[f.key] = f
         self._track_awaiting(f.key, f)
@@ -425,6 +430,66 @@ class ClusterView:
             self._drop_reservation(f.key)
         self._apply(f.key)
         return f
+
+    def with_tenancy(self, demand: Demand, namespace: str) -> Demand:
+        """The demand of a pod of ``namespace``, carrying its tenancy (the boundary fit checks)."""
+        tenancy = self.tenancies.tenancy(namespace)
+        return demand if demand.tenancy == tenancy else replace(demand, tenancy=tenancy)
+
+    def _frozen(self, f: PodFacts) -> PodFacts:
+        """Once bound, a pod holds what it was placed with: a later change of its request
+        annotations (refused by the chart's admission policy; here if that is missing) does
+        not change what it counts for on its GPU (docs/security.md)."""
+        old = self._pods.get(f.key)
+        if (
+            old is None
+            or old.uid != f.uid
+            or old.node is None
+            or old.placement is None
+            or old.demand is None
+            or f.demand == old.demand
+        ):
+            return f
+        if f.demand is None or replace(f.demand, tenancy=None) != replace(old.demand, tenancy=None):
+            log.warning(
+                "request annotations changed after bind; the pod keeps the share it was placed "
+                "with",
+                extra={"pod": f.key},
+            )
+        return replace(
+            f, demand=replace(old.demand, tenancy=f.demand.tenancy if f.demand else None)
+        )
+
+    # ---- namespaces ----------------------------------------------------------------------
+
+    def upsert_namespace(self, namespace: Mapping[str, Any]) -> None:
+        changed = self.tenancies.upsert(namespace)
+        if changed is not None:
+            self._regrant({changed})
+
+    def delete_namespace(self, namespace: Mapping[str, Any]) -> None:
+        meta = namespace.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if isinstance(name, str) and self.tenancies.delete(name):
+            self._regrant({name})
+
+    def replace_namespaces(self, namespaces: Iterable[Mapping[str, Any]]) -> None:
+        self._regrant(self.tenancies.replace(namespaces))
+
+    def _regrant(self, names: set[str]) -> None:
+        """Namespace labels changed: its pods' tenancy and rule grants follow."""
+        for key, f in list(self._pods.items()):
+            namespace = key.partition("/")[0]
+            if namespace not in names:
+                continue
+            rules = self._rules.get(key)
+            if rules is not None:
+                self._set_rules(
+                    key, replace(rules, granted=self.tenancies.neighbour_rules(namespace))
+                )
+            if f.demand is not None:
+                self._pods[key] = replace(f, demand=self.with_tenancy(f.demand, namespace))
+            self._apply(key)
 
     def delete_pod(self, key: str) -> None:
         had = key in self._pods or key in self._reservations
@@ -602,7 +667,10 @@ class ClusterView:
                 return {}
         demand = f.demand
         if demand is None:
-            demand = Demand(percent=min(f.placement.guaranteed_percent, SLICES_PER_GPU))
+            demand = Demand(
+                percent=min(f.placement.guaranteed_percent, SLICES_PER_GPU),
+                tenancy=self.tenancies.tenancy(key.partition("/")[0]),
+            )
         return self._tenants(key, f.placement.gpu_uuids, demand, f.placement.memory_limit_bytes)
 
     def _tenants(
@@ -622,6 +690,7 @@ class ClusterView:
                 gpu_class=demand.gpu_class,
                 processes=demand.processes,
                 profile=demand.profile,
+                tenancy=demand.tenancy,
             )
         return out
 
@@ -658,7 +727,7 @@ class ClusterView:
                 log.exception("view listener failed", extra={"kind": kind, "key": key})
 
 
-def _rules_of(pod: Mapping[str, Any]) -> ShareRules:
+def _rules_of(pod: Mapping[str, Any], *, granted: bool) -> ShareRules:
     """The pod's GpuShare rules; unreadable ones count as none here (the extender refuses the
     pod itself with the reason when it is scheduled)."""
     meta = metadata(pod)
@@ -667,6 +736,7 @@ def _rules_of(pod: Mapping[str, Any]) -> ShareRules:
             name=str(meta.get("name", "")),
             namespace=str(meta.get("namespace") or "default"),
             annotations=annotations(pod),
+            granted=granted,
         )
     except Exception:  # InvalidInputError, or a bound missed: never the watch's problem
         return NO_RULES

@@ -15,6 +15,7 @@ from typing import Any
 from gpushare.api.bounds import load_body
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import parse_avoid_gpus
+from gpushare.api.gpushare_crd import ANN_PROFILE, ANN_PROFILING
 from gpushare.api.limit import check_limit
 from gpushare.api.names import (
     ANN_AVOID_GPUS,
@@ -49,6 +50,9 @@ PLACEMENT_ANNOTATIONS = (
     ANN_BIND_TIME,
     ANN_STATE,
 )
+OPERATOR_ANNOTATIONS = (ANN_PROFILING, ANN_PROFILE)
+"""Written by the operator only: a pod claiming them at creation would keep neighbours off its
+GPU (profiling alone) or misstate its interference profile."""
 DEFAULT_SCHEDULERS = ("", "default-scheduler", SCHEDULER_NAME)
 
 ShareLookup = Callable[[str, str], GpuRequest | None]
@@ -167,6 +171,17 @@ def _check_containers(pod: pods.Pod, *, facts: ClusterFacts) -> list[InvalidInpu
     errors: list[InvalidInputError] = []
     for kind, i, c in pods.all_containers(pod):
         where = f"spec.{kind}[{i}]"
+        if kind != "containers" and any(pods.resource_value(c, RESOURCE_GPU_PERCENT)):
+            # The kubelet would Allocate slices to it that no placement accounts for.
+            errors.append(
+                InvalidInputError(
+                    f"{where}.resources[{RESOURCE_GPU_PERCENT}]",
+                    "asks for a GPU share in an init or ephemeral container, which gpushare "
+                    "does not count",
+                    "give the GPU share to one of spec.containers (gpushare.io/container names "
+                    "which)",
+                )
+            )
         limit, request = pods.resource_value(c, NVIDIA_GPU_RESOURCE)
         if limit is not None or request is not None:
             errors.append(
@@ -265,6 +280,16 @@ def _check_annotations(pod: pods.Pod) -> list[InvalidInputError]:
             "remove it from the pod; ask with gpushare.io/gpu-fraction instead",
         )
         for key in PLACEMENT_ANNOTATIONS
+        if key in ann
+    ]
+    errors += [
+        InvalidInputError(
+            key,
+            "is written by the gpushare operator from the pod's GpuShare (it decides how the "
+            "pod's neighbours are placed)",
+            "remove it; set spec.profiling or spec.packing on a GpuShare instead",
+        )
+        for key in OPERATOR_ANNOTATIONS
         if key in ann
     ]
     try:
@@ -581,9 +606,11 @@ def match_condition_expression() -> str:
         "has(object.metadata.annotations) && "
         "object.metadata.annotations.exists(k, k.startsWith('gpushare.io/'))"
     )
-    resource = (
-        "object.spec.containers.exists(c, has(c.resources) && ("
+    asks = (
+        "exists(c, has(c.resources) && ("
         f"(has(c.resources.limits) && '{RESOURCE_GPU_PERCENT}' in c.resources.limits) || "
         f"(has(c.resources.requests) && '{RESOURCE_GPU_PERCENT}' in c.resources.requests)))"
     )
-    return f"({gpushare_ann}) || ({resource})"
+    resource = f"object.spec.containers.{asks}"
+    init = f"has(object.spec.initContainers) && object.spec.initContainers.{asks}"
+    return f"({gpushare_ann}) || ({resource}) || ({init})"

@@ -60,6 +60,13 @@ def gpu_fit(
             latency += 1
     if not gpu.healthy:
         return f"GPU {gpu.uuid} is unhealthy", used
+    if demand.tenancy is not None:
+        other = tenancy_conflict(gpu, demand.tenancy)
+        if other is not None:
+            return (
+                f"GPU is shared by tenancy {other!r}; pods of {demand.tenancy!r} may not share it "
+                "(an admin puts namespaces in one sharing group to let them share)"
+            ), used
     if gpu.uuid in demand.avoid_gpus:
         return f"pod avoids GPU {gpu.uuid} (gpushare.io/avoid-gpus)", used
     if demand.gpu_model and not model_allows(demand.gpu_model, gpu.model):
@@ -89,6 +96,17 @@ def gpu_fit(
             f"GPU already has {latency} latency-class pod(s); at most {max_latency_tenants} per GPU"
         ), used
     return None, used
+
+
+def tenancy_conflict(gpu: GpuState, tenancy: str) -> str | None:
+    """The tenancy of a tenant on ``gpu`` other than ``tenancy``, if any: the tenancy boundary
+    (docs/security.md). A GPU is shared only inside one namespace or sharing group, so no
+    tenant's MPS client settings, faults or memory pressure reach another's. Tenants of
+    unknown tenancy count as foreign."""
+    for tenant in gpu.tenants:
+        if tenant.tenancy != tenancy:
+            return tenant.tenancy or "unknown"
+    return None
 
 
 def _host_reason(node: NodeState, demand: Demand) -> str | None:

@@ -48,6 +48,10 @@ class Demand:
     """Host memory the pod requests, checked against ``NodeState.memory_free_bytes``."""
     avoid_gpus: frozenset[str] = frozenset()
     """GPU UUIDs the pod must not use (``gpushare.io/avoid-gpus``: a separated workload's GPU)."""
+    tenancy: str | None = None
+    """The tenancy the pod belongs to (its namespace, or the sharing group an admin put the
+    namespace in): it shares a GPU only with tenants of the same tenancy. None: no boundary
+    (cross-namespace sharing enabled, or a simulation)."""
 
     @property
     def whole(self) -> bool:
@@ -67,6 +71,8 @@ class Tenant:
     profile: PipeProfile | None = None
     thread_percent: int | None = None
     """MPS active-thread % the pod runs with; None means equal to ``percent``."""
+    tenancy: str | None = None
+    """The tenancy (namespace or sharing group) of the pod; None when unknown."""
 
 
 @dataclass

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.fixtures.helm_chart import Obj, Rendered
 
-TLS_FLAGS = ("--extender-tls-cert=", "--extender-tls-key=")
+TLS_FLAGS = ("--extender-tls-cert=", "--extender-tls-key=", "--extender-client-ca=")
 
 
 def parseable(args: list[str], rendered: Rendered | None = None) -> list[str]:

@@ -21,8 +21,18 @@ def test_certificate_covers_the_hosts_the_controller_requires(chart: Chart) -> N
     )
     assert set(settings.webhook_required_hosts()) <= set(cert["spec"]["dnsNames"])
     assert cert["spec"]["secretName"] == "gpushare-controller-webhook-tls"
-    assert cert["spec"]["issuerRef"] == {"name": "gpushare-controller-selfsigned", "kind": "Issuer"}
-    assert rendered.has("Issuer", "gpushare-controller-selfsigned")
+    # The chart's own CA: self-signed once, then a CA issuer signing every certificate, so the
+    # extender checks gpushare-scheduler's client certificate against the same ca.crt.
+    assert cert["spec"]["issuerRef"] == {"name": "gpushare-controller-ca", "kind": "Issuer"}
+    ca = rendered.get("Certificate", "gpushare-controller-ca")
+    assert ca["spec"]["isCA"] is True
+    assert ca["spec"]["issuerRef"] == {"name": "gpushare-controller-selfsigned", "kind": "Issuer"}
+    assert rendered.get("Issuer", "gpushare-controller-ca")["spec"] == {
+        "ca": {"secretName": "gpushare-controller-ca"}
+    }
+    client = rendered.get("Certificate", "gpushare-controller-extender-client")
+    assert "client auth" in client["spec"]["usages"]
+    assert client["spec"]["issuerRef"] == cert["spec"]["issuerRef"]
 
 
 def test_an_existing_issuer_is_used_instead_of_a_self_signed_one(chart: Chart) -> None:

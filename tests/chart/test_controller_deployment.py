@@ -48,18 +48,41 @@ def test_values_reach_the_controller(chart: Chart) -> None:
     assert settings.resync_seconds == 60
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"extender": 18888, "webhook": 19443}
+    # Every replica serves the webhook port; only the leader serves the extender.
     assert c["readinessProbe"]["httpGet"] == {
         "path": "/readyz",
-        "port": "extender",
+        "port": "webhook",
         "scheme": "HTTPS",
     }
 
 
-def test_one_replica_replaced_not_rolled(chart: Chart) -> None:
-    """Two controllers would each bind pods from their own view: never run two at once."""
+def test_replicas_elect_a_leader_and_spread_over_nodes(chart: Chart) -> None:
+    """Two replicas by default; a Lease keeps two from ever binding at once, so they may
+    roll (docs/security.md)."""
     deploy = _controller(chart)
-    assert deploy["spec"]["replicas"] == 1
-    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    assert deploy["spec"]["replicas"] == 2
+    assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+    c = container(deploy, "controller")
+    settings = parse_args(parseable(c["args"]))
+    assert settings.leader_elect
+    assert settings.leader_elect_namespace == "gpushare-system"
+    assert settings.leader_elect_name == "gpushare-controller"
+    assert settings.leader_elect_lease_seconds <= 15
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
+    assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    anti = deploy["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_tenancy_values_reach_the_controller(chart: Chart) -> None:
+    default = parse_args(parseable(container(_controller(chart), "controller")["args"]))
+    assert (default.tenancy, default.neighbour_rules) == ("namespace", "granted-namespaces")
+    opened = _controller(
+        chart, {"tenancy": {"crossNamespaceSharing": True, "neighbourRules": "everyone"}}
+    )
+    settings = parse_args(parseable(container(opened, "controller")["args"]))
+    assert (settings.tenancy, settings.neighbour_rules) == ("cluster", "everyone")
 
 
 def test_runs_as_non_root_without_capabilities(chart: Chart) -> None:
@@ -75,9 +98,10 @@ def test_runs_as_non_root_without_capabilities(chart: Chart) -> None:
 
 
 def test_webhook_certificate_comes_from_the_controller_or_cert_manager(chart: Chart) -> None:
+    # One certificate for every replica: a Secret either way (Helm-made or cert-manager's).
     own = _controller(chart)
     volumes = {v["name"]: v for v in own["spec"]["template"]["spec"]["volumes"]}
-    assert "emptyDir" in volumes["webhook-certs"]
+    assert volumes["webhook-certs"]["secret"]["secretName"] == "gpushare-controller-webhook-tls"
     managed = _controller(chart, {"webhook": {"certManager": {"enabled": True}}})
     volumes = {v["name"]: v for v in managed["spec"]["template"]["spec"]["volumes"]}
     assert volumes["webhook-certs"]["secret"]["secretName"] == "gpushare-controller-webhook-tls"

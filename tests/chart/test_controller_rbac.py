@@ -32,6 +32,7 @@ def test_what_the_controller_needs_is_granted(chart: Chart) -> None:
         ("", "pods", "patch", "*"),
         ("", "pods/binding", "create", "*"),
         ("", "nodes", "watch", "*"),
+        ("", "namespaces", "watch", "*"),
         ("gpushare.io", "gpushares/status", "patch", "*"),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch", "gpushare"),
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch", "gpushare"),
@@ -51,7 +52,9 @@ def test_profile_cache_configmap_only_in_its_namespace(chart: Chart) -> None:
     assert role["metadata"]["namespace"] == "gpushare-system"
     rules = _rules(role)
     assert ("", "configmaps", "patch", "gpushare-profile-cache") in rules
-    assert all(name == "gpushare-profile-cache" for _, _, verb, name in rules if verb != "create")
+    own = {"gpushare-profile-cache", "gpushare-controller"}  # the cache, and the leader Lease
+    assert all(name in own for _, _, verb, name in rules if verb != "create")
+    assert ("coordination.k8s.io", "leases", "update", "gpushare-controller") in rules
     binding = rendered.get("RoleBinding", "gpushare-controller")
     assert binding["subjects"][0]["name"] == "gpushare-controller"
 

@@ -11,11 +11,12 @@ from typing import Any
 import yaml
 
 from gpushare.controller.settings import parse_args
-from gpushare.controller.tls import CertFiles
+from gpushare.controller.tls import ReloadingServerTls
 from tests.chart.controller_flags import parseable
 from tests.fixtures.helm_chart import LOCAL_VALUES, Chart, container
 
 SECRET = "gpushare-controller-extender-tls"
+CLIENT_SECRET = "gpushare-controller-extender-client"
 
 
 def _scheduler_extender(rendered: Any) -> dict[str, Any]:
@@ -24,13 +25,28 @@ def _scheduler_extender(rendered: Any) -> dict[str, Any]:
     return dict(extender)
 
 
-def _handshake(ca_pem: bytes, cert_pem: bytes, key_pem: bytes, host: str) -> str:
-    """Serve TLS with the certificate, connect as the scheduler would (CA, host name); returns
-    what the server sent."""
+def _handshake(
+    ca_pem: bytes,
+    cert_pem: bytes,
+    key_pem: bytes,
+    host: str,
+    *,
+    client: dict[str, bytes] | None = None,
+    client_ca: bytes | None = None,
+) -> str:
+    """Serve TLS with the certificate (asking for a client certificate signed by
+    ``client_ca`` when given, as the controller does), connect as the scheduler would (CA, host
+    name, ``client`` certificate); returns what the server sent."""
     work = Path(tempfile.mkdtemp(prefix="gs-tls-"))
     (work / "tls.crt").write_bytes(cert_pem)
     (work / "tls.key").write_bytes(key_pem)
-    server_ctx = CertFiles(work / "tls.crt", work / "tls.key", work / "tls.crt").server_context()
+    if client_ca is not None:
+        (work / "client-ca.crt").write_bytes(client_ca)
+    server_ctx = ReloadingServerTls(
+        cert=work / "tls.crt",
+        key=work / "tls.key",
+        client_ca=work / "client-ca.crt" if client_ca is not None else None,
+    ).context
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
 
@@ -44,11 +60,15 @@ def _handshake(ca_pem: bytes, cert_pem: bytes, key_pem: bytes, host: str) -> str
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    client = ssl.create_default_context(cadata=ca_pem.decode())
+    context = ssl.create_default_context(cadata=ca_pem.decode())
+    if client is not None:
+        (work / "client.crt").write_bytes(client["tls.crt"])
+        (work / "client.key").write_bytes(client["tls.key"])
+        context.load_cert_chain(work / "client.crt", work / "client.key")
     try:
         with (
             socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
-            client.wrap_socket(raw, server_hostname=host) as tls,
+            context.wrap_socket(raw, server_hostname=host) as tls,
         ):
             return tls.recv(2).decode()
     finally:
@@ -62,20 +82,73 @@ def test_scheduler_trusts_the_certificate_the_controller_serves(chart: Chart) ->
     extender = _scheduler_extender(rendered)
     assert extender["urlPrefix"] == "https://10.96.88.88:8888/scheduler"
     assert extender["enableHTTPS"] is True
-    # The scheduler mounts only the CA, where its config reads it.
+    # The scheduler mounts the extender's CA only (no server key), and its client certificate.
     sched = rendered.get("Deployment", "gpushare-scheduler")["spec"]["template"]["spec"]
     (volume,) = [v for v in sched["volumes"] if v["name"] == "extender-ca"]
     assert volume["secret"] == {
         "secretName": SECRET,
         "items": [{"key": "ca.crt", "path": "ca.crt"}],
     }
-    mount = next(m for m in container(
-        rendered.get("Deployment", "gpushare-scheduler"), "kube-scheduler")["volumeMounts"]
-        if m["name"] == "extender-ca")  # fmt: skip
-    assert extender["tlsConfig"] == {"caFile": f"{mount['mountPath']}/ca.crt"}
-    # Checked the way kube-scheduler checks it: the pinned IP (no cluster DNS) and the DNS name.
-    for host in ("10.96.88.88", "gpushare-controller.gpushare-system.svc"):
-        assert _handshake(data["ca.crt"], data["tls.crt"], data["tls.key"], host) == "ok"
+    (own,) = [v for v in sched["volumes"] if v["name"] == "extender-client"]
+    assert own["secret"]["secretName"] == CLIENT_SECRET
+    mounts = {
+        m["name"]: m["mountPath"]
+        for m in container(rendered.get("Deployment", "gpushare-scheduler"), "kube-scheduler")[
+            "volumeMounts"
+        ]
+    }
+    assert extender["tlsConfig"] == {
+        "caFile": f"{mounts['extender-ca']}/ca.crt",
+        "certFile": f"{mounts['extender-client']}/tls.crt",
+        "keyFile": f"{mounts['extender-client']}/tls.key",
+    }
+    client = {
+        k: base64.b64decode(v) for k, v in rendered.get("Secret", CLIENT_SECRET)["data"].items()
+    }
+    # Checked the way kube-scheduler checks it: the pinned IP (no cluster DNS) and the DNS
+    # names; and the extender checks the scheduler's client certificate the way it will.
+    for host in ("10.96.88.88", "gpushare-controller-extender.gpushare-system.svc"):
+        answer = _handshake(
+            data["ca.crt"],
+            data["tls.crt"],
+            data["tls.key"],
+            host,
+            client=client,
+            client_ca=data["ca.crt"],
+        )
+        assert answer == "ok"
+
+
+def test_the_extender_refuses_clients_without_the_schedulers_certificate(chart: Chart) -> None:
+    """Mutual TLS: a pod that can reach the extender but holds no certificate from the chart's
+    extender CA gets no answer (issue: any pod could POST /scheduler/bind)."""
+    rendered = chart.render()
+    data = {k: base64.b64decode(v) for k, v in rendered.get("Secret", SECRET)["data"].items()}
+    stranger = chart.render()  # another CA, as a tenant could make one
+    other = {
+        k: base64.b64decode(v) for k, v in stranger.get("Secret", CLIENT_SECRET)["data"].items()
+    }
+    host = "gpushare-controller-extender.gpushare-system.svc"
+    for client in (None, other):
+        try:
+            answer = _handshake(
+                data["ca.crt"],
+                data["tls.crt"],
+                data["tls.key"],
+                host,
+                client=client,
+                client_ca=data["ca.crt"],
+            )
+        except (ssl.SSLError, OSError):
+            continue
+        assert answer != "ok", f"the extender answered a client with {client and 'a foreign'} cert"
+    settings = parse_args(
+        parseable(
+            container(rendered.get("Deployment", "gpushare-controller"), "controller")["args"],
+            rendered,
+        )
+    )
+    assert settings.extender_client_ca is not None
 
 
 def test_controller_serves_the_extender_with_the_secret(chart: Chart) -> None:
@@ -116,8 +189,8 @@ def test_cert_manager_issues_it_from_the_webhook_issuer(chart: Chart) -> None:
     cert = rendered.get("Certificate", "gpushare-controller-extender")
     assert cert["spec"]["secretName"] == SECRET
     assert cert["spec"]["ipAddresses"] == ["10.96.88.88"]
-    assert "gpushare-controller.gpushare-system.svc" in cert["spec"]["dnsNames"]
-    assert cert["spec"]["issuerRef"] == {"name": "gpushare-controller-selfsigned", "kind": "Issuer"}
+    assert "gpushare-controller-extender.gpushare-system.svc" in cert["spec"]["dnsNames"]
+    assert cert["spec"]["issuerRef"] == {"name": "gpushare-controller-ca", "kind": "Issuer"}
     assert not [s for s in rendered.all("Secret") if s["metadata"]["name"] == SECRET]
 
 

@@ -4,13 +4,6 @@ test_hostile_placement_update.py."""
 
 import re
 
-from gpushare.api.names import (
-    ANN_BIND_TIME,
-    ANN_GPU_UUID,
-    ANN_MEMORY_LIMIT,
-    ANN_STATE,
-    ANN_THREAD_PERCENT,
-)
 from tests.fixtures.helm_chart import Chart
 
 POLICY = "ValidatingAdmissionPolicy"
@@ -22,20 +15,19 @@ def _writers(policy: dict) -> list[str]:  # type: ignore[type-arg]
     return re.findall(r"'([^']+)'", condition["expression"])
 
 
-def test_guards_every_placement_key_on_pod_updates(chart: Chart) -> None:
+def test_guards_every_gpushare_annotation_on_pod_and_status_updates(chart: Chart) -> None:
     rendered = chart.render()
     policy = rendered.get(POLICY, "gpushare-placement-annotations")
     (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
-    # UPDATE of the pod itself: pods/binding (how binds write them) is another resource.
-    assert (rule["operations"], rule["resources"]) == (["UPDATE"], ["pods"])
-    keys = next(v for v in policy["spec"]["variables"] if v["name"] == "keys")
-    assert re.findall(r"'([^']+)'", keys["expression"]) == [
-        ANN_GPU_UUID,
-        ANN_THREAD_PERCENT,
-        ANN_MEMORY_LIMIT,
-        ANN_BIND_TIME,
-        ANN_STATE,
-    ]
+    # UPDATE of the pod and of its status (annotations change through both); pods/binding
+    # (how binds write them) is another resource.
+    assert (rule["operations"], rule["resources"]) == (["UPDATE"], ["pods", "pods/status"])
+    changed = next(v for v in policy["spec"]["variables"] if v["name"] == "changed")
+    # Every key under gpushare.io/ (request, rules, placement, and keys added later), added,
+    # changed or removed.
+    assert changed["expression"].count("k.startsWith('gpushare.io/')") == 2
+    assert "!(k in variables.after)" in changed["expression"]
+    assert "!(k in variables.before)" in changed["expression"]
     assert policy["spec"]["failurePolicy"] == "Fail"
     (validation,) = policy["spec"]["validations"]
     assert "metadata.annotations[" in validation["messageExpression"]
@@ -84,7 +76,8 @@ def test_extra_writers_and_namespace_selector(chart: Chart) -> None:
 
 def test_can_be_turned_off(chart: Chart) -> None:
     rendered = chart.render({"placementGuard": {"enabled": False}})
-    assert not rendered.all(POLICY) and not rendered.all(BINDING)
+    names = [o["metadata"]["name"] for o in rendered.all(POLICY) + rendered.all(BINDING)]
+    assert "gpushare-placement-annotations" not in names
 
 
 def test_a_writer_name_that_would_break_the_expression_is_refused(chart: Chart) -> None:

@@ -23,7 +23,10 @@ def test_only_profile_is_the_name_the_webhook_sets(chart: Chart) -> None:
 
 def test_extender_filters_scores_and_binds_gpu_percent(chart: Chart) -> None:
     (ext,) = _config(chart)["extenders"]
-    assert ext["urlPrefix"] == "https://gpushare-controller.gpushare-system.svc:8888/scheduler"
+    assert (
+        ext["urlPrefix"]
+        == "https://gpushare-controller-extender.gpushare-system.svc:8888/scheduler"
+    )
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == (
         "filter",
         "prioritize",
@@ -38,7 +41,7 @@ def test_extender_url_follows_release_port_and_pinned_ip(chart: Chart) -> None:
     (ext,) = _config(
         chart, {"controller": {"extender": {"port": 18888}}}, release="r", namespace="n"
     )["extenders"]
-    assert ext["urlPrefix"] == "https://r-gpushare-controller.n.svc:18888/scheduler"
+    assert ext["urlPrefix"] == "https://r-gpushare-controller-extender.n.svc:18888/scheduler"
     (ext,) = _config(chart, {"controller": {"service": {"clusterIP": "10.96.88.88"}}})["extenders"]
     assert ext["urlPrefix"] == "https://10.96.88.88:8888/scheduler"
 

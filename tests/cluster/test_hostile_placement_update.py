@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.api.names import ANN_BIND_TIME, ANN_GPU_UUID, ANN_STATE, ANN_THREAD_PERCENT
+from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILING
+from gpushare.api.names import (
+    ANN_BIND_TIME,
+    ANN_FRACTION,
+    ANN_GPU_UUID,
+    ANN_STATE,
+    ANN_THREAD_PERCENT,
+)
 from tests.fixtures.helm_chart import CHART, KUBE_VERSION, helm_binary
 
 pytestmark = pytest.mark.cluster
@@ -97,7 +104,8 @@ def guarded(cluster: Any) -> Iterator[dict[str, str]]:
         # Both may patch pods and create Bindings here: RBAC lets them, only the policy decides.
         cluster.kubectl(
             "create", "role", "-n", namespace, "pods", "--verb=get,patch,update",
-            "--resource=pods", "--verb=create", "--resource=pods/binding",
+            "--resource=pods", "--resource=pods/status", "--verb=create",
+            "--resource=pods/binding",
         )  # fmt: skip
         cluster.kubectl(
             "create", "rolebinding", "-n", namespace, "pods", "--role=pods",
@@ -110,6 +118,7 @@ def guarded(cluster: Any) -> Iterator[dict[str, str]]:
             "annotate", "-n", namespace, "pod", "p",
             f"{ANN_GPU_UUID}={GPU}", f"{ANN_THREAD_PERCENT}=25",
             f"{ANN_BIND_TIME}=2026-11-01T12:00:00.000000Z", f"{ANN_STATE}=assumed",
+            f"{ANN_FRACTION}=0.9",
         )  # fmt: skip
         cluster.kubectl("apply", "-f", "-", input=rendered)
         yield names
@@ -201,3 +210,28 @@ def test_a_binding_carrying_placement_annotations_is_not_refused(
     assert bound.returncode == 0, bound.stderr
     now = annotations(cluster, guarded, "q")
     assert (now[ANN_GPU_UUID], now[ANN_THREAD_PERCENT]) == (GPU, "10")
+
+
+def test_a_user_cannot_shrink_its_request_or_claim_neighbour_rules_even_through_status(
+    cluster: Any, guarded: dict[str, str]
+) -> None:
+    """A running 90 % pod patching gpu-fraction to 0.01 would make its GPU count as 1 % used;
+    claiming packing-policy exclusive or profiling would keep others off its GPU. Refused on
+    the pod and on pods/status (annotations change through both)."""
+    deadline = time.monotonic() + 60
+    while annotate(cluster, guarded, "user", f"{ANN_FRACTION}=0.01").returncode == 0:
+        annotate(cluster, guarded, "agent", f"{ANN_FRACTION}=0.9")  # undo
+        assert time.monotonic() < deadline, "the policy never took effect"
+        time.sleep(1)
+    for change in (f"{ANN_PACKING_POLICY}=exclusive", f"{ANN_PROFILING}=true", "gpushare.io/x=1"):
+        answer = annotate(cluster, guarded, "user", change)
+        assert answer.returncode != 0, f"a user set {change}"
+        assert "metadata.annotations[gpushare.io/" in answer.stderr, answer.stderr
+    status_patch = json.dumps({"metadata": {"annotations": {ANN_FRACTION: "0.01"}}})
+    through_status = run_kubectl(
+        cluster, "patch", "pod", "p", "-n", guarded["namespace"], "--subresource=status",
+        "--type=merge", "-p", status_patch, user=guarded["user"],
+    )  # fmt: skip
+    assert through_status.returncode != 0, "a user changed gpu-fraction through pods/status"
+    assert f"metadata.annotations[{ANN_FRACTION}]" in through_status.stderr
+    assert annotations(cluster, guarded)[ANN_FRACTION] == "0.9"

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from gpushare.api.names import STATE_ALLOCATED, STATE_ASSUMED
 from gpushare.api.placement import Placement
-from gpushare.controller.extender import BindingArgs, Extender
+from gpushare.controller.extender import BindingArgs, Extender, parse_extender_args
 from gpushare.controller.view import ClusterView
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 from tests.unit.test_extender_share_rules import PodStore
@@ -31,8 +31,9 @@ def test_a_bind_waits_for_a_same_size_pod_allocate_and_not_for_another_size() ->
 
     async def scenario() -> tuple[str, str]:
         async def bind(name: str, fraction: str) -> str:
-            pod = store.add(pod_json(name, fraction=fraction))
+            pod = store.add(pod_json(name, fraction=fraction, scheduled=True))
             view.upsert_pod(pod)
+            ext.filter(parse_extender_args({"Pod": pod, "NodeNames": ["a"]}))  # the scheduler's
             ext.bind_stage_observer = lambda stage, s: stages.append((name, stage, s))
             meta = pod["metadata"]
             args = BindingArgs(meta["name"], meta["namespace"], meta["uid"], "a")
@@ -65,8 +66,9 @@ def test_a_bind_is_refused_when_no_pod_on_the_node_gets_its_allocate() -> None:
     view.replace_pods([waiting_on_a(STATE_ASSUMED)])
     store = PodStore()
     ext = Extender(view=view, writer=store, gate_seconds=0.3)
-    pod = store.add(pod_json("y30", fraction="0.3"))
+    pod = store.add(pod_json("y30", fraction="0.3", scheduled=True))
     view.upsert_pod(pod)
+    ext.filter(parse_extender_args({"Pod": pod, "NodeNames": ["a"]}))
     meta = pod["metadata"]
     args = BindingArgs(meta["name"], meta["namespace"], meta["uid"], "a")
     error = asyncio.run(ext.bind(args))["Error"]

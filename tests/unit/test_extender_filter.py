@@ -168,7 +168,12 @@ def test_cached_answers_follow_every_change_of_a_node() -> None:
 def test_hold_in_filter_offers_one_node_and_the_next_pod_sees_the_held_share() -> None:
     ext = view_with()
     ext.hold_in_filter = True
-    first = ext.filter(args(pod_json("a", fraction="0.5"), ["half", "empty"]))
+    pod = pod_json("a", fraction="0.5", scheduled=True)
+    # A filter call for a pod the watch never showed (a forged one) holds nothing.
+    forged = ext.filter(args(pod, ["half", "empty"]))
+    assert len(forged["NodeNames"]) == 2 and ext.view.reservation("default/a") is None
+    ext.view.upsert_pod(pod)
+    first = ext.filter(args(pod, ["half", "empty"]))
     assert len(first["NodeNames"]) == 1
     held_on = first["NodeNames"][0]
     # Reasons for the nodes left out are only read when none is left: none are sent.
@@ -203,9 +208,13 @@ def test_hold_in_filter_steers_a_pod_away_from_a_node_where_its_bind_would_wait(
     # it is held on the next-best node; a 25 % pod cannot be confused with them and joins.
     ext = view_with()
     ext.hold_in_filter = True
-    for name, fraction in (("a", "0.3"), ("b", "0.3"), ("c", "0.25")):
-        ext.view.upsert_pod(pod_json(name, fraction=fraction))
-    assert ext.filter(args(pod_json("a", fraction="0.3"), ALL))["NodeNames"] == ["half"]
-    assert ext.filter(args(pod_json("b", fraction="0.3"), ALL))["NodeNames"] == ["empty"]
-    assert ext.filter(args(pod_json("c", fraction="0.25"), ALL))["NodeNames"] == ["half"]
+    pods = {
+        name: pod_json(name, fraction=fraction, scheduled=True)
+        for name, fraction in (("a", "0.3"), ("b", "0.3"), ("c", "0.25"))
+    }
+    for pod in pods.values():
+        ext.view.upsert_pod(pod)
+    assert ext.filter(args(pods["a"], ALL))["NodeNames"] == ["half"]
+    assert ext.filter(args(pods["b"], ALL))["NodeNames"] == ["empty"]
+    assert ext.filter(args(pods["c"], ALL))["NodeNames"] == ["half"]
     assert ext.view.held_on("half") == {"default/a", "default/c"}

@@ -19,7 +19,13 @@ from gpushare.api.gpushare_crd import (
     PROFILING_ACTIVE,
     PROFILING_DONE,
 )
-from gpushare.api.names import ANN_SHARE, STATE_ALLOCATED
+from gpushare.api.names import (
+    ANN_SHARE,
+    LABEL_NEIGHBOUR_RULES,
+    NEIGHBOUR_RULES_GRANTED,
+    SCHEDULER_NAME,
+    STATE_ALLOCATED,
+)
 from gpushare.api.placement import Placement
 from gpushare.controller.extender import BindingArgs, Extender, parse_extender_args
 from gpushare.controller.view import ClusterView
@@ -77,9 +83,14 @@ def setup(
     placed: list[dict[str, Any]],
     shares: list[dict[str, Any]] = (),  # type: ignore[assignment]
     policy: Policy = Policy.BINPACK,
+    *,
+    granted: bool = True,
 ) -> tuple[Extender, PodStore]:
-    """Nodes a (GPU A0) and b (GPU B0), each 80 GiB; ``placed`` pods already run there."""
+    """Nodes a (GPU A0) and b (GPU B0), each 80 GiB; ``placed`` pods already run there. With
+    ``granted`` an admin let namespace default keep others off its GPUs."""
     view = ClusterView(clock=lambda: NOW)
+    labels = {LABEL_NEIGHBOUR_RULES: NEIGHBOUR_RULES_GRANTED} if granted else {}
+    view.replace_namespaces([{"metadata": {"name": "default", "labels": labels}}])
     view.replace_nodes([node_json("a", [gpu("A0")]), node_json("b", [gpu("B0")])])
     view.replace_pods(placed)
     view.replace_shares(shares)
@@ -94,8 +105,10 @@ def filter_pod(ext: Extender, pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def bind(ext: Extender, store: PodStore, pod: dict[str, Any], node: str) -> str:
+    pod["spec"]["schedulerName"] = SCHEDULER_NAME
     store.add(pod)
     ext.view.upsert_pod(pod)
+    ext.offers.offer(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", "", [node])
     meta = pod["metadata"]
     args = BindingArgs(meta["name"], meta["namespace"], meta["uid"], node)
     return asyncio.run(ext.bind(args))["Error"]
@@ -326,3 +339,49 @@ def test_pods_without_gpushare_rules_are_placed_as_before() -> None:
     ext, _ = setup([pod_json("x", fraction="0.5", node="a", placement=on("A0", 50))])
     result = filter_pod(ext, pod_json("plain", fraction="0.4"))
     assert result["NodeNames"] == ["a", "b"]
+
+
+# ---- neighbour rules need an admin's grant --------------------------------------------------
+
+
+def test_without_the_grant_an_exclusive_pod_is_refused_naming_the_label() -> None:
+    ext, _ = setup([], granted=False)
+    pod = pod_json("solo", fraction="0.25", annotations={ANN_PACKING_POLICY: POLICY_EXCLUSIVE})
+    result = filter_pod(ext, pod)
+    assert result["NodeNames"] == []
+    message = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}["a"]
+    assert "gpushare.io/neighbour-rules=granted" in message and "cautious" in message
+
+
+def test_without_the_grant_an_exclusive_tenant_keeps_no_one_off_its_gpu() -> None:
+    exclusive = pod_json(
+        "solo",
+        fraction="0.1",
+        node="a",
+        placement=on("A0", 10),
+        annotations={ANN_PACKING_POLICY: POLICY_EXCLUSIVE},
+    )
+    ext, _ = setup([exclusive], granted=False)
+    assert filter_pod(ext, pod_json("other", fraction="0.25"))["NodeNames"] == ["a", "b"]
+    # The admin grants it: the same view now keeps the GPU to the exclusive pod.
+    ext.view.upsert_namespace(
+        {
+            "metadata": {
+                "name": "default",
+                "labels": {LABEL_NEIGHBOUR_RULES: NEIGHBOUR_RULES_GRANTED},
+            }
+        }
+    )
+    assert filter_pod(ext, pod_json("other", fraction="0.25"))["NodeNames"] == ["b"]
+
+
+def test_without_the_grant_a_profiling_pod_does_not_keep_its_gpu_alone() -> None:
+    profiling = pod_json(
+        "trainer-0",
+        fraction="0.1",
+        node="a",
+        placement=on("A0", 10),
+        annotations=governed("trainer", **{ANN_PROFILING: PROFILING_ACTIVE}),
+    )
+    ext, _ = setup([profiling], [share("trainer", PHASE_PROFILING, "trainer-0")], granted=False)
+    assert filter_pod(ext, pod_json("other", fraction="0.25"))["NodeNames"] == ["a", "b"]

@@ -25,6 +25,7 @@ from gpushare.controller.webhook import (
     BadReviewError,
     ClusterFacts,
     answer,
+    match_condition_expression,
     parse_review,
     review,
 )
@@ -365,3 +366,35 @@ def test_only_pod_creation_is_reviewed() -> None:
 def test_malformed_reviews_are_rejected_with_the_reason(body: bytes, reason: str) -> None:
     with pytest.raises(BadReviewError, match=reason):
         parse_review(body)
+
+
+# ---- accounting cannot be changed around the webhook ---------------------------------------
+
+
+@pytest.mark.parametrize("annotated", [True, False])
+def test_a_gpu_share_in_an_init_container_is_refused(annotated: bool) -> None:
+    """The kubelet would Allocate slices to the init container that no placement counts."""
+    init = {
+        "name": "setup",
+        "image": "busybox",
+        "resources": {"limits": {RESOURCE_GPU_PERCENT: "50"}},
+    }
+    pod = pod_json(
+        "p", fraction="0.1" if annotated else None, extra_spec={"initContainers": [init]}
+    )
+    verdict = review(pod, namespace="team", facts=FACTS, mutate=True)
+    assert not verdict.allowed
+    assert f"spec.initContainers[0].resources[{RESOURCE_GPU_PERCENT}]" in verdict.message
+    assert "give the GPU share to one of spec.containers" in verdict.message
+
+
+def test_the_api_server_sends_pods_whose_only_gpu_request_is_in_an_init_container() -> None:
+    assert "object.spec.initContainers.exists" in match_condition_expression()
+
+
+@pytest.mark.parametrize("key", ["gpushare.io/profiling", "gpushare.io/profile"])
+def test_operator_written_annotations_are_refused_at_creation(key: str) -> None:
+    pod = pod_json("p", fraction="0.25", annotations={key: "true"})
+    verdict = review(pod, namespace="team", facts=FACTS, mutate=True)
+    assert not verdict.allowed
+    assert key in verdict.message and "GpuShare" in verdict.message

@@ -76,9 +76,14 @@ then says so in a comment.
 {{- include "gpushare.componentName" (dict "root" . "component" "controller") }}
 {{- end }}
 
+{{/* The extender's Service: it selects only the controller replica holding the Lease. */}}
+{{- define "gpushare.extenderService" -}}
+{{- printf "%s-extender" (include "gpushare.controllerService" .) }}
+{{- end }}
+
 {{/* The URL kube-scheduler calls the extender at: the pinned cluster IP, else the DNS name. */}}
 {{- define "gpushare.extenderURL" -}}
-{{- $host := printf "%s.%s.svc" (include "gpushare.controllerService" .) .Release.Namespace }}
+{{- $host := printf "%s.%s.svc" (include "gpushare.extenderService" .) .Release.Namespace }}
 {{- with .Values.controller.service.clusterIP }}{{ $host = . }}{{ end }}
 {{- $scheme := ternary "https" "http" (.Values.controller.extender.tls.enabled | default false) }}
 {{- printf "%s://%s:%d/scheduler" $scheme $host (int .Values.controller.extender.port) }}

@@ -1,0 +1,105 @@
+"""Who may share a GPU, and who may keep others off one: read from namespace labels that only
+cluster admins can set (tenants cannot update their own Namespace object).
+
+- The **tenancy boundary**: by default a GPU is shared only by pods of one namespace. An admin
+  puts several namespaces in one sharing group with the label ``gpushare.io/sharing-group``;
+  ``--tenancy cluster`` (the chart's ``tenancy.crossNamespaceSharing``) turns the boundary off.
+  The packing fit refuses a GPU holding another tenancy's pods (``gpushare.packing.fit``).
+- **Neighbour rules**: a pod's ``gpushare.io/packing-policy: exclusive`` and
+  ``gpushare.io/profiling: "true"`` keep other pods off its GPU; they take effect only in
+  namespaces an admin labelled ``gpushare.io/neighbour-rules=granted`` (or everywhere with
+  ``--neighbour-rules everyone``).
+
+See docs/security.md for the trust model.
+"""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpushare.api.names import LABEL_NEIGHBOUR_RULES, LABEL_SHARING_GROUP, NEIGHBOUR_RULES_GRANTED
+
+TENANCY_NAMESPACE: Final = "namespace"
+TENANCY_CLUSTER: Final = "cluster"
+TENANCY_MODES: Final = (TENANCY_NAMESPACE, TENANCY_CLUSTER)
+RULES_GRANTED: Final = "granted-namespaces"
+RULES_EVERYONE: Final = "everyone"
+RULES_MODES: Final = (RULES_GRANTED, RULES_EVERYONE)
+_MAX_GROUP = 63
+
+
+@dataclass(frozen=True)
+class NamespaceGrants:
+    """What the admin labels of one namespace say."""
+
+    group: str | None = None
+    """Sharing group (label ``gpushare.io/sharing-group``); None: the namespace is its own."""
+    neighbour_rules: bool = False
+    """Label ``gpushare.io/neighbour-rules=granted``."""
+
+
+def grants_of(namespace: Mapping[str, Any]) -> tuple[str, NamespaceGrants] | None:
+    """(name, grants) of a watched Namespace object; None when it has no name."""
+    meta = namespace.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        return None
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, Mapping) else {}
+    group = labels.get(LABEL_SHARING_GROUP)
+    return meta["name"], NamespaceGrants(
+        group=group.strip()[:_MAX_GROUP] or None if isinstance(group, str) else None,
+        neighbour_rules=labels.get(LABEL_NEIGHBOUR_RULES) == NEIGHBOUR_RULES_GRANTED,
+    )
+
+
+class Tenancies:
+    """Namespace grants by name, and the tenancy and rule grant they give a pod."""
+
+    def __init__(self, *, mode: str = TENANCY_NAMESPACE, rules: str = RULES_GRANTED) -> None:
+        self.mode = mode
+        self.rules = rules
+        self._grants: dict[str, NamespaceGrants] = {}
+        self.synced = False
+
+    def tenancy(self, namespace: str) -> str | None:
+        """The tenancy a pod of ``namespace`` belongs to; None without a boundary."""
+        if self.mode == TENANCY_CLUSTER:
+            return None
+        grants = self._grants.get(namespace)
+        if grants is not None and grants.group:
+            return f"group:{grants.group}"
+        return namespace
+
+    def neighbour_rules(self, namespace: str) -> bool:
+        """May pods of ``namespace`` keep other pods off their GPU?"""
+        if self.rules == RULES_EVERYONE:
+            return True
+        grants = self._grants.get(namespace)
+        return grants is not None and grants.neighbour_rules
+
+    def upsert(self, namespace: Mapping[str, Any]) -> str | None:
+        """Take a watched Namespace in; returns its name when its grants changed."""
+        found = grants_of(namespace)
+        if found is None:
+            return None
+        name, grants = found
+        if self._grants.get(name, NamespaceGrants()) == grants:
+            self._grants.setdefault(name, grants)
+            return None
+        self._grants[name] = grants
+        return name
+
+    def delete(self, name: str) -> bool:
+        return self._grants.pop(name, None) is not None
+
+    def replace(self, namespaces: Iterable[Mapping[str, Any]]) -> set[str]:
+        """A full list; returns the names whose grants changed."""
+        before = dict(self._grants)
+        self._grants = {}
+        for namespace in namespaces:
+            found = grants_of(namespace)
+            if found is not None:
+                self._grants[found[0]] = found[1]
+        self.synced = True
+        names = set(before) | set(self._grants)
+        return {n for n in names if before.get(n) != self._grants.get(n)}
