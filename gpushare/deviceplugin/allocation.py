@@ -56,8 +56,11 @@ log = logging.getLogger(__name__)
 # Where a container sees its GPU's MPS directories.
 CONTAINER_MPS_DIR = "/run/gpushare/mps"
 CONTAINER_PIPE_DIR = f"{CONTAINER_MPS_DIR}/pipe"
-CONTAINER_LOG_DIR = f"{CONTAINER_MPS_DIR}/log"
 CONTAINER_SHM_DIR = "/dev/shm"
+MPS_DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
+"""Where CUDA looks for the MPS daemon when CUDA_MPS_PIPE_DIRECTORY is unset: the GPU's pipe
+directory is mounted there too, so unsetting the variable does not take a client out of MPS
+(and out of its server's limits)."""
 _FINISHED = ("Succeeded", "Failed")
 _UID_FIELD = "securityContext.runAsUser"
 
@@ -696,7 +699,6 @@ def _mps(
     envs = {
         "CUDA_VISIBLE_DEVICES": uuid,
         "CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR,
-        "CUDA_MPS_LOG_DIRECTORY": CONTAINER_LOG_DIR,
         **client_limits_env(
             thread_percent=thread_percent,
             gpu_class=gpu_class,
@@ -707,9 +709,11 @@ def _mps(
     }
     if ctx.nvidia_runtime_env:
         envs["NVIDIA_VISIBLE_DEVICES"] = uuid
+    # No log directory: clients never write it (the daemon and its servers do), and the agent
+    # reads it to judge faults, so tenants must not be able to write lines into it.
     mounts = [
         MountSpec(CONTAINER_PIPE_DIR, str(paths.pipe)),
-        MountSpec(CONTAINER_LOG_DIR, str(paths.log)),
+        MountSpec(MPS_DEFAULT_PIPE_DIR, str(paths.pipe)),
         MountSpec(CONTAINER_SHM_DIR, str(ctx.mps.client_shm(uuid))),
     ]
     return ContainerAllocation(envs=envs, mounts=mounts, devices=_devices(ctx, [uuid]), pod=pod)
@@ -733,6 +737,7 @@ class Allocator:
         held: Callable[[], Mapping[str, tuple[str, ...]]] | None = None,
         answers: AnswerBook | None = None,
         running: Callable[[], AbstractSet[str]] | None = None,
+        on_answer: Callable[[str, int, int], None] | None = None,
     ) -> None:
         """``kubelet`` names the running kubelet (holdings.kubelet_identity), ``held`` asks it
         which pods hold our slices (holdings.kubelet_held), ``answers`` remembers what each
@@ -757,6 +762,10 @@ class Allocator:
         self.held = held
         self.answers = answers or AnswerBook()
         self.running: Callable[[], AbstractSet[str]] = running or frozenset
+        self.on_answer = on_answer
+        """Told (GPU uuid, thread percent, memory limit bytes) of each MPS answer before it is
+        returned: the node agent raises the GPU's MPS server limits to cover it before the
+        container starts (gpushare.mps.limits)."""
         now = time.monotonic()
         for uid in self.answers.all():
             self._handled[uid] = now
@@ -971,7 +980,7 @@ class Allocator:
                 answers = [derived_allocation(ctx, group) for group in groups]
                 for _, message in answers[:1]:
                     self._event(None, "GpushareAllocationDerived", message)
-                return [allocation for allocation, _ in answers]
+                return self._announce([allocation for allocation, _ in answers])
             pod, placement = found
             repeated = pod.uid in again
             # With the kubelet's pod-resources API at hand every answer is checked against
@@ -1020,7 +1029,27 @@ class Allocator:
             log.error(
                 "pod %s allocated but marking it %s failed: %s", pod.key, STATE_ALLOCATED, exc
             )
-        return result
+        return self._announce(result)
+
+    def _announce(self, answers: list[ContainerAllocation]) -> list[ContainerAllocation]:
+        """Tell ``on_answer`` the MPS limits each answer gives its container."""
+        if self.on_answer is None:
+            return answers
+        for answer in answers:
+            envs = answer.envs
+            threads = envs.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+            if threads is None:
+                continue  # a whole GPU, without MPS
+            memory = envs.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=0M")
+            try:
+                self.on_answer(
+                    envs["CUDA_VISIBLE_DEVICES"],
+                    int(threads),
+                    int(memory.partition("=")[2].removesuffix("M") or 0) * MiB,
+                )
+            except Exception as exc:  # the answer stands; the agent's loop sets limits too
+                log.warning("could not raise the MPS limits for an answer: %s", exc)
+        return answers
 
 
 def _best_fit(free: Mapping[str, list[int]], size: int) -> list[str]:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from gpushare.mps.limits import ServerLimits
+
 log = logging.getLogger(__name__)
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
@@ -105,6 +107,7 @@ class MpsManager:
         start_timeout_s: float = 15.0,
         query_timeout_s: float = 5.0,
         on_change: ChangeCallback | None = None,
+        require_exclusive_process: bool = False,
     ) -> None:
         self.root = root
         self.simulated = simulated
@@ -113,9 +116,12 @@ class MpsManager:
         self.start_timeout_s = start_timeout_s
         self.query_timeout_s = query_timeout_s
         self.on_change = on_change
+        self.require_exclusive_process = require_exclusive_process
         self._lock = threading.RLock()
         self._status: dict[str, DaemonStatus] = {}
         self._orphans: dict[str, set[int]] = {}
+        self._limits: dict[str, ServerLimits] = {}
+        self._warned: set[str] = set()
         if simulated:
             log.warning(
                 "SIMULATED GPUs: the MPS manager runs no nvidia-cuda-mps-control daemon; it "
@@ -138,6 +144,8 @@ class MpsManager:
             directory.mkdir(parents=True, exist_ok=True)
             # Pods may run as any UID; the MPS server they get runs as that UID and writes
             # its log and shared memory here. Sticky like /tmp, so nobody deletes others' files.
+            # Containers get the pipe and shm directories only, never the log directory the
+            # agent reads (docs/security.md).
             directory.chmod(0o1777)
 
     def _env(self, uuid: str, paths: MpsPaths) -> dict[str, str]:
@@ -202,6 +210,83 @@ class MpsManager:
             servers = ()
         return pid, servers
 
+    # --- compute mode --------------------------------------------------------------------
+
+    def compute_mode(self, uuid: str) -> str:
+        """The GPU's compute mode as nvidia-smi names it (``Default``, ``Exclusive_Process``);
+        ``unknown`` when it cannot be read. Read only: the manager never changes it."""
+        if self.simulated:
+            return "Default (simulated)"
+        try:
+            done = subprocess.run(
+                ["nvidia-smi", "--query-gpu=compute_mode", "--format=csv,noheader", "-i", uuid],
+                capture_output=True,
+                text=True,
+                timeout=self.query_timeout_s,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return "unknown"
+        return done.stdout.strip() or "unknown" if done.returncode == 0 else "unknown"
+
+    def _compute_mode_refusal(self, uuid: str) -> str | None:
+        """Why the GPU must not be used, when EXCLUSIVE_PROCESS is required and not set. In any
+        other compute mode a CUDA process that does not reach the MPS daemon (a container that
+        points CUDA_MPS_PIPE_DIRECTORY at an empty directory) runs on the GPU directly, outside
+        every MPS limit (docs/security.md)."""
+        mode = self.compute_mode(uuid)
+        if mode.lower().replace(" ", "_") == "exclusive_process":
+            return None
+        if not self.require_exclusive_process:
+            with self._lock:
+                warned = uuid in self._warned
+                self._warned.add(uuid)
+            if not warned:
+                log.warning(
+                    "GPU %s is in compute mode %s: a container can run outside MPS (and its "
+                    "limits) by pointing CUDA at an empty pipe directory; an admin closes this "
+                    "with nvidia-smi -i %s -c EXCLUSIVE_PROCESS and --require-exclusive-process",
+                    uuid,
+                    mode,
+                    uuid,
+                )
+            return None
+        return (
+            f"compute mode of {uuid} is {mode}, not EXCLUSIVE_PROCESS, and the agent runs with "
+            f"--require-exclusive-process; fix: nvidia-smi -i {uuid} -c EXCLUSIVE_PROCESS (as an "
+            "admin, with no process on the GPU), or drop the flag"
+        )
+
+    # --- limits --------------------------------------------------------------------------
+
+    def limits(self, uuid: str) -> ServerLimits | None:
+        """The limits last applied to the GPU's daemon and servers."""
+        with self._lock:
+            return self._limits.get(uuid)
+
+    def apply_limits(self, uuid: str, limits: ServerLimits) -> bool:
+        """Set the daemon's default limits (servers started later) and each running server's
+        (its new clients) to ``limits``; True when the daemon took every command. A client's
+        environment can then only lower them (gpushare.mps.limits)."""
+        if self.simulated:
+            with self._lock:
+                first = uuid not in self._limits
+                self._limits[uuid] = limits
+            if first:
+                log.info("SIMULATED: MPS limits of %s recorded, not sent: %s", uuid, limits)
+            return True
+        try:
+            servers = parse_server_list(self.query(uuid, "get_server_list"))
+            for command in limits.commands(servers):
+                self.query(uuid, command)
+        except MpsError as exc:
+            log.warning("could not set MPS limits of %s to %s: %s", uuid, limits, exc)
+            return False
+        with self._lock:
+            self._limits[uuid] = limits
+        log.info("MPS limits of %s: %s (servers %s)", uuid, limits, servers)
+        return True
+
     # --- lifecycle -----------------------------------------------------------------------
 
     def ensure(self, uuids: Iterable[str]) -> dict[str, DaemonStatus]:
@@ -230,6 +315,11 @@ class MpsManager:
             status = DaemonStatus(uuid, up=True, simulated=True, reason="simulated: no daemon")
             self._set(status)
             return status
+        refusal = self._compute_mode_refusal(uuid)
+        if refusal is not None:
+            status = DaemonStatus(uuid, up=False, restarts=restarts, reason=refusal)
+            self._set(status)
+            return status
         try:
             pid, servers = self._probe(uuid)
         except MpsError as exc:
@@ -251,6 +341,10 @@ class MpsManager:
             return status
         log.info("MPS daemon for %s started (pid %d)", uuid, pid)
         status = DaemonStatus(uuid, up=True, pid=pid, restarts=restarts, server_pids=servers)
+        limits = self.limits(uuid)
+        if limits is not None:
+            # A restarted daemon starts with MPS's own defaults (100 %, no memory limit).
+            self.apply_limits(uuid, limits)
         self._set(status)
         return status
 

@@ -45,6 +45,7 @@ from gpushare.node.extension import ExporterHandle, wire_exporter
 from gpushare.node.faults import FaultMonitor, PodResolver
 from gpushare.node.load import Share, simulated_load
 from gpushare.node.metrics import AgentCollector, MetricsServer
+from gpushare.node.mps_limits import MpsLimitKeeper
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,9 @@ class AgentSettings:
     """Per-GPU MPS pipe/log/shm directories live under <mps_root>/<uuid>/."""
     mps_shm: ShmMode = "private"
     """private: each daemon gets <mps_root>/<uuid>/shm as /dev/shm; host: the host's /dev/shm."""
+    require_exclusive_process: bool = False
+    """Advertise a GPU only in compute mode EXCLUSIVE_PROCESS (set by the admin): containers then
+    cannot run outside MPS by pointing CUDA at an empty pipe directory."""
     metrics_host: str = "0.0.0.0"
     metrics_port: int = AGENT_METRICS_PORT
     """0 picks a free port (logged)."""
@@ -121,6 +125,10 @@ class NodeAgent:
             simulated=backend.simulated,
             shm_mode=settings.mps_shm,
             on_change=self._mps_changed,
+            require_exclusive_process=settings.require_exclusive_process,
+        )
+        self.mps_limits = MpsLimitKeeper(
+            mps=self.mps, gpu_memory=lambda: {g.uuid: g.memory_bytes for g in self.gpus}
         )
         pods: PodSource = kube
         kubelet_socket = settings.device_plugin_dir / KUBELET_SOCKET
@@ -139,6 +147,7 @@ class NodeAgent:
             mps=self.mps,
             device_nodes=device_nodes,
             nvidia_runtime_env=not backend.simulated,
+            on_answer=self.mps_limits.raise_for,
         )
         self.runner = PluginRunner(
             make_servicer=self._new_servicer,
@@ -279,6 +288,7 @@ class NodeAgent:
         pods = self.kube.raw_node_pods()
         with self._pods_lock:
             self._pods = pods
+        self.mps_limits.sync(pods)
         if self.backend.simulated:
             self.feed_simulated_load(pods)
 
@@ -332,6 +342,11 @@ class NodeAgent:
         threads: list[threading.Thread] = []
         try:
             self.mps.ensure(g.uuid for g in self.gpus)
+            try:
+                # Before the GPUs are advertised: a new daemon starts with MPS's defaults.
+                self.mps_limits.sync(self.kube.raw_node_pods())
+            except Exception as exc:
+                log.warning("could not read this node's pods to set MPS limits: %s", exc)
             self.publish()
             self.registry.register(
                 AgentCollector(

@@ -93,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
         "/dev/shm (default: %(default)s)",
     )
     parser.add_argument(
+        "--require-exclusive-process",
+        action="store_true",
+        help="advertise a GPU only when its compute mode is EXCLUSIVE_PROCESS (the admin sets it "
+        "with nvidia-smi -c EXCLUSIVE_PROCESS): then only the MPS server may open the GPU, and a "
+        "container pointing CUDA at an empty pipe directory cannot run outside MPS and its limits "
+        "(docs/security.md)",
+    )
+    parser.add_argument(
         "--stop-mps-on-exit",
         action="store_true",
         help="quit the MPS daemons when the agent exits (default: leave them for the next "
@@ -254,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics_port=args.metrics_port,
         pod_resources_socket=args.pod_resources_socket,
         stop_mps_on_exit=args.stop_mps_on_exit,
+        require_exclusive_process=args.require_exclusive_process,
         exporter=not args.no_exporter,
         exclusive_after_faults=max(0, args.exclusive_after_faults),
     )

@@ -140,11 +140,13 @@ def run_pod(
     slices: int,
     annotations: dict[str, str] | None = None,
     run_as_user: int | None = None,
+    command: str | None = None,
 ) -> None:
     """Create the pod, write its placement annotations and bind it to the node, in the order
     the extender does; the kubelet then admits it and calls the device plugin."""
+    extra = {"command": command} if command is not None else {}
     manifest = pod_manifest(
-        name, image=cluster.busybox_image, slices=slices, run_as_user=run_as_user
+        name, image=cluster.busybox_image, slices=slices, run_as_user=run_as_user, **extra
     )
     cluster.kubectl("apply", "-f", "-", input=manifest)
     if annotations:
@@ -226,12 +228,18 @@ def test_placed_pod_starts_with_its_gpu_mps_share_and_memory_limit(
     gpu = node_agent.gpus()[1].uuid
     shm = node_agent.mps_root / gpu / "shm"
     (shm / "marker").write_text(f"daemon-shm-of-{gpu}")
+    (node_agent.mps_root / gpu / "pipe" / "marker").write_text(f"daemon-pipe-of-{gpu}")
     name = unique("placed")
     run_pod(
         cluster,
         name,
         slices=30,
         annotations=placement(gpu, threads=30, memory=10 * GIB, cls="latency"),
+        command=(
+            "env | sort; echo ---; cat /dev/shm/marker 2>/dev/null; echo; "
+            "cat /tmp/nvidia-mps/marker 2>/dev/null; echo; "
+            "ls /run/gpushare/mps/log >/dev/null 2>&1 && echo log-visible; sleep 3600"
+        ),
     )
     try:
         pod = wait_running(cluster, name)
@@ -241,9 +249,14 @@ def test_placed_pod_starts_with_its_gpu_mps_share_and_memory_limit(
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
         assert env["CUDA_MPS_CLIENT_PRIORITY"] == "0"
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpushare/mps/pipe"
-        assert env["CUDA_MPS_LOG_DIRECTORY"] == "/run/gpushare/mps/log"
-        # The container's /dev/shm is the GPU's MPS daemon shm directory.
-        assert shm_seen == f"daemon-shm-of-{gpu}"
+        assert "CUDA_MPS_LOG_DIRECTORY" not in env
+        # The container's /dev/shm is the GPU's MPS daemon shm directory; its pipe directory is
+        # also where CUDA looks without CUDA_MPS_PIPE_DIRECTORY; the log directory the node
+        # agent reads is not in the container at all.
+        seen = shm_seen.splitlines()
+        assert seen[0] == f"daemon-shm-of-{gpu}"
+        assert seen[1] == f"daemon-pipe-of-{gpu}"
+        assert "log-visible" not in seen
         pod = get_pod(cluster, name)
         assert pod["metadata"]["annotations"][ANN_STATE] == "allocated"
     finally:

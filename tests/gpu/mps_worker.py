@@ -3,6 +3,7 @@
     python mps_worker.py gemm <seconds> <barrier dir>   -> {"tflops": ..., "pid": ...}
     python mps_worker.py memory <small MiB> <big MiB>  -> {"small_ok": ..., "big_refused": ...}
     python mps_worker.py identity                      -> {"uuid": ..., "devices": ...}
+    python mps_worker.py hold <seconds>                -> {"holding": true}, then sleeps
 
 Prints one JSON line on stdout. Standalone on purpose: only torch and the standard library.
 """
@@ -71,6 +72,14 @@ def identity() -> None:
     report(uuid=device_uuid(), devices=torch.cuda.device_count())
 
 
+def hold(seconds: float) -> None:
+    """Stay connected (keeps the MPS server running) for ``seconds``."""
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    report(holding=True)
+    time.sleep(seconds)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "gemm":
@@ -79,5 +88,7 @@ if __name__ == "__main__":
         memory(int(sys.argv[2]), int(sys.argv[3]))
     elif mode == "identity":
         identity()
+    elif mode == "hold":
+        hold(float(sys.argv[2]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")

@@ -182,15 +182,17 @@ def test_fractional_pod_gets_its_gpu_mps_pipe_threads_memory_and_priority(
     assert allocation.envs == {
         "CUDA_VISIBLE_DEVICES": GPU_B,
         "CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR,
-        "CUDA_MPS_LOG_DIRECTORY": "/run/gpushare/mps/log",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10240M",
         "CUDA_MPS_CLIENT_PRIORITY": "0",
     }
     mounts = {m.container_path: m.host_path for m in allocation.mounts}
+    # The pipe also where CUDA looks when CUDA_MPS_PIPE_DIRECTORY is unset (a container that
+    # unsets it still reaches its MPS server and its limits); never the log directory the
+    # node agent reads to judge faults.
     assert mounts == {
         "/run/gpushare/mps/pipe": str(tmp_path / "mps" / GPU_B / "pipe"),
-        "/run/gpushare/mps/log": str(tmp_path / "mps" / GPU_B / "log"),
+        "/tmp/nvidia-mps": str(tmp_path / "mps" / GPU_B / "pipe"),
         "/dev/shm": str(tmp_path / "mps" / GPU_B / "shm"),
     }
     assert allocation.devices == []  # simulated backend: no /dev/nvidia* nodes
