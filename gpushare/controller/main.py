@@ -38,7 +38,12 @@ from gpushare.controller.registration import webhook_configurations
 from gpushare.controller.requeue import requeue
 from gpushare.controller.server import extender_app, webhook_app
 from gpushare.controller.settings import PROG, Settings, parse_args
-from gpushare.controller.tls import CertFiles, ReloadingServerTls, ensure_certs
+from gpushare.controller.tls import (
+    CertFiles,
+    ReloadingServerTls,
+    ensure_certs,
+    issued_by_one_of,
+)
 from gpushare.controller.view import ClusterView
 from gpushare.controller.webhook import ClusterFacts
 
@@ -470,6 +475,10 @@ async def _reload_certs(ctx: ControllerContext) -> None:
                 continue
             ctx.ca_bundle = bundle
             await asyncio.sleep(CA_PROPAGATION_SECONDS)
+        if not issued_by_one_of(ctx.certs.cert.read_bytes(), ctx.ca_bundle):
+            # A rotation written file by file: the new certificate is here before its CA.
+            log.info("new webhook certificate waits for its CA to be registered")
+            continue
         if hook.reload():
             log.info("webhook certificate reloaded", extra={"reloads": hook.reloads})
         else:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -219,3 +220,22 @@ class ReloadingServerTls:
         self._seen = seen
         self.reloads += 1
         return True
+
+
+def issued_by_one_of(cert_pem: bytes, bundle: bytes) -> bool:
+    """Does a CA of the PEM ``bundle`` sign the first certificate of ``cert_pem``? (The
+    webhook switches to a rotated certificate only once the API server trusts its CA.)"""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        cas = x509.load_pem_x509_certificates(bundle)
+    except ValueError:
+        return False
+    for ca in cas:
+        if ca.subject != cert.issuer:
+            continue
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return True
+    return False

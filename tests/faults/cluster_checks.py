@@ -288,9 +288,13 @@ def burst_pods(image: str, count: int, prefix: str) -> list[Pod]:
 
 
 def fits_somewhere(pod: Pod, gpus: list[GpuInfo], all_pods: Iterable[Pod]) -> str | None:
-    """A GPU the pending pod would fit on now (a sign the scheduler has not caught up)."""
+    """A GPU the pending pod would fit on now (a sign the scheduler has not caught up). A GPU
+    holding pods of another namespace does not count: gpushare's default tenancy boundary
+    keeps it from being shared across namespaces (docs/security.md)."""
     used: dict[str, int] = defaultdict(int)
     memory: dict[str, int] = defaultdict(int)
+    foreign: set[str] = set()
+    namespace = pod["metadata"].get("namespace")
     for other in all_pods:
         if other["status"].get("phase") in ("Succeeded", "Failed"):
             continue
@@ -300,11 +304,13 @@ def fits_somewhere(pod: Pod, gpus: list[GpuInfo], all_pods: Iterable[Pod]) -> st
         for uuid in placement.gpu_uuids:
             used[uuid] += share_of(other)
             memory[uuid] += placement.memory_limit_bytes
+            if other["metadata"].get("namespace") != namespace:
+                foreign.add(uuid)
     want = share_of(pod)
     ann = pod["metadata"].get("annotations") or {}
     want_memory = parse_memory(ann[ANN_MEMORY], field=ANN_MEMORY) if ANN_MEMORY in ann else 0
     for gpu in gpus:
-        if not gpu.healthy:
+        if not gpu.healthy or gpu.uuid in foreign:
             continue
         need = want_memory or gpu.memory_bytes * want // SLICES_PER_GPU
         if used[gpu.uuid] + want <= SLICES_PER_GPU and memory[gpu.uuid] + need <= gpu.memory_bytes:

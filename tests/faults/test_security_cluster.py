@@ -1,0 +1,866 @@
+"""A hostile tenant against the real cluster: every attack of the tenant-safety issue and more,
+each refused with a clear reason, none disturbing a victim pod of another namespace.
+
+The tenant is a ServiceAccount of its own namespace (impersonated with ``kubectl --as``) that
+may create, patch and update its pods and their status, as namespace owners usually may; it can
+reach the extender's port (the local cluster's gpushare-scheduler calls it over plain HTTP on
+this host, so the network check is skipped here: the chart's NetworkPolicy and mutual TLS are
+the first fences, checked in tests/chart and by ``test_extender_without_client_certificate``).
+The chart's two ValidatingAdmissionPolicies (placement annotations; node agents confined to
+their node) are rendered by helm and bound to this module's namespaces; the host-process
+controller and node agent of the test harness write as ``kubernetes-admin``, which the policy
+names as a writer (in a chart install they are the release's ServiceAccounts).
+
+Results: $GPUSHARE_SECURITY_OUT/attacks.json (else the cluster state dir), for
+bench/results/security.json.
+"""
+
+import json
+import os
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILE, ANN_PROFILING
+from gpushare.api.names import (
+    ANN_FRACTION,
+    ANN_GPU_UUID,
+    ANN_STATE,
+    ANN_THREAD_PERCENT,
+    RESOURCE_GPU_PERCENT,
+    SCHEDULER_NAME,
+)
+from tests.faults.cluster_checks import kubectl_json, wait_until
+from tests.fixtures.controller import EXTENDER_PORT, ControllerProcess
+from tests.fixtures.helm_chart import CHART, KUBE_VERSION, helm_binary
+from tests.fixtures.node_agent import NodeAgentProcess
+
+pytestmark = pytest.mark.cluster
+
+ADMIN = "kubernetes-admin"
+EXTENDER = f"http://127.0.0.1:{EXTENDER_PORT}/scheduler"
+RESULTS: dict[str, dict[str, Any]] = {}
+
+
+@dataclass
+class Sec:
+    cluster: Any
+    controller: ControllerProcess
+    agent: NodeAgentProcess
+    victim_ns: str
+    attacker_ns: str
+    agent_ns: str
+    release: str
+    tenant: str
+    victim: dict[str, Any] = field(default_factory=dict)
+
+    def kubectl(self, *args: str, as_tenant: bool = False, stdin: str | None = None) -> Any:
+        cmd = ["kubectl", *args, *([f"--as={self.tenant}"] if as_tenant else [])]
+        return subprocess.run(
+            cmd,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=self.cluster.env,
+            timeout=90,
+            check=False,
+        )
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return dict(kubectl_json(self.cluster, "get", "pod", name, "-n", namespace))
+
+
+def pod_doc(
+    name: str,
+    image: str,
+    *,
+    annotations: dict[str, str] | None = None,
+    command: str = "sleep 3600",
+    spec: dict[str, Any] | None = None,
+    container: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": dict(annotations or {})},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", command],
+                    **(container or {}),
+                }
+            ],
+            **(spec or {}),
+        },
+    }
+
+
+def running(sec: Sec, namespace: str, name: str, timeout_s: float = 90) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        pod = sec.pod(namespace, name)
+        return pod if pod["status"].get("phase") == "Running" else None
+
+    found = wait_until(ready, timeout_s=timeout_s)
+    assert found, f"{namespace}/{name} never ran: {sec.pod(namespace, name)['status']}"
+    return dict(found)
+
+
+def scheduling_message(sec: Sec, namespace: str, name: str, timeout_s: float = 60) -> str:
+    def message() -> str:
+        events = sec.cluster.events(namespace, name=name, reason="FailedScheduling")
+        return " | ".join(str(e.get("message")) for e in events)
+
+    return str(wait_until(message, timeout_s=timeout_s) or "")
+
+
+def victim_state(sec: Sec) -> tuple[Any, ...]:
+    pod = sec.pod(sec.victim_ns, "victim")
+    status = pod["status"]["containerStatuses"][0]
+    ann = pod["metadata"]["annotations"]
+    return (
+        pod["metadata"]["uid"],
+        pod["status"]["phase"],
+        status["containerID"],
+        status["restartCount"],
+        ann.get(ANN_GPU_UUID),
+        ann.get(ANN_THREAD_PERCENT),
+        ann.get(ANN_FRACTION),
+    )
+
+
+@pytest.fixture(scope="module")
+def sec(cluster: Any, controller: ControllerProcess, node_agent: NodeAgentProcess) -> Iterator[Sec]:
+    helm = helm_binary()
+    if helm is None:
+        pytest.skip("helm not found: build it with `hack/build-tools.sh helm`")
+    sfx = uuid.uuid4().hex[:6]
+    s = Sec(
+        cluster,
+        controller,
+        node_agent,
+        victim_ns=f"gs-sec-victim-{sfx}",
+        attacker_ns=f"gs-sec-tenant-{sfx}",
+        agent_ns=f"gs-sec-agent-{sfx}",
+        release=f"gssec{sfx}",
+        tenant=f"system:serviceaccount:gs-sec-tenant-{sfx}:tenant",
+    )
+    rendered = subprocess.run(
+        [
+            helm,
+            "template",
+            s.release,
+            str(CHART),
+            "--namespace",
+            s.agent_ns,
+            "--kube-version",
+            KUBE_VERSION,
+            "--show-only",
+            "templates/placement-policy.yaml",
+            "--show-only",
+            "templates/node-agent-guard.yaml",
+            "--set-string",
+            f"placementGuard.namespaceSelector.matchLabels.gs-sec={sfx}",
+            "--set-string",
+            f"placementGuard.extraWriters[0]={ADMIN}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    for ns in (s.victim_ns, s.attacker_ns, s.agent_ns):
+        cluster.kubectl("create", "namespace", ns)
+        cluster.kubectl("label", "namespace", ns, controller.namespace_label, f"gs-sec={sfx}")
+    try:
+        cluster.kubectl("create", "serviceaccount", "-n", s.attacker_ns, "tenant")
+        cluster.kubectl(
+            "create",
+            "role",
+            "-n",
+            s.attacker_ns,
+            "owner",
+            "--verb=get,list,watch,create,patch,update,delete",
+            "--resource=pods",
+            "--resource=pods/status",
+            "--resource=gpushares",
+        )
+        cluster.kubectl(
+            "create",
+            "rolebinding",
+            "-n",
+            s.attacker_ns,
+            "owner",
+            "--role=owner",
+            f"--serviceaccount={s.attacker_ns}:tenant",
+        )
+        cluster.kubectl("apply", "-f", "-", input=rendered)
+        victim = pod_doc("victim", cluster.busybox_image, annotations={ANN_FRACTION: "0.3"})
+        cluster.kubectl("apply", "-n", s.victim_ns, "-f", "-", input=json.dumps(victim))
+        s.victim = running(s, s.victim_ns, "victim")
+        yield s
+    finally:
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=rendered, check=False)
+        for ns in (s.victim_ns, s.attacker_ns, s.agent_ns):
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        out = Path(os.environ.get("GPUSHARE_SECURITY_OUT") or Path(cluster.state_dir) / "security")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "attacks.json").write_text(json.dumps(RESULTS, indent=2, sort_keys=True))
+
+
+def post(path: str, body: Any, *, raw: bytes | None = None) -> tuple[int, dict[str, Any] | str]:
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"{EXTENDER}/{path}", data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+# ---- the attacks ---------------------------------------------------------------------------
+
+Outcome = tuple[bool, str]
+"""(refused, the reason the cluster gave)."""
+
+
+def create(sec: Sec, doc: dict[str, Any]) -> Outcome:
+    out = sec.kubectl(
+        "create", "-n", sec.attacker_ns, "-f", "-", as_tenant=True, stdin=json.dumps(doc)
+    )
+    return out.returncode != 0, out.stderr.strip()
+
+
+def a_forged_bind_of_a_pod_of_another_scheduler(sec: Sec) -> Outcome:
+    """Issue: a POST to /scheduler/bind bound kube-system/victim to an attacker's node."""
+    name = f"plain-{uuid.uuid4().hex[:4]}"
+    doc = pod_doc(name, sec.cluster.busybox_image, spec={"schedulerName": "nobody"})
+    sec.cluster.kubectl("apply", "-n", sec.victim_ns, "-f", "-", input=json.dumps(doc))
+    uid = sec.pod(sec.victim_ns, name)["metadata"]["uid"]
+    _, answer = post(
+        "bind",
+        {
+            "PodName": name,
+            "PodNamespace": sec.victim_ns,
+            "PodUID": uid,
+            "Node": sec.cluster.node_name,
+        },
+    )
+    bound = sec.pod(sec.victim_ns, name)["spec"].get("nodeName")
+    sec.cluster.kubectl("delete", "pod", name, "-n", sec.victim_ns, "--wait=false")
+    error = answer.get("Error", "") if isinstance(answer, dict) else answer
+    return not bound and "not gpushare-scheduler" in error, error
+
+
+def a_forged_plain_bind_of_a_pod_without_gpu_request(sec: Sec) -> Outcome:
+    name = f"nogpu-{uuid.uuid4().hex[:4]}"
+    doc = pod_doc(
+        name,
+        sec.cluster.busybox_image,
+        spec={"schedulerName": SCHEDULER_NAME, "nodeSelector": {"gs-sec": "nowhere"}},
+    )
+    sec.cluster.kubectl("apply", "-n", sec.attacker_ns, "-f", "-", input=json.dumps(doc))
+    uid = sec.pod(sec.attacker_ns, name)["metadata"]["uid"]
+    _, answer = post(
+        "bind",
+        {
+            "PodName": name,
+            "PodNamespace": sec.attacker_ns,
+            "PodUID": uid,
+            "Node": sec.cluster.node_name,
+        },
+    )
+    bound = sec.pod(sec.attacker_ns, name)["spec"].get("nodeName")
+    error = answer.get("Error", "") if isinstance(answer, dict) else answer
+    return not bound and "asks for no GPU share" in error, error
+
+
+def a_forged_bind_to_a_node_filter_never_offered(sec: Sec) -> Outcome:
+    """A pending gpushare pod whose node selector matches no node: binding it anyway would
+    place it against its own scheduling rules."""
+    name = f"pinned-{uuid.uuid4().hex[:4]}"
+    doc = pod_doc(
+        name,
+        sec.cluster.busybox_image,
+        annotations={ANN_FRACTION: "0.05"},
+        spec={"nodeSelector": {"gs-sec": "nowhere"}},
+    )
+    refused, why = create(sec, doc)
+    assert not refused, why
+    uid = sec.pod(sec.attacker_ns, name)["metadata"]["uid"]
+    _, answer = post(
+        "bind",
+        {
+            "PodName": name,
+            "PodNamespace": sec.attacker_ns,
+            "PodUID": uid,
+            "Node": sec.cluster.node_name,
+        },
+    )
+    bound = sec.pod(sec.attacker_ns, name)["spec"].get("nodeName")
+    error = answer.get("Error", "") if isinstance(answer, dict) else answer
+    return not bound and "was not offered" in error, error
+
+
+def forged_filter_calls_hold_capacity(sec: Sec) -> Outcome:
+    """Issue: two fake filter calls held a 2-GPU node and a real 10 % pod was refused."""
+    for i in range(40):
+        fake = pod_doc(f"ghost-{i}", "x", annotations={ANN_FRACTION: "1"})
+        fake["metadata"].update(namespace=sec.attacker_ns, uid=f"ghost-{i}")
+        fake["spec"]["schedulerName"] = SCHEDULER_NAME
+        fake["spec"]["containers"][0]["resources"] = {"limits": {RESOURCE_GPU_PERCENT: "100"}}
+        post("filter", {"Pod": fake, "NodeNames": [sec.cluster.node_name]})
+    name = f"real-{uuid.uuid4().hex[:4]}"
+    refused, why = create(
+        sec, pod_doc(name, sec.cluster.busybox_image, annotations={ANN_FRACTION: "0.1"})
+    )
+    assert not refused, why
+    pod = running(sec, sec.attacker_ns, name)
+    return bool(pod["spec"].get("nodeName")), "forged filter calls held nothing: a real pod ran"
+
+
+def oversized_and_deep_bodies(sec: Sec) -> Outcome:
+    codes = [
+        post("filter", None, raw=b"[" * 200_000)[0],
+        post("bind", None, raw=b'{"PodName":' + b"9" * 5000 + b"}")[0],
+        post(
+            "filter",
+            None,
+            raw=b'{"Pod":{"metadata":{"name":"x"}},"NodeNames":' + b"[" * 5000 + b"]}",
+        )[0],
+    ]
+    with urllib.request.urlopen(f"http://127.0.0.1:{EXTENDER_PORT}/healthz", timeout=5) as r:
+        alive = r.status == 200
+    return all(c == 400 for c in codes) and alive, f"HTTP {codes}, extender alive: {alive}"
+
+
+def patch_running_request_down(sec: Sec) -> Outcome:
+    """Issue: a running 90 % pod patched to gpu-fraction 0.01 counted as 1 %."""
+    name = tenant_running_pod(sec, "0.2")
+    out = sec.kubectl(
+        "annotate",
+        "--overwrite",
+        "-n",
+        sec.attacker_ns,
+        "pod",
+        name,
+        f"{ANN_FRACTION}=0.01",
+        as_tenant=True,
+    )
+    kept = sec.pod(sec.attacker_ns, name)["metadata"]["annotations"][ANN_FRACTION] == "0.2"
+    return out.returncode != 0 and kept and "fix:" in out.stderr, out.stderr.strip()
+
+
+def patch_request_through_pod_status(sec: Sec) -> Outcome:
+    name = tenant_running_pod(sec, "0.2")
+    body = json.dumps({"metadata": {"annotations": {ANN_FRACTION: "0.01"}}})
+    out = sec.kubectl(
+        "patch",
+        "pod",
+        name,
+        "-n",
+        sec.attacker_ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        body,
+        as_tenant=True,
+    )
+    return out.returncode != 0 and f"metadata.annotations[{ANN_FRACTION}]" in out.stderr, (
+        out.stderr.strip()
+    )
+
+
+def patch_thread_share_up(sec: Sec) -> Outcome:
+    name = tenant_running_pod(sec, "0.2")
+    out = sec.kubectl(
+        "annotate",
+        "--overwrite",
+        "-n",
+        sec.attacker_ns,
+        "pod",
+        name,
+        f"{ANN_THREAD_PERCENT}=100",
+        as_tenant=True,
+    )
+    return out.returncode != 0, out.stderr.strip()
+
+
+def patch_placement_onto_the_victims_gpu(sec: Sec) -> Outcome:
+    name = tenant_running_pod(sec, "0.2")
+    gpu = sec.victim["metadata"]["annotations"][ANN_GPU_UUID]
+    out = sec.kubectl(
+        "annotate",
+        "--overwrite",
+        "-n",
+        sec.attacker_ns,
+        "pod",
+        name,
+        f"{ANN_GPU_UUID}={gpu}",
+        as_tenant=True,
+    )
+    return out.returncode != 0, out.stderr.strip()
+
+
+def patch_state_back_to_assumed(sec: Sec) -> Outcome:
+    """A pod marked assumed again could capture the next same-size pod's Allocate."""
+    name = tenant_running_pod(sec, "0.2")
+    out = sec.kubectl(
+        "annotate",
+        "--overwrite",
+        "-n",
+        sec.attacker_ns,
+        "pod",
+        name,
+        f"{ANN_STATE}=assumed",
+        as_tenant=True,
+    )
+    return out.returncode != 0, out.stderr.strip()
+
+
+def patch_on_exclusive_policy(sec: Sec) -> Outcome:
+    """Issue: any pod could set packing-policy exclusive and keep everyone off its GPU."""
+    name = tenant_running_pod(sec, "0.2")
+    out = sec.kubectl(
+        "annotate",
+        "--overwrite",
+        "-n",
+        sec.attacker_ns,
+        "pod",
+        name,
+        f"{ANN_PACKING_POLICY}=exclusive",
+        as_tenant=True,
+    )
+    return out.returncode != 0, out.stderr.strip()
+
+
+def create_with_profiling_true(sec: Sec) -> Outcome:
+    return create(
+        sec,
+        pod_doc(
+            "profiler",
+            sec.cluster.busybox_image,
+            annotations={ANN_FRACTION: "0.1", ANN_PROFILING: "true"},
+        ),
+    )
+
+
+def create_with_a_fake_profile(sec: Sec) -> Outcome:
+    """A 5,000-digit number in gpushare.io/profile passed both webhooks (issue)."""
+    profile = '{"gpuModel":"H100","memoryBytes":' + "9" * 5000 + "}"
+    return create(
+        sec,
+        pod_doc(
+            "profiled",
+            sec.cluster.busybox_image,
+            annotations={ANN_FRACTION: "0.1", ANN_PROFILE: profile},
+        ),
+    )
+
+
+def create_exclusive_without_the_grant(sec: Sec) -> Outcome:
+    name = f"solo-{uuid.uuid4().hex[:4]}"
+    refused, why = create(
+        sec,
+        pod_doc(
+            name,
+            sec.cluster.busybox_image,
+            annotations={ANN_FRACTION: "0.1", ANN_PACKING_POLICY: "exclusive"},
+        ),
+    )
+    if refused:
+        return True, why
+    message = scheduling_message(sec, sec.attacker_ns, name)
+    bound = sec.pod(sec.attacker_ns, name)["spec"].get("nodeName")
+    return not bound and "neighbour-rules=granted" in message, message
+
+
+def gpu_request_in_an_init_container(sec: Sec) -> Outcome:
+    """Issue: a GPU request in an init container skipped the webhook and was never counted."""
+    doc = pod_doc("init", sec.cluster.busybox_image)
+    doc["spec"]["initContainers"] = [
+        dict(
+            doc["spec"]["containers"][0],
+            name="setup",
+            command=["true"],
+            resources={"limits": {RESOURCE_GPU_PERCENT: "90"}},
+        )
+    ]
+    return create(sec, doc)
+
+
+def share_the_victims_gpu_from_another_namespace(sec: Sec) -> Outcome:
+    """The victim's GPU has 70 % free; a 0.6 pod of another namespace is kept off it."""
+    name = f"neighbour-{uuid.uuid4().hex[:4]}"
+    refused, why = create(
+        sec, pod_doc(name, sec.cluster.busybox_image, annotations={ANN_FRACTION: "0.6"})
+    )
+    assert not refused, why
+    victim_gpu = sec.victim["metadata"]["annotations"][ANN_GPU_UUID]
+
+    def settled() -> str | None:
+        pod = sec.pod(sec.attacker_ns, name)
+        placed = (pod["metadata"].get("annotations") or {}).get(ANN_GPU_UUID)
+        if placed:
+            return f"placed on {placed}"
+        message = scheduling_message(sec, sec.attacker_ns, name, timeout_s=1)
+        return message or None
+
+    outcome = str(wait_until(settled, timeout_s=90) or "")
+    return victim_gpu not in outcome, outcome
+
+
+def env_reexports_the_thread_cap(sec: Sec) -> Outcome:
+    return create(
+        sec,
+        pod_doc(
+            "envcap",
+            sec.cluster.busybox_image,
+            annotations={ANN_FRACTION: "0.1"},
+            container={"env": [{"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"}]},
+        ),
+    )
+
+
+def mounts_the_mps_directories(sec: Sec) -> Outcome:
+    doc = pod_doc(
+        "mounter",
+        sec.cluster.busybox_image,
+        annotations={ANN_FRACTION: "0.1"},
+        container={"volumeMounts": [{"name": "h", "mountPath": "/h"}]},
+        spec={"volumes": [{"name": "h", "hostPath": {"path": "/run/gpushare"}}]},
+    )
+    return create(sec, doc)
+
+
+def skips_the_scheduler_with_node_name(sec: Sec) -> Outcome:
+    return create(
+        sec,
+        pod_doc(
+            "direct",
+            sec.cluster.busybox_image,
+            annotations={ANN_FRACTION: "0.1"},
+            spec={"nodeName": sec.cluster.node_name},
+        ),
+    )
+
+
+def writes_its_own_placement_at_creation(sec: Sec) -> Outcome:
+    gpu = sec.victim["metadata"]["annotations"][ANN_GPU_UUID]
+    return create(
+        sec,
+        pod_doc(
+            "squatter",
+            sec.cluster.busybox_image,
+            annotations={ANN_FRACTION: "0.1", ANN_GPU_UUID: gpu, ANN_THREAD_PERCENT: "100"},
+        ),
+    )
+
+
+def forges_mps_fault_lines_from_its_container(sec: Sec) -> Outcome:
+    """Issue: forged fault lines in the shared MPS log got a victim marked exclusive. The log
+    directory is no longer in any container; unsetting the pipe variable still finds the
+    daemon's pipe directory (MPS's default path is mounted too)."""
+    name = f"forger-{uuid.uuid4().hex[:4]}"
+    command = (
+        "for d in /run/gpushare/mps/log /var/log/nvidia-mps; do "
+        "(echo '[2026-01-01 00:00:00.000 Server 1] Client {PID: 1, Context: 1} encountered a "
+        "fatal GPU error.' >> $d/server.log) 2>/dev/null && echo wrote-$d; done; "
+        "ls /tmp/nvidia-mps >/dev/null 2>&1 && echo default-pipe-present; echo done; sleep 3600"
+    )
+    refused, why = create(
+        sec,
+        pod_doc(
+            name, sec.cluster.busybox_image, annotations={ANN_FRACTION: "0.1"}, command=command
+        ),
+    )
+    assert not refused, why
+    running(sec, sec.attacker_ns, name)
+
+    def logged() -> str:
+        text = sec.cluster.kubectl("logs", name, "-n", sec.attacker_ns, check=False)
+        return text if "done" in text else ""
+
+    text = str(wait_until(logged, timeout_s=30))
+    wrote = "wrote-" in text
+    return not wrote and "default-pipe-present" in text, text.strip().replace("\n", "; ")
+
+
+def a_node_agent_token_for_another_nodes_pods(sec: Sec) -> Outcome:
+    """The node agent's ServiceAccount, with a token bound to a pod on this node: it may patch
+    pods of its node only (a pending pod, on no node, stands in for another node's)."""
+    sa = f"{sec.release}-gpushare-node-agent"
+    sec.cluster.kubectl("create", "serviceaccount", "-n", sec.agent_ns, sa)
+    sec.cluster.kubectl(
+        "create",
+        "clusterrole",
+        f"{sec.release}-agent",
+        "--verb=get,patch,update",
+        "--resource=pods,nodes",
+    )
+    sec.cluster.kubectl(
+        "create",
+        "clusterrolebinding",
+        f"{sec.release}-agent",
+        f"--clusterrole={sec.release}-agent",
+        f"--serviceaccount={sec.agent_ns}:{sa}",
+    )
+    try:
+        agent_pod = pod_doc("agent", sec.cluster.busybox_image, spec={"serviceAccountName": sa})
+        sec.cluster.kubectl("apply", "-n", sec.agent_ns, "-f", "-", input=json.dumps(agent_pod))
+        running(sec, sec.agent_ns, "agent")
+        token = sec.cluster.kubectl(
+            "create",
+            "token",
+            sa,
+            "-n",
+            sec.agent_ns,
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            "agent",
+        ).strip()
+        elsewhere = pod_doc(
+            "elsewhere", sec.cluster.busybox_image, spec={"nodeSelector": {"gs-sec": "nowhere"}}
+        )
+        sec.cluster.kubectl("apply", "-n", sec.victim_ns, "-f", "-", input=json.dumps(elsewhere))
+        base = [
+            "kubectl",
+            f"--token={token}",
+            "--kubeconfig=/dev/null",
+            f"--server={_server(sec)}",
+            "--insecure-skip-tls-verify=true",
+        ]
+
+        def agent_patch(*args: str) -> Any:
+            return subprocess.run(
+                [*base, *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+                env=sec.cluster.env,
+            )
+
+        foreign = agent_patch(
+            "annotate", "pod", "elsewhere", "-n", sec.victim_ns, "x=1", "--overwrite"
+        )
+        own = agent_patch(
+            "annotate", "pod", "victim", "-n", sec.victim_ns, "gs-sec/agent-ok=1", "--overwrite"
+        )
+        node = agent_patch(
+            "annotate", "node", sec.cluster.node_name, "gs-sec/agent-ok=1", "--overwrite"
+        )
+        unbound = sec.cluster.kubectl("create", "token", sa, "-n", sec.agent_ns).strip()
+        stolen = subprocess.run(
+            [
+                "kubectl",
+                f"--token={unbound}",
+                "--kubeconfig=/dev/null",
+                f"--server={_server(sec)}",
+                "--insecure-skip-tls-verify=true",
+                "annotate",
+                "node",
+                sec.cluster.node_name,
+                "gs-sec/agent-ok=2",
+                "--overwrite",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=sec.cluster.env,
+        )
+        refused = foreign.returncode != 0 and stolen.returncode != 0
+        allowed = own.returncode == 0 and node.returncode == 0
+        why = f"{foreign.stderr.strip()} | without a node claim: {stolen.stderr.strip()}"
+        if not allowed:
+            why += f" | own pod/node refused too: {own.stderr.strip()} {node.stderr.strip()}"
+        return refused and allowed, why
+    finally:
+        sec.cluster.kubectl(
+            "annotate", "node", sec.cluster.node_name, "gs-sec/agent-ok-", check=False
+        )
+        sec.cluster.kubectl(
+            "delete", "clusterrolebinding,clusterrole", f"{sec.release}-agent", check=False
+        )
+
+
+def _server(sec: Sec) -> str:
+    config = yaml.safe_load(Path(sec.cluster.kubeconfig).read_text())
+    return str(config["clusters"][0]["cluster"]["server"])
+
+
+def extender_without_client_certificate(sec: Sec) -> Outcome:
+    """A second real controller, serving its extender with the chart's own certificates and
+    client certificates required (the chart's default): a caller without gpushare-scheduler's
+    certificate gets no answer, gpushare-scheduler's gets one."""
+    import base64  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+    import ssl  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    helm = helm_binary()
+    assert helm is not None
+    rendered = subprocess.run(
+        [
+            helm,
+            "template",
+            sec.release,
+            str(CHART),
+            "--namespace",
+            sec.agent_ns,
+            "--kube-version",
+            KUBE_VERSION,
+            "--show-only",
+            "templates/extender-tls.yaml",
+            "--set",
+            "controller.service.clusterIP=127.0.0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    work = Path(sec.controller.workdir) / "mtls"
+    files: dict[str, Path] = {}
+    for doc in yaml.safe_load_all(rendered):
+        if not doc or doc.get("kind") != "Secret":
+            continue
+        role = "client" if doc["metadata"]["name"].endswith("-client") else "server"
+        for key, value in doc["data"].items():
+            path = work / role / key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(base64.b64decode(value))
+            files[f"{role}/{key}"] = path
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpushare.controller",
+            "--kubeconfig",
+            str(sec.cluster.kubeconfig),
+            "--extender-port",
+            str(port),
+            "--extender-tls-cert",
+            str(files["server/tls.crt"]),
+            "--extender-tls-key",
+            str(files["server/tls.key"]),
+            "--extender-client-ca",
+            str(files["server/ca.crt"]),
+            "--no-webhook",
+            "--no-operator",
+        ],
+        env=sec.controller.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert wait_until(lambda: _port_open(port), timeout_s=60), "the controller never listened"
+        body = json.dumps(
+            {
+                "PodName": "victim",
+                "PodNamespace": sec.victim_ns,
+                "PodUID": "",
+                "Node": sec.cluster.node_name,
+            }
+        ).encode()
+        anonymous = ssl.create_default_context(cafile=str(files["server/ca.crt"]))
+        try:
+            request = urllib.request.Request(f"https://127.0.0.1:{port}/scheduler/bind", data=body)
+            urllib.request.urlopen(request, timeout=10, context=anonymous)
+            refused, why = False, "answered a caller without a client certificate"
+        except (urllib.error.URLError, ssl.SSLError, ConnectionError) as exc:
+            refused, why = True, f"TLS refused the caller: {exc}"
+        scheduler = ssl.create_default_context(cafile=str(files["server/ca.crt"]))
+        scheduler.load_cert_chain(files["client/tls.crt"], files["client/tls.key"])
+        url = f"https://127.0.0.1:{port}/healthz"
+        with urllib.request.urlopen(url, timeout=10, context=scheduler) as answer:
+            trusted = answer.status == 200
+        return refused and trusted, why
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def _port_open(port: int) -> bool:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def tenant_running_pod(sec: Sec, fraction: str) -> str:
+    """The tenant's own placed, running pod (one per fraction, made once)."""
+    name = f"own-{fraction.replace('.', '')}"
+    try:
+        sec.pod(sec.attacker_ns, name)
+    except AssertionError:
+        refused, why = create(
+            sec, pod_doc(name, sec.cluster.busybox_image, annotations={ANN_FRACTION: fraction})
+        )
+        assert not refused, why
+    running(sec, sec.attacker_ns, name)
+    return name
+
+
+ATTACKS: dict[str, Callable[[Sec], Outcome]] = {
+    f.__name__: f
+    for f in (
+        a_forged_bind_of_a_pod_of_another_scheduler,
+        a_forged_plain_bind_of_a_pod_without_gpu_request,
+        a_forged_bind_to_a_node_filter_never_offered,
+        forged_filter_calls_hold_capacity,
+        oversized_and_deep_bodies,
+        patch_running_request_down,
+        patch_request_through_pod_status,
+        patch_thread_share_up,
+        patch_placement_onto_the_victims_gpu,
+        patch_state_back_to_assumed,
+        patch_on_exclusive_policy,
+        create_with_profiling_true,
+        create_with_a_fake_profile,
+        create_exclusive_without_the_grant,
+        gpu_request_in_an_init_container,
+        share_the_victims_gpu_from_another_namespace,
+        env_reexports_the_thread_cap,
+        mounts_the_mps_directories,
+        skips_the_scheduler_with_node_name,
+        writes_its_own_placement_at_creation,
+        forges_mps_fault_lines_from_its_container,
+        a_node_agent_token_for_another_nodes_pods,
+        extender_without_client_certificate,
+    )
+}
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_attack_is_refused_with_a_reason_and_disturbs_no_one(sec: Sec, attack: str) -> None:
+    before = victim_state(sec)
+    refused, reason = ATTACKS[attack](sec)
+    after = victim_state(sec)
+    RESULTS[attack] = {
+        "refused": refused,
+        "reason": reason[:600],
+        "victim_undisturbed": before == after,
+    }
+    assert refused, f"{attack} succeeded: {reason}"
+    assert reason, f"{attack} was refused without a reason"
+    assert before == after, f"{attack} disturbed the victim: {before} -> {after}"
