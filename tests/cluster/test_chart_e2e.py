@@ -79,8 +79,28 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
             # helm's --wait counts a one-node DaemonSet ready before its pod is (it allows
             # maxUnavailable=1 of 1), so the node agent gets the same 2 minutes to be Ready.
             pods = wait_ready_release_pods(cluster, timeout_s=120)
-            assert sorted(component(p) for p in pods) == ["controller", "node-agent", "scheduler"]
+            # Two controller replicas: one leads (its pod labelled so, the extender Service
+            # selects it), the other serves the webhook as a standby.
+            assert sorted(component(p) for p in pods) == [
+                "controller",
+                "controller",
+                "node-agent",
+                "scheduler",
+            ]
             assert all(ready(p) for p in pods), [p["status"] for p in pods]
+            roles = wait_for(
+                lambda: (
+                    sorted(
+                        p["metadata"]["labels"].get("gpushare.io/controller-role", "")
+                        for p in release_pods(cluster)
+                        if component(p) == "controller"
+                    )
+                    == ["leader", "standby"]
+                ),
+                timeout_s=60,
+                what="one leader and one standby controller",
+            )
+            assert roles
             images_used = {c["image"] for p in pods for c in p["spec"]["containers"]}
             assert images_used == {
                 "gpushare/gpushare:0.1.0",
@@ -142,14 +162,14 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
             ):
                 cluster.kubectl("rollout", "status", "-n", NAMESPACE, kind, "--timeout=120s")
 
-            def three_ready() -> list[Obj] | None:
+            def all_ready() -> list[Obj] | None:
                 pods = release_pods(cluster)
-                return pods if len(pods) == 3 and all(ready(p) for p in pods) else None
+                return pods if len(pods) == 4 and all(ready(p) for p in pods) else None
 
             after_pods = wait_for(
-                three_ready,
-                timeout_s=120,
-                what="three Ready gpushare pods after the upgrade",
+                all_ready,
+                timeout_s=180,
+                what="four Ready gpushare pods after the upgrade",
             )
             after = {component(p): p["metadata"]["uid"] for p in after_pods}
             assert after.keys() == before.keys()
@@ -297,6 +317,13 @@ def test_service_accounts_can_do_exactly_what_they_need(cluster: LocalCluster) -
             ),
             (ctl, "patch", "configmaps/other", ns, False),
             (ctl, "create", "configmaps", "default", False),
+            # leader election between replicas (its own Lease), admin labels on namespaces
+            (ctl, "create", "leases.coordination.k8s.io", ns, True),
+            (ctl, "update", f"leases.coordination.k8s.io/{ctl}", ns, True),
+            (ctl, "update", "leases.coordination.k8s.io/other", ns, False),
+            (ctl, "create", "leases.coordination.k8s.io", "default", False),
+            (ctl, "watch", "namespaces", None, True),
+            (ctl, "patch", "namespaces", None, False),
             # gpushare-scheduler: what kube-scheduler needs, its own lease
             (sch, "create", "pods --subresource=binding", "default", True),
             (sch, "watch", "pods", None, True),
