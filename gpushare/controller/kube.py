@@ -340,13 +340,18 @@ class Kube:
         self, *, namespace: str, name: str, annotations: Mapping[str, str]
     ) -> None:
         """Merge-patch the pod's annotations (a Pod update event for kube-scheduler)."""
-        patch = {"metadata": {"annotations": dict(annotations)}}
+        await self._merge_pod_metadata(namespace, name, "annotations", annotations)
+
+    async def _merge_pod_metadata(
+        self, namespace: str, name: str, part: str, values: Mapping[str, str]
+    ) -> None:
+        patch = {"metadata": {part: dict(values)}}
         try:
             await self._client.patch(
                 Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE
             )
         except Exception as exc:
-            raise _wrap(exc, f"annotate pod {namespace}/{name}") from exc
+            raise _wrap(exc, f"patch {part} of pod {namespace}/{name}") from exc
 
     async def evict_pod(self, *, namespace: str, name: str) -> bool:
         """Evict through the Eviction API, so PodDisruptionBudgets hold. False when a budget
@@ -568,13 +573,7 @@ class Kube:
 
     async def label_pod(self, *, namespace: str, name: str, labels: Mapping[str, str]) -> None:
         """Merge-patch the pod's labels (the controller's own pod: its leader role)."""
-        patch = {"metadata": {"labels": dict(labels)}}
-        try:
-            await self._client.patch(
-                Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE
-            )
-        except Exception as exc:
-            raise _wrap(exc, f"label pod {namespace}/{name}") from exc
+        await self._merge_pod_metadata(namespace, name, "labels", labels)
 
     # ---- webhook registration ------------------------------------------------------------
 

@@ -244,75 +244,46 @@ def create(sec: Sec, doc: dict[str, Any]) -> Outcome:
     return out.returncode != 0, out.stderr.strip()
 
 
+def forged_bind(sec: Sec, namespace: str, name: str, expect: str) -> Outcome:
+    """POST /scheduler/bind for an existing pending pod to this node, as any caller that
+    reaches the extender could; refused when the pod stays unbound and the answer says
+    ``expect``."""
+    uid = sec.pod(namespace, name)["metadata"]["uid"]
+    body = {"PodName": name, "PodNamespace": namespace, "PodUID": uid}
+    _, answer = post("bind", {**body, "Node": sec.cluster.node_name})
+    bound = sec.pod(namespace, name)["spec"].get("nodeName")
+    error = answer.get("Error", "") if isinstance(answer, dict) else answer
+    return not bound and expect in error, error
+
+
 def a_forged_bind_of_a_pod_of_another_scheduler(sec: Sec) -> Outcome:
     """Issue: a POST to /scheduler/bind bound kube-system/victim to an attacker's node."""
     name = f"plain-{uuid.uuid4().hex[:4]}"
     doc = pod_doc(name, sec.cluster.busybox_image, spec={"schedulerName": "nobody"})
     sec.cluster.kubectl("apply", "-n", sec.victim_ns, "-f", "-", input=json.dumps(doc))
-    uid = sec.pod(sec.victim_ns, name)["metadata"]["uid"]
-    _, answer = post(
-        "bind",
-        {
-            "PodName": name,
-            "PodNamespace": sec.victim_ns,
-            "PodUID": uid,
-            "Node": sec.cluster.node_name,
-        },
-    )
-    bound = sec.pod(sec.victim_ns, name)["spec"].get("nodeName")
-    sec.cluster.kubectl("delete", "pod", name, "-n", sec.victim_ns, "--wait=false")
-    error = answer.get("Error", "") if isinstance(answer, dict) else answer
-    return not bound and "not gpushare-scheduler" in error, error
+    try:
+        return forged_bind(sec, sec.victim_ns, name, "not gpushare-scheduler")
+    finally:
+        sec.cluster.kubectl("delete", "pod", name, "-n", sec.victim_ns, "--wait=false")
 
 
 def a_forged_plain_bind_of_a_pod_without_gpu_request(sec: Sec) -> Outcome:
     name = f"nogpu-{uuid.uuid4().hex[:4]}"
-    doc = pod_doc(
-        name,
-        sec.cluster.busybox_image,
-        spec={"schedulerName": SCHEDULER_NAME, "nodeSelector": {"gs-sec": "nowhere"}},
-    )
+    nowhere = {"schedulerName": SCHEDULER_NAME, "nodeSelector": {"gs-sec": "nowhere"}}
+    doc = pod_doc(name, sec.cluster.busybox_image, spec=nowhere)
     sec.cluster.kubectl("apply", "-n", sec.attacker_ns, "-f", "-", input=json.dumps(doc))
-    uid = sec.pod(sec.attacker_ns, name)["metadata"]["uid"]
-    _, answer = post(
-        "bind",
-        {
-            "PodName": name,
-            "PodNamespace": sec.attacker_ns,
-            "PodUID": uid,
-            "Node": sec.cluster.node_name,
-        },
-    )
-    bound = sec.pod(sec.attacker_ns, name)["spec"].get("nodeName")
-    error = answer.get("Error", "") if isinstance(answer, dict) else answer
-    return not bound and "asks for no GPU share" in error, error
+    return forged_bind(sec, sec.attacker_ns, name, "asks for no GPU share")
 
 
 def a_forged_bind_to_a_node_filter_never_offered(sec: Sec) -> Outcome:
     """A pending gpushare pod whose node selector matches no node: binding it anyway would
     place it against its own scheduling rules."""
     name = f"pinned-{uuid.uuid4().hex[:4]}"
-    doc = pod_doc(
-        name,
-        sec.cluster.busybox_image,
-        annotations={ANN_FRACTION: "0.05"},
-        spec={"nodeSelector": {"gs-sec": "nowhere"}},
-    )
+    nowhere = {"nodeSelector": {"gs-sec": "nowhere"}}
+    doc = pod_doc(name, sec.cluster.busybox_image, annotations={ANN_FRACTION: "0.05"}, spec=nowhere)
     refused, why = create(sec, doc)
     assert not refused, why
-    uid = sec.pod(sec.attacker_ns, name)["metadata"]["uid"]
-    _, answer = post(
-        "bind",
-        {
-            "PodName": name,
-            "PodNamespace": sec.attacker_ns,
-            "PodUID": uid,
-            "Node": sec.cluster.node_name,
-        },
-    )
-    bound = sec.pod(sec.attacker_ns, name)["spec"].get("nodeName")
-    error = answer.get("Error", "") if isinstance(answer, dict) else answer
-    return not bound and "was not offered" in error, error
+    return forged_bind(sec, sec.attacker_ns, name, "was not offered")
 
 
 def forged_filter_calls_hold_capacity(sec: Sec) -> Outcome:
@@ -350,18 +321,9 @@ def oversized_and_deep_bodies(sec: Sec) -> Outcome:
 def patch_running_request_down(sec: Sec) -> Outcome:
     """Issue: a running 90 % pod patched to gpu-fraction 0.01 counted as 1 %."""
     name = tenant_running_pod(sec, "0.2")
-    out = sec.kubectl(
-        "annotate",
-        "--overwrite",
-        "-n",
-        sec.attacker_ns,
-        "pod",
-        name,
-        f"{ANN_FRACTION}=0.01",
-        as_tenant=True,
-    )
+    refused, why = tenant_annotates(sec, name, f"{ANN_FRACTION}=0.01")
     kept = sec.pod(sec.attacker_ns, name)["metadata"]["annotations"][ANN_FRACTION] == "0.2"
-    return out.returncode != 0 and kept and "fix:" in out.stderr, out.stderr.strip()
+    return refused and kept and "fix:" in why, why
 
 
 def patch_request_through_pod_status(sec: Sec) -> Outcome:
@@ -386,65 +348,25 @@ def patch_request_through_pod_status(sec: Sec) -> Outcome:
 
 def patch_thread_share_up(sec: Sec) -> Outcome:
     name = tenant_running_pod(sec, "0.2")
-    out = sec.kubectl(
-        "annotate",
-        "--overwrite",
-        "-n",
-        sec.attacker_ns,
-        "pod",
-        name,
-        f"{ANN_THREAD_PERCENT}=100",
-        as_tenant=True,
-    )
-    return out.returncode != 0, out.stderr.strip()
+    return tenant_annotates(sec, name, f"{ANN_THREAD_PERCENT}=100")
 
 
 def patch_placement_onto_the_victims_gpu(sec: Sec) -> Outcome:
     name = tenant_running_pod(sec, "0.2")
     gpu = sec.victim["metadata"]["annotations"][ANN_GPU_UUID]
-    out = sec.kubectl(
-        "annotate",
-        "--overwrite",
-        "-n",
-        sec.attacker_ns,
-        "pod",
-        name,
-        f"{ANN_GPU_UUID}={gpu}",
-        as_tenant=True,
-    )
-    return out.returncode != 0, out.stderr.strip()
+    return tenant_annotates(sec, name, f"{ANN_GPU_UUID}={gpu}")
 
 
 def patch_state_back_to_assumed(sec: Sec) -> Outcome:
     """A pod marked assumed again could capture the next same-size pod's Allocate."""
     name = tenant_running_pod(sec, "0.2")
-    out = sec.kubectl(
-        "annotate",
-        "--overwrite",
-        "-n",
-        sec.attacker_ns,
-        "pod",
-        name,
-        f"{ANN_STATE}=assumed",
-        as_tenant=True,
-    )
-    return out.returncode != 0, out.stderr.strip()
+    return tenant_annotates(sec, name, f"{ANN_STATE}=assumed")
 
 
 def patch_on_exclusive_policy(sec: Sec) -> Outcome:
     """Issue: any pod could set packing-policy exclusive and keep everyone off its GPU."""
     name = tenant_running_pod(sec, "0.2")
-    out = sec.kubectl(
-        "annotate",
-        "--overwrite",
-        "-n",
-        sec.attacker_ns,
-        "pod",
-        name,
-        f"{ANN_PACKING_POLICY}=exclusive",
-        as_tenant=True,
-    )
-    return out.returncode != 0, out.stderr.strip()
+    return tenant_annotates(sec, name, f"{ANN_PACKING_POLICY}=exclusive")
 
 
 def create_with_profiling_true(sec: Sec) -> Outcome:
@@ -805,6 +727,14 @@ def _port_open(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def tenant_annotates(sec: Sec, name: str, change: str) -> Outcome:
+    """The tenant's ``kubectl annotate --overwrite`` of its own pod."""
+    out = sec.kubectl(
+        "annotate", "--overwrite", "-n", sec.attacker_ns, "pod", name, change, as_tenant=True
+    )
+    return out.returncode != 0, out.stderr.strip()
 
 
 def tenant_running_pod(sec: Sec, fraction: str) -> str:
