@@ -28,6 +28,7 @@ from gpushare.api.names import (
     ANN_REQUEST_PERCENT,
     ANN_SHARE,
     ANN_THREAD_PERCENT,
+    LABEL_NEIGHBOUR_RULES,
 )
 from gpushare.node.load import PIPE_WEIGHTS
 from tests.fixtures.node_agent import NodeAgentProcess, wait_until
@@ -213,6 +214,8 @@ def namespace(cluster: Any, crd: None, request: pytest.FixtureRequest) -> Iterat
         # The test controller's webhook serves only namespaces carrying its label.
         label = request.getfixturevalue("controller").namespace_label
         cluster.kubectl("label", "namespace", name, label)
+    # An admin's grant: the operator's profiling pods run alone on their GPU here.
+    cluster.kubectl("label", "namespace", name, f"{LABEL_NEIGHBOUR_RULES}=granted")
     yield name
     # Drop finalizers first: the test's operator may already be gone.
     shares = cluster.kubectl("get", "gpushares", "-n", name, "-o", "name", check=False).split()

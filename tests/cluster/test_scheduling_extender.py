@@ -31,7 +31,7 @@ from gpushare.api.placement import parse_placement
 from gpushare.api.quantities import parse_fraction, parse_memory
 from gpushare.controller.extender import HOLD_SECONDS
 from tests.fixtures.cluster import LocalCluster
-from tests.fixtures.controller import ControllerProcess, pod_json
+from tests.fixtures.controller import ControllerProcess
 from tests.fixtures.node_agent import NodeAgentProcess
 
 pytestmark = pytest.mark.cluster
@@ -391,11 +391,23 @@ def test_a_pod_refused_while_a_lost_bind_held_the_gpus_is_placed_when_the_hold_l
     """A scheduler that filtered pods and died before binding them leaves filter-time holds:
     capacity kube-scheduler cannot see. A pod refused meanwhile sits among its unschedulable
     pods until some cluster event, up to five minutes in a quiet cluster. When the holds lapse
-    the controller touches the refused pod so it is tried again at once."""
+    the controller touches the refused pod so it is tried again at once.
+
+    The filtered pods are real pending pods (filter holds only for pods the watch knows); their
+    node selector keeps the live scheduler from binding them, so the filter calls below play
+    the part of the scheduler that died."""
     assert not assert_no_gpu_oversubscribed(cluster, gpu_node), "GPUs not empty at the start"
     url = f"{controller.extender_url}/scheduler/filter"
+    nowhere = {"nodeSelector": {"gpushare.io/test": "nowhere"}}
+    create(
+        cluster,
+        namespace,
+        [gpushare_pod(cluster, f"ghost-{i}", "1", **nowhere) for i in range(len(gpu_node.gpus))],
+    )
     for i, _ in enumerate(gpu_node.gpus):
-        ghost = pod_json(f"ghost-{i}", namespace=namespace, fraction="1", uid=str(uuid.uuid4()))
+        ghost = json.loads(
+            cluster.kubectl("get", "pod", f"ghost-{i}", "-n", namespace, "-o", "json")
+        )
         body = json.dumps({"Pod": ghost, "NodeNames": [gpu_node.name]}).encode()
         request = urllib.request.Request(
             url, data=body, headers={"Content-Type": "application/json"}
@@ -406,7 +418,8 @@ def test_a_pod_refused_while_a_lost_bind_held_the_gpus_is_placed_when_the_hold_l
     create(cluster, namespace, [gpushare_pod(cluster, "late", "0.5")])
     refused = scheduling_failure(cluster, namespace, "late")
     assert "gpushare" in refused, f"the held GPUs did not refuse the pod: {refused!r}"
-    pods = wait_bound(cluster, namespace, 1, timeout=HOLD_SECONDS + 60)
+    late_bound = wait_bound(cluster, namespace, 1, timeout=HOLD_SECONDS + 60)
+    pods = [p for p in late_bound if p["metadata"]["name"] == "late"] or late_bound
     waited = time.monotonic() - held
     pod = next(p for p in pods if p["metadata"]["name"] == "late")
     assert ANN_REQUEUED_AT in pod["metadata"]["annotations"]
