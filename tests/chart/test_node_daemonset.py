@@ -27,6 +27,12 @@ def test_flags_parse_with_the_agents_own_parser(chart: Chart) -> None:
     assert args.metrics_port == 9445
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert not args.require_exclusive_process  # the admin's compute mode is not assumed
+
+
+def test_exclusive_process_can_be_required(chart: Chart) -> None:
+    c = _agent(_ds(chart, {"node": {"requireExclusiveProcess": True}}))
+    assert build_parser().parse_args(c["args"]).require_exclusive_process
 
 
 def test_host_directories_are_mounted_at_their_host_paths(chart: Chart) -> None:
