@@ -194,7 +194,6 @@ def sec(cluster: Any, controller: ControllerProcess, node_agent: NodeAgentProces
             "--verb=get,list,watch,create,patch,update,delete",
             "--resource=pods",
             "--resource=pods/status",
-            "--resource=gpushares",
         )
         cluster.kubectl(
             "create",
