@@ -86,7 +86,9 @@ class ControllerContext:
                 (sum(1 for g in n.gpus if g.healthy) for n in self.view.nodes().values()),
                 default=0,
             ),
-            share_lookup=self.view.share_resolver,
+            # The operator's resolver on the leader; the view's own (same spec, from the
+            # controller's GpuShare watch) on a standby, which runs no operator.
+            share_lookup=self.view.share_resolver or self.view.share_request,
             protected_host_paths=self.settings.protected_host_paths,
             exclusive_lookup=self.view.exclusive_reason,
             separation_lookup=self.view.separation,

@@ -23,7 +23,7 @@ from gpushare.api.exclusive import (
     load_separated,
     separation_reason,
 )
-from gpushare.api.gpushare_crd import PROFILING_SKIP
+from gpushare.api.gpushare_crd import PROFILING_SKIP, parse_spec
 from gpushare.api.inventory import GpuInfo, load_inventory
 from gpushare.api.names import (
     ANN_NODE_EXCLUSIVE,
@@ -111,6 +111,7 @@ class ClusterView:
         self._rules: dict[str, ShareRules] = {}
         self._blockers: set[str] = set()
         self._share_status: dict[str, Mapping[str, Any]] = {}
+        self._share_requests: dict[str, GpuRequest | None] = {}
         self._shares_without_profiling: set[str] = set()
         self.shares_synced = False
         self.listeners: list[Callable[[str, str], None]] = []
@@ -569,12 +570,19 @@ class ClusterView:
         key = f"{meta.get('namespace') or 'default'}/{meta['name']}"
         self._share_status[key] = dict(status) if isinstance(status, Mapping) else {}
         spec = share.get("spec")
+        self._share_requests[key] = _share_request(spec, name=str(meta["name"]))
         profiling = spec.get("profiling") if isinstance(spec, Mapping) else None
         mode = profiling.get("mode") if isinstance(profiling, Mapping) else None
         if mode == PROFILING_SKIP:
             self._shares_without_profiling.add(key)
         else:
             self._shares_without_profiling.discard(key)
+
+    def share_request(self, namespace: str, name: str) -> GpuRequest | None:
+        """The request a GpuShare stands for, from its spec as watched; None when there is no
+        such share or its spec is invalid. Every replica has it (the webhook of a standby,
+        which runs no operator, resolves ``gpushare.io/share`` with it)."""
+        return self._share_requests.get(f"{namespace}/{name}")
 
     def share_skips_profiling(self, namespace: str, name: str) -> bool:
         """The GpuShare asks for no profiling (``spec.profiling.mode: skip``): its pods are
@@ -586,11 +594,13 @@ class ClusterView:
         if isinstance(meta, Mapping):
             key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
             self._share_status.pop(key, None)
+            self._share_requests.pop(key, None)
             self._shares_without_profiling.discard(key)
 
     def replace_shares(self, shares: Iterable[Mapping[str, Any]]) -> None:
         """A full list: shares missing from it are gone."""
         self._share_status.clear()
+        self._share_requests.clear()
         self._shares_without_profiling.clear()
         for share in shares:
             self.upsert_share(share)
@@ -740,6 +750,21 @@ def _rules_of(pod: Mapping[str, Any], *, granted: bool) -> ShareRules:
         )
     except Exception:  # InvalidInputError, or a bound missed: never the watch's problem
         return NO_RULES
+
+
+def _share_request(spec: object, *, name: str) -> GpuRequest | None:
+    if not isinstance(spec, Mapping):
+        return None
+    try:
+        parsed = parse_spec(spec)
+    except InvalidInputError:
+        return None
+    return GpuRequest(
+        percent=parsed.percent,
+        memory_bytes=parsed.memory_bytes,
+        gpu_class=parsed.gpu_class,
+        share=name,
+    )
 
 
 def _per_gpu_demand(demand: Demand) -> Demand:

@@ -202,3 +202,26 @@ def test_validity_window_of_generated_certificates_is_long(tmp_path: Path) -> No
 
     cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
     assert cert.not_valid_after_utc - dt.datetime.now(dt.UTC) > dt.timedelta(days=300)
+
+
+def test_a_standby_resolves_gpushare_links_from_the_watched_spec() -> None:
+    """A standby runs no operator, yet serves the webhook: pods linked to a GpuShare
+    (gpushare.io/share) must resolve there too, from the share the controller watches."""
+    from gpushare.controller.main import ControllerContext  # noqa: PLC0415
+    from gpushare.controller.metrics import Metrics  # noqa: PLC0415
+    from gpushare.controller.settings import Settings  # noqa: PLC0415
+    from gpushare.controller.view import ClusterView  # noqa: PLC0415
+
+    view = ClusterView()
+    view.replace_shares(
+        [
+            {"metadata": {"name": "infer", "namespace": "team"}, "spec": {"fraction": "0.3"}},
+            {"metadata": {"name": "broken", "namespace": "team"}, "spec": {"fraction": "3"}},
+        ]
+    )
+    ctx = ControllerContext(settings=Settings(), view=view, metrics=Metrics(view), kube=None)
+    lookup = ctx.cluster_facts().share_lookup
+    assert lookup is not None
+    found = lookup("team", "infer")
+    assert found is not None and found.percent == 30 and found.share == "infer"
+    assert lookup("team", "broken") is None and lookup("other", "infer") is None
