@@ -441,7 +441,8 @@ def share_the_victims_gpu_from_another_namespace(sec: Sec) -> Outcome:
         return message or None
 
     outcome = str(wait_until(settled, timeout_s=90) or "")
-    return victim_gpu not in outcome, outcome
+    kept_off = victim_gpu not in outcome and bool(outcome)
+    return kept_off, f"kept off {victim_gpu}, the victim namespace's GPU: {outcome}"
 
 
 def env_reexports_the_thread_cap(sec: Sec) -> Outcome:
