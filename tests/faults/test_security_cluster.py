@@ -518,7 +518,11 @@ def forges_mps_fault_lines_from_its_container(sec: Sec) -> Outcome:
 
     text = str(wait_until(logged, timeout_s=30))
     wrote = "wrote-" in text
-    return not wrote and "default-pipe-present" in text, text.strip().replace("\n", "; ")
+    why = (
+        "no MPS log directory in the container, nothing written; the daemon's pipe directory is "
+        "also at MPS's default path (container said: " + text.strip().replace("\n", "; ") + ")"
+    )
+    return not wrote and "default-pipe-present" in text, why
 
 
 def a_node_agent_token_for_another_nodes_pods(sec: Sec) -> Outcome:
