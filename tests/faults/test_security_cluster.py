@@ -345,9 +345,14 @@ def patch_request_through_pod_status(sec: Sec) -> Outcome:
     )
 
 
-def patch_thread_share_up(sec: Sec) -> Outcome:
+def patch_thread_share(sec: Sec) -> Outcome:
+    """The thread share the device plugin gives the pod's next container (a batch pod may
+    already run uncapped: then any other value is the change)."""
     name = tenant_running_pod(sec, "0.2")
-    return tenant_annotates(sec, name, f"{ANN_THREAD_PERCENT}=100")
+    current = sec.pod(sec.attacker_ns, name)["metadata"]["annotations"][ANN_THREAD_PERCENT]
+    wanted = "100" if current != "100" else "99"
+    refused, why = tenant_annotates(sec, name, f"{ANN_THREAD_PERCENT}={wanted}")
+    return refused, f"{current} -> {wanted}: {why}"
 
 
 def patch_placement_onto_the_victims_gpu(sec: Sec) -> Outcome:
@@ -765,7 +770,7 @@ ATTACKS: dict[str, Callable[[Sec], Outcome]] = {
         oversized_and_deep_bodies,
         patch_running_request_down,
         patch_request_through_pod_status,
-        patch_thread_share_up,
+        patch_thread_share,
         patch_placement_onto_the_victims_gpu,
         patch_state_back_to_assumed,
         patch_on_exclusive_policy,
