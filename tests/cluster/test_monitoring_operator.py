@@ -51,6 +51,7 @@ from gpushare.api.names import ANN_GPU_UUID, ANN_NODE_GPUS
 from tests.fixtures.chart_release import (
     NAMESPACE,
     RELEASE,
+    component,
     diagnostics,
     exclusive_node,
     helm,
@@ -424,7 +425,11 @@ def monitored(
                 "--wait", "--timeout", "5m",
             )  # fmt: skip
             pods = wait_ready_release_pods(cluster, timeout_s=120)
-            assert len(pods) == 3 and all(p["status"].get("phase") == "Running" for p in pods)
+            # Two controller replicas (one leads), the scheduler and one node agent.
+            assert sorted(component(p) for p in pods) == [
+                "controller", "controller", "node-agent", "scheduler",
+            ]  # fmt: skip
+            assert all(p["status"].get("phase") == "Running" for p in pods)
             wait_for(
                 lambda: ANN_NODE_GPUS in (node(cluster)["metadata"].get("annotations") or {}),
                 timeout_s=60,
