@@ -18,19 +18,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from bench.sim.profiles import profile_of
+from bench.sim.stock import StockScheduler
 from bench.sim.trace import GPU_MEMORY_GIB, NodeSpec, PodSpec
 from gpushare.api.names import SLICES_PER_GPU
 from gpushare.packing.fit import fit_reason, model_allows, node_fit_reason
 from gpushare.packing.fragmentation import (
-    Option,
     TaskClass,
     Workload,
     fgd_score,
     placement_options,
 )
 from gpushare.packing.interference import InterferenceModel, tenant_threads
+from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Demand, GpuState, NodeState, Tenant
-from gpushare.packing.policy import base_cost, option_cost
+from gpushare.packing.placer import Placer
+from gpushare.packing.policy import DEFAULT_POLICY
 from gpushare.packing.threads import assign_thread_percent
 
 MIB = 1 << 20
@@ -282,72 +284,54 @@ class BucketIndex:
         return items[rng.randrange(len(items))] if rng is not None else min(items)
 
 
-class CostIndex:
-    """gpushare's exact costs for one pod shape: per node the fragmentation options and their
-    lower bound (fragmentation + best fit, no interference), in a lazily updated min-heap."""
+class PlacerIndex:
+    """The product's costs (:class:`gpushare.packing.placer.Placer`) for one pod shape: per node
+    the exact cost, in a lazily updated min-heap keyed (cost, node position). Node positions
+    follow node names, so ties go to the name that sorts first, as in
+    :func:`gpushare.packing.placer.best_node`. A refit of the placer's mix recomputes every node
+    (the extender drops its cached answers then too)."""
 
-    def __init__(self, cluster: Cluster, demand: Demand, wl: Workload) -> None:
-        self.cluster, self.demand, self.workload = cluster, demand, wl
-        n = len(cluster.nodes)
-        self.options: list[list[Option]] = [[] for _ in range(n)]
-        self.bound: list[float | None] = [None] * n
+    def __init__(self, cluster: Cluster, placer: Placer, demand: Demand) -> None:
+        self.cluster, self.placer, self.demand = cluster, placer, demand
+        self.version = -1
+        self.cost: list[float | None] = []
         self.heap: list[tuple[float, int]] = []
-        for i in range(n):
-            self._set(i)
-        self.pos = len(cluster.log)
+        self.pos = 0
 
     def _set(self, i: int) -> None:
-        node = self.cluster.nodes[i]
-        options = placement_options(node, self.demand, self.workload, every_gpu=True)
-        self.options[i] = options
-        if options:
-            bound = min(base_cost(o) for o in options)
-            self.bound[i] = bound
-            heapq.heappush(self.heap, (bound, i))
-        else:
-            self.bound[i] = None
+        cost = self.placer.node_cost(self.cluster.nodes[i], self.demand)
+        self.cost[i] = cost
+        if cost is not None:
+            heapq.heappush(self.heap, (cost, i))
 
     def refresh(self) -> None:
         log = self.cluster.log
+        if self.version != self.placer.version:
+            self.version = self.placer.version
+            self.cost = [None] * len(self.cluster.nodes)
+            self.heap = []
+            for i in range(len(self.cluster.nodes)):
+                self._set(i)
+            self.pos = len(log)
+            return
         if self.pos < len(log):
             for i in set(log[self.pos :]):
                 self._set(i)
             self.pos = len(log)
-            if len(self.heap) > 4 * len(self.bound) + 64:
-                self.heap = [(b, i) for i, b in enumerate(self.bound) if b is not None]
+            if len(self.heap) > 4 * len(self.cost) + 64:
+                self.heap = [(c, i) for i, c in enumerate(self.cost) if c is not None]
                 heapq.heapify(self.heap)
 
-    def pick(
-        self, demand: Demand, model: InterferenceModel, weight: float
-    ) -> tuple[int, Option] | None:
-        """The node and option of least cost; interference is added only while a node's lower
-        bound could still beat the best cost found (it never lowers a cost)."""
+    def pick(self) -> int | None:
+        """The cheapest node (ties: the first by name); None when the pod fits nowhere."""
         self.refresh()
         heap = self.heap
-        nodes = self.cluster.nodes
-        popped: list[tuple[float, int]] = []
-        best: tuple[float, int, Option] | None = None
-        interference = weight > 0 and demand.profile is not None and not demand.whole
         while heap:
-            bound, i = heap[0]
-            if self.bound[i] != bound:
-                heapq.heappop(heap)  # stale
-                continue
-            if best is not None and bound >= best[0]:
-                break
-            popped.append(heapq.heappop(heap))
-            for o in self.options[i]:
-                if interference and o.gpus:
-                    cost = option_cost(nodes[i], demand, o, model=model, interference_weight=weight)
-                else:
-                    cost = base_cost(o)
-                if best is None or cost < best[0]:
-                    best = (cost, i, o)
-            if not interference:
-                break
-        for item in popped:
-            heapq.heappush(heap, item)
-        return None if best is None else (best[1], best[2])
+            cost, i = heap[0]
+            if self.cost[i] == cost:
+                return i
+            heapq.heappop(heap)  # stale
+        return None
 
 
 # --- the experiment ------------------------------------------------------------------------
@@ -436,10 +420,16 @@ def simulate(
         raise ValueError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
     rng = random.Random(seed)
     cluster = Cluster(nodes)
-    workload = typical_workload(pods, coverage=1.0 if policy == "gpushare" else 0.95)
+    workload = typical_workload(pods)
     queue = arrivals(pods, cluster.capacity, ratio, rng)
     buckets: dict[tuple[int, int, int, int, str], BucketIndex] = {}
-    costs: dict[tuple[int, int, int, int, str], CostIndex] = {}
+    costs: dict[tuple[int, int, int, int, str], PlacerIndex] = {}
+    placer = Placer(DEFAULT_POLICY, mix=PodMix(), model=model)
+    stock = StockScheduler(
+        cpu_milli=[s.cpu_milli for s in nodes],
+        memory_bytes=[s.memory_mib * MIB for s in nodes],
+        rng=rng,
+    )
     arrived = 0
     alloc_100: float | None = None
     placed = failed = 0
@@ -447,22 +437,42 @@ def simulate(
         arrived += pod.gpu_percent_total
         shape = pod.shape
         if policy == "gpushare":
-            index = costs.get(shape)
-            if index is None:
-                index = costs[shape] = CostIndex(cluster, demand_of(pod), workload)
-            demand = demand_of(pod, with_profile=True)
-            picked = index.pick(demand, model, interference_weight)
-            if picked is None:
+            demand = demand_of(pod)
+            if pod.num_gpu:
+                # The controller counts a gpushare pod when its watch first shows it, before
+                # the scheduler asks the extender where it goes. A pod states its GPU models by
+                # node affinity (the replay's pods do), which the controller does not read.
+                placer.mix.observe(replace(demand, gpu_model=None))
+                index = costs.get(shape)
+                if index is None:
+                    index = costs[shape] = PlacerIndex(cluster, placer, demand)
+                i_or_none = index.pick()
+                assignment = (
+                    placer.choose_gpus(cluster.nodes[i_or_none], demand)
+                    if i_or_none is not None
+                    else None
+                )
+            else:
+                # No GPU: kube-scheduler's default profile places it, the controller counts it
+                # once its watch shows it bound to a GPU node.
+                i_or_none = stock.pick(cluster.nodes, demand)
+                assignment = None
+                if i_or_none is not None:
+                    placer.mix.observe(demand)
+            if i_or_none is None or (pod.num_gpu and assignment is None):
                 failed += 1
             else:
-                i, option = picked
-                node = cluster.nodes[i]
-                threads = (
-                    assign_thread_percent(demand, node.gpus[option.gpus[0]])
-                    if option.gpus
-                    else SLICES_PER_GPU
+                node = cluster.nodes[i_or_none]
+                gpus = (
+                    tuple(node.gpus.index(g) for g in node.gpus if g.uuid in assignment.gpu_uuids)
+                    if assignment is not None
+                    else ()
                 )
-                cluster.place(i, option.gpus, pod, demand, threads)
+                profiled = demand_of(pod, with_profile=True)
+                threads = (
+                    assign_thread_percent(profiled, node.gpus[gpus[0]]) if gpus else SLICES_PER_GPU
+                )
+                cluster.place(i_or_none, gpus, pod, profiled, threads)
                 placed += 1
         else:
             bindex = buckets.get(shape)

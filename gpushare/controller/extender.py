@@ -6,11 +6,15 @@ Go field names (``Pod``, ``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvable
 sends only node names; full ``Nodes`` lists are accepted too.
 
 Per call the work is proportional to the candidate nodes: each is looked up in the view and
-checked with gpushare.packing; nothing else is serialized.
+checked with gpushare.packing; nothing else is serialized. Which node and which GPUs is one
+decision, :class:`gpushare.packing.placer.Placer`'s (the openb simulator asks the same object):
+filter ranks the nodes that fit by its exact cost and holds the cheapest, prioritize derives its
+scores from the same ranking, bind takes the GPUs filter held (docs/scheduling.md).
 """
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,6 +24,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import SCHEDULER_NAME, SLICES_PER_GPU, STATE_ASSUMED
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.controller import pods
+from gpushare.controller.host_resources import pod_requests
 from gpushare.controller.offers import Offers
 from gpushare.controller.requeue import RefusedPods
 from gpushare.controller.share_rules import (
@@ -30,10 +35,11 @@ from gpushare.controller.share_rules import (
     rules_of,
     with_profile,
 )
-from gpushare.controller.view import ClusterView, ReservationError
+from gpushare.controller.view import ClusterView, Reservation, ReservationError
 from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.model import Assignment, Demand, NodeState
-from gpushare.packing.policy import Policy, choose_gpus, score_node
+from gpushare.packing.placer import Placer, best_node, rank_scores
+from gpushare.packing.policy import DEFAULT_POLICY, Policy
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +177,7 @@ class Extender:
         *,
         view: ClusterView,
         writer: PodWriter | None,
-        policy: Policy = Policy.BINPACK,
+        policy: Policy = DEFAULT_POLICY,
         gate_seconds: float = 5.0,
         hold_in_filter: bool = False,
         hold_seconds: float = HOLD_SECONDS,
@@ -179,6 +185,8 @@ class Extender:
         self.view = view
         self.writer = writer
         self.policy = policy
+        self.placer = Placer(policy, mix=view.mix)
+        """Which node and which GPUs, measured against the pod mix the view learns."""
         self.gate_seconds = gate_seconds
         """Longest a bind waits for its node (queue + earlier pods' Allocate)."""
         self.hold_in_filter = hold_in_filter
@@ -190,7 +198,8 @@ class Extender:
         # Answer caches by pod shape, then node: the shape (a dataclass, slow to hash) is
         # hashed once per call, and each node costs one str-keyed lookup.
         self._verdicts: dict[Demand, dict[str, tuple[int, str, str]]] = {}
-        self._scores: dict[Demand, dict[str, tuple[int, int]]] = {}
+        self._costs: dict[Demand, dict[str, tuple[int, float | None]]] = {}
+        self._costs_version = self.placer.version
         self._cached = 0
         self.refused = RefusedPods()
         """Pods the filter left without a node, for ``requeue`` when hidden capacity frees."""
@@ -224,7 +233,7 @@ class Extender:
             message = scheduler_safe(f"gpushare: {exc}")
             return self._filter_result(args, [], {}, dict.fromkeys(args.node_names, message))
         if demand is None:
-            return self._filter_result(args, list(args.node_names), {}, {})
+            return self._filter_without_gpus(args)
         demand = with_profile(demand, rules)
         hold = self._hold_reason(rules)
         if hold is not None:
@@ -235,11 +244,11 @@ class Extender:
         versions = self.view.node_versions
         constrained = rules.constrains_gpus
         hits = self._verdicts.get(demand, {}) if not constrained else {}
-        # With filter-time holds the passing nodes are scored in the same pass (one lookup of
+        # With filter-time holds the passing nodes are costed in the same pass (one lookup of
         # each node's version for both caches).
         scoring = self.hold_in_filter
-        score_hits = self._scores.get(demand, {}) if scoring and not constrained else {}
-        scores: list[int] = []
+        cost_hits = self._cost_cache().get(demand, {}) if scoring and not constrained else {}
+        costs: list[float] = []
         for name in args.node_names:
             version = versions.get(name, 0)
             mine = name in own
@@ -252,12 +261,13 @@ class Extender:
             if verdict == _PASS:
                 passed.append(name)
                 if scoring:
-                    shit = score_hits.get(name)
-                    if shit is not None and shit[0] == version and not mine:
-                        scores.append(shit[1])
+                    chit = cost_hits.get(name)
+                    if chit is not None and chit[0] == version and not mine:
+                        cost = chit[1]
                     else:
                         cached = not mine and not constrained
-                        scores.append(self._score(name, key, demand, rules, cached=cached))
+                        cost = self._cost(name, key, demand, rules, cached=cached)
+                    costs.append(math.inf if cost is None else cost)
             elif verdict == _FAILED:
                 failed[name] = message
             else:
@@ -268,7 +278,7 @@ class Extender:
             self.refused.refused(key)
         uid = pods.pod_uid(args.pod)
         if scoring and passed and self._may_hold(key, uid):
-            best = self._hold_best(args, key, demand, rules, passed=passed, scores=scores)
+            best = self._hold_best(args, key, demand, rules, passed=passed, costs=costs)
             if best is not None:
                 # The scheduler reads the reasons for left-out nodes only when no node is left
                 # (for its events and preemption); with one node offered they are dead weight
@@ -297,26 +307,23 @@ class Extender:
         rules: ShareRules,
         *,
         passed: list[str],
-        scores: list[int],
+        costs: list[float],
     ) -> str | None:
-        """Pick the policy's best node among ``passed`` (``scores``: their scores, in order),
-        hold the GPU(s) there for the pod now, and return it (None when nothing could be
-        held). Later pods are filtered against the hold, so they do not collide with this one
-        at bind time (kube-scheduler binds asynchronously). The price: the scheduler's own
-        scores cannot pick among GPU-feasible nodes any more."""
-        # Prefer the best node where the bind will not wait at the allocation gate behind a
-        # pod of the same size (binpack sends back-to-back pods to one node; on a busy
-        # cluster, hundreds of pods wait for their Allocate at any moment). Ties go to the
-        # earlier node.
+        """Pick the placer's cheapest node among ``passed`` (``costs``: their exact costs, in
+        order; ties to the name that sorts first), hold the GPU(s) there for the pod now, and
+        return it (None when nothing could be held). Later pods are filtered against the hold,
+        so they do not collide with this one at bind time (kube-scheduler binds
+        asynchronously). The price: the scheduler's own scores cannot pick among GPU-feasible
+        nodes any more."""
+        # Among nodes of exactly the best cost, prefer one where the bind will not wait at the
+        # allocation gate behind a pod of the same size (back-to-back pods of one shape often
+        # go to one node). Only exact ties: the ranking itself is the placer's.
+        low = min(costs)
+        ties = sorted(name for name, cost in zip(passed, costs, strict=True) if cost == low)
         size = demand.percent
-        top = scores.index(max(scores))
-        pick = top
-        if self._pending_alike(passed[top], key, size):
-            order = sorted(range(len(passed)), key=scores.__getitem__, reverse=True)
-            pick = next((i for i in order if not self._pending_alike(passed[i], key, size)), top)
-        best = passed[pick]
+        best = next((n for n in ties if not self._pending_alike(n, key, size)), ties[0])
         node, _ = self._node(best, key, rules)
-        assignment = choose_gpus(node, demand, policy=self.policy) if node else None
+        assignment = self.placer.choose_gpus(node, demand) if node else None
         if assignment is None:
             return None
         try:
@@ -347,6 +354,67 @@ class Extender:
             and not known.finished
             and known.scheduler == SCHEDULER_NAME
         )
+
+    def _filter_without_gpus(self, args: ExtenderArgs) -> dict[str, Any]:
+        """A pod asking for no GPU (sent to gpushare-scheduler on purpose): under the gpushare
+        policy it goes where its CPU and memory strand the least GPU share -- the cheapest
+        node by the placer's cost, a node without gpushare GPUs costing nothing -- and, with
+        filter-time holds, its CPU and memory are held there until the bind. Other policies,
+        and pods requesting neither CPU nor memory, pass every node."""
+        cpu, memory = pod_requests(args.pod)
+        if self.placer.policy is not Policy.GPUSHARE or (cpu <= 0 and memory <= 0):
+            return self._filter_result(args, list(args.node_names), {}, {})
+        demand = Demand(percent=0, gpus=0, cpu_milli=cpu, host_memory_bytes=memory)
+        key = pods.pod_key(args.pod)
+        costs = self._host_costs(args.node_names, key, demand)
+        passed = [name for name, cost in costs.items() if cost is not None]
+        failed = {
+            name: self._host_refusal(name, key, demand)
+            for name, cost in costs.items()
+            if cost is None
+        }
+        if not passed:
+            if args.node_names:
+                self.refused.refused(key)
+            return self._filter_result(args, [], failed, {})
+        self.refused.placed(key)
+        uid = pods.pod_uid(args.pod)
+        if not self.hold_in_filter or not uid or pods.scheduler_name(args.pod) != SCHEDULER_NAME:
+            self.offers.offer(key, uid, passed)
+            return self._filter_result(args, passed, failed, {})
+        best = best_node((name, cost) for name, cost in costs.items() if cost is not None)
+        assert best is not None
+        self.offers.offer(key, uid, (best,))
+        if self.view.node(best) is not None:
+            try:
+                self.view.reserve(
+                    key=key,
+                    uid=uid,
+                    node=best,
+                    assignment=Assignment(best, (), 0, 0),
+                    demand=demand,
+                    bind_time=datetime.now(UTC),
+                    hold_seconds=self.hold_seconds,
+                )
+            except ReservationError:
+                return self._filter_result(args, passed, failed, {})
+        return self._filter_result(args, [best], {}, {})
+
+    def _host_costs(self, names: list[str], key: str, demand: Demand) -> dict[str, float | None]:
+        """Placer cost of a pod without GPUs per node (None: its CPU or memory does not fit
+        there, as the view counts them); 0 on nodes without gpushare GPUs."""
+        out: dict[str, float | None] = {}
+        for name in names:
+            if self.view.node(name) is None:
+                out[name] = 0.0
+            else:
+                out[name] = self._cost(name, key, demand, NO_RULES, cached=True)
+        return out
+
+    def _host_refusal(self, name: str, key: str, demand: Demand) -> str:
+        node = self.view.node_for(name, key)
+        reason = node_fit_reason(node, demand) if node is not None else None
+        return _prefixed(reason or "the node's CPU or memory is taken")
 
     def _pending_alike(self, node: str, key: str, size: int) -> bool:
         """A bind of this pod to ``node`` would wait at the gate: a pod of the same size (or
@@ -419,22 +487,32 @@ class Extender:
             self._remember(self._verdicts, demand, name, (version, verdict, message))
         return verdict, message
 
-    def _score(
+    def _cost_cache(self) -> dict[Demand, dict[str, tuple[int, float | None]]]:
+        """The cost cache, emptied when the placer's mix was refit (every cost may move)."""
+        version = self.placer.version
+        if version != self._costs_version:
+            self._costs.clear()
+            self._costs_version = version
+        return self._costs
+
+    def _cost(
         self, name: str, key: str, demand: Demand, rules: ShareRules, *, cached: bool
-    ) -> int:
+    ) -> float | None:
+        """The placer's exact cost of the pod on node ``name`` (None: it does not fit there),
+        cached per node version and mix refit."""
         version = self.view.node_version(name)
+        cache = self._cost_cache()
         if cached:
-            hit = self._scores.get(demand, {}).get(name)
+            hit = cache.get(demand, {}).get(name)
             if hit is not None and hit[0] == version:
                 return hit[1]
         node, _ = self._node(name, key, rules)
-        score = 0
-        if node is not None and node.gpus:
-            raw = score_node(node, demand, policy=self.policy)
-            score = max(0, min(MAX_EXTENDER_PRIORITY, int(raw)))
+        cost: float | None = None
+        if node is not None and (node.gpus or demand.gpus <= 0):
+            cost = self.placer.node_cost(node, demand)
         if cached:
-            self._remember(self._scores, demand, name, (version, score))
-        return score
+            self._remember(cache, demand, name, (version, cost))
+        return cost
 
     def _remember(
         self, cache: dict[Demand, dict[str, _V]], demand: Demand, name: str, value: _V
@@ -443,7 +521,7 @@ class Extender:
         self._cached += 1
         if self._cached > CACHE_LIMIT:
             self._verdicts.clear()
-            self._scores.clear()
+            self._costs.clear()
             self._cached = 1
         cache.setdefault(demand, {})[name] = value
 
@@ -473,29 +551,35 @@ class Extender:
     # ---- prioritize ----------------------------------------------------------------------
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
-        """HostPriorityList: the packing policy's score per node, clamped to 0..10."""
+        """HostPriorityList: 0..10 per node from the placer's cost ranking (the node filter
+        would hold gets 10; see :func:`gpushare.packing.placer.rank_scores`)."""
         try:
             demand, rules = self._read(args.pod)
         except InvalidInputError:
-            demand = None
-        if demand is None:
             return [{"Host": n, "Score": 0} for n in args.node_names]
-        demand = with_profile(demand, rules)
         key = pods.pod_key(args.pod)
-        own = self._own_nodes(key)
-        return [
-            {
-                "Host": name,
-                "Score": self._score(
+        costs: dict[str, float | None]
+        if demand is None:
+            cpu, memory = pod_requests(args.pod)
+            if self.placer.policy is not Policy.GPUSHARE or (cpu <= 0 and memory <= 0):
+                return [{"Host": n, "Score": 0} for n in args.node_names]
+            host = Demand(percent=0, gpus=0, cpu_milli=cpu, host_memory_bytes=memory)
+            costs = self._host_costs(args.node_names, key, host)
+        else:
+            demand = with_profile(demand, rules)
+            own = self._own_nodes(key)
+            costs = {
+                name: self._cost(
                     name,
                     key,
                     demand,
                     rules,
                     cached=name not in own and not rules.constrains_gpus,
-                ),
+                )
+                for name in args.node_names
             }
-            for name in args.node_names
-        ]
+        scores = rank_scores(costs)
+        return [{"Host": name, "Score": scores[name]} for name in args.node_names]
 
     # ---- bind ----------------------------------------------------------------------------
 
@@ -512,6 +596,9 @@ class Extender:
         if self.writer is None:
             return {"Error": "gpushare: this extender has no API access and cannot bind"}
         key = f"{args.pod_namespace}/{args.pod_name}"
+        held = self.view.reservation(key)
+        if held is not None and not held.assignment.gpu_uuids and self.view.pod(key) is None:
+            return await self._bind_without_gpus(args, held)
         size = self._size(key)
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -647,11 +734,12 @@ class Extender:
             if bound_to == node_name:
                 return {"Error": ""}  # a retried bind that already went through
             return {"Error": f"gpushare: pod {key} is already bound to {bound_to}"}
-        refusal = self._not_ours(key, uid, node_name, demand=demand, scheduler=scheduler)
+        refusal = self._not_ours(key, uid, node_name, scheduler=scheduler)
         if refusal is not None:
             log.warning("bind refused", extra={"pod": key, "node": node_name, "why": refusal})
             return {"Error": f"gpushare: {refusal}"}
-        assert demand is not None
+        if demand is None:
+            return await self._plain_bind(ns, name, uid, node_name)
         waits = self._hold_reason(rules)
         if waits is not None:
             return {"Error": f"gpushare: {waits}"}
@@ -670,7 +758,7 @@ class Extender:
         ):
             assignment: Assignment | None = hold.assignment  # what filter promised
         else:
-            assignment = choose_gpus(node, demand, policy=self.policy) if node.gpus else None
+            assignment = self.placer.choose_gpus(node, demand) if node.gpus else None
         if assignment is None:
             reason = (node_fit_reason(node, demand) if node.gpus else None) or refusal
             return {
@@ -733,20 +821,16 @@ class Extender:
         return {"Error": ""}
 
     def _not_ours(
-        self, key: str, uid: str, node: str, *, demand: Demand | None, scheduler: str
+        self, key: str, uid: str, node: str, *, scheduler: str
     ) -> str | None:
         """Why this bind is not the caller's to ask for, or None: the extender binds only
-        gpushare pods of gpushare-scheduler (with the controller's cluster-wide binding
-        right, anything else would let a caller move any pod), and only to a node its own
-        filter offered for that pod moments before."""
+        pods of gpushare-scheduler (with the controller's cluster-wide binding right, anything
+        else would let a caller move any pod), with or without a GPU share, and only to a node
+        its own filter offered for that pod moments before."""
         if scheduler != SCHEDULER_NAME:
             return (
                 f"pod {key} is scheduled by {scheduler or 'default-scheduler'!r}, not "
                 f"{SCHEDULER_NAME}; this extender binds only the pods {SCHEDULER_NAME} places"
-            )
-        if demand is None:
-            return (
-                f"pod {key} asks for no GPU share; this extender binds only pods it places on a GPU"
             )
         if not self.offers.offered(key, uid, node):
             return (
@@ -754,6 +838,32 @@ class Extender:
                 "offer expired); the scheduler filters again"
             )
         return None
+
+    async def _bind_without_gpus(self, args: BindingArgs, held: Reservation) -> dict[str, str]:
+        """Bind a pod without GPUs whose CPU and memory filter held: nothing waits for an
+        Allocate, so no gate; the hold ends with the bind (the watch then counts the pod)."""
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        uid = args.pod_uid or held.uid
+        if not self.offers.offered(key, uid, args.node):
+            self.view.release(held)
+            return {
+                "Error": f"gpushare: node {args.node} was not offered for pod {key} by this "
+                "controller's filter (or the offer expired); the scheduler filters again"
+            }
+        if held.node != args.node or (args.pod_uid and held.uid != args.pod_uid):
+            self.view.release(held)
+        result = await self._plain_bind(args.pod_namespace, args.pod_name, uid, args.node)
+        if result["Error"]:
+            self.view.release(held)
+        return result
+
+    async def _plain_bind(self, ns: str, name: str, uid: str, node: str) -> dict[str, str]:
+        assert self.writer is not None
+        try:
+            await self.writer.bind_pod(namespace=ns, name=name, uid=uid, node=node)
+        except Exception as exc:
+            return {"Error": f"gpushare: {exc}"}
+        return {"Error": ""}
 
     async def _current_binding(self, ns: str, name: str) -> tuple[str, Placement | None] | None:
         """(node, placement) of the pod as the API server has it now; None if unbound or

@@ -28,6 +28,7 @@ from gpushare.api.names import (
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.api.quantities import MAX_WHOLE_GPUS, parse_memory
 from gpushare.api.request import GpuRequest, parse_class, parse_request
+from gpushare.controller.host_resources import pod_requests
 from gpushare.packing.model import Demand
 
 Pod = Mapping[str, Any]
@@ -231,13 +232,15 @@ def demand_of_request(request: GpuRequest) -> Demand:
 
 
 def demand_of(pod: Pod, *, ann: Mapping[str, str] | None = None) -> Demand | None:
-    """What the pod asks of the GPUs, as gpushare.packing sees it; None for other pods."""
+    """What the pod asks of the GPUs (and of its node's CPU and memory, which the gpushare
+    policy's stranding term reads), as gpushare.packing sees it; None for other pods."""
     if ann is None:
         ann = annotations(pod)
     request = request_of(pod, ann=ann)
     if request is None or request.percent <= 0:
         return None
-    demand = demand_of_request(request)
+    cpu, memory = pod_requests(pod)
+    demand = replace(demand_of_request(request), cpu_milli=cpu, host_memory_bytes=memory)
     avoid = ann.get(ANN_AVOID_GPUS)
     if avoid is None:
         return demand

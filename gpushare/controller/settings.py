@@ -22,7 +22,7 @@ from gpushare.controller.tenancy import (
     TENANCY_MODES,
     TENANCY_NAMESPACE,
 )
-from gpushare.packing.policy import Policy
+from gpushare.packing.policy import DEFAULT_POLICY, Policy
 
 PROG = "gpushare-controller"
 
@@ -119,8 +119,10 @@ class Settings:
     protected_host_paths: tuple[str, ...] = DEFAULT_PROTECTED_HOST_PATHS
     """Host directories gpushare pods may not mount (MPS pipes, device-plugin sockets)."""
 
-    policy: Policy = Policy.BINPACK
-    """Placement policy for prioritize and bind."""
+    policy: Policy = DEFAULT_POLICY
+    """Placement policy of filter, prioritize and bind: ``gpushare`` (fragmentation-aware,
+    measured against the pod mix the controller learns; what the openb benchmarks measured,
+    docs/packing.md), ``binpack`` (fullest GPU and node) or ``spread`` (emptiest)."""
     stale_assume_seconds: float = 120.0
     """A pod whose placement annotations were written but which never got bound (the
     controller died between the two writes) stops holding its share after this long."""

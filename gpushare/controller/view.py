@@ -5,6 +5,11 @@ annotations), plus the extender's in-flight reservations. Nothing here is state 
 tenant comes from a pod's placement annotations or from a bind in progress in this process, so a
 restart rebuilds the same view from the API server.
 
+Besides the GPUs it keeps each node's free host CPU and memory (allocatable minus the requests of
+every pod bound there, gpushare's or not: the gpushare policy charges GPU share stranded by CPU
+or memory) and feeds the pod mix the policy measures against (:class:`PodMix`, see
+``_count_in_mix``).
+
 All methods are synchronous and the process is single-threaded asyncio: a caller that checks a
 fit and reserves without awaiting in between can never oversubscribe a GPU.
 """
@@ -30,13 +35,16 @@ from gpushare.api.names import (
     ANN_NODE_GPUS,
     ANN_NODE_SEPARATED,
     RESOURCE_GPU_PERCENT,
+    SCHEDULER_NAME,
     SLICES_PER_GPU,
 )
 from gpushare.api.request import GpuRequest
-from gpushare.controller.pods import PodFacts, annotations, facts, metadata
+from gpushare.controller.host_resources import node_allocatable, pod_requests
+from gpushare.controller.pods import PodFacts, annotations, facts, metadata, pod_key, spec
 from gpushare.controller.share_rules import NO_RULES, ShareRules, rules_of, with_profile
 from gpushare.controller.tenancy import Tenancies
 from gpushare.packing.fit import fit_reason
+from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, Tenant
 
 log = logging.getLogger(__name__)
@@ -81,9 +89,21 @@ class ClusterView:
         *,
         stale_assume_seconds: float = 120.0,
         clock: Callable[[], datetime] = _now,
+        mix: PodMix | None = None,
     ) -> None:
         self.stale_assume_seconds = stale_assume_seconds
         self._clock = clock
+        self.mix = mix if mix is not None else PodMix()
+        """The pod mix learned from the pods this view saw (the gpushare policy's workload)."""
+        self._counted: dict[str, str] = {}
+        """Pod key -> UID of the pod counted in ``mix`` (at most one entry per live pod)."""
+        self._host_allocatable: dict[str, tuple[int, int]] = {}
+        self._host_bound: dict[str, tuple[str, int, int]] = {}
+        """Pod key -> (node, milli-CPU, memory bytes) of every live pod bound to a node."""
+        self._host_of: dict[str, tuple[str, int, int]] = {}
+        """Pod key -> what it takes of its node's host resources: bound, else held by a
+        reservation of this process."""
+        self._host_used: dict[str, tuple[int, int]] = {}
         self._nodes: dict[str, NodeState] = {}
         self._empty_nodes: dict[str, NodeState] = {}
         self._node_problems: dict[str, str] = {}
@@ -165,13 +185,20 @@ class ClusterView:
         if node is None:
             return None
         own = self._tenancy.get(pod_key)
-        if not own or not any(self._gpu_node.get(u) == name for u in own):
+        host = self._host_of.get(pod_key)
+        own_host = host is not None and host[0] == name
+        if not own_host and (not own or not any(self._gpu_node.get(u) == name for u in own)):
             return node
+        own = own or {}
         gpus = [
             replace(g, tenants=[t for t in g.tenants if t.key != pod_key]) if g.uuid in own else g
             for g in node.gpus
         ]
-        return NodeState(name=node.name, gpus=gpus)
+        cpu, memory = node.cpu_milli_free, node.memory_free_bytes
+        if host is not None and own_host:
+            cpu = None if cpu is None else cpu + host[1]
+            memory = None if memory is None else memory + host[2]
+        return NodeState(name=node.name, gpus=gpus, cpu_milli_free=cpu, memory_free_bytes=memory)
 
     def gpu(self, uuid: str) -> GpuState | None:
         return self._gpus.get(uuid)
@@ -208,6 +235,8 @@ class ClusterView:
     def _set_reservation(self, res: Reservation) -> None:
         self._drop_reservation(res.key)
         self._reservations[res.key] = res
+        if not res.assignment.gpu_uuids:
+            return  # host resources only: nothing will wait for an Allocate
         # A hold's pod is not bound: nothing for the gate to wait for yet.
         index = self._held_on if res.is_hold else self._reserved_on
         index.setdefault(res.node, set()).add(res.key)
@@ -299,7 +328,13 @@ class ClusterView:
             )
             return
         self._node_problems.pop(name, None)
+        allocatable = node_allocatable(node)
+        if allocatable is None:
+            self._host_allocatable.pop(name, None)
+        else:
+            self._host_allocatable[name] = allocatable
         self._set_inventory(name, inventory)
+        self._sync_host(name)
 
     @staticmethod
     def _read_marks(
@@ -357,6 +392,7 @@ class ClusterView:
             self._gpus[info.uuid] = state
             self._gpu_node[info.uuid] = name
         self._nodes[name] = NodeState(name=name, gpus=gpus)
+        self._sync_host(name)
         self._bump(name)
         self._empty_nodes[name] = NodeState(name=name, gpus=empties)
         self._refresh_max_memory()
@@ -404,10 +440,18 @@ class ClusterView:
     # ---- pods ----------------------------------------------------------------------------
 
     def upsert_pod(self, pod: Mapping[str, Any]) -> PodFacts | None:
-        """Take a watched pod in; returns what was read (None for pods gpushare ignores)."""
+        """Take a watched pod in; returns what was read (None for pods gpushare does not place
+        on GPUs: of those only the host resources they take are kept)."""
         f = facts(pod)
-        if f.demand is None and f.placement is None and f.problem is None:
-            self.delete_pod(f.key)
+        cpu, memory = pod_requests(pod)
+        if f.node is not None and not f.finished:
+            self._host_bound[f.key] = (f.node, cpu, memory)
+        else:
+            self._host_bound.pop(f.key, None)
+        ours = f.demand is not None or f.placement is not None or f.problem is not None
+        self._count_in_mix(pod, f, ours=ours, cpu=cpu, memory=memory)
+        if not ours:
+            self._forget(f.key)
             return None
         namespace = f.key.partition("/")[0]
         rules = _rules_of(pod, granted=self.tenancies.neighbour_rules(namespace))
@@ -493,6 +537,13 @@ class ClusterView:
             self._apply(key)
 
     def delete_pod(self, key: str) -> None:
+        self._host_bound.pop(key, None)
+        self._counted.pop(key, None)
+        self._forget(key)
+
+    def _forget(self, key: str) -> None:
+        """Drop what the view keeps of a pod on GPUs (its host resources follow
+        ``_host_bound``)."""
         had = key in self._pods or key in self._reservations
         self._pods.pop(key, None)
         self._set_rules(key, NO_RULES)
@@ -506,10 +557,10 @@ class ClusterView:
         """A full list: gpushare pods missing from it are gone."""
         seen: set[str] = set()
         for pod in pods:
-            f = self.upsert_pod(pod)
-            if f is not None:
-                seen.add(f.key)
-        for key in [k for k in self._pods if k not in seen]:
+            self.upsert_pod(pod)
+            seen.add(pod_key(pod))
+        gone = {k for k in (*self._pods, *self._host_bound, *self._counted) if k not in seen}
+        for key in gone:
             self.delete_pod(key)
         self.pods_synced = True
 
@@ -705,6 +756,7 @@ class ClusterView:
         return out
 
     def _apply(self, key: str) -> None:
+        self._refresh_host(key)
         new = self._desired(key)
         old = self._tenancy.get(key, {})
         if new == old:
@@ -727,6 +779,78 @@ class ClusterView:
                 gpu.tenants = list(self._tenants_by_gpu.get(uuid, {}).values())
                 self._bump(self._gpu_node[uuid])
         self._changed("pod", key)
+
+    # ---- host resources and the pod mix --------------------------------------------------
+
+    def _refresh_host(self, key: str) -> None:
+        """Recount what pod ``key`` takes of its node's CPU and memory: its requests once bound,
+        its reservation's demand while this process holds or binds it."""
+        new = self._host_bound.get(key)
+        if new is None:
+            res = self._reservations.get(key)
+            if res is not None and (res.demand.cpu_milli or res.demand.host_memory_bytes):
+                new = (res.node, res.demand.cpu_milli, res.demand.host_memory_bytes)
+        old = self._host_of.get(key)
+        if new == old:
+            return
+        for entry, sign in ((old, -1), (new, 1)):
+            if entry is None:
+                continue
+            node, cpu, memory = entry
+            used_cpu, used_memory = self._host_used.get(node, (0, 0))
+            used = (used_cpu + sign * cpu, used_memory + sign * memory)
+            if used == (0, 0):
+                self._host_used.pop(node, None)
+            else:
+                self._host_used[node] = used
+        if new is None:
+            self._host_of.pop(key, None)
+        else:
+            self._host_of[key] = new
+        for node in {e[0] for e in (old, new) if e is not None}:
+            self._sync_host(node)
+
+    def _sync_host(self, name: str) -> None:
+        """Set the node's free CPU and memory from its allocatable and the pods there (None:
+        the node's status did not say what it offers)."""
+        node = self._nodes.get(name)
+        if node is None:
+            return
+        allocatable = self._host_allocatable.get(name)
+        if allocatable is None:
+            free: tuple[int | None, int | None] = (None, None)
+        else:
+            used = self._host_used.get(name, (0, 0))
+            free = (allocatable[0] - used[0], allocatable[1] - used[1])
+        if (node.cpu_milli_free, node.memory_free_bytes) != free:
+            node.cpu_milli_free, node.memory_free_bytes = free
+            self._bump(name)
+
+    def _count_in_mix(
+        self, pod: Mapping[str, Any], f: PodFacts, *, ours: bool, cpu: int, memory: int
+    ) -> None:
+        """Count a pod in ``mix`` the first time the view sees it (per UID), as it arrives: a
+        gpushare pod or a pod for the gpushare-scheduler at once (pending), any other pod once
+        bound to a node with gpushare GPUs (its CPU and memory compete with them there).
+        Finished pods are not counted (a restart's first list holds old ones)."""
+        if f.finished or self._counted.get(f.key) == f.uid:
+            return
+        if ours:
+            if f.demand is None:
+                return
+            demand = f.demand
+        elif spec(pod).get("schedulerName") == SCHEDULER_NAME or (
+            f.node is not None and f.node in self._nodes
+        ):
+            demand = Demand(percent=0, gpus=0, cpu_milli=cpu, host_memory_bytes=memory)
+        else:
+            return
+        self._counted[f.key] = f.uid
+        self.mix.observe(demand)
+
+    def host_used(self, name: str) -> tuple[int, int]:
+        """(milli-CPU, memory bytes) the pods bound to or held on node ``name`` request."""
+        return self._host_used.get(name, (0, 0))
 
     def _changed(self, kind: str, key: str) -> None:
         self.generation += 1

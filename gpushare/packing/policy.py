@@ -46,6 +46,11 @@ class Policy(StrEnum):
     GPUSHARE = "gpushare"
 
 
+DEFAULT_POLICY = Policy.GPUSHARE
+"""The policy the controller, the chart and the benchmarks use unless told otherwise: the one
+the openb benchmarks justify (bench/results/openb-replay.md, docs/packing.md)."""
+
+
 INTERFERENCE_WEIGHT = 1.0
 """GPU-percent of fragmentation worth one GPU-percent lost to interference."""
 STRANDING_WEIGHT = 4.0

@@ -1,6 +1,7 @@
 """The controller Deployment: flags the real controller accepts, non-root, one replica."""
 
 from gpushare.controller.settings import parse_args, parse_service
+from gpushare.packing.policy import DEFAULT_POLICY, Policy
 from tests.chart.controller_flags import parseable
 from tests.fixtures.helm_chart import Chart, container
 
@@ -16,6 +17,8 @@ def test_flags_parse_with_the_controllers_own_parser(chart: Chart) -> None:
     settings = parse_args(parseable(c["args"]))
     assert settings.extender_host == "0.0.0.0"
     assert settings.register_webhooks
+    # The chart installs the policy the code defaults to (the one the benchmarks justify).
+    assert settings.policy is DEFAULT_POLICY is Policy.GPUSHARE
     namespace, name, port = parse_service(settings.webhook_service or "")
     assert (namespace, name, port) == ("gpushare-system", "gpushare-controller", 443)
     assert settings.webhook_exclude_namespaces == ("kube-system",)

@@ -21,8 +21,9 @@ def test_only_profile_is_the_name_the_webhook_sets(chart: Chart) -> None:
     assert [p["schedulerName"] for p in config["profiles"]] == [SCHEDULER_NAME]
 
 
-def test_extender_filters_scores_and_binds_gpu_percent(chart: Chart) -> None:
-    (ext,) = _config(chart)["extenders"]
+def test_extender_filters_scores_and_binds_every_pod_of_the_profile(chart: Chart) -> None:
+    config = _config(chart)
+    (ext,) = config["extenders"]
     assert (
         ext["urlPrefix"]
         == "https://gpushare-controller-extender.gpushare-system.svc:8888/scheduler"
@@ -34,7 +35,12 @@ def test_extender_filters_scores_and_binds_gpu_percent(chart: Chart) -> None:
     )
     assert ext["nodeCacheCapable"] is True
     assert ext["ignorable"] is False
-    assert ext["managedResources"] == [{"name": RESOURCE_GPU_PERCENT, "ignoredByScheduler": True}]
+    # No managedResources: pods without GPUs sent to gpushare-scheduler are placed by the
+    # extender too; the scheduler's own resource fit leaves the GPU share to the extender.
+    assert "managedResources" not in ext
+    (profile,) = config["profiles"]
+    (fit,) = [p for p in profile["pluginConfig"] if p["name"] == "NodeResourcesFit"]
+    assert fit["args"]["ignoredResources"] == [RESOURCE_GPU_PERCENT]
 
 
 def test_extender_url_follows_release_port_and_pinned_ip(chart: Chart) -> None:

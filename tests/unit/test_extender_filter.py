@@ -1,13 +1,16 @@
 """Extender filter and prioritize decisions, in kube-scheduler's exact JSON shapes."""
 
+import asyncio
 from datetime import UTC, datetime
 
 from gpushare.api.names import ANN_CLASS, ANN_MEMORY, STATE_ALLOCATED, STATE_ASSUMED
 from gpushare.api.placement import Placement
-from gpushare.controller.extender import Extender, ExtenderArgs, parse_extender_args
+from gpushare.controller.extender import BindingArgs, Extender, ExtenderArgs, parse_extender_args
 from gpushare.controller.view import ClusterView
+from gpushare.packing.model import Demand
 from gpushare.packing.policy import Policy
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
+from tests.unit.test_extender_share_rules import PodStore
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -202,19 +205,97 @@ def test_the_bind_gate_waits_only_for_pods_the_node_agent_could_mistake_for_this
     ]
 
 
-def test_hold_in_filter_steers_a_pod_away_from_a_node_where_its_bind_would_wait() -> None:
-    # binpack's best node for a 30 % pod is "half"; once a 30 % pod holds a GPU there, the next
-    # 30 % pod would wait at the bind gate behind it (the node agent could confuse the two), so
-    # it is held on the next-best node; a 25 % pod cannot be confused with them and joins.
-    ext = view_with()
-    ext.hold_in_filter = True
-    pods = {
-        name: pod_json(name, fraction=fraction, scheduled=True)
-        for name, fraction in (("a", "0.3"), ("b", "0.3"), ("c", "0.25"))
+def test_hold_in_filter_steers_a_pod_only_between_equally_good_nodes_to_skip_a_bind_wait() -> None:
+    # "t1" and "t2" are alike (one GPU, a 30 % pod on it), but t1's pod still waits for its
+    # Allocate: a second 30 % pod bound there would wait at the bind gate behind it (the node
+    # agent could confuse the two), so of the two equally good nodes it gets t2. A 25 % pod
+    # cannot be confused with it and keeps the ranking's own tie-break (the name that sorts
+    # first). A node the ranking likes better is never given up for this: "busy" (80 % used)
+    # is binpack's best for a 20 % pod even while a 20 % pod waits there.
+    view = ClusterView(clock=lambda: NOW)
+    view.replace_nodes(
+        [node_json("t1", [gpu("T1")]), node_json("t2", [gpu("T2")]), node_json("busy", [gpu("B")])]
+    )
+    waiting = Placement(("T1",), 30, 8 * GIB, NOW, STATE_ASSUMED)
+    view.replace_pods(
+        [
+            pod_json("w1", fraction="0.3", node="t1", placement=waiting),
+            pod_json("r2", fraction="0.3", node="t2", placement=on("T2", 30), phase="Running"),
+            pod_json("b0", fraction="0.6", node="busy", placement=on("B", 60), phase="Running"),
+            pod_json("w3", fraction="0.2", node="busy", placement=on("B", 20)),
+        ]
+    )
+    ext = Extender(view=view, writer=None, policy=Policy.BINPACK, hold_in_filter=True)
+    for name, fraction in (("a", "0.3"), ("c", "0.25"), ("d", "0.2")):
+        ext.view.upsert_pod(pod_json(name, fraction=fraction, scheduled=True))
+    for name, fraction, nodes, held in (
+        ("a", "0.3", ["t1", "t2"], "t2"),
+        ("c", "0.25", ["t1", "t2"], "t1"),
+        ("d", "0.2", ["t1", "busy"], "busy"),
+    ):
+        pod = pod_json(name, fraction=fraction, scheduled=True)
+        assert ext.filter(args(pod, nodes))["NodeNames"] == [held]
+        ext.view.expire_holds(now=float("inf"))  # each pod alone against the same nodes
+
+
+# ---- pods without GPUs sent to gpushare-scheduler ------------------------------------------------
+
+
+def cpu_pod(name: str, cpu: str) -> dict[str, object]:
+    containers = [{"name": "main", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}]
+    return pod_json(name, containers=containers, extra_spec={"schedulerName": "gpushare-scheduler"})
+
+
+def cpu_cluster(policy: Policy = Policy.GPUSHARE) -> Extender:
+    """roomy and tight: one idle GPU each, 64 and 12 CPUs; the pods seen so far bring 8 CPUs
+    per whole GPU (the mix the policy learned)."""
+    view = ClusterView(clock=lambda: NOW)
+    nodes = []
+    for name, cpu in (("roomy", "64"), ("tight", "12")):
+        node = node_json(name, [gpu(f"{name}-0")])
+        node["status"] = {"allocatable": {"cpu": cpu, "memory": "256Gi"}}
+        nodes.append(node)
+    view.replace_nodes(nodes)
+    view.replace_pods([])
+    for _ in range(view.mix.refit_every):
+        view.mix.observe(Demand(percent=100, cpu_milli=8000))
+    return Extender(view=view, writer=None, policy=policy, hold_in_filter=True)
+
+
+def test_a_pod_without_gpus_goes_where_its_cpu_strands_no_gpu_and_holds_it() -> None:
+    ext = cpu_cluster()
+    # On tight, 8 of 12 CPUs taken would leave the idle GPU without the CPU its pods bring.
+    result = ext.filter(args(cpu_pod("c1", "8"), ["tight", "roomy"]))
+    assert result["NodeNames"] == ["roomy"]
+    node = ext.view.node("roomy")
+    assert node is not None and node.cpu_milli_free == 56000  # held until the bind
+    # Prioritize ranks the same way (kube-scheduler calls it without filter-time holds).
+    ext.view.expire_holds(now=float("inf"))
+    scores = {
+        s["Host"]: s["Score"] for s in ext.prioritize(args(cpu_pod("c1", "8"), ["tight", "roomy"]))
     }
-    for pod in pods.values():
-        ext.view.upsert_pod(pod)
-    assert ext.filter(args(pods["a"], ALL))["NodeNames"] == ["half"]
-    assert ext.filter(args(pods["b"], ALL))["NodeNames"] == ["empty"]
-    assert ext.filter(args(pods["c"], ALL))["NodeNames"] == ["half"]
-    assert ext.view.held_on("half") == {"default/a", "default/c"}
+    assert scores["roomy"] == 10 > scores["tight"]
+    # Too big for tight: refused there with the reason.
+    result = ext.filter(args(cpu_pod("c2", "16"), ["tight"]))
+    assert result["NodeNames"] == [] and "needs 16000m CPU" in result["FailedNodes"]["tight"]
+
+
+def test_binpack_and_spread_leave_pods_without_gpus_to_the_scheduler() -> None:
+    ext = cpu_cluster(Policy.BINPACK)
+    assert ext.filter(args(cpu_pod("c1", "8"), ["tight", "roomy"]))["NodeNames"] == [
+        "tight",
+        "roomy",
+    ]
+
+
+def test_a_pod_without_gpus_binds_without_waiting_at_the_gate() -> None:
+    ext = cpu_cluster()
+    store = PodStore()
+    ext.writer = store
+    pod = store.add(cpu_pod("c1", "8"))
+    assert ext.filter(args(pod, ["tight", "roomy"]))["NodeNames"] == ["roomy"]
+    meta = pod["metadata"]
+    assert isinstance(meta, dict)
+    binding = BindingArgs(meta["name"], meta["namespace"], meta["uid"], "roomy")
+    assert asyncio.run(asyncio.wait_for(ext.bind(binding), timeout=1.0)) == {"Error": ""}
+    assert store.pods["default/c1"]["spec"]["nodeName"] == "roomy"

@@ -222,3 +222,92 @@ def test_pods_waiting_for_their_allocate_are_tracked_per_node() -> None:
     view.upsert_pod(pod_json("w", fraction="0.2", node="n1", placement=assumed))
     view.delete_pod("default/w")
     assert view.awaiting_allocation("n1") == []
+
+
+# ---- host CPU and memory, and the pod mix ------------------------------------------------------
+
+
+def with_allocatable(node: dict[str, object], cpu: str, memory: str) -> dict[str, object]:
+    node["status"] = {"allocatable": {"cpu": cpu, "memory": memory, "pods": "110"}}
+    return node
+
+
+def requesting(cpu: str, memory: str) -> list[dict[str, object]]:
+    return [
+        {
+            "name": "main",
+            "image": "busybox",
+            "resources": {"requests": {"cpu": cpu, "memory": memory}},
+        }
+    ]
+
+
+def test_free_cpu_and_memory_count_every_pod_bound_there_gpushare_or_not() -> None:
+    view = ClusterView(clock=lambda: NOW)
+    view.replace_nodes([with_allocatable(node_json("n1", [gpu("GPU-1")]), "16", "64Gi")])
+    view.replace_pods(
+        [
+            pod_json("gpu", fraction="0.5", node="n1", placement=placed("GPU-1", 50),
+                     containers=requesting("4", "16Gi")),
+            pod_json("web", node="n1", containers=requesting("2500m", "1Gi")),
+            pod_json("elsewhere", node="n2", containers=requesting("8", "8Gi")),
+            pod_json("pending", containers=requesting("8", "8Gi")),
+            pod_json("old", node="n1", phase="Succeeded", containers=requesting("8", "8Gi")),
+        ]
+    )  # fmt: skip
+    node = view.node("n1")
+    assert node is not None
+    assert (node.cpu_milli_free, node.memory_free_bytes) == (9500, 47 * GIB)
+    version = view.node_version("n1")
+    view.delete_pod("default/web")
+    assert (node.cpu_milli_free, node.memory_free_bytes) == (12000, 48 * GIB)
+    assert view.node_version("n1") > version  # cached answers there are dropped
+    # The pod itself does not count against the node it is already on (a retried bind).
+    own = view.node_for("n1", "default/gpu")
+    assert own is not None and own.cpu_milli_free == 16000
+
+
+def test_a_hold_takes_host_resources_until_the_pod_is_seen_bound() -> None:
+    view = ClusterView(clock=lambda: NOW)
+    view.replace_nodes([with_allocatable(node_json("n1", [gpu("GPU-1")]), "16", "64Gi")])
+    view.replace_pods([])
+    demand = Demand(percent=0, gpus=0, cpu_milli=6000, host_memory_bytes=2 * GIB)
+    view.reserve(
+        key="default/cpu", uid="uid-default-cpu", node="n1",
+        assignment=Assignment("n1", (), 0, 0), demand=demand, bind_time=NOW, hold_seconds=30,
+    )  # fmt: skip
+    node = view.node("n1")
+    assert node is not None and node.cpu_milli_free == 10000
+    # Nothing will wait for an Allocate: the bind gate ignores it.
+    assert list(view.pending_on("n1")) == []
+    view.upsert_pod(pod_json("cpu", node="n1", containers=requesting("6", "2Gi")))
+    assert view.reservation("default/cpu") is None
+    assert (node.cpu_milli_free, node.memory_free_bytes) == (10000, 62 * GIB)
+
+
+def test_the_mix_counts_each_pod_once_as_it_arrives() -> None:
+    view = ClusterView(clock=lambda: NOW)
+    view.replace_nodes([node_json("n1", [gpu("GPU-1")])])
+    gpu_pod = pod_json("g", fraction="0.25", containers=requesting("4", "8Gi"))
+    routed = pod_json(
+        "routed",
+        containers=requesting("2", "1Gi"),
+        extra_spec={"schedulerName": "gpushare-scheduler"},
+    )
+    other = pod_json("other", containers=requesting("1", "1Gi"))
+    view.replace_pods([gpu_pod, routed, other])  # fmt: skip
+    # A gpushare pod and a pod sent to gpushare-scheduler count when first seen; any other
+    # pod only once bound to a node with gpushare GPUs (and once, whatever its updates).
+    assert view.mix.observed == 2
+    view.upsert_pod(gpu_pod)
+    view.upsert_pod(pod_json("other", node="elsewhere", containers=requesting("1", "1Gi")))
+    assert view.mix.observed == 2
+    view.upsert_pod(pod_json("other", node="n1", containers=requesting("1", "1Gi")))
+    assert view.mix.observed == 3
+    counted = {s[:3] for s in view.mix.shapes()}
+    assert counted == {(25, 1, 4000), (0, 0, 2000), (0, 0, 1000)}
+    # A restarted controller counts the pods its first list returns.
+    restarted = ClusterView(clock=lambda: NOW)
+    restarted.replace_nodes([node_json("n1", [gpu("GPU-1")])])
+    restarted.replace_pods([gpu_pod, routed])
+    assert restarted.mix.observed == 2

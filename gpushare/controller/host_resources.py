@@ -1,0 +1,103 @@
+"""Host CPU and memory as kube-scheduler counts them: node allocatable and pod requests.
+
+The gpushare policy charges a placement for the GPU share it strands on a node whose CPU or
+memory runs out (docs/packing.md, "Stranding"), so the view needs every node's free CPU and
+memory: its ``status.allocatable`` minus the requests of every pod bound there, gpushare's or
+not. A pod's request is what the scheduler's NodeResourcesFit uses: the larger of the sum over
+its containers and the largest init container, plus its ``overhead``.
+
+Pure functions over API JSON; a value the API server would not have accepted reads as 0 (never
+raises: a strange pod must not stop the watch).
+"""
+
+from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+_SUFFIX = {
+    "n": Decimal(10) ** -9,
+    "u": Decimal(10) ** -6,
+    "m": Decimal(10) ** -3,
+    "": Decimal(1),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+_MAX_TEXT = 64
+
+
+def quantity(value: object) -> Decimal | None:
+    """A Kubernetes quantity ("500m", "2", "16Gi", "1e3") as a number; None when unreadable."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return Decimal(str(value))
+    if not isinstance(value, str) or not value or len(value) > _MAX_TEXT:
+        return None
+    text = value.strip()
+    for size in (2, 1):
+        suffix = text[-size:] if len(text) > size else ""
+        if suffix in _SUFFIX and suffix and not suffix.isdigit():
+            number, scale = text[:-size], _SUFFIX[suffix]
+            break
+    else:
+        number, scale = text, _SUFFIX[""]
+    try:
+        parsed = Decimal(number) * scale
+    except (InvalidOperation, ValueError):
+        return None
+    return parsed if parsed.is_finite() and parsed >= 0 else None
+
+
+def cpu_milli(value: object) -> int:
+    q = quantity(value)
+    return int((q * 1000).to_integral_value(rounding="ROUND_CEILING")) if q is not None else 0
+
+
+def memory_bytes(value: object) -> int:
+    q = quantity(value)
+    return int(q.to_integral_value(rounding="ROUND_CEILING")) if q is not None else 0
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _requests(container: object) -> tuple[int, int]:
+    requests = _mapping(_mapping(_mapping(container).get("resources")).get("requests"))
+    return cpu_milli(requests.get("cpu")), memory_bytes(requests.get("memory"))
+
+
+def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """(milli-CPU, memory bytes) the pod requests, as NodeResourcesFit counts them."""
+    spec = _mapping(pod.get("spec"))
+    cpu = memory = 0
+    containers = spec.get("containers")
+    for c in containers if isinstance(containers, list) else ():
+        c_cpu, c_memory = _requests(c)
+        cpu += c_cpu
+        memory += c_memory
+    inits = spec.get("initContainers")
+    for c in inits if isinstance(inits, list) else ():
+        c_cpu, c_memory = _requests(c)
+        cpu, memory = max(cpu, c_cpu), max(memory, c_memory)
+    overhead = _mapping(spec.get("overhead"))
+    return cpu + cpu_milli(overhead.get("cpu")), memory + memory_bytes(overhead.get("memory"))
+
+
+def node_allocatable(node: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(milli-CPU, memory bytes) the node offers pods; None when its status does not say."""
+    allocatable = _mapping(_mapping(node.get("status")).get("allocatable"))
+    cpu, memory = quantity(allocatable.get("cpu")), quantity(allocatable.get("memory"))
+    if cpu is None or memory is None:
+        return None
+    return cpu_milli(allocatable.get("cpu")), memory_bytes(allocatable.get("memory"))

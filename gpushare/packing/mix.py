@@ -1,0 +1,137 @@
+"""The pod-size mix the gpushare policy measures fragmentation against, learned online.
+
+FGD (see :mod:`fragmentation`) judges a placement by how much of the free GPU share the
+*coming* pods could no longer use, so it needs their mix: shares, GPU counts, CPU and host
+memory (the stranding term reads the last two), allowed GPU models. Nobody can write that mix
+down in advance, and a mix from another cluster misleads (openb default: 91.6% allocation with
+the built-in prior against 96% with the trace's own mix, docs/packing.md). So the controller
+counts the pods it sees, in the order it sees them, and refits the
+:class:`~gpushare.packing.fragmentation.Workload` from the counts:
+
+- after ``refit_every`` pods, and later once the pods counted since the last refit reach
+  ``refit_growth`` of all counted (an estimate from n pods moves by about 1/n per pod, so the
+  refits thin out as the mix settles; the mix stays the same between refits, so answers the
+  extender cached stay valid; a refit bumps :attr:`PodMix.generation`);
+- memory is bounded: at most ``max_shapes`` distinct shapes are kept (the rarest go first) and
+  once more than ``horizon`` pods were counted every count is halved, so the mix follows a
+  cluster whose pods change;
+- before the first refit the built-in prior (:meth:`Workload.default`) stands in.
+
+A restarted controller rebuilds the mix from the pods its first list returns. The simulator
+(``bench/sim``) feeds the same class in arrival order, exactly as the controller's watch does.
+"""
+
+from collections.abc import Iterable
+
+from gpushare.api.names import SLICES_PER_GPU
+from gpushare.packing.fragmentation import TaskClass, Workload
+from gpushare.packing.model import Demand
+
+REFIT_EVERY = 200
+"""Fewest pods counted between two refits of the mix."""
+REFIT_GROWTH = 0.25
+"""A refit is also due only once the pods counted since the last one reach this share of all
+counted (docs/packing.md: on openb default the same allocation as refitting every 200 pods,
+with a third of the refits)."""
+MAX_SHAPES = 2048
+"""Distinct pod shapes remembered; beyond it the rarest are forgotten."""
+HORIZON = 20_000
+"""Pods counted before every count is halved (the mix's memory, in pods)."""
+
+Shape = tuple[int, int, int, str | None, int]
+"""(per-GPU percent, GPUs, milli-CPU, allowed GPU models, host memory bytes)."""
+
+
+def shape_of(demand: Demand) -> Shape:
+    """What the mix tells pods apart by. A pod without GPUs is ``(0, 0, cpu, None, memory)``."""
+    gpus = demand.gpus if demand.gpus > 0 and demand.percent > 0 else 0
+    percent = min(demand.percent, SLICES_PER_GPU) if gpus else 0
+    return (
+        percent,
+        gpus,
+        max(demand.cpu_milli, 0),
+        (demand.gpu_model or None) if gpus else None,
+        max(demand.host_memory_bytes, 0),
+    )
+
+
+class PodMix:
+    """Counts of pod shapes seen, and the :class:`Workload` fitted to them."""
+
+    def __init__(
+        self,
+        *,
+        refit_every: int = REFIT_EVERY,
+        refit_growth: float = REFIT_GROWTH,
+        max_shapes: int = MAX_SHAPES,
+        horizon: int = HORIZON,
+        prior: Workload | None = None,
+    ) -> None:
+        if refit_every < 1 or max_shapes < 1 or horizon < 1 or refit_growth < 0:
+            raise ValueError("refit_every, max_shapes and horizon must be positive")
+        self.refit_every = refit_every
+        self.refit_growth = refit_growth
+        self.max_shapes = max_shapes
+        self.horizon = horizon
+        self._counts: dict[Shape, float] = {}
+        self._total = 0.0
+        self._since_refit = 0
+        self._workload = prior or Workload.default()
+        self.observed = 0
+        """Pods counted since this mix was made (not decayed)."""
+        self.generation = 0
+        """Bumped whenever :attr:`workload` changes: a cache key for costs computed from it."""
+
+    @property
+    def workload(self) -> Workload:
+        """The mix as of the last refit (the prior before the first)."""
+        return self._workload
+
+    def observe(self, demand: Demand) -> bool:
+        """Count one pod; refit when due (see the module docstring). Returns True when this
+        call refitted the mix."""
+        shape = shape_of(demand)
+        self._counts[shape] = self._counts.get(shape, 0.0) + 1.0
+        self._total += 1.0
+        self.observed += 1
+        if len(self._counts) > self.max_shapes:
+            self._forget_rarest()
+        if self._total > self.horizon:
+            self._halve()
+        self._since_refit += 1
+        if self._since_refit >= max(self.refit_every, self.refit_growth * self._total):
+            self.refit()
+            return True
+        return False
+
+    def observe_all(self, demands: Iterable[Demand]) -> None:
+        for demand in demands:
+            self.observe(demand)
+
+    def refit(self) -> None:
+        """Fit the workload to the counts now (a no-op before the first pod)."""
+        self._since_refit = 0
+        if not self._counts:
+            return
+        self._workload = Workload.typical(
+            (
+                TaskClass(count, percent, gpus, cpu, model, memory)
+                for (percent, gpus, cpu, model, memory), count in self._counts.items()
+            ),
+            coverage=1.0,
+        )
+        self.generation += 1
+
+    def shapes(self) -> dict[Shape, float]:
+        """A copy of the (decayed) counts, for reports and tests."""
+        return dict(self._counts)
+
+    def _forget_rarest(self) -> None:
+        keep = sorted(self._counts.items(), key=lambda kv: (-kv[1], kv[0][:3]))
+        keep = keep[: max(1, self.max_shapes // 2)]
+        self._counts = dict(keep)
+        self._total = sum(self._counts.values())
+
+    def _halve(self) -> None:
+        self._counts = {k: v / 2 for k, v in self._counts.items() if v / 2 >= 0.25}
+        self._total = sum(self._counts.values())

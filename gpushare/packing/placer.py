@@ -1,0 +1,88 @@
+"""Which node and which GPUs: the one placement decision gpushare makes.
+
+The scheduler extender (filter, prioritize, bind) and the openb simulator (``bench/sim``) both
+ask a :class:`Placer`, so what the simulator reports is what the installed extender does
+(docs/packing.md, "One placement path"):
+
+- :meth:`Placer.node_cost` is the policy's exact cost of placing a pod on a node (lower is
+  better; None when it does not fit), measured against the pod mix the placer learned
+  (:class:`~gpushare.packing.mix.PodMix`, fed by the controller's pod watch);
+- :func:`best_node` ranks candidates by that cost, ties to the node whose name sorts first, so
+  the answer does not depend on the order kube-scheduler lists the nodes in;
+- :func:`rank_scores` turns the same ranking into kube-scheduler's 0-10 extender scores;
+- :meth:`Placer.choose_gpus` picks the GPU(s) on the chosen node.
+"""
+
+import math
+from collections.abc import Iterable, Mapping
+
+from gpushare.packing.fragmentation import Workload
+from gpushare.packing.interference import InterferenceModel
+from gpushare.packing.mix import PodMix
+from gpushare.packing.model import Assignment, Demand, NodeState
+from gpushare.packing.policy import DEFAULT_POLICY, Policy, choose_gpus, node_cost
+
+MAX_SCORE = 10
+"""k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority."""
+
+
+class Placer:
+    """A policy plus the pod mix it measures against (the mix only matters to ``gpushare``)."""
+
+    def __init__(
+        self,
+        policy: Policy = DEFAULT_POLICY,
+        *,
+        mix: PodMix | None = None,
+        model: InterferenceModel | None = None,
+    ) -> None:
+        self.policy = policy
+        self.mix = mix if mix is not None else PodMix()
+        self.model = model
+
+    @property
+    def workload(self) -> Workload:
+        return self.mix.workload
+
+    @property
+    def version(self) -> int:
+        """Changes whenever the same node and pod could get another cost (the mix was refit):
+        part of the key of any cached answer."""
+        return self.mix.generation if self.policy is Policy.GPUSHARE else 0
+
+    def node_cost(self, node: NodeState, demand: Demand) -> float | None:
+        """The policy's exact cost of ``demand`` on ``node``; None when it does not fit."""
+        return node_cost(
+            node, demand, policy=self.policy, workload=self.mix.workload, model=self.model
+        )
+
+    def choose_gpus(self, node: NodeState, demand: Demand) -> Assignment | None:
+        """The GPU(s), thread cap and memory limit ``demand`` gets on ``node``."""
+        return choose_gpus(
+            node, demand, policy=self.policy, workload=self.mix.workload, model=self.model
+        )
+
+
+def best_node(costs: Iterable[tuple[str, float]]) -> str | None:
+    """The cheapest node of ``(name, cost)`` pairs; ties go to the name that sorts first."""
+    best: tuple[float, str] | None = None
+    for name, cost in costs:
+        if best is None or cost < best[0] or (cost == best[0] and name < best[1]):
+            best = (cost, name)
+    return None if best is None else best[1]
+
+
+def rank_scores(costs: Mapping[str, float | None]) -> dict[str, int]:
+    """kube-scheduler's 0-10 extender scores from the cost ranking: the cheapest node(s) get 10,
+    the others less by their rank among the distinct costs (never below 1), a node where the
+    pod does not fit 0. The node :func:`best_node` picks always has the top score."""
+    distinct = sorted({c for c in costs.values() if c is not None and not math.isnan(c)})
+    where = {c: i for i, c in enumerate(distinct)}
+    out: dict[str, int] = {}
+    for name, cost in costs.items():
+        if cost is None or math.isnan(cost):
+            out[name] = 0
+            continue
+        rank = where[cost]
+        out[name] = max(1, MAX_SCORE - (MAX_SCORE * rank + len(distinct) - 1) // len(distinct))
+    return out
