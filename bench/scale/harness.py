@@ -110,7 +110,7 @@ def _alive(pid: int) -> bool:
 
 @dataclass
 class Controller:
-    """The gpushare controller process (extender only: no webhook, no operator)."""
+    """The gpushare controller process (extender, optionally the webhook; no operator)."""
 
     proc: subprocess.Popen[bytes]
     port: int
@@ -147,12 +147,28 @@ async def start_controller(
     ready_timeout: float,
     profile_to: Path | None = None,
     source: Path | None = None,
+    webhook_port: int | None = None,
 ) -> Controller:
-    """Run ``python -m gpushare.controller`` against the bench's API server, serving only the
-    extender; returns once its /readyz answers 200 (view synced). With ``profile_to`` it runs
-    under cProfile and writes the profile there when stopped. ``source`` is a directory holding
-    a ``gpushare`` package to run instead of this checkout's (to try a patch on a copy)."""
+    """Run ``python -m gpushare.controller`` against the bench's API server, serving the
+    extender (and, with ``webhook_port``, the admission webhook, registered with the API server
+    as the chart does); returns once its /readyz answers 200 (view synced, webhook registered).
+    With ``profile_to`` it runs under cProfile and writes the profile there when stopped.
+    ``source`` is a directory holding a ``gpushare`` package to run instead of this checkout's
+    (to try a patch on a copy)."""
     profiler = ["-m", "cProfile", "-o", str(profile_to)] if profile_to is not None else []
+    webhook = (
+        ["--no-webhook"]
+        if webhook_port is None
+        else [
+            "--webhook-host",
+            "127.0.0.1",
+            "--webhook-port",
+            str(webhook_port),
+            "--register-webhooks",
+            "--webhook-url",
+            f"https://127.0.0.1:{webhook_port}",
+        ]
+    )
     cmd = [
         sys.executable,
         *profiler,
@@ -164,7 +180,7 @@ async def start_controller(
         "127.0.0.1",
         "--extender-port",
         str(port),
-        "--no-webhook",
+        *webhook,
         "--no-operator",
         *extra_args,
     ]

@@ -240,7 +240,7 @@ class Scraper:
         await self.session.close()
 
 
-async def _create_all(api: Api, path: str, objs: Sequence[Json], concurrency: int) -> None:
+async def create_all(api: Api, path: str, objs: Sequence[Json], concurrency: int) -> None:
     sem = asyncio.Semaphore(concurrency)
 
     async def one(obj: Json) -> None:
@@ -250,14 +250,14 @@ async def _create_all(api: Api, path: str, objs: Sequence[Json], concurrency: in
     await asyncio.gather(*(one(o) for o in objs))
 
 
-def _ready(node: Json) -> bool:
+def node_ready(node: Json) -> bool:
     return any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in node.get("status", {}).get("conditions", [])
     )
 
 
-async def _wait(what: str, timeout_s: float, probe: Any) -> None:
+async def wait_until(what: str, timeout_s: float, probe: Any) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if await probe():
@@ -271,7 +271,7 @@ async def setup_nodes(api: Api, scraper: Scraper, *, nodes: int, concurrency: in
     Returns seconds taken."""
     t0 = time.monotonic()
     shape = NodeShape()
-    await _create_all(
+    await create_all(
         api, "/api/v1/nodes", [node_manifest(i, shape) for i in range(nodes)], concurrency
     )
 
@@ -279,9 +279,9 @@ async def setup_nodes(api: Api, scraper: Scraper, *, nodes: int, concurrency: in
         listed = await api.list_all(
             "/api/v1/nodes", params={"labelSelector": f"{BENCH_LABEL}=nodes"}
         )
-        return sum(1 for n in listed["items"] if _ready(n)) >= nodes
+        return sum(1 for n in listed["items"] if node_ready(n)) >= nodes
 
-    await _wait(f"{nodes} nodes Ready (kwok)", 300, all_ready)
+    await wait_until(f"{nodes} nodes Ready (kwok)", 300, all_ready)
 
     async def schedulers_see_nodes() -> bool:
         for port in (harness.KUBE_SCHEDULER_PORT, harness.GPUSHARE_SCHEDULER_PORT):
@@ -295,7 +295,7 @@ async def setup_nodes(api: Api, scraper: Scraper, *, nodes: int, concurrency: in
                 return False
         return True
 
-    await _wait("both schedulers to cache every node", 120, schedulers_see_nodes)
+    await wait_until("both schedulers to cache every node", 120, schedulers_see_nodes)
     return time.monotonic() - t0
 
 

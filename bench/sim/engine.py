@@ -5,6 +5,17 @@ fragmentation value, GPU choice, thread percentage and slowdown prediction comes
 ``gpushare.packing`` -- the code the extender runs. What lives here is only the experiment
 (arrivals, bookkeeping, metrics) and the baselines' node scores from the FGD paper's simulator.
 
+The product's policies (``gpushare``, the default, and the ``binpack`` and ``spread`` options)
+are placed exactly as the installed extender places them: one
+:class:`gpushare.packing.placer.Placer` ranks every node by its exact cost (ties to the name that
+sorts first) against a :class:`gpushare.packing.mix.PodMix` fed in arrival order as the
+controller's watch feeds it, and picks the GPUs. Pods without GPUs go to gpushare-scheduler as
+the replay sends them: under ``gpushare`` the placer places them too; under ``binpack`` and
+``spread`` the extender passes every node and kube-scheduler's own scores decide
+(:mod:`bench.sim.stock`). ``gpushare-cpu-default`` is ``gpushare`` with pods without GPUs left
+to the stock default-scheduler (what a cluster gets that does not route them to
+gpushare-scheduler).
+
 Speed: a node's score for a pod depends only on the node's state and the pod's *shape* (CPU,
 memory, GPUs, share, allowed models). Each shape keeps an index of node scores; a placement
 marks one node dirty, and a shape re-scores only the nodes that changed since it last looked.
@@ -32,7 +43,7 @@ from gpushare.packing.interference import InterferenceModel, tenant_threads
 from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Demand, GpuState, NodeState, Tenant
 from gpushare.packing.placer import Placer
-from gpushare.packing.policy import DEFAULT_POLICY
+from gpushare.packing.policy import Policy
 from gpushare.packing.threads import assign_thread_percent
 
 MIB = 1 << 20
@@ -40,7 +51,15 @@ MAX_SPEC_CPU = 128_000
 """The FGD simulator's normalisation constants (milli-CPU, milli-GPU) for best-fit/dot-product."""
 MAX_SPEC_GPU_PERCENT = 800
 
-POLICIES = ("random", "dotprod", "gpupacking", "bestfit", "fgd", "gpushare")
+BASELINES = ("random", "dotprod", "gpupacking", "bestfit", "fgd")
+PRODUCT: dict[str, Policy] = {
+    "binpack": Policy.BINPACK,
+    "spread": Policy.SPREAD,
+    "gpushare": Policy.GPUSHARE,
+    "gpushare-cpu-default": Policy.GPUSHARE,
+}
+"""Simulator policy -> the product policy the placer runs."""
+POLICIES = (*BASELINES, *PRODUCT)
 
 
 # --- cluster -------------------------------------------------------------------------------
@@ -363,11 +382,9 @@ def arrivals(
 
 
 def typical_workload(pods: Sequence[PodSpec], *, coverage: float = 0.95) -> Workload:
-    """FGD's target workload: the pod shapes covering 95% of the pod list, by popularity.
-
-    gpushare uses every shape (``coverage=1.0``) with the pods' host memory, so that rare
-    multi-GPU and model-restricted pods and the memory they bring count too.
-    """
+    """FGD's target workload (the baseline's): the pod shapes covering 95% of the pod list, by
+    popularity, known in advance. (The product learns its mix online, see :class:`PodMix`.)
+    ``coverage=1.0`` keeps every shape with the pods' host memory."""
     full = coverage >= 1.0
     return Workload.typical(
         (
@@ -412,7 +429,6 @@ def simulate(
     seed: int,
     model: InterferenceModel,
     ratio: float = 1.3,
-    interference_weight: float = 1.0,
     trace: str = "",
 ) -> RunResult:
     """One run of the experiment; see the module docstring."""
@@ -424,7 +440,8 @@ def simulate(
     queue = arrivals(pods, cluster.capacity, ratio, rng)
     buckets: dict[tuple[int, int, int, int, str], BucketIndex] = {}
     costs: dict[tuple[int, int, int, int, str], PlacerIndex] = {}
-    placer = Placer(DEFAULT_POLICY, mix=PodMix(), model=model)
+    placer = Placer(PRODUCT.get(policy, Policy.GPUSHARE), mix=PodMix(), model=model)
+    placer_places_cpu_pods = policy == "gpushare"
     stock = StockScheduler(
         cpu_milli=[s.cpu_milli for s in nodes],
         memory_bytes=[s.memory_mib * MIB for s in nodes],
@@ -436,27 +453,26 @@ def simulate(
     for pod in queue:
         arrived += pod.gpu_percent_total
         shape = pod.shape
-        if policy == "gpushare":
+        if policy in PRODUCT:
             demand = demand_of(pod)
-            if pod.num_gpu:
-                # The controller counts a gpushare pod when its watch first shows it, before
-                # the scheduler asks the extender where it goes. A pod states its GPU models by
-                # node affinity (the replay's pods do), which the controller does not read.
+            assignment = None
+            if pod.num_gpu or placer_places_cpu_pods:
+                # The controller counts a pod for gpushare-scheduler when its watch first
+                # shows it, before the scheduler asks the extender where it goes. A pod states
+                # its GPU models by node affinity (the replay's pods do), which the controller
+                # does not read.
                 placer.mix.observe(replace(demand, gpu_model=None))
                 index = costs.get(shape)
                 if index is None:
                     index = costs[shape] = PlacerIndex(cluster, placer, demand)
                 i_or_none = index.pick()
-                assignment = (
-                    placer.choose_gpus(cluster.nodes[i_or_none], demand)
-                    if i_or_none is not None
-                    else None
-                )
+                if i_or_none is not None and pod.num_gpu:
+                    assignment = placer.choose_gpus(cluster.nodes[i_or_none], demand)
             else:
-                # No GPU: kube-scheduler's default profile places it, the controller counts it
-                # once its watch shows it bound to a GPU node.
+                # kube-scheduler's own scores place it: the stock default-scheduler, or the
+                # gpushare-scheduler profile after the extender passed every node. The
+                # controller counts it once its watch shows it bound to a GPU node.
                 i_or_none = stock.pick(cluster.nodes, demand)
-                assignment = None
                 if i_or_none is not None:
                     placer.mix.observe(demand)
             if i_or_none is None or (pod.num_gpu and assignment is None):
@@ -464,7 +480,7 @@ def simulate(
             else:
                 node = cluster.nodes[i_or_none]
                 gpus = (
-                    tuple(node.gpus.index(g) for g in node.gpus if g.uuid in assignment.gpu_uuids)
+                    tuple(i for i, g in enumerate(node.gpus) if g.uuid in assignment.gpu_uuids)
                     if assignment is not None
                     else ()
                 )
@@ -508,7 +524,7 @@ def simulate(
         alloc_130=alloc_130,
         effective_throughput_130=effective_throughput(cluster, model),
         effective_throughput_130_uncapped=effective_throughput(
-            cluster, model, uncapped=policy != "gpushare"
+            cluster, model, uncapped=policy not in PRODUCT
         ),
         pods=len(queue),
         placed=placed,

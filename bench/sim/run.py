@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print the table only")
     args = parser.parse_args(argv)
     try:
-        seeds = _seeds(args.seeds)
+        seeds = parse_seeds(args.seeds)
         lists = pod_lists(args.traces)
         node_file = args.traces / "openb_node_list_gpu_node.csv"
         if not node_file.is_file():
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _seeds(text: str) -> list[int]:
+def parse_seeds(text: str) -> list[int]:
     fix = 'write "42-51" or "42,43,44"'
     try:
         if "-" in text:

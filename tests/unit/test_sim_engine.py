@@ -104,7 +104,35 @@ def test_pod_list_with_a_fractional_percent_is_refused_naming_the_row(tmp_path: 
     (tmp_path / "openb_pod_list_bad.csv").write_text(POD_HEADER + "p,1000,1,1,455,,,,,,\n")
     with pytest.raises(InvalidInputError) as err:
         load_pods(tmp_path / "openb_pod_list_bad.csv")
-    assert err.value.field == "openb_pod_list_bad.csv[0].gpu_milli"
+    assert err.value.field == "openb_pod_list_bad.csv line 2, gpu_milli"
+
+
+@pytest.mark.parametrize(
+    ("kind", "row", "field", "words"),
+    [
+        ("pod", "p,1e9,1,0,0,,,,,,", "line 2, cpu_milli", "whole number"),
+        ("pod", "p,nan,1,0,0,,,,,,", "line 2, cpu_milli", "whole number"),
+        ("pod", "p,-5,1,0,0,,,,,,", "line 2, cpu_milli", "outside"),
+        ("pod", "p,1000,1,1,500,V100|$(rm -rf),,,,,", "line 2, gpu_spec", "GPU models"),
+        ("pod", "p,1000,1,1,500,,,,,,,extra", "line 2", "more fields"),
+        ("pod", "../etc,1000,1,0,0,,,,,,", "line 2, name", "pod name"),
+        ("pod", "p,1000,1,99,1000,,,,,,", "line 2, num_gpu", "outside"),
+        ("node", "Node_1,1000,1024,2,T4", "line 2, sn", "node name"),
+        ("node", "n1,1000,1024,2,T4 with spaces", "line 2, model", "GPU model"),
+        ("node", "n1,1000,1024,2,", "line 2, model", "empty"),
+    ],
+)
+def test_a_hostile_row_is_refused_naming_file_line_and_field(
+    tmp_path: Path, kind: str, row: str, field: str, words: str
+) -> None:
+    header = POD_HEADER if kind == "pod" else NODE_HEADER
+    path = tmp_path / f"openb_{kind}_list_bad.csv"
+    good = "ok,1000,1,0,0,,,,,,\n" if kind == "pod" else "ok,1000,1024,2,T4\n"
+    path.write_text(header + row + "\n" + good)
+    with pytest.raises(InvalidInputError) as err:
+        (load_pods if kind == "pod" else load_nodes)(path)
+    assert err.value.field == f"{path.name} {field}"
+    assert words in err.value.problem or words in err.value.field
 
 
 def test_simulated_pods_carry_a_measured_sm_utilization_scaled_like_their_load() -> None:
