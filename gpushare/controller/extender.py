@@ -14,7 +14,6 @@ scores from the same ranking, bind takes the GPUs filter held (docs/scheduling.m
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -243,12 +242,33 @@ class Extender:
         own = self._own_nodes(key)
         versions = self.view.node_versions
         constrained = rules.constrains_gpus
+        uid = pods.pod_uid(args.pod)
+        if self.hold_in_filter and self._may_hold(key, uid):
+            # The placer's cost is None exactly where the pod does not fit: rank by it first;
+            # per-node reasons are only worth working out when no node is left (the scheduler
+            # reads them only then, for its events and for preemption).
+            cost_hits = self._cost_cache().get(demand, {}) if not constrained else {}
+            fitting: list[str] = []
+            costs: list[float] = []
+            for name in args.node_names:
+                mine = name in own
+                chit = cost_hits.get(name)
+                if chit is not None and chit[0] == versions.get(name, 0) and not mine:
+                    cost = chit[1]  # the common case, inlined
+                else:
+                    cost = self._cost(name, key, demand, rules, cached=not mine and not constrained)
+                if cost is not None:
+                    fitting.append(name)
+                    costs.append(cost)
+            if fitting:
+                self.refused.placed(key)
+                best = self._hold_best(args, key, demand, rules, passed=fitting, costs=costs)
+                if best is not None:
+                    # With one node offered, the reasons for the others are dead weight
+                    # (hundreds of entries per call to encode and decode): none are sent.
+                    self.offers.offer(key, uid, (best,))
+                    return self._filter_result(args, [best], {}, {})
         hits = self._verdicts.get(demand, {}) if not constrained else {}
-        # With filter-time holds the passing nodes are costed in the same pass (one lookup of
-        # each node's version for both caches).
-        scoring = self.hold_in_filter
-        cost_hits = self._cost_cache().get(demand, {}) if scoring and not constrained else {}
-        costs: list[float] = []
         for name in args.node_names:
             version = versions.get(name, 0)
             mine = name in own
@@ -260,14 +280,6 @@ class Extender:
                 verdict, message = self._verdict(name, key, demand, rules, cached=cached)
             if verdict == _PASS:
                 passed.append(name)
-                if scoring:
-                    chit = cost_hits.get(name)
-                    if chit is not None and chit[0] == version and not mine:
-                        cost = chit[1]
-                    else:
-                        cached = not mine and not constrained
-                        cost = self._cost(name, key, demand, rules, cached=cached)
-                    costs.append(math.inf if cost is None else cost)
             elif verdict == _FAILED:
                 failed[name] = message
             else:
@@ -276,15 +288,6 @@ class Extender:
             self.refused.placed(key)
         elif args.node_names:
             self.refused.refused(key)
-        uid = pods.pod_uid(args.pod)
-        if scoring and passed and self._may_hold(key, uid):
-            best = self._hold_best(args, key, demand, rules, passed=passed, costs=costs)
-            if best is not None:
-                # The scheduler reads the reasons for left-out nodes only when no node is left
-                # (for its events and preemption); with one node offered they are dead weight
-                # (hundreds of entries per call to encode and decode), so none are sent.
-                self.offers.offer(key, uid, (best,))
-                return self._filter_result(args, [best], {}, {})
         if passed:
             self.offers.offer(key, uid, passed)
         if not passed and args.node_names:
@@ -368,20 +371,23 @@ class Extender:
         key = pods.pod_key(args.pod)
         costs = self._host_costs(args.node_names, key, demand)
         passed = [name for name, cost in costs.items() if cost is not None]
-        failed = {
-            name: self._host_refusal(name, key, demand)
-            for name, cost in costs.items()
-            if cost is None
-        }
+
+        def failed() -> dict[str, str]:
+            return {
+                name: self._host_refusal(name, key, demand)
+                for name, cost in costs.items()
+                if cost is None
+            }
+
         if not passed:
             if args.node_names:
                 self.refused.refused(key)
-            return self._filter_result(args, [], failed, {})
+            return self._filter_result(args, [], failed(), {})
         self.refused.placed(key)
         uid = pods.pod_uid(args.pod)
         if not self.hold_in_filter or not uid or pods.scheduler_name(args.pod) != SCHEDULER_NAME:
             self.offers.offer(key, uid, passed)
-            return self._filter_result(args, passed, failed, {})
+            return self._filter_result(args, passed, failed(), {})
         best = best_node((name, cost) for name, cost in costs.items() if cost is not None)
         assert best is not None
         self.offers.offer(key, uid, (best,))
@@ -397,7 +403,7 @@ class Extender:
                     hold_seconds=self.hold_seconds,
                 )
             except ReservationError:
-                return self._filter_result(args, passed, failed, {})
+                return self._filter_result(args, passed, failed(), {})
         return self._filter_result(args, [best], {}, {})
 
     def _host_costs(self, names: list[str], key: str, demand: Demand) -> dict[str, float | None]:

@@ -51,13 +51,7 @@ def gpu_fit(
     gpu: GpuState, demand: Demand, *, max_latency_tenants: int = MAX_LATENCY_TENANTS
 ) -> tuple[str | None, int]:
     """(:func:`fit_reason`, the GPU's allocated percent) from one pass over its tenants."""
-    used = used_memory = clients = latency = 0
-    for tenant in gpu.tenants:
-        used += tenant.percent
-        used_memory += tenant.memory_bytes
-        clients += tenant.processes
-        if tenant.gpu_class == CLASS_LATENCY:
-            latency += 1
+    used, used_memory, clients, latency = gpu.totals()
     if not gpu.healthy:
         return f"GPU {gpu.uuid} is unhealthy", used
     if demand.tenancy is not None:

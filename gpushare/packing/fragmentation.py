@@ -310,15 +310,35 @@ def placement_options(
         return []
     if node.memory_free_bytes is not None and demand.host_memory_bytes > node.memory_free_bytes:
         return []
+    percent = min(demand.percent, SLICES_PER_GPU)
+    gpus = max(demand.gpus, 0) if percent > 0 else 0
+    used = [g.totals()[0] for g in node.gpus]
+    # Only GPUs with enough free share are checked in full (memory, clients, class, model),
+    # and of GPUs with equal free share only as many as can matter: on a busy cluster most GPUs
+    # are ruled out by their share alone, on an idle node one GPU stands for all.
+    fitting: list[int] = []
+    if gpus:
+        wanted = gpus if demand.whole else 1
+        found: dict[int, int] = {}
+        for i, g in enumerate(node.gpus):
+            f = SLICES_PER_GPU - used[i]
+            if f < percent or (not every_gpu and found.get(f, 0) >= wanted):
+                continue
+            if gpu_fit(g, demand)[0] is None:
+                fitting.append(i)
+                found[f] = found.get(f, 0) + 1
+                if demand.whole and len(fitting) >= gpus:
+                    break
+        if len(fitting) < wanted:
+            return []
     model = node_model(node)
-    checked = [(i, g, *gpu_fit(g, demand)) for i, g in enumerate(node.gpus)]
-    free = tuple(sorted(SLICES_PER_GPU - used for _, g, _, used in checked if g.healthy))
+    free = tuple(
+        sorted(SLICES_PER_GPU - u for g, u in zip(node.gpus, used, strict=True) if g.healthy)
+    )
     cpu_after = None if node.cpu_milli_free is None else node.cpu_milli_free - demand.cpu_milli
     memory = node.memory_free_bytes
     memory_after = None if memory is None else memory - demand.host_memory_bytes
     before = workload.fragmentation(free, node.cpu_milli_free, model)
-    percent = min(demand.percent, SLICES_PER_GPU)
-    gpus = max(demand.gpus, 0) if percent > 0 else 0
     total = sum(free)
     strand = workload.stranded(total - percent * gpus, cpu_after, memory_after) - (
         workload.stranded(total, node.cpu_milli_free, memory)
@@ -329,17 +349,13 @@ def placement_options(
         return [Option((), after - before, 0, strand)]
     waste = workload.waste_table(model)
     if demand.whole:
-        chosen = [i for i, _, reason, _ in checked if reason is None][:gpus]
-        if len(chosen) < gpus:
-            return []
+        chosen = fitting[:gpus]
         after = workload.fragmentation(_replace(free, SLICES_PER_GPU, 0, gpus), cpu_after, model)
         return [Option(tuple(chosen), after - before, 0, strand, -gpus * waste[SLICES_PER_GPU])]
     seen: set[int] = set()
-    for i, g, reason, used in checked:
-        if reason is not None:
-            continue
-        f = SLICES_PER_GPU - used
-        key = (-1 if not g.tenants else i) if every_gpu else f
+    for i in fitting:
+        f = SLICES_PER_GPU - used[i]
+        key = (-1 if not node.gpus[i].tenants else i) if every_gpu else f
         if key in seen:
             continue
         seen.add(key)

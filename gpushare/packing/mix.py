@@ -9,9 +9,10 @@ counts the pods it sees, in the order it sees them, and refits the
 :class:`~gpushare.packing.fragmentation.Workload` from the counts:
 
 - after ``refit_every`` pods, and later once the pods counted since the last refit reach
-  ``refit_growth`` of all counted (an estimate from n pods moves by about 1/n per pod, so the
-  refits thin out as the mix settles; the mix stays the same between refits, so answers the
-  extender cached stay valid; a refit bumps :attr:`PodMix.generation`);
+  ``refit_growth`` of all counted (by default: whenever the count doubled; an estimate from n
+  pods moves by about 1/n per pod, so the refits thin out as the mix settles; the mix stays
+  the same between refits, so answers the extender cached stay valid; a refit bumps
+  :attr:`PodMix.generation`);
 - memory is bounded: at most ``max_shapes`` distinct shapes are kept (the rarest go first) and
   once more than ``horizon`` pods were counted every count is halved, so the mix follows a
   cluster whose pods change;
@@ -29,10 +30,11 @@ from gpushare.packing.model import Demand
 
 REFIT_EVERY = 200
 """Fewest pods counted between two refits of the mix."""
-REFIT_GROWTH = 0.25
+REFIT_GROWTH = 0.5
 """A refit is also due only once the pods counted since the last one reach this share of all
-counted (docs/packing.md: on openb default the same allocation as refitting every 200 pods,
-with a third of the refits)."""
+counted: 0.5 refits whenever the count doubles (docs/packing.md: on openb default and
+gpushare40 the same allocation as refitting every 200 pods, with an eighth of the refits; each
+refit makes the extender cost every node afresh)."""
 MAX_SHAPES = 2048
 """Distinct pod shapes remembered; beyond it the rarest are forgotten."""
 HORIZON = 20_000

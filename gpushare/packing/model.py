@@ -87,9 +87,33 @@ class GpuState:
     tenants: list[Tenant] = field(default_factory=list)
     max_clients: int = MPS_MAX_CLIENTS
 
+    def __post_init__(self) -> None:
+        self._totals_of: list[Tenant] | None = None
+        self._totals_len = 0
+        self._totals = (0, 0, 0, 0)
+
+    def totals(self) -> tuple[int, int, int, int]:
+        """(allocated percent, memory, MPS client processes, latency-class tenants) over the
+        tenants. Placement reads these for every GPU of every candidate node, so they are kept
+        until ``tenants`` is replaced by another list or grows (the controller's view replaces
+        the list on every change, the simulator appends): never edit a tenant list in place
+        otherwise."""
+        tenants = self.tenants
+        if self._totals_of is not tenants or self._totals_len != len(tenants):
+            used = memory = clients = latency = 0
+            for t in tenants:
+                used += t.percent
+                memory += t.memory_bytes
+                clients += t.processes
+                if t.gpu_class == CLASS_LATENCY:
+                    latency += 1
+            self._totals = (used, memory, clients, latency)
+            self._totals_of, self._totals_len = tenants, len(tenants)
+        return self._totals
+
     @property
     def used_percent(self) -> int:
-        return sum(t.percent for t in self.tenants)
+        return self.totals()[0]
 
     @property
     def free_percent(self) -> int:
@@ -97,7 +121,7 @@ class GpuState:
 
     @property
     def used_memory(self) -> int:
-        return sum(t.memory_bytes for t in self.tenants)
+        return self.totals()[1]
 
     @property
     def free_memory(self) -> int:
@@ -105,7 +129,7 @@ class GpuState:
 
     @property
     def clients(self) -> int:
-        return sum(t.processes for t in self.tenants)
+        return self.totals()[2]
 
     @property
     def has_latency_tenant(self) -> bool:
