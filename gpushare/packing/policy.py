@@ -1,13 +1,14 @@
 """Which GPU(s) of a node a pod gets, and how much the scheduler should like the node.
 
-Three policies:
+Three policies (who asks: :mod:`gpushare.packing.placer`):
 
-- ``binpack`` (default): fill the fullest GPU that fits and the fullest node; keeps whole GPUs
-  and whole nodes free for large pods.
+- ``binpack``: fill the fullest GPU that fits and the fullest node; keeps whole GPUs and whole
+  nodes free for large pods.
 - ``spread``: the emptiest GPU and node; fewer neighbours per pod.
-- ``gpushare``: fragmentation gradient descent (FGD, see :mod:`fragmentation`) with exact costs
-  instead of the paper's 0-100 integer score, plus the GPU-percent the placement is predicted to
-  lose to interference (see :mod:`interference`), both in GPU-percent:
+- ``gpushare`` (the default, :data:`DEFAULT_POLICY`): fragmentation gradient descent (FGD, see
+  :mod:`fragmentation`) with exact costs instead of the paper's 0-100 integer score, plus the
+  GPU-percent the placement is predicted to lose to interference (see :mod:`interference`),
+  both in GPU-percent:
 
       cost = frag_delta + STRANDING_WEIGHT * strand_delta + LOOKAHEAD_WEIGHT * waste_delta
              + INTERFERENCE_WEIGHT * loss_delta + BEST_FIT_WEIGHT * free_after
@@ -22,7 +23,6 @@ Three policies:
   with measured profiles; ``free_after`` breaks near-ties towards the fuller GPU (best fit).
 """
 
-import math
 from collections.abc import Sequence
 from enum import StrEnum
 
@@ -62,8 +62,6 @@ only the rare small tasks fit above one a popular task fills (tuned on openb def
 checked on 5-8, not on the reported 42-51)."""
 BEST_FIT_WEIGHT = 0.01
 """Per GPU-percent left free on the chosen GPU: a tie-breaker, below any real cost difference."""
-SCORE_SCALE = 25.0
-"""Cost (GPU-percent) that moves the 0-10 gpushare score from 5 to about 7.3 or 2.7."""
 
 
 def guaranteed_loss(
@@ -263,28 +261,8 @@ def node_cost(
     """The policy's cost of putting ``demand`` on ``node`` (lower is better; None: no fit).
 
     binpack/spread: the share of the node's GPU capacity left free (used) after placement;
-    gpushare: the cost of its best option in GPU-percent. Use it to rank nodes exactly; the
-    extender's 0-10 score is a coarse view of it.
+    gpushare: the cost of its best option in GPU-percent. :class:`gpushare.packing.placer.Placer`
+    ranks nodes by it (in the extender and the simulator alike).
     """
     chosen = _choose_indices(node, demand, policy, workload, model)
     return None if chosen is None else chosen[1]
-
-
-def score_node(
-    node: NodeState,
-    demand: Demand,
-    *,
-    policy: Policy,
-    workload: Workload | None = None,
-    model: InterferenceModel | None = None,
-) -> int:
-    """0..10 for the kube-scheduler extender (higher = better; 0 also when it does not fit)."""
-    cost = node_cost(node, demand, policy=policy, workload=workload, model=model)
-    if cost is None:
-        return 0
-    if policy is Policy.GPUSHARE:
-        x = -cost / SCORE_SCALE
-        value = 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
-    else:
-        value = 1.0 - cost
-    return max(0, min(10, round(10 * value)))

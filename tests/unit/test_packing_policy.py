@@ -1,4 +1,4 @@
-"""choose_gpus / score_node: which GPU a pod gets under each policy and how nodes rank."""
+"""choose_gpus / node_cost: which GPU a pod gets under each policy and how nodes rank."""
 
 import pytest
 
@@ -10,7 +10,6 @@ from gpushare.packing.policy import (
     choose_gpus,
     guaranteed_loss,
     node_cost,
-    score_node,
 )
 
 GIB = 1 << 30
@@ -96,31 +95,31 @@ def test_gpushare_avoids_a_neighbour_predicted_to_interfere() -> None:
     assert b is not None and b.gpu_uuids == ("beside-streaming",)
 
 
-def test_binpack_scores_the_fuller_node_higher_and_a_misfit_zero() -> None:
+def test_binpack_ranks_the_fuller_node_first_and_a_misfit_nowhere() -> None:
     full = NodeState("full", [gpu("a", tenant("x", 70)), gpu("b", tenant("y", 60))])
     empty = NodeState("empty", [gpu("c"), gpu("d")])
     tight = NodeState("tight", [gpu("e", tenant("z", 90))])
     demand = Demand(percent=30)
-    assert score_node(full, demand, policy=Policy.BINPACK) > score_node(
-        empty, demand, policy=Policy.BINPACK
-    )
-    assert score_node(empty, demand, policy=Policy.SPREAD) > score_node(
-        full, demand, policy=Policy.SPREAD
-    )
+
+    def cost(node: NodeState, policy: Policy) -> float:
+        value = node_cost(node, demand, policy=policy)
+        assert value is not None
+        return value
+
+    assert cost(full, Policy.BINPACK) < cost(empty, Policy.BINPACK)
+    assert cost(empty, Policy.SPREAD) < cost(full, Policy.SPREAD)
     for policy in Policy:
-        assert score_node(tight, demand, policy=policy) == 0
         assert node_cost(tight, demand, policy=policy) is None
-        assert 0 <= score_node(full, demand, policy=policy) <= 10
 
 
-def test_gpushare_scores_the_node_it_would_choose_highest() -> None:
+def test_gpushare_costs_the_node_it_would_choose_least() -> None:
     workload = Workload([TaskClass(1, 100), TaskClass(1, 50)])
     hole = NodeState("hole", [gpu("a", tenant("x", 50)), gpu("b")])
     idle = NodeState("idle", [gpu("c"), gpu("d")])
     demand = Demand(percent=50)
-    assert score_node(hole, demand, policy=Policy.GPUSHARE, workload=workload) > score_node(
-        idle, demand, policy=Policy.GPUSHARE, workload=workload
-    )
+    on_hole = node_cost(hole, demand, policy=Policy.GPUSHARE, workload=workload)
+    on_idle = node_cost(idle, demand, policy=Policy.GPUSHARE, workload=workload)
+    assert on_hole is not None and on_idle is not None and on_hole < on_idle
 
 
 def test_cpu_starved_node_is_avoided_by_gpushare() -> None:
