@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.replay.manifests import REPLAY_LABEL
-from bench.scale.kube import Api, ApiError, Json
+from bench.scale.kube import Api, ApiError, Json, follow
 
 log = logging.getLogger("bench.replay")
 
@@ -65,28 +65,16 @@ def _unschedulable(pod: Json) -> bool:
 async def _watch(
     api: Api, *, path: str, selector: str, rv: str, t: ReplayTiming, t0: float
 ) -> None:
-    while True:
-        try:
-            async for event in api.watch(
-                path, resource_version=rv, params={"labelSelector": selector}
-            ):
-                obj: Json = event.get("object", {})
-                if event.get("type") == "ERROR":
-                    raise RuntimeError(f"watch error: {obj.get('message')}")
-                rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                if event.get("type") not in ("ADDED", "MODIFIED"):
-                    continue
-                name = obj["metadata"]["name"]
-                now = time.monotonic() - t0
-                if obj.get("spec", {}).get("nodeName"):
-                    if name not in t.bound and name not in t.failed:
-                        t.bound[name] = now
-                elif _unschedulable(obj) and name not in t.refused:
-                    t.refused[name] = now
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a dropped watch: resume from the last resourceVersion
-            await asyncio.sleep(0.2)
+    def seen(obj: Json) -> None:
+        name = obj["metadata"]["name"]
+        now = time.monotonic() - t0
+        if obj.get("spec", {}).get("nodeName"):
+            if name not in t.bound and name not in t.failed:
+                t.bound[name] = now
+        elif _unschedulable(obj) and name not in t.refused:
+            t.refused[name] = now
+
+    await follow(api, path, selector=selector, resource_version=rv, on_object=seen)
 
 
 async def replay(

@@ -7,7 +7,7 @@ a bounded connection pool does that with the least CPU on a shared 2-core machin
 import asyncio
 import json
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +138,32 @@ class Api:
                 "gracePeriodSeconds": str(grace_period_seconds),
             },
         )
+
+
+async def follow(
+    api: Api,
+    path: str,
+    *,
+    selector: str,
+    resource_version: str,
+    on_object: Callable[[Json], None],
+) -> None:
+    """Watch the objects under ``path`` carrying ``selector`` from ``resource_version`` on and
+    hand each added or modified one to ``on_object``, until cancelled; a dropped watch resumes
+    from the last resourceVersion seen."""
+    rv = resource_version
+    while True:
+        try:
+            async for event in api.watch(
+                path, resource_version=rv, params={"labelSelector": selector}
+            ):
+                obj: Json = event.get("object", {})
+                if event.get("type") == "ERROR":
+                    raise RuntimeError(f"watch error: {obj.get('message')}")
+                rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                if event.get("type") in ("ADDED", "MODIFIED"):
+                    on_object(obj)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a dropped watch: resume from the last resourceVersion
+            await asyncio.sleep(0.2)

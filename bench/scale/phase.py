@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.scale.kube import Api, Json
+from bench.scale.kube import Api, Json, follow
 from bench.scale.workload import BENCH_LABEL
 
 
@@ -108,29 +108,17 @@ async def _watch(
     t0: float,
     done: asyncio.Event,
 ) -> None:
-    while True:
-        try:
-            async for event in api.watch(
-                path, resource_version=rv, params={"labelSelector": selector}
-            ):
-                obj: Json = event.get("object", {})
-                if event.get("type") == "ERROR":
-                    raise RuntimeError(f"watch error: {obj.get('message')}")
-                rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                if event.get("type") not in ("ADDED", "MODIFIED"):
-                    continue
-                name = obj["metadata"]["name"]
-                now = time.monotonic() - t0
-                if obj.get("spec", {}).get("nodeName") and name not in timing.bound:
-                    timing.bound[name] = now
-                    if len(timing.bound) >= timing.total:
-                        done.set()
-                if obj.get("status", {}).get("phase") == "Running" and name not in timing.running:
-                    timing.running[name] = now
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a dropped watch: resume from the last resourceVersion
-            await asyncio.sleep(0.2)
+    def seen(obj: Json) -> None:
+        name = obj["metadata"]["name"]
+        now = time.monotonic() - t0
+        if obj.get("spec", {}).get("nodeName") and name not in timing.bound:
+            timing.bound[name] = now
+            if len(timing.bound) >= timing.total:
+                done.set()
+        if obj.get("status", {}).get("phase") == "Running" and name not in timing.running:
+            timing.running[name] = now
+
+    await follow(api, path, selector=selector, resource_version=rv, on_object=seen)
 
 
 async def run_phase(

@@ -182,3 +182,36 @@ def test_own_lists_are_named_by_their_files_and_models_nobody_has_are_refused(
         parse_args(["--traces", str(traces), "--trace", "nope"])
     with pytest.raises(InvalidInputError, match="--window"):
         parse_args(["--traces", str(traces), "--window", "0"])
+
+
+def test_results_have_the_shape_the_issue_asks_for_and_say_what_was_missed() -> None:
+    run = {
+        "trace": "default",
+        "seed": 42,
+        "alloc_100": 95.9,
+        "alloc_130": 96.03,
+        "failed": 2395,
+        "pods_per_s_to_checkpoint": 20.0,
+        "snapshots": {"100": {"violations": 0}, "130": {"violations": 0}},
+        "filter": {"count": 2},
+        "filter_buckets": [[0.005, 1.0], [0.01, 2.0], ["inf", 2.0]],
+    }
+    stock = [{"trace": "default", "seed": 42, "pods_per_s_to_checkpoint": 50.0}]
+    doc = replay_run.assemble(
+        [run], stock, {"default": {42: 96.01}}, machine={"cpu_cores": 2}, setup={}
+    )
+    assert set(doc["traces"]["default"]) == {
+        "alloc_100",
+        "alloc_130",
+        "seeds",
+        "sim_alloc_130",
+        "failed_pods",
+    }
+    assert doc["traces"]["default"]["sim_alloc_130"] == 96.01
+    for key in ("machine", "date", "filter_p99_ms", "pods_per_s", "stock_pods_per_s", "violations"):
+        assert key in doc
+    assert "2 shared cores" in doc["machine"]
+    notes = "\n".join(doc["targets"])
+    assert "replay at 130% on default: 96.03 -- met" in notes
+    assert "0.40x) -- MISSED" in notes
+    assert "simulator vs replay on default: 96.01 vs 96.03 (+0.02) -- met" in notes
