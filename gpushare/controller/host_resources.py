@@ -58,12 +58,38 @@ def quantity(value: object) -> Decimal | None:
     return parsed if parsed.is_finite() and parsed >= 0 else None
 
 
+_WHOLE_SCALE = {"m": None, "": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _whole(value: object, milli: bool) -> int | None:
+    """The common spellings ("8000m", "16", "512Mi") without Decimal: every pod event of the
+    cluster comes through here."""
+    if not isinstance(value, str) or len(value) > 20:
+        return None
+    for suffix in ("m", "Ki", "Mi", "Gi", "Ti", ""):
+        if value.endswith(suffix):
+            digits = value[: len(value) - len(suffix)] if suffix else value
+            if not digits.isdigit() or not digits.isascii():
+                return None
+            scale = _WHOLE_SCALE[suffix]
+            if scale is None:  # milli
+                return int(digits) if milli else -(-int(digits) // 1000)
+            return int(digits) * scale * (1000 if milli else 1)
+    return None
+
+
 def cpu_milli(value: object) -> int:
+    whole = _whole(value, True)
+    if whole is not None:
+        return whole
     q = quantity(value)
     return int((q * 1000).to_integral_value(rounding="ROUND_CEILING")) if q is not None else 0
 
 
 def memory_bytes(value: object) -> int:
+    whole = _whole(value, False)
+    if whole is not None:
+        return whole
     q = quantity(value)
     return int(q.to_integral_value(rounding="ROUND_CEILING")) if q is not None else 0
 
