@@ -51,6 +51,7 @@ from bench.scale.kube import Api, ApiError
 from bench.scale.run import Scraper, create_all, node_ready, wait_until
 from bench.sim.engine import arrivals, simulate
 from bench.sim.run import PUBLISHED_130, parse_seeds
+from bench.sim.stock import chart_nodes_percent
 from bench.sim.trace import NodeSpec, PodSpec, load_nodes, load_pods, pod_lists
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import SLICES_PER_GPU
@@ -642,7 +643,13 @@ async def run(opts: Options, inputs: Inputs) -> dict[str, Any]:
             "bench may be using it"
         )
     log.info("starting the control plane (%s)", opts.state_dir)
-    cp = harness.control_plane_up(state_dir=opts.state_dir, extender_port=opts.extender_port)
+    # gpushare-scheduler's profile as the chart installs it.
+    nodes_percent = chart_nodes_percent()
+    cp = harness.control_plane_up(
+        state_dir=opts.state_dir,
+        extender_port=opts.extender_port,
+        gpushare_nodes_percent=nodes_percent,
+    )
     api = Api.connect(kubeconfig=cp.kubeconfig, connections=opts.concurrency + 8)
     scraper = Scraper(
         kubeconfig=cp.kubeconfig, controller_url=f"http://127.0.0.1:{opts.extender_port}"
@@ -663,6 +670,7 @@ async def run(opts: Options, inputs: Inputs) -> dict[str, Any]:
         "fail_after_s": opts.fail_after_s,
         "max_wait_s": opts.max_wait_s,
         "controller_args": opts.controller_args or "none (product defaults)",
+        "gpushare_scheduler_percentage_of_nodes_to_score": nodes_percent or "adaptive (default)",
         **source,
     }
     try:

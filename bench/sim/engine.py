@@ -23,13 +23,12 @@ Baselines score 0..100 integers (as in the paper's kube-scheduler plugins); ties
 node in name order, as in the paper's patched kube-scheduler.
 """
 
-import heapq
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from bench.sim.profiles import profile_of
-from bench.sim.stock import StockScheduler
+from bench.sim.stock import NodeWindow, StockScheduler, chart_nodes_percent
 from bench.sim.trace import GPU_MEMORY_GIB, NodeSpec, PodSpec
 from gpushare.api.names import SLICES_PER_GPU
 from gpushare.packing.fit import fit_reason, model_allows, node_fit_reason
@@ -304,56 +303,53 @@ class BucketIndex:
 
 
 class PlacerIndex:
-    """The product's costs (:class:`gpushare.packing.placer.Placer`) for one pod shape: per node
-    the exact cost, in a lazily updated min-heap keyed (cost, node position). Node positions
+    """The product's costs (:class:`gpushare.packing.placer.Placer`) for one pod shape, per node,
+    recomputed for the nodes changed since it last looked, and for every node after a refit of
+    the placer's mix (the extender caches and drops its answers the same way). Node positions
     follow node names, so ties go to the name that sorts first, as in
-    :func:`gpushare.packing.placer.best_node`. A refit of the placer's mix recomputes every node
-    (the extender drops its cached answers then too)."""
+    :func:`gpushare.packing.placer.best_node`."""
 
     def __init__(self, cluster: Cluster, placer: Placer, demand: Demand) -> None:
         self.cluster, self.placer, self.demand = cluster, placer, demand
         self.version = -1
         self.cost: list[float | None] = []
-        self.heap: list[tuple[float, int]] = []
         self.pos = 0
 
-    def _set(self, i: int) -> None:
-        cost = self.placer.node_cost(self.cluster.nodes[i], self.demand)
-        self.cost[i] = cost
-        if cost is not None:
-            heapq.heappush(self.heap, (cost, i))
-
     def refresh(self) -> None:
-        log = self.cluster.log
+        nodes, log = self.cluster.nodes, self.cluster.log
         if self.version != self.placer.version:
             self.version = self.placer.version
-            self.cost = [None] * len(self.cluster.nodes)
-            self.heap = []
-            for i in range(len(self.cluster.nodes)):
-                self._set(i)
-            self.pos = len(log)
-            return
-        if self.pos < len(log):
+            self.cost = [self.placer.node_cost(n, self.demand) for n in nodes]
+        elif self.pos < len(log):
             for i in set(log[self.pos :]):
-                self._set(i)
-            self.pos = len(log)
-            if len(self.heap) > 4 * len(self.cost) + 64:
-                self.heap = [(c, i) for i, c in enumerate(self.cost) if c is not None]
-                heapq.heapify(self.heap)
+                self.cost[i] = self.placer.node_cost(nodes[i], self.demand)
+        self.pos = len(log)
 
-    def pick(self) -> int | None:
-        """The cheapest node (ties: the first by name); None when the pod fits nowhere."""
+    def pick_among(self, candidates: Sequence[int]) -> int | None:
+        """The cheapest of ``candidates`` (the nodes kube-scheduler offers the extender; ties:
+        the first by name); None when the pod fits on none of them."""
         self.refresh()
-        heap = self.heap
-        while heap:
-            cost, i = heap[0]
-            if self.cost[i] == cost:
-                return i
-            heapq.heappop(heap)  # stale
-        return None
+        best: tuple[float, int] | None = None
+        for i in candidates:
+            cost = self.cost[i]
+            if cost is not None and (best is None or (cost, i) < best):
+                best = (cost, i)
+        return None if best is None else best[1]
 
 
 # --- the experiment ------------------------------------------------------------------------
+
+
+def scheduler_passes(node: NodeState, demand: Demand) -> bool:
+    """kube-scheduler's own filters before the extender: CPU and memory (NodeResourcesFit, the
+    GPU share left to the extender) and the GPU models allowed (required node affinity)."""
+    if node.cpu_milli_free is not None and demand.cpu_milli > node.cpu_milli_free:
+        return False
+    if node.memory_free_bytes is not None and demand.host_memory_bytes > node.memory_free_bytes:
+        return False
+    return (
+        not demand.gpu_model or not node.gpus or model_allows(demand.gpu_model, node.gpus[0].model)
+    )
 
 
 def arrivals(
@@ -442,10 +438,14 @@ def simulate(
     costs: dict[tuple[int, int, int, int, str], PlacerIndex] = {}
     placer = Placer(PRODUCT.get(policy, Policy.GPUSHARE), mix=PodMix(), model=model)
     placer_places_cpu_pods = policy == "gpushare"
+    # gpushare-scheduler offers the extender the nodes its own filters pass, as many as the
+    # chart's percentageOfNodesToScore says; the stock default-scheduler keeps its default.
+    window = NodeWindow(len(cluster.nodes), chart_nodes_percent())
     stock = StockScheduler(
         cpu_milli=[s.cpu_milli for s in nodes],
         memory_bytes=[s.memory_mib * MIB for s in nodes],
         rng=rng,
+        window=None if policy == "gpushare-cpu-default" else window,
     )
     arrived = 0
     alloc_100: float | None = None
@@ -465,7 +465,10 @@ def simulate(
                 index = costs.get(shape)
                 if index is None:
                     index = costs[shape] = PlacerIndex(cluster, placer, demand)
-                i_or_none = index.pick()
+                offered = window.candidates(
+                    lambda i, d=demand: scheduler_passes(cluster.nodes[i], d)
+                )
+                i_or_none = index.pick_among(offered)
                 if i_or_none is not None and pod.num_gpu:
                     assignment = placer.choose_gpus(cluster.nodes[i_or_none], demand)
             else:

@@ -18,13 +18,25 @@ Only the choice of node is modelled, not timing; the scan order is node-name ord
 """
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import yaml
 
 from gpushare.packing.model import Demand, NodeState
 
+CHART_VALUES = Path(__file__).resolve().parents[2] / "helm" / "gpushare" / "values.yaml"
 MAX_NODE_SCORE = 100
 MIN_FEASIBLE_NODES = 100
 MIN_FEASIBLE_PERCENT = 5
+
+
+def chart_nodes_percent(values: Path = CHART_VALUES) -> int | None:
+    """``percentageOfNodesToScore`` of the gpushare-scheduler profile as the chart installs it
+    (None: kube-scheduler's adaptive default); the simulator and the replay both use it."""
+    doc = yaml.safe_load(values.read_text())
+    value = (doc.get("scheduler") or {}).get("percentageOfNodesToScore")
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def feasible_nodes_to_find(all_nodes: int, percentage: int | None = None) -> int:
@@ -41,6 +53,30 @@ def _least_allocated(requested: int, capacity: int) -> int:
     return (capacity - requested) * MAX_NODE_SCORE // capacity
 
 
+class NodeWindow:
+    """The nodes kube-scheduler offers for one pod: it scans from where the previous pod's scan
+    stopped and stops after ``numFeasibleNodesToFind`` feasible nodes (its own filters:
+    resources, affinity); only those are scored, or sent to an extender."""
+
+    def __init__(self, nodes: int, percentage: int | None = None) -> None:
+        self.nodes = nodes
+        self.to_find = feasible_nodes_to_find(nodes, percentage)
+        self.next_start = 0
+
+    def candidates(self, feasible: Callable[[int], bool]) -> list[int]:
+        found: list[int] = []
+        processed = 0
+        for k in range(self.nodes):
+            if len(found) >= self.to_find:
+                break
+            i = (self.next_start + k) % self.nodes
+            processed += 1
+            if feasible(i):
+                found.append(i)
+        self.next_start = (self.next_start + processed) % max(self.nodes, 1)
+        return found
+
+
 class StockScheduler:
     """The default-scheduler's node choice for pods without GPUs (see the module docstring)."""
 
@@ -50,37 +86,31 @@ class StockScheduler:
         cpu_milli: Sequence[int],
         memory_bytes: Sequence[int],
         rng: random.Random,
-        percentage: int | None = None,
+        window: NodeWindow | None = None,
     ) -> None:
         self.cpu_allocatable = list(cpu_milli)
         self.memory_allocatable = list(memory_bytes)
         self.rng = rng
-        self.to_find = feasible_nodes_to_find(len(self.cpu_allocatable), percentage)
-        self.next_start = 0
+        self.window = window or NodeWindow(len(self.cpu_allocatable))
+        """The scheduler's scan position (shared by every pod the same scheduler places)."""
 
     def pick(self, nodes: Sequence[NodeState], demand: Demand) -> int | None:
         """The node kube-scheduler binds ``demand`` to; None when none fits."""
-        n = len(nodes)
+
+        def fits(i: int) -> bool:
+            node = nodes[i]
+            return demand.cpu_milli <= (node.cpu_milli_free or 0) and (
+                demand.host_memory_bytes <= (node.memory_free_bytes or 0)
+            )
+
         best: list[int] = []
         best_score = -1
-        found = processed = 0
-        for k in range(n):
-            if found >= self.to_find:
-                break
-            i = (self.next_start + k) % n
-            processed += 1
-            node = nodes[i]
-            cpu_free = node.cpu_milli_free or 0
-            memory_free = node.memory_free_bytes or 0
-            if demand.cpu_milli > cpu_free or demand.host_memory_bytes > memory_free:
-                continue
-            found += 1
-            score = self._score(i, node, demand)
+        for i in self.window.candidates(fits):
+            score = self._score(i, nodes[i], demand)
             if score > best_score:
                 best, best_score = [i], score
             elif score == best_score:
                 best.append(i)
-        self.next_start = (self.next_start + processed) % max(n, 1)
         if not best:
             return None
         return best[self.rng.randrange(len(best))] if len(best) > 1 else best[0]
