@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from bench.sim import run
-from bench.sim.engine import POLICIES, arrivals, simulate
+from bench.sim.engine import POLICIES, PRODUCT, arrivals, simulate
 from bench.sim.profiles import ARCHETYPES, archetype, profile_of
+from bench.sim.stock import NodeWindow, chart_nodes_percent, feasible_nodes_to_find
 from bench.sim.trace import PodSpec, load_nodes, load_pods
 from gpushare.api.errors import InvalidInputError
 from gpushare.packing.interference import load_default
@@ -145,3 +146,22 @@ def test_simulated_pods_carry_a_measured_sm_utilization_scaled_like_their_load()
     assert busy is not None and 0.8 * measured <= busy <= min(1.0, 1.2 * measured)
     assert profile_of(small).sm_utilization == pytest.approx(busy * 0.6)
     assert profile_of(served).sm_utilization == pytest.approx(busy * 0.5)
+
+
+def test_kube_scheduler_offers_a_rotating_share_of_the_feasible_nodes() -> None:
+    assert feasible_nodes_to_find(50) == 50
+    assert feasible_nodes_to_find(1213) == 497  # 41 % at 1,213 nodes (adaptive)
+    assert feasible_nodes_to_find(1213, 10) == 121
+    assert feasible_nodes_to_find(300, 10) == 100  # never fewer than 100
+    window = NodeWindow(250, 40)
+    first = window.candidates(lambda i: i % 2 == 0)
+    assert first == list(range(0, 200, 2))  # 100 feasible found after scanning 199 nodes
+    second = window.candidates(lambda i: True)
+    assert second[0] == 199 and len(second) == 100
+
+
+def test_the_product_rows_are_the_placer_and_the_chart_sets_how_many_nodes_it_sees(
+    trace: Path,
+) -> None:
+    assert set(PRODUCT) <= set(POLICIES)
+    assert chart_nodes_percent() is None  # the chart keeps kube-scheduler's adaptive share
