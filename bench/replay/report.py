@@ -62,12 +62,12 @@ def render_markdown(doc: dict[str, Any]) -> str:
     for r in doc.get("runs", []):
         lines.append(
             f"| {r['trace']} | {r['seed']} | {_f(r['alloc_100'])} | {_f(r['alloc_130'])} "
-            f"| {r['failed']} | {_f(r.get('pods_per_s_to_checkpoint'), 1)} "
+            f"| {r.get('failed')} | {_f(r.get('pods_per_s_to_checkpoint'), 1)} "
             f"| {_f(r.get('filter', {}).get('p99_ms'))} | {_f(r.get('wall_s'), 0)} |"
         )
     for s in doc.get("stock_runs", []):
         lines.append(
-            f"| stock: {s['trace']} | {s['seed']} | | | {s['failed']} "
+            f"| stock: {s['trace']} | {s['seed']} | | | {s.get('failed')} "
             f"| {_f(s.get('pods_per_s_to_checkpoint'), 1)} | | |"
         )
     notes = doc.get("targets") or []

@@ -184,7 +184,9 @@ def test_own_lists_are_named_by_their_files_and_models_nobody_has_are_refused(
         parse_args(["--traces", str(traces), "--window", "0"])
 
 
-def test_results_have_the_shape_the_issue_asks_for_and_say_what_was_missed() -> None:
+def test_results_have_the_shape_the_issue_asks_for_and_say_what_was_missed(
+    tmp_path: Path,
+) -> None:
     run = {
         "trace": "default",
         "seed": 42,
@@ -215,3 +217,9 @@ def test_results_have_the_shape_the_issue_asks_for_and_say_what_was_missed() -> 
     assert "replay at 130% on default: 96.03 -- met" in notes
     assert "0.40x) -- MISSED" in notes
     assert "simulator vs replay on default: 96.01 vs 96.03 (+0.02) -- met" in notes
+    # A result can be rebuilt from the runs it holds (after a wording change, or a merge).
+    doc["setup"] = {"simulator": {"default": {"42": 96.01}}}
+    replay_run.write_results(doc, tmp_path / "openb-replay")
+    again = replay_run.rerender(tmp_path / "openb-replay")
+    assert again["traces"] == doc["traces"]
+    assert (tmp_path / "openb-replay.md").read_text().startswith("# openb replayed")
