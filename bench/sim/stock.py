@@ -1,7 +1,7 @@
 """kube-scheduler's default profile, for the pods gpushare does not place.
 
-A pod that asks for no GPU never reaches the gpushare extender (its ``managedResources`` is
-``gpushare.io/gpu-percent``): in a cluster with gpushare installed the stock default-scheduler
+A pod that asks for no GPU keeps its ``schedulerName`` (the webhook sets gpushare-scheduler only
+on pods that ask for a GPU share): in a cluster with gpushare installed the stock default-scheduler
 places it, and the openb replay (``bench/replay``) creates such pods exactly so. To compare with
 the replay the simulator places them the same way, as kube-scheduler v1.34's default plugins do
 for a bare pod with CPU and memory requests:

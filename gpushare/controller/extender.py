@@ -826,9 +826,7 @@ class Extender:
         )
         return {"Error": ""}
 
-    def _not_ours(
-        self, key: str, uid: str, node: str, *, scheduler: str
-    ) -> str | None:
+    def _not_ours(self, key: str, uid: str, node: str, *, scheduler: str) -> str | None:
         """Why this bind is not the caller's to ask for, or None: the extender binds only
         pods of gpushare-scheduler (with the controller's cluster-wide binding right, anything
         else would let a caller move any pod), with or without a GPU share, and only to a node

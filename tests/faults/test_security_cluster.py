@@ -267,11 +267,13 @@ def a_forged_bind_of_a_pod_of_another_scheduler(sec: Sec) -> Outcome:
 
 
 def a_forged_plain_bind_of_a_pod_without_gpu_request(sec: Sec) -> Outcome:
+    """A pod of gpushare-scheduler without a GPU request (the extender places those too)
+    whose node selector matches no node: filter never offered this node, so no bind."""
     name = f"nogpu-{uuid.uuid4().hex[:4]}"
     nowhere = {"schedulerName": SCHEDULER_NAME, "nodeSelector": {"gs-sec": "nowhere"}}
     doc = pod_doc(name, sec.cluster.busybox_image, spec=nowhere)
     sec.cluster.kubectl("apply", "-n", sec.attacker_ns, "-f", "-", input=json.dumps(doc))
-    return forged_bind(sec, sec.attacker_ns, name, "asks for no GPU share")
+    return forged_bind(sec, sec.attacker_ns, name, "was not offered")
 
 
 def a_forged_bind_to_a_node_filter_never_offered(sec: Sec) -> Outcome:

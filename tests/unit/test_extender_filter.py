@@ -299,3 +299,39 @@ def test_a_pod_without_gpus_binds_without_waiting_at_the_gate() -> None:
     binding = BindingArgs(meta["name"], meta["namespace"], meta["uid"], "roomy")
     assert asyncio.run(asyncio.wait_for(ext.bind(binding), timeout=1.0)) == {"Error": ""}
     assert store.pods["default/c1"]["spec"]["nodeName"] == "roomy"
+
+
+def test_a_pod_without_gpus_binds_only_to_the_node_filter_offered() -> None:
+    # The extender binds with the controller's cluster-wide right: a bind to a node its filter
+    # did not offer (a forged call, or one after the offer expired) is refused, and the hold
+    # filter took is given back.
+    ext = cpu_cluster()
+    store = PodStore()
+    ext.writer = store
+    pod = store.add(cpu_pod("c1", "8"))
+    assert ext.filter(args(pod, ["tight", "roomy"]))["NodeNames"] == ["roomy"]
+    meta = pod["metadata"]
+    assert isinstance(meta, dict)
+    binding = BindingArgs(meta["name"], meta["namespace"], meta["uid"], "tight")
+    answer = asyncio.run(asyncio.wait_for(ext.bind(binding), timeout=1.0))
+    assert "was not offered" in answer["Error"]
+    assert store.pods["default/c1"]["spec"].get("nodeName") is None
+    node = ext.view.node("roomy")
+    assert node is not None and node.cpu_milli_free == 64000
+
+
+def test_a_pod_without_gpus_of_another_scheduler_is_never_held_or_bound() -> None:
+    ext = cpu_cluster()
+    store = PodStore()
+    ext.writer = store
+    containers = [{"name": "main", "image": "busybox", "resources": {"requests": {"cpu": "8"}}}]
+    pod = store.add(pod_json("other", containers=containers))  # default-scheduler's pod
+    ext.filter(args(pod, ["tight", "roomy"]))
+    assert ext.view.node("roomy") is not None
+    assert ext.view.held_on("roomy") == set()
+    meta = pod["metadata"]
+    assert isinstance(meta, dict)
+    binding = BindingArgs(meta["name"], meta["namespace"], meta["uid"], "roomy")
+    answer = asyncio.run(asyncio.wait_for(ext.bind(binding), timeout=1.0))
+    assert "not gpushare-scheduler" in answer["Error"]
+    assert store.pods["default/other"]["spec"].get("nodeName") is None
