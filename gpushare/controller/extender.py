@@ -366,6 +366,8 @@ class Extender:
         and pods requesting neither CPU nor memory, pass every node."""
         cpu, memory = pod_requests(args.pod)
         if self.placer.policy is not Policy.GPUSHARE or (cpu <= 0 and memory <= 0):
+            # Every node passes, and bind may place the pod on any of them.
+            self.offers.offer(pods.pod_key(args.pod), pods.pod_uid(args.pod), args.node_names)
             return self._filter_result(args, list(args.node_names), {}, {})
         demand = Demand(percent=0, gpus=0, cpu_milli=cpu, host_memory_bytes=memory)
         key = pods.pod_key(args.pod)

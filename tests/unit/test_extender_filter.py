@@ -335,3 +335,25 @@ def test_a_pod_without_gpus_of_another_scheduler_is_never_held_or_bound() -> Non
     answer = asyncio.run(asyncio.wait_for(ext.bind(binding), timeout=1.0))
     assert "not gpushare-scheduler" in answer["Error"]
     assert store.pods["default/other"]["spec"].get("nodeName") is None
+
+
+def test_a_pod_without_any_requests_passes_every_node_and_binds_to_one_of_them() -> None:
+    # A BestEffort pod of gpushare-scheduler (no GPU, no CPU or memory request) and, under
+    # binpack, a pod with CPU only: filter passes every node, so bind may use any of them.
+    for pod_of, policy in (
+        (
+            lambda n: pod_json(n, extra_spec={"schedulerName": "gpushare-scheduler"}),
+            Policy.GPUSHARE,
+        ),
+        (lambda n: cpu_pod(n, "8"), Policy.BINPACK),
+    ):
+        ext = cpu_cluster(policy)
+        store = PodStore()
+        ext.writer = store
+        pod = store.add(pod_of("p"))
+        assert ext.filter(args(pod, ["tight", "roomy"]))["NodeNames"] == ["tight", "roomy"]
+        meta = pod["metadata"]
+        assert isinstance(meta, dict)
+        binding = BindingArgs(meta["name"], meta["namespace"], meta["uid"], "tight")
+        assert asyncio.run(asyncio.wait_for(ext.bind(binding), timeout=1.0)) == {"Error": ""}
+        assert store.pods["default/p"]["spec"]["nodeName"] == "tight"
