@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 from tests.fixtures.cluster import REPO, LocalCluster
+from tests.fixtures.controller import ControllerProcess
 
 pytestmark = pytest.mark.cluster
 
@@ -76,9 +77,12 @@ def test_pod_is_scheduled_by_kube_scheduler_and_run_by_kubelet(cluster: LocalClu
         cluster.kubectl("delete", "pod", name, "--wait=false", check=False)
 
 
-def test_gpushare_scheduler_profile_is_running(cluster: LocalCluster) -> None:
+def test_gpushare_scheduler_profile_is_running(
+    cluster: LocalCluster, controller: ControllerProcess
+) -> None:
     """The second scheduler answers for schedulerName gpushare-scheduler: a pod asking for it
-    (and no GPU) is placed by it, not by the default scheduler."""
+    (and no GPU) is placed by it, not by the default scheduler. It calls the gpushare extender
+    for every pod of its profile, so the controller must be up (the ``controller`` fixture)."""
     name = f"gs-{uuid.uuid4().hex[:6]}"
     manifest = {
         "apiVersion": "v1",
