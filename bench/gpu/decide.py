@@ -5,11 +5,10 @@ limit (``gpushare.io/gpu-limit``, when its trace sets one), its class and the so
 gpushare's profiler measured earlier in the run; each running job is a ``Tenant`` with the cap
 it was given. Whether it starts now, and how, is decided exactly where a cluster decides it:
 
-- placement, thread cap and memory limit: ``gpushare.packing.policy.choose_gpus`` on a node of
-  this one GPU (what the extender's bind runs), its refusals from
-  ``gpushare.packing.fit.node_fit_reason`` (what its filter answers);
-- admission: ``gpushare.packing.interference.admit_reason`` with the shipped interference model
-  (``gpushare/packing/data/interference.json``) and the class bounds docs/packing.md gives;
+- placement, thread cap, memory limit and admission: ``gpushare.packing.placer.Placer`` with
+  the gpushare policy and the controller's default ``Admission`` (the shipped interference model
+  ``gpushare/packing/data/interference.json`` and its class bounds) on a node of this one GPU:
+  ``choose_gpus`` is what the extender's bind runs, ``refusal`` what its filter answers;
 - the client's environment (MPS or not, active-thread %, priority, pinned memory):
   ``gpushare.mps.client``, what the device plugin writes from the placement.
 
@@ -27,14 +26,13 @@ from bench.gpu.schemes import Launch, Running
 from bench.gpu.traces import TraceJob
 from gpushare.api.names import CLASS_LATENCY, MPS_PRIORITY_BY_CLASS, SLICES_PER_GPU
 from gpushare.mps.client import MiB, client_limits_env, runs_under_mps
-from gpushare.packing.fit import demand_memory, node_fit_reason
-from gpushare.packing.interference import InterferenceModel, admit_reason, load_default
+from gpushare.packing.admission import DEFAULT_BOUNDS, Admission
+from gpushare.packing.fit import demand_memory
+from gpushare.packing.interference import InterferenceModel, load_default
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
-from gpushare.packing.policy import Policy, choose_gpus
+from gpushare.packing.placer import Placer
+from gpushare.packing.policy import Policy
 
-DEFAULT_BOUNDS: dict[str, float] = {"latency": 1.15, "batch": 2.0}
-"""Largest predicted slowdown each class accepts (a batch job's vs the job alone on the whole
-GPU, a latency job's vs alone): the values docs/packing.md gives for ``admit_reason``."""
 MODEL_FILE = "gpushare/packing/data/interference.json"
 GPU_UUID = "bench-gpu"
 _PROBE = Tenant("bench/latency-probe", 1, 0, gpu_class=CLASS_LATENCY)
@@ -42,9 +40,10 @@ _PROBE = Tenant("bench/latency-probe", 1, 0, gpu_class=CLASS_LATENCY)
 holding a latency pod (``threads.assign_thread_percent``)."""
 
 DECIDED_BY: dict[str, str] = {
-    "placement": "gpushare.packing.policy.choose_gpus (policy gpushare), refusals from "
-    "gpushare.packing.fit.node_fit_reason",
-    "admission": "gpushare.packing.interference.admit_reason",
+    "placement": "gpushare.packing.placer.Placer.choose_gpus (policy gpushare), refusals from "
+    "Placer.refusal, as the extender's bind and filter",
+    "admission": "gpushare.packing.admission.Admission (inside the Placer; "
+    "gpushare.packing.interference.admit_reason with the controller's default bounds)",
     "thread_cap": "gpushare.packing.threads.assign_thread_percent (inside choose_gpus)",
     "client_env": "gpushare.mps.client.runs_under_mps and client_limits_env (MPS or not, "
     "active-thread %, priority by class, pinned memory), as the device plugin writes them",
@@ -73,8 +72,13 @@ class ProductDecider:
     gpu_model: str
     gpu_memory_bytes: int
     model: InterferenceModel = field(default_factory=load_default)
-    bounds: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_BOUNDS))
+    bounds: Mapping[str, float] = field(default_factory=lambda: DEFAULT_BOUNDS)
     policy: Policy = Policy.GPUSHARE
+
+    @property
+    def placer(self) -> Placer:
+        """The extender's decision object with the controller's defaults (admission on)."""
+        return Placer(self.policy, admission=Admission(self.model, self.bounds))
 
     def demand(self, job: TraceJob) -> Demand:
         return Demand(
@@ -108,12 +112,10 @@ class ProductDecider:
         gpu = self.gpu(running)
         node = self.node(gpu)
         demand = self.demand(job)
-        assignment = choose_gpus(node, demand, policy=self.policy)
+        placer = self.placer
+        assignment = placer.choose_gpus(node, demand)
         if assignment is None:
-            return node_fit_reason(node, demand) or "no GPU fits"
-        reason = admit_reason(gpu, demand, model=self.model, bounds=self.bounds)
-        if reason is not None:
-            return reason
+            return placer.refusal(node, demand) or "no GPU fits"
         return self.launch(job, demand, assignment)
 
     def launch(self, job: TraceJob, demand: Demand, assignment: Assignment) -> Launch:
@@ -153,7 +155,7 @@ class ProductDecider:
         out: list[Launch] = []
         for extra in ((), (_PROBE,)):
             gpu = self.gpu([], extra=extra)
-            assignment = choose_gpus(self.node(gpu), demand, policy=self.policy)
+            assignment = self.placer.choose_gpus(self.node(gpu), demand)
             if assignment is None:
                 continue
             launch = self.launch(job, demand, assignment)

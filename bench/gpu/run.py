@@ -575,7 +575,7 @@ def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
         "decided_by": {
             **DECIDED_BY,
             "model": model_identity(),
-            "bounds": DEFAULT_BOUNDS,
+            "bounds": dict(DEFAULT_BOUNDS),
             "code_rev": ctx.args.code_rev or None,
         },
         "traces": traces_out,

@@ -31,6 +31,7 @@ from bench.sim.profiles import profile_of
 from bench.sim.stock import NodeWindow, StockScheduler, chart_nodes_percent
 from bench.sim.trace import GPU_MEMORY_GIB, NodeSpec, PodSpec
 from gpushare.api.names import SLICES_PER_GPU
+from gpushare.packing.admission import Admission
 from gpushare.packing.fit import fit_reason, model_allows, node_fit_reason
 from gpushare.packing.fragmentation import (
     TaskClass,
@@ -436,7 +437,11 @@ def simulate(
     queue = arrivals(pods, cluster.capacity, ratio, rng)
     buckets: dict[tuple[int, int, int, int, str], BucketIndex] = {}
     costs: dict[tuple[int, int, int, int, str], PlacerIndex] = {}
-    placer = Placer(PRODUCT.get(policy, Policy.GPUSHARE), mix=PodMix(), model=model)
+    # The controller's defaults: interference admission on (openb's pods carry no profile,
+    # so it never refuses here; docs/packing.md, "Admission").
+    placer = Placer(
+        PRODUCT.get(policy, Policy.GPUSHARE), mix=PodMix(), model=model, admission=Admission(model)
+    )
     placer_places_cpu_pods = policy == "gpushare"
     # gpushare-scheduler offers the extender the nodes its own filters pass, as many as the
     # chart's percentageOfNodesToScore says; the stock default-scheduler keeps its default.

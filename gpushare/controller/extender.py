@@ -35,6 +35,7 @@ from gpushare.controller.share_rules import (
     with_profile,
 )
 from gpushare.controller.view import ClusterView, Reservation, ReservationError
+from gpushare.packing.admission import Admission
 from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.model import Assignment, Demand, NodeState
 from gpushare.packing.placer import Placer, best_node, rank_scores
@@ -177,6 +178,7 @@ class Extender:
         view: ClusterView,
         writer: PodWriter | None,
         policy: Policy = DEFAULT_POLICY,
+        admission: Admission | None = None,
         gate_seconds: float = 5.0,
         hold_in_filter: bool = False,
         hold_seconds: float = HOLD_SECONDS,
@@ -184,8 +186,9 @@ class Extender:
         self.view = view
         self.writer = writer
         self.policy = policy
-        self.placer = Placer(policy, mix=view.mix)
-        """Which node and which GPUs, measured against the pod mix the view learns."""
+        self.placer = Placer(policy, mix=view.mix, admission=admission)
+        """Which node and which GPUs, measured against the pod mix the view learns; with
+        ``admission``, never beside a neighbour predicted past its class bound."""
         self.gate_seconds = gate_seconds
         """Longest a bind waits for its node (queue + earlier pods' Allocate)."""
         self.hold_in_filter = hold_in_filter
@@ -477,7 +480,7 @@ class Extender:
             return _UNRESOLVABLE, (
                 scheduler_safe(f"gpushare: {problem}") if problem else NO_INVENTORY
             )
-        reason = node_fit_reason(node, demand) if node.gpus else refusal
+        reason = self.placer.refusal(node, demand) if node.gpus else refusal
         if reason is None:
             verdict, message = _PASS, ""
         elif refusal is not None:
@@ -768,7 +771,7 @@ class Extender:
         else:
             assignment = self.placer.choose_gpus(node, demand) if node.gpus else None
         if assignment is None:
-            reason = (node_fit_reason(node, demand) if node.gpus else None) or refusal
+            reason = (self.placer.refusal(node, demand) if node.gpus else None) or refusal
             return {
                 "Error": scheduler_safe(f"gpushare: node {node_name}: {reason or 'no GPU fits'}")
             }

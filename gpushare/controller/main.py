@@ -46,6 +46,7 @@ from gpushare.controller.tls import (
 )
 from gpushare.controller.view import ClusterView
 from gpushare.controller.webhook import ClusterFacts
+from gpushare.packing.admission import Admission
 
 log = logging.getLogger("gpushare.controller")
 
@@ -260,6 +261,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             view=ctx.view,
             writer=ctx.kube,
             policy=settings.policy,
+            admission=Admission() if settings.interference_admission else None,
             gate_seconds=settings.bind_gate_seconds,
             hold_in_filter=settings.hold_in_filter,
         )

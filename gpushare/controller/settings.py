@@ -123,6 +123,10 @@ class Settings:
     """Placement policy of filter, prioritize and bind: ``gpushare`` (fragmentation-aware,
     measured against the pod mix the controller learns; what the openb benchmarks measured,
     docs/packing.md), ``binpack`` (fullest GPU and node) or ``spread`` (emptiest)."""
+    interference_admission: bool = True
+    """Leave out GPUs where a pod, or a tenant already there, is predicted slower than its
+    class accepts (latency 1.15x, batch 2.0x) by the shipped interference model. Applies only
+    where a GpuShare profile was measured (docs/packing.md, "Admission")."""
     stale_assume_seconds: float = 120.0
     """A pod whose placement annotations were written but which never got bound (the
     controller died between the two writes) stops holding its share after this long."""
@@ -376,6 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=str(d.policy),
         choices=[str(x) for x in Policy],
         help=_doc("policy"),
+    )
+    g.add_argument(
+        "--interference-admission",
+        action=argparse.BooleanOptionalAction,
+        default=d.interference_admission,
+        help=_doc("interference_admission"),
     )
     g.add_argument(
         "--stale-assume-seconds",

@@ -718,6 +718,7 @@ class ClusterView:
                 res.assignment.gpu_uuids,
                 res.demand,
                 res.assignment.memory_limit_bytes,
+                res.assignment.thread_percent,
             )
         f = self._pods.get(key)
         if f is None or f.finished or f.placement is None:
@@ -732,11 +733,24 @@ class ClusterView:
                 percent=min(f.placement.guaranteed_percent, SLICES_PER_GPU),
                 tenancy=self.tenancies.tenancy(key.partition("/")[0]),
             )
-        return self._tenants(key, f.placement.gpu_uuids, demand, f.placement.memory_limit_bytes)
+        return self._tenants(
+            key,
+            f.placement.gpu_uuids,
+            demand,
+            f.placement.memory_limit_bytes,
+            f.placement.thread_percent,
+        )
 
     def _tenants(
-        self, key: str, uuids: tuple[str, ...], demand: Demand, memory_limit: int
+        self,
+        key: str,
+        uuids: tuple[str, ...],
+        demand: Demand,
+        memory_limit: int,
+        threads: int,
     ) -> dict[str, Tenant]:
+        """The pod as a tenant of each of its GPUs, with the MPS thread cap it was given (a
+        batch pod alone may run uncapped: its neighbours feel all of it, docs/packing.md)."""
         out: dict[str, Tenant] = {}
         per_gpu = _per_gpu_demand(demand)
         for uuid in uuids:
@@ -751,6 +765,7 @@ class ClusterView:
                 gpu_class=demand.gpu_class,
                 processes=demand.processes,
                 profile=demand.profile,
+                thread_percent=threads if threads > 0 else None,
                 tenancy=demand.tenancy,
             )
         return out

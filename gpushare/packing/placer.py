@@ -10,12 +10,17 @@ ask a :class:`Placer`, so what the simulator reports is what the installed exten
 - :func:`best_node` ranks candidates by that cost, ties to the node whose name sorts first, so
   the answer does not depend on the order kube-scheduler lists the nodes in;
 - :func:`rank_scores` turns the same ranking into kube-scheduler's 0-10 extender scores;
-- :meth:`Placer.choose_gpus` picks the GPU(s) on the chosen node.
+- :meth:`Placer.choose_gpus` picks the GPU(s) on the chosen node;
+- with an :class:`~gpushare.packing.admission.Admission`, GPUs where the pod or a tenant there
+  would be predicted past its class bound are left out of all of these, and
+  :meth:`Placer.refusal` says why a node has no room.
 """
 
 import math
 from collections.abc import Iterable, Mapping
 
+from gpushare.packing.admission import Admission
+from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.fragmentation import Workload
 from gpushare.packing.interference import InterferenceModel
 from gpushare.packing.mix import PodMix
@@ -35,10 +40,12 @@ class Placer:
         *,
         mix: PodMix | None = None,
         model: InterferenceModel | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.policy = policy
         self.mix = mix if mix is not None else PodMix()
         self.model = model
+        self.admission = admission
 
     @property
     def workload(self) -> Workload:
@@ -53,14 +60,34 @@ class Placer:
     def node_cost(self, node: NodeState, demand: Demand) -> float | None:
         """The policy's exact cost of ``demand`` on ``node``; None when it does not fit."""
         return node_cost(
-            node, demand, policy=self.policy, workload=self.mix.workload, model=self.model
+            self._admitted(node, demand),
+            demand,
+            policy=self.policy,
+            workload=self.mix.workload,
+            model=self.model,
         )
 
     def choose_gpus(self, node: NodeState, demand: Demand) -> Assignment | None:
         """The GPU(s), thread cap and memory limit ``demand`` gets on ``node``."""
         return choose_gpus(
-            node, demand, policy=self.policy, workload=self.mix.workload, model=self.model
+            self._admitted(node, demand),
+            demand,
+            policy=self.policy,
+            workload=self.mix.workload,
+            model=self.model,
         )
+
+    def refusal(self, node: NodeState, demand: Demand) -> str | None:
+        """Why ``demand`` has no room on ``node`` (fit first, then admission), or None."""
+        reason = node_fit_reason(node, demand)
+        if reason is not None or self.admission is None:
+            return reason
+        if node_fit_reason(self._admitted(node, demand), demand) is None:
+            return None
+        return self.admission.node_reason(node, demand)
+
+    def _admitted(self, node: NodeState, demand: Demand) -> NodeState:
+        return node if self.admission is None else self.admission.admitted(node, demand)
 
 
 def best_node(costs: Iterable[tuple[str, float]]) -> str | None:

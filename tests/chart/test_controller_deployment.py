@@ -19,6 +19,7 @@ def test_flags_parse_with_the_controllers_own_parser(chart: Chart) -> None:
     assert settings.register_webhooks
     # The chart installs the policy the code defaults to (the one the benchmarks justify).
     assert settings.policy is DEFAULT_POLICY is Policy.GPUSHARE
+    assert settings.interference_admission  # as the GPU benchmark decides
     namespace, name, port = parse_service(settings.webhook_service or "")
     assert (namespace, name, port) == ("gpushare-system", "gpushare-controller", 443)
     assert settings.webhook_exclude_namespaces == ("kube-system",)
@@ -31,6 +32,7 @@ def test_values_reach_the_controller(chart: Chart) -> None:
         {
             "controller": {
                 "policy": "spread",
+                "interferenceAdmission": False,
                 "logLevel": "DEBUG",
                 "operator": False,
                 "extender": {"port": 18888},
@@ -42,6 +44,7 @@ def test_values_reach_the_controller(chart: Chart) -> None:
     c = container(deploy, "controller")
     settings = parse_args(parseable(c["args"]))
     assert str(settings.policy) == "spread"
+    assert not settings.interference_admission
     assert settings.log_level == "DEBUG"
     assert not settings.operator_enabled
     assert settings.extender_port == 18888

@@ -20,6 +20,7 @@ from gpushare.api.gpushare_crd import (
     PROFILING_DONE,
 )
 from gpushare.api.names import (
+    ANN_CLASS,
     ANN_SHARE,
     LABEL_NEIGHBOUR_RULES,
     NEIGHBOUR_RULES_GRANTED,
@@ -29,6 +30,7 @@ from gpushare.api.names import (
 from gpushare.api.placement import Placement
 from gpushare.controller.extender import BindingArgs, Extender, parse_extender_args
 from gpushare.controller.view import ClusterView
+from gpushare.packing.admission import Admission
 from gpushare.packing.policy import Policy
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 
@@ -85,6 +87,7 @@ def setup(
     policy: Policy = Policy.BINPACK,
     *,
     granted: bool = True,
+    admission: Admission | None = None,
 ) -> tuple[Extender, PodStore]:
     """Nodes a (GPU A0) and b (GPU B0), each 80 GiB; ``placed`` pods already run there. With
     ``granted`` an admin let namespace default keep others off its GPUs."""
@@ -97,7 +100,7 @@ def setup(
     store = PodStore()
     for pod in placed:
         store.add(pod)
-    return Extender(view=view, writer=store, policy=policy), store
+    return Extender(view=view, writer=store, policy=policy, admission=admission), store
 
 
 def filter_pod(ext: Extender, pod: dict[str, Any]) -> dict[str, Any]:
@@ -324,6 +327,37 @@ def test_a_stored_profile_is_what_the_interference_check_sees_for_the_bound_pod(
     assert tenant.profile is not None
     assert (tenant.profile.tensor, tenant.profile.sm_occupancy) == (0.02, 0.1)
     assert tenant.profile.gpu_model == "NVIDIA H100 80GB HBM3"
+
+
+HEAVY = {**LIGHT, "fp32": 0.77, "tensor": 0.0, "smOccupancy": 0.95, "dramBandwidth": 0.25}
+SERVICE = {**LIGHT, "fp32": 0.05, "tensor": 0.15, "smOccupancy": 0.3, "dramBandwidth": 0.15}
+
+
+def test_interference_admission_keeps_a_latency_pod_off_the_gpu_of_a_heavy_profiled_job() -> None:
+    # A profiled FP32 GEMM runs uncapped on A0 (a batch pod alone is not capped). A profiled
+    # latency service fits there by share, but the shipped model predicts the GEMM slows it
+    # past its 1.15x bound: filter passes only b and says why not a; bind to a is refused.
+    heavy = pod_json(
+        "gemm",
+        fraction="0.5",
+        node="a",
+        placement=Placement(("A0",), 100, 40 * GIB, NOW, STATE_ALLOCATED, request_percent=50),
+        annotations=governed("heavy", **{ANN_PROFILE: json.dumps(HEAVY)}),
+    )
+    shares = [share("heavy", PHASE_PACKED), share("web", PHASE_PACKED)]
+    ext, store = setup([heavy], shares, policy=Policy.GPUSHARE, admission=Admission())
+    web = pod_json(
+        "web",
+        fraction="0.3",
+        annotations=governed("web", **{ANN_PROFILE: json.dumps(SERVICE), ANN_CLASS: "latency"}),
+    )
+    result = filter_pod(ext, web)
+    assert result["NodeNames"] == ["b"]
+    assert "1.15x bound" in result["FailedNodes"]["a"]
+    assert "1.15x bound" in bind(ext, store, web, "a")
+    # Without admission (--no-interference-admission) the same pod may join the GEMM.
+    ext, _ = setup([heavy], shares, policy=Policy.GPUSHARE)
+    assert "a" in filter_pod(ext, web)["NodeNames"]
 
 
 def test_a_malformed_profile_annotation_is_refused_naming_it() -> None:

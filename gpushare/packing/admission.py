@@ -1,0 +1,60 @@
+"""Interference admission: which GPUs a pod may join without anyone past its class bound.
+
+The placement cost weighs predicted interference against fragmentation, but a cost never says
+no. Admission does: a GPU where the newcomer or a tenant already there is predicted slower than
+its class accepts (:data:`DEFAULT_BOUNDS`) is not a candidate, exactly as if it were full
+(:func:`gpushare.packing.interference.admit_reason`; docs/packing.md, "Admission"). The
+extender's filter and bind and the GPU benchmark ask the same :class:`Admission` through
+:class:`gpushare.packing.placer.Placer`, so the benchmark measures what a cluster does.
+
+It applies where something was measured: the newcomer or a tenant of the GPU has a profile
+(from its GpuShare). Among pods nobody profiled there is nothing to predict from and placement
+is fit and fragmentation alone (the openb traces are such pods).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from gpushare.packing.interference import InterferenceModel, admit_reason, load_default
+from gpushare.packing.model import Demand, GpuState, NodeState
+
+DEFAULT_BOUNDS: Mapping[str, float] = MappingProxyType({"latency": 1.15, "batch": 2.0})
+"""Largest predicted slowdown each class accepts: a latency pod's against itself alone, a
+batch pod's against itself alone on the whole GPU (its thread cap's cost charged)."""
+
+
+def measured(gpu: GpuState, demand: Demand) -> bool:
+    """True when admission has something to predict from on ``gpu``."""
+    return demand.profile is not None or any(t.profile is not None for t in gpu.tenants)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The interference model and the class bounds admission holds pods to."""
+
+    model: InterferenceModel = field(default_factory=load_default)
+    bounds: Mapping[str, float] = field(default_factory=lambda: DEFAULT_BOUNDS)
+
+    def gpu_reason(self, gpu: GpuState, demand: Demand) -> str | None:
+        """Why ``demand`` may not join ``gpu``'s tenants, or None. Whole-GPU pods and empty
+        GPUs are always admitted (nobody to slow down)."""
+        if demand.whole or not gpu.tenants or not measured(gpu, demand):
+            return None
+        return admit_reason(gpu, demand, model=self.model, bounds=self.bounds)
+
+    def admitted(self, node: NodeState, demand: Demand) -> NodeState:
+        """``node`` with only the GPUs admission lets ``demand`` join (the same object when
+        it refuses none, so nothing is copied on the common path)."""
+        if demand.whole:
+            return node
+        keep = [g for g in node.gpus if self.gpu_reason(g, demand) is None]
+        return node if len(keep) == len(node.gpus) else replace(node, gpus=keep)
+
+    def node_reason(self, node: NodeState, demand: Demand) -> str | None:
+        """The first refusal admission gives on ``node`` (for the scheduler's events)."""
+        for gpu in node.gpus:
+            reason = self.gpu_reason(gpu, demand)
+            if reason is not None:
+                return f"GPU {gpu.uuid}: {reason}"
+        return None
