@@ -19,6 +19,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import (
     ANN_CLASS,
     ANN_FRACTION,
+    ANN_LIMIT,
     ANN_MEMORY,
     ANN_SHARE,
     CLASSES,
@@ -26,6 +27,7 @@ from gpushare.api.names import (
     MPS_MAX_CLIENTS,
     VERSION,
 )
+from gpushare.api.limit import check_limit, parse_limit
 from gpushare.api.quantities import format_memory, parse_fraction, parse_memory
 
 KIND: Final = "GpuShare"
@@ -94,6 +96,7 @@ _SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
 # The same regular expressions as the CRD's CEL rules, so both refuse the same specs.
 FRACTION_PATTERN: Final = r"^([01]?[.][0-9]{1,2}0*|[01]|[0-9]{1,3}([.]0+)?%)$"
 MEMORY_PATTERN: Final = r"^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+LIMIT_PATTERN: Final = r"^(0?[.][0-9]{1,2}|[01]([.]0{1,2})?|[0-9]{1,3}%)$"
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,8 @@ class GpuShareSpec:
     """The fraction in GPU-percent slices (1..100)."""
     memory: str | None = None
     memory_bytes: int | None = None
+    limit: str | None = None
+    """As the user wrote it, copied to governed pods as ``gpushare.io/gpu-limit``."""
     gpu_class: str = "batch"
     selector: LabelSelector | None = None
     profiling: ProfilingSpec = ProfilingSpec()
@@ -231,6 +236,23 @@ def _int_in(raw: object, path: str, low: int, high: int) -> int:
     return raw
 
 
+def _limit(raw: object, percent: int) -> str | None:
+    """``spec.limit`` as written (checked as the CRD's rules check it), or None."""
+    if raw is None:
+        return None
+    fix = 'write a fraction like "0.5" or a percent like "50%" (at least spec.fraction, at most 1)'
+    if not isinstance(raw, str):
+        raise InvalidInputError("spec.limit", "must be a string", fix)
+    if not re.fullmatch(LIMIT_PATTERN, raw):
+        raise InvalidInputError(
+            "spec.limit",
+            f"{raw!r} is not a fraction with at most two decimals or a whole percent",
+            fix,
+        )
+    check_limit(parse_limit(raw, field="spec.limit"), percent, field="spec.limit")
+    return raw
+
+
 def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
     """Validate a GpuShare spec; raises InvalidInputError naming ``spec.<field>`` and the fix."""
     fraction_raw = spec.get("fraction")
@@ -264,6 +286,7 @@ def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
                 'write a quantity like "10Gi", "512Mi" or a byte count',
             )
         memory_bytes = parse_memory(memory_raw, field="spec.memory")
+    limit_raw = _limit(spec.get("limit"), percent)
     gpu_class = spec.get("class", "batch")
     if gpu_class not in CLASSES:
         raise InvalidInputError(
@@ -306,6 +329,7 @@ def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
         percent=percent,
         memory=memory_raw if isinstance(memory_raw, str) else None,
         memory_bytes=memory_bytes,
+        limit=limit_raw,
         gpu_class=str(gpu_class),
         selector=selector,
         profiling=ProfilingSpec(str(mode), window),
@@ -324,6 +348,8 @@ def inherited_annotations(spec: GpuShareSpec, *, share_name: str) -> dict[str, s
     }
     if spec.memory is not None:
         out[ANN_MEMORY] = spec.memory
+    if spec.limit is not None:
+        out[ANN_LIMIT] = spec.limit
     if spec.packing.max_pods_per_gpu is not None:
         out[ANN_MAX_PODS_PER_GPU] = str(spec.packing.max_pods_per_gpu)
     return out

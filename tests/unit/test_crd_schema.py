@@ -21,11 +21,13 @@ from gpushare.api.gpushare_crd import (
     CRD_NAME,
     FRACTION_PATTERN,
     KIND,
+    LIMIT_PATTERN,
     MEMORY_PATTERN,
     PLURAL,
+    inherited_annotations,
     parse_spec,
 )
-from gpushare.api.names import GROUP, VERSION
+from gpushare.api.names import ANN_LIMIT, GROUP, VERSION
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "gpushare.io_gpushares.yaml"
 
@@ -154,3 +156,53 @@ def test_enums_and_ranges_match_the_parser() -> None:
     packing = props["packing"]["properties"]
     assert packing["policy"]["enum"] == ["cautious", "aggressive", "exclusive"]
     assert (packing["maxPodsPerGpu"]["minimum"], packing["maxPodsPerGpu"]["maximum"]) == (1, 48)
+
+
+def _cel_limit_ok(text: str, fraction: str = "0.25") -> bool:
+    """The CRD's limit rules (format, range, at least the fraction), as the API server runs
+    them."""
+    if not _rule_regex("limit").fullmatch(text):
+        return False
+    value = float(text.replace("%", ""))
+    if not 0 < value <= (100 if text.endswith("%") else 1):
+        return False
+    as_gpu = value / 100 if text.endswith("%") else value
+    share = float(fraction.replace("%", "")) / (100 if fraction.endswith("%") else 1)
+    return as_gpu >= share
+
+
+def test_parser_uses_the_crd_limit_pattern() -> None:
+    assert _rule_regex("limit").pattern == LIMIT_PATTERN
+    (cross,) = [
+        r for r in _version()["schema"]["openAPIV3Schema"]["properties"]["spec"][
+            "x-kubernetes-validations"
+        ] if "self.limit" in r["rule"]
+    ]  # fmt: skip
+    assert LIMIT_PATTERN in cross["rule"] and FRACTION_PATTERN in cross["rule"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["0.5", ".5", "1", "1.0", "1.00", "50%", "100%", "25%", "0.25", "0.2", "0", "0%", "1.5",
+     "150%", "0.125", "abc", " 0.5", "2", "-0.5", "0.50%"],
+)  # fmt: skip
+def test_limit_rules_and_parser_agree(text: str) -> None:
+    try:
+        spec = parse_spec({"fraction": "0.25", "limit": text})
+        parser_ok = True
+    except InvalidInputError:
+        parser_ok = False
+    assert _cel_limit_ok(text) == parser_ok
+    if parser_ok:
+        assert inherited_annotations(spec, share_name="s")[ANN_LIMIT] == text
+
+
+@settings(deadline=None)
+@given(st.from_regex(r"[0-9.%]{1,5}", fullmatch=True), st.sampled_from(["0.1", "0.5", "1", "60%"]))
+def test_limit_rules_and_parser_agree_on_generated_text(text: str, fraction: str) -> None:
+    try:
+        parse_spec({"fraction": fraction, "limit": text})
+        parser_ok = True
+    except InvalidInputError:
+        parser_ok = False
+    assert _cel_limit_ok(text, fraction) == parser_ok
