@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from gpushare.api.bounds import MAX_BYTES, check_length, load_json
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.limit import check_limit, parse_limit
 from gpushare.api.names import (
     ANN_CLASS,
     ANN_FRACTION,
@@ -27,7 +28,6 @@ from gpushare.api.names import (
     MPS_MAX_CLIENTS,
     VERSION,
 )
-from gpushare.api.limit import check_limit, parse_limit
 from gpushare.api.quantities import format_memory, parse_fraction, parse_memory
 
 KIND: Final = "GpuShare"
