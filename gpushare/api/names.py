@@ -1,4 +1,4 @@
-"""Annotation keys, label keys, resource names and other names of record (see DESIGN.md).
+"""Annotation keys, label keys, resource names and other names of record (docs/architecture.md).
 
 Keep these stable once other components use them: they are stored in the API server.
 """

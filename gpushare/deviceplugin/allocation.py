@@ -1,8 +1,8 @@
 """What Allocate and GetPreferredAllocation decide. The module-level functions are pure logic
 over pods and slice IDs; ``Allocator`` adds the Kubernetes reads and writes around them.
 
-The kubelet calls both with device IDs only, never the pod (DESIGN.md). The pod is found from
-the scheduler's placement annotations: bound to this node, still Pending, not yet
+The kubelet calls both with device IDs only, never the pod (docs/node-agent.md). The pod is
+found from the scheduler's placement annotations: bound to this node, still Pending, not yet
 ``allocated``, placed on exactly the GPU(s) the slice IDs belong to, state ``assumed``, oldest
 bind-time first. The request size only breaks ties between such pods; it never picks a pod on
 its own.

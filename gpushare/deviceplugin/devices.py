@@ -1,4 +1,4 @@
-"""Slice device IDs: ``<GPU-UUID>::<NN>``, 100 per GPU (DESIGN.md)."""
+"""Slice device IDs: ``<GPU-UUID>::<NN>``, 100 per GPU (docs/node-agent.md)."""
 
 from collections import defaultdict
 from collections.abc import Iterable

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from gpushare.api.inventory import GpuInfo
 
-# Pipe names of record (DESIGN.md metric label values).
+# Pipe names of record: the values of the metrics' pipe label (docs/observability.md).
 PIPES = ("fp16", "fp32", "fp64", "tensor", "tensor_hmma", "tensor_dmma", "tensor_imma", "integer")
 
 

@@ -145,7 +145,8 @@ class NvmlBackend:
         """Compute processes with a context on the GPU; MPS clients flagged ``mps_client``.
 
         Under MPS, the compute list holds the MPS server and the MPS list holds each client with
-        its own memory (DESIGN.md), so clients come from the MPS list and the rest from compute.
+        its own memory (docs/observability.md), so clients come from the MPS list and the rest
+        from compute.
         """
         handle = self._handle(uuid)
         with self._lock:

@@ -1,7 +1,7 @@
 """Latency protection as pure decisions: when a GPU holding a latency-class pod is in trouble,
 and which batch pod to evict from it.
 
-Priority first, caps second, eviction last (DESIGN.md): the device plugin already runs
+Priority first, caps second, eviction last (docs/operator.md): the device plugin already runs
 latency pods at MPS client priority 0 and batch pods at 1, and the packing policy caps batch
 neighbours. This module decides the last resort. A reading is *bad* when the GPU is saturated
 (a pipe or DRAM bandwidth at or above the threshold) or when the interference model predicts

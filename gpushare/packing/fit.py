@@ -114,11 +114,6 @@ def _host_reason(node: NodeState, demand: Demand) -> str | None:
     return None
 
 
-def fitting_gpus(node: NodeState, demand: Demand) -> list[GpuState]:
-    """The node's GPUs the pod could use: for whole-GPU demands only idle ones."""
-    return [g for g in node.gpus if fit_reason(g, demand) is None]
-
-
 def node_fit_reason(node: NodeState, demand: Demand) -> str | None:
     """None when the pod fits somewhere on ``node``; otherwise why not.
 

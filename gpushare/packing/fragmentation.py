@@ -28,7 +28,7 @@ from functools import lru_cache
 
 from gpushare.api.names import SLICES_PER_GPU
 from gpushare.packing.fit import gpu_fit, model_allows
-from gpushare.packing.model import Demand, GpuState, NodeState
+from gpushare.packing.model import Demand, NodeState
 
 _MEMO_LIMIT = 400_000
 RELIABLE_SHARE = 0.05
@@ -384,9 +384,3 @@ def fgd_score(delta: float) -> int:
         e = math.exp(x)
         s = e / (1.0 + e)
     return int(s * 100)
-
-
-def fragmentation_of(gpus: Sequence[GpuState], cpu_free: int | None, workload: Workload) -> float:
-    """Fragmentation of an arbitrary set of GPUs (for reports and tests)."""
-    free = tuple(sorted(g.free_percent for g in gpus if g.healthy))
-    return workload.fragmentation(free, cpu_free, gpus[0].model if gpus else "")

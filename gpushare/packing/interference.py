@@ -573,13 +573,6 @@ def fit_cap_cost(records: Sequence[ColocationRecord]) -> float | None:
     return max(0.0, sum(x * y for x, y in rows) / sum(x * x for x, _ in rows))
 
 
-def with_cap_cost(model: InterferenceModel, coefficient: float) -> InterferenceModel:
-    """``model`` with its ``thread_cap`` coefficient replaced (colocation terms unchanged)."""
-    coefficients = list(model.coefficients)
-    coefficients[_COLOCATION] = coefficient
-    return replace(model, coefficients=tuple(coefficients))
-
-
 def fit_coefficients(
     records: Sequence[ColocationRecord], *, cap_term: bool = True
 ) -> tuple[float, ...]:
