@@ -45,6 +45,7 @@ from tests.fixtures.chart_release import (
     release_pods,
     remove_release,
     shares_per_gpu,
+    wait_crds_established,
     wait_for,
     wait_ready_release_pods,
 )
@@ -260,7 +261,7 @@ def test_service_accounts_can_do_exactly_what_they_need(cluster: LocalCluster) -
         "-f",
         str(CHART / "crds" / "gpushare.io_gpushares.yaml"),
     )
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", CRD)
+    wait_crds_established(cluster, CRD)
     cluster.kubectl("create", "namespace", ns)
     try:
         cluster.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(d) for d in docs))

@@ -59,6 +59,7 @@ from tests.fixtures.chart_release import (
     node,
     place,
     remove_release,
+    wait_crds_established,
     wait_for,
     wait_ready_release_pods,
     workload_pod,
@@ -392,10 +393,11 @@ def monitored(
         try:
             for crd in crds:
                 cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-            cluster.kubectl(
-                "wait", "--for=condition=Established", "--timeout=60s", "crd",
-                "servicemonitors.monitoring.coreos.com", "prometheuses.monitoring.coreos.com",
-            )  # fmt: skip
+            wait_crds_established(
+                cluster,
+                "servicemonitors.monitoring.coreos.com",
+                "prometheuses.monitoring.coreos.com",
+            )
             cluster.kubectl("create", "namespace", MONITORING)
             cluster.kubectl("create", "namespace", WORK)
             _apply(cluster, *DISCOVERY_RBAC)

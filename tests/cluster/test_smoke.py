@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from tests.fixtures.chart_release import wait_crds_established
 from tests.fixtures.cluster import REPO, LocalCluster
 from tests.fixtures.controller import ControllerProcess
 
@@ -126,4 +127,4 @@ def test_crds_apply_cleanly(cluster: LocalCluster) -> None:
     for crd in crds:
         out = cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
         assert "serverside-applied" in out or "configured" in out or "created" in out
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    wait_crds_established(cluster)
