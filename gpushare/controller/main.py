@@ -52,6 +52,7 @@ log = logging.getLogger("gpushare.controller")
 
 OPERATOR_MODULE = "gpushare.controller.operator"
 OPERATOR_RUNNER = "gpushare.operator.runner"
+OPERATOR_SETTINGS = "gpushare.operator.settings"
 
 
 @dataclass
@@ -110,13 +111,17 @@ def find_operator() -> Hook | None:
     if importlib.util.find_spec(OPERATOR_RUNNER) is None:
         return None
     runner = importlib.import_module(OPERATOR_RUNNER)
+    operator_settings = importlib.import_module(OPERATOR_SETTINGS)
 
     async def run_operator(ctx: ControllerContext) -> None:
         if ctx.settings.kubeconfig is not None:
             # The operator's own client reads $KUBECONFIG; point it at ours.
             os.environ.setdefault("KUBECONFIG", str(ctx.settings.kubeconfig))
+        config = operator_settings.OperatorConfig(
+            agent_url=ctx.settings.agent_url, cache_configmap=ctx.settings.profile_cache_name
+        )
         await runner.run_operator(
-            view=ctx.view, registry=ctx.metrics.registry, stop_flag=ctx.stopping
+            view=ctx.view, settings=config, registry=ctx.metrics.registry, stop_flag=ctx.stopping
         )
 
     return run_operator

@@ -15,6 +15,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from gpushare.api.endpoints import (
+    DEFAULT_AGENT_URL,
+    DEFAULT_PROFILE_CACHE,
+    check_agent_url,
+    check_configmap_name,
+)
 from gpushare.api.errors import InvalidInputError
 from gpushare.controller.tenancy import (
     RULES_GRANTED,
@@ -143,6 +149,13 @@ class Settings:
     """Re-list pods and nodes this often, as a guard against a missed watch event."""
     operator_enabled: bool = True
     """Run the Kopf operator (``gpushare.controller.operator``) in the same event loop."""
+    agent_url: str = DEFAULT_AGENT_URL
+    """The operator's way to a node agent's metrics server (its profiler is ``/profile``
+    below it): an http(s) URL template where {node} and {node_ip} (the node's InternalIP) are
+    substituted. The chart derives it from node.metrics.port."""
+    profile_cache_name: str = DEFAULT_PROFILE_CACHE
+    """Name of the operator's profile cache ConfigMap in the controller's namespace (the chart:
+    <release>-profile-cache, the one its RBAC grants)."""
     log_level: str = "INFO"
     """Python logging level name."""
     field_manager: str = PROG
@@ -267,6 +280,8 @@ class Settings:
                 f"unknown level {self.log_level!r}",
                 "use DEBUG, INFO, WARNING or ERROR",
             )
+        check_agent_url(self.agent_url)
+        check_configmap_name(self.profile_cache_name)
         for host_path in self.protected_host_paths:
             if not host_path.startswith("/"):
                 raise InvalidInputError(
@@ -449,6 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
         dest="operator_enabled",
         action="store_false",
         help="do not run the operator",
+    )
+    o.add_argument("--agent-url", default=d.agent_url, help=_doc("agent_url"))
+    o.add_argument(
+        "--profile-cache-name", default=d.profile_cache_name, help=_doc("profile_cache_name")
     )
     o.add_argument("--log-level", default=d.log_level, help=_doc("log_level"))
     le = p.add_argument_group("high availability")

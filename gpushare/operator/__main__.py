@@ -9,6 +9,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from gpushare.api.endpoints import check_agent_url, check_configmap_name
+from gpushare.api.errors import InvalidInputError
 from gpushare.operator.protection import ProtectionPolicy
 from gpushare.operator.runner import run_operator
 from gpushare.operator.settings import DEFAULT_NAMESPACE, OperatorConfig
@@ -28,6 +30,11 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
         "--agent-url",
         default=defaults.agent_url,
         help="node agent base URL template; {node} and {node_ip} are substituted",
+    )
+    parser.add_argument(
+        "--profile-cache-name",
+        default=defaults.cache_configmap,
+        help="name of the profile cache ConfigMap in --namespace",
     )
     parser.add_argument(
         "--watch-namespace",
@@ -63,6 +70,11 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
         parser.error("--bad-readings: must be at least 1")
     if args.protection_window < 1 or args.reconcile_interval <= 0 or args.protection_interval <= 0:
         parser.error("--protection-window and the intervals must be positive")
+    try:
+        check_agent_url(args.agent_url)
+        check_configmap_name(args.profile_cache_name)
+    except InvalidInputError as exc:
+        parser.error(str(exc))
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -71,7 +83,8 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
     return OperatorConfig(
         namespace=args.namespace,
         watch_namespaces=tuple(args.watch_namespace),
-        agent_url=args.agent_url,
+        agent_url=check_agent_url(args.agent_url),
+        cache_configmap=args.profile_cache_name,
         reconcile_interval_s=args.reconcile_interval,
         measure_grace_s=args.measure_grace,
         profiling_start_timeout_s=args.profiling_start_timeout,

@@ -3,11 +3,10 @@
 import os
 from dataclasses import dataclass, field
 
-from gpushare.api.names import AGENT_METRICS_PORT
+from gpushare.api.endpoints import DEFAULT_AGENT_URL, DEFAULT_PROFILE_CACHE
 from gpushare.operator.protection import ProtectionPolicy
 
 DEFAULT_NAMESPACE = "gpushare-system"
-PROFILE_CACHE_CONFIGMAP = "gpushare-profile-cache"
 
 
 @dataclass(frozen=True)
@@ -18,13 +17,14 @@ class OperatorConfig:
     """The operator's own namespace: where the profile cache ConfigMap lives. Default: the
     pod's namespace (``POD_NAMESPACE``, which the chart sets), else gpushare-system; the chart
     grants the cache ConfigMap only in the release namespace."""
-    cache_configmap: str = PROFILE_CACHE_CONFIGMAP
-    """Name of the profile cache ConfigMap."""
+    cache_configmap: str = DEFAULT_PROFILE_CACHE
+    """Name of the profile cache ConfigMap (the controller's ``--profile-cache-name``)."""
     cache_max_entries: int = 512
     """Oldest cache entries are dropped beyond this (a ConfigMap holds at most 1 MiB)."""
-    agent_url: str = f"http://{{node_ip}}:{AGENT_METRICS_PORT}"
+    agent_url: str = DEFAULT_AGENT_URL
     """Base URL of a node agent's metrics server; ``{node}`` and ``{node_ip}`` (the node's
-    InternalIP) are substituted. The profiler lives at ``<agent_url>/profile``."""
+    InternalIP) are substituted. The profiler lives at ``<agent_url>/profile``. The
+    controller's ``--agent-url``; checked by gpushare.api.endpoints.check_agent_url."""
     agent_timeout_s: float = 10.0
     """Timeout of one profiler call, on top of the window it samples."""
     reconcile_interval_s: float = 5.0

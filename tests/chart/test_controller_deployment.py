@@ -121,3 +121,29 @@ def test_image_follows_values(chart: Chart) -> None:
     assert c["imagePullPolicy"] == "IfNotPresent"
     custom = _controller(chart, {"image": {"repository": "r.example/gs", "tag": "dev"}})
     assert container(custom, "controller")["image"] == "r.example/gs:dev"
+
+
+def test_operator_follows_the_agent_port_and_the_release_name(chart: Chart) -> None:
+    """The operator reads /profile where the agents publish it and keeps its profile cache in
+    the ConfigMap the controller's RBAC grants, under any release name and agent port."""
+    rendered = chart.render({"node": {"metrics": {"port": 19445}}}, release="team-a")
+    deploy = rendered.get("Deployment", "team-a-gpushare-controller")
+    settings = parse_args(parseable(container(deploy, "controller")["args"]))
+    assert settings.agent_url == "http://{node_ip}:19445"
+    assert settings.profile_cache_name == "team-a-gpushare-profile-cache"
+    role = rendered.get("Role", "team-a-gpushare-controller")
+    granted = {
+        name
+        for rule in role["rules"]
+        if "configmaps" in rule["resources"]
+        for name in rule.get("resourceNames", [])
+    }
+    assert settings.profile_cache_name in granted
+    proxied = _controller(chart, {"controller": {"agentURL": "https://{node}.agents.example:8443"}})
+    settings = parse_args(parseable(container(proxied, "controller")["args"]))
+    assert settings.agent_url == "https://{node}.agents.example:8443"
+
+
+def test_an_agent_url_with_a_path_is_refused_by_the_schema(chart: Chart) -> None:
+    err = chart.fails({"controller": {"agentURL": "http://{node_ip}:9445/profile"}})
+    assert "agentURL" in err

@@ -89,6 +89,18 @@ then says so in a comment.
 {{- printf "%s://%s:%d/scheduler" $scheme $host (int .Values.controller.extender.port) }}
 {{- end }}
 
+{{/* The operator's profile cache ConfigMap: the controller's --profile-cache-name and the one
+ConfigMap its RBAC grants. */}}
+{{- define "gpushare.profileCacheName" -}}
+{{- printf "%s-profile-cache" (include "gpushare.fullname" .) }}
+{{- end }}
+
+{{/* How the operator reaches a node agent's /profile: controller.agentURL, else the node's
+address at node.metrics.port (published as a host port). */}}
+{{- define "gpushare.agentURL" -}}
+{{- .Values.controller.agentURL | default (printf "http://{node_ip}:%d" (int .Values.node.metrics.port)) }}
+{{- end }}
+
 {{- define "gpushare.webhookConfigName" -}}
 {{- include "gpushare.fullname" . }}
 {{- end }}
