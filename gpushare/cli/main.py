@@ -1,103 +1,38 @@
 """``kubectl gpushare`` (a kubectl plugin) and ``gpushare``: what runs on each shared GPU.
 
-``kubectl gpushare top`` lists, per node and GPU, the pods placed there with their compute
-fractions, MPS thread percentages and memory, and, given an exporter or Prometheus URL, the
-live per-pipe utilization. It reads the cluster with the caller's kubeconfig (KUBECONFIG).
+``top`` lists, per node and GPU, the pods placed there with their compute fractions, MPS thread
+percentages and memory, and, given an exporter or Prometheus URL, the live per-pipe
+utilization; ``get pods`` / ``get gpus`` list them one row each. The cluster is read with the
+caller's kubeconfig (KUBECONFIG). Exit status: 0 done, 1 a refused value or an unreachable
+cluster (the message names the flag and the fix), 2 a command line that does not parse,
+130 interrupted (Ctrl-C ends ``--watch`` with 0). See docs/cli.md.
 """
 
 import argparse
-import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.cli.args import MIN_INTERVAL_S, build_parser, with_default_command
+from gpushare.cli.cluster import ALL_NAMESPACES, Query, Snapshot, read_cluster
+from gpushare.cli.completion import candidates, script
 from gpushare.cli.live import from_exporters, from_prometheus
-from gpushare.cli.render import render_json, render_text
-from gpushare.cli.view import Live, build_view
+from gpushare.cli.render import dump, render_json, render_text
+from gpushare.cli.selector import parse_selector
+from gpushare.cli.tables import gpus_document, pods_document, render_gpus, render_pods
+from gpushare.cli.view import Live, NodeRow, build_view
+from gpushare.cli.watch import watch
 
-EXIT_USAGE = 2
 EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
+
+Reader = Callable[[Query], Snapshot]
 
 
-def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Show how gpushare shares each GPU: pods, fractions, thread %, memory and "
-        "live per-pipe utilization.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    top = sub.add_parser(
-        "top",
-        help="per node and GPU: pods, fractions, thread %%, memory, live pipes (default)",
-        description="Per node and GPU: the pods placed there, their fractions, MPS thread "
-        "percentages and memory, and live per-pipe utilization when a source is given.",
-    )
-    for p in (parser, top):
-        p.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG)")
-        p.add_argument("--context", help="kubeconfig context (default: the current one)")
-        p.add_argument("--node", help="only this node")
-        p.add_argument("-n", "--namespace", help="only pods of this namespace")
-        p.add_argument("--prometheus", metavar="URL", help="Prometheus base URL for live readings")
-        p.add_argument(
-            "--metrics-url",
-            metavar="URL",
-            action="append",
-            default=[],
-            help="a node exporter's /metrics URL for live readings (repeatable)",
-        )
-        p.add_argument("-o", "--output", choices=("text", "json"), default="text")
-        p.add_argument(
-            "--timeout", type=float, default=10.0, help="seconds per request (default 10)"
-        )
-    return parser
-
-
-def _read_cluster(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Nodes and pods as plain dicts, read with lightkube (sync)."""
-    import httpx2 as httpx  # noqa: PLC0415  (lightkube's HTTP client)
-    from lightkube import Client, KubeConfig  # noqa: PLC0415  (slow import, only when needed)
-    from lightkube.core.exceptions import ApiError, ConfigError  # noqa: PLC0415
-    from lightkube.resources.core_v1 import Node, Pod  # noqa: PLC0415
-
-    try:
-        if args.kubeconfig is not None:
-            if not args.kubeconfig.is_file():
-                raise InvalidInputError(
-                    "--kubeconfig", f"{args.kubeconfig} does not exist", "give a kubeconfig file"
-                )
-            config = KubeConfig.from_file(args.kubeconfig)
-        else:
-            config = KubeConfig.from_env()
-        single = config.get(context_name=args.context)
-        if single is None:
-            raise InvalidInputError(
-                "--context", f"no context {args.context!r}", "pick one from the kubeconfig"
-            )
-        client = Client(config=single, timeout=httpx.Timeout(args.timeout))
-        pod_filter: dict[str, Any] = {"namespace": args.namespace or "*"}
-        if args.node:
-            pod_filter["fields"] = {"spec.nodeName": args.node}
-        nodes = [n.to_dict() for n in client.list(Node)]
-        pods = [p.to_dict() for p in client.list(Pod, **pod_filter)]
-    except ConfigError as exc:
-        raise InvalidInputError(
-            "KUBECONFIG", f"no usable kubeconfig ({exc})", "set KUBECONFIG or pass --kubeconfig"
-        ) from None
-    except ApiError as exc:
-        raise InvalidInputError(
-            "cluster",
-            f"the API server refused: {exc.status.message}",
-            "check your permissions: list nodes and pods cluster-wide",
-        ) from None
-    except httpx.HTTPError as exc:
-        raise InvalidInputError(
-            "cluster",
-            f"cannot reach the API server ({exc})",
-            "check KUBECONFIG / --context and that the cluster is up",
-        ) from None
-    return nodes, pods
+def _prog() -> str:
+    name = Path(sys.argv[0]).name
+    return "kubectl gpushare" if name.startswith("kubectl") else "gpushare"
 
 
 def _live(args: argparse.Namespace) -> Live | None:
@@ -112,30 +47,121 @@ def _live(args: argparse.Namespace) -> Live | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    prog = Path(sys.argv[0]).name
-    prog = "kubectl gpushare" if prog.startswith("kubectl-") else "gpushare"
-    args = _parser(prog).parse_args(argv)
+def _query(args: argparse.Namespace) -> Query:
+    namespaced = hasattr(args, "namespace")
+    if not namespaced or args.all_namespaces:
+        namespace: str | None = ALL_NAMESPACES
+    elif args.namespace:
+        namespace = args.namespace
+    else:
+        namespace = ALL_NAMESPACES if args.command == "top" else None
+    selector = parse_selector(args.selector)
+    on_nodes = not namespaced
+    return Query(
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        namespace=namespace,
+        pod_selector=() if on_nodes else selector,
+        node_selector=selector if on_nodes else (),
+        node=args.node,
+        timeout_s=args.timeout,
+    )
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.timeout <= 0:
+        raise InvalidInputError("--timeout", "must be positive", "give seconds, e.g. 10")
+    if args.interval < MIN_INTERVAL_S:
+        raise InvalidInputError(
+            "--interval", f"{args.interval:g} is below {MIN_INTERVAL_S:g}", "give seconds, e.g. 2"
+        )
+    if args.watch_timeout < 0:
+        raise InvalidInputError("--watch-timeout", "must not be negative", "give 0 or seconds")
+    if not args.watch and (args.watch_timeout or args.interval != 2.0):
+        flag = "--watch-timeout" if args.watch_timeout else "--interval"
+        raise InvalidInputError(flag, "only applies with -w/--watch", "add -w or drop it")
+
+
+def _render(args: argparse.Namespace, query: Query, read: Reader) -> str:
+    """One read of the cluster (and live source), rendered as asked."""
+    snapshot = read(query)
+    live = _live(args)
+    namespace = None if snapshot.namespace == ALL_NAMESPACES else snapshot.namespace
+    view = build_view(
+        snapshot.nodes,
+        snapshot.pods,
+        live=live,
+        node_filter=args.node,
+        namespace=namespace,
+        pod_selector=query.pod_selector,
+        node_selector=query.node_selector,
+    )
+    if args.node and not view:
+        raise InvalidInputError(
+            "--node", f"no node named {args.node!r}", "list nodes with kubectl get nodes"
+        )
+    source = live.source if live is not None else None
+    return _format(args, view, source=source, namespace=snapshot.namespace)
+
+
+def _format(
+    args: argparse.Namespace, view: list[NodeRow], *, source: str | None, namespace: str
+) -> str:
+    wide, live = args.output == "wide", source is not None
+    if args.command == "top":
+        if args.output in ("json", "yaml"):
+            return dump(render_json(view, live_source=source), output=args.output)
+        return render_text(view, live_source=source, wide=wide)
+    if args.kind in ("gpus", "gpu"):
+        if args.output in ("json", "yaml"):
+            return dump(gpus_document(view), output=args.output)
+        return render_gpus(view, wide=wide, live=live)
+    if args.output in ("json", "yaml"):
+        return dump(pods_document(view), output=args.output)
+    return render_pods(
+        view,
+        all_namespaces=namespace == ALL_NAMESPACES,
+        wide=wide,
+        live=live,
+        namespace=namespace,
+    )
+
+
+def complete_main(argv: Sequence[str] | None = None) -> int:
+    """``kubectl_complete-gpushare WORDS...``: kubectl's plugin completion
+    (gpushare.cli.completion)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    found, directive = candidates(build_parser("gpushare"), words)
+    print("\n".join([*found, directive]))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, *, read: Reader = read_cluster) -> int:
+    """The CLI. ``read`` is how the cluster is read (the API server, through the kubeconfig)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["__complete"]:
+        return complete_main(words[1:])
+    prog = _prog()
+    args = build_parser(prog).parse_args(with_default_command(words))
+    if args.command == "completion":
+        sys.stdout.write(script(args.shell, prog=prog))
+        return 0
     try:
-        if args.timeout <= 0:
-            raise InvalidInputError("--timeout", "must be positive", "give seconds, e.g. 10")
-        nodes, pods = _read_cluster(args)
-        live = _live(args)
+        _check(args)
+        query = _query(args)
+        if args.watch:
+            return watch(
+                lambda: _render(args, query, read),
+                interval_s=args.interval,
+                timeout_s=args.watch_timeout,
+                separator="---\n" if args.output == "yaml" else "",
+            )
+        sys.stdout.write(_render(args, query, read))
     except InvalidInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    view = build_view(nodes, pods, live=live, node_filter=args.node, namespace=args.namespace)
-    if args.node and not view:
-        print(
-            f"error: --node: no node named {args.node!r}; list nodes with kubectl get nodes",
-            file=sys.stderr,
-        )
-        return EXIT_FAILURE
-    source = live.source if live is not None else None
-    if args.output == "json":
-        print(json.dumps(render_json(view, live_source=source), indent=2))
-    else:
-        sys.stdout.write(render_text(view, live_source=source))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -1,24 +1,32 @@
-"""Text and JSON renderings of the ``top`` view."""
+"""Renderings of the ``top`` view (text, wide, JSON, YAML) and the cell formats ``get`` shares."""
 
+import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+import yaml
+
 from gpushare.api.quantities import format_memory
-from gpushare.cli.view import PIPE_ORDER, GpuRow, NodeRow
+from gpushare.cli.view import PIPE_ORDER, GpuRow, NodeRow, PodRow
 
 GiB = 2**30
 
 
-def _pct(value: float | None) -> str:
+def percent(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.0f}%"
 
 
-def _gib(value: float | None) -> str:
+def gib(value: float | None) -> str:
     return "-" if value is None else f"{value / GiB:.1f}Gi"
 
 
-def _limit(value: int) -> str:
+def memory_limit(value: int) -> str:
     return "-" if not value else format_memory(value)
+
+
+def request(pod: PodRow) -> str:
+    return f"{pod.fraction_percent}%" if pod.fraction_percent is not None else "share"
 
 
 def _gpu_header(gpu: GpuRow, *, live: bool) -> str:
@@ -32,12 +40,12 @@ def _gpu_header(gpu: GpuRow, *, live: bool) -> str:
         f"pods {len(gpu.pods)}",
     ]
     if live:
-        parts.append(f"util {_pct(gpu.utilization)}")
-        parts.append(f"mem {_gib(gpu.memory_used_bytes)}/{_gib(info.memory_bytes)}")
+        parts.append(f"util {percent(gpu.utilization)}")
+        parts.append(f"mem {gib(gpu.memory_used_bytes)}/{gib(info.memory_bytes)}")
         if gpu.mps_clients is not None:
             parts.append(f"mps-clients {gpu.mps_clients:.0f}")
     else:
-        parts.append(f"mem {_gib(info.memory_bytes)}")
+        parts.append(f"mem {gib(info.memory_bytes)}")
     if not info.healthy:
         parts.append("UNHEALTHY")
     if gpu.simulated:
@@ -48,19 +56,39 @@ def _gpu_header(gpu: GpuRow, *, live: bool) -> str:
 def _pipes_line(gpu: GpuRow) -> str:
     if not gpu.pipes:
         return "pipes: unavailable (no GPM on this GPU, or no fresh reading)"
-    shown = [f"{p} {_pct(gpu.pipes[p])}" for p in PIPE_ORDER if p in gpu.pipes]
+    shown = [f"{p} {percent(gpu.pipes[p])}" for p in PIPE_ORDER if p in gpu.pipes]
     extra = [
-        f"sm-occupancy {_pct(gpu.sm_occupancy)}",
-        f"dram {_pct(gpu.dram_bandwidth)}",
+        f"sm-occupancy {percent(gpu.sm_occupancy)}",
+        f"dram {percent(gpu.dram_bandwidth)}",
     ]
     return "pipes: " + "  ".join(shown + extra)
 
 
-def render_text(nodes: list[NodeRow], *, live_source: str | None) -> str:
+def table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Columns padded to their widest cell, two spaces apart, as kubectl prints them."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+NO_GPUS = "No node advertises gpushare GPUs (is the gpushare node agent running?)\n"
+
+
+def render_text(nodes: list[NodeRow], *, live_source: str | None, wide: bool = False) -> str:
+    """The ``top`` view: per node and GPU, its pods. ``wide`` adds each pod's state and phase."""
     lines: list[str] = []
     if not nodes:
-        return "No node advertises gpushare GPUs (is the gpushare node agent running?)\n"
-    headers = ("NAMESPACE", "POD", "CLASS", "REQUEST", "LIMIT", "MEM-LIMIT", "MEM-USED")
+        return NO_GPUS
+    headers: tuple[str, ...] = (
+        "NAMESPACE",
+        "POD",
+        "CLASS",
+        "REQUEST",
+        "LIMIT",
+        "MEM-LIMIT",
+        "MEM-USED",
+    )
+    if wide:
+        headers = (*headers, "STATE", "PHASE")
     for node in nodes:
         lines.append(f"NODE {node.name}")
         if node.problem:
@@ -72,23 +100,19 @@ def render_text(nodes: list[NodeRow], *, live_source: str | None) -> str:
             if not gpu.pods:
                 lines.append("    (no pods)")
                 continue
-            rows = [headers]
+            rows: list[tuple[str, ...]] = [headers]
             for p in gpu.pods:
-                fraction = f"{p.fraction_percent}%" if p.fraction_percent is not None else "share"
-                rows.append(
-                    (
-                        p.namespace,
-                        p.name,
-                        p.gpu_class,
-                        fraction,
-                        f"{p.thread_percent}%",
-                        _limit(p.memory_limit_bytes),
-                        _gib(p.memory_used_bytes) if live_source is not None else "-",
-                    )
+                row = (
+                    p.namespace,
+                    p.name,
+                    p.gpu_class,
+                    request(p),
+                    f"{p.thread_percent}%",
+                    memory_limit(p.memory_limit_bytes),
+                    gib(p.memory_used_bytes) if live_source is not None else "-",
                 )
-            widths = [max(len(r[i]) for r in rows) for i in range(len(headers))]
-            for r in rows:
-                lines.append("    " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+                rows.append((*row, p.state or "-", p.phase or "-") if wide else row)
+            lines.extend("    " + line for line in table(rows))
     if live_source is None:
         lines.append("")
         lines.append("Live utilization: add --prometheus URL or --metrics-url URL.")
@@ -122,3 +146,11 @@ def render_json(nodes: list[NodeRow], *, live_source: str | None) -> dict[str, A
             for n in nodes
         ],
     }
+
+
+def dump(data: Any, *, output: str) -> str:
+    """``-o json`` or ``-o yaml`` of a JSON-compatible document."""
+    if output == "yaml":
+        text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+        return text
+    return json.dumps(data, indent=2) + "\n"

@@ -11,6 +11,7 @@ from gpushare.api.inventory import GpuInfo, load_inventory
 from gpushare.api.names import ANN_CLASS, ANN_FRACTION, ANN_NODE_GPUS, ANN_STATE, CLASS_BATCH
 from gpushare.api.placement import parse_placement
 from gpushare.api.quantities import parse_fraction
+from gpushare.cli.selector import Requirement, matches
 
 PIPE_ORDER = ("fp16", "fp32", "fp64", "tensor", "tensor_hmma", "tensor_dmma", "tensor_imma")
 
@@ -137,10 +138,15 @@ def build_view(
     live: Live | None = None,
     node_filter: str | None = None,
     namespace: str | None = None,
+    pod_selector: tuple[Requirement, ...] = (),
+    node_selector: tuple[Requirement, ...] = (),
 ) -> list[NodeRow]:
-    """Join nodes' GPU inventories with the pods placed on them (and live readings if any)."""
+    """Join nodes' GPU inventories with the pods placed on them (and live readings if any).
+    ``namespace`` None and empty selectors keep every pod and node."""
     by_node_gpu: dict[tuple[str, str], list[PodRow]] = defaultdict(list)
     for pod in pods:
+        if not matches(pod_selector, (pod.get("metadata") or {}).get("labels")):
+            continue
         found = _pod_row(pod)
         if found is None:
             continue
@@ -155,6 +161,8 @@ def build_view(
         meta = node_obj.get("metadata") or {}
         name = str(meta.get("name", ""))
         if node_filter is not None and name != node_filter:
+            continue
+        if not matches(node_selector, meta.get("labels")):
             continue
         text = (meta.get("annotations") or {}).get(ANN_NODE_GPUS)
         if text is None:
