@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv lock lock-upgrade verify-lock verify-lowest prereqs tools demo test lint typecheck layers unit pytest cluster-up cluster-down protos verify-protos clean
+.PHONY: help venv lock lock-upgrade verify-lock verify-lowest krew prereqs tools demo test lint typecheck layers unit pytest cluster-up cluster-down protos verify-protos clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -33,6 +33,9 @@ verify-lock: $(BIN)/python ## fail when requirements.lock is not what `make lock
 
 verify-lowest: $(BIN)/python ## install every dependency at its lower bound in a scratch venv and run the unit tests
 	hack/lock.sh lowest
+
+krew: $(BIN)/python ## build the krew plugin archive into dist/ and write deploy/krew/gpushare.yaml from it
+	$(BIN)/python hack/krew.py
 
 prereqs: ## install the OS packages the local cluster needs (Debian/Ubuntu, as root)
 	hack/install-prereqs.sh

@@ -9,6 +9,7 @@ cluster (the message names the flag and the fix), 2 a command line that does not
 """
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,6 +32,10 @@ Reader = Callable[[Query], Snapshot]
 
 
 def _prog() -> str:
+    """How the user called us: kubectl runs kubectl-gpushare; krew's launcher says so in
+    GPUSHARE_PROG (deploy/krew)."""
+    if os.environ.get("GPUSHARE_PROG") == "kubectl gpushare":
+        return "kubectl gpushare"
     name = Path(sys.argv[0]).name
     return "kubectl gpushare" if name.startswith("kubectl") else "gpushare"
 

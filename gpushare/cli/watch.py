@@ -25,12 +25,14 @@ def watch(
     separator: str = "",
     out: TextIO | None = None,
     err: TextIO | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], None] | None = None,
 ) -> int:
     """Print ``render()`` now and again whenever it changes; the exit status."""
     out = out or sys.stdout
     err = err or sys.stderr
+    clock = clock or time.monotonic
+    sleep = sleep or time.sleep
     redraw = out.isatty() and not separator
     deadline = clock() + timeout_s if timeout_s > 0 else None
     last: str | None = None
