@@ -135,6 +135,8 @@ def test_distribution_name_license_and_entry_points() -> None:
         "gpushare-controller",
         "gpushare-node-agent",
         "kubectl-gpushare",
+        # kubectl's plugin completion runs kubectl_complete-<plugin> (docs/cli.md).
+        "kubectl_complete-gpushare",
     }
     assert PROJECT["urls"].keys() >= {"Homepage", "Source", "Issues", "Documentation"}
     assert any(c.startswith("License ::") for c in PROJECT["classifiers"]) is False, (
