@@ -19,6 +19,7 @@ DISTRIBUTION = "kube-gpushare"
 COMMANDS = ("top", "get", "completion")
 OUTPUTS = ("wide", "json", "yaml", "text")
 MIN_INTERVAL_S = 1.0
+DEFAULT_INTERVAL_S = 2.0
 
 
 def version() -> str:
@@ -68,9 +69,9 @@ def _common(p: argparse.ArgumentParser, *, namespaced: bool, selects: str) -> No
     p.add_argument(
         "--interval",
         type=float,
-        default=2.0,
         metavar="SECONDS",
-        help=f"seconds between reads with --watch (default 2, at least {MIN_INTERVAL_S:g})",
+        help=f"seconds between reads with --watch (default {DEFAULT_INTERVAL_S:g}, at least "
+        f"{MIN_INTERVAL_S:g})",
     )
     p.add_argument(
         "--watch-timeout",

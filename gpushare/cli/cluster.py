@@ -68,6 +68,7 @@ def read_cluster(query: Query) -> Snapshot:
     from lightkube.core.exceptions import ApiError, ConfigError  # noqa: PLC0415
     from lightkube.resources.core_v1 import Node, Pod  # noqa: PLC0415
 
+    namespace = query.namespace or "default"
     try:
         if query.kubeconfig is not None:
             if not query.kubeconfig.is_file():

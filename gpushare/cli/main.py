@@ -15,7 +15,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.cli.args import MIN_INTERVAL_S, build_parser, with_default_command
+from gpushare.cli.args import (
+    DEFAULT_INTERVAL_S,
+    MIN_INTERVAL_S,
+    build_parser,
+    with_default_command,
+)
 from gpushare.cli.cluster import ALL_NAMESPACES, Query, Snapshot, read_cluster
 from gpushare.cli.completion import candidates, script
 from gpushare.cli.live import from_exporters, from_prometheus
@@ -76,15 +81,17 @@ def _query(args: argparse.Namespace) -> Query:
 def _check(args: argparse.Namespace) -> None:
     if args.timeout <= 0:
         raise InvalidInputError("--timeout", "must be positive", "give seconds, e.g. 10")
+    if not args.watch and (args.watch_timeout or args.interval is not None):
+        flag = "--watch-timeout" if args.watch_timeout else "--interval"
+        raise InvalidInputError(flag, "only applies with -w/--watch", "add -w or drop it")
+    if args.interval is None:
+        args.interval = DEFAULT_INTERVAL_S
     if args.interval < MIN_INTERVAL_S:
         raise InvalidInputError(
             "--interval", f"{args.interval:g} is below {MIN_INTERVAL_S:g}", "give seconds, e.g. 2"
         )
     if args.watch_timeout < 0:
         raise InvalidInputError("--watch-timeout", "must not be negative", "give 0 or seconds")
-    if not args.watch and (args.watch_timeout or args.interval != 2.0):
-        flag = "--watch-timeout" if args.watch_timeout else "--interval"
-        raise InvalidInputError(flag, "only applies with -w/--watch", "add -w or drop it")
 
 
 def _render(args: argparse.Namespace, query: Query, read: Reader) -> str:

@@ -290,6 +290,7 @@ def test_a_failed_read_during_a_watch_is_reported_and_retried(
         (["top", "--watch-timeout", "5"], "--watch-timeout"),
         (["top", "--watch-timeout", "-1", "-w"], "--watch-timeout"),
         (["top", "--timeout", "0"], "--timeout"),
+        (["top", "--interval", "2"], "--interval"),
     ],
 )
 def test_watch_flags_are_checked(
