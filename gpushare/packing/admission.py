@@ -7,15 +7,17 @@ its class accepts (:data:`DEFAULT_BOUNDS`) is not a candidate, exactly as if it 
 extender's filter and bind and the GPU benchmark ask the same :class:`Admission` through
 :class:`gpushare.packing.placer.Placer`, so the benchmark measures what a cluster does.
 
-It applies where something was measured: the newcomer or a tenant of the GPU has a profile
-(from its GpuShare). Among pods nobody profiled there is nothing to predict from and placement
-is fit and fragmentation alone (the openb traces are such pods).
+It applies where something measured is at stake (:func:`measured`): the newcomer has a profile
+(from its GpuShare), or a latency pod with a profile would share the GPU with it. Among pods
+nobody profiled there is nothing to predict from and placement is fit and fragmentation alone
+(the openb traces are such pods).
 """
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from gpushare.api.names import CLASS_LATENCY
 from gpushare.packing.interference import InterferenceModel, admit_reason, load_default
 from gpushare.packing.model import Demand, GpuState, NodeState
 
@@ -25,8 +27,17 @@ batch pod's against itself alone on the whole GPU (its thread cap's cost charged
 
 
 def measured(gpu: GpuState, demand: Demand) -> bool:
-    """True when admission has something to predict from on ``gpu``."""
-    return demand.profile is not None or any(t.profile is not None for t in gpu.tenants)
+    """True when admission has a measured pod to protect on ``gpu``: the newcomer has a
+    profile, or a profiled tenant is latency-class or the newcomer is (latency pods are kept
+    from unknown neighbours, which count as heavy). A batch newcomer nobody profiled beside
+    profiled batch pods is not checked: counted heavy, it would be refused beside nearly
+    everyone (the openb simulator with profiled tenants fell from 96% to 83% allocation)."""
+    if demand.profile is not None:
+        return True
+    latency = demand.gpu_class == CLASS_LATENCY
+    return any(
+        t.profile is not None and (latency or t.gpu_class == CLASS_LATENCY) for t in gpu.tenants
+    )
 
 
 @dataclass(frozen=True)

@@ -75,3 +75,14 @@ def test_whole_gpus_and_empty_gpus_are_always_admitted() -> None:
     assert placer.choose_gpus(node(gpu("g0")), LATENCY) is not None
     whole = Demand(percent=100, gpus=2, profile=FP32_GEMM)
     assert placer.choose_gpus(node(gpu("g0"), gpu("g1")), whole) is not None
+
+
+def test_an_unprofiled_batch_pod_may_join_profiled_batch_pods() -> None:
+    # Nothing is known of the newcomer and nobody there is latency-class: counted heavy it would
+    # be refused beside nearly everyone, so admission stays out (fit and fragmentation decide).
+    n = node(gpu("g0", trainer()))
+    placer = Placer(Policy.GPUSHARE, admission=Admission())
+    assert placer.choose_gpus(n, Demand(percent=30)) is not None
+    assert placer.refusal(n, Demand(percent=30)) is None
+    # A latency newcomer without a profile is still kept from the measured heavy job.
+    assert placer.choose_gpus(n, Demand(percent=30, gpu_class="latency")) is None
