@@ -62,7 +62,7 @@ pytest: venv ## the test suite (brings the local cluster up once per session)
 	hack/run-pytest.sh
 
 unit: venv ## only the tests that need no cluster
-	$(BIN)/pytest -m 'not cluster and not gpu' tests
+	$(BIN)/pytest -m 'not cluster and not gpu and not gpu_cluster' tests
 
 cluster-up: tools ## start the local cluster
 	hack/local-cluster.sh up

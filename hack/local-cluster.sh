@@ -14,6 +14,11 @@
 # Settings (environment): GPUSHARE_STATE_DIR (default /var/lib/gpushare-dev), GPUSHARE_NODE_NAME
 # (default gpushare-dev), GPUSHARE_EXTENDER_URL (default http://127.0.0.1:8888/scheduler),
 # GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh). Needs root.
+# A machine without Go or a build cache (a GPU host, see docs/gpu-cluster.md) names prebuilt
+# pieces instead: GPUSHARE_KUBE_BIN and GPUSHARE_ETCD_BIN (directories of the binaries),
+# GPUSHARE_CNI_BIN_DIR (CNI plugins, default /usr/lib/cni) and GPUSHARE_IMAGE_ARCHIVES (a
+# directory holding pause.tar, and busybox.tar if busybox is not installed); then nothing is
+# built and neither Go nor busybox is needed.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
@@ -35,8 +40,10 @@ NODE_IFACE=gpushare0
 SERVICE_CIDR=10.96.0.0/16
 SERVICE_IP=10.96.0.1
 POD_CIDR=10.244.0.0/24
-KUBE_BIN="$GPUSHARE_CACHE_DIR/bin/kubernetes-$KUBE_VERSION"
-ETCD_BIN="$GPUSHARE_CACHE_DIR/bin/etcd-$ETCD_VERSION"
+KUBE_BIN="${GPUSHARE_KUBE_BIN:-$GPUSHARE_CACHE_DIR/bin/kubernetes-$KUBE_VERSION}"
+ETCD_BIN="${GPUSHARE_ETCD_BIN:-$GPUSHARE_CACHE_DIR/bin/etcd-$ETCD_VERSION}"
+CNI_BIN_DIR="${GPUSHARE_CNI_BIN_DIR:-/usr/lib/cni}"
+IMAGE_ARCHIVES="${GPUSHARE_IMAGE_ARCHIVES:-}"
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.1
 BUSYBOX_IMAGE=gpushare.local/busybox:1.35
 COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager kube-scheduler gpushare-scheduler kube-proxy kubelet)
@@ -60,15 +67,25 @@ check_prereqs() {
   need openssl "apt-get install openssl"
   need iptables "hack/install-prereqs.sh (apt-get install iptables)"
   need ip "apt-get install iproute2"
-  need busybox "hack/install-prereqs.sh (apt-get install busybox-static)"
-  need go "install Go >= 1.24"
-  [[ -x /usr/lib/cni/bridge ]] || die "CNI plugins missing; install with: hack/install-prereqs.sh (apt-get install containernetworking-plugins)"
+  if [[ -z $IMAGE_ARCHIVES ]]; then
+    need busybox "hack/install-prereqs.sh (apt-get install busybox-static)"
+    need go "install Go >= 1.24"
+  else
+    [[ -f $IMAGE_ARCHIVES/pause.tar ]] || die "GPUSHARE_IMAGE_ARCHIVES=$IMAGE_ARCHIVES has no pause.tar"
+    [[ -f $IMAGE_ARCHIVES/busybox.tar ]] || need busybox "hack/install-prereqs.sh (apt-get install busybox-static), or put busybox.tar in $IMAGE_ARCHIVES"
+  fi
+  [[ -x $CNI_BIN_DIR/bridge ]] || die "CNI plugins missing in $CNI_BIN_DIR; install with: hack/install-prereqs.sh (apt-get install containernetworking-plugins)"
   [[ -d /sys/fs/cgroup/memory || -f /sys/fs/cgroup/cgroup.controllers ]] || die "no cgroup hierarchy mounted at /sys/fs/cgroup"
   local b
   for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy; do
-    [[ -x $KUBE_BIN/$b ]] || { log "binaries missing; building them (hack/build-tools.sh)"; "$here/build-tools.sh" kube; break; }
+    [[ -x $KUBE_BIN/$b ]] && continue
+    [[ -z ${GPUSHARE_KUBE_BIN:-} ]] || die "GPUSHARE_KUBE_BIN=$KUBE_BIN has no $b"
+    log "binaries missing; building them (hack/build-tools.sh)"; "$here/build-tools.sh" kube; break
   done
-  [[ -x $ETCD_BIN/etcd ]] || "$here/build-tools.sh" etcd
+  if [[ ! -x $ETCD_BIN/etcd ]]; then
+    [[ -z ${GPUSHARE_ETCD_BIN:-} ]] || die "GPUSHARE_ETCD_BIN=$ETCD_BIN has no etcd"
+    "$here/build-tools.sh" etcd
+  fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -153,7 +170,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = "$CNI_BIN_DIR"
     conf_dir = "$STATE/cni/net.d"
 EOF
   start containerd containerd --config "$STATE/containerd/config.toml"
@@ -166,13 +183,18 @@ import_images() {
   local img="$STATE/images" build="$GPUSHARE_CACHE_DIR/images"
   mkdir -p "$img" "$build"
   if ! grep -qx "$PAUSE_IMAGE" <<<"$(ctr_k8s images ls -q)"; then
-    if [[ ! -x $build/pause ]]; then
+    if [[ -n $IMAGE_ARCHIVES ]]; then
+      cp "$IMAGE_ARCHIVES/pause.tar" "$img/pause.tar"
+    elif [[ ! -x $build/pause ]]; then
       (cd "$here/images/pause" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$build/pause" .)
     fi
-    python3 "$here/lib/image_archive.py" --ref "$PAUSE_IMAGE" --out "$img/pause.tar" \
-      --add "$build/pause:/pause" --entrypoint /pause
+    [[ -f $img/pause.tar ]] || python3 "$here/lib/image_archive.py" --ref "$PAUSE_IMAGE" \
+      --out "$img/pause.tar" --add "$build/pause:/pause" --entrypoint /pause
     ctr_k8s images import --no-unpack=false "$img/pause.tar" >/dev/null
     ctr_k8s images label "$PAUSE_IMAGE" io.cri-containerd.pinned=pinned >/dev/null
+  fi
+  if ! grep -qx "$BUSYBOX_IMAGE" <<<"$(ctr_k8s images ls -q)" && [[ -f $IMAGE_ARCHIVES/busybox.tar ]]; then
+    ctr_k8s images import "$IMAGE_ARCHIVES/busybox.tar" >/dev/null
   fi
   if ! grep -qx "$BUSYBOX_IMAGE" <<<"$(ctr_k8s images ls -q)"; then
     local links=() applet

@@ -146,3 +146,34 @@ def test_gpu_selection_reaches_the_agent(chart: Chart) -> None:
     args = build_parser().parse_args(_agent(_ds(chart, values))["args"])
     assert args.gpus == "0,GPU-8d3c1f0a-0000-4000-8000-000000000001"
     assert "node/gpus" in chart.fails({"node": {"gpus": ["first"]}})
+
+
+def test_a_host_driver_can_be_mounted_without_the_nvidia_runtime(chart: Chart) -> None:
+    """Where no NVIDIA container runtime injects the driver (docs/gpu-cluster.md), the values
+    mount the host's driver directory into the agent and put it on PATH / LD_LIBRARY_PATH."""
+    driver = "/usr/local/nvidia"
+    ds = _ds(
+        chart,
+        {
+            "node": {
+                "backend": "nvml",
+                "extraEnv": [{"name": "LD_LIBRARY_PATH", "value": f"{driver}/lib64"}],
+                "extraVolumes": [{"name": "driver", "hostPath": {"path": driver}}],
+                "extraVolumeMounts": [{"name": "driver", "mountPath": driver, "readOnly": True}],
+            }
+        },
+    )
+    c = _agent(ds)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["LD_LIBRARY_PATH"] == f"{driver}/lib64"
+    assert "NODE_NAME" in env  # the chart's own variables stay
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["driver"] == {"name": "driver", "mountPath": driver, "readOnly": True}
+    assert "device-plugins" in mounts
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["driver"]["hostPath"] == {"path": driver}
+
+
+def test_extra_volume_mounts_need_a_mount_path(chart: Chart) -> None:
+    error = chart.fails({"node": {"extraVolumeMounts": [{"name": "driver"}]}})
+    assert "mountPath" in error
