@@ -131,7 +131,7 @@ if [[ $backend == nvml ]]; then
   )
 fi
 log "installing the chart (backend $backend)"
-helm install gpushare "$repo/helm/gpushare" --namespace gpushare --create-namespace "${values[@]}" \
+helm upgrade --install gpushare "$repo/helm/gpushare" --namespace gpushare --create-namespace "${values[@]}" \
   --wait --timeout 5m >"$out/helm-install.txt"
 for i in $(seq 1 120); do
   kubectl -n gpushare get pods -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
