@@ -71,6 +71,10 @@ def test_real_gpus_get_privilege_host_pids_and_the_driver(chart: Chart) -> None:
     ds = _ds(chart, {"node": {"runtimeClassName": "nvidia"}})
     pod = ds["spec"]["template"]["spec"]
     assert _agent(ds)["securityContext"]["privileged"] is True
+    # Root whatever the image's USER (65532): the agent creates the MPS directories and serves
+    # a socket in the kubelet's root-owned directory (an H100 run crashed without it).
+    assert _agent(ds)["securityContext"]["runAsUser"] == 0
+    assert _agent(ds)["securityContext"]["runAsGroup"] == 0
     assert pod["hostPID"] is True
     assert pod["runtimeClassName"] == "nvidia"
     env = {e["name"]: e.get("value") for e in _agent(ds)["env"]}

@@ -9,7 +9,6 @@ saying what they need. docs/gpu-cluster.md describes the run.
 import json
 import os
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from gpushare.api.names import ANN_CLASS, ANN_FRACTION, ANN_LIMIT, ANN_MEMORY
+from tests.fixtures.chart_release import wait_for as chart_wait_for
 
 Obj = dict[str, Any]
 WORKER = Path(__file__).with_name("gemm_worker.py")
@@ -225,17 +225,15 @@ def wait_for(
     *,
     timeout_s: float,
     what: str,
-    every_s: float = 1.0,
     on_timeout: Callable[[], str] | None = None,
 ) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every_s)
-    extra = on_timeout() if on_timeout else ""
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{extra}")
+    """chart_release.wait_for, adding what ``on_timeout`` says (pod events, logs) on failure."""
+    try:
+        return chart_wait_for(check, timeout_s=timeout_s, what=what)
+    except AssertionError as exc:
+        if on_timeout is None:
+            raise
+        raise AssertionError(f"{exc}\n{on_timeout()}") from None
 
 
 def from_env() -> GpuCluster:

@@ -1,0 +1,140 @@
+"""Restart faults on the real GPU: the node agent and the kubelet are killed (SIGKILL, by PID)
+while CUDA pods run. Running pods must keep their GPU, their share and their rate; a pod
+created after the restarts must be placed and get its own settings, nobody else's.
+"""
+
+import os
+import signal
+import statistics
+import subprocess
+import time
+
+import pytest
+
+from gpushare.api.names import ANN_GPU_UUID, ANN_THREAD_PERCENT
+from tests.fixtures.chart_release import agent_processes
+from tests.fixtures.cluster import HARNESS
+from tests.gpu_cluster.harness import GpuCluster, wait_for
+
+pytestmark = [pytest.mark.gpu_cluster]
+
+RATE_TOLERANCE = 0.15
+"""A running pod's GEMM rate after the faults within 15% of its rate before them."""
+
+
+def harness(*args: str) -> None:
+    proc = subprocess.run(
+        ["bash", str(HARNESS), *args], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, f"local-cluster.sh {' '.join(args)}: {proc.stderr[-2000:]}"
+
+
+def agent_ready(gc: GpuCluster) -> bool:
+    pods = gc.kjson(
+        "get", "pods", "-n", gc.release_namespace, "-l", "app.kubernetes.io/component=node-agent"
+    )["items"]
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for p in pods
+        for c in p["status"].get("conditions", [])
+    )
+
+
+def rates_between(lines: list[dict[str, float]], start: float, end: float) -> list[float]:
+    return [x["tflops"] for x in lines if "t" in x and start <= x["t"] <= end]
+
+
+def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuCluster) -> None:
+    running = {"keep-25": "0.25", "keep-50": "0.5"}
+    new = "after-restart-25"
+    gc.delete_pods(*running, new)
+    until = time.time() + 150
+    gc.create(
+        *(gc.cuda_pod(n, ["gemm", f"{until:.0f}"], fraction=f, limit=f) for n, f in running.items())
+    )
+    try:
+        before_pods = gc.wait_phase(list(running), {"Running"}, timeout_s=120)
+        wait_for(
+            lambda: all(sum("t" in x for x in gc.logs(n)) >= 10 for n in running),
+            timeout_s=90,
+            what="10 s of rates from each pod",
+        )
+        # -- the faults: SIGKILL the node agent, then the kubelet; the kubelet comes back --
+        t_fault = time.time()
+        agents = agent_processes()
+        assert agents, "no gpushare-node-agent process on this host"
+        for pid in agents:
+            os.kill(pid, signal.SIGKILL)
+        harness("stop", "kubelet")  # SIGKILL by its PID file
+        time.sleep(3)
+        harness("start", "kubelet")
+        wait_for(lambda: agent_ready(gc), timeout_s=150, what="the node agent Ready again")
+        t_back = time.time()
+        gc.record(
+            "agent + kubelet killed (SIGKILL): seconds until the agent was Ready again",
+            round(t_back - t_fault, 1),
+            "recorded",
+            None,
+        )
+        # -- a pod created after the restarts is placed and gets its own settings --------
+        gc.create(gc.cuda_pod(new, ["gemm", f"{until:.0f}"], fraction="0.25", limit="0.25"))
+        new_pod = gc.wait_phase([new], {"Running"}, timeout_s=120)[new]
+        wait_for(lambda: any("t" in x for x in gc.logs(new)), timeout_s=90, what="new pod rates")
+        after_pods = {n: gc.pod(n) for n in running}
+        gc.wait_phase([*running, new], {"Succeeded"}, timeout_s=until - time.time() + 60)
+        logs = {n: gc.logs(n) for n in [*running, new]}
+    finally:
+        gc.delete_pods(*running, new)
+
+    # Running pods: same GPU and cap, never restarted.
+    kept = {
+        n: (
+            after_pods[n]["metadata"]["annotations"][ANN_GPU_UUID]
+            == before_pods[n]["metadata"]["annotations"][ANN_GPU_UUID],
+            after_pods[n]["metadata"]["annotations"][ANN_THREAD_PERCENT],
+            after_pods[n]["status"]["containerStatuses"][0]["restartCount"],
+        )
+        for n in running
+    }
+    ok = all(same and restarts == 0 for same, _, restarts in kept.values())
+    gc.record("running pods after the faults: (same GPU, thread %, restarts)", kept, "same, 0", ok)
+    assert ok, kept
+    # Every pod's container carries its own pod's cap (env logged at start).
+    wrong = {}
+    own = {n: after_pods[n]["metadata"]["annotations"][ANN_THREAD_PERCENT] for n in running}
+    own[new] = new_pod["metadata"]["annotations"][ANN_THREAD_PERCENT]
+    new_gpu = new_pod["metadata"]["annotations"][ANN_GPU_UUID]
+    for n, lines in logs.items():
+        env = lines[0].get("env", {})
+        if env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") != own[n]:
+            wrong[n] = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    gc.record(
+        "pods with another pod's environment after the faults",
+        len(wrong),
+        "0",
+        not wrong,
+        f"new pod placed with thread {own[new]}% on {new_gpu}",
+    )
+    assert not wrong, wrong
+    assert own[new] == "25"
+    gc.require_gpu()
+    # Rates: each running pod before the fault vs after everything was back (new pod
+    # excluded: it adds a neighbour, so the window ends when it starts).
+    new_start = min(x["t"] for x in logs[new] if "t" in x)
+    misses = {}
+    for n in running:
+        before = rates_between(logs[n], 0, t_fault - 1)
+        after = rates_between(logs[n], t_back + 2, new_start - 1)
+        assert before and after, (n, before, after)
+        ratio = statistics.mean(after) / statistics.mean(before)
+        ok = abs(ratio - 1) <= RATE_TOLERANCE
+        gc.record(
+            f"{n}: GEMM rate after / before the faults",
+            round(ratio, 3),
+            "1 +/- 0.15",
+            ok,
+            f"before {statistics.mean(before):.1f}, after {statistics.mean(after):.1f} TFLOP/s",
+        )
+        if not ok:
+            misses[n] = round(ratio, 3)
+    assert not misses, misses
