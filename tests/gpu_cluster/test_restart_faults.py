@@ -121,9 +121,10 @@ def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuC
     # Rates: each running pod before the fault vs after everything was back (new pod
     # excluded: it adds a neighbour, so the window ends when it starts).
     new_start = min(x["t"] for x in logs[new] if "t" in x)
+    both = max(min(x["t"] for x in logs[n] if "t" in x) for n in running) + 2
     misses = {}
     for n in running:
-        before = rates_between(logs[n], 0, t_fault - 1)
+        before = rates_between(logs[n], both, t_fault - 1)
         after = rates_between(logs[n], t_back + 2, new_start - 1)
         assert before and after, (n, before, after)
         ratio = statistics.mean(after) / statistics.mean(before)
