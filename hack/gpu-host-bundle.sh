@@ -127,10 +127,26 @@ done
 python3 "$here/lib/image_archive.py" --ref gpushare.local/busybox:1.35 --out "$stage/images/busybox.tar" \
   --add "$(command -v busybox):/bin/busybox" "${links[@]}" --cmd sh
 [[ -f $GPUSHARE_ARCHIVE ]] || die "$GPUSHARE_ARCHIVE missing; build it with: hack/build-image.sh gpushare --no-import"
+# The image must hold the code the chart in this checkout was written for: a chart that passes
+# flags an older controller does not know crash-loops it. Compare the image's revision label
+# with HEAD over what goes into the image.
+image_rev=$(python3 - "$GPUSHARE_ARCHIVE" <<'PY'
+import json, sys, tarfile
+with tarfile.open(sys.argv[1]) as tar:
+    manifest = json.load(tar.extractfile("manifest.json"))
+    config = json.load(tar.extractfile(manifest[0]["Config"]))
+print((config.get("config", {}).get("Labels") or {}).get("org.opencontainers.image.revision", ""))
+PY
+)
+rev=${image_rev%-dirty}
+if [[ -z $rev ]] || ! git -C "$repo" diff --quiet "$rev" HEAD -- gpushare Dockerfile requirements.lock 2>/dev/null; then
+  die "$GPUSHARE_ARCHIVE was built from revision '${image_rev:-unknown}', whose gpushare/ differs from this checkout's; rebuild it: hack/build-image.sh gpushare --no-import --force"
+fi
+[[ $image_rev == *-dirty ]] && log "warning: the gpushare image was built from a work tree with uncommitted changes ($image_rev)"
 cp "$GPUSHARE_ARCHIVE" "$stage/images/gpushare.tar"
 {
   echo "kubernetes=$KUBE_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION gpushare=$VERSION"
-  echo "revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown) image-revision=$image_rev"
   echo "glibc>=$(ldd --version | head -1 | awk '{print $NF}')"
 } >"$stage/BUNDLE"
 
