@@ -19,8 +19,8 @@ and removes its pods and nodes at the end. Before each pod list's runs, a stock 
 first seed's pods up to 100% to the default-scheduler on the same nodes, for the rate to
 compare with.
 
-Hold ``flock /tmp/gpushare-kwok.lock`` (or the machine's equivalent) while it runs: one KWOK
-control plane per machine. Results: ``--out`` PREFIX .json and .md (default
+Run one at a time per machine, and not beside the scale benchmark: both use the one KWOK
+control plane's ports and state directory. Results: ``--out`` PREFIX .json and .md (default
 bench/results/openb-replay); ``--merge`` keeps the pod lists of an earlier result not rerun.
 """
 
