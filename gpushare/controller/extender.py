@@ -38,7 +38,7 @@ from gpushare.controller.view import ClusterView, Reservation, ReservationError
 from gpushare.packing.admission import Admission
 from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.model import Assignment, Demand, NodeState
-from gpushare.packing.placer import Placer, best_node, rank_scores
+from gpushare.packing.placer import Placer, best_node, gpu_signature, rank_scores
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,8 @@ HOLD_SECONDS = 30.0
 """A share held by filter (``hold_in_filter``) lapses if no bind for the pod comes in time."""
 CACHE_LIMIT = 200_000
 """Entries per answer cache (node x pod shape) before it is dropped and refilled."""
+INTERNED_LIMIT = 10_000
+"""Pod shapes the extender keeps one object of (:meth:`Extender._intern`)."""
 _PASS, _FAILED, _UNRESOLVABLE = "pass", "failed", "unresolvable"
 _V = TypeVar("_V")
 
@@ -202,6 +204,9 @@ class Extender:
         self._verdicts: dict[Demand, dict[str, tuple[int, str, str]]] = {}
         self._costs: dict[Demand, dict[str, tuple[int, float | None]]] = {}
         self._costs_version = self.placer.version
+        self._signatures: dict[str, tuple[int, tuple[object, ...] | None]] = {}
+        self._empty_signatures: dict[str, tuple[NodeState, tuple[object, ...] | None]] = {}
+        self._demands: dict[Demand, Demand] = {}
         self._cached = 0
         self.refused = RefusedPods()
         """Pods the filter left without a node, for ``requeue`` when hidden capacity frees."""
@@ -236,7 +241,7 @@ class Extender:
             return self._filter_result(args, [], {}, dict.fromkeys(args.node_names, message))
         if demand is None:
             return self._filter_without_gpus(args)
-        demand = with_profile(demand, rules)
+        demand = self._intern(with_profile(demand, rules))
         hold = self._hold_reason(rules)
         if hold is not None:
             message = _prefixed(hold)
@@ -372,7 +377,7 @@ class Extender:
             # Every node passes, and bind may place the pod on any of them.
             self.offers.offer(pods.pod_key(args.pod), pods.pod_uid(args.pod), args.node_names)
             return self._filter_result(args, list(args.node_names), {}, {})
-        demand = Demand(percent=0, gpus=0, cpu_milli=cpu, host_memory_bytes=memory)
+        demand = self._intern(Demand(percent=0, gpus=0, cpu_milli=cpu, host_memory_bytes=memory))
         key = pods.pod_key(args.pod)
         costs = self._host_costs(args.node_names, key, demand)
         passed = [name for name, cost in costs.items() if cost is not None]
@@ -480,7 +485,8 @@ class Extender:
             return _UNRESOLVABLE, (
                 scheduler_safe(f"gpushare: {problem}") if problem else NO_INVENTORY
             )
-        reason = self.placer.refusal(node, demand) if node.gpus else refusal
+        signature = self._signature(name, node, version)
+        reason = self.placer.refusal(node, demand, signature=signature) if node.gpus else refusal
         if reason is None:
             verdict, message = _PASS, ""
         elif refusal is not None:
@@ -489,7 +495,11 @@ class Extender:
             verdict, message = _FAILED, _prefixed(detail)
         else:
             empty = self.view.empty_node(name)
-            empty_reason = node_fit_reason(empty, demand) if empty is not None else reason
+            empty_reason = (
+                self.placer.refusal(empty, demand, signature=self._empty_signature(name, empty))
+                if empty is not None
+                else reason
+            )
             if empty_reason is not None:
                 verdict, message = _UNRESOLVABLE, _prefixed(empty_reason)
             else:
@@ -520,10 +530,42 @@ class Extender:
         node, _ = self._node(name, key, rules)
         cost: float | None = None
         if node is not None and (node.gpus or demand.gpus <= 0):
-            cost = self.placer.node_cost(node, demand)
+            signature = self._signature(name, node, version)
+            cost = self.placer.node_cost(node, demand, signature=signature)
         if cached:
             self._remember(cache, demand, name, (version, cost))
         return cost
+
+    def _intern(self, demand: Demand) -> Demand:
+        """One object per pod shape: the answer caches are keyed by shape, and a lookup with
+        the very key object stored skips comparing the shape's fields."""
+        known = self._demands.get(demand)
+        if known is not None:
+            return known
+        if len(self._demands) >= INTERNED_LIMIT:
+            self._demands.clear()
+        self._demands[demand] = demand
+        return demand
+
+    def _signature(self, name: str, node: NodeState, version: int) -> tuple[object, ...] | None:
+        """The view's node's :func:`~gpushare.packing.placer.gpu_signature`, kept per node
+        version (cost and refusal both read it); None for a node narrowed for one pod."""
+        if node is not self.view.node(name):
+            return None
+        hit = self._signatures.get(name)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        signature = gpu_signature(node)
+        self._signatures[name] = (version, signature)
+        return signature
+
+    def _empty_signature(self, name: str, empty: NodeState) -> tuple[object, ...] | None:
+        hit = self._empty_signatures.get(name)
+        if hit is not None and hit[0] is empty:
+            return hit[1]
+        signature = gpu_signature(empty)
+        self._empty_signatures[name] = (empty, signature)
+        return signature
 
     def _remember(
         self, cache: dict[Demand, dict[str, _V]], demand: Demand, name: str, value: _V
@@ -574,10 +616,10 @@ class Extender:
             cpu, memory = pod_requests(args.pod)
             if self.placer.policy is not Policy.GPUSHARE or (cpu <= 0 and memory <= 0):
                 return [{"Host": n, "Score": 0} for n in args.node_names]
-            host = Demand(percent=0, gpus=0, cpu_milli=cpu, host_memory_bytes=memory)
+            host = self._intern(Demand(percent=0, gpus=0, cpu_milli=cpu, host_memory_bytes=memory))
             costs = self._host_costs(args.node_names, key, host)
         else:
-            demand = with_profile(demand, rules)
+            demand = self._intern(with_profile(demand, rules))
             own = self._own_nodes(key)
             costs = {
                 name: self._cost(

@@ -84,10 +84,7 @@ class ControllerContext:
     def cluster_facts(self) -> ClusterFacts:
         return ClusterFacts(
             max_gpu_memory=self.view.max_gpu_memory,
-            max_gpus_per_node=max(
-                (sum(1 for g in n.gpus if g.healthy) for n in self.view.nodes().values()),
-                default=0,
-            ),
+            max_gpus_per_node=self.view.max_gpus_per_node,
             # The operator's resolver on the leader; the view's own (same spec, from the
             # controller's GpuShare watch) on a standby, which runs no operator.
             share_lookup=self.view.share_resolver or self.view.share_request,

@@ -116,6 +116,7 @@ class ClusterView:
         self._tenancy: dict[str, dict[str, Tenant]] = {}
         self._tenants_by_gpu: dict[str, dict[str, Tenant]] = {}
         self._max_gpu_memory = 0
+        self._max_gpus_per_node = 0
         self._exclusive: dict[str, dict[str, ExclusiveWorkload]] = {}
         self._separated: dict[str, dict[str, ExclusiveWorkload]] = {}
         self.generation = 0
@@ -292,6 +293,12 @@ class ClusterView:
         """Memory of the largest healthy GPU in the cluster (0 before any inventory)."""
         return self._max_gpu_memory
 
+    @property
+    def max_gpus_per_node(self) -> int:
+        """Most healthy GPUs on one node (0 before any inventory); the webhook reads it for
+        every pod, so it is kept up to date as inventories change, not counted per call."""
+        return self._max_gpus_per_node
+
     # ---- nodes ---------------------------------------------------------------------------
 
     def upsert_node(self, node: Mapping[str, Any]) -> None:
@@ -395,7 +402,7 @@ class ClusterView:
         self._sync_host(name)
         self._bump(name)
         self._empty_nodes[name] = NodeState(name=name, gpus=empties)
-        self._refresh_max_memory()
+        self._refresh_maxima()
         self._changed("node", name)
 
     def _drop_node_gpus(self, name: str) -> None:
@@ -413,7 +420,7 @@ class ClusterView:
         if name in self._nodes:
             self._drop_node_gpus(name)
             self._bump(name)
-            self._refresh_max_memory()
+            self._refresh_maxima()
             self._changed("node", name)
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
@@ -432,9 +439,12 @@ class ClusterView:
             del self._separated[name]
         self.nodes_synced = True
 
-    def _refresh_max_memory(self) -> None:
+    def _refresh_maxima(self) -> None:
         self._max_gpu_memory = max(
             (g.memory_bytes for g in self._gpus.values() if g.healthy), default=0
+        )
+        self._max_gpus_per_node = max(
+            (sum(1 for g in n.gpus if g.healthy) for n in self._nodes.values()), default=0
         )
 
     # ---- pods ----------------------------------------------------------------------------

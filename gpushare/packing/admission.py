@@ -34,10 +34,8 @@ def measured(gpu: GpuState, demand: Demand) -> bool:
     everyone (the openb simulator with profiled tenants fell from 96% to 83% allocation)."""
     if demand.profile is not None:
         return True
-    latency = demand.gpu_class == CLASS_LATENCY
-    return any(
-        t.profile is not None and (latency or t.gpu_class == CLASS_LATENCY) for t in gpu.tenants
-    )
+    profiled, profiled_latency = gpu.measured_tenants()
+    return (profiled if demand.gpu_class == CLASS_LATENCY else profiled_latency) > 0
 
 
 @dataclass(frozen=True)

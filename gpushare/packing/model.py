@@ -57,6 +57,22 @@ class Demand:
     def whole(self) -> bool:
         return self.percent >= SLICES_PER_GPU
 
+    def __hash__(self) -> int:
+        # Demands key the placer's and the extender's answer caches, once per candidate node:
+        # hash the 13 fields once (the instance is frozen).
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(self.__dict__[f] for f in _DEMAND_FIELDS))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, object]:
+        # str hashes differ between processes: a pickled copy hashes itself afresh.
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
+_DEMAND_FIELDS = tuple(Demand.__dataclass_fields__)
+
 
 @dataclass(frozen=True)
 class Tenant:
@@ -91,6 +107,8 @@ class GpuState:
         self._totals_of: list[Tenant] | None = None
         self._totals_len = 0
         self._totals = (0, 0, 0, 0)
+        self._measured = (0, 0)
+        self._signature: tuple[object, ...] | None = None
 
     def totals(self) -> tuple[int, int, int, int]:
         """(allocated percent, memory, MPS client processes, latency-class tenants) over the
@@ -98,18 +116,61 @@ class GpuState:
         until ``tenants`` is replaced by another list or grows (the controller's view replaces
         the list on every change, the simulator appends): never edit a tenant list in place
         otherwise."""
-        tenants = self.tenants
-        if self._totals_of is not tenants or self._totals_len != len(tenants):
-            used = memory = clients = latency = 0
-            for t in tenants:
-                used += t.percent
-                memory += t.memory_bytes
-                clients += t.processes
-                if t.gpu_class == CLASS_LATENCY:
-                    latency += 1
-            self._totals = (used, memory, clients, latency)
-            self._totals_of, self._totals_len = tenants, len(tenants)
+        if self._totals_of is not self.tenants or self._totals_len != len(self.tenants):
+            self._recount()
         return self._totals
+
+    def measured_tenants(self) -> tuple[int, int]:
+        """(tenants with a measured profile, of which latency-class): whether interference
+        admission and cost have anything to predict here (kept like :meth:`totals`)."""
+        if self._totals_of is not self.tenants or self._totals_len != len(self.tenants):
+            self._recount()
+        return self._measured
+
+    def signature(self) -> tuple[object, ...] | None:
+        """Everything placement reads of this GPU for a pod without a profile, or None when a
+        tenant has a measured profile (interference then makes the tenants themselves matter):
+        GPUs with equal signatures are interchangeable for such pods (the placer's memo,
+        :func:`gpushare.packing.placer.node_signature`). Kept like :meth:`totals`; the GPU's
+        own fields (health, model, memory, client limit) are fixed once it is made."""
+        if self._totals_of is not self.tenants or self._totals_len != len(self.tenants):
+            self._recount()
+        return self._signature
+
+    def _recount(self) -> None:
+        tenants = self.tenants
+        used = memory = clients = latency = profiled = profiled_latency = 0
+        tenancies: set[str | None] = set()
+        for t in tenants:
+            used += t.percent
+            memory += t.memory_bytes
+            clients += t.processes
+            is_latency = t.gpu_class == CLASS_LATENCY
+            if is_latency:
+                latency += 1
+            if t.profile is not None:
+                profiled += 1
+                if is_latency:
+                    profiled_latency += 1
+            tenancies.add(t.tenancy)
+        self._totals = (used, memory, clients, latency)
+        self._measured = (profiled, profiled_latency)
+        self._signature = (
+            None
+            if profiled
+            else (
+                used,
+                self.healthy,
+                self.model,
+                self.memory_bytes,
+                memory,
+                self.max_clients,
+                clients,
+                latency,
+                tuple(sorted((t is None, t or "") for t in tenancies)),
+            )
+        )
+        self._totals_of, self._totals_len = tenants, len(tenants)
 
     @property
     def used_percent(self) -> int:

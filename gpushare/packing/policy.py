@@ -160,7 +160,7 @@ def option_cost(
 ) -> float:
     """The gpushare policy's cost of one placement option (lower is better), GPU-percent."""
     cost = base_cost(option)
-    if option.gpus and not demand.whole and interference_weight > 0:
+    if demand.profile is not None and option.gpus and not demand.whole and interference_weight > 0:
         gpu = node.gpus[option.gpus[0]]
         threads = assign_thread_percent(demand, gpu)
         cost += interference_weight * interference_delta(gpu, demand, threads, model)

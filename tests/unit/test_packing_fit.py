@@ -22,14 +22,14 @@ def test_30_percent_pod_never_lands_on_two_15_percent_holes() -> None:
     demand = Demand(percent=30)
     assert fit_reason(node.gpus[0], demand) == "needs 30% compute, GPU has 15% free"
     reason = node_fit_reason(node, demand)
-    assert reason is not None and "needs 30% compute, GPU has 15% free" in reason
+    assert reason == "no GPU fits (needs 30% compute free)"
     for policy in Policy:
         assert choose_gpus(node, demand, policy=policy) is None
 
 
 def test_unhealthy_gpu_is_refused_with_its_name() -> None:
     sick = gpu("GPU-bad", healthy=False)
-    assert fit_reason(sick, Demand(percent=10)) == "GPU GPU-bad is unhealthy"
+    assert fit_reason(sick, Demand(percent=10)) == "GPU is unhealthy"
 
 
 def test_memory_cap_larger_than_free_memory_is_refused() -> None:
@@ -78,7 +78,9 @@ def test_whole_gpu_demand_needs_an_idle_gpu() -> None:
 def test_multi_gpu_pod_needs_that_many_idle_gpus() -> None:
     node = NodeState("n1", [gpu("g0"), gpu("g1", 10), gpu("g2")])
     assert node_fit_reason(node, Demand(percent=100, gpus=2)) is None
-    assert node_fit_reason(node, Demand(percent=100, gpus=3)) == "needs 3 idle GPUs, node has 2"
+    assert node_fit_reason(node, Demand(percent=100, gpus=3)) == (
+        "needs 3 idle GPUs, node has 2 (needs a whole GPU, none idle)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -97,9 +99,20 @@ def test_host_cpu_and_memory_are_checked_when_tracked(
     assert node_fit_reason(node, demand) == expected
 
 
-def test_node_without_room_lists_its_gpus_reasons() -> None:
+def test_node_without_room_lists_what_its_gpus_lack() -> None:
     node = NodeState("n1", [gpu("g0", 90), gpu("g1", healthy=False)])
     reason = node_fit_reason(node, Demand(percent=20))
-    assert reason == (
-        "no GPU fits (g0: needs 20% compute, GPU has 10% free; g1: GPU g1 is unhealthy)"
+    assert reason == "no GPU fits (unhealthy GPU; needs 20% compute free)"
+
+
+def test_nodes_short_of_the_same_things_give_the_same_words() -> None:
+    """kube-scheduler counts equal reasons as one line of its event: a node's reason names no
+    GPU and no GPU's numbers, only what the pod lacks there."""
+    a = NodeState("a", [gpu("a0", 90), gpu("a1", 90), gpu("a2", 95)])
+    b = NodeState("b", [gpu("b0", 75, memory=8 * GIB), gpu("b1", 85)])
+    demand = Demand(percent=20, memory_bytes=10 * GIB)
+    assert node_fit_reason(a, demand) == "no GPU fits (needs 20% compute free)"
+    assert node_fit_reason(b, demand) == (
+        "no GPU fits (needs 20% compute free; needs 10Gi GPU memory free)"
     )
+    assert fit_reason(b.gpus[0], demand) == "needs 10Gi GPU memory, GPU has 2Gi free"

@@ -1,10 +1,18 @@
 """Placer: the one placement decision the extender and the simulator share."""
 
+import random
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from gpushare.packing.admission import Admission
+from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.fragmentation import TaskClass, Workload
 from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Demand, GpuState, NodeState, Tenant
 from gpushare.packing.placer import Placer, best_node, rank_scores
-from gpushare.packing.policy import DEFAULT_POLICY, Policy
+from gpushare.packing.policy import DEFAULT_POLICY, Policy, node_cost
 
 GIB = 1 << 30
 
@@ -84,3 +92,124 @@ def test_binpack_and_spread_stay_available() -> None:
         assert placer.version == 0
     workload = Workload([TaskClass(1, 100)])
     assert Placer(Policy.BINPACK, mix=PodMix(prior=workload)).workload is workload
+
+
+def _random_node(rng: random.Random, name: str) -> NodeState:
+    """A node in a random state: tenants of several sizes, classes, tenancies and memory."""
+    gpus: list[GpuState] = []
+    for i in range(rng.choice([1, 2, 4, 8])):
+        tenants: list[Tenant] = []
+        used = 0
+        for k in range(rng.randint(0, 3)):
+            percent = rng.choice([5, 10, 25, 30, 50])
+            if used + percent > 100:
+                break
+            used += percent
+            tenants.append(
+                Tenant(
+                    f"ns/{name}-{i}-{k}",
+                    percent,
+                    rng.choice([percent * 80 * GIB // 100, 40 * GIB]),
+                    gpu_class=rng.choice(["batch", "batch", "latency"]),
+                    processes=rng.choice([1, 1, 20]),
+                    tenancy=rng.choice(["a", "a", "b", None]),
+                )
+            )
+        gpus.append(
+            GpuState(
+                f"{name}-{i}",
+                80 * GIB,
+                model="H100",
+                index=i,
+                healthy=rng.random() > 0.05,
+                tenants=tenants,
+                max_clients=48,
+            )
+        )
+    return NodeState(
+        name,
+        gpus,
+        cpu_milli_free=rng.choice([None, 0, 4000, 16000]),
+        memory_free_bytes=rng.choice([None, 8 * GIB, 64 * GIB]),
+    )
+
+
+def _random_demand(rng: random.Random) -> Demand:
+    whole = rng.random() < 0.25
+    return Demand(
+        percent=100 if whole else rng.choice([5, 20, 30, 45, 60]),
+        gpus=rng.choice([1, 2, 4]) if whole else 1,
+        gpu_class=rng.choice(["batch", "latency"]),
+        memory_bytes=rng.choice([None, 30 * GIB]),
+        processes=rng.choice([1, 10]),
+        tenancy=rng.choice([None, "a", "b"]),
+        cpu_milli=rng.choice([0, 2000, 8000]),
+        host_memory_bytes=rng.choice([0, 16 * GIB]),
+    )
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_remembered_answers_are_the_answers_computed_afresh(policy: Policy) -> None:
+    """The placer answers a pod once per node state (docs/packing.md, "Speed"): every state
+    it tells apart must really give one answer. Nodes are made in pairs of the same state
+    with GPUs in another order, so each pair's second node is answered from memory."""
+    rng = random.Random(7)
+    placer = Placer(policy, admission=Admission())
+    fresh = Placer(policy, admission=Admission())
+    checked = 0
+    for n in range(300):
+        first = _random_node(rng, f"n{n}")
+        twin = NodeState(
+            f"t{n}",
+            [replace(g, uuid=f"t{n}-{g.index}", tenants=list(g.tenants)) for g in first.gpus[::-1]],
+            first.cpu_milli_free,
+            first.memory_free_bytes,
+        )
+        for _ in range(4):
+            demand = _random_demand(rng)
+            for state in (first, twin):
+                want_cost = node_cost(
+                    Admission().admitted(state, demand),
+                    demand,
+                    policy=policy,
+                    workload=fresh.workload,
+                    model=fresh.model,
+                )
+                assert placer.node_cost(state, demand) == want_cost, (state, demand)
+                assert placer.refusal(state, demand) == node_fit_reason(state, demand)
+                assert (placer.refusal(state, demand) is None) == (want_cost is not None)
+                checked += 1
+    assert checked == 2400
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_each_thing_placement_reads_of_a_gpu_tells_node_states_apart(policy: Policy) -> None:
+    """Nodes differing in one thing a pod's fit reads (a neighbour's tenancy, MPS clients,
+    class or memory; the GPU's health, model or client limit) must not share a remembered
+    answer: the pod fits on the first and not on any of the others."""
+
+    def one_gpu(name: str, tenant: Tenant, **gpu: Any) -> NodeState:
+        fields: dict[str, Any] = {"model": "H100", "healthy": True, "max_clients": 48, **gpu}
+        return NodeState(name, [GpuState(f"{name}-0", 80 * GIB, tenants=[tenant], **fields)])
+
+    tenant = Tenant("ns/a", 50, 40 * GIB, tenancy="a")
+    states = [
+        one_gpu("fits", tenant),
+        one_gpu("tenancy", replace(tenant, tenancy="b")),
+        one_gpu("clients", replace(tenant, processes=48)),
+        one_gpu("latency", replace(tenant, gpu_class="latency")),
+        one_gpu("memory", replace(tenant, memory_bytes=70 * GIB)),
+        one_gpu("health", tenant, healthy=False),
+        one_gpu("model", tenant, model="A100"),
+        one_gpu("limit", tenant, max_clients=1),
+    ]
+    demand = Demand(
+        percent=30, gpu_class="latency", memory_bytes=20 * GIB, tenancy="a", gpu_model="H100"
+    )
+    placer = Placer(policy)
+    costs = {s.name: placer.node_cost(s, demand) for s in states}
+    reasons = {s.name: placer.refusal(s, demand) for s in states}
+    assert costs["fits"] is not None and reasons["fits"] is None
+    refused = {name for name, cost in costs.items() if cost is None}
+    assert refused == {s.name for s in states} - {"fits"}
+    assert all(reasons[name] for name in refused)

@@ -98,5 +98,6 @@ def test_bind_and_reserve_honour_the_boundary_too() -> None:
     ext = Extender(view=view, writer=store, hold_in_filter=False)
     ext.offers.offer("beta/b", "", ["n0"])  # as if filter had passed n0 (it would not)
     error = asyncio.run(ext.bind(BindingArgs("b", "beta", pod["metadata"]["uid"], "n0")))["Error"]
-    assert "tenancy 'alpha'" in error
+    assert "GPU shared by another tenancy than 'beta'" in error
+    assert "alpha" not in error  # beta's pod events do not name another tenant's namespace
     assert "nodeName" not in pod["spec"]
