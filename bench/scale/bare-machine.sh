@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the scale bench on a bare machine that has python3 and nothing of this project's
+# Run the scale bench (or the openb replay) on a bare machine that has python3 and nothing of
+# this project's
 # toolchain: no Go, no cached Kubernetes binaries, no project virtualenv, possibly no openssl,
 # curl or kubectl, and no network. Everything comes from a "pack" directory made on a
 # development machine (see docs/scale.md, "On another machine"):
@@ -7,15 +8,17 @@
 #   PACK/*.tar.xz   tar archives holding kube-apiserver, kube-scheduler, etcd and kwok (one
 #                   or several parts; each is unpacked into BIN_DIR and kept there)
 #   PACK/pki/       a CA, certificates and keys from `hack/kwok-cluster.sh pki DIR`
-#   PACK/traces/    the openb pod list (openb_pod_list_default.csv)
+#   PACK/traces/    the openb lists the bench reads (openb_pod_list_default.csv; the replay
+#                   also needs openb_node_list_gpu_node.csv and each pod list it replays)
 #   WHEELS/*.whl    (optional) wheels of the Python packages the bench and controller import,
 #                   installed with pip --target when python3 cannot import them
 #
-#   bench/scale/bare-machine.sh [--unpack-only] PACK OUT [WHEELS] [-- bench.scale.run args...]
+#   bench/scale/bare-machine.sh [--unpack-only] PACK OUT [WHEELS] [-- bench args...]
 #
 # --unpack-only unpacks the archives and stops (a first call when the parts do not travel
-# together). Results go to OUT: scale.json, scale.md, bench.log, machine.txt, logs.tgz.
-# Settings: BIN_DIR (default /tmp/gpushare-scale-bin), SITE_DIR (default /tmp/gpushare-scale-site),
+# together). Results go to OUT: scale.json, scale.md (or openb-replay.*), bench.log,
+# machine.txt, logs.tgz. Settings: BENCH (scale, the default, or replay: bench.BENCH.run),
+# BIN_DIR (default /tmp/gpushare-scale-bin), SITE_DIR (default /tmp/gpushare-scale-site),
 # PYTHON (default python3).
 set -euo pipefail
 unpack_only=0
@@ -31,6 +34,12 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN_DIR=${BIN_DIR:-/tmp/gpushare-scale-bin}
 SITE_DIR=${SITE_DIR:-/tmp/gpushare-scale-site}
 PYTHON=${PYTHON:-python3}
+BENCH=${BENCH:-scale}
+case $BENCH in
+  scale) result=scale ;;
+  replay) result=openb-replay ;;
+  *) echo "bare-machine: BENCH must be scale or replay, not '$BENCH'" >&2; exit 2 ;;
+esac
 NEEDED=(kube-apiserver kube-scheduler etcd kwok)
 mkdir -p "$out" "$BIN_DIR"
 say() { printf '%s bare-machine: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -85,7 +94,7 @@ traces=()
 logs=$(mktemp -d)
 rc=0
 cd "$repo"
-"$PYTHON" -m bench.scale.run "${traces[@]}" --out "$out/scale" --logs "$logs" "$@" \
+"$PYTHON" -m "bench.$BENCH.run" "${traces[@]}" --out "$out/$result" --logs "$logs" "$@" \
   2>&1 | tee "$out/bench.log" || rc=$?
 tar -C "$logs" -czf "$out/logs.tgz" . || true
 rm -rf "$logs"

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, Protocol, TypeVar
 
 from gpushare.api.errors import InvalidInputError
@@ -161,7 +162,9 @@ def pod_rules(pod: Mapping[str, Any], *, granted: bool = True) -> ShareRules:
     )
 
 
+@lru_cache(maxsize=4096)
 def _prefixed(reason: str) -> str:
+    """The scheduler's words for a refusal (few distinct ones: they name no GPU)."""
     return scheduler_safe(reason if reason.startswith("gpushare") else f"gpushare: {reason}")
 
 
@@ -205,7 +208,7 @@ class Extender:
         self._costs: dict[Demand, dict[str, tuple[int, float | None]]] = {}
         self._costs_version = self.placer.version
         self._signatures: dict[str, tuple[int, tuple[object, ...] | None]] = {}
-        self._empty_signatures: dict[str, tuple[NodeState, tuple[object, ...] | None]] = {}
+        self._empty_refusals: dict[Demand, dict[str, tuple[NodeState, str | None]]] = {}
         self._demands: dict[Demand, Demand] = {}
         self._cached = 0
         self.refused = RefusedPods()
@@ -480,6 +483,21 @@ class Extender:
             if hit is not None and hit[0] == version:
                 return hit[1], hit[2]
         node, refusal = self._node(name, key, rules)
+        verdict, message = self._judge(name, node, refusal, demand, version)
+        if cached:
+            self._remember(self._verdicts, demand, name, (version, verdict, message))
+        return verdict, message
+
+    def _judge(
+        self,
+        name: str,
+        node: NodeState | None,
+        refusal: str | None,
+        demand: Demand,
+        version: int,
+    ) -> tuple[str, str]:
+        """The verdict on ``node`` (as the pod sees it, narrowed by its rules with ``refusal``
+        the first rule that took a GPU away)."""
         if node is None or (not node.gpus and refusal is None):
             problem = self.view.node_problem(name)
             return _UNRESOLVABLE, (
@@ -488,25 +506,15 @@ class Extender:
         signature = self._signature(name, node, version)
         reason = self.placer.refusal(node, demand, signature=signature) if node.gpus else refusal
         if reason is None:
-            verdict, message = _PASS, ""
-        elif refusal is not None:
+            return _PASS, ""
+        if refusal is not None:
             # Rules took GPUs away; pods leaving (or a profile stored) can give them back.
             detail = refusal if reason == refusal else f"{refusal}; on its other GPUs: {reason}"
-            verdict, message = _FAILED, _prefixed(detail)
-        else:
-            empty = self.view.empty_node(name)
-            empty_reason = (
-                self.placer.refusal(empty, demand, signature=self._empty_signature(name, empty))
-                if empty is not None
-                else reason
-            )
-            if empty_reason is not None:
-                verdict, message = _UNRESOLVABLE, _prefixed(empty_reason)
-            else:
-                verdict, message = _FAILED, _prefixed(reason)
-        if cached:
-            self._remember(self._verdicts, demand, name, (version, verdict, message))
-        return verdict, message
+            return _FAILED, _prefixed(detail)
+        empty_reason = self._empty_refusal(name, demand, reason)
+        if empty_reason is not None:
+            return _UNRESOLVABLE, _prefixed(empty_reason)
+        return _FAILED, _prefixed(reason)
 
     def _cost_cache(self) -> dict[Demand, dict[str, tuple[int, float | None]]]:
         """The cost cache, emptied when the placer's mix was refit (every cost may move)."""
@@ -559,13 +567,19 @@ class Extender:
         self._signatures[name] = (version, signature)
         return signature
 
-    def _empty_signature(self, name: str, empty: NodeState) -> tuple[object, ...] | None:
-        hit = self._empty_signatures.get(name)
+    def _empty_refusal(self, name: str, demand: Demand, reason: str) -> str | None:
+        """Why the pod would not fit on node ``name`` even with no tenants (``reason`` when
+        the view has no empty node for it): kept per pod shape until the node's inventory
+        changes (a new empty node)."""
+        empty = self.view.empty_node(name)
+        if empty is None:
+            return reason
+        hit = self._empty_refusals.get(demand, {}).get(name)
         if hit is not None and hit[0] is empty:
             return hit[1]
-        signature = gpu_signature(empty)
-        self._empty_signatures[name] = (empty, signature)
-        return signature
+        refusal = self.placer.refusal(empty, demand)
+        self._remember(self._empty_refusals, demand, name, (empty, refusal))
+        return refusal
 
     def _remember(
         self, cache: dict[Demand, dict[str, _V]], demand: Demand, name: str, value: _V
@@ -575,6 +589,7 @@ class Extender:
         if self._cached > CACHE_LIMIT:
             self._verdicts.clear()
             self._costs.clear()
+            self._empty_refusals.clear()
             self._cached = 1
         cache.setdefault(demand, {})[name] = value
 

@@ -23,7 +23,8 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 def test_fit_refuses_a_gpu_holding_another_tenancys_pod_and_says_why() -> None:
     g = GpuState("G0", 80 * GIB, tenants=[Tenant("alpha/a", 10, GIB, tenancy="alpha")])
     reason = fit_reason(g, Demand(percent=10, tenancy="beta"))
-    assert reason is not None and "'alpha'" in reason and "sharing group" in reason
+    assert reason is not None and "another tenancy" in reason and "sharing group" in reason
+    assert "alpha" not in reason  # the refused pod's owner reads it: no other tenant named
     assert fit_reason(g, Demand(percent=10, tenancy="alpha")) is None
     assert fit_reason(g, Demand(percent=10)) is None  # no boundary (simulations)
     unknown = GpuState("G1", 80 * GIB, tenants=[Tenant("x/a", 10, GIB)])
