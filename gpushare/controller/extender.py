@@ -17,13 +17,16 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import lru_cache
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import SCHEDULER_NAME, SLICES_PER_GPU, STATE_ASSUMED
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.controller import pods
+from gpushare.controller.answers import FAILED as _FAILED
+from gpushare.controller.answers import PASS as _PASS
+from gpushare.controller.answers import UNRESOLVABLE as _UNRESOLVABLE
+from gpushare.controller.answers import Answer, StateAnswers, prefixed, scheduler_safe
 from gpushare.controller.host_resources import pod_requests
 from gpushare.controller.offers import Offers
 from gpushare.controller.requeue import RefusedPods
@@ -39,7 +42,7 @@ from gpushare.controller.view import ClusterView, Reservation, ReservationError
 from gpushare.packing.admission import Admission
 from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.model import Assignment, Demand, NodeState
-from gpushare.packing.placer import Placer, best_node, gpu_signature, rank_scores
+from gpushare.packing.placer import Placer, best_node, rank_scores
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
 
 log = logging.getLogger(__name__)
@@ -54,12 +57,8 @@ NO_INVENTORY = (
 
 HOLD_SECONDS = 30.0
 """A share held by filter (``hold_in_filter``) lapses if no bind for the pod comes in time."""
-CACHE_LIMIT = 200_000
-"""Entries per answer cache (node x pod shape) before it is dropped and refilled."""
 INTERNED_LIMIT = 10_000
 """Pod shapes the extender keeps one object of (:meth:`Extender._intern`)."""
-_PASS, _FAILED, _UNRESOLVABLE = "pass", "failed", "unresolvable"
-_V = TypeVar("_V")
 
 
 class BadRequestError(ValueError):
@@ -162,18 +161,6 @@ def pod_rules(pod: Mapping[str, Any], *, granted: bool = True) -> ShareRules:
     )
 
 
-@lru_cache(maxsize=4096)
-def _prefixed(reason: str) -> str:
-    """The scheduler's words for a refusal (few distinct ones: they name no GPU)."""
-    return scheduler_safe(reason if reason.startswith("gpushare") else f"gpushare: {reason}")
-
-
-def scheduler_safe(message: str) -> str:
-    """kube-scheduler passes extender messages through a printf-style event formatter, where
-    "41% compute" turns into "41%!c(MISSING)ompute": spell percent signs out."""
-    return message.replace("%", " percent")
-
-
 class Extender:
     """The three verbs over one view; the HTTP layer (server.py) only parses and times."""
 
@@ -202,13 +189,8 @@ class Extender:
         self._node_locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._node_events: dict[str, asyncio.Event] = {}
         view.allocation_listeners.append(self._wake)
-        # Answer caches by pod shape, then node: the shape (a dataclass, slow to hash) is
-        # hashed once per call, and each node costs one str-keyed lookup.
-        self._verdicts: dict[Demand, dict[str, tuple[int, str, str]]] = {}
-        self._costs: dict[Demand, dict[str, tuple[int, float | None]]] = {}
-        self._costs_version = self.placer.version
-        self._signatures: dict[str, tuple[int, tuple[object, ...] | None]] = {}
-        self._empty_refusals: dict[Demand, dict[str, tuple[NodeState, str | None]]] = {}
+        self.answers = StateAnswers(view=view, placer=self.placer)
+        """Costs and verdicts per pod shape and node state (shared by every node in it)."""
         self._demands: dict[Demand, Demand] = {}
         self._cached = 0
         self.refused = RefusedPods()
@@ -247,27 +229,35 @@ class Extender:
         demand = self._intern(with_profile(demand, rules))
         hold = self._hold_reason(rules)
         if hold is not None:
-            message = _prefixed(hold)
+            message = prefixed(hold)
             return self._filter_result(args, [], {}, dict.fromkeys(args.node_names, message))
         key = pods.pod_key(args.pod)
         own = self._own_nodes(key)
-        versions = self.view.node_versions
         constrained = rules.constrains_gpus
+        # Answers kept per node state hold for this pod unless its own rules, or others',
+        # narrow a node (then each node is asked afresh, see _shared_state).
+        fast = not constrained and not self.view.any_blockers
+        versions = self.view.node_versions
         uid = pods.pod_uid(args.pod)
         if self.hold_in_filter and self._may_hold(key, uid):
             # The placer's cost is None exactly where the pod does not fit: rank by it first;
             # per-node reasons are only worth working out when no node is left (the scheduler
             # reads them only then, for its events and for preemption).
-            cost_hits = self._cost_cache().get(demand, {}) if not constrained else {}
             fitting: list[str] = []
             costs: list[float] = []
+            named = self.answers.named(demand) if fast else {}
+            mix = self.placer.version
             for name in args.node_names:
-                mine = name in own
-                chit = cost_hits.get(name)
-                if chit is not None and chit[0] == versions.get(name, 0) and not mine:
-                    cost = chit[1]  # the common case, inlined
+                hit = named.get(name)
+                if hit is not None and hit[0] == versions.get(name, 0) and name not in own:
+                    answer = hit[1]  # the common case, inlined
+                    cost = (
+                        answer.cost
+                        if answer.cost_holds(mix)
+                        else self.answers.cost(answer, name, demand)
+                    )
                 else:
-                    cost = self._cost(name, key, demand, rules, cached=not mine and not constrained)
+                    cost = self._cost(name, key, demand, rules, shared=name not in own)
                 if cost is not None:
                     fitting.append(name)
                     costs.append(cost)
@@ -279,16 +269,19 @@ class Extender:
                     # (hundreds of entries per call to encode and decode): none are sent.
                     self.offers.offer(key, uid, (best,))
                     return self._filter_result(args, [best], {}, {})
-        hits = self._verdicts.get(demand, {}) if not constrained else {}
+        named = self.answers.named(demand) if fast else {}
         for name in args.node_names:
-            version = versions.get(name, 0)
-            mine = name in own
-            hit = hits.get(name)
-            if hit is not None and hit[0] == version and not mine:
-                verdict, message = hit[1], hit[2]  # the common case, inlined
+            hit = named.get(name)
+            if (
+                hit is not None
+                and hit[1].verdict is not None
+                and hit[0] == versions.get(name, 0)
+                and name not in own
+            ):
+                verdict, message = hit[1].verdict  # the common case, inlined
             else:
-                cached = not mine and not constrained
-                verdict, message = self._verdict(name, key, demand, rules, cached=cached)
+                shared = not constrained and name not in own
+                verdict, message = self._verdict(name, key, demand, rules, shared=shared)
             if verdict == _PASS:
                 passed.append(name)
             elif verdict == _FAILED:
@@ -427,13 +420,13 @@ class Extender:
             if self.view.node(name) is None:
                 out[name] = 0.0
             else:
-                out[name] = self._cost(name, key, demand, NO_RULES, cached=True)
+                out[name] = self._cost(name, key, demand, NO_RULES, shared=True)
         return out
 
     def _host_refusal(self, name: str, key: str, demand: Demand) -> str:
         node = self.view.node_for(name, key)
         reason = node_fit_reason(node, demand) if node is not None else None
-        return _prefixed(reason or "the node's CPU or memory is taken")
+        return prefixed(reason or "the node's CPU or memory is taken")
 
     def _pending_alike(self, node: str, key: str, size: int) -> bool:
         """A bind of this pod to ``node`` would wait at the gate: a pod of the same size (or
@@ -473,76 +466,54 @@ class Extender:
         )
 
     def _verdict(
-        self, name: str, key: str, demand: Demand, rules: ShareRules, *, cached: bool
+        self, name: str, key: str, demand: Demand, rules: ShareRules, *, shared: bool
     ) -> tuple[str, str]:
-        """(pass|failed|unresolvable, message) for one node, cached per node version: between
-        two changes of a node, every pod of the same shape gets the same answer there."""
-        version = self.view.node_version(name)
-        if cached:
-            hit = self._verdicts.get(demand, {}).get(name)
-            if hit is not None and hit[0] == version:
-                return hit[1], hit[2]
+        """(pass|failed|unresolvable, message) for one node: from the answers kept per node
+        state when the pod's own rules and placements do not single it out (``shared``) and
+        nobody's rules narrow the node, else worked out for this pod."""
         node, refusal = self._node(name, key, rules)
-        verdict, message = self._judge(name, node, refusal, demand, version)
-        if cached:
-            self._remember(self._verdicts, demand, name, (version, verdict, message))
-        return verdict, message
-
-    def _judge(
-        self,
-        name: str,
-        node: NodeState | None,
-        refusal: str | None,
-        demand: Demand,
-        version: int,
-    ) -> tuple[str, str]:
-        """The verdict on ``node`` (as the pod sees it, narrowed by its rules with ``refusal``
-        the first rule that took a GPU away)."""
+        answer = self._shared_answer(name, node, refusal, demand) if shared else None
+        if answer is not None:
+            return self.answers.verdict(answer, name, demand)
         if node is None or (not node.gpus and refusal is None):
             problem = self.view.node_problem(name)
             return _UNRESOLVABLE, (
                 scheduler_safe(f"gpushare: {problem}") if problem else NO_INVENTORY
             )
-        signature = self._signature(name, node, version)
-        reason = self.placer.refusal(node, demand, signature=signature) if node.gpus else refusal
+        reason = self.placer.refusal(node, demand) if node.gpus else refusal
         if reason is None:
             return _PASS, ""
         if refusal is not None:
             # Rules took GPUs away; pods leaving (or a profile stored) can give them back.
             detail = refusal if reason == refusal else f"{refusal}; on its other GPUs: {reason}"
-            return _FAILED, _prefixed(detail)
-        empty_reason = self._empty_refusal(name, demand, reason)
+            return _FAILED, prefixed(detail)
+        empty = self.view.empty_node(name)
+        empty_reason = self.placer.refusal(empty, demand) if empty is not None else reason
         if empty_reason is not None:
-            return _UNRESOLVABLE, _prefixed(empty_reason)
-        return _FAILED, _prefixed(reason)
-
-    def _cost_cache(self) -> dict[Demand, dict[str, tuple[int, float | None]]]:
-        """The cost cache, emptied when the placer's mix was refit (every cost may move)."""
-        version = self.placer.version
-        if version != self._costs_version:
-            self._costs.clear()
-            self._costs_version = version
-        return self._costs
+            return _UNRESOLVABLE, prefixed(empty_reason)
+        return _FAILED, prefixed(reason)
 
     def _cost(
-        self, name: str, key: str, demand: Demand, rules: ShareRules, *, cached: bool
+        self, name: str, key: str, demand: Demand, rules: ShareRules, *, shared: bool
     ) -> float | None:
         """The placer's exact cost of the pod on node ``name`` (None: it does not fit there),
-        cached per node version and mix refit."""
-        version = self.view.node_version(name)
-        cache = self._cost_cache()
-        if cached:
-            hit = cache.get(demand, {}).get(name)
-            if hit is not None and hit[0] == version:
-                return hit[1]
-        node, _ = self._node(name, key, rules)
-        cost: float | None = None
+        from the answers kept per node state when ``shared`` (see :meth:`_verdict`)."""
+        node, refusal = self._node(name, key, rules)
+        answer = self._shared_answer(name, node, refusal, demand) if shared else None
+        if answer is not None:
+            return self.answers.cost(answer, name, demand)
         if node is not None and (node.gpus or demand.gpus <= 0):
-            signature = self._signature(name, node, version)
-            cost = self.placer.node_cost(node, demand, signature=signature)
-        if cached:
-            self._remember(cache, demand, name, (version, cost))
-        return cost
+            return self.placer.node_cost(node, demand)
+        return None
+
+    def _shared_answer(
+        self, name: str, node: NodeState | None, refusal: str | None, demand: Demand
+    ) -> Answer | None:
+        """The answer kept for the node's state, or None when this pod's view of the node is
+        not the view's own (rules narrowed it) or the node's answers are not shared."""
+        if node is None or refusal is not None or node is not self.view.node(name):
+            return None
+        return self.answers.answer(name, demand)
 
     def _intern(self, demand: Demand) -> Demand:
         """One object per pod shape: the answer caches are keyed by shape, and a lookup with
@@ -554,44 +525,6 @@ class Extender:
             self._demands.clear()
         self._demands[demand] = demand
         return demand
-
-    def _signature(self, name: str, node: NodeState, version: int) -> tuple[object, ...] | None:
-        """The view's node's :func:`~gpushare.packing.placer.gpu_signature`, kept per node
-        version (cost and refusal both read it); None for a node narrowed for one pod."""
-        if node is not self.view.node(name):
-            return None
-        hit = self._signatures.get(name)
-        if hit is not None and hit[0] == version:
-            return hit[1]
-        signature = gpu_signature(node)
-        self._signatures[name] = (version, signature)
-        return signature
-
-    def _empty_refusal(self, name: str, demand: Demand, reason: str) -> str | None:
-        """Why the pod would not fit on node ``name`` even with no tenants (``reason`` when
-        the view has no empty node for it): kept per pod shape until the node's inventory
-        changes (a new empty node)."""
-        empty = self.view.empty_node(name)
-        if empty is None:
-            return reason
-        hit = self._empty_refusals.get(demand, {}).get(name)
-        if hit is not None and hit[0] is empty:
-            return hit[1]
-        refusal = self.placer.refusal(empty, demand)
-        self._remember(self._empty_refusals, demand, name, (empty, refusal))
-        return refusal
-
-    def _remember(
-        self, cache: dict[Demand, dict[str, _V]], demand: Demand, name: str, value: _V
-    ) -> None:
-        """Store one answer; past CACHE_LIMIT entries both caches start over."""
-        self._cached += 1
-        if self._cached > CACHE_LIMIT:
-            self._verdicts.clear()
-            self._costs.clear()
-            self._empty_refusals.clear()
-            self._cached = 1
-        cache.setdefault(demand, {})[name] = value
 
     @staticmethod
     def _filter_result(
@@ -642,7 +575,7 @@ class Extender:
                     key,
                     demand,
                     rules,
-                    cached=name not in own and not rules.constrains_gpus,
+                    shared=name not in own and not rules.constrains_gpus,
                 )
                 for name in args.node_names
             }
