@@ -245,19 +245,17 @@ class Extender:
             # reads them only then, for its events and for preemption).
             fitting: list[str] = []
             costs: list[float] = []
-            named = self.answers.named(demand) if fast else {}
             mix = self.placer.version
             for name in args.node_names:
-                hit = named.get(name)
-                if hit is not None and hit[0] == versions.get(name, 0) and name not in own:
-                    answer = hit[1]  # the common case, inlined
-                    cost = (
-                        answer.cost
-                        if answer.cost_holds(mix)
-                        else self.answers.cost(answer, name, demand)
-                    )
-                else:
+                answer = (
+                    self._fast_answer(name, demand, versions) if fast and name not in own else None
+                )
+                if answer is None:
                     cost = self._cost(name, key, demand, rules, shared=name not in own)
+                elif answer.cost_holds(mix):
+                    cost = answer.cost  # the common case, inlined
+                else:
+                    cost = self.answers.cost(answer, name, demand)
                 if cost is not None:
                     fitting.append(name)
                     costs.append(cost)
@@ -269,19 +267,13 @@ class Extender:
                     # (hundreds of entries per call to encode and decode): none are sent.
                     self.offers.offer(key, uid, (best,))
                     return self._filter_result(args, [best], {}, {})
-        named = self.answers.named(demand) if fast else {}
         for name in args.node_names:
-            hit = named.get(name)
-            if (
-                hit is not None
-                and hit[1].verdict is not None
-                and hit[0] == versions.get(name, 0)
-                and name not in own
-            ):
-                verdict, message = hit[1].verdict  # the common case, inlined
-            else:
+            answer = self._fast_answer(name, demand, versions) if fast and name not in own else None
+            if answer is None:
                 shared = not constrained and name not in own
                 verdict, message = self._verdict(name, key, demand, rules, shared=shared)
+            else:
+                verdict, message = answer.verdict or self.answers.verdict(answer, name, demand)
             if verdict == _PASS:
                 passed.append(name)
             elif verdict == _FAILED:
@@ -505,6 +497,15 @@ class Extender:
         if node is not None and (node.gpus or demand.gpus <= 0):
             return self.placer.node_cost(node, demand)
         return None
+
+    def _fast_answer(self, name: str, demand: Demand, versions: Mapping[str, int]) -> Answer | None:
+        """The kept answer for ``demand`` on node ``name`` when neither the pod's rules nor
+        anyone else's narrow nodes (the caller checks): the node's own pointer when it did not
+        change since, else its state's answer; None when the node's answers are not shared."""
+        hit = self.answers.named(demand).get(name)
+        if hit is not None and hit[0] == versions.get(name, 0):
+            return hit[1]
+        return self.answers.answer(name, demand)
 
     def _shared_answer(
         self, name: str, node: NodeState | None, refusal: str | None, demand: Demand
