@@ -2,7 +2,7 @@
 # Generate the Python stubs (+ .pyi) of the kubelet gRPC APIs gpushare speaks, from the .proto
 # files kept in the repo. Usage: hack/gen-protos.sh [OUT_DIR]   (default: the repo root)
 # Protos are compiled with the repo root as include path, so their descriptor names are unique
-# ("gpushare/deviceplugin/v1beta1/api.proto") and both api.proto files load in one process.
+# ("gpushare/node/deviceplugin/v1beta1/api.proto") and both api.proto files load in one process.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${1:-$root}
@@ -11,8 +11,8 @@ python=${PYTHON:-$root/.venv/bin/python}
 # --pyi_out stubs use bare generics that mypy --strict rejects, and it writes none for *_pb2_grpc.
 bin=$(dirname "$python")
 protos=(
-  gpushare/deviceplugin/v1beta1/api.proto
-  gpushare/deviceplugin/podresources/v1/api.proto
+  gpushare/node/deviceplugin/v1beta1/api.proto
+  gpushare/node/deviceplugin/podresources/v1/api.proto
 )
 mkdir -p "$out"
 cd "$root"

@@ -38,15 +38,15 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
 )
 from gpushare.api.placement import format_time
-from gpushare.deviceplugin.allocation import Allocator
-from gpushare.deviceplugin.devices import device_id
-from gpushare.deviceplugin.health import DeviceHealth
-from gpushare.deviceplugin.plugin import wait_until_accepting
-from gpushare.deviceplugin.server import DevicePluginServicer
-from gpushare.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from gpushare.gpu.simulated import SimulatedBackend
-from gpushare.mps.manager import MpsManager
+from gpushare.node.deviceplugin.allocation import Allocator
+from gpushare.node.deviceplugin.devices import device_id
+from gpushare.node.deviceplugin.health import DeviceHealth
+from gpushare.node.deviceplugin.plugin import wait_until_accepting
+from gpushare.node.deviceplugin.server import DevicePluginServicer
+from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from gpushare.node.gpu.simulated import SimulatedBackend
 from gpushare.node.kube import NodeKube
+from gpushare.node.mps.manager import MpsManager
 
 LABEL = {"gpushare.io/bench": "allocate-latency"}
 SIZES = (5, 10, 15, 20)

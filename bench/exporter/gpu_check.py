@@ -5,7 +5,7 @@ Run on a Hopper GPU node (H100/H200), as root so the load can be put into a pod-
 
     python3 bench/exporter/gpu_check.py --out gpu_check.json
 
-The exporter runs in this process over the real NVML backend (gpushare.gpu.nvml) exactly as in
+The exporter runs in this process over the real NVML backend (gpushare.node.gpu.nvml) exactly as in
 the node agent: background sampler, per-scrape collector, profiler. Each load (bf16, fp32, fp64
 GEMM) runs in its own CUDA process; the readings are the profiler's windowed averages over the
 load's steady state, and the process's memory as the collector exports it. Where the machine
@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from gpushare.exporter import PodAllocation, SamplerSettings, build_exporter  # noqa: E402
-from gpushare.gpu.nvml import NvmlBackend  # noqa: E402
+from gpushare.node.exporter import PodAllocation, SamplerSettings, build_exporter  # noqa: E402
+from gpushare.node.gpu.nvml import NvmlBackend  # noqa: E402
 
 GIB = 2**30
 EXTRA_GIB = 2

@@ -29,11 +29,11 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from gpushare.exporter import PodAllocation, SamplerSettings, build_exporter  # noqa: E402
-from gpushare.exporter.runner import SimulatedPodProcesses  # noqa: E402
-from gpushare.exporter.server import start_http_server  # noqa: E402
-from gpushare.gpu.backend import GpuProcess  # noqa: E402
-from gpushare.gpu.simulated import SimulatedBackend  # noqa: E402
+from gpushare.node.exporter import PodAllocation, SamplerSettings, build_exporter  # noqa: E402
+from gpushare.node.exporter.runner import SimulatedPodProcesses  # noqa: E402
+from gpushare.node.exporter.server import start_http_server  # noqa: E402
+from gpushare.node.gpu.backend import GpuProcess  # noqa: E402
+from gpushare.node.gpu.simulated import SimulatedBackend  # noqa: E402
 
 GPUS = 8
 PODS = 50

@@ -1,6 +1,6 @@
 """Extender latency: filter + prioritize for one pod against N nodes x G GPUs, over real HTTP.
 
-The real controller server (gpushare.controller.server.extender_app over aiohttp) runs in this
+The real controller server (gpushare.cluster.server.extender_app over aiohttp) runs in this
 process with its view filled with synthetic but realistic state (every GPU holds 0-4 tenants of
 5-30%). A client in the same event loop then plays kube-scheduler for a stream of pods:
 
@@ -50,11 +50,11 @@ from gpushare.api.names import (  # noqa: E402
     STATE_ALLOCATED,
 )
 from gpushare.api.placement import Placement  # noqa: E402
-from gpushare.controller import pods as podlib  # noqa: E402
-from gpushare.controller.extender import Extender  # noqa: E402
-from gpushare.controller.metrics import Metrics  # noqa: E402
-from gpushare.controller.server import extender_app  # noqa: E402
-from gpushare.controller.view import ClusterView  # noqa: E402
+from gpushare.cluster.extender.verbs import Extender  # noqa: E402
+from gpushare.cluster.metrics import Metrics  # noqa: E402
+from gpushare.cluster.server import extender_app  # noqa: E402
+from gpushare.cluster.state import pods as podlib  # noqa: E402
+from gpushare.cluster.state.view import ClusterView  # noqa: E402
 from gpushare.packing.policy import Policy, choose_gpus  # noqa: E402
 
 GIB = 2**30

@@ -2,8 +2,8 @@
 
 The openb replay (``bench/replay``) measures the filter through the real scheduler, on a
 machine that also runs the API server, etcd, two schedulers and KWOK. This bench takes those
-away: the controller's own :class:`~gpushare.controller.view.ClusterView` and
-:class:`~gpushare.controller.extender.Extender` (product defaults: gpushare policy, interference
+away: the controller's own :class:`~gpushare.cluster.state.view.ClusterView` and
+:class:`~gpushare.cluster.extender.verbs.Extender` (product defaults: gpushare policy, interference
 admission, filter-time holds) over the node list's nodes, fed the seed's arrivals the way the
 controller's watch and kube-scheduler feed them:
 
@@ -40,8 +40,8 @@ from bench.sim.stock import NodeWindow, chart_nodes_percent
 from bench.sim.trace import NodeSpec, PodSpec, load_nodes, load_pods, pod_lists
 from gpushare.api.names import SCHEDULER_NAME, SLICES_PER_GPU
 from gpushare.api.placement import Placement
-from gpushare.controller.extender import Extender, ExtenderArgs
-from gpushare.controller.view import ClusterView
+from gpushare.cluster.extender.verbs import Extender, ExtenderArgs
+from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.admission import Admission
 
 REPO = Path(__file__).resolve().parents[2]

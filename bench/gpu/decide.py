@@ -10,7 +10,7 @@ it was given. Whether it starts now, and how, is decided exactly where a cluster
   ``gpushare/packing/data/interference.json`` and its class bounds) on a node of this one GPU:
   ``choose_gpus`` is what the extender's bind runs, ``refusal`` what its filter answers;
 - the client's environment (MPS or not, active-thread %, priority, pinned memory):
-  ``gpushare.mps.client``, what the device plugin writes from the placement.
+  ``gpushare.node.mps.client``, what the device plugin writes from the placement.
 
 Nothing here decides; this module only turns trace jobs into the product's inputs and its
 answers into launches (docs/benchmarks-gpu.md, "Who decides").
@@ -25,7 +25,7 @@ from typing import Any
 from bench.gpu.schemes import Launch, Running
 from bench.gpu.traces import TraceJob
 from gpushare.api.names import CLASS_LATENCY, MPS_PRIORITY_BY_CLASS, SLICES_PER_GPU
-from gpushare.mps.client import MiB, client_limits_env, runs_under_mps
+from gpushare.node.mps.client import MiB, client_limits_env, runs_under_mps
 from gpushare.packing.admission import DEFAULT_BOUNDS, Admission
 from gpushare.packing.fit import demand_memory
 from gpushare.packing.interference import InterferenceModel, load_default
@@ -45,9 +45,9 @@ DECIDED_BY: dict[str, str] = {
     "admission": "gpushare.packing.admission.Admission (inside the Placer; "
     "gpushare.packing.interference.admit_reason with the controller's default bounds)",
     "thread_cap": "gpushare.packing.threads.assign_thread_percent (inside choose_gpus)",
-    "client_env": "gpushare.mps.client.runs_under_mps and client_limits_env (MPS or not, "
+    "client_env": "gpushare.node.mps.client.runs_under_mps and client_limits_env (MPS or not, "
     "active-thread %, priority by class, pinned memory), as the device plugin writes them",
-    "profiles": "gpushare.exporter.profiler over the gpushare.gpu.nvml backend",
+    "profiles": "gpushare.node.exporter.profiler over the gpushare.node.gpu.nvml backend",
 }
 
 

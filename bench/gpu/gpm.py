@@ -1,6 +1,6 @@
 """Per-pipe GPU counters sampled while a job runs alone: the job's profile.
 
-Prefers gpushare's own NVML backend (``gpushare.gpu.nvml``, the node agent's profiler source)
+Prefers gpushare's own NVML backend (``gpushare.node.gpu.nvml``, the node agent's profiler source)
 when it is importable; otherwise a minimal NVML GPM reader here does the same reads. Either
 way a background thread samples every ``period_s`` (GPM needs >= 100 ms between samples) and
 ``profile(start, end)`` averages the readings that fall inside a window.
@@ -91,13 +91,13 @@ class _LocalGpm:
 class _GpushareProfiler:
     """gpushare's own profiler: the node agent's GPM sampler + profile averaging."""
 
-    source = "gpushare.exporter.profiler (gpushare.gpu.nvml backend)"
+    source = "gpushare.node.exporter.profiler (gpushare.node.gpu.nvml backend)"
 
     def __init__(self, index: int, period_s: float) -> None:
         # Imported here: the node agent's modules are optional for the benchmark.
-        from gpushare.exporter.profiler import Profiler, pipe_profile_from_json  # noqa: PLC0415
-        from gpushare.exporter.sampler import GpmSampler, SamplerSettings  # noqa: PLC0415
-        from gpushare.gpu.nvml import NvmlBackend  # noqa: PLC0415
+        from gpushare.node.exporter.profiler import Profiler, pipe_profile_from_json  # noqa: PLC0415
+        from gpushare.node.exporter.sampler import GpmSampler, SamplerSettings  # noqa: PLC0415
+        from gpushare.node.gpu.nvml import NvmlBackend  # noqa: PLC0415
 
         self.backend = NvmlBackend()
         self.sampler = GpmSampler(

@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.scale.invariant import check
 from gpushare.api.names import SLICES_PER_GPU
-from gpushare.controller.host_resources import node_allocatable, pod_requests
+from gpushare.cluster.state.host_resources import node_allocatable, pod_requests
 
 
 def snapshot(

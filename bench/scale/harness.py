@@ -131,10 +131,10 @@ class Controller:
 
 
 def controller_available() -> bool:
-    """True when this checkout has the controller's extender (``gpushare.controller``)."""
+    """True when this checkout has the controller's extender (``gpushare.cluster``)."""
     return (
-        importlib.util.find_spec("gpushare.controller") is not None
-        and importlib.util.find_spec("gpushare.controller.__main__") is not None
+        importlib.util.find_spec("gpushare.cluster") is not None
+        and importlib.util.find_spec("gpushare.cluster.__main__") is not None
     )
 
 
@@ -149,7 +149,7 @@ async def start_controller(
     source: Path | None = None,
     webhook_port: int | None = None,
 ) -> Controller:
-    """Run ``python -m gpushare.controller`` against the bench's API server, serving the
+    """Run ``python -m gpushare.cluster`` against the bench's API server, serving the
     extender (and, with ``webhook_port``, the admission webhook, registered with the API server
     as the chart does); returns once its /readyz answers 200 (view synced, webhook registered).
     With ``profile_to`` it runs under cProfile and writes the profile there when stopped.
@@ -173,7 +173,7 @@ async def start_controller(
         sys.executable,
         *profiler,
         "-m",
-        "gpushare.controller",
+        "gpushare.cluster",
         "--kubeconfig",
         str(kubeconfig),
         "--extender-host",

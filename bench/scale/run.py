@@ -478,7 +478,7 @@ async def run(opts: Options) -> dict[str, Any]:
     whole = take(trace, opts.stock_pods, fractional=False) if opts.stock_pods else []
     if opts.require_extender and not harness.controller_available():
         raise harness.HarnessError(
-            "gpushare.controller has no __main__ (the extender) in this checkout; "
+            "gpushare.cluster has no __main__ (the extender) in this checkout; "
             "nothing to measure (--stock-only checks the rest)"
         )
     log.info("control plane up (%s)", opts.state_dir)

@@ -85,7 +85,7 @@ ANN_AVOID_GPUS: Final = f"{GROUP}/avoid-gpus"
 ANN_EVICT: Final = f"{GROUP}/evict"
 # Pod annotation (controller): when capacity the scheduler cannot see was let go after the
 # extender refused this pod; the update itself is what sends the pod back to kube-scheduler's
-# queue (see gpushare.controller.requeue).
+# queue (see gpushare.cluster.extender.requeue).
 ANN_REQUEUED_AT: Final = f"{GROUP}/requeued-at"
 
 # Tenancy (docs/security.md). Namespace labels only cluster admins can set:

@@ -27,24 +27,24 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
 )
 from gpushare.api.placement import parse_placement
-from gpushare.deviceplugin.allocation import Allocator, DeviceNode, PodSource
-from gpushare.deviceplugin.health import DeviceHealth
-from gpushare.deviceplugin.holdings import (
+from gpushare.node.deviceplugin.allocation import Allocator, DeviceNode, PodSource
+from gpushare.node.deviceplugin.health import DeviceHealth
+from gpushare.node.deviceplugin.holdings import (
     STATE_DIR,
     STATE_FILE,
     AnswerBook,
     kubelet_held,
     kubelet_identity,
 )
-from gpushare.deviceplugin.plugin import DEFAULT_ENDPOINT, KUBELET_SOCKET, PluginRunner
-from gpushare.deviceplugin.server import DevicePluginServicer
-from gpushare.exporter.attribution import pods_with_running_containers
-from gpushare.gpu.backend import GpuBackend, HealthEvent
-from gpushare.mps.manager import MpsManager, ShmMode
+from gpushare.node.deviceplugin.plugin import DEFAULT_ENDPOINT, KUBELET_SOCKET, PluginRunner
+from gpushare.node.deviceplugin.server import DevicePluginServicer
+from gpushare.node.exporter.attribution import pods_with_running_containers
 from gpushare.node.extension import ExporterHandle, wire_exporter
 from gpushare.node.faults import FaultMonitor, PodResolver
+from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.load import Share, simulated_load
 from gpushare.node.metrics import AgentCollector, MetricsServer
+from gpushare.node.mps.manager import MpsManager, ShmMode
 from gpushare.node.mps_limits import MpsLimitKeeper
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class AgentSettings:
     """The kubelet's device-plugin directory (holds kubelet.sock and our socket)."""
     plugin_endpoint: str = DEFAULT_ENDPOINT
     """File name of our socket in device_plugin_dir."""
-    mps_root: Path = Path("/run/gpushare/mps")
+    mps_root: Path = Path("/run/gpushare/node/mps")
     """Per-GPU MPS pipe/log/shm directories live under <mps_root>/<uuid>/."""
     mps_shm: ShmMode = "private"
     """private: each daemon gets <mps_root>/<uuid>/shm as /dev/shm; host: the host's /dev/shm."""
@@ -87,7 +87,7 @@ class AgentSettings:
     """Quit the MPS daemons on exit. Off by default: a restarted agent adopts them and the
     pods using them keep running."""
     exporter: bool = True
-    """Wire in gpushare.exporter's collectors and /profile endpoint when installed."""
+    """Wire in gpushare.node.exporter's collectors and /profile endpoint when installed."""
     fault_check_s: float = 0.5
     """How often the MPS daemons' logs are read for fatal client faults (gpushare.node.faults)."""
     exclusive_after_faults: int = 2

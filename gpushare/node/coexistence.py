@@ -7,7 +7,7 @@ replicas add ``::<n>``) or by its index (``deviceIDStrategy: index``). A GPU fou
 another resource is one gpushare must not advertise: pods asking for ``nvidia.com/gpu`` could
 land on it while gpushare shares it.
 
-At start the agent leaves such GPUs out (``gpushare.gpu.selection``); afterwards
+At start the agent leaves such GPUs out (``gpushare.node.gpu.selection``); afterwards
 ``OtherPluginWatch`` keeps checking, because the other plugin may register later, and marks a
 managed GPU unhealthy (so the kubelet stops giving its slices to new pods) with a Warning Event
 until the other plugin stops advertising it. See docs/coexistence.md.
@@ -34,7 +34,7 @@ def allocatable_devices(*, socket_path: Path, timeout_s: float = 5.0) -> Adverti
     Raises grpc.RpcError (or OSError) when the kubelet cannot be asked."""
     import grpc  # noqa: PLC0415  (loaded only where the kubelet socket is used)
 
-    from gpushare.deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
+    from gpushare.node.deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
 
     with grpc.insecure_channel(f"unix://{socket_path}") as channel:
         stub = api_pb2_grpc.PodResourcesListerStub(channel)

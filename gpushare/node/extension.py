@@ -1,10 +1,10 @@
-"""Wiring the node exporter (``gpushare.exporter``) into the agent's process.
+"""Wiring the node exporter (``gpushare.node.exporter``) into the agent's process.
 
 The agent owns the pieces the exporter reads: the GPU backend, the pods bound to this node,
 the MPS daemons' status and the one consumer of the backend's health events. It hands them to
-``gpushare.exporter.register`` (its collectors join the agent's registry on /metrics), serves
-the exporter's ``/profile`` endpoint on the same HTTP server, and forwards every health event
-to the exporter's recorder. Without the exporter package the agent still serves its own series.
+``gpushare.node.exporter.register`` (its collectors join the agent's registry on /metrics),
+serves the exporter's ``/profile`` endpoint on the same HTTP server, and forwards every health
+event to the exporter's recorder.
 """
 
 import json
@@ -16,9 +16,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpushare.gpu.backend import GpuBackend, HealthEvent
-from gpushare.mps.manager import MpsManager
+from gpushare.node import exporter
+from gpushare.node.exporter.server import profile_response
+from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.metrics import MetricsServer
+from gpushare.node.mps.manager import MpsManager
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +42,7 @@ def wire_exporter(
     pods: Callable[[], list[dict[str, Any]]],
     mps: MpsManager,
     pod_resources_socket: Path | None,
-) -> ExporterHandle | None:
-    try:
-        from gpushare import exporter  # noqa: PLC0415  (optional part of the agent)
-        from gpushare.exporter.server import profile_response  # noqa: PLC0415
-    except ImportError as exc:
-        log.warning("node exporter not available (%s); serving the agent's own metrics only", exc)
-        return None
+) -> ExporterHandle:
 
     def mps_status() -> dict[str, exporter.MpsDaemonStatus]:
         return {

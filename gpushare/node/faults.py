@@ -75,8 +75,8 @@ from gpushare.api.names import (
     SLICES_PER_GPU,
 )
 from gpushare.api.placement import format_time, parse_placement
-from gpushare.deviceplugin.allocation import PodInfo
-from gpushare.exporter.attribution import parse_cgroup
+from gpushare.node.deviceplugin.allocation import PodInfo
+from gpushare.node.exporter.attribution import parse_cgroup
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,14 @@ from typing import TYPE_CHECKING
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import AGENT_METRICS_PORT, LABEL_MANAGED_GPUS
-from gpushare.deviceplugin.allocation import DeviceNode
-from gpushare.deviceplugin.plugin import DEFAULT_ENDPOINT
-from gpushare.gpu.backend import GpuBackend
-from gpushare.gpu.factory import open_backend
-from gpushare.gpu.selection import (
+from gpushare.node.agent import AgentSettings, NodeAgent
+from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN_HEALTH
+from gpushare.node.coexistence import OtherPluginWatch, startup_claims
+from gpushare.node.deviceplugin.allocation import DeviceNode
+from gpushare.node.deviceplugin.plugin import DEFAULT_ENDPOINT
+from gpushare.node.gpu.backend import GpuBackend
+from gpushare.node.gpu.factory import open_backend
+from gpushare.node.gpu.selection import (
     REASON_NOT_SELECTED,
     GpuList,
     SkippedGpu,
@@ -27,9 +30,6 @@ from gpushare.gpu.selection import (
     parse_gpu_list,
     select_gpus,
 )
-from gpushare.node.agent import AgentSettings, NodeAgent
-from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN_HEALTH
-from gpushare.node.coexistence import OtherPluginWatch, startup_claims
 from gpushare.node.logs import setup_json_logging
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--mps-root",
         type=Path,
-        default=Path("/run/gpushare/mps"),
+        default=Path("/run/gpushare/node/mps"),
         help="root of the per-GPU MPS pipe/log/shm directories (default: %(default)s)",
     )
     parser.add_argument(
@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-exporter",
         action="store_true",
-        help="do not wire in gpushare.exporter (serve only the agent's own metrics)",
+        help="do not wire in gpushare.node.exporter (serve only the agent's own metrics)",
     )
     parser.add_argument(
         "--exclusive-after-faults",

@@ -1,6 +1,6 @@
 """The agent's HTTP endpoint: /metrics from one CollectorRegistry, /healthz, and extra routes.
 
-The exporter (``gpushare.exporter``) adds its collectors to the same registry and may add
+The exporter (``gpushare.node.exporter``) adds its collectors to the same registry and may add
 routes (e.g. ``/profile``) through ``add_route``; see ``gpushare.node.extension``.
 """
 

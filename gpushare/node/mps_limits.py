@@ -1,6 +1,6 @@
 """Keeps each GPU's MPS daemon and servers at the largest share placed on that GPU, so a
 container that re-exports CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 (or a larger memory limit)
-gets no more than the most any placement there was promised (gpushare.mps.limits).
+gets no more than the most any placement there was promised (gpushare.node.mps.limits).
 
 Raised by Allocate before a container starts (``raise_for``); recomputed from the pods bound to
 the node every pod refresh (``sync``), which lowers them again once large pods are gone, but
@@ -17,8 +17,8 @@ from typing import Any
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import STATE_ALLOCATED, STATE_ASSUMED
 from gpushare.api.placement import parse_placement
-from gpushare.mps.limits import MIB, ServerLimits, largest
-from gpushare.mps.manager import MpsManager
+from gpushare.node.mps.limits import MIB, ServerLimits, largest
+from gpushare.node.mps.manager import MpsManager
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """cert-manager (optional): a Certificate covering every name the API server calls."""
 
-from gpushare.controller.settings import parse_args
+from gpushare.cluster.settings import parse_args
 from tests.chart.controller_flags import parseable
 from tests.fixtures.helm_chart import Chart, container
 

@@ -1,6 +1,6 @@
 """The controller Deployment: flags the real controller accepts, non-root, one replica."""
 
-from gpushare.controller.settings import parse_args, parse_service
+from gpushare.cluster.settings import parse_args, parse_service
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
 from tests.chart.controller_flags import parseable
 from tests.fixtures.helm_chart import Chart, container

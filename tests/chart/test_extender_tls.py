@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from gpushare.controller.settings import parse_args
-from gpushare.controller.tls import ReloadingServerTls
+from gpushare.cluster.settings import parse_args
+from gpushare.cluster.tls import ReloadingServerTls
 from tests.chart.controller_flags import parseable
 from tests.fixtures.helm_chart import LOCAL_VALUES, Chart, container
 

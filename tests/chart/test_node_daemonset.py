@@ -23,7 +23,7 @@ def test_flags_parse_with_the_agents_own_parser(chart: Chart) -> None:
     assert args.node_name == "$(NODE_NAME)"
     assert str(args.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
     assert str(args.pod_resources_socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
-    assert str(args.mps_root) == "/run/gpushare/mps"
+    assert str(args.mps_root) == "/run/gpushare/node/mps"
     assert args.metrics_port == 9445
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
@@ -132,7 +132,7 @@ def test_default_port_is_not_dcgm_exporters_and_the_operator_reaches_it(chart: C
     """dcgm-exporter serves 9400 with a host port; gpushare's agent must not take it, and the
     operator's profiler client must find the agent where the chart publishes it."""
     from gpushare.api.names import AGENT_METRICS_PORT  # noqa: PLC0415
-    from gpushare.operator.settings import OperatorConfig  # noqa: PLC0415
+    from gpushare.cluster.operator.settings import OperatorConfig  # noqa: PLC0415
 
     c = _agent(_ds(chart))
     assert c["ports"] == [

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.gpu.simulated import MODELS, parse_spec
+from gpushare.node.gpu.simulated import MODELS, parse_spec
 from tests.fixtures.helm_chart import CHART, Chart
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpushare.controller.registration import webhook_configurations
-from gpushare.controller.settings import parse_args
+from gpushare.cluster.settings import parse_args
+from gpushare.cluster.webhook.registration import webhook_configurations
 from tests.chart.controller_flags import parseable
 from tests.fixtures.helm_chart import Chart, container
 

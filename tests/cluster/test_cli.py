@@ -15,7 +15,7 @@ import yaml
 
 from gpushare.api.inventory import dump_inventory
 from gpushare.api.names import ANN_NODE_GPUS
-from gpushare.gpu.simulated import SimulatedBackend, simulated_uuid
+from gpushare.node.gpu.simulated import SimulatedBackend, simulated_uuid
 from tests.fixtures.cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster

@@ -29,9 +29,9 @@ import pytest
 
 from gpushare.api.inventory import load_inventory
 from gpushare.api.names import ANN_NODE_GPUS, RESOURCE_GPU_PERCENT
-from gpushare.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from gpushare.gpu.simulated import simulated_uuid
 from gpushare.node.coexistence import allocatable_devices
+from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from gpushare.node.gpu.simulated import simulated_uuid
 from tests.fixtures.chart_release import exclusive_node, node, wait_for
 from tests.fixtures.cluster import REPO, LocalCluster
 

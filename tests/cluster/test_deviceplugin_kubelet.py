@@ -23,8 +23,8 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
 )
 from gpushare.api.placement import format_time
-from gpushare.deviceplugin.holdings import kubelet_allocatable, kubelet_held
-from gpushare.deviceplugin.plugin import socket_identity
+from gpushare.node.deviceplugin.holdings import kubelet_allocatable, kubelet_held
+from gpushare.node.deviceplugin.plugin import socket_identity
 from tests.fixtures.node_agent import (
     DEVICE_PLUGIN_DIR,
     PLUGIN_SOCKET,
@@ -238,7 +238,7 @@ def test_placed_pod_starts_with_its_gpu_mps_share_and_memory_limit(
         command=(
             "env | sort; echo ---; cat /dev/shm/marker 2>/dev/null; echo; "
             "cat /tmp/nvidia-mps/marker 2>/dev/null; echo; "
-            "ls /run/gpushare/mps/log >/dev/null 2>&1 && echo log-visible; sleep 3600"
+            "ls /run/gpushare/node/mps/log >/dev/null 2>&1 && echo log-visible; sleep 3600"
         ),
     )
     try:
@@ -248,7 +248,7 @@ def test_placed_pod_starts_with_its_gpu_mps_share_and_memory_limit(
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
         assert env["CUDA_MPS_CLIENT_PRIORITY"] == "0"
-        assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpushare/mps/pipe"
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpushare/node/mps/pipe"
         assert "CUDA_MPS_LOG_DIRECTORY" not in env
         # The container's /dev/shm is the GPU's MPS daemon shm directory; its pipe directory is
         # also where CUDA looks without CUDA_MPS_PIPE_DIRECTORY; the log directory the node

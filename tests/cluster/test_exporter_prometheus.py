@@ -1,7 +1,7 @@
 """A real Prometheus scrapes the exporter on the local cluster, and every dashboard panel's query
 returns data.
 
-The exporter runs standalone (``python -m gpushare.exporter``) over the simulated backend with
+The exporter runs standalone (``python -m gpushare.node.exporter``) over the simulated backend with
 the cluster's real pods as input: busybox pods run on the node's kubelet, get placement
 annotations as gpushare-scheduler writes them, and the exporter attributes their real
 processes (PID -> cgroup -> pod UID) to them.
@@ -28,12 +28,12 @@ from prometheus_client.exposition import start_http_server as serve_registry
 
 from gpushare.api.inventory import dump_inventory
 from gpushare.api.names import ANN_NODE_GPUS
-from gpushare.controller.metrics import Metrics
-from gpushare.controller.view import ClusterView
-from gpushare.gpu.simulated import SimulatedBackend, simulated_uuid
-from gpushare.operator.guard import LatencyGuard
-from gpushare.operator.settings import OperatorConfig
-from gpushare.operator.view import ClusterView as OperatorView
+from gpushare.cluster.metrics import Metrics
+from gpushare.cluster.operator.guard import LatencyGuard
+from gpushare.cluster.operator.settings import OperatorConfig
+from gpushare.cluster.operator.view import ClusterView as OperatorView
+from gpushare.cluster.state.view import ClusterView
+from gpushare.node.gpu.simulated import SimulatedBackend, simulated_uuid
 from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.dcgm import dcgm_registry
 from tests.fixtures.prometheus import (
@@ -150,7 +150,7 @@ def exporter_url(
         [
             sys.executable,
             "-m",
-            "gpushare.exporter",
+            "gpushare.node.exporter",
             "--backend",
             f"simulated:{SPEC}",
             "--node-name",

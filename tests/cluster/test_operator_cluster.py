@@ -1,7 +1,7 @@
 """The GpuShare operator against the local cluster's real API server, kubelet, scheduler,
 controller (extender + webhook) and node agent on simulated GPUs.
 
-The operator runs as its own process (``python -m gpushare.operator``) scoped to a fresh
+The operator runs as its own process (``python -m gpushare.cluster.operator``) scoped to a fresh
 namespace, so it never touches other tests' pods, and is killed with SIGKILL where a test
 proves it resumes without repeating side effects.
 """
@@ -45,7 +45,7 @@ SIMULATED_MODEL = "NVIDIA H100 80GB HBM3"
 
 @dataclass
 class OperatorProcess:
-    """``python -m gpushare.operator`` scoped to one namespace."""
+    """``python -m gpushare.cluster.operator`` scoped to one namespace."""
 
     cluster: Any
     namespace: str
@@ -63,7 +63,7 @@ class OperatorProcess:
                 [
                     sys.executable,
                     "-m",
-                    "gpushare.operator",
+                    "gpushare.cluster.operator",
                     "--watch-namespace",
                     self.namespace,
                     "--namespace",

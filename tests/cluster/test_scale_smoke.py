@@ -43,7 +43,7 @@ def traces_dir(tmp: Path) -> Path:
 
 
 def _controller_present() -> bool:
-    return importlib.util.find_spec("gpushare.controller.__main__") is not None
+    return importlib.util.find_spec("gpushare.cluster.__main__") is not None
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignore
     if os.geteuid() != 0:
         pytest.skip("the scale harness needs root for its state dir under /var/lib")
     if not _controller_present():
-        pytest.skip("gpushare.controller has no __main__ yet: there is no extender to measure")
+        pytest.skip("gpushare.cluster has no __main__ yet: there is no extender to measure")
     if control_plane_running(DEFAULT_STATE_DIR):
         pytest.skip("a scale bench is running on this machine (hack/kwok-cluster.sh status)")
     out = tmp_path_factory.mktemp("scale")

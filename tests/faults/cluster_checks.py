@@ -31,7 +31,7 @@ from gpushare.api.names import (
 )
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.api.quantities import parse_fraction, parse_memory
-from gpushare.mps.client import pinned_memory_limit
+from gpushare.node.mps.client import pinned_memory_limit
 from tests.fixtures.node_agent import DEVICE_PLUGIN_DIR
 
 Pod = dict[str, Any]

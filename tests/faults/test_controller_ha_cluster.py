@@ -32,7 +32,7 @@ import pytest
 
 from gpushare.api.gpushare_crd import ANN_PROFILE
 from gpushare.api.names import ANN_FRACTION
-from gpushare.controller.tls import ensure_certs
+from gpushare.cluster.tls import ensure_certs
 from tests.faults.cluster_checks import (
     burst_pods,
     inventory,

@@ -13,9 +13,9 @@ from gpushare.api.names import (
     ANN_NODE_EXCLUSIVE,
     RESOURCE_GPU_PERCENT,
 )
-from gpushare.controller import pods
-from gpushare.controller.view import ClusterView
-from gpushare.controller.webhook import ClusterFacts, review
+from gpushare.cluster.state import pods
+from gpushare.cluster.state.view import ClusterView
+from gpushare.cluster.webhook.review import ClusterFacts, review
 from tests.fixtures.controller import gpu, node_json, pod_json
 from tests.unit.test_webhook_review import apply_patch
 

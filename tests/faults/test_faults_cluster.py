@@ -32,7 +32,7 @@ import pytest
 
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import RESOURCE_GPU_PERCENT
-from gpushare.deviceplugin.holdings import kubelet_allocatable
+from gpushare.node.deviceplugin.holdings import kubelet_allocatable
 from tests.faults.cluster_checks import (
     FateReader,
     Pod,

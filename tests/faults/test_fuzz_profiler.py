@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from gpushare.gpu.simulated import SimulatedBackend
-from gpushare.mps.manager import MpsManager
 from gpushare.node.extension import wire_exporter
+from gpushare.node.gpu.simulated import SimulatedBackend
 from gpushare.node.metrics import MetricsServer
+from gpushare.node.mps.manager import MpsManager
 
 FUZZ = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

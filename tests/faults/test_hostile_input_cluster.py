@@ -149,7 +149,7 @@ HOSTILE = {
     "envFrom a ConfigMap": (_env_from(None), "spec.containers[0].envFrom[0]"),
     "envFrom with a CUDA_ prefix": (_env_from("CUDA_"), "spec.containers[0].envFrom[0]"),
     "mounts the MPS directories": (
-        _host_path("/run/gpushare/mps"),
+        _host_path("/run/gpushare/node/mps"),
         "spec.volumes[0].hostPath.path",
     ),
     "mounts them by a detour": (

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from gpushare.controller.main import ControllerContext, serve
-from gpushare.controller.metrics import Metrics
-from gpushare.controller.settings import Settings
-from gpushare.controller.tls import ensure_certs
-from gpushare.controller.view import ClusterView
+from gpushare.cluster.main import ControllerContext, serve
+from gpushare.cluster.metrics import Metrics
+from gpushare.cluster.settings import Settings
+from gpushare.cluster.state.view import ClusterView
+from gpushare.cluster.tls import ensure_certs
 from tests.fixtures.controller import gpu, node_json
 from tests.fixtures.helm_chart import Chart
 

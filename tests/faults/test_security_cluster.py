@@ -505,7 +505,7 @@ def forges_mps_fault_lines_from_its_container(sec: Sec) -> Outcome:
     daemon's pipe directory (MPS's default path is mounted too)."""
     name = f"forger-{uuid.uuid4().hex[:4]}"
     command = (
-        "for d in /run/gpushare/mps/log /var/log/nvidia-mps; do "
+        "for d in /run/gpushare/node/mps/log /var/log/nvidia-mps; do "
         "(echo '[2026-01-01 00:00:00.000 Server 1] Client {PID: 1, Context: 1} encountered a "
         "fatal GPU error.' >> $d/server.log) 2>/dev/null && echo wrote-$d; done; "
         "ls /tmp/nvidia-mps >/dev/null 2>&1 && echo default-pipe-present; echo done; sleep 3600"
@@ -686,7 +686,7 @@ def extender_without_client_certificate(sec: Sec) -> Outcome:
         [
             sys.executable,
             "-m",
-            "gpushare.controller",
+            "gpushare.cluster",
             "--kubeconfig",
             str(sec.cluster.kubeconfig),
             "--extender-port",

@@ -10,9 +10,9 @@ import pytest
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import ExclusiveWorkload, dump_exclusive, parse_avoid_gpus
 from gpushare.api.names import ANN_AVOID_GPUS, ANN_FRACTION, ANN_NODE_SEPARATED
-from gpushare.controller import pods
-from gpushare.controller.view import ClusterView
-from gpushare.controller.webhook import ClusterFacts, review
+from gpushare.cluster.state import pods
+from gpushare.cluster.state.view import ClusterView
+from gpushare.cluster.webhook.review import ClusterFacts, review
 from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.model import GpuState, NodeState
 from gpushare.packing.policy import choose_gpus

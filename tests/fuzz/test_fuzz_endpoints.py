@@ -25,11 +25,11 @@ from gpushare.api.names import (
     ANN_SHARE,
     RESOURCE_GPU_PERCENT,
 )
-from gpushare.controller.extender import Extender
-from gpushare.controller.metrics import Metrics
-from gpushare.controller.server import extender_app, webhook_app
-from gpushare.controller.view import ClusterView
-from gpushare.controller.webhook import ClusterFacts
+from gpushare.cluster.extender.verbs import Extender
+from gpushare.cluster.metrics import Metrics
+from gpushare.cluster.server import extender_app, webhook_app
+from gpushare.cluster.state.view import ClusterView
+from gpushare.cluster.webhook.review import ClusterFacts
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 
 NODES = ["n0", "n1", "n2"]

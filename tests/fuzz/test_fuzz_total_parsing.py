@@ -22,18 +22,19 @@ import pytest
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import ANN_FRACTION, RESOURCE_GPU_PERCENT
 from gpushare.api.placement import Placement
-from gpushare.controller import kube, webhook
-from gpushare.controller.extender import (
+from gpushare.cluster import kube
+from gpushare.cluster.extender.verbs import (
     BadRequestError,
     Extender,
     parse_binding_args,
     parse_extender_args,
 )
-from gpushare.controller.server import decode_body
-from gpushare.controller.view import ClusterView
-from gpushare.deviceplugin.allocation import AllocationError, Allocator, PodInfo
-from gpushare.mps.manager import MpsManager
+from gpushare.cluster.server import decode_body
+from gpushare.cluster.state.view import ClusterView
+from gpushare.cluster.webhook import review as webhook
+from gpushare.node.deviceplugin.allocation import AllocationError, Allocator, PodInfo
 from gpushare.node.kube import pod_info
+from gpushare.node.mps.manager import MpsManager
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 from tests.fuzz.hostile import GPU_UUIDS, NODES, Hostile
 

@@ -51,9 +51,9 @@ SKIP = _why_skip()
 if SKIP is not None:
     pytest.skip(f"needs a real Hopper-or-newer NVIDIA GPU: {SKIP}", allow_module_level=True)
 
-from gpushare.exporter import SamplerSettings, build_exporter  # noqa: E402
-from gpushare.exporter.sampler import GpmSampler  # noqa: E402
-from gpushare.gpu.nvml import NvmlBackend  # noqa: E402
+from gpushare.node.exporter import SamplerSettings, build_exporter  # noqa: E402
+from gpushare.node.exporter.sampler import GpmSampler  # noqa: E402
+from gpushare.node.gpu.nvml import NvmlBackend  # noqa: E402
 
 LOAD = r"""
 import json, sys, time, torch

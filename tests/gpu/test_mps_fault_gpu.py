@@ -50,10 +50,10 @@ from typing import Any
 import pytest
 
 from gpushare.api.inventory import GpuInfo
-from gpushare.deviceplugin.allocation import ContainerAllocation
-from gpushare.gpu.nvml import NvmlBackend
-from gpushare.mps.manager import MpsManager
+from gpushare.node.deviceplugin.allocation import ContainerAllocation
 from gpushare.node.faults import FaultIncident, FaultMonitor
+from gpushare.node.gpu.nvml import NvmlBackend
+from gpushare.node.mps.manager import MpsManager
 from tests.gpu.test_mps_gpu import CONTAINERIZED, allocate, client_env
 
 pytestmark = pytest.mark.gpu

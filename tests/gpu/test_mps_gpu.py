@@ -41,13 +41,13 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
 )
 from gpushare.api.placement import parse_placement
-from gpushare.deviceplugin.allocation import (
+from gpushare.node.deviceplugin.allocation import (
     AllocationContext,
     ContainerAllocation,
     PodInfo,
     allocation_for_pod,
 )
-from gpushare.mps.manager import MpsManager
+from gpushare.node.mps.manager import MpsManager
 
 pytestmark = pytest.mark.gpu
 
@@ -84,7 +84,7 @@ if SKIP:
     print(f"\n{'=' * 70}\nSKIPPING tests/gpu: {SKIP}\n{'=' * 70}", file=sys.stderr)
     pytest.skip(f"needs a real NVIDIA GPU with MPS: {SKIP}", allow_module_level=True)
 
-from gpushare.gpu.nvml import NvmlBackend  # noqa: E402  (only where NVML exists)
+from gpushare.node.gpu.nvml import NvmlBackend  # noqa: E402  (only where NVML exists)
 
 RESULTS: dict[str, Any] = {"gpu": {}}
 

@@ -44,13 +44,13 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
-from gpushare.deviceplugin.allocation import (
+from gpushare.node.deviceplugin.allocation import (
     AllocationContext,
     ContainerAllocation,
     PodInfo,
     allocation_for_pod,
 )
-from gpushare.mps.manager import MpsManager
+from gpushare.node.mps.manager import MpsManager
 from gpushare.node.mps_limits import MpsLimitKeeper
 from tests.gpu.test_mps_gpu import CONTAINERIZED, SKIP, WORKER  # skips this module too
 
@@ -83,7 +83,7 @@ def manifest(uuid: str, threads: int, memory: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def rig() -> Iterator[tuple[GpuInfo, MpsManager, MpsLimitKeeper, ContainerAllocation]]:
-    from gpushare.gpu.nvml import NvmlBackend  # noqa: PLC0415  (only where NVML exists)
+    from gpushare.node.gpu.nvml import NvmlBackend  # noqa: PLC0415  (only where NVML exists)
 
     backend = NvmlBackend()
     gpu = backend.inventory()[0]

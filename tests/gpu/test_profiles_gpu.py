@@ -81,10 +81,10 @@ def why_skip() -> str | None:
 
 def fetch_profile(base_url: str, uuid: str) -> tuple[Any, str]:
     """The node agent's answer, read the way the operator reads it."""
-    from gpushare.operator.readings import parse_reading  # noqa: PLC0415
+    from gpushare.cluster.operator.readings import parse_reading  # noqa: PLC0415
 
     if importlib.util.find_spec("aiohttp") is not None:
-        from gpushare.operator.profiler_client import ProfilerClient  # noqa: PLC0415
+        from gpushare.cluster.operator.profiler_client import ProfilerClient  # noqa: PLC0415
 
         async def read() -> Any:
             client = ProfilerClient(url_template=base_url, timeout_s=10)
@@ -102,8 +102,8 @@ def fetch_profile(base_url: str, uuid: str) -> tuple[Any, str]:
 
 
 def profile_job(kind: str, *, base_url: str, uuid: str) -> dict[str, Any]:
-    from gpushare.operator import cache  # noqa: PLC0415
-    from gpushare.operator.readings import profile_from_reading  # noqa: PLC0415
+    from gpushare.cluster.operator import cache  # noqa: PLC0415
+    from gpushare.cluster.operator.readings import profile_from_reading  # noqa: PLC0415
 
     proc = subprocess.Popen(
         [sys.executable, "-c", LOAD, JOBS[kind][3], str(WINDOW_S + 4)],
@@ -150,9 +150,9 @@ def measure() -> dict[str, Any]:
     """Run both jobs under the real profiler; the measurement, before any verdict."""
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from gpushare.exporter import SamplerSettings, build_exporter  # noqa: PLC0415
-    from gpushare.exporter.server import start_http_server  # noqa: PLC0415
-    from gpushare.gpu.nvml import NvmlBackend  # noqa: PLC0415
+    from gpushare.node.exporter import SamplerSettings, build_exporter  # noqa: PLC0415
+    from gpushare.node.exporter.server import start_http_server  # noqa: PLC0415
+    from gpushare.node.gpu.nvml import NvmlBackend  # noqa: PLC0415
 
     backend = NvmlBackend()
     exporter = build_exporter(

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 from gpushare.api.names import STATE_ALLOCATED
 from gpushare.api.placement import Placement
-from gpushare.controller.extender import Extender, parse_extender_args
-from gpushare.controller.view import ClusterView
+from gpushare.cluster.extender.verbs import Extender, parse_extender_args
+from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -14,9 +14,9 @@ from gpushare.cli.live import from_exporters, from_prometheus
 from gpushare.cli.main import main
 from gpushare.cli.render import render_json, render_text
 from gpushare.cli.view import build_view
-from gpushare.exporter import SamplerSettings, build_exporter
-from gpushare.exporter.server import start_http_server
-from gpushare.gpu.simulated import SimulatedBackend
+from gpushare.node.exporter import SamplerSettings, build_exporter
+from gpushare.node.exporter.server import start_http_server
+from gpushare.node.gpu.simulated import SimulatedBackend
 
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 GPU_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"

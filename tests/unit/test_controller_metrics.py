@@ -9,11 +9,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.api.gpushare_crd import ShareProfile
-from gpushare.controller.metrics import Metrics
-from gpushare.controller.view import ClusterView
-from gpushare.operator.guard import LatencyGuard
-from gpushare.operator.settings import OperatorConfig
-from gpushare.operator.view import ClusterView as OperatorView
+from gpushare.cluster.metrics import Metrics
+from gpushare.cluster.operator.guard import LatencyGuard
+from gpushare.cluster.operator.settings import OperatorConfig
+from gpushare.cluster.operator.view import ClusterView as OperatorView
+from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.controller import gpu, node_json, pod_json
 
 

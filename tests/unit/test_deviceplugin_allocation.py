@@ -16,7 +16,7 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
 )
 from gpushare.api.placement import parse_placement
-from gpushare.deviceplugin.allocation import (
+from gpushare.node.deviceplugin.allocation import (
     CONTAINER_PIPE_DIR,
     AllocationContext,
     AllocationError,
@@ -29,9 +29,9 @@ from gpushare.deviceplugin.allocation import (
     select_pod,
     steer,
 )
-from gpushare.deviceplugin.devices import group_by_gpu, slice_ids
-from gpushare.mps.client import pinned_memory_limit
-from gpushare.mps.manager import MpsManager
+from gpushare.node.deviceplugin.devices import group_by_gpu, slice_ids
+from gpushare.node.mps.client import pinned_memory_limit
+from gpushare.node.mps.manager import MpsManager
 
 GIB = 2**30
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -191,7 +191,7 @@ def test_fractional_pod_gets_its_gpu_mps_pipe_threads_memory_and_priority(
     # unsets it still reaches its MPS server and its limits); never the log directory the
     # node agent reads to judge faults.
     assert mounts == {
-        "/run/gpushare/mps/pipe": str(tmp_path / "mps" / GPU_B / "pipe"),
+        "/run/gpushare/node/mps/pipe": str(tmp_path / "mps" / GPU_B / "pipe"),
         "/tmp/nvidia-mps": str(tmp_path / "mps" / GPU_B / "pipe"),
         "/dev/shm": str(tmp_path / "mps" / GPU_B / "shm"),
     }

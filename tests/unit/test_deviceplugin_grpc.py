@@ -8,14 +8,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpushare.deviceplugin.allocation import Allocator, PodInfo
-from gpushare.deviceplugin.devices import HEALTHY, UNHEALTHY
-from gpushare.deviceplugin.health import DeviceHealth
-from gpushare.deviceplugin.plugin import wait_until_accepting
-from gpushare.deviceplugin.server import DevicePluginServicer
-from gpushare.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from gpushare.gpu.simulated import SimulatedBackend
-from gpushare.mps.manager import MpsManager
+from gpushare.node.deviceplugin.allocation import Allocator, PodInfo
+from gpushare.node.deviceplugin.devices import HEALTHY, UNHEALTHY
+from gpushare.node.deviceplugin.health import DeviceHealth
+from gpushare.node.deviceplugin.plugin import wait_until_accepting
+from gpushare.node.deviceplugin.server import DevicePluginServicer
+from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from gpushare.node.gpu.simulated import SimulatedBackend
+from gpushare.node.mps.manager import MpsManager
 
 
 class NoKubernetes:

@@ -3,8 +3,8 @@
 import subprocess
 from pathlib import Path
 
-from gpushare.deviceplugin.podresources.v1 import api_pb2 as podresources
-from gpushare.deviceplugin.v1beta1 import api_pb2
+from gpushare.node.deviceplugin.podresources.v1 import api_pb2 as podresources
+from gpushare.node.deviceplugin.v1beta1 import api_pb2
 
 REPO = Path(__file__).resolve().parents[2]
 

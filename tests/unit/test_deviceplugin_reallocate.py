@@ -19,7 +19,7 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
     STATE_ASSUMED,
 )
-from gpushare.deviceplugin.allocation import (
+from gpushare.node.deviceplugin.allocation import (
     AllocationError,
     Allocator,
     PodInfo,
@@ -29,10 +29,10 @@ from gpushare.deviceplugin.allocation import (
     steer,
     suspect_pods,
 )
-from gpushare.deviceplugin.devices import device_id, slice_ids
-from gpushare.deviceplugin.holdings import Answer, AnswerBook
-from gpushare.mps.manager import MpsManager
+from gpushare.node.deviceplugin.devices import device_id, slice_ids
+from gpushare.node.deviceplugin.holdings import Answer, AnswerBook
 from gpushare.node.kube import pod_info
+from gpushare.node.mps.manager import MpsManager
 
 GIB = 2**30
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from gpushare.exporter.allocations import allocation_from_pod, allocations_from_pods
+from gpushare.node.exporter.allocations import allocation_from_pod, allocations_from_pods
 
 GPU_A = "GPU-11111111-2222-3333-4444-555555555555"
 GPU_B = "GPU-66666666-7777-8888-9999-000000000000"

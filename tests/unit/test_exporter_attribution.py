@@ -10,16 +10,16 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare.exporter import PodAllocation, SamplerSettings, build_exporter
-from gpushare.exporter.attribution import (
+from gpushare.node.exporter import PodAllocation, SamplerSettings, build_exporter
+from gpushare.node.exporter.attribution import (
     CgroupOwner,
     ProcessResolver,
     parse_cgroup,
     pods_with_running_containers,
 )
-from gpushare.exporter.runner import SimulatedPodProcesses
-from gpushare.gpu.backend import GpuProcess
-from gpushare.gpu.simulated import SimulatedBackend
+from gpushare.node.exporter.runner import SimulatedPodProcesses
+from gpushare.node.gpu.backend import GpuProcess
+from gpushare.node.gpu.simulated import SimulatedBackend
 
 UID = "0f9b7d2e-3c41-4b8a-9e77-5d2c1a0b9f10"
 CID = "a" * 64

@@ -6,15 +6,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare.exporter import (
+from gpushare.node.exporter import (
     HealthRecorder,
     MpsDaemonStatus,
     PodAllocation,
     SamplerSettings,
     build_exporter,
 )
-from gpushare.gpu.backend import PIPES, HealthEvent
-from gpushare.gpu.simulated import SimulatedBackend
+from gpushare.node.gpu.backend import PIPES, HealthEvent
+from gpushare.node.gpu.simulated import SimulatedBackend
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -15,14 +15,14 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare.controller.metrics import Metrics
-from gpushare.controller.view import ClusterView
-from gpushare.exporter import HealthRecorder, MpsDaemonStatus, PodAllocation, build_exporter
-from gpushare.gpu.backend import HealthEvent
-from gpushare.gpu.simulated import SimulatedBackend
-from gpushare.operator.guard import LatencyGuard
-from gpushare.operator.settings import OperatorConfig
-from gpushare.operator.view import ClusterView as OperatorView
+from gpushare.cluster.metrics import Metrics
+from gpushare.cluster.operator.guard import LatencyGuard
+from gpushare.cluster.operator.settings import OperatorConfig
+from gpushare.cluster.operator.view import ClusterView as OperatorView
+from gpushare.cluster.state.view import ClusterView
+from gpushare.node.exporter import HealthRecorder, MpsDaemonStatus, PodAllocation, build_exporter
+from gpushare.node.gpu.backend import HealthEvent
+from gpushare.node.gpu.simulated import SimulatedBackend
 from tests.fixtures.controller import gpu, node_json, pod_json
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "helm" / "gpushare" / "dashboards"

@@ -5,12 +5,12 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare.deviceplugin.podresources.v1 import api_pb2
-from gpushare.exporter import PodResourcesPoller, SamplerSettings, build_exporter
-from gpushare.exporter.podresources import ContainerDevices, flatten, gpu_holders
-from gpushare.exporter.runner import SimulatedPodProcesses
-from gpushare.gpu.backend import GpuProcess
-from gpushare.gpu.simulated import SimulatedBackend
+from gpushare.node.deviceplugin.podresources.v1 import api_pb2
+from gpushare.node.exporter import PodResourcesPoller, SamplerSettings, build_exporter
+from gpushare.node.exporter.podresources import ContainerDevices, flatten, gpu_holders
+from gpushare.node.exporter.runner import SimulatedPodProcesses
+from gpushare.node.gpu.backend import GpuProcess
+from gpushare.node.gpu.simulated import SimulatedBackend
 
 UID = "7e1c2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f"
 

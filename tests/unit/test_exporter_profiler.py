@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.exporter import SamplerSettings, build_exporter, pipe_profile_from_json
-from gpushare.exporter.profiler import Profiler
-from gpushare.exporter.server import start_http_server
-from gpushare.gpu.simulated import SimulatedBackend
+from gpushare.node.exporter import SamplerSettings, build_exporter, pipe_profile_from_json
+from gpushare.node.exporter.profiler import Profiler
+from gpushare.node.exporter.server import start_http_server
+from gpushare.node.gpu.simulated import SimulatedBackend
 from gpushare.packing.model import PipeProfile
 
 

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.exporter import GpmSampler, SamplerSettings
-from gpushare.gpu.simulated import SimulatedBackend
+from gpushare.node.exporter import GpmSampler, SamplerSettings
+from gpushare.node.gpu.simulated import SimulatedBackend
 
 
 def test_interval_below_gpm_minimum_is_refused_with_the_fix() -> None:

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 from gpushare.api.names import STATE_ALLOCATED, STATE_ASSUMED
 from gpushare.api.placement import Placement
-from gpushare.controller.extender import BindingArgs, Extender, parse_extender_args
-from gpushare.controller.view import ClusterView
+from gpushare.cluster.extender.verbs import BindingArgs, Extender, parse_extender_args
+from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 from tests.unit.test_extender_share_rules import PodStore
 

@@ -7,10 +7,10 @@ import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpushare.controller.extender import Extender
-from gpushare.controller.metrics import Metrics
-from gpushare.controller.server import extender_app
-from gpushare.controller.view import ClusterView
+from gpushare.cluster.extender.verbs import Extender
+from gpushare.cluster.metrics import Metrics
+from gpushare.cluster.server import extender_app
+from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.controller import gpu, node_json, pod_json
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

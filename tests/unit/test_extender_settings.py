@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.controller.settings import Settings, parse_args
+from gpushare.cluster.settings import Settings, parse_args
 from gpushare.packing.policy import Policy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def test_bad_settings_name_the_flag_and_the_fix(argv: list[str], flag: str, fix:
 
 def test_every_setting_is_documented_in_help() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "gpushare.controller", "--help"],
+        [sys.executable, "-m", "gpushare.cluster", "--help"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -86,7 +86,7 @@ def test_every_setting_is_documented_in_help() -> None:
 
 def test_a_bad_flag_exits_2_with_the_message_and_starts_nothing() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "gpushare.controller", "--webhook-timeout-seconds", "0"],
+        [sys.executable, "-m", "gpushare.cluster", "--webhook-timeout-seconds", "0"],
         cwd=REPO,
         capture_output=True,
         text=True,

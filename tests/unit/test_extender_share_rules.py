@@ -28,8 +28,8 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
 )
 from gpushare.api.placement import Placement
-from gpushare.controller.extender import BindingArgs, Extender, parse_extender_args
-from gpushare.controller.view import ClusterView
+from gpushare.cluster.extender.verbs import BindingArgs, Extender, parse_extender_args
+from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.admission import Admission
 from gpushare.packing.policy import Policy
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json

@@ -7,7 +7,7 @@ import pytest
 
 from gpushare.api.names import ANN_MEMORY, STATE_ALLOCATED, STATE_ASSUMED
 from gpushare.api.placement import Placement
-from gpushare.controller.view import ClusterView, ReservationError
+from gpushare.cluster.state.view import ClusterView, ReservationError
 from gpushare.packing.model import Assignment, Demand
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 

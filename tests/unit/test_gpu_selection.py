@@ -4,16 +4,16 @@ GPUs; the agent then sees only the managed ones (docs/coexistence.md)."""
 import pytest
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.deviceplugin.health import DeviceHealth
-from gpushare.gpu.selection import (
+from gpushare.node.coexistence import OtherPluginWatch, other_plugin_gpus
+from gpushare.node.deviceplugin.health import DeviceHealth
+from gpushare.node.gpu.selection import (
     REASON_MIG,
     REASON_NOT_SELECTED,
     REASON_OTHER_PLUGIN,
     parse_gpu_list,
     select_gpus,
 )
-from gpushare.gpu.simulated import SimulatedBackend, parse_spec
-from gpushare.node.coexistence import OtherPluginWatch, other_plugin_gpus
+from gpushare.node.gpu.simulated import SimulatedBackend, parse_spec
 from gpushare.node.main import main
 
 SPEC = "3xH100-80GB,1xA100-80GB+mig"
@@ -115,7 +115,7 @@ def test_agent_refuses_a_bad_gpu_list_naming_the_flag(capsys: pytest.CaptureFixt
 
 
 def test_node_label_selects_gpus_by_index_or_none() -> None:
-    from gpushare.gpu.selection import parse_gpu_label  # noqa: PLC0415
+    from gpushare.node.gpu.selection import parse_gpu_label  # noqa: PLC0415
 
     assert parse_gpu_label("all") is None
     listed = parse_gpu_label("0_3")

@@ -5,9 +5,9 @@ import logging
 import pytest
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.gpu.backend import PIPES
-from gpushare.gpu.factory import open_backend
-from gpushare.gpu.simulated import SimulatedBackend, parse_spec
+from gpushare.node.gpu.backend import PIPES
+from gpushare.node.gpu.factory import open_backend
+from gpushare.node.gpu.simulated import SimulatedBackend, parse_spec
 
 
 def test_spec_gives_gpus_of_the_named_models_in_order() -> None:

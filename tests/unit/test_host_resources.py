@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpushare.controller.host_resources import (
+from gpushare.cluster.state.host_resources import (
     cpu_milli,
     memory_bytes,
     node_allocatable,

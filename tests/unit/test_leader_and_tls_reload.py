@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpushare.controller.leader import LeaderElector, LeadershipLostError, LeaseConflictError
-from gpushare.controller.tls import ReloadingServerTls, ensure_certs
+from gpushare.cluster.leader import LeaderElector, LeadershipLostError, LeaseConflictError
+from gpushare.cluster.tls import ReloadingServerTls, ensure_certs
 
 
 class LeaseStore:
@@ -207,10 +207,10 @@ def test_validity_window_of_generated_certificates_is_long(tmp_path: Path) -> No
 def test_a_standby_resolves_gpushare_links_from_the_watched_spec() -> None:
     """A standby runs no operator, yet serves the webhook: pods linked to a GpuShare
     (gpushare.io/share) must resolve there too, from the share the controller watches."""
-    from gpushare.controller.main import ControllerContext  # noqa: PLC0415
-    from gpushare.controller.metrics import Metrics  # noqa: PLC0415
-    from gpushare.controller.settings import Settings  # noqa: PLC0415
-    from gpushare.controller.view import ClusterView  # noqa: PLC0415
+    from gpushare.cluster.main import ControllerContext  # noqa: PLC0415
+    from gpushare.cluster.metrics import Metrics  # noqa: PLC0415
+    from gpushare.cluster.settings import Settings  # noqa: PLC0415
+    from gpushare.cluster.state.view import ClusterView  # noqa: PLC0415
 
     view = ClusterView()
     view.replace_shares(

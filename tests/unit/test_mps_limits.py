@@ -12,9 +12,9 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
-from gpushare.mps.limits import MIB, ServerLimits, largest
-from gpushare.mps.manager import MpsManager
 from gpushare.node.faults import MAX_LINE, LogTail
+from gpushare.node.mps.limits import MIB, ServerLimits, largest
+from gpushare.node.mps.manager import MpsManager
 from gpushare.node.mps_limits import FLOOR, MpsLimitKeeper, placed_shares
 
 GPU = "GPU-aaaaaaaa-0000-0000-0000-000000000000"

@@ -19,8 +19,8 @@ from gpushare.api.names import (
     LABEL_MPS_CAPABLE,
     LABEL_SIMULATED,
 )
-from gpushare.gpu.simulated import SimulatedBackend
 from gpushare.node.agent import AgentSettings, NodeAgent
+from gpushare.node.gpu.simulated import SimulatedBackend
 from gpushare.node.kube import pod_info
 from gpushare.node.load import Share, simulated_load
 from gpushare.node.logs import JsonFormatter

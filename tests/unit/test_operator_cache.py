@@ -3,7 +3,13 @@
 from datetime import UTC, datetime, timedelta
 
 from gpushare.api.gpushare_crd import ShareProfile
-from gpushare.operator.cache import CacheEntry, cache_key, encode_entry, evictable_keys, lookup
+from gpushare.cluster.operator.cache import (
+    CacheEntry,
+    cache_key,
+    encode_entry,
+    evictable_keys,
+    lookup,
+)
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 IMAGE = "registry.local/train:1"

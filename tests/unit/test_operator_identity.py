@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from gpushare.operator.runner import ensure_peering_identity
+from gpushare.cluster.operator.runner import ensure_peering_identity
 
 
 def test_identity_is_named_without_a_passwd_entry(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,7 +29,7 @@ def test_in_cluster_login_uses_the_service_address_not_cluster_dns() -> None:
     operator could never connect, so the kubelet-provided address replaces it."""
     import kopf  # noqa: PLC0415
 
-    from gpushare.operator.handlers import in_cluster_server  # noqa: PLC0415
+    from gpushare.cluster.operator.handlers import in_cluster_server  # noqa: PLC0415
 
     info = kopf.ConnectionInfo(server="https://kubernetes.default.svc", token="t")
     env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
@@ -43,7 +43,7 @@ def test_in_cluster_login_uses_the_service_address_not_cluster_dns() -> None:
 def test_operator_keeps_its_cache_in_its_own_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     """In the chart's controller the operator runs with default settings; the profile cache
     it may write is granted only in the release namespace, which POD_NAMESPACE names."""
-    from gpushare.operator.settings import DEFAULT_NAMESPACE, OperatorConfig  # noqa: PLC0415
+    from gpushare.cluster.operator.settings import DEFAULT_NAMESPACE, OperatorConfig  # noqa: PLC0415
 
     monkeypatch.setenv("POD_NAMESPACE", "gpushare-e2e")
     assert OperatorConfig().namespace == "gpushare-e2e"

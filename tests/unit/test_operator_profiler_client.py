@@ -6,17 +6,17 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpushare.exporter import SamplerSettings, build_exporter
-from gpushare.exporter.server import start_http_server
-from gpushare.gpu.simulated import SimulatedBackend
-from gpushare.operator.profiler_client import ProfilerClient
-from gpushare.operator.readings import (
+from gpushare.cluster.operator.profiler_client import ProfilerClient
+from gpushare.cluster.operator.readings import (
     ProfilerError,
     agent_url,
     parse_reading,
     profile_from_reading,
 )
-from gpushare.operator.reconcile import utcnow
+from gpushare.cluster.operator.reconcile import utcnow
+from gpushare.node.exporter import SamplerSettings, build_exporter
+from gpushare.node.exporter.server import start_http_server
+from gpushare.node.gpu.simulated import SimulatedBackend
 
 
 class Clock:

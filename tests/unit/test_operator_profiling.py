@@ -8,7 +8,7 @@ import pytest
 from gpushare.api.gpushare_crd import ANN_PROFILING, ShareProfile
 from gpushare.api.names import ANN_SHARE, RESOURCE_GPU_PERCENT
 from gpushare.api.placement import Placement
-from gpushare.operator.profiling import (
+from gpushare.cluster.operator.profiling import (
     MAX_PROFILING_ATTEMPTS,
     Abandon,
     Elect,
@@ -23,7 +23,7 @@ from gpushare.operator.profiling import (
     stale_marks,
     with_condition,
 )
-from gpushare.operator.view import PodSummary, ShareSummary, pod_summary, share_summary
+from gpushare.cluster.operator.view import PodSummary, ShareSummary, pod_summary, share_summary
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 GPU = "GPU-0b9c3e1a-0000-4000-8000-000000000001"

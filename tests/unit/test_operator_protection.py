@@ -12,15 +12,15 @@ from datetime import UTC, datetime, timedelta
 from gpushare.api.gpushare_crd import ANN_PROFILE, ANN_PROFILING
 from gpushare.api.names import ANN_CLASS, RESOURCE_GPU_PERCENT
 from gpushare.api.placement import Placement
-from gpushare.operator.guard import interference_predictor
-from gpushare.operator.protection import (
+from gpushare.cluster.operator.guard import interference_predictor
+from gpushare.cluster.operator.protection import (
     ProtectionPolicy,
     ProtectionTracker,
     Reading,
     choose_victim,
     judge,
 )
-from gpushare.operator.view import ClusterView, PodSummary, pod_summary
+from gpushare.cluster.operator.view import ClusterView, PodSummary, pod_summary
 from gpushare.packing.interference import load_default
 
 BF16_GEMM = Reading(

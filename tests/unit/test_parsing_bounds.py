@@ -16,9 +16,9 @@ from gpushare.api.inventory import load_inventory
 from gpushare.api.names import ANN_FRACTION, ANN_GPU_UUID, ANN_MEMORY, ANN_MEMORY_LIMIT
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.api.quantities import format_memory, parse_fraction, parse_memory
-from gpushare.controller.view import ClusterView
-from gpushare.controller.webhook import BadReviewError, parse_review
-from gpushare.deviceplugin.devices import parse_device_id
+from gpushare.cluster.state.view import ClusterView
+from gpushare.cluster.webhook.review import BadReviewError, parse_review
+from gpushare.node.deviceplugin.devices import parse_device_id
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 
 

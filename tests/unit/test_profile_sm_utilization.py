@@ -12,9 +12,9 @@ from pathlib import Path
 import yaml
 
 from gpushare.api.gpushare_crd import ANN_PROFILE, ShareProfile, parse_profile
-from gpushare.controller.share_rules import rules_of
-from gpushare.exporter.profiler import pipe_profile_from_json
-from gpushare.operator.readings import parse_reading, profile_from_reading
+from gpushare.cluster.operator.readings import parse_reading, profile_from_reading
+from gpushare.cluster.state.share_rules import rules_of
+from gpushare.node.exporter.profiler import pipe_profile_from_json
 from gpushare.packing.interference import load_default
 from gpushare.packing.model import PipeProfile
 

@@ -29,7 +29,7 @@ from gpushare.api.names import (
 )
 from gpushare.api.placement import Placement
 from gpushare.api.quantities import parse_fraction
-from gpushare.controller.host_resources import pod_requests
+from gpushare.cluster.state.host_resources import pod_requests
 
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model\n"
 POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n"

@@ -1,7 +1,7 @@
 """Which refused pods the controller sends back to kube-scheduler's queue."""
 
-from gpushare.controller.pods import PodFacts
-from gpushare.controller.requeue import RefusedPods
+from gpushare.cluster.extender.requeue import RefusedPods
+from gpushare.cluster.state.pods import PodFacts
 
 
 def facts(key: str, *, node: str | None = None, finished: bool = False) -> PodFacts:

@@ -20,8 +20,8 @@ from gpushare.api.names import (
     SCHEDULER_NAME,
 )
 from gpushare.api.request import GpuRequest
-from gpushare.controller.settings import DEFAULT_PROTECTED_HOST_PATHS
-from gpushare.controller.webhook import (
+from gpushare.cluster.settings import DEFAULT_PROTECTED_HOST_PATHS
+from gpushare.cluster.webhook.review import (
     BadReviewError,
     ClusterFacts,
     answer,

@@ -8,9 +8,9 @@ import pytest
 from cryptography import x509
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.controller.registration import webhook_configurations
-from gpushare.controller.settings import parse_args
-from gpushare.controller.tls import ensure_certs
+from gpushare.cluster.settings import parse_args
+from gpushare.cluster.tls import ensure_certs
+from gpushare.cluster.webhook.registration import webhook_configurations
 
 
 def test_generated_certificate_is_signed_by_the_ca_and_covers_the_hosts(tmp_path: Path) -> None:

@@ -185,7 +185,7 @@ def node_cleanup() -> int:
     # Frozen, the agent cannot restart a daemon or recreate a directory behind our back.
     signal_all(agents, signal.SIGSTOP)
     try:
-        root = Path(os.environ.get("MPS_ROOT", "/run/gpushare/mps"))
+        root = Path(os.environ.get("MPS_ROOT", "/run/gpushare/node/mps"))
         if root.is_dir():
             for gpu_dir in sorted(p for p in root.iterdir() if p.is_dir()):
                 stop_mps(gpu_dir)

@@ -1,0 +1,143 @@
+"""Prometheus metrics of the controller, in a registry of its own (no import-time globals)."""
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.gpushare_crd import parse_profile
+from gpushare.api.names import METRIC_PREFIX
+from gpushare.cluster.state.view import ClusterView
+
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+)  # fmt: skip
+
+
+class _ViewCollector(Collector):
+    """Sizes of the view, read at scrape time."""
+
+    def __init__(self, view: Callable[[], ClusterView | None]) -> None:
+        self._view = view
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        view = self._view()
+        if view is None:
+            return
+        nodes = GaugeMetricFamily(
+            f"{METRIC_PREFIX}controller_nodes", "Nodes with a gpushare GPU inventory in the view"
+        )
+        nodes.add_metric([], len(view.nodes()))
+        yield nodes
+        gpus = GaugeMetricFamily(f"{METRIC_PREFIX}controller_gpus", "GPUs in the view")
+        gpus.add_metric([], sum(len(n.gpus) for n in view.nodes().values()))
+        yield gpus
+        pods = GaugeMetricFamily(f"{METRIC_PREFIX}controller_pods", "gpushare pods in the view")
+        pods.add_metric([], len(view.pods()))
+        yield pods
+        synced = GaugeMetricFamily(
+            f"{METRIC_PREFIX}controller_view_synced", "1 once nodes and pods were listed"
+        )
+        synced.add_metric([], 1.0 if view.synced else 0.0)
+        yield synced
+        yield _pending_pods(view)
+        yield _share_profiles(view)
+
+
+def _pending_pods(view: ClusterView) -> GaugeMetricFamily:
+    """gpushare pods not yet bound to a node, per namespace: the queue a user waits in (the
+    cluster dashboard's "Pending fractional pods")."""
+    family = GaugeMetricFamily(
+        f"{METRIC_PREFIX}pending_pods",
+        "gpushare pods not yet bound to a node",
+        labels=["namespace"],
+    )
+    counts: dict[str, int] = {}
+    for key, pod in view.pods().items():
+        if pod.node is None and not pod.finished:
+            namespace = key.split("/", 1)[0]
+            counts[namespace] = counts.get(namespace, 0) + 1
+    for namespace, count in sorted(counts.items()):
+        family.add_metric([namespace], count)
+    return family
+
+
+# status.profile keys -> the pipe label values the node exporter uses for the same pipes.
+_PROFILE_PIPES = (
+    ("fp16", "fp16"),
+    ("fp32", "fp32"),
+    ("fp64", "fp64"),
+    ("tensor", "tensor"),
+    ("tensor_hmma", "tensor_hmma"),
+    ("tensor_dmma", "tensor_dmma"),
+    ("tensor_imma", "tensor_imma"),
+)
+
+
+def _share_profiles(view: ClusterView) -> GaugeMetricFamily:
+    """Each profiled GpuShare's measured pipe use (``status.profile``; docs/operator.md), for
+    the workload dashboard. A profile the operator has not written yet, or one that does not
+    parse, is left out rather than failing the scrape."""
+    family = GaugeMetricFamily(
+        f"{METRIC_PREFIX}share_profile_pipe_ratio",
+        "Pipe utilization measured when the GpuShare's job was profiled alone on a GPU",
+        labels=["namespace", "gpushare", "pipe", "gpu_model", "simulated"],
+    )
+    for key, status in sorted(view.share_statuses().items()):
+        raw = status.get("profile")
+        if not isinstance(raw, dict) or not raw:
+            continue
+        try:
+            profile = parse_profile(raw)
+        except InvalidInputError:
+            continue
+        namespace, name = key.split("/", 1)
+        simulated = "true" if profile.simulated else "false"
+        for attr, pipe in _PROFILE_PIPES:
+            value = getattr(profile, attr)
+            if value is not None:
+                family.add_metric([namespace, name, pipe, profile.gpu_model, simulated], value)
+    return family
+
+
+class Metrics:
+    def __init__(self, view: ClusterView | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.extender_seconds = Histogram(
+            f"{METRIC_PREFIX}extender_request_duration_seconds",
+            "Time to answer one kube-scheduler extender call",
+            ["verb"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.extender_requests = Counter(
+            f"{METRIC_PREFIX}extender_requests",
+            "Extender calls by verb and outcome (ok, error, bad_request)",
+            ["verb", "outcome"],
+            registry=self.registry,
+        )
+        self.bind_stage_seconds = Histogram(
+            f"{METRIC_PREFIX}extender_bind_stage_seconds",
+            "Time a bind spends per stage: gate (waiting until no pod of its size on the node "
+            "still waits for its Allocate) and write (choosing GPUs and the Binding POST)",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.binds = Counter(
+            f"{METRIC_PREFIX}extender_binds",
+            "Bind attempts by result (bound, failed)",
+            ["result"],
+            registry=self.registry,
+        )
+        self.webhook_requests = Counter(
+            f"{METRIC_PREFIX}webhook_requests",
+            "Admission reviews by webhook (mutate, validate) and outcome (allowed, denied, "
+            "bad_request)",
+            ["webhook", "outcome"],
+            registry=self.registry,
+        )
+        self._view = view
+        self.registry.register(_ViewCollector(lambda: self._view))

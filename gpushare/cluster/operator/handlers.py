@@ -1,0 +1,124 @@
+"""Kopf registrations only: each handler is a few lines delegating to the domain modules.
+
+Registered into a registry of our own (never Kopf's global one), so the operator can run
+inside the controller process next to other asyncio servers, and tests can build it twice.
+"""
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from gpushare.api.gpushare_crd import PLURAL
+from gpushare.api.names import GROUP, VERSION
+from gpushare.cluster.operator.reconcile import ShareReconciler, utcnow
+from gpushare.cluster.operator.settings import OperatorConfig
+from gpushare.cluster.operator.view import ClusterView, share_summary
+
+log = logging.getLogger(__name__)
+
+FINALIZER = f"{GROUP}/finalizer"
+STORAGE_PREFIX = GROUP
+
+
+def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
+    """Own finalizer and progress storage under gpushare.io; Kopf's own per-handler Events
+    only for warnings (ours say what happened in the user's terms)."""
+    settings = kopf.OperatorSettings()
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=STORAGE_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.peering.standalone = config.standalone
+    # Kopf would SIGKILL the whole process if cancelled without its stop flag; inside the
+    # controller (or a test) a cancelled operator must just stop.
+    settings.process.ultimate_exiting_timeout = None
+    return settings
+
+
+def in_cluster_server(info: kopf.ConnectionInfo, environ: Mapping[str, str]) -> kopf.ConnectionInfo:
+    """Kopf's service-account login names the API server ``kubernetes.default.svc``, which
+    needs cluster DNS; like client-go's in-cluster config, use the Service address the kubelet
+    puts in every pod's environment when it is there (clusters without DNS, the local one)."""
+    host = environ.get("KUBERNETES_SERVICE_HOST")
+    port = environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return info
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    return dataclasses.replace(info, server=f"https://{host}:{port}")
+
+
+def build_registry(
+    *, config: OperatorConfig, view: ClusterView, reconciler: ShareReconciler
+) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    shares = (GROUP, VERSION, PLURAL)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """$KUBECONFIG first (tests, development), else the pod's service account."""
+        if os.environ.get("KUBECONFIG"):
+            return kopf.login_with_kubeconfig(**kwargs)
+        info = kopf.login_with_service_account(**kwargs)
+        if info is None:
+            return kopf.login_with_kubeconfig(**kwargs)
+        return in_cluster_server(info, os.environ)
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    async def node_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        view.put_node(body, deleted=event.get("type") == "DELETED")
+
+    @kopf.on.event("", "v1", "pods", registry=registry)
+    async def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        pod = view.put_pod(body, deleted=event.get("type") == "DELETED")
+        share = view.share_of(pod) if pod.gpu_pod else None
+        if share is not None:
+            reconciler.kick(share.key)
+
+    @kopf.on.event(*shares, registry=registry)
+    async def share_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        share = view.put_share(body, deleted=event.get("type") == "DELETED")
+        if event.get("type") != "DELETED":
+            reconciler.kick(share.key)
+
+    @kopf.on.create(*shares, id="accept", registry=registry)
+    async def accept(body: kopf.Body, **_: Any) -> None:
+        share = share_summary(body)
+
+        @kopf.subhandler(id="status")
+        async def status(**_: Any) -> None:
+            if await reconciler.validate(share, now=utcnow()) is None:
+                raise kopf.TemporaryError("status changed meanwhile; retrying", delay=1)
+
+        @kopf.subhandler(id="announce")
+        async def announce(**_: Any) -> None:
+            await reconciler.announce(share)
+
+    @kopf.on.update(*shares, field="spec", id="respec", registry=registry)
+    async def respec(body: kopf.Body, **_: Any) -> None:
+        share = share_summary(body)
+        changed = await reconciler.validate(share, now=utcnow())
+        if changed is None:
+            raise kopf.TemporaryError("status changed meanwhile; retrying", delay=1)
+        if changed:
+            await reconciler.announce(share)
+
+    @kopf.timer(*shares, interval=config.reconcile_interval_s, id="reconcile", registry=registry)
+    async def tick(body: kopf.Body, **_: Any) -> None:
+        share = view.put_share(body)
+        try:
+            await reconciler.reconcile(share.key)
+        except Exception as exc:
+            raise kopf.TemporaryError(f"{exc}", delay=config.reconcile_interval_s) from exc
+
+    @kopf.on.delete(*shares, id="release", registry=registry)
+    async def release(body: kopf.Body, **_: Any) -> None:
+        await reconciler.release_all(share_summary(body))
+
+    return registry

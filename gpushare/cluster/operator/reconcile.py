@@ -1,0 +1,508 @@
+"""Carries out the GpuShare life cycle that ``profiling.next_step`` decides.
+
+Each step is one tested JSON patch of the share's status (``test`` the phase it starts from),
+preceded by idempotent preparations (pod annotations, the cache entry) and followed by an
+Event only when the patch applied. Two racing ticks, or a restart between preparation and
+patch, therefore change nothing twice and report every transition exactly once.
+"""
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from gpushare.api.gpushare_crd import (
+    ANN_PROFILE,
+    ANN_PROFILING,
+    ANN_PROFILING_WINDOW,
+    PHASE_FAILED,
+    PHASE_PACKED,
+    PHASE_PENDING,
+    PHASE_PROFILING,
+    PROFILING_ACTIVE,
+    PROFILING_AUTO,
+    PROFILING_DONE,
+    ShareProfile,
+    format_rfc3339,
+    missing_annotations,
+    placements_status,
+    profile_annotation,
+)
+from gpushare.cluster.operator import cache
+from gpushare.cluster.operator.kube import KubeApi, ObjectRef
+from gpushare.cluster.operator.profiler_client import ProfilerClient
+from gpushare.cluster.operator.profiling import (
+    Abandon,
+    Elect,
+    GiveUp,
+    Measure,
+    SkipProfiling,
+    StartClock,
+    Step,
+    UseCached,
+    Wait,
+    attempts,
+    next_step,
+    placement_entries,
+    representative,
+    stale_marks,
+    with_condition,
+)
+from gpushare.cluster.operator.readings import ProfilerError, profile_from_reading
+from gpushare.cluster.operator.settings import OperatorConfig
+from gpushare.cluster.operator.view import ClusterView, PodSummary, ShareSummary, share_summary
+
+log = logging.getLogger(__name__)
+
+COND_ACCEPTED = "Accepted"
+COND_PROFILED = "Profiled"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def describe(profile: ShareProfile) -> str:
+    parts = [
+        f"{name} {value:.0%}"
+        for name, value in (
+            ("fp16", profile.fp16),
+            ("fp32", profile.fp32),
+            ("fp64", profile.fp64),
+            ("tensor", profile.tensor),
+            ("SM occupancy", profile.sm_occupancy),
+            ("SM busy", profile.sm_utilization),
+            ("DRAM", profile.dram_bandwidth),
+        )
+        if value is not None
+    ]
+    sim = " (simulated GPU)" if profile.simulated else ""
+    return f"{', '.join(parts)} on {profile.gpu_model}{sim} over {profile.sampled_seconds:g} s"
+
+
+class ShareReconciler:
+    """Reconciles one GpuShare at a time per share (a lock each); safe to call any time."""
+
+    def __init__(
+        self,
+        *,
+        config: OperatorConfig,
+        kube: KubeApi,
+        view: ClusterView,
+        profiler: ProfilerClient,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.config = config
+        self.kube = kube
+        self.view = view
+        self.profiler = profiler
+        self.clock = clock
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._kicks: dict[str, asyncio.Task[None]] = {}
+        self.synced = asyncio.Event()
+        """Set once the view holds a full listing of pods and nodes. Until then nothing acts:
+        after a restart, a pod not yet seen again must not read as a deleted one."""
+
+    async def seed(self) -> None:
+        """List pods and nodes once, so the first decisions see the whole cluster; watch
+        events that arrived meanwhile are newer and win. Retries until it succeeds."""
+        delay = 1.0
+        while True:
+            try:
+                namespaces: tuple[str | None, ...] = self.config.watch_namespaces or (None,)
+                pods = [p for ns in namespaces for p in await self.kube.list_pods(namespace=ns)]
+                nodes = await self.kube.list_nodes()
+                break
+            except Exception as exc:  # API down at start-up: keep trying, act on nothing
+                log.warning("listing pods and nodes failed (%s); retrying in %.0f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        for body in nodes:
+            if (body.get("metadata") or {}).get("name") not in self.view.nodes:
+                self.view.put_node(body)
+        for body in pods:
+            meta = body.get("metadata") or {}
+            if f"{meta.get('namespace')}/{meta.get('name')}" not in self.view.pods:
+                self.view.put_pod(body)
+        self.synced.set()
+        log.info("view seeded with %d pods and %d nodes", len(pods), len(nodes))
+
+    def kick(self, key: str) -> None:
+        """Reconcile ``key`` soon, without waiting (from event handlers); coalesces kicks."""
+        running = self._kicks.get(key)
+        if running is not None and not running.done():
+            return
+        self._kicks[key] = asyncio.get_running_loop().create_task(self._kicked(key))
+
+    async def _kicked(self, key: str) -> None:
+        try:
+            await self.reconcile(key)
+        except Exception:
+            log.exception("reconciling GpuShare %s failed; the next tick retries", key)
+
+    async def close(self) -> None:
+        for task in self._kicks.values():
+            task.cancel()
+        await asyncio.gather(*self._kicks.values(), return_exceptions=True)
+
+    async def reconcile(self, key: str) -> Step | None:
+        if not self.synced.is_set():
+            return None
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            share = self.view.shares.get(key)
+            if share is None or (share.body.get("metadata") or {}).get("deletionTimestamp"):
+                return None
+            pods = self.view.governed_pods(share)
+            await self._inherit(share, pods)
+            await self._release(share, pods)
+            await self._sync_placements(share, pods)
+            cached = await self._cached(share, pods)
+            now = self.clock()
+            step = next_step(
+                share,
+                pods,
+                cached=cached,
+                now=now,
+                measure_grace=timedelta(seconds=self.config.measure_grace_s),
+                start_timeout=timedelta(seconds=self.config.profiling_start_timeout_s),
+                warmup=timedelta(seconds=self.config.profiling_warmup_s),
+            )
+            if not isinstance(step, Wait):
+                log.info("GpuShare %s: %s", key, type(step).__name__)
+            await self._take(share, step, now=now)
+            return step
+
+    # ---- idempotent housekeeping -----------------------------------------------------------
+
+    async def _inherit(self, share: ShareSummary, pods: Sequence[PodSummary]) -> None:
+        """Unscheduled governed pods get the share's request (and profile, once known)."""
+        if share.spec is None:
+            return
+        profile = share.status.get("profile")
+        for pod in pods:
+            if pod.node_name is not None or not pod.active:
+                continue
+            wanted = missing_annotations(
+                share.spec, share_name=share.name, annotations=pod.annotations
+            )
+            if isinstance(profile, Mapping) and ANN_PROFILE not in pod.annotations:
+                wanted[ANN_PROFILE] = profile_annotation(profile)
+            if wanted:
+                await self.kube.annotate_pod(
+                    namespace=pod.namespace, name=pod.name, annotations=wanted
+                )
+
+    async def _release(self, share: ShareSummary, pods: Sequence[PodSummary]) -> None:
+        for pod in stale_marks(share, pods):
+            await self.kube.annotate_pod(
+                namespace=pod.namespace, name=pod.name, annotations={ANN_PROFILING: PROFILING_DONE}
+            )
+
+    async def _sync_placements(self, share: ShareSummary, pods: Sequence[PodSummary]) -> None:
+        if "phase" not in share.status:
+            return  # the create handler writes the first status
+        entries = placement_entries(pods)
+        desired = {"placements": placements_status(entries), "pods": len(entries)}
+        status = share.status
+        if status.get("placements", []) == desired["placements"] and status.get("pods") == len(
+            entries
+        ):
+            return
+        await self.kube.merge_share_status(
+            namespace=share.namespace, name=share.name, status=desired
+        )
+
+    async def _cached(self, share: ShareSummary, pods: Sequence[PodSummary]) -> ShareProfile | None:
+        spec = share.spec
+        if spec is None or share.status.get("phase") != PHASE_PENDING:
+            return None
+        if spec.profiling.mode != PROFILING_AUTO:
+            return None
+        pod = representative(pods)
+        models = self.view.gpu_models()
+        if pod is None or not models:
+            return None
+        data = await self.kube.read_configmap(
+            namespace=self.config.namespace, name=self.config.cache_configmap
+        )
+        return cache.lookup(data, image=pod.image, command=pod.command, gpu_models=models)
+
+    # ---- steps -----------------------------------------------------------------------------
+
+    async def transition(
+        self,
+        share: ShareSummary,
+        *,
+        to_phase: str,
+        fields: Mapping[str, Any] | None = None,
+        condition: tuple[str, bool, str, str] | None = None,
+        tests: Mapping[str, Any] | None = None,
+        now: datetime,
+    ) -> bool:
+        """Move the share from its current phase to ``to_phase`` iff nobody did it already."""
+        status = share.status
+        generation = (share.body.get("metadata") or {}).get("generation")
+        values: dict[str, Any] = {"phase": to_phase, **(fields or {})}
+        if isinstance(generation, int):
+            values["observedGeneration"] = generation
+        if condition is not None:
+            type_, ok, reason, message = condition
+            values["conditions"] = with_condition(
+                status.get("conditions"),
+                type_=type_,
+                status=ok,
+                reason=reason,
+                message=message,
+                now=now,
+                generation=generation if isinstance(generation, int) else None,
+            )
+        ops: list[dict[str, Any]]
+        if not isinstance(share.body.get("status"), Mapping):
+            # No status yet: "test /status is null" holds only while it is absent.
+            ops = [
+                {"op": "test", "path": "/status", "value": None},
+                {"op": "add", "path": "/status", "value": values},
+            ]
+        else:
+            ops = [{"op": "test", "path": "/status/phase", "value": status.get("phase")}]
+            ops.extend(
+                {"op": "test", "path": f"/status/{k}", "value": v} for k, v in (tests or {}).items()
+            )
+            ops.extend({"op": "add", "path": f"/status/{k}", "value": v} for k, v in values.items())
+        return await self.kube.patch_share_status(
+            namespace=share.namespace, name=share.name, ops=ops
+        )
+
+    async def event(
+        self, share: ShareSummary, reason: str, message: str, *, warning: bool = False
+    ) -> None:
+        await self.kube.post_event(
+            about=ObjectRef.share(namespace=share.namespace, name=share.name, uid=share.uid),
+            reason=reason,
+            message=message,
+            warning=warning,
+        )
+
+    async def _take(self, share: ShareSummary, step: Step, *, now: datetime) -> None:
+        if isinstance(step, Wait):
+            return
+        if isinstance(step, SkipProfiling):
+            if await self.transition(
+                share,
+                to_phase=PHASE_PACKED,
+                condition=(COND_PROFILED, False, "ProfilingSkipped", "spec.profiling.mode is skip"),
+                now=now,
+            ):
+                await self.event(share, "Packed", "profiling skipped (spec.profiling.mode: skip)")
+        elif isinstance(step, UseCached):
+            message = f"reused the cached profile: {describe(step.profile)}"
+            profile = dataclasses.replace(step.profile, source="cache")
+            if await self.transition(
+                share,
+                to_phase=PHASE_PACKED,
+                fields={"profile": profile.to_status()},
+                condition=(COND_PROFILED, True, "CacheHit", message),
+                now=now,
+            ):
+                await self.event(share, "ProfileReused", message)
+        elif isinstance(step, Elect):
+            await self._elect(share, step, now=now)
+        elif isinstance(step, StartClock):
+            # Not an event: the clock start is bookkeeping inside the Profiling phase.
+            await self.kube.patch_share_status(
+                namespace=share.namespace,
+                name=share.name,
+                ops=[
+                    {"op": "test", "path": "/status/phase", "value": PHASE_PROFILING},
+                    {"op": "test", "path": "/status/profilingPod", "value": step.pod.name},
+                    {"op": "test", "path": "/status/profilingStarted", "value": None},
+                    {
+                        "op": "add",
+                        "path": "/status/profilingStarted",
+                        "value": format_rfc3339(step.at),
+                    },
+                ],
+            )
+        elif isinstance(step, Measure):
+            await self._measure(share, step, now=now)
+        elif isinstance(step, Abandon):
+            if step.pod is not None:
+                await self.kube.annotate_pod(
+                    namespace=step.pod.namespace,
+                    name=step.pod.name,
+                    annotations={ANN_PROFILING: PROFILING_DONE},
+                )
+            if await self.transition(
+                share,
+                to_phase=PHASE_PENDING,
+                fields={
+                    "profilingPod": None,
+                    "profilingStarted": None,
+                    "profilingElected": None,
+                    "profilingAttempts": attempts(share.status) + 1,
+                },
+                condition=(COND_PROFILED, False, "ProfilingRestarted", step.reason),
+                now=now,
+            ):
+                await self.event(share, "ProfilingRestarted", step.reason, warning=True)
+        elif isinstance(step, GiveUp) and await self.transition(
+            share,
+            to_phase=PHASE_PACKED,
+            condition=(COND_PROFILED, False, "ProfilingFailed", step.reason),
+            now=now,
+        ):
+            await self.event(share, "ProfilingFailed", step.reason, warning=True)
+
+    async def _elect(self, share: ShareSummary, step: Elect, *, now: datetime) -> None:
+        assert share.spec is not None
+        pod = step.pod
+        window = share.spec.profiling.window_seconds
+        if step.mark:
+            marked = await self.kube.annotate_pod(
+                namespace=pod.namespace,
+                name=pod.name,
+                annotations={ANN_PROFILING: PROFILING_ACTIVE, ANN_PROFILING_WINDOW: str(window)},
+            )
+            if not marked:
+                return  # the pod went away; the next tick elects another
+        where = (
+            f"alone on a GPU (policy {share.spec.packing.policy})"
+            if step.mark or pod.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE
+            else f"where it already runs (on {pod.node_name}; neighbours may skew the profile)"
+        )
+        message = f"profiling pod {pod.name} {where} for {window} s"
+        if await self.transition(
+            share,
+            to_phase=PHASE_PROFILING,
+            fields={
+                "profilingPod": pod.name,
+                "profilingStarted": None,
+                "profilingElected": format_rfc3339(now),
+            },
+            condition=(COND_PROFILED, False, "Profiling", message),
+            now=now,
+        ):
+            await self.event(share, "ProfilingStarted", message)
+
+    async def _measure(self, share: ShareSummary, step: Measure, *, now: datetime) -> None:
+        node = self.view.nodes.get(step.node)
+        try:
+            reading = await self.profiler.fetch(
+                node=step.node,
+                node_ip=node.address if node else None,
+                gpu_uuid=step.gpu_uuid,
+                window_s=step.window_seconds,
+            )
+        except ProfilerError as exc:
+            log.warning("GpuShare %s: profiler: %s; retrying", share.key, exc)
+            conditions = with_condition(
+                share.status.get("conditions"),
+                type_=COND_PROFILED,
+                status=False,
+                reason="AgentUnreachable",
+                message=f"waiting for the node agent's profile: {exc}",
+                now=now,
+            )
+            if conditions != share.status.get("conditions"):
+                await self.kube.patch_share_status(
+                    namespace=share.namespace,
+                    name=share.name,
+                    ops=[
+                        {"op": "test", "path": "/status/phase", "value": PHASE_PROFILING},
+                        {"op": "add", "path": "/status/conditions", "value": conditions},
+                    ],
+                )
+            return
+        profile = profile_from_reading(reading, now=now)
+        pod = step.pod
+        key = cache.cache_key(image=pod.image, command=pod.command, gpu_model=profile.gpu_model)
+        entry = cache.CacheEntry(pod.image, pod.command, profile.gpu_model, profile)
+        await self._write_cache(key, cache.encode_entry(entry))
+        message = f"profiled pod {pod.name}: {describe(profile)}"
+        if await self.transition(
+            share,
+            to_phase=PHASE_PACKED,
+            fields={"profile": profile.to_status()},
+            tests={"profilingPod": pod.name},
+            condition=(COND_PROFILED, True, "Measured", message),
+            now=now,
+        ):
+            await self.kube.annotate_pod(
+                namespace=pod.namespace, name=pod.name, annotations={ANN_PROFILING: PROFILING_DONE}
+            )
+            await self.event(share, "Profiled", message)
+
+    async def _write_cache(self, key: str, value: str) -> None:
+        ns, name = self.config.namespace, self.config.cache_configmap
+        data = await self.kube.read_configmap(namespace=ns, name=name)
+        entries: dict[str, str | None] = {key: value}
+        after = {**data, key: value}
+        for old in cache.evictable_keys(after, keep=self.config.cache_max_entries):
+            entries[old] = None
+        await self.kube.put_configmap_entries(namespace=ns, name=name, entries=entries)
+
+    # ---- validation (create / spec update) -------------------------------------------------
+
+    async def validate(self, share: ShareSummary, *, now: datetime) -> bool | None:
+        """Set phase and the Accepted condition after the spec was created or changed: an
+        invalid spec fails the share; a valid one (re)starts a failed or new share at Pending.
+
+        Reads the share afresh (a handler's body may predate our own writes). True when this
+        call changed the phase (the caller announces it, once), False when nothing was to be
+        done, None when the status changed meanwhile (the caller retries)."""
+        fresh = await self.kube.get_share(namespace=share.namespace, name=share.name)
+        if fresh is None:
+            return False
+        share = share_summary(fresh)
+        phase = share.status.get("phase")
+        if share.spec is None:
+            if phase == PHASE_FAILED:
+                return False
+            changed = await self.transition(
+                share,
+                to_phase=PHASE_FAILED,
+                condition=(COND_ACCEPTED, False, "InvalidSpec", f"{share.spec_error}"),
+                now=now,
+            )
+            return True if changed else None
+        if phase not in (None, PHASE_FAILED):
+            return False
+        changed = await self.transition(
+            share,
+            to_phase=PHASE_PENDING,
+            fields={
+                "profilingPod": None,
+                "profilingStarted": None,
+                "profilingElected": None,
+                "profilingAttempts": 0,
+            },
+            condition=(COND_ACCEPTED, True, "Valid", "spec accepted"),
+            now=now,
+        )
+        return True if changed else None
+
+    async def announce(self, share: ShareSummary) -> None:
+        """The Event that goes with ``validate`` (a separate Kopf sub-handler, run once)."""
+        if share.spec is None:
+            await self.event(share, "InvalidSpec", f"{share.spec_error}", warning=True)
+        else:
+            spec = share.spec
+            await self.event(
+                share,
+                "Accepted",
+                f"{spec.fraction} of a GPU per pod, class {spec.gpu_class}, packing "
+                f"{spec.packing.policy}, profiling {spec.profiling.mode}",
+            )
+
+    async def release_all(self, share: ShareSummary) -> None:
+        """On deletion: free every GPU held for this share's profiling."""
+        for pod in self.view.governed_pods(share):
+            if pod.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE:
+                await self.kube.annotate_pod(
+                    namespace=pod.namespace,
+                    name=pod.name,
+                    annotations={ANN_PROFILING: PROFILING_DONE},
+                )

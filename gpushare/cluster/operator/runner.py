@@ -1,0 +1,138 @@
+"""Start the operator inside an existing event loop (the controller's) or on its own.
+
+``run_operator`` returns when Kopf stops (``stop_flag`` set, or SIGINT/SIGTERM when it runs
+in the main thread), after stopping the protection loop and closing its clients.
+"""
+
+import asyncio
+import getpass
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+import kopf
+from prometheus_client import CollectorRegistry
+
+from gpushare.api.request import GpuRequest
+from gpushare.cluster.operator.guard import LatencyGuard
+from gpushare.cluster.operator.handlers import build_registry, kopf_settings
+from gpushare.cluster.operator.kube import KubeApi
+from gpushare.cluster.operator.profiler_client import ProfilerClient
+from gpushare.cluster.operator.reconcile import ShareReconciler
+from gpushare.cluster.operator.settings import OperatorConfig
+from gpushare.cluster.operator.view import ClusterView
+
+log = logging.getLogger(__name__)
+
+
+ShareResolver = Callable[[str, str], GpuRequest | None]
+
+
+@runtime_checkable
+class ResolvesShares(Protocol):
+    """The part of the controller's view the operator fills in."""
+
+    share_resolver: ShareResolver | None
+
+
+def share_resolver(view: ClusterView) -> Callable[[str, str], GpuRequest | None]:
+    """(namespace, GpuShare name) -> the request the share stands for (None: no such share or
+    an invalid spec). The controller's webhook uses it for pods linked by annotation."""
+
+    def resolve(namespace: str, name: str) -> GpuRequest | None:
+        share = view.shares.get(f"{namespace}/{name}")
+        if share is None or share.spec is None:
+            return None
+        spec = share.spec
+        return GpuRequest(
+            percent=spec.percent,
+            memory_bytes=spec.memory_bytes,
+            gpu_class=spec.gpu_class,
+            share=name,
+        )
+
+    return resolve
+
+
+async def run_operator(
+    *,
+    view: object | None = None,
+    settings: OperatorConfig | None = None,
+    registry: CollectorRegistry | None = None,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+) -> None:
+    """Run Kopf (cluster-wide) plus the latency protection loop until stopped.
+
+    ``view``: the controller's view; when it has a ``share_resolver`` attribute, the operator
+    sets it so the webhook resolves ``gpushare.io/share`` links. ``registry``: where the
+    protection eviction counter is registered (the controller's metrics registry).
+    """
+    config = settings or OperatorConfig()
+    own_view = ClusterView()
+    if isinstance(view, ResolvesShares):
+        view.share_resolver = share_resolver(own_view)
+    kube = KubeApi.from_environment()
+    profiler = ProfilerClient(url_template=config.agent_url, timeout_s=config.agent_timeout_s)
+    reconciler = ShareReconciler(config=config, kube=kube, view=own_view, profiler=profiler)
+    tasks: list[asyncio.Task[None]] = []
+    ready = ready_flag if ready_flag is not None else asyncio.Event()
+
+    async def announce_ready() -> None:
+        await ready.wait()
+        scope = ", ".join(config.watch_namespaces) or "the whole cluster"
+        log.info("gpushare operator ready, watching %s", scope)
+
+    tasks.append(asyncio.create_task(announce_ready(), name="gpushare-operator-ready"))
+    tasks.append(asyncio.create_task(reconciler.seed(), name="gpushare-operator-seed"))
+    if config.protection:
+        guard = LatencyGuard.with_default_model(
+            config=config,
+            kube=kube,
+            view=own_view,
+            profiler=profiler,
+            registry=registry,
+            synced=reconciler.synced,
+        )
+        tasks.append(asyncio.create_task(guard.run(), name="gpushare-latency-guard"))
+    ensure_peering_identity()
+    try:
+        # In the main thread Kopf takes over SIGINT/SIGTERM; when it stops on one while
+        # embedded, pass the stop on to the host process through its stop flag.
+        await kopf.operator(
+            registry=build_registry(config=config, view=own_view, reconciler=reconciler),
+            settings=kopf_settings(config),
+            clusterwide=not config.watch_namespaces,
+            namespaces=list(config.watch_namespaces),
+            standalone=config.standalone,
+            stop_flag=stop_flag,
+            ready_flag=ready,
+        )
+        if stop_flag is not None and not stop_flag.is_set():
+            log.info("operator stopped on a signal; stopping the process")
+            stop_flag.set()
+            await asyncio.Event().wait()  # the host cancels us while it shuts down
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await reconciler.close()
+        await profiler.close()
+        await kube.close()
+
+
+def ensure_peering_identity() -> None:
+    """Give Kopf an identity it can name without a passwd entry.
+
+    Kopf names the operator ``<user>@<host>`` from ``getpass.getuser()`` unless ``POD_ID`` is
+    set; in a container running as a UID with no passwd entry (the chart's 65532) that lookup
+    raises KeyError and the operator dies at start.
+    """
+    if os.environ.get("POD_ID"):
+        return
+    try:
+        getpass.getuser()
+    except (KeyError, OSError):
+        os.environ["POD_ID"] = f"gpushare-controller@{socket.gethostname()}/{os.getpid()}"

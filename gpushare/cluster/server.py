@@ -1,0 +1,175 @@
+"""HTTP layer: aiohttp applications for the extender (plus health and metrics) and the webhook.
+
+Handlers only parse, time and answer; the decisions live in extender.py and webhook.py. Any
+malformed body gets a 4xx with the reason, and no request can stop the server.
+"""
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpushare.cluster.extender.verbs import (
+    BadRequestError,
+    Extender,
+    parse_binding_args,
+    parse_extender_args,
+)
+from gpushare.cluster.metrics import Metrics
+from gpushare.cluster.webhook import review as webhook
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 2**20
+"""Enough for a NodeList of thousands of nodes (schedulers that are not nodeCacheCapable)."""
+
+Readiness = Callable[[], tuple[bool, str]]
+FactsSource = Callable[[], webhook.ClusterFacts]
+
+
+_encode = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder()
+
+
+def _json(data: object, *, status: int = 200) -> web.Response:
+    # msgspec: a filter call carries hundreds of node names each way; the stdlib json module
+    # was a visible share of the controller's CPU per pod at 1000 nodes.
+    return web.Response(body=_encode.encode(data), status=status, content_type="application/json")
+
+
+async def _body_json(request: web.Request) -> Any:
+    return decode_body(await request.read())
+
+
+def decode_body(raw: bytes) -> Any:
+    """An extender request body as plain JSON values; BadRequestError for anything else."""
+    try:
+        return _decode.decode(raw)
+    except msgspec.DecodeError as exc:  # also integers and floats out of range
+        raise BadRequestError(f"body is not JSON: {exc}") from None
+    except RecursionError:  # msgspec checks the interpreter's limit, and fails cleanly
+        raise BadRequestError("body is nested too deeply") from None
+
+
+def health_routes(app: web.Application, *, ready: Readiness, metrics: Metrics | None) -> None:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        ok, why = ready()
+        return web.Response(text=f"{why}\n", status=200 if ok else 503)
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    if metrics is not None:
+        registry = metrics.registry
+
+        async def prometheus(_: web.Request) -> web.Response:
+            body = generate_latest(registry)
+            resp = web.Response(body=body)
+            resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+            return resp
+
+        app.router.add_get("/metrics", prometheus)
+
+
+def extender_app(
+    extender: Extender, *, metrics: Metrics, ready: Readiness, prefix: str = "/scheduler"
+) -> web.Application:
+    """POST {prefix}/filter, {prefix}/prioritize, {prefix}/bind; GET /healthz /readyz /metrics."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    stages = metrics.bind_stage_seconds
+    extender.bind_stage_observer = lambda stage, seconds: stages.labels(stage).observe(seconds)
+
+    def verb(
+        name: str, work: Callable[[Any], Awaitable[tuple[object, bool]]]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        latency = metrics.extender_seconds.labels(name)
+
+        async def handle(request: web.Request) -> web.Response:
+            start = time.perf_counter()
+            outcome = "ok"
+            try:
+                result, ok = await work(await _body_json(request))
+                if not ok:
+                    outcome = "error"
+                return _json(result)
+            except BadRequestError as exc:
+                outcome = "bad_request"
+                return _json({"Error": f"gpushare: bad {name} request: {exc}"}, status=400)
+            except Exception as exc:
+                outcome = "error"
+                log.exception("extender call failed", extra={"verb": name})
+                return _json({"Error": f"gpushare: internal error: {exc}"}, status=500)
+            finally:
+                latency.observe(time.perf_counter() - start)
+                metrics.extender_requests.labels(name, outcome).inc()
+
+        return handle
+
+    async def do_filter(doc: Any) -> tuple[object, bool]:
+        return extender.filter(parse_extender_args(doc)), True
+
+    async def do_prioritize(doc: Any) -> tuple[object, bool]:
+        return extender.prioritize(parse_extender_args(doc)), True
+
+    async def do_bind(doc: Any) -> tuple[object, bool]:
+        result = await extender.bind(parse_binding_args(doc))
+        ok = not result.get("Error")
+        metrics.binds.labels("bound" if ok else "failed").inc()
+        return result, ok
+
+    app.router.add_post(f"{prefix}/filter", verb("filter", do_filter))
+    app.router.add_post(f"{prefix}/prioritize", verb("prioritize", do_prioritize))
+    app.router.add_post(f"{prefix}/bind", verb("bind", do_bind))
+    health_routes(app, ready=ready, metrics=metrics)
+    return app
+
+
+def webhook_app(*, facts: FactsSource, metrics: Metrics, ready: Readiness) -> web.Application:
+    """POST /mutate and /validate (AdmissionReview v1); GET /healthz /readyz /metrics."""
+    app = web.Application(client_max_size=8 * 2**20)
+
+    def review(name: str, *, mutate: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            try:
+                parsed = webhook.parse_review(await request.read())
+            except webhook.BadReviewError as exc:
+                metrics.webhook_requests.labels(name, "bad_request").inc()
+                return web.Response(text=f"gpushare: bad AdmissionReview: {exc}\n", status=400)
+            try:
+                doc, verdict = webhook.answer(parsed, facts=facts(), mutate=mutate)
+            except Exception as exc:
+                # Never leave the API server without an answer for a pod we were asked about.
+                log.exception("admission review failed", extra={"webhook": name})
+                metrics.webhook_requests.labels(name, "error").inc()
+                doc = {
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "response": {
+                        "uid": parsed.uid,
+                        "allowed": False,
+                        "status": {"code": 500, "message": f"gpushare: internal error: {exc}"},
+                    },
+                }
+                return _json(doc)
+            outcome = "allowed" if verdict.allowed else "denied"
+            metrics.webhook_requests.labels(name, outcome).inc()
+            if not verdict.allowed:
+                log.info(
+                    "pod refused",
+                    extra={"webhook": name, "namespace": parsed.namespace, "why": verdict.message},
+                )
+            return _json(doc)
+
+        return handle
+
+    app.router.add_post("/mutate", review("mutate", mutate=True))
+    app.router.add_post("/validate", review("validate", mutate=False))
+    # /metrics here too: every replica serves this port, and it asks for no client certificate.
+    health_routes(app, ready=ready, metrics=metrics)
+    return app

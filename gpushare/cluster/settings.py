@@ -1,0 +1,530 @@
+"""Settings of the controller process, parsed from the command line.
+
+Every bad value is reported as an :class:`InvalidInputError` naming the flag and the fix, before
+anything starts listening.
+"""
+
+import argparse
+import ast
+import inspect
+import ipaddress
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from gpushare.api.endpoints import (
+    DEFAULT_AGENT_URL,
+    DEFAULT_PROFILE_CACHE,
+    check_agent_url,
+    check_configmap_name,
+)
+from gpushare.api.errors import InvalidInputError
+from gpushare.cluster.state.tenancy import (
+    RULES_GRANTED,
+    RULES_MODES,
+    TENANCY_MODES,
+    TENANCY_NAMESPACE,
+)
+from gpushare.packing.policy import DEFAULT_POLICY, Policy
+
+PROG = "gpushare-controller"
+
+# Host directories a gpushare pod must not mount: they would let it talk to the MPS control
+# daemon or the kubelet's device-plugin sockets directly, bypassing its share.
+DEFAULT_PROTECTED_HOST_PATHS: tuple[str, ...] = (
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/pod-resources",
+    "/run/gpushare",
+    "/var/run/gpushare",
+    "/var/lib/gpushare",
+    "/tmp/nvidia-mps",
+    "/var/log/nvidia-mps",
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the controller process can be told. Defaults suit a developer's machine."""
+
+    kubeconfig: Path | None = None
+    """Kubeconfig file; None uses in-cluster config, then $KUBECONFIG, then ~/.kube/config."""
+
+    extender_host: str = "127.0.0.1"
+    """Address the scheduler extender (and /healthz, /readyz, /metrics) listens on."""
+    extender_port: int = 8888
+    """Port of the extender; kube-scheduler's extender urlPrefix points here."""
+    extender_tls_cert: Path | None = None
+    """PEM certificate for the extender; with ``extender_tls_key`` the extender serves HTTPS."""
+    extender_tls_key: Path | None = None
+    """PEM private key matching ``extender_tls_cert``."""
+    extender_client_ca: Path | None = None
+    """PEM CA bundle: the extender then answers only clients presenting a certificate it
+    signed (kube-scheduler's extender tlsConfig certFile/keyFile; mutual TLS). Needs the
+    extender's own certificate. /healthz and /readyz stay on the webhook port for probes."""
+    cert_reload_seconds: float = 10.0
+    """How often certificate files are checked for a change (rotation): a changed set is
+    loaded for new connections, and the webhook configurations get the new CA bundle first."""
+
+    tenancy: str = TENANCY_NAMESPACE
+    """``namespace``: a GPU is shared only by pods of one namespace (or of one sharing group an
+    admin set with the namespace label gpushare.io/sharing-group). ``cluster``: pods of every
+    namespace may share a GPU (cross-namespace sharing, an explicit opt-in)."""
+    neighbour_rules: str = RULES_GRANTED
+    """``granted-namespaces``: packing-policy exclusive and profiling alone on a GPU take effect
+    only in namespaces an admin labelled gpushare.io/neighbour-rules=granted. ``everyone``:
+    in every namespace."""
+
+    leader_elect: bool = False
+    """Run as one of several replicas: a Lease elects the one that binds pods, serves the
+    extender and runs the operator; the others serve the admission webhook and keep their
+    view warm for a takeover."""
+    leader_elect_namespace: str = "default"
+    """Namespace of the Lease (the chart: the release namespace)."""
+    leader_elect_name: str = "gpushare-controller"
+    """Name of the Lease."""
+    leader_elect_lease_seconds: float = 8.0
+    """A leader that has not renewed for this long is replaced."""
+    leader_elect_renew_seconds: float = 2.0
+    """How often the leader renews, and a standby tries to take over."""
+    leader_identity: str = ""
+    """This replica's name in the Lease; empty: $POD_NAME, else host name and PID."""
+    leader_pod: str = ""
+    """``namespace/name`` of this replica's pod, labelled gpushare.io/controller-role=leader or
+    standby (the extender Service selects the leader); empty: $POD_NAMESPACE/$POD_NAME when
+    set, else no label (a host process)."""
+
+    webhook_enabled: bool = True
+    """Serve the admission webhook (/mutate, /validate) over HTTPS."""
+    webhook_host: str = "127.0.0.1"
+    """Address the webhook listens on."""
+    webhook_port: int = 9443
+    """Port of the webhook."""
+    webhook_cert_dir: Path | None = None
+    """Directory with ``tls.crt``, ``tls.key`` and ``ca.crt``. Missing files are generated there
+    (a self-signed CA and a serving certificate); None keeps generated files in a temporary
+    directory for the life of the process."""
+    register_webhooks: bool = False
+    """Create or update the Mutating/ValidatingWebhookConfiguration with our CA bundle."""
+    webhook_url: str | None = None
+    """``https://host:port`` the API server calls, when registering (dev: the host process)."""
+    webhook_service: str | None = None
+    """``namespace/name[:port]`` of the Service in front of the webhook, when registering
+    in-cluster (the chart). Exactly one of ``webhook_url`` and ``webhook_service``."""
+    webhook_config_name: str = "gpushare"
+    """Name of the registered webhook configurations."""
+    webhook_timeout_seconds: int = 5
+    """How long the API server waits for the webhook (1..30)."""
+    webhook_exclude_namespaces: tuple[str, ...] = ("kube-system",)
+    """Namespaces the webhook never sees (the control plane keeps working if we are down)."""
+    webhook_namespace_label: str | None = None
+    """``key=value``: only namespaces with this label are sent to the webhook (e.g. to confine
+    a test controller in a shared cluster); None sends every namespace but the excluded ones."""
+    protected_host_paths: tuple[str, ...] = DEFAULT_PROTECTED_HOST_PATHS
+    """Host directories gpushare pods may not mount (MPS pipes, device-plugin sockets)."""
+
+    policy: Policy = DEFAULT_POLICY
+    """Placement policy of filter, prioritize and bind: ``gpushare`` (fragmentation-aware,
+    measured against the pod mix the controller learns; what the openb benchmarks measured,
+    docs/packing.md), ``binpack`` (fullest GPU and node) or ``spread`` (emptiest)."""
+    interference_admission: bool = True
+    """Leave out GPUs where a pod, or a tenant already there, is predicted slower than its
+    class accepts (latency 1.15x, batch 2.0x) by the shipped interference model. Applies only
+    where a GpuShare profile was measured (docs/packing.md, "Admission")."""
+    stale_assume_seconds: float = 120.0
+    """A pod whose placement annotations were written but which never got bound (the
+    controller died between the two writes) stops holding its share after this long."""
+    bind_gate_seconds: float = 5.0
+    """Longest a bind waits for the pods bound just before it on the same node to get their
+    Allocate (kept below kube-scheduler's extender httpTimeout); a bind that cannot even start
+    in that time is answered "busy" and retried by the scheduler."""
+    hold_in_filter: bool = True
+    """Filter picks the best node itself and holds the GPU there until the bind, offering the
+    scheduler that node only: no bind collisions between pods scheduled back to back, at the
+    cost of the scheduler's own scores among GPU-feasible nodes (see docs/scheduling.md).
+    --no-hold-in-filter lets the scheduler choose among all GPU-feasible nodes."""
+    resync_seconds: float = 300.0
+    """Re-list pods and nodes this often, as a guard against a missed watch event."""
+    operator_enabled: bool = True
+    """Run the Kopf operator (``gpushare.cluster.operator``) in the same event loop."""
+    agent_url: str = DEFAULT_AGENT_URL
+    """The operator's way to a node agent's metrics server (its profiler is ``/profile``
+    below it): an http(s) URL template where {node} and {node_ip} (the node's InternalIP) are
+    substituted. The chart derives it from node.metrics.port."""
+    profile_cache_name: str = DEFAULT_PROFILE_CACHE
+    """Name of the operator's profile cache ConfigMap in the controller's namespace (the chart:
+    <release>-profile-cache, the one its RBAC grants)."""
+    log_level: str = "INFO"
+    """Python logging level name."""
+    field_manager: str = PROG
+    """Field manager name on every write."""
+
+    extra: dict[str, str] = field(default_factory=dict)
+    """Free-form ``--set key=value`` options for components hooked into the process."""
+
+    def validate(self) -> "Settings":
+        """Raise InvalidInputError naming the flag of the first bad value; return self."""
+        for name, port in (
+            ("--extender-port", self.extender_port),
+            ("--webhook-port", self.webhook_port),
+        ):
+            if not 1 <= port <= 65535:
+                raise InvalidInputError(name, f"{port} is not a TCP port", "use 1..65535")
+        if (
+            self.webhook_enabled
+            and self.extender_port == self.webhook_port
+            and (self.extender_host == self.webhook_host)
+        ):
+            raise InvalidInputError(
+                "--webhook-port", "equals --extender-port", "give the two servers different ports"
+            )
+        if (self.extender_tls_cert is None) != (self.extender_tls_key is None):
+            raise InvalidInputError(
+                "--extender-tls-cert",
+                "needs --extender-tls-key too (and the other way round)",
+                "give both files, or neither for plain HTTP",
+            )
+        if self.extender_client_ca is not None and self.extender_tls_cert is None:
+            raise InvalidInputError(
+                "--extender-client-ca",
+                "needs --extender-tls-cert and --extender-tls-key (mutual TLS is TLS first)",
+                "give the extender its own certificate too",
+            )
+        for name, path in (
+            ("--extender-tls-cert", self.extender_tls_cert),
+            ("--extender-tls-key", self.extender_tls_key),
+            ("--extender-client-ca", self.extender_client_ca),
+            ("--kubeconfig", self.kubeconfig),
+        ):
+            if path is not None and not path.is_file():
+                raise InvalidInputError(
+                    name, f"{str(path)!r} is not a readable file", "fix the path"
+                )
+        if (
+            self.webhook_cert_dir is not None
+            and self.webhook_cert_dir.exists()
+            and (not self.webhook_cert_dir.is_dir())
+        ):
+            raise InvalidInputError(
+                "--webhook-cert-dir",
+                f"{str(self.webhook_cert_dir)!r} is not a directory",
+                "name a directory (it is created when missing)",
+            )
+        if not 1 <= self.webhook_timeout_seconds <= 30:
+            raise InvalidInputError(
+                "--webhook-timeout-seconds",
+                f"{self.webhook_timeout_seconds} is outside 1..30",
+                "the API server accepts 1 to 30 seconds",
+            )
+        if self.register_webhooks:
+            if not self.webhook_enabled:
+                raise InvalidInputError(
+                    "--register-webhooks", "needs the webhook server", "drop --no-webhook"
+                )
+            if (self.webhook_url is None) == (self.webhook_service is None):
+                raise InvalidInputError(
+                    "--register-webhooks",
+                    "needs exactly one of --webhook-url and --webhook-service",
+                    "e.g. --webhook-url https://127.0.0.1:9443 on a developer machine",
+                )
+        if self.webhook_url is not None:
+            parts = urlsplit(self.webhook_url)
+            if parts.scheme != "https" or not parts.hostname:
+                raise InvalidInputError(
+                    "--webhook-url",
+                    f"{self.webhook_url!r} is not an https:// URL",
+                    "write it like https://127.0.0.1:9443 (the API server only calls HTTPS)",
+                )
+            if parts.path not in ("", "/"):
+                raise InvalidInputError(
+                    "--webhook-url",
+                    "must not have a path",
+                    "give only https://host:port; /mutate and /validate are appended",
+                )
+        if self.webhook_service is not None:
+            parse_service(self.webhook_service)
+        if self.webhook_namespace_label is not None:
+            key, sep, _ = self.webhook_namespace_label.partition("=")
+            if not sep or not key or "," in self.webhook_namespace_label:
+                raise InvalidInputError(
+                    "--webhook-namespace-label",
+                    f"{self.webhook_namespace_label!r} is not key=value",
+                    "write one label like gpushare.io/webhook=enabled",
+                )
+        for flag, value in (
+            ("--stale-assume-seconds", self.stale_assume_seconds),
+            ("--resync-seconds", self.resync_seconds),
+            ("--bind-gate-seconds", self.bind_gate_seconds),
+            ("--cert-reload-seconds", self.cert_reload_seconds),
+            ("--leader-elect-lease-seconds", self.leader_elect_lease_seconds),
+            ("--leader-elect-renew-seconds", self.leader_elect_renew_seconds),
+        ):
+            if value <= 0:
+                raise InvalidInputError(flag, f"{value} is not positive", "give seconds > 0")
+        if self.leader_elect_renew_seconds * 2 > self.leader_elect_lease_seconds:
+            raise InvalidInputError(
+                "--leader-elect-renew-seconds",
+                f"{self.leader_elect_renew_seconds} is more than half the lease "
+                f"({self.leader_elect_lease_seconds})",
+                "renew at least twice per lease",
+            )
+        if self.leader_pod and self.leader_pod.count("/") != 1:
+            raise InvalidInputError(
+                "--leader-pod", f"{self.leader_pod!r} is not namespace/name", "write ns/pod-name"
+            )
+        if logging.getLevelName(self.log_level.upper()) == f"Level {self.log_level.upper()}":
+            raise InvalidInputError(
+                "--log-level",
+                f"unknown level {self.log_level!r}",
+                "use DEBUG, INFO, WARNING or ERROR",
+            )
+        check_agent_url(self.agent_url)
+        check_configmap_name(self.profile_cache_name)
+        for host_path in self.protected_host_paths:
+            if not host_path.startswith("/"):
+                raise InvalidInputError(
+                    "--protected-host-path",
+                    f"{host_path!r} is not absolute",
+                    "give absolute host paths",
+                )
+        return self
+
+    def webhook_required_hosts(self) -> list[str]:
+        """Host names the API server calls the webhook by: the serving certificate must
+        cover them."""
+        hosts: list[str] = []
+        if self.webhook_url is not None:
+            host = urlsplit(self.webhook_url).hostname
+            if host:
+                hosts.append(host)
+        if self.webhook_service is not None:
+            namespace, name, _ = parse_service(self.webhook_service)
+            hosts += [f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"]
+        return hosts
+
+    def webhook_hosts(self) -> list[str]:
+        """Every name a generated webhook certificate is made for."""
+        hosts = [*self.webhook_required_hosts(), "localhost", "127.0.0.1"]
+        if self.webhook_host not in ("0.0.0.0", "::", ""):
+            hosts.append(self.webhook_host)
+        return list(dict.fromkeys(hosts))
+
+
+def parse_service(text: str) -> tuple[str, str, int]:
+    """``namespace/name[:port]`` -> (namespace, name, port)."""
+    fix = "write namespace/name or namespace/name:port, e.g. gpushare/gpushare-controller:443"
+    namespace, sep, rest = text.partition("/")
+    name, _, port_text = rest.partition(":")
+    if not sep or not namespace or not name:
+        raise InvalidInputError("--webhook-service", f"{text!r} is not namespace/name", fix)
+    try:
+        port = int(port_text) if port_text else 443
+    except ValueError:
+        raise InvalidInputError(
+            "--webhook-service", f"port {port_text!r} is not a number", fix
+        ) from None
+    return namespace, name, port
+
+
+def is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _doc(name: str) -> str:
+    """The docstring under a Settings field, reused as its --help text."""
+    return _FIELD_DOCS.get(name, "")
+
+
+def _field_docs() -> dict[str, str]:
+    tree = ast.parse(inspect.getsource(Settings))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
+    for stmt, nxt in itertools.pairwise(body):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+_FIELD_DOCS = _field_docs()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = Settings()
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=(
+            "gpushare controller: kube-scheduler extender (filter/prioritize/bind), admission "
+            "webhook (mutate/validate) and the GpuShare operator in one process."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--kubeconfig", type=Path, default=d.kubeconfig, help=_doc("kubeconfig"))
+    g = p.add_argument_group("scheduler extender")
+    g.add_argument("--extender-host", default=d.extender_host, help=_doc("extender_host"))
+    g.add_argument("--extender-port", type=int, default=d.extender_port, help=_doc("extender_port"))
+    g.add_argument("--extender-tls-cert", type=Path, help=_doc("extender_tls_cert"))
+    g.add_argument("--extender-tls-key", type=Path, help=_doc("extender_tls_key"))
+    g.add_argument("--extender-client-ca", type=Path, help=_doc("extender_client_ca"))
+    g.add_argument(
+        "--cert-reload-seconds",
+        type=float,
+        default=d.cert_reload_seconds,
+        help=_doc("cert_reload_seconds"),
+    )
+    g.add_argument("--tenancy", default=d.tenancy, choices=TENANCY_MODES, help=_doc("tenancy"))
+    g.add_argument(
+        "--neighbour-rules",
+        default=d.neighbour_rules,
+        choices=RULES_MODES,
+        help=_doc("neighbour_rules"),
+    )
+    g.add_argument(
+        "--policy",
+        default=str(d.policy),
+        choices=[str(x) for x in Policy],
+        help=_doc("policy"),
+    )
+    g.add_argument(
+        "--interference-admission",
+        action=argparse.BooleanOptionalAction,
+        default=d.interference_admission,
+        help=_doc("interference_admission"),
+    )
+    g.add_argument(
+        "--stale-assume-seconds",
+        type=float,
+        default=d.stale_assume_seconds,
+        help=_doc("stale_assume_seconds"),
+    )
+    g.add_argument(
+        "--resync-seconds", type=float, default=d.resync_seconds, help=_doc("resync_seconds")
+    )
+    g.add_argument(
+        "--hold-in-filter",
+        action=argparse.BooleanOptionalAction,
+        default=d.hold_in_filter,
+        help=_doc("hold_in_filter"),
+    )
+    g.add_argument(
+        "--bind-gate-seconds",
+        type=float,
+        default=d.bind_gate_seconds,
+        help=_doc("bind_gate_seconds"),
+    )
+    w = p.add_argument_group("admission webhook")
+    w.add_argument(
+        "--no-webhook",
+        dest="webhook_enabled",
+        action="store_false",
+        help="do not serve the webhook",
+    )
+    w.add_argument("--webhook-host", default=d.webhook_host, help=_doc("webhook_host"))
+    w.add_argument("--webhook-port", type=int, default=d.webhook_port, help=_doc("webhook_port"))
+    w.add_argument("--webhook-cert-dir", type=Path, help=_doc("webhook_cert_dir"))
+    w.add_argument("--register-webhooks", action="store_true", help=_doc("register_webhooks"))
+    w.add_argument("--webhook-url", help=_doc("webhook_url"))
+    w.add_argument("--webhook-service", help=_doc("webhook_service"))
+    w.add_argument(
+        "--webhook-config-name", default=d.webhook_config_name, help=_doc("webhook_config_name")
+    )
+    w.add_argument(
+        "--webhook-timeout-seconds",
+        type=int,
+        default=d.webhook_timeout_seconds,
+        help=_doc("webhook_timeout_seconds"),
+    )
+    w.add_argument(
+        "--webhook-exclude-namespace",
+        dest="webhook_exclude_namespaces",
+        action="append",
+        help=_doc("webhook_exclude_namespaces") + " Repeatable; default kube-system.",
+    )
+    w.add_argument("--webhook-namespace-label", help=_doc("webhook_namespace_label"))
+    w.add_argument(
+        "--protected-host-path",
+        dest="protected_host_paths",
+        action="append",
+        help=_doc("protected_host_paths") + " Repeatable; replaces the built-in list.",
+    )
+    o = p.add_argument_group("process")
+    o.add_argument(
+        "--no-operator",
+        dest="operator_enabled",
+        action="store_false",
+        help="do not run the operator",
+    )
+    o.add_argument("--agent-url", default=d.agent_url, help=_doc("agent_url"))
+    o.add_argument(
+        "--profile-cache-name", default=d.profile_cache_name, help=_doc("profile_cache_name")
+    )
+    o.add_argument("--log-level", default=d.log_level, help=_doc("log_level"))
+    le = p.add_argument_group("high availability")
+    le.add_argument("--leader-elect", action="store_true", help=_doc("leader_elect"))
+    le.add_argument(
+        "--leader-elect-namespace",
+        default=d.leader_elect_namespace,
+        help=_doc("leader_elect_namespace"),
+    )
+    le.add_argument(
+        "--leader-elect-name", default=d.leader_elect_name, help=_doc("leader_elect_name")
+    )
+    le.add_argument(
+        "--leader-elect-lease-seconds",
+        type=float,
+        default=d.leader_elect_lease_seconds,
+        help=_doc("leader_elect_lease_seconds"),
+    )
+    le.add_argument(
+        "--leader-elect-renew-seconds",
+        type=float,
+        default=d.leader_elect_renew_seconds,
+        help=_doc("leader_elect_renew_seconds"),
+    )
+    le.add_argument("--leader-identity", default=d.leader_identity, help=_doc("leader_identity"))
+    le.add_argument("--leader-pod", default=d.leader_pod, help=_doc("leader_pod"))
+    o.add_argument(
+        "--set",
+        dest="extra",
+        action="append",
+        metavar="KEY=VALUE",
+        help=_doc("extra") + " Repeatable.",
+    )
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Settings:
+    """Parse and validate the command line; raises InvalidInputError on a bad value."""
+    ns = build_parser().parse_args(argv)
+    values = vars(ns)
+    extra: dict[str, str] = {}
+    for item in values.pop("extra") or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidInputError("--set", f"{item!r} is not KEY=VALUE", "write --set key=value")
+        extra[key] = value
+    excludes = values.pop("webhook_exclude_namespaces")
+    protected = values.pop("protected_host_paths")
+    known = {f.name for f in fields(Settings)}
+    kwargs = {k: v for k, v in values.items() if k in known}
+    kwargs["policy"] = Policy(values["policy"])
+    settings = Settings(
+        **kwargs,
+        extra=extra,
+        webhook_exclude_namespaces=tuple(excludes)
+        if excludes
+        else Settings.webhook_exclude_namespaces,
+        protected_host_paths=tuple(protected) if protected else DEFAULT_PROTECTED_HOST_PATHS,
+    )
+    return settings.validate()

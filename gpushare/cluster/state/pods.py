@@ -1,0 +1,316 @@
+"""Reading what gpushare needs out of plain pod dicts (the API server's JSON).
+
+The extender receives pods as JSON, the watch delivers them as JSON, the webhook too: one set of
+pure functions reads them all, so the view, the extender and the webhook agree on every pod.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpushare.api.bounds import MAX_INT_DIGITS
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.exclusive import parse_avoid_gpus
+from gpushare.api.limit import check_limit
+from gpushare.api.names import (
+    ANN_AVOID_GPUS,
+    ANN_CLASS,
+    ANN_CONTAINER,
+    ANN_EVICT,
+    ANN_FRACTION,
+    ANN_MEMORY,
+    ANN_SHARE,
+    GROUP,
+    RESOURCE_GPU_PERCENT,
+    SLICES_PER_GPU,
+    STATE_ASSUMED,
+)
+from gpushare.api.placement import Placement, parse_placement
+from gpushare.api.quantities import MAX_WHOLE_GPUS, parse_memory
+from gpushare.api.request import GpuRequest, parse_class, parse_request
+from gpushare.cluster.state.host_resources import pod_requests
+from gpushare.packing.model import Demand
+
+Pod = Mapping[str, Any]
+
+FINISHED_PHASES = ("Succeeded", "Failed")
+MAX_PERCENT = MAX_WHOLE_GPUS * SLICES_PER_GPU
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    if type(value) is dict:  # decoded JSON; the ABC check below costs several times more
+        return value
+    return value if isinstance(value, Mapping) else {}
+
+
+def metadata(pod: Pod) -> Mapping[str, Any]:
+    return _mapping(pod.get("metadata"))
+
+
+def spec(pod: Pod) -> Mapping[str, Any]:
+    return _mapping(pod.get("spec"))
+
+
+def annotations(pod: Pod) -> dict[str, str]:
+    """The pod's annotations; non-string values (invalid in Kubernetes) are dropped."""
+    raw = _mapping(metadata(pod).get("annotations"))
+    return {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def pod_key(pod: Pod, *, namespace: str | None = None) -> str:
+    """``namespace/name`` (the webhook passes the namespace of the request: a pod being created
+    may not carry one yet)."""
+    meta = metadata(pod)
+    ns = meta.get("namespace") or namespace or "default"
+    name = meta.get("name") or meta.get("generateName") or ""
+    return f"{ns}/{name}"
+
+
+def pod_uid(pod: Pod) -> str:
+    uid = metadata(pod).get("uid")
+    return uid if isinstance(uid, str) else ""
+
+
+def node_name(pod: Pod) -> str | None:
+    name = spec(pod).get("nodeName")
+    return name if isinstance(name, str) and name else None
+
+
+def scheduler_name(pod: Pod) -> str:
+    name = spec(pod).get("schedulerName")
+    return name if isinstance(name, str) else ""
+
+
+def finished(pod: Pod) -> bool:
+    """Succeeded/Failed pods, and pods being deleted, no longer hold a GPU share."""
+    phase = _mapping(pod.get("status")).get("phase")
+    return phase in FINISHED_PHASES
+
+
+def containers(pod: Pod) -> list[Mapping[str, Any]]:
+    items = spec(pod).get("containers")
+    return [c for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
+
+
+def all_containers(pod: Pod) -> list[tuple[str, int, Mapping[str, Any]]]:
+    """(list name, index, container) for containers, initContainers and ephemeralContainers."""
+    out: list[tuple[str, int, Mapping[str, Any]]] = []
+    for kind in ("initContainers", "containers", "ephemeralContainers"):
+        items = spec(pod).get(kind)
+        if isinstance(items, list):
+            out += [(kind, i, c) for i, c in enumerate(items) if isinstance(c, Mapping)]
+    return out
+
+
+def resource_value(container: Mapping[str, Any], resource: str) -> tuple[str | None, str | None]:
+    """(limit, request) of a resource as written in the container, None where absent."""
+    res = _mapping(container.get("resources"))
+    limit = _mapping(res.get("limits")).get(resource)
+    request = _mapping(res.get("requests")).get(resource)
+    return (
+        str(limit) if limit is not None else None,
+        str(request) if request is not None else None,
+    )
+
+
+def gpu_percent_resource(pod: Pod) -> int | None:
+    """Sum of ``gpushare.io/gpu-percent`` over the pod's containers (limit, else request);
+    None when no container asks for it. Raises InvalidInputError on a non-integer value."""
+    total: int | None = None
+    for i, c in enumerate(containers(pod)):
+        limit, request = resource_value(c, RESOURCE_GPU_PERCENT)
+        value = limit if limit is not None else request
+        if value is None:
+            continue
+        try:
+            number = int(value) if len(value) <= MAX_INT_DIGITS else None
+        except ValueError:
+            number = None
+        if number is None or number > MAX_PERCENT:
+            shown = value if len(value) <= 24 else value[:20] + "..."
+            raise InvalidInputError(
+                f"spec.containers[{i}].resources.limits[{RESOURCE_GPU_PERCENT}]",
+                f"{shown!r} is not a whole number of GPU percent up to {MAX_PERCENT}",
+                "write an integer such as 25 (a quarter GPU), or use the gpushare.io/gpu-fraction "
+                "annotation",
+            )
+        if number <= 0:
+            raise InvalidInputError(
+                f"spec.containers[{i}].resources.limits[{RESOURCE_GPU_PERCENT}]",
+                f"{number} must be positive",
+                "ask for 1..100 (or multiples of 100 for whole GPUs)",
+            )
+        total = (total or 0) + number
+    return total
+
+
+def wants_gpushare(pod: Pod) -> bool:
+    """True for pods gpushare places: annotated, or requesting gpushare.io/gpu-percent (in
+    any container, init containers included: the webhook refuses those)."""
+    ann = metadata(pod).get("annotations")
+    if isinstance(ann, Mapping) and (ANN_FRACTION in ann or ANN_SHARE in ann):
+        return True
+    for _, _, c in all_containers(pod):
+        limit, request = resource_value(c, RESOURCE_GPU_PERCENT)
+        if limit is not None or request is not None:
+            return True
+    return False
+
+
+def has_gpushare_annotations(pod: Pod) -> bool:
+    return any(k.startswith(f"{GROUP}/") for k in annotations(pod))
+
+
+def target_container(pod: Pod) -> int:
+    """Index of the container that gets the GPU: ``gpushare.io/container`` or the first."""
+    items = containers(pod)
+    if not items:
+        raise InvalidInputError("spec.containers", "is empty", "give the pod a container")
+    wanted = annotations(pod).get(ANN_CONTAINER)
+    if wanted is None:
+        return 0
+    for i, c in enumerate(items):
+        if c.get("name") == wanted:
+            return i
+    names = ", ".join(str(c.get("name")) for c in items)
+    raise InvalidInputError(
+        ANN_CONTAINER,
+        f"no container named {wanted!r}",
+        f"name one of the pod's containers: {names}",
+    )
+
+
+def request_of(pod: Pod, *, ann: Mapping[str, str] | None = None) -> GpuRequest | None:
+    """The pod's request: from the annotations (``ann``: already read, else read here), else
+    from its gpu-percent resource.
+
+    A pod linked to a GpuShare reads its compute share from the gpu-percent limit the webhook
+    set. None for pods gpushare does not place. Raises InvalidInputError on bad input.
+    """
+    if ann is None:
+        ann = annotations(pod)
+    request = parse_request(ann)
+    resource = gpu_percent_resource(pod)
+    if request is not None and request.percent > 0:
+        return request
+    if resource is None:
+        if request is not None and request.share is not None:
+            # Linked to a GpuShare the webhook has not resolved (webhook bypassed or down).
+            raise InvalidInputError(
+                ANN_SHARE,
+                f"GpuShare {request.share!r} was not resolved into a gpu-percent request",
+                "make sure the gpushare webhook is registered, then recreate the pod",
+            )
+        return request
+    memory_text = ann.get(ANN_MEMORY)
+    memory = parse_memory(memory_text, field=ANN_MEMORY) if memory_text is not None else None
+    limit = request.limit_percent if request is not None else None
+    check_limit(limit, resource)
+    return GpuRequest(
+        percent=resource,
+        memory_bytes=memory if resource <= SLICES_PER_GPU else None,
+        gpu_class=parse_class(ann.get(ANN_CLASS)),
+        share=request.share if request is not None else None,
+        limit_percent=limit,
+    )
+
+
+def demand_of_request(request: GpuRequest) -> Demand:
+    if request.percent > SLICES_PER_GPU or request.percent == SLICES_PER_GPU:
+        return Demand(
+            percent=SLICES_PER_GPU,
+            memory_bytes=request.memory_bytes,
+            gpu_class=request.gpu_class,
+            gpus=max(1, request.whole_gpus),
+        )
+    return Demand(
+        percent=request.percent,
+        memory_bytes=request.memory_bytes,
+        gpu_class=request.gpu_class,
+        limit_percent=request.limit_percent,
+    )
+
+
+def demand_of(pod: Pod, *, ann: Mapping[str, str] | None = None) -> Demand | None:
+    """What the pod asks of the GPUs (and of its node's CPU and memory, which the gpushare
+    policy's stranding term reads), as gpushare.packing sees it; None for other pods."""
+    if ann is None:
+        ann = annotations(pod)
+    request = request_of(pod, ann=ann)
+    if request is None or request.percent <= 0:
+        return None
+    cpu, memory = pod_requests(pod)
+    demand = replace(demand_of_request(request), cpu_milli=cpu, host_memory_bytes=memory)
+    avoid = ann.get(ANN_AVOID_GPUS)
+    if avoid is None:
+        return demand
+    return replace(demand, avoid_gpus=parse_avoid_gpus(avoid))
+
+
+def _unexpected(exc: Exception) -> str:
+    return f"gpushare annotations unreadable ({type(exc).__name__}); fix or remove them"
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """What the view keeps of one gpushare pod."""
+
+    key: str
+    uid: str
+    node: str | None
+    finished: bool
+    demand: Demand | None
+    """None when the pod's annotations are unreadable (it then holds what its placement says)."""
+    placement: Placement | None
+    problem: str | None = None
+    """Why demand or placement could not be read, for logs."""
+    phase: str = ""
+    evict: str | None = None
+    """Why the node agent asks for the pod to be evicted (``gpushare.io/evict``), if it does."""
+    scheduler: str = ""
+    """``spec.schedulerName``: the extender binds only pods of gpushare-scheduler."""
+
+    @property
+    def awaiting_allocation(self) -> bool:
+        """Bound with state ``assumed`` and not yet admitted: the node agent's Allocate for it
+        is still to come."""
+        return (
+            self.node is not None
+            and not self.finished
+            and self.phase == "Pending"
+            and self.placement is not None
+            and self.placement.state == STATE_ASSUMED
+        )
+
+
+def facts(pod: Pod) -> PodFacts:
+    """Read a watched pod; never raises (a broken pod must not stop the watch): what cannot be
+    read becomes ``problem``, reported on the pod, and the pod holds what its placement says."""
+    problem: str | None = None
+    ann = annotations(pod)  # read once: every pod event of the cluster comes through here
+    try:
+        demand = demand_of(pod, ann=ann)
+    except InvalidInputError as exc:
+        demand, problem = None, str(exc)
+    except Exception as exc:  # a bound missed somewhere: still never the watch's problem
+        demand, problem = None, _unexpected(exc)
+    try:
+        placement = parse_placement(ann)
+    except InvalidInputError as exc:
+        placement, problem = None, str(exc)
+    except Exception as exc:
+        placement, problem = None, _unexpected(exc)
+    node = node_name(pod)
+    deleting = metadata(pod).get("deletionTimestamp") is not None and node is None
+    return PodFacts(
+        key=pod_key(pod),
+        uid=pod_uid(pod),
+        node=node,
+        finished=finished(pod) or deleting,
+        demand=demand,
+        placement=placement,
+        problem=problem,
+        phase=str(_mapping(pod.get("status")).get("phase") or ""),
+        evict=ann.get(ANN_EVICT),
+        scheduler=scheduler_name(pod),
+    )

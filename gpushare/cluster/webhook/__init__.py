@@ -1,0 +1,2 @@
+"""The admission webhook: mutate and validate gpushare pods (``review``) and the webhook
+configurations the controller registers (``registration``). docs/scheduling.md."""

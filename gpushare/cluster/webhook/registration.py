@@ -1,0 +1,84 @@
+"""The Mutating/ValidatingWebhookConfiguration the controller registers for itself.
+
+Failure policy (see docs/scheduling.md): the API server only calls us for gpushare pods, decided
+by a CEL ``matchCondition`` it evaluates itself, so a controller outage never blocks any other
+pod. For gpushare pods the policy is ``Fail``: admitting one unchecked and unmutated would bind
+it with the default scheduler and no GPU placement, which is worse than a clear refusal.
+"""
+
+import base64
+from typing import Any
+
+from gpushare.api.names import GROUP
+from gpushare.cluster.settings import Settings, parse_service
+from gpushare.cluster.webhook.review import match_condition_expression
+
+
+def _client_config(settings: Settings, ca_pem: bytes, path: str) -> dict[str, Any]:
+    config: dict[str, Any] = {"caBundle": base64.b64encode(ca_pem).decode()}
+    if settings.webhook_url is not None:
+        config["url"] = settings.webhook_url.rstrip("/") + path
+    else:
+        assert settings.webhook_service is not None
+        namespace, name, port = parse_service(settings.webhook_service)
+        config["service"] = {"namespace": namespace, "name": name, "port": port, "path": path}
+    return config
+
+
+def _webhook(settings: Settings, ca_pem: bytes, *, kind: str, path: str) -> dict[str, Any]:
+    hook: dict[str, Any] = {
+        "name": f"{kind}.pods.{GROUP}",
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "timeoutSeconds": settings.webhook_timeout_seconds,
+        "clientConfig": _client_config(settings, ca_pem, path),
+        "rules": [
+            {
+                "operations": ["CREATE"],
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }
+        ],
+        "matchConditions": [{"name": "gpushare-pods", "expression": match_condition_expression()}],
+        "matchPolicy": "Equivalent",
+    }
+    expressions: list[dict[str, Any]] = []
+    if settings.webhook_exclude_namespaces:
+        expressions.append(
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": list(settings.webhook_exclude_namespaces),
+            }
+        )
+    if settings.webhook_namespace_label is not None:
+        key, _, value = settings.webhook_namespace_label.partition("=")
+        expressions.append({"key": key, "operator": "In", "values": [value]})
+    if expressions:
+        hook["namespaceSelector"] = {"matchExpressions": expressions}
+    if kind == "mutate":
+        hook["reinvocationPolicy"] = "IfNeeded"
+    return hook
+
+
+def webhook_configurations(
+    settings: Settings, ca_pem: bytes
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(mutating, validating) configuration documents."""
+    labels = {"app.kubernetes.io/name": "gpushare", "app.kubernetes.io/component": "controller"}
+    mutating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": settings.webhook_config_name, "labels": labels},
+        "webhooks": [_webhook(settings, ca_pem, kind="mutate", path="/mutate")],
+    }
+    validating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": settings.webhook_config_name, "labels": labels},
+        "webhooks": [_webhook(settings, ca_pem, kind="validate", path="/validate")],
+    }
+    return mutating, validating

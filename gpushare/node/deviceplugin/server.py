@@ -1,0 +1,123 @@
+"""The DevicePlugin gRPC servicer: protobuf in, Allocator decisions out."""
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+
+from gpushare.api.names import SLICES_PER_GPU
+from gpushare.node.deviceplugin.allocation import AllocationError, Allocator, ContainerAllocation
+from gpushare.node.deviceplugin.devices import HEALTHY, UNHEALTHY, device_id
+from gpushare.node.deviceplugin.health import DeviceHealth
+from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def device_list(health: DeviceHealth) -> api_pb2.ListAndWatchResponse:
+    """100 slices per GPU, each carrying its GPU's health."""
+    _, state = health.snapshot()
+    return api_pb2.ListAndWatchResponse(
+        devices=[
+            api_pb2.Device(ID=device_id(uuid, n), health=HEALTHY if ok else UNHEALTHY)
+            for uuid, ok in state.items()
+            for n in range(SLICES_PER_GPU)
+        ]
+    )
+
+
+def to_proto(allocation: ContainerAllocation) -> api_pb2.ContainerAllocateResponse:
+    return api_pb2.ContainerAllocateResponse(
+        envs=allocation.envs,
+        mounts=[
+            api_pb2.Mount(
+                container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
+            )
+            for m in allocation.mounts
+        ],
+        devices=[
+            api_pb2.DeviceSpec(
+                container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
+            )
+            for d in allocation.devices
+        ],
+    )
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    """Serves one registration's lifetime; ``stop()`` ends its ListAndWatch streams."""
+
+    def __init__(self, *, allocator: Allocator, health: DeviceHealth) -> None:
+        self.allocator = allocator
+        self.health = health
+        self._stopped = threading.Event()
+        self.allocations = 0
+        self.allocation_failures = 0
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def GetDevicePluginOptions(  # noqa: N802  (gRPC method name)
+        self, request: api_pb2.Empty, context: grpc.ServicerContext
+    ) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=True
+        )
+
+    def ListAndWatch(  # noqa: N802  (gRPC method name)
+        self, request: api_pb2.Empty, context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.ListAndWatchResponse]:
+        version, _ = self.health.snapshot()
+        response = device_list(self.health)
+        log.info("ListAndWatch: advertising %d slices", len(response.devices))
+        yield response
+        while not self._stopped.is_set() and context.is_active() and not self.health.closed:
+            new = self.health.wait_change(version, timeout_s=1.0)
+            if new != version:
+                version = new
+                response = device_list(self.health)
+                bad = sum(1 for d in response.devices if d.health != HEALTHY)
+                log.info("ListAndWatch: health changed, %d unhealthy slices", bad)
+                yield response
+
+    def GetPreferredAllocation(  # noqa: N802  (gRPC method name)
+        self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PreferredAllocationResponse:
+        responses = []
+        for req in request.container_requests:
+            chosen = self.allocator.preferred(
+                list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size
+            )
+            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    def Allocate(  # noqa: N802  (gRPC method name)
+        self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext
+    ) -> api_pb2.AllocateResponse:
+        started = time.perf_counter()
+        ids = [list(r.devices_ids) for r in request.container_requests]
+        try:
+            decided = self.allocator.allocate(ids)
+        except AllocationError as exc:
+            self.allocation_failures += 1
+            log.error("Allocate refused: %s", exc)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"gpushare: {exc}")
+        except Exception as exc:
+            self.allocation_failures += 1
+            log.exception("Allocate failed")
+            context.abort(grpc.StatusCode.INTERNAL, f"gpushare: Allocate failed: {exc}")
+        self.allocations += 1
+        log.info(
+            "Allocate: %s -> pod %s in %.1f ms",
+            [len(i) for i in ids],
+            ", ".join(a.pod or "(derived)" for a in decided),
+            (time.perf_counter() - started) * 1000,
+        )
+        return api_pb2.AllocateResponse(container_responses=[to_proto(a) for a in decided])
+
+    def PreStartContainer(  # noqa: N802  (gRPC method name)
+        self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()

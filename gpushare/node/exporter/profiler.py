@@ -1,0 +1,213 @@
+"""The profiler endpoint: windowed averages of one GPU's counters, for the operator.
+
+The operator builds a job's ``PipeProfile`` by reading ``GET /profile?gpu=<uuid>&window=<s>``
+on the node agent while the job runs alone on that GPU. The JSON keys match
+``gpushare.packing.model.PipeProfile`` (fp16, fp32, fp64, tensor, sm_occupancy,
+dram_bandwidth, gpu_model); a counter the GPU cannot measure is ``null`` and listed under
+``unavailable`` so that no caller mistakes "not measured" for "idle".
+"""
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.node.exporter.sampler import GpmSampler, TimedSample
+from gpushare.node.gpu.backend import PIPES
+from gpushare.packing.model import PipeProfile
+
+DEFAULT_WINDOW_S = 30.0
+QUERY_PARAMS = ("gpu", "window")
+_SCALARS = {
+    "sm_utilization": "sm_utilization_ratio",
+    "sm_occupancy": "sm_occupancy_ratio",
+    "dram_bandwidth": "dram_bandwidth_ratio",
+    "utilization": "utilization_ratio",
+}
+
+
+class ProfileError(Exception):
+    """A request the profiler refuses; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, field: str, problem: str, fix: str) -> None:
+        self.status = status
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{field}: {problem}; {fix}")
+
+    def to_json(self) -> dict[str, str]:
+        return {"error": str(self), "field": self.field, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class GpuProfileWindow:
+    """Time-weighted averages of one GPU's counters over the last ``window_seconds``."""
+
+    gpu_uuid: str
+    gpu_model: str
+    simulated: bool
+    window_seconds: float
+    sampled_seconds: float
+    """GPU time the readings actually cover (less than the window right after start)."""
+    samples: int
+    fp16: float | None
+    fp32: float | None
+    fp64: float | None
+    tensor: float | None
+    tensor_hmma: float | None
+    tensor_dmma: float | None
+    tensor_imma: float | None
+    integer: float | None
+    sm_utilization: float | None
+    sm_occupancy: float | None
+    dram_bandwidth: float | None
+    utilization: float | None
+    memory_used_bytes: float | None
+    memory_used_bytes_max: int | None
+    unavailable: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["unavailable"] = list(self.unavailable)
+        return data
+
+
+def _weighted(values: list[tuple[float, float | int | None]]) -> float | None:
+    present = [(w, float(v)) for w, v in values if v is not None]
+    weight = sum(w for w, _ in present)
+    if not present or weight <= 0:
+        return None
+    return sum(w * v for w, v in present) / weight
+
+
+def average(
+    samples: list[TimedSample], *, uuid: str, model: str, simulated: bool, window_s: float
+) -> GpuProfileWindow:
+    """Average readings, each weighted by the GPU time its rates cover."""
+    fields: dict[str, float | None] = {}
+    for pipe in PIPES:
+        fields[pipe] = _weighted([(t.span_s, t.sample.pipes.get(pipe)) for t in samples])
+    for key, attr in _SCALARS.items():
+        fields[key] = _weighted([(t.span_s, getattr(t.sample, attr)) for t in samples])
+    memory = _weighted([(t.span_s, t.sample.memory_used_bytes) for t in samples])
+    mem_values = [t.sample.memory_used_bytes for t in samples if t.sample.memory_used_bytes]
+    unavailable = tuple(k for k, v in fields.items() if v is None)
+    if memory is None:
+        unavailable = (*unavailable, "memory_used_bytes")
+    return GpuProfileWindow(
+        gpu_uuid=uuid,
+        gpu_model=model,
+        simulated=simulated,
+        window_seconds=window_s,
+        sampled_seconds=round(sum(t.span_s for t in samples), 3),
+        samples=len(samples),
+        fp16=fields["fp16"],
+        fp32=fields["fp32"],
+        fp64=fields["fp64"],
+        tensor=fields["tensor"],
+        tensor_hmma=fields["tensor_hmma"],
+        tensor_dmma=fields["tensor_dmma"],
+        tensor_imma=fields["tensor_imma"],
+        integer=fields["integer"],
+        sm_utilization=fields["sm_utilization"],
+        sm_occupancy=fields["sm_occupancy"],
+        dram_bandwidth=fields["dram_bandwidth"],
+        utilization=fields["utilization"],
+        memory_used_bytes=memory,
+        memory_used_bytes_max=max(mem_values) if mem_values else None,
+        unavailable=unavailable,
+    )
+
+
+def pipe_profile_from_json(data: Mapping[str, Any]) -> PipeProfile:
+    """Turn a /profile answer into the policy's ``PipeProfile``.
+
+    Raises InvalidInputError when a counter the profile needs was not measured (a GPU
+    without GPM cannot profile jobs: profile them on Hopper or newer).
+    """
+    values: dict[str, float] = {}
+    for key in ("fp16", "fp32", "fp64", "tensor", "sm_occupancy", "dram_bandwidth"):
+        raw = data.get(key)
+        if raw is None:
+            raise InvalidInputError(
+                f"profile.{key}",
+                f"was not measured on {data.get('gpu_model') or 'this GPU'}",
+                "profile the job on a GPU with NVML GPM (Hopper or newer)",
+            )
+        values[key] = float(raw)
+    # Optional: the interference model falls back to the thread cap without it.
+    sm_util = data.get("sm_utilization")
+    return PipeProfile(
+        **values,
+        gpu_model=str(data.get("gpu_model", "")),
+        sm_utilization=None if sm_util is None else float(sm_util),
+    )
+
+
+class Profiler:
+    """Answers profile queries from the sampler's history; never touches NVML itself."""
+
+    def __init__(self, *, sampler: GpmSampler) -> None:
+        self.sampler = sampler
+
+    @property
+    def max_window_s(self) -> float:
+        return self.sampler.settings.history_s
+
+    def profile(self, *, gpu: str, window_s: float) -> GpuProfileWindow:
+        info = self.sampler.gpu(gpu)
+        if info is None:
+            known = ", ".join(g.uuid for g in self.sampler.gpus()) or "none"
+            raise ProfileError(
+                404, "gpu", f"no GPU {gpu!r} on this node", f"use one of: {known} (or an index)"
+            )
+        samples = self.sampler.history(info.uuid, window_s=window_s)
+        if not samples:
+            raise ProfileError(
+                503,
+                "gpu",
+                f"no reading of {info.uuid} in the last {window_s:g} s yet",
+                f"retry after {self.sampler.settings.interval_s:g} s",
+            )
+        return average(
+            samples,
+            uuid=info.uuid,
+            model=info.model,
+            simulated=self.sampler.backend.simulated,
+            window_s=window_s,
+        )
+
+    def parse_query(self, query: Mapping[str, str]) -> tuple[str, float]:
+        """Validate ``gpu`` and ``window``; ProfileError(400) names the bad parameter."""
+        unknown = sorted(set(query) - set(QUERY_PARAMS))
+        if unknown:
+            raise ProfileError(
+                400,
+                unknown[0],
+                "is not a parameter of /profile",
+                "use gpu=<uuid or index> and optionally window=<seconds>",
+            )
+        gpu = query.get("gpu", "").strip()
+        if not gpu:
+            raise ProfileError(
+                400, "gpu", "is missing", "add gpu=<GPU UUID or index>, e.g. /profile?gpu=0"
+            )
+        raw = query.get("window", str(DEFAULT_WINDOW_S)).strip()
+        fix = f"give window in seconds, 0 < window <= {self.max_window_s:g} (default 30)"
+        try:
+            window = float(raw.removesuffix("s"))
+        except ValueError:
+            raise ProfileError(400, "window", f"{raw!r} is not a number", fix) from None
+        if not math.isfinite(window) or not 0 < window <= self.max_window_s:
+            raise ProfileError(400, "window", f"{raw!r} is out of range", fix)
+        return gpu, window
+
+    def handle_query(self, query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        """HTTP-framework-free handler: (status, JSON body)."""
+        try:
+            gpu, window = self.parse_query(query)
+            return 200, self.profile(gpu=gpu, window_s=window).to_json()
+        except ProfileError as exc:
+            return exc.status, exc.to_json()

@@ -1,7 +1,0 @@
-"""The GpuShare operator (Kopf): profiles jobs, packs them by profile, protects latency pods.
-
-``handlers`` only registers Kopf handlers; the work is in ``profiling`` and ``protection``
-(pure decisions), ``reconcile`` and ``guard`` (carrying them out), ``kube`` (the Kubernetes
-API) and ``profiler_client`` (the node agents). ``runner.run_operator`` starts it inside the
-controller's event loop; ``python -m gpushare.operator`` runs it on its own.
-"""
