@@ -38,6 +38,7 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
 )
 from gpushare.api.placement import format_time
+from gpushare.kube.node import NodeKube
 from gpushare.node.deviceplugin.allocation import Allocator
 from gpushare.node.deviceplugin.devices import device_id
 from gpushare.node.deviceplugin.health import DeviceHealth
@@ -45,8 +46,8 @@ from gpushare.node.deviceplugin.plugin import wait_until_accepting
 from gpushare.node.deviceplugin.server import DevicePluginServicer
 from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare.node.gpu.simulated import SimulatedBackend
-from gpushare.node.kube import NodeKube
 from gpushare.node.mps.manager import MpsManager
+from gpushare.node.pods import pod_info
 
 LABEL = {"gpushare.io/bench": "allocate-latency"}
 SIZES = (5, 10, 15, 20)
@@ -120,7 +121,7 @@ def main() -> int:
             if exc.status.code != 409:
                 raise
 
-    kube = NodeKube(node_name=args.node, kubeconfig=args.kubeconfig)
+    kube = NodeKube(node_name=args.node, project=pod_info, kubeconfig=args.kubeconfig)
     allocate_ms: list[float] = []
     preferred_ms: list[float] = []
     wrong = 0

@@ -15,20 +15,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.selector import parse_selector
 from gpushare.cli.args import (
     DEFAULT_INTERVAL_S,
     MIN_INTERVAL_S,
     build_parser,
     with_default_command,
 )
-from gpushare.cli.cluster import ALL_NAMESPACES, Query, Snapshot, read_cluster
 from gpushare.cli.completion import candidates, script
 from gpushare.cli.live import from_exporters, from_prometheus
 from gpushare.cli.render import dump, render_json, render_text
-from gpushare.cli.selector import parse_selector
 from gpushare.cli.tables import gpus_document, pods_document, render_gpus, render_pods
 from gpushare.cli.view import Live, NodeRow, build_view
 from gpushare.cli.watch import watch
+from gpushare.kube.cli import ALL_NAMESPACES, Query, Snapshot, read_cluster
 
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130

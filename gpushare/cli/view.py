@@ -11,7 +11,7 @@ from gpushare.api.inventory import GpuInfo, load_inventory
 from gpushare.api.names import ANN_CLASS, ANN_FRACTION, ANN_NODE_GPUS, ANN_STATE, CLASS_BATCH
 from gpushare.api.placement import parse_placement
 from gpushare.api.quantities import parse_fraction
-from gpushare.cli.selector import Requirement, matches
+from gpushare.api.selector import Requirement, matches
 
 PIPE_ORDER = ("fp16", "fp32", "fp64", "tensor", "tensor_hmma", "tensor_dmma", "tensor_imma")
 

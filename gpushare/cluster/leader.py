@@ -18,15 +18,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from gpushare.kube.errors import LeaseConflictError
+
 log = logging.getLogger(__name__)
 
 
-class LeaseConflictError(Exception):
-    """Someone else wrote the Lease first (HTTP 409): read it again."""
-
-
 class LeaseApi(Protocol):
-    """The three Lease calls (gpushare.cluster.kube.Kube implements them)."""
+    """The three Lease calls (gpushare.kube.controller.Kube implements them)."""
 
     async def get_lease(self, *, namespace: str, name: str) -> dict[str, Any] | None: ...
 

@@ -25,10 +25,9 @@ from typing import Any
 from aiohttp import web
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.cluster import logs
+from gpushare.cluster import logs, watches
 from gpushare.cluster.extender.requeue import requeue
 from gpushare.cluster.extender.verbs import Extender
-from gpushare.cluster.kube import Kube
 from gpushare.cluster.leader import LeaderElector
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator import runner as operator_runner
@@ -44,6 +43,7 @@ from gpushare.cluster.tls import (
 )
 from gpushare.cluster.webhook.registration import webhook_configurations
 from gpushare.cluster.webhook.review import ClusterFacts
+from gpushare.kube.controller import Kube
 from gpushare.packing.admission import Admission
 
 log = logging.getLogger("gpushare.cluster")
@@ -282,14 +282,13 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             )
         if ctx.kube is not None:
             for name, feed in (
-                ("node watch", ctx.kube.feed_nodes),
-                ("pod watch", ctx.kube.feed_pods),
-                ("GpuShare watch", ctx.kube.feed_shares),
-                ("namespace watch", ctx.kube.feed_namespaces),
+                ("node watch", watches.feed_nodes),
+                ("pod watch", watches.feed_pods),
+                ("GpuShare watch", watches.feed_shares),
+                ("namespace watch", watches.feed_namespaces),
             ):
-                tasks[
-                    asyncio.create_task(feed(ctx.view, resync_seconds=settings.resync_seconds))
-                ] = name
+                feeding = feed(ctx.kube, ctx.view, resync_seconds=settings.resync_seconds)
+                tasks[asyncio.create_task(feeding)] = name
             if settings.register_webhooks:
                 tasks[asyncio.create_task(_register(ctx))] = "webhook registration"
         else:

@@ -114,7 +114,7 @@ class NodeAgent:
         kube: Any,
         device_nodes: Callable[[str], list[DeviceNode]] | None = None,
     ) -> None:
-        """``kube`` is a gpushare.node.kube.NodeKube (PodSource plus publish/raw pod reads)."""
+        """``kube`` is a gpushare.kube.node.NodeKube (PodSource plus publish/raw pod reads)."""
         self.settings = settings
         self.backend = backend
         self.kube = kube

@@ -685,7 +685,7 @@ def pick_to_separate(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | N
 
 
 class FaultKube(Protocol):
-    """The Kubernetes calls the monitor makes (gpushare.node.kube.NodeKube implements them)."""
+    """The Kubernetes calls the monitor makes (gpushare.kube.node.NodeKube implements them)."""
 
     def record_event(
         self, *, pod: PodInfo | None, reason: str, message: str, warning: bool

@@ -33,7 +33,8 @@ from gpushare.node.gpu.selection import (
 from gpushare.node.logs import setup_json_logging
 
 if TYPE_CHECKING:
-    from gpushare.node.kube import NodeKube
+    from gpushare.kube.node import NodeKube
+    from gpushare.node.deviceplugin.allocation import PodInfo
 
 log = logging.getLogger("gpushare.node")
 
@@ -171,7 +172,7 @@ def _device_nodes(backend: GpuBackend) -> Callable[[str], list[DeviceNode]] | No
     return lookup
 
 
-def _label_selection(kube: "NodeKube", *, default: GpuList | None) -> GpuList | None:
+def _label_selection(kube: "NodeKube[PodInfo]", *, default: GpuList | None) -> GpuList | None:
     """The node label gpushare.io/managed-gpus if set, else --gpus. An unreadable node (API
     down at start) falls back to --gpus with a warning; a bad label value is refused."""
     try:
@@ -186,7 +187,7 @@ def _label_selection(kube: "NodeKube", *, default: GpuList | None) -> GpuList | 
     return parse_gpu_label(value)
 
 
-def _node_events(kube: "NodeKube") -> Callable[[str, str, bool], None]:
+def _node_events(kube: "NodeKube[PodInfo]") -> Callable[[str, str, bool], None]:
     """Post a Node Event; a failure is logged, never raised (the log line says it anyway)."""
 
     def record(reason: str, message: str, warning: bool) -> None:
@@ -236,9 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidInputError as exc:
         print(f"gpushare-node-agent: {exc}", file=sys.stderr)
         return 2
-    from gpushare.node.kube import NodeKube  # noqa: PLC0415  (keeps --help fast)
+    from gpushare.kube.node import NodeKube  # noqa: PLC0415  (keeps --help fast)
+    from gpushare.node.pods import pod_info  # noqa: PLC0415
 
-    kube = NodeKube(node_name=args.node_name, kubeconfig=args.kubeconfig)
+    kube = NodeKube(node_name=args.node_name, project=pod_info, kubeconfig=args.kubeconfig)
     record = _node_events(kube)
     try:
         wanted = _label_selection(kube, default=wanted)

@@ -22,7 +22,6 @@ import pytest
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import ANN_FRACTION, RESOURCE_GPU_PERCENT
 from gpushare.api.placement import Placement
-from gpushare.cluster import kube
 from gpushare.cluster.extender.verbs import (
     BadRequestError,
     Extender,
@@ -32,9 +31,10 @@ from gpushare.cluster.extender.verbs import (
 from gpushare.cluster.server import decode_body
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook import review as webhook
+from gpushare.kube import informer
 from gpushare.node.deviceplugin.allocation import AllocationError, Allocator, PodInfo
-from gpushare.node.kube import pod_info
 from gpushare.node.mps.manager import MpsManager
+from gpushare.node.pods import pod_info
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 from tests.fuzz.hostile import GPU_UUIDS, NODES, Hostile
 
@@ -93,19 +93,19 @@ def control_pod(name: str, percent: int) -> dict[str, Any]:
 
 
 def test_watch_path_takes_every_hostile_object_and_the_view_stays_synced() -> None:
-    """Every event goes through the informer's own dispatcher (kube._apply_event) into a live
+    """Every event goes through the informer's own dispatcher (informer.apply_event) into a live
     view; interleaved control pods on a control node must be counted exactly throughout."""
     tally = Tally("watch")
     hostile = Hostile(SEED)
     view = ClusterView()
     view.replace_nodes([node_json("ctl", [gpu(CONTROL_GPU)]), *(hostile.node(n) for n in NODES)])
     view.replace_pods([])
-    before = {k: kube.poisoned_events(k) for k in ("Pod", "Node")}
+    before = {k: informer.poisoned_events(k) for k in ("Pod", "Node")}
     live: dict[str, int] = {}
     rng = hostile.rng
 
     def pod_event(event: str, obj: Mapping[str, Any]) -> None:
-        kube._apply_event("Pod", event, obj, upsert=view.upsert_pod, delete=delete_pod)
+        informer.apply_event("Pod", event, obj, upsert=view.upsert_pod, delete=delete_pod)
 
     def delete_pod(obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata", {})
@@ -122,7 +122,7 @@ def test_watch_path_takes_every_hostile_object_and_the_view_stays_synced() -> No
         elif roll < 0.7:
             pod_event("DELETED", hostile.pod())
         elif roll < 0.85:
-            kube._apply_event(
+            informer.apply_event(
                 "Node",
                 "MODIFIED",
                 hostile.node(rng.choice(NODES)),
@@ -151,7 +151,7 @@ def test_watch_path_takes_every_hostile_object_and_the_view_stays_synced() -> No
         if i % 5000 == 0:
             assert view.synced
     for k, count in before.items():
-        skipped = kube.poisoned_events(k) - count
+        skipped = informer.poisoned_events(k) - count
         if skipped:
             tally.crash(RuntimeError(f"{skipped} {k} events skipped by the watch"), k)
     tally.outcomes["events"] = tally.inputs

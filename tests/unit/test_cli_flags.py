@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.cli.cluster import ALL_NAMESPACES, Query, Snapshot
 from gpushare.cli.main import complete_main, main
 from gpushare.cli.watch import watch
+from gpushare.kube.cli import ALL_NAMESPACES, Query, Snapshot
 from tests.unit.test_cli_top import GPU_A, GPU_B, NODES, gpu, node, pod
 
 
@@ -364,6 +364,6 @@ def test_get_gpus_has_no_namespace_flags(capsys: pytest.CaptureFixture[str]) -> 
 def test_selector_semantics_follow_kubernetes(
     selector: str, labels: dict[str, str], selected: bool
 ) -> None:
-    from gpushare.cli.selector import matches, parse_selector  # noqa: PLC0415
+    from gpushare.api.selector import matches, parse_selector  # noqa: PLC0415
 
     assert matches(parse_selector(selector), labels) is selected

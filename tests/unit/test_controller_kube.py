@@ -5,7 +5,7 @@ from pathlib import Path
 
 from lightkube.config.kubeconfig import KubeConfig
 
-from gpushare.cluster.kube import RawApi
+from gpushare.kube.raw import RawApi
 
 
 def config(user: dict[str, object], *, server: str = "http://127.0.0.1:6443") -> KubeConfig:

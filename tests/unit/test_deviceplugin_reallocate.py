@@ -31,8 +31,8 @@ from gpushare.node.deviceplugin.allocation import (
 )
 from gpushare.node.deviceplugin.devices import device_id, slice_ids
 from gpushare.node.deviceplugin.holdings import Answer, AnswerBook
-from gpushare.node.kube import pod_info
 from gpushare.node.mps.manager import MpsManager
+from gpushare.node.pods import pod_info
 
 GIB = 2**30
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"

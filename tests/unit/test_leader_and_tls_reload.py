@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from gpushare.cluster.leader import LeaderElector, LeadershipLostError, LeaseConflictError
+from gpushare.cluster.leader import LeaderElector, LeadershipLostError
 from gpushare.cluster.tls import ReloadingServerTls, ensure_certs
+from gpushare.kube.errors import LeaseConflictError
 
 
 class LeaseStore:

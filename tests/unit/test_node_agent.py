@@ -21,9 +21,9 @@ from gpushare.api.names import (
 )
 from gpushare.node.agent import AgentSettings, NodeAgent
 from gpushare.node.gpu.simulated import SimulatedBackend
-from gpushare.node.kube import pod_info
 from gpushare.node.load import Share, simulated_load
 from gpushare.node.logs import JsonFormatter
+from gpushare.node.pods import pod_info
 
 GIB = 2**30
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpushare.node import kube
+from gpushare.kube import node as kube
 
 
 def test_connection_resets_are_retried_until_the_api_server_answers(

@@ -135,7 +135,7 @@ def parse_binding_args(doc: object) -> BindingArgs:
 
 
 class PodWriter(Protocol):
-    """The API calls bind needs (gpushare.cluster.kube.Kube implements it)."""
+    """The API calls bind needs (gpushare.kube.controller.Kube implements it)."""
 
     async def get_pod(self, *, namespace: str, name: str) -> dict[str, Any]: ...
 

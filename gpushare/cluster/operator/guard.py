@@ -23,7 +23,6 @@ from gpushare.api.gpushare_crd import (
     parse_profile_annotation,
 )
 from gpushare.api.names import METRIC_PREFIX
-from gpushare.cluster.operator.kube import EvictionOutcome, KubeApi, ObjectRef
 from gpushare.cluster.operator.profiler_client import ProfilerClient
 from gpushare.cluster.operator.profiling import with_condition
 from gpushare.cluster.operator.protection import (
@@ -35,6 +34,8 @@ from gpushare.cluster.operator.protection import (
 from gpushare.cluster.operator.readings import ProfileReading, ProfilerError
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.operator.view import ClusterView, PodSummary
+from gpushare.kube.events import ObjectRef
+from gpushare.kube.operator import EvictionOutcome, KubeApi
 from gpushare.packing.interference import InterferenceModel, load_default
 from gpushare.packing.stored_profile import pipe_profile
 

@@ -31,7 +31,6 @@ from gpushare.api.gpushare_crd import (
     profile_annotation,
 )
 from gpushare.cluster.operator import cache
-from gpushare.cluster.operator.kube import KubeApi, ObjectRef
 from gpushare.cluster.operator.profiler_client import ProfilerClient
 from gpushare.cluster.operator.profiling import (
     Abandon,
@@ -53,6 +52,8 @@ from gpushare.cluster.operator.profiling import (
 from gpushare.cluster.operator.readings import ProfilerError, profile_from_reading
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.operator.view import ClusterView, PodSummary, ShareSummary, share_summary
+from gpushare.kube.events import ObjectRef
+from gpushare.kube.operator import KubeApi
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.handlers import build_registry, kopf_settings
-from gpushare.cluster.operator.kube import KubeApi
 from gpushare.cluster.operator.profiler_client import ProfilerClient
 from gpushare.cluster.operator.reconcile import ShareReconciler
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.operator.view import ClusterView
+from gpushare.kube.operator import KubeApi
 
 log = logging.getLogger(__name__)
 

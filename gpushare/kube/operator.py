@@ -1,4 +1,4 @@
-"""The operator's only Kubernetes API client (besides Kopf's own watches and patches).
+"""The API calls the GpuShare operator makes (besides Kopf's own watches and patches).
 
 Every write here is either idempotent (merge patches of annotations and cache entries) or
 guarded by a JSON-patch ``test`` of the share's phase, so a retried or repeated step never
@@ -7,27 +7,22 @@ applies twice.
 
 import enum
 import logging
-import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
-from lightkube.config.kubeconfig import KubeConfig
-from lightkube.generic_resource import create_namespaced_resource
-from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
-from gpushare.api.gpushare_crd import API_VERSION, KIND, PLURAL
-from gpushare.api.names import GROUP, VERSION
+from gpushare.api.names import GROUP
+from gpushare.kube.config import load_config
+from gpushare.kube.events import ObjectRef, event
+from gpushare.kube.resources import GpuShareResource
 
 log = logging.getLogger(__name__)
 
-GpuShareResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 COMPONENT = "gpushare-operator"
 FIELD_MANAGER = "gpushare-operator"
 
@@ -39,25 +34,6 @@ class EvictionOutcome(enum.Enum):
     GONE = "gone"
 
 
-@dataclass(frozen=True)
-class ObjectRef:
-    """Who an Event or patch is about."""
-
-    api_version: str
-    kind: str
-    namespace: str
-    name: str
-    uid: str = ""
-
-    @classmethod
-    def pod(cls, *, namespace: str, name: str, uid: str = "") -> "ObjectRef":
-        return cls("v1", "Pod", namespace, name, uid)
-
-    @classmethod
-    def share(cls, *, namespace: str, name: str, uid: str = "") -> "ObjectRef":
-        return cls(API_VERSION, KIND, namespace, name, uid)
-
-
 class KubeApi:
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
@@ -65,10 +41,9 @@ class KubeApi:
 
     @classmethod
     def from_environment(cls) -> "KubeApi":
-        """$KUBECONFIG when set (as Kopf does), else in-cluster, else ~/.kube/config."""
-        path = os.environ.get("KUBECONFIG")
-        config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
-        return cls(AsyncClient(config=config, field_manager=FIELD_MANAGER))
+        """:func:`~gpushare.kube.config.load_config`'s API server ($KUBECONFIG first, as Kopf
+        reads it)."""
+        return cls(AsyncClient(config=load_config(), field_manager=FIELD_MANAGER))
 
     async def close(self) -> None:
         await self._client.close()
@@ -172,28 +147,17 @@ class KubeApi:
     ) -> None:
         """A core/v1 Event on ``about`` (shown by kubectl describe). Failures are logged, not
         raised: an Event is a report, never a reason to repeat the step it reports."""
-        now = datetime.now(UTC)
-        event = Event(
-            metadata=ObjectMeta(generateName=f"{about.name}.", namespace=about.namespace),
-            involvedObject=ObjectReference(
-                apiVersion=about.api_version,
-                kind=about.kind,
-                name=about.name,
-                namespace=about.namespace,
-                uid=about.uid or None,
-            ),
+        body = event(
+            about,
             reason=reason,
-            message=message[:1024],
-            type="Warning" if warning else "Normal",
-            source=EventSource(component=COMPONENT),
-            reportingComponent=f"{GROUP}/operator",
-            reportingInstance=self._instance,
-            firstTimestamp=now,
-            lastTimestamp=now,
-            count=1,
+            message=message,
+            warning=warning,
+            component=COMPONENT,
+            reporting_component=f"{GROUP}/operator",
+            instance=self._instance,
         )
         try:
-            await self._client.create(event)
+            await self._client.create(body)
         except ApiError as exc:
             log.warning("could not post event %s on %s/%s: %s", reason, about.kind, about.name, exc)
 

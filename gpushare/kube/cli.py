@@ -1,4 +1,4 @@
-"""Reading nodes and pods for ``kubectl gpushare`` with the caller's kubeconfig (lightkube, sync).
+"""The API calls ``kubectl gpushare`` makes: nodes and pods, with the caller's kubeconfig.
 
 Only this module talks to the API server; the commands get plain dicts in a :class:`Snapshot`,
 so they render the same from any source.
@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.cli.selector import FLAG as SELECTOR_FLAG
-from gpushare.cli.selector import Requirement
+from gpushare.api.selector import FLAG as SELECTOR_FLAG
+from gpushare.api.selector import Requirement
 
 ALL_NAMESPACES = "*"
 
@@ -39,7 +39,7 @@ class Snapshot:
 
 def _server_selector(requirements: tuple[Requirement, ...]) -> dict[str, Any] | None:
     """lightkube takes one operator per key; a second requirement on a key is left to the
-    local check (gpushare.cli.selector.matches) every command applies anyway."""
+    local check (gpushare.api.selector.matches) every command applies anyway."""
     from lightkube import operators  # noqa: PLC0415  (slow import, only when needed)
 
     def operator(r: Requirement) -> Any:

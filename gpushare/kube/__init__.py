@@ -1,0 +1,8 @@
+"""The one layer that talks to the Kubernetes API (import-linter keeps lightkube here).
+
+- ``config``: where a process finds the API server;
+- ``informer`` and ``raw``: list + watch into callbacks, decoded straight into dicts;
+- ``controller``, ``operator``, ``node``: the calls each process makes (typed facades);
+- ``events``: core/v1 Events, as every process records them;
+- ``errors``: what a failed call raises.
+"""

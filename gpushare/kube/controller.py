@@ -1,0 +1,369 @@
+"""The API calls the controller process makes: watches that feed its view, Bindings and pod
+patches for the extender, evictions, leader-election Leases and webhook registration.
+
+The hot paths (pod and node watches, Bindings) go through :class:`~gpushare.kube.raw.RawApi`
+(aiohttp + msgspec, plain dicts) when the kubeconfig uses certificates or tokens; everything
+else, and exec/basic-auth kubeconfigs, use lightkube's AsyncClient.
+"""
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import httpx2
+import msgspec
+from lightkube import ALL_NS, ApiError, AsyncClient
+from lightkube.models.core_v1 import ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.admissionregistration_v1 import (
+    MutatingWebhookConfiguration,
+    ValidatingWebhookConfiguration,
+)
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.types import PatchType
+
+from gpushare.kube.config import load_config
+from gpushare.kube.errors import KubeError, LeaseConflictError
+from gpushare.kube.errors import wrap as _wrap
+from gpushare.kube.informer import Objects, inform
+from gpushare.kube.raw import RawApi
+from gpushare.kube.resources import GpuShareResource
+
+PodDict = dict[str, Any]
+
+
+class Kube:
+    """A small typed facade over lightkube (and RawApi for the hot paths) for exactly what the
+    controller needs."""
+
+    def __init__(
+        self, client: AsyncClient, *, field_manager: str, raw: RawApi | None = None
+    ) -> None:
+        self._client = client
+        self._field_manager = field_manager
+        self._raw = raw
+
+    @classmethod
+    def connect(cls, *, kubeconfig: Path | None, field_manager: str) -> "Kube":
+        """Build a client from a kubeconfig file, or in-cluster config / $KUBECONFIG."""
+        config = load_config(kubeconfig)
+        client = AsyncClient(
+            config=config,
+            field_manager=field_manager,
+            timeout=httpx2.Timeout(15.0),
+        )
+        single = config.get()
+        raw = RawApi.from_config(single) if single is not None else None
+        return cls(client, field_manager=field_manager, raw=raw)
+
+    async def close(self) -> None:
+        await self._client.close()
+        if self._raw is not None:
+            await self._raw.close()
+
+    # ---- pods ----------------------------------------------------------------------------
+
+    async def get_pod(self, *, namespace: str, name: str) -> PodDict:
+        try:
+            pod = await self._client.get(Pod, name, namespace=namespace)
+        except Exception as exc:
+            raise _wrap(exc, f"get pod {namespace}/{name}") from exc
+        return dict(pod.to_dict())
+
+    async def bind_pod(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """POST pods/<name>/binding. The API server copies the Binding's annotations onto the
+        pod in the same update that sets ``spec.nodeName``, so a pod is never bound without
+        its placement nor annotated without being bound. The uid makes it refuse a recreated
+        pod; a second Binding of a bound pod fails with 409 and writes nothing."""
+        if self._raw is not None:
+            meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+            if annotations:
+                meta["annotations"] = dict(annotations)
+            body = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": meta,
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            }
+            what = f"bind pod {namespace}/{name} to {node}"
+            try:
+                await self._raw.post(
+                    f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body, what=what
+                )
+            except KubeError:
+                raise
+            except Exception as exc:
+                raise _wrap(exc, what) from exc
+            return
+        binding = Pod.Binding(
+            metadata=ObjectMeta(
+                name=name,
+                namespace=namespace,
+                uid=uid,
+                annotations=dict(annotations) if annotations else None,
+            ),
+            target=ObjectReference(apiVersion="v1", kind="Node", name=node),
+        )
+        try:
+            await self._client.create(binding, name, namespace=namespace)
+        except msgspec.ValidationError:
+            # 201 Created: the API server answers a Binding with a Status, which lightkube
+            # cannot decode as a Binding. Errors raise ApiError before any decoding.
+            return
+        except Exception as exc:
+            raise _wrap(exc, f"bind pod {namespace}/{name} to {node}") from exc
+
+    async def annotate_pod(
+        self, *, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> None:
+        """Merge-patch the pod's annotations (a Pod update event for kube-scheduler)."""
+        await self._merge_pod_metadata(namespace, name, "annotations", annotations)
+
+    async def _merge_pod_metadata(
+        self, namespace: str, name: str, part: str, values: Mapping[str, str]
+    ) -> None:
+        patch = {"metadata": {part: dict(values)}}
+        try:
+            await self._client.patch(
+                Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE
+            )
+        except Exception as exc:
+            raise _wrap(exc, f"patch {part} of pod {namespace}/{name}") from exc
+
+    async def evict_pod(self, *, namespace: str, name: str) -> bool:
+        """Evict through the Eviction API, so PodDisruptionBudgets hold. False when a budget
+        blocks it now (HTTP 429: try later); a pod already gone counts as evicted."""
+        body = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
+        try:
+            await self._client.create(body, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return True
+            if exc.status.code == 429:
+                return False
+            raise _wrap(exc, f"evict pod {namespace}/{name}") from exc
+        except msgspec.ValidationError:
+            return True  # 201 with a Status body, as for a Binding
+        return True
+
+    # ---- watches -------------------------------------------------------------------------
+
+    async def _informer(
+        self,
+        res: Any,
+        *,
+        replace: Callable[[Objects], None],
+        upsert: Callable[[Mapping[str, Any]], object],
+        delete: Callable[[Mapping[str, Any]], None],
+        resync_seconds: float,
+        namespaced: bool = False,
+        raw_path: str | None = None,
+    ) -> None:
+        """:func:`~gpushare.kube.informer.inform` for one resource, in every namespace for
+        namespaced kinds (lightkube's default is the kubeconfig's namespace only). With
+        ``raw_path`` (the collection's URL path) and a kubeconfig RawApi supports, objects
+        come as plain dicts decoded by msgspec instead of through lightkube's models."""
+
+        async def list_all() -> tuple[list[dict[str, Any]], str]:
+            return await self._list(res, namespaced=namespaced, raw_path=raw_path)
+
+        def watch(version: str, timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+            return self._watch(
+                res,
+                version=version,
+                timeout_seconds=timeout_seconds,
+                namespaced=namespaced,
+                raw_path=raw_path,
+            )
+
+        await inform(
+            res.__name__,
+            list_all=list_all,
+            watch=watch,
+            replace=replace,
+            upsert=upsert,
+            delete=delete,
+            resync_seconds=resync_seconds,
+        )
+
+    async def _list(
+        self, res: Any, *, namespaced: bool, raw_path: str | None
+    ) -> tuple[list[dict[str, Any]], str]:
+        if raw_path is not None and self._raw is not None:
+            return await self._raw.list(raw_path, what=f"list {res.__name__}")
+        scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
+        listing = self._client.list(res, chunk_size=500, **scope)
+        items: list[dict[str, Any]] = [obj.to_dict() async for obj in listing]
+        return items, str(listing.resourceVersion)
+
+    async def _watch(
+        self,
+        res: Any,
+        *,
+        version: str,
+        timeout_seconds: int,
+        namespaced: bool,
+        raw_path: str | None,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        if raw_path is not None and self._raw is not None:
+            async for event, data in self._raw.watch(
+                raw_path,
+                resource_version=version,
+                timeout_seconds=timeout_seconds,
+                what=f"watch {res.__name__}",
+            ):
+                yield event, data
+            return
+        scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
+        async for event, obj in self._client.watch(
+            res, resource_version=version, server_timeout=timeout_seconds, **scope
+        ):
+            yield event, obj.to_dict()
+
+    async def inform_nodes(
+        self,
+        *,
+        replace: Callable[[Objects], None],
+        upsert: Callable[[Mapping[str, Any]], object],
+        delete: Callable[[Mapping[str, Any]], None],
+        resync_seconds: float,
+    ) -> None:
+        """Nodes into the callbacks, forever (see :meth:`_informer`)."""
+        await self._informer(
+            Node,
+            replace=replace,
+            upsert=upsert,
+            delete=delete,
+            resync_seconds=resync_seconds,
+            raw_path="/api/v1/nodes",
+        )
+
+    async def inform_pods(
+        self,
+        *,
+        replace: Callable[[Objects], None],
+        upsert: Callable[[Mapping[str, Any]], object],
+        delete: Callable[[Mapping[str, Any]], None],
+        resync_seconds: float,
+    ) -> None:
+        """Pods of every namespace into the callbacks, forever."""
+        await self._informer(
+            Pod,
+            replace=replace,
+            upsert=upsert,
+            delete=delete,
+            resync_seconds=resync_seconds,
+            namespaced=True,
+            raw_path="/api/v1/pods",
+        )
+
+    async def inform_shares(
+        self,
+        *,
+        replace: Callable[[Objects], None],
+        upsert: Callable[[Mapping[str, Any]], object],
+        delete: Callable[[Mapping[str, Any]], None],
+        resync_seconds: float,
+    ) -> None:
+        """GpuShares of every namespace into the callbacks, forever."""
+        await self._informer(
+            GpuShareResource,
+            replace=replace,
+            upsert=upsert,
+            delete=delete,
+            resync_seconds=resync_seconds,
+            namespaced=True,
+        )
+
+    async def inform_namespaces(
+        self,
+        *,
+        replace: Callable[[Objects], None],
+        upsert: Callable[[Mapping[str, Any]], object],
+        delete: Callable[[Mapping[str, Any]], None],
+        resync_seconds: float,
+    ) -> None:
+        """Namespaces into the callbacks, forever."""
+        await self._informer(
+            Namespace,
+            replace=replace,
+            upsert=upsert,
+            delete=delete,
+            resync_seconds=resync_seconds,
+            raw_path="/api/v1/namespaces",
+        )
+
+    # ---- leader election -----------------------------------------------------------------
+
+    async def get_lease(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            lease = await self._client.get(Lease, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise _wrap(exc, f"get lease {namespace}/{name}") from exc
+        except Exception as exc:
+            raise _wrap(exc, f"get lease {namespace}/{name}") from exc
+        return dict(lease.to_dict())
+
+    async def create_lease(
+        self, *, namespace: str, name: str, spec: dict[str, Any]
+    ) -> dict[str, Any]:
+        body = cast(
+            Lease,
+            Lease.from_dict(
+                {"metadata": {"name": name, "namespace": namespace}, "spec": dict(spec)}
+            ),
+        )
+        return await self._write_lease(self._client.create(body), namespace, name)
+
+    async def replace_lease(
+        self, *, namespace: str, name: str, lease: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Replace with the lease's resourceVersion: LeaseConflictError when it moved on."""
+        body = cast(Lease, Lease.from_dict(dict(lease)))
+        return await self._write_lease(self._client.replace(body), namespace, name)
+
+    async def _write_lease(self, call: Any, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            written = await call
+        except ApiError as exc:
+            if exc.status.code in (409, 422):
+                raise LeaseConflictError(str(exc.status.message)) from None
+            raise _wrap(exc, f"write lease {namespace}/{name}") from exc
+        except Exception as exc:
+            raise _wrap(exc, f"write lease {namespace}/{name}") from exc
+        return dict(written.to_dict())
+
+    async def label_pod(self, *, namespace: str, name: str, labels: Mapping[str, str]) -> None:
+        """Merge-patch the pod's labels (the controller's own pod: its leader role)."""
+        await self._merge_pod_metadata(namespace, name, "labels", labels)
+
+    # ---- webhook registration ------------------------------------------------------------
+
+    async def register_webhooks(
+        self, *, mutating: Mapping[str, Any], validating: Mapping[str, Any]
+    ) -> None:
+        """Server-side apply both webhook configurations (forcing our fields)."""
+        try:
+            mutating_obj = cast(
+                MutatingWebhookConfiguration,
+                MutatingWebhookConfiguration.from_dict(dict(mutating)),
+            )
+            validating_obj = cast(
+                ValidatingWebhookConfiguration,
+                ValidatingWebhookConfiguration.from_dict(dict(validating)),
+            )
+            await self._client.apply(mutating_obj, field_manager=self._field_manager, force=True)
+            await self._client.apply(validating_obj, field_manager=self._field_manager, force=True)
+        except Exception as exc:
+            raise _wrap(exc, "register admission webhooks") from exc
