@@ -40,7 +40,8 @@ from bench.sim.stock import NodeWindow, chart_nodes_percent
 from bench.sim.trace import NodeSpec, PodSpec, load_nodes, load_pods, pod_lists
 from gpushare.api.names import SCHEDULER_NAME, SLICES_PER_GPU
 from gpushare.api.placement import Placement
-from gpushare.cluster.extender.verbs import Extender, ExtenderArgs
+from gpushare.cluster.extender.args import ExtenderArgs
+from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.admission import Admission
 

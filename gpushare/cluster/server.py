@@ -13,12 +13,8 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpushare.cluster.extender.verbs import (
-    BadRequestError,
-    Extender,
-    parse_binding_args,
-    parse_extender_args,
-)
+from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
+from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.webhook import review as webhook
 

@@ -29,7 +29,7 @@ from gpushare.api.names import (
 )
 from gpushare.api.placement import parse_placement
 from gpushare.api.quantities import parse_fraction, parse_memory
-from gpushare.cluster.extender.verbs import HOLD_SECONDS
+from gpushare.cluster.extender.base import HOLD_SECONDS
 from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.controller import ControllerProcess
 from tests.fixtures.node_agent import NodeAgentProcess

@@ -7,7 +7,8 @@ fault in test_faults_cluster.py)."""
 from typing import Any
 
 from gpushare.api.names import RESOURCE_GPU_PERCENT
-from gpushare.cluster.extender.verbs import Extender, ExtenderArgs
+from gpushare.cluster.extender.args import ExtenderArgs
+from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.controller import gpu, node_json, pod_json
 

@@ -22,12 +22,8 @@ import pytest
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import ANN_FRACTION, RESOURCE_GPU_PERCENT
 from gpushare.api.placement import Placement
-from gpushare.cluster.extender.verbs import (
-    BadRequestError,
-    Extender,
-    parse_binding_args,
-    parse_extender_args,
-)
+from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
+from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.server import decode_body
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook import review as webhook

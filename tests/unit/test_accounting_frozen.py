@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 
 from gpushare.api.names import STATE_ALLOCATED
 from gpushare.api.placement import Placement
-from gpushare.cluster.extender.verbs import Extender, parse_extender_args
+from gpushare.cluster.extender.args import parse_extender_args
+from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 

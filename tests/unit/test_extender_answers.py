@@ -4,7 +4,8 @@ from datetime import UTC, datetime
 
 from gpushare.api.names import STATE_ALLOCATED
 from gpushare.api.placement import Placement
-from gpushare.cluster.extender.verbs import Extender, ExtenderArgs, parse_extender_args
+from gpushare.cluster.extender.args import ExtenderArgs, parse_extender_args
+from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Demand

@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 
 from gpushare.api.names import STATE_ALLOCATED, STATE_ASSUMED
 from gpushare.api.placement import Placement
-from gpushare.cluster.extender.verbs import BindingArgs, Extender, parse_extender_args
+from gpushare.cluster.extender.args import BindingArgs, parse_extender_args
+from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 from tests.unit.test_extender_share_rules import PodStore

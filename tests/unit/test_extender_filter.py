@@ -5,7 +5,8 @@ from datetime import UTC, datetime
 
 from gpushare.api.names import ANN_CLASS, ANN_MEMORY, STATE_ALLOCATED, STATE_ASSUMED
 from gpushare.api.placement import Placement
-from gpushare.cluster.extender.verbs import BindingArgs, Extender, ExtenderArgs, parse_extender_args
+from gpushare.cluster.extender.args import BindingArgs, ExtenderArgs, parse_extender_args
+from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.model import Demand
 from gpushare.packing.policy import Policy

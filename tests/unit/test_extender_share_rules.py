@@ -28,7 +28,8 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
 )
 from gpushare.api.placement import Placement
-from gpushare.cluster.extender.verbs import BindingArgs, Extender, parse_extender_args
+from gpushare.cluster.extender.args import BindingArgs, parse_extender_args
+from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.admission import Admission
 from gpushare.packing.policy import Policy

@@ -9,7 +9,8 @@ import pytest
 
 from gpushare.api.names import LABEL_SHARING_GROUP, STATE_ALLOCATED
 from gpushare.api.placement import Placement
-from gpushare.cluster.extender.verbs import BindingArgs, Extender, parse_extender_args
+from gpushare.cluster.extender.args import BindingArgs, parse_extender_args
+from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.state.tenancy import TENANCY_CLUSTER, Tenancies
 from gpushare.cluster.state.view import ClusterView, ReservationError
 from gpushare.packing.fit import fit_reason

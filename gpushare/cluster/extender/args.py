@@ -1,0 +1,84 @@
+"""kube-scheduler's extender JSON (k8s.io/kube-scheduler/extender/v1), read strictly.
+
+Its structs carry no JSON tags: keys are the Go field names (``Pod``, ``NodeNames``,
+``FailedNodes``, ``FailedAndUnresolvableNodes``, ``Host``, ``Score``, ``PodName``, ``Node``,
+``Error``). With ``nodeCacheCapable`` the scheduler sends only node names; full ``Nodes`` lists
+are accepted too. A body that is not what the verb expects is refused (HTTP 400).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class BadRequestError(ValueError):
+    """A body that is not the extender JSON the verb expects (answered with HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class ExtenderArgs:
+    pod: Mapping[str, Any]
+    node_names: list[str]
+    nodes: list[Mapping[str, Any]] | None
+    """The full NodeList items when the scheduler is not nodeCacheCapable, else None."""
+
+
+@dataclass(frozen=True)
+class BindingArgs:
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+
+def _str_list(value: object, where: str) -> list[str]:
+    # set(map(type, ...)): the check runs in C; node lists are hundreds of names per call.
+    if not isinstance(value, list) or not set(map(type, value)) <= {str}:
+        raise BadRequestError(f"{where} must be a list of strings")
+    return list(value)
+
+
+def parse_extender_args(doc: object) -> ExtenderArgs:
+    """Validate an ExtenderArgs document; raises BadRequestError naming the bad key."""
+    if not isinstance(doc, dict):
+        raise BadRequestError("body must be an ExtenderArgs object with keys Pod and NodeNames")
+    pod = doc.get("Pod")
+    if not isinstance(pod, dict):
+        raise BadRequestError("Pod must be an object (the v1.Pod being scheduled)")
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        raise BadRequestError("Pod.metadata.name must be a string")
+    for part in ("metadata", "spec", "status"):
+        if part in pod and pod[part] is not None and not isinstance(pod[part], dict):
+            raise BadRequestError(f"Pod.{part} must be an object")
+    if meta.get("annotations") is not None and not isinstance(meta.get("annotations"), dict):
+        raise BadRequestError("Pod.metadata.annotations must be an object")
+    names = doc.get("NodeNames")
+    nodes_doc = doc.get("Nodes")
+    if names is not None:
+        return ExtenderArgs(pod=pod, node_names=_str_list(names, "NodeNames"), nodes=None)
+    if nodes_doc is not None:
+        items = nodes_doc.get("items") if isinstance(nodes_doc, dict) else None
+        if not isinstance(items, list):
+            raise BadRequestError("Nodes must be a v1.NodeList object with items")
+        out_names: list[str] = []
+        for i, node in enumerate(items):
+            node_meta = node.get("metadata") if isinstance(node, dict) else None
+            name = node_meta.get("name") if isinstance(node_meta, dict) else None
+            if not isinstance(name, str):
+                raise BadRequestError(f"Nodes.items[{i}].metadata.name must be a string")
+            out_names.append(name)
+        return ExtenderArgs(pod=pod, node_names=out_names, nodes=items)
+    raise BadRequestError("one of NodeNames or Nodes is required")
+
+
+def parse_binding_args(doc: object) -> BindingArgs:
+    if not isinstance(doc, dict):
+        raise BadRequestError("body must be an ExtenderBindingArgs object")
+    values: dict[str, str] = {}
+    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+        value = doc.get(key)
+        if not isinstance(value, str) or (key != "PodUID" and not value):
+            raise BadRequestError(f"{key} must be a non-empty string")
+        values[key] = value
+    return BindingArgs(values["PodName"], values["PodNamespace"], values["PodUID"], values["Node"])

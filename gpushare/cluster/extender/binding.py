@@ -1,0 +1,328 @@
+"""Bind: take the GPUs filter held (or choose them now) and POST the Binding with the placement.
+
+Binds of pods of one size to one node are serialized, each waiting until no other pod of that
+size on the node still waits for its Allocate: the kubelet calls Allocate with device IDs only,
+and the node agent tells waiting pods apart by GPU and slice count (docs/scheduling.md, "Bind
+protocol"). Only gpushare-scheduler's pods are bound, and only to a node filter offered.
+"""
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.names import SCHEDULER_NAME, SLICES_PER_GPU, STATE_ASSUMED
+from gpushare.api.placement import Placement, parse_placement
+from gpushare.cluster.extender.answers import scheduler_safe
+from gpushare.cluster.extender.args import BindingArgs
+from gpushare.cluster.extender.base import ExtenderBase
+from gpushare.cluster.state import pods
+from gpushare.cluster.state.share_rules import (
+    NO_RULES,
+    ShareRules,
+    with_profile,
+)
+from gpushare.cluster.state.view import Reservation, ReservationError
+from gpushare.packing.model import Assignment, Demand
+
+log = logging.getLogger(__name__)
+
+
+class BindVerbs(ExtenderBase):
+    """bind."""
+
+    async def bind(self, args: BindingArgs) -> dict[str, str]:
+        """Choose GPU(s), hold them in the view before any await, then POST the Binding with
+        the placement annotations in it (the API server sets them with ``spec.nodeName`` in one
+        update). On failure the hold is rolled back; nothing was written.
+
+        Binds of pods of one size to one node are serialized, and each waits until no other pod
+        of that size on the node is still waiting for its Allocate: the kubelet calls Allocate
+        with device IDs only, and the node agent tells waiting pods apart by GPU and slice
+        count, so only same-size pods could be mistaken for each other.
+        """
+        if self.writer is None:
+            return {"Error": "gpushare: this extender has no API access and cannot bind"}
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        held = self.view.reservation(key)
+        if held is not None and not held.assignment.gpu_uuids and self.view.pod(key) is None:
+            return await self._bind_without_gpus(args, held)
+        size = self._size(key)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        deadline = start + self.gate_seconds
+        lock = self._node_locks.setdefault((args.node, size), asyncio.Lock())
+        try:
+            async with asyncio.timeout_at(deadline):
+                await lock.acquire()
+        except TimeoutError:
+            self._observe("gate", loop.time() - start)
+            waiting = self._ambiguous(args.node, key, size)
+            return {
+                "Error": f"gpushare: node {args.node} is busy: {len(waiting)} pod(s) there "
+                "still wait for their GPU allocation; the pod will be retried"
+            }
+        try:
+            seen = self.view.allocations_seen(args.node)
+            waiting = await self._wait_for_allocations(args.node, key, size, deadline)
+            if waiting and self.view.allocations_seen(args.node) == seen:
+                # Nothing on the node got its Allocate for the whole wait: its node agent (or
+                # kubelet) is not answering, and a pod bound now would be refused by the
+                # kubelet ("no healthy devices") and end Failed. Let the scheduler retry.
+                self._observe("gate", loop.time() - start)
+                log.warning(
+                    "not binding: no pod on the node got its allocation during the wait",
+                    extra={"pod": key, "node": args.node, "waiting": waiting[:5]},
+                )
+                return {
+                    "Error": scheduler_safe(
+                        f"gpushare: node {args.node}: {len(waiting)} pod(s) there have waited "
+                        f"{self.gate_seconds:.0f}s for their GPU allocation and none got it "
+                        "(is the gpushare node agent running there?); the pod will be retried"
+                    )
+                }
+            if waiting:
+                log.warning(
+                    "binding while other pods still wait for their allocation",
+                    extra={"pod": key, "node": args.node, "waiting": waiting[:5]},
+                )
+            opened = loop.time()
+            self._observe("gate", opened - start)
+            result = await self._bind(args)
+            self._observe("write", loop.time() - opened)
+        finally:
+            lock.release()
+        return {"Error": scheduler_safe(result["Error"])}
+
+    def _observe(self, stage: str, seconds: float) -> None:
+        if self.bind_stage_observer is not None:
+            self.bind_stage_observer(stage, seconds)
+
+    def _wake(self, node: str) -> None:
+        event = self._node_events.get(node)
+        if event is not None:
+            event.set()
+
+    def _size(self, key: str) -> int:
+        """The pod's gpu-percent request as the view knows it (-1 when unknown: such a pod
+        waits for every other pod on the node)."""
+        known = self.view.pod(key)
+        return known.demand.percent if known is not None and known.demand is not None else -1
+
+    def _ambiguous(self, node: str, key: str, size: int) -> list[str]:
+        """Pods on ``node`` still waiting for their Allocate that the node agent could mistake
+        for this one. It tells waiting pods apart by GPU and slice count
+        (deviceplugin.allocation.select_pod), so only pods of the same size, or of unknown
+        size, count."""
+        out: list[str] = []
+        for other in self.view.awaiting_allocation(node, exclude=key):
+            other_size = self._size(other)
+            if size >= 0 and other_size >= 0 and other_size != size:
+                continue
+            out.append(other)
+        return out
+
+    async def _wait_for_allocations(
+        self, node: str, key: str, size: int, deadline: float
+    ) -> list[str]:
+        """Wait (woken by the view, no polling) until no pod on ``node`` that the node agent
+        could mistake for this one waits for its Allocate, or until ``deadline``; returns those
+        still waiting."""
+        loop = asyncio.get_running_loop()
+        event = self._node_events.setdefault(node, asyncio.Event())
+        while True:
+            event.clear()
+            waiting = self._ambiguous(node, key, size)
+            remaining = deadline - loop.time()
+            if not waiting or remaining <= 0:
+                return waiting
+            try:
+                async with asyncio.timeout(remaining):
+                    await event.wait()
+            except TimeoutError:
+                return self._ambiguous(node, key, size)
+
+    async def _pod_facts(
+        self, args: BindingArgs
+    ) -> tuple[str, str | None, Demand | None, ShareRules, str]:
+        """(uid, node it is bound to, demand, GpuShare rules, scheduler name) from the view, or
+        from a GET when the view does not know this pod (or an older pod of the same name).
+        Raises InvalidInputError for unreadable annotations and KubeError-like exceptions for
+        API failures."""
+        assert self.writer is not None
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        known = self.view.pod(key)
+        if (
+            known is not None
+            and (not args.pod_uid or known.uid == args.pod_uid)
+            and (known.demand is not None or known.problem is not None)
+        ):
+            if known.demand is None and known.problem is not None:
+                raise InvalidInputError(key, known.problem, "fix the pod's gpushare annotations")
+            rules = self.view.pod_rules().get(key, NO_RULES)
+            return known.uid, known.node, known.demand, rules, known.scheduler
+        pod = await self.writer.get_pod(namespace=args.pod_namespace, name=args.pod_name)
+        demand, rules = self._read(pod)
+        demand = with_profile(demand, rules) if demand is not None else None
+        return pods.pod_uid(pod), pods.node_name(pod), demand, rules, pods.scheduler_name(pod)
+
+    async def _bind(self, args: BindingArgs) -> dict[str, str]:
+        assert self.writer is not None
+        ns, name, node_name = args.pod_namespace, args.pod_name, args.node
+        key = f"{ns}/{name}"
+        try:
+            uid, bound_to, demand, rules, scheduler = await self._pod_facts(args)
+        except InvalidInputError as exc:
+            return {"Error": f"gpushare: {exc}"}
+        except Exception as exc:
+            return {"Error": f"gpushare: {exc}"}
+        if args.pod_uid and uid != args.pod_uid:
+            return {"Error": f"gpushare: pod {key} was recreated (uid {uid}, asked {args.pod_uid})"}
+        if bound_to is not None:
+            if bound_to == node_name:
+                return {"Error": ""}  # a retried bind that already went through
+            return {"Error": f"gpushare: pod {key} is already bound to {bound_to}"}
+        refusal = self._not_ours(key, uid, node_name, scheduler=scheduler)
+        if refusal is not None:
+            log.warning("bind refused", extra={"pod": key, "node": node_name, "why": refusal})
+            return {"Error": f"gpushare: {refusal}"}
+        if demand is None:
+            return await self._plain_bind(ns, name, uid, node_name)
+        waits = self._hold_reason(rules)
+        if waits is not None:
+            return {"Error": f"gpushare: {waits}"}
+        # From here to view.reserve() nothing awaits: no other bind can interleave.
+        node, refusal = self._node(node_name, key, rules)
+        if node is None or (not node.gpus and refusal is None):
+            return {"Error": f"gpushare: node {node_name} has no GPUs shared by gpushare"}
+        hold = self.view.reservation(key)
+        usable = {g.uuid for g in node.gpus}
+        if (
+            hold is not None
+            and hold.is_hold
+            and hold.node == node_name
+            and hold.uid == uid
+            and usable.issuperset(hold.assignment.gpu_uuids)
+        ):
+            assignment: Assignment | None = hold.assignment  # what filter promised
+        else:
+            assignment = self.placer.choose_gpus(node, demand) if node.gpus else None
+        if assignment is None:
+            reason = (self.placer.refusal(node, demand) if node.gpus else None) or refusal
+            return {
+                "Error": scheduler_safe(f"gpushare: node {node_name}: {reason or 'no GPU fits'}")
+            }
+        bind_time = datetime.now(UTC)
+        try:
+            held = self.view.reserve(
+                key=key,
+                uid=uid,
+                node=node_name,
+                assignment=assignment,
+                demand=demand,
+                bind_time=bind_time,
+            )
+        except ReservationError as exc:
+            return {"Error": f"gpushare: {exc}"}
+        placement = Placement(
+            gpu_uuids=assignment.gpu_uuids,
+            thread_percent=assignment.thread_percent,
+            memory_limit_bytes=assignment.memory_limit_bytes,
+            bind_time=bind_time,
+            state=STATE_ASSUMED,
+            request_percent=min(demand.percent, SLICES_PER_GPU),
+        )
+        try:
+            await self.writer.bind_pod(
+                namespace=ns,
+                name=name,
+                uid=uid,
+                node=node_name,
+                annotations=placement.to_annotations(),
+            )
+        except Exception as exc:
+            current = await self._current_binding(ns, name)
+            if current is not None and current[0] == node_name:
+                # Bound anyway (a lost response, or a retried bind that won the race): the
+                # annotations that came with that Binding are the record.
+                if current[1] is None or current[1].gpu_uuids != assignment.gpu_uuids:
+                    self.view.release(held)
+                log.info("bind answered with an error but the pod is bound", extra={"pod": key})
+                return {"Error": ""}
+            self.view.release(held)
+            log.warning(
+                "bind failed; share released",
+                extra={"pod": key, "node": node_name, "error": str(exc)},
+            )
+            return {"Error": f"gpushare: {exc}"}
+        log.info(
+            "bound",
+            extra={
+                "pod": key,
+                "node": node_name,
+                "gpus": list(assignment.gpu_uuids),
+                "thread_percent": assignment.thread_percent,
+                "request_percent": placement.request_percent,
+                "memory_limit": assignment.memory_limit_bytes,
+            },
+        )
+        return {"Error": ""}
+
+    def _not_ours(self, key: str, uid: str, node: str, *, scheduler: str) -> str | None:
+        """Why this bind is not the caller's to ask for, or None: the extender binds only
+        pods of gpushare-scheduler (with the controller's cluster-wide binding right, anything
+        else would let a caller move any pod), with or without a GPU share, and only to a node
+        its own filter offered for that pod moments before."""
+        if scheduler != SCHEDULER_NAME:
+            return (
+                f"pod {key} is scheduled by {scheduler or 'default-scheduler'!r}, not "
+                f"{SCHEDULER_NAME}; this extender binds only the pods {SCHEDULER_NAME} places"
+            )
+        if not self.offers.offered(key, uid, node):
+            return (
+                f"node {node} was not offered for pod {key} by this controller's filter (or the "
+                "offer expired); the scheduler filters again"
+            )
+        return None
+
+    async def _bind_without_gpus(self, args: BindingArgs, held: Reservation) -> dict[str, str]:
+        """Bind a pod without GPUs whose CPU and memory filter held: nothing waits for an
+        Allocate, so no gate; the hold ends with the bind (the watch then counts the pod)."""
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        uid = args.pod_uid or held.uid
+        if not self.offers.offered(key, uid, args.node):
+            self.view.release(held)
+            return {
+                "Error": f"gpushare: node {args.node} was not offered for pod {key} by this "
+                "controller's filter (or the offer expired); the scheduler filters again"
+            }
+        if held.node != args.node or (args.pod_uid and held.uid != args.pod_uid):
+            self.view.release(held)
+        result = await self._plain_bind(args.pod_namespace, args.pod_name, uid, args.node)
+        if result["Error"]:
+            self.view.release(held)
+        return result
+
+    async def _plain_bind(self, ns: str, name: str, uid: str, node: str) -> dict[str, str]:
+        assert self.writer is not None
+        try:
+            await self.writer.bind_pod(namespace=ns, name=name, uid=uid, node=node)
+        except Exception as exc:
+            return {"Error": f"gpushare: {exc}"}
+        return {"Error": ""}
+
+    async def _current_binding(self, ns: str, name: str) -> tuple[str, Placement | None] | None:
+        """(node, placement) of the pod as the API server has it now; None if unbound or
+        unknown."""
+        assert self.writer is not None
+        try:
+            pod = await self.writer.get_pod(namespace=ns, name=name)
+        except Exception:
+            return None
+        bound = pods.node_name(pod)
+        if bound is None:
+            return None
+        try:
+            return bound, parse_placement(pods.annotations(pod))
+        except InvalidInputError:
+            return bound, None

@@ -1,0 +1,373 @@
+"""Filter and prioritize: which nodes can take the pod, and which one it should take.
+
+Per call the work is proportional to the candidate nodes: each is looked up in the view and
+answered from the answers kept per node state (:mod:`~gpushare.cluster.extender.answers`).
+Which node and which GPUs is one decision, :class:`gpushare.packing.placer.Placer`'s (the openb
+simulator asks the same object): filter ranks the nodes that fit by its exact cost and holds the
+cheapest, prioritize derives its scores from the same ranking (docs/scheduling.md).
+"""
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.names import SCHEDULER_NAME
+from gpushare.cluster.extender.answers import FAILED as _FAILED
+from gpushare.cluster.extender.answers import PASS as _PASS
+from gpushare.cluster.extender.answers import UNRESOLVABLE as _UNRESOLVABLE
+from gpushare.cluster.extender.answers import Answer, prefixed, scheduler_safe
+from gpushare.cluster.extender.args import ExtenderArgs
+from gpushare.cluster.extender.base import NO_INVENTORY, ExtenderBase
+from gpushare.cluster.state import pods
+from gpushare.cluster.state.host_resources import pod_requests
+from gpushare.cluster.state.share_rules import (
+    NO_RULES,
+    ShareRules,
+    with_profile,
+)
+from gpushare.cluster.state.view import ReservationError
+from gpushare.packing.fit import node_fit_reason
+from gpushare.packing.model import Assignment, Demand, NodeState
+from gpushare.packing.placer import best_node, rank_scores
+from gpushare.packing.policy import Policy
+
+log = logging.getLogger(__name__)
+
+
+class FilterVerbs(ExtenderBase):
+    """filter and prioritize."""
+
+    def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+        """ExtenderFilterResult. Misfits no preemption can cure (a pod bigger than any GPU of
+        the node, a node without gpushare GPUs) go to FailedAndUnresolvableNodes."""
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        try:
+            demand, rules = self._read(args.pod)
+        except InvalidInputError as exc:
+            message = scheduler_safe(f"gpushare: {exc}")
+            return self._filter_result(args, [], {}, dict.fromkeys(args.node_names, message))
+        if demand is None:
+            return self._filter_without_gpus(args)
+        demand = self._intern(with_profile(demand, rules))
+        hold = self._hold_reason(rules)
+        if hold is not None:
+            message = prefixed(hold)
+            return self._filter_result(args, [], {}, dict.fromkeys(args.node_names, message))
+        key = pods.pod_key(args.pod)
+        own = self._own_nodes(key)
+        constrained = rules.constrains_gpus
+        # Answers kept per node state hold for this pod unless its own rules, or others',
+        # narrow a node (then each node is asked afresh, see _shared_state).
+        fast = not constrained and not self.view.any_blockers
+        versions = self.view.node_versions
+        uid = pods.pod_uid(args.pod)
+        if self.hold_in_filter and self._may_hold(key, uid):
+            # The placer's cost is None exactly where the pod does not fit: rank by it first;
+            # per-node reasons are only worth working out when no node is left (the scheduler
+            # reads them only then, for its events and for preemption).
+            fitting: list[str] = []
+            costs: list[float] = []
+            mix = self.placer.version
+            for name in args.node_names:
+                answer = (
+                    self._fast_answer(name, demand, versions) if fast and name not in own else None
+                )
+                if answer is None:
+                    cost = self._cost(name, key, demand, rules, shared=name not in own)
+                elif answer.cost_holds(mix):
+                    cost = answer.cost  # the common case, inlined
+                else:
+                    cost = self.answers.cost(answer, name, demand)
+                if cost is not None:
+                    fitting.append(name)
+                    costs.append(cost)
+            if fitting:
+                self.refused.placed(key)
+                best = self._hold_best(args, key, demand, rules, passed=fitting, costs=costs)
+                if best is not None:
+                    # With one node offered, the reasons for the others are dead weight
+                    # (hundreds of entries per call to encode and decode): none are sent.
+                    self.offers.offer(key, uid, (best,))
+                    return self._filter_result(args, [best], {}, {})
+        for name in args.node_names:
+            answer = self._fast_answer(name, demand, versions) if fast and name not in own else None
+            if answer is None:
+                shared = not constrained and name not in own
+                verdict, message = self._verdict(name, key, demand, rules, shared=shared)
+            else:
+                verdict, message = answer.verdict or self.answers.verdict(answer, name, demand)
+            if verdict == _PASS:
+                passed.append(name)
+            elif verdict == _FAILED:
+                failed[name] = message
+            else:
+                unresolvable[name] = message
+        if passed:
+            self.refused.placed(key)
+        elif args.node_names:
+            self.refused.refused(key)
+        if passed:
+            self.offers.offer(key, uid, passed)
+        if not passed and args.node_names:
+            first = args.node_names[0]
+            log.info(
+                "no node fits",
+                extra={
+                    "pod": key,
+                    "nodes": len(args.node_names),
+                    "example": f"{first}: {failed.get(first) or unresolvable.get(first)}",
+                },
+            )
+        return self._filter_result(args, passed, failed, unresolvable)
+
+    def _hold_best(
+        self,
+        args: ExtenderArgs,
+        key: str,
+        demand: Demand,
+        rules: ShareRules,
+        *,
+        passed: list[str],
+        costs: list[float],
+    ) -> str | None:
+        """Pick the placer's cheapest node among ``passed`` (``costs``: their exact costs, in
+        order; ties to the name that sorts first), hold the GPU(s) there for the pod now, and
+        return it (None when nothing could be held). Later pods are filtered against the hold,
+        so they do not collide with this one at bind time (kube-scheduler binds
+        asynchronously). The price: the scheduler's own scores cannot pick among GPU-feasible
+        nodes any more."""
+        # Among nodes of exactly the best cost, prefer one where the bind will not wait at the
+        # allocation gate behind a pod of the same size (back-to-back pods of one shape often
+        # go to one node). Only exact ties: the ranking itself is the placer's.
+        low = min(costs)
+        ties = sorted(name for name, cost in zip(passed, costs, strict=True) if cost == low)
+        size = demand.percent
+        best = next((n for n in ties if not self._pending_alike(n, key, size)), ties[0])
+        node, _ = self._node(best, key, rules)
+        assignment = self.placer.choose_gpus(node, demand) if node else None
+        if assignment is None:
+            return None
+        try:
+            self.view.reserve(
+                key=key,
+                uid=pods.pod_uid(args.pod),
+                node=best,
+                assignment=assignment,
+                demand=demand,
+                bind_time=datetime.now(UTC),
+                hold_seconds=self.hold_seconds,
+            )
+        except ReservationError:
+            return None
+        return best
+
+    def _may_hold(self, key: str, uid: str) -> bool:
+        """Filter holds a share only for a real pod waiting for gpushare-scheduler, as the
+        view knows it from its watch (same UID, not bound): a forged filter call for a pod
+        that does not exist holds nothing, and each pod holds at most one share (a later hold
+        replaces it) that lapses after ``hold_seconds``."""
+        known = self.view.pod(key)
+        return (
+            known is not None
+            and bool(uid)
+            and known.uid == uid
+            and known.node is None
+            and not known.finished
+            and known.scheduler == SCHEDULER_NAME
+        )
+
+    def _filter_without_gpus(self, args: ExtenderArgs) -> dict[str, Any]:
+        """A pod asking for no GPU (sent to gpushare-scheduler on purpose): under the gpushare
+        policy it goes where its CPU and memory strand the least GPU share -- the cheapest
+        node by the placer's cost, a node without gpushare GPUs costing nothing -- and, with
+        filter-time holds, its CPU and memory are held there until the bind. Other policies,
+        and pods requesting neither CPU nor memory, pass every node."""
+        cpu, memory = pod_requests(args.pod)
+        if self.placer.policy is not Policy.GPUSHARE or (cpu <= 0 and memory <= 0):
+            # Every node passes, and bind may place the pod on any of them.
+            self.offers.offer(pods.pod_key(args.pod), pods.pod_uid(args.pod), args.node_names)
+            return self._filter_result(args, list(args.node_names), {}, {})
+        demand = self._intern(Demand(percent=0, gpus=0, cpu_milli=cpu, host_memory_bytes=memory))
+        key = pods.pod_key(args.pod)
+        costs = self._host_costs(args.node_names, key, demand)
+        passed = [name for name, cost in costs.items() if cost is not None]
+
+        def failed() -> dict[str, str]:
+            return {
+                name: self._host_refusal(name, key, demand)
+                for name, cost in costs.items()
+                if cost is None
+            }
+
+        if not passed:
+            if args.node_names:
+                self.refused.refused(key)
+            return self._filter_result(args, [], failed(), {})
+        self.refused.placed(key)
+        uid = pods.pod_uid(args.pod)
+        if not self.hold_in_filter or not uid or pods.scheduler_name(args.pod) != SCHEDULER_NAME:
+            self.offers.offer(key, uid, passed)
+            return self._filter_result(args, passed, failed(), {})
+        best = best_node((name, cost) for name, cost in costs.items() if cost is not None)
+        assert best is not None
+        self.offers.offer(key, uid, (best,))
+        if self.view.node(best) is not None:
+            try:
+                self.view.reserve(
+                    key=key,
+                    uid=uid,
+                    node=best,
+                    assignment=Assignment(best, (), 0, 0),
+                    demand=demand,
+                    bind_time=datetime.now(UTC),
+                    hold_seconds=self.hold_seconds,
+                )
+            except ReservationError:
+                return self._filter_result(args, passed, failed(), {})
+        return self._filter_result(args, [best], {}, {})
+
+    def _host_costs(self, names: list[str], key: str, demand: Demand) -> dict[str, float | None]:
+        """Placer cost of a pod without GPUs per node (None: its CPU or memory does not fit
+        there, as the view counts them); 0 on nodes without gpushare GPUs."""
+        out: dict[str, float | None] = {}
+        for name in names:
+            if self.view.node(name) is None:
+                out[name] = 0.0
+            else:
+                out[name] = self._cost(name, key, demand, NO_RULES, shared=True)
+        return out
+
+    def _host_refusal(self, name: str, key: str, demand: Demand) -> str:
+        node = self.view.node_for(name, key)
+        reason = node_fit_reason(node, demand) if node is not None else None
+        return prefixed(reason or "the node's CPU or memory is taken")
+
+    def _pending_alike(self, node: str, key: str, size: int) -> bool:
+        """A bind of this pod to ``node`` would wait at the gate: a pod of the same size (or
+        of unknown size) waits for its Allocate there, is being bound there, or holds a share
+        there from filter and soon will be. Stops at the first such pod."""
+        known = self.view.pods()
+        for other in self.view.pending_on(node):
+            if other != key:
+                f = known.get(other)
+                other_size = f.demand.percent if f is not None and f.demand is not None else -1
+                if other_size == size or other_size < 0 or size < 0:
+                    return True
+        return False
+
+    def _verdict(
+        self, name: str, key: str, demand: Demand, rules: ShareRules, *, shared: bool
+    ) -> tuple[str, str]:
+        """(pass|failed|unresolvable, message) for one node: from the answers kept per node
+        state when the pod's own rules and placements do not single it out (``shared``) and
+        nobody's rules narrow the node, else worked out for this pod."""
+        node, refusal = self._node(name, key, rules)
+        answer = self._shared_answer(name, node, refusal, demand) if shared else None
+        if answer is not None:
+            return self.answers.verdict(answer, name, demand)
+        if node is None or (not node.gpus and refusal is None):
+            problem = self.view.node_problem(name)
+            return _UNRESOLVABLE, (
+                scheduler_safe(f"gpushare: {problem}") if problem else NO_INVENTORY
+            )
+        reason = self.placer.refusal(node, demand) if node.gpus else refusal
+        if reason is None:
+            return _PASS, ""
+        if refusal is not None:
+            # Rules took GPUs away; pods leaving (or a profile stored) can give them back.
+            detail = refusal if reason == refusal else f"{refusal}; on its other GPUs: {reason}"
+            return _FAILED, prefixed(detail)
+        empty = self.view.empty_node(name)
+        empty_reason = self.placer.refusal(empty, demand) if empty is not None else reason
+        if empty_reason is not None:
+            return _UNRESOLVABLE, prefixed(empty_reason)
+        return _FAILED, prefixed(reason)
+
+    def _cost(
+        self, name: str, key: str, demand: Demand, rules: ShareRules, *, shared: bool
+    ) -> float | None:
+        """The placer's exact cost of the pod on node ``name`` (None: it does not fit there),
+        from the answers kept per node state when ``shared`` (see :meth:`_verdict`)."""
+        node, refusal = self._node(name, key, rules)
+        answer = self._shared_answer(name, node, refusal, demand) if shared else None
+        if answer is not None:
+            return self.answers.cost(answer, name, demand)
+        if node is not None and (node.gpus or demand.gpus <= 0):
+            return self.placer.node_cost(node, demand)
+        return None
+
+    def _fast_answer(self, name: str, demand: Demand, versions: Mapping[str, int]) -> Answer | None:
+        """The kept answer for ``demand`` on node ``name`` when neither the pod's rules nor
+        anyone else's narrow nodes (the caller checks): the node's own pointer when it did not
+        change since, else its state's answer; None when the node's answers are not shared."""
+        hit = self.answers.named(demand).get(name)
+        if hit is not None and hit[0] == versions.get(name, 0):
+            return hit[1]
+        return self.answers.answer(name, demand)
+
+    def _shared_answer(
+        self, name: str, node: NodeState | None, refusal: str | None, demand: Demand
+    ) -> Answer | None:
+        """The answer kept for the node's state, or None when this pod's view of the node is
+        not the view's own (rules narrowed it) or the node's answers are not shared."""
+        if node is None or refusal is not None or node is not self.view.node(name):
+            return None
+        return self.answers.answer(name, demand)
+
+    @staticmethod
+    def _filter_result(
+        args: ExtenderArgs,
+        passed: list[str],
+        failed: dict[str, str],
+        unresolvable: dict[str, str],
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable,
+            "Error": "",
+        }
+        if args.nodes is None:
+            result["NodeNames"] = passed
+            result["Nodes"] = None
+        else:
+            keep = set(passed)
+            result["Nodes"] = {
+                "items": [n for n in args.nodes if n.get("metadata", {}).get("name") in keep]
+            }
+            result["NodeNames"] = None
+        return result
+
+    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+        """HostPriorityList: 0..10 per node from the placer's cost ranking (the node filter
+        would hold gets 10; see :func:`gpushare.packing.placer.rank_scores`)."""
+        try:
+            demand, rules = self._read(args.pod)
+        except InvalidInputError:
+            return [{"Host": n, "Score": 0} for n in args.node_names]
+        key = pods.pod_key(args.pod)
+        costs: dict[str, float | None]
+        if demand is None:
+            cpu, memory = pod_requests(args.pod)
+            if self.placer.policy is not Policy.GPUSHARE or (cpu <= 0 and memory <= 0):
+                return [{"Host": n, "Score": 0} for n in args.node_names]
+            host = self._intern(Demand(percent=0, gpus=0, cpu_milli=cpu, host_memory_bytes=memory))
+            costs = self._host_costs(args.node_names, key, host)
+        else:
+            demand = self._intern(with_profile(demand, rules))
+            own = self._own_nodes(key)
+            costs = {
+                name: self._cost(
+                    name,
+                    key,
+                    demand,
+                    rules,
+                    shared=name not in own and not rules.constrains_gpus,
+                )
+                for name in args.node_names
+            }
+        scores = rank_scores(costs)
+        return [{"Host": name, "Score": scores[name]} for name in args.node_names]
