@@ -41,8 +41,8 @@ from gpushare.cluster.tls import (
     ensure_certs,
     issued_by_one_of,
 )
+from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.cluster.webhook.registration import webhook_configurations
-from gpushare.cluster.webhook.review import ClusterFacts
 from gpushare.kube.controller import Kube
 from gpushare.packing.admission import Admission
 

@@ -17,6 +17,7 @@ from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, 
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.webhook import review as webhook
+from gpushare.cluster.webhook.facts import ClusterFacts
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ MAX_BODY_BYTES = 64 * 2**20
 """Enough for a NodeList of thousands of nodes (schedulers that are not nodeCacheCapable)."""
 
 Readiness = Callable[[], tuple[bool, str]]
-FactsSource = Callable[[], webhook.ClusterFacts]
+FactsSource = Callable[[], ClusterFacts]
 
 
 _encode = msgspec.json.Encoder()

@@ -15,7 +15,8 @@ from gpushare.api.names import (
 )
 from gpushare.cluster.state import pods
 from gpushare.cluster.state.view import ClusterView
-from gpushare.cluster.webhook.review import ClusterFacts, review
+from gpushare.cluster.webhook.facts import ClusterFacts
+from gpushare.cluster.webhook.review import review
 from tests.fixtures.controller import gpu, node_json, pod_json
 from tests.unit.test_webhook_review import apply_patch
 

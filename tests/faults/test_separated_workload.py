@@ -12,7 +12,8 @@ from gpushare.api.exclusive import ExclusiveWorkload, dump_exclusive, parse_avoi
 from gpushare.api.names import ANN_AVOID_GPUS, ANN_FRACTION, ANN_NODE_SEPARATED
 from gpushare.cluster.state import pods
 from gpushare.cluster.state.view import ClusterView
-from gpushare.cluster.webhook.review import ClusterFacts, review
+from gpushare.cluster.webhook.facts import ClusterFacts
+from gpushare.cluster.webhook.review import review
 from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.model import GpuState, NodeState
 from gpushare.packing.policy import choose_gpus

@@ -27,6 +27,7 @@ from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.server import decode_body
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook import review as webhook
+from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.kube import informer
 from gpushare.node.deviceplugin.allocation import AllocationError, Allocator, PodInfo
 from gpushare.node.mps.manager import MpsManager
@@ -177,7 +178,7 @@ def _review(hostile: Hostile) -> dict[str, Any]:
 def test_webhook_answers_every_hostile_review_or_refuses_it() -> None:
     tally = Tally("webhook")
     hostile = Hostile(SEED + 1)
-    facts = webhook.ClusterFacts(max_gpu_memory=80 * GIB, max_gpus_per_node=8)
+    facts = ClusterFacts(max_gpu_memory=80 * GIB, max_gpus_per_node=8)
     for _ in range(PER_SURFACE):
         tally.inputs += 1
         body = _safe_body(hostile, lambda: _review(hostile))

@@ -21,9 +21,9 @@ from gpushare.api.names import (
 )
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.settings import DEFAULT_PROTECTED_HOST_PATHS
+from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.cluster.webhook.review import (
     BadReviewError,
-    ClusterFacts,
     answer,
     match_condition_expression,
     parse_review,

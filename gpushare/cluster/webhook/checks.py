@@ -1,0 +1,248 @@
+"""What the webhook refuses in a pod, each refusal naming the field and the fix: containers
+(reserved env, GPU requests outside gpushare), volumes over gpushare's host paths, placement
+annotations set by hand, the scheduler, and the GPU resources themselves (docs/security.md)."""
+
+import posixpath
+from collections.abc import Mapping
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.exclusive import parse_avoid_gpus
+from gpushare.api.gpushare_crd import ANN_PROFILE, ANN_PROFILING
+from gpushare.api.names import (
+    ANN_AVOID_GPUS,
+    ANN_BIND_TIME,
+    ANN_GPU_UUID,
+    ANN_MEMORY_LIMIT,
+    ANN_REQUEST_PERCENT,
+    ANN_STATE,
+    ANN_THREAD_PERCENT,
+    NVIDIA_GPU_RESOURCE,
+    RESERVED_ENV_NAMES,
+    RESERVED_ENV_PREFIXES,
+    RESOURCE_GPU_PERCENT,
+    SCHEDULER_NAME,
+)
+from gpushare.cluster.state import pods
+from gpushare.cluster.webhook.facts import ClusterFacts
+
+PLACEMENT_ANNOTATIONS = (
+    ANN_GPU_UUID,
+    ANN_THREAD_PERCENT,
+    ANN_REQUEST_PERCENT,
+    ANN_MEMORY_LIMIT,
+    ANN_BIND_TIME,
+    ANN_STATE,
+)
+
+
+OPERATOR_ANNOTATIONS = (ANN_PROFILING, ANN_PROFILE)
+"""Written by the operator only: a pod claiming them at creation would keep neighbours off its
+GPU (profiling alone) or misstate its interference profile."""
+
+
+DEFAULT_SCHEDULERS = ("", "default-scheduler", SCHEDULER_NAME)
+
+
+def check_containers(pod: pods.Pod, *, facts: ClusterFacts) -> list[InvalidInputError]:
+    errors: list[InvalidInputError] = []
+    for kind, i, c in pods.all_containers(pod):
+        where = f"spec.{kind}[{i}]"
+        if kind != "containers" and any(pods.resource_value(c, RESOURCE_GPU_PERCENT)):
+            # The kubelet would Allocate slices to it that no placement accounts for.
+            errors.append(
+                InvalidInputError(
+                    f"{where}.resources[{RESOURCE_GPU_PERCENT}]",
+                    "asks for a GPU share in an init or ephemeral container, which gpushare "
+                    "does not count",
+                    "give the GPU share to one of spec.containers (gpushare.io/container names "
+                    "which)",
+                )
+            )
+        limit, request = pods.resource_value(c, NVIDIA_GPU_RESOURCE)
+        if limit is not None or request is not None:
+            errors.append(
+                InvalidInputError(
+                    f"{where}.resources[{NVIDIA_GPU_RESOURCE}]",
+                    "asks for whole GPUs from the NVIDIA device plugin as well as a gpushare share",
+                    f"remove {NVIDIA_GPU_RESOURCE} and use gpushare.io/gpu-fraction "
+                    '(e.g. "1" for a whole GPU)',
+                )
+            )
+        env = c.get("env")
+        for j, var in enumerate(env if isinstance(env, list) else []):
+            name = var.get("name") if isinstance(var, Mapping) else None
+            if not isinstance(name, str):
+                continue
+            if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+                errors.append(
+                    InvalidInputError(
+                        f"{where}.env[{j}] ({name})",
+                        "is set by gpushare's device plugin for the GPU share",
+                        f"remove {name} from the container",
+                    )
+                )
+        env_from = c.get("envFrom")
+        for j, source in enumerate(env_from if isinstance(env_from, list) else []):
+            prefix = source.get("prefix") if isinstance(source, Mapping) else None
+            if not _safe_env_prefix(prefix if isinstance(prefix, str) else ""):
+                errors.append(
+                    InvalidInputError(
+                        f"{where}.envFrom[{j}]",
+                        "could set CUDA_MPS_* or CUDA_VISIBLE_DEVICES from a ConfigMap or Secret, "
+                        "overriding the GPU share gpushare's device plugin sets",
+                        'give it a prefix that no reserved name starts with (e.g. prefix: "APP_"), '
+                        "or list the variables under env",
+                    )
+                )
+    return errors
+
+
+def _safe_env_prefix(prefix: str) -> bool:
+    """True when no name ``prefix + key`` can be one gpushare reserves."""
+    if not prefix:
+        return False
+    reserved = (*RESERVED_ENV_PREFIXES, *RESERVED_ENV_NAMES)
+    return not any(r.startswith(prefix) or prefix.startswith(r) for r in reserved)
+
+
+def check_node_name(pod: pods.Pod) -> list[InvalidInputError]:
+    """A gpushare pod created with spec.nodeName would skip gpushare-scheduler: its share would
+    be invisible to every placement decision."""
+    if pods.node_name(pod) is None:
+        return []
+    return [
+        InvalidInputError(
+            "spec.nodeName",
+            "is set, so the pod would skip gpushare-scheduler and use a GPU share no placement "
+            "accounts for",
+            "remove spec.nodeName; pick nodes with nodeSelector or affinity instead",
+        )
+    ]
+
+
+def check_volumes(pod: pods.Pod, *, facts: ClusterFacts) -> list[InvalidInputError]:
+    errors: list[InvalidInputError] = []
+    volumes = pods.spec(pod).get("volumes")
+    for i, vol in enumerate(volumes if isinstance(volumes, list) else []):
+        host = vol.get("hostPath") if isinstance(vol, Mapping) else None
+        path = host.get("path") if isinstance(host, Mapping) else None
+        if not isinstance(path, str) or not path:
+            continue
+        norm = posixpath.normpath("/" + path.lstrip("/"))
+        for protected in facts.protected_host_paths:
+            if (
+                norm == protected
+                or norm.startswith(protected.rstrip("/") + "/")
+                or (protected.startswith(norm.rstrip("/") + "/"))
+            ):
+                errors.append(
+                    InvalidInputError(
+                        f"spec.volumes[{i}].hostPath.path",
+                        f"{path!r} exposes {protected}, which belongs to gpushare's MPS daemons or "
+                        "the kubelet's device plugins",
+                        "remove the hostPath volume; gpushare mounts what the share needs",
+                    )
+                )
+                break
+    return errors
+
+
+def check_annotations(pod: pods.Pod) -> list[InvalidInputError]:
+    ann = pods.annotations(pod)
+    errors = [
+        InvalidInputError(
+            key,
+            "is written by gpushare-scheduler when it binds the pod",
+            "remove it from the pod; ask with gpushare.io/gpu-fraction instead",
+        )
+        for key in PLACEMENT_ANNOTATIONS
+        if key in ann
+    ]
+    errors += [
+        InvalidInputError(
+            key,
+            "is written by the gpushare operator from the pod's GpuShare (it decides how the "
+            "pod's neighbours are placed)",
+            "remove it; set spec.profiling or spec.packing on a GpuShare instead",
+        )
+        for key in OPERATOR_ANNOTATIONS
+        if key in ann
+    ]
+    try:
+        parse_avoid_gpus(ann.get(ANN_AVOID_GPUS))
+    except InvalidInputError as exc:
+        errors.append(exc)
+    return errors
+
+
+def check_scheduler(pod: pods.Pod, *, final: bool) -> list[InvalidInputError]:
+    name = pods.spec(pod).get("schedulerName") or ""
+    allowed = (SCHEDULER_NAME,) if final else DEFAULT_SCHEDULERS
+    if name in allowed:
+        return []
+    return [
+        InvalidInputError(
+            "spec.schedulerName",
+            f"is {name!r}, but gpushare pods must be placed by {SCHEDULER_NAME}",
+            "remove spec.schedulerName (the webhook sets it)",
+        )
+    ]
+
+
+def asks_resource(pod: pods.Pod) -> bool:
+    return any(
+        v is not None
+        for c in pods.containers(pod)
+        for v in pods.resource_value(c, RESOURCE_GPU_PERCENT)
+    )
+
+
+def single_resource_errors(pod: pods.Pod) -> list[InvalidInputError]:
+    """A pod asking for the gpu-percent resource directly must do so in one container."""
+    holders = [
+        i
+        for i, c in enumerate(pods.containers(pod))
+        if any(v is not None for v in pods.resource_value(c, RESOURCE_GPU_PERCENT))
+    ]
+    if len(holders) <= 1:
+        return []
+    return [
+        InvalidInputError(
+            f"spec.containers[{holders[1]}].resources[{RESOURCE_GPU_PERCENT}]",
+            f"{RESOURCE_GPU_PERCENT} is asked for by {len(holders)} containers",
+            "give the GPU share to one container (MPS limits apply per GPU client)",
+        )
+    ]
+
+
+def resource_errors(
+    pod: pods.Pod, *, target: int, percent: int, required: bool
+) -> list[InvalidInputError]:
+    """A pod that also writes the gpu-percent resource must agree with its annotation; after
+    mutation (``required``) the target container must carry it."""
+    errors: list[InvalidInputError] = []
+    for i, c in enumerate(pods.containers(pod)):
+        limit, request = pods.resource_value(c, RESOURCE_GPU_PERCENT)
+        if required and i == target and limit is None:
+            errors.append(
+                InvalidInputError(
+                    f"spec.containers[{i}].resources.limits[{RESOURCE_GPU_PERCENT}]",
+                    "is missing: the pod did not pass gpushare's mutating webhook",
+                    "make sure the MutatingWebhookConfiguration 'gpushare' is registered, "
+                    "then recreate the pod",
+                )
+            )
+        for what, value in (("limits", limit), ("requests", request)):
+            if value is None:
+                continue
+            wanted = str(percent) if i == target else None
+            if value != wanted:
+                errors.append(
+                    InvalidInputError(
+                        f"spec.containers[{i}].resources.{what}[{RESOURCE_GPU_PERCENT}]",
+                        f"is {value!r} but the pod's annotations ask for {percent} "
+                        + ("on this container" if i == target else "on another container"),
+                        "remove it; the webhook sets it from gpushare.io/gpu-fraction",
+                    )
+                )
+    return errors

@@ -1,0 +1,27 @@
+"""What the webhook knows of the cluster: a few facts from the view, read per request."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpushare.api.request import GpuRequest
+
+ShareLookup = Callable[[str, str], GpuRequest | None]
+ExclusiveLookup = Callable[[str], str | None]
+SeparationLookup = Callable[[str], tuple[frozenset[str], str] | None]
+"""Workload UID -> (GPUs its new pods keep off, why), for workloads separated after faults."""
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What the webhook needs to know of the cluster, read from the view per request."""
+
+    max_gpu_memory: int = 0
+    """Memory of the largest GPU; 0 = no inventory seen yet (the check is skipped)."""
+    max_gpus_per_node: int = 0
+    """Most GPUs on one node; 0 = unknown."""
+    share_lookup: ShareLookup | None = None
+    protected_host_paths: tuple[str, ...] = ()
+    exclusive_lookup: ExclusiveLookup | None = None
+    """Workload (controller) UID -> why it must get a GPU of its own (repeated GPU faults)."""
+    separation_lookup: SeparationLookup | None = None
+    """Workload (controller) UID -> GPUs to keep its pods off (it kept faulting with others)."""
