@@ -43,7 +43,7 @@ DECIDED_BY: dict[str, str] = {
     "placement": "gpushare.packing.placer.Placer.choose_gpus (policy gpushare), refusals from "
     "Placer.refusal, as the extender's bind and filter",
     "admission": "gpushare.packing.admission.Admission (inside the Placer; "
-    "gpushare.packing.interference.admit_reason with the controller's default bounds)",
+    "gpushare.packing.admission.admit_reason with the controller's default bounds)",
     "thread_cap": "gpushare.packing.threads.assign_thread_percent (inside choose_gpus)",
     "client_env": "gpushare.node.mps.client.runs_under_mps and client_limits_env (MPS or not, "
     "active-thread %, priority by class, pinned memory), as the device plugin writes them",

@@ -11,20 +11,18 @@ the job alone at the same cap, as the model defines it):
   predicts the packs with it, pooled over kinds;
 - ``k_fold``: the run's packs 5-fold by pack (``colocate.held_out_mape``), for comparison with
   the earlier runs.
+
+:func:`pair_throughput` says, from the model, whether two jobs get more done together than one
+after the other.
 """
 
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from bench.gpu.colocate import Predictor, Record
-from gpushare.packing.interference import (
-    ColocationRecord,
-    InterferenceModel,
-    fit_coefficients,
-    load_default,
-    parse_records,
-    relative_errors,
-)
+from bench.gpu.fitting import ColocationRecord, fit_coefficients, parse_records, relative_errors
+from gpushare.packing.interference import InterferenceModel, load_default
+from gpushare.packing.model import PipeProfile
 
 
 def errors(model: InterferenceModel, records: Iterable[ColocationRecord]) -> list[float]:
@@ -97,3 +95,18 @@ def fitter(train: list[Record]) -> Predictor:
         coefficients=fit_coefficients(parse_records(train, origin="colocations"), cap_term=False)
     )
     return lambda pack: predict_retained(model, pack)
+
+
+def pair_throughput(
+    model: InterferenceModel,
+    first: tuple[PipeProfile, int],
+    second: tuple[PipeProfile, int],
+) -> float:
+    """Work two jobs finish per second when run together, in units of one job alone on the
+    whole GPU: ``1 / slowdown`` of each vs the whole GPU, summed (1.0 = no better than one
+    after the other). On an H200, ResNet-50 and a transformer at 100/100 threads measured 1.10
+    (predicted 1.09); an FP64 GEMM beside anything about 1.0 at best."""
+    a, b = first, second
+    return 1.0 / model.predict_vs_full_gpu(a[0], a[1], [b]) + 1.0 / model.predict_vs_full_gpu(
+        b[0], b[1], [a]
+    )

@@ -39,12 +39,12 @@ from gpushare.packing.fragmentation import (
     fgd_score,
     placement_options,
 )
-from gpushare.packing.interference import InterferenceModel, tenant_threads
+from gpushare.packing.interference import InterferenceModel
 from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Demand, GpuState, NodeState, Tenant
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import Policy
-from gpushare.packing.threads import assign_thread_percent
+from gpushare.packing.threads import assign_thread_percent, tenant_threads
 
 MIB = 1 << 20
 MAX_SPEC_CPU = 128_000

@@ -3,11 +3,10 @@
     python -m bench.sim.fit_interference bench/gpu/data/colocations.json [more.json ...]
     python -m bench.sim.fit_interference --seed           # the shipped seed-derived default
 
-Reads JSON lists of colocation records (format in gpushare.packing.interference; several
-files, e.g. several GPU runs, are fit as one list), fits
-ln(slowdown) by non-negative least squares, prints each coefficient, the in-sample MAPE and the
-leave-one-record-out (held-out) MAPE, and writes gpushare/packing/data/interference.json unless
-``--dry-run``.
+Reads JSON lists of colocation records (format in bench.gpu.colocate; several files, e.g.
+several GPU runs, are fit as one list), fits ln(slowdown) by non-negative least squares
+(bench.gpu.fitting), prints each coefficient, the in-sample MAPE and the leave-one-record-out
+(held-out) MAPE, and writes gpushare/packing/data/interference.json unless ``--dry-run``.
 """
 
 import argparse
@@ -15,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from bench.gpu.fitting import fit, parse_records
 from gpushare.api.errors import InvalidInputError
-from gpushare.packing.interference import fit, parse_records
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = REPO / "bench" / "sim" / "data" / "seed_colocations.json"

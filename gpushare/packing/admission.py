@@ -3,9 +3,10 @@
 The placement cost weighs predicted interference against fragmentation, but a cost never says
 no. Admission does: a GPU where the newcomer or a tenant already there is predicted slower than
 its class accepts (:data:`DEFAULT_BOUNDS`) is not a candidate, exactly as if it were full
-(:func:`gpushare.packing.interference.admit_reason`; docs/packing.md, "Admission"). The
-extender's filter and bind and the GPU benchmark ask the same :class:`Admission` through
-:class:`gpushare.packing.placer.Placer`, so the benchmark measures what a cluster does.
+(:func:`admit_reason`, over the model of :mod:`gpushare.packing.interference`; docs/packing.md,
+"Admission"). The extender's filter and bind and the GPU benchmark ask the same
+:class:`Admission` through :class:`gpushare.packing.placer.Placer`, so the benchmark measures
+what a cluster does.
 
 It applies where something measured is at stake (:func:`measured`): the newcomer has a profile
 (from its GpuShare), or a latency pod with a profile would share the GPU with it. Among pods
@@ -13,17 +14,134 @@ nobody profiled there is nothing to predict from and placement is fit and fragme
 (the openb traces are such pods).
 """
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpushare.api.names import CLASS_LATENCY
-from gpushare.packing.interference import InterferenceModel, admit_reason, load_default
-from gpushare.packing.model import Demand, GpuState, NodeState
+from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU
+from gpushare.packing.interference import InterferenceModel, busy_share, load_default
+from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile
+from gpushare.packing.threads import MIN_BATCH_THREADS, assign_thread_percent, tenant_threads
 
 DEFAULT_BOUNDS: Mapping[str, float] = MappingProxyType({"latency": 1.15, "batch": 2.0})
 """Largest predicted slowdown each class accepts: a latency pod's against itself alone, a
 batch pod's against itself alone on the whole GPU (its thread cap's cost charged)."""
+
+CONSERVATIVE_PROFILE = PipeProfile(
+    fp16=0.3, fp32=0.6, fp64=0.0, tensor=0.6, sm_occupancy=0.9, dram_bandwidth=0.6
+)
+"""Stand-in for a tenant nobody has profiled yet: assume it is heavy, so the model errs towards
+refusing a latency pod rather than promising what it cannot keep."""
+
+SHIELDED = MIN_BATCH_THREADS
+"""A profiled batch pod that keeps at most this share of the SMs busy (GPU-percent) -- capped
+at this many threads or fewer, or using no more alone (its SM utilization) -- runs at MPS
+priority 1 and does not count against a latency pod's bound: MPS priority protects the latency
+pod from it, which the model does not know (docs/packing.md, "Requests and limits")."""
+
+
+def shielded(profile: PipeProfile | None, gpu_class: str, threads: int) -> bool:
+    """True for a batch neighbour a latency pod's bound leaves out (:data:`SHIELDED`). A pod
+    without a profile never is: nothing measured says it leaves half the GPU."""
+    if gpu_class == CLASS_LATENCY or profile is None:
+        return False
+    return busy_share(profile, threads) <= SHIELDED / SLICES_PER_GPU
+
+
+def reserved(profile: PipeProfile) -> PipeProfile:
+    """A latency pod as its neighbours feel it: busy over its whole reserved share (it runs
+    uncapped at MPS priority 0, and its bursts take SMs first), not at its average SM
+    utilization, which understates what its neighbours lose (docs/packing.md, "Admission")."""
+    return replace(profile, sm_utilization=None)
+
+
+def charged_cap_cost(
+    model: InterferenceModel, profile: PipeProfile, threads: int, bound: float
+) -> float:
+    """What admission charges a batch job for its thread cap: the model's cap cost
+    (:meth:`InterferenceModel.cap_slowdown`), at most sqrt(``bound``) so the cap alone never
+    takes more than half the bound (in log terms), and 1.0 for a profile without a measured SM
+    utilization (the cap cost was fit on it; without it the estimate is too rough to refuse a
+    placement on)."""
+    if profile.sm_utilization is None:
+        return 1.0
+    return min(model.cap_slowdown(profile, threads), math.sqrt(bound))
+
+
+def admit_reason(
+    gpu: GpuState,
+    demand: Demand,
+    *,
+    model: InterferenceModel,
+    bounds: Mapping[str, float],
+    charge_cap: bool = True,
+) -> str | None:
+    """None when nobody on ``gpu`` (newcomer included) is predicted past its class bound.
+
+    ``bounds`` maps a class to the largest acceptable slowdown, e.g. ``{"latency": 1.15,
+    "batch": 2.0}``; a class without a bound is not checked. Pods without a profile are assumed
+    heavy (:data:`CONSERVATIVE_PROFILE`). A latency pod's slowdown leaves out its
+    :data:`SHIELDED` batch neighbours (MPS priority protects it from them). A latency pod counts
+    towards its neighbours as busy over its whole reserved share (:func:`reserved`).
+
+    ``charge_cap`` (default): a batch pod's slowdown is taken against the pod alone on the whole
+    GPU, the same-cap prediction x its thread cap's modelled cost (:func:`charged_cap_cost`),
+    which is what its users see; without it, against the pod alone at its own cap (the
+    same-cap bound let capped jobs run well past their bound against the whole GPU;
+    docs/packing.md, "Admission").
+    """
+    if not gpu.tenants:
+        return None
+    newcomer = demand.profile or CONSERVATIVE_PROFILE
+    threads = assign_thread_percent(demand, gpu)
+    # A latency pod runs uncapped for its bursts; to its neighbours it weighs its reserved share.
+    loads = [
+        (
+            reserved(t.profile or CONSERVATIVE_PROFILE)
+            if t.gpu_class == CLASS_LATENCY
+            else t.profile or CONSERVATIVE_PROFILE,
+            t.percent if t.gpu_class == CLASS_LATENCY else tenant_threads(t),
+        )
+        for t in gpu.tenants
+    ]
+    kept_out = [shielded(t.profile, t.gpu_class, tenant_threads(t)) for t in gpu.tenants]
+    new_kept_out = shielded(demand.profile, demand.gpu_class, threads)
+    bound = bounds.get(demand.gpu_class)
+    if bound is not None:
+        seen = loads
+        if demand.gpu_class == CLASS_LATENCY:
+            seen = [load for load, s in zip(loads, kept_out, strict=True) if not s]
+        slowdown = model.predict(newcomer, threads, seen)
+        if charge_cap and demand.gpu_class != CLASS_LATENCY:
+            slowdown *= charged_cap_cost(model, newcomer, threads, bound)
+        if slowdown > bound:
+            unknown = "" if demand.profile else " (pod has no profile: assumed heavy)"
+            return (
+                f"predicted {slowdown:.2f}x slowdown for this {demand.gpu_class} pod beside "
+                f"{len(gpu.tenants)} tenant(s), over its {bound:.2f}x bound{unknown}"
+            )
+    if demand.gpu_class == CLASS_LATENCY:
+        threads = max(1, min(demand.percent, SLICES_PER_GPU))
+        newcomer = reserved(newcomer)
+    for i, tenant in enumerate(gpu.tenants):
+        bound = bounds.get(tenant.gpu_class)
+        if bound is None:
+            continue
+        others = [load for k, load in enumerate(loads) if k != i] + [(newcomer, threads)]
+        if tenant.gpu_class == CLASS_LATENCY:
+            flags = [s for k, s in enumerate(kept_out) if k != i] + [new_kept_out]
+            others = [load for load, s in zip(others, flags, strict=True) if not s]
+        own = tenant_threads(tenant)
+        slowdown = model.predict(loads[i][0], own, others)
+        if charge_cap and tenant.gpu_class != CLASS_LATENCY:
+            slowdown *= charged_cap_cost(model, loads[i][0], own, bound)
+        if slowdown > bound:
+            return (
+                f"would slow {tenant.gpu_class} pod {tenant.key} to {slowdown:.2f}x, "
+                f"over its {bound:.2f}x bound"
+            )
+    return None
 
 
 def measured(gpu: GpuState, demand: Demand) -> bool:

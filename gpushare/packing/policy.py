@@ -29,15 +29,9 @@ from enum import StrEnum
 from gpushare.api.names import SLICES_PER_GPU
 from gpushare.packing.fit import demand_memory, gpu_fit
 from gpushare.packing.fragmentation import Option, Workload, placement_options
-from gpushare.packing.interference import (
-    InterferenceModel,
-    add_loads,
-    load_default,
-    load_of,
-    tenant_threads,
-)
+from gpushare.packing.interference import InterferenceModel, add_loads, load_default, load_of
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile
-from gpushare.packing.threads import assign_thread_percent
+from gpushare.packing.threads import assign_thread_percent, tenant_threads
 
 
 class Policy(StrEnum):
@@ -73,9 +67,8 @@ def guaranteed_loss(
 
     A tenant whose thread cap exceeds its percent (latency pods, profiled batch pods: see
     :mod:`threads`) has headroom: it loses nothing until its neighbours slow it by more than
-    its larger cap gained it. Counting slowdown against the cap instead (as
-    :func:`interference.gpu_loss` does) calls harmless colocations harmful and spreads pods
-    for nothing.
+    its larger cap gained it. Counting slowdown against the cap instead calls harmless
+    colocations harmful and spreads pods for nothing (docs/packing.md, "Interference").
     """
     if len(tenants) < 2:
         return 0.0
@@ -123,7 +116,7 @@ def interference_delta(
     guarantees once ``demand`` joins them, minus what they lose now (:func:`guaranteed_loss`).
 
     Only measured profiles count: a pod without one has no interference opinion here (the
-    placement falls back to pure FGD for it), while :func:`interference.admit_reason` keeps
+    placement falls back to pure FGD for it), while :func:`admission.admit_reason` keeps
     assuming the worst for latency pods.
     """
     if demand.profile is None or not gpu.tenants:

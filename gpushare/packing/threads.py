@@ -17,12 +17,12 @@ runs with, alone or not. Hence, for a fractional batch pod:
   priorities it tripled).
 
 Latency-class pods and whole GPUs get 100. Caps may overlap: guaranteed shares, not caps, add
-up to at most 100, and admission (``interference.admit_reason``) keeps each tenant's predicted
+up to at most 100, and admission (``admission.admit_reason``) keeps each tenant's predicted
 slowdown within its class bound.
 """
 
 from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU
-from gpushare.packing.model import Demand, GpuState, PipeProfile
+from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
 
 HEADROOM = 1.25
 """Requests sized from a profile stay at least this factor above the measured demand."""
@@ -31,7 +31,7 @@ LATENCY_NEIGHBOUR_THREADS = 50
 request is larger (it always gets what it is guaranteed)."""
 MIN_BATCH_THREADS = LATENCY_NEIGHBOUR_THREADS
 """A batch pod kept to this many threads (or to this share of busy SMs, see
-``interference.SHIELDED``) leaves the latency pod half the GPU."""
+``admission.SHIELDED``) leaves the latency pod half the GPU."""
 SATURATING = 0.8
 """A pipe (or SM utilization) busier than this alone marks a job that saturates the GPU."""
 
@@ -69,3 +69,8 @@ def assign_thread_percent(demand: Demand, gpu: GpuState) -> int:
     if gpu.has_latency_tenant:
         cap = min(cap, max(share, LATENCY_NEIGHBOUR_THREADS))
     return cap
+
+
+def tenant_threads(tenant: Tenant) -> int:
+    """The thread cap ``tenant`` was placed with (its percent where none was recorded)."""
+    return tenant.thread_percent if tenant.thread_percent is not None else tenant.percent

@@ -12,13 +12,13 @@ from bench.gpu import colocate, latency, model_eval, report, run, traces
 from bench.gpu.catalog import KINDS, TRAINING_KINDS, UNSEEN_KINDS
 from bench.gpu.colocate import Member, PackResult
 from bench.gpu.decide import ProductDecider, model_identity
+from bench.gpu.fitting import fit, parse_records
 from bench.gpu.metrics import JobResult, summarize
 from bench.gpu.mps import client_env
 from bench.gpu.schemes import ExclusiveFifo, Gpushare, Launch, MpsEqual, Running, TimeSlice
 from bench.gpu.sizing import request_fraction
 from bench.gpu.stats import mape, percentile, poisson_arrivals
 from bench.gpu.worker import settled_after
-from gpushare.packing.interference import fit, parse_records
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "bench" / "gpu" / "data" / "colocations.json"

@@ -8,20 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.gpu.fitting import ColocationJob, ColocationRecord, fit, parse_records
+from bench.gpu.model_eval import pair_throughput
 from gpushare.api.errors import InvalidInputError
-from gpushare.packing.interference import (
-    FEATURE_NAMES,
-    ColocationJob,
-    ColocationRecord,
-    InterferenceModel,
-    admit_reason,
-    charged_cap_cost,
-    fit,
-    load_default,
-    pair_throughput,
-    parse_records,
-    reserved,
-)
+from gpushare.packing.admission import admit_reason, charged_cap_cost, reserved
+from gpushare.packing.interference import FEATURE_NAMES, InterferenceModel, load_default
 from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,7 +85,7 @@ def _synthetic_records(coefficients: tuple[float, ...]) -> list[ColocationRecord
 def test_fit_recovers_the_model_that_generated_the_data() -> None:
     coefficients = (0.9, 0.3, 0.5, 1.2, 0.4, 0.6, 0.7)
     model = fit(_synthetic_records(coefficients), source="synthetic")
-    # interference.RIDGE pulls coefficients a little towards 0 on this small synthetic set.
+    # fitting.RIDGE pulls coefficients a little towards 0 on this small synthetic set.
     assert model.coefficients == pytest.approx(coefficients, abs=0.02)
     assert model.mape_in_sample == pytest.approx(0.0, abs=1e-3)
     assert model.mape_held_out == pytest.approx(0.0, abs=2e-3)
@@ -442,7 +433,7 @@ def test_the_h200_runs_packs_give_the_cap_relief_weight_and_fit_within_ten_perce
     assert model.coefficients[model.feature_names.index("cap_relief")] > 0.5
     assert model.mape_held_out is not None and model.mape_held_out < 0.10
     shipped = load_default()
-    # The shipped file was fit before interference.RIDGE; the ridge moves it by < 2e-3.
+    # The shipped file was fit before fitting.RIDGE; the ridge moves it by < 2e-3.
     assert model.coefficients == pytest.approx(shipped.coefficients, abs=2e-3)
     assert shipped.records == 177
 

@@ -1,9 +1,11 @@
 """choose_gpus / node_cost: which GPU a pod gets under each policy and how nodes rank."""
 
+from collections.abc import Sequence
+
 import pytest
 
 from gpushare.packing.fragmentation import TaskClass, Workload, fgd_option
-from gpushare.packing.interference import InterferenceModel, gpu_loss
+from gpushare.packing.interference import InterferenceModel, load_of, sum_loads
 from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile, Tenant
 from gpushare.packing.policy import (
     Policy,
@@ -154,6 +156,20 @@ def test_gpushare_keeps_a_gap_the_workload_fills_where_fgd_would_strand_one() ->
     assert fgd is not None and fgd.gpus == (0,)  # FGD alone: beside the 47% pod
     a = choose_gpus(node, demand, policy=Policy.GPUSHARE, workload=workload)
     assert a is not None and a.gpu_uuids == ("with-32",)
+
+
+def gpu_loss(tenants: Sequence[tuple[float, PipeProfile, int]], model: InterferenceModel) -> float:
+    """GPU-percent lost to interference counted against each tenant's thread cap, the way
+    :func:`guaranteed_loss` must not count it: sum of percent x (1 - 1/slowdown) over the
+    (percent, profile, threads) tenants."""
+    if len(tenants) < 2:
+        return 0.0
+    loads = [load_of(profile, threads) for _, profile, threads in tenants]
+    lost = 0.0
+    for i, ((percent, _, _), load) in enumerate(zip(tenants, loads, strict=True)):
+        others = sum_loads([other for k, other in enumerate(loads) if k != i])
+        lost += percent * (1.0 - 1.0 / model.predict_load(load, others))
+    return lost
 
 
 def test_interference_counts_only_what_a_tenant_loses_below_its_guaranteed_share() -> None:
