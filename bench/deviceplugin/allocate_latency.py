@@ -38,7 +38,7 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
 )
 from gpushare.api.placement import format_time
-from gpushare.node.deviceplugin.allocation import Allocator
+from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import device_id
 from gpushare.node.deviceplugin.health import DeviceHealth
 from gpushare.node.deviceplugin.plugin import wait_until_accepting

@@ -21,7 +21,7 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
 from gpushare.api.names import ANN_CONTAINER, ANN_STATE, RESOURCE_GPU_PERCENT, STATE_ALLOCATED
-from gpushare.node.deviceplugin.allocation import PodInfo
+from gpushare.node.deviceplugin.pods import PodInfo
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from gpushare.api.names import AGENT_METRICS_PORT, LABEL_MANAGED_GPUS
 from gpushare.node.agent import AgentSettings, NodeAgent
 from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN_HEALTH
 from gpushare.node.coexistence import OtherPluginWatch, startup_claims
-from gpushare.node.deviceplugin.allocation import DeviceNode
 from gpushare.node.deviceplugin.plugin import DEFAULT_ENDPOINT
+from gpushare.node.deviceplugin.response import DeviceNode
 from gpushare.node.gpu.backend import GpuBackend
 from gpushare.node.gpu.factory import open_backend
 from gpushare.node.gpu.selection import (

@@ -32,7 +32,9 @@ from gpushare.cluster.extender.verbs import (
 from gpushare.cluster.server import decode_body
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook import review as webhook
-from gpushare.node.deviceplugin.allocation import AllocationError, Allocator, PodInfo
+from gpushare.node.deviceplugin.allocator import Allocator
+from gpushare.node.deviceplugin.pods import PodInfo
+from gpushare.node.deviceplugin.response import AllocationError
 from gpushare.node.kube import pod_info
 from gpushare.node.mps.manager import MpsManager
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
