@@ -98,10 +98,10 @@ class Allocator:
         for uid in self.answers.all():
             self._handled[uid] = now
         self.reallocations = 0
+        """Allocate calls answered again for a pod a restarted kubelet had forgotten."""
         self.exchanges = 0
         """Pods whose placement annotations were rewritten to the answer the kubelet gave
         them (another pod's of the same size)."""
-        """Allocate calls answered again for a pod a restarted kubelet had forgotten."""
 
     def _context(self) -> AllocationContext:
         return AllocationContext(

@@ -44,9 +44,6 @@ class MpsPathsLike(Protocol):
     @property
     def pipe(self) -> Path: ...
 
-    @property
-    def log(self) -> Path: ...
-
 
 @dataclass(frozen=True)
 class MountSpec:
