@@ -39,15 +39,15 @@ from gpushare.api.names import (
 )
 from gpushare.api.placement import format_time
 from gpushare.kube.node import NodeKube
-from gpushare.node.deviceplugin.allocation import Allocator
+from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import device_id
 from gpushare.node.deviceplugin.health import DeviceHealth
 from gpushare.node.deviceplugin.plugin import wait_until_accepting
+from gpushare.node.deviceplugin.pods import pod_info
 from gpushare.node.deviceplugin.server import DevicePluginServicer
 from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare.node.gpu.simulated import SimulatedBackend
 from gpushare.node.mps.manager import MpsManager
-from gpushare.node.pods import pod_info
 
 LABEL = {"gpushare.io/bench": "allocate-latency"}
 SIZES = (5, 10, 15, 20)

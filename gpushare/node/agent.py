@@ -27,7 +27,7 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
 )
 from gpushare.api.placement import parse_placement
-from gpushare.node.deviceplugin.allocation import Allocator, DeviceNode, PodSource
+from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.health import DeviceHealth
 from gpushare.node.deviceplugin.holdings import (
     STATE_DIR,
@@ -37,6 +37,8 @@ from gpushare.node.deviceplugin.holdings import (
     kubelet_identity,
 )
 from gpushare.node.deviceplugin.plugin import DEFAULT_ENDPOINT, KUBELET_SOCKET, PluginRunner
+from gpushare.node.deviceplugin.pods import PodSource
+from gpushare.node.deviceplugin.response import DeviceNode
 from gpushare.node.deviceplugin.server import DevicePluginServicer
 from gpushare.node.exporter.attribution import pods_with_running_containers
 from gpushare.node.extension import ExporterHandle, wire_exporter

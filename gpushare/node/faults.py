@@ -75,7 +75,7 @@ from gpushare.api.names import (
     SLICES_PER_GPU,
 )
 from gpushare.api.placement import format_time, parse_placement
-from gpushare.node.deviceplugin.allocation import PodInfo
+from gpushare.node.deviceplugin.pods import PodInfo
 from gpushare.node.exporter.attribution import parse_cgroup
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from gpushare.api.names import AGENT_METRICS_PORT, LABEL_MANAGED_GPUS
 from gpushare.node.agent import AgentSettings, NodeAgent
 from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN_HEALTH
 from gpushare.node.coexistence import OtherPluginWatch, startup_claims
-from gpushare.node.deviceplugin.allocation import DeviceNode
 from gpushare.node.deviceplugin.plugin import DEFAULT_ENDPOINT
+from gpushare.node.deviceplugin.response import DeviceNode
 from gpushare.node.gpu.backend import GpuBackend
 from gpushare.node.gpu.factory import open_backend
 from gpushare.node.gpu.selection import (
@@ -34,7 +34,7 @@ from gpushare.node.logs import setup_json_logging
 
 if TYPE_CHECKING:
     from gpushare.kube.node import NodeKube
-    from gpushare.node.deviceplugin.allocation import PodInfo
+    from gpushare.node.deviceplugin.pods import PodInfo
 
 log = logging.getLogger("gpushare.node")
 
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpushare-node-agent: {exc}", file=sys.stderr)
         return 2
     from gpushare.kube.node import NodeKube  # noqa: PLC0415  (keeps --help fast)
-    from gpushare.node.pods import pod_info  # noqa: PLC0415
+    from gpushare.node.deviceplugin.pods import pod_info  # noqa: PLC0415
 
     kube = NodeKube(node_name=args.node_name, project=pod_info, kubeconfig=args.kubeconfig)
     record = _node_events(kube)

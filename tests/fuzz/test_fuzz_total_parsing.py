@@ -29,9 +29,10 @@ from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook import review as webhook
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.kube import informer
-from gpushare.node.deviceplugin.allocation import AllocationError, Allocator, PodInfo
+from gpushare.node.deviceplugin.allocator import Allocator
+from gpushare.node.deviceplugin.pods import PodInfo, pod_info
+from gpushare.node.deviceplugin.response import AllocationError
 from gpushare.node.mps.manager import MpsManager
-from gpushare.node.pods import pod_info
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 from tests.fuzz.hostile import GPU_UUIDS, NODES, Hostile
 

@@ -50,7 +50,7 @@ from typing import Any
 import pytest
 
 from gpushare.api.inventory import GpuInfo
-from gpushare.node.deviceplugin.allocation import ContainerAllocation
+from gpushare.node.deviceplugin.response import ContainerAllocation
 from gpushare.node.faults import FaultIncident, FaultMonitor
 from gpushare.node.gpu.nvml import NvmlBackend
 from gpushare.node.mps.manager import MpsManager

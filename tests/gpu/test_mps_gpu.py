@@ -41,10 +41,10 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
 )
 from gpushare.api.placement import parse_placement
-from gpushare.node.deviceplugin.allocation import (
+from gpushare.node.deviceplugin.pods import PodInfo
+from gpushare.node.deviceplugin.response import (
     AllocationContext,
     ContainerAllocation,
-    PodInfo,
     allocation_for_pod,
 )
 from gpushare.node.mps.manager import MpsManager

@@ -44,10 +44,10 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
-from gpushare.node.deviceplugin.allocation import (
+from gpushare.node.deviceplugin.pods import PodInfo
+from gpushare.node.deviceplugin.response import (
     AllocationContext,
     ContainerAllocation,
-    PodInfo,
     allocation_for_pod,
 )
 from gpushare.node.mps.manager import MpsManager

@@ -16,20 +16,19 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
 )
 from gpushare.api.placement import parse_placement
-from gpushare.node.deviceplugin.allocation import (
+from gpushare.node.deviceplugin.devices import group_by_gpu, slice_ids
+from gpushare.node.deviceplugin.matching import MalformedPlacementError, select_pod
+from gpushare.node.deviceplugin.pods import PodInfo
+from gpushare.node.deviceplugin.response import (
     CONTAINER_PIPE_DIR,
     AllocationContext,
     AllocationError,
-    MalformedPlacementError,
-    PodInfo,
     allocated_neighbours,
     allocation_for_pod,
     check_uid,
     derived_allocation,
-    select_pod,
-    steer,
 )
-from gpushare.node.deviceplugin.devices import group_by_gpu, slice_ids
+from gpushare.node.deviceplugin.steering import steer
 from gpushare.node.mps.client import pinned_memory_limit
 from gpushare.node.mps.manager import MpsManager
 

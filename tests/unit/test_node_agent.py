@@ -20,10 +20,10 @@ from gpushare.api.names import (
     LABEL_SIMULATED,
 )
 from gpushare.node.agent import AgentSettings, NodeAgent
+from gpushare.node.deviceplugin.pods import pod_info
 from gpushare.node.gpu.simulated import SimulatedBackend
 from gpushare.node.load import Share, simulated_load
 from gpushare.node.logs import JsonFormatter
-from gpushare.node.pods import pod_info
 
 GIB = 2**30
 

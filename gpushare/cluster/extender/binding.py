@@ -112,7 +112,7 @@ class BindVerbs(ExtenderBase):
     def _ambiguous(self, node: str, key: str, size: int) -> list[str]:
         """Pods on ``node`` still waiting for their Allocate that the node agent could mistake
         for this one. It tells waiting pods apart by GPU and slice count
-        (deviceplugin.allocation.select_pod), so only pods of the same size, or of unknown
+        (deviceplugin.matching.select_pod), so only pods of the same size, or of unknown
         size, count."""
         out: list[str] = []
         for other in self.view.awaiting_allocation(node, exclude=key):

@@ -8,9 +8,10 @@ from collections.abc import Iterator
 import grpc
 
 from gpushare.api.names import SLICES_PER_GPU
-from gpushare.node.deviceplugin.allocation import AllocationError, Allocator, ContainerAllocation
+from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import HEALTHY, UNHEALTHY, device_id
 from gpushare.node.deviceplugin.health import DeviceHealth
+from gpushare.node.deviceplugin.response import AllocationError, ContainerAllocation
 from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)

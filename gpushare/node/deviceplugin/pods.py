@@ -1,0 +1,150 @@
+"""The pod as the device plugin sees it (``PodInfo``), its only window on Kubernetes
+(``PodSource``), and the readings of a pod's placement annotations that matching, the answer
+record and reconciliation share.
+
+The kubelet's Allocate and GetPreferredAllocation name device IDs only, never the pod; the
+device plugin finds the pod among these projections of the pods bound to its node
+(:func:`pod_info` builds them from the API server's manifests; ``gpushare.kube.node`` reads
+those).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from gpushare.api.names import (
+    ANN_CONTAINER,
+    ANN_GPU_UUID,
+    ANN_MEMORY_LIMIT,
+    ANN_THREAD_PERCENT,
+    RESOURCE_GPU_PERCENT,
+)
+
+_FINISHED = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the device plugin needs to know about a pod bound to this node."""
+
+    namespace: str
+    name: str
+    uid: str
+    annotations: Mapping[str, str]
+    phase: str = "Pending"
+    run_as_user: int | None = None
+    """Effective UID of the GPU container (container, else pod securityContext); None = the
+    image's default user, unknown here."""
+    requested_slices: tuple[int, ...] = ()
+    """gpu-percent slices asked for by each container that asks for any, in spec order."""
+    created: datetime | None = None
+    started: bool = False
+    """Some container of the pod has been created or has run (a container ID, a running or
+    terminated state, or a restart): the kubelet admitted it for good."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in _FINISHED
+
+
+class PodSource(Protocol):
+    """The device plugin's only window on Kubernetes (implemented by gpushare.node.kube)."""
+
+    def list_node_pods(self) -> list[PodInfo]:
+        """Pods bound to this node, read fresh from the API server."""
+
+    def mark_allocated(self, pod: PodInfo) -> None:
+        """Set the pod's ``gpushare.io/state`` annotation to ``allocated``."""
+
+    def annotate_pod(self, *, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """Merge ``annotations`` into the pod's."""
+
+    def record_event(
+        self, *, pod: PodInfo | None, reason: str, message: str, warning: bool
+    ) -> None:
+        """Record a Kubernetes Event on the pod, or on this node when pod is None."""
+
+
+def annotated_gpus(pod: PodInfo) -> frozenset[str]:
+    """The GPU UUIDs the pod's gpu-uuid annotation names, as written (not parsed)."""
+    return frozenset(u.strip() for u in pod.annotations.get(ANN_GPU_UUID, "").split(",") if u)
+
+
+PLACEMENT_KEYS = (ANN_GPU_UUID, ANN_THREAD_PERCENT, ANN_MEMORY_LIMIT)
+"""The placement annotations an Allocate answer's environment is made of."""
+
+
+def placement_values(pod: PodInfo) -> tuple[tuple[str, str], ...]:
+    return tuple((k, pod.annotations[k]) for k in PLACEMENT_KEYS if k in pod.annotations)
+
+
+def _quantity_int(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def pod_info(pod: Mapping[str, Any]) -> PodInfo:
+    """PodInfo from a pod manifest (the dict the API server returns)."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    annotations: dict[str, str] = dict(metadata.get("annotations") or {})
+    containers = list(spec.get("containers") or [])
+    requested: list[int] = []
+    gpu_container: Mapping[str, Any] | None = None
+    for container in containers:
+        resources = container.get("resources") or {}
+        amount = (resources.get("limits") or {}).get(RESOURCE_GPU_PERCENT) or (
+            resources.get("requests") or {}
+        ).get(RESOURCE_GPU_PERCENT)
+        if amount is not None and _quantity_int(amount) > 0:
+            requested.append(_quantity_int(amount))
+            gpu_container = gpu_container or container
+    named = annotations.get(ANN_CONTAINER)
+    if named:
+        gpu_container = next((c for c in containers if c.get("name") == named), gpu_container)
+    if gpu_container is None and containers:
+        gpu_container = containers[0]
+    uid = ((gpu_container or {}).get("securityContext") or {}).get("runAsUser")
+    if uid is None:
+        uid = (spec.get("securityContext") or {}).get("runAsUser")
+    created_text = metadata.get("creationTimestamp")
+    created: datetime | None = None
+    if isinstance(created_text, datetime):
+        created = created_text
+    elif created_text:
+        created = datetime.fromisoformat(str(created_text).replace("Z", "+00:00"))
+    return PodInfo(
+        started=_started(status),
+        namespace=str(metadata.get("namespace", "")),
+        name=str(metadata.get("name", "")),
+        uid=str(metadata.get("uid", "")),
+        annotations=annotations,
+        phase=str(status.get("phase") or "Pending"),
+        run_as_user=int(uid) if uid is not None else None,
+        requested_slices=tuple(requested),
+        created=created,
+    )
+
+
+def _started(status: Mapping[str, Any]) -> bool:
+    """Whether any container (init containers included) was ever created or run."""
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(key) or []:
+            state = container.get("state") or {}
+            if (
+                container.get("containerID")
+                or state.get("running")
+                or state.get("terminated")
+                or (container.get("lastState") or {}).get("terminated")
+                or int(container.get("restartCount") or 0) > 0
+            ):
+                return True
+    return False
