@@ -42,7 +42,8 @@ from gpushare.node.deviceplugin.response import DeviceNode
 from gpushare.node.deviceplugin.server import DevicePluginServicer
 from gpushare.node.exporter.attribution import pods_with_running_containers
 from gpushare.node.extension import ExporterHandle, wire_exporter
-from gpushare.node.faults import FaultMonitor, PodResolver
+from gpushare.node.faults.monitor import FaultMonitor
+from gpushare.node.faults.procfs import PodResolver
 from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.load import Share, simulated_load
 from gpushare.node.metrics import AgentCollector, MetricsServer

@@ -11,16 +11,12 @@ import pytest
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import ExclusiveWorkload, dump_exclusive, load_exclusive
 from gpushare.api.names import ANN_GPU_UUID, ANN_THREAD_PERCENT
-from gpushare.node.faults import (
-    FaultDetector,
-    FaultMonitor,
-    LogTail,
-    PodResolver,
-    classify,
-    is_fault_line,
-    parse_log_line,
-    workload_of,
-)
+from gpushare.node.faults.incidents import FaultDetector
+from gpushare.node.faults.monitor import FaultMonitor
+from gpushare.node.faults.parsing import classify, is_fault_line, parse_log_line
+from gpushare.node.faults.procfs import PodResolver
+from gpushare.node.faults.tailing import LogTail
+from gpushare.node.faults.verdicts import workload_of
 
 GPU = "GPU-11111111-2222-3333-4444-555555555555"
 POD_A = "0f0e0d0c-0b0a-0908-0706-050403020100"

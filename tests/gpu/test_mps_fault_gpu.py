@@ -51,7 +51,8 @@ import pytest
 
 from gpushare.api.inventory import GpuInfo
 from gpushare.node.deviceplugin.response import ContainerAllocation
-from gpushare.node.faults import FaultIncident, FaultMonitor
+from gpushare.node.faults.incidents import FaultIncident
+from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.gpu.nvml import NvmlBackend
 from gpushare.node.mps.manager import MpsManager
 from tests.gpu.test_mps_gpu import CONTAINERIZED, allocate, client_env

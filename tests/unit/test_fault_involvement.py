@@ -1,6 +1,6 @@
 """Who keeps breaking a shared GPU, concluded from which workloads each fault involved, not from
 the client the MPS server names (on an H200 with driver 580 the named client was the real
-faulter only about half the time): gpushare.node.faults.RepeatOffenders and the monitor's
+faulter only about half the time): gpushare.node.faults.verdicts.RepeatOffenders and the monitor's
 reaction, without a GPU or a cluster."""
 
 import time
@@ -14,12 +14,8 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
-from gpushare.node.faults import (
-    UNKNOWN_WORKLOAD,
-    FaultMonitor,
-    RepeatOffenders,
-    pick_to_separate,
-)
+from gpushare.node.faults.monitor import FaultMonitor
+from gpushare.node.faults.verdicts import UNKNOWN_WORKLOAD, RepeatOffenders, pick_to_separate
 
 HOUR = 3600.0
 GPU = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"

@@ -12,7 +12,7 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
-from gpushare.node.faults import MAX_LINE, LogTail
+from gpushare.node.faults.tailing import MAX_LINE, LogTail
 from gpushare.node.mps.limits import MIB, ServerLimits, largest
 from gpushare.node.mps.manager import MpsManager
 from gpushare.node.mps_limits import FLOOR, MpsLimitKeeper, placed_shares

@@ -53,7 +53,7 @@ class PodInfo:
 
 
 class PodSource(Protocol):
-    """The device plugin's only window on Kubernetes (implemented by gpushare.node.kube)."""
+    """The device plugin's only window on Kubernetes (implemented by gpushare.kube.node)."""
 
     def list_node_pods(self) -> list[PodInfo]:
         """Pods bound to this node, read fresh from the API server."""

@@ -1,0 +1,118 @@
+"""Metrics of fault handling: the counters the monitor keeps (:class:`FaultStats`) and the
+``gpushare_mps_fault_*`` series made of them (:class:`FaultCollector`)."""
+
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpushare.api.exclusive import ExclusiveWorkload
+
+
+@dataclass
+class FaultStats:
+    """What fault handling counted, for :class:`FaultCollector`."""
+
+    incidents: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    """(gpu uuid, attributed yes|no) -> incidents."""
+    clients: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    """(gpu uuid, role) -> clients, role faulting (named by the MPS server) | victim (another
+    client torn down with it) | unattributed (torn down; the server named no client)."""
+    detection_s: dict[str, float] = field(default_factory=dict)
+    recovery_s: dict[str, float] = field(default_factory=dict)
+    """GPU -> seconds from the last fault to its last affected client leaving the server."""
+    lingering: int = 0
+    """Affected clients that kept their broken context past the grace period."""
+    evicted: int = 0
+    evicted_lingering: int = 0
+    separated: int = 0
+    """Pods evicted (not marked exclusive) to separate workloads that keep faulting together."""
+
+
+class FaultCollector(Collector):
+    """``gpushare_mps_fault_*`` series of one node."""
+
+    def __init__(
+        self, *, node_name: str, stats: FaultStats, exclusive: Mapping[str, ExclusiveWorkload]
+    ) -> None:
+        self.node_name = node_name
+        self.stats = stats
+        self.exclusive = exclusive
+        """Workload UID -> its mark for a GPU of its own (the monitor's, read at collect)."""
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node_name
+        incidents = CounterMetricFamily(
+            "gpushare_mps_fault_incidents",
+            "Fatal GPU faults of MPS clients seen in the MPS server logs; attributed=yes when "
+            "the log named a client (evidence, not proof: on driver 580 the named client was "
+            "the real faulter about half the time).",
+            labels=["node", "gpu_uuid", "attributed"],
+        )
+        for (uuid, attributed), value in sorted(self.stats.incidents.items()):
+            incidents.add_metric([node, uuid, attributed], float(value))
+        yield incidents
+        clients = CounterMetricFamily(
+            "gpushare_mps_fault_clients",
+            "MPS clients involved in fatal GPU faults (torn down by them), by role: faulting "
+            "(named by the MPS server, right about half the time on driver 580), victim "
+            "(another client torn down with it), unattributed (the log named no client).",
+            labels=["node", "gpu_uuid", "role"],
+        )
+        for (uuid, role), value in sorted(self.stats.clients.items()):
+            clients.add_metric([node, uuid, role], float(value))
+        yield clients
+        detection = GaugeMetricFamily(
+            "gpushare_mps_fault_detection_seconds",
+            "Time from the last fault being logged by the MPS server to the node agent acting.",
+            labels=["node", "gpu_uuid"],
+        )
+        for uuid, seconds in sorted(self.stats.detection_s.items()):
+            detection.add_metric([node, uuid], seconds)
+        yield detection
+        recovery = GaugeMetricFamily(
+            "gpushare_mps_fault_recovery_seconds",
+            "Time from the last fault to the last client it reached leaving the MPS server (the "
+            "server takes new clients again).",
+            labels=["node", "gpu_uuid"],
+        )
+        for uuid, seconds in sorted(self.stats.recovery_s.items()):
+            recovery.add_metric([node, uuid], seconds)
+        yield recovery
+        exclusive = GaugeMetricFamily(
+            "gpushare_exclusive_workloads",
+            "Workloads this node marked for a GPU of their own: each involved in repeated faults "
+            "whose other involved workloads had nothing in common.",
+            labels=["node"],
+        )
+        exclusive.add_metric([node], float(len(self.exclusive)))
+        yield exclusive
+        for name, value, help_text in (
+            (
+                "gpushare_mps_fault_evictions",
+                self.stats.evicted,
+                "Pods evicted from a shared GPU to get one of their own.",
+            ),
+            (
+                "gpushare_mps_fault_separations",
+                self.stats.separated,
+                "Pods evicted, not marked exclusive, to separate workloads that keep faulting "
+                "together (which one faults cannot be told until they fault apart).",
+            ),
+            (
+                "gpushare_mps_fault_lingering_clients",
+                self.stats.lingering,
+                "Clients a fault broke that kept their context past the grace period (they block "
+                "the GPU's MPS server for new clients).",
+            ),
+            (
+                "gpushare_mps_fault_lingering_evictions",
+                self.stats.evicted_lingering,
+                "Pods evicted because they kept a broken MPS client.",
+            ),
+        ):
+            counter = CounterMetricFamily(name, help_text, labels=["node"])
+            counter.add_metric([node], float(value))
+            yield counter
