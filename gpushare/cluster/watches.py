@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpushare.cluster.state.view import ClusterView
-from gpushare.kube.controller import Kube
+from gpushare.kube.controller import Kube, Watched
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,8 @@ async def feed_nodes(kube: Kube, view: ClusterView, *, resync_seconds: float) ->
     def delete(data: Mapping[str, Any]) -> None:
         view.delete_node(str(data.get("metadata", {}).get("name", "")))
 
-    await kube.inform_nodes(
+    await kube.inform(
+        Watched.NODES,
         replace=view.replace_nodes,
         upsert=view.upsert_node,
         delete=delete,
@@ -48,14 +49,19 @@ async def feed_pods(kube: Kube, view: ClusterView, *, resync_seconds: float) -> 
         meta = data.get("metadata", {})
         view.delete_pod(f"{meta.get('namespace', 'default')}/{meta.get('name', '')}")
 
-    await kube.inform_pods(
-        replace=view.replace_pods, upsert=upsert, delete=delete, resync_seconds=resync_seconds
+    await kube.inform(
+        Watched.PODS,
+        replace=view.replace_pods,
+        upsert=upsert,
+        delete=delete,
+        resync_seconds=resync_seconds,
     )
 
 
 async def feed_shares(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
     """GpuShare statuses for the extender's hold rule (gpushare.cluster.state.share_rules)."""
-    await kube.inform_shares(
+    await kube.inform(
+        Watched.SHARES,
         replace=view.replace_shares,
         upsert=view.upsert_share,
         delete=view.delete_share,
@@ -66,7 +72,8 @@ async def feed_shares(kube: Kube, view: ClusterView, *, resync_seconds: float) -
 async def feed_namespaces(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
     """Namespace labels an admin sets: sharing groups and neighbour-rule grants
     (gpushare.cluster.state.tenancy)."""
-    await kube.inform_namespaces(
+    await kube.inform(
+        Watched.NAMESPACES,
         replace=view.replace_namespaces,
         upsert=view.upsert_namespace,
         delete=view.delete_namespace,

@@ -6,6 +6,7 @@ The hot paths (pod and node watches, Bindings) go through :class:`~gpushare.kube
 else, and exec/basic-auth kubeconfigs, use lightkube's AsyncClient.
 """
 
+import enum
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -31,6 +32,24 @@ from gpushare.kube.raw import RawApi
 from gpushare.kube.resources import GpuShareResource
 
 PodDict = dict[str, Any]
+
+
+class Watched(enum.Enum):
+    """What the controller watches."""
+
+    NODES = "nodes"
+    PODS = "pods"
+    SHARES = "gpushares"
+    NAMESPACES = "namespaces"
+
+
+_WATCHED: dict[Watched, tuple[Any, bool, str | None]] = {
+    Watched.NODES: (Node, False, "/api/v1/nodes"),
+    Watched.PODS: (Pod, True, "/api/v1/pods"),
+    Watched.SHARES: (GpuShareResource, True, None),
+    Watched.NAMESPACES: (Namespace, False, "/api/v1/namespaces"),
+}
+"""Each kind: lightkube resource, namespaced, path for the raw (msgspec) watch."""
 
 
 class Kube:
@@ -229,77 +248,26 @@ class Kube:
         ):
             yield event, obj.to_dict()
 
-    async def inform_nodes(
+    async def inform(
         self,
+        kind: "Watched",
         *,
         replace: Callable[[Objects], None],
         upsert: Callable[[Mapping[str, Any]], object],
         delete: Callable[[Mapping[str, Any]], None],
         resync_seconds: float,
     ) -> None:
-        """Nodes into the callbacks, forever (see :meth:`_informer`)."""
+        """Objects of ``kind`` (every namespace's, for namespaced kinds) into the callbacks,
+        forever (see :meth:`_informer`)."""
+        res, namespaced, raw_path = _WATCHED[kind]
         await self._informer(
-            Node,
+            res,
             replace=replace,
             upsert=upsert,
             delete=delete,
             resync_seconds=resync_seconds,
-            raw_path="/api/v1/nodes",
-        )
-
-    async def inform_pods(
-        self,
-        *,
-        replace: Callable[[Objects], None],
-        upsert: Callable[[Mapping[str, Any]], object],
-        delete: Callable[[Mapping[str, Any]], None],
-        resync_seconds: float,
-    ) -> None:
-        """Pods of every namespace into the callbacks, forever."""
-        await self._informer(
-            Pod,
-            replace=replace,
-            upsert=upsert,
-            delete=delete,
-            resync_seconds=resync_seconds,
-            namespaced=True,
-            raw_path="/api/v1/pods",
-        )
-
-    async def inform_shares(
-        self,
-        *,
-        replace: Callable[[Objects], None],
-        upsert: Callable[[Mapping[str, Any]], object],
-        delete: Callable[[Mapping[str, Any]], None],
-        resync_seconds: float,
-    ) -> None:
-        """GpuShares of every namespace into the callbacks, forever."""
-        await self._informer(
-            GpuShareResource,
-            replace=replace,
-            upsert=upsert,
-            delete=delete,
-            resync_seconds=resync_seconds,
-            namespaced=True,
-        )
-
-    async def inform_namespaces(
-        self,
-        *,
-        replace: Callable[[Objects], None],
-        upsert: Callable[[Mapping[str, Any]], object],
-        delete: Callable[[Mapping[str, Any]], None],
-        resync_seconds: float,
-    ) -> None:
-        """Namespaces into the callbacks, forever."""
-        await self._informer(
-            Namespace,
-            replace=replace,
-            upsert=upsert,
-            delete=delete,
-            resync_seconds=resync_seconds,
-            raw_path="/api/v1/namespaces",
+            namespaced=namespaced,
+            raw_path=raw_path,
         )
 
     # ---- leader election -----------------------------------------------------------------
