@@ -30,6 +30,7 @@ from gpushare.cluster.extender.offers import Offers
 from gpushare.cluster.extender.requeue import RefusedPods
 from gpushare.cluster.state import pods
 from gpushare.cluster.state.host_resources import pod_requests
+from gpushare.cluster.state.reservations import Reservation, ReservationError
 from gpushare.cluster.state.share_rules import (
     NO_RULES,
     ShareRules,
@@ -38,7 +39,7 @@ from gpushare.cluster.state.share_rules import (
     rules_of,
     with_profile,
 )
-from gpushare.cluster.state.view import ClusterView, Reservation, ReservationError
+from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.admission import Admission
 from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.model import Assignment, Demand, NodeState
