@@ -7,7 +7,8 @@ import pytest
 
 from gpushare.api.names import ANN_MEMORY, STATE_ALLOCATED, STATE_ASSUMED
 from gpushare.api.placement import Placement
-from gpushare.cluster.state.view import ClusterView, ReservationError
+from gpushare.cluster.state.reservations import ReservationError
+from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.model import Assignment, Demand
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json
 

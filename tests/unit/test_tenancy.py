@@ -11,8 +11,9 @@ from gpushare.api.names import LABEL_SHARING_GROUP, STATE_ALLOCATED
 from gpushare.api.placement import Placement
 from gpushare.cluster.extender.args import BindingArgs, parse_extender_args
 from gpushare.cluster.extender.verbs import Extender
+from gpushare.cluster.state.reservations import ReservationError
 from gpushare.cluster.state.tenancy import TENANCY_CLUSTER, Tenancies
-from gpushare.cluster.state.view import ClusterView, ReservationError
+from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.fit import fit_reason
 from gpushare.packing.model import Assignment, Demand, GpuState, Tenant
 from tests.fixtures.controller import GIB, gpu, node_json, pod_json

@@ -17,12 +17,12 @@ from gpushare.cluster.extender.answers import scheduler_safe
 from gpushare.cluster.extender.args import BindingArgs
 from gpushare.cluster.extender.base import ExtenderBase
 from gpushare.cluster.state import pods
+from gpushare.cluster.state.reservations import Reservation, ReservationError
 from gpushare.cluster.state.share_rules import (
     NO_RULES,
     ShareRules,
     with_profile,
 )
-from gpushare.cluster.state.view import Reservation, ReservationError
 from gpushare.packing.model import Assignment, Demand
 
 log = logging.getLogger(__name__)

@@ -22,12 +22,12 @@ from gpushare.cluster.extender.args import ExtenderArgs
 from gpushare.cluster.extender.base import NO_INVENTORY, ExtenderBase
 from gpushare.cluster.state import pods
 from gpushare.cluster.state.host_resources import pod_requests
+from gpushare.cluster.state.reservations import ReservationError
 from gpushare.cluster.state.share_rules import (
     NO_RULES,
     ShareRules,
     with_profile,
 )
-from gpushare.cluster.state.view import ReservationError
 from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.model import Assignment, Demand, NodeState
 from gpushare.packing.placer import best_node, rank_scores

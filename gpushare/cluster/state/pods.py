@@ -4,6 +4,7 @@ The extender receives pods as JSON, the watch delivers them as JSON, the webhook
 pure functions reads them all, so the view, the extender and the webhook agree on every pod.
 """
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -30,6 +31,8 @@ from gpushare.api.quantities import MAX_WHOLE_GPUS, parse_memory
 from gpushare.api.request import GpuRequest, parse_class, parse_request
 from gpushare.cluster.state.host_resources import pod_requests
 from gpushare.packing.model import Demand
+
+log = logging.getLogger(__name__)
 
 Pod = Mapping[str, Any]
 
@@ -314,3 +317,25 @@ def facts(pod: Pod) -> PodFacts:
         evict=ann.get(ANN_EVICT),
         scheduler=scheduler_name(pod),
     )
+
+
+def frozen_demand(old: PodFacts | None, f: PodFacts) -> PodFacts:
+    """``f``, the pod as the watch says it now, with the demand it was placed with (``old``:
+    as the view kept it). Once bound, a pod holds what it was placed with: a later change of
+    its request annotations (refused by the chart's admission policy; here if that is missing)
+    does not change what it counts for on its GPU (docs/security.md)."""
+    if (
+        old is None
+        or old.uid != f.uid
+        or old.node is None
+        or old.placement is None
+        or old.demand is None
+        or f.demand == old.demand
+    ):
+        return f
+    if f.demand is None or replace(f.demand, tenancy=None) != replace(old.demand, tenancy=None):
+        log.warning(
+            "request annotations changed after bind; the pod keeps the share it was placed with",
+            extra={"pod": f.key},
+        )
+    return replace(f, demand=replace(old.demand, tenancy=f.demand.tenancy if f.demand else None))

@@ -1,0 +1,133 @@
+"""Nodes and their GPUs, as their node agents publish them (node annotation ``gpushare.io/gpus``).
+
+:class:`NodeInventory` keeps each node's :class:`NodeState` (the view fills in each GPU's tenants
+and the node's free host resources), the same GPUs with no tenants, why a node's inventory could
+not be read, and each node's *version*: a counter that every change of the node's GPUs, of their
+tenants or of its free CPU and memory moves, which the extender keys its cached answers by.
+"""
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.inventory import GpuInfo, load_inventory
+from gpushare.api.names import ANN_NODE_GPUS, RESOURCE_GPU_PERCENT
+from gpushare.packing.model import GpuState, NodeState, Tenant
+
+log = logging.getLogger(__name__)
+
+
+def read_gpus(
+    node: Mapping[str, Any], name: str, annotations: Mapping[str, Any]
+) -> tuple[list[GpuInfo] | None, str | None]:
+    """(its GPUs, None) for a node gpushare may place pods on; else (None, why not), the reason
+    None when the node simply has no gpushare GPUs."""
+    text = annotations.get(ANN_NODE_GPUS)
+    if not isinstance(text, str):
+        return None, None
+    try:
+        inventory = load_inventory(text)
+    except InvalidInputError as exc:
+        log.warning("node inventory unreadable", extra={"node": name, "error": str(exc)})
+        return None, str(exc)
+    status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
+    assert isinstance(status, Mapping)
+    allocatable = status.get("allocatable")
+    if isinstance(allocatable, Mapping) and str(allocatable.get(RESOURCE_GPU_PERCENT)) == "0":
+        # The kubelet lost the device plugin (node agent down or restarting): a pod bound now
+        # would fail admission ("no healthy devices") and a bare pod would be lost.
+        return None, (
+            f"the node's kubelet has no allocatable {RESOURCE_GPU_PERCENT}: the gpushare node "
+            "agent (device plugin) is not registered; waiting for it"
+        )
+    return inventory, None
+
+
+class NodeInventory:
+    """GPUs by node and by UUID, with each node's version and the cluster-wide maxima."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self.empty: dict[str, NodeState] = {}
+        """Each node's GPUs with no tenants: what fits after preempting everyone."""
+        self.problems: dict[str, str] = {}
+        """Node -> why its GPUs cannot be used (inventory unreadable, device plugin missing)."""
+        self.gpus: dict[str, GpuState] = {}
+        self.gpu_node: dict[str, str] = {}
+        """GPU UUID -> the node it is on."""
+        self.versions: dict[str, int] = {}
+        self.max_gpu_memory = 0
+        self.max_gpus_per_node = 0
+
+    def bump(self, name: str) -> None:
+        """The node (its GPUs, their tenants or its free host resources) changed."""
+        self.versions[name] = self.versions.get(name, 0) + 1
+
+    def set_gpus(
+        self,
+        name: str,
+        inventory: list[GpuInfo],
+        tenants_by_gpu: Mapping[str, Mapping[str, Tenant]],
+    ) -> bool:
+        """Take the node's inventory in, each GPU carrying the tenants already placed on it;
+        False when it is the inventory already kept."""
+        old = self.nodes.get(name)
+        if old is not None and [_signature(g) for g in old.gpus] == [
+            (g.uuid, g.index, g.model, g.memory_bytes, g.healthy) for g in inventory
+        ]:
+            return False
+        self._drop_gpus(name)
+        gpus: list[GpuState] = []
+        empties: list[GpuState] = []
+        for info in sorted(inventory, key=lambda g: g.index):
+            state = GpuState(
+                uuid=info.uuid,
+                memory_bytes=info.memory_bytes,
+                model=info.model,
+                index=info.index,
+                healthy=info.healthy,
+                tenants=list(tenants_by_gpu.get(info.uuid, {}).values()),
+            )
+            gpus.append(state)
+            empties.append(replace(state, tenants=[]))
+            self.gpus[info.uuid] = state
+            self.gpu_node[info.uuid] = name
+        self.nodes[name] = NodeState(name=name, gpus=gpus)
+        self.bump(name)
+        self.empty[name] = NodeState(name=name, gpus=empties)
+        self._refresh_maxima()
+        return True
+
+    def drop(self, name: str) -> bool:
+        """Forget the node's GPUs and its problem; True when it had GPUs."""
+        self.problems.pop(name, None)
+        if name not in self.nodes:
+            return False
+        self._drop_gpus(name)
+        self.bump(name)
+        self._refresh_maxima()
+        return True
+
+    def _drop_gpus(self, name: str) -> None:
+        old = self.nodes.pop(name, None)
+        self.empty.pop(name, None)
+        if old is None:
+            return
+        for g in old.gpus:
+            if self.gpu_node.get(g.uuid) == name:
+                self.gpus.pop(g.uuid, None)
+                self.gpu_node.pop(g.uuid, None)
+
+    def _refresh_maxima(self) -> None:
+        self.max_gpu_memory = max(
+            (g.memory_bytes for g in self.gpus.values() if g.healthy), default=0
+        )
+        self.max_gpus_per_node = max(
+            (sum(1 for g in n.gpus if g.healthy) for n in self.nodes.values()), default=0
+        )
+
+
+def _signature(g: GpuState) -> tuple[str, int, str, int, bool]:
+    return (g.uuid, g.index, g.model, g.memory_bytes, g.healthy)

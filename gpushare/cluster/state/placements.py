@@ -1,0 +1,140 @@
+"""Which GPUs each gpushare pod holds now (its *tenancy*), and so each GPU's tenants.
+
+A pod's tenancy comes from exactly two sources: its reservation while this process binds or
+holds it, else its placement annotations. A placement stops counting once the pod finished, or
+when it was written but the pod was never bound within ``stale_assume_seconds`` of its bind
+time. Every change gives the GPUs concerned a new tenant list (``GpuState.tenants``; the
+packing's kept totals rely on a new list) and moves their nodes' versions.
+"""
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+from gpushare.api.names import SLICES_PER_GPU
+from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.reservations import Reservation, per_gpu_demand
+from gpushare.cluster.state.tenancy import Tenancies
+from gpushare.packing.model import Demand, GpuState, Tenant
+
+
+class Placements:
+    """Tenancies by pod and tenants by GPU, on the GPUs of the node inventory (``gpus``,
+    ``gpu_node``; ``bump`` moves a node's version)."""
+
+    def __init__(
+        self,
+        *,
+        gpus: Mapping[str, GpuState],
+        gpu_node: Mapping[str, str],
+        bump: Callable[[str], None],
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.by_pod: dict[str, dict[str, Tenant]] = {}
+        """Pod key -> GPU uuid -> the pod as a tenant of that GPU."""
+        self.by_gpu: dict[str, dict[str, Tenant]] = {}
+        """GPU uuid -> pod key -> tenant: each GPU's tenants, kept for GPUs whose node is not
+        (yet) known too."""
+        self._gpus = gpus
+        self._gpu_node = gpu_node
+        self._bump = bump
+        self._clock = clock
+
+    def update(
+        self,
+        key: str,
+        res: Reservation | None,
+        f: PodFacts | None,
+        *,
+        stale_after: float,
+        tenancies: Tenancies,
+    ) -> bool:
+        """Set pod ``key``'s tenancy from its reservation ``res``, else from what the watch
+        said of it (``f``); True when it changed."""
+        new = self._desired(key, res, f, stale_after=stale_after, tenancies=tenancies)
+        old = self.by_pod.get(key, {})
+        if new == old:
+            return False
+        for uuid in old:
+            tenants = self.by_gpu.get(uuid)
+            if tenants is not None:
+                tenants.pop(key, None)
+                if not tenants:
+                    del self.by_gpu[uuid]
+        for uuid, tenant in new.items():
+            self.by_gpu.setdefault(uuid, {})[key] = tenant
+        if new:
+            self.by_pod[key] = new
+        else:
+            self.by_pod.pop(key, None)
+        for uuid in set(old) | set(new):
+            gpu = self._gpus.get(uuid)
+            if gpu is not None:
+                gpu.tenants = list(self.by_gpu.get(uuid, {}).values())
+                self._bump(self._gpu_node[uuid])
+        return True
+
+    def _desired(
+        self,
+        key: str,
+        res: Reservation | None,
+        f: PodFacts | None,
+        *,
+        stale_after: float,
+        tenancies: Tenancies,
+    ) -> dict[str, Tenant]:
+        if res is not None:
+            return self._tenants(
+                key,
+                res.assignment.gpu_uuids,
+                res.demand,
+                res.assignment.memory_limit_bytes,
+                res.assignment.thread_percent,
+            )
+        if f is None or f.finished or f.placement is None:
+            return {}
+        if f.node is None:
+            age = (self._clock() - f.placement.bind_time).total_seconds()
+            if age > stale_after:
+                return {}
+        demand = f.demand
+        if demand is None:
+            demand = Demand(
+                percent=min(f.placement.guaranteed_percent, SLICES_PER_GPU),
+                tenancy=tenancies.tenancy(key.partition("/")[0]),
+            )
+        return self._tenants(
+            key,
+            f.placement.gpu_uuids,
+            demand,
+            f.placement.memory_limit_bytes,
+            f.placement.thread_percent,
+        )
+
+    def _tenants(
+        self,
+        key: str,
+        uuids: tuple[str, ...],
+        demand: Demand,
+        memory_limit: int,
+        threads: int,
+    ) -> dict[str, Tenant]:
+        """The pod as a tenant of each of its GPUs, with the MPS thread cap it was given (a
+        batch pod alone may run uncapped: its neighbours feel all of it, docs/packing.md)."""
+        out: dict[str, Tenant] = {}
+        per_gpu = per_gpu_demand(demand)
+        for uuid in uuids:
+            memory = memory_limit
+            if memory <= 0:
+                gpu = self._gpus.get(uuid)
+                memory = gpu.memory_bytes if gpu is not None else 0
+            out[uuid] = Tenant(
+                key=key,
+                percent=per_gpu.percent,
+                memory_bytes=memory,
+                gpu_class=demand.gpu_class,
+                processes=demand.processes,
+                profile=demand.profile,
+                thread_percent=threads if threads > 0 else None,
+                tenancy=demand.tenancy,
+            )
+        return out

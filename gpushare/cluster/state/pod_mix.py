@@ -1,0 +1,53 @@
+"""Which pods the view counts in the pod mix the gpushare policy measures against
+(:class:`gpushare.packing.mix.PodMix`), and when: each pod once, as it arrives (docs/packing.md,
+"The pod mix learned online")."""
+
+from collections.abc import Container, Mapping
+from typing import Any
+
+from gpushare.api.names import SCHEDULER_NAME
+from gpushare.cluster.state.pods import PodFacts, spec
+from gpushare.packing.mix import PodMix
+from gpushare.packing.model import Demand
+
+
+class MixCounter:
+    """The pods already counted, so that none counts twice."""
+
+    def __init__(self) -> None:
+        self.counted: dict[str, str] = {}
+        """Pod key -> UID of the pod counted (at most one entry per live pod)."""
+
+    def count(
+        self,
+        mix: PodMix,
+        pod: Mapping[str, Any],
+        f: PodFacts,
+        *,
+        ours: bool,
+        cpu: int,
+        memory: int,
+        gpu_nodes: Container[str],
+    ) -> None:
+        """Count a pod in ``mix`` the first time the view sees it (per UID), as it arrives: a
+        gpushare pod or a pod for the gpushare-scheduler at once (pending), any other pod once
+        bound to a node with gpushare GPUs (``gpu_nodes``: its CPU and memory compete with them
+        there). Finished pods are not counted (a restart's first list holds old ones)."""
+        if f.finished or self.counted.get(f.key) == f.uid:
+            return
+        if ours:
+            if f.demand is None:
+                return
+            demand = f.demand
+        elif spec(pod).get("schedulerName") == SCHEDULER_NAME or (
+            f.node is not None and f.node in gpu_nodes
+        ):
+            demand = Demand(percent=0, gpus=0, cpu_milli=cpu, host_memory_bytes=memory)
+        else:
+            return
+        self.counted[f.key] = f.uid
+        mix.observe(demand)
+
+    def forget(self, key: str) -> None:
+        """The pod is gone: seen again, it counts again."""
+        self.counted.pop(key, None)
