@@ -130,7 +130,7 @@ def _node_words(refusal: Refusal, demand: Demand) -> str:
     if refusal is Refusal.TENANCY:
         return f"GPU shared by another tenancy than {demand.tenancy!r}"
     if refusal is Refusal.AVOIDED:
-        return "GPU the pod avoids (gpushare.io/avoid-gpus)"
+        return f"avoids GPU {', '.join(sorted(demand.avoid_gpus))} (gpushare.io/avoid-gpus)"
     if refusal is Refusal.MODEL:
         return f"GPU not of model {demand.gpu_model}"
     if refusal is Refusal.COMPUTE:
