@@ -41,14 +41,27 @@ def render_markdown(doc: dict[str, Any]) -> str:
             f"| {_f(more.get('pods_per_s'), 1)} ({_f(more.get('stock_pods_per_s'), 1)}) "
             f"| {', '.join(str(s) for s in row['seeds'])} |"
         )
+    timing = doc.get("timing_of_record")
+    if timing is not None:
+        mine = doc.get("this_machine_timing", {})
+        lines += [
+            "",
+            f"Timing of record (filter p99, pods/s) from `{timing['source']}`: "
+            f"{timing['machine']}, {timing.get('date')}, runs "
+            + ", ".join(f"{r['trace']} seed {r['seed']}" for r in timing.get("runs", []))
+            + ". On the machine above the same figures were: filter p99 "
+            f"{_f(mine.get('filter_p99_ms'))} ms, pods/s {_f(mine.get('pods_per_s'), 1)} "
+            f"against stock {_f(mine.get('stock_pods_per_s'), 1)}.",
+        ]
+    where = "" if timing is None else f", {timing['machine'].split(':')[0]}"
     lines += [
         "",
         "| measure | value |",
         "|---|---|",
-        f"| extender filter p99 (all runs pooled, {doc.get('filter_calls')} calls) | "
+        f"| extender filter p99{where} (all runs pooled, {doc.get('filter_calls')} calls) | "
         f"{_f(doc.get('filter_p99_ms'))} ms (bucket {doc.get('filter_p99_bucket_ms')} ms) |",
-        f"| pods/s, gpushare (to 100%, mean of runs) | {_f(doc.get('pods_per_s'), 1)} |",
-        f"| pods/s, stock default-scheduler, same nodes, same run | "
+        f"| pods/s, gpushare{where} (to 100%, mean of runs) | {_f(doc.get('pods_per_s'), 1)} |",
+        f"| pods/s, stock default-scheduler{where}, same nodes, same run | "
         f"{_f(doc.get('stock_pods_per_s'), 1)} |",
         f"| invariant violations (GPU share, GPU memory, MPS clients, host CPU/memory) | "
         f"{doc['violations']} |",
