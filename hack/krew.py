@@ -3,7 +3,7 @@
 The archive holds the launcher (deploy/krew/kubectl-gpushare) and the LICENSE; it is a zip of
 stored (uncompressed) entries with fixed timestamps and modes, so the same sources give the
 same bytes on every machine and the manifest's sha256 can be checked against a fresh build
-(tests/unit/test_krew_manifest.py). One archive serves every platform: the launcher is a POSIX
+(tests/unit/cli/test_krew_manifest.py). One archive serves every platform: the launcher is a POSIX
 shell script that runs the Python package kube-gpushare.
 
 Release step: ``make krew`` (or ``python hack/krew.py``), attach dist/<archive> to the GitHub

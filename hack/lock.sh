@@ -70,8 +70,8 @@ EOF
     # venv is by design not the lock's.
     "$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider -m 'not cluster and not gpu' \
       tests/unit tests/chart \
-      --deselect tests/unit/test_deviceplugin_protos.py::test_regenerating_the_stubs_changes_nothing \
-      --deselect tests/unit/test_packaging.py::test_this_environment_was_installed_from_the_lock
+      --deselect tests/unit/node/deviceplugin/test_deviceplugin_protos.py::test_regenerating_the_stubs_changes_nothing \
+      --deselect tests/unit/project/test_packaging.py::test_this_environment_was_installed_from_the_lock
     ;;
   *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

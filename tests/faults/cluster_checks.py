@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -415,3 +416,108 @@ def apiserver_ready(cluster: Any) -> bool:
         check=False,
     )
     return proc.returncode == 0
+
+
+CHUNK = 8
+
+
+@dataclass
+class Burst:
+    """Creates the pods in chunks from a thread, retrying what the cluster refuses meanwhile
+    (the webhook or the API server down), as a workload controller would."""
+
+    cluster: Any
+    namespace: str
+    pods: list[Pod]
+    created: int = 0
+    refused: int = 0
+    errors: list[str] = field(default_factory=list)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 300
+        for start in range(0, len(self.pods), CHUNK):
+            chunk = self.pods[start : start + CHUNK]
+            while time.monotonic() < deadline:
+                doc = {"apiVersion": "v1", "kind": "List", "items": chunk}
+                self.cluster.kubectl(
+                    "apply", "-n", self.namespace, "-f", "-", input=json.dumps(doc), check=False
+                )
+                if self._exist({p["metadata"]["name"] for p in chunk}):
+                    break
+                self.refused += 1
+                time.sleep(0.5)
+            self.created = start + len(chunk)
+            time.sleep(0.3)
+
+    def _exist(self, names: set[str]) -> bool:
+        out = self.cluster.kubectl(
+            "get", "pods", "-n", self.namespace, "-o", "name", check=False
+        ).split()
+        return names <= {n.removeprefix("pod/") for n in out}
+
+    def join(self) -> None:
+        assert self.thread is not None
+        self.thread.join(timeout=320)
+
+
+def settle(
+    cluster: Any, namespace: str, gpus: list[GpuInfo], expected: int, timeout_s: float
+) -> tuple[float | None, dict[str, Any]]:
+    """Poll until every pod of the burst is settled and every invariant holds; (seconds, last
+    state)."""
+    reader = FateReader(cluster, namespace)
+    start = time.monotonic()
+    state: dict[str, Any] = {}
+    while time.monotonic() - start < timeout_s:
+        try:
+            everyone = kubectl_json(cluster, "get", "pods", "-A")["items"]
+            events = kubectl_json(cluster, "get", "events", "-n", namespace)["items"]
+        except AssertionError as exc:  # the API server is still coming back
+            state = {"api": str(exc)[:200]}
+            time.sleep(1)
+            continue
+        ours = [p for p in everyone if p["metadata"]["namespace"] == namespace]
+        fate = reader.read(ours, events)
+        live = {
+            p["metadata"]["uid"]
+            for p in everyone
+            if p["status"].get("phase") not in ("Succeeded", "Failed")
+        }
+        invariants = invariant_violations(everyone, gpus, cluster.node_name)
+        duplicates = checkpoint_duplicates(live)
+        waiting_with_room = [
+            f"{p['metadata']['name']} fits on {gpu}"
+            for p in ours
+            if not p["spec"].get("nodeName")
+            and (gpu := fits_somewhere(p, gpus, everyone)) is not None
+        ]
+        state = {
+            "pods": len(ours),
+            "running": len(fate.running),
+            "pending_with_reason": len(fate.pending),
+            "unsettled": dict(list(fate.unsettled.items())[:5]),
+            "lost": fate.violations,
+            "failed_to_start": fate.failed_to_start,
+            "invariants": invariants + duplicates,
+            "pending_with_room": waiting_with_room[:5],
+        }
+        if invariants or duplicates or fate.violations:
+            # A violation is final: report it, do not wait it away; but say whether it was
+            # still there 3 s later (a permanent miscount, or the moment between two patches).
+            time.sleep(3)
+            later = invariant_violations(
+                kubectl_json(cluster, "get", "pods", "-A")["items"], gpus, cluster.node_name
+            )
+            state["invariants"] = [
+                f"{v} ({'still there' if v in later else 'gone'} 3 s later)" for v in invariants
+            ] + duplicates
+            return None, state
+        if len(ours) == expected and not fate.unsettled and not waiting_with_room:
+            return time.monotonic() - start, state
+        time.sleep(1.0)
+    return None, state

@@ -34,13 +34,15 @@ from gpushare.api.gpushare_crd import ANN_PROFILE
 from gpushare.api.names import ANN_FRACTION
 from gpushare.cluster.tls import ensure_certs
 from tests.faults.cluster_checks import (
+    CHUNK,
+    Burst,
     burst_pods,
     inventory,
     kubectl_json,
+    settle,
     wait_quiet,
     wait_until,
 )
-from tests.faults.test_faults_cluster import CHUNK, Burst, settle
 from tests.fixtures.controller import EXTENDER_PORT, ControllerProcess, _free_port
 from tests.fixtures.node_agent import NodeAgentProcess
 

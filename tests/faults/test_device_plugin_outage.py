@@ -10,7 +10,7 @@ from gpushare.api.names import RESOURCE_GPU_PERCENT
 from gpushare.cluster.extender.args import ExtenderArgs
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.state.view import ClusterView
-from tests.fixtures.controller import gpu, node_json, pod_json
+from tests.fixtures.builders import gpu, node_json, pod_json
 
 
 def node(allocatable: str | None) -> dict[str, Any]:

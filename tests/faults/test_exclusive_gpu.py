@@ -17,8 +17,7 @@ from gpushare.cluster.state import pods
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.cluster.webhook.review import review
-from tests.fixtures.controller import gpu, node_json, pod_json
-from tests.unit.test_webhook_review import apply_patch
+from tests.fixtures.builders import apply_patch, gpu, node_json, pod_json
 
 MARK = ExclusiveWorkload(
     uid="rs-faulty",

@@ -24,7 +24,7 @@ from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.settings import Settings
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.tls import ensure_certs
-from tests.fixtures.controller import gpu, node_json
+from tests.fixtures.builders import gpu, node_json
 from tests.fixtures.helm_chart import Chart
 
 

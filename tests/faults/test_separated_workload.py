@@ -18,8 +18,7 @@ from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.model import GpuState, NodeState
 from gpushare.packing.policy import choose_gpus
 from tests.faults import test_exclusive_gpu as exclusive_case
-from tests.fixtures.controller import gpu, node_json, pod_json
-from tests.unit.test_webhook_review import apply_patch
+from tests.fixtures.builders import apply_patch, gpu, node_json, pod_json
 
 FAULTED = "GPU-11111111-2222-3333-4444-555555555555"
 OTHER = "GPU-66666666-7777-8888-9999-000000000000"

@@ -30,7 +30,7 @@ from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.server import extender_app, webhook_app
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook.facts import ClusterFacts
-from tests.fixtures.controller import GIB, gpu, node_json, pod_json
+from tests.fixtures.builders import GIB, gpu, node_json, pod_json
 
 NODES = ["n0", "n1", "n2"]
 

@@ -33,7 +33,7 @@ from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.pods import PodInfo, pod_info
 from gpushare.node.deviceplugin.response import AllocationError
 from gpushare.node.mps.manager import MpsManager
-from tests.fixtures.controller import GIB, gpu, node_json, pod_json
+from tests.fixtures.builders import GIB, gpu, node_json, pod_json
 from tests.fuzz.hostile import GPU_UUIDS, NODES, Hostile
 
 TOTAL = int(os.environ.get("GPUSHARE_FUZZ_INPUTS", "100000"))

@@ -55,7 +55,7 @@ from gpushare.node.faults.incidents import FaultIncident
 from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.gpu.nvml import NvmlBackend
 from gpushare.node.mps.manager import MpsManager
-from tests.gpu.test_mps_gpu import CONTAINERIZED, allocate, client_env
+from tests.gpu.mps_helpers import CONTAINERIZED, allocate, client_env
 
 pytestmark = pytest.mark.gpu
 

@@ -52,7 +52,7 @@ from gpushare.node.deviceplugin.response import (
 )
 from gpushare.node.mps.manager import MpsManager
 from gpushare.node.mps_limits import MpsLimitKeeper
-from tests.gpu.test_mps_gpu import CONTAINERIZED, SKIP, WORKER  # skips this module too
+from tests.gpu.mps_helpers import CONTAINERIZED, SKIP, WORKER  # skips this module too
 
 pytestmark = pytest.mark.gpu
 GIB = 2**30

@@ -1,0 +1,152 @@
+"""`kubectl gpushare top`: what a user sees for nodes, GPUs and the pods sharing them."""
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.cli.live import from_exporters, from_prometheus
+from gpushare.cli.main import main
+from gpushare.cli.render import render_json, render_text
+from gpushare.cli.view import build_view
+from gpushare.node.exporter import SamplerSettings, build_exporter
+from gpushare.node.exporter.server import start_http_server
+from gpushare.node.gpu.simulated import SimulatedBackend
+from tests.fixtures.builders import GPU_A, GPU_B, NODES
+from tests.fixtures.builders import cli_node as node
+from tests.fixtures.builders import placed_pod as pod
+
+PODS = [
+    pod("ml", "small", GPU_A, "0.25", 25),
+    pod("web", "infer", GPU_A, "50%", 70),
+    pod("ml", "big", f"{GPU_A},{GPU_B}", "2", 100),
+    pod("ml", "done", GPU_B, "0.5", 50, phase="Succeeded"),
+    {"metadata": {"namespace": "ml", "name": "plain"}, "spec": {"nodeName": "node-a"}},
+]
+
+
+def test_pods_are_listed_under_the_gpus_they_share() -> None:
+    view = build_view(NODES, PODS)
+    assert [n.name for n in view] == ["node-a"]
+    gpu_a, gpu_b = view[0].gpus
+    assert [(p.name, p.fraction_percent, p.thread_percent) for p in gpu_a.pods] == [
+        ("big", 100, 100),
+        ("small", 25, 25),
+        ("infer", 50, 70),
+    ]
+    assert gpu_a.allocated_percent == 175
+    assert gpu_a.limit_percent == 195
+    assert [p.name for p in gpu_b.pods] == ["big"]
+    text = render_text(view, live_source=None)
+    assert "GPU 0  NVIDIA H100 80GB HBM3" in text
+    assert "allocated 175%  limits 195%" in text
+    assert "REQUEST" in text and "LIMIT" in text
+    assert "infer" in text and "70%" in text and "20Gi" in text
+    assert "add --prometheus URL or --metrics-url URL" in text
+
+
+def test_a_share_governed_pod_shows_the_request_the_scheduler_recorded() -> None:
+    governed = pod("ml", "worker", GPU_B, "0.3", 100)
+    del governed["metadata"]["annotations"]["gpushare.io/gpu-fraction"]
+    governed["metadata"]["annotations"]["gpushare.io/request-percentage"] = "30"
+    view = build_view(NODES, [governed])
+    (row,) = view[0].gpus[1].pods
+    assert (row.fraction_percent, row.thread_percent) == (30, 100)
+    assert "30%" in render_text(view, live_source=None)
+
+
+def test_namespace_filter_keeps_only_that_namespace() -> None:
+    view = build_view(NODES, PODS, namespace="web")
+    assert [p.name for g in view[0].gpus for p in g.pods] == ["infer"]
+
+
+def test_node_without_inventory_is_explained_when_asked_for() -> None:
+    view = build_view(NODES, PODS, node_filter="cpu-only")
+    assert view[0].problem == "no gpushare.io/gpus annotation"
+
+
+def serve_exporter(backend: SimulatedBackend) -> tuple[str, Any]:
+    """A node exporter over the backend, sampled once, as a running agent would serve it."""
+    exporter = build_exporter(
+        backend=backend, node_name="node-a", placements=list, settings=SamplerSettings()
+    )
+    exporter.sampler.sample_once()
+    registry = CollectorRegistry()
+    registry.register(exporter.collector)
+    server, _ = start_http_server(port=0, addr="127.0.0.1", registry=registry, profiler=None)
+    return f"http://127.0.0.1:{server.server_port}/metrics", server
+
+
+def test_live_pipes_and_memory_from_the_node_exporter() -> None:
+    backend = SimulatedBackend("2xH100-80GB", node_name="node-a")
+    gpus = backend.inventory()
+    backend.set_load(
+        gpus[1].uuid, pipes={"fp32": 0.42}, sm_occupancy=0.3, memory_used_bytes=6 * 2**30
+    )
+    url, server = serve_exporter(backend)
+    try:
+        live = from_exporters([url])
+    finally:
+        server.shutdown()
+    view = build_view([node("node-a", gpus)], [], live=live)
+    text = render_text(view, live_source=live.source)
+    assert "fp32 42%" in text
+    assert "[simulated]" in text
+    data = render_json(view, live_source=live.source)
+    second = data["nodes"][0]["gpus"][1]
+    assert second["pipes"]["fp32"] == pytest.approx(0.42)
+    assert second["memory_used_bytes"] == 6 * 2**30
+    assert json.loads(json.dumps(data)) == data
+
+
+def test_gpu_without_gpm_shows_pipes_unavailable_not_zero() -> None:
+    backend = SimulatedBackend("1xA100-80GB", node_name="node-a")
+    url, server = serve_exporter(backend)
+    try:
+        live = from_exporters([url])
+    finally:
+        server.shutdown()
+    view = build_view([node("node-a", backend.inventory())], [], live=live)
+    text = render_text(view, live_source=live.source)
+    assert "pipes: unavailable" in text
+    assert "fp32 0%" not in text
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.mark.parametrize("url", ["localhost:9090", "ftp://x", "http://"])
+def test_malformed_prometheus_url_names_the_flag(url: str) -> None:
+    with pytest.raises(InvalidInputError) as err:
+        from_prometheus(url)
+    assert err.value.field == "--prometheus"
+
+
+def test_unreachable_exporter_names_the_flag() -> None:
+    with pytest.raises(InvalidInputError) as err:
+        from_exporters([f"http://127.0.0.1:{_free_port()}/metrics"], timeout_s=2)
+    assert err.value.field == "--metrics-url"
+    assert "cannot reach" in err.value.problem
+
+
+def test_missing_kubeconfig_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["top", "--kubeconfig", str(tmp_path / "nope")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --kubeconfig:") and "does not exist" in err
+
+
+def test_help_lists_the_top_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    assert "top" in capsys.readouterr().out

@@ -1,0 +1,104 @@
+"""The krew manifest (deploy/krew/gpushare.yaml): generated from the archive the repository
+builds (its sha256 is that archive's), shaped as krew reads it, and the launcher inside runs
+the CLI or says what to install."""
+
+import hashlib
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+import yaml
+
+import gpushare
+from tests import REPO
+
+MANIFEST = REPO / "deploy" / "krew" / "gpushare.yaml"
+
+
+def krew_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("krew_release", REPO / "hack" / "krew.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_manifest_is_what_make_krew_writes_from_a_fresh_archive(tmp_path: Path) -> None:
+    """Same sources, same archive bytes, same manifest: a stale sha256 or version fails here
+    (fix: make krew)."""
+    krew = krew_script()
+    archive = krew.build_archive(tmp_path, version=gpushare.__version__)
+    assert (
+        archive.read_bytes()
+        == krew.build_archive(tmp_path / "again", version=gpushare.__version__).read_bytes()
+    )
+    assert MANIFEST.read_text() == krew.render_manifest(archive, version=gpushare.__version__)
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    plugin = yaml.safe_load(MANIFEST.read_text())
+    assert {p["sha256"] for p in plugin["spec"]["platforms"]} == {digest}
+
+
+def test_the_manifest_has_the_fields_krew_requires() -> None:
+    plugin = yaml.safe_load(MANIFEST.read_text())
+    assert plugin["apiVersion"] == "krew.googlecontainertools.github.com/v1alpha2"
+    assert plugin["kind"] == "Plugin"
+    assert plugin["metadata"]["name"] == "gpushare"
+    spec = plugin["spec"]
+    assert spec["version"] == f"v{gpushare.__version__}"
+    assert spec["homepage"] == "https://github.com/kube-gpushare/kube-gpushare"
+    assert spec["shortDescription"] and spec["description"] and spec["caveats"]
+    assert f"kube-gpushare=={gpushare.__version__}" in spec["caveats"]
+    seen = set()
+    for platform in spec["platforms"]:
+        labels = platform["selector"]["matchLabels"]
+        seen.add((labels["os"], labels["arch"]))
+        assert platform["uri"] == (
+            "https://github.com/kube-gpushare/kube-gpushare/releases/download/"
+            f"v{gpushare.__version__}/kubectl-gpushare_v{gpushare.__version__}.zip"
+        )
+        assert re.fullmatch(r"[0-9a-f]{64}", platform["sha256"])
+        assert platform["bin"] == "kubectl-gpushare"
+        assert {f["from"] for f in platform["files"]} == {"kubectl-gpushare", "LICENSE"}
+    assert {"linux", "darwin"} == {os_name for os_name, _ in seen}
+    assert len(seen) == len(spec["platforms"])
+
+
+def test_the_archive_holds_an_executable_launcher(tmp_path: Path) -> None:
+    archive = krew_script().build_archive(tmp_path, version=gpushare.__version__)
+    with zipfile.ZipFile(archive) as z:
+        modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in z.infolist()}
+        z.extractall(tmp_path / "x")
+    assert modes == {"kubectl-gpushare": 0o755, "LICENSE": 0o644}
+
+
+def test_the_launcher_runs_the_cli_or_says_what_to_install(tmp_path: Path) -> None:
+    launcher = REPO / "deploy" / "krew" / "kubectl-gpushare"
+    env = {**os.environ, "GPUSHARE_PYTHON": sys.executable}
+    ran = subprocess.run(
+        ["/bin/sh", str(launcher), "--version"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == f"kubectl gpushare {gpushare.__version__}"
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python3").symlink_to("/bin/false")
+    missing = subprocess.run(
+        ["/bin/sh", str(launcher), "top"],
+        env={"PATH": str(bare)},  # its only python3 lacks the package
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert missing.returncode == 1
+    assert "pip install kube-gpushare" in missing.stderr

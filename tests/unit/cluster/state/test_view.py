@@ -1,0 +1,314 @@
+"""The controller's view: rebuilt from pod annotations alone, freed by finished or deleted pods,
+and never oversubscribed by reservations."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpushare.api.names import ANN_MEMORY, STATE_ALLOCATED, STATE_ASSUMED
+from gpushare.api.placement import Placement
+from gpushare.cluster.state.reservations import ReservationError
+from gpushare.cluster.state.view import ClusterView
+from gpushare.packing.model import Assignment, Demand
+from tests.fixtures.builders import GIB, gpu, node_json, pod_json
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def placed(
+    uuid: str,
+    percent: int,
+    *,
+    memory_gib: int = 10,
+    state: str = STATE_ALLOCATED,
+    at: datetime = NOW,
+) -> Placement:
+    return Placement((uuid,), percent, memory_gib * GIB, at, state)
+
+
+def cluster_pods() -> list[dict[str, object]]:
+    return [
+        pod_json("a", fraction="0.5", node="n1", placement=placed("GPU-1", 50)),
+        pod_json("b", fraction="0.25", node="n1", placement=placed("GPU-1", 25)),
+        pod_json("c", fraction="0.3", node="n1", placement=placed("GPU-2", 30)),
+        pod_json(
+            "done", fraction="0.4", node="n1", placement=placed("GPU-2", 40), phase="Succeeded"
+        ),
+        pod_json(
+            "crashed", fraction="0.4", node="n1", placement=placed("GPU-2", 40), phase="Failed"
+        ),
+        pod_json("pending", fraction="0.2"),
+        pod_json("unrelated"),
+    ]
+
+
+def make_view(clock: datetime = NOW) -> ClusterView:
+    view = ClusterView(clock=lambda: clock)
+    view.replace_nodes([node_json("n1", [gpu("GPU-1"), gpu("GPU-2", index=1)])])
+    view.replace_pods(cluster_pods())
+    return view
+
+
+def test_shares_come_from_placement_annotations_and_finished_pods_hold_none() -> None:
+    view = make_view()
+    node = view.node("n1")
+    assert node is not None
+    assert [g.used_percent for g in node.gpus] == [75, 30]
+    assert [g.used_memory for g in node.gpus] == [20 * GIB, 10 * GIB]
+    assert view.synced
+
+
+def test_a_restart_rebuilds_the_same_view_whatever_the_order_of_events() -> None:
+    first = make_view()
+    second = ClusterView(clock=lambda: NOW)
+    for pod in reversed(cluster_pods()):  # pods before their node's inventory
+        second.upsert_pod(pod)
+    second.upsert_node(node_json("n1", [gpu("GPU-1"), gpu("GPU-2", index=1)]))
+    for a, b in zip(first.node("n1").gpus, second.node("n1").gpus, strict=True):  # type: ignore[union-attr]
+        assert sorted(t.key for t in a.tenants) == sorted(t.key for t in b.tenants)
+        assert a.used_percent == b.used_percent
+
+
+def test_deleting_or_finishing_a_pod_frees_its_share() -> None:
+    view = make_view()
+    view.delete_pod("default/a")
+    view.upsert_pod(
+        pod_json("b", fraction="0.25", node="n1", placement=placed("GPU-1", 25), phase="Succeeded")
+    )
+    assert view.gpu("GPU-1").used_percent == 0  # type: ignore[union-attr]
+
+
+def test_a_relist_forgets_pods_that_vanished_during_a_watch_gap() -> None:
+    view = make_view()
+    view.replace_pods([p for p in cluster_pods() if p["metadata"]["name"] != "c"])  # type: ignore[index]
+    assert view.gpu("GPU-2").used_percent == 0  # type: ignore[union-attr]
+    assert view.pod("default/c") is None
+
+
+def test_memory_of_a_placement_counts_at_its_limit() -> None:
+    view = make_view()
+    view.upsert_pod(
+        pod_json(
+            "m",
+            fraction="0.1",
+            annotations={ANN_MEMORY: "30Gi"},
+            node="n1",
+            placement=placed("GPU-2", 10, memory_gib=30),
+        )
+    )
+    assert view.gpu("GPU-2").free_memory == 80 * GIB - 40 * GIB  # type: ignore[union-attr]
+
+
+def test_reservations_never_oversubscribe_a_gpu() -> None:
+    view = make_view()
+    demand = Demand(percent=20)
+    held = []
+    for i in range(10):
+        try:
+            held.append(
+                view.reserve(
+                    key=f"default/r{i}",
+                    uid=f"u{i}",
+                    node="n1",
+                    assignment=Assignment("n1", ("GPU-1",), 20, 16 * GIB),
+                    demand=demand,
+                    bind_time=NOW,
+                )
+            )
+        except ReservationError:
+            break
+    assert len(held) == 1  # 75% + 20% fits, a second 20% would not
+    assert view.gpu("GPU-1").used_percent == 95  # type: ignore[union-attr]
+    view.release(held[0])
+    assert view.gpu("GPU-1").used_percent == 75  # type: ignore[union-attr]
+
+
+def test_reserving_a_gpu_that_is_not_on_the_node_fails() -> None:
+    view = make_view()
+    with pytest.raises(ReservationError, match="not on node"):
+        view.reserve(
+            key="default/x",
+            uid="u",
+            node="n1",
+            assignment=Assignment("n1", ("GPU-9",), 10, GIB),
+            demand=Demand(percent=10),
+            bind_time=NOW,
+        )
+
+
+def test_a_reservation_hands_over_to_the_annotations_once_the_pod_is_bound() -> None:
+    view = make_view()
+    res = view.reserve(
+        key="default/pending",
+        uid="uid-default-pending",
+        node="n1",
+        assignment=Assignment("n1", ("GPU-2",), 20, 16 * GIB),
+        demand=Demand(percent=20),
+        bind_time=NOW,
+    )
+    assert view.gpu("GPU-2").used_percent == 50  # type: ignore[union-attr]
+    annotated = Placement(("GPU-2",), 20, 16 * GIB, NOW, STATE_ASSUMED)
+    # The watch first shows our annotations on the still-unbound pod: the hold stays.
+    view.upsert_pod(pod_json("pending", fraction="0.2", placement=annotated))
+    assert view.reservation("default/pending") is res
+    view.upsert_pod(pod_json("pending", fraction="0.2", placement=annotated, node="n1"))
+    assert view.reservation("default/pending") is None
+    assert view.gpu("GPU-2").used_percent == 50  # type: ignore[union-attr]
+    view.release(res)  # a late rollback of a hand-over reservation changes nothing
+    assert view.gpu("GPU-2").used_percent == 50  # type: ignore[union-attr]
+
+
+def test_a_placement_never_bound_stops_counting_after_the_stale_timeout() -> None:
+    clock = [NOW]
+    view = ClusterView(stale_assume_seconds=60, clock=lambda: clock[0])
+    view.replace_nodes([node_json("n1", [gpu("GPU-1")])])
+    view.replace_pods(
+        [pod_json("orphan", fraction="0.5", placement=placed("GPU-1", 50, state=STATE_ASSUMED))]
+    )
+    assert view.gpu("GPU-1").used_percent == 50  # type: ignore[union-attr]
+    clock[0] = NOW + timedelta(seconds=61)
+    assert view.expire_stale() == ["default/orphan"]
+    assert view.gpu("GPU-1").used_percent == 0  # type: ignore[union-attr]
+
+
+def test_a_pod_does_not_compete_with_its_own_earlier_placement() -> None:
+    view = make_view()
+    view.upsert_pod(
+        pod_json("again", fraction="0.7", placement=placed("GPU-2", 70, state=STATE_ASSUMED))
+    )
+    assert view.gpu("GPU-2").used_percent == 100  # type: ignore[union-attr]
+    own = view.node_for("n1", "default/again")
+    assert own is not None and own.gpus[1].used_percent == 30
+    assert view.gpu("GPU-2").used_percent == 100  # type: ignore[union-attr]  # view untouched
+
+
+def test_unreadable_inventory_is_reported_per_node() -> None:
+    view = ClusterView()
+    view.upsert_node({"metadata": {"name": "bad", "annotations": {"gpushare.io/gpus": "{"}}})
+    assert view.node("bad") is None
+    assert "gpushare.io/gpus" in (view.node_problem("bad") or "")
+
+
+def test_largest_gpu_memory_tracks_inventory() -> None:
+    view = ClusterView()
+    view.upsert_node(node_json("n1", [gpu("G1", memory_gib=40), gpu("G2", index=1, memory_gib=80)]))
+    assert view.max_gpu_memory == 80 * GIB
+    view.upsert_node(node_json("n1", [gpu("G1", memory_gib=40)]))
+    assert view.max_gpu_memory == 40 * GIB
+
+
+def test_pods_waiting_for_their_allocate_are_tracked_per_node() -> None:
+    """Binds to a node wait on this list: Allocate carries device IDs only, so the node agent
+    can tell pods apart only when one at a time waits for it."""
+    view = make_view()
+    assumed = placed("GPU-2", 20, state=STATE_ASSUMED)
+    view.upsert_pod(pod_json("w", fraction="0.2", node="n1", placement=assumed))
+    assert view.awaiting_allocation("n1") == ["default/w"]
+    assert view.awaiting_allocation("n1", exclude="default/w") == []
+    res = view.reserve(
+        key="default/pending",
+        uid="uid-default-pending",
+        node="n1",
+        assignment=Assignment("n1", ("GPU-2",), 10, GIB),
+        demand=Demand(percent=10),
+        bind_time=NOW,
+    )
+    assert view.awaiting_allocation("n1") == ["default/pending", "default/w"]
+    view.release(res)
+    allocated = placed("GPU-2", 20, state=STATE_ALLOCATED)
+    view.upsert_pod(pod_json("w", fraction="0.2", node="n1", placement=allocated))
+    assert view.awaiting_allocation("n1") == []
+    view.upsert_pod(pod_json("w", fraction="0.2", node="n1", placement=assumed, phase="Running"))
+    assert view.awaiting_allocation("n1") == []
+    view.upsert_pod(pod_json("w", fraction="0.2", node="n1", placement=assumed))
+    view.delete_pod("default/w")
+    assert view.awaiting_allocation("n1") == []
+
+
+# ---- host CPU and memory, and the pod mix ------------------------------------------------------
+
+
+def with_allocatable(node: dict[str, object], cpu: str, memory: str) -> dict[str, object]:
+    node["status"] = {"allocatable": {"cpu": cpu, "memory": memory, "pods": "110"}}
+    return node
+
+
+def requesting(cpu: str, memory: str) -> list[dict[str, object]]:
+    return [
+        {
+            "name": "main",
+            "image": "busybox",
+            "resources": {"requests": {"cpu": cpu, "memory": memory}},
+        }
+    ]
+
+
+def test_free_cpu_and_memory_count_every_pod_bound_there_gpushare_or_not() -> None:
+    view = ClusterView(clock=lambda: NOW)
+    view.replace_nodes([with_allocatable(node_json("n1", [gpu("GPU-1")]), "16", "64Gi")])
+    view.replace_pods(
+        [
+            pod_json("gpu", fraction="0.5", node="n1", placement=placed("GPU-1", 50),
+                     containers=requesting("4", "16Gi")),
+            pod_json("web", node="n1", containers=requesting("2500m", "1Gi")),
+            pod_json("elsewhere", node="n2", containers=requesting("8", "8Gi")),
+            pod_json("pending", containers=requesting("8", "8Gi")),
+            pod_json("old", node="n1", phase="Succeeded", containers=requesting("8", "8Gi")),
+        ]
+    )  # fmt: skip
+    node = view.node("n1")
+    assert node is not None
+    assert (node.cpu_milli_free, node.memory_free_bytes) == (9500, 47 * GIB)
+    version = view.node_version("n1")
+    view.delete_pod("default/web")
+    assert (node.cpu_milli_free, node.memory_free_bytes) == (12000, 48 * GIB)
+    assert view.node_version("n1") > version  # cached answers there are dropped
+    # The pod itself does not count against the node it is already on (a retried bind).
+    own = view.node_for("n1", "default/gpu")
+    assert own is not None and own.cpu_milli_free == 16000
+
+
+def test_a_hold_takes_host_resources_until_the_pod_is_seen_bound() -> None:
+    view = ClusterView(clock=lambda: NOW)
+    view.replace_nodes([with_allocatable(node_json("n1", [gpu("GPU-1")]), "16", "64Gi")])
+    view.replace_pods([])
+    demand = Demand(percent=0, gpus=0, cpu_milli=6000, host_memory_bytes=2 * GIB)
+    view.reserve(
+        key="default/cpu", uid="uid-default-cpu", node="n1",
+        assignment=Assignment("n1", (), 0, 0), demand=demand, bind_time=NOW, hold_seconds=30,
+    )  # fmt: skip
+    node = view.node("n1")
+    assert node is not None and node.cpu_milli_free == 10000
+    # Nothing will wait for an Allocate: the bind gate ignores it.
+    assert list(view.pending_on("n1")) == []
+    view.upsert_pod(pod_json("cpu", node="n1", containers=requesting("6", "2Gi")))
+    assert view.reservation("default/cpu") is None
+    assert (node.cpu_milli_free, node.memory_free_bytes) == (10000, 62 * GIB)
+
+
+def test_the_mix_counts_each_pod_once_as_it_arrives() -> None:
+    view = ClusterView(clock=lambda: NOW)
+    view.replace_nodes([node_json("n1", [gpu("GPU-1")])])
+    gpu_pod = pod_json("g", fraction="0.25", containers=requesting("4", "8Gi"))
+    routed = pod_json(
+        "routed",
+        containers=requesting("2", "1Gi"),
+        extra_spec={"schedulerName": "gpushare-scheduler"},
+    )
+    other = pod_json("other", containers=requesting("1", "1Gi"))
+    view.replace_pods([gpu_pod, routed, other])  # fmt: skip
+    # A gpushare pod and a pod sent to gpushare-scheduler count when first seen; any other
+    # pod only once bound to a node with gpushare GPUs (and once, whatever its updates).
+    assert view.mix.observed == 2
+    view.upsert_pod(gpu_pod)
+    view.upsert_pod(pod_json("other", node="elsewhere", containers=requesting("1", "1Gi")))
+    assert view.mix.observed == 2
+    view.upsert_pod(pod_json("other", node="n1", containers=requesting("1", "1Gi")))
+    assert view.mix.observed == 3
+    counted = {s[:3] for s in view.mix.shapes()}
+    assert counted == {(25, 1, 4000), (0, 0, 2000), (0, 0, 1000)}
+    # A restarted controller counts the pods its first list returns.
+    restarted = ClusterView(clock=lambda: NOW)
+    restarted.replace_nodes([node_json("n1", [gpu("GPU-1")])])
+    restarted.replace_pods([gpu_pod, routed])
+    assert restarted.mix.observed == 2

@@ -1,0 +1,115 @@
+"""The controller's series the dashboards read: pending gpushare pods per namespace, each
+GpuShare's measured profile, and protection-eviction counters that exist (at 0) for every GPU
+before the first eviction."""
+
+import asyncio
+from datetime import UTC, datetime
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpushare.api.gpushare_crd import ShareProfile
+from gpushare.cluster.metrics import Metrics
+from gpushare.cluster.operator.guard import LatencyGuard
+from gpushare.cluster.operator.settings import OperatorConfig
+from gpushare.cluster.operator.view import ClusterView as OperatorView
+from gpushare.cluster.state.view import ClusterView
+from tests.fixtures.builders import gpu, node_json, pod_json
+
+
+def samples(registry: CollectorRegistry, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    text = generate_latest(registry).decode()
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
+def share(namespace: str, name: str, status: dict[str, object]) -> dict[str, object]:
+    return {
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {"fraction": "0.25"},
+        "status": status,
+    }
+
+
+def test_pending_pods_count_unbound_gpushare_pods_per_namespace() -> None:
+    view = ClusterView()
+    view.replace_nodes([node_json("n1", [gpu("G0")])])
+    view.replace_pods(
+        [
+            pod_json("wait-1", namespace="team-a", fraction="0.25"),
+            pod_json("wait-2", namespace="team-a", fraction="0.5"),
+            pod_json("wait-3", namespace="team-b", fraction="0.5"),
+            pod_json("bound", namespace="team-a", fraction="0.25", node="n1", phase="Running"),
+            pod_json("done", namespace="team-b", fraction="0.25", phase="Succeeded"),
+            pod_json("plain", namespace="team-b"),  # not a gpushare pod
+        ]
+    )
+    got = samples(Metrics(view).registry, "gpushare_pending_pods")
+    assert got == {(("namespace", "team-a"),): 2.0, (("namespace", "team-b"),): 1.0}
+
+
+def test_share_profiles_are_exported_per_pipe_and_broken_ones_skipped() -> None:
+    view = ClusterView()
+    profile = ShareProfile(
+        gpu_model="NVIDIA H100 80GB HBM3",
+        fp16=0.1,
+        fp32=0.3,
+        fp64=0.0,
+        tensor=0.6,
+        sm_occupancy=0.4,
+        dram_bandwidth=0.2,
+        memory_bytes=2**30,
+        sampled_seconds=30.0,
+        time=datetime(2026, 1, 1, tzinfo=UTC),
+        simulated=True,
+        tensor_hmma=0.6,
+    )
+    view.replace_shares(
+        [
+            share("team-a", "trainer", {"phase": "Packed", "profile": profile.to_status()}),
+            share("team-a", "waiting", {"phase": "Profiling"}),
+            share("team-b", "broken", {"profile": {"gpuModel": "x", "fp32": 7}}),
+        ]
+    )
+    got = samples(Metrics(view).registry, "gpushare_share_profile_pipe_ratio")
+    by_pipe = {dict(k)["pipe"]: v for k, v in got.items()}
+    assert by_pipe == {"fp16": 0.1, "fp32": 0.3, "fp64": 0.0, "tensor": 0.6, "tensor_hmma": 0.6}
+    labels = dict(next(iter(got)))
+    assert (labels["namespace"], labels["gpushare"], labels["simulated"]) == (
+        "team-a",
+        "trainer",
+        "true",
+    )
+
+
+def test_protection_eviction_series_exist_at_zero_for_every_known_gpu() -> None:
+    registry = CollectorRegistry()
+    view = OperatorView()
+    for name, gpus in (("n1", [gpu("G0"), gpu("G1", index=1)]), ("n2", [gpu("G2")])):
+        view.put_node(node_json(name, gpus))
+    guard = LatencyGuard(
+        config=OperatorConfig(),
+        kube=None,  # type: ignore[arg-type]  # no latency pod: nothing to read or evict
+        view=view,
+        profiler=None,  # type: ignore[arg-type]
+        registry=registry,
+    )
+    assert asyncio.run(guard.tick()) == []
+    got = samples(registry, "gpushare_protection_evictions_total")
+    assert got == {
+        (("gpu_uuid", "G0"), ("node", "n1")): 0.0,
+        (("gpu_uuid", "G1"), ("node", "n1")): 0.0,
+        (("gpu_uuid", "G2"), ("node", "n2")): 0.0,
+    }
+    view.put_node(node_json("n2", None), deleted=True)
+    asyncio.run(guard.tick())
+    assert {
+        dict(k)["gpu_uuid"] for k in samples(registry, "gpushare_protection_evictions_total")
+    } == {
+        "G0",
+        "G1",
+    }

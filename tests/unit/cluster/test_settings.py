@@ -1,0 +1,100 @@
+"""Controller settings: defaults that work on a developer machine, clear errors for bad flags."""
+
+import subprocess
+import sys
+
+import pytest
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.cluster.settings import Settings, parse_args
+from gpushare.packing.policy import Policy
+from tests import REPO
+
+
+def test_defaults_listen_on_loopback_where_the_dev_scheduler_calls() -> None:
+    s = parse_args([])
+    assert (s.extender_host, s.extender_port) == ("127.0.0.1", 8888)
+    # The policy the openb benchmarks measured (bench/results/openb-replay.md).
+    assert s.policy is Policy.GPUSHARE
+    assert parse_args(["--policy", "binpack"]).policy is Policy.BINPACK
+    assert s.webhook_enabled and not s.register_webhooks
+    # Filter holds the chosen GPU (no bind collisions between pods scheduled back to back).
+    assert s.hold_in_filter
+    assert not parse_args(["--no-hold-in-filter"]).hold_in_filter
+
+
+def test_flags_reach_the_settings() -> None:
+    s = parse_args(
+        [
+            "--policy",
+            "spread",
+            "--extender-port",
+            "9000",
+            "--register-webhooks",
+            "--webhook-url",
+            "https://127.0.0.1:9443",
+            "--webhook-exclude-namespace",
+            "infra",
+            "--set",
+            "operator.profile=on",
+        ]
+    )
+    assert s.policy is Policy.SPREAD and s.extender_port == 9000
+    assert s.webhook_exclude_namespaces == ("infra",)
+    assert s.extra == {"operator.profile": "on"}
+    assert "127.0.0.1" in s.webhook_required_hosts()
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "fix"),
+    [
+        (["--extender-port", "70000"], "--extender-port", "1..65535"),
+        (["--webhook-port", "8888"], "--webhook-port", "different ports"),
+        (["--register-webhooks"], "--register-webhooks", "--webhook-url https://"),
+        (["--webhook-url", "http://h:1"], "--webhook-url", "https://127.0.0.1:9443"),
+        (["--webhook-url", "https://h:1/mutate"], "--webhook-url", "appended"),
+        (["--webhook-service", "justname"], "--webhook-service", "namespace/name"),
+        (["--extender-tls-cert", "/nonexistent.pem"], "--extender-tls-cert", "neither"),
+        (["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig", "fix the path"),
+        (["--webhook-timeout-seconds", "60"], "--webhook-timeout-seconds", "1 to 30"),
+        (["--log-level", "LOUD"], "--log-level", "DEBUG, INFO"),
+        (["--set", "novalue"], "--set", "key=value"),
+        (["--protected-host-path", "relative/dir"], "--protected-host-path", "absolute"),
+    ],
+)
+def test_bad_settings_name_the_flag_and_the_fix(argv: list[str], flag: str, fix: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        parse_args(argv)
+    assert info.value.field == flag
+    assert fix in str(info.value)
+
+
+def test_every_setting_is_documented_in_help() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gpushare.cluster", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    text = " ".join(out.split())
+    assert "Port of the extender; kube-scheduler's extender urlPrefix points here." in text
+    assert "--register-webhooks" in out and "--webhook-cert-dir" in out
+
+
+def test_a_bad_flag_exits_2_with_the_message_and_starts_nothing() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpushare.cluster", "--webhook-timeout-seconds", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "gpushare-controller: error: --webhook-timeout-seconds" in proc.stderr
+
+
+def test_settings_are_a_frozen_dataclass() -> None:
+    with pytest.raises(AttributeError):
+        Settings().extender_port = 1  # type: ignore[misc]
