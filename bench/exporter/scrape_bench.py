@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
 from gpushare.node.exporter import PodAllocation, SamplerSettings, build_exporter  # noqa: E402
 from gpushare.node.exporter.runner import SimulatedPodProcesses  # noqa: E402
-from gpushare.node.exporter.server import start_http_server  # noqa: E402
+from gpushare.node.exporter.server import serve  # noqa: E402
 from gpushare.node.gpu.backend import GpuProcess  # noqa: E402
 from gpushare.node.gpu.simulated import SimulatedBackend  # noqa: E402
 
@@ -135,10 +135,8 @@ def main() -> int:
         exporter.start()
         registry = CollectorRegistry()
         registry.register(exporter.collector)
-        server, _ = start_http_server(
-            port=0, addr="127.0.0.1", registry=registry, profiler=exporter.profiler
-        )
-        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        server = serve(registry=registry, profiler=exporter.profiler, host="127.0.0.1")
+        url = f"http://127.0.0.1:{server.port}/metrics"
         time.sleep(1.5)
         with urllib.request.urlopen(url) as resp:
             body = resp.read()
@@ -155,7 +153,7 @@ def main() -> int:
             start = time.perf_counter()
             generate_latest(registry)
             collect.append((time.perf_counter() - start) * 1000)
-        server.shutdown()
+        server.stop()
         exporter.stop()
         cpu_default = sampler_cpu_ratio(backend, pods, proc_root, 1.0, args.cpu_seconds)
         cpu_fast = sampler_cpu_ratio(backend, pods, proc_root, 0.1, args.cpu_seconds / 3)

@@ -25,7 +25,8 @@ from typing import Any
 from aiohttp import web
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.cluster import logs, watches
+from gpushare.api.logs import setup_json_logging
+from gpushare.cluster import watches
 from gpushare.cluster.extender.requeue import requeue
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.leader import LeaderElector
@@ -480,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidInputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    logs.setup(settings.log_level)
+    setup_json_logging(component=PROG, level=settings.log_level)
 
     async def _main() -> None:
         view = ClusterView(stale_assume_seconds=settings.stale_assume_seconds)

@@ -7,7 +7,6 @@ serves the exporter's ``/profile`` endpoint on the same HTTP server, and forward
 event to the exporter's recorder.
 """
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gpushare.node import exporter
-from gpushare.node.exporter.server import profile_response
+from gpushare.node.exporter.server import profile_reply
 from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.metrics import MetricsServer
 from gpushare.node.mps.manager import MpsManager
@@ -63,11 +62,7 @@ def wire_exporter(
         pod_resources=poller,
     )
 
-    def profile(raw_query: str) -> tuple[int, str, bytes]:
-        status, body = profile_response(handle.profiler, raw_query)
-        return status, "application/json", json.dumps(body).encode()
-
-    server.add_route("/profile", profile)
+    server.add_route("/profile", lambda query: profile_reply(handle.profiler, query))
 
     def stop() -> None:
         handle.stop()

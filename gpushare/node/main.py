@@ -14,6 +14,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.logs import setup_json_logging
 from gpushare.api.names import AGENT_METRICS_PORT, LABEL_MANAGED_GPUS
 from gpushare.node.agent import AgentSettings, NodeAgent
 from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN_HEALTH
@@ -30,7 +31,6 @@ from gpushare.node.gpu.selection import (
     parse_gpu_list,
     select_gpus,
 )
-from gpushare.node.logs import setup_json_logging
 
 if TYPE_CHECKING:
     from gpushare.kube.node import NodeKube

@@ -1,12 +1,13 @@
-"""The agent's HTTP endpoint: /metrics from one CollectorRegistry, /healthz, and extra routes.
+"""The node side's one HTTP server: /metrics from one CollectorRegistry, /healthz, and extra
+routes (the exporter's ``/profile``, see ``gpushare.node.extension``), in a thread of its own.
 
-The exporter (``gpushare.node.exporter``) adds its collectors to the same registry and may add
-routes (e.g. ``/profile``) through ``add_route``; see ``gpushare.node.extension``.
+The agent and the standalone exporter (``python -m gpushare.node.exporter``) both serve with it.
 """
 
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -16,8 +17,19 @@ from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
-# (raw query string) -> (HTTP status, content type, body)
-RouteHandler = Callable[[str], tuple[int, str, bytes]]
+
+@dataclass(frozen=True)
+class Reply:
+    """What a route answers."""
+
+    status: int
+    content_type: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+RouteHandler = Callable[[str], Reply]
+"""(raw query string) -> the reply."""
 
 
 class MetricsServer:
@@ -27,7 +39,7 @@ class MetricsServer:
         self.registry = registry
         self._routes: dict[str, RouteHandler] = {
             "/metrics": self._metrics,
-            "/healthz": lambda _q: (200, "text/plain", b"ok\n"),
+            "/healthz": lambda _q: Reply(200, "text/plain", b"ok\n"),
         }
         routes = self._routes
 
@@ -36,18 +48,20 @@ class MetricsServer:
                 url = urlsplit(self.path)
                 handler = routes.get(url.path)
                 if handler is None:
-                    status, ctype, body = 404, "text/plain", f"no route {url.path}\n".encode()
+                    reply = Reply(404, "text/plain", f"no route {url.path}\n".encode())
                 else:
                     try:
-                        status, ctype, body = handler(url.query)
+                        reply = handler(url.query)
                     except Exception as exc:
                         log.exception("route %s failed", url.path)
-                        status, ctype, body = 500, "text/plain", f"{exc}\n".encode()
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
+                        reply = Reply(500, "text/plain", f"{exc}\n".encode())
+                self.send_response(reply.status)
+                self.send_header("Content-Type", reply.content_type)
+                self.send_header("Content-Length", str(len(reply.body)))
+                for name, value in reply.headers:
+                    self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(reply.body)
 
             def log_message(self, format: str, *args: object) -> None:
                 return None
@@ -65,8 +79,8 @@ class MetricsServer:
             raise ValueError(f"route {path} is already served")
         self._routes[path] = handler
 
-    def _metrics(self, _query: str) -> tuple[int, str, bytes]:
-        return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+    def _metrics(self, _query: str) -> Reply:
+        return Reply(200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
 
     def start(self) -> None:
         self._thread = threading.Thread(

@@ -151,7 +151,7 @@ def measure() -> dict[str, Any]:
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
     from gpushare.node.exporter import SamplerSettings, build_exporter  # noqa: PLC0415
-    from gpushare.node.exporter.server import start_http_server  # noqa: PLC0415
+    from gpushare.node.exporter.server import serve  # noqa: PLC0415
     from gpushare.node.gpu.nvml import NvmlBackend  # noqa: PLC0415
 
     backend = NvmlBackend()
@@ -162,16 +162,14 @@ def measure() -> dict[str, Any]:
         settings=SamplerSettings(interval_s=0.5, history_s=120),
     )
     exporter.start()
-    server, _ = start_http_server(
-        port=0, addr="127.0.0.1", registry=CollectorRegistry(), profiler=exporter.profiler
-    )
+    server = serve(registry=CollectorRegistry(), profiler=exporter.profiler, host="127.0.0.1")
     try:
-        base_url = f"http://127.0.0.1:{server.server_port}"
+        base_url = f"http://127.0.0.1:{server.port}"
         time.sleep(2)  # an idle reading or two first
         uuid = exporter.sampler.gpus()[0].uuid
         profiles = {kind: profile_job(kind, base_url=base_url, uuid=uuid) for kind in JOBS}
     finally:
-        server.shutdown()
+        server.stop()
         exporter.stop()
         backend.close()
     return {

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from gpushare.api.endpoints import check_agent_url, check_configmap_name
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.logs import setup_json_logging
 from gpushare.cluster.operator.protection import ProtectionPolicy
 from gpushare.cluster.operator.runner import run_operator
 from gpushare.cluster.operator.settings import DEFAULT_NAMESPACE, OperatorConfig
@@ -75,9 +76,7 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
         check_configmap_name(args.profile_cache_name)
     except InvalidInputError as exc:
         parser.error(str(exc))
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_json_logging(component="gpushare-operator", level=args.log_level)
     for noisy in ("httpx", "httpx2", "kopf.objects", "kopf.activities"):
         logging.getLogger(noisy).setLevel(args.client_log_level.upper())
     return OperatorConfig(

@@ -10,7 +10,7 @@ The node agent wires it in with one call::
         placements=lambda: allocations_from_pods(pod_cache.pods(), node_name=node_name),
         mps_status=mps_manager.status,  # optional: uuid -> MpsDaemonStatus
     )
-    add_aiohttp_routes(app, registry=registry, profiler=exporter.profiler)  # or the WSGI app
+    server.add_route("/profile", lambda q: profile_reply(exporter.profiler, q))  # MetricsServer
     ...  # in the health loop: exporter.health.record(event) for every HealthEvent
     exporter.stop()                     # at shutdown
 """
@@ -31,7 +31,6 @@ from gpushare.node.exporter.health import HealthRecorder
 from gpushare.node.exporter.podresources import ContainerDevices, PodResourcesPoller
 from gpushare.node.exporter.profiler import Profiler, pipe_profile_from_json
 from gpushare.node.exporter.sampler import GpmSampler, SamplerSettings
-from gpushare.node.exporter.server import add_aiohttp_routes, make_app, start_http_server
 from gpushare.node.gpu.backend import GpuBackend
 
 __all__ = [
@@ -45,14 +44,11 @@ __all__ = [
     "PodResourcesPoller",
     "Profiler",
     "SamplerSettings",
-    "add_aiohttp_routes",
     "allocation_from_pod",
     "allocations_from_pods",
     "build_exporter",
-    "make_app",
     "pipe_profile_from_json",
     "register",
-    "start_http_server",
 ]
 
 

@@ -25,13 +25,14 @@ from prometheus_client import CollectorRegistry
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
+from gpushare.api.logs import setup_json_logging
 from gpushare.api.names import AGENT_METRICS_PORT
 from gpushare.node.exporter import Exporter, MpsDaemonStatus, build_exporter
 from gpushare.node.exporter.allocations import PodAllocation, allocations_from_pods
 from gpushare.node.exporter.attribution import parse_cgroup
 from gpushare.node.exporter.podresources import PodResourcesPoller
 from gpushare.node.exporter.sampler import SamplerSettings
-from gpushare.node.exporter.server import start_http_server
+from gpushare.node.exporter.server import serve
 from gpushare.node.gpu.backend import GpuBackend, GpuProcess, GpuSample, HealthEvent
 from gpushare.node.gpu.factory import open_backend
 from gpushare.node.load import Share, simulated_load
@@ -229,7 +230,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    setup_json_logging(component="gpushare-exporter")
     args = _parse_args(argv)
     try:
         settings = SamplerSettings(
@@ -289,10 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         poller.start()
     threading.Thread(target=feed, name="gpushare-pods-feed", daemon=True).start()
     threading.Thread(target=health, name="gpushare-health", daemon=True).start()
-    server, _thread = start_http_server(
-        port=args.port, addr=args.address, registry=registry, profiler=exporter.profiler
-    )
-    port = server.server_port
+    server = serve(registry=registry, profiler=exporter.profiler, host=args.address, port=args.port)
+    port = server.port
     log.info("serving /metrics and /profile on http://%s:%d", args.address, port)
     if args.port_file:
         args.port_file.write_text(f"{port}\n")
@@ -303,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     finally:
         stop.set()
-        server.shutdown()
+        server.stop()
         exporter.stop()
         if poller is not None:
             poller.stop()

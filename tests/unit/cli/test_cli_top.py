@@ -14,7 +14,7 @@ from gpushare.cli.main import main
 from gpushare.cli.render import render_json, render_text
 from gpushare.cli.view import build_view
 from gpushare.node.exporter import SamplerSettings, build_exporter
-from gpushare.node.exporter.server import start_http_server
+from gpushare.node.exporter.server import serve
 from gpushare.node.gpu.simulated import SimulatedBackend
 from tests.fixtures.builders import GPU_A, GPU_B, NODES
 from tests.fixtures.builders import cli_node as node
@@ -77,8 +77,8 @@ def serve_exporter(backend: SimulatedBackend) -> tuple[str, Any]:
     exporter.sampler.sample_once()
     registry = CollectorRegistry()
     registry.register(exporter.collector)
-    server, _ = start_http_server(port=0, addr="127.0.0.1", registry=registry, profiler=None)
-    return f"http://127.0.0.1:{server.server_port}/metrics", server
+    server = serve(registry=registry, profiler=None, host="127.0.0.1")
+    return f"http://127.0.0.1:{server.port}/metrics", server
 
 
 def test_live_pipes_and_memory_from_the_node_exporter() -> None:
@@ -91,7 +91,7 @@ def test_live_pipes_and_memory_from_the_node_exporter() -> None:
     try:
         live = from_exporters([url])
     finally:
-        server.shutdown()
+        server.stop()
     view = build_view([node("node-a", gpus)], [], live=live)
     text = render_text(view, live_source=live.source)
     assert "fp32 42%" in text
@@ -109,7 +109,7 @@ def test_gpu_without_gpm_shows_pipes_unavailable_not_zero() -> None:
     try:
         live = from_exporters([url])
     finally:
-        server.shutdown()
+        server.stop()
     view = build_view([node("node-a", backend.inventory())], [], live=live)
     text = render_text(view, live_source=live.source)
     assert "pipes: unavailable" in text

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.api.inventory import load_inventory
+from gpushare.api.logs import JsonFormatter
 from gpushare.api.names import (
     ANN_BIND_TIME,
     ANN_CONTAINER,
@@ -23,7 +24,6 @@ from gpushare.node.agent import AgentSettings, NodeAgent
 from gpushare.node.deviceplugin.pods import pod_info
 from gpushare.node.gpu.simulated import SimulatedBackend
 from gpushare.node.load import Share, simulated_load
-from gpushare.node.logs import JsonFormatter
 
 GIB = 2**30
 

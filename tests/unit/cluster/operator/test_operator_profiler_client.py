@@ -15,7 +15,7 @@ from gpushare.cluster.operator.readings import (
 )
 from gpushare.cluster.operator.reconcile import utcnow
 from gpushare.node.exporter import SamplerSettings, build_exporter
-from gpushare.node.exporter.server import start_http_server
+from gpushare.node.exporter.server import serve
 from gpushare.node.gpu.simulated import SimulatedBackend
 
 
@@ -49,14 +49,11 @@ def agent() -> Iterator[tuple[SimulatedBackend, str]]:
     for _ in range(30):
         clock.now += 1.0
         exporter.sampler.sample_once()
-    server, _thread = start_http_server(
-        port=0, addr="127.0.0.1", registry=CollectorRegistry(), profiler=exporter.profiler
-    )
+    server = serve(registry=CollectorRegistry(), profiler=exporter.profiler, host="127.0.0.1")
     try:
-        yield backend, f"http://127.0.0.1:{server.server_port}"
+        yield backend, f"http://127.0.0.1:{server.port}"
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 async def test_profile_of_a_running_job_comes_back_as_a_share_profile(

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from gpushare.api.errors import InvalidInputError
 from gpushare.node.exporter import SamplerSettings, build_exporter, pipe_profile_from_json
 from gpushare.node.exporter.profiler import Profiler
-from gpushare.node.exporter.server import start_http_server
+from gpushare.node.exporter.server import serve
 from gpushare.node.gpu.simulated import SimulatedBackend
 from gpushare.packing.model import PipeProfile
 
@@ -159,13 +159,11 @@ def served() -> Iterator[tuple[str, str]]:
     exporter.sampler.sample_once()
     registry = CollectorRegistry()
     registry.register(exporter.collector)
-    server, _ = start_http_server(
-        port=0, addr="127.0.0.1", registry=registry, profiler=exporter.profiler
-    )
+    server = serve(registry=registry, profiler=exporter.profiler, host="127.0.0.1")
     try:
-        yield f"http://127.0.0.1:{server.server_port}", backend.inventory()[0].uuid
+        yield f"http://127.0.0.1:{server.port}", backend.inventory()[0].uuid
     finally:
-        server.shutdown()
+        server.stop()
 
 
 def test_http_profile_and_metrics_on_one_server(served: tuple[str, str]) -> None:

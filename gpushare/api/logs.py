@@ -1,4 +1,11 @@
-"""Structured JSON logs, one object per line (what log collectors on a node expect)."""
+"""The one log format of every gpushare process: JSON, one object per line, on stderr.
+
+``{"time", "level", "component", "logger", "msg", ...the call's extra={...} fields, "exc"}``:
+``time`` in UTC with milliseconds, ``level`` as Python names it (``INFO``, ``WARNING``), and
+``component`` the program (``gpushare-controller``, ``gpushare-node-agent``), so one query
+reads the logs of all of them (docs/observability.md, "Logs"). Extra fields that are not plain
+JSON values are written as strings.
+"""
 
 import json
 import logging
@@ -6,10 +13,12 @@ import sys
 from datetime import UTC, datetime
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+QUIET = ("httpx", "httpx2", "httpcore", "aiohttp.access")
+"""Libraries that log one line per request: kept to warnings."""
 
 
 class JsonFormatter(logging.Formatter):
-    """``{"time", "level", "logger", "msg", ...extra fields, "exc"}``."""
+    """One record as one JSON object (see the module docstring)."""
 
     def __init__(self, *, component: str) -> None:
         super().__init__()
@@ -17,7 +26,9 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
-            "time": datetime.fromtimestamp(record.created, tz=UTC).isoformat(),
+            "time": datetime.fromtimestamp(record.created, tz=UTC).isoformat(
+                timespec="milliseconds"
+            ),
             "level": record.levelname,
             "component": self.component,
             "logger": record.name,
@@ -32,11 +43,11 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_json_logging(*, component: str, level: str = "INFO") -> None:
+    """Route every logger (ours and the libraries') to stderr as JSON lines."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(component=component))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # One line per API request drowns the agent's own story; keep only problems.
-    for noisy in ("httpx", "httpx2", "httpcore"):
+    for noisy in QUIET:
         logging.getLogger(noisy).setLevel(logging.WARNING)
