@@ -95,6 +95,7 @@ class Options:
     dedicated_host: bool
     controller_args: list[str] = field(default_factory=list)
     timing_from: Path | None = None
+    sim_only: bool = False
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -139,6 +140,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--run-timeout", type=float, default=1800.0, help="limit per seed, seconds")
     p.add_argument("--no-stock", action="store_true", help="skip the stock-scheduler phase")
     p.add_argument("--no-sim", action="store_true", help="skip the simulator's reference runs")
+    p.add_argument(
+        "--sim-only",
+        action="store_true",
+        help="only the simulator's reference runs of --trace/--seeds, merged into --out (no "
+        "control plane; the simulator is deterministic, so any machine gives the same figures)",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results prefix (.json, .md)")
     p.add_argument(
         "--rerender",
@@ -219,6 +226,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         dedicated_host=ns.dedicated_host,
         controller_args=list(ns.controller_arg),
         timing_from=ns.timing_from,
+        sim_only=ns.sim_only,
     )
 
 
@@ -797,6 +805,25 @@ async def run(opts: Options, inputs: Inputs) -> dict[str, Any]:
     return assemble(earlier_runs + runs, earlier_stock + stock, sims, machine=machine, setup=setup)
 
 
+def simulate_only(opts: Options, inputs: Inputs) -> dict[str, Any]:
+    """The simulator's references for the pod lists and seeds asked, added to --out's."""
+    doc = json.loads(opts.out.with_suffix(".json").read_text())
+    runs, stock, sims = _earlier(opts.out, set())
+    for trace in inputs.pods:
+        values = simulated(inputs, trace, opts.seeds)
+        sims.setdefault(trace, {}).update(dict(zip(opts.seeds, values, strict=True)))
+    setup = dict(doc.get("setup", {}))
+    setup["simulator"] = {t: {str(s): v for s, v in by.items()} for t, by in sims.items()}
+    return assemble(
+        runs,
+        stock,
+        sims,
+        machine=doc.get("machine_detail", {}),
+        setup=setup,
+        timing=doc.get("timing_of_record"),
+    )
+
+
 def rerender(out: Path, timing_from: Path | None = None) -> dict[str, Any]:
     """The summary and markdown of an existing result, rebuilt from the runs it holds; with
     ``timing_from``, its timing of record taken from that result (else the one it had)."""
@@ -847,6 +874,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {json_path} and {md_path}")
             return 0
         inputs = load_inputs(opts)
+        if opts.sim_only:
+            json_path, md_path = write_results(simulate_only(opts, inputs), opts.out)
+            print(f"wrote {json_path} and {md_path}")
+            return 0
     except InvalidInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
