@@ -77,7 +77,7 @@ fi
 } >"$out/machine.txt"
 cat "$out/machine.txt" >&2
 
-imports="import aiohttp, msgspec, lightkube, cryptography, yaml, prometheus_client"
+imports="import aiohttp, msgspec, lightkube, cryptography, yaml, prometheus_client, kopf"
 if ! "$PYTHON" -c "$imports" 2>/dev/null; then
   [[ -n $wheels ]] || { say "error: $PYTHON cannot import the bench's packages and no WHEELS dir was given"; exit 3; }
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
