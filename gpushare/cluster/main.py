@@ -3,8 +3,10 @@ watches that feed the view and the Kopf operator (:func:`run_operator`, unless
 ``--no-operator``).
 
 The operator gets the same :class:`ClusterView` the extender and webhook use
-(``view.share_resolver`` and ``view.listeners`` are its hooks), the metrics registry, and
-``context.stopping``, an event set when the process shuts down. If any duty returns or raises,
+(``view.share_resolver`` is its hook), the node and pod events of this process's watches
+(:class:`OperatorFeed`: the process opens one list/watch per kind, and hands the GpuShare
+watch to the operator's Kopf handlers, :class:`watches.ShareHandoff`), the metrics registry,
+and ``context.stopping``, an event set when the process shuts down. If any duty returns or raises,
 the process stops, so Kubernetes restarts it whole.
 """
 
@@ -17,7 +19,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.leader import LeaderElector
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator import runner as operator_runner
+from gpushare.cluster.operator.feed import OperatorFeed
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.server import extender_app, webhook_app
 from gpushare.cluster.settings import PROG, Settings, parse_args
@@ -68,6 +71,10 @@ class ControllerContext:
     and the one before it)."""
     leading: bool = False
     """This replica binds pods and runs the operator (always, without --leader-elect)."""
+    operator_feed: OperatorFeed | None = None
+    """Nodes and pods for the operator, from this process's watches (one watch per kind)."""
+    share_handoff: watches.ShareHandoff | None = None
+    """When the GpuShare informer stops because the operator's Kopf watch feeds the view."""
 
     def ready(self) -> tuple[bool, str]:
         if not self.view.synced:
@@ -91,6 +98,8 @@ class ControllerContext:
 
 Hook = Callable[[ControllerContext], Coroutine[Any, Any, None]]
 
+SHARE_WATCH = "GpuShare watch"
+
 
 async def run_operator(ctx: ControllerContext) -> None:
     """The GpuShare operator (:mod:`gpushare.cluster.operator`) in this process's event loop,
@@ -101,9 +110,37 @@ async def run_operator(ctx: ControllerContext) -> None:
     config = OperatorConfig(
         agent_url=ctx.settings.agent_url, cache_configmap=ctx.settings.profile_cache_name
     )
-    await operator_runner.run_operator(
-        view=ctx.view, settings=config, registry=ctx.metrics.registry, stop_flag=ctx.stopping
-    )
+    ready = asyncio.Event()
+    handoff = ctx.share_handoff
+    on_share_event = None
+    if handoff is not None:
+        view = ctx.view
+
+        def on_share_event(body: Mapping[str, Any], deleted: bool) -> None:
+            if deleted:
+                view.delete_share(body)
+            else:
+                view.upsert_share(body)
+            handoff.kopf_event()
+
+    async def announce_ready() -> None:
+        await ready.wait()
+        if handoff is not None:
+            handoff.operator_ready()
+
+    announcing = asyncio.create_task(announce_ready())
+    try:
+        await operator_runner.run_operator(
+            view=ctx.view,
+            settings=config,
+            registry=ctx.metrics.registry,
+            stop_flag=ctx.stopping,
+            ready_flag=ready,
+            feed=ctx.operator_feed,
+            on_share_event=on_share_event,
+        )
+    finally:
+        announcing.cancel()
 
 
 async def _start_site(
@@ -282,13 +319,35 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                 extra={"url": f"https://{settings.webhook_host}:{settings.webhook_port}"},
             )
         if ctx.kube is not None:
-            for name, feed in (
-                ("node watch", watches.feed_nodes),
-                ("pod watch", watches.feed_pods),
-                ("GpuShare watch", watches.feed_shares),
-                ("namespace watch", watches.feed_namespaces),
+            if settings.operator_enabled:
+                ctx.operator_feed = OperatorFeed()
+                ctx.share_handoff = watches.ShareHandoff(ctx.view)
+            feed = ctx.operator_feed
+            node_readers: tuple[watches.Sink, ...] = (feed.nodes,) if feed else ()
+            pod_readers: tuple[watches.Sink, ...] = (feed.pods,) if feed else ()
+            resync = settings.resync_seconds
+            for name, feeding in (
+                (
+                    "node watch",
+                    watches.feed_nodes(
+                        ctx.kube, ctx.view, resync_seconds=resync, also=node_readers
+                    ),
+                ),
+                (
+                    "pod watch",
+                    watches.feed_pods(ctx.kube, ctx.view, resync_seconds=resync, also=pod_readers),
+                ),
+                (
+                    SHARE_WATCH,
+                    watches.feed_shares(
+                        ctx.kube, ctx.view, resync_seconds=resync, handoff=ctx.share_handoff
+                    ),
+                ),
+                (
+                    "namespace watch",
+                    watches.feed_namespaces(ctx.kube, ctx.view, resync_seconds=resync),
+                ),
             ):
-                feeding = feed(ctx.kube, ctx.view, resync_seconds=settings.resync_seconds)
                 tasks[asyncio.create_task(feeding)] = name
             if settings.register_webhooks:
                 tasks[asyncio.create_task(_register(ctx))] = "webhook registration"
@@ -320,10 +379,11 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                 log.info("stopping")
                 return
             finished = [t for t in tasks if t in done]
-            # Registration finishing is expected; anything else ending is fatal.
+            # Registration finishing is expected, so is the GpuShare informer once the
+            # operator's Kopf watch took over; anything else ending is fatal.
             for task in finished:
                 name = tasks.pop(task)
-                if name == "webhook registration" and task.exception() is None:
+                if name in ("webhook registration", SHARE_WATCH) and task.exception() is None:
                     continue
                 exc = task.exception()
                 log.error("task ended; stopping", extra={"task": name, "error": repr(exc)})

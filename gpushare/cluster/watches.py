@@ -2,12 +2,16 @@
 
 Each runs :mod:`gpushare.kube.informer` forever (list, then watch; re-list on errors and every
 resync period), so a restarted controller rebuilds everything from the API server
-(docs/architecture.md, "State of record").
+(docs/architecture.md, "State of record"). The process opens one watch per kind: the operator
+reads nodes and pods from these watches (:class:`Sink`), and once its Kopf handlers watch
+GpuShares, the GpuShare informer stops and Kopf's events feed the view (:class:`ShareHandoff`).
 """
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.controller import Kube, Watched
@@ -15,20 +19,59 @@ from gpushare.kube.controller import Kube, Watched
 log = logging.getLogger(__name__)
 
 
-async def feed_nodes(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
+class Sink(Protocol):
+    """Another reader of a watch's raw objects (the operator's picture of the cluster)."""
+
+    def replace(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: objects missing from it are gone."""
+
+    def upsert(self, obj: Mapping[str, Any]) -> None: ...
+
+    def delete(self, obj: Mapping[str, Any]) -> None: ...
+
+
+def _fan_out(kind: str, sinks: Sequence[Sink], call: str, arg: Any) -> None:
+    """Pass one event on; a reader's failure is logged and never stops the watch."""
+    for sink in sinks:
+        try:
+            getattr(sink, call)(arg)
+        except Exception:
+            log.exception("watch reader failed", extra={"kind": kind, "call": call})
+
+
+async def feed_nodes(
+    kube: Kube, view: ClusterView, *, resync_seconds: float, also: Sequence[Sink] = ()
+) -> None:
+    def replace(nodes: Iterable[Mapping[str, Any]]) -> None:
+        listed = list(nodes)
+        view.replace_nodes(listed)
+        _fan_out("nodes", also, "replace", listed)
+
+    def upsert(data: Mapping[str, Any]) -> None:
+        view.upsert_node(data)
+        _fan_out("nodes", also, "upsert", data)
+
     def delete(data: Mapping[str, Any]) -> None:
         view.delete_node(str(data.get("metadata", {}).get("name", "")))
+        _fan_out("nodes", also, "delete", data)
 
     await kube.inform(
         Watched.NODES,
-        replace=view.replace_nodes,
-        upsert=view.upsert_node,
+        replace=replace,
+        upsert=upsert,
         delete=delete,
         resync_seconds=resync_seconds,
     )
 
 
-async def feed_pods(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
+async def feed_pods(
+    kube: Kube, view: ClusterView, *, resync_seconds: float, also: Sequence[Sink] = ()
+) -> None:
+    def replace(pods: Iterable[Mapping[str, Any]]) -> None:
+        listed = list(pods)
+        view.replace_pods(listed)
+        _fan_out("pods", also, "replace", listed)
+
     def upsert(data: Mapping[str, Any]) -> None:
         f = view.upsert_pod(data)
         if f is not None and log.isEnabledFor(logging.DEBUG):
@@ -44,29 +87,86 @@ async def feed_pods(kube: Kube, view: ClusterView, *, resync_seconds: float) -> 
             )
         if f is not None and f.problem is not None:
             log.warning("pod annotations unreadable", extra={"pod": f.key, "error": f.problem})
+        _fan_out("pods", also, "upsert", data)
 
     def delete(data: Mapping[str, Any]) -> None:
         meta = data.get("metadata", {})
         view.delete_pod(f"{meta.get('namespace', 'default')}/{meta.get('name', '')}")
+        _fan_out("pods", also, "delete", data)
 
     await kube.inform(
         Watched.PODS,
-        replace=view.replace_pods,
+        replace=replace,
         upsert=upsert,
         delete=delete,
         resync_seconds=resync_seconds,
     )
 
 
-async def feed_shares(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
-    """GpuShare statuses for the extender's hold rule (gpushare.cluster.state.share_rules)."""
-    await kube.inform(
-        Watched.SHARES,
-        replace=view.replace_shares,
-        upsert=view.upsert_share,
-        delete=view.delete_share,
-        resync_seconds=resync_seconds,
+class ShareHandoff:
+    """When the GpuShare informer may stop because the operator's Kopf watch feeds the view.
+
+    Safe once Kopf has delivered a GpuShare event (its list has arrived, so its watch sees
+    every later change), or, with the operator ready, while the view holds no GpuShare (a share
+    created before Kopf lists is in its list; none can be deleted unseen). Until then both
+    watches feed the view; their events agree.
+    """
+
+    def __init__(self, view: ClusterView) -> None:
+        self._view = view
+        self._kopf_listed = False
+        self._operator_ready = False
+        self.done = asyncio.Event()
+
+    def kopf_event(self) -> None:
+        self._kopf_listed = True
+        self._check()
+
+    def operator_ready(self) -> None:
+        self._operator_ready = True
+        self._check()
+
+    def _check(self) -> None:
+        if self.done.is_set():
+            return
+        if self._kopf_listed or (self._operator_ready and not self._view.share_statuses()):
+            self.done.set()
+
+
+async def feed_shares(
+    kube: Kube,
+    view: ClusterView,
+    *,
+    resync_seconds: float,
+    handoff: ShareHandoff | None = None,
+) -> None:
+    """GpuShare statuses for the extender's hold rule (gpushare.cluster.state.share_rules),
+    until ``handoff`` is done (then returns: the operator's Kopf watch feeds them)."""
+    informer = asyncio.create_task(
+        kube.inform(
+            Watched.SHARES,
+            replace=view.replace_shares,
+            upsert=view.upsert_share,
+            delete=view.delete_share,
+            resync_seconds=resync_seconds,
+        )
     )
+    if handoff is None:
+        await informer
+        return
+    handed = asyncio.create_task(handoff.done.wait())
+    try:
+        await asyncio.wait({informer, handed}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (informer, handed):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    if informer.done() and not informer.cancelled():
+        informer.result()  # the informer ended by itself: its error (or return) is the caller's
+        return
+    log.info("GpuShare watch handed to the operator (Kopf's events feed the view)")
 
 
 async def feed_namespaces(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:

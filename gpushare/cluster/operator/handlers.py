@@ -7,7 +7,7 @@ inside the controller process next to other asyncio servers, and tests can build
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -55,8 +55,16 @@ def in_cluster_server(info: kopf.ConnectionInfo, environ: Mapping[str, str]) -> 
 
 
 def build_registry(
-    *, config: OperatorConfig, view: ClusterView, reconciler: ShareReconciler
+    *,
+    config: OperatorConfig,
+    view: ClusterView,
+    reconciler: ShareReconciler,
+    watch_nodes_and_pods: bool = True,
+    on_share_event: Callable[[Mapping[str, Any], bool], None] | None = None,
 ) -> kopf.OperatorRegistry:
+    """``watch_nodes_and_pods=False``: the process's informers feed ``view`` instead
+    (:mod:`gpushare.cluster.operator.feed`); ``on_share_event(body, deleted)``: another reader
+    of Kopf's GpuShare events (the controller's view, once its own GpuShare watch stopped)."""
     registry = kopf.OperatorRegistry()
     shares = (GROUP, VERSION, PLURAL)
 
@@ -70,21 +78,26 @@ def build_registry(
             return kopf.login_with_kubeconfig(**kwargs)
         return in_cluster_server(info, os.environ)
 
-    @kopf.on.event("", "v1", "nodes", registry=registry)
-    async def node_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        view.put_node(body, deleted=event.get("type") == "DELETED")
+    if watch_nodes_and_pods:
 
-    @kopf.on.event("", "v1", "pods", registry=registry)
-    async def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        pod = view.put_pod(body, deleted=event.get("type") == "DELETED")
-        share = view.share_of(pod) if pod.gpu_pod else None
-        if share is not None:
-            reconciler.kick(share.key)
+        @kopf.on.event("", "v1", "nodes", registry=registry)
+        async def node_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+            view.put_node(body, deleted=event.get("type") == "DELETED")
+
+        @kopf.on.event("", "v1", "pods", registry=registry)
+        async def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+            pod = view.put_pod(body, deleted=event.get("type") == "DELETED")
+            share = view.share_of(pod) if pod.gpu_pod else None
+            if share is not None:
+                reconciler.kick(share.key)
 
     @kopf.on.event(*shares, registry=registry)
     async def share_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        share = view.put_share(body, deleted=event.get("type") == "DELETED")
-        if event.get("type") != "DELETED":
+        deleted = event.get("type") == "DELETED"
+        share = view.put_share(body, deleted=deleted)
+        if on_share_event is not None:
+            on_share_event(body, deleted)
+        if not deleted:
             reconciler.kick(share.key)
 
     @kopf.on.create(*shares, id="accept", registry=registry)

@@ -9,13 +9,14 @@ import getpass
 import logging
 import os
 import socket
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import kopf
 from prometheus_client import CollectorRegistry
 
 from gpushare.api.request import GpuRequest
+from gpushare.cluster.operator.feed import OperatorFeed
 from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.handlers import build_registry, kopf_settings
 from gpushare.cluster.operator.profiler_client import ProfilerClient
@@ -63,20 +64,27 @@ async def run_operator(
     registry: CollectorRegistry | None = None,
     stop_flag: asyncio.Event | None = None,
     ready_flag: asyncio.Event | None = None,
+    feed: OperatorFeed | None = None,
+    on_share_event: Callable[[Mapping[str, Any], bool], None] | None = None,
 ) -> None:
     """Run Kopf (cluster-wide) plus the latency protection loop until stopped.
 
     ``view``: the controller's view; when it has a ``share_resolver`` attribute, the operator
     sets it so the webhook resolves ``gpushare.io/share`` links. ``registry``: where the
-    protection eviction counter is registered (the controller's metrics registry).
+    protection eviction counter is registered (the controller's metrics registry). ``feed``:
+    nodes and pods from the host process's watches (else Kopf watches them and the operator
+    lists them once at start); ``on_share_event``: passed every GpuShare event Kopf sees.
     """
     config = settings or OperatorConfig()
-    own_view = ClusterView()
+    own_view = feed.view if feed is not None else ClusterView()
     if isinstance(view, ResolvesShares):
         view.share_resolver = share_resolver(own_view)
     kube = KubeApi.from_environment()
     profiler = ProfilerClient(url_template=config.agent_url, timeout_s=config.agent_timeout_s)
     reconciler = ShareReconciler(config=config, kube=kube, view=own_view, profiler=profiler)
+    if feed is not None:
+        reconciler.synced = feed.synced
+        feed.kick = reconciler.kick
     tasks: list[asyncio.Task[None]] = []
     ready = ready_flag if ready_flag is not None else asyncio.Event()
 
@@ -86,7 +94,8 @@ async def run_operator(
         log.info("gpushare operator ready, watching %s", scope)
 
     tasks.append(asyncio.create_task(announce_ready(), name="gpushare-operator-ready"))
-    tasks.append(asyncio.create_task(reconciler.seed(), name="gpushare-operator-seed"))
+    if feed is None:
+        tasks.append(asyncio.create_task(reconciler.seed(), name="gpushare-operator-seed"))
     if config.protection:
         guard = LatencyGuard.with_default_model(
             config=config,
@@ -102,7 +111,13 @@ async def run_operator(
         # In the main thread Kopf takes over SIGINT/SIGTERM; when it stops on one while
         # embedded, pass the stop on to the host process through its stop flag.
         await kopf.operator(
-            registry=build_registry(config=config, view=own_view, reconciler=reconciler),
+            registry=build_registry(
+                config=config,
+                view=own_view,
+                reconciler=reconciler,
+                watch_nodes_and_pods=feed is None,
+                on_share_event=on_share_event,
+            ),
             settings=kopf_settings(config),
             clusterwide=not config.watch_namespaces,
             namespaces=list(config.watch_namespaces),
@@ -115,6 +130,8 @@ async def run_operator(
             stop_flag.set()
             await asyncio.Event().wait()  # the host cancels us while it shuts down
     finally:
+        if feed is not None:
+            feed.kick = None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
