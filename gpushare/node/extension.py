@@ -55,11 +55,13 @@ def wire_exporter(
         poller.start()
     handle = exporter.register(
         registry,
-        backend=backend,
-        node_name=node_name,
-        placements=lambda: exporter.allocations_from_pods(pods(), node_name=node_name),
-        mps_status=mps_status,
-        pod_resources=poller,
+        exporter.build_exporter(
+            backend=backend,
+            node_name=node_name,
+            placements=lambda: exporter.allocations_from_pods(pods(), node_name=node_name),
+            mps_status=mps_status,
+            pod_resources=poller,
+        ),
     )
 
     server.add_route("/profile", lambda query: profile_reply(handle.profiler, query))

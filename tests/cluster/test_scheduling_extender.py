@@ -430,4 +430,4 @@ def test_a_pod_refused_while_a_lost_bind_held_the_gpus_is_placed_when_the_hold_l
 def test_controller_log_is_structured_json(controller: ControllerProcess) -> None:
     records = controller.log_records()
     assert any(r.get("msg") == "extender listening" for r in records)
-    assert all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
+    assert all({"time", "level", "component", "logger", "msg"} <= set(r) for r in records)

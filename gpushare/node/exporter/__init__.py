@@ -5,10 +5,12 @@ The node agent wires it in with one call::
 
     exporter = gpushare.node.exporter.register(
         registry,                       # the agent's CollectorRegistry served on /metrics
-        backend=backend,                # the GpuBackend the agent opened
-        node_name=node_name,
-        placements=lambda: allocations_from_pods(pod_cache.pods(), node_name=node_name),
-        mps_status=mps_manager.status,  # optional: uuid -> MpsDaemonStatus
+        build_exporter(
+            backend=backend,            # the GpuBackend the agent opened
+            node_name=node_name,
+            placements=lambda: allocations_from_pods(pod_cache.pods(), node_name=node_name),
+            mps_status=mps_manager.status,  # optional: uuid -> MpsDaemonStatus
+        ),
     )
     server.add_route("/profile", lambda q: profile_reply(exporter.profiler, q))  # MetricsServer
     ...  # in the health loop: exporter.health.record(event) for every HealthEvent
@@ -97,28 +99,8 @@ def build_exporter(
     )
 
 
-def register(
-    registry: CollectorRegistry,
-    *,
-    backend: GpuBackend,
-    node_name: str,
-    placements: Callable[[], Iterable[PodAllocation]],
-    mps_status: Callable[[], Mapping[str, MpsDaemonStatus]] | None = None,
-    pod_resources: Callable[[], Sequence[ContainerDevices]] | None = None,
-    settings: SamplerSettings | None = None,
-    health: HealthRecorder | None = None,
-    start: bool = True,
-) -> Exporter:
-    """Build the exporter, register its collector in ``registry`` and start sampling."""
-    exporter = build_exporter(
-        backend=backend,
-        node_name=node_name,
-        placements=placements,
-        mps_status=mps_status,
-        pod_resources=pod_resources,
-        settings=settings,
-        health=health,
-    )
+def register(registry: CollectorRegistry, exporter: Exporter, *, start: bool = True) -> Exporter:
+    """Register the exporter's collectors in ``registry`` and start sampling."""
     for collector in exporter.collectors():
         registry.register(collector)
     if start:
