@@ -13,6 +13,8 @@ import sys
 from datetime import UTC, datetime
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+_DROPPED = {"settings", "k8s_skip"}
+"""Extras Kopf attaches to every record (its whole OperatorSettings: 2 KB a line), not news."""
 QUIET = ("httpx", "httpx2", "httpcore", "aiohttp.access")
 """Libraries that log one line per request: kept to warnings."""
 
@@ -35,7 +37,7 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
+            if key not in _STANDARD and key not in _DROPPED and not key.startswith("_"):
                 entry[key] = value if isinstance(value, (str, int, float, bool)) else str(value)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)

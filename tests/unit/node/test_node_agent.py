@@ -133,6 +133,15 @@ def test_logs_are_one_json_object_per_line() -> None:
     assert entry["gpu"] == "g0" and entry["component"] == "gpushare-node-agent"
 
 
+def test_kopfs_settings_attached_to_each_record_stay_out_of_the_line() -> None:
+    record = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Handler ok", (), None)
+    record.settings = "OperatorSettings(" + "x" * 2000 + ")"
+    record.k8s_ref = {"namespace": "ml", "name": "train"}
+    entry = json.loads(JsonFormatter(component="gpushare-controller").format(record))
+    assert "settings" not in entry
+    assert "train" in entry["k8s_ref"]  # which object it was about stays
+
+
 def test_cli_help_and_bad_backend() -> None:
     entry = [sys.executable, "-m", "gpushare.node.main"]
     shown = subprocess.run([*entry, "--help"], capture_output=True, text=True, check=True)
