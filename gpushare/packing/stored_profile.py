@@ -1,11 +1,17 @@
-"""A stored profile (GpuShare status, cache, pod annotation) as the policy's ``PipeProfile``.
+"""A profile (stored in GpuShare status, cache, pod annotation, or just measured) as the
+policy's ``PipeProfile``.
 
 The extender and the operator's protection both read profiles written by the operator; they
 must turn them into the same ``PipeProfile`` or they would disagree about interference.
 """
 
+from gpushare.api.errors import InvalidInputError
 from gpushare.api.gpushare_crd import ShareProfile
+from gpushare.api.profile import GpuProfile
 from gpushare.packing.model import PipeProfile
+
+NEEDED = ("fp16", "fp32", "fp64", "tensor", "sm_occupancy", "dram_bandwidth")
+"""Counters a measurement must have to place a job by it."""
 
 
 def pipe_profile(stored: ShareProfile) -> PipeProfile:
@@ -20,4 +26,26 @@ def pipe_profile(stored: ShareProfile) -> PipeProfile:
         dram_bandwidth=stored.dram_bandwidth or 0.0,
         gpu_model=stored.gpu_model,
         sm_utilization=stored.sm_utilization,
+    )
+
+
+def measured_pipe_profile(measured: GpuProfile) -> PipeProfile:
+    """A fresh measurement (a ``/profile`` answer) as the policy's ``PipeProfile``; refuses one
+    lacking a counter the profile needs, naming it (a GPU without GPM cannot profile jobs)."""
+    for key in NEEDED:
+        if getattr(measured, key) is None:
+            raise InvalidInputError(
+                f"profile.{key}",
+                f"was not measured on {measured.gpu_model}",
+                "profile the job on a GPU with NVML GPM (Hopper or newer)",
+            )
+    return PipeProfile(
+        fp16=measured.fp16 or 0.0,
+        fp32=measured.fp32 or 0.0,
+        fp64=measured.fp64 or 0.0,
+        tensor=measured.tensor or 0.0,
+        sm_occupancy=measured.sm_occupancy or 0.0,
+        dram_bandwidth=measured.dram_bandwidth or 0.0,
+        gpu_model=measured.gpu_model,
+        sm_utilization=measured.sm_utilization,
     )
