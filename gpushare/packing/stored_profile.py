@@ -17,16 +17,7 @@ NEEDED = ("fp16", "fp32", "fp64", "tensor", "sm_occupancy", "dram_bandwidth")
 def pipe_profile(stored: ShareProfile) -> PipeProfile:
     """Counters the GPU could not measure count as idle; SM utilization stays unknown (None),
     which the interference model reads as "fills its thread cap"."""
-    return PipeProfile(
-        fp16=stored.fp16 or 0.0,
-        fp32=stored.fp32 or 0.0,
-        fp64=stored.fp64 or 0.0,
-        tensor=stored.tensor or 0.0,
-        sm_occupancy=stored.sm_occupancy or 0.0,
-        dram_bandwidth=stored.dram_bandwidth or 0.0,
-        gpu_model=stored.gpu_model,
-        sm_utilization=stored.sm_utilization,
-    )
+    return _as_pipe(stored)
 
 
 def measured_pipe_profile(measured: GpuProfile) -> PipeProfile:
@@ -39,13 +30,17 @@ def measured_pipe_profile(measured: GpuProfile) -> PipeProfile:
                 f"was not measured on {measured.gpu_model}",
                 "profile the job on a GPU with NVML GPM (Hopper or newer)",
             )
+    return _as_pipe(measured)
+
+
+def _as_pipe(profile: ShareProfile | GpuProfile) -> PipeProfile:
     return PipeProfile(
-        fp16=measured.fp16 or 0.0,
-        fp32=measured.fp32 or 0.0,
-        fp64=measured.fp64 or 0.0,
-        tensor=measured.tensor or 0.0,
-        sm_occupancy=measured.sm_occupancy or 0.0,
-        dram_bandwidth=measured.dram_bandwidth or 0.0,
-        gpu_model=measured.gpu_model,
-        sm_utilization=measured.sm_utilization,
+        fp16=profile.fp16 or 0.0,
+        fp32=profile.fp32 or 0.0,
+        fp64=profile.fp64 or 0.0,
+        tensor=profile.tensor or 0.0,
+        sm_occupancy=profile.sm_occupancy or 0.0,
+        dram_bandwidth=profile.dram_bandwidth or 0.0,
+        gpu_model=profile.gpu_model,
+        sm_utilization=profile.sm_utilization,
     )
