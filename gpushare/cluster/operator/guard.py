@@ -23,6 +23,7 @@ from gpushare.api.gpushare_crd import (
     parse_profile_annotation,
 )
 from gpushare.api.names import METRIC_PREFIX
+from gpushare.api.profile import GpuProfile
 from gpushare.cluster.operator.profiler_client import ProfilerClient
 from gpushare.cluster.operator.profiling import with_condition
 from gpushare.cluster.operator.protection import (
@@ -31,7 +32,7 @@ from gpushare.cluster.operator.protection import (
     judge,
     latency_tenants,
 )
-from gpushare.cluster.operator.readings import ProfileReading, ProfilerError
+from gpushare.cluster.operator.readings import ProfilerError, protection_reading
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.operator.view import ClusterView, PodSummary
 from gpushare.kube.events import ObjectRef
@@ -153,7 +154,7 @@ class LatencyGuard:
                 )
             await asyncio.sleep(self.config.protection_interval_s)
 
-    async def _read(self, node: str, uuid: str) -> ProfileReading | None:
+    async def _read(self, node: str, uuid: str) -> GpuProfile | None:
         summary = self.view.nodes.get(node)
         try:
             return await self.profiler.fetch(
@@ -199,7 +200,7 @@ class LatencyGuard:
         self._counted = gpus
 
     async def _judge(
-        self, node: str, uuid: str, tenants: list[PodSummary], reading: ProfileReading
+        self, node: str, uuid: str, tenants: list[PodSummary], reading: GpuProfile
     ) -> EvictionRecord | None:
         latency = latency_tenants(tenants)
         predicted: float | None = None
@@ -211,7 +212,9 @@ class LatencyGuard:
             ]
             predicted = max(values) if values else None
         verdict = judge(
-            reading.as_reading(), policy=self.config.protection_policy, predicted_slowdown=predicted
+            protection_reading(reading),
+            policy=self.config.protection_policy,
+            predicted_slowdown=predicted,
         )
         if not self.tracker.observe(uuid, bad=verdict.bad, now=self.clock()):
             if verdict.bad:

@@ -4,12 +4,8 @@ import aiohttp
 
 from gpushare.api.bounds import load_json
 from gpushare.api.errors import InvalidInputError
-from gpushare.cluster.operator.readings import (
-    ProfileReading,
-    ProfilerError,
-    agent_url,
-    parse_reading,
-)
+from gpushare.api.profile import GpuProfile
+from gpushare.cluster.operator.readings import ProfilerError, agent_url, parse_reading
 
 MAX_ANSWER_BYTES = 64 * 1024
 """A /profile answer is a few hundred bytes; anything far larger is refused unread."""
@@ -25,7 +21,7 @@ class ProfilerClient:
 
     async def fetch(
         self, *, node: str, node_ip: str | None, gpu_uuid: str, window_s: int
-    ) -> ProfileReading:
+    ) -> GpuProfile:
         """Windowed averages of ``gpu_uuid``'s counters over the last ``window_s`` seconds.
 
         The agent may sample for the window before answering, so the timeout covers it."""

@@ -1,21 +1,21 @@
 """The profiler endpoint: windowed averages of one GPU's counters, for the operator.
 
-The operator builds a job's ``PipeProfile`` by reading ``GET /profile?gpu=<uuid>&window=<s>``
-on the node agent while the job runs alone on that GPU. The JSON keys match
-``gpushare.packing.model.PipeProfile`` (fp16, fp32, fp64, tensor, sm_occupancy,
-dram_bandwidth, gpu_model); a counter the GPU cannot measure is ``null`` and listed under
-``unavailable`` so that no caller mistakes "not measured" for "idle".
+The operator builds a job's profile by reading ``GET /profile?gpu=<uuid>&window=<s>`` on the
+node agent while the job runs alone on that GPU. The answer is a
+:class:`gpushare.api.profile.GpuProfile` in its one JSON codec; a counter the GPU cannot
+measure is ``null`` and listed under ``unavailable`` so that no caller mistakes "not measured"
+for "idle".
 """
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpushare.api.errors import InvalidInputError
+from gpushare.api.profile import GpuProfile
 from gpushare.node.exporter.sampler import GpmSampler, TimedSample
 from gpushare.node.gpu.backend import PIPES
 from gpushare.packing.model import PipeProfile
+from gpushare.packing.stored_profile import measured_pipe_profile
 
 DEFAULT_WINDOW_S = 30.0
 QUERY_PARAMS = ("gpu", "window")
@@ -41,39 +41,6 @@ class ProfileError(Exception):
         return {"error": str(self), "field": self.field, "fix": self.fix}
 
 
-@dataclass(frozen=True)
-class GpuProfileWindow:
-    """Time-weighted averages of one GPU's counters over the last ``window_seconds``."""
-
-    gpu_uuid: str
-    gpu_model: str
-    simulated: bool
-    window_seconds: float
-    sampled_seconds: float
-    """GPU time the readings actually cover (less than the window right after start)."""
-    samples: int
-    fp16: float | None
-    fp32: float | None
-    fp64: float | None
-    tensor: float | None
-    tensor_hmma: float | None
-    tensor_dmma: float | None
-    tensor_imma: float | None
-    integer: float | None
-    sm_utilization: float | None
-    sm_occupancy: float | None
-    dram_bandwidth: float | None
-    utilization: float | None
-    memory_used_bytes: float | None
-    memory_used_bytes_max: int | None
-    unavailable: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["unavailable"] = list(self.unavailable)
-        return data
-
-
 def _weighted(values: list[tuple[float, float | int | None]]) -> float | None:
     present = [(w, float(v)) for w, v in values if v is not None]
     weight = sum(w for w, _ in present)
@@ -84,7 +51,7 @@ def _weighted(values: list[tuple[float, float | int | None]]) -> float | None:
 
 def average(
     samples: list[TimedSample], *, uuid: str, model: str, simulated: bool, window_s: float
-) -> GpuProfileWindow:
+) -> GpuProfile:
     """Average readings, each weighted by the GPU time its rates cover."""
     fields: dict[str, float | None] = {}
     for pipe in PIPES:
@@ -96,7 +63,7 @@ def average(
     unavailable = tuple(k for k, v in fields.items() if v is None)
     if memory is None:
         unavailable = (*unavailable, "memory_used_bytes")
-    return GpuProfileWindow(
+    return GpuProfile(
         gpu_uuid=uuid,
         gpu_model=model,
         simulated=simulated,
@@ -121,29 +88,11 @@ def average(
     )
 
 
-def pipe_profile_from_json(data: Mapping[str, Any]) -> PipeProfile:
-    """Turn a /profile answer into the policy's ``PipeProfile``.
-
-    Raises InvalidInputError when a counter the profile needs was not measured (a GPU
-    without GPM cannot profile jobs: profile them on Hopper or newer).
-    """
-    values: dict[str, float] = {}
-    for key in ("fp16", "fp32", "fp64", "tensor", "sm_occupancy", "dram_bandwidth"):
-        raw = data.get(key)
-        if raw is None:
-            raise InvalidInputError(
-                f"profile.{key}",
-                f"was not measured on {data.get('gpu_model') or 'this GPU'}",
-                "profile the job on a GPU with NVML GPM (Hopper or newer)",
-            )
-        values[key] = float(raw)
-    # Optional: the interference model falls back to the thread cap without it.
-    sm_util = data.get("sm_utilization")
-    return PipeProfile(
-        **values,
-        gpu_model=str(data.get("gpu_model", "")),
-        sm_utilization=None if sm_util is None else float(sm_util),
-    )
+def pipe_profile_from_json(data: object) -> PipeProfile:
+    """A ``/profile`` answer as the policy's ``PipeProfile`` (:class:`GpuProfile`'s codec,
+    then ``packing.stored_profile.measured_pipe_profile``); raises InvalidInputError naming a
+    malformed field or a counter that was not measured."""
+    return measured_pipe_profile(GpuProfile.from_json(data))
 
 
 class Profiler:
@@ -156,7 +105,7 @@ class Profiler:
     def max_window_s(self) -> float:
         return self.sampler.settings.history_s
 
-    def profile(self, *, gpu: str, window_s: float) -> GpuProfileWindow:
+    def profile(self, *, gpu: str, window_s: float) -> GpuProfile:
         info = self.sampler.gpu(gpu)
         if info is None:
             known = ", ".join(g.uuid for g in self.sampler.gpus()) or "none"

@@ -115,7 +115,7 @@ def test_agent_url_template_uses_the_node_address() -> None:
     ("payload", "words"),
     [
         ([], "not a JSON object"),
-        ({"gpu_model": "H200", "sampled_seconds": 5, "tensor": "high"}, "'tensor'"),
+        ({"gpu_model": "H200", "sampled_seconds": 5, "tensor": "high"}, "profile.tensor"),
         ({"gpu_model": "H200", "sampled_seconds": 5, "fp32": 3.0}, "outside 0..1"),
         ({"sampled_seconds": 5}, "gpu_model"),
         ({"gpu_model": "H200"}, "sampled_seconds"),
@@ -131,4 +131,4 @@ def test_unmeasured_counters_stay_unknown_not_zero() -> None:
         {"gpu_model": "Tesla T4", "sampled_seconds": 10, "fp16": None, "memory_used_bytes": 1.5e9}
     )
     assert reading.fp16 is None and reading.tensor is None
-    assert reading.memory_used_bytes == 1_500_000_000
+    assert reading.peak_memory_bytes == 1_500_000_000  # no peak sent: the average
