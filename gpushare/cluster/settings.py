@@ -5,10 +5,7 @@ anything starts listening.
 """
 
 import argparse
-import ast
-import inspect
 import ipaddress
-import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -22,6 +19,7 @@ from gpushare.api.endpoints import (
     check_configmap_name,
 )
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.flags import field_docs
 from gpushare.cluster.state.tenancy import (
     RULES_GRANTED,
     RULES_MODES,
@@ -337,27 +335,8 @@ def is_ip(host: str) -> bool:
 
 
 def _doc(name: str) -> str:
-    """The docstring under a Settings field, reused as its --help text."""
-    return _FIELD_DOCS.get(name, "")
-
-
-def _field_docs() -> dict[str, str]:
-    tree = ast.parse(inspect.getsource(Settings))
-    docs: dict[str, str] = {}
-    body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
-    for stmt, nxt in itertools.pairwise(body):
-        if (
-            isinstance(stmt, ast.AnnAssign)
-            and isinstance(stmt.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        ):
-            docs[stmt.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-_FIELD_DOCS = _field_docs()
+    """The docstring under a Settings field, reused as its --help text (gpushare.api.flags)."""
+    return field_docs(Settings).get(name, "")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -63,19 +63,24 @@ class AgentSettings:
     node_name: str
     """The Kubernetes node this agent serves (pods bound here, node object patched)."""
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
-    """The kubelet's device-plugin directory (holds kubelet.sock and our socket)."""
+    """The kubelet's device-plugin directory (holds kubelet.sock and this plugin's socket)."""
     plugin_endpoint: str = DEFAULT_ENDPOINT
-    """File name of our socket in device_plugin_dir."""
+    """Socket file name of this plugin inside the device-plugin directory."""
     mps_root: Path = Path("/run/gpushare/node/mps")
-    """Per-GPU MPS pipe/log/shm directories live under <mps_root>/<uuid>/."""
+    """Root of the per-GPU MPS pipe/log/shm directories (<mps-root>/<uuid>/)."""
     mps_shm: ShmMode = "private"
-    """private: each daemon gets <mps_root>/<uuid>/shm as /dev/shm; host: the host's /dev/shm."""
+    """private: each MPS daemon gets <mps-root>/<uuid>/shm as its /dev/shm and pods get the same
+    directory (needs CAP_SYS_ADMIN); host: daemons and pods share the host's /dev/shm."""
     require_exclusive_process: bool = False
-    """Advertise a GPU only in compute mode EXCLUSIVE_PROCESS (set by the admin): containers then
-    cannot run outside MPS by pointing CUDA at an empty pipe directory."""
+    """Advertise a GPU only when its compute mode is EXCLUSIVE_PROCESS (the admin sets it with
+    nvidia-smi -c EXCLUSIVE_PROCESS): then only the MPS server may open the GPU, and a container
+    pointing CUDA at an empty pipe directory cannot run outside MPS and its limits
+    (docs/security.md)."""
     metrics_host: str = "0.0.0.0"
+    """Listen address of the metrics server."""
     metrics_port: int = AGENT_METRICS_PORT
-    """0 picks a free port (logged)."""
+    """Port serving /metrics, /healthz and the exporter's /profile; 0 picks a free port
+    (logged)."""
     pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     """The kubelet's pod-resources socket, for the exporter's per-container attribution."""
     allocation_state_file: Path | None = None
@@ -87,8 +92,8 @@ class AgentSettings:
     mps_check_s: float = 10.0
     """How often each MPS daemon is health-checked through its control pipe."""
     stop_mps_on_exit: bool = False
-    """Quit the MPS daemons on exit. Off by default: a restarted agent adopts them and the
-    pods using them keep running."""
+    """Quit the MPS daemons when the agent exits. Off by default: a restarted agent adopts them
+    and the pods using them keep running."""
     exporter: bool = True
     """Wire in gpushare.node.exporter's collectors and /profile endpoint when installed."""
     fault_check_s: float = 0.5

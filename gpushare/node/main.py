@@ -11,15 +11,15 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.flags import flag
 from gpushare.api.logs import setup_json_logging
-from gpushare.api.names import AGENT_METRICS_PORT, LABEL_MANAGED_GPUS
+from gpushare.api.names import LABEL_MANAGED_GPUS
 from gpushare.node.agent import AgentSettings, NodeAgent
 from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN_HEALTH
 from gpushare.node.coexistence import OtherPluginWatch, startup_claims
-from gpushare.node.deviceplugin.plugin import DEFAULT_ENDPOINT
 from gpushare.node.deviceplugin.response import DeviceNode
 from gpushare.node.gpu.backend import GpuBackend
 from gpushare.node.gpu.factory import open_backend
@@ -39,9 +39,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpushare.node")
 
 
+AGENT_FLAGS: dict[str, dict[str, Any]] = {
+    "device_plugin_dir": {"type": Path},
+    "plugin_endpoint": {},
+    "mps_root": {"type": Path},
+    "mps_shm": {"choices": ("private", "host")},
+    "require_exclusive_process": {"action": "store_true"},
+    "stop_mps_on_exit": {"action": "store_true"},
+    "metrics_host": {},
+    "metrics_port": {"type": int},
+    "pod_resources_socket": {"type": Path},
+    "exclusive_after_faults": {"type": int},
+}
+"""AgentSettings fields set by a flag of the same name (gpushare.api.flags: default and --help
+from the field)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpushare-node-agent",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description=(
             "gpushare node agent: advertises each GPU as 100 slices of gpushare.io/gpu-percent "
             "to the kubelet, runs one MPS control daemon per GPU, answers Allocate with the "
@@ -68,73 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG or "
         "~/.kube/config)",
     )
-    parser.add_argument(
-        "--device-plugin-dir",
-        type=Path,
-        default=Path("/var/lib/kubelet/device-plugins"),
-        help="the kubelet's device-plugin directory holding kubelet.sock (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--plugin-endpoint",
-        default=DEFAULT_ENDPOINT,
-        help="socket file name of this plugin inside --device-plugin-dir (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--mps-root",
-        type=Path,
-        default=Path("/run/gpushare/node/mps"),
-        help="root of the per-GPU MPS pipe/log/shm directories (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--mps-shm",
-        choices=("private", "host"),
-        default="private",
-        help="private: each MPS daemon gets <mps-root>/<uuid>/shm as its /dev/shm and pods get "
-        "the same directory (needs CAP_SYS_ADMIN); host: daemons and pods share the host's "
-        "/dev/shm (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--require-exclusive-process",
-        action="store_true",
-        help="advertise a GPU only when its compute mode is EXCLUSIVE_PROCESS (the admin sets it "
-        "with nvidia-smi -c EXCLUSIVE_PROCESS): then only the MPS server may open the GPU, and a "
-        "container pointing CUDA at an empty pipe directory cannot run outside MPS and its limits "
-        "(docs/security.md)",
-    )
-    parser.add_argument(
-        "--stop-mps-on-exit",
-        action="store_true",
-        help="quit the MPS daemons when the agent exits (default: leave them for the next "
-        "agent to adopt, so running pods keep working)",
-    )
-    parser.add_argument(
-        "--metrics-host", default="0.0.0.0", help="metrics listen address (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=AGENT_METRICS_PORT,
-        help="metrics port serving /metrics, /healthz and the exporter's /profile; 0 picks a "
-        "free port (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--pod-resources-socket",
-        type=Path,
-        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
-        help="the kubelet's pod-resources socket (default: %(default)s)",
-    )
+    for name, kwargs in AGENT_FLAGS.items():
+        flag(parser, AgentSettings, name, **kwargs)
     parser.add_argument(
         "--no-exporter",
         action="store_true",
         help="do not wire in gpushare.node.exporter (serve only the agent's own metrics)",
-    )
-    parser.add_argument(
-        "--exclusive-after-faults",
-        type=int,
-        default=2,
-        help="fatal GPU faults a workload may be involved in, beside different neighbours, "
-        "within an hour before it is moved to a GPU of its own; 0 never moves it "
-        "(default: %(default)s)",
     )
     parser.add_argument(
         "--gpus",
@@ -254,20 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         other_plugins=startup_claims(found.inventory(), socket_path=args.pod_resources_socket),
     )
     _report_selection(found, backend, wanted, skipped, record)
-    settings = AgentSettings(
-        node_name=args.node_name,
-        device_plugin_dir=args.device_plugin_dir,
-        plugin_endpoint=args.plugin_endpoint,
-        mps_root=args.mps_root,
-        mps_shm=args.mps_shm,
-        metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port,
-        pod_resources_socket=args.pod_resources_socket,
-        stop_mps_on_exit=args.stop_mps_on_exit,
-        require_exclusive_process=args.require_exclusive_process,
-        exporter=not args.no_exporter,
-        exclusive_after_faults=max(0, args.exclusive_after_faults),
-    )
+    flagged = {name: getattr(args, name) for name in AGENT_FLAGS}
+    flagged["exclusive_after_faults"] = max(0, args.exclusive_after_faults)
+    settings = AgentSettings(node_name=args.node_name, exporter=not args.no_exporter, **flagged)
     agent = NodeAgent(settings, backend=backend, kube=kube, device_nodes=_device_nodes(backend))
     stop = threading.Event()
     if args.other_plugin_check_seconds > 0 and args.pod_resources_socket is not None:
