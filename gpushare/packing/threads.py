@@ -7,14 +7,13 @@ and limits"). MPS fixes the cap for a process's life, so the cap written at bind
 runs with, alone or not. Hence, for a fractional batch pod:
 
 - the default limit is the whole GPU: a batch job alone, or beside idle neighbours, is not
-  throttled (an H100 run had ResNet-50, asking 60%, alone on the GPU at 60% threads; alone at
-  50% threads ResNet-50 keeps about 0.6 of its speed, ResNet-18 and an LSTM 0.88);
+  throttled (a static cap at its request slowed a job that had the GPU to itself; figures in
+  docs/benchmarks-gpu.md);
 - an explicit ``gpushare.io/gpu-limit`` is honoured, never below the request;
 - placed on a GPU that holds a latency-class pod, the cap is at most
   ``max(request, LATENCY_NEIGHBOUR_THREADS)``: the latency pod runs uncapped at MPS priority 0
-  and half the SMs stay out of its batch neighbours' reach (H200: inference p99 beside
-  ResNet-50 training at 50% threads and priority 1 stayed near solo; uncapped without
-  priorities it tripled).
+  and half the SMs stay out of its batch neighbours' reach (measured: docs/benchmarks-gpu.md,
+  latency target).
 
 Latency-class pods and whole GPUs get 100. Caps may overlap: guaranteed shares, not caps, add
 up to at most 100, and admission (``admission.admit_reason``) keeps each tenant's predicted

@@ -3,13 +3,13 @@ workload that keeps faulting.
 
 Why: a fatal fault in one MPS client (an illegal memory access, a device-side assert) is
 reported to every client of that GPU's MPS server, so the pods sharing the GPU fail with it
-(seen on an H200: an innocent neighbour's next GEMM failed; the server survived and took new
-clients about a second later). Users see only "illegal memory access" in every pod.
+(the server survives and takes new clients about a second later; measured in
+docs/node-agent.md, "Fatal GPU faults"). Users see only "illegal memory access" in every pod.
 
 Who faulted cannot be read off one fault: the server's ``Client {PID: X, Context: 1}
-encountered a fatal GPU error`` line and the kernel's Xid 31 line name the same process, but on
-an H200 with driver 580 that process was the real faulter in only about half of the faults
-measured (the other half it was the victim, whichever client started first). So an incident
+encountered a fatal GPU error`` line and the kernel's Xid 31 line name the same process, but
+that process was the real faulter in only about half of the faults measured (the other half it
+was the victim, whichever client started first; docs/node-agent.md). So an incident
 keeps the named client as evidence ("named by the MPS server") and treats every client torn
 down with it as *involved*; Events say exactly that. Guilt is concluded across incidents: a
 workload involved in ``exclusive_after`` faults whose other involved workloads have nothing in
