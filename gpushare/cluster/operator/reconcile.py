@@ -83,6 +83,16 @@ def describe(profile: ShareProfile) -> str:
     return f"{', '.join(parts)} on {profile.gpu_model}{sim} over {profile.sampled_seconds:g} s"
 
 
+def no_profiling_pod(*, attempts: int) -> dict[str, Any]:
+    """Status fields of a share back in Pending: no profiling pod elected, started or running."""
+    return {
+        "profilingPod": None,
+        "profilingStarted": None,
+        "profilingElected": None,
+        "profilingAttempts": attempts,
+    }
+
+
 class ShareReconciler:
     """Reconciles one GpuShare at a time per share (a lock each); safe to call any time."""
 
@@ -339,12 +349,7 @@ class ShareReconciler:
             if await self.transition(
                 share,
                 to_phase=PHASE_PENDING,
-                fields={
-                    "profilingPod": None,
-                    "profilingStarted": None,
-                    "profilingElected": None,
-                    "profilingAttempts": attempts(share.status) + 1,
-                },
+                fields=no_profiling_pod(attempts=attempts(share.status) + 1),
                 condition=(COND_PROFILED, False, "ProfilingRestarted", step.reason),
                 now=now,
             ):
@@ -474,12 +479,7 @@ class ShareReconciler:
         changed = await self.transition(
             share,
             to_phase=PHASE_PENDING,
-            fields={
-                "profilingPod": None,
-                "profilingStarted": None,
-                "profilingElected": None,
-                "profilingAttempts": 0,
-            },
+            fields=no_profiling_pod(attempts=0),
             condition=(COND_ACCEPTED, True, "Valid", "spec accepted"),
             now=now,
         )
