@@ -37,6 +37,29 @@ class ObjectRef:
         return cls("v1", "Node", "", name, uid)
 
 
+@dataclass(frozen=True)
+class Reporter:
+    """Who reports a program's Events: the source and reporting fields every Event of it
+    carries."""
+
+    component: str
+    reporting_component: str
+    instance: str
+    host: str | None = None
+
+    def event(self, about: ObjectRef, *, reason: str, message: str, warning: bool) -> Event:
+        return event(
+            about,
+            reason=reason,
+            message=message,
+            warning=warning,
+            component=self.component,
+            reporting_component=self.reporting_component,
+            instance=self.instance,
+            host=self.host,
+        )
+
+
 def event(
     about: ObjectRef,
     *,

@@ -19,7 +19,7 @@ from lightkube.types import PatchType
 
 from gpushare.api.names import ANN_STATE, STATE_ALLOCATED
 from gpushare.kube.config import load_config
-from gpushare.kube.events import ObjectRef, event
+from gpushare.kube.events import ObjectRef, Reporter
 
 log = logging.getLogger(__name__)
 
@@ -119,16 +119,10 @@ class NodeKube(Generic[P]):
             about = ObjectRef.pod(namespace=pod.namespace, name=pod.name, uid=pod.uid)
         else:
             about = ObjectRef.node(name=self.node_name, uid=self._node_uid() or "")
-        body = event(
-            about,
-            reason=reason,
-            message=message,
-            warning=warning,
-            component=COMPONENT,
-            reporting_component=COMPONENT,
-            instance=f"{COMPONENT}-{self.node_name}",
-            host=self.node_name,
+        reporter = Reporter(
+            COMPONENT, COMPONENT, instance=f"{COMPONENT}-{self.node_name}", host=self.node_name
         )
+        body = reporter.event(about, reason=reason, message=message, warning=warning)
         self.client.create(body, namespace=about.namespace or "default")
 
     # --- node ----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from lightkube.types import PatchType
 
 from gpushare.api.names import GROUP
 from gpushare.kube.config import load_config
-from gpushare.kube.events import ObjectRef, event
+from gpushare.kube.events import ObjectRef, Reporter
 from gpushare.kube.resources import GpuShareResource
 
 log = logging.getLogger(__name__)
@@ -147,15 +147,8 @@ class KubeApi:
     ) -> None:
         """A core/v1 Event on ``about`` (shown by kubectl describe). Failures are logged, not
         raised: an Event is a report, never a reason to repeat the step it reports."""
-        body = event(
-            about,
-            reason=reason,
-            message=message,
-            warning=warning,
-            component=COMPONENT,
-            reporting_component=f"{GROUP}/operator",
-            instance=self._instance,
-        )
+        reporter = Reporter(COMPONENT, f"{GROUP}/operator", instance=self._instance)
+        body = reporter.event(about, reason=reason, message=message, warning=warning)
         try:
             await self._client.create(body)
         except ApiError as exc:
