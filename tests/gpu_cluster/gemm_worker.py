@@ -7,6 +7,8 @@ Modes (argv[1]):
   alloc MIB..  allocate each size in MiB on the GPU, keep it, and report which were refused.
   latency UNTIL  small fp16 GEMMs one at a time (a latency-class service), one line a second
                with that second's median and 99th-percentile time per GEMM in ms.
+  devices      the GPUs the container sees: their count and NVML UUIDs (``GPU-...``), after a
+               GEMM on each, so a device that is visible but unusable shows as an error.
 
 The first line names the CUDA_MPS_* settings the device plugin gave the container. Without
 CUDA (a rehearsal on the simulated backend) the same loops run on the CPU and every line says
@@ -35,6 +37,8 @@ def main() -> int:
     device = "cuda" if cuda else "cpu"
     if mode == "alloc":
         return alloc([int(m) for m in sys.argv[2:]], torch, cuda)
+    if mode == "devices":
+        return devices(torch, cuda)
     until = float(sys.argv[2])
     if mode == "gemm":
         return gemm(until, torch, device)
@@ -107,6 +111,20 @@ def alloc(sizes_mib: list[int], torch, cuda: bool) -> int:
             emit(alloc_mib=mib, ok=True)
         except Exception as exc:
             emit(alloc_mib=mib, ok=False, error=str(exc).splitlines()[0][:200])
+    return 0
+
+
+def devices(torch, cuda: bool) -> int:
+    if not cuda:
+        emit(device="cpu", gpus=[], skipped="no CUDA: no devices to list")
+        return 0
+    uuids = []
+    for i in range(torch.cuda.device_count()):
+        a = torch.randn(1024, 1024, device=f"cuda:{i}")
+        (a @ a).sum().item()
+        uuid = str(torch.cuda.get_device_properties(i).uuid).removeprefix("GPU-")
+        uuids.append(f"GPU-{uuid}")
+    emit(device="cuda", gpus=uuids)
     return 0
 
 
