@@ -40,6 +40,9 @@ log = logging.getLogger("gpushare.node")
 
 
 AGENT_FLAGS: dict[str, dict[str, Any]] = {
+    "mode": {"choices": ("deviceplugin", "dra")},
+    "kubelet_root": {"type": Path},
+    "cdi_dir": {"type": Path},
     "device_plugin_dir": {"type": Path},
     "plugin_endpoint": {},
     "mps_root": {"type": Path},
@@ -231,8 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop.set()
 
     def on_hup(_signum: int, _frame: FrameType | None) -> None:
-        log.info("SIGHUP: re-serving and re-registering the device plugin")
-        agent.runner.request_restart()
+        log.info("SIGHUP: re-serving and re-registering the kubelet plugin")
+        agent.request_restart()
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
