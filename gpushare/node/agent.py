@@ -37,7 +37,7 @@ from gpushare.node.deviceplugin.holdings import (
     kubelet_identity,
 )
 from gpushare.node.deviceplugin.plugin import DEFAULT_ENDPOINT, KUBELET_SOCKET, PluginRunner
-from gpushare.node.deviceplugin.pods import PodSource
+from gpushare.node.deviceplugin.pods import PodSource, pod_info
 from gpushare.node.deviceplugin.response import DeviceNode
 from gpushare.node.deviceplugin.server import DevicePluginServicer
 from gpushare.node.dra.cdi import DEFAULT_CDI_DIR, CdiDir
@@ -201,6 +201,7 @@ class NodeAgent:
                 on_release=self._resync_limits,
                 device_nodes=device_nodes,
                 nvidia_runtime_env=not backend.simulated,
+                pods=lambda: [pod_info(m) for m in self.kube.raw_node_pods()],
             )
             self.dra = driver
             self.slices = SlicePublisher(

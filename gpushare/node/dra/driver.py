@@ -13,16 +13,18 @@ claim is already unprepared.
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from gpushare.api.dra import device_name
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
+from gpushare.node.deviceplugin.pods import PodInfo
 from gpushare.node.deviceplugin.response import (
     AllocationContext,
     DeviceNode,
     MpsLayout,
+    check_uid,
     mps_allocation,
     whole_allocation,
 )
@@ -57,9 +59,11 @@ class DraDriver:
         on_release: Callable[[], None] | None = None,
         device_nodes: Callable[[str], list[DeviceNode]] | None = None,
         nvidia_runtime_env: bool = False,
+        pods: Callable[[], Iterable[PodInfo]] | None = None,
     ) -> None:
         """``gpus``: the GPUs gpushare manages here; ``on_release``: called after an
-        unprepare (the agent re-syncs the MPS server limits)."""
+        unprepare (the agent re-syncs the MPS server limits); ``pods``: this node's pods read
+        fresh, for the one-UID-per-MPS-server check (None: not checked)."""
         self.node_name = node_name
         self.pool = node_name
         self.gpus = gpus
@@ -71,6 +75,7 @@ class DraDriver:
         self.on_release = on_release
         self.device_nodes = device_nodes
         self.nvidia_runtime_env = nvidia_runtime_env
+        self.pods = pods
         self._lock = threading.Lock()
         self._prepared = checkpoint.load()
         self.prepared_total = 0
@@ -158,6 +163,7 @@ class DraDriver:
             gpus=len(uuids), thread_percent=first.thread_percent, requested_percent=first.percent
         )
         if shared:
+            self._check_uid(plan, first.gpu.uuid)
             allocation = mps_allocation(
                 ctx,
                 first.gpu.uuid,
@@ -184,6 +190,28 @@ class DraDriver:
             gpu_class=first.config.gpu_class,
             edits=cdi.container_edits(allocation),
         )
+
+    def _check_uid(self, plan: ClaimPlan, uuid: str) -> None:
+        """Refuse a pod whose UID differs from the pods of the claims already sharing ``uuid``:
+        an MPS server serves one UID at a time, so its CUDA calls would wait until they exit
+        (AllocationError names the field and the fix)."""
+        if self.pods is None:
+            return
+        by_key = {p.key: p for p in self.pods()}
+        pod = by_key.get(plan.pod)
+        if pod is None:
+            log.warning("pod %s is not on this node yet: its UID is not checked", plan.pod)
+            return
+        with self._lock:
+            others = {
+                c.pod
+                for c in self._prepared.values()
+                if c.mps and c.pod != plan.pod and any(d.gpu_uuid == uuid for d in c.devices)
+            }
+        neighbours = [by_key[k] for k in sorted(others) if k in by_key and not by_key[k].finished]
+        warning = check_uid(pod, neighbours, uuid)
+        if warning:
+            log.warning("%s", warning)
 
     # --- unprepare -----------------------------------------------------------------------
 

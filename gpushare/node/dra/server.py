@@ -15,6 +15,7 @@ import grpc
 
 from gpushare.api.dra import DRIVER
 from gpushare.api.errors import InvalidInputError
+from gpushare.node.deviceplugin.response import AllocationError
 from gpushare.node.dra.claims import ClaimRef
 from gpushare.node.dra.driver import DraDriver
 from gpushare.node.dra.pluginregistration.v1 import api_pb2 as reg_pb2
@@ -31,8 +32,12 @@ SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 """What the registration lists, newest first: the kubelet 1.34 picks v1, older ones v1beta1."""
 
 
+USER_ERRORS = (InvalidInputError, AllocationError)
+"""Refusals the user can fix, shown as they are; anything else is an internal error."""
+
+
 def _message(exc: Exception) -> str:
-    if isinstance(exc, InvalidInputError):
+    if isinstance(exc, USER_ERRORS):
         return str(exc)
     return f"internal error in the {DRIVER} plugin: {type(exc).__name__}: {exc}"
 
@@ -45,7 +50,7 @@ def _prepare(driver: DraDriver, claims: Iterable[Any], response: Any) -> None:
         try:
             record = driver.prepare(ref)
         except Exception as exc:
-            if not isinstance(exc, InvalidInputError):
+            if not isinstance(exc, USER_ERRORS):
                 log.exception("preparing claim %s failed", ref.key)
             else:
                 log.warning("claim %s refused: %s", ref.key, exc)

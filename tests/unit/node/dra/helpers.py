@@ -1,11 +1,12 @@
 """Claims, a claim source and a slice store standing where the API server would."""
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from gpushare.api.dra import CONFIG_API_VERSION, CONFIG_KIND, DRIVER
+from gpushare.node.deviceplugin.pods import PodInfo
 from gpushare.node.dra.cdi import CdiDir
 from gpushare.node.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from gpushare.node.dra.driver import DraDriver
@@ -139,6 +140,7 @@ def make_driver(
     *,
     limits: FakeLimits | None = None,
     gpus: SimulatedBackend | None = None,
+    pods: Callable[[], Iterable[PodInfo]] | None = None,
 ) -> DraDriver:
     """A driver over simulated GPUs, with its MPS, CDI and checkpoint under ``tmp_path``
     (a second call with the same ``tmp_path`` is the same node after a restart)."""
@@ -151,4 +153,5 @@ def make_driver(
         cdi_dir=CdiDir(tmp_path / "cdi"),
         mps=MpsManager(root=tmp_path / "mps", simulated=True),
         limits=limits,
+        pods=pods,
     )

@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.node.deviceplugin.pods import PodInfo
+from gpushare.node.deviceplugin.response import AllocationError
 from gpushare.node.dra.cdi import CdiDir
 from gpushare.node.dra.claims import ClaimRef
 from gpushare.node.mps.manager import MpsManager
@@ -153,3 +155,24 @@ def test_prepared_claims_hold_their_gpus_mps_server_limits(tmp_path: Path) -> No
     assert limits[gpus[1].uuid] == FLOOR
     driver.unprepare(UID)
     assert keeper.sync([])[gpus[0].uuid] == FLOOR
+
+
+def test_a_pod_with_another_uid_than_its_gpus_mps_clients_is_refused(tmp_path: Path) -> None:
+    """An MPS server serves one UID at a time: the second pod would wait for the first."""
+    other = "0b1c2d3e-0000-4000-8000-000000000002"
+    third = "0b1c2d3e-0000-4000-8000-000000000003"
+    pods = [
+        PodInfo(namespace="ns", name="p1", uid="a", annotations={}, run_as_user=1000),
+        PodInfo(namespace="ns", name="p2", uid="b", annotations={}, run_as_user=2000),
+    ]
+    claims = FakeClaims(
+        claim(uid=UID, name="c1", consumed={"gpuPercent": "25"}, pod="p1"),
+        claim(uid=other, name="c2", consumed={"gpuPercent": "25"}, pod="p2"),
+        claim(uid=third, name="c3", devices=("gpu-1",), consumed={"gpuPercent": "25"}, pod="p2"),
+    )
+    driver = make_driver(tmp_path, claims, pods=lambda: pods)
+    driver.prepare(REF)
+    with pytest.raises(AllocationError, match="runs as UID 2000"):
+        driver.prepare(ClaimRef(namespace="ns", uid=other, name="c2"))
+    assert not CdiDir(tmp_path / "cdi").exists(other)
+    driver.prepare(ClaimRef(namespace="ns", uid=third, name="c3"))
