@@ -80,6 +80,9 @@ class AgentSettings:
     and registers through <kubelet-root>/plugins_registry/."""
     cdi_dir: Path = DEFAULT_CDI_DIR
     """dra mode: where a CDI spec per prepared claim is written for the container runtime."""
+    slice_resync_s: float = 30.0
+    """dra mode: how often the node's ResourceSlice is checked (and written again if it was
+    deleted, e.g. by a kubelet that saw the plugin gone)."""
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     """The kubelet's device-plugin directory (holds kubelet.sock and this plugin's socket)."""
     plugin_endpoint: str = DEFAULT_ENDPOINT
@@ -462,6 +465,16 @@ class NodeAgent:
                 self._loop("mps-faults", stop, settings.fault_check_s, self.faults.check)
             )
             threads.append(self._loop("publish", stop, 1.0, self._publish_step))
+            slices = self.slices
+            if slices is not None:
+                threads.append(
+                    self._loop(
+                        "dra-slices",
+                        stop,
+                        settings.slice_resync_s,
+                        lambda: slices.publish(self.inventory()),
+                    )
+                )
             if self.dra_runner is not None:
                 self.dra_runner.run(stop)
             else:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -157,7 +158,7 @@ def consumable_capacity_dropped(stored: Mapping[str, Any]) -> bool:
 
 
 class SlicePublisher:
-    """Keeps this node's slice equal to its GPUs. Not thread-safe: one publishing loop."""
+    """Keeps this node's slice equal to its GPUs. Thread-safe (one publish at a time)."""
 
     def __init__(
         self,
@@ -171,6 +172,7 @@ class SlicePublisher:
         self.node_uid = node_uid
         self.writes = 0
         self.gate_warned = False
+        self._lock = threading.Lock()
 
     def _owner(self) -> str | None:
         if self.node_uid is None:
@@ -183,6 +185,10 @@ class SlicePublisher:
 
     def publish(self, gpus: Sequence[GpuInfo]) -> dict[str, Any]:
         """Create or update the slice, delete stale ones; returns the slice as stored."""
+        with self._lock:
+            return self._publish(gpus)
+
+    def _publish(self, gpus: Sequence[GpuInfo]) -> dict[str, Any]:
         name = slice_name(self.node_name)
         existing = {str((s.get("metadata") or {}).get("name")): s for s in self.store.list_slices()}
         generations = [

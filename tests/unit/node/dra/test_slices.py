@@ -85,3 +85,16 @@ def test_no_warning_where_the_api_server_keeps_consumable_capacity(
         publisher.publish(backend().inventory())
     assert not publisher.gate_warned
     assert not [r for r in caplog.records if "DRAConsumableCapacity" in r.getMessage()]
+
+
+def test_a_slice_deleted_behind_the_agents_back_is_written_again() -> None:
+    """The kubelet wipes a driver's slices when its plugin is gone for a while; the agent's
+    periodic publish puts them back."""
+    store = FakeSlices()
+    publisher = SlicePublisher(node_name=NODE, store=store)
+    gpus = backend().inventory()
+    publisher.publish(gpus)
+    store.slices.clear()
+    publisher.publish(gpus)
+    assert store.writes == ["create", "create"]
+    assert list(store.slices) == [slice_name(NODE)]
