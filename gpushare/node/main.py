@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
             "gpushare node agent: advertises each GPU as 100 slices of gpushare.io/gpu-percent "
             "to the kubelet, runs one MPS control daemon per GPU, answers Allocate with the "
             "pod's GPU, MPS pipe, active-thread percentage and memory limit, and publishes the "
-            "node's GPU inventory. Logs are JSON lines on stderr."
+            "node's GPU inventory; with --mode dra it is the kubelet DRA plugin of driver "
+            "gpu.gpushare.io instead. Logs are JSON lines on stderr."
         ),
     )
     parser.add_argument(
