@@ -13,6 +13,9 @@ bin=$(dirname "$python")
 protos=(
   gpushare/node/deviceplugin/v1beta1/api.proto
   gpushare/node/deviceplugin/podresources/v1/api.proto
+  gpushare/node/dra/v1/api.proto
+  gpushare/node/dra/v1beta1/api.proto
+  gpushare/node/dra/pluginregistration/v1/api.proto
 )
 mkdir -p "$out"
 cd "$root"

@@ -10,7 +10,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import httpx2
 from lightkube import ApiError, Client
@@ -20,6 +20,9 @@ from lightkube.types import PatchType
 from gpushare.api.names import ANN_STATE, STATE_ALLOCATED
 from gpushare.kube.config import load_config
 from gpushare.kube.events import ObjectRef, Reporter
+
+if TYPE_CHECKING:
+    from gpushare.kube.dra import DraKube
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +148,12 @@ class NodeKube(Generic[P]):
             {"metadata": {"annotations": dict(annotations), "labels": dict(labels)}},
             patch_type=PatchType.MERGE,
         )
+
+    def dra(self) -> "DraKube":
+        """The DRA plugin's calls (ResourceClaims, this node's ResourceSlices), on this client."""
+        from gpushare.kube.dra import DraKube  # noqa: PLC0415  (it imports this module)
+
+        return DraKube(client=self.client, node_name=self.node_name)
 
     def close(self) -> None:
         self.client.close()

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry
 
@@ -37,9 +37,15 @@ from gpushare.node.deviceplugin.holdings import (
     kubelet_identity,
 )
 from gpushare.node.deviceplugin.plugin import DEFAULT_ENDPOINT, KUBELET_SOCKET, PluginRunner
-from gpushare.node.deviceplugin.pods import PodSource
+from gpushare.node.deviceplugin.pods import PodSource, pod_info
 from gpushare.node.deviceplugin.response import DeviceNode
 from gpushare.node.deviceplugin.server import DevicePluginServicer
+from gpushare.node.dra.cdi import DEFAULT_CDI_DIR, CdiDir
+from gpushare.node.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
+from gpushare.node.dra.driver import DraDriver
+from gpushare.node.dra.plugin import DEFAULT_KUBELET_ROOT, DraPluginRunner, plugin_dir
+from gpushare.node.dra.server import DraPluginV1, DraPluginV1beta1
+from gpushare.node.dra.slices import SlicePublisher
 from gpushare.node.exporter.attribution import pods_with_running_containers
 from gpushare.node.extension import ExporterHandle, wire_exporter
 from gpushare.node.faults.monitor import FaultMonitor
@@ -52,6 +58,8 @@ from gpushare.node.mps_limits import MpsLimitKeeper
 
 log = logging.getLogger(__name__)
 
+AgentMode = Literal["deviceplugin", "dra"]
+
 # Volta (7.0) and newer run MPS with execution-resource provisioning (active-thread %).
 MPS_MIN_CAPABILITY = (7, 0)
 
@@ -62,6 +70,19 @@ class AgentSettings:
 
     node_name: str
     """The Kubernetes node this agent serves (pods bound here, node object patched)."""
+    mode: AgentMode = "deviceplugin"
+    """deviceplugin: offer gpushare.io/gpu-percent through the kubelet's device plugin API
+    (annotated pods placed by gpushare-scheduler); dra: be the kubelet DRA plugin of driver
+    gpu.gpushare.io and publish this node's ResourceSlice (pods with ResourceClaims placed by
+    kube-scheduler) (docs/architecture.md, "Node agent: DRA mode")."""
+    kubelet_root: Path = DEFAULT_KUBELET_ROOT
+    """The kubelet's root directory; dra mode serves <kubelet-root>/plugins/gpu.gpushare.io/dra.sock
+    and registers through <kubelet-root>/plugins_registry/."""
+    cdi_dir: Path = DEFAULT_CDI_DIR
+    """dra mode: where a CDI spec per prepared claim is written for the container runtime."""
+    slice_resync_s: float = 30.0
+    """dra mode: how often the node's ResourceSlice is checked (and written again if it was
+    deleted, e.g. by a kubelet that saw the plugin gone)."""
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     """The kubelet's device-plugin directory (holds kubelet.sock and this plugin's socket)."""
     plugin_endpoint: str = DEFAULT_ENDPOINT
@@ -121,8 +142,11 @@ class NodeAgent:
         backend: GpuBackend,
         kube: Any,
         device_nodes: Callable[[str], list[DeviceNode]] | None = None,
+        dra_kube: Any = None,
     ) -> None:
-        """``kube`` is a gpushare.kube.node.NodeKube (PodSource plus publish/raw pod reads)."""
+        """``kube`` is a gpushare.kube.node.NodeKube (PodSource plus publish/raw pod reads);
+        ``dra_kube`` its DRA calls (gpushare.kube.dra.DraKube; default ``kube.dra()``), used in
+        dra mode only."""
         self.settings = settings
         self.backend = backend
         self.kube = kube
@@ -135,8 +159,11 @@ class NodeAgent:
             on_change=self._mps_changed,
             require_exclusive_process=settings.require_exclusive_process,
         )
+        self.dra: DraDriver | None = None
         self.mps_limits = MpsLimitKeeper(
-            mps=self.mps, gpu_memory=lambda: {g.uuid: g.memory_bytes for g in self.gpus}
+            mps=self.mps,
+            gpu_memory=lambda: {g.uuid: g.memory_bytes for g in self.gpus},
+            claimed=lambda: self.dra.shares() if self.dra is not None else {},
         )
         pods: PodSource = kube
         kubelet_socket = settings.device_plugin_dir / KUBELET_SOCKET
@@ -162,6 +189,33 @@ class NodeAgent:
             plugin_dir=settings.device_plugin_dir,
             endpoint=settings.plugin_endpoint,
         )
+        self.slices: SlicePublisher | None = None
+        self.dra_runner: DraPluginRunner | None = None
+        if settings.mode == "dra":
+            dra_api = dra_kube if dra_kube is not None else kube.dra()
+            driver = DraDriver(
+                node_name=settings.node_name,
+                gpus=self.inventory,
+                claims=dra_api,
+                checkpoint=Checkpoint(plugin_dir(settings.kubelet_root) / CHECKPOINT_FILE),
+                cdi_dir=CdiDir(settings.cdi_dir),
+                mps=self.mps,
+                limits=self.mps_limits,
+                on_release=self._resync_limits,
+                device_nodes=device_nodes,
+                nvidia_runtime_env=not backend.simulated,
+                pods=lambda: [pod_info(m) for m in self.kube.raw_node_pods()],
+            )
+            self.dra = driver
+            self.slices = SlicePublisher(
+                node_name=settings.node_name,
+                store=dra_api,
+                node_uid=getattr(dra_api, "node_uid", None),
+            )
+            self.dra_runner = DraPluginRunner(
+                make_servicers=lambda: (DraPluginV1(driver), DraPluginV1beta1(driver)),
+                kubelet_root=settings.kubelet_root,
+            )
         self.faults = FaultMonitor(
             node_name=settings.node_name,
             log_dirs=lambda: {g.uuid: self.mps.paths(g.uuid).log for g in self.gpus},
@@ -210,6 +264,10 @@ class NodeAgent:
         self._servicers.append(servicer)
         return servicer
 
+    def _resync_limits(self) -> None:
+        """After an unprepare: the MPS servers' limits from the pods and claims left."""
+        self.mps_limits.sync(self.pods())
+
     def _client_pids(self, uuid: str) -> list[int]:
         try:
             return [p.pid for p in self.backend.processes(uuid) if p.mps_client]
@@ -218,11 +276,18 @@ class NodeAgent:
 
     def _stats(self) -> dict[str, float]:
         _, state = self.health.snapshot()
+        if self.dra is not None and self.dra_runner is not None:
+            registrations = self.dra_runner.starts
+            allocations, failures = self.dra.prepared_total, self.dra.failed_total
+        else:
+            registrations = self.runner.registrations
+            allocations = sum(s.allocations for s in self._servicers)
+            failures = sum(s.allocation_failures for s in self._servicers)
         return {
             "simulated": 1.0 if self.backend.simulated else 0.0,
-            "registrations": float(self.runner.registrations),
-            "allocations": float(sum(s.allocations for s in self._servicers)),
-            "allocation_failures": float(sum(s.allocation_failures for s in self._servicers)),
+            "registrations": float(registrations),
+            "allocations": float(allocations),
+            "allocation_failures": float(failures),
             "reallocations": float(self.allocator.reallocations),
             "placement_exchanges": float(self.allocator.exchanges),
             "healthy_gpus": float(sum(state.values())),
@@ -258,6 +323,19 @@ class NodeAgent:
         annotations, labels = self.node_metadata()
         self.kube.publish_node(annotations=annotations, labels=labels)
         log.info("published %d GPU(s) on node %s", len(self.gpus), self.settings.node_name)
+        if self.slices is not None:
+            try:
+                self.slices.publish(self.inventory())
+            except Exception as exc:
+                log.warning("could not publish this node's ResourceSlice (%s); retrying", exc)
+                self._publish_needed.set()
+
+    def request_restart(self) -> None:
+        """Serve and register the kubelet plugin of this mode again (SIGHUP)."""
+        if self.dra_runner is not None:
+            self.dra_runner.request_restart()
+        else:
+            self.runner.request_restart()
 
     # --- loops ---------------------------------------------------------------------------
 
@@ -292,7 +370,8 @@ class NodeAgent:
 
     def refresh_pods(self) -> None:
         # The last Allocate of a batch is checked here (the others at the next Allocate).
-        self.allocator.reconcile()
+        if self.dra is None:
+            self.allocator.reconcile()
         pods = self.kube.raw_node_pods()
         with self._pods_lock:
             self._pods = pods
@@ -386,7 +465,20 @@ class NodeAgent:
                 self._loop("mps-faults", stop, settings.fault_check_s, self.faults.check)
             )
             threads.append(self._loop("publish", stop, 1.0, self._publish_step))
-            self.runner.run(stop)
+            slices = self.slices
+            if slices is not None:
+                threads.append(
+                    self._loop(
+                        "dra-slices",
+                        stop,
+                        settings.slice_resync_s,
+                        lambda: slices.publish(self.inventory()),
+                    )
+                )
+            if self.dra_runner is not None:
+                self.dra_runner.run(stop)
+            else:
+                self.runner.run(stop)
         finally:
             stop.set()
             self.health.close()

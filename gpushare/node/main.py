@@ -40,6 +40,9 @@ log = logging.getLogger("gpushare.node")
 
 
 AGENT_FLAGS: dict[str, dict[str, Any]] = {
+    "mode": {"choices": ("deviceplugin", "dra")},
+    "kubelet_root": {"type": Path},
+    "cdi_dir": {"type": Path},
     "device_plugin_dir": {"type": Path},
     "plugin_endpoint": {},
     "mps_root": {"type": Path},
@@ -63,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
             "gpushare node agent: advertises each GPU as 100 slices of gpushare.io/gpu-percent "
             "to the kubelet, runs one MPS control daemon per GPU, answers Allocate with the "
             "pod's GPU, MPS pipe, active-thread percentage and memory limit, and publishes the "
-            "node's GPU inventory. Logs are JSON lines on stderr."
+            "node's GPU inventory; with --mode dra it is the kubelet DRA plugin of driver "
+            "gpu.gpushare.io instead. Logs are JSON lines on stderr."
         ),
     )
     parser.add_argument(
@@ -231,8 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop.set()
 
     def on_hup(_signum: int, _frame: FrameType | None) -> None:
-        log.info("SIGHUP: re-serving and re-registering the device plugin")
-        agent.runner.request_restart()
+        log.info("SIGHUP: re-serving and re-registering the kubelet plugin")
+        agent.request_restart()
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)

@@ -66,8 +66,12 @@ class MpsLimitKeeper:
         gpu_memory: Callable[[], Mapping[str, int]],
         hold_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        claimed: Callable[[], Mapping[str, Iterable[tuple[int, int]]]] | None = None,
     ) -> None:
+        """``claimed``: GPU uuid -> (thread percent, memory bytes) of shares placed by other
+        means than pod annotations (the DRA plugin's prepared claims), counted by ``sync``."""
         self.mps = mps
+        self.claimed = claimed
         self.gpu_memory = gpu_memory
         self.hold_s = hold_s
         self.clock = clock
@@ -91,6 +95,9 @@ class MpsLimitKeeper:
         """Set every GPU to the largest share placed on it now; returns what each has."""
         memory = self.gpu_memory()
         shares = placed_shares(pods, memory)
+        if self.claimed is not None:
+            for uuid, claimed in self.claimed().items():
+                shares[uuid].extend(claimed)
         out: dict[str, ServerLimits] = {}
         with self._lock:
             for uuid in memory:

@@ -151,9 +151,9 @@ def allocation_for_pod(
     if not runs_under_mps(
         gpus=len(uuids), thread_percent=placement.thread_percent, requested_percent=asked
     ):
-        return _whole(ctx, uuids, pod=pod.key), None
+        return whole_allocation(ctx, uuids, pod=pod.key), None
     warning = check_uid(pod, neighbours, uuids[0])
-    allocation = _mps(
+    allocation = mps_allocation(
         ctx,
         uuids[0],
         thread_percent=placement.thread_percent,
@@ -175,18 +175,22 @@ def derived_allocation(
         f"{ctx.node_name} for {total} slice(s) of GPU(s) {', '.join(group)}"
     )
     if len(group) > 1 and all(len(s) == SLICES_PER_GPU for s in group.values()):
-        return _whole(ctx, list(group), pod=None), f"{intro}; gave the whole GPUs without MPS"
+        return whole_allocation(
+            ctx, list(group), pod=None
+        ), f"{intro}; gave the whole GPUs without MPS"
     # One process can use one MPS daemon: keep the GPU that holds most of the slices.
     uuid = max(group, key=lambda u: (len(group[u]), u))
     slices = len(group[uuid])
     memory = ctx.gpus[uuid].memory_bytes * slices // SLICES_PER_GPU
     if slices >= SLICES_PER_GPU:
-        return _whole(ctx, [uuid], pod=None), f"{intro}; gave GPU {uuid} whole, without MPS"
+        return whole_allocation(
+            ctx, [uuid], pod=None
+        ), f"{intro}; gave GPU {uuid} whole, without MPS"
     message = (
         f"{intro}; derived a safe placement: GPU {uuid}, active-thread percentage {slices}, "
         f"memory limit {memory // MiB} MiB, batch priority"
     )
-    allocation = _mps(
+    allocation = mps_allocation(
         ctx,
         uuid,
         thread_percent=slices,
@@ -207,14 +211,17 @@ def _devices(ctx: AllocationContext, uuids: Sequence[str]) -> list[DeviceNode]:
     return list(nodes.values())
 
 
-def _whole(ctx: AllocationContext, uuids: Sequence[str], *, pod: str | None) -> ContainerAllocation:
+def whole_allocation(
+    ctx: AllocationContext, uuids: Sequence[str], *, pod: str | None
+) -> ContainerAllocation:
+    """Whole GPUs without MPS (also the DRA plugin's answer for a claim of whole GPUs)."""
     envs = {"CUDA_VISIBLE_DEVICES": ",".join(uuids)}
     if ctx.nvidia_runtime_env:
         envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
     return ContainerAllocation(envs=envs, devices=_devices(ctx, uuids), pod=pod)
 
 
-def _mps(
+def mps_allocation(
     ctx: AllocationContext,
     uuid: str,
     *,
@@ -224,6 +231,8 @@ def _mps(
     pod: str | None,
     request_percent: int | None = None,
 ) -> ContainerAllocation:
+    """One GPU through its MPS daemon: the pipe and shm directories, the client limits (also
+    the DRA plugin's answer for a shared claim; the server-level limits are set apart)."""
     paths = ctx.mps.paths(uuid)
     envs = {
         "CUDA_VISIBLE_DEVICES": uuid,

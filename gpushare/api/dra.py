@@ -1,0 +1,97 @@
+"""The DRA contract of gpushare: driver name, device attributes and capacities, the CDI kind,
+and the opaque configuration a ResourceClaim (or its DeviceClass) may pass to the driver.
+
+Capacity and attribute names are C identifiers because the API server accepts nothing else
+there (``gpuPercent``, not ``gpu-percent``); unqualified names sit in the driver's domain, so
+a CEL selector reads ``device.attributes["gpu.gpushare.io"].model`` and
+``device.capacity["gpu.gpushare.io"].gpuPercent`` (docs/architecture.md, "Node agent: DRA
+mode").
+
+The opaque configuration is ``{apiVersion: gpushare.io/v1alpha1, kind: MpsConfig, class:
+latency|batch, limit: <percent>}``: the class sets the MPS client priority, the limit the
+active-thread cap when it should exceed the claim's consumed ``gpuPercent`` (as
+``gpushare.io/gpu-limit`` does for annotated pods). Parsing is total and strict: unknown fields
+are refused, so a typo never silently runs a pod with defaults.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.names import CLASS_BATCH, CLASSES, GROUP, SLICES_PER_GPU, VERSION
+
+DRIVER: Final = f"gpu.{GROUP}"
+"""The DRA driver name: ResourceSlices' ``spec.driver``, results' ``driver``, the kubelet
+plugin's registered name."""
+CDI_KIND: Final = f"{GROUP}/gpu"
+"""CDI ``vendor/class`` of the devices the plugin writes (one per prepared claim)."""
+CDI_VERSION: Final = "0.6.0"
+
+DEVICE_PREFIX: Final = "gpu-"
+"""A GPU's device name in the node's pool: ``gpu-<index>``."""
+CAPACITY_GPU_PERCENT: Final = "gpuPercent"
+"""Consumable compute share of a GPU: 100 per GPU; what a claim consumes is its MPS
+active-thread percentage unless its config sets a larger ``limit``."""
+CAPACITY_MEMORY: Final = "memory"
+"""Consumable device memory in bytes; 0 consumed means "the share of memory in proportion to
+``gpuPercent``" (the device plugin's rule for pods without a memory annotation)."""
+ATTR_UUID: Final = "uuid"
+ATTR_MODEL: Final = "model"
+ATTR_INDEX: Final = "index"
+ATTR_COMPUTE_CAPABILITY: Final = "computeCapability"
+ATTR_MPS_CAPABLE: Final = "mpsCapable"
+ATTR_SIMULATED: Final = "simulated"
+
+CONFIG_API_VERSION: Final = f"{GROUP}/{VERSION}"
+CONFIG_KIND: Final = "MpsConfig"
+_CONFIG_FIELDS: Final = ("apiVersion", "kind", "class", "limit")
+_CONFIG_FIX = (
+    f"write {{apiVersion: {CONFIG_API_VERSION}, kind: {CONFIG_KIND}, class: latency|batch, "
+    "limit: <1..100>}, every field but apiVersion and kind optional"
+)
+
+
+def device_name(index: int) -> str:
+    return f"{DEVICE_PREFIX}{index}"
+
+
+@dataclass(frozen=True)
+class MpsConfig:
+    """What a claim's opaque configuration asks of the MPS client."""
+
+    gpu_class: str = CLASS_BATCH
+    """``latency`` (MPS client priority 0) or ``batch`` (1)."""
+    limit: int | None = None
+    """Active-thread cap in percent (1..100); None: the consumed ``gpuPercent``."""
+
+
+def parse_mps_config(parameters: Any, *, field: str) -> MpsConfig:
+    """Read one opaque ``parameters`` object; InvalidInputError names ``field.<key>``."""
+    if not isinstance(parameters, dict):
+        raise InvalidInputError(field, "must be an object", _CONFIG_FIX)
+    unknown = sorted(str(k) for k in parameters if k not in _CONFIG_FIELDS)
+    if unknown:
+        raise InvalidInputError(
+            f"{field}.{unknown[0][:64]}",
+            f"unknown field(s) {', '.join(unknown)[:200]}",
+            _CONFIG_FIX,
+        )
+    if parameters.get("apiVersion") != CONFIG_API_VERSION:
+        raise InvalidInputError(
+            f"{field}.apiVersion", f"must be {CONFIG_API_VERSION!r}", _CONFIG_FIX
+        )
+    if parameters.get("kind") != CONFIG_KIND:
+        raise InvalidInputError(f"{field}.kind", f"must be {CONFIG_KIND!r}", _CONFIG_FIX)
+    gpu_class = parameters.get("class", CLASS_BATCH)
+    if not isinstance(gpu_class, str) or gpu_class not in CLASSES:
+        raise InvalidInputError(
+            f"{field}.class", f"must be one of {', '.join(CLASSES)}", _CONFIG_FIX
+        )
+    limit = parameters.get("limit")
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= SLICES_PER_GPU
+    ):
+        raise InvalidInputError(
+            f"{field}.limit", f"must be a whole percent 1..{SLICES_PER_GPU}", _CONFIG_FIX
+        )
+    return MpsConfig(gpu_class=gpu_class, limit=limit)

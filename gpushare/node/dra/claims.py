@@ -1,0 +1,251 @@
+"""What one allocated ResourceClaim gives its pod on this node, read from the claim's status.
+
+The scheduler wrote the allocation (``status.allocation.devices``): which of our devices, how
+much of their consumable capacity (``consumedCapacity``), and any opaque configuration for our
+driver (``config``). Everything here is input a tenant or a stale cache could make hostile, so
+every refusal is an :class:`InvalidInputError` naming the claim field and the fix; the kubelet
+shows it on the pod and retries.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpushare.api.bounds import MAX_INT_DIGITS
+from gpushare.api.dra import (
+    CAPACITY_GPU_PERCENT,
+    CAPACITY_MEMORY,
+    DRIVER,
+    MpsConfig,
+    parse_mps_config,
+)
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.inventory import GpuInfo
+from gpushare.api.names import SLICES_PER_GPU
+from gpushare.api.quantities import parse_memory
+
+_RESULTS = "status.allocation.devices.results"
+_CONFIG = "status.allocation.devices.config"
+MAX_RESULTS = 32
+"""Most device results of one claim read (the API allows 32 per claim)."""
+
+
+class ClaimSource(Protocol):
+    """Reads a ResourceClaim (implemented by gpushare.kube.dra.DraKube)."""
+
+    def get_claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The claim's manifest, None when it does not exist."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it in NodePrepareResources / NodeUnprepareResources."""
+
+    namespace: str
+    uid: str
+    name: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class AllocatedGpu:
+    """One of our devices allocated to the claim, with what the claim consumes of it."""
+
+    request: str
+    pool: str
+    device: str
+    gpu: GpuInfo
+    percent: int
+    """Consumed ``gpuPercent`` (100 when the API server recorded no consumed capacity)."""
+    memory_bytes: int
+    """Consumed ``memory``; 0: the share of the GPU's memory in proportion to ``percent``."""
+    config: MpsConfig = field(default_factory=MpsConfig)
+
+    @property
+    def thread_percent(self) -> int:
+        """The MPS active-thread cap: the config's limit, else the consumed share."""
+        return self.config.limit if self.config.limit is not None else self.percent
+
+    @property
+    def memory_limit_bytes(self) -> int:
+        """The pinned memory cap the MPS server enforces for this claim's clients."""
+        return self.memory_bytes or self.gpu.memory_bytes * self.percent // SLICES_PER_GPU
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """An allocated claim read and checked: its pod and our devices."""
+
+    ref: ClaimRef
+    pod: str
+    """``namespace/name`` of the pod the claim is reserved for."""
+    pod_uid: str
+    gpus: tuple[AllocatedGpu, ...]
+
+
+def _fix_allocation() -> str:
+    return "delete the pod so the scheduler allocates the claim again"
+
+
+def _consumed_percent(value: Any, *, where: str) -> int:
+    fix = f"ask for a whole {CAPACITY_GPU_PERCENT} from 1 to {SLICES_PER_GPU}"
+    text = str(value).strip() if isinstance(value, (str, int)) else ""
+    if isinstance(value, bool) or not text.isdigit() or len(text) > MAX_INT_DIGITS:
+        raise InvalidInputError(where, f"{str(value)[:40]!r} is not a whole number", fix)
+    percent = int(text)
+    if not 1 <= percent <= SLICES_PER_GPU:
+        raise InvalidInputError(where, f"{percent} is outside 1..{SLICES_PER_GPU}", fix)
+    return percent
+
+
+def _consumed_memory(value: Any, *, where: str, gpu: GpuInfo) -> int:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InvalidInputError(where, "is not a quantity", 'write a quantity like "10Gi"')
+    text = str(value).strip()
+    memory = 0 if text == "0" else parse_memory(text, field=where)
+    if memory > gpu.memory_bytes:
+        raise InvalidInputError(
+            where,
+            f"{memory} bytes is more than GPU {gpu.uuid} has ({gpu.memory_bytes})",
+            "ask for at most the GPU's memory",
+        )
+    return memory
+
+
+def _configs(devices: Mapping[str, Any]) -> list[tuple[int, list[str], MpsConfig]]:
+    """(position, requests, config) of each opaque config of our driver, in order (the API
+    lists the class's configs before the claim's, so later entries override earlier ones)."""
+    raw = devices.get("config") or []
+    if not isinstance(raw, list):
+        raise InvalidInputError(_CONFIG, "must be a list", _fix_allocation())
+    out: list[tuple[int, list[str], MpsConfig]] = []
+    for i, entry in enumerate(raw[:MAX_RESULTS]):
+        opaque = entry.get("opaque") if isinstance(entry, dict) else None
+        if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER:
+            continue
+        requests = entry.get("requests") or []
+        if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
+            raise InvalidInputError(
+                f"{_CONFIG}[{i}].requests", "must be a list of request names", _fix_allocation()
+            )
+        config = parse_mps_config(
+            opaque.get("parameters"), field=f"{_CONFIG}[{i}].opaque.parameters"
+        )
+        out.append((i, requests, config))
+    return out
+
+
+def _config_for(request: str, configs: Sequence[tuple[int, list[str], MpsConfig]]) -> MpsConfig:
+    """The last config naming ``request`` (or its parent request "req" of "req/sub"), or
+    naming no request at all."""
+    chosen = MpsConfig()
+    parent = request.split("/", 1)[0]
+    for _, requests, config in configs:
+        if not requests or request in requests or parent in requests:
+            chosen = config
+    return chosen
+
+
+def _reserved_pod(claim: Mapping[str, Any]) -> tuple[str, str]:
+    namespace = str((claim.get("metadata") or {}).get("namespace") or "")
+    for entry in (claim.get("status") or {}).get("reservedFor") or []:
+        if (
+            isinstance(entry, dict)
+            and entry.get("resource") == "pods"
+            and not entry.get("apiGroup")
+        ):
+            return f"{namespace}/{entry.get('name', '')}", str(entry.get("uid", ""))
+    raise InvalidInputError(
+        "status.reservedFor",
+        "names no pod",
+        "the kubelet prepares only claims reserved for a pod; retry once the scheduler reserved it",
+    )
+
+
+def parse_claim(
+    claim: Mapping[str, Any], *, ref: ClaimRef, pool: str, gpus: Mapping[str, GpuInfo]
+) -> ClaimPlan:
+    """Read ``claim`` for this node's ``pool``, whose devices are ``gpus`` (by device name)."""
+    uid = (claim.get("metadata") or {}).get("uid")
+    if uid != ref.uid:
+        raise InvalidInputError(
+            "metadata.uid",
+            f"claim {ref.key} has UID {str(uid)[:64]!r}, the kubelet asked for {ref.uid!r} (it "
+            "was deleted and created again)",
+            "the kubelet retries with the current claim; delete the pod if it does not",
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not isinstance(allocation, dict):
+        raise InvalidInputError(
+            "status.allocation", f"claim {ref.key} is not allocated", _fix_allocation()
+        )
+    devices = allocation.get("devices") or {}
+    results = devices.get("results") if isinstance(devices, dict) else None
+    if not isinstance(results, list):
+        raise InvalidInputError(_RESULTS, "is missing", _fix_allocation())
+    if len(results) > MAX_RESULTS:
+        raise InvalidInputError(_RESULTS, f"lists {len(results)} devices", _fix_allocation())
+    configs = _configs(devices)
+    ours: list[AllocatedGpu] = []
+    for i, result in enumerate(results):
+        where = f"{_RESULTS}[{i}]"
+        if not isinstance(result, dict) or result.get("driver") != DRIVER:
+            continue
+        if result.get("pool") != pool:
+            raise InvalidInputError(
+                f"{where}.pool",
+                f"{str(result.get('pool'))[:64]!r} is not this node's pool {pool!r}",
+                _fix_allocation(),
+            )
+        name = result.get("device")
+        gpu = gpus.get(name) if isinstance(name, str) else None
+        if gpu is None or not isinstance(name, str):
+            raise InvalidInputError(
+                f"{where}.device",
+                f"{str(name)[:64]!r} is not a GPU gpushare manages on this node",
+                _fix_allocation(),
+            )
+        consumed = result.get("consumedCapacity") or {}
+        if not isinstance(consumed, dict):
+            raise InvalidInputError(
+                f"{where}.consumedCapacity", "must be an object", _fix_allocation()
+            )
+        percent = SLICES_PER_GPU
+        if CAPACITY_GPU_PERCENT in consumed:
+            percent = _consumed_percent(
+                consumed[CAPACITY_GPU_PERCENT],
+                where=f"{where}.consumedCapacity.{CAPACITY_GPU_PERCENT}",
+            )
+        memory = 0
+        if CAPACITY_MEMORY in consumed:
+            memory = _consumed_memory(
+                consumed[CAPACITY_MEMORY],
+                where=f"{where}.consumedCapacity.{CAPACITY_MEMORY}",
+                gpu=gpu,
+            )
+        request = str(result.get("request", ""))
+        config = _config_for(request, configs)
+        if config.limit is not None and config.limit < percent:
+            raise InvalidInputError(
+                f"{_CONFIG}.opaque.parameters.limit",
+                f"{config.limit} is below the {percent} {CAPACITY_GPU_PERCENT} request "
+                f"{request!r} consumes",
+                f"set limit to at least {percent}, or leave it out",
+            )
+        ours.append(AllocatedGpu(request, pool, name, gpu, percent, memory, config))
+    if not ours:
+        raise InvalidInputError(
+            _RESULTS, f"allocates no device of driver {DRIVER}", _fix_allocation()
+        )
+    if len(ours) > 1 and any(g.thread_percent < SLICES_PER_GPU for g in ours):
+        raise InvalidInputError(
+            _RESULTS,
+            f"allocates {len(ours)} {DRIVER} devices, some of them shared: a process can use "
+            "one GPU's MPS server only",
+            "ask for one device to share a GPU, or for whole GPUs (gpuPercent 100)",
+        )
+    pod, pod_uid = _reserved_pod(claim)
+    return ClaimPlan(ref=ref, pod=pod, pod_uid=pod_uid, gpus=tuple(ours))

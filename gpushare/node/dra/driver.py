@@ -1,0 +1,236 @@
+"""Preparing and unpreparing claims: the DRA plugin's work, without gRPC.
+
+Prepare reads the claim (``claims``), decides the container's answer with the device plugin's
+own functions (``gpushare.node.deviceplugin.response``: the GPU's MPS pipe and shm
+directories, ``CUDA_MPS_*`` client limits and priority, or whole GPUs without MPS), raises the
+GPU's MPS server limits to the claim's share before any container can start (client
+environment alone is not enforced: docs/security.md), writes the CDI spec and records the
+claim in the checkpoint. A claim already prepared returns its recorded answer. Unprepare
+removes the spec and the record and lets the limit keeper lower the server limits; an unknown
+claim is already unprepared.
+"""
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from gpushare.api.dra import device_name
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.inventory import GpuInfo
+from gpushare.node.deviceplugin.pods import PodInfo
+from gpushare.node.deviceplugin.response import (
+    AllocationContext,
+    DeviceNode,
+    MpsLayout,
+    check_uid,
+    mps_allocation,
+    whole_allocation,
+)
+from gpushare.node.dra import cdi
+from gpushare.node.dra.cdi import CdiDir
+from gpushare.node.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from gpushare.node.dra.claims import ClaimPlan, ClaimRef, ClaimSource, parse_claim
+from gpushare.node.mps.client import runs_under_mps
+
+log = logging.getLogger(__name__)
+
+
+class LimitRaiser(Protocol):
+    """Raises a GPU's MPS server limits (gpushare.node.mps_limits.MpsLimitKeeper)."""
+
+    def raise_for(self, uuid: str, thread_percent: int, memory_bytes: int) -> None: ...
+
+
+class DraDriver:
+    """Prepared claims of this node, kept in memory and in the checkpoint. Thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        gpus: Callable[[], list[GpuInfo]],
+        claims: ClaimSource,
+        checkpoint: Checkpoint,
+        cdi_dir: CdiDir,
+        mps: MpsLayout,
+        limits: LimitRaiser | None = None,
+        on_release: Callable[[], None] | None = None,
+        device_nodes: Callable[[str], list[DeviceNode]] | None = None,
+        nvidia_runtime_env: bool = False,
+        pods: Callable[[], Iterable[PodInfo]] | None = None,
+    ) -> None:
+        """``gpus``: the GPUs gpushare manages here; ``on_release``: called after an
+        unprepare (the agent re-syncs the MPS server limits); ``pods``: this node's pods read
+        fresh, for the one-UID-per-MPS-server check (None: not checked)."""
+        self.node_name = node_name
+        self.pool = node_name
+        self.gpus = gpus
+        self.claims = claims
+        self.checkpoint = checkpoint
+        self.cdi_dir = cdi_dir
+        self.mps = mps
+        self.limits = limits
+        self.on_release = on_release
+        self.device_nodes = device_nodes
+        self.nvidia_runtime_env = nvidia_runtime_env
+        self.pods = pods
+        self._lock = threading.Lock()
+        self._prepared = checkpoint.load()
+        self.prepared_total = 0
+        self.failed_total = 0
+
+    def prepared(self) -> dict[str, PreparedClaim]:
+        with self._lock:
+            return dict(self._prepared)
+
+    def shares(self) -> dict[str, list[tuple[int, int]]]:
+        """GPU uuid -> (thread percent, memory bytes) of each prepared claim sharing it through
+        MPS: what the GPU's MPS server must allow (gpushare.node.mps_limits)."""
+        out: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        with self._lock:
+            for claim in self._prepared.values():
+                if claim.mps:
+                    for device in claim.devices:
+                        out[device.gpu_uuid].append(
+                            (claim.thread_percent, claim.memory_limit_bytes)
+                        )
+        return out
+
+    # --- prepare -------------------------------------------------------------------------
+
+    def prepare(self, ref: ClaimRef) -> PreparedClaim:
+        """The claim's devices and CDI IDs; InvalidInputError says why it cannot be prepared."""
+        cdi.check_uid(ref.uid)
+        with self._lock:
+            done = self._prepared.get(ref.uid)
+            if done is not None:
+                if not self.cdi_dir.exists(ref.uid):
+                    self.cdi_dir.write(ref.uid, done.edits)
+                    log.info("CDI spec of claim %s written again from the checkpoint", ref.key)
+                return done
+        manifest = self.claims.get_claim(namespace=ref.namespace, name=ref.name)
+        if manifest is None:
+            raise InvalidInputError(
+                "claim", f"ResourceClaim {ref.key} does not exist", "create it or delete the pod"
+            )
+        gpus = self.gpus()
+        plan = parse_claim(
+            manifest, ref=ref, pool=self.pool, gpus={device_name(g.index): g for g in gpus}
+        )
+        record = self._decide(plan, gpus)
+        with self._lock:
+            done = self._prepared.get(ref.uid)
+            if done is not None:
+                return done
+            if record.mps and self.limits is not None:
+                self.limits.raise_for(
+                    record.devices[0].gpu_uuid, record.thread_percent, record.memory_limit_bytes
+                )
+            self.cdi_dir.write(ref.uid, record.edits)
+            self._prepared[ref.uid] = record
+            try:
+                self.checkpoint.save(self._prepared)
+            except Exception:
+                del self._prepared[ref.uid]
+                self.cdi_dir.remove(ref.uid)
+                raise
+            self.prepared_total += 1
+        log.info(
+            "prepared claim %s for pod %s: GPU %s, %s",
+            ref.key,
+            plan.pod,
+            ",".join(d.gpu_uuid for d in record.devices),
+            f"MPS, {record.thread_percent}% threads, {record.memory_limit_bytes} bytes, "
+            f"class {record.gpu_class}"
+            if record.mps
+            else "whole GPU(s) without MPS",
+        )
+        return record
+
+    def _decide(self, plan: ClaimPlan, gpus: list[GpuInfo]) -> PreparedClaim:
+        ctx = AllocationContext(
+            node_name=self.node_name,
+            gpus={g.uuid: g for g in gpus},
+            mps=self.mps,
+            device_nodes=self.device_nodes,
+            nvidia_runtime_env=self.nvidia_runtime_env,
+        )
+        first = plan.gpus[0]
+        uuids = [g.gpu.uuid for g in plan.gpus]
+        shared = runs_under_mps(
+            gpus=len(uuids), thread_percent=first.thread_percent, requested_percent=first.percent
+        )
+        if shared:
+            self._check_uid(plan, first.gpu.uuid)
+            allocation = mps_allocation(
+                ctx,
+                first.gpu.uuid,
+                thread_percent=first.thread_percent,
+                memory_limit_bytes=first.memory_bytes,
+                gpu_class=first.config.gpu_class,
+                pod=plan.pod,
+                request_percent=first.percent,
+            )
+        else:
+            allocation = whole_allocation(ctx, uuids, pod=plan.pod)
+        return PreparedClaim(
+            uid=plan.ref.uid,
+            namespace=plan.ref.namespace,
+            name=plan.ref.name,
+            pod=plan.pod,
+            devices=tuple(
+                PreparedDevice(g.request, g.pool, g.device, g.gpu.uuid) for g in plan.gpus
+            ),
+            cdi_ids=(cdi.device_id(plan.ref.uid),),
+            mps=shared,
+            thread_percent=first.thread_percent if shared else 100,
+            memory_limit_bytes=first.memory_limit_bytes if shared else first.gpu.memory_bytes,
+            gpu_class=first.config.gpu_class,
+            edits=cdi.container_edits(allocation),
+        )
+
+    def _check_uid(self, plan: ClaimPlan, uuid: str) -> None:
+        """Refuse a pod whose UID differs from the pods of the claims already sharing ``uuid``:
+        an MPS server serves one UID at a time, so its CUDA calls would wait until they exit
+        (AllocationError names the field and the fix)."""
+        if self.pods is None:
+            return
+        by_key = {p.key: p for p in self.pods()}
+        pod = by_key.get(plan.pod)
+        if pod is None:
+            log.warning("pod %s is not on this node yet: its UID is not checked", plan.pod)
+            return
+        with self._lock:
+            others = {
+                c.pod
+                for c in self._prepared.values()
+                if c.mps and c.pod != plan.pod and any(d.gpu_uuid == uuid for d in c.devices)
+            }
+        neighbours = [by_key[k] for k in sorted(others) if k in by_key and not by_key[k].finished]
+        warning = check_uid(pod, neighbours, uuid)
+        if warning:
+            log.warning("%s", warning)
+
+    # --- unprepare -----------------------------------------------------------------------
+
+    def unprepare(self, uid: str) -> None:
+        """Remove the claim's CDI spec and record; an unknown claim is already unprepared."""
+        cdi.check_uid(uid)
+        with self._lock:
+            self.cdi_dir.remove(uid)
+            record = self._prepared.pop(uid, None)
+            if record is None:
+                return
+            try:
+                self.checkpoint.save(self._prepared)
+            except Exception:
+                self._prepared[uid] = record
+                raise
+        log.info("unprepared claim %s/%s of pod %s", record.namespace, record.name, record.pod)
+        if self.on_release is not None:
+            try:
+                self.on_release()
+            except Exception:
+                log.exception("re-syncing MPS limits after unprepare failed")
