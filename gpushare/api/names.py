@@ -40,6 +40,9 @@ STATE_ALLOCATED: Final = "allocated"
 
 # Node inventory and labels published by the node agent.
 ANN_NODE_GPUS: Final = f"{GROUP}/gpus"
+# "true" once the kubelet has the node agent's healthy devices; "false" while it registers or
+# re-registers (kubelet or agent restart): a pod bound then would fail the kubelet's admission.
+ANN_AGENT_READY: Final = f"{GROUP}/agent-ready"
 LABEL_MPS_CAPABLE: Final = f"{GROUP}/mps-capable"
 LABEL_SIMULATED: Final = f"{GROUP}/simulated"
 # Node label an administrator sets: which of the node's GPUs gpushare manages ("all", "none",

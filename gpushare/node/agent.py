@@ -20,6 +20,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo, dump_inventory
 from gpushare.api.names import (
     AGENT_METRICS_PORT,
+    ANN_AGENT_READY,
     ANN_NODE_GPUS,
     LABEL_MPS_CAPABLE,
     LABEL_SIMULATED,
@@ -52,7 +53,7 @@ from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.faults.procfs import PodResolver
 from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.load import Share, simulated_load
-from gpushare.node.metrics import AgentCollector, MetricsServer
+from gpushare.node.metrics import AgentCollector, MetricsServer, Reply
 from gpushare.node.mps.manager import MpsManager, ShmMode
 from gpushare.node.mps_limits import MpsLimitKeeper
 
@@ -230,6 +231,7 @@ class NodeAgent:
         self._servicers: list[DevicePluginServicer] = []
         self._exporter: ExporterHandle | None = None
         self._publish_needed = threading.Event()
+        self._published_ready = ""
         self._pods_lock = threading.Lock()
         self._pods: list[dict[str, Any]] = []
         self.metrics: MetricsServer | None = None
@@ -317,10 +319,38 @@ class NodeAgent:
             LABEL_MPS_CAPABLE: "true" if mps_capable(gpus) else None,
             LABEL_SIMULATED: "true" if self.backend.simulated else None,
         }
-        return {ANN_NODE_GPUS: dump_inventory(gpus)}, labels
+        ready = "true" if self.not_ready_reason() is None else "false"
+        return {ANN_NODE_GPUS: dump_inventory(gpus), ANN_AGENT_READY: ready}, labels
+
+    def not_ready_reason(self) -> str | None:
+        """Why a pod bound to this node now would fail the kubelet's admission (plugin not
+        registered with the current kubelet, devices not yet listed to it, no healthy GPU);
+        None when the kubelet has this agent's healthy devices. Published as the node's
+        ``gpushare.io/agent-ready`` (the extender waits on it) and served as /readyz."""
+        if self.dra_runner is not None:
+            registration = getattr(self.dra_runner, "registration", None)
+            if registration is None or not registration.registered.is_set():
+                return "the DRA driver is not registered with the kubelet"
+        else:
+            if not self.runner.registered.is_set():
+                return "the device plugin is not registered with the kubelet"
+            servicer = self.runner.servicer
+            if servicer is None or not servicer.listed.is_set():
+                return "the kubelet has not listed the devices yet"
+        _, healthy = self.health.snapshot()
+        if not any(healthy.values()):
+            return "no healthy GPU"
+        return None
+
+    def _readyz(self, _query: str) -> Reply:
+        reason = self.not_ready_reason()
+        if reason is None:
+            return Reply(200, "text/plain", b"ready\n")
+        return Reply(503, "text/plain", f"not ready: {reason}\n".encode())
 
     def publish(self) -> None:
         annotations, labels = self.node_metadata()
+        self._published_ready = annotations[ANN_AGENT_READY]
         self.kube.publish_node(annotations=annotations, labels=labels)
         log.info("published %d GPU(s) on node %s", len(self.gpus), self.settings.node_name)
         if self.slices is not None:
@@ -411,6 +441,10 @@ class NodeAgent:
             )
 
     def _publish_step(self) -> None:
+        ready = "true" if self.not_ready_reason() is None else "false"
+        if ready != self._published_ready:
+            log.info("node agent %s", "ready" if ready == "true" else "not ready")
+            self._publish_needed.set()
         if self._publish_needed.is_set():
             self._publish_needed.clear()
             self.publish()
@@ -456,6 +490,7 @@ class NodeAgent:
                     mps=self.mps,
                     pod_resources_socket=settings.pod_resources_socket,
                 )
+            self.metrics.add_route("/readyz", self._readyz)
             self.metrics.start()
             log.info("metrics on http://%s:%d/metrics", settings.metrics_host, self.metrics.port)
             threads.append(self._health_loop(stop))

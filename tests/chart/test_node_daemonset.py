@@ -118,7 +118,9 @@ def test_metrics_port_and_probes(chart: Chart) -> None:
     assert c["ports"] == [{"name": "metrics", "containerPort": 19400, "hostPort": 19400}]
     off = _agent(_ds(chart, {"node": {"metrics": {"port": 19400, "hostPort": False}}}))
     assert off["ports"] == [{"name": "metrics", "containerPort": 19400}]
-    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    # Ready only once the kubelet has the agent's healthy devices; alive while it serves.
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
 
 
 def test_agent_is_system_node_critical_by_default(chart: Chart) -> None:

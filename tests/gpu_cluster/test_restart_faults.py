@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gpushare.api.names import ANN_GPU_UUID, ANN_THREAD_PERCENT, RESOURCE_GPU_PERCENT
+from gpushare.api.names import ANN_GPU_UUID, ANN_THREAD_PERCENT
 from tests.fixtures.chart_release import agent_processes
 from tests.fixtures.cluster import HARNESS
 from tests.gpu_cluster.harness import GpuCluster, wait_for
@@ -40,11 +40,6 @@ def agent_ready(gc: GpuCluster) -> bool:
     )
 
 
-def allocatable(gc: GpuCluster) -> int:
-    node = gc.kjson("get", "nodes")["items"][0]
-    return int(node["status"].get("allocatable", {}).get(RESOURCE_GPU_PERCENT, 0))
-
-
 def rates_between(lines: list[dict[str, float]], start: float, end: float) -> list[float]:
     return [x["tflops"] for x in lines if "t" in x and start <= x["t"] <= end]
 
@@ -59,7 +54,6 @@ def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuC
     )
     try:
         before_pods = gc.wait_phase(list(running), {"Running"}, timeout_s=120)
-        slices = allocatable(gc)
         wait_for(
             lambda: all(sum("t" in x for x in gc.logs(n)) >= 10 for n in running),
             timeout_s=90,
@@ -82,20 +76,10 @@ def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuC
             "recorded",
             None,
         )
-        # A pod admitted before the restarted kubelet has the plugin's devices again fails
-        # with UnexpectedAdmissionError (seen in a rehearsal 5 s after the agent was Ready):
-        # wait, as an operator would, until the node advertises every slice again.
-        wait_for(
-            lambda: allocatable(gc) == slices,
-            timeout_s=120,
-            what=f"{slices} {RESOURCE_GPU_PERCENT} allocatable again",
-        )
-        gc.record(
-            "seconds from the faults until the node advertised its GPU slices again",
-            round(time.time() - t_fault, 1),
-            "recorded",
-            None,
-        )
+        # The agent is Ready (/readyz) only once the restarted kubelet has its healthy devices,
+        # and until then it publishes gpushare.io/agent-ready=false so the extender holds pods
+        # back: a pod bound earlier would fail the kubelet's admission ("no healthy devices").
+        # A run before readiness meant that lost the pod created here (gpu-cluster.md).
         # -- a pod created after the restarts is placed and gets its own settings --------
         gc.create(gc.cuda_pod(new, ["gemm", f"{until:.0f}"], fraction="0.25", limit="0.25"))
         new_pod = gc.wait_phase([new], {"Running"}, timeout_s=120)[new]

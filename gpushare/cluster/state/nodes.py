@@ -13,7 +13,7 @@ from typing import Any
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo, load_inventory
-from gpushare.api.names import ANN_NODE_GPUS, RESOURCE_GPU_PERCENT
+from gpushare.api.names import ANN_AGENT_READY, ANN_NODE_GPUS, RESOURCE_GPU_PERCENT
 from gpushare.packing.model import GpuState, NodeState, Tenant
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,17 @@ def read_gpus(
             f"the node's kubelet has no allocatable {RESOURCE_GPU_PERCENT}: the gpushare node "
             "agent (device plugin) is not registered; waiting for it"
         )
+    ready = annotations.get(ANN_AGENT_READY)
+    if ready == "false":
+        # The agent says the kubelet does not have its healthy devices yet (it is registering
+        # after its own or the kubelet's restart): the kubelet would refuse the pod now.
+        return None, (
+            "the gpushare node agent is not ready (registering its devices with the kubelet); "
+            "waiting for it"
+        )
+    if ready is not None and ready != "true":
+        log.warning("node agent readiness unreadable", extra={"node": name, "value": str(ready)})
+        return None, f"annotation {ANN_AGENT_READY} must be 'true' or 'false', got {str(ready)!r}"
     return inventory, None
 
 

@@ -54,6 +54,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.allocator = allocator
         self.health = health
         self._stopped = threading.Event()
+        self.listed = threading.Event()
+        """Set when the kubelet's ListAndWatch stream is handed this server's first device list:
+        from then on its admission counts these devices."""
         self.allocations = 0
         self.allocation_failures = 0
 
@@ -73,6 +76,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         version, _ = self.health.snapshot()
         response = device_list(self.health)
         log.info("ListAndWatch: advertising %d slices", len(response.devices))
+        self.listed.set()
         yield response
         while not self._stopped.is_set() and context.is_active() and not self.health.closed:
             new = self.health.wait_change(version, timeout_s=1.0)

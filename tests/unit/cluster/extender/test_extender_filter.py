@@ -3,7 +3,13 @@
 import asyncio
 from datetime import UTC, datetime
 
-from gpushare.api.names import ANN_CLASS, ANN_MEMORY, STATE_ALLOCATED, STATE_ASSUMED
+from gpushare.api.names import (
+    ANN_AGENT_READY,
+    ANN_CLASS,
+    ANN_MEMORY,
+    STATE_ALLOCATED,
+    STATE_ASSUMED,
+)
 from gpushare.api.placement import Placement
 from gpushare.cluster.extender.args import BindingArgs, ExtenderArgs, parse_extender_args
 from gpushare.cluster.extender.verbs import Extender
@@ -357,3 +363,30 @@ def test_a_pod_without_any_requests_passes_every_node_and_binds_to_one_of_them()
         binding = BindingArgs(meta["name"], meta["namespace"], meta["uid"], "tight")
         assert asyncio.run(asyncio.wait_for(ext.bind(binding), timeout=1.0)) == {"Error": ""}
         assert store.pods["default/p"]["spec"]["nodeName"] == "tight"
+
+
+def test_a_node_whose_agent_is_not_ready_waits_and_takes_pods_again_once_ready() -> None:
+    """While the node agent re-registers with the kubelet (its own or the kubelet's restart) a
+    pod bound to the node would fail the kubelet's admission; the node is refused, saying why,
+    until the agent publishes that the kubelet has its devices again."""
+    extender = view_with()
+    node = node_json("empty", [gpu("E0")])
+    node["metadata"]["annotations"][ANN_AGENT_READY] = "false"
+    extender.view.upsert_node(node)
+    result = extender.filter(args(pod_json("p", fraction="0.2"), ["empty"]))
+    assert result["NodeNames"] == []
+    refused = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+    assert "node agent is not ready" in refused["empty"]
+    node["metadata"]["annotations"][ANN_AGENT_READY] = "true"
+    extender.view.upsert_node(node)
+    assert extender.filter(args(pod_json("p", fraction="0.2"), ["empty"]))["NodeNames"] == ["empty"]
+
+
+def test_an_unreadable_agent_ready_annotation_is_refused_naming_it() -> None:
+    extender = view_with()
+    node = node_json("empty", [gpu("E0")])
+    node["metadata"]["annotations"][ANN_AGENT_READY] = "maybe"
+    extender.view.upsert_node(node)
+    result = extender.filter(args(pod_json("p", fraction="0.2"), ["empty"]))
+    refused = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+    assert ANN_AGENT_READY in refused["empty"]

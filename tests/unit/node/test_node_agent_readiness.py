@@ -1,0 +1,143 @@
+"""The node agent says it is ready (``/readyz``, node annotation ``gpushare.io/agent-ready``) only
+once the kubelet has its healthy devices: registered, and the device list received through
+ListAndWatch. A kubelet here is a real gRPC Registration server on the plugin directory's
+kubelet.sock that, like the kubelet, dials the plugin back and opens ListAndWatch.
+"""
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gpushare.api.names import ANN_AGENT_READY
+from gpushare.node.agent import AgentSettings, NodeAgent
+from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from gpushare.node.gpu.simulated import SimulatedBackend
+
+
+class Kubelet(api_pb2_grpc.RegistrationServicer):
+    """Accepts a registration; when ``list_devices`` is set, reads the plugin's first device
+    list as the kubelet's device manager does."""
+
+    def __init__(self, plugin_dir: Path, *, list_devices: threading.Event) -> None:
+        self.plugin_dir = plugin_dir
+        self.list_devices = list_devices
+        self.devices_seen = 0
+        self._streams: list[grpc.Channel] = []
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        api_pb2_grpc.add_RegistrationServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix://{plugin_dir / 'kubelet.sock'}")
+        self.server.start()
+
+    def Register(  # noqa: N802  (gRPC method name)
+        self, request: api_pb2.RegisterRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Empty:
+        endpoint = self.plugin_dir / request.endpoint
+        threading.Thread(target=self._watch, args=(endpoint,), daemon=True).start()
+        return api_pb2.Empty()
+
+    def _watch(self, endpoint: Path) -> None:
+        self.list_devices.wait(10)
+        channel = grpc.insecure_channel(f"unix://{endpoint}")
+        self._streams.append(channel)
+        try:
+            first = next(api_pb2_grpc.DevicePluginStub(channel).ListAndWatch(api_pb2.Empty()))
+            self.devices_seen = len(first.devices)
+        except grpc.RpcError:
+            pass
+
+    def stop(self) -> None:
+        for channel in self._streams:
+            channel.close()
+        self.server.stop(grace=0).wait()
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[NodeAgent]:
+    plugins = tmp_path / "device-plugins"
+    plugins.mkdir()
+    backend = SimulatedBackend("1xH100-80GB", node_name="n")
+    settings = AgentSettings(node_name="n", mps_root=tmp_path / "mps", device_plugin_dir=plugins)
+    node_agent = NodeAgent(settings, backend=backend, kube=None)
+    node_agent.mps.ensure(g.uuid for g in backend.inventory())
+    stop = threading.Event()
+    runner = threading.Thread(target=node_agent.runner.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        yield node_agent
+    finally:
+        stop.set()
+        runner.join(timeout=10)
+
+
+def ready_annotation(agent: NodeAgent) -> str:
+    return agent.node_metadata()[0][ANN_AGENT_READY]
+
+
+def test_not_ready_until_the_kubelet_has_listed_the_devices(agent: NodeAgent) -> None:
+    plugins = agent.settings.device_plugin_dir
+    assert agent.not_ready_reason() == "the device plugin is not registered with the kubelet"
+    assert ready_annotation(agent) == "false"
+    listing = threading.Event()
+    kubelet = Kubelet(plugins, list_devices=listing)
+    try:
+        eventually(agent.runner.registered.is_set)
+        # Registered, but the kubelet has not read the device list: its admission would
+        # still refuse a pod ("no healthy devices present").
+        assert agent.not_ready_reason() == "the kubelet has not listed the devices yet"
+        assert agent._readyz("").status == 503
+        listing.set()
+        eventually(lambda: agent.not_ready_reason() is None)
+        assert kubelet.devices_seen == 100
+        assert ready_annotation(agent) == "true"
+        assert agent._readyz("").status == 200
+    finally:
+        kubelet.stop()
+
+
+def test_a_kubelet_restart_makes_the_agent_not_ready_until_it_lists_again(
+    agent: NodeAgent,
+) -> None:
+    plugins = agent.settings.device_plugin_dir
+    listing = threading.Event()
+    listing.set()
+    first = Kubelet(plugins, list_devices=listing)
+    eventually(lambda: agent.not_ready_reason() is None)
+    registrations = agent.runner.registrations
+    # The kubelet restarts: its socket goes away and comes back as a new file.
+    first.stop()
+    (plugins / "kubelet.sock").unlink(missing_ok=True)
+    eventually(lambda: agent.not_ready_reason() is not None)
+    slow = threading.Event()
+    second = Kubelet(plugins, list_devices=slow)
+    try:
+        eventually(lambda: agent.runner.registrations > registrations)
+        assert agent.not_ready_reason() == "the kubelet has not listed the devices yet"
+        slow.set()
+        eventually(lambda: agent.not_ready_reason() is None)
+    finally:
+        second.stop()
+
+
+def test_no_healthy_gpu_is_not_ready(agent: NodeAgent) -> None:
+    listing = threading.Event()
+    listing.set()
+    kubelet = Kubelet(agent.settings.device_plugin_dir, list_devices=listing)
+    try:
+        eventually(lambda: agent.not_ready_reason() is None)
+        agent.health.set_problem(agent.health.uuids[0], "backend", "XID 79")
+        assert agent.not_ready_reason() == "no healthy GPU"
+        assert ready_annotation(agent) == "false"
+    finally:
+        kubelet.stop()
