@@ -7,6 +7,9 @@
         Waits for <barrier>/go, then writes to an unmapped device address (a PTX kernel loaded
         through the driver API; an out-of-bounds index with a device-side assert if the PTX
         cannot be loaded).
+    python mps_fault_worker.py fault-after <seconds>
+        The same fault, after sleeping <seconds> once its context is up (in a pod, where no
+        barrier directory is shared: tests/gpu_cluster).
     python mps_fault_worker.py probe
         A fresh MPS client through the driver API only (fast start): context, allocation,
         memset, synchronize. Exit 0 when the server took it and the work ran.
@@ -101,15 +104,33 @@ def _ptx_fault() -> tuple[int, str]:
     return cuda.cuCtxSynchronize(), "illegal store"
 
 
-def fault(barrier: Path) -> None:
+def _fault_ready() -> Any:
     import torch  # noqa: PLC0415
 
     x = torch.ones(1024, device="cuda")
     torch.mm(torch.ones(64, 64, device="cuda"), torch.ones(64, 64, device="cuda"))
     torch.cuda.synchronize()
+    return x
+
+
+def fault(barrier: Path) -> None:
+    x = _fault_ready()
     (barrier / f"ready-fault-{os.getpid()}").touch()
     while not (barrier / "go").exists():
         time.sleep(0.002)
+    _fault_now(x)
+
+
+def fault_after(delay_s: float) -> None:
+    x = _fault_ready()
+    report(role="faulter", ready=time.time())
+    time.sleep(delay_s)
+    _fault_now(x)
+
+
+def _fault_now(x: Any) -> None:
+    import torch  # noqa: PLC0415
+
     fault_at = time.time()
     rc, how = _ptx_fault()
     if rc < 0:  # the PTX could not be loaded: fall back to a device-side assert
@@ -158,6 +179,8 @@ if __name__ == "__main__":
         victim(Path(sys.argv[2]), sys.argv[3] == "1")
     elif mode == "fault":
         fault(Path(sys.argv[2]))
+    elif mode == "fault-after":
+        fault_after(float(sys.argv[2]))
     elif mode == "probe":
         probe()
     else:

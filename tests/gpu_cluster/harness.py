@@ -9,6 +9,7 @@ saying what they need. docs/gpu-cluster.md describes the run.
 import json
 import os
 import subprocess
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.api.names import ANN_CLASS, ANN_FRACTION, ANN_LIMIT, ANN_MEMORY
+from gpushare.api.names import ANN_CLASS, ANN_FRACTION, ANN_LIMIT, ANN_MEMORY, ANN_NODE_GPUS
 from tests.fixtures.chart_release import wait_for as chart_wait_for
 
 Obj = dict[str, Any]
@@ -106,8 +107,10 @@ class GpuCluster:
         limit: str | None = None,
         memory: str | None = None,
         gpu_class: str | None = None,
+        worker: Path = WORKER,
     ) -> Obj:
-        """A pod running gemm_worker.py with the host's Python (host dirs mounted read-only)."""
+        """A pod running ``worker`` (gemm_worker.py) with the host's Python (host dirs mounted
+        read-only)."""
         ann = {ANN_FRACTION: fraction}
         if limit is not None:
             ann[ANN_LIMIT] = limit
@@ -143,7 +146,7 @@ class GpuCluster:
                         "name": "work",
                         "image": self.image,
                         "imagePullPolicy": "Never",
-                        "command": [self.python, "-u", "-c", WORKER.read_text(), *args],
+                        "command": [self.python, "-u", "-c", worker.read_text(), *args],
                         "env": env,
                         "volumeMounts": mounts,
                     }
@@ -250,3 +253,26 @@ def from_env() -> GpuCluster:
         ld_library_path=os.environ.get("GPUSHARE_POD_LD_LIBRARY_PATH", ""),
         out=out,
     )
+
+
+METRICS_PORT = 9445
+"""The node agent's metrics port in the chart's local-cluster values."""
+
+
+def agent_pod(gc: GpuCluster) -> Obj:
+    pods = gc.kjson(
+        "get", "pods", "-n", gc.release_namespace, "-l", "app.kubernetes.io/component=node-agent"
+    )["items"]
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    return pods[0]  # type: ignore[no-any-return]
+
+
+def exporter_text(gc: GpuCluster) -> str:
+    ip = agent_pod(gc)["status"]["podIP"]
+    with urllib.request.urlopen(f"http://{ip}:{METRICS_PORT}/metrics", timeout=10) as resp:
+        return resp.read().decode()  # type: ignore[no-any-return]
+
+
+def node_gpus(gc: GpuCluster) -> list[str]:
+    node = gc.kjson("get", "nodes")["items"][0]
+    return sorted(g["uuid"] for g in json.loads(node["metadata"]["annotations"][ANN_NODE_GPUS]))

@@ -9,13 +9,20 @@ with its target in gpu-cluster-checks.json (bench/results/gpu-cluster.md has a r
 import json
 import statistics
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from gpushare.api.names import ANN_GPU_UUID, ANN_NODE_GPUS, ANN_THREAD_PERCENT
-from tests.gpu_cluster.harness import TEST_NAMESPACE, GpuCluster, Obj, wait_for
+from tests.gpu_cluster.harness import (
+    METRICS_PORT,
+    TEST_NAMESPACE,
+    GpuCluster,
+    Obj,
+    agent_pod,
+    exporter_text,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.gpu_cluster]
 
@@ -24,7 +31,6 @@ RATE_TOLERANCE = 0.15
 SHARE_RUN_S = 60.0
 """How long the share pods run GEMMs; the overlap of all three must last MIN_WINDOW_S."""
 MIN_WINDOW_S = 15.0
-METRICS_PORT = 9445
 
 
 def node_name(gc: GpuCluster) -> str:
@@ -43,20 +49,6 @@ def host_processes(binary: str) -> list[int]:
             if argv0.endswith(binary.encode()):
                 pids.append(int(entry.name))
     return pids
-
-
-def agent_pod(gc: GpuCluster) -> Obj:
-    pods = gc.kjson(
-        "get", "pods", "-n", gc.release_namespace, "-l", "app.kubernetes.io/component=node-agent"
-    )["items"]
-    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
-    return pods[0]  # type: ignore[no-any-return]
-
-
-def exporter_text(gc: GpuCluster) -> str:
-    ip = agent_pod(gc)["status"]["podIP"]
-    with urllib.request.urlopen(f"http://{ip}:{METRICS_PORT}/metrics", timeout=10) as resp:
-        return resp.read().decode()  # type: ignore[no-any-return]
 
 
 def series(text: str, name: str) -> dict[str, float]:

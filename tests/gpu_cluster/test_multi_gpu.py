@@ -3,19 +3,12 @@ its own GPU's MPS daemon, and a pod asking two whole GPUs gets both. Skips, sayi
 with one GPU (bench/results/gpu-cluster.md has a two-GPU run).
 """
 
-import json
-
 import pytest
 
-from gpushare.api.names import ANN_GPU_UUID, ANN_NODE_GPUS
-from tests.gpu_cluster.harness import GpuCluster
+from gpushare.api.names import ANN_GPU_UUID
+from tests.gpu_cluster.harness import GpuCluster, node_gpus
 
 pytestmark = [pytest.mark.gpu_cluster]
-
-
-def node_gpus(gc: GpuCluster) -> list[str]:
-    node = gc.kjson("get", "nodes")["items"][0]
-    return sorted(g["uuid"] for g in json.loads(node["metadata"]["annotations"][ANN_NODE_GPUS]))
 
 
 def seen(gc: GpuCluster, name: str) -> tuple[list[str], dict[str, str]]:
