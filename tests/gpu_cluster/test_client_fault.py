@@ -74,7 +74,7 @@ def test_a_client_fault_stays_on_its_gpu_and_both_pods_are_reported(gc: GpuClust
         victim_lines = gc.logs(victim)
         reported = wait_for(
             lambda: (
-                {n: fault_events(gc, n) for n in (victim, faulter)}
+                {n: sorted(fault_events(gc, n)) for n in (victim, faulter)}
                 if all(fault_events(gc, n) for n in (victim, faulter))
                 else None
             ),
