@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from gpushare.api.names import ANN_GPU_UUID, ANN_THREAD_PERCENT
+from gpushare.api.names import ANN_AGENT_READY, ANN_GPU_UUID, ANN_THREAD_PERCENT
 from tests.fixtures.chart_release import agent_processes
 from tests.fixtures.cluster import HARNESS
-from tests.gpu_cluster.harness import GpuCluster, wait_for
+from tests.gpu_cluster.harness import GpuCluster, agent_pod, wait_for
 
 pytestmark = [pytest.mark.gpu_cluster]
 
@@ -29,15 +29,21 @@ def harness(*args: str) -> None:
     assert proc.returncode == 0, f"local-cluster.sh {' '.join(args)}: {proc.stderr[-2000:]}"
 
 
-def agent_ready(gc: GpuCluster) -> bool:
-    pods = gc.kjson(
-        "get", "pods", "-n", gc.release_namespace, "-l", "app.kubernetes.io/component=node-agent"
-    )["items"]
-    return any(
-        c["type"] == "Ready" and c["status"] == "True"
-        for p in pods
-        for c in p["status"].get("conditions", [])
+def agent_restarts(gc: GpuCluster) -> int:
+    pod = agent_pod(gc)
+    return int(pod["status"]["containerStatuses"][0]["restartCount"])
+
+
+def agent_ready_again(gc: GpuCluster, restarts_before: int) -> bool:
+    """The restarted agent (a new container, not the status the killed one left behind) is
+    Ready, and the node says so (``gpushare.io/agent-ready``): the kubelet has its devices."""
+    pod = agent_pod(gc)
+    restarted = pod["status"]["containerStatuses"][0]["restartCount"] > restarts_before
+    ready = any(
+        c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", [])
     )
+    node = gc.kjson("get", "nodes")["items"][0]
+    return restarted and ready and node["metadata"]["annotations"].get(ANN_AGENT_READY) == "true"
 
 
 def rates_between(lines: list[dict[str, float]], start: float, end: float) -> list[float]:
@@ -61,6 +67,7 @@ def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuC
         )
         # -- the faults: SIGKILL the node agent, then the kubelet; the kubelet comes back --
         t_fault = time.time()
+        restarts_before = agent_restarts(gc)
         agents = agent_processes()
         assert agents, "no gpushare-node-agent process on this host"
         for pid in agents:
@@ -68,7 +75,11 @@ def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuC
         harness("stop", "kubelet")  # SIGKILL by its PID file
         time.sleep(3)
         harness("start", "kubelet")
-        wait_for(lambda: agent_ready(gc), timeout_s=150, what="the node agent Ready again")
+        wait_for(
+            lambda: agent_ready_again(gc, restarts_before),
+            timeout_s=150,
+            what="the restarted node agent Ready",
+        )
         t_back = time.time()
         gc.record(
             "agent + kubelet killed (SIGKILL): seconds until the agent was Ready again",
