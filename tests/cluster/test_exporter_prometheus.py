@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpushare.cluster.operator.view import ClusterView as OperatorView
 from prometheus_client.exposition import start_http_server as serve_registry
 
 from gpushare.api.inventory import dump_inventory
@@ -31,7 +32,6 @@ from gpushare.api.names import ANN_NODE_GPUS
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.settings import OperatorConfig
-from gpushare.cluster.operator.view import ClusterView as OperatorView
 from gpushare.cluster.state.view import ClusterView
 from gpushare.node.gpu.simulated import SimulatedBackend, simulated_uuid
 from tests.fixtures.cluster import LocalCluster

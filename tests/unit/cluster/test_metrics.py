@@ -5,6 +5,7 @@ before the first eviction."""
 import asyncio
 from datetime import UTC, datetime
 
+from gpushare.cluster.operator.view import ClusterView as OperatorView
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -12,7 +13,6 @@ from gpushare.api.gpushare_crd import ShareProfile
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.settings import OperatorConfig
-from gpushare.cluster.operator.view import ClusterView as OperatorView
 from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.builders import gpu, node_json, pod_json
 

@@ -2,8 +2,9 @@
 
 from typing import Any
 
-from gpushare.api.names import ANN_SHARE
 from gpushare.cluster.operator.feed import OperatorFeed
+
+from gpushare.api.names import ANN_SHARE
 from tests.fixtures.builders import node_json, pod_json
 
 

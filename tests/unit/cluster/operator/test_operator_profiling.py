@@ -4,6 +4,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from gpushare.cluster.operator.view import PodSummary, ShareSummary, pod_summary, share_summary
 
 from gpushare.api.gpushare_crd import ANN_PROFILING, ShareProfile
 from gpushare.api.names import ANN_SHARE, RESOURCE_GPU_PERCENT
@@ -23,7 +24,6 @@ from gpushare.cluster.operator.profiling import (
     stale_marks,
     with_condition,
 )
-from gpushare.cluster.operator.view import PodSummary, ShareSummary, pod_summary, share_summary
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 GPU = "GPU-0b9c3e1a-0000-4000-8000-000000000001"

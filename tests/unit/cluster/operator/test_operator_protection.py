@@ -9,6 +9,8 @@ GPU runs flat out.
 import json
 from datetime import UTC, datetime, timedelta
 
+from gpushare.cluster.operator.view import ClusterView, PodSummary, pod_summary
+
 from gpushare.api.gpushare_crd import ANN_PROFILE, ANN_PROFILING
 from gpushare.api.names import ANN_CLASS, RESOURCE_GPU_PERCENT
 from gpushare.api.placement import Placement
@@ -20,7 +22,6 @@ from gpushare.cluster.operator.protection import (
     choose_victim,
     judge,
 )
-from gpushare.cluster.operator.view import ClusterView, PodSummary, pod_summary
 from gpushare.packing.interference import load_default
 
 BF16_GEMM = Reading(

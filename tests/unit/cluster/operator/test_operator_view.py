@@ -2,9 +2,10 @@
 
 from typing import Any
 
+from gpushare.cluster.operator.view import ClusterView, pod_summary
+
 from gpushare.api.inventory import GpuInfo, dump_inventory
 from gpushare.api.names import ANN_CONTAINER, ANN_NODE_GPUS, ANN_SHARE, RESOURCE_GPU_PERCENT
-from gpushare.cluster.operator.view import ClusterView, pod_summary
 
 GPU_A = "GPU-aaaaaaaa-0000-4000-8000-000000000000"
 

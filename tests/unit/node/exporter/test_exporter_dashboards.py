@@ -11,13 +11,13 @@ import json
 import re
 
 import pytest
+from gpushare.cluster.operator.view import ClusterView as OperatorView
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.settings import OperatorConfig
-from gpushare.cluster.operator.view import ClusterView as OperatorView
 from gpushare.cluster.state.view import ClusterView
 from gpushare.node.exporter import HealthRecorder, MpsDaemonStatus, PodAllocation, build_exporter
 from gpushare.node.gpu.backend import HealthEvent
