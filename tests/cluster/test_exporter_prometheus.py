@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpushare.cluster.operator.view import ClusterView as OperatorView
 from prometheus_client.exposition import start_http_server as serve_registry
 
 from gpushare.api.inventory import dump_inventory
@@ -218,8 +217,8 @@ def controller_stand_in(cluster: LocalCluster) -> Iterator[str]:
         [{"metadata": {"namespace": NAMESPACE, "name": "trainer"}, "status": {"profile": profile}}]
     )
     metrics = Metrics(view)
-    guard_view = OperatorView()
-    guard_view.put_node(
+    guard_view = ClusterView()
+    guard_view.upsert_node(
         {
             "metadata": {
                 "name": cluster.node_name,

@@ -5,7 +5,6 @@ before the first eviction."""
 import asyncio
 from datetime import UTC, datetime
 
-from gpushare.cluster.operator.view import ClusterView as OperatorView
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -88,9 +87,9 @@ def test_share_profiles_are_exported_per_pipe_and_broken_ones_skipped() -> None:
 
 def test_protection_eviction_series_exist_at_zero_for_every_known_gpu() -> None:
     registry = CollectorRegistry()
-    view = OperatorView()
+    view = ClusterView()
     for name, gpus in (("n1", [gpu("G0"), gpu("G1", index=1)]), ("n2", [gpu("G2")])):
-        view.put_node(node_json(name, gpus))
+        view.upsert_node(node_json(name, gpus))
     guard = LatencyGuard(
         config=OperatorConfig(),
         kube=None,  # type: ignore[arg-type]  # no latency pod: nothing to read or evict
@@ -105,7 +104,7 @@ def test_protection_eviction_series_exist_at_zero_for_every_known_gpu() -> None:
         (("gpu_uuid", "G1"), ("node", "n1")): 0.0,
         (("gpu_uuid", "G2"), ("node", "n2")): 0.0,
     }
-    view.put_node(node_json("n2", None), deleted=True)
+    view.delete_node("n2")
     asyncio.run(guard.tick())
     assert {
         dict(k)["gpu_uuid"] for k in samples(registry, "gpushare_protection_evictions_total")

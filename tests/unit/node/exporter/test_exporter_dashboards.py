@@ -11,7 +11,6 @@ import json
 import re
 
 import pytest
-from gpushare.cluster.operator.view import ClusterView as OperatorView
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -70,8 +69,8 @@ def controller_series_names() -> set[str]:
         [{"metadata": {"namespace": "ns", "name": "s"}, "status": {"profile": profile}}]
     )
     metrics = Metrics(view)
-    guard_view = OperatorView()
-    guard_view.put_node(node_json("n1", [gpu("G0")]))
+    guard_view = ClusterView()
+    guard_view.upsert_node(node_json("n1", [gpu("G0")]))
     guard = LatencyGuard(
         config=OperatorConfig(),
         kube=None,  # type: ignore[arg-type]
