@@ -346,8 +346,9 @@ def facts(pod: Pod) -> PodFacts:
     """Read a watched pod; never raises (a broken pod must not stop the watch): what cannot be
     read becomes ``problem``, reported on the pod, and the pod holds what its placement says.
 
-    Labels, GPU container and class are read only for pods gpushare places or a GpuShare may
-    govern (``kept``): the view drops every other pod after counting its host resources."""
+    Labels, annotations, GPU container and class are read only for pods gpushare places or a
+    GpuShare may govern (``kept``): the view drops every other pod after counting its host
+    resources, and every pod event of the cluster comes through here."""
     problem: str | None = None
     ann = annotations(pod)  # read once: every pod event of the cluster comes through here
     try:
@@ -378,6 +379,7 @@ def facts(pod: Pod) -> PodFacts:
         phase=phase,
         evict=ann.get(ANN_EVICT),
         scheduler=scheduler,
+        deleting=deleting,
     )
     if not kept(base):
         return base
@@ -401,7 +403,6 @@ def facts(pod: Pod) -> PodFacts:
         labels=_str_map(meta.get("labels")),
         annotations=ann,
         created=_created(meta.get("creationTimestamp")),
-        deleting=deleting,
         gpu_pod=limits_have_gpu or scheduler == SCHEDULER_NAME or bool(ann.get(ANN_SHARE)),
         image=str(gpu_container.get("image", "")),
         command=tuple(command),
