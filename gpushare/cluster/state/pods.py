@@ -261,8 +261,31 @@ def _unexpected(exc: Exception) -> str:
 
 
 @dataclass(frozen=True)
+class Workload:
+    """What a GpuShare governs a pod by, and what its profile is cached under: read only for
+    the pods the view keeps (``kept``)."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    created: datetime = EPOCH
+    gpu_pod: bool = False
+    """Asks for gpushare GPU slices (resource limit), uses gpushare-scheduler, or links a
+    GpuShare by annotation. Only these pods are governed by a GpuShare: a selector alone never
+    turns a pod the webhook did not see into a GPU pod."""
+    image: str = ""
+    """The GPU container's image (``gpushare.io/container``, else the first container)."""
+    command: tuple[str, ...] = ()
+    """The GPU container's command followed by its args."""
+    gpu_class: str = CLASS_BATCH
+
+
+NO_WORKLOAD = Workload()
+
+
+@dataclass(frozen=True)
 class PodFacts:
-    """What the view keeps of one pod gpushare places or a GpuShare may govern."""
+    """What the view keeps of one pod gpushare places or a GpuShare may govern: the one typed
+    projection of a watched pod (placement reads the top fields, the operator ``workload``)."""
 
     key: str
     uid: str
@@ -278,20 +301,38 @@ class PodFacts:
     """Why the node agent asks for the pod to be evicted (``gpushare.io/evict``), if it does."""
     scheduler: str = ""
     """``spec.schedulerName``: the extender binds only pods of gpushare-scheduler."""
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    created: datetime = EPOCH
     deleting: bool = False
     """``metadata.deletionTimestamp`` is set (scheduled or not)."""
-    gpu_pod: bool = False
-    """Asks for gpushare GPU slices (resource limit), uses gpushare-scheduler, or links a
-    GpuShare by annotation. Only these pods are governed by a GpuShare: a selector alone never
-    turns a pod the webhook did not see into a GPU pod."""
-    image: str = ""
-    """The GPU container's image (``gpushare.io/container``, else the first container)."""
-    command: tuple[str, ...] = ()
-    """The GPU container's command followed by its args."""
-    gpu_class: str = CLASS_BATCH
+    workload: Workload = NO_WORKLOAD
+    """Kept apart so that the copies placement makes of the facts stay cheap."""
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return self.workload.labels
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return self.workload.annotations
+
+    @property
+    def created(self) -> datetime:
+        return self.workload.created
+
+    @property
+    def gpu_pod(self) -> bool:
+        return self.workload.gpu_pod
+
+    @property
+    def image(self) -> str:
+        return self.workload.image
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        return self.workload.command
+
+    @property
+    def gpu_class(self) -> str:
+        return self.workload.gpu_class
 
     @property
     def namespace(self) -> str:
@@ -368,21 +409,24 @@ def facts(pod: Pod) -> PodFacts:
     deleting = meta.get("deletionTimestamp") is not None
     scheduler = scheduler_name(pod)
     phase = str(_mapping(pod.get("status")).get("phase") or "")
-    base = PodFacts(
-        key=pod_key(pod),
-        uid=pod_uid(pod),
-        node=node,
-        finished=finished(pod) or (deleting and node is None),
-        demand=demand,
-        placement=placement,
-        problem=problem,
-        phase=phase,
-        evict=ann.get(ANN_EVICT),
-        scheduler=scheduler,
-        deleting=deleting,
-    )
-    if not kept(base):
-        return base
+    key, uid = pod_key(pod), pod_uid(pod)
+    done = finished(pod) or (deleting and node is None)
+    evict = ann.get(ANN_EVICT)
+    placed = demand is not None or placement is not None or problem is not None
+    if not placed and scheduler != SCHEDULER_NAME:  # not ``kept``: read no more
+        return PodFacts(
+            key=key,
+            uid=uid,
+            node=node,
+            finished=done,
+            demand=demand,
+            placement=placement,
+            problem=problem,
+            phase=phase,
+            evict=evict,
+            scheduler=scheduler,
+            deleting=deleting,
+        )
     items = containers(pod)
     wanted = ann.get(ANN_CONTAINER)
     gpu_container = next((c for c in items if c.get("name") == wanted), None) or (
@@ -398,15 +442,27 @@ def facts(pod: Pod) -> PodFacts:
         gpu_class = parse_class(ann.get(ANN_CLASS))
     except InvalidInputError:
         gpu_class = CLASS_BATCH
-    return replace(
-        base,
-        labels=_str_map(meta.get("labels")),
-        annotations=ann,
-        created=_created(meta.get("creationTimestamp")),
-        gpu_pod=limits_have_gpu or scheduler == SCHEDULER_NAME or bool(ann.get(ANN_SHARE)),
-        image=str(gpu_container.get("image", "")),
-        command=tuple(command),
-        gpu_class=gpu_class,
+    return PodFacts(
+        key=key,
+        uid=uid,
+        node=node,
+        finished=done,
+        demand=demand,
+        placement=placement,
+        problem=problem,
+        phase=phase,
+        evict=evict,
+        scheduler=scheduler,
+        deleting=deleting,
+        workload=Workload(
+            labels=_str_map(meta.get("labels")),
+            annotations=ann,
+            created=_created(meta.get("creationTimestamp")),
+            gpu_pod=limits_have_gpu or scheduler == SCHEDULER_NAME or bool(ann.get(ANN_SHARE)),
+            image=str(gpu_container.get("image", "")),
+            command=tuple(command),
+            gpu_class=gpu_class,
+        ),
     )
 
 

@@ -451,7 +451,9 @@ class ClusterView:
         namespace = f.key.partition("/")[0]
         rules = read_pod_rules(pod, granted=self.tenancies.neighbour_rules(namespace))
         if f.demand is not None:
-            f = replace(f, demand=self.with_tenancy(with_profile(f.demand, rules), namespace))
+            demand = self.with_tenancy(with_profile(f.demand, rules), namespace)
+            if demand is not f.demand:  # most pods: unchanged, and a copy of the facts costs
+                f = replace(f, demand=demand)
         f = frozen_demand(self._pods.get(f.key), f)
         self._set_rules(f.key, rules)
         self._pods[f.key] = f
