@@ -9,10 +9,10 @@ import kopf
 
 from gpushare.api.names import ANN_SHARE
 from gpushare.cluster.operator.handlers import build_registry
-from gpushare.cluster.operator.reconcile import ShareReconciler
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.builders import gpu, node_json, pod_json
+from tests.unit.cluster.operator.test_operator_pod_events import Recorded
 
 SHARE = {"metadata": {"name": "train", "namespace": "ml"}, "spec": {"fraction": "0.25"}}
 
@@ -25,13 +25,7 @@ class Operator:
         self.view = ClusterView()
         self.kicked: list[str] = []
         self.share_events = 0
-        reconciler = ShareReconciler(
-            config=OperatorConfig(),
-            kube=None,  # type: ignore[arg-type]  # only kicks: nothing is read or written
-            view=self.view,
-            profiler=None,  # type: ignore[arg-type]
-        )
-        reconciler.kick = self.kicked.append  # type: ignore[method-assign]
+        reconciler = Recorded(self.view, self.kicked)
         self.view.pod_listeners.append(reconciler.pod_changed)
         registry = build_registry(
             config=OperatorConfig(),
@@ -40,14 +34,16 @@ class Operator:
             watch_nodes_and_pods=standalone,
             on_share_event=self._share_event,
         )
-        self.handlers = {h.fn.__name__: h.fn for h in registry._watching.get_all_handlers()}
+        self.handlers: dict[str, Any] = {
+            h.id.rsplit(".", 1)[-1]: h.fn for h in registry._watching.get_all_handlers()
+        }
 
     def _share_event(self) -> None:
         self.share_events += 1
 
     def deliver(self, handler: str, kind: str, body: dict[str, Any]) -> None:
         event: Any = {"type": kind, "object": body}
-        asyncio.run(self.handlers[handler](event=event, body=kopf.Body(body)))
+        asyncio.run(self.handlers[handler](event=event, body=kopf.Body(body)))  # type: ignore[arg-type]
 
 
 def test_inside_the_controller_kopf_watches_gpushares_only() -> None:

@@ -19,15 +19,24 @@ def pod_body(name: str, *, share: str | None = None) -> dict[str, Any]:
 SHARE = {"metadata": {"name": "train", "namespace": "ml"}, "spec": {"fraction": "0.25"}}
 
 
+class Recorded(ShareReconciler):
+    """A reconciler whose kicks are recorded, not run."""
+
+    def __init__(self, view: ClusterView, kicked: list[str]) -> None:
+        super().__init__(
+            config=OperatorConfig(),
+            kube=None,  # type: ignore[arg-type]  # only kicks: nothing is read or written
+            view=view,
+            profiler=None,  # type: ignore[arg-type]
+        )
+        self.kicked = kicked
+
+    def kick(self, key: str) -> None:
+        self.kicked.append(key)
+
+
 def reconciler(view: ClusterView, kicked: list[str]) -> ShareReconciler:
-    found = ShareReconciler(
-        config=OperatorConfig(),
-        kube=None,  # type: ignore[arg-type]  # only kicks: nothing is read or written
-        view=view,
-        profiler=None,  # type: ignore[arg-type]
-    )
-    found.kick = kicked.append  # type: ignore[method-assign]
-    return found
+    return Recorded(view, kicked)
 
 
 def test_events_of_a_governed_gpu_pod_reconcile_its_share_once_the_operator_runs() -> None:
