@@ -305,9 +305,6 @@ class ClusterView:
         """A GpuShare by ``namespace/name``, as last watched."""
         return self._shares.by_key.get(key)
 
-    def shares(self) -> Mapping[str, ShareSummary]:
-        return self._shares.by_key
-
     def share_of(self, pod: PodFacts) -> ShareSummary | None:
         """The GpuShare governing a pod (``governance.share_of``)."""
         return governance.share_of(self._shares, pod)
