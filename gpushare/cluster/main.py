@@ -2,11 +2,10 @@
 watches that feed the view and the Kopf operator (:func:`run_operator`, unless
 ``--no-operator``).
 
-The operator gets the same :class:`ClusterView` the extender and webhook use
-(``view.share_resolver`` is its hook), the node and pod events of this process's watches
-(:class:`OperatorFeed`: the process opens one list/watch per kind, and hands the GpuShare
-watch to the operator's Kopf handlers, :class:`watches.ShareHandoff`), the metrics registry,
-and ``context.stopping``, an event set when the process shuts down. If any duty returns or raises,
+The operator reads the same :class:`ClusterView` the extender and webhook use, fed by this
+process's watches (one list/watch per kind; the GpuShare watch is handed to the operator's
+Kopf handlers, :class:`watches.ShareHandoff`), and gets the metrics registry and
+``context.stopping``, an event set when the process shuts down. If any duty returns or raises,
 the process stops, so Kubernetes restarts it whole.
 """
 
@@ -19,7 +18,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,6 @@ from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.leader import LeaderElector
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator import runner as operator_runner
-from gpushare.cluster.operator.feed import OperatorFeed
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.server import extender_app, webhook_app
 from gpushare.cluster.settings import PROG, Settings, parse_args
@@ -71,8 +69,6 @@ class ControllerContext:
     and the one before it)."""
     leading: bool = False
     """This replica binds pods and runs the operator (always, without --leader-elect)."""
-    operator_feed: OperatorFeed | None = None
-    """Nodes and pods for the operator, from this process's watches (one watch per kind)."""
     share_handoff: watches.ShareHandoff | None = None
     """When the GpuShare informer stops because the operator's Kopf watch feeds the view."""
 
@@ -87,9 +83,9 @@ class ControllerContext:
         return ClusterFacts(
             max_gpu_memory=self.view.max_gpu_memory,
             max_gpus_per_node=self.view.max_gpus_per_node,
-            # The operator's resolver on the leader; the view's own (same spec, from the
-            # controller's GpuShare watch) on a standby, which runs no operator.
-            share_lookup=self.view.share_resolver or self.view.share_request,
+            # From the GpuShares in the view: the controller's GpuShare watch, or on the
+            # leader once it handed that watch over, the operator's Kopf handlers.
+            share_lookup=self.view.share_request,
             protected_host_paths=self.settings.protected_host_paths,
             exclusive_lookup=self.view.exclusive_reason,
             separation_lookup=self.view.separation,
@@ -112,16 +108,7 @@ async def run_operator(ctx: ControllerContext) -> None:
     )
     ready = asyncio.Event()
     handoff = ctx.share_handoff
-    on_share_event = None
-    if handoff is not None:
-        view = ctx.view
-
-        def on_share_event(body: Mapping[str, Any], deleted: bool) -> None:
-            if deleted:
-                view.delete_share(body)
-            else:
-                view.upsert_share(body)
-            handoff.kopf_event()
+    on_share_event = handoff.kopf_event if handoff is not None else None
 
     async def announce_ready() -> None:
         await ready.wait()
@@ -132,11 +119,11 @@ async def run_operator(ctx: ControllerContext) -> None:
     try:
         await operator_runner.run_operator(
             view=ctx.view,
+            host_watches=ctx.kube is not None,
             settings=config,
             registry=ctx.metrics.registry,
             stop_flag=ctx.stopping,
             ready_flag=ready,
-            feed=ctx.operator_feed,
             on_share_event=on_share_event,
         )
     finally:
@@ -320,22 +307,16 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             )
         if ctx.kube is not None:
             if settings.operator_enabled:
-                ctx.operator_feed = OperatorFeed()
                 ctx.share_handoff = watches.ShareHandoff(ctx.view)
-            feed = ctx.operator_feed
-            node_readers: tuple[watches.Sink, ...] = (feed.nodes,) if feed else ()
-            pod_readers: tuple[watches.Sink, ...] = (feed.pods,) if feed else ()
             resync = settings.resync_seconds
             for name, feeding in (
                 (
                     "node watch",
-                    watches.feed_nodes(
-                        ctx.kube, ctx.view, resync_seconds=resync, also=node_readers
-                    ),
+                    watches.feed_nodes(ctx.kube, ctx.view, resync_seconds=resync),
                 ),
                 (
                     "pod watch",
-                    watches.feed_pods(ctx.kube, ctx.view, resync_seconds=resync, also=pod_readers),
+                    watches.feed_pods(ctx.kube, ctx.view, resync_seconds=resync),
                 ),
                 (
                     SHARE_WATCH,
@@ -352,7 +333,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             if settings.register_webhooks:
                 tasks[asyncio.create_task(_register(ctx))] = "webhook registration"
         else:
-            ctx.view.nodes_synced = ctx.view.pods_synced = True
+            ctx.view.mark_synced()
         tasks[asyncio.create_task(_expire_loop(ctx, extender))] = "stale placement expiry"
         tasks[asyncio.create_task(_reload_certs(ctx))] = "certificate reload"
         all_hooks = list(hooks)

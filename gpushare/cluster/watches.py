@@ -2,16 +2,17 @@
 
 Each runs :mod:`gpushare.kube.informer` forever (list, then watch; re-list on errors and every
 resync period), so a restarted controller rebuilds everything from the API server
-(docs/architecture.md, "State of record"). The process opens one watch per kind: the operator
-reads nodes and pods from these watches (:class:`Sink`), and once its Kopf handlers watch
-GpuShares, the GpuShare informer stops and Kopf's events feed the view (:class:`ShareHandoff`).
+(docs/architecture.md, "State of record"). The process opens one watch per kind, and the
+extender, the webhook and the operator all read the one view they feed; once the operator's
+Kopf handlers watch GpuShares, the GpuShare informer stops and Kopf's events feed the view
+(:class:`ShareHandoff`).
 """
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.controller import Kube, Watched
@@ -19,58 +20,21 @@ from gpushare.kube.controller import Kube, Watched
 log = logging.getLogger(__name__)
 
 
-class Sink(Protocol):
-    """Another reader of a watch's raw objects (the operator's picture of the cluster)."""
-
-    def replace(self, objects: Iterable[Mapping[str, Any]]) -> None:
-        """A full list: objects missing from it are gone."""
-
-    def upsert(self, obj: Mapping[str, Any]) -> None: ...
-
-    def delete(self, obj: Mapping[str, Any]) -> None: ...
-
-
-def _fan_out(kind: str, sinks: Sequence[Sink], call: str, arg: Any) -> None:
-    """Pass one event on; a reader's failure is logged and never stops the watch."""
-    for sink in sinks:
-        try:
-            getattr(sink, call)(arg)
-        except Exception:
-            log.exception("watch reader failed", extra={"kind": kind, "call": call})
-
-
-async def feed_nodes(
-    kube: Kube, view: ClusterView, *, resync_seconds: float, also: Sequence[Sink] = ()
-) -> None:
-    def replace(nodes: Iterable[Mapping[str, Any]]) -> None:
-        listed = list(nodes)
-        view.replace_nodes(listed)
-        _fan_out("nodes", also, "replace", listed)
-
-    def upsert(data: Mapping[str, Any]) -> None:
-        view.upsert_node(data)
-        _fan_out("nodes", also, "upsert", data)
-
+async def feed_nodes(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
     def delete(data: Mapping[str, Any]) -> None:
         view.delete_node(str(data.get("metadata", {}).get("name", "")))
-        _fan_out("nodes", also, "delete", data)
 
     await kube.inform(
         Watched.NODES,
-        replace=replace,
-        upsert=upsert,
+        replace=view.replace_nodes,
+        upsert=view.upsert_node,
         delete=delete,
         resync_seconds=resync_seconds,
     )
 
 
-async def feed_pods(
-    kube: Kube, view: ClusterView, *, resync_seconds: float, also: Sequence[Sink] = ()
-) -> None:
-    def replace(pods: Iterable[Mapping[str, Any]]) -> None:
-        listed = list(pods)
-        view.replace_pods(listed)
-        _fan_out("pods", also, "replace", listed)
+async def feed_pods(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
+    """Pods into the view; the view tells its pod listeners (the operator) what changed."""
 
     def upsert(data: Mapping[str, Any]) -> None:
         f = view.upsert_pod(data)
@@ -87,16 +51,14 @@ async def feed_pods(
             )
         if f is not None and f.problem is not None:
             log.warning("pod annotations unreadable", extra={"pod": f.key, "error": f.problem})
-        _fan_out("pods", also, "upsert", data)
 
     def delete(data: Mapping[str, Any]) -> None:
         meta = data.get("metadata", {})
         view.delete_pod(f"{meta.get('namespace', 'default')}/{meta.get('name', '')}")
-        _fan_out("pods", also, "delete", data)
 
     await kube.inform(
         Watched.PODS,
-        replace=replace,
+        replace=view.replace_pods,
         upsert=upsert,
         delete=delete,
         resync_seconds=resync_seconds,

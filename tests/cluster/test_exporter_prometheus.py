@@ -31,7 +31,6 @@ from gpushare.api.names import ANN_NODE_GPUS
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.settings import OperatorConfig
-from gpushare.cluster.operator.view import ClusterView as OperatorView
 from gpushare.cluster.state.view import ClusterView
 from gpushare.node.gpu.simulated import SimulatedBackend, simulated_uuid
 from tests.fixtures.cluster import LocalCluster
@@ -218,8 +217,8 @@ def controller_stand_in(cluster: LocalCluster) -> Iterator[str]:
         [{"metadata": {"namespace": NAMESPACE, "name": "trainer"}, "status": {"profile": profile}}]
     )
     metrics = Metrics(view)
-    guard_view = OperatorView()
-    guard_view.put_node(
+    guard_view = ClusterView()
+    guard_view.upsert_node(
         {
             "metadata": {
                 "name": cluster.node_name,

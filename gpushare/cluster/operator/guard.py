@@ -34,7 +34,8 @@ from gpushare.cluster.operator.protection import (
 )
 from gpushare.cluster.operator.readings import ProfilerError, protection_reading
 from gpushare.cluster.operator.settings import OperatorConfig
-from gpushare.cluster.operator.view import ClusterView, PodSummary
+from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.events import ObjectRef
 from gpushare.kube.operator import EvictionOutcome, KubeApi
 from gpushare.packing.interference import InterferenceModel, load_default
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 
 COND_NEIGHBOUR_EVICTED = "NeighbourEvicted"
 
-Predictor = Callable[[PodSummary, Sequence[PodSummary]], float | None]
+Predictor = Callable[[PodFacts, Sequence[PodFacts]], float | None]
 """(latency pod, its neighbours) -> predicted slowdown, or None when it cannot be predicted."""
 
 
@@ -59,7 +60,7 @@ class EvictionRecord:
     why: str
 
 
-def pod_profile(view: ClusterView, pod: PodSummary) -> ShareProfile | None:
+def pod_profile(view: ClusterView, pod: PodFacts) -> ShareProfile | None:
     """A pod's measured profile: its ``gpushare.io/profile`` annotation, else its share's."""
     text = pod.annotations.get(ANN_PROFILE)
     try:
@@ -73,7 +74,7 @@ def pod_profile(view: ClusterView, pod: PodSummary) -> ShareProfile | None:
         return None
 
 
-def _threads(pod: PodSummary) -> int:
+def _threads(pod: PodFacts) -> int:
     return pod.placement.thread_percent if pod.placement else 100
 
 
@@ -81,7 +82,7 @@ def interference_predictor(view: ClusterView, model: InterferenceModel) -> Predi
     """Predicts from measured profiles only: a neighbour without a profile is left out rather
     than assumed heavy, so an eviction always rests on something measured."""
 
-    def predict(target: PodSummary, neighbours: Sequence[PodSummary]) -> float | None:
+    def predict(target: PodFacts, neighbours: Sequence[PodFacts]) -> float | None:
         own = pod_profile(view, target)
         if own is None:
             return None
@@ -155,11 +156,11 @@ class LatencyGuard:
             await asyncio.sleep(self.config.protection_interval_s)
 
     async def _read(self, node: str, uuid: str) -> GpuProfile | None:
-        summary = self.view.nodes.get(node)
+        info = self.view.node_info(node)
         try:
             return await self.profiler.fetch(
                 node=node,
-                node_ip=summary.address if summary else None,
+                node_ip=info.address if info else None,
                 gpu_uuid=uuid,
                 window_s=self.config.protection_window_s,
             )
@@ -192,7 +193,7 @@ class LatencyGuard:
         "Protection evictions" then shows 0 rather than no data (docs/observability.md)."""
         if self._counter is None:
             return
-        gpus = {(n.name, uuid) for n in self.view.nodes.values() for uuid in n.gpu_models}
+        gpus = {(n.name, uuid) for n in self.view.node_infos().values() for uuid in n.gpu_models}
         for node, uuid in gpus - self._counted:
             self._counter.labels(node=node, gpu_uuid=uuid)
         for node, uuid in self._counted - gpus:
@@ -200,7 +201,7 @@ class LatencyGuard:
         self._counted = gpus
 
     async def _judge(
-        self, node: str, uuid: str, tenants: list[PodSummary], reading: GpuProfile
+        self, node: str, uuid: str, tenants: list[PodFacts], reading: GpuProfile
     ) -> EvictionRecord | None:
         latency = latency_tenants(tenants)
         predicted: float | None = None
@@ -263,7 +264,7 @@ class LatencyGuard:
         return record
 
     async def _report(
-        self, record: EvictionRecord, victim: PodSummary, latency: Sequence[PodSummary]
+        self, record: EvictionRecord, victim: PodFacts, latency: Sequence[PodFacts]
     ) -> None:
         protected = ", ".join(record.protected)
         await self.kube.post_event(

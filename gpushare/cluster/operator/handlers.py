@@ -16,7 +16,9 @@ from gpushare.api.gpushare_crd import PLURAL
 from gpushare.api.names import GROUP, VERSION
 from gpushare.cluster.operator.reconcile import ShareReconciler, utcnow
 from gpushare.cluster.operator.settings import OperatorConfig
-from gpushare.cluster.operator.view import ClusterView, share_summary
+from gpushare.cluster.state.pods import pod_key
+from gpushare.cluster.state.shares import share_summary
+from gpushare.cluster.state.view import ClusterView
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +62,12 @@ def build_registry(
     view: ClusterView,
     reconciler: ShareReconciler,
     watch_nodes_and_pods: bool = True,
-    on_share_event: Callable[[Mapping[str, Any], bool], None] | None = None,
+    on_share_event: Callable[[], None] | None = None,
 ) -> kopf.OperatorRegistry:
-    """``watch_nodes_and_pods=False``: the process's informers feed ``view`` instead
-    (:mod:`gpushare.cluster.operator.feed`); ``on_share_event(body, deleted)``: another reader
-    of Kopf's GpuShare events (the controller's view, once its own GpuShare watch stopped)."""
+    """Kopf's GpuShare events feed ``view``, and with ``watch_nodes_and_pods`` (the standalone
+    operator) its node and pod events too; else the host process's informers feed those
+    (:mod:`gpushare.cluster.watches`). ``on_share_event()``: called after each GpuShare event
+    went into the view (the controller's hand-over of its GpuShare watch)."""
     registry = kopf.OperatorRegistry()
     shares = (GROUP, VERSION, PLURAL)
 
@@ -82,22 +85,29 @@ def build_registry(
 
         @kopf.on.event("", "v1", "nodes", registry=registry)
         async def node_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-            view.put_node(body, deleted=event.get("type") == "DELETED")
+            if event.get("type") == "DELETED":
+                view.delete_node(str(body.get("metadata", {}).get("name", "")))
+            else:
+                view.upsert_node(body)
 
         @kopf.on.event("", "v1", "pods", registry=registry)
         async def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-            pod = view.put_pod(body, deleted=event.get("type") == "DELETED")
-            share = view.share_of(pod) if pod.gpu_pod else None
-            if share is not None:
-                reconciler.kick(share.key)
+            # The view tells the reconciler (its pod listener) about governed pods.
+            if event.get("type") == "DELETED":
+                view.delete_pod(pod_key(body))
+            else:
+                view.upsert_pod(body)
 
     @kopf.on.event(*shares, registry=registry)
     async def share_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        deleted = event.get("type") == "DELETED"
-        share = view.put_share(body, deleted=deleted)
+        if event.get("type") == "DELETED":
+            view.delete_share(body)
+            share = None
+        else:
+            share = view.upsert_share(body)
         if on_share_event is not None:
-            on_share_event(body, deleted)
-        if not deleted:
+            on_share_event()
+        if share is not None:
             reconciler.kick(share.key)
 
     @kopf.on.create(*shares, id="accept", registry=registry)
@@ -124,7 +134,7 @@ def build_registry(
 
     @kopf.timer(*shares, interval=config.reconcile_interval_s, id="reconcile", registry=registry)
     async def tick(body: kopf.Body, **_: Any) -> None:
-        share = view.put_share(body)
+        share = view.upsert_share(body) or share_summary(body)
         try:
             await reconciler.reconcile(share.key)
         except Exception as exc:

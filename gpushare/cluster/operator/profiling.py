@@ -24,7 +24,8 @@ from gpushare.api.gpushare_crd import (
     format_rfc3339,
     parse_rfc3339,
 )
-from gpushare.cluster.operator.view import PodSummary, ShareSummary
+from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.shares import ShareSummary
 
 MAX_PROFILING_ATTEMPTS = 3
 """Profiling pods that ended before their window; after this many the share is packed
@@ -52,7 +53,7 @@ class UseCached:
 class Elect:
     """Make ``pod`` the profiling pod: mark it (if not yet scheduled), Pending -> Profiling."""
 
-    pod: PodSummary
+    pod: PodFacts
     mark: bool
     """True when the pod is not bound yet, so the extender can still place it alone."""
 
@@ -63,7 +64,7 @@ class Abandon:
     Pending, its mark set to ``done`` so the next election picks another pod."""
 
     reason: str
-    pod: PodSummary | None = None
+    pod: PodFacts | None = None
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class GiveUp:
 class StartClock:
     """The profiling pod runs on its GPU: record when, the window counts from here."""
 
-    pod: PodSummary
+    pod: PodFacts
     at: datetime
 
 
@@ -85,7 +86,7 @@ class StartClock:
 class Measure:
     """The window has passed: read the profile of ``gpu_uuid`` from the node agent."""
 
-    pod: PodSummary
+    pod: PodFacts
     node: str
     gpu_uuid: str
     window_seconds: int
@@ -113,7 +114,7 @@ def attempts(status: Mapping[str, Any]) -> int:
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
 
 
-def representative(pods: Sequence[PodSummary]) -> PodSummary | None:
+def representative(pods: Sequence[PodFacts]) -> PodFacts | None:
     """The pod whose image and command key the profile cache: the one being or to be
     profiled (marked first), else the oldest active one."""
     active = [p for p in pods if p.active]
@@ -124,7 +125,7 @@ def representative(pods: Sequence[PodSummary]) -> PodSummary | None:
 
 def next_step(
     share: ShareSummary,
-    pods: Sequence[PodSummary],
+    pods: Sequence[PodFacts],
     *,
     cached: ShareProfile | None,
     now: datetime,
@@ -150,7 +151,7 @@ def next_step(
             return Wait("no governed pod yet")
         marked = [p for p in active if p.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE]
         untried = [p for p in active if p.annotations.get(ANN_PROFILING) != PROFILING_DONE]
-        unbound = [p for p in untried if p.node_name is None]
+        unbound = [p for p in untried if p.node is None]
         if marked:
             return Elect(marked[0], mark=False)
         if unbound:
@@ -171,7 +172,7 @@ def next_step(
             )
         return Abandon(reason)
     uuid = pod.gpu_uuid
-    if uuid is None or pod.node_name is None or pod.phase != "Running":
+    if uuid is None or pod.node is None or pod.phase != "Running":
         elected = _time_field(status, "profilingElected")
         if elected is not None and now > elected + start_timeout:
             return Abandon(
@@ -190,19 +191,19 @@ def next_step(
         return Wait(f"profiling {pod.name} until {format_rfc3339(end)}")
     if now > end + measure_grace:
         return GiveUp(
-            f"the node agent on {pod.node_name} gave no profile for GPU {uuid} within "
+            f"the node agent on {pod.node} gave no profile for GPU {uuid} within "
             f"{int(measure_grace.total_seconds())} s after the window; check the node agent"
         )
-    return Measure(pod, pod.node_name, uuid, spec.profiling.window_seconds)
+    return Measure(pod, pod.node, uuid, spec.profiling.window_seconds)
 
 
-def stale_marks(share: ShareSummary, pods: Sequence[PodSummary]) -> list[PodSummary]:
+def stale_marks(share: ShareSummary, pods: Sequence[PodFacts]) -> list[PodFacts]:
     """Pods still marked ``profiling=true`` although they are not (or no longer) profiling:
     their mark must become ``done`` so their GPU takes neighbours again."""
     status = share.status
     current = status.get("profilingPod") if status.get("phase") == PHASE_PROFILING else None
     pending_pick = status.get("phase") == PHASE_PENDING
-    out: list[PodSummary] = []
+    out: list[PodFacts] = []
     for pod in pods:
         if pod.annotations.get(ANN_PROFILING) != PROFILING_ACTIVE or pod.name == current:
             continue
@@ -212,16 +213,16 @@ def stale_marks(share: ShareSummary, pods: Sequence[PodSummary]) -> list[PodSumm
     return out
 
 
-def placement_entries(pods: Sequence[PodSummary]) -> list[PlacementEntry]:
+def placement_entries(pods: Sequence[PodFacts]) -> list[PlacementEntry]:
     out = []
     for pod in pods:
         uuid = pod.gpu_uuid
-        if uuid is None or pod.placement is None or pod.node_name is None or not pod.active:
+        if uuid is None or pod.placement is None or pod.node is None or not pod.active:
             continue
         out.append(
             PlacementEntry(
                 pod=pod.name,
-                node=pod.node_name,
+                node=pod.node,
                 gpu_uuid=uuid,
                 thread_percent=pod.placement.thread_percent,
                 memory_limit_bytes=pod.placement.memory_limit_bytes,

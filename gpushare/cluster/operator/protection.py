@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from gpushare.api.gpushare_crd import ANN_PROFILING, PROFILING_ACTIVE
 from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY
-from gpushare.cluster.operator.view import PodSummary
+from gpushare.cluster.state.pods import PodFacts
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ class ProtectionTracker:
 _OLDEST = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def choose_victim(tenants: Sequence[PodSummary]) -> PodSummary | None:
+def choose_victim(tenants: Sequence[PodFacts]) -> PodFacts | None:
     """The most recently placed batch pod on the GPU (bind time, then creation): the pod whose
     arrival most likely tipped the GPU over, and the one that has lost the least work.
 
@@ -164,5 +164,5 @@ def choose_victim(tenants: Sequence[PodSummary]) -> PodSummary | None:
     )
 
 
-def latency_tenants(tenants: Sequence[PodSummary]) -> list[PodSummary]:
+def latency_tenants(tenants: Sequence[PodFacts]) -> list[PodFacts]:
     return [p for p in tenants if p.gpu_class == CLASS_LATENCY and p.active]

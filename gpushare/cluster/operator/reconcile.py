@@ -51,7 +51,9 @@ from gpushare.cluster.operator.profiling import (
 )
 from gpushare.cluster.operator.readings import ProfilerError, profile_from_reading
 from gpushare.cluster.operator.settings import OperatorConfig
-from gpushare.cluster.operator.view import ClusterView, PodSummary, ShareSummary, share_summary
+from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.shares import ShareSummary, share_summary
+from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.events import ObjectRef
 from gpushare.kube.operator import KubeApi
 
@@ -115,10 +117,14 @@ class ShareReconciler:
         self.synced = asyncio.Event()
         """Set once the view holds a full listing of pods and nodes. Until then nothing acts:
         after a restart, a pod not yet seen again must not read as a deleted one."""
+        if view.synced:
+            self.synced.set()
+        view.sync_listeners.append(self.synced.set)
 
     async def seed(self) -> None:
         """List pods and nodes once, so the first decisions see the whole cluster; watch
-        events that arrived meanwhile are newer and win. Retries until it succeeds."""
+        events that arrived meanwhile are newer and win. Retries until it succeeds. For the
+        standalone operator, whose view only Kopf's handlers feed."""
         delay = 1.0
         while True:
             try:
@@ -130,13 +136,7 @@ class ShareReconciler:
                 log.warning("listing pods and nodes failed (%s); retrying in %.0f s", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
-        for body in nodes:
-            if (body.get("metadata") or {}).get("name") not in self.view.nodes:
-                self.view.put_node(body)
-        for body in pods:
-            meta = body.get("metadata") or {}
-            if f"{meta.get('namespace')}/{meta.get('name')}" not in self.view.pods:
-                self.view.put_pod(body)
+        self.view.add_listed(nodes=nodes, pods=pods)
         self.synced.set()
         log.info("view seeded with %d pods and %d nodes", len(pods), len(nodes))
 
@@ -147,6 +147,14 @@ class ShareReconciler:
             return
         self._kicks[key] = asyncio.get_running_loop().create_task(self._kicked(key))
 
+    def pod_changed(self, pod: PodFacts) -> None:
+        """The view's pod listener: a governed GPU pod changed, so reconcile its GpuShare."""
+        if not pod.gpu_pod:
+            return
+        share = self.view.share_of(pod)
+        if share is not None:
+            self.kick(share.key)
+
     async def _kicked(self, key: str) -> None:
         try:
             await self.reconcile(key)
@@ -154,6 +162,8 @@ class ShareReconciler:
             log.exception("reconciling GpuShare %s failed; the next tick retries", key)
 
     async def close(self) -> None:
+        if self.synced.set in self.view.sync_listeners:
+            self.view.sync_listeners.remove(self.synced.set)
         for task in self._kicks.values():
             task.cancel()
         await asyncio.gather(*self._kicks.values(), return_exceptions=True)
@@ -163,7 +173,7 @@ class ShareReconciler:
             return None
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            share = self.view.shares.get(key)
+            share = self.view.share(key)
             if share is None or (share.body.get("metadata") or {}).get("deletionTimestamp"):
                 return None
             pods = self.view.governed_pods(share)
@@ -188,13 +198,13 @@ class ShareReconciler:
 
     # ---- idempotent housekeeping -----------------------------------------------------------
 
-    async def _inherit(self, share: ShareSummary, pods: Sequence[PodSummary]) -> None:
+    async def _inherit(self, share: ShareSummary, pods: Sequence[PodFacts]) -> None:
         """Unscheduled governed pods get the share's request (and profile, once known)."""
         if share.spec is None:
             return
         profile = share.status.get("profile")
         for pod in pods:
-            if pod.node_name is not None or not pod.active:
+            if pod.node is not None or not pod.active:
                 continue
             wanted = missing_annotations(
                 share.spec, share_name=share.name, annotations=pod.annotations
@@ -206,13 +216,13 @@ class ShareReconciler:
                     namespace=pod.namespace, name=pod.name, annotations=wanted
                 )
 
-    async def _release(self, share: ShareSummary, pods: Sequence[PodSummary]) -> None:
+    async def _release(self, share: ShareSummary, pods: Sequence[PodFacts]) -> None:
         for pod in stale_marks(share, pods):
             await self.kube.annotate_pod(
                 namespace=pod.namespace, name=pod.name, annotations={ANN_PROFILING: PROFILING_DONE}
             )
 
-    async def _sync_placements(self, share: ShareSummary, pods: Sequence[PodSummary]) -> None:
+    async def _sync_placements(self, share: ShareSummary, pods: Sequence[PodFacts]) -> None:
         if "phase" not in share.status:
             return  # the create handler writes the first status
         entries = placement_entries(pods)
@@ -226,7 +236,7 @@ class ShareReconciler:
             namespace=share.namespace, name=share.name, status=desired
         )
 
-    async def _cached(self, share: ShareSummary, pods: Sequence[PodSummary]) -> ShareProfile | None:
+    async def _cached(self, share: ShareSummary, pods: Sequence[PodFacts]) -> ShareProfile | None:
         spec = share.spec
         if spec is None or share.status.get("phase") != PHASE_PENDING:
             return None
@@ -377,7 +387,7 @@ class ShareReconciler:
         where = (
             f"alone on a GPU (policy {share.spec.packing.policy})"
             if step.mark or pod.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE
-            else f"where it already runs (on {pod.node_name}; neighbours may skew the profile)"
+            else f"where it already runs (on {pod.node}; neighbours may skew the profile)"
         )
         message = f"profiling pod {pod.name} {where} for {window} s"
         if await self.transition(
@@ -394,7 +404,7 @@ class ShareReconciler:
             await self.event(share, "ProfilingStarted", message)
 
     async def _measure(self, share: ShareSummary, step: Measure, *, now: datetime) -> None:
-        node = self.view.nodes.get(step.node)
+        node = self.view.node_info(step.node)
         try:
             reading = await self.profiler.fetch(
                 node=step.node,

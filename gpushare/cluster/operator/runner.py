@@ -9,82 +9,47 @@ import getpass
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
 
 import kopf
 from prometheus_client import CollectorRegistry
 
-from gpushare.api.request import GpuRequest
-from gpushare.cluster.operator.feed import OperatorFeed
 from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.handlers import build_registry, kopf_settings
 from gpushare.cluster.operator.profiler_client import ProfilerClient
 from gpushare.cluster.operator.reconcile import ShareReconciler
 from gpushare.cluster.operator.settings import OperatorConfig
-from gpushare.cluster.operator.view import ClusterView
+from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.operator import KubeApi
 
 log = logging.getLogger(__name__)
 
 
-ShareResolver = Callable[[str, str], GpuRequest | None]
-
-
-@runtime_checkable
-class ResolvesShares(Protocol):
-    """The part of the controller's view the operator fills in."""
-
-    share_resolver: ShareResolver | None
-
-
-def share_resolver(view: ClusterView) -> Callable[[str, str], GpuRequest | None]:
-    """(namespace, GpuShare name) -> the request the share stands for (None: no such share or
-    an invalid spec). The controller's webhook uses it for pods linked by annotation."""
-
-    def resolve(namespace: str, name: str) -> GpuRequest | None:
-        share = view.shares.get(f"{namespace}/{name}")
-        if share is None or share.spec is None:
-            return None
-        spec = share.spec
-        return GpuRequest(
-            percent=spec.percent,
-            memory_bytes=spec.memory_bytes,
-            gpu_class=spec.gpu_class,
-            share=name,
-        )
-
-    return resolve
-
-
 async def run_operator(
     *,
-    view: object | None = None,
+    view: ClusterView | None = None,
+    host_watches: bool = False,
     settings: OperatorConfig | None = None,
     registry: CollectorRegistry | None = None,
     stop_flag: asyncio.Event | None = None,
     ready_flag: asyncio.Event | None = None,
-    feed: OperatorFeed | None = None,
-    on_share_event: Callable[[Mapping[str, Any], bool], None] | None = None,
+    on_share_event: Callable[[], None] | None = None,
 ) -> None:
     """Run Kopf (cluster-wide) plus the latency protection loop until stopped.
 
-    ``view``: the controller's view; when it has a ``share_resolver`` attribute, the operator
-    sets it so the webhook resolves ``gpushare.io/share`` links. ``registry``: where the
-    protection eviction counter is registered (the controller's metrics registry). ``feed``:
-    nodes and pods from the host process's watches (else Kopf watches them and the operator
-    lists them once at start); ``on_share_event``: passed every GpuShare event Kopf sees.
+    ``view``: the cluster state the operator reads (the controller's, shared with the extender
+    and the webhook; else a view of its own). ``host_watches``: the host process's informers
+    feed ``view`` with nodes and pods (else Kopf watches them and the operator lists them once
+    at start). Kopf's GpuShare events always feed ``view``; ``on_share_event`` is called after
+    each. ``registry``: where the protection eviction counter is registered (the controller's
+    metrics registry).
     """
     config = settings or OperatorConfig()
-    own_view = feed.view if feed is not None else ClusterView()
-    if isinstance(view, ResolvesShares):
-        view.share_resolver = share_resolver(own_view)
+    state = view if view is not None else ClusterView()
     kube = KubeApi.from_environment()
     profiler = ProfilerClient(url_template=config.agent_url, timeout_s=config.agent_timeout_s)
-    reconciler = ShareReconciler(config=config, kube=kube, view=own_view, profiler=profiler)
-    if feed is not None:
-        reconciler.synced = feed.synced
-        feed.kick = reconciler.kick
+    reconciler = ShareReconciler(config=config, kube=kube, view=state, profiler=profiler)
+    state.pod_listeners.append(reconciler.pod_changed)
     tasks: list[asyncio.Task[None]] = []
     ready = ready_flag if ready_flag is not None else asyncio.Event()
 
@@ -94,13 +59,13 @@ async def run_operator(
         log.info("gpushare operator ready, watching %s", scope)
 
     tasks.append(asyncio.create_task(announce_ready(), name="gpushare-operator-ready"))
-    if feed is None:
+    if not host_watches:
         tasks.append(asyncio.create_task(reconciler.seed(), name="gpushare-operator-seed"))
     if config.protection:
         guard = LatencyGuard.with_default_model(
             config=config,
             kube=kube,
-            view=own_view,
+            view=state,
             profiler=profiler,
             registry=registry,
             synced=reconciler.synced,
@@ -113,9 +78,9 @@ async def run_operator(
         await kopf.operator(
             registry=build_registry(
                 config=config,
-                view=own_view,
+                view=state,
                 reconciler=reconciler,
-                watch_nodes_and_pods=feed is None,
+                watch_nodes_and_pods=not host_watches,
                 on_share_event=on_share_event,
             ),
             settings=kopf_settings(config),
@@ -130,8 +95,7 @@ async def run_operator(
             stop_flag.set()
             await asyncio.Event().wait()  # the host cancels us while it shuts down
     finally:
-        if feed is not None:
-            feed.kick = None
+        state.pod_listeners.remove(reconciler.pod_changed)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -4,11 +4,13 @@
 and the node's free host resources), the same GPUs with no tenants, why a node's inventory could
 not be read, and each node's *version*: a counter that every change of the node's GPUs, of their
 tenants or of its free CPU and memory moves, which the extender keys its cached answers by.
+:class:`NodeInfo` is what the operator reads of every node, GPUs usable or not: where its agent
+listens and which GPU models it has.
 """
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpushare.api.errors import InvalidInputError
@@ -19,19 +21,39 @@ from gpushare.packing.model import GpuState, NodeState, Tenant
 log = logging.getLogger(__name__)
 
 
-def read_gpus(
-    node: Mapping[str, Any], name: str, annotations: Mapping[str, Any]
+@dataclass(frozen=True)
+class NodeInfo:
+    """What the operator reads of any node: where its agent listens, which GPU models it has."""
+
+    name: str
+    address: str | None
+    """InternalIP (else the first address): where the node agent's metrics server listens."""
+    gpu_models: Mapping[str, str] = field(default_factory=dict)
+    """GPU UUID -> model, from the node agent's inventory annotation (every GPU listed)."""
+
+
+def parse_inventory(
+    name: str, annotations: Mapping[str, Any]
 ) -> tuple[list[GpuInfo] | None, str | None]:
-    """(its GPUs, None) for a node gpushare may place pods on; else (None, why not), the reason
-    None when the node simply has no gpushare GPUs."""
+    """(the GPUs the node agent published, None); (None, why) when its annotation cannot be
+    read; (None, None) when there is none."""
     text = annotations.get(ANN_NODE_GPUS)
     if not isinstance(text, str):
         return None, None
     try:
-        inventory = load_inventory(text)
+        return load_inventory(text), None
     except InvalidInputError as exc:
         log.warning("node inventory unreadable", extra={"node": name, "error": str(exc)})
         return None, str(exc)
+
+
+def read_gpus(
+    node: Mapping[str, Any], inventory: list[GpuInfo] | None
+) -> tuple[list[GpuInfo] | None, str | None]:
+    """(its GPUs, None) for a node gpushare may place pods on; else (None, why not), the reason
+    None when the node simply has no gpushare GPUs (``inventory``: from ``parse_inventory``)."""
+    if inventory is None:
+        return None, None
     status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
     assert isinstance(status, Mapping)
     allocatable = status.get("allocatable")
@@ -56,6 +78,16 @@ def read_gpus(
     return inventory, None
 
 
+def node_info(node: Mapping[str, Any], name: str, inventory: list[GpuInfo] | None) -> NodeInfo:
+    status = node.get("status")
+    raw = status.get("addresses") if isinstance(status, Mapping) else None
+    addresses = [a for a in raw if isinstance(a, Mapping)] if isinstance(raw, list) else []
+    internal = next((a.get("address") for a in addresses if a.get("type") == "InternalIP"), None)
+    address = internal or (addresses[0].get("address") if addresses else None)
+    models = {g.uuid: g.model for g in inventory or ()}
+    return NodeInfo(name=name, address=str(address) if address else None, gpu_models=models)
+
+
 class NodeInventory:
     """GPUs by node and by UUID, with each node's version and the cluster-wide maxima."""
 
@@ -69,6 +101,8 @@ class NodeInventory:
         self.gpu_node: dict[str, str] = {}
         """GPU UUID -> the node it is on."""
         self.versions: dict[str, int] = {}
+        self.about: dict[str, NodeInfo] = {}
+        """Every node watched (GPUs usable or not), by name: what the operator reads."""
         self.max_gpu_memory = 0
         self.max_gpus_per_node = 0
 

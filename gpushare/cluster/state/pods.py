@@ -2,11 +2,14 @@
 
 The extender receives pods as JSON, the watch delivers them as JSON, the webhook too: one set of
 pure functions reads them all, so the view, the extender and the webhook agree on every pod.
+:class:`PodFacts` is the one typed projection of a watched pod, read once per event: what the
+extender places by and what the operator governs by (labels, GPU container, class).
 """
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from gpushare.api.bounds import MAX_INT_DIGITS
@@ -21,8 +24,10 @@ from gpushare.api.names import (
     ANN_FRACTION,
     ANN_MEMORY,
     ANN_SHARE,
+    CLASS_BATCH,
     GROUP,
     RESOURCE_GPU_PERCENT,
+    SCHEDULER_NAME,
     SLICES_PER_GPU,
     STATE_ASSUMED,
 )
@@ -37,6 +42,7 @@ log = logging.getLogger(__name__)
 Pod = Mapping[str, Any]
 
 FINISHED_PHASES = ("Succeeded", "Failed")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_PERCENT = MAX_WHOLE_GPUS * SLICES_PER_GPU
 
 
@@ -255,8 +261,31 @@ def _unexpected(exc: Exception) -> str:
 
 
 @dataclass(frozen=True)
+class Workload:
+    """What a GpuShare governs a pod by, and what its profile is cached under: read only for
+    the pods the view keeps (``kept``)."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    created: datetime = EPOCH
+    gpu_pod: bool = False
+    """Asks for gpushare GPU slices (resource limit), uses gpushare-scheduler, or links a
+    GpuShare by annotation. Only these pods are governed by a GpuShare: a selector alone never
+    turns a pod the webhook did not see into a GPU pod."""
+    image: str = ""
+    """The GPU container's image (``gpushare.io/container``, else the first container)."""
+    command: tuple[str, ...] = ()
+    """The GPU container's command followed by its args."""
+    gpu_class: str = CLASS_BATCH
+
+
+NO_WORKLOAD = Workload()
+
+
+@dataclass(frozen=True)
 class PodFacts:
-    """What the view keeps of one gpushare pod."""
+    """What the view keeps of one pod gpushare places or a GpuShare may govern: the one typed
+    projection of a watched pod (placement reads the top fields, the operator ``workload``)."""
 
     key: str
     uid: str
@@ -272,6 +301,58 @@ class PodFacts:
     """Why the node agent asks for the pod to be evicted (``gpushare.io/evict``), if it does."""
     scheduler: str = ""
     """``spec.schedulerName``: the extender binds only pods of gpushare-scheduler."""
+    deleting: bool = False
+    """``metadata.deletionTimestamp`` is set (scheduled or not)."""
+    workload: Workload = NO_WORKLOAD
+    """Kept apart so that the copies placement makes of the facts stay cheap."""
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return self.workload.labels
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return self.workload.annotations
+
+    @property
+    def created(self) -> datetime:
+        return self.workload.created
+
+    @property
+    def gpu_pod(self) -> bool:
+        return self.workload.gpu_pod
+
+    @property
+    def image(self) -> str:
+        return self.workload.image
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        return self.workload.command
+
+    @property
+    def gpu_class(self) -> str:
+        return self.workload.gpu_class
+
+    @property
+    def namespace(self) -> str:
+        return self.key.partition("/")[0]
+
+    @property
+    def name(self) -> str:
+        return self.key.partition("/")[2]
+
+    @property
+    def active(self) -> bool:
+        """Holds (or will hold) its GPU share: neither finished nor being deleted."""
+        return not self.deleting and self.phase not in FINISHED_PHASES
+
+    @property
+    def gpu_uuid(self) -> str | None:
+        """The one GPU the pod is placed on (None: unplaced, or on several GPUs)."""
+        if self.placement is None or len(self.placement.gpu_uuids) != 1:
+            return None
+        return self.placement.gpu_uuids[0]
 
     @property
     def awaiting_allocation(self) -> bool:
@@ -286,9 +367,29 @@ class PodFacts:
         )
 
 
+def _created(text: object) -> datetime:
+    if not isinstance(text, str) or not text:
+        return EPOCH
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return EPOCH
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _str_map(raw: object) -> dict[str, str]:
+    if not isinstance(raw, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in raw.items()}
+
+
 def facts(pod: Pod) -> PodFacts:
     """Read a watched pod; never raises (a broken pod must not stop the watch): what cannot be
-    read becomes ``problem``, reported on the pod, and the pod holds what its placement says."""
+    read becomes ``problem``, reported on the pod, and the pod holds what its placement says.
+
+    Labels, annotations, GPU container and class are read only for pods gpushare places or a
+    GpuShare may govern (``kept``): the view drops every other pod after counting its host
+    resources, and every pod event of the cluster comes through here."""
     problem: str | None = None
     ann = annotations(pod)  # read once: every pod event of the cluster comes through here
     try:
@@ -304,19 +405,77 @@ def facts(pod: Pod) -> PodFacts:
     except Exception as exc:
         placement, problem = None, _unexpected(exc)
     node = node_name(pod)
-    deleting = metadata(pod).get("deletionTimestamp") is not None and node is None
+    meta = metadata(pod)
+    deleting = meta.get("deletionTimestamp") is not None
+    scheduler = scheduler_name(pod)
+    phase = str(_mapping(pod.get("status")).get("phase") or "")
+    key, uid = pod_key(pod), pod_uid(pod)
+    done = finished(pod) or (deleting and node is None)
+    evict = ann.get(ANN_EVICT)
+    placed = demand is not None or placement is not None or problem is not None
+    if not placed and scheduler != SCHEDULER_NAME:  # not ``kept``: read no more
+        return PodFacts(
+            key=key,
+            uid=uid,
+            node=node,
+            finished=done,
+            demand=demand,
+            placement=placement,
+            problem=problem,
+            phase=phase,
+            evict=evict,
+            scheduler=scheduler,
+            deleting=deleting,
+        )
+    items = containers(pod)
+    wanted = ann.get(ANN_CONTAINER)
+    gpu_container = next((c for c in items if c.get("name") == wanted), None) or (
+        items[0] if items else {}
+    )
+    limits_have_gpu = any(
+        RESOURCE_GPU_PERCENT in _mapping(_mapping(c.get("resources")).get("limits")) for c in items
+    )
+    command = [str(x) for x in gpu_container.get("command") or []] + [
+        str(x) for x in gpu_container.get("args") or []
+    ]
+    try:
+        gpu_class = parse_class(ann.get(ANN_CLASS))
+    except InvalidInputError:
+        gpu_class = CLASS_BATCH
     return PodFacts(
-        key=pod_key(pod),
-        uid=pod_uid(pod),
+        key=key,
+        uid=uid,
         node=node,
-        finished=finished(pod) or deleting,
+        finished=done,
         demand=demand,
         placement=placement,
         problem=problem,
-        phase=str(_mapping(pod.get("status")).get("phase") or ""),
-        evict=ann.get(ANN_EVICT),
-        scheduler=scheduler_name(pod),
+        phase=phase,
+        evict=evict,
+        scheduler=scheduler,
+        deleting=deleting,
+        workload=Workload(
+            labels=_str_map(meta.get("labels")),
+            annotations=ann,
+            created=_created(meta.get("creationTimestamp")),
+            gpu_pod=limits_have_gpu or scheduler == SCHEDULER_NAME or bool(ann.get(ANN_SHARE)),
+            image=str(gpu_container.get("image", "")),
+            command=tuple(command),
+            gpu_class=gpu_class,
+        ),
     )
+
+
+def ours(f: PodFacts) -> bool:
+    """A pod gpushare places on GPUs: it asks for a share, holds one, or its gpushare
+    annotations are unreadable (it is refused with the reason)."""
+    return f.demand is not None or f.placement is not None or f.problem is not None
+
+
+def kept(f: PodFacts) -> bool:
+    """A pod the view keeps: one gpushare places, or one naming gpushare-scheduler without a
+    request, which a GpuShare's selector may govern (the operator gives it the request)."""
+    return ours(f) or f.scheduler == SCHEDULER_NAME
 
 
 def frozen_demand(old: PodFacts | None, f: PodFacts) -> PodFacts:

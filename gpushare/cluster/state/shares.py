@@ -1,54 +1,113 @@
-"""GpuShares as the view knows them: each share's watched status and spec
-(:class:`ShareRegistry`), and the rules its pods carry in their annotations (:class:`PodRules`,
-read by ``share_rules``)."""
+"""GpuShares as the view knows them: each share as watched, its spec read once
+(:class:`ShareSummary`, kept by :class:`ShareRegistry`), and the rules its pods carry in their
+annotations (:class:`PodRules`, read by ``share_rules``)."""
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.gpushare_crd import PROFILING_SKIP, parse_spec
+from gpushare.api.gpushare_crd import PROFILING_SKIP, GpuShareSpec, parse_spec
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.state.pods import annotations, metadata
 from gpushare.cluster.state.share_rules import NO_RULES, ShareRules, rules_of
 
 
+@dataclass(frozen=True)
+class ShareSummary:
+    """One GpuShare as last watched: its object, and its spec read once."""
+
+    namespace: str
+    name: str
+    uid: str
+    body: Mapping[str, Any]
+    """The latest raw object (spec, status, metadata) as watched."""
+    spec: GpuShareSpec | None
+    spec_error: str | None = None
+    """Why the spec is invalid, when it is."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def status(self) -> Mapping[str, Any]:
+        status = self.body.get("status")
+        return status if isinstance(status, Mapping) else {}
+
+    @property
+    def request(self) -> GpuRequest | None:
+        """The request the share stands for; None when its spec is invalid."""
+        if self.spec is None:
+            return None
+        return GpuRequest(
+            percent=self.spec.percent,
+            memory_bytes=self.spec.memory_bytes,
+            gpu_class=self.spec.gpu_class,
+            share=self.name,
+        )
+
+
+def share_summary(body: Mapping[str, Any]) -> ShareSummary:
+    meta = body.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    raw_spec = body.get("spec")
+    spec: GpuShareSpec | None = None
+    error: str | None = None
+    try:
+        spec = parse_spec(raw_spec if isinstance(raw_spec, Mapping) else {})
+    except InvalidInputError as exc:
+        error = str(exc)
+    return ShareSummary(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        body=body,
+        spec=spec,
+        spec_error=error,
+    )
+
+
 class ShareRegistry:
-    """Every watched GpuShare's status, the request it stands for, and whether it skips
-    profiling, by ``namespace/name``."""
+    """Every watched GpuShare (:class:`ShareSummary`), its status, the request it stands for,
+    and whether it skips profiling, by ``namespace/name``."""
 
     def __init__(self) -> None:
+        self.by_key: dict[str, ShareSummary] = {}
         self.statuses: dict[str, Mapping[str, Any]] = {}
-        self._requests: dict[str, GpuRequest | None] = {}
         self._without_profiling: set[str] = set()
 
-    def upsert(self, share: Mapping[str, Any]) -> None:
+    def upsert(self, share: Mapping[str, Any]) -> ShareSummary | None:
+        """Take a watched GpuShare in; None (nothing kept) for an object without a name."""
         meta = share.get("metadata")
         if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
-            return
+            return None
+        summary = share_summary(share)
+        key = summary.key
+        self.by_key[key] = summary
         status = share.get("status")
-        key = f"{meta.get('namespace') or 'default'}/{meta['name']}"
         self.statuses[key] = dict(status) if isinstance(status, Mapping) else {}
         spec = share.get("spec")
-        self._requests[key] = _share_request(spec, name=str(meta["name"]))
         profiling = spec.get("profiling") if isinstance(spec, Mapping) else None
         mode = profiling.get("mode") if isinstance(profiling, Mapping) else None
         if mode == PROFILING_SKIP:
             self._without_profiling.add(key)
         else:
             self._without_profiling.discard(key)
+        return summary
 
     def delete(self, share: Mapping[str, Any]) -> None:
         meta = share.get("metadata")
         if isinstance(meta, Mapping):
             key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            self.by_key.pop(key, None)
             self.statuses.pop(key, None)
-            self._requests.pop(key, None)
             self._without_profiling.discard(key)
 
     def replace(self, shares: Iterable[Mapping[str, Any]]) -> None:
         """A full list: shares missing from it are gone."""
+        self.by_key.clear()
         self.statuses.clear()
-        self._requests.clear()
         self._without_profiling.clear()
         for share in shares:
             self.upsert(share)
@@ -57,27 +116,16 @@ class ShareRegistry:
         """The request a GpuShare stands for, from its spec as watched; None when there is no
         such share or its spec is invalid. Every replica has it (the webhook of a standby,
         which runs no operator, resolves ``gpushare.io/share`` with it)."""
-        return self._requests.get(f"{namespace}/{name}")
+        share = self.by_key.get(f"{namespace}/{name}")
+        return share.request if share is not None else None
 
     def skips_profiling(self, namespace: str, name: str) -> bool:
         """The GpuShare asks for no profiling (``spec.profiling.mode: skip``): its pods are
         never held back for a profiling run."""
         return f"{namespace}/{name}" in self._without_profiling
 
-
-def _share_request(spec: object, *, name: str) -> GpuRequest | None:
-    if not isinstance(spec, Mapping):
-        return None
-    try:
-        parsed = parse_spec(spec)
-    except InvalidInputError:
-        return None
-    return GpuRequest(
-        percent=parsed.percent,
-        memory_bytes=parsed.memory_bytes,
-        gpu_class=parsed.gpu_class,
-        share=name,
-    )
+    def in_namespace(self, namespace: str) -> Iterator[ShareSummary]:
+        return (s for s in self.by_key.values() if s.namespace == namespace)
 
 
 class PodRules:

@@ -7,21 +7,26 @@ restart rebuilds the same view from the API server.
 
 The view is assembled from parts, one concern each (modules of this package):
 
-- ``nodes``: the nodes' GPU inventories, and each node's version (a cache key);
+- ``nodes``: the nodes' GPU inventories, each node's version (a cache key), and what the
+  operator reads of every node (agent address, GPU models);
 - ``placements``: which GPUs each pod holds (its tenancy), and so each GPU's tenants;
 - ``hosts``: each node's free host CPU and memory (allocatable minus the requests of every pod
   bound there, gpushare's or not: the gpushare policy charges GPU share stranded by CPU or
   memory);
 - ``reservations``: binds in progress and filter-time holds, and the pods waiting for their
   Allocate (the bind gate);
-- ``shares``: GpuShare statuses, and the rules their pods carry;
+- ``shares``: the GpuShares (spec read once, status), and the rules their pods carry;
+- ``governance``: which pods a GpuShare governs, and who sits on which GPU (the operator's
+  reads);
 - ``tenancy``: namespace grants (the tenancy boundary, who may keep others off a GPU);
 - ``workload_marks``: workloads the node agents marked exclusive or separated;
 - ``pod_mix``: which pods are counted in the pod mix the policy measures against.
 
-This module keeps what ties them together: the gpushare pods as last watched (``pods.PodFacts``)
-and the watch entry points, which tell every part what changed, and the reads the extender, the
-webhook and the operator make.
+This module keeps what ties them together: the pods as last watched (``pods.PodFacts``, the one
+typed projection: the gpushare pods, and the pods naming gpushare-scheduler that a GpuShare may
+govern), the watch entry points, which tell every part what changed, and the reads the
+extender, the webhook and the operator make. The controller's informers feed it; the standalone
+operator feeds the same class from its Kopf handlers.
 
 All methods are synchronous and the process is single-threaded asyncio: a caller that checks a
 fit and reserves without awaiting in between can never oversubscribe a GPU.
@@ -35,12 +40,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpushare.api.request import GpuRequest
+from gpushare.cluster.state import governance
 from gpushare.cluster.state.host_resources import node_allocatable, pod_requests
 from gpushare.cluster.state.hosts import HostUsage
-from gpushare.cluster.state.nodes import NodeInventory, read_gpus
+from gpushare.cluster.state.nodes import (
+    NodeInfo,
+    NodeInventory,
+    node_info,
+    parse_inventory,
+    read_gpus,
+)
 from gpushare.cluster.state.placements import Placements
 from gpushare.cluster.state.pod_mix import MixCounter
-from gpushare.cluster.state.pods import PodFacts, facts, frozen_demand, pod_key
+from gpushare.cluster.state.pods import PodFacts, facts, frozen_demand, kept, ours, pod_key
 from gpushare.cluster.state.reservations import (
     Reservation,
     ReservationError,
@@ -48,7 +60,7 @@ from gpushare.cluster.state.reservations import (
     per_gpu_demand,
 )
 from gpushare.cluster.state.share_rules import NO_RULES, ShareRules, with_profile
-from gpushare.cluster.state.shares import PodRules, ShareRegistry, read_pod_rules
+from gpushare.cluster.state.shares import PodRules, ShareRegistry, ShareSummary, read_pod_rules
 from gpushare.cluster.state.tenancy import Tenancies
 from gpushare.cluster.state.workload_marks import WorkloadMarks
 from gpushare.packing.fit import fit_reason
@@ -56,10 +68,6 @@ from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, Tenant
 
 log = logging.getLogger(__name__)
-
-ShareResolver = Callable[[str, str], GpuRequest | None]
-"""(namespace, GpuShare name) -> the request it stands for, or None when there is no such share.
-Set by the operator; the webhook uses it for pods linked with ``gpushare.io/share``."""
 
 
 def _now() -> datetime:
@@ -91,7 +99,6 @@ class ClusterView:
         """Bumped on every change; lets readers cache derived data."""
         self.nodes_synced = False
         self.pods_synced = False
-        self.share_resolver: ShareResolver | None = None
         self.tenancies = Tenancies()
         """Namespace grants: the tenancy boundary and who may keep others off a GPU."""
         self.listeners: list[Callable[[str, str], None]] = []
@@ -99,6 +106,12 @@ class ClusterView:
         self.allocation_listeners: list[Callable[[str], None]] = []
         """Called with a node name when a pod there stopped waiting for its Allocate (or a
         reservation there ended): wakes binds waiting on that node."""
+        self.pod_listeners: list[Callable[[PodFacts], None]] = []
+        """Called with a kept pod after each event about it (an upsert, or its deletion with
+        the pod as last kept); not for the pods of a full list. The operator reconciles the
+        GpuShare governing it."""
+        self.sync_listeners: list[Callable[[], None]] = []
+        """Called whenever a full list leaves the view synced (``synced``)."""
 
         self._inventory = NodeInventory()
         self._marks = WorkloadMarks()
@@ -120,6 +133,10 @@ class ClusterView:
         )
         self._pods: dict[str, PodFacts] = {}
         """The gpushare pods as the watch last said, by key."""
+        self._governable: dict[str, PodFacts] = {}
+        """Pods naming gpushare-scheduler without a request (not gpushare's to place): a
+        GpuShare's selector may govern them, and the operator gives them its request."""
+        self._listing = False
 
         # The parts' indexes the hot paths read, bound once (the parts never replace them).
         self._nodes = self._inventory.nodes
@@ -273,6 +290,93 @@ class ClusterView:
         tenancy = self.tenancies.tenancy(namespace)
         return demand if demand.tenancy == tenancy else replace(demand, tenancy=tenancy)
 
+    # ---- the operator's reads ------------------------------------------------------------
+
+    def kept_pods(self) -> Iterator[PodFacts]:
+        """Every pod the view keeps: the gpushare pods, then the governable others."""
+        yield from self._pods.values()
+        yield from self._governable.values()
+
+    def kept_pod(self, key: str) -> PodFacts | None:
+        """A kept pod by key (``pod`` has only the pods gpushare places)."""
+        return self._pods.get(key) or self._governable.get(key)
+
+    def share(self, key: str) -> ShareSummary | None:
+        """A GpuShare by ``namespace/name``, as last watched."""
+        return self._shares.by_key.get(key)
+
+    def share_of(self, pod: PodFacts) -> ShareSummary | None:
+        """The GpuShare governing a pod (``governance.share_of``)."""
+        return governance.share_of(self._shares, pod)
+
+    def governed_pods(self, share: ShareSummary) -> list[PodFacts]:
+        """GPU pods of the share's namespace that it governs, oldest first."""
+        return governance.governed_pods(self._shares, self.kept_pods(), share)
+
+    def tenants_by_gpu(self) -> dict[tuple[str, str], list[PodFacts]]:
+        """(node, GPU UUID) -> active pods placed on that GPU."""
+        return governance.tenants_by_gpu(self.kept_pods())
+
+    def node_info(self, name: str) -> NodeInfo | None:
+        """What the operator reads of a node (any watched node, GPUs usable or not)."""
+        return self._inventory.about.get(name)
+
+    def node_infos(self) -> Mapping[str, NodeInfo]:
+        return self._inventory.about
+
+    def gpu_model(self, node: str | None, gpu_uuid: str | None) -> str | None:
+        info = self._inventory.about.get(node) if node is not None else None
+        if info is None or gpu_uuid is None:
+            return None
+        return info.gpu_models.get(gpu_uuid)
+
+    def gpu_models(self) -> set[str]:
+        """Every GPU model of the cluster's node inventories."""
+        return {m for n in self._inventory.about.values() for m in n.gpu_models.values()}
+
+    def mark_synced(self) -> None:
+        """Both kinds are in (a full list of each, or no API server to list from)."""
+        self.nodes_synced = self.pods_synced = True
+        self._notify_synced()
+
+    def add_listed(
+        self, *, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+    ) -> None:
+        """Take in a one-off listing (the standalone operator's, whose watches are Kopf's
+        handlers): only the nodes and pods not seen yet, since watch events that came meanwhile
+        are newer; no pod events. Then the view is synced."""
+        for node in nodes:
+            meta = node.get("metadata")
+            name = meta.get("name") if isinstance(meta, Mapping) else None
+            if isinstance(name, str) and name not in self._inventory.about:
+                self.upsert_node(node)
+        self._listing = True
+        try:
+            for pod in pods:
+                if self.kept_pod(pod_key(pod)) is None:
+                    self.upsert_pod(pod)
+        finally:
+            self._listing = False
+        self.mark_synced()
+
+    def _notify_synced(self) -> None:
+        if not self.synced:
+            return
+        for listener in self.sync_listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("sync listener failed")
+
+    def _pod_event(self, pod: PodFacts) -> None:
+        if self._listing:
+            return
+        for listener in self.pod_listeners:
+            try:
+                listener(pod)
+            except Exception:
+                log.exception("pod listener failed", extra={"pod": pod.key})
+
     # ---- nodes ---------------------------------------------------------------------------
 
     def upsert_node(self, node: Mapping[str, Any]) -> None:
@@ -284,9 +388,13 @@ class ClusterView:
         ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
         assert isinstance(ann, Mapping)
         self._marks.read(name, ann)
-        inventory, problem = read_gpus(node, name, ann)
+        parsed, problem = parse_inventory(name, ann)
+        self._inventory.about[name] = node_info(node, name, parsed)
+        inventory, unusable = read_gpus(node, parsed)
+        problem = problem or unusable
         if inventory is None:
-            self.delete_node(name)
+            if self._inventory.drop(name):
+                self._changed("node", name)
             if problem is not None:
                 self._inventory.problems[name] = problem
             return
@@ -298,6 +406,7 @@ class ClusterView:
             self._changed("node", name)
 
     def delete_node(self, name: str) -> None:
+        self._inventory.about.pop(name, None)
         if self._inventory.drop(name):
             self._changed("node", name)
 
@@ -309,10 +418,11 @@ class ClusterView:
             if isinstance(meta, Mapping) and isinstance(meta.get("name"), str):
                 seen.add(meta["name"])
             self.upsert_node(node)
-        for name in [n for n in self._nodes if n not in seen]:
+        for name in [n for n in {*self._nodes, *self._inventory.about} if n not in seen]:
             self.delete_node(name)
         self._marks.keep_only(seen)
         self.nodes_synced = True
+        self._notify_synced()
 
     # ---- pods ----------------------------------------------------------------------------
 
@@ -322,17 +432,25 @@ class ClusterView:
         f = facts(pod)
         cpu, memory = pod_requests(pod)
         self._hosts.bind(f.key, None if f.finished else f.node, cpu, memory)
-        ours = f.demand is not None or f.placement is not None or f.problem is not None
+        placed = ours(f)
         self._mix_count.count(
-            self.mix, pod, f, ours=ours, cpu=cpu, memory=memory, gpu_nodes=self._nodes
+            self.mix, pod, f, ours=placed, cpu=cpu, memory=memory, gpu_nodes=self._nodes
         )
-        if not ours:
+        if not placed:
             self._forget(f.key)
+            if kept(f):
+                self._governable[f.key] = f
+                self._pod_event(f)
+            else:
+                self._governable.pop(f.key, None)
             return None
+        self._governable.pop(f.key, None)
         namespace = f.key.partition("/")[0]
         rules = read_pod_rules(pod, granted=self.tenancies.neighbour_rules(namespace))
         if f.demand is not None:
-            f = replace(f, demand=self.with_tenancy(with_profile(f.demand, rules), namespace))
+            demand = self.with_tenancy(with_profile(f.demand, rules), namespace)
+            if demand is not f.demand:  # most pods: unchanged, and a copy of the facts costs
+                f = replace(f, demand=demand)
         f = frozen_demand(self._pods.get(f.key), f)
         self._set_rules(f.key, rules)
         self._pods[f.key] = f
@@ -350,12 +468,16 @@ class ClusterView:
             # Bound with our annotations (or gone): the annotations are the record now.
             self._reservations.drop(f.key)
         self._apply(f.key)
+        self._pod_event(f)
         return f
 
     def delete_pod(self, key: str) -> None:
+        last = self._pods.get(key) or self._governable.pop(key, None)
         self._hosts.unbind(key)
         self._mix_count.forget(key)
         self._forget(key)
+        if last is not None:
+            self._pod_event(last)
 
     def _forget(self, key: str) -> None:
         """Drop what the view keeps of a pod on GPUs (its host resources follow what
@@ -372,15 +494,27 @@ class ClusterView:
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """A full list: gpushare pods missing from it are gone."""
         seen: set[str] = set()
-        for pod in pods:
-            self.upsert_pod(pod)
-            seen.add(pod_key(pod))
-        gone = {
-            k for k in (*self._pods, *self._hosts.bound, *self._mix_count.counted) if k not in seen
-        }
-        for key in gone:
-            self.delete_pod(key)
+        self._listing = True
+        try:
+            for pod in pods:
+                self.upsert_pod(pod)
+                seen.add(pod_key(pod))
+            gone = {
+                k
+                for k in (
+                    *self._pods,
+                    *self._governable,
+                    *self._hosts.bound,
+                    *self._mix_count.counted,
+                )
+                if k not in seen
+            }
+            for key in gone:
+                self.delete_pod(key)
+        finally:
+            self._listing = False
         self.pods_synced = True
+        self._notify_synced()
 
     def expire_stale(self) -> list[str]:
         """Re-evaluate placements written but never bound; returns the keys that let go."""
@@ -426,8 +560,9 @@ class ClusterView:
 
     # ---- GpuShares -----------------------------------------------------------------------
 
-    def upsert_share(self, share: Mapping[str, Any]) -> None:
-        self._shares.upsert(share)
+    def upsert_share(self, share: Mapping[str, Any]) -> ShareSummary | None:
+        """Take a watched GpuShare in; returns it as kept (None for an object with no name)."""
+        return self._shares.upsert(share)
 
     def delete_share(self, share: Mapping[str, Any]) -> None:
         self._shares.delete(share)

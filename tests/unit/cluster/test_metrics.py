@@ -12,7 +12,6 @@ from gpushare.api.gpushare_crd import ShareProfile
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.settings import OperatorConfig
-from gpushare.cluster.operator.view import ClusterView as OperatorView
 from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.builders import gpu, node_json, pod_json
 
@@ -88,9 +87,9 @@ def test_share_profiles_are_exported_per_pipe_and_broken_ones_skipped() -> None:
 
 def test_protection_eviction_series_exist_at_zero_for_every_known_gpu() -> None:
     registry = CollectorRegistry()
-    view = OperatorView()
+    view = ClusterView()
     for name, gpus in (("n1", [gpu("G0"), gpu("G1", index=1)]), ("n2", [gpu("G2")])):
-        view.put_node(node_json(name, gpus))
+        view.upsert_node(node_json(name, gpus))
     guard = LatencyGuard(
         config=OperatorConfig(),
         kube=None,  # type: ignore[arg-type]  # no latency pod: nothing to read or evict
@@ -105,7 +104,7 @@ def test_protection_eviction_series_exist_at_zero_for_every_known_gpu() -> None:
         (("gpu_uuid", "G1"), ("node", "n1")): 0.0,
         (("gpu_uuid", "G2"), ("node", "n2")): 0.0,
     }
-    view.put_node(node_json("n2", None), deleted=True)
+    view.delete_node("n2")
     asyncio.run(guard.tick())
     assert {
         dict(k)["gpu_uuid"] for k in samples(registry, "gpushare_protection_evictions_total")

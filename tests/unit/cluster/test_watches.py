@@ -1,4 +1,5 @@
-"""The controller's watches: readers besides the view, and the GpuShare watch handed to Kopf."""
+"""The controller's watches: the view's listeners (the operator), and the GpuShare watch handed
+to Kopf."""
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
@@ -15,14 +16,18 @@ SHARE = {"metadata": {"name": "s", "namespace": "ml"}, "spec": {}, "status": {"p
 
 
 class Informers:
-    """Stands in for the API server's list and watch: delivers ``listing`` per kind, then
-    blocks like an open watch (or raises ``error``)."""
+    """Stands in for the API server's list and watch: delivers ``listing`` per kind, then its
+    ``changes`` (upserted objects), then blocks like an open watch (or raises ``error``)."""
 
     def __init__(
-        self, listing: Mapping[Watched, list[dict[str, Any]]], error: Exception | None = None
+        self,
+        listing: Mapping[Watched, list[dict[str, Any]]],
+        error: Exception | None = None,
+        changes: Mapping[Watched, list[dict[str, Any]]] | None = None,
     ):
         self.listing = listing
         self.error = error
+        self.changes = changes or {}
         self.open: set[Watched] = set()
 
     async def inform(
@@ -35,6 +40,8 @@ class Informers:
         resync_seconds: float,
     ) -> None:
         replace(self.listing.get(kind, []))
+        for obj in self.changes.get(kind, []):
+            upsert(obj)
         if self.error is not None:
             raise self.error
         self.open.add(kind)
@@ -44,33 +51,25 @@ class Informers:
             self.open.discard(kind)
 
 
-class Recorder:
-    def __init__(self, fail: bool = False) -> None:
-        self.fail = fail
-        self.listed: list[list[Mapping[str, Any]]] = []
-
-    def replace(self, objects: Iterable[Mapping[str, Any]]) -> None:
-        if self.fail:
-            raise RuntimeError("reader broke")
-        self.listed.append(list(objects))
-
-    def upsert(self, obj: Mapping[str, Any]) -> None: ...
-
-    def delete(self, obj: Mapping[str, Any]) -> None: ...
-
-
-async def test_pods_reach_the_view_and_every_reader_even_when_one_reader_fails() -> None:
+async def test_pods_reach_the_view_and_every_listener_even_when_one_listener_fails() -> None:
     view = ClusterView()
     pods = [pod_json("a", fraction="0.5", scheduled=True)]
-    kube = Informers({Watched.PODS: pods})
-    broken, reader = Recorder(fail=True), Recorder()
+    changed = pod_json("b", fraction="0.5", scheduled=True)
+    kube = Informers({Watched.PODS: pods}, changes={Watched.PODS: [changed]})
+    heard: list[str] = []
+
+    def broken(_pod: object) -> None:
+        raise RuntimeError("listener broke")
+
+    view.pod_listeners += [broken, lambda pod: heard.append(pod.key)]
     task = asyncio.create_task(
-        watches.feed_pods(kube, view, resync_seconds=60, also=(broken, reader))  # type: ignore[arg-type]
+        watches.feed_pods(kube, view, resync_seconds=60)  # type: ignore[arg-type]
     )
     await asyncio.sleep(0.01)
     assert Watched.PODS in kube.open  # the watch goes on
     assert view.pods_synced
-    assert reader.listed == [pods]
+    assert sorted(view.pods()) == ["default/a", "default/b"]
+    assert heard == ["default/b"]  # a change, not the pods of a full list
     task.cancel()
 
 

@@ -23,7 +23,8 @@ from gpushare.cluster.operator.profiling import (
     stale_marks,
     with_condition,
 )
-from gpushare.cluster.operator.view import PodSummary, ShareSummary, pod_summary, share_summary
+from gpushare.cluster.state.pods import PodFacts, facts
+from gpushare.cluster.state.shares import ShareSummary, share_summary
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 GPU = "GPU-0b9c3e1a-0000-4000-8000-000000000001"
@@ -47,7 +48,7 @@ def pod(
     phase: str = "Pending",
     annotations: dict[str, str] | None = None,
     threads: int = 50,
-) -> PodSummary:
+) -> PodFacts:
     ann = {ANN_SHARE: "train", **(annotations or {})}
     if node is not None:
         placement = Placement(
@@ -76,7 +77,7 @@ def pod(
         },
         "status": {"phase": phase},
     }
-    return pod_summary(body)
+    return facts(body)
 
 
 CACHED = ShareProfile("NVIDIA H200", 0.02, 0.05, 0.0, 0.78, 0.6, 0.4, 2**34, 60.0, T0)
@@ -184,7 +185,7 @@ def test_unreachable_agent_gives_up_after_the_grace_period() -> None:
     [([], "was deleted"), ([pod("a", node="n1", phase="Succeeded")], "ended (Succeeded)")],
 )
 def test_profiling_pod_gone_before_its_window_restarts_the_election(
-    pods: list[PodSummary], words: str
+    pods: list[PodFacts], words: str
 ) -> None:
     status = {"phase": "Profiling", "profilingPod": "a", "profilingAttempts": 0}
     step = next_step(share(status), pods, cached=None, now=T0)

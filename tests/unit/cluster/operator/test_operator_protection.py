@@ -20,7 +20,8 @@ from gpushare.cluster.operator.protection import (
     choose_victim,
     judge,
 )
-from gpushare.cluster.operator.view import ClusterView, PodSummary, pod_summary
+from gpushare.cluster.state.pods import PodFacts, facts
+from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.interference import load_default
 
 BF16_GEMM = Reading(
@@ -93,9 +94,9 @@ def test_a_refused_eviction_keeps_the_streak_and_is_reported_once() -> None:
     assert tracker.blocked(GPU) is False  # ... without a second report
 
 
-def _pod(name: str, cls: str, bind_minute: int, **extra: str) -> PodSummary:
+def _pod(name: str, cls: str, bind_minute: int, **extra: str) -> PodFacts:
     placement = Placement((GPU,), 30, 2**30, T0 + timedelta(minutes=bind_minute), "allocated")
-    return pod_summary(
+    return facts(
         {
             "metadata": {
                 "name": name,

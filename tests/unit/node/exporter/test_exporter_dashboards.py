@@ -17,7 +17,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.settings import OperatorConfig
-from gpushare.cluster.operator.view import ClusterView as OperatorView
 from gpushare.cluster.state.view import ClusterView
 from gpushare.node.exporter import HealthRecorder, MpsDaemonStatus, PodAllocation, build_exporter
 from gpushare.node.gpu.backend import HealthEvent
@@ -70,8 +69,8 @@ def controller_series_names() -> set[str]:
         [{"metadata": {"namespace": "ns", "name": "s"}, "status": {"profile": profile}}]
     )
     metrics = Metrics(view)
-    guard_view = OperatorView()
-    guard_view.put_node(node_json("n1", [gpu("G0")]))
+    guard_view = ClusterView()
+    guard_view.upsert_node(node_json("n1", [gpu("G0")]))
     guard = LatencyGuard(
         config=OperatorConfig(),
         kube=None,  # type: ignore[arg-type]

@@ -1,0 +1,46 @@
+"""Which pods a GpuShare governs, and who sits on which GPU: the operator's reads of the view.
+
+Pure functions over the view's one pod projection (:class:`~.pods.PodFacts`) and its GpuShares
+(:class:`~.shares.ShareRegistry`); the view exposes them as methods.
+"""
+
+from collections.abc import Iterable
+
+from gpushare.api.gpushare_crd import governing_share
+from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.shares import ShareRegistry, ShareSummary
+
+
+def share_of(shares: ShareRegistry, pod: PodFacts) -> ShareSummary | None:
+    """The GpuShare governing a pod, if the view knows it."""
+    name = governing_share(
+        ((s.name, s.spec) for s in shares.in_namespace(pod.namespace)),
+        labels=pod.labels,
+        annotations=pod.annotations,
+    )
+    return shares.by_key.get(f"{pod.namespace}/{name}") if name else None
+
+
+def governed_pods(
+    shares: ShareRegistry, pods: Iterable[PodFacts], share: ShareSummary
+) -> list[PodFacts]:
+    """GPU pods of the share's namespace that the share governs, oldest first."""
+    found = []
+    for pod in pods:
+        if pod.namespace != share.namespace or not pod.gpu_pod:
+            continue
+        governing = share_of(shares, pod)
+        if governing is not None and governing.name == share.name:
+            found.append(pod)
+    return sorted(found, key=lambda p: (p.created, p.name))
+
+
+def tenants_by_gpu(pods: Iterable[PodFacts]) -> dict[tuple[str, str], list[PodFacts]]:
+    """(node, GPU UUID) -> active pods placed on that GPU (pods on several GPUs left out)."""
+    out: dict[tuple[str, str], list[PodFacts]] = {}
+    for pod in pods:
+        uuid = pod.gpu_uuid
+        if uuid is None or pod.node is None or not pod.active:
+            continue
+        out.setdefault((pod.node, uuid), []).append(pod)
+    return out
