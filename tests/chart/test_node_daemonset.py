@@ -185,14 +185,14 @@ def test_extra_volume_mounts_need_a_mount_path(chart: Chart) -> None:
     assert "mountPath" in error
 
 
-DRA_FLAGS = ("--mode", "--kubelet-root", "--cdi-dir")
-
-
 def _dra_args(c: dict[str, Any]) -> dict[str, str]:
-    """The DRA flags of the agent's command line; every other flag must parse as before."""
-    _, unknown = build_parser().parse_known_args(c["args"])
-    assert all(a.split("=", 1)[0] in DRA_FLAGS for a in unknown), unknown
-    return dict(a.split("=", 1) for a in c["args"] if a.split("=", 1)[0] in DRA_FLAGS)
+    """The DRA flags of the agent's command line, read by the agent's own parser."""
+    args = build_parser().parse_args(c["args"])
+    return {
+        "mode": args.mode,
+        "kubelet_root": str(args.kubelet_root),
+        "cdi_dir": str(args.cdi_dir),
+    }
 
 
 def _host_paths(ds: dict[str, Any]) -> dict[str, str]:
@@ -207,7 +207,9 @@ def _host_paths(ds: dict[str, Any]) -> dict[str, str]:
 
 
 def test_device_plugin_mode_passes_no_dra_flags(chart: Chart) -> None:
-    assert _dra_args(_agent(_ds(chart))) == {}
+    c = _agent(_ds(chart))
+    assert not [a for a in c["args"] if a.startswith(("--mode", "--kubelet-root", "--cdi-dir"))]
+    assert _dra_args(c)["mode"] == "deviceplugin"
 
 
 def test_dra_mode_serves_the_kubelet_plugin_api_instead_of_a_device_plugin(chart: Chart) -> None:
@@ -217,9 +219,9 @@ def test_dra_mode_serves_the_kubelet_plugin_api_instead_of_a_device_plugin(chart
     ds = _ds(chart, {"mode": "dra"}, values_files=[LOCAL_VALUES])
     c = _agent(ds)
     assert _dra_args(c) == {
-        "--mode": "dra",
-        "--kubelet-root": "/var/lib/kubelet",
-        "--cdi-dir": "/var/run/cdi",
+        "mode": "dra",
+        "kubelet_root": "/var/lib/kubelet",
+        "cdi_dir": "/var/run/cdi",
     }
     assert not [a for a in c["args"] if a.startswith(("--device-plugin-dir", "--plugin-endpoint"))]
     paths = _host_paths(ds)
@@ -244,8 +246,8 @@ def test_dra_paths_follow_kubelet_root_and_cdi_dir(chart: Chart) -> None:
         "dra": {"cdiDir": "/etc/cdi"},
     }
     ds = _ds(chart, values)
-    assert _dra_args(_agent(ds))["--kubelet-root"] == "/var/lib/k0s/kubelet"
-    assert _dra_args(_agent(ds))["--cdi-dir"] == "/etc/cdi"
+    assert _dra_args(_agent(ds))["kubelet_root"] == "/var/lib/k0s/kubelet"
+    assert _dra_args(_agent(ds))["cdi_dir"] == "/etc/cdi"
     assert {
         "/var/lib/k0s/kubelet/plugins/gpu.gpushare.io",
         "/var/lib/k0s/kubelet/plugins_registry",
@@ -268,8 +270,8 @@ def test_two_node_pools_run_each_mode_on_their_own_nodes(chart: Chart) -> None:
     dp = rendered.get("DaemonSet", "gpushare-node-agent")
     dra = rendered.get("DaemonSet", "gpushare-node-agent-dra")
     assert len(rendered.all("DaemonSet")) == 2
-    assert _dra_args(_agent(dp)) == {}
-    assert _dra_args(_agent(dra))["--mode"] == "dra"
+    assert _dra_args(_agent(dp))["mode"] == "deviceplugin"
+    assert _dra_args(_agent(dra))["mode"] == "dra"
     selector = {
         n: d["spec"]["template"]["spec"]["nodeSelector"] for n, d in (("dp", dp), ("dra", dra))
     }

@@ -4,8 +4,9 @@ allowMultipleAllocations, consumable gpuPercent and memory), and kube-scheduler'
 
 It proves what the DRA mode relies on (docs/dra.md): several claims get shares of one GPU, each
 with its own shareID and consumed capacity, and a claim that would take the GPU past 100 % waits
-Pending with the scheduler's reason until a share is released. No kubelet plugin is
-registered, so the pods stop at FailedPrepareDynamicResources: the node side is the driver's.
+Pending with the scheduler's reason until a share is released. The slice is made by hand
+(test_dra_driver.py runs the real driver), so the kubelet cannot prepare these claims: the pods
+stop at FailedPrepareDynamicResources, which is the node side's business.
 """
 
 import json
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.cluster
 
 DRIVER = "gpu.gpushare.io"
 DEVICE = "gpu-0"
+POOL = "gpushare-plumbing-test"
 NO_FIT = "cannot allocate all claims"
 
 Obj = dict[str, Any]
@@ -45,17 +47,19 @@ def _device_class() -> Obj:
     return dc
 
 
-def _slice(node: str) -> Obj:
-    """One simulated H100 as the driver publishes it: 100 gpuPercent (a claim asking for no
-    share gets the whole GPU) and 80Gi of memory (a claim asking for none consumes none)."""
+def _slice() -> Obj:
+    """One H100 as the driver publishes it: 100 gpuPercent (a claim asking for no share gets
+    the whole GPU) and 80Gi of memory (a claim asking for none consumes none). Its own pool,
+    reachable from every node (the cluster has one), so neither a kubelet's wipe of the node's
+    slices nor the driver's own slice for the node touches it."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{DRIVER}-test"},
+        "metadata": {"name": POOL},
         "spec": {
             "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "allNodes": True,
+            "pool": {"name": POOL, "generation": 1, "resourceSliceCount": 1},
             "devices": [
                 {
                     "name": DEVICE,
@@ -82,7 +86,7 @@ def _slice(node: str) -> Obj:
 
 @pytest.fixture(scope="module")
 def gpu_slice(dra_cluster: LocalCluster) -> Iterator[Obj]:
-    dc, rs = _device_class(), _slice(dra_cluster.node_name)
+    dc, rs = _device_class(), _slice()
     dra_cluster.kubectl(
         "apply",
         "-f",
@@ -210,7 +214,7 @@ def test_two_claims_share_one_gpu_and_one_past_100_percent_waits(
     b = _wait("share-50 allocated", 60, lambda: _result(c, ns, "share-50"))
     # Both on the same GPU of this node, each a share of its own.
     for r, percent in ((a, "30"), (b, "50")):
-        assert (r["driver"], r["pool"], r["device"]) == (DRIVER, c.node_name, DEVICE)
+        assert (r["driver"], r["pool"], r["device"]) == (DRIVER, POOL, DEVICE)
         assert r["consumedCapacity"] == {"gpuPercent": percent, "memory": "0"}
     assert a["shareID"] and b["shareID"] and a["shareID"] != b["shareID"]
     for pod in ("job-30", "job-50"):
@@ -229,13 +233,12 @@ def test_two_claims_share_one_gpu_and_one_past_100_percent_waits(
     assert pending["status"]["phase"] == "Pending" and not pending["spec"].get("nodeName")
     assert _result(c, ns, "share-30b") is None
 
-    # No kubelet plugin serves gpu.gpushare.io here: the allocated pods stop at the node.
-    prepare = _wait(
+    # No driver prepares a hand-made slice's devices: the allocated pods stop at the node.
+    _wait(
         "the kubelet's FailedPrepareDynamicResources",
         60,
         lambda: c.events(ns, name="job-30", reason="FailedPrepareDynamicResources"),
     )
-    assert f"DRA driver {DRIVER} is not registered" in prepare[0]["message"]
 
     # Releasing the 50 % share lets the waiting pod have the GPU.
     c.kubectl("delete", "pod", "job-50", "-n", ns, "--grace-period=0", "--force")
