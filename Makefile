@@ -40,7 +40,7 @@ krew: $(BIN)/python ## build the krew plugin archive into dist/ and write deploy
 prereqs: ## install the OS packages the local cluster needs (Debian/Ubuntu, as root)
 	hack/install-prereqs.sh
 
-tools: ## build and cache Kubernetes, etcd, helm and kwok from the Go module proxy
+tools: ## build and cache Kubernetes, etcd, helm, kwok, the Prometheus Operator and containerd (DRA mode) from the Go module proxy
 	hack/build-tools.sh all
 
 demo: venv prereqs tools ## bring up the local cluster with simulated GPUs and show it

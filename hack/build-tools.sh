@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the local cluster's binaries from the Go module proxy and cache them outside the repo.
 #
-#   hack/build-tools.sh [all|kube|etcd|helm|kwok|prometheus-operator]   (default: all)
+#   hack/build-tools.sh [all|kube|etcd|helm|kwok|prometheus-operator|containerd]   (default: all)
 #
 # Kubernetes and etcd publish their server binaries from modules whose go.mod replaces
 # sibling modules with relative paths (./staging/src/k8s.io/api, ../api), so `go install
@@ -109,6 +109,23 @@ build_go_install() { # NAME VERSION PKG
   rm -rf "$out"; mv "$out.partial" "$out"
 }
 
+# containerd (daemon, runc shim and ctr) for the local cluster's DRA mode: the distribution's
+# containerd may predate CDI (1.7). Its module has no relative replaces, so `go install` builds
+# it; without cgo the btrfs snapshotter is left out (no_btrfs), which the cluster disables anyway.
+build_containerd() {
+  local v=$CONTAINERD_VERSION out="$GPUSHARE_CACHE_DIR/bin/containerd-$CONTAINERD_VERSION"
+  local module=github.com/containerd/containerd/v2
+  if [[ -x $out/containerd && -x $out/containerd-shim-runc-v2 && -x $out/ctr ]]; then
+    log "containerd $v cached in $out"; return
+  fi
+  log "go install $module/cmd/{containerd,containerd-shim-runc-v2,ctr}@$v"
+  rm -rf "$out.partial"; mkdir -p "$out.partial"
+  GOBIN="$out.partial" go install -trimpath -tags "no_btrfs osusergo netgo" \
+    -ldflags "-s -w -X $module/version.Version=$v -X $module/version.Package=$module" \
+    "$module/cmd/containerd@$v" "$module/cmd/containerd-shim-runc-v2@$v" "$module/cmd/ctr@$v"
+  rm -rf "$out"; mv "$out.partial" "$out"
+}
+
 # Prometheus itself, for the Prometheus Operator test: Debian's package is built without
 # kubernetes_sd_configs, which every ServiceMonitor needs. Its go.mod pins one dependency with
 # a replace, so it is built through a wrapper module like the others (no web UI assets: the
@@ -152,6 +169,7 @@ case $what in
   helm) build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
   kwok) build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok ;;
   prometheus-operator) build_prometheus_operator; build_prometheus ;;
+  containerd) build_containerd ;;
   all)
     build_etcd
     build_kube
@@ -159,8 +177,9 @@ case $what in
     build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
     build_prometheus_operator
     build_prometheus
+    build_containerd
     ;;
   -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) die "unknown target '$what'; use one of: all kube etcd helm kwok prometheus-operator" ;;
+  *) die "unknown target '$what'; use one of: all kube etcd helm kwok prometheus-operator containerd" ;;
 esac
 log "done: $what"

@@ -14,6 +14,16 @@
 # Settings (environment): GPUSHARE_STATE_DIR (default /var/lib/gpushare-dev), GPUSHARE_NODE_NAME
 # (default gpushare-dev), GPUSHARE_EXTENDER_URL (default http://127.0.0.1:8888/scheduler),
 # GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh). Needs root.
+# GPUSHARE_CLUSTER_MODE picks what `up` starts (default deviceplugin):
+#   deviceplugin  the distribution's containerd and Kubernetes' default feature gates, as users
+#                 run the device-plugin mode;
+#   dra           containerd $CONTAINERD_VERSION (hack/build-tools.sh containerd) with CDI on
+#                 (specs in /etc/cdi and /var/run/cdi), and the feature gate DRAConsumableCapacity
+#                 on the API server, both schedulers, the controller-manager and the kubelet, for
+#                 the DRA mode (docs/dra.md). GPUSHARE_CONTAINERD_BIN names a directory with a
+#                 prebuilt containerd, containerd-shim-runc-v2 and ctr instead.
+# The running cluster's mode is kept in its state directory: later commands (start,
+# restart-kubelet, env, status) follow it, and `up` in the other mode refuses until `down`.
 # A machine without Go or a build cache (a GPU host, see docs/gpu-cluster.md) names prebuilt
 # pieces instead: GPUSHARE_KUBE_BIN and GPUSHARE_ETCD_BIN (directories of the binaries),
 # GPUSHARE_CNI_BIN_DIR (CNI plugins, default /usr/lib/cni) and GPUSHARE_IMAGE_ARCHIVES (a
@@ -46,6 +56,9 @@ CNI_BIN_DIR="${GPUSHARE_CNI_BIN_DIR:-/usr/lib/cni}"
 IMAGE_ARCHIVES="${GPUSHARE_IMAGE_ARCHIVES:-}"
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.1
 BUSYBOX_IMAGE=gpushare.local/busybox:1.35
+CONTAINERD_BIN="${GPUSHARE_CONTAINERD_BIN:-$GPUSHARE_CACHE_DIR/bin/containerd-$CONTAINERD_VERSION}"
+CDI_SPEC_DIRS=(/etc/cdi /var/run/cdi)
+DRA_FEATURE_GATES=DRAConsumableCapacity=true
 COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager kube-scheduler gpushare-scheduler kube-proxy kubelet)
 
 CLUSTER_LOG_NAME=local-cluster
@@ -55,13 +68,38 @@ APISERVER_URL=https://127.0.0.1:6443
 # shellcheck source=hack/lib/cluster-common.sh
 source "$here/lib/cluster-common.sh"
 
+# MODE is the mode of the cluster in $STATE (recorded by `up`), else the one asked for;
+# MODE_ARGS is the feature-gate flag each Kubernetes component gets in it (none in deviceplugin).
+requested_mode() {
+  local m=${GPUSHARE_CLUSTER_MODE:-deviceplugin}
+  [[ $m == deviceplugin || $m == dra ]] || die "GPUSHARE_CLUSTER_MODE=$m; use deviceplugin or dra"
+  echo "$m"
+}
+recorded_mode() { if [[ -f $STATE/mode ]]; then cat "$STATE/mode"; else requested_mode; fi; }
+set_mode() { # MODE
+  MODE=$1 MODE_ARGS=()
+  if [[ $MODE == dra ]]; then MODE_ARGS=(--feature-gates "$DRA_FEATURE_GATES"); fi
+}
+MODE=$(recorded_mode)
+set_mode "$MODE"
+
 need() { # CMD INSTALL_HINT
   command -v "$1" >/dev/null || die "'$1' not found; install it with: $2"
 }
 
 check_prereqs() {
   [[ $(id -u) -eq 0 ]] || die "needs root (it runs containerd and a kubelet); rerun with sudo"
-  need containerd "hack/install-prereqs.sh (apt-get install containerd)"
+  if [[ $MODE == dra ]]; then
+    local c
+    for c in containerd containerd-shim-runc-v2 ctr; do
+      [[ -x $CONTAINERD_BIN/$c ]] && continue
+      [[ -z ${GPUSHARE_CONTAINERD_BIN:-} ]] || die "GPUSHARE_CONTAINERD_BIN=$CONTAINERD_BIN has no $c"
+      log "containerd $CONTAINERD_VERSION missing; building it (hack/build-tools.sh containerd)"
+      "$here/build-tools.sh" containerd; break
+    done
+  else
+    need containerd "hack/install-prereqs.sh (apt-get install containerd)"
+  fi
   need runc "hack/install-prereqs.sh (apt-get install runc)"
   need ctr "hack/install-prereqs.sh (apt-get install containerd)"
   need openssl "apt-get install openssl"
@@ -150,6 +188,7 @@ EOF
 
 start_containerd() {
   mkdir -p "$STATE/containerd"
+  if [[ $MODE == dra ]]; then start_containerd_cdi; return; fi
   cat >"$STATE/containerd/config.toml" <<EOF
 version = 2
 root = "$STATE/containerd/root"
@@ -177,7 +216,49 @@ EOF
   wait_for "containerd" 30 ctr --address "$RUN/containerd.sock" version
 }
 
-ctr_k8s() { ctr --address "$RUN/containerd.sock" -n k8s.io "$@"; }
+# The DRA mode's containerd (2.x, config version 3) with CDI on: the kubelet passes on the CDI
+# device names a DRA driver returns, and containerd applies the specs it finds in CDI_SPEC_DIRS.
+# Its own runc shim comes first on PATH.
+start_containerd_cdi() {
+  local dirs
+  dirs=$(printf '"%s", ' "${CDI_SPEC_DIRS[@]}")
+  cat >"$STATE/containerd/config.toml" <<EOF
+version = 3
+root = "$STATE/containerd/root"
+state = "$RUN/containerd"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs"]
+[grpc]
+  address = "$RUN/containerd.sock"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "$PAUSE_IMAGE"
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = true
+  cdi_spec_dirs = [${dirs%, }]
+  # Processes here may not lower oom_score_adj (no CAP_SYS_RESOURCE in this VM): clamp it.
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["$CNI_BIN_DIR"]
+    conf_dir = "$STATE/cni/net.d"
+EOF
+  mkdir -p "${CDI_SPEC_DIRS[@]}"
+  start containerd env PATH="$CONTAINERD_BIN:$PATH" "$CONTAINERD_BIN/containerd" \
+    --config "$STATE/containerd/config.toml"
+  wait_for "containerd" 30 ctr_k8s version
+}
+
+ctr_k8s() {
+  local ctr=ctr
+  if [[ $MODE == dra ]]; then ctr=$CONTAINERD_BIN/ctr; fi
+  "$ctr" --address "$RUN/containerd.sock" -n k8s.io "$@"
+}
 
 import_images() {
   local img="$STATE/images" build="$GPUSHARE_CACHE_DIR/images"
@@ -233,7 +314,7 @@ start_apiserver() {
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
     --allow-privileged=true --profiling=false --event-ttl 1h \
-    --max-requests-inflight 800 --max-mutating-requests-inflight 400
+    --max-requests-inflight 800 --max-mutating-requests-inflight 400 "${MODE_ARGS[@]}"
   wait_for kube-apiserver 90 kubectl_admin get --raw /readyz
 }
 
@@ -246,7 +327,7 @@ start_controller_manager() {
     --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
     --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
     --use-service-account-credentials=true --controllers '*,-nodeipam,-cloud-node-lifecycle' \
-    --kube-api-qps 200 --kube-api-burst 400
+    --kube-api-qps 200 --kube-api-burst 400 "${MODE_ARGS[@]}"
 }
 
 write_scheduler_configs() {
@@ -257,10 +338,10 @@ start_schedulers() {
   write_scheduler_configs
   start kube-scheduler "$KUBE_BIN/kube-scheduler" --config "$STATE/kube-scheduler.yaml" \
     --authentication-kubeconfig "$STATE/scheduler.kubeconfig" --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port 10259
+    --bind-address 127.0.0.1 --secure-port 10259 "${MODE_ARGS[@]}"
   start gpushare-scheduler "$KUBE_BIN/kube-scheduler" --config "$STATE/gpushare-scheduler.yaml" \
     --authentication-kubeconfig "$STATE/scheduler.kubeconfig" --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port 10261
+    --bind-address 127.0.0.1 --secure-port 10261 "${MODE_ARGS[@]}"
 }
 
 start_kube_proxy() {
@@ -329,7 +410,7 @@ start_kubelet() {
   mkdir -p "$KUBELET_ROOT"
   start kubelet "$KUBE_BIN/kubelet" --config "$STATE/kubelet.yaml" \
     --kubeconfig "$STATE/kubelet.kubeconfig" --root-dir "$KUBELET_ROOT" \
-    --hostname-override "$NODE" --node-ip "$NODE_IP" --v 2
+    --hostname-override "$NODE" --node-ip "$NODE_IP" --v 2 "${MODE_ARGS[@]}"
 }
 
 node_ready() {
@@ -339,15 +420,21 @@ node_ready() {
 # ---------------------------------------------------------------------------------------------
 
 cmd_up() {
-  local t0=$SECONDS c alive=0
-  check_prereqs
+  local t0=$SECONDS c alive=0 want
+  want=$(requested_mode)
   for c in "${COMPONENTS[@]}"; do pid_alive "$c" && alive=$((alive + 1)); done
+  if ((alive > 0)) && [[ $MODE != "$want" ]]; then
+    die "a cluster in $MODE mode is running; take it down first ($0 down), then up in $want mode"
+  fi
+  set_mode "$want"
+  check_prereqs
   if ((alive == 0)) && [[ -d $STATE ]]; then
     # State left by a cluster whose processes are gone (reboot, ended session): start clean.
     log "found state of a stopped cluster in $STATE; removing it first"
     cmd_down
   fi
   mkdir -p "$STATE" "$RUN" "$LOGS"
+  echo "$MODE" >"$STATE/mode"
   make_pki
   setup_network
   start_containerd
@@ -361,7 +448,7 @@ cmd_up() {
   wait_for "node $NODE Ready" 120 node_ready
   # The default service account must exist before pods can be created in "default".
   wait_for "default service account" 60 kubectl_admin -n default get serviceaccount default
-  log "cluster up in $((SECONDS - t0))s; use: eval \"\$($0 env)\""
+  log "cluster up in $MODE mode in $((SECONDS - t0))s; use: eval \"\$($0 env)\""
 }
 
 kill_leftover_containers() {
@@ -413,6 +500,7 @@ cmd_status() {
     if pid_alive "$c"; then printf '%-26s running (pid %s)\n' "$c" "$(cat "$RUN/$c.pid")"
     else printf '%-26s stopped\n' "$c"; rc=1; fi
   done
+  printf '%-26s %s\n' mode "$MODE"
   if pid_alive kube-apiserver; then kubectl_admin get nodes -o wide 2>/dev/null || rc=1; fi
   return $rc
 }
@@ -424,6 +512,7 @@ cmd_env() {
   echo "export GPUSHARE_BUSYBOX_IMAGE=$BUSYBOX_IMAGE"
   echo "export GPUSHARE_STATE_DIR=$STATE"
   echo "export GPUSHARE_CONTAINERD_SOCKET=$RUN/containerd.sock"
+  echo "export GPUSHARE_CLUSTER_MODE=$MODE"
 }
 
 cmd_start_one() {
@@ -448,6 +537,6 @@ case ${1:-} in
   restart-kubelet) stop_component kubelet; start_kubelet; wait_for "node $NODE Ready" 60 node_ready ;;
   stop) [[ -n ${2:-} ]] || die "usage: $0 stop COMPONENT"; stop_component "$2" KILL ;;
   start) [[ -n ${2:-} ]] || die "usage: $0 start COMPONENT"; cmd_start_one "$2" ;;
-  -h|--help|help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  -h|--help|help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

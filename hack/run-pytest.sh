@@ -2,6 +2,13 @@
 # Run the test suite. Cluster tests bring the local cluster up once per session (see
 # tests/fixtures/cluster.py). A cluster this run started is taken down afterwards unless
 # GPUSHARE_KEEP_CLUSTER=1; one that was already running is left as it was.
+#
+# The DRA tests (tests/cluster/dra) need the cluster in dra mode (hack/local-cluster.sh,
+# GPUSHARE_CLUSTER_MODE): in the first session, on the device-plugin cluster users run, they
+# skip. A full run (no arguments) then takes down the cluster it started and runs them in a
+# second session on a DRA-mode cluster. With arguments, only the first session runs; run
+# `GPUSHARE_CLUSTER_MODE=dra hack/run-pytest.sh tests/cluster/dra` for the DRA tests alone.
+# GPUSHARE_KEEP_CLUSTER=1 keeps the last cluster of the run (the DRA one after a full run).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
@@ -14,11 +21,29 @@ order=(--test-order=shuffle)
 for arg in "$@"; do [[ $arg == --test-order* ]] && order=(); done
 .venv/bin/pytest "${order[@]}" "$@"
 rc=$?
-if ((was_up == 0)) && [[ ${GPUSHARE_KEEP_CLUSTER:-0} != 1 ]] && [[ $(id -u) -eq 0 ]]; then
-  bash hack/local-cluster.sh down >/dev/null 2>&1 || true
-fi
+is_root=0
+[[ $(id -u) -eq 0 ]] && is_root=1
+take_down() {
+  if ((was_up == 0)) && [[ ${GPUSHARE_KEEP_CLUSTER:-0} != 1 ]] && ((is_root)); then
+    bash hack/local-cluster.sh down >/dev/null 2>&1 || true
+  fi
+}
 if ((rc == 5)); then
   echo "run-pytest: pytest collected no tests; that is a failure here" >&2
+  take_down
   exit 1
 fi
+if (($# == 0)) && [[ ${GPUSHARE_CLUSTER_MODE:-deviceplugin} != dra ]] && ((is_root)); then
+  if ((was_up)); then
+    echo "run-pytest: a cluster was already running, so the DRA tests were skipped; run them with" \
+      "hack/local-cluster.sh down && GPUSHARE_CLUSTER_MODE=dra hack/run-pytest.sh tests/cluster/dra" >&2
+  else
+    echo "run-pytest: second session: tests/cluster/dra on a cluster in dra mode" >&2
+    bash hack/local-cluster.sh down >/dev/null 2>&1 || true
+    GPUSHARE_CLUSTER_MODE=dra .venv/bin/pytest tests/cluster/dra
+    dra_rc=$?
+    ((rc == 0)) && rc=$dra_rc
+  fi
+fi
+take_down
 exit $rc

@@ -6,6 +6,9 @@ KUBE_STAGING_VERSION="v0${KUBE_VERSION#v1}"
 ETCD_VERSION="${ETCD_VERSION:-v3.5.35}"
 HELM_VERSION="${HELM_VERSION:-v3.21.4}"
 KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
+# containerd for the DRA mode of the local cluster (CDI needs >= 1.7; the default mode keeps the
+# distribution's containerd). v2.2 speaks the CRI of Kubernetes 1.34 (k8s.io/cri-api v0.34).
+CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.2.9}"
 # The Prometheus Operator (and its CRDs) for the kube-prometheus-stack-style monitoring test.
 PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}"
 # Prometheus v3.5.0, published on the module proxy as github.com/prometheus/prometheus v0.305.0.

@@ -183,3 +183,113 @@ def test_a_host_driver_can_be_mounted_without_the_nvidia_runtime(chart: Chart) -
 def test_extra_volume_mounts_need_a_mount_path(chart: Chart) -> None:
     error = chart.fails({"node": {"extraVolumeMounts": [{"name": "driver"}]}})
     assert "mountPath" in error
+
+
+def _dra_args(c: dict[str, Any]) -> dict[str, str]:
+    """The DRA flags of the agent's command line, read by the agent's own parser."""
+    args = build_parser().parse_args(c["args"])
+    return {
+        "mode": args.mode,
+        "kubelet_root": str(args.kubelet_root),
+        "cdi_dir": str(args.cdi_dir),
+    }
+
+
+def _host_paths(ds: dict[str, Any]) -> dict[str, str]:
+    """mountPath -> hostPath for every host directory the agent mounts (they must be equal)."""
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    out = {}
+    for mount in _agent(ds)["volumeMounts"]:
+        host = volumes[mount["name"]].get("hostPath")
+        if host:
+            out[mount["mountPath"]] = host["path"]
+    return out
+
+
+def test_device_plugin_mode_passes_no_dra_flags(chart: Chart) -> None:
+    c = _agent(_ds(chart))
+    assert not [a for a in c["args"] if a.startswith(("--mode", "--kubelet-root", "--cdi-dir"))]
+    assert _dra_args(c)["mode"] == "deviceplugin"
+
+
+def test_dra_mode_serves_the_kubelet_plugin_api_instead_of_a_device_plugin(chart: Chart) -> None:
+    """The kubelet finds a DRA driver by its registration socket in plugins_registry and dials
+    plugins/<driver>/; containerd reads the CDI specs the driver writes. No device-plugin
+    socket is served."""
+    ds = _ds(chart, {"mode": "dra"}, values_files=[LOCAL_VALUES])
+    c = _agent(ds)
+    assert _dra_args(c) == {
+        "mode": "dra",
+        "kubelet_root": "/var/lib/kubelet",
+        "cdi_dir": "/var/run/cdi",
+    }
+    assert not [a for a in c["args"] if a.startswith(("--device-plugin-dir", "--plugin-endpoint"))]
+    paths = _host_paths(ds)
+    assert all(mount == host for mount, host in paths.items()), paths
+    assert set(paths) == {
+        "/var/lib/kubelet/plugins/gpu.gpushare.io",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi",
+        "/var/lib/kubelet/pod-resources",
+        "/run/gpushare/node",
+    }
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["PLUGIN_SOCKET"] == "/var/lib/kubelet/plugins_registry/gpu.gpushare.io-reg.sock"
+    # Same unprivileged security as the device-plugin mode with simulated GPUs.
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_dra_paths_follow_kubelet_root_and_cdi_dir(chart: Chart) -> None:
+    values = {
+        "mode": "dra",
+        "node": {"kubeletRoot": "/var/lib/k0s/kubelet"},
+        "dra": {"cdiDir": "/etc/cdi"},
+    }
+    ds = _ds(chart, values)
+    assert _dra_args(_agent(ds))["kubelet_root"] == "/var/lib/k0s/kubelet"
+    assert _dra_args(_agent(ds))["cdi_dir"] == "/etc/cdi"
+    assert {
+        "/var/lib/k0s/kubelet/plugins/gpu.gpushare.io",
+        "/var/lib/k0s/kubelet/plugins_registry",
+        "/etc/cdi",
+    } <= set(_host_paths(ds))
+
+
+def test_two_node_pools_run_each_mode_on_their_own_nodes(chart: Chart) -> None:
+    """Device-plugin and DRA agents coexist: one DaemonSet per pool, each on its pool's nodes,
+    selectors that do not adopt each other's pods, one ServiceAccount."""
+    values = {
+        "node": {
+            "nodeSelector": {"gpushare.io/mode": "deviceplugin"},
+            "extraPools": [
+                {"name": "dra", "mode": "dra", "nodeSelector": {"gpushare.io/mode": "dra"}}
+            ],
+        }
+    }
+    rendered = chart.render(values)
+    dp = rendered.get("DaemonSet", "gpushare-node-agent")
+    dra = rendered.get("DaemonSet", "gpushare-node-agent-dra")
+    assert len(rendered.all("DaemonSet")) == 2
+    assert _dra_args(_agent(dp))["mode"] == "deviceplugin"
+    assert _dra_args(_agent(dra))["mode"] == "dra"
+    selector = {
+        n: d["spec"]["template"]["spec"]["nodeSelector"] for n, d in (("dp", dp), ("dra", dra))
+    }
+    # Helm merges maps: the default GPU-node label stays on the base pool only.
+    assert selector["dp"] == {"nvidia.com/gpu.present": "true", "gpushare.io/mode": "deviceplugin"}
+    assert selector["dra"] == {"gpushare.io/mode": "dra"}
+    dra_match = dra["spec"]["selector"]["matchLabels"]
+    assert dra_match["gpushare.io/node-pool"] == "dra"
+    assert dra["spec"]["template"]["metadata"]["labels"]["gpushare.io/node-pool"] == "dra"
+    assert "gpushare.io/node-pool" not in dp["spec"]["template"]["metadata"]["labels"]
+    for ds in (dp, dra):
+        assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "gpushare-node-agent"
+        env = {e["name"]: e.get("value") for e in _agent(ds)["env"]}
+        assert env["DAEMONSET_NAME"] == ds["metadata"]["name"]  # the uninstall hook's own DS
+
+
+def test_an_extra_pool_needs_a_name_mode_and_selector(chart: Chart) -> None:
+    error = chart.fails({"node": {"extraPools": [{"name": "dra", "mode": "dra"}]}})
+    assert "nodeSelector" in error, error
+    error = chart.fails({"mode": "both"})
+    assert "at '/mode'" in error, error

@@ -32,3 +32,37 @@ def test_daemonset_read_only_its_own(chart: Chart) -> None:
             "verbs": ["get"],
         }
     ]
+
+
+def _granted(role: dict[str, object]) -> set[tuple[str, str, str]]:
+    rules = role["rules"]
+    assert isinstance(rules, list)
+    return {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
+def test_dra_agent_manages_resource_slices_and_reads_claims(chart: Chart) -> None:
+    """The DRA driver publishes (and removes stale) ResourceSlices and reads the claims it
+    prepares; it never writes claims, and the device-plugin mode gets none of it."""
+    granted = _granted(chart.render({"mode": "dra"}).get("ClusterRole", "gpushare-node-agent"))
+    for verb in ("list", "create", "update", "delete"):
+        assert ("resource.k8s.io", "resourceslices", verb) in granted
+    assert [x for x in granted if x[1] == "resourceclaims"] == [
+        ("resource.k8s.io", "resourceclaims", "get")
+    ]
+    assert [x for x in granted if x[2] == "delete"] == [
+        ("resource.k8s.io", "resourceslices", "delete")
+    ]
+    plain = _granted(chart.render().get("ClusterRole", "gpushare-node-agent"))
+    assert not [x for x in plain if x[0] == "resource.k8s.io"]
+
+
+def test_every_pools_daemonset_may_be_read_by_its_agents(chart: Chart) -> None:
+    pools = [{"name": "dra", "mode": "dra", "nodeSelector": {"gpushare.io/mode": "dra"}}]
+    role = chart.render({"node": {"extraPools": pools}}).get("Role", "gpushare-node-agent")
+    assert role["rules"][0]["resourceNames"] == ["gpushare-node-agent", "gpushare-node-agent-dra"]

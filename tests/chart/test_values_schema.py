@@ -34,6 +34,18 @@ from tests.fixtures.helm_chart import CHART, Chart
         ({"uninstall": {"timeoutSeconds": 1}}, "/uninstall/timeoutSeconds", "10"),
         # The controller has no flag for "no namespace excluded"; its default is kube-system.
         ({"webhook": {"excludeNamespaces": []}}, "/webhook/excludeNamespaces", "minItems"),
+        ({"mode": "both"}, "/mode", "deviceplugin"),
+        ({"dra": {"cdiDir": "run/cdi"}}, "/dra/cdiDir", "pattern"),
+        (
+            {"node": {"extraPools": [{"name": "DRA", "mode": "dra", "nodeSelector": {"a": "b"}}]}},
+            "/node/extraPools/0/name",
+            "pattern",
+        ),
+        (
+            {"node": {"extraPools": [{"name": "dra", "mode": "dra", "nodeSelector": {}}]}},
+            "/node/extraPools/0/nodeSelector",
+            "minProperties",
+        ),
     ],
 )
 def test_bad_value_is_refused_naming_it(

@@ -140,3 +140,32 @@ version is taken as "unknown" and rendering goes on, so plain `helm template` wo
 {{- fail (printf "gpushare needs Kubernetes >= 1.30 (webhook matchConditions, ValidatingAdmissionPolicy v1); this cluster is %s" $v) }}
 {{- end }}
 {{- end }}
+
+{{/* The DRA driver name (gpushare.api.dra.DRIVER): ResourceSlices' driver, the DeviceClass'
+selector, the kubelet plugin's registered name. */}}
+{{- define "gpushare.dra.driver" -}}gpu.gpushare.io{{- end }}
+
+{{/*
+The node pools, as a JSON list of {name, mode, nodeSelector, daemonSet}: the one node.nodeSelector
+picks (name "", mode `mode`, DaemonSet <fullname>-node-agent), then each of node.extraPools
+(DaemonSet <fullname>-node-agent-<name>). DRA needs resource.k8s.io/v1 (Kubernetes >= 1.34).
+*/}}
+{{- define "gpushare.node.pools" -}}
+{{- $base := include "gpushare.componentName" (dict "root" . "component" "node-agent") }}
+{{- $pools := list (dict "name" "" "mode" .Values.mode "nodeSelector" .Values.node.nodeSelector "daemonSet" $base) }}
+{{- range .Values.node.extraPools }}
+{{- $pools = append $pools (dict "name" .name "mode" .mode "nodeSelector" .nodeSelector "daemonSet" (printf "%s-%s" $base .name | trunc 63 | trimSuffix "-")) }}
+{{- end }}
+{{- $v := .Capabilities.KubeVersion.Version }}
+{{- range $pools }}
+{{- if and (eq .mode "dra") (not (include "gpushare.offlineRender" $)) (semverCompare "<1.34.0-0" $v) }}
+{{- fail (printf "node pool %q runs in dra mode, which needs Kubernetes >= 1.34 (resource.k8s.io/v1) with the DRAConsumableCapacity feature gate; this cluster is %s: use mode deviceplugin there (docs/dra.md)" (default "node.nodeSelector" .name) $v) }}
+{{- end }}
+{{- end }}
+{{- toJson $pools }}
+{{- end }}
+
+{{/* "true" when some node pool runs in dra mode. */}}
+{{- define "gpushare.dra.enabled" -}}
+{{- range include "gpushare.node.pools" . | fromJsonArray }}{{ if eq .mode "dra" }}true{{ end }}{{ end }}
+{{- end }}
