@@ -64,6 +64,10 @@ def read_gpus(
             f"the node's kubelet has no allocatable {RESOURCE_GPU_PERCENT}: the gpushare node "
             "agent (device plugin) is not registered; waiting for it"
         )
+    meta = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+    assert isinstance(annotations, Mapping)
     ready = annotations.get(ANN_AGENT_READY)
     if ready == "false":
         # The agent says the kubelet does not have its healthy devices yet (it is registering
@@ -73,8 +77,12 @@ def read_gpus(
             "waiting for it"
         )
     if ready is not None and ready != "true":
-        log.warning("node agent readiness unreadable", extra={"node": name, "value": str(ready)})
-        return None, f"annotation {ANN_AGENT_READY} must be 'true' or 'false', got {str(ready)!r}"
+        log.warning(
+            "node agent readiness unreadable",
+            extra={"node": str(meta.get("name")), "value": str(ready)[:64]},
+        )
+        shown = str(ready)[:64]
+        return None, f"annotation {ANN_AGENT_READY} must be 'true' or 'false', got {shown!r}"
     return inventory, None
 
 
