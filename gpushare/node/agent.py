@@ -98,6 +98,11 @@ class AgentSettings:
     nvidia-smi -c EXCLUSIVE_PROCESS): then only the MPS server may open the GPU, and a container
     pointing CUDA at an empty pipe directory cannot run outside MPS and its limits
     (docs/security.md)."""
+    mps_cgroup: str = ""
+    """Host cgroup (v2, a child of the root) each new MPS control daemon is moved into, so it
+    outlives the agent's container: a runtime kills every process left in a stopped container's
+    cgroup, and running pods would lose their MPS server. Empty: the daemons stay in the agent's
+    cgroup (an agent run as a host process). Needs hostPID and a privileged container."""
     metrics_host: str = "0.0.0.0"
     """Listen address of the metrics server."""
     metrics_port: int = AGENT_METRICS_PORT
@@ -159,6 +164,7 @@ class NodeAgent:
             shm_mode=settings.mps_shm,
             on_change=self._mps_changed,
             require_exclusive_process=settings.require_exclusive_process,
+            detach_cgroup=settings.mps_cgroup,
         )
         self.dra: DraDriver | None = None
         self.mps_limits = MpsLimitKeeper(

@@ -293,3 +293,14 @@ def test_an_extra_pool_needs_a_name_mode_and_selector(chart: Chart) -> None:
     assert "nodeSelector" in error, error
     error = chart.fails({"mode": "both"})
     assert "at '/mode'" in error, error
+
+
+def test_with_real_gpus_mps_daemons_are_moved_out_of_the_agents_container(chart: Chart) -> None:
+    """A stopped container's processes are all killed: with the NVML backend the agent moves
+    its MPS daemons into a host cgroup of their own, on the host's PID namespace."""
+    ds = _ds(chart, {"node": {"backend": "nvml"}})
+    args = build_parser().parse_args(_agent(ds)["args"])
+    assert args.mps_cgroup == "gpushare-mps"
+    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    simulated = _ds(chart, {"node": {"backend": "simulated:1xH100-80GB"}})
+    assert build_parser().parse_args(_agent(simulated)["args"]).mps_cgroup == ""

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from gpushare.node.mps.detach import DetachError, detach
 from gpushare.node.mps.limits import ServerLimits
 
 log = logging.getLogger(__name__)
@@ -108,8 +109,12 @@ class MpsManager:
         query_timeout_s: float = 5.0,
         on_change: ChangeCallback | None = None,
         require_exclusive_process: bool = False,
+        detach_cgroup: str = "",
     ) -> None:
         self.root = root
+        self.detach_cgroup = detach_cgroup
+        """Host cgroup each new daemon is moved into (``gpushare.node.mps.detach``); empty:
+        the daemon stays in the agent's cgroup."""
         self.simulated = simulated
         self.shm_mode: ShmMode = shm_mode
         self.control_binary = control_binary
@@ -397,6 +402,16 @@ class MpsManager:
         while time.monotonic() < deadline:
             pid = self._read_pid(paths)
             if pid is not None and _pid_alive(pid) and (paths.pipe / CONTROL_PIPE).exists():
+                if self.detach_cgroup:
+                    try:
+                        detach(pid, cgroup=self.detach_cgroup)
+                        log.info("MPS daemon %d moved to cgroup /%s", pid, self.detach_cgroup)
+                    except DetachError as exc:
+                        log.warning(
+                            "MPS daemon %d stays in the agent's cgroup and will stop with it: %s",
+                            pid,
+                            exc,
+                        )
                 return pid
             time.sleep(0.05)
         raise MpsError(f"daemon wrote no pid file/control pipe in {paths.pipe} in time")
