@@ -413,20 +413,21 @@ def facts(pod: Pod) -> PodFacts:
     done = finished(pod) or (deleting and node is None)
     evict = ann.get(ANN_EVICT)
     placed = demand is not None or placement is not None or problem is not None
+    facts = PodFacts(
+        key=key,
+        uid=uid,
+        node=node,
+        finished=done,
+        demand=demand,
+        placement=placement,
+        problem=problem,
+        phase=phase,
+        evict=evict,
+        scheduler=scheduler,
+        deleting=deleting,
+    )
     if not placed and scheduler != SCHEDULER_NAME:  # not ``kept``: read no more
-        return PodFacts(
-            key=key,
-            uid=uid,
-            node=node,
-            finished=done,
-            demand=demand,
-            placement=placement,
-            problem=problem,
-            phase=phase,
-            evict=evict,
-            scheduler=scheduler,
-            deleting=deleting,
-        )
+        return facts
     items = containers(pod)
     wanted = ann.get(ANN_CONTAINER)
     gpu_container = next((c for c in items if c.get("name") == wanted), None) or (
@@ -442,18 +443,8 @@ def facts(pod: Pod) -> PodFacts:
         gpu_class = parse_class(ann.get(ANN_CLASS))
     except InvalidInputError:
         gpu_class = CLASS_BATCH
-    return PodFacts(
-        key=key,
-        uid=uid,
-        node=node,
-        finished=done,
-        demand=demand,
-        placement=placement,
-        problem=problem,
-        phase=phase,
-        evict=evict,
-        scheduler=scheduler,
-        deleting=deleting,
+    return replace(
+        facts,
         workload=Workload(
             labels=_str_map(meta.get("labels")),
             annotations=ann,
