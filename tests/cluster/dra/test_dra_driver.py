@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import REPO, LocalCluster
 from tests.fixtures.helm_chart import CHART, KUBE_VERSION, helm_binary
 
@@ -31,14 +31,7 @@ SHOW_ENV = (
 
 
 def _wait(what: str, timeout_s: float, probe: Any) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.5)
+    return wait_for(probe, timeout_s=timeout_s, what=what, every_s=0.5)
 
 
 def _node_slices(c: LocalCluster) -> list[Obj]:

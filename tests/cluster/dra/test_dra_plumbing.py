@@ -11,13 +11,13 @@ stop at FailedPrepareDynamicResources, which is the node side's business.
 
 import json
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.helm_chart import CHART, KUBE_VERSION, helm_binary
 
@@ -171,14 +171,7 @@ def _get(cluster: LocalCluster, ns: str, kind: str, name: str) -> Obj:
 
 
 def _wait(what: str, timeout_s: float, probe: Any) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.5)
+    return wait_for(probe, timeout_s=timeout_s, what=what, every_s=0.5)
 
 
 def _result(cluster: LocalCluster, ns: str, claim: str) -> Obj | None:
