@@ -334,7 +334,7 @@ class NodeAgent:
         None when the kubelet has this agent's healthy devices. Published as the node's
         ``gpushare.io/agent-ready`` (the extender waits on it) and served as /readyz."""
         if self.dra_runner is not None:
-            registration = getattr(self.dra_runner, "registration", None)
+            registration = self.dra_runner.registration
             if registration is None or not registration.registered.is_set():
                 return "the DRA driver is not registered with the kubelet"
         else:
