@@ -155,14 +155,21 @@ def _pod(name: str, image: str, claim: Obj) -> Obj:
 
 
 def _apply(cluster: LocalCluster, ns: str, *objs: Obj) -> None:
-    cluster.kubectl(
-        "apply",
-        "-n",
-        ns,
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)}),
-    )
+    """Claims and templates first, then the pods that use them: a pod the scheduler sees before
+    its claim waits in the unschedulable queue, and in one CI run it was not retried within the
+    test's 60 s. This test is about allocation, not about that ordering."""
+    first = [o for o in objs if o["kind"] != "Pod"]
+    pods = [o for o in objs if o["kind"] == "Pod"]
+    for items in (first, pods):
+        if items:
+            cluster.kubectl(
+                "apply",
+                "-n",
+                ns,
+                "-f",
+                "-",
+                input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+            )
 
 
 def _get(cluster: LocalCluster, ns: str, kind: str, name: str) -> Obj:
