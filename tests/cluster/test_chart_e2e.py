@@ -48,6 +48,7 @@ from tests.fixtures.chart_release import (
     wait_crds_established,
     wait_for,
     wait_ready_release_pods,
+    wait_webhook_serving,
 )
 from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.helm_chart import CHART, LOCAL_VALUES, helm_binary
@@ -80,6 +81,7 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
             # helm's --wait counts a one-node DaemonSet ready before its pod is (it allows
             # maxUnavailable=1 of 1), so the node agent gets the same 2 minutes to be Ready.
             pods = wait_ready_release_pods(cluster, timeout_s=120)
+            wait_webhook_serving(cluster)
             # Two controller replicas: one leads (its pod labelled so, the extender Service
             # selects it), the other serves the webhook as a standby.
             assert sorted(component(p) for p in pods) == [
@@ -172,6 +174,7 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
                 timeout_s=180,
                 what="four Ready gpushare pods after the upgrade",
             )
+            wait_webhook_serving(cluster)
             after = {component(p): p["metadata"]["uid"] for p in after_pods}
             assert after.keys() == before.keys()
             assert all(after[k] != before[k] for k in before), "every component rolled"

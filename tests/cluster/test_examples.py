@@ -34,6 +34,7 @@ from tests.fixtures.chart_release import (
     remove_release,
     wait_for,
     wait_ready_release_pods,
+    wait_webhook_serving,
 )
 from tests.fixtures.cluster import REPO, LocalCluster
 from tests.fixtures.helm_chart import CHART, LOCAL_VALUES
@@ -112,6 +113,7 @@ def test_examples_apply_as_they_are_and_share_gpus(
                 "--create-namespace", "--values", str(LOCAL_VALUES), "--wait", "--timeout", "5m",
             )  # fmt: skip
             wait_ready_release_pods(cluster, timeout_s=120)
+            wait_webhook_serving(cluster)
             applied = cluster.kubectl("apply", "-f", str(EXAMPLES))
             assert "gpushare.gpushare.io/trainer created" in applied, applied
 

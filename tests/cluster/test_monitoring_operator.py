@@ -62,6 +62,7 @@ from tests.fixtures.chart_release import (
     wait_crds_established,
     wait_for,
     wait_ready_release_pods,
+    wait_webhook_serving,
     workload_pod,
 )
 from tests.fixtures.cluster import REPO, LocalCluster
@@ -427,6 +428,7 @@ def monitored(
                 "--wait", "--timeout", "5m",
             )  # fmt: skip
             pods = wait_ready_release_pods(cluster, timeout_s=120)
+            wait_webhook_serving(cluster)
             # Two controller replicas (one leads), the scheduler and one node agent.
             assert sorted(component(p) for p in pods) == [
                 "controller", "controller", "node-agent", "scheduler",
