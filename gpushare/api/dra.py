@@ -42,6 +42,12 @@ ATTR_COMPUTE_CAPABILITY: Final = "computeCapability"
 ATTR_MPS_CAPABLE: Final = "mpsCapable"
 ATTR_SIMULATED: Final = "simulated"
 
+DEVICE_CLASS: Final = f"mps.{GROUP}"
+"""The DeviceClass of gpushare's shares the chart makes (``dra.deviceClass.name``)."""
+POD_CLAIM: Final = "gpushare-gpu"
+"""``spec.resourceClaims[].name`` of the claim the webhook gives an annotated pod in DRA
+mode (gpushare.cluster.webhook.claims); a pod with it is placed by the DRA allocator."""
+
 CONFIG_API_VERSION: Final = f"{GROUP}/{VERSION}"
 CONFIG_KIND: Final = "MpsConfig"
 _CONFIG_FIELDS: Final = ("apiVersion", "kind", "class", "limit")

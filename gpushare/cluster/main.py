@@ -18,7 +18,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator import runner as operator_runner
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.server import extender_app, webhook_app
-from gpushare.cluster.settings import PROG, Settings, parse_args
+from gpushare.cluster.settings import MODE_DRA, PROG, Settings, parse_args
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.tls import (
     CertFiles,
@@ -43,9 +43,11 @@ from gpushare.cluster.tls import (
     ensure_certs,
     issued_by_one_of,
 )
+from gpushare.cluster.webhook import claims
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.cluster.webhook.registration import webhook_configurations
 from gpushare.kube.controller import Kube
+from gpushare.kube.errors import KubeError
 from gpushare.packing.admission import Admission
 
 log = logging.getLogger("gpushare.cluster")
@@ -89,7 +91,19 @@ class ControllerContext:
             protected_host_paths=self.settings.protected_host_paths,
             exclusive_lookup=self.view.exclusive_reason,
             separation_lookup=self.view.separation,
+            dra_device_class=(
+                self.settings.dra_device_class
+                if self.settings.annotation_mode == MODE_DRA
+                else None
+            ),
         )
+
+    async def write_template(self, template: Mapping[str, Any]) -> None:
+        """Create a DRA-mode pod's ResourceClaimTemplate if missing (the webhook's one side
+        effect, gpushare.cluster.webhook.claims)."""
+        if self.kube is None:
+            raise KubeError("no API client: the controller runs without a kubeconfig")
+        await claims.ensure_template(self.kube, template)
 
 
 Hook = Callable[[ControllerContext], Coroutine[Any, Any, None]]
@@ -293,7 +307,12 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             ctx.webhook_tls = ReloadingServerTls(cert=ctx.certs.cert, key=ctx.certs.key)
             runners.append(
                 await _start_site(
-                    webhook_app(facts=ctx.cluster_facts, metrics=ctx.metrics, ready=ctx.ready),
+                    webhook_app(
+                        facts=ctx.cluster_facts,
+                        metrics=ctx.metrics,
+                        ready=ctx.ready,
+                        templates=ctx.write_template,
+                    ),
                     host=settings.webhook_host,
                     port=settings.webhook_port,
                     ssl_context=ctx.webhook_tls.context,

@@ -7,11 +7,13 @@ anything starts listening.
 import argparse
 import ipaddress
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from gpushare.api.dra import DEVICE_CLASS
 from gpushare.api.endpoints import (
     DEFAULT_AGENT_URL,
     DEFAULT_PROFILE_CACHE,
@@ -29,6 +31,10 @@ from gpushare.cluster.state.tenancy import (
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
 
 PROG = "gpushare-controller"
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MODE_DEVICEPLUGIN = "deviceplugin"
+MODE_DRA = "dra"
+ANNOTATION_MODES = (MODE_DEVICEPLUGIN, MODE_DRA)
 
 # Host directories a gpushare pod must not mount: they would let it talk to the MPS control
 # daemon or the kubelet's device-plugin sockets directly, bypassing its share.
@@ -122,6 +128,14 @@ class Settings:
     a test controller in a shared cluster); None sends every namespace but the excluded ones."""
     protected_host_paths: tuple[str, ...] = DEFAULT_PROTECTED_HOST_PATHS
     """Host directories gpushare pods may not mount (MPS pipes, device-plugin sockets)."""
+    annotation_mode: str = MODE_DEVICEPLUGIN
+    """What the webhook makes of a pod's gpushare.io/gpu-fraction (or share) annotations:
+    ``deviceplugin``, the gpushare.io/gpu-percent resource placed by gpushare-scheduler; ``dra``,
+    a ResourceClaim of ``dra_device_class`` placed by kube-scheduler (docs/dra.md, "Keeping
+    annotations"). The chart sets it from its ``mode``."""
+    dra_device_class: str = DEVICE_CLASS
+    """DeviceClass of the claims made in ``--annotation-mode=dra`` (the chart's
+    dra.deviceClass.name)."""
 
     policy: Policy = DEFAULT_POLICY
     """Placement policy of filter, prioritize and bind: ``gpushare`` (fragmentation-aware,
@@ -280,6 +294,18 @@ class Settings:
             )
         check_agent_url(self.agent_url)
         check_configmap_name(self.profile_cache_name)
+        if self.annotation_mode not in ANNOTATION_MODES:
+            raise InvalidInputError(
+                "--annotation-mode",
+                f"{self.annotation_mode!r} is not a mode",
+                f"use one of {', '.join(ANNOTATION_MODES)}",
+            )
+        if len(self.dra_device_class) > 253 or not _DNS_SUBDOMAIN.match(self.dra_device_class):
+            raise InvalidInputError(
+                "--dra-device-class",
+                f"{self.dra_device_class!r} is not a valid DeviceClass name",
+                "use lower-case letters, digits, '-' and '.', e.g. mps.gpushare.io",
+            )
         for host_path in self.protected_host_paths:
             if not host_path.startswith("/"):
                 raise InvalidInputError(
@@ -437,6 +463,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help=_doc("protected_host_paths") + " Repeatable; replaces the built-in list.",
     )
+    w.add_argument(
+        "--annotation-mode",
+        default=d.annotation_mode,
+        choices=ANNOTATION_MODES,
+        help=_doc("annotation_mode"),
+    )
+    w.add_argument("--dra-device-class", default=d.dra_device_class, help=_doc("dra_device_class"))
     o = p.add_argument_group("process")
     o.add_argument(
         "--no-operator",

@@ -29,7 +29,7 @@ from gpushare.kube.errors import KubeError, LeaseConflictError
 from gpushare.kube.errors import wrap as _wrap
 from gpushare.kube.informer import Objects, inform
 from gpushare.kube.raw import RawApi
-from gpushare.kube.resources import GpuShareResource
+from gpushare.kube.resources import GpuShareResource, ResourceClaimTemplateResource
 
 PodDict = dict[str, Any]
 
@@ -172,6 +172,33 @@ class Kube:
             raise _wrap(exc, f"evict pod {namespace}/{name}") from exc
         except msgspec.ValidationError:
             return True  # 201 with a Status body, as for a Binding
+        return True
+
+    async def get_claim_template(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ResourceClaimTemplate's manifest; None when there is none."""
+        try:
+            obj = await self._client.get(ResourceClaimTemplateResource, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise _wrap(exc, f"get ResourceClaimTemplate {namespace}/{name}") from exc
+        except Exception as exc:
+            raise _wrap(exc, f"get ResourceClaimTemplate {namespace}/{name}") from exc
+        return dict(obj)
+
+    async def create_claim_template(self, body: Mapping[str, Any]) -> bool:
+        """Create a ResourceClaimTemplate; False when one of that name exists already."""
+        meta = body["metadata"]
+        what = f"create ResourceClaimTemplate {meta['namespace']}/{meta['name']}"
+        try:
+            obj = ResourceClaimTemplateResource.from_dict(dict(body))
+            await self._client.create(obj, field_manager=self._field_manager)
+        except ApiError as exc:
+            if exc.status.code == 409:
+                return False
+            raise _wrap(exc, what) from exc
+        except Exception as exc:
+            raise _wrap(exc, what) from exc
         return True
 
     # ---- watches -------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from tests.faults.cluster_checks import (
     wait_quiet,
     wait_until,
 )
-from tests.fixtures.controller import EXTENDER_PORT, ControllerProcess, _free_port
+from tests.fixtures.controller import EXTENDER_PORT, ControllerProcess, free_port
 from tests.fixtures.node_agent import NodeAgentProcess
 
 pytestmark = pytest.mark.cluster
@@ -74,7 +74,7 @@ class Pair:
         self.lease_ns = lease_ns
         root = Path(tempfile.mkdtemp(prefix="gpushare-ha-"))
         self.cert_dir = root / "certs"
-        port = _free_port()
+        port = free_port()
         self.replicas = {
             who: ControllerProcess(
                 kubeconfig=session.kubeconfig,

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpushare.api.bounds import MAX_INT_DIGITS
+from gpushare.api.dra import POD_CLAIM
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import parse_avoid_gpus
 from gpushare.api.limit import check_limit
@@ -383,6 +384,15 @@ def _str_map(raw: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in raw.items()}
 
 
+def dra_claimed(pod: Pod) -> bool:
+    """The pod holds the claim the webhook gives annotated pods in DRA mode: kube-scheduler's
+    DRA allocator places it, not the extender, and the view does not count it."""
+    claims = spec(pod).get("resourceClaims")
+    return isinstance(claims, list) and any(
+        isinstance(c, Mapping) and c.get("name") == POD_CLAIM for c in claims
+    )
+
+
 def facts(pod: Pod) -> PodFacts:
     """Read a watched pod; never raises (a broken pod must not stop the watch): what cannot be
     read becomes ``problem``, reported on the pod, and the pod holds what its placement says.
@@ -398,6 +408,8 @@ def facts(pod: Pod) -> PodFacts:
         demand, problem = None, str(exc)
     except Exception as exc:  # a bound missed somewhere: still never the watch's problem
         demand, problem = None, _unexpected(exc)
+    if demand is not None and dra_claimed(pod):
+        demand = None  # the DRA allocator places it (gpushare.cluster.webhook.claims)
     try:
         placement = parse_placement(ann)
     except InvalidInputError as exc:

@@ -25,3 +25,6 @@ class ClusterFacts:
     """Workload (controller) UID -> why it must get a GPU of its own (repeated GPU faults)."""
     separation_lookup: SeparationLookup | None = None
     """Workload (controller) UID -> GPUs to keep its pods off (it kept faulting with others)."""
+    dra_device_class: str | None = None
+    """DRA mode (``--annotation-mode=dra``): annotated pods get a ResourceClaim of this
+    DeviceClass (gpushare.cluster.webhook.claims); None: the gpu-percent resource."""

@@ -1,5 +1,6 @@
-"""Admission webhook for gpushare pods: mutate (add the gpu-percent resource, pick the scheduler)
-and validate (refuse what gpushare cannot honour, naming the field and the fix).
+"""Admission webhook for gpushare pods: mutate (add the gpu-percent resource, pick the scheduler;
+in DRA mode, a ResourceClaim instead) and validate (refuse what gpushare cannot honour, naming
+the field and the fix).
 
 The checks are pure functions of the pod and a few facts from the view, so the same code answers
 the API server, the unit tests and the fuzzer.
@@ -17,6 +18,7 @@ from gpushare.api.limit import check_limit
 from gpushare.api.names import (
     ANN_AVOID_GPUS,
     ANN_CLASS,
+    ANN_EXCLUSIVE,
     ANN_FRACTION,
     ANN_MEMORY,
     ANN_SHARE,
@@ -26,6 +28,7 @@ from gpushare.api.names import (
 from gpushare.api.quantities import format_memory
 from gpushare.api.request import GpuRequest, parse_request
 from gpushare.cluster.state import pods
+from gpushare.cluster.webhook import claims
 from gpushare.cluster.webhook.checks import (
     asks_resource,
     check_annotations,
@@ -53,6 +56,9 @@ class Verdict:
     errors: tuple[InvalidInputError, ...] = ()
     patch: list[dict[str, Any]] = field(default_factory=list)
     warnings: tuple[str, ...] = ()
+    template: Mapping[str, Any] | None = None
+    """DRA mode: the ResourceClaimTemplate the patched pod refers to, to create if missing
+    before the answer goes out."""
 
     @property
     def message(self) -> str:
@@ -148,14 +154,18 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
     except InvalidInputError as exc:
         errors.append(exc)
     annotated = ANN_FRACTION in pods.annotations(pod) or ANN_SHARE in pods.annotations(pod)
+    dra = annotated and facts.dra_device_class is not None
     if request is not None and not errors:
-        if annotated and (not mutate or asks_resource(pod)):
+        if dra:
+            errors += _dra_resource_errors(pod)
+        elif annotated and (not mutate or asks_resource(pod)):
             errors += resource_errors(
                 pod, target=target, percent=request.percent, required=not mutate
             )
         elif not annotated:
             errors += single_resource_errors(pod)
-    errors += check_scheduler(pod, final=not mutate)
+    if not dra:  # a claim is allocated by any DRA-enabled scheduler
+        errors += check_scheduler(pod, final=not mutate)
     if request is None and not errors:
         # Placement-free, request-free pod that only carries, e.g., gpushare.io/class.
         return Verdict(allowed=True)
@@ -165,6 +175,17 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
     exclusive = exclusive_reason(pod, facts=facts) if mutate and request.fractional else None
     if exclusive is not None:
         request = replace(request, percent=SLICES_PER_GPU)
+    if dra:
+        assert facts.dra_device_class is not None
+        return _dra_verdict(
+            pod,
+            request=request,
+            target=target,
+            namespace=namespace,
+            device_class=facts.dra_device_class,
+            mutate=mutate,
+            exclusive=exclusive,
+        )
     separated = (
         separation(pod, facts=facts)
         if mutate and request.fractional and exclusive is None
@@ -181,6 +202,48 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
     return Verdict(allowed=True, patch=patch, warnings=warnings)
 
 
+def _dra_resource_errors(pod: pods.Pod) -> list[InvalidInputError]:
+    if not asks_resource(pod):
+        return []
+    return [
+        InvalidInputError(
+            RESOURCE_GPU_PERCENT,
+            "is asked for beside gpushare annotations, but annotated pods get a ResourceClaim "
+            "in DRA mode",
+            f"drop the {RESOURCE_GPU_PERCENT} resource (the annotations say the share)",
+        )
+    ]
+
+
+def _dra_verdict(
+    pod: pods.Pod,
+    *,
+    request: GpuRequest,
+    target: int,
+    namespace: str,
+    device_class: str,
+    mutate: bool,
+    exclusive: str | None,
+) -> Verdict:
+    """An annotated pod in DRA mode: its claim from the template its request names."""
+    name = claims.template_name(request)
+    errors = claims.claim_errors(pod, template=name, target=target)
+    if not mutate and not errors and not claims.has_claim(pod, template=name, target=target):
+        errors.append(claims.missing_claim_error(name))
+    if errors:
+        return Verdict(allowed=False, errors=tuple(errors))
+    if not mutate:
+        return Verdict(allowed=True)
+    patch = claims.claim_ops(pod, template=name, target=target)
+    warnings: tuple[str, ...] = ()
+    if exclusive is not None:
+        # The fraction is rewritten so that validation names the same (whole-GPU) template.
+        patch += annotation_ops(pod, {ANN_FRACTION: "1", ANN_EXCLUSIVE: exclusive}, after=patch)
+        warnings = (f"gpushare: {exclusive}; this pod gets a whole GPU",)
+    template = claims.claim_template(request, namespace=namespace, device_class=device_class)
+    return Verdict(allowed=True, patch=patch, warnings=warnings, template=template)
+
+
 # ---- AdmissionReview v1 wire format ------------------------------------------------------
 
 
@@ -195,6 +258,8 @@ class ReviewRequest:
     namespace: str
     kind: str
     pod: Mapping[str, Any] | None
+    dry_run: bool = False
+    """The API server persists nothing (``kubectl --dry-run=server``): no side effects."""
 
 
 def parse_review(body: bytes) -> ReviewRequest:
@@ -232,7 +297,12 @@ def parse_review(body: bytes) -> ReviewRequest:
             if part in obj and obj[part] is not None and not isinstance(obj[part], dict):
                 raise BadReviewError(f"request.object.{part} must be an object")
     return ReviewRequest(
-        uid=uid, operation=operation, namespace=namespace, kind=str(kind or ""), pod=obj
+        uid=uid,
+        operation=operation,
+        namespace=namespace,
+        kind=str(kind or ""),
+        pod=obj,
+        dry_run=req.get("dryRun") is True,
     )
 
 
@@ -243,6 +313,11 @@ def answer(
     verdict = Verdict(allowed=True)
     if req.kind == "Pod" and req.operation == "CREATE" and req.pod is not None:
         verdict = review(req.pod, namespace=req.namespace, facts=facts, mutate=mutate)
+    return response_doc(req, verdict), verdict
+
+
+def response_doc(req: ReviewRequest, verdict: Verdict) -> dict[str, Any]:
+    """The AdmissionReview document that carries ``verdict``."""
     response: dict[str, Any] = {"uid": req.uid, "allowed": verdict.allowed}
     if not verdict.allowed:
         response["status"] = {
@@ -255,10 +330,7 @@ def answer(
         response["patch"] = base64.b64encode(json.dumps(verdict.patch).encode()).decode()
     if verdict.warnings:
         response["warnings"] = list(verdict.warnings)
-    return (
-        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response},
-        verdict,
-    )
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
 def match_condition_expression() -> str:

@@ -37,8 +37,13 @@ def test_flags_reach_the_settings() -> None:
             "infra",
             "--set",
             "operator.profile=on",
+            "--annotation-mode",
+            "dra",
+            "--dra-device-class",
+            "shares.example.com",
         ]
     )
+    assert (s.annotation_mode, s.dra_device_class) == ("dra", "shares.example.com")
     assert s.policy is Policy.SPREAD and s.extender_port == 9000
     assert s.webhook_exclude_namespaces == ("infra",)
     assert s.extra == {"operator.profile": "on"}
@@ -60,6 +65,7 @@ def test_flags_reach_the_settings() -> None:
         (["--log-level", "LOUD"], "--log-level", "DEBUG, INFO"),
         (["--set", "novalue"], "--set", "key=value"),
         (["--protected-host-path", "relative/dir"], "--protected-host-path", "absolute"),
+        (["--dra-device-class", "MPS_class"], "--dra-device-class", "lower-case letters"),
     ],
 )
 def test_bad_settings_name_the_flag_and_the_fix(argv: list[str], flag: str, fix: str) -> None:

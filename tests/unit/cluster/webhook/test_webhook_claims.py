@@ -1,0 +1,251 @@
+"""The webhook in DRA mode (``--annotation-mode=dra``): an annotated pod gets a ResourceClaim
+from a template named for its request, which the node agent's DRA driver can read, instead of
+the gpu-percent resource; hostile templates and claim names are refused with the fix."""
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from gpushare.api.dra import CAPACITY_GPU_PERCENT, DRIVER, POD_CLAIM, parse_mps_config
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.names import (
+    ANN_CLASS,
+    ANN_EXCLUSIVE,
+    ANN_FRACTION,
+    ANN_LIMIT,
+    ANN_MEMORY,
+    ANN_SHARE,
+    RESOURCE_GPU_PERCENT,
+)
+from gpushare.api.request import GpuRequest
+from gpushare.cluster.state import pods
+from gpushare.cluster.webhook import claims
+from gpushare.cluster.webhook.facts import ClusterFacts
+from gpushare.cluster.webhook.review import answer, parse_review, review
+from tests.fixtures.builders import GIB, apply_patch, pod_json
+
+FACTS = ClusterFacts(
+    max_gpu_memory=80 * GIB,
+    max_gpus_per_node=8,
+    share_lookup=lambda ns, name: (
+        GpuRequest(percent=30, memory_bytes=12 * GIB, gpu_class="latency", share=name)
+        if (ns, name) == ("team", "infer")
+        else None
+    ),
+    dra_device_class="mps.gpushare.io",
+)
+
+
+def admitted(pod: dict[str, Any], namespace: str = "team") -> tuple[dict[str, Any], Any]:
+    """The pod as the API server stores it (mutated, then validated), and its template."""
+    verdict = review(pod, namespace=namespace, facts=FACTS, mutate=True)
+    assert verdict.allowed, verdict.message
+    out = apply_patch(pod, verdict.patch)
+    checked = review(out, namespace=namespace, facts=FACTS, mutate=False)
+    assert checked.allowed, checked.message
+    return out, verdict.template
+
+
+def test_a_fraction_becomes_a_claim_from_a_template_of_that_share() -> None:
+    pod, template = admitted(
+        pod_json("p", fraction="0.3", annotations={ANN_MEMORY: "4Gi", ANN_CLASS: "latency"})
+    )
+    assert pod["spec"]["resourceClaims"] == [
+        {"name": POD_CLAIM, "resourceClaimTemplateName": "gpushare-30pct-4gi-latency"}
+    ]
+    assert pod["spec"]["containers"][0]["resources"] == {"claims": [{"name": POD_CLAIM}]}
+    assert "schedulerName" not in pod["spec"]  # kube-scheduler's DRA allocator places it
+    assert RESOURCE_GPU_PERCENT not in json.dumps(pod)
+    assert template["metadata"] == {
+        "name": "gpushare-30pct-4gi-latency",
+        "namespace": "team",
+        "labels": {"app.kubernetes.io/managed-by": "gpushare"},
+    }
+    devices = template["spec"]["spec"]["devices"]
+    (request,) = devices["requests"]
+    assert request["exactly"] == {
+        "deviceClassName": "mps.gpushare.io",
+        "capacity": {"requests": {CAPACITY_GPU_PERCENT: "30", "memory": "4Gi"}},
+    }
+    (config,) = devices["config"]
+    assert config["requests"] == [request["name"]]
+    assert config["opaque"]["driver"] == DRIVER
+    # What the node agent reads from the claim: the class (MPS priority), no limit.
+    mps = parse_mps_config(config["opaque"]["parameters"], field="parameters")
+    assert (mps.gpu_class, mps.limit) == ("latency", None)
+
+
+def test_the_same_request_names_the_same_template_and_a_limit_reaches_the_driver() -> None:
+    _, a = admitted(pod_json("a", fraction="0.25", annotations={ANN_LIMIT: "0.6"}))
+    _, b = admitted(pod_json("b", fraction="0.25", annotations={ANN_LIMIT: "0.6"}))
+    assert a == b and a["metadata"]["name"] == "gpushare-25pct-limit60"
+    params = a["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    assert parse_mps_config(params, field="parameters").limit == 60
+    _, other = admitted(pod_json("c", fraction="0.5"))
+    assert other["metadata"]["name"] == "gpushare-50pct"
+
+
+def test_whole_gpus_are_that_many_whole_devices() -> None:
+    _, template = admitted(pod_json("p", fraction="2"))
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert template["metadata"]["name"] == "gpushare-200pct"
+    assert request["exactly"]["count"] == 2
+    assert request["exactly"]["capacity"] == {"requests": {CAPACITY_GPU_PERCENT: "100"}}
+
+
+def test_a_gpushare_link_takes_the_share_fraction_memory_and_class() -> None:
+    _, template = admitted(pod_json("p", annotations={ANN_SHARE: "infer"}))
+    assert template["metadata"]["name"] == "gpushare-30pct-12gi-latency"
+
+
+def test_an_exclusive_workload_gets_a_whole_gpu_template_that_validation_agrees_with() -> None:
+    facts = replace(FACTS, exclusive_lookup=lambda uid: "3 GPU faults" if uid == "rs" else None)
+    pod = pod_json("p", fraction="0.25")
+    pod["metadata"]["ownerReferences"] = [{"controller": True, "uid": "rs", "kind": "ReplicaSet"}]
+    verdict = review(pod, namespace="team", facts=facts, mutate=True)
+    assert verdict.allowed and verdict.template is not None
+    assert verdict.template["metadata"]["name"] == "gpushare-100pct"
+    assert "a whole GPU" in verdict.warnings[0]
+    out = apply_patch(pod, verdict.patch)
+    assert out["metadata"]["annotations"][ANN_FRACTION] == "1"
+    assert out["metadata"]["annotations"][ANN_EXCLUSIVE] == "3 GPU faults"
+    assert review(out, namespace="team", facts=facts, mutate=False).allowed
+
+
+def test_mutating_again_adds_nothing_and_keeps_the_users_own_claims() -> None:
+    mine = {"name": "scratch", "resourceClaimName": "my-claim"}
+    pod = pod_json(
+        "p",
+        fraction="0.5",
+        extra_spec={"resourceClaims": [mine]},
+        containers=[{"name": "main", "image": "x", "resources": {"claims": [{"name": "scratch"}]}}],
+    )
+    once, _ = admitted(pod)
+    assert once["spec"]["resourceClaims"][0] == mine
+    assert once["spec"]["containers"][0]["resources"]["claims"] == [
+        {"name": "scratch"},
+        {"name": POD_CLAIM},
+    ]
+    again = review(once, namespace="team", facts=FACTS, mutate=True)  # reinvocation
+    assert again.allowed and again.patch == []
+
+
+@pytest.mark.parametrize(
+    ("pod", "field", "fix"),
+    [
+        (
+            pod_json(
+                "p",
+                fraction="0.5",
+                extra_spec={
+                    "resourceClaims": [{"name": POD_CLAIM, "resourceClaimTemplateName": "huge"}]
+                },
+            ),
+            "spec.resourceClaims[0]",
+            "rename the claim",
+        ),
+        (
+            pod_json(
+                "p",
+                fraction="0.5",
+                containers=[
+                    {
+                        "name": "main",
+                        "image": "x",
+                        "resources": {"limits": {RESOURCE_GPU_PERCENT: "50"}},
+                    }
+                ],
+            ),
+            RESOURCE_GPU_PERCENT,
+            "drop the",
+        ),
+    ],
+)
+def test_hostile_claims_and_mixed_requests_are_refused(
+    pod: dict[str, Any], field: str, fix: str
+) -> None:
+    verdict = review(pod, namespace="team", facts=FACTS, mutate=True)
+    assert not verdict.allowed
+    assert verdict.message.startswith(field) and fix in verdict.message
+
+
+def test_validation_refuses_an_annotated_pod_without_its_claim() -> None:
+    verdict = review(pod_json("p", fraction="0.5"), namespace="team", facts=FACTS, mutate=False)
+    assert not verdict.allowed
+    assert "spec.resourceClaims" in verdict.message and "mutating webhook" in verdict.message
+
+
+def test_the_view_leaves_a_claimed_pod_to_the_dra_allocator() -> None:
+    pod, _ = admitted(pod_json("p", fraction="0.5"))
+    assert pods.dra_claimed(pod)
+    assert pods.facts(pod).demand is None
+    assert pods.facts(pod_json("q", fraction="0.5")).demand is not None
+
+
+def test_dry_runs_are_flagged_so_no_template_is_made() -> None:
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u",
+            "kind": {"kind": "Pod"},
+            "operation": "CREATE",
+            "namespace": "team",
+            "object": pod_json("p", fraction="0.5"),
+            "dryRun": True,
+        },
+    }
+    parsed = parse_review(json.dumps(body).encode())
+    assert parsed.dry_run
+    _, verdict = answer(parsed, facts=FACTS, mutate=True)
+    assert verdict.template is not None  # the server skips writing it for a dry run
+
+
+class Store:
+    """Templates as the API server keeps them: it adds defaults to what it stores."""
+
+    def __init__(self, existing: Mapping[str, Any] | None = None) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.creates = 0
+        if existing is not None:
+            self.objects[existing["metadata"]["name"]] = json.loads(json.dumps(existing))
+
+    async def get_claim_template(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get(name)
+
+    async def create_claim_template(self, body: Mapping[str, Any]) -> bool:
+        self.creates += 1
+        if body["metadata"]["name"] in self.objects:
+            return False
+        stored = json.loads(json.dumps(body))
+        for r in stored["spec"]["spec"]["devices"]["requests"]:
+            r["exactly"].setdefault("allocationMode", "ExactCount")
+            r["exactly"].setdefault("count", 1)
+        self.objects[body["metadata"]["name"]] = stored
+        return True
+
+
+def test_a_missing_template_is_made_once_and_then_reused() -> None:
+    _, template = admitted(pod_json("p", fraction="0.25"))
+    store = Store()
+    asyncio.run(claims.ensure_template(store, template))
+    asyncio.run(claims.ensure_template(store, template))  # defaults added by the server: fine
+    assert store.creates == 1 and list(store.objects) == ["gpushare-25pct"]
+
+
+def test_a_template_of_that_name_with_another_spec_is_refused_not_overwritten() -> None:
+    _, template = admitted(pod_json("p", fraction="0.25"))
+    forged = json.loads(json.dumps(template))
+    forged["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"][
+        CAPACITY_GPU_PERCENT
+    ] = "100"
+    store = Store(forged)
+    with pytest.raises(InvalidInputError) as err:
+        asyncio.run(claims.ensure_template(store, template))
+    assert err.value.field == "ResourceClaimTemplate team/gpushare-25pct"
+    assert "kubectl delete resourceclaimtemplate" in str(err.value)
+    assert store.creates == 0 and store.objects["gpushare-25pct"] == forged
