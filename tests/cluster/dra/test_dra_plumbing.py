@@ -10,7 +10,6 @@ stop at FailedPrepareDynamicResources, which is the node side's business.
 """
 
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 
 from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import LocalCluster
-from tests.fixtures.helm_chart import CHART, KUBE_VERSION, helm_binary
+from tests.fixtures.dra import chart_device_class
 
 pytestmark = pytest.mark.cluster
 
@@ -29,22 +28,6 @@ POOL = "gpushare-plumbing-test"
 NO_FIT = "cannot allocate all claims"
 
 Obj = dict[str, Any]
-
-
-def _device_class() -> Obj:
-    """The DeviceClass exactly as the chart renders it in dra mode."""
-    helm = helm_binary()
-    if helm is None:
-        pytest.skip("helm not found: build it with `hack/build-tools.sh helm` (make tools)")
-    out = subprocess.run(
-        [helm, "template", "gpushare", str(CHART), "--kube-version", KUBE_VERSION,
-         "--set", "mode=dra", "--show-only", "templates/device-class.yaml"],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
-    import yaml  # noqa: PLC0415
-
-    dc: Obj = yaml.safe_load(out)
-    return dc
 
 
 def _slice() -> Obj:
@@ -86,7 +69,7 @@ def _slice() -> Obj:
 
 @pytest.fixture(scope="module")
 def gpu_slice(dra_cluster: LocalCluster) -> Iterator[Obj]:
-    dc, rs = _device_class(), _slice()
+    dc, rs = chart_device_class(), _slice()
     dra_cluster.kubectl(
         "apply",
         "-f",

@@ -21,23 +21,12 @@ from gpushare.api.names import (
     ANN_SHARE,
     RESOURCE_GPU_PERCENT,
 )
-from gpushare.api.request import GpuRequest
 from gpushare.cluster.state import pods
 from gpushare.cluster.webhook import claims
-from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.cluster.webhook.review import answer, parse_review, review
-from tests.fixtures.builders import GIB, apply_patch, pod_json
+from tests.fixtures.builders import apply_patch, pod_json, webhook_facts
 
-FACTS = ClusterFacts(
-    max_gpu_memory=80 * GIB,
-    max_gpus_per_node=8,
-    share_lookup=lambda ns, name: (
-        GpuRequest(percent=30, memory_bytes=12 * GIB, gpu_class="latency", share=name)
-        if (ns, name) == ("team", "infer")
-        else None
-    ),
-    dra_device_class="mps.gpushare.io",
-)
+FACTS = webhook_facts(dra_device_class="mps.gpushare.io")
 
 
 def admitted(pod: dict[str, Any], namespace: str = "team") -> tuple[dict[str, Any], Any]:

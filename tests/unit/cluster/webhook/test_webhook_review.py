@@ -18,8 +18,6 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
     SCHEDULER_NAME,
 )
-from gpushare.api.request import GpuRequest
-from gpushare.cluster.settings import DEFAULT_PROTECTED_HOST_PATHS
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.cluster.webhook.review import (
     BadReviewError,
@@ -28,18 +26,9 @@ from gpushare.cluster.webhook.review import (
     parse_review,
     review,
 )
-from tests.fixtures.builders import GIB, apply_patch, pod_json
+from tests.fixtures.builders import apply_patch, pod_json, webhook_facts
 
-FACTS = ClusterFacts(
-    max_gpu_memory=80 * GIB,
-    max_gpus_per_node=8,
-    share_lookup=lambda ns, name: (
-        GpuRequest(percent=30, memory_bytes=12 * GIB, gpu_class="latency", share=name)
-        if (ns, name) == ("team", "infer")
-        else None
-    ),
-    protected_host_paths=DEFAULT_PROTECTED_HOST_PATHS,
-)
+FACTS = webhook_facts()
 
 
 def mutated(pod: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
