@@ -9,9 +9,10 @@ mode").
 
 The opaque configuration is ``{apiVersion: gpushare.io/v1alpha1, kind: MpsConfig, class:
 latency|batch, limit: <percent>}``: the class sets the MPS client priority, the limit the
-active-thread cap when it should exceed the claim's consumed ``gpuPercent`` (as
-``gpushare.io/gpu-limit`` does for annotated pods). Parsing is total and strict: unknown fields
-are refused, so a typo never silently runs a pod with defaults.
+most of the GPU the claim may use, at least its consumed ``gpuPercent`` (what it is
+guaranteed). Both work as ``gpushare.io/class`` and ``gpushare.io/gpu-limit`` do for annotated
+pods; the driver applies the same thread rule (gpushare.packing.threads). Parsing is total
+and strict: unknown fields are refused, so a typo never silently runs a pod with defaults.
 """
 
 from dataclasses import dataclass
@@ -30,8 +31,8 @@ CDI_VERSION: Final = "0.6.0"
 DEVICE_PREFIX: Final = "gpu-"
 """A GPU's device name in the node's pool: ``gpu-<index>``."""
 CAPACITY_GPU_PERCENT: Final = "gpuPercent"
-"""Consumable compute share of a GPU: 100 per GPU; what a claim consumes is its MPS
-active-thread percentage unless its config sets a larger ``limit``."""
+"""Consumable compute share of a GPU: 100 per GPU; what a claim consumes is what it is
+guaranteed (its request); its MPS thread cap follows gpushare.packing.threads."""
 CAPACITY_MEMORY: Final = "memory"
 """Consumable device memory in bytes; 0 consumed means "the share of memory in proportion to
 ``gpuPercent``" (the device plugin's rule for pods without a memory annotation)."""
@@ -68,7 +69,9 @@ class MpsConfig:
     gpu_class: str = CLASS_BATCH
     """``latency`` (MPS client priority 0) or ``batch`` (1)."""
     limit: int | None = None
-    """Active-thread cap in percent (1..100); None: the consumed ``gpuPercent``."""
+    """Most of the GPU the claim may use, in percent (at least ``gpuPercent``); None: the
+    default of gpushare.packing.threads (a batch claim is not throttled unless a latency-class
+    claim shares its GPU)."""
 
 
 def parse_mps_config(parameters: Any, *, field: str) -> MpsConfig:

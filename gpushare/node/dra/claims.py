@@ -65,11 +65,6 @@ class AllocatedGpu:
     config: MpsConfig = field(default_factory=MpsConfig)
 
     @property
-    def thread_percent(self) -> int:
-        """The MPS active-thread cap: the config's limit, else the consumed share."""
-        return self.config.limit if self.config.limit is not None else self.percent
-
-    @property
     def memory_limit_bytes(self) -> int:
         """The pinned memory cap the MPS server enforces for this claim's clients."""
         return self.memory_bytes or self.gpu.memory_bytes * self.percent // SLICES_PER_GPU
@@ -240,7 +235,7 @@ def parse_claim(
         raise InvalidInputError(
             _RESULTS, f"allocates no device of driver {DRIVER}", _fix_allocation()
         )
-    if len(ours) > 1 and any(g.thread_percent < SLICES_PER_GPU for g in ours):
+    if len(ours) > 1 and any(g.percent < SLICES_PER_GPU for g in ours):
         raise InvalidInputError(
             _RESULTS,
             f"allocates {len(ours)} {DRIVER} devices, some of them shared: a process can use "

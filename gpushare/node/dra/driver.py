@@ -31,8 +31,16 @@ from gpushare.node.deviceplugin.response import (
 from gpushare.node.dra import cdi
 from gpushare.node.dra.cdi import CdiDir
 from gpushare.node.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
-from gpushare.node.dra.claims import ClaimPlan, ClaimRef, ClaimSource, parse_claim
+from gpushare.node.dra.claims import (
+    AllocatedGpu,
+    ClaimPlan,
+    ClaimRef,
+    ClaimSource,
+    parse_claim,
+)
 from gpushare.node.mps.client import runs_under_mps
+from gpushare.packing.model import Demand, GpuState, Tenant
+from gpushare.packing.threads import assign_thread_percent
 
 log = logging.getLogger(__name__)
 
@@ -159,15 +167,16 @@ class DraDriver:
         )
         first = plan.gpus[0]
         uuids = [g.gpu.uuid for g in plan.gpus]
+        threads = self._thread_percent(first)
         shared = runs_under_mps(
-            gpus=len(uuids), thread_percent=first.thread_percent, requested_percent=first.percent
+            gpus=len(uuids), thread_percent=threads, requested_percent=first.percent
         )
         if shared:
             self._check_uid(plan, first.gpu.uuid)
             allocation = mps_allocation(
                 ctx,
                 first.gpu.uuid,
-                thread_percent=first.thread_percent,
+                thread_percent=threads,
                 memory_limit_bytes=first.memory_bytes,
                 gpu_class=first.config.gpu_class,
                 pod=plan.pod,
@@ -185,11 +194,33 @@ class DraDriver:
             ),
             cdi_ids=(cdi.device_id(plan.ref.uid),),
             mps=shared,
-            thread_percent=first.thread_percent if shared else 100,
+            thread_percent=threads if shared else 100,
             memory_limit_bytes=first.memory_limit_bytes if shared else first.gpu.memory_bytes,
             gpu_class=first.config.gpu_class,
             edits=cdi.container_edits(allocation),
         )
+
+    def _thread_percent(self, gpu: AllocatedGpu) -> int:
+        """The claim's MPS thread cap by the rule the device plugin applies to annotated pods
+        (gpushare.packing.threads): ``gpuPercent`` is the request, ``MpsConfig.limit`` the
+        limit; a batch claim without one may use the whole GPU unless a latency-class claim is
+        prepared on it already, then at most half of it; latency-class claims are uncapped."""
+        with self._lock:
+            tenants = [
+                Tenant(
+                    key=c.pod,
+                    percent=c.thread_percent,
+                    memory_bytes=c.memory_limit_bytes,
+                    gpu_class=c.gpu_class,
+                )
+                for c in self._prepared.values()
+                if c.mps and c.devices and c.devices[0].gpu_uuid == gpu.gpu.uuid
+            ]
+        state = GpuState(uuid=gpu.gpu.uuid, memory_bytes=gpu.gpu.memory_bytes, tenants=tenants)
+        demand = Demand(
+            percent=gpu.percent, limit_percent=gpu.config.limit, gpu_class=gpu.config.gpu_class
+        )
+        return assign_thread_percent(demand, state)
 
     def _check_uid(self, plan: ClaimPlan, uuid: str) -> None:
         """Refuse a pod whose UID differs from the pods of the claims already sharing ``uuid``:

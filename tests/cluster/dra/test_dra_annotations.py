@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpushare.api.dra import POD_CLAIM
-from gpushare.api.names import ANN_FRACTION, ANN_MEMORY
+from gpushare.api.names import ANN_FRACTION, ANN_LIMIT, ANN_MEMORY
 from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.controller import ControllerProcess
@@ -65,7 +65,8 @@ def test_an_annotated_pod_gets_a_claim_and_starts_with_its_share(
     dra_cluster: LocalCluster, dra_agent: list[Obj], namespace: str
 ) -> None:
     c, ns = dra_cluster, namespace
-    pod = annotated_pod(c, "job", {ANN_FRACTION: "0.3", ANN_MEMORY: "4Gi"})
+    asked = {ANN_FRACTION: "0.3", ANN_MEMORY: "4Gi", ANN_LIMIT: "0.45"}
+    pod = annotated_pod(c, "job", asked)
 
     # A server-side dry run shows the mutation and makes nothing.
     dry = json.loads(
@@ -75,13 +76,13 @@ def test_an_annotated_pod_gets_a_claim_and_starts_with_its_share(
         )
     )  # fmt: skip
     assert dry["spec"]["resourceClaims"] == [
-        {"name": POD_CLAIM, "resourceClaimTemplateName": "gpushare-30pct-4gi"}
+        {"name": POD_CLAIM, "resourceClaimTemplateName": "gpushare-30pct-4gi-limit45"}
     ]
     assert templates(c, ns) == {}
 
     c.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(pod))
     made = templates(c, ns)
-    assert list(made) == ["gpushare-30pct-4gi"]
+    assert list(made) == ["gpushare-30pct-4gi-limit45"]
 
     def running() -> bool:
         p = json.loads(c.kubectl("get", "pod", "job", "-n", ns, "-o", "json"))
@@ -103,15 +104,15 @@ def test_an_annotated_pod_gets_a_claim_and_starts_with_its_share(
     )
     env = container_env(c, ns, "job")
     assert env["CUDA_VISIBLE_DEVICES"] == device["attributes"]["uuid"]["string"]
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "45"  # its gpushare.io/gpu-limit
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"].endswith("=4096M")
 
     # A second pod of the same request reuses the template.
     c.kubectl(
         "create", "-n", ns, "-f", "-",
-        input=json.dumps(annotated_pod(c, "job2", {ANN_FRACTION: "0.3", ANN_MEMORY: "4Gi"})),
+        input=json.dumps(annotated_pod(c, "job2", asked)),
     )  # fmt: skip
-    assert list(templates(c, ns)) == ["gpushare-30pct-4gi"]
+    assert list(templates(c, ns)) == ["gpushare-30pct-4gi-limit45"]
 
 
 def test_a_forged_template_under_gpushares_name_is_refused(

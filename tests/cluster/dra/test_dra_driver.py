@@ -39,10 +39,15 @@ def test_a_claimed_share_starts_with_its_gpu_and_mps_limit(
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": {"name": "share"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": device_class,
-                "capacity": {"requests": {"gpuPercent": "30"}},
-            }}]}},
+            "spec": {"devices": {
+                "requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": device_class,
+                    "capacity": {"requests": {"gpuPercent": "30"}},
+                }}],
+                "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.gpushare.io",
+                    "parameters": {"apiVersion": "gpushare.io/v1alpha1", "kind": "MpsConfig",
+                                   "limit": 45}}}],
+            }},
         }  # fmt: skip
         pod = {
             "apiVersion": "v1",
@@ -83,7 +88,7 @@ def test_a_claimed_share_starts_with_its_gpu_and_mps_limit(
         )
         env = container_env(c, ns, "job")  # printed after the MPS pipe directory was found
         assert env["CUDA_VISIBLE_DEVICES"] == device["attributes"]["uuid"]["string"]
-        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "45"  # the claim's limit
     finally:
         c.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False)
         c.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -33,7 +33,7 @@ def test_a_shared_claim_gets_its_share_class_and_limit() -> None:
     )
     (gpu,) = plan.gpus
     assert gpu.gpu.uuid == GPUS["gpu-0"].uuid
-    assert (gpu.percent, gpu.thread_percent, gpu.memory_limit_bytes) == (25, 50, 20 * GIB)
+    assert (gpu.percent, gpu.config.limit, gpu.memory_limit_bytes) == (25, 50, 20 * GIB)
     assert gpu.config.gpu_class == "latency"
     assert plan.pod == "ns/p1"
 
@@ -47,7 +47,7 @@ def test_memory_not_asked_for_is_the_share_of_the_gpu() -> None:
 def test_without_consumed_capacity_the_claim_has_the_whole_gpu() -> None:
     """Feature gate DRAConsumableCapacity off: the scheduler allocated the device whole."""
     (gpu,) = parse(claim(consumed=None)).gpus
-    assert gpu.thread_percent == 100
+    assert (gpu.percent, gpu.memory_limit_bytes) == (100, GPUS["gpu-0"].memory_bytes)
 
 
 def test_a_config_for_another_request_does_not_apply() -> None:

@@ -27,7 +27,7 @@ UID = "0b1c2d3e-0000-4000-8000-000000000001"
 REF = ClaimRef(namespace="ns", uid=UID, name="c1")
 SHARED = claim(
     consumed={"gpuPercent": "25", "memory": "20Gi"},
-    config=mps_config(**{"class": "latency", "limit": 50}),
+    config=mps_config(**{"class": "batch", "limit": 50}),
 )
 
 
@@ -51,7 +51,7 @@ def test_a_shared_claim_gets_a_cdi_device_with_its_mps_settings(tmp_path: Path) 
     variables = env(spec)
     assert variables["CUDA_VISIBLE_DEVICES"] == uuid
     assert variables["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-    assert variables["CUDA_MPS_CLIENT_PRIORITY"] == "0"
+    assert variables["CUDA_MPS_CLIENT_PRIORITY"] == "1"
     assert variables["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
     mounts = {
         m["containerPath"]: m["hostPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]
@@ -60,6 +60,28 @@ def test_a_shared_claim_gets_a_cdi_device_with_its_mps_settings(tmp_path: Path) 
     assert mounts["/dev/shm"] == str(tmp_path / "mps" / uuid / "shm")
     # The server enforces what the client environment only asks for (docs/security.md).
     assert limits.raised == [(uuid, 50, 20 * GIB)]
+
+
+def test_thread_caps_follow_the_request_and_limit_rule_of_annotated_pods(tmp_path: Path) -> None:
+    """gpuPercent is what a claim is guaranteed, MpsConfig.limit what it may use (as for
+    annotated pods, gpushare.packing.threads): a batch claim alone is not throttled, a latency
+    claim runs uncapped at priority 0, and a batch claim prepared after it on its GPU keeps
+    half the SMs out of its reach."""
+    uids = [f"0b1c2d3e-0000-4000-8000-00000000000{i}" for i in (2, 3, 4)]
+    batch_alone = claim(uid=uids[0], name="b0", consumed={"gpuPercent": "30"}, devices=("gpu-1",))
+    latency = claim(
+        uid=uids[1],
+        name="l",
+        consumed={"gpuPercent": "40"},
+        config=mps_config(**{"class": "latency"}),
+    )
+    batch_beside = claim(uid=uids[2], name="b1", consumed={"gpuPercent": "30"})
+    driver = make_driver(tmp_path, FakeClaims(batch_alone, latency, batch_beside))
+    caps = {}
+    for uid, c in zip(uids, (batch_alone, latency, batch_beside), strict=True):
+        record = driver.prepare(ClaimRef(namespace="ns", uid=uid, name=c["metadata"]["name"]))
+        caps[c["metadata"]["name"]] = (record.thread_percent, record.gpu_class)
+    assert caps == {"b0": (100, "batch"), "l": (100, "latency"), "b1": (50, "batch")}
 
 
 def test_a_whole_gpu_claim_goes_without_mps(tmp_path: Path) -> None:
