@@ -534,15 +534,16 @@ def forges_mps_fault_lines_from_its_container(sec: Sec) -> Outcome:
 
 def a_node_agent_token_for_another_nodes_pods(sec: Sec) -> Outcome:
     """The node agent's ServiceAccount, with a token bound to a pod on this node: it may patch
-    pods of its node only (a pending pod, on no node, stands in for another node's)."""
+    pods of its node only (a pending pod, on no node, stands in for another node's), and
+    write ResourceSlices (DRA mode) of its node only."""
     sa = f"{sec.release}-gpushare-node-agent"
     sec.cluster.kubectl("create", "serviceaccount", "-n", sec.agent_ns, sa)
     sec.cluster.kubectl(
         "create",
         "clusterrole",
         f"{sec.release}-agent",
-        "--verb=get,patch,update",
-        "--resource=pods,nodes",
+        "--verb=get,patch,update,create,delete",
+        "--resource=pods,nodes,resourceslices.resource.k8s.io",
     )
     sec.cluster.kubectl(
         "create",
@@ -578,9 +579,10 @@ def a_node_agent_token_for_another_nodes_pods(sec: Sec) -> Outcome:
             "--insecure-skip-tls-verify=true",
         ]
 
-        def agent_patch(*args: str) -> Any:
+        def agent_patch(*args: str, input: str | None = None) -> Any:
             return subprocess.run(
                 [*base, *args],
+                input=input,
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -597,6 +599,24 @@ def a_node_agent_token_for_another_nodes_pods(sec: Sec) -> Outcome:
         node = agent_patch(
             "annotate", "node", sec.cluster.node_name, "gs-sec/agent-ok=1", "--overwrite"
         )
+        slice_for = {
+            where: json.dumps(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSlice",
+                    "metadata": {"name": f"gs-sec-{where}"},
+                    "spec": {
+                        "driver": "gpu.gpushare.io",
+                        "nodeName": node_name,
+                        "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+                        "devices": [],
+                    },
+                }
+            )
+            for where, node_name in (("own", sec.cluster.node_name), ("other", "gs-sec-other"))
+        }
+        own_slice = agent_patch("create", "-f", "-", input=slice_for["own"])
+        other_slice = agent_patch("create", "-f", "-", input=slice_for["other"])
         unbound = sec.cluster.kubectl("create", "token", sa, "-n", sec.agent_ns).strip()
         stolen = subprocess.run(
             [
@@ -617,11 +637,17 @@ def a_node_agent_token_for_another_nodes_pods(sec: Sec) -> Outcome:
             check=False,
             env=sec.cluster.env,
         )
-        refused = foreign.returncode != 0 and stolen.returncode != 0
-        allowed = own.returncode == 0 and node.returncode == 0
-        why = f"{foreign.stderr.strip()} | without a node claim: {stolen.stderr.strip()}"
+        refused = foreign.returncode != 0 and stolen.returncode != 0 and other_slice.returncode != 0
+        allowed = own.returncode == 0 and node.returncode == 0 and own_slice.returncode == 0
+        why = (
+            f"{foreign.stderr.strip()} | another node's slice: {other_slice.stderr.strip()} "
+            f"| without a node claim: {stolen.stderr.strip()}"
+        )
         if not allowed:
-            why += f" | own pod/node refused too: {own.stderr.strip()} {node.stderr.strip()}"
+            why += (
+                f" | own pod/node/slice refused too: {own.stderr.strip()} {node.stderr.strip()} "
+                f"{own_slice.stderr.strip()}"
+            )
         return refused and allowed, why
     finally:
         sec.cluster.kubectl(
@@ -630,6 +656,10 @@ def a_node_agent_token_for_another_nodes_pods(sec: Sec) -> Outcome:
         sec.cluster.kubectl(
             "delete", "clusterrolebinding,clusterrole", f"{sec.release}-agent", check=False
         )
+        sec.cluster.kubectl(
+            "delete", "resourceslices", "gs-sec-own", "gs-sec-other", "--ignore-not-found",
+            check=False,
+        )  # fmt: skip
 
 
 def _server(sec: Sec) -> str:
