@@ -25,6 +25,8 @@
 # GPUSHARE_SCALE_KWOK_POD_WORKERS (kwok's parallel pod stage workers, default 256),
 # GPUSHARE_SCALE_GPUSHARE_NODES_PERCENT (percentageOfNodesToScore of the gpushare-scheduler
 # profile, 1-100; default unset: kube-scheduler's adaptive share, 42 % at 1000 nodes),
+# GPUSHARE_SCALE_FEATURE_GATES (--feature-gates of kube-apiserver and both schedulers, e.g.
+# DRAConsumableCapacity=true for the DRA phase; default none),
 # GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh), GPUSHARE_SCALE_BIN_DIR (one directory
 # with kube-apiserver, kube-scheduler, etcd and kwok to use instead: nothing is built, and
 # neither kubectl nor curl is needed), GPUSHARE_SCALE_PKI_DIR (copy the PKI written by `pki DIR`
@@ -42,6 +44,8 @@ EXTENDER_URL="${GPUSHARE_SCALE_EXTENDER_URL:-http://127.0.0.1:18888/scheduler}"
 SCHED_QPS="${GPUSHARE_SCALE_SCHEDULER_QPS:-5000}"
 KWOK_POD_WORKERS="${GPUSHARE_SCALE_KWOK_POD_WORKERS:-256}"
 GPUSHARE_NODES_PERCENT="${GPUSHARE_SCALE_GPUSHARE_NODES_PERCENT:-}"
+FEATURE_GATES=()
+[[ -n ${GPUSHARE_SCALE_FEATURE_GATES:-} ]] && FEATURE_GATES=(--feature-gates "$GPUSHARE_SCALE_FEATURE_GATES")
 APISERVER_PORT=16443
 ETCD_CLIENT_PORT=12379
 ETCD_PEER_PORT=12380
@@ -164,7 +168,7 @@ start_apiserver() {
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --authorization-mode RBAC --disable-admission-plugins TaintNodesByCondition \
     --profiling=false --event-ttl 10m \
-    --max-requests-inflight 1600 --max-mutating-requests-inflight 800
+    --max-requests-inflight 1600 --max-mutating-requests-inflight 800 "${FEATURE_GATES[@]}"
   wait_for kube-apiserver 90 apiserver_ready
 }
 
@@ -176,10 +180,10 @@ start_schedulers() {
   write_scheduler_configs
   start kube-scheduler "$KUBE_BIN/kube-scheduler" --config "$STATE/kube-scheduler.yaml" \
     --authentication-kubeconfig "$STATE/scheduler.kubeconfig" --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port "$KUBE_SCHEDULER_PORT"
+    --bind-address 127.0.0.1 --secure-port "$KUBE_SCHEDULER_PORT" "${FEATURE_GATES[@]}"
   start gpushare-scheduler "$KUBE_BIN/kube-scheduler" --config "$STATE/gpushare-scheduler.yaml" \
     --authentication-kubeconfig "$STATE/scheduler.kubeconfig" --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port "$GPUSHARE_SCHEDULER_PORT"
+    --bind-address 127.0.0.1 --secure-port "$GPUSHARE_SCHEDULER_PORT" "${FEATURE_GATES[@]}"
 }
 
 start_kwok() {

@@ -74,10 +74,15 @@ class ControlPlane:
 
 
 def control_plane_up(
-    *, state_dir: Path, extender_port: int, gpushare_nodes_percent: int | None = None
+    *,
+    state_dir: Path,
+    extender_port: int,
+    gpushare_nodes_percent: int | None = None,
+    feature_gates: str = "",
 ) -> ControlPlane:
     """Start a fresh control plane (removing any earlier state of this harness)."""
     env = dict(os.environ)
+    env["GPUSHARE_SCALE_FEATURE_GATES"] = feature_gates
     env["GPUSHARE_SCALE_STATE_DIR"] = str(state_dir)
     env["GPUSHARE_SCALE_EXTENDER_URL"] = f"http://127.0.0.1:{extender_port}/scheduler"
     env.pop("GPUSHARE_SCALE_GPUSHARE_NODES_PERCENT", None)

@@ -99,6 +99,23 @@ def render_markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def _dra_rows(r: dict[str, Any]) -> list[str]:
+    """The DRA phase (``--dra``): the same pods as claims, kube-scheduler's DRA allocator."""
+    alloc = r["invariant"].get("dra")
+    if alloc is None:
+        return []
+    t = r["targets"]
+    return [
+        f"| DRA end-to-end rate (claims, stock kube-scheduler) | "
+        f"{_fmt(r['dra_pods_per_s'], ' pods/s')} | | |",
+        f"| ratio DRA / extender | {_fmt(r['dra_ratio_to_extender'])} | >= 0.95 | "
+        f"{'yes' if t['dra_pods_per_s >= 0.95 x extender'] else 'NO'} |",
+        f"| DRA oversubscribed GPUs | {alloc['violations']} (claims allocated "
+        f"{alloc['claims_allocated']}/{r['pods']}, on {alloc['gpus_used']} GPUs) | 0 | "
+        f"{'yes' if t['dra violations == 0'] else 'NO'} |",
+    ]
+
+
 def _render_run(r: dict[str, Any]) -> str:
     m = r["machine"]
     setup = r["setup"]
@@ -151,6 +168,7 @@ def _render_run(r: dict[str, Any]) -> str:
         ],
         f"| invariant violations | {r['violations']} (bound {r['pods_bound']}/{r['pods']}) | 0 | "
         f"{'yes' if t['violations == 0'] else 'NO'} |",
+        *_dra_rows(r),
         "",
         "## Phases",
         "",

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.scale import harness, metrics
+from bench.scale import dra, harness, metrics
 from bench.scale.invariant import check
 from bench.scale.kube import Api, ApiError, Json, client_ssl
 from bench.scale.phase import PhaseTiming, run_phase
@@ -38,6 +38,7 @@ from bench.scale.workload import (
     NodeShape,
     fractional_pod,
     node_manifest,
+    node_name,
     read_trace,
     take,
     whole_gpu_pod,
@@ -83,6 +84,7 @@ class Options:
     dedicated_host: bool = False
     machine_label: str | None = None
     gpushare_nodes_percent: int | None = None
+    dra: bool = False
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -165,6 +167,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "(default: kube-scheduler's adaptive share, 42%% at 1000 nodes; the stock "
         "scheduler keeps its default)",
     )
+    p.add_argument(
+        "--dra",
+        action="store_true",
+        help="also run the DRA phase: the extender phase's pods as ResourceClaims allocated by "
+        "the stock kube-scheduler from the node agent's ResourceSlices (feature gate "
+        "DRAConsumableCapacity on), compared with the extender phase",
+    )
     ns = p.parse_args(argv)
     nodes = ns.nodes if ns.nodes is not None else (20 if ns.small else 1000)
     pods = ns.pods if ns.pods is not None else (200 if ns.small else 10000)
@@ -211,6 +220,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         dedicated_host=ns.dedicated_host,
         machine_label=ns.machine_label,
         gpushare_nodes_percent=ns.gpushare_nodes_percent,
+        dra=ns.dra,
     )
 
 
@@ -467,6 +477,49 @@ async def delete_phase_pods(api: Api, phase: str) -> None:
     raise harness.HarnessError(f"{phase} pods still present after 600s of deleting")
 
 
+async def dra_phase(
+    api: Api,
+    scraper: Scraper,
+    cp: harness.ControlPlane,
+    *,
+    fractional: Sequence[Any],
+    opts: Options,
+    extra_pids: dict[str, int],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The extender phase's pods as claims (bench.scale.dra), placed by kube-scheduler's DRA
+    allocator on the same nodes; returns (phase timing, what the allocator handed out)."""
+    log.info("dra: DeviceClass and %d ResourceSlices", opts.nodes)
+    await api.create("/apis/resource.k8s.io/v1/deviceclasses", dra.device_class())
+    shape = NodeShape()
+    await create_all(
+        api,
+        "/apis/resource.k8s.io/v1/resourceslices",
+        [dra.node_slice(node_name(i), shape) for i in range(opts.nodes)],
+        opts.concurrency,
+    )
+    claims_path = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+    log.info("dra: %d ResourceClaims (made before the clock starts)", len(fractional))
+    await create_all(
+        api,
+        claims_path,
+        [dra.claim(i, t, namespace=NAMESPACE) for i, t in enumerate(fractional)],
+        opts.concurrency,
+    )
+    phase = await measure_phase(
+        api,
+        scraper,
+        cp,
+        phase=dra.PHASE,
+        manifests=[dra.pod(i, t, namespace=NAMESPACE) for i, t in enumerate(fractional)],
+        scheduler_port=harness.KUBE_SCHEDULER_PORT,
+        profile="default-scheduler",
+        opts=opts,
+        extra_pids=extra_pids,
+    )
+    listed = await api.list_all(claims_path)
+    return phase, dra.check(listed["items"])
+
+
 async def run(opts: Options) -> dict[str, Any]:
     started = datetime.now(UTC)
     machine = harness.machine_description(
@@ -486,6 +539,7 @@ async def run(opts: Options) -> dict[str, Any]:
         state_dir=opts.state_dir,
         extender_port=opts.extender_port,
         gpushare_nodes_percent=opts.gpushare_nodes_percent,
+        feature_gates=dra.FEATURE_GATES if opts.dra else "",
     )
     api = Api.connect(kubeconfig=cp.kubeconfig, connections=max(opts.concurrency, 8) + 4)
     controller: harness.Controller | None = None
@@ -590,6 +644,12 @@ async def run(opts: Options) -> dict[str, Any]:
                 :20
             ]
             final["backlog_phase"] = invariants[0]
+        if opts.dra:
+            if opts.require_extender:
+                await delete_phase_pods(api, "extender")
+            phases["dra"], final["dra"] = await dra_phase(
+                api, scraper, cp, fractional=fractional, opts=opts, extra_pids=extra
+            )
     finally:
         if controller is not None:
             controller.stop()
@@ -630,6 +690,21 @@ def assemble(
     ratio = round(ext_rate / stock_rate, 3) if stock_rate else None
     p99 = {v: s.get("p99_ms") for v, s in ext.get("extender_latency", {}).items()}
     worst_p99 = max((v for v in p99.values() if v is not None), default=None)
+    dra_rate = phases["dra"]["pods_per_s"] if "dra" in phases else None
+    dra_ratio = _ratio(dra_rate, ext_rate or None)
+    dra_alloc = invariant.get("dra")
+    dra_targets = (
+        {
+            # #23: DRA mode schedules the same workload at least as fast (within 5 %) ...
+            "dra_pods_per_s >= 0.95 x extender": dra_ratio is not None and dra_ratio >= 0.95,
+            # ... with every claim allocated and no GPU handed out beyond 100 %.
+            "dra violations == 0": dra_alloc is not None
+            and dra_alloc["violations"] == 0
+            and dra_alloc["claims_allocated"] == opts.pods,
+        }
+        if dra_alloc is not None
+        else {}
+    )
     return {
         "nodes": opts.nodes,
         "gpus": opts.nodes * NodeShape().gpus,
@@ -650,7 +725,10 @@ def assemble(
             v for v, s in ext.get("extender_latency", {}).items() if s.get("p99_beyond_last_bucket")
         ],
         "violations": invariant["violations"],
+        "dra_pods_per_s": dra_rate,
+        "dra_ratio_to_extender": dra_ratio,
         "targets": {
+            **dra_targets,
             "extender_pods_per_s >= 100": ext_rate >= TARGETS["extender_pods_per_s"],
             "ratio_to_stock >= 0.5": ratio is not None and ratio >= TARGETS["ratio_to_stock"],
             "extender_p99_ms <= 10 per verb": worst_p99 is not None

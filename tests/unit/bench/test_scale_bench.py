@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.scale import metrics
+from bench.scale import dra, metrics
 from bench.scale.combine import combine, label_of
 from bench.scale.harness import machine_description
 from bench.scale.invariant import check
@@ -28,9 +28,12 @@ from bench.scale.workload import (
     take,
     whole_gpu_pod,
 )
+from gpushare.api.dra import DEVICE_CLASS, POD_CLAIM
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import load_inventory
 from gpushare.api.names import (
+    ANN_CLASS,
+    ANN_FRACTION,
     ANN_GPU_UUID,
     ANN_NODE_GPUS,
     ANN_STATE,
@@ -40,6 +43,7 @@ from gpushare.api.names import (
 )
 from gpushare.api.placement import Placement
 from gpushare.api.request import parse_request
+from gpushare.cluster.webhook.claims import claim_template
 from tests import REPO
 
 HEADER = (
@@ -136,6 +140,38 @@ def test_fractional_pod_is_what_the_webhook_would_let_through() -> None:
     assert res["limits"][RESOURCE_GPU_PERCENT] == res["requests"][RESOURCE_GPU_PERCENT] == "47"
     assert pod["spec"]["schedulerName"] == SCHEDULER_NAME
     assert res["requests"]["cpu"] == "6000m"
+
+
+def test_dra_phase_asks_what_the_webhook_and_the_agent_would_make() -> None:
+    task = TracePod("openb-pod-0001", 6000, 12288, 470, "LS", 427061)
+    claim = dra.claim(7, task, namespace="ns")
+    request = parse_request({ANN_FRACTION: "0.47", ANN_CLASS: "latency"})
+    assert request is not None
+    assert (
+        claim["spec"]
+        == claim_template(request, namespace="ns", device_class=DEVICE_CLASS)["spec"]["spec"]
+    )
+    pod = dra.pod(7, task, namespace="ns")
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"]["claims"] == [{"name": POD_CLAIM}]
+    assert RESOURCE_GPU_PERCENT not in json.dumps(pod)
+    assert pod["spec"]["resourceClaims"] == [
+        {"name": POD_CLAIM, "resourceClaimName": claim["metadata"]["name"]}
+    ]
+    assert pod["spec"]["schedulerName"] == "default-scheduler"
+    devices = dra.node_slice("kwok-node-0", NodeShape())["spec"]["devices"]
+    assert len(devices) == 8 and all(d["allowMultipleAllocations"] for d in devices)
+
+
+def test_dra_check_counts_every_gpu_handed_out_beyond_100_percent() -> None:
+    def allocated(pool: str, device: str, percent: int) -> dict[str, Any]:
+        result = {"pool": pool, "device": device, "consumedCapacity": {"gpuPercent": str(percent)}}
+        return {"status": {"allocation": {"devices": {"results": [result]}}}}
+
+    fine = dra.check([allocated("n0", "gpu-0", 60), allocated("n0", "gpu-0", 40), {}])
+    assert (fine["claims_allocated"], fine["violations"], fine["gpus_used"]) == (2, 0, 1)
+    over = dra.check([allocated("n0", "gpu-0", 60), allocated("n0", "gpu-0", 50)])
+    assert over["violations"] == 1 and over["violation_examples"] == ["n0/gpu-0: 110%"]
 
 
 def test_whole_gpu_reference_pod_uses_the_stock_scheduler_and_no_annotations() -> None:
