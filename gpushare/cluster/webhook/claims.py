@@ -214,7 +214,10 @@ async def ensure_template(store: TemplateStore, template: Mapping[str, Any]) -> 
         if await store.create_claim_template(template):
             return
         existing = await store.get_claim_template(namespace=namespace, name=name)
-    if existing is None or not covers(existing.get("spec"), template["spec"]):
+        if existing is None:  # made and deleted again between our two calls: make it now
+            await store.create_claim_template(template)
+            return
+    if not covers(existing.get("spec"), template["spec"]):
         raise template_conflict(namespace, name)
 
 

@@ -238,3 +238,19 @@ def test_a_template_of_that_name_with_another_spec_is_refused_not_overwritten() 
     assert err.value.field == "ResourceClaimTemplate team/gpushare-25pct"
     assert "kubectl delete resourceclaimtemplate" in str(err.value)
     assert store.creates == 0 and store.objects["gpushare-25pct"] == forged
+
+
+def test_a_template_deleted_between_our_calls_is_made_again_not_called_forged() -> None:
+    class Racing(Store):
+        """Another replica made the template, and someone deleted it, while we looked."""
+
+        async def create_claim_template(self, body: Mapping[str, Any]) -> bool:
+            if self.creates == 0:
+                self.creates += 1
+                return False  # 409 from the other replica's template, gone before our read
+            return await super().create_claim_template(body)
+
+    _, template = admitted(pod_json("p", fraction="0.25"))
+    store = Racing()
+    asyncio.run(claims.ensure_template(store, template))
+    assert store.creates == 2 and list(store.objects) == ["gpushare-25pct"]
