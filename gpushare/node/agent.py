@@ -54,7 +54,7 @@ from gpushare.node.faults.procfs import PodResolver
 from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.load import Share, simulated_load
 from gpushare.node.metrics import AgentCollector, MetricsServer, Reply
-from gpushare.node.mps.manager import MpsManager, ShmMode
+from gpushare.node.mps.manager import DaemonStarter, MpsManager, ShmMode
 from gpushare.node.mps_limits import MpsLimitKeeper
 
 log = logging.getLogger(__name__)
@@ -98,11 +98,11 @@ class AgentSettings:
     nvidia-smi -c EXCLUSIVE_PROCESS): then only the MPS server may open the GPU, and a container
     pointing CUDA at an empty pipe directory cannot run outside MPS and its limits
     (docs/security.md)."""
-    mps_cgroup: str = ""
-    """Host cgroup (v2, a child of the root) each new MPS control daemon is moved into, so it
-    outlives the agent's container: a runtime kills every process left in a stopped container's
-    cgroup, and running pods would lose their MPS server. Empty: the daemons stay in the agent's
-    cgroup (an agent run as a host process). Needs hostPID and a privileged container."""
+    mps_daemons: DaemonStarter = "own"
+    """own: the agent starts the MPS daemons itself (an agent run as a host process); launcher:
+    gpushare-mps-launcher starts them when the agent asks (the chart's mps-launcher container),
+    so they outlive the agent's container: a runtime ends every process of a stopped container,
+    and running pods would lose their MPS server (docs/node-agent.md, "MPS daemons")."""
     metrics_host: str = "0.0.0.0"
     """Listen address of the metrics server."""
     metrics_port: int = AGENT_METRICS_PORT
@@ -164,7 +164,7 @@ class NodeAgent:
             shm_mode=settings.mps_shm,
             on_change=self._mps_changed,
             require_exclusive_process=settings.require_exclusive_process,
-            detach_cgroup=settings.mps_cgroup,
+            daemons=settings.mps_daemons,
         )
         self.dra: DraDriver | None = None
         self.mps_limits = MpsLimitKeeper(

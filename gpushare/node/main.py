@@ -31,7 +31,6 @@ from gpushare.node.gpu.selection import (
     parse_gpu_list,
     select_gpus,
 )
-from gpushare.node.mps.detach import cgroup_flag
 
 if TYPE_CHECKING:
     from gpushare.kube.node import NodeKube
@@ -49,7 +48,7 @@ AGENT_FLAGS: dict[str, dict[str, Any]] = {
     "mps_root": {"type": Path},
     "mps_shm": {"choices": ("private", "host")},
     "require_exclusive_process": {"action": "store_true"},
-    "mps_cgroup": {"type": cgroup_flag},
+    "mps_daemons": {"choices": ("own", "launcher")},
     "stop_mps_on_exit": {"action": "store_true"},
     "metrics_host": {},
     "metrics_port": {"type": int},

@@ -4,6 +4,7 @@ from typing import Any
 
 from gpushare.api.names import LABEL_MPS_CAPABLE
 from gpushare.node.main import build_parser
+from gpushare.node.mps_launcher import build_parser as launcher_parser
 from tests.fixtures.helm_chart import LOCAL_VALUES, Chart, container
 
 
@@ -295,12 +296,37 @@ def test_an_extra_pool_needs_a_name_mode_and_selector(chart: Chart) -> None:
     assert "at '/mode'" in error, error
 
 
-def test_with_real_gpus_mps_daemons_are_moved_out_of_the_agents_container(chart: Chart) -> None:
-    """A stopped container's processes are all killed: with the NVML backend the agent moves
-    its MPS daemons into a host cgroup of their own, on the host's PID namespace."""
-    ds = _ds(chart, {"node": {"backend": "nvml"}})
-    args = build_parser().parse_args(_agent(ds)["args"])
-    assert args.mps_cgroup == "gpushare-mps"
+def test_with_real_gpus_mps_daemons_start_in_a_container_that_outlives_the_agent(
+    chart: Chart,
+) -> None:
+    """A stopped container's processes all end: with the NVML backend the agent asks the
+    mps-launcher container of its pod to start the MPS daemons, with the agent's MPS root, shm
+    mode and driver mounts, and that container may run the daemons' own mount namespaces."""
+    values = {
+        "node": {
+            "backend": "nvml",
+            "mpsRoot": "/run/gs/mps",
+            "mpsShm": "host",
+            "extraVolumes": [{"name": "driver", "hostPath": {"path": "/opt/nvidia"}}],
+            "extraVolumeMounts": [{"name": "driver", "mountPath": "/opt/nvidia"}],
+            "extraEnv": [{"name": "PATH", "value": "/opt/nvidia/bin:/usr/bin"}],
+        }
+    }
+    ds = _ds(chart, values)
+    assert build_parser().parse_args(_agent(ds)["args"]).mps_daemons == "launcher"
+    launcher = container(ds, "mps-launcher")
+    assert launcher["command"] == ["gpushare-mps-launcher"]
+    args = launcher_parser().parse_args(launcher["args"])
+    assert (str(args.mps_root), args.mps_shm) == ("/run/gs/mps", "host")
+    mounts = {m["mountPath"] for m in launcher["volumeMounts"]}
+    assert {"/run/gs", "/opt/nvidia"} <= mounts
+    assert {"name": "PATH", "value": "/opt/nvidia/bin:/usr/bin"} in launcher["env"]
+    assert launcher["securityContext"]["privileged"] is True
+    assert "limits" not in launcher["resources"]  # the node's MPS servers run in its cgroup
     assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    off = _ds(chart, {"node": {"backend": "nvml", "mpsLauncher": {"enabled": False}}})
+    assert build_parser().parse_args(_agent(off)["args"]).mps_daemons == "own"
+    assert [c["name"] for c in off["spec"]["template"]["spec"]["containers"]] == ["agent"]
     simulated = _ds(chart, {"node": {"backend": "simulated:1xH100-80GB"}})
-    assert build_parser().parse_args(_agent(simulated)["args"]).mps_cgroup == ""
+    assert build_parser().parse_args(_agent(simulated)["args"]).mps_daemons == "own"
+    assert [c["name"] for c in simulated["spec"]["template"]["spec"]["containers"]] == ["agent"]

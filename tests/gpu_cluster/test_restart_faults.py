@@ -29,16 +29,21 @@ def harness(*args: str) -> None:
     assert proc.returncode == 0, f"local-cluster.sh {' '.join(args)}: {proc.stderr[-2000:]}"
 
 
+def restarts(gc: GpuCluster, container: str = "agent") -> int:
+    """Restarts of one container of the node agent's pod (statuses are listed by name)."""
+    statuses = agent_pod(gc)["status"]["containerStatuses"]
+    return int(next(c["restartCount"] for c in statuses if c["name"] == container))
+
+
 def agent_restarts(gc: GpuCluster) -> int:
-    pod = agent_pod(gc)
-    return int(pod["status"]["containerStatuses"][0]["restartCount"])
+    return restarts(gc, "agent")
 
 
 def agent_ready_again(gc: GpuCluster, restarts_before: int) -> bool:
     """The restarted agent (a new container, not the status the killed one left behind) is
     Ready, and the node says so (``gpushare.io/agent-ready``): the kubelet has its devices."""
     pod = agent_pod(gc)
-    restarted = pod["status"]["containerStatuses"][0]["restartCount"] > restarts_before
+    restarted = agent_restarts(gc) > restarts_before
     ready = any(
         c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", [])
     )
@@ -68,6 +73,7 @@ def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuC
         # -- the faults: SIGKILL the node agent, then the kubelet; the kubelet comes back --
         t_fault = time.time()
         restarts_before = agent_restarts(gc)
+        launcher_before = restarts(gc, "mps-launcher")
         agents = agent_processes()
         assert agents, "no gpushare-node-agent process on this host"
         for pid in agents:
@@ -96,11 +102,19 @@ def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuC
         new_pod = gc.wait_phase([new], {"Running"}, timeout_s=120)[new]
         wait_for(lambda: any("t" in x for x in gc.logs(new)), timeout_s=90, what="new pod rates")
         after_pods = {n: gc.pod(n) for n in running}
+        launcher_after = restarts(gc, "mps-launcher")
         gc.wait_phase([*running, new], {"Succeeded"}, timeout_s=until - time.time() + 60)
         logs = {n: gc.logs(n) for n in [*running, new]}
     finally:
         gc.delete_pods(*running, new)
 
+    # The MPS daemons run in the mps-launcher container, which the agent's kill left alone.
+    gc.record(
+        "mps-launcher container restarts during the faults (the MPS daemons' container)",
+        launcher_after - launcher_before,
+        "0",
+        launcher_after == launcher_before,
+    )
     # Running pods: same GPU and cap, never restarted.
     kept = {
         n: (

@@ -8,7 +8,10 @@ directory as each container's ``/dev/shm`` (what NVIDIA's plugin does with a hos
 
 A daemon found alive at start (pid file in the pipe directory, process alive, control pipe
 answering) is adopted, not restarted, so pods already running keep their MPS server. The
-manager never changes a GPU's compute mode and never stops daemons on exit unless asked.
+manager never changes a GPU's compute mode and never stops daemons on exit unless asked. In a
+container the daemons must be started by a process whose container does not restart with the
+agent's (``daemons="launcher"``, gpushare.node.mps.launch): a stopped container's processes
+all end with it.
 
 UIDs: an MPS server serves one Linux UID at a time; a client with another UID waits until the
 server's clients have all exited. gpushare therefore gives every GPU one UID at a time: the
@@ -29,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from gpushare.node.mps.detach import DetachError, detach
+from gpushare.node.mps.launch import LaunchError, request_launch
 from gpushare.node.mps.limits import ServerLimits
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,7 @@ SERVER_BINARY = "nvidia-cuda-mps-server"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_PIPE = "control"
 ShmMode = Literal["private", "host"]
+DaemonStarter = Literal["own", "launcher"]
 
 # Called with (gpu uuid, daemon up?, reason) whenever a daemon's state changes.
 ChangeCallback = Callable[[str, bool, str], None]
@@ -109,12 +113,12 @@ class MpsManager:
         query_timeout_s: float = 5.0,
         on_change: ChangeCallback | None = None,
         require_exclusive_process: bool = False,
-        detach_cgroup: str = "",
+        daemons: DaemonStarter = "own",
     ) -> None:
         self.root = root
-        self.detach_cgroup = detach_cgroup
-        """Host cgroup each new daemon is moved into (``gpushare.node.mps.detach``); empty:
-        the daemon stays in the agent's cgroup."""
+        self.daemons: DaemonStarter = daemons
+        """own: this process starts the daemons (they live in its cgroup); launcher:
+        gpushare-mps-launcher starts them on request (``gpushare.node.mps.launch``)."""
         self.simulated = simulated
         self.shm_mode: ShmMode = shm_mode
         self.control_binary = control_binary
@@ -199,7 +203,7 @@ class MpsManager:
             raise MpsError(f"{command!r} to the MPS daemon of {uuid} failed: {detail}")
         return done.stdout
 
-    def _probe(self, uuid: str) -> tuple[int | None, tuple[int, ...]]:
+    def _probe(self, uuid: str) -> tuple[int, tuple[int, ...]]:
         """(control daemon pid, server pids) when the daemon is alive and answers, else MpsError."""
         paths = self.paths(uuid)
         pid = self._read_pid(paths)
@@ -337,7 +341,7 @@ class MpsManager:
             self._set(status)
             return status
         try:
-            pid = self._start(uuid, paths)
+            pid = self._launch(uuid, paths)
             _, servers = self._probe(uuid)
         except MpsError as exc:
             log.error("MPS daemon for %s failed to start: %s", uuid, exc)
@@ -352,6 +356,27 @@ class MpsManager:
             self.apply_limits(uuid, limits)
         self._set(status)
         return status
+
+    def _launch(self, uuid: str, paths: MpsPaths) -> int:
+        if self.daemons == "own":
+            return self._start(uuid, paths)
+        try:
+            return request_launch(paths.root, timeout_s=self.start_timeout_s + 5.0)
+        except LaunchError as exc:
+            raise MpsError(str(exc)) from exc
+
+    def ensure_daemon(self, uuid: str) -> int:
+        """The pid of a running daemon for the GPU: the one that answers, else a new one
+        (MpsError when it cannot start). What gpushare-mps-launcher does for each request."""
+        paths = self.paths(uuid)
+        try:
+            pid, _ = self._probe(uuid)
+        except MpsError as exc:
+            log.info("MPS daemon for %s not running (%s); starting one", uuid, exc)
+        else:
+            return pid
+        self._make_dirs(paths)
+        return self._start(uuid, paths)
 
     def _start(self, uuid: str, paths: MpsPaths) -> int:
         binary = shutil.which(self.control_binary)
@@ -402,16 +427,6 @@ class MpsManager:
         while time.monotonic() < deadline:
             pid = self._read_pid(paths)
             if pid is not None and _pid_alive(pid) and (paths.pipe / CONTROL_PIPE).exists():
-                if self.detach_cgroup:
-                    try:
-                        detach(pid, cgroup=self.detach_cgroup)
-                        log.info("MPS daemon %d moved to cgroup /%s", pid, self.detach_cgroup)
-                    except DetachError as exc:
-                        log.warning(
-                            "MPS daemon %d stays in the agent's cgroup and will stop with it: %s",
-                            pid,
-                            exc,
-                        )
                 return pid
             time.sleep(0.05)
         raise MpsError(f"daemon wrote no pid file/control pipe in {paths.pipe} in time")

@@ -110,6 +110,11 @@ address at node.metrics.port (published as a host port). */}}
 {{- if eq .Values.node.backend "nvml" }}true{{ end }}
 {{- end }}
 
+{{/* MPS daemons started by the mps-launcher container (nvml backend, node.mpsLauncher.enabled) */}}
+{{- define "gpushare.node.mpsLauncher" -}}
+{{- if and (include "gpushare.node.real" .) .Values.node.mpsLauncher.enabled }}true{{ end }}
+{{- end }}
+
 {{- define "gpushare.node.privileged" -}}
 {{- if kindIs "bool" .Values.node.privileged }}{{ if .Values.node.privileged }}true{{ end }}
 {{- else }}{{ include "gpushare.node.real" . }}{{ end }}
