@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Build the local cluster's binaries from the Go module proxy and cache them outside the repo.
 #
-#   hack/build-tools.sh [all|kube|etcd|helm|kwok|prometheus-operator|containerd]   (default: all)
+#   hack/build-tools.sh [all|kube|kube-dra|etcd|helm|kwok|prometheus-operator|containerd]
+#                                                                            (default: all)
+# kube builds $KUBE_VERSION (the device-plugin mode's), kube-dra $DRA_KUBE_VERSION (the DRA
+# mode's); all builds both.
 #
 # Kubernetes and etcd publish their server binaries from modules whose go.mod replaces
 # sibling modules with relative paths (./staging/src/k8s.io/api, ../api), so `go install
@@ -72,6 +75,11 @@ build_from() {
 }
 
 KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy)
+
+# kube_dra: build_kube for the DRA mode's release, in a subshell so KUBE_VERSION stays.
+build_kube_dra() {
+  (KUBE_VERSION=$DRA_KUBE_VERSION KUBE_STAGING_VERSION="v0${DRA_KUBE_VERSION#v1}" build_kube)
+}
 
 build_kube() {
   local out="$GPUSHARE_CACHE_DIR/bin/kubernetes-$KUBE_VERSION" missing=() cmd
@@ -165,6 +173,7 @@ build_prometheus_operator() {
 what=${1:-all}
 case $what in
   kube) build_kube ;;
+  kube-dra) build_kube_dra ;;
   etcd) build_etcd ;;
   helm) build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
   kwok) build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok ;;
@@ -173,6 +182,7 @@ case $what in
   all)
     build_etcd
     build_kube
+    build_kube_dra
     build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
     build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
     build_prometheus_operator
@@ -180,6 +190,6 @@ case $what in
     build_containerd
     ;;
   -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) die "unknown target '$what'; use one of: all kube etcd helm kwok prometheus-operator containerd" ;;
+  *) die "unknown target '$what'; use one of: all kube kube-dra etcd helm kwok prometheus-operator containerd" ;;
 esac
 log "done: $what"

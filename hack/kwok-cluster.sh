@@ -26,7 +26,8 @@
 # GPUSHARE_SCALE_GPUSHARE_NODES_PERCENT (percentageOfNodesToScore of the gpushare-scheduler
 # profile, 1-100; default unset: kube-scheduler's adaptive share, 42 % at 1000 nodes),
 # GPUSHARE_SCALE_FEATURE_GATES (--feature-gates of kube-apiserver and both schedulers, e.g.
-# DRAConsumableCapacity=true for the DRA phase; default none),
+# DRAConsumableCapacity=true for the DRA phase; default none), GPUSHARE_SCALE_DRA=1 (run the DRA
+# mode's Kubernetes, DRA_KUBE_VERSION in hack/lib/versions.sh, instead of KUBE_VERSION),
 # GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh), GPUSHARE_SCALE_BIN_DIR (one directory
 # with kube-apiserver, kube-scheduler, etcd and kwok to use instead: nothing is built, and
 # neither kubectl nor curl is needed), GPUSHARE_SCALE_PKI_DIR (copy the PKI written by `pki DIR`
@@ -52,6 +53,7 @@ ETCD_PEER_PORT=12380
 ETCD_METRICS_PORT=12381
 KUBE_SCHEDULER_PORT=10359
 GPUSHARE_SCHEDULER_PORT=10361
+if [[ ${GPUSHARE_SCALE_DRA:-0} == 1 ]]; then KUBE_VERSION=$DRA_KUBE_VERSION; fi
 KUBE_BIN="$GPUSHARE_CACHE_DIR/bin/kubernetes-$KUBE_VERSION"
 ETCD_BIN="$GPUSHARE_CACHE_DIR/bin/etcd-$ETCD_VERSION"
 KWOK_BIN="$GPUSHARE_CACHE_DIR/bin/kwok-$KWOK_VERSION"
@@ -84,7 +86,7 @@ check_prereqs() {
     return 0
   fi
   for b in kube-apiserver kube-scheduler kubectl; do
-    [[ -x $KUBE_BIN/$b ]] || { log "kubernetes binaries missing; building them"; "$here/build-tools.sh" kube; break; }
+    [[ -x $KUBE_BIN/$b ]] || { log "kubernetes $KUBE_VERSION binaries missing; building them"; KUBE_VERSION=$KUBE_VERSION "$here/build-tools.sh" kube; break; }
   done
   [[ -x $ETCD_BIN/etcd ]] || "$here/build-tools.sh" etcd
   [[ -x $KWOK_BIN/kwok ]] || "$here/build-tools.sh" kwok

@@ -50,7 +50,6 @@ NODE_IFACE=gpushare0
 SERVICE_CIDR=10.96.0.0/16
 SERVICE_IP=10.96.0.1
 POD_CIDR=10.244.0.0/24
-KUBE_BIN="${GPUSHARE_KUBE_BIN:-$GPUSHARE_CACHE_DIR/bin/kubernetes-$KUBE_VERSION}"
 ETCD_BIN="${GPUSHARE_ETCD_BIN:-$GPUSHARE_CACHE_DIR/bin/etcd-$ETCD_VERSION}"
 CNI_BIN_DIR="${GPUSHARE_CNI_BIN_DIR:-/usr/lib/cni}"
 IMAGE_ARCHIVES="${GPUSHARE_IMAGE_ARCHIVES:-}"
@@ -79,6 +78,9 @@ recorded_mode() { if [[ -f $STATE/mode ]]; then cat "$STATE/mode"; else requeste
 set_mode() { # MODE
   MODE=$1 MODE_ARGS=()
   if [[ $MODE == dra ]]; then MODE_ARGS=(--feature-gates "$DRA_FEATURE_GATES"); fi
+  # Each mode runs its own Kubernetes release (hack/lib/versions.sh: DRA_KUBE_VERSION).
+  MODE_KUBE_VERSION=$(kube_version_for "$MODE")
+  KUBE_BIN="${GPUSHARE_KUBE_BIN:-$GPUSHARE_CACHE_DIR/bin/kubernetes-$MODE_KUBE_VERSION}"
 }
 MODE=$(recorded_mode)
 set_mode "$MODE"
@@ -118,7 +120,9 @@ check_prereqs() {
   for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy; do
     [[ -x $KUBE_BIN/$b ]] && continue
     [[ -z ${GPUSHARE_KUBE_BIN:-} ]] || die "GPUSHARE_KUBE_BIN=$KUBE_BIN has no $b"
-    log "binaries missing; building them (hack/build-tools.sh)"; "$here/build-tools.sh" kube; break
+    log "Kubernetes $MODE_KUBE_VERSION binaries missing; building them (hack/build-tools.sh)"
+    if [[ $MODE == dra ]]; then "$here/build-tools.sh" kube-dra; else "$here/build-tools.sh" kube; fi
+    break
   done
   if [[ ! -x $ETCD_BIN/etcd ]]; then
     [[ -z ${GPUSHARE_ETCD_BIN:-} ]] || die "GPUSHARE_ETCD_BIN=$ETCD_BIN has no etcd"
@@ -389,6 +393,8 @@ tlsPrivateKeyFile: "$PKI/kubelet.key"
 containerRuntimeEndpoint: "unix://$RUN/containerd.sock"
 cgroupDriver: cgroupfs
 failSwapOn: false
+# Hosts on cgroup v1 (this VM's) still run the kubelet; from v1.35 it refuses them by default.
+failCgroupV1: false
 clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf
 podCIDR: "$POD_CIDR"

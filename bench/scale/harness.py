@@ -79,10 +79,13 @@ def control_plane_up(
     extender_port: int,
     gpushare_nodes_percent: int | None = None,
     feature_gates: str = "",
+    dra: bool = False,
 ) -> ControlPlane:
-    """Start a fresh control plane (removing any earlier state of this harness)."""
+    """Start a fresh control plane (removing any earlier state of this harness); ``dra`` runs
+    the DRA mode's Kubernetes release (DRA_KUBE_VERSION in hack/lib/versions.sh)."""
     env = dict(os.environ)
     env["GPUSHARE_SCALE_FEATURE_GATES"] = feature_gates
+    env["GPUSHARE_SCALE_DRA"] = "1" if dra else "0"
     env["GPUSHARE_SCALE_STATE_DIR"] = str(state_dir)
     env["GPUSHARE_SCALE_EXTENDER_URL"] = f"http://127.0.0.1:{extender_port}/scheduler"
     env.pop("GPUSHARE_SCALE_GPUSHARE_NODES_PERCENT", None)

@@ -540,6 +540,7 @@ async def run(opts: Options) -> dict[str, Any]:
         extender_port=opts.extender_port,
         gpushare_nodes_percent=opts.gpushare_nodes_percent,
         feature_gates=dra.FEATURE_GATES if opts.dra else "",
+        dra=opts.dra,
     )
     api = Api.connect(kubeconfig=cp.kubeconfig, connections=max(opts.concurrency, 8) + 4)
     controller: harness.Controller | None = None

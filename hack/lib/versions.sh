@@ -1,6 +1,13 @@
 # Versions of the components the local cluster harness builds. Sourced by hack/*.sh.
 # Bump a version here and the cache key changes, so the next `up` rebuilds it.
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
+# The DRA mode's Kubernetes (hack/local-cluster.sh in dra mode, the scale bench's --dra phase).
+# v1.34.4's allocator uses only a node's first device once that device is shared
+# (kubernetes/kubernetes#133705, fixed in v1.35 by #133706): measured in bench/results/dra.md.
+# The device-plugin mode keeps KUBE_VERSION, the release users run.
+DRA_KUBE_VERSION="${DRA_KUBE_VERSION:-v1.35.4}"
+# kube_version_for MODE: the Kubernetes release a cluster of that mode runs.
+kube_version_for() { if [[ $1 == dra ]]; then echo "$DRA_KUBE_VERSION"; else echo "$KUBE_VERSION"; fi; }
 # Staging modules (k8s.io/api, k8s.io/client-go, ...) are published as v0.<minor>.<patch>.
 KUBE_STAGING_VERSION="v0${KUBE_VERSION#v1}"
 ETCD_VERSION="${ETCD_VERSION:-v3.5.35}"
