@@ -1,0 +1,133 @@
+"""The operator profiles a GpuShare's job on the real GPU and packs it.
+
+The chart's controller runs the operator; a GpuShare selects pods by label. Its first pod (a
+bf16 GEMM loop) is profiled through the node agent's /profile (NVML GPM per-pipe readings over
+the share's window), the share goes Packed with that measured profile, and the next pod of the
+share is placed with it (docs/operator.md).
+"""
+
+import json
+import time
+
+import pytest
+
+from gpushare.api.gpushare_crd import ANN_PROFILING
+from gpushare.api.names import (
+    ANN_GPU_UUID,
+    ANN_SHARE,
+    LABEL_NEIGHBOUR_RULES,
+    NEIGHBOUR_RULES_GRANTED,
+)
+from tests.gpu_cluster.harness import TEST_NAMESPACE, GpuCluster, Obj, node_gpus, wait_for
+
+pytestmark = [pytest.mark.gpu_cluster]
+
+WINDOW_S = 15
+
+
+def share_status(gc: GpuCluster, name: str) -> Obj:
+    share = gc.kjson("get", "gpushares", name, "-n", TEST_NAMESPACE)
+    return dict(share.get("status") or {})
+
+
+def labelled(pod: Obj, **labels: str) -> Obj:
+    pod["metadata"]["labels"] = labels
+    return pod
+
+
+def test_operator_profiles_a_gpushare_job_on_the_gpu_and_packs_it(gc: GpuCluster) -> None:
+    first, second = "train-0", "train-1"
+    gc.delete_pods(first, second)
+    gc.kubectl("delete", "gpushare", "train", "-n", TEST_NAMESPACE, "--ignore-not-found")
+    # An admin's grant: the operator's profiling pod may have its GPU to itself here.
+    grant = f"{LABEL_NEIGHBOUR_RULES}={NEIGHBOUR_RULES_GRANTED}"
+    gc.kubectl("label", "namespace", TEST_NAMESPACE, grant, "--overwrite")
+    share = {
+        "apiVersion": "gpushare.io/v1alpha1",
+        "kind": "GpuShare",
+        "metadata": {"name": "train", "namespace": TEST_NAMESPACE},
+        "spec": {
+            "fraction": "0.5",
+            "selector": {"matchLabels": {"app": "train"}},
+            "profiling": {"mode": "always", "windowSeconds": WINDOW_S},
+        },
+    }
+    until = time.time() + 150
+    try:
+        gc.create(share)
+        gc.create(
+            labelled(gc.cuda_pod(first, ["gemm", f"{until:.0f}"], fraction="0.5"), app="train")
+        )
+        profiling = wait_for(
+            lambda: (s := share_status(gc, "train")).get("phase") == "Profiling" and s,
+            timeout_s=120,
+            what="GpuShare train Profiling",
+        )
+        packed = wait_for(
+            lambda: (s := share_status(gc, "train")).get("phase") == "Packed" and s,
+            timeout_s=WINDOW_S + 120,
+            what="GpuShare train Packed",
+            on_timeout=lambda: json.dumps(share_status(gc, "train"), indent=1)[-2500:],
+        )
+        gc.create(
+            labelled(gc.cuda_pod(second, ["gemm", f"{until:.0f}"], fraction="0.5"), app="train")
+        )
+        pods = gc.wait_phase([first, second], {"Running", "Succeeded"}, timeout_s=120)
+    finally:
+        gc.delete_pods(first, second)
+        gc.kubectl("delete", "gpushare", "train", "-n", TEST_NAMESPACE, "--ignore-not-found")
+
+    profile = packed["profile"]
+    pipes = {p: round(float(profile[p]), 3) for p in ("tensor", "fp16", "fp32", "fp64")}
+    measured = (
+        profiling.get("profilingPod") == first
+        and profile.get("source") == "measured"
+        and profile.get("simulated") is False
+        and float(profile.get("sampledSeconds", 0)) >= WINDOW_S * 0.6
+    )
+    gc.record(
+        "operator: GpuShare profiled from the GPU (pod, source, simulated, seconds sampled)",
+        {
+            "pod": profiling.get("profilingPod"),
+            "source": profile.get("source"),
+            "simulated": profile.get("simulated"),
+            "sampledSeconds": profile.get("sampledSeconds"),
+            "gpuModel": profile.get("gpuModel"),
+        },
+        f"{first}, measured, not simulated, >= {WINDOW_S * 0.6:.0f} s",
+        measured if gc.real_gpu else None,
+    )
+    ann = pods[first]["metadata"]["annotations"]
+    gc.record(
+        "operator: the profiled pod's annotation",
+        ann.get(ANN_PROFILING),
+        "done",
+        ann.get(ANN_PROFILING) == "done",
+    )
+    # A bf16 GEMM keeps the tensor pipe busy and FP64 idle.
+    pipes_ok = pipes["tensor"] >= 0.2 and pipes["tensor"] > 5 * pipes["fp64"]
+    gc.record(
+        "operator: measured per-pipe profile of a bf16 GEMM job",
+        pipes,
+        "tensor >= 0.2 and > 5x fp64",
+        pipes_ok if gc.real_gpu else None,
+    )
+    placed = {p["pod"]: p["gpuUuid"] for p in packed.get("placements", [])}
+    second_ann = pods[second]["metadata"]["annotations"]
+    packed_ok = (
+        placed.get(first) == ann.get(ANN_GPU_UUID)
+        and second_ann.get(ANN_SHARE) == "train"
+        and json.loads(second_ann.get("gpushare.io/profile", "{}")).get("tensor")
+        == profile["tensor"]
+        and second_ann.get(ANN_GPU_UUID) in node_gpus(gc)
+    )
+    gc.record(
+        "operator: the share's next pod placed with the measured profile",
+        {"share": second_ann.get(ANN_SHARE), "gpu": second_ann.get(ANN_GPU_UUID)},
+        "share train, the profile's tensor reading, a GPU of the node",
+        packed_ok,
+    )
+    assert measured or not gc.real_gpu, profile
+    assert ann.get(ANN_PROFILING) == "done", ann
+    assert pipes_ok or not gc.real_gpu, pipes
+    assert packed_ok, (placed, second_ann)
