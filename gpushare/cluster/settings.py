@@ -22,13 +22,9 @@ from gpushare.api.endpoints import (
 )
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.flags import field_docs
-from gpushare.cluster.state.tenancy import (
-    RULES_GRANTED,
-    RULES_MODES,
-    TENANCY_MODES,
-    TENANCY_NAMESPACE,
-)
+from gpushare.cluster.state.tenancy import RULES_GRANTED, RULES_MODES
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
+from gpushare.packing.tenancy import TENANCY_MODES, TENANCY_NAMESPACE
 
 PROG = "gpushare-controller"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -1,5 +1,6 @@
 """The API calls of the node agent's DRA plugin (lightkube, synchronous): read a
-ResourceClaim, and keep this node's ResourceSlices of driver ``gpu.gpushare.io``.
+ResourceClaim and its Namespace's labels, and keep this node's ResourceSlices of driver
+``gpu.gpushare.io``.
 
 Objects travel as plain dicts (lightkube's generic resources), so what the plugin writes is what
 the API server receives, and what the API server kept (or dropped, where the
@@ -12,7 +13,7 @@ from typing import Any
 
 from lightkube import ApiError, Client
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Namespace, Node
 
 from gpushare.api.dra import DRIVER
 from gpushare.kube.node import _retry_transient
@@ -48,6 +49,21 @@ class DraKube:
             return dict(obj)
 
         return _retry_transient(get, what=f"get ResourceClaim {namespace}/{name}")
+
+    def namespace_labels(self, name: str) -> Mapping[str, str] | None:
+        """The Namespace's labels (its sharing group: gpushare.packing.tenancy); None when it
+        does not exist."""
+
+        def get() -> Mapping[str, str] | None:
+            try:
+                obj = self.client.get(Namespace, name)
+            except ApiError as exc:
+                if exc.status.code == 404:
+                    return None
+                raise
+            return dict(obj.metadata.labels or {}) if obj.metadata else {}
+
+        return _retry_transient(get, what=f"get Namespace {name}")
 
     def list_slices(self) -> list[dict[str, Any]]:
         """This node's ResourceSlices of our driver."""

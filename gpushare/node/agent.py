@@ -56,6 +56,7 @@ from gpushare.node.load import Share, simulated_load
 from gpushare.node.metrics import AgentCollector, MetricsServer, Reply
 from gpushare.node.mps.manager import DaemonStarter, MpsManager, ShmMode
 from gpushare.node.mps_limits import MpsLimitKeeper
+from gpushare.packing.tenancy import TENANCY_NAMESPACE
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,10 @@ class AgentSettings:
     gpushare-mps-launcher starts them when the agent asks (the chart's mps-launcher container),
     so they outlive the agent's container: a runtime ends every process of a stopped container,
     and running pods would lose their MPS server (docs/node-agent.md, "MPS daemons")."""
+    tenancy: str = TENANCY_NAMESPACE
+    """dra mode: namespace: a GPU's MPS server serves claims of one namespace or sharing group
+    only (the controller's --tenancy; the chart sets both from tenancy.crossNamespaceSharing);
+    cluster: no boundary (docs/dra.md, "Tenancy")."""
     metrics_host: str = "0.0.0.0"
     """Listen address of the metrics server."""
     metrics_port: int = AGENT_METRICS_PORT
@@ -212,6 +217,8 @@ class NodeAgent:
                 device_nodes=device_nodes,
                 nvidia_runtime_env=not backend.simulated,
                 pods=lambda: [pod_info(m) for m in self.kube.raw_node_pods()],
+                tenancy=settings.tenancy,
+                namespace_labels=dra_api.namespace_labels,
             )
             self.dra = driver
             self.slices = SlicePublisher(

@@ -31,6 +31,7 @@ from gpushare.node.gpu.selection import (
     parse_gpu_list,
     select_gpus,
 )
+from gpushare.packing.tenancy import TENANCY_MODES
 
 if TYPE_CHECKING:
     from gpushare.kube.node import NodeKube
@@ -49,6 +50,7 @@ AGENT_FLAGS: dict[str, dict[str, Any]] = {
     "mps_shm": {"choices": ("private", "host")},
     "require_exclusive_process": {"action": "store_true"},
     "mps_daemons": {"choices": ("own", "launcher")},
+    "tenancy": {"choices": TENANCY_MODES},
     "stop_mps_on_exit": {"action": "store_true"},
     "metrics_host": {},
     "metrics_port": {"type": int},

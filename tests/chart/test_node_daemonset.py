@@ -330,3 +330,10 @@ def test_with_real_gpus_mps_daemons_start_in_a_container_that_outlives_the_agent
     simulated = _ds(chart, {"node": {"backend": "simulated:1xH100-80GB"}})
     assert build_parser().parse_args(_agent(simulated)["args"]).mps_daemons == "own"
     assert [c["name"] for c in simulated["spec"]["template"]["spec"]["containers"]] == ["agent"]
+
+
+def test_a_dra_agent_holds_the_controllers_tenancy_boundary_between_claims(chart: Chart) -> None:
+    args = build_parser().parse_args(_agent(_ds(chart, {"mode": "dra"}))["args"])
+    assert args.tenancy == "namespace"
+    shared = _ds(chart, {"mode": "dra", "tenancy": {"crossNamespaceSharing": True}})
+    assert build_parser().parse_args(_agent(shared)["args"]).tenancy == "cluster"

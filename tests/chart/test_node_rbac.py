@@ -48,7 +48,8 @@ def _granted(role: dict[str, object]) -> set[tuple[str, str, str]]:
 
 def test_dra_agent_manages_resource_slices_and_reads_claims(chart: Chart) -> None:
     """The DRA driver publishes (and removes stale) ResourceSlices and reads the claims it
-    prepares; it never writes claims, and the device-plugin mode gets none of it."""
+    prepares and their namespaces (sharing groups); it never writes claims, and the
+    device-plugin mode gets none of it."""
     granted = _granted(chart.render({"mode": "dra"}).get("ClusterRole", "gpushare-node-agent"))
     for verb in ("list", "create", "update", "delete"):
         assert ("resource.k8s.io", "resourceslices", verb) in granted
@@ -58,8 +59,9 @@ def test_dra_agent_manages_resource_slices_and_reads_claims(chart: Chart) -> Non
     assert [x for x in granted if x[2] == "delete"] == [
         ("resource.k8s.io", "resourceslices", "delete")
     ]
+    assert [x for x in granted if x[1] == "namespaces"] == [("", "namespaces", "get")]
     plain = _granted(chart.render().get("ClusterRole", "gpushare-node-agent"))
-    assert not [x for x in plain if x[0] == "resource.k8s.io"]
+    assert not [x for x in plain if x[0] == "resource.k8s.io" or x[1] == "namespaces"]
 
 
 def test_every_pools_daemonset_may_be_read_by_its_agents(chart: Chart) -> None:

@@ -17,15 +17,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpushare.api.names import LABEL_NEIGHBOUR_RULES, LABEL_SHARING_GROUP, NEIGHBOUR_RULES_GRANTED
+from gpushare.api.names import LABEL_NEIGHBOUR_RULES, NEIGHBOUR_RULES_GRANTED
+from gpushare.packing.tenancy import TENANCY_NAMESPACE, sharing_group, tenancy_key
 
-TENANCY_NAMESPACE: Final = "namespace"
-TENANCY_CLUSTER: Final = "cluster"
-TENANCY_MODES: Final = (TENANCY_NAMESPACE, TENANCY_CLUSTER)
 RULES_GRANTED: Final = "granted-namespaces"
 RULES_EVERYONE: Final = "everyone"
 RULES_MODES: Final = (RULES_GRANTED, RULES_EVERYONE)
-_MAX_GROUP = 63
 
 
 @dataclass(frozen=True)
@@ -45,9 +42,8 @@ def grants_of(namespace: Mapping[str, Any]) -> tuple[str, NamespaceGrants] | Non
         return None
     labels = meta.get("labels")
     labels = labels if isinstance(labels, Mapping) else {}
-    group = labels.get(LABEL_SHARING_GROUP)
     return meta["name"], NamespaceGrants(
-        group=group.strip()[:_MAX_GROUP] or None if isinstance(group, str) else None,
+        group=sharing_group(labels),
         neighbour_rules=labels.get(LABEL_NEIGHBOUR_RULES) == NEIGHBOUR_RULES_GRANTED,
     )
 
@@ -63,12 +59,8 @@ class Tenancies:
 
     def tenancy(self, namespace: str) -> str | None:
         """The tenancy a pod of ``namespace`` belongs to; None without a boundary."""
-        if self.mode == TENANCY_CLUSTER:
-            return None
         grants = self._grants.get(namespace)
-        if grants is not None and grants.group:
-            return f"group:{grants.group}"
-        return namespace
+        return tenancy_key(namespace, grants.group if grants else None, self.mode)
 
     def neighbour_rules(self, namespace: str) -> bool:
         """May pods of ``namespace`` keep other pods off their GPU?"""

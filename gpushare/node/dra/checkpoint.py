@@ -49,6 +49,13 @@ class PreparedClaim:
     gpu_class: str
     edits: dict[str, Any] = field(default_factory=dict)
     """The CDI container edits, to write the spec again if the CDI directory was wiped."""
+    tenancy: str = ""
+    """The claim's tenancy (its namespace or sharing group; gpushare.packing.tenancy), empty
+    without a boundary: claims of different tenancies never share a GPU's MPS server."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +70,7 @@ class PreparedClaim:
             "memory_limit_bytes": self.memory_limit_bytes,
             "gpu_class": self.gpu_class,
             "edits": self.edits,
+            "tenancy": self.tenancy,
         }
 
     @classmethod
@@ -88,6 +96,8 @@ class PreparedClaim:
             memory_limit_bytes=int(raw["memory_limit_bytes"]),
             gpu_class=str(raw["gpu_class"]),
             edits=dict(raw.get("edits") or {}),
+            # Checkpoints written before tenancies were recorded: the namespace's own.
+            tenancy=str(raw.get("tenancy", raw["namespace"])),
         )
 
 

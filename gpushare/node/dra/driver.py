@@ -8,12 +8,18 @@ environment alone is not enforced: docs/security.md), writes the CDI spec and re
 claim in the checkpoint. A claim already prepared returns its recorded answer. Unprepare
 removes the spec and the record and lets the limit keeper lower the server limits; an unknown
 claim is already unprepared.
+
+The tenancy boundary (gpushare.packing.tenancy) holds for claims too: kube-scheduler allocates
+them without gpushare's rules, so prepare refuses a shared claim on a GPU whose MPS server
+already serves claims of another namespace or sharing group. The pod waits with the reason in
+its events, and starts once the GPU's other claims are gone or an admin groups the namespaces
+(docs/dra.md, "Tenancy").
 """
 
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from gpushare.api.dra import device_name
@@ -40,6 +46,7 @@ from gpushare.node.dra.claims import (
 )
 from gpushare.node.mps.client import runs_under_mps
 from gpushare.packing.model import Demand, GpuState, Tenant
+from gpushare.packing.tenancy import TENANCY_NAMESPACE, sharing_group, tenancy_key
 from gpushare.packing.threads import assign_thread_percent
 
 log = logging.getLogger(__name__)
@@ -68,10 +75,16 @@ class DraDriver:
         device_nodes: Callable[[str], list[DeviceNode]] | None = None,
         nvidia_runtime_env: bool = False,
         pods: Callable[[], Iterable[PodInfo]] | None = None,
+        tenancy: str = TENANCY_NAMESPACE,
+        namespace_labels: Callable[[str], Mapping[str, str] | None] | None = None,
     ) -> None:
         """``gpus``: the GPUs gpushare manages here; ``on_release``: called after an
         unprepare (the agent re-syncs the MPS server limits); ``pods``: this node's pods read
-        fresh, for the one-UID-per-MPS-server check (None: not checked)."""
+        fresh, for the one-UID-per-MPS-server check (None: not checked); ``tenancy``: the
+        boundary's mode (``namespace`` or ``cluster``: none); ``namespace_labels``: a
+        Namespace's labels, for its sharing group (None: each namespace is its own)."""
+        self.tenancy = tenancy
+        self.namespace_labels = namespace_labels
         self.node_name = node_name
         self.pool = node_name
         self.gpus = gpus
@@ -127,11 +140,13 @@ class DraDriver:
         plan = parse_claim(
             manifest, ref=ref, pool=self.pool, gpus={device_name(g.index): g for g in gpus}
         )
-        record = self._decide(plan, gpus)
+        record = self._decide(plan, gpus, tenancy=self._tenancy_of(ref.namespace))
         with self._lock:
             done = self._prepared.get(ref.uid)
             if done is not None:
                 return done
+            if record.mps:
+                self._check_tenancy(record)
             if record.mps and self.limits is not None:
                 self.limits.raise_for(
                     record.devices[0].gpu_uuid, record.thread_percent, record.memory_limit_bytes
@@ -157,7 +172,39 @@ class DraDriver:
         )
         return record
 
-    def _decide(self, plan: ClaimPlan, gpus: list[GpuInfo]) -> PreparedClaim:
+    def _tenancy_of(self, namespace: str) -> str:
+        """The claim's tenancy key; empty without a boundary."""
+        labels = self.namespace_labels(namespace) if self.namespace_labels else None
+        return tenancy_key(namespace, sharing_group(labels), self.tenancy) or ""
+
+    def _check_tenancy(self, record: PreparedClaim) -> None:
+        """Refuse (InvalidInputError) a shared claim on a GPU whose MPS server serves claims of
+        another tenancy: one server's clients share its limits, faults and memory pressure
+        (docs/security.md). Called under the lock, so two prepares cannot both pass."""
+        if not record.tenancy:
+            return
+        uuid = record.devices[0].gpu_uuid
+        others = sorted(
+            {
+                (c.tenancy or c.namespace, c.key)
+                for c in self._prepared.values()
+                if c.mps and c.tenancy != record.tenancy and c.devices[0].gpu_uuid == uuid
+            }
+        )
+        if not others:
+            return
+        tenancy, claim = others[0]
+        raise InvalidInputError(
+            "claim",
+            f"GPU {uuid} (device {record.devices[0].device}) already serves claim {claim} of "
+            f"tenancy {tenancy!r} through its MPS server, and claim {record.key} is of tenancy "
+            f"{record.tenancy!r}: GPUs are shared only inside one namespace or sharing group",
+            "the pod starts once the GPU's other claims end; or an admin labels both namespaces "
+            "gpushare.io/sharing-group=<group>, or sets tenancy.crossNamespaceSharing=true "
+            "(docs/dra.md, 'Tenancy')",
+        )
+
+    def _decide(self, plan: ClaimPlan, gpus: list[GpuInfo], *, tenancy: str) -> PreparedClaim:
         ctx = AllocationContext(
             node_name=self.node_name,
             gpus={g.uuid: g for g in gpus},
@@ -198,6 +245,7 @@ class DraDriver:
             memory_limit_bytes=first.memory_limit_bytes if shared else first.gpu.memory_bytes,
             gpu_class=first.config.gpu_class,
             edits=cdi.container_edits(allocation),
+            tenancy=tenancy if shared else "",
         )
 
     def _thread_percent(self, gpu: AllocatedGpu) -> int:

@@ -12,10 +12,11 @@ from gpushare.api.placement import Placement
 from gpushare.cluster.extender.args import BindingArgs, parse_extender_args
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.state.reservations import ReservationError
-from gpushare.cluster.state.tenancy import TENANCY_CLUSTER, Tenancies
+from gpushare.cluster.state.tenancy import Tenancies
 from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.fit import fit_reason
 from gpushare.packing.model import Assignment, Demand, GpuState, Tenant
+from gpushare.packing.tenancy import TENANCY_CLUSTER
 from tests.fixtures.builders import GIB, PodStore, gpu, node_json, pod_json
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

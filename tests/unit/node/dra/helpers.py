@@ -71,11 +71,15 @@ def claim(
 
 
 class FakeClaims:
-    """A ClaimSource over a dict; counts reads."""
+    """A ClaimSource over a dict; counts reads. ``namespaces``: labels by namespace name."""
 
     def __init__(self, *claims: Mapping[str, Any]) -> None:
         self.claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
         self.reads = 0
+        self.namespaces: dict[str, dict[str, str]] = {}
+
+    def namespace_labels(self, name: str) -> Mapping[str, str] | None:
+        return dict(self.namespaces.get(name, {}))
 
     def get_claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
         self.reads += 1
@@ -154,4 +158,5 @@ def make_driver(
         mps=MpsManager(root=tmp_path / "mps", simulated=True),
         limits=limits,
         pods=pods,
+        namespace_labels=claims.namespace_labels,
     )

@@ -198,3 +198,43 @@ def test_a_pod_with_another_uid_than_its_gpus_mps_clients_is_refused(tmp_path: P
         driver.prepare(ClaimRef(namespace="ns", uid=other, name="c2"))
     assert not CdiDir(tmp_path / "cdi").exists(other)
     driver.prepare(ClaimRef(namespace="ns", uid=third, name="c3"))
+
+
+def test_claims_of_two_namespaces_do_not_share_a_gpus_mps_server(tmp_path: Path) -> None:
+    """kube-scheduler allocates claims without gpushare's tenancy rule, so prepare holds the
+    boundary: a claim of team-b on the GPU serving team-a is refused, naming both and the fix,
+    and team-a's claim keeps its record and spec. Grouping the namespaces lets it in."""
+    uids = [f"0b1c2d3e-0000-4000-8000-00000000001{i}" for i in (1, 2, 3)]
+    a = claim(uid=uids[0], name="a", namespace="team-a", consumed={"gpuPercent": "30"})
+    b = claim(uid=uids[1], name="b", namespace="team-b", consumed={"gpuPercent": "30"})
+    other_gpu = claim(
+        uid=uids[2], name="c", namespace="team-b", consumed={"gpuPercent": "30"}, devices=("gpu-1",)
+    )
+    claims = FakeClaims(a, b, other_gpu)
+    driver = make_driver(tmp_path, claims)
+    driver.prepare(ClaimRef(namespace="team-a", uid=uids[0], name="a"))
+    ref_b = ClaimRef(namespace="team-b", uid=uids[1], name="b")
+    with pytest.raises(InvalidInputError) as refused:
+        driver.prepare(ref_b)
+    message = str(refused.value)
+    assert "team-a/a" in message and "'team-b'" in message
+    assert "gpushare.io/sharing-group" in message and "crossNamespaceSharing" in message
+    assert set(driver.prepared()) == {uids[0]}
+    assert CdiDir(tmp_path / "cdi").exists(uids[0]) and not CdiDir(tmp_path / "cdi").exists(uids[1])
+    # team-b on a GPU of its own is fine.
+    driver.prepare(ClaimRef(namespace="team-b", uid=uids[2], name="c"))
+    # An admin puts both namespaces in one sharing group: the kubelet's retry succeeds.
+    claims.namespaces = {ns: {"gpushare.io/sharing-group": "ml"} for ns in ("team-a", "team-b")}
+    grouped = make_driver(tmp_path / "grouped", claims)
+    grouped.prepare(ClaimRef(namespace="team-a", uid=uids[0], name="a"))
+    assert grouped.prepare(ref_b).tenancy == "group:ml"
+
+
+def test_without_a_tenancy_boundary_any_claims_share(tmp_path: Path) -> None:
+    a = claim(uid=UID, name="a", namespace="team-a", consumed={"gpuPercent": "30"})
+    uid_b = "0b1c2d3e-0000-4000-8000-000000000021"
+    b = claim(uid=uid_b, name="b", namespace="team-b", consumed={"gpuPercent": "30"})
+    driver = make_driver(tmp_path, FakeClaims(a, b))
+    driver.tenancy = "cluster"
+    driver.prepare(ClaimRef(namespace="team-a", uid=UID, name="a"))
+    assert driver.prepare(ClaimRef(namespace="team-b", uid=uid_b, name="b")).tenancy == ""

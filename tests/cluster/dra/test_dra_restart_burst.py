@@ -1,0 +1,133 @@
+"""The kubelet restarted in the middle of a burst of DRA pods: every container still starts with
+its own claim's settings.
+
+In device-plugin mode Allocate is told slice IDs, not a pod, and the agent must work out which
+pod it serves; a kubelet restart mid-burst is where that guess can go wrong. In DRA mode the
+kubelet names the claim, and the container gets the CDI spec named by that claim's UID
+(gpushare.node.dra.cdi), so no pod can get another's settings by construction. This test checks
+the outcome: each pod asks for a different memory limit, and after the restart every container's
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and GPU are its own claim's. ``GPUSHARE_DRA_BURST_PODS``
+sets the burst (default 40 on a 2-core VM; #23's target is 200: docs/dra.md).
+"""
+
+import json
+import os
+import time
+import uuid
+
+import pytest
+
+from tests.fixtures.chart_release import wait_for
+from tests.fixtures.cluster import LocalCluster
+from tests.fixtures.dra import SHOW_ENV, container_env
+
+pytestmark = pytest.mark.cluster
+
+Obj = dict[str, object]
+BURST = int(os.environ.get("GPUSHARE_DRA_BURST_PODS", "40"))
+STEP_MIB = 4
+"""Pod i asks for (i + 1) x 4 MiB of GPU memory: a limit no other pod has."""
+
+
+def claim(name: str, device_class: str, memory_mib: int) -> Obj:
+    request = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": device_class,
+            "capacity": {"requests": {"gpuPercent": "1", "memory": f"{memory_mib}Mi"}},
+        },
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [request]}},
+    }
+
+
+def pod(name: str, image: str, claim_name: str) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", SHOW_ENV],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+
+
+def apply(c: LocalCluster, ns: str, items: list[Obj]) -> None:
+    doc = {"apiVersion": "v1", "kind": "List", "items": items}
+    c.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(doc))
+
+
+def phases(c: LocalCluster, ns: str) -> dict[str, str]:
+    pods = json.loads(c.kubectl("get", "pods", "-n", ns, "-o", "json"))["items"]
+    return {p["metadata"]["name"]: p["status"].get("phase", "") for p in pods}
+
+
+def test_kubelet_restart_mid_burst_leaves_every_pod_its_own_claims_settings(
+    dra_cluster: LocalCluster, dra_agent: list[Obj], device_class: str
+) -> None:
+    c = dra_cluster
+    ns = f"dra-burst-{uuid.uuid4().hex[:6]}"
+    c.kubectl("create", "namespace", ns)
+    names = [f"p{i:03d}" for i in range(BURST)]
+    memory = {n: (i + 1) * STEP_MIB for i, n in enumerate(names)}
+    uuids = {
+        d["name"]: d["attributes"]["uuid"]["string"]  # type: ignore[index]
+        for s in dra_agent
+        for d in s["spec"]["devices"]  # type: ignore[index, union-attr]
+    }
+    try:
+        apply(c, ns, [claim(f"c-{n}", device_class, memory[n]) for n in names])
+        apply(c, ns, [pod(n, c.busybox_image, f"c-{n}") for n in names])
+        # The restart lands while part of the burst runs and the rest is being prepared.
+        wait_for(
+            lambda: sum(p == "Running" for p in phases(c, ns).values()) >= max(1, BURST // 4),
+            timeout_s=120 + BURST,
+            what=f"a quarter of the {BURST} pods Running",
+            every_s=0.5,
+        )
+        running_at_restart = sum(p == "Running" for p in phases(c, ns).values())
+        c.harness("stop", "kubelet")  # SIGKILL by its PID file
+        time.sleep(3)
+        c.harness("start", "kubelet")
+        wait_for(
+            lambda: (
+                all(p == "Running" for p in phases(c, ns).values()) and len(phases(c, ns)) == BURST
+            ),
+            timeout_s=180 + 2 * BURST,
+            what=f"all {BURST} pods Running after the kubelet restart",
+            every_s=1.0,
+        )
+        wrong = {}
+        for n in names:
+            env = container_env(c, ns, n)
+            allocated = json.loads(
+                c.kubectl("get", "resourceclaim", f"c-{n}", "-n", ns, "-o", "json")
+            )
+            (result,) = allocated["status"]["allocation"]["devices"]["results"]
+            own = (uuids[result["device"]], f"={memory[n]}M")
+            got = (
+                env.get("CUDA_VISIBLE_DEVICES"),
+                env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", ""),
+            )
+            if got[0] != own[0] or not got[1].endswith(own[1]):
+                wrong[n] = {"own": own, "got": got}
+        print(f"DRA burst: {BURST} pods, {running_at_restart} Running at the kubelet restart")
+        assert not wrong, f"{len(wrong)} of {BURST} pods with another's settings: {wrong}"
+        assert 0 < running_at_restart < BURST or BURST == 1, running_at_restart
+    finally:
+        c.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False)
+        c.kubectl("delete", "namespace", ns, "--wait=false", check=False)

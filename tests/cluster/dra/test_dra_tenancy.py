@@ -1,0 +1,116 @@
+"""The tenancy boundary between claims of different namespaces, on the DRA-mode local cluster.
+
+kube-scheduler's allocator knows nothing of gpushare's tenancy rule, so here it puts a claim of
+a second namespace on the GPU that already serves a first namespace's claim (both claims select
+gpu-0). The node agent refuses to prepare it: that pod waits, with the reason and the fix in its
+events, while the first pod keeps running. When an admin puts both namespaces in one sharing
+group, the kubelet's next try prepares it and the pod starts (docs/dra.md, "Tenancy").
+"""
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from gpushare.api.names import LABEL_SHARING_GROUP
+from tests.fixtures.chart_release import wait_for
+from tests.fixtures.cluster import LocalCluster
+from tests.fixtures.dra import SHOW_ENV
+
+pytestmark = pytest.mark.cluster
+
+Obj = dict[str, object]
+ON_GPU_0 = 'device.attributes["gpu.gpushare.io"].index == 0'
+
+
+def claim_and_pod(device_class: str, image: str) -> list[Obj]:
+    request = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": device_class,
+            "selectors": [{"cel": {"expression": ON_GPU_0}}],
+            "capacity": {"requests": {"gpuPercent": "20"}},
+        },
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "share"},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "job"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "share"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", SHOW_ENV],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+    return [claim, pod]
+
+
+@pytest.fixture
+def namespaces(dra_cluster: LocalCluster) -> Iterator[tuple[str, str]]:
+    suffix = uuid.uuid4().hex[:6]
+    names = (f"team-a-{suffix}", f"team-b-{suffix}")
+    for ns in names:
+        dra_cluster.kubectl("create", "namespace", ns)
+    yield names
+    for ns in names:
+        dra_cluster.kubectl(
+            "delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False
+        )
+        dra_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def phase(c: LocalCluster, ns: str) -> str:
+    pod = json.loads(c.kubectl("get", "pod", "job", "-n", ns, "-o", "json"))
+    return str(pod["status"].get("phase"))
+
+
+def test_a_claim_of_another_namespace_waits_off_a_shared_gpu_until_grouped(
+    dra_cluster: LocalCluster,
+    dra_agent: list[Obj],
+    device_class: str,
+    namespaces: tuple[str, str],
+) -> None:
+    c = dra_cluster
+    a, b = namespaces
+    for ns in (a, b):
+        items = claim_and_pod(device_class, c.busybox_image)
+        doc = {"apiVersion": "v1", "kind": "List", "items": items}
+        c.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(doc))
+        if ns == a:
+            wait_for(lambda: phase(c, a) == "Running", timeout_s=90, what=f"{a}/job Running")
+
+    def refusal() -> str:
+        for event in c.events(b, name="job"):
+            message = str(event.get("message", ""))
+            if "tenancy" in message:
+                return message
+        return ""
+
+    message = wait_for(refusal, timeout_s=90, what=f"{b}/job refused for tenancy", every_s=1.0)
+    assert f"{a}/share" in message and "sharing-group" in message, message
+    assert phase(c, b) == "Pending"
+    assert phase(c, a) == "Running"  # nothing placed is lost
+    for ns in (a, b):
+        c.kubectl("label", "namespace", ns, f"{LABEL_SHARING_GROUP}=ml", "--overwrite")
+    wait_for(
+        lambda: phase(c, b) == "Running",
+        timeout_s=180,
+        what=f"{b}/job Running once both namespaces share a group",
+        every_s=1.0,
+    )
+    assert phase(c, a) == "Running"
