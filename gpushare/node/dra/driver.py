@@ -141,12 +141,17 @@ class DraDriver:
             manifest, ref=ref, pool=self.pool, gpus={device_name(g.index): g for g in gpus}
         )
         record = self._decide(plan, gpus, tenancy=self._tenancy_of(ref.namespace))
+        current = (
+            self._neighbour_tenancies(record.devices[0].gpu_uuid)
+            if record.mps and record.tenancy
+            else {}
+        )
         with self._lock:
             done = self._prepared.get(ref.uid)
             if done is not None:
                 return done
             if record.mps:
-                self._check_tenancy(record)
+                self._check_tenancy(record, current)
             if record.mps and self.limits is not None:
                 self.limits.raise_for(
                     record.devices[0].gpu_uuid, record.thread_percent, record.memory_limit_bytes
@@ -177,18 +182,34 @@ class DraDriver:
         labels = self.namespace_labels(namespace) if self.namespace_labels else None
         return tenancy_key(namespace, sharing_group(labels), self.tenancy) or ""
 
-    def _check_tenancy(self, record: PreparedClaim) -> None:
+    def _neighbour_tenancies(self, uuid: str) -> dict[str, str]:
+        """namespace -> its tenancy now, for the claims prepared on GPU ``uuid``: read outside
+        the lock (an API call per namespace), since an admin may have grouped namespaces after
+        those claims were prepared."""
+        with self._lock:
+            namespaces = {
+                c.namespace
+                for c in self._prepared.values()
+                if c.mps and c.devices and c.devices[0].gpu_uuid == uuid
+            }
+        return {ns: self._tenancy_of(ns) for ns in sorted(namespaces)}
+
+    def _check_tenancy(self, record: PreparedClaim, current: dict[str, str]) -> None:
         """Refuse (InvalidInputError) a shared claim on a GPU whose MPS server serves claims of
         another tenancy: one server's clients share its limits, faults and memory pressure
-        (docs/security.md). Called under the lock, so two prepares cannot both pass."""
+        (docs/security.md). ``current``: the neighbours' tenancies read just before; a claim
+        prepared since then counts with the tenancy it was prepared with. Called under the
+        lock, so two prepares cannot both pass."""
         if not record.tenancy:
             return
         uuid = record.devices[0].gpu_uuid
         others = sorted(
             {
-                (c.tenancy or c.namespace, c.key)
+                (tenancy, c.key)
                 for c in self._prepared.values()
-                if c.mps and c.tenancy != record.tenancy and c.devices[0].gpu_uuid == uuid
+                if c.mps and c.devices and c.devices[0].gpu_uuid == uuid
+                for tenancy in [current.get(c.namespace, c.tenancy or c.namespace)]
+                if tenancy != record.tenancy
             }
         )
         if not others:

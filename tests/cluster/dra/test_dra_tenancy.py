@@ -95,7 +95,7 @@ def test_a_claim_of_another_namespace_waits_off_a_shared_gpu_until_grouped(
             wait_for(lambda: phase(c, a) == "Running", timeout_s=90, what=f"{a}/job Running")
 
     def refusal() -> str:
-        for event in c.events(b, name="job"):
+        for event in c.events(b, name="job", reason="FailedPrepareDynamicResources"):
             message = str(event.get("message", ""))
             if "tenancy" in message:
                 return message
@@ -109,7 +109,7 @@ def test_a_claim_of_another_namespace_waits_off_a_shared_gpu_until_grouped(
         c.kubectl("label", "namespace", ns, f"{LABEL_SHARING_GROUP}=ml", "--overwrite")
     wait_for(
         lambda: phase(c, b) == "Running",
-        timeout_s=180,
+        timeout_s=300,  # the kubelet's next try: its back-off reached ~80 s here
         what=f"{b}/job Running once both namespaces share a group",
         every_s=1.0,
     )
