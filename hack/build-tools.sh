@@ -189,7 +189,7 @@ case $what in
     build_prometheus
     build_containerd
     ;;
-  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
   *) die "unknown target '$what'; use one of: all kube kube-dra etcd helm kwok prometheus-operator containerd" ;;
 esac
 log "done: $what"
