@@ -2,8 +2,9 @@
 # Build the images the Helm chart names, offline, and import them into the local cluster.
 #
 #   hack/build-image.sh gpushare    the project's Dockerfile, built by buildah with no network
-#   hack/build-image.sh scheduler   registry.k8s.io/kube-scheduler:<KUBE_VERSION> from the
-#                                   local cluster's own kube-scheduler binary
+#   hack/build-image.sh scheduler   registry.k8s.io/kube-scheduler:<version> from the local
+#                                   cluster's own kube-scheduler binary: KUBE_VERSION, or
+#                                   DRA_KUBE_VERSION when the local cluster runs in dra mode
 #   hack/build-image.sh all         both (default)
 #
 # Options: --tag REF (gpushare image, default gpushare/gpushare:<version in pyproject.toml>),
@@ -37,6 +38,8 @@ SOCKET="${GPUSHARE_CONTAINERD_SOCKET:-$STATE/run/containerd.sock}"
 CACHE="$GPUSHARE_CACHE_DIR/images"
 STORE="$GPUSHARE_CACHE_DIR/buildah"
 VENV_PY="$repo/.venv/bin/python"
+# The chart's kube-scheduler image is the cluster's own release, which depends on its mode.
+if [[ -f $STATE/mode ]]; then KUBE_VERSION=$(kube_version_for "$(cat "$STATE/mode")"); fi
 KUBE_BIN="$GPUSHARE_CACHE_DIR/bin/kubernetes-$KUBE_VERSION"
 SCHEDULER_IMAGE="registry.k8s.io/kube-scheduler:$KUBE_VERSION"
 
