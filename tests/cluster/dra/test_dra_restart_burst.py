@@ -19,7 +19,7 @@ import pytest
 
 from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import LocalCluster
-from tests.fixtures.dra import SHOW_ENV, container_env
+from tests.fixtures.dra import container_env, share_claim, show_env_pod
 
 pytestmark = pytest.mark.cluster
 
@@ -27,43 +27,6 @@ Obj = dict[str, object]
 BURST = int(os.environ.get("GPUSHARE_DRA_BURST_PODS", "40"))
 STEP_MIB = 4
 """Pod i asks for (i + 1) x 4 MiB of GPU memory: a limit no other pod has."""
-
-
-def claim(name: str, device_class: str, memory_mib: int) -> Obj:
-    request = {
-        "name": "gpu",
-        "exactly": {
-            "deviceClassName": device_class,
-            "capacity": {"requests": {"gpuPercent": "1", "memory": f"{memory_mib}Mi"}},
-        },
-    }
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": [request]}},
-    }
-
-
-def pod(name: str, image: str, claim_name: str) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", SHOW_ENV],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-        },
-    }
 
 
 def apply(c: LocalCluster, ns: str, items: list[Obj]) -> None:
@@ -90,8 +53,9 @@ def test_kubelet_restart_mid_burst_leaves_every_pod_its_own_claims_settings(
         for d in s["spec"]["devices"]  # type: ignore[index, union-attr]
     }
     try:
-        apply(c, ns, [claim(f"c-{n}", device_class, memory[n]) for n in names])
-        apply(c, ns, [pod(n, c.busybox_image, f"c-{n}") for n in names])
+        capacity = {n: {"gpuPercent": "1", "memory": f"{memory[n]}Mi"} for n in names}
+        apply(c, ns, [share_claim(f"c-{n}", device_class, capacity[n]) for n in names])
+        apply(c, ns, [show_env_pod(n, c.busybox_image, f"c-{n}") for n in names])
         # The restart lands while part of the burst runs and the rest is being prepared.
         wait_for(
             lambda: sum(p == "Running" for p in phases(c, ns).values()) >= max(1, BURST // 4),

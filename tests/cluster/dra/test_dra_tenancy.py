@@ -16,48 +16,12 @@ import pytest
 from gpushare.api.names import LABEL_SHARING_GROUP
 from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import LocalCluster
-from tests.fixtures.dra import SHOW_ENV
+from tests.fixtures.dra import share_claim, show_env_pod
 
 pytestmark = pytest.mark.cluster
 
 Obj = dict[str, object]
 ON_GPU_0 = 'device.attributes["gpu.gpushare.io"].index == 0'
-
-
-def claim_and_pod(device_class: str, image: str) -> list[Obj]:
-    request = {
-        "name": "gpu",
-        "exactly": {
-            "deviceClassName": device_class,
-            "selectors": [{"cel": {"expression": ON_GPU_0}}],
-            "capacity": {"requests": {"gpuPercent": "20"}},
-        },
-    }
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "share"},
-        "spec": {"devices": {"requests": [request]}},
-    }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "job"},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": "share"}],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", SHOW_ENV],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-        },
-    }
-    return [claim, pod]
 
 
 @pytest.fixture
@@ -88,7 +52,10 @@ def test_a_claim_of_another_namespace_waits_off_a_shared_gpu_until_grouped(
     c = dra_cluster
     a, b = namespaces
     for ns in (a, b):
-        items = claim_and_pod(device_class, c.busybox_image)
+        items = [
+            share_claim("share", device_class, {"gpuPercent": "20"}, selector=ON_GPU_0),
+            show_env_pod("job", c.busybox_image, "share"),
+        ]
         doc = {"apiVersion": "v1", "kind": "List", "items": items}
         c.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(doc))
         if ns == a:
