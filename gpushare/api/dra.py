@@ -15,6 +15,7 @@ pods; the driver applies the same thread rule (gpushare.packing.threads). Parsin
 and strict: unknown fields are refused, so a typo never silently runs a pod with defaults.
 """
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -48,6 +49,11 @@ DEVICE_CLASS: Final = f"mps.{GROUP}"
 POD_CLAIM: Final = "gpushare-gpu"
 """``spec.resourceClaims[].name`` of the claim the webhook gives an annotated pod in DRA
 mode (gpushare.cluster.webhook.claims); a pod with it is placed by the DRA allocator."""
+
+PLACEMENT_GATE: Final = f"{GROUP}/placement"
+"""The scheduling gate of a pod whose gpushare claim the controller allocates (gpushare
+placement, docs/dra.md "Who places a claim"): kube-scheduler leaves the pod alone until the
+controller has allocated the claim and removed the gate."""
 
 CONFIG_API_VERSION: Final = f"{GROUP}/{VERSION}"
 CONFIG_KIND: Final = "MpsConfig"
@@ -104,3 +110,44 @@ def parse_mps_config(parameters: Any, *, field: str) -> MpsConfig:
             f"{field}.limit", f"must be a whole percent 1..{SLICES_PER_GPU}", _CONFIG_FIX
         )
     return MpsConfig(gpu_class=gpu_class, limit=limit)
+
+
+MAX_RESULTS: Final = 32
+"""Most device results (and configs) of one claim read (the API allows 32 per claim)."""
+
+
+def allocation_configs(
+    devices: Mapping[str, Any], *, field: str
+) -> list[tuple[list[str], MpsConfig]]:
+    """(requests, config) of each opaque config of our driver in ``devices["config"]`` (a
+    claim's ``spec.devices`` or ``status.allocation.devices``), in order: the API lists the
+    class's configs before the claim's, so later entries override earlier ones.
+    InvalidInputError names ``field[i]...`` of the first bad entry."""
+    fix = f"write {{apiVersion: {CONFIG_API_VERSION}, kind: {CONFIG_KIND}, ...}} per request"
+    raw = devices.get("config") or []
+    if not isinstance(raw, list):
+        raise InvalidInputError(field, "must be a list", fix)
+    out: list[tuple[list[str], MpsConfig]] = []
+    for i, entry in enumerate(raw[:MAX_RESULTS]):
+        opaque = entry.get("opaque") if isinstance(entry, dict) else None
+        if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER:
+            continue
+        requests = entry.get("requests") or []
+        if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
+            raise InvalidInputError(
+                f"{field}[{i}].requests", "must be a list of request names", fix
+            )
+        config = parse_mps_config(opaque.get("parameters"), field=f"{field}[{i}].opaque.parameters")
+        out.append((requests, config))
+    return out
+
+
+def config_for(request: str, configs: Sequence[tuple[list[str], MpsConfig]]) -> MpsConfig:
+    """The last config naming ``request`` (or its parent request "req" of "req/sub"), or naming
+    no request at all; the defaults when none does."""
+    chosen = MpsConfig()
+    parent = request.split("/", 1)[0]
+    for requests, config in configs:
+        if not requests or request in requests or parent in requests:
+            chosen = config
+    return chosen

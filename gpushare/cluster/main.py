@@ -28,6 +28,8 @@ from aiohttp import web
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.logs import setup_json_logging
 from gpushare.cluster import watches
+from gpushare.cluster.dra.allocator import ClaimAllocator
+from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.extender.requeue import requeue
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.leader import LeaderElector
@@ -73,6 +75,8 @@ class ControllerContext:
     """This replica binds pods and runs the operator (always, without --leader-elect)."""
     share_handoff: watches.ShareHandoff | None = None
     """When the GpuShare informer stops because the operator's Kopf watch feeds the view."""
+    claim_allocator: ClaimAllocator | None = None
+    """DRA mode with gpushare placement: places the claims of gated pods (on the leader)."""
 
     def ready(self) -> tuple[bool, str]:
         if not self.view.synced:
@@ -96,6 +100,7 @@ class ControllerContext:
                 if self.settings.annotation_mode == MODE_DRA
                 else None
             ),
+            dra_gate=self.settings.places_claims,
         )
 
     async def write_template(self, template: Mapping[str, Any]) -> None:
@@ -328,6 +333,18 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             if settings.operator_enabled:
                 ctx.share_handoff = watches.ShareHandoff(ctx.view)
             resync = settings.resync_seconds
+            if settings.places_claims:
+                devices = DraDevices()
+                ctx.claim_allocator = ClaimAllocator(
+                    view=ctx.view,
+                    devices=devices,
+                    placer=extender.placer,
+                    writer=ctx.kube,
+                    device_class=settings.dra_device_class,
+                )
+                tasks[
+                    asyncio.create_task(watches.feed_dra(ctx.kube, devices, resync_seconds=resync))
+                ] = "DRA watches"
             for name, feeding in (
                 (
                     "node watch",
@@ -335,7 +352,12 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                 ),
                 (
                     "pod watch",
-                    watches.feed_pods(ctx.kube, ctx.view, resync_seconds=resync),
+                    watches.feed_pods(
+                        ctx.kube,
+                        ctx.view,
+                        resync_seconds=resync,
+                        allocator=ctx.claim_allocator,
+                    ),
                 ),
                 (
                     SHARE_WATCH,
@@ -451,6 +473,8 @@ async def _lead(
             group.create_task(elector.keep(ctx.stopping))
         if ctx.kube is not None:
             group.create_task(_evict_loop(ctx))
+        if ctx.claim_allocator is not None:
+            group.create_task(ctx.claim_allocator.run())
         for hook in hooks:
             group.create_task(fatal_on_return(hook))
     await ctx.stopping.wait()  # nothing else to run (no API server): serve until stopped

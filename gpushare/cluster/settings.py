@@ -31,6 +31,9 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 MODE_DEVICEPLUGIN = "deviceplugin"
 MODE_DRA = "dra"
 ANNOTATION_MODES = (MODE_DEVICEPLUGIN, MODE_DRA)
+PLACEMENT_GPUSHARE = "gpushare"
+PLACEMENT_KUBE_SCHEDULER = "kube-scheduler"
+DRA_PLACEMENTS = (PLACEMENT_GPUSHARE, PLACEMENT_KUBE_SCHEDULER)
 
 # Host directories a gpushare pod must not mount: they would let it talk to the MPS control
 # daemon or the kubelet's device-plugin sockets directly, bypassing its share.
@@ -127,11 +130,21 @@ class Settings:
     annotation_mode: str = MODE_DEVICEPLUGIN
     """What the webhook makes of a pod's gpushare.io/gpu-fraction (or share) annotations:
     ``deviceplugin``, the gpushare.io/gpu-percent resource placed by gpushare-scheduler; ``dra``,
-    a ResourceClaim of ``dra_device_class`` placed by kube-scheduler (docs/dra.md, "Keeping
-    annotations"). The chart sets it from its ``mode``."""
+    a ResourceClaim of ``dra_device_class`` (docs/dra.md, "Keeping
+    annotations"; placed as ``dra_placement`` says). The chart sets it from its ``mode``."""
     dra_device_class: str = DEVICE_CLASS
     """DeviceClass of the claims made in ``--annotation-mode=dra`` (the chart's
     dra.deviceClass.name)."""
+    dra_placement: str = PLACEMENT_GPUSHARE
+    """Who allocates the claims of annotated pods in ``--annotation-mode=dra``: ``gpushare``,
+    the controller with the placement policy (the webhook gates the pod, the controller writes
+    the claim's allocation, docs/dra.md "Who places a claim"); ``kube-scheduler``, its DRA
+    allocator (first fit). The chart sets it from dra.placement."""
+
+    @property
+    def places_claims(self) -> bool:
+        """The controller allocates the claims of gated pods (DRA mode, gpushare placement)."""
+        return self.annotation_mode == MODE_DRA and self.dra_placement == PLACEMENT_GPUSHARE
 
     policy: Policy = DEFAULT_POLICY
     """Placement policy of filter, prioritize and bind: ``gpushare`` (fragmentation-aware,
@@ -466,6 +479,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=_doc("annotation_mode"),
     )
     w.add_argument("--dra-device-class", default=d.dra_device_class, help=_doc("dra_device_class"))
+    w.add_argument(
+        "--dra-placement",
+        default=d.dra_placement,
+        choices=DRA_PLACEMENTS,
+        help=_doc("dra_placement"),
+    )
     o = p.add_argument_group("process")
     o.add_argument(
         "--no-operator",

@@ -11,9 +11,11 @@ Kopf handlers watch GpuShares, the GpuShare informer stops and Kopf's events fee
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpushare.cluster.dra.allocator import ClaimAllocator
+from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.controller import Kube, Watched
 
@@ -33,8 +35,16 @@ async def feed_nodes(kube: Kube, view: ClusterView, *, resync_seconds: float) ->
     )
 
 
-async def feed_pods(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
-    """Pods into the view; the view tells its pod listeners (the operator) what changed."""
+async def feed_pods(
+    kube: Kube,
+    view: ClusterView,
+    *,
+    resync_seconds: float,
+    allocator: ClaimAllocator | None = None,
+) -> None:
+    """Pods into the view; the view tells its pod listeners (the operator) what changed. With
+    ``allocator`` (DRA mode, gpushare placement) every pod also goes to it: it keeps the pods
+    gated for it."""
 
     def upsert(data: Mapping[str, Any]) -> None:
         f = view.upsert_pod(data)
@@ -51,14 +61,25 @@ async def feed_pods(kube: Kube, view: ClusterView, *, resync_seconds: float) -> 
             )
         if f is not None and f.problem is not None:
             log.warning("pod annotations unreadable", extra={"pod": f.key, "error": f.problem})
+        if allocator is not None:
+            allocator.pod_event(data)
 
     def delete(data: Mapping[str, Any]) -> None:
         meta = data.get("metadata", {})
-        view.delete_pod(f"{meta.get('namespace', 'default')}/{meta.get('name', '')}")
+        key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+        view.delete_pod(key)
+        if allocator is not None:
+            allocator.pod_gone(key, deleted=True)
+
+    def replace(items: Iterable[Mapping[str, Any]]) -> None:
+        listed = list(items)
+        view.replace_pods(listed)
+        if allocator is not None:
+            allocator.pods_listed(listed)
 
     await kube.inform(
         Watched.PODS,
-        replace=view.replace_pods,
+        replace=replace,
         upsert=upsert,
         delete=delete,
         resync_seconds=resync_seconds,
@@ -140,4 +161,25 @@ async def feed_namespaces(kube: Kube, view: ClusterView, *, resync_seconds: floa
         upsert=view.upsert_namespace,
         delete=view.delete_namespace,
         resync_seconds=resync_seconds,
+    )
+
+
+async def feed_dra(kube: Kube, devices: DraDevices, *, resync_seconds: float) -> None:
+    """ResourceSlices and ResourceClaims into the DRA ledger the claim allocator places by
+    (gpushare.cluster.dra.devices)."""
+    await asyncio.gather(
+        kube.inform(
+            Watched.RESOURCE_SLICES,
+            replace=devices.replace_slices,
+            upsert=devices.upsert_slice,
+            delete=devices.delete_slice,
+            resync_seconds=resync_seconds,
+        ),
+        kube.inform(
+            Watched.RESOURCE_CLAIMS,
+            replace=devices.replace_claims,
+            upsert=devices.upsert_claim,
+            delete=devices.delete_claim,
+            resync_seconds=resync_seconds,
+        ),
     )

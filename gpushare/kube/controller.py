@@ -27,9 +27,16 @@ from lightkube.types import PatchType
 from gpushare.kube.config import load_config
 from gpushare.kube.errors import KubeError, LeaseConflictError
 from gpushare.kube.errors import wrap as _wrap
+from gpushare.kube.events import ObjectRef, Reporter
 from gpushare.kube.informer import Objects, inform
 from gpushare.kube.raw import RawApi
-from gpushare.kube.resources import GpuShareResource, ResourceClaimTemplateResource
+from gpushare.kube.resources import (
+    DeviceClassResource,
+    GpuShareResource,
+    ResourceClaimResource,
+    ResourceClaimTemplateResource,
+    ResourceSliceResource,
+)
 
 PodDict = dict[str, Any]
 
@@ -41,6 +48,8 @@ class Watched(enum.Enum):
     PODS = "pods"
     SHARES = "gpushares"
     NAMESPACES = "namespaces"
+    RESOURCE_SLICES = "resourceslices"
+    RESOURCE_CLAIMS = "resourceclaims"
 
 
 _WATCHED: dict[Watched, tuple[Any, bool, str | None]] = {
@@ -48,6 +57,16 @@ _WATCHED: dict[Watched, tuple[Any, bool, str | None]] = {
     Watched.PODS: (Pod, True, "/api/v1/pods"),
     Watched.SHARES: (GpuShareResource, True, None),
     Watched.NAMESPACES: (Namespace, False, "/api/v1/namespaces"),
+    Watched.RESOURCE_SLICES: (
+        ResourceSliceResource,
+        False,
+        "/apis/resource.k8s.io/v1/resourceslices",
+    ),
+    Watched.RESOURCE_CLAIMS: (
+        ResourceClaimResource,
+        True,
+        "/apis/resource.k8s.io/v1/resourceclaims",
+    ),
 }
 """Each kind: lightkube resource, namespaced, path for the raw (msgspec) watch."""
 
@@ -200,6 +219,103 @@ class Kube:
         except Exception as exc:
             raise _wrap(exc, what) from exc
         return True
+
+    # ---- DRA claims the controller places (gpushare.cluster.dra) --------------------------
+
+    async def protect_claim(
+        self, *, namespace: str, name: str, resource_version: str, finalizers: list[str]
+    ) -> dict[str, Any]:
+        """Set the claim's finalizers (``resource_version`` guards against lost updates: a 409
+        is a :class:`KubeError` with status 409); returns the claim as stored."""
+        what = f"add the finalizer of ResourceClaim {namespace}/{name}"
+        patch = {"metadata": {"resourceVersion": resource_version, "finalizers": finalizers}}
+        try:
+            obj = await self._client.patch(
+                ResourceClaimResource, name, patch, namespace=namespace, patch_type=PatchType.MERGE
+            )
+        except Exception as exc:
+            raise _wrap(exc, what) from exc
+        return dict(obj)
+
+    async def allocate_claim(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        resource_version: str,
+        allocation: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """Write ``status.allocation`` of an unallocated claim, as kube-scheduler would
+        (``resource_version`` guards it: someone else's allocation in between is a 409)."""
+        what = f"allocate ResourceClaim {namespace}/{name}"
+        patch = {
+            "metadata": {"resourceVersion": resource_version},
+            "status": {"allocation": dict(allocation)},
+        }
+        try:
+            obj = await self._client.patch(
+                ResourceClaimResource.Status,
+                name,
+                patch,
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )
+        except Exception as exc:
+            raise _wrap(exc, what) from exc
+        return dict(obj)
+
+    async def get_device_class(self, name: str) -> dict[str, Any] | None:
+        """A DeviceClass's manifest; None when there is none."""
+        try:
+            obj = await self._client.get(DeviceClassResource, name)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise _wrap(exc, f"get DeviceClass {name}") from exc
+        except Exception as exc:
+            raise _wrap(exc, f"get DeviceClass {name}") from exc
+        return dict(obj)
+
+    async def pod_event(
+        self, *, pod: Mapping[str, Any], reason: str, message: str, warning: bool
+    ) -> None:
+        """Record an Event about ``pod`` (``kubectl describe pod`` shows it); a failure is
+        logged by the caller's retry, never raised past it."""
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        assert isinstance(meta, Mapping)
+        about = ObjectRef.pod(
+            namespace=str(meta.get("namespace", "")),
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+        )
+        reporter = Reporter(
+            component=self._field_manager,
+            reporting_component=self._field_manager,
+            instance=self._field_manager,
+        )
+        event = reporter.event(about, reason=reason, message=message, warning=warning)
+        try:
+            await self._client.create(event)
+        except Exception as exc:
+            raise _wrap(
+                exc, f"record event {reason} of pod {about.namespace}/{about.name}"
+            ) from exc
+
+    async def remove_scheduling_gate(
+        self, *, namespace: str, name: str, index: int, gate: str
+    ) -> None:
+        """Remove ``spec.schedulingGates[index]`` when it still is ``gate`` (a JSON patch whose
+        test fails with 422 when the gates moved)."""
+        patch = [
+            {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": gate},
+            {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
+        ]
+        try:
+            await self._client.patch(
+                Pod, name, patch, namespace=namespace, patch_type=PatchType.JSON
+            )
+        except Exception as exc:
+            raise _wrap(exc, f"remove scheduling gate {gate} of pod {namespace}/{name}") from exc
 
     # ---- watches -------------------------------------------------------------------------
 

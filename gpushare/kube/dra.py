@@ -12,20 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightkube import ApiError, Client
-from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.core_v1 import Namespace, Node
 
 from gpushare.api.dra import DRIVER
 from gpushare.kube.node import _retry_transient
-
-RESOURCE_GROUP = "resource.k8s.io"
-RESOURCE_VERSION = "v1"
-ResourceSliceResource = create_global_resource(
-    RESOURCE_GROUP, RESOURCE_VERSION, "ResourceSlice", "resourceslices"
-)
-ResourceClaimResource = create_namespaced_resource(
-    RESOURCE_GROUP, RESOURCE_VERSION, "ResourceClaim", "resourceclaims"
-)
+from gpushare.kube.resources import ResourceClaimResource, ResourceSliceResource
 
 
 class DraKube:

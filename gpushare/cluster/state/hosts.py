@@ -40,6 +40,15 @@ class HostUsage:
         else:
             self._allocatable[name] = allocatable
 
+    def free(self, name: str) -> tuple[int, int] | None:
+        """(milli-CPU, memory bytes) node ``name`` has left for pods, whether or not it has a
+        GPU inventory (DRA-mode nodes have none); None when its status does not say."""
+        allocatable = self._allocatable.get(name)
+        if allocatable is None:
+            return None
+        used = self._used.get(name, (0, 0))
+        return allocatable[0] - used[0], allocatable[1] - used[1]
+
     def bind(self, key: str, node: str | None, cpu: int, memory: int) -> None:
         """Pod ``key`` is bound to ``node`` requesting ``cpu`` and ``memory`` (``node`` None:
         not bound, or finished). Counted at the next :meth:`refresh` of the pod."""

@@ -183,6 +183,10 @@ class ClusterView:
         """Why a node's inventory annotation could not be read, if it could not."""
         return self._inventory.problems.get(name)
 
+    def host_free(self, name: str) -> tuple[int, int] | None:
+        """(milli-CPU, memory bytes) node ``name`` has left for pods, any node (hosts)."""
+        return self._hosts.free(name)
+
     def node_for(self, name: str, pod_key: str) -> NodeState | None:
         """The node as pod ``pod_key`` sees it: its own share (a stale or earlier placement of
         the same pod) does not count against it."""
@@ -390,6 +394,7 @@ class ClusterView:
         self._marks.read(name, ann)
         parsed, problem = parse_inventory(name, ann)
         self._inventory.about[name] = node_info(node, name, parsed)
+        self._hosts.set_allocatable(name, node_allocatable(node))
         inventory, unusable = read_gpus(node, parsed)
         problem = problem or unusable
         if inventory is None:
@@ -399,7 +404,6 @@ class ClusterView:
                 self._inventory.problems[name] = problem
             return
         self._inventory.problems.pop(name, None)
-        self._hosts.set_allocatable(name, node_allocatable(node))
         changed = self._inventory.set_gpus(name, inventory, self._placements.by_gpu)
         self._hosts.sync(name)
         if changed:
@@ -407,6 +411,7 @@ class ClusterView:
 
     def delete_node(self, name: str) -> None:
         self._inventory.about.pop(name, None)
+        self._hosts.set_allocatable(name, None)
         if self._inventory.drop(name):
             self._changed("node", name)
 

@@ -22,6 +22,7 @@ from gpushare.api.dra import (
     CONFIG_API_VERSION,
     CONFIG_KIND,
     DRIVER,
+    PLACEMENT_GATE,
     POD_CLAIM,
 )
 from gpushare.api.errors import InvalidInputError
@@ -138,6 +139,18 @@ def claim_ops(pod: pods.Pod, *, template: str, target: int) -> list[dict[str, An
     return ops
 
 
+def gate_ops(pod: pods.Pod) -> list[dict[str, Any]]:
+    """JSON patch that adds the ``gpushare.io/placement`` scheduling gate (docs/dra.md, "Who
+    places a claim"); empty when the pod has it. Gates can only be set at creation."""
+    gates = pods.spec(pod).get("schedulingGates")
+    entry = {"name": PLACEMENT_GATE}
+    if not isinstance(gates, list):
+        return [{"op": "add", "path": "/spec/schedulingGates", "value": [entry]}]
+    if any(isinstance(g, Mapping) and g.get("name") == PLACEMENT_GATE for g in gates):
+        return []
+    return [{"op": "add", "path": "/spec/schedulingGates/-", "value": entry}]
+
+
 def claim_errors(pod: pods.Pod, *, template: str, target: int) -> list[InvalidInputError]:
     """Refusals of an annotated pod in DRA mode: a claim name of ours taken by something else
     (checked before mutating), or, at validation, no gpushare claim (the mutation did not run)."""
@@ -227,6 +240,7 @@ __all__ = [
     "claim_template",
     "covers",
     "ensure_template",
+    "gate_ops",
     "has_claim",
     "missing_claim_error",
     "template_conflict",

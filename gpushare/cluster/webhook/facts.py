@@ -28,3 +28,6 @@ class ClusterFacts:
     dra_device_class: str | None = None
     """DRA mode (``--annotation-mode=dra``): annotated pods get a ResourceClaim of this
     DeviceClass (gpushare.cluster.webhook.claims); None: the gpu-percent resource."""
+    dra_gate: bool = False
+    """DRA mode with gpushare placement (``--dra-placement=gpushare``): annotated pods also get
+    the ``gpushare.io/placement`` scheduling gate, so the controller allocates their claim."""

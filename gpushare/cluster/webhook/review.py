@@ -185,6 +185,7 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
             device_class=facts.dra_device_class,
             mutate=mutate,
             exclusive=exclusive,
+            gate=facts.dra_gate,
         )
     separated = (
         separation(pod, facts=facts)
@@ -224,8 +225,10 @@ def _dra_verdict(
     device_class: str,
     mutate: bool,
     exclusive: str | None,
+    gate: bool,
 ) -> Verdict:
-    """An annotated pod in DRA mode: its claim from the template its request names."""
+    """An annotated pod in DRA mode: its claim from the template its request names, and with
+    ``gate`` the scheduling gate that lets the controller place the claim."""
     name = claims.template_name(request)
     errors = claims.claim_errors(pod, template=name, target=target)
     if not mutate and not errors and not claims.has_claim(pod, template=name, target=target):
@@ -235,6 +238,8 @@ def _dra_verdict(
     if not mutate:
         return Verdict(allowed=True)
     patch = claims.claim_ops(pod, template=name, target=target)
+    if gate:
+        patch += claims.gate_ops(pod)
     warnings: tuple[str, ...] = ()
     if exclusive is not None:
         # The fraction is rewritten so that validation names the same (whole-GPU) template.

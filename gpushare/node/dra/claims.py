@@ -7,7 +7,7 @@ every refusal is an :class:`InvalidInputError` naming the claim field and the fi
 shows it on the pod and retries.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,8 +16,10 @@ from gpushare.api.dra import (
     CAPACITY_GPU_PERCENT,
     CAPACITY_MEMORY,
     DRIVER,
+    MAX_RESULTS,
     MpsConfig,
-    parse_mps_config,
+    allocation_configs,
+    config_for,
 )
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
@@ -26,8 +28,6 @@ from gpushare.api.quantities import parse_memory
 
 _RESULTS = "status.allocation.devices.results"
 _CONFIG = "status.allocation.devices.config"
-MAX_RESULTS = 32
-"""Most device results of one claim read (the API allows 32 per claim)."""
 
 
 class ClaimSource(Protocol):
@@ -110,40 +110,6 @@ def _consumed_memory(value: Any, *, where: str, gpu: GpuInfo) -> int:
     return memory
 
 
-def _configs(devices: Mapping[str, Any]) -> list[tuple[int, list[str], MpsConfig]]:
-    """(position, requests, config) of each opaque config of our driver, in order (the API
-    lists the class's configs before the claim's, so later entries override earlier ones)."""
-    raw = devices.get("config") or []
-    if not isinstance(raw, list):
-        raise InvalidInputError(_CONFIG, "must be a list", _fix_allocation())
-    out: list[tuple[int, list[str], MpsConfig]] = []
-    for i, entry in enumerate(raw[:MAX_RESULTS]):
-        opaque = entry.get("opaque") if isinstance(entry, dict) else None
-        if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER:
-            continue
-        requests = entry.get("requests") or []
-        if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
-            raise InvalidInputError(
-                f"{_CONFIG}[{i}].requests", "must be a list of request names", _fix_allocation()
-            )
-        config = parse_mps_config(
-            opaque.get("parameters"), field=f"{_CONFIG}[{i}].opaque.parameters"
-        )
-        out.append((i, requests, config))
-    return out
-
-
-def _config_for(request: str, configs: Sequence[tuple[int, list[str], MpsConfig]]) -> MpsConfig:
-    """The last config naming ``request`` (or its parent request "req" of "req/sub"), or
-    naming no request at all."""
-    chosen = MpsConfig()
-    parent = request.split("/", 1)[0]
-    for _, requests, config in configs:
-        if not requests or request in requests or parent in requests:
-            chosen = config
-    return chosen
-
-
 def _reserved_pod(claim: Mapping[str, Any]) -> tuple[str, str]:
     namespace = str((claim.get("metadata") or {}).get("namespace") or "")
     for entry in (claim.get("status") or {}).get("reservedFor") or []:
@@ -183,7 +149,7 @@ def parse_claim(
         raise InvalidInputError(_RESULTS, "is missing", _fix_allocation())
     if len(results) > MAX_RESULTS:
         raise InvalidInputError(_RESULTS, f"lists {len(results)} devices", _fix_allocation())
-    configs = _configs(devices)
+    configs = allocation_configs(devices, field=_CONFIG)
     ours: list[AllocatedGpu] = []
     for i, result in enumerate(results):
         where = f"{_RESULTS}[{i}]"
@@ -222,7 +188,7 @@ def parse_claim(
                 gpu=gpu,
             )
         request = str(result.get("request", ""))
-        config = _config_for(request, configs)
+        config = config_for(request, configs)
         if config.limit is not None and config.limit < percent:
             raise InvalidInputError(
                 f"{_CONFIG}.opaque.parameters.limit",

@@ -1,0 +1,326 @@
+"""The DRA-mode GPUs and the claims allocated on them, as the controller places claims.
+
+Fed by two watches (gpushare.cluster.watches): ResourceSlices of driver ``gpu.gpushare.io``
+(one device per GPU, published by the node agents in ``--mode dra``) and ResourceClaims (every
+claim: the allocator looks up the ones its gated pods use, and the allocated ones of our driver
+are the GPUs' tenants, whoever allocated them: gpushare or kube-scheduler). Pure state, no I/O:
+:class:`DraDevices` turns it into the :class:`~gpushare.packing.model.NodeState` the placer
+reads, so a claim is placed by the same policy as an annotated pod in device-plugin mode
+(docs/dra.md, "Who places a claim").
+
+Everything read here may be hostile or half-written (a tenant writes its own claims): what
+cannot be read is skipped with a reason kept in ``problems``, never raised into the watch.
+"""
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare.api.dra import (
+    ATTR_INDEX,
+    ATTR_MODEL,
+    ATTR_UUID,
+    CAPACITY_GPU_PERCENT,
+    CAPACITY_MEMORY,
+    DRIVER,
+    MAX_RESULTS,
+    allocation_configs,
+    config_for,
+)
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.names import SLICES_PER_GPU
+from gpushare.api.quantities import parse_memory
+from gpushare.packing.model import GpuState, NodeState, Tenant
+
+MAX_DEVICES_PER_SLICE = 128
+"""Most devices of one slice read (the API allows 128)."""
+
+
+@dataclass(frozen=True)
+class DraGpu:
+    """One GPU a node agent published: where it is in the DRA API and what placement reads."""
+
+    node: str
+    pool: str
+    device: str
+    uuid: str
+    model: str
+    index: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class ClaimShare:
+    """What one allocated claim consumes of one of our GPUs."""
+
+    claim: str
+    """``namespace/name`` of the claim."""
+    namespace: str
+    pool: str
+    device: str
+    percent: int
+    memory_bytes: int
+    """Consumed memory; 0: in proportion to ``percent`` (the driver's rule)."""
+    gpu_class: str
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = _mapping(obj.get("metadata"))
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def read_slice(obj: Mapping[str, Any]) -> list[DraGpu] | None:
+    """The GPUs of one ResourceSlice of our driver; None for another driver's slice."""
+    spec = _mapping(obj.get("spec"))
+    if spec.get("driver") != DRIVER:
+        return None
+    node = spec.get("nodeName")
+    pool = _mapping(spec.get("pool")).get("name")
+    if not isinstance(node, str) or not node or not isinstance(pool, str) or not pool:
+        raise InvalidInputError("spec.nodeName", "a gpushare slice names no node or pool", "")
+    devices = spec.get("devices")
+    out: list[DraGpu] = []
+    for i, device in enumerate(
+        devices[:MAX_DEVICES_PER_SLICE] if isinstance(devices, list) else []
+    ):
+        if not isinstance(device, Mapping) or not isinstance(device.get("name"), str):
+            continue
+        attributes = _mapping(device.get("attributes"))
+        memory = _mapping(_mapping(device.get("capacity")).get(CAPACITY_MEMORY)).get("value")
+        index = _mapping(attributes.get(ATTR_INDEX)).get("int", i)
+        memory_bytes = parse_memory(str(memory), field=f"spec.devices[{i}].capacity.memory")
+        uuid = _mapping(attributes.get(ATTR_UUID)).get("string")
+        out.append(
+            DraGpu(
+                node=node,
+                pool=pool,
+                device=device["name"],
+                uuid=uuid if isinstance(uuid, str) and uuid else f"{pool}/{device['name']}",
+                model=str(_mapping(attributes.get(ATTR_MODEL)).get("string", "")),
+                index=index if isinstance(index, int) and not isinstance(index, bool) else i,
+                memory_bytes=memory_bytes,
+            )
+        )
+    return out
+
+
+def _percent(value: Any) -> int:
+    text = str(value).strip()
+    if not text.isdigit() or len(text) > 4 or not 1 <= int(text) <= SLICES_PER_GPU:
+        raise InvalidInputError(
+            f"consumedCapacity.{CAPACITY_GPU_PERCENT}", f"{text[:20]!r} is not 1..100", ""
+        )
+    return int(text)
+
+
+def read_allocation(obj: Mapping[str, Any]) -> list[ClaimShare]:
+    """What an allocated claim consumes of our GPUs; empty when it is not allocated or uses
+    another driver's devices only."""
+    devices = _mapping(_mapping(_mapping(obj.get("status")).get("allocation")).get("devices"))
+    results = devices.get("results")
+    if not isinstance(results, list):
+        return []
+    namespace = str(_mapping(obj.get("metadata")).get("namespace", ""))
+    configs = allocation_configs(devices, field="status.allocation.devices.config")
+    out: list[ClaimShare] = []
+    for result in results[:MAX_RESULTS]:
+        if not isinstance(result, Mapping) or result.get("driver") != DRIVER:
+            continue
+        consumed = _mapping(result.get("consumedCapacity"))
+        memory = consumed.get(CAPACITY_MEMORY, "0")
+        out.append(
+            ClaimShare(
+                claim=_key(obj),
+                namespace=namespace,
+                pool=str(result.get("pool", "")),
+                device=str(result.get("device", "")),
+                percent=_percent(consumed.get(CAPACITY_GPU_PERCENT, SLICES_PER_GPU)),
+                memory_bytes=0
+                if str(memory).strip() == "0"
+                else parse_memory(str(memory), field="consumedCapacity.memory"),
+                gpu_class=config_for(str(result.get("request", "")), configs).gpu_class,
+            )
+        )
+    return out
+
+
+class DraDevices:
+    """GPUs by node from the slices, shares by GPU from the allocated claims."""
+
+    def __init__(self) -> None:
+        self._slices: dict[str, list[DraGpu]] = {}
+        self._gpus: dict[tuple[str, str], DraGpu] = {}
+        """(pool, device) -> GPU."""
+        self._by_node: dict[str, list[DraGpu]] = {}
+        self._claims: dict[str, Mapping[str, Any]] = {}
+        self._shares: dict[str, list[ClaimShare]] = {}
+        """Claim key -> what it consumes of our GPUs (allocated claims only)."""
+        self._on_gpu: dict[tuple[str, str], dict[str, ClaimShare]] = {}
+        self._states: dict[str, NodeState] = {}
+        self.problems: dict[str, str] = {}
+        """Object (``slice <name>`` / ``claim <ns/name>``) -> why it could not be read."""
+        self.version = 0
+        """Moves whenever a GPU or a share changes: a refused claim may fit now."""
+        self.listeners: list[Callable[[str], None]] = []
+        """Called with a claim's key after each event about it."""
+        self.slices_synced = False
+        self.claims_synced = False
+
+    # ---- reading -------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self.slices_synced and self.claims_synced
+
+    def claim(self, key: str) -> Mapping[str, Any] | None:
+        return self._claims.get(key)
+
+    def node_names(self) -> list[str]:
+        return sorted(self._by_node)
+
+    def gpu(self, node: str, uuid: str) -> DraGpu | None:
+        return next((g for g in self._by_node.get(node, ()) if g.uuid == uuid), None)
+
+    def shares_on(self, pool: str, device: str) -> list[ClaimShare]:
+        return list(self._on_gpu.get((pool, device), {}).values())
+
+    def node_state(self, name: str, *, tenancy_of: Callable[[str], str | None]) -> NodeState:
+        """Node ``name``'s GPUs with the claims on them as tenants (kept until they change;
+        ``tenancy_of`` maps a namespace to its tenancy, gpushare.packing.tenancy)."""
+        state = self._states.get(name)
+        if state is not None:
+            return state
+        gpus = []
+        for g in sorted(self._by_node.get(name, ()), key=lambda g: g.index):
+            tenants = [
+                Tenant(
+                    key=s.claim,
+                    percent=s.percent,
+                    memory_bytes=s.memory_bytes or g.memory_bytes * s.percent // SLICES_PER_GPU,
+                    gpu_class=s.gpu_class,
+                    tenancy=tenancy_of(s.namespace),
+                )
+                for s in self._on_gpu.get((g.pool, g.device), {}).values()
+            ]
+            gpus.append(
+                GpuState(
+                    uuid=g.uuid,
+                    memory_bytes=g.memory_bytes,
+                    model=g.model,
+                    index=g.index,
+                    tenants=tenants,
+                )
+            )
+        state = self._states[name] = NodeState(name=name, gpus=gpus)
+        return state
+
+    def forget_states(self) -> None:
+        """Build every node's state afresh (namespaces' tenancies changed)."""
+        self._states.clear()
+
+    # ---- slices --------------------------------------------------------------------------
+
+    def upsert_slice(self, obj: Mapping[str, Any]) -> None:
+        name = str(_mapping(obj.get("metadata")).get("name", ""))
+        try:
+            gpus = read_slice(obj)
+        except InvalidInputError as exc:
+            self.problems[f"slice {name}"] = str(exc)
+            gpus = None
+        if gpus is None:
+            self.delete_slice(obj)
+            return
+        self.problems.pop(f"slice {name}", None)
+        self._set_slice(name, gpus)
+
+    def delete_slice(self, obj: Mapping[str, Any]) -> None:
+        name = str(_mapping(obj.get("metadata")).get("name", ""))
+        if name in self._slices:
+            self._set_slice(name, None)
+
+    def replace_slices(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        seen = set()
+        for obj in objs:
+            seen.add(str(_mapping(obj.get("metadata")).get("name", "")))
+            self.upsert_slice(obj)
+        for name in [n for n in self._slices if n not in seen]:
+            self._set_slice(name, None)
+        self.slices_synced = True
+
+    def _set_slice(self, name: str, gpus: list[DraGpu] | None) -> None:
+        old = self._slices.pop(name, [])
+        if gpus is not None:
+            self._slices[name] = gpus
+        if old == (gpus or []):
+            return
+        for g in old:
+            self._gpus.pop((g.pool, g.device), None)
+            on_node = [x for x in self._by_node.get(g.node, []) if x is not g]
+            if on_node:
+                self._by_node[g.node] = on_node
+            else:
+                self._by_node.pop(g.node, None)
+            self._states.pop(g.node, None)
+        for g in gpus or []:
+            self._gpus[(g.pool, g.device)] = g
+            self._by_node.setdefault(g.node, []).append(g)
+            self._states.pop(g.node, None)
+        self.version += 1
+
+    # ---- claims --------------------------------------------------------------------------
+
+    def upsert_claim(self, obj: Mapping[str, Any]) -> None:
+        key = _key(obj)
+        self._claims[key] = obj
+        try:
+            shares = read_allocation(obj)
+            self.problems.pop(f"claim {key}", None)
+        except InvalidInputError as exc:
+            self.problems[f"claim {key}"] = str(exc)
+            shares = []
+        self._set_shares(key, shares)
+        for listener in self.listeners:
+            listener(key)
+
+    def delete_claim(self, obj: Mapping[str, Any]) -> None:
+        key = _key(obj)
+        self._claims.pop(key, None)
+        self.problems.pop(f"claim {key}", None)
+        self._set_shares(key, [])
+        for listener in self.listeners:
+            listener(key)
+
+    def replace_claims(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        seen = set()
+        for obj in objs:
+            seen.add(_key(obj))
+            self.upsert_claim(obj)
+        for key in [k for k in self._claims if k not in seen]:
+            namespace, _, name = key.partition("/")
+            self.delete_claim({"metadata": {"namespace": namespace, "name": name}})
+        self.claims_synced = True
+
+    def _set_shares(self, key: str, shares: list[ClaimShare]) -> None:
+        old = self._shares.get(key, [])
+        if old == shares:
+            return
+        for s in old:
+            self._on_gpu.get((s.pool, s.device), {}).pop(key, None)
+        for s in shares:
+            self._on_gpu.setdefault((s.pool, s.device), {})[key] = s
+        if shares:
+            self._shares[key] = shares
+        else:
+            self._shares.pop(key, None)
+        for s in (*old, *shares):
+            g = self._gpus.get((s.pool, s.device))
+            if g is not None:
+                self._states.pop(g.node, None)
+        self.version += 1
+
+
+__all__ = ["ClaimShare", "DraDevices", "DraGpu", "read_allocation", "read_slice"]
