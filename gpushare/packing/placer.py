@@ -73,7 +73,10 @@ class Placer:
         remembered, costs until the mix is refit. Many nodes look alike (the openb replay's
         1,213 nodes took 641k evaluations for 222k distinct states), and most have no room
         for a given pod, which their GPUs' state alone says (docs/packing.md, "Speed").
-        ``signature``: the node's :func:`gpu_signature` when the caller keeps it."""
+        ``signature``: the node's :func:`gpu_signature` when the caller keeps it, or a key that
+        stands for it (equal exactly when the signatures are, e.g. an interned id: a tuple's
+        hash is not cached, and hashing a node's signature for every node of every decision
+        costs more than the rest, gpushare.cluster.dra.devices); None when it is None."""
         gpus = self._plain_gpus(node, demand, signature)
         if gpus is None:
             return self._node_cost(node, demand)

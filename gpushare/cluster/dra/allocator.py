@@ -14,17 +14,18 @@ each such pod the allocator, on the leader:
 
 A claim gpushare cannot read completely is left to kube-scheduler (the gate is removed without
 an allocation). A claim that fits nowhere keeps its pod gated, with one warning event saying
-why, and is tried again whenever a GPU or a share changes. Placements are made one at a time in
-this process's event loop, so two of them never take the same room; a claim kube-scheduler
-allocated meanwhile is counted from the claim watch (and the API server's resourceVersion check
-refuses a claim written twice).
+why, and is tried again whenever a GPU or a share changes. Decisions are made one at a time in
+this process's event loop and each is counted in the ledger before its writes go out (the
+writes of up to MAX_WRITES pods run at once, :meth:`DraDevices.assume`), so two decisions never
+take the same room; a claim kube-scheduler allocated meanwhile is counted from the claim watch,
+and the API server's resourceVersion check refuses a claim written twice.
 """
 
 import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,6 +35,7 @@ from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.state.host_resources import pod_requests
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.errors import KubeError
+from gpushare.packing.model import Demand
 from gpushare.packing.placer import Placer
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,14 @@ CLASS_CONFIG_TTL_S = 60.0
 """How long the served DeviceClass's configs are reused before they are read again."""
 RETRY_S = 2.0
 """A pod whose placement failed on an API error is tried again after this long."""
+MAX_WRITES = 64
+"""Pods whose placement is being written at once (each: finalizer, allocation, gate)."""
+YIELD_EVERY = 16
+"""Decisions made before the loop lets writes and watch events in."""
+MAX_DEMANDS = 10_000
+"""Distinct claim shapes interned before starting over."""
+NO_ROOM_REASON = "GpushareNoRoom"
+"""The reason of the warning event on a pod whose claim fits no GPU yet."""
 
 
 class ClaimWriter(Protocol):
@@ -79,6 +89,8 @@ class _Waiting:
     retry_at: float = 0.0
     told: str = ""
     """The last refusal the pod's event said (said once)."""
+    writing: bool = False
+    """Its placement is being written (not decided again meanwhile)."""
     claims: set[str] = field(default_factory=set)
 
 
@@ -98,7 +110,7 @@ def gate_index(pod: Mapping[str, Any]) -> int | None:
 
 
 class ClaimAllocator:
-    """Places the claims of gated pods, one pod at a time (see the module docstring)."""
+    """Places the claims of gated pods (see the module docstring)."""
 
     def __init__(
         self,
@@ -117,9 +129,16 @@ class ClaimAllocator:
         self._waiting: dict[str, _Waiting] = {}
         self._by_claim: dict[str, set[str]] = {}
         self._wake = asyncio.Event()
-        self._in_flight: dict[str, tuple[str, int, int]] = {}
+        self._host_of: dict[str, tuple[str, int, int]] = {}
         """Pod key -> (node, milli-CPU, memory) of pods placed here and not yet bound."""
+        self._host_on: dict[str, tuple[int, int]] = {}
+        """Node -> what the pods in ``_host_of`` take of it."""
         self._class_configs: tuple[float, list[Mapping[str, Any]]] | None = None
+        self._writes = asyncio.Semaphore(MAX_WRITES)
+        self._start = 0
+        self._demands: dict[Demand, Demand] = {}
+        """Where the next search for a node begins (rotated like kube-scheduler's)."""
+        self._tasks: set[asyncio.Task[None]] = set()
         self.placed = 0
         self.left_to_scheduler = 0
         devices.listeners.append(self._claim_changed)
@@ -132,7 +151,7 @@ class ClaimAllocator:
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         spec = pod.get("spec")
         if isinstance(spec, Mapping) and spec.get("nodeName"):
-            self._in_flight.pop(key, None)
+            self._release_host(key)  # bound: the view counts its requests now
         if gate_index(pod) is None or meta.get("deletionTimestamp"):
             self.pod_gone(key, deleted=bool(meta.get("deletionTimestamp")))
             return
@@ -146,12 +165,13 @@ class ClaimAllocator:
 
     def pod_gone(self, key: str, *, deleted: bool = False) -> None:
         """Stop waiting for pod ``key`` (ungated, or ``deleted``: then it holds no host room)."""
-        waiting = self._waiting.pop(key, None)
-        if waiting is not None:
+        waiting = self._waiting.get(key)
+        if waiting is not None and not waiting.writing:
+            del self._waiting[key]
             for claim in waiting.claims:
                 self._by_claim.get(claim, set()).discard(key)
         if deleted:
-            self._in_flight.pop(key, None)
+            self._release_host(key)
 
     def pods_listed(self, pods: list[Mapping[str, Any]]) -> None:
         """A full list of pods: the gated ones are all there is to place."""
@@ -160,7 +180,7 @@ class ClaimAllocator:
             meta = _meta(pod)
             seen.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
             self.pod_event(pod)
-        for key in [k for k in {*self._waiting, *self._in_flight} if k not in seen]:
+        for key in [k for k in {*self._waiting, *self._host_of} if k not in seen]:
             self.pod_gone(key, deleted=True)
 
     def _claim_changed(self, claim_key: str) -> None:
@@ -173,60 +193,68 @@ class ClaimAllocator:
 
     # ---- the loop ------------------------------------------------------------------------
 
-    async def run(self, *, leading: asyncio.Event | None = None) -> None:
-        """Place gated pods forever (on the leader, once the claim and slice watches and the
-        view have listed)."""
+    async def run(self) -> None:
+        """Place gated pods forever (run on the leader), once the claim and slice watches and
+        the view have listed."""
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=1.0)
             self._wake.clear()
-            if (leading is not None and not leading.is_set()) or not (
-                self.devices.synced and self.view.synced
-            ):
+            if not (self.devices.synced and self.view.synced):
+                continue
+            try:
+                await self.refresh_class_configs()
+            except KubeError as exc:
+                log.warning("DeviceClass unreadable; retrying", extra={"error": str(exc)})
                 continue
             await self.place_ready()
 
     async def place_ready(self) -> int:
-        """Try every waiting pod that may have a new answer; returns how many were tried."""
+        """Decide for every waiting pod that may have a new answer (their API writes run in
+        the background, MAX_WRITES at once); returns how many were decided."""
         now = time.monotonic()
         tried = 0
         for key in list(self._waiting):
             waiting = self._waiting.get(key)
-            if waiting is None or waiting.retry_at > now:
+            if waiting is None or waiting.writing or waiting.retry_at > now:
                 continue
             if waiting.refused_at is not None and waiting.refused_at == self.devices.version:
                 continue
             tried += 1
             try:
-                await self.place(key, waiting)
-            except KubeError as exc:
-                waiting.retry_at = time.monotonic() + RETRY_S
-                log.warning(
-                    "claim placement failed; retrying", extra={"pod": key, "error": str(exc)}
-                )
+                self.place(key, waiting)
             except Exception:
                 waiting.retry_at = time.monotonic() + RETRY_S
                 log.exception("claim placement failed; retrying", extra={"pod": key})
-            await asyncio.sleep(0)
+            if tried % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # let the writes and the watches run
         return tried
 
-    async def place(self, key: str, waiting: _Waiting) -> None:
-        """Place the pod's unallocated gpushare claims, then remove its gate."""
-        pod = waiting.pod
+    async def settle(self) -> None:
+        """Wait for the API writes in flight (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def place(self, key: str, waiting: _Waiting) -> None:
+        """Decide the pod's unallocated gpushare claims and count them at once; the writes
+        (finalizer, allocation, then the gate's removal) go on in a task of their own."""
         namespace = key.partition("/")[0]
         claims: list[tuple[str, Mapping[str, Any]]] = []
-        for pod_claim, claim_name in placement.pod_claim_names(pod):
+        for pod_claim, claim_name in placement.pod_claim_names(waiting.pod):
             if claim_name is None:
                 log.debug("claim not made yet", extra={"pod": key, "claim": pod_claim})
                 return  # the pod's status update (claim made) wakes it again
             claim_key = f"{namespace}/{claim_name}"
-            self._watch_claim(key, waiting, claim_key)
+            if claim_key not in waiting.claims:
+                waiting.claims.add(claim_key)
+                self._by_claim.setdefault(claim_key, set()).add(key)
             claim = self.devices.claim(claim_key)
             if claim is None:
                 return  # the claim watch has not seen it yet; its event wakes the pod
             claims.append((claim_key, claim))
+        plans: list[tuple[str, Mapping[str, Any], dict[str, Any]]] = []
         for claim_key, claim in claims:
-            if (claim.get("status") or {}).get("allocation"):
+            if (claim.get("status") or {}).get("allocation") or self.devices.assumed(claim_key):
                 continue
             ask = placement.read_ask(claim, device_class=self.device_class)
             if isinstance(ask, str):
@@ -236,18 +264,28 @@ class ClaimAllocator:
                     extra={"pod": key, "claim": claim_key, "why": ask},
                 )
                 continue
-            if not await self._allocate(key, waiting, claim_key, claim, ask):
+            body = self._decide(key, waiting, claim_key, claim, ask)
+            if body is None:
+                for assumed, _, _ in plans:
+                    self.devices.forget_assumed(assumed)
+                self._release_host(key)
                 return
-        await self._ungate(key, waiting)
+            plans.append((claim_key, claim, body))
+        waiting.writing = True
+        task = asyncio.create_task(self._write(key, waiting, plans))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async def _allocate(
+    def _decide(
         self,
         key: str,
         waiting: _Waiting,
         claim_key: str,
         claim: Mapping[str, Any],
         ask: placement.ClaimAsk,
-    ) -> bool:
+    ) -> dict[str, Any] | None:
+        """The claim's allocation, counted in the ledger (and the pod's host room held) from
+        now on; None when no GPU has room (the pod's event says why, once)."""
         namespace = key.partition("/")[0]
         cpu, memory = pod_requests(waiting.pod)
         want = placement.demand(
@@ -256,6 +294,9 @@ class ClaimAllocator:
             memory_bytes=memory,
             tenancy=self.view.tenancies.tenancy(namespace),
         )
+        want = self._demands.setdefault(want, want)  # one object per shape: fast memo lookups
+        if len(self._demands) > MAX_DEMANDS:
+            self._demands.clear()
         started = time.monotonic()
         choice = placement.choose(
             self.placer,
@@ -263,6 +304,7 @@ class ClaimAllocator:
             want,
             tenancy_of=self.view.tenancies.tenancy,
             host_free=self._host_free,
+            start=self._start,
         )
         if not isinstance(choice, placement.Choice):
             waiting.refused_at = self.devices.version
@@ -270,83 +312,136 @@ class ClaimAllocator:
             if why != waiting.told:
                 waiting.told = why
                 log.info("claim fits no GPU", extra={"pod": key, "claim": claim_key, "why": why})
-                await self.writer.pod_event(
-                    pod=waiting.pod,
-                    reason="GpushareNoRoom",
-                    message=f"claim {claim_key} fits no GPU yet: {why}"[:1000],
-                    warning=True,
-                )
-            return False
-        meta = _meta(claim)
-        claim_ns, claim_name = claim_key.split("/", 1)
-        version = str(meta.get("resourceVersion", ""))
-        finalizers = [str(f) for f in meta.get("finalizers") or []]
-        if placement.FINALIZER not in finalizers:
-            protected = await self.writer.protect_claim(
-                namespace=claim_ns,
-                name=claim_name,
-                resource_version=version,
-                finalizers=[*finalizers, placement.FINALIZER],
-            )
-            version = str(_meta(protected).get("resourceVersion", ""))
-        body = placement.allocation(
-            claim, ask, choice, class_configs=await self._class_config_entries()
+                self._spawn(self._tell(waiting.pod, f"claim {claim_key} fits no GPU yet: {why}"))
+            return None
+        self._start += choice.examined
+        configs = self._class_configs[1] if self._class_configs else []
+        body = placement.allocation(claim, ask, choice, class_configs=configs)
+        status = claim.get("status")
+        self.devices.assume(
+            claim_key,
+            {
+                **claim,
+                "status": {**(status if isinstance(status, Mapping) else {}), "allocation": body},
+            },
         )
-        allocated = await self.writer.allocate_claim(
-            namespace=claim_ns, name=claim_name, resource_version=version, allocation=body
-        )
-        self.devices.upsert_claim(allocated)  # counted now, before its watch event comes
-        node = choice.assignment.node
-        self._in_flight[key] = (node, want.cpu_milli, want.host_memory_bytes)
-        self.placed += 1
+        self._hold_host(key, choice.assignment.node, want.cpu_milli, want.host_memory_bytes)
         log.info(
             "claim placed",
             extra={
                 "pod": key,
                 "claim": claim_key,
-                "node": node,
+                "node": choice.assignment.node,
                 "gpus": ",".join(f"{g.pool}/{g.device}" for g in choice.gpus),
                 "percent": ask.percent,
                 "decide_ms": round((time.monotonic() - started) * 1000, 2),
             },
         )
-        return True
+        return body
 
-    async def _ungate(self, key: str, waiting: _Waiting) -> None:
-        index = gate_index(waiting.pod)
-        if index is not None:
-            namespace, _, name = key.partition("/")
-            await self.writer.remove_scheduling_gate(
-                namespace=namespace, name=name, index=index, gate=PLACEMENT_GATE
-            )
+    async def _write(
+        self,
+        key: str,
+        waiting: _Waiting,
+        plans: list[tuple[str, Mapping[str, Any], dict[str, Any]]],
+    ) -> None:
+        """The API writes of one pod's placement; on a failure the unwritten allocations stop
+        counting and the pod is tried again after RETRY_S."""
+        written = 0
+        try:
+            async with self._writes:
+                for claim_key, claim, body in plans:
+                    await self._allocate(claim_key, claim, body)
+                    written += 1
+                index = gate_index(waiting.pod)
+                if index is not None:
+                    namespace, _, name = key.partition("/")
+                    await self.writer.remove_scheduling_gate(
+                        namespace=namespace, name=name, index=index, gate=PLACEMENT_GATE
+                    )
+        except Exception as exc:
+            for claim_key, _, _ in plans[written:]:
+                self.devices.forget_assumed(claim_key)
+            if written < len(plans):
+                self._release_host(key)
+            waiting.writing = False
+            waiting.retry_at = time.monotonic() + RETRY_S
+            log.warning("claim placement failed; retrying", extra={"pod": key, "error": str(exc)})
+            return
+        self.placed += len(plans)
+        waiting.writing = False
         self.pod_gone(key)
 
-    def _watch_claim(self, key: str, waiting: _Waiting, claim_key: str) -> None:
-        if claim_key not in waiting.claims:
-            waiting.claims.add(claim_key)
-            self._by_claim.setdefault(claim_key, set()).add(key)
+    async def _allocate(
+        self, claim_key: str, claim: Mapping[str, Any], body: Mapping[str, Any]
+    ) -> None:
+        meta = _meta(claim)
+        namespace, name = claim_key.split("/", 1)
+        version = str(meta.get("resourceVersion", ""))
+        finalizers = [str(f) for f in meta.get("finalizers") or []]
+        if placement.FINALIZER not in finalizers:
+            protected = await self.writer.protect_claim(
+                namespace=namespace,
+                name=name,
+                resource_version=version,
+                finalizers=[*finalizers, placement.FINALIZER],
+            )
+            version = str(_meta(protected).get("resourceVersion", ""))
+        allocated = await self.writer.allocate_claim(
+            namespace=namespace, name=name, resource_version=version, allocation=body
+        )
+        self.devices.upsert_claim(allocated)
+
+    async def _tell(self, pod: Mapping[str, Any], message: str) -> None:
+        try:
+            await self.writer.pod_event(
+                pod=pod, reason=NO_ROOM_REASON, message=message[:1000], warning=True
+            )
+        except KubeError as exc:
+            log.warning("event not recorded", extra={"error": str(exc)})
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- host room of pods placed and not yet bound --------------------------------------
+
+    def _hold_host(self, key: str, node: str, cpu: int, memory: int) -> None:
+        self._release_host(key)
+        self._host_of[key] = (node, cpu, memory)
+        c, m = self._host_on.get(node, (0, 0))
+        self._host_on[node] = (c + cpu, m + memory)
+
+    def _release_host(self, key: str) -> None:
+        held = self._host_of.pop(key, None)
+        if held is None:
+            return
+        node, cpu, memory = held
+        c, m = self._host_on.get(node, (0, 0))
+        if (c - cpu, m - memory) == (0, 0):
+            self._host_on.pop(node, None)
+        else:
+            self._host_on[node] = (c - cpu, m - memory)
 
     def _host_free(self, node: str) -> tuple[int, int] | None:
         free = self.view.host_free(node)
         if free is None:
             return None
-        cpu, memory = free
-        for where, c, m in self._in_flight.values():
-            if where == node:
-                cpu, memory = cpu - c, memory - m
-        return cpu, memory
+        held = self._host_on.get(node, (0, 0))
+        return free[0] - held[0], free[1] - held[1]
 
-    async def _class_config_entries(self) -> list[Mapping[str, Any]]:
-        """The served DeviceClass's ``spec.config`` entries (re-read every
-        CLASS_CONFIG_TTL_S)."""
+    async def refresh_class_configs(self) -> None:
+        """Read the served DeviceClass's ``spec.config`` entries (every CLASS_CONFIG_TTL_S):
+        kube-scheduler copies them into each allocation, so the controller does too."""
         now = time.monotonic()
-        if self._class_configs is None or now - self._class_configs[0] > CLASS_CONFIG_TTL_S:
-            obj = await self.writer.get_device_class(self.device_class)
-            spec = obj.get("spec") if obj else None
-            raw = spec.get("config") if isinstance(spec, Mapping) else None
-            entries = [c for c in raw if isinstance(c, Mapping)] if isinstance(raw, list) else []
-            self._class_configs = (now, entries)
-        return self._class_configs[1]
+        if self._class_configs is not None and now - self._class_configs[0] < CLASS_CONFIG_TTL_S:
+            return
+        obj = await self.writer.get_device_class(self.device_class)
+        spec = obj.get("spec") if obj else None
+        raw = spec.get("config") if isinstance(spec, Mapping) else None
+        entries = [c for c in raw if isinstance(c, Mapping)] if isinstance(raw, list) else []
+        self._class_configs = (now, entries)
 
 
 __all__ = ["ClaimAllocator", "ClaimWriter", "gate_index"]

@@ -31,9 +31,12 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import SLICES_PER_GPU
 from gpushare.api.quantities import parse_memory
 from gpushare.packing.model import GpuState, NodeState, Tenant
+from gpushare.packing.placer import gpu_signature
 
 MAX_DEVICES_PER_SLICE = 128
 """Most devices of one slice read (the API allows 128)."""
+MAX_INTERNED = 200_000
+"""Distinct node signatures remembered (:meth:`DraDevices.signature`) before starting over."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,10 @@ def read_allocation(obj: Mapping[str, Any]) -> list[ClaimShare]:
     return out
 
 
+def _allocated(obj: Mapping[str, Any]) -> bool:
+    return bool(_mapping(obj.get("status")).get("allocation"))
+
+
 class DraDevices:
     """GPUs by node from the slices, shares by GPU from the allocated claims."""
 
@@ -160,7 +167,14 @@ class DraDevices:
         self._shares: dict[str, list[ClaimShare]] = {}
         """Claim key -> what it consumes of our GPUs (allocated claims only)."""
         self._on_gpu: dict[tuple[str, str], dict[str, ClaimShare]] = {}
+        self._assumed: dict[str, list[ClaimShare]] = {}
+        """Claim key -> the shares of an allocation this process is writing."""
         self._states: dict[str, NodeState] = {}
+        self._signatures: dict[str, tuple[object, ...] | None] = {}
+        """Node -> :func:`gpu_signature` of its state in ``_states`` (dropped with it)."""
+        self._names: list[str] | None = None
+        self._interned: dict[tuple[object, ...], tuple[object, ...]] = {}
+        self._next_id = 0
         self.problems: dict[str, str] = {}
         """Object (``slice <name>`` / ``claim <ns/name>``) -> why it could not be read."""
         self.version = 0
@@ -180,7 +194,29 @@ class DraDevices:
         return self._claims.get(key)
 
     def node_names(self) -> list[str]:
-        return sorted(self._by_node)
+        """The nodes with gpushare GPUs, by name (kept until a node comes or goes)."""
+        if self._names is None:
+            self._names = sorted(self._by_node)
+        return self._names
+
+    def signature(self, name: str, state: NodeState) -> tuple[object, ...] | None:
+        """A key for :func:`gpu_signature` of node ``name``'s ``state`` (from
+        :meth:`node_state`): ``(id,)``, one id per distinct signature, never reused (the
+        placer remembers answers by it; Placer.node_cost). Computed once per state, since
+        placement reads it for every node for every claim; None when the signature is."""
+        if name in self._signatures:
+            return self._signatures[name]
+        signature = gpu_signature(state)
+        key: tuple[object, ...] | None = None
+        if signature is not None:
+            key = self._interned.get(signature)
+            if key is None:
+                self._next_id += 1
+                key = self._interned[signature] = (self._next_id,)
+                if len(self._interned) > MAX_INTERNED:
+                    self._interned.clear()  # ids go on rising: an old key never comes back
+        self._signatures[name] = key
+        return key
 
     def gpu(self, node: str, uuid: str) -> DraGpu | None:
         return next((g for g in self._by_node.get(node, ()) if g.uuid == uuid), None)
@@ -216,11 +252,13 @@ class DraDevices:
                 )
             )
         state = self._states[name] = NodeState(name=name, gpus=gpus)
+        self._signatures.pop(name, None)
         return state
 
     def forget_states(self) -> None:
         """Build every node's state afresh (namespaces' tenancies changed)."""
         self._states.clear()
+        self._signatures.clear()
 
     # ---- slices --------------------------------------------------------------------------
 
@@ -269,6 +307,7 @@ class DraDevices:
             self._gpus[(g.pool, g.device)] = g
             self._by_node.setdefault(g.node, []).append(g)
             self._states.pop(g.node, None)
+        self._names = None
         self.version += 1
 
     # ---- claims --------------------------------------------------------------------------
@@ -282,12 +321,38 @@ class DraDevices:
         except InvalidInputError as exc:
             self.problems[f"claim {key}"] = str(exc)
             shares = []
+        if shares or _allocated(obj):
+            self._assumed.pop(key, None)
+        elif key in self._assumed:
+            shares = self._assumed[key]  # our allocation is being written: keep counting it
         self._set_shares(key, shares)
         for listener in self.listeners:
             listener(key)
 
+    def assume(self, key: str, allocated: Mapping[str, Any]) -> None:
+        """Count ``allocated`` (the claim with the allocation this process is writing) from
+        now on, whatever older versions of the claim its watch still delivers, until a version
+        with an allocation arrives or :meth:`forget_assumed` is called."""
+        self._assumed[key] = read_allocation(allocated)
+        self._set_shares(key, self._assumed[key])
+
+    def assumed(self, key: str) -> bool:
+        return key in self._assumed
+
+    def forget_assumed(self, key: str) -> None:
+        """The write failed: count the claim as last watched."""
+        if self._assumed.pop(key, None) is None:
+            return
+        obj = self._claims.get(key)
+        try:
+            shares = read_allocation(obj) if obj is not None else []
+        except InvalidInputError:
+            shares = []
+        self._set_shares(key, shares)
+
     def delete_claim(self, obj: Mapping[str, Any]) -> None:
         key = _key(obj)
+        self._assumed.pop(key, None)
         self._claims.pop(key, None)
         self.problems.pop(f"claim {key}", None)
         self._set_shares(key, [])

@@ -132,6 +132,27 @@ class Choice:
 
     assignment: Assignment
     gpus: tuple[DraGpu, ...]
+    examined: int = 0
+    """Nodes looked at (where the next claim's search starts, as kube-scheduler rotates)."""
+
+
+MIN_FEASIBLE_NODES = 100
+"""kube-scheduler's minFeasibleNodesToFind."""
+MIN_FEASIBLE_PERCENT = 5
+"""kube-scheduler's minFeasibleNodesPercentageToFind."""
+BASE_PERCENT = 50
+"""kube-scheduler's basePercentageOfNodesToScore (its adaptive default)."""
+
+
+def nodes_to_find(total: int) -> int:
+    """How many nodes with room the search collects before it picks the cheapest: what
+    kube-scheduler's default (adaptive ``percentageOfNodesToScore``) hands the extender in
+    device-plugin mode, so a claim is chosen among as many nodes as an annotated pod is
+    (all of them up to 100 nodes; 42 % of 1,000)."""
+    if total < MIN_FEASIBLE_NODES:
+        return total
+    percent = max(BASE_PERCENT - total // 125, MIN_FEASIBLE_PERCENT)
+    return max(total * percent // 100, MIN_FEASIBLE_NODES)
 
 
 def choose(
@@ -141,24 +162,36 @@ def choose(
     *,
     tenancy_of: Callable[[str], str | None],
     host_free: Callable[[str], tuple[int, int] | None],
+    start: int = 0,
 ) -> Choice | dict[str, int]:
     """The cheapest node and its GPUs for ``want``, or, when no node has room, how many nodes
-    refused for each reason (what the pod's event says)."""
+    refused for each reason (what the pod's event says).
+
+    Like kube-scheduler's search for the extender, nodes are visited from ``start`` (the
+    caller rotates it by :attr:`Choice.examined`) until :func:`nodes_to_find` have room; the
+    cheapest of those wins, ties to the name that sorts first."""
+    names = devices.node_names()
+    wanted = nodes_to_find(len(names))
     costs: list[tuple[str, float]] = []
     states: dict[str, NodeState] = {}
-    for name in devices.node_names():
+    examined = 0
+    for offset in range(len(names)):
+        name = names[(start + offset) % len(names)]
+        examined += 1
         state = devices.node_state(name, tenancy_of=tenancy_of)
         free = host_free(name)
         state.cpu_milli_free, state.memory_free_bytes = free if free is not None else (None, None)
-        cost = placer.node_cost(state, want)
+        cost = placer.node_cost(state, want, signature=devices.signature(name, state))
         if cost is not None:
             costs.append((name, cost))
             states[name] = state
+            if len(costs) >= wanted:
+                break
     best = best_node(costs)
     assignment = placer.choose_gpus(states[best], want) if best is not None else None
     if best is None or assignment is None:
         reasons: dict[str, int] = {}
-        for name in devices.node_names():
+        for name in names:
             state = devices.node_state(name, tenancy_of=tenancy_of)
             why = placer.refusal(state, want) or "no GPU has room"
             reasons[why] = reasons.get(why, 0) + 1
@@ -166,7 +199,9 @@ def choose(
     gpus = tuple(devices.gpu(best, u) for u in assignment.gpu_uuids)
     if any(g is None for g in gpus):
         return {"the chosen GPU left its ResourceSlice": 1}
-    return Choice(assignment=assignment, gpus=tuple(g for g in gpus if g is not None))
+    return Choice(
+        assignment=assignment, gpus=tuple(g for g in gpus if g is not None), examined=examined
+    )
 
 
 def allocation(
@@ -259,6 +294,7 @@ __all__ = [
     "allocation",
     "choose",
     "demand",
+    "nodes_to_find",
     "pod_claim_names",
     "read_ask",
 ]
