@@ -1,5 +1,8 @@
-"""The scale bench's DRA phase: the same openb pods asked for as ResourceClaims, allocated by
-the stock kube-scheduler's DRA allocator from ResourceSlices, on the same KWOK nodes.
+"""The scale bench's DRA phases: the same openb pods asked for as ResourceClaims, on the same
+KWOK nodes, allocated from ResourceSlices either by the controller with gpushare's placer
+(``dra-gpushare``: what the chart's ``mode: dra`` does, pods gated by ``gpushare.io/placement``
+as the webhook gates them, docs/dra.md "Who places a claim") or by the stock kube-scheduler's
+DRA allocator (``dra``: ``dra.placement: kube-scheduler``, first fit).
 
 Everything a claim and a slice contain comes from the product: each node's slice is what the
 node agent publishes in ``--mode dra`` (``gpushare.node.dra.slices.build_slice``), each pod's
@@ -14,14 +17,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bench.scale.workload import BENCH_LABEL, NodeShape, TracePod, _pod, node_inventory
-from gpushare.api.dra import DEVICE_CLASS, DRIVER, POD_CLAIM
+from gpushare.api.dra import DEVICE_CLASS, DRIVER, PLACEMENT_GATE, POD_CLAIM
 from gpushare.api.names import SLICES_PER_GPU
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.webhook.claims import claim_template
 from gpushare.node.dra.slices import build_slice
 
 PHASE = "dra"
+"""Claims allocated by kube-scheduler (first fit)."""
+GPUSHARE_PHASE = "dra-gpushare"
+"""Claims allocated by the controller with gpushare's placer."""
 FEATURE_GATES = "DRAConsumableCapacity=true"
+CONTROLLER_ARGS = ("--annotation-mode=dra",)
+"""What the chart passes the controller in ``mode: dra`` (``dra.placement`` gpushare, the
+default): it then places the claims of gated pods."""
 
 
 def device_class() -> dict[str, Any]:
@@ -39,7 +48,7 @@ def node_slice(name: str, shape: NodeShape) -> dict[str, Any]:
     return build_slice(node_name=name, gpus=node_inventory(name, shape), generation=1)
 
 
-def claim(index: int, task: TracePod, *, namespace: str) -> dict[str, Any]:
+def claim(index: int, task: TracePod, *, namespace: str, phase: str = PHASE) -> dict[str, Any]:
     """The claim kube-controller-manager would make from the webhook's template for the pod's
     annotations (its share and class)."""
     request = GpuRequest(percent=task.percent, memory_bytes=None, gpu_class=task.gpu_class)
@@ -48,19 +57,20 @@ def claim(index: int, task: TracePod, *, namespace: str) -> dict[str, Any]:
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {
-            "name": f"{PHASE}-{index:05d}-gpu",
+            "name": f"{phase}-{index:05d}-gpu",
             "namespace": namespace,
-            "labels": {BENCH_LABEL: PHASE},
+            "labels": {BENCH_LABEL: phase},
         },
         "spec": template["spec"]["spec"],
     }
 
 
-def pod(index: int, task: TracePod, *, namespace: str) -> dict[str, Any]:
+def pod(index: int, task: TracePod, *, namespace: str, phase: str = PHASE) -> dict[str, Any]:
     """The pod as the webhook leaves it in DRA mode: its claim instead of the gpu-percent
-    resource, the default scheduler."""
+    resource, the default scheduler, and in the ``dra-gpushare`` phase the scheduling gate the
+    controller removes once it has allocated the claim."""
     out = _pod(
-        f"{PHASE}-{index:05d}", namespace, PHASE, task, scheduler="default-scheduler", percent=0
+        f"{phase}-{index:05d}", namespace, phase, task, scheduler="default-scheduler", percent=0
     )
     (container,) = out["spec"]["containers"]
     resources = container["resources"]
@@ -70,8 +80,10 @@ def pod(index: int, task: TracePod, *, namespace: str) -> dict[str, Any]:
     resources.pop("limits", None)
     resources["claims"] = [{"name": POD_CLAIM}]
     out["spec"]["resourceClaims"] = [
-        {"name": POD_CLAIM, "resourceClaimName": f"{PHASE}-{index:05d}-gpu"}
+        {"name": POD_CLAIM, "resourceClaimName": f"{phase}-{index:05d}-gpu"}
     ]
+    if phase == GPUSHARE_PHASE:
+        out["spec"]["schedulingGates"] = [{"name": PLACEMENT_GATE}]
     return out
 
 

@@ -20,7 +20,8 @@ Json = dict[str, Any]
 class ApiError(Exception):
     def __init__(self, status: int, method: str, path: str, body: str) -> None:
         self.status = status
-        super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
+        shown = body if len(body) <= 1000 else f"{body[:400]} ... {body[-600:]}"
+        super().__init__(f"{method} {path}: HTTP {status}: {shown}")
 
 
 def _ssl_from_kubeconfig(path: Path) -> tuple[str, ssl.SSLContext]:
@@ -73,7 +74,10 @@ class Api:
         content_type: str = "application/json",
         ok_statuses: tuple[int, ...] = (),
     ) -> Json:
-        data = json.dumps(body).encode() if body is not None else None
+        # Compact, as Go clients send: the API server keeps opaque DRA parameters byte for byte,
+        # and a claim stored with spaces in them can no longer be patched ("spec: field is
+        # immutable" once a patch re-encodes them).
+        data = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
         headers = {"Content-Type": content_type, "Accept": "application/json"}
         async with self.session.request(
             method, self.server + path, data=data, params=params, headers=headers

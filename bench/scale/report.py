@@ -100,20 +100,30 @@ def render_markdown(r: dict[str, Any]) -> str:
 
 
 def _dra_rows(r: dict[str, Any]) -> list[str]:
-    """The DRA phase (``--dra``): the same pods as claims, kube-scheduler's DRA allocator."""
-    alloc = r["invariant"].get("dra")
-    if alloc is None:
-        return []
+    """The DRA phases (``--dra``): the same pods as claims, allocated by the controller with
+    gpushare's placer (``dra_gpushare``, what mode dra installs) or by kube-scheduler's DRA
+    allocator (``dra``)."""
     t = r["targets"]
-    return [
-        f"| DRA end-to-end rate (claims, stock kube-scheduler) | "
-        f"{_fmt(r['dra_pods_per_s'], ' pods/s')} | | |",
-        f"| ratio DRA / extender | {_fmt(r['dra_ratio_to_extender'])} | >= 0.95 | "
-        f"{'yes' if t['dra_pods_per_s >= 0.95 x extender'] else 'NO'} |",
-        f"| DRA oversubscribed GPUs | {alloc['violations']} (claims allocated "
-        f"{alloc['claims_allocated']}/{r['pods']}, on {alloc['gpus_used']} GPUs) | 0 | "
-        f"{'yes' if t['dra violations == 0'] else 'NO'} |",
-    ]
+    rows: list[str] = []
+    extender_gpus = r["invariant"].get("gpus_used")
+    for key, who in (
+        ("dra_gpushare", "gpushare placement (the controller)"),
+        ("dra", "kube-scheduler's allocator"),
+    ):
+        alloc = r["invariant"].get(key)
+        if alloc is None:
+            continue
+        rate_target = f"{key}_pods_per_s >= 0.95 x extender"
+        rows += [
+            f"| DRA end-to-end rate, {who} | {_fmt(r.get(f'{key}_pods_per_s'), ' pods/s')} | | |",
+            f"| ratio DRA ({who}) / extender | {_fmt(r.get(f'{key}_ratio_to_extender'))} | "
+            f">= 0.95 | {'yes' if t.get(rate_target) else 'NO'} |",
+            f"| DRA oversubscribed GPUs, {who} | {alloc['violations']} (claims allocated "
+            f"{alloc['claims_allocated']}/{r['pods']}, on {alloc['gpus_used']} GPUs; the "
+            f"extender used {extender_gpus}) | 0 | "
+            f"{'yes' if t.get(f'{key} violations == 0') else 'NO'} |",
+        ]
+    return rows
 
 
 def _render_run(r: dict[str, Any]) -> str:

@@ -48,6 +48,8 @@ MAX_WRITES = 64
 """Pods whose placement is being written at once (each: finalizer, allocation, gate)."""
 YIELD_EVERY = 16
 """Decisions made before the loop lets writes and watch events in."""
+NOT_FOUND = 404
+UNPROCESSABLE = 422
 MAX_DEMANDS = 10_000
 """Distinct claim shapes interned before starting over."""
 NO_ROOM_REASON = "GpushareNoRoom"
@@ -91,6 +93,8 @@ class _Waiting:
     """The last refusal the pod's event said (said once)."""
     writing: bool = False
     """Its placement is being written (not decided again meanwhile)."""
+    gone: bool = False
+    """Deleted or ungated while its placement was being written: dropped once it ends."""
     claims: set[str] = field(default_factory=set)
 
 
@@ -166,7 +170,9 @@ class ClaimAllocator:
     def pod_gone(self, key: str, *, deleted: bool = False) -> None:
         """Stop waiting for pod ``key`` (ungated, or ``deleted``: then it holds no host room)."""
         waiting = self._waiting.get(key)
-        if waiting is not None and not waiting.writing:
+        if waiting is not None and waiting.writing:
+            waiting.gone = True  # _write drops it when it ends
+        elif waiting is not None:
             del self._waiting[key]
             for claim in waiting.claims:
                 self._by_claim.get(claim, set()).discard(key)
@@ -256,7 +262,11 @@ class ClaimAllocator:
         for claim_key, claim in claims:
             if (claim.get("status") or {}).get("allocation") or self.devices.assumed(claim_key):
                 continue
-            ask = placement.read_ask(claim, device_class=self.device_class)
+            ask = placement.read_ask(
+                claim,
+                device_class=self.device_class,
+                class_configs=self._class_configs[1] if self._class_configs else (),
+            )
             if isinstance(ask, str):
                 self.left_to_scheduler += 1
                 log.info(
@@ -346,31 +356,71 @@ class ClaimAllocator:
         plans: list[tuple[str, Mapping[str, Any], dict[str, Any]]],
     ) -> None:
         """The API writes of one pod's placement; on a failure the unwritten allocations stop
-        counting and the pod is tried again after RETRY_S."""
+        counting and the pod is tried again after RETRY_S (unless it is gone)."""
         written = 0
+        refused: KubeError | None = None
         try:
             async with self._writes:
                 for claim_key, claim, body in plans:
-                    await self._allocate(claim_key, claim, body)
+                    try:
+                        await self._allocate(claim_key, claim, body)
+                    except KubeError as exc:
+                        if exc.status != UNPROCESSABLE:
+                            raise
+                        refused = exc  # the API server will not take this write: see below
+                        break
                     written += 1
-                index = gate_index(waiting.pod)
-                if index is not None:
-                    namespace, _, name = key.partition("/")
-                    await self.writer.remove_scheduling_gate(
-                        namespace=namespace, name=name, index=index, gate=PLACEMENT_GATE
-                    )
+                    self.placed += 1
+                if refused is not None:
+                    self._give_up(key, plans[written:], refused)
+                await self._remove_gate(key, waiting)
         except Exception as exc:
             for claim_key, _, _ in plans[written:]:
                 self.devices.forget_assumed(claim_key)
             if written < len(plans):
                 self._release_host(key)
             waiting.writing = False
+            if waiting.gone:
+                self.pod_gone(key)
+                return
             waiting.retry_at = time.monotonic() + RETRY_S
             log.warning("claim placement failed; retrying", extra={"pod": key, "error": str(exc)})
             return
-        self.placed += len(plans)
         waiting.writing = False
         self.pod_gone(key)
+
+    def _give_up(
+        self,
+        key: str,
+        unwritten: list[tuple[str, Mapping[str, Any], dict[str, Any]]],
+        exc: KubeError,
+    ) -> None:
+        """The API server refused a claim's finalizer or allocation as invalid (422): a claim
+        gpushare cannot write (e.g. one whose opaque parameters were stored with spaces, which
+        any re-encoding changes). kube-scheduler, which writes claims without re-encoding
+        them, places it instead: the gate is removed without an allocation."""
+        for claim_key, _, _ in unwritten:
+            self.devices.forget_assumed(claim_key)
+        self._release_host(key)
+        self.left_to_scheduler += len(unwritten)
+        log.warning(
+            "claim left to kube-scheduler: the API server refused gpushare's write",
+            extra={"pod": key, "claim": unwritten[0][0], "error": str(exc)},
+        )
+
+    async def _remove_gate(self, key: str, waiting: _Waiting) -> None:
+        index = gate_index(waiting.pod)
+        if index is None:
+            return
+        namespace, _, name = key.partition("/")
+        try:
+            await self.writer.remove_scheduling_gate(
+                namespace=namespace, name=name, index=index, gate=PLACEMENT_GATE
+            )
+        except KubeError as exc:
+            if exc.status != NOT_FOUND:
+                raise
+            waiting.gone = True  # deleted meanwhile: nothing left to do
 
     async def _allocate(
         self, claim_key: str, claim: Mapping[str, Any], body: Mapping[str, Any]

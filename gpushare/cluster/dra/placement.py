@@ -59,8 +59,15 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def read_ask(claim: Mapping[str, Any], *, device_class: str) -> ClaimAsk | str:
-    """The claim's ask, or why kube-scheduler places it instead (a sentence)."""
+def read_ask(
+    claim: Mapping[str, Any],
+    *,
+    device_class: str,
+    class_configs: Sequence[Mapping[str, Any]] = (),
+) -> ClaimAsk | str:
+    """The claim's ask, or why kube-scheduler places it instead (a sentence). Its MPS config
+    is the DeviceClass's ``class_configs`` overridden by the claim's own, as the driver reads
+    the allocation."""
     devices = _mapping(_mapping(claim.get("spec")).get("devices"))
     requests = devices.get("requests")
     if not isinstance(requests, list) or len(requests) != 1:
@@ -94,9 +101,10 @@ def read_ask(claim: Mapping[str, Any], *, device_class: str) -> ClaimAsk | str:
         memory_bytes = (
             None if memory is None else parse_memory(str(memory), field="capacity.memory")
         )
-        config = config_for(
-            str(request.get("name", "")), allocation_configs(devices, field="spec.devices.config")
-        )
+        configs = allocation_configs(
+            {"config": [dict(c) for c in class_configs]}, field="DeviceClass spec.config"
+        ) + allocation_configs(devices, field="spec.devices.config")
+        config = config_for(str(request.get("name", "")), configs)
     except InvalidInputError as exc:
         return f"it cannot be read: {exc}"
     if config.limit is not None and config.limit < percent:

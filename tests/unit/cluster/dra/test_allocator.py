@@ -1,0 +1,428 @@
+"""The controller's claim allocator: gated pods get their claims allocated on the GPU the placer
+chose and are then ungated; what gpushare cannot place goes to kube-scheduler, what fits nowhere
+waits gated with one event, and an API error never stops the loop."""
+
+import asyncio
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from gpushare.api.dra import DEVICE_CLASS, PLACEMENT_GATE
+from gpushare.cluster.dra import allocator as allocator_module
+from gpushare.cluster.dra.allocator import ClaimAllocator
+from gpushare.cluster.dra.devices import DraDevices
+from gpushare.cluster.dra.placement import FINALIZER
+from gpushare.cluster.state.view import ClusterView
+from gpushare.kube.errors import KubeError
+from gpushare.packing.placer import Placer
+from tests.unit.cluster.dra.helpers import (
+    Obj,
+    allocated_claim,
+    gated_pod,
+    ledger,
+    mps_config,
+    node_slice,
+    opaque,
+    share_claim,
+)
+
+OTHER_GATE = "example.com/other"
+
+
+class FakeKube:
+    """The API server for the allocator's calls: claims by key with resourceVersions checked
+    as the server checks them (a stale one is a 409), each write delivered to the ledger as the
+    claim watch would (unless ``watch_lags``); every call recorded."""
+
+    def __init__(self, devices: DraDevices) -> None:
+        self.devices = devices
+        self.claims: dict[str, Obj] = {}
+        self.calls: list[str] = []
+        self.ungated: list[tuple[str, int]] = []
+        """(pod key, gate index) of each gate removed."""
+        self.events: list[tuple[str, str, bool]] = []
+        """(reason, message, warning) of each pod event."""
+        self.device_class: Obj | None = None
+        self.fail_gate: KubeError | None = None
+        self.deleted_pods: set[str] = set()
+        self.hold: asyncio.Event | None = None
+        """When set, allocate_claim waits for it (a slow API server)."""
+        self.watch_lags = False
+        self._version = 100
+
+    def create(self, claim: Obj) -> None:
+        """A claim written by its user; the claim watch delivers it to the ledger."""
+        key = f"{claim['metadata']['namespace']}/{claim['metadata']['name']}"
+        self.claims[key] = copy.deepcopy(claim)
+        self.devices.upsert_claim(copy.deepcopy(claim))
+
+    def touch(self, key: str) -> None:
+        """Someone else updates the claim; the watch has not delivered it yet."""
+        self._version += 1
+        self.claims[key]["metadata"]["resourceVersion"] = str(self._version)
+
+    def _write(self, namespace: str, name: str, resource_version: str) -> Obj:
+        stored = self.claims[f"{namespace}/{name}"]
+        if stored["metadata"]["resourceVersion"] != resource_version:
+            raise KubeError(f"ResourceClaim {namespace}/{name}: conflict", status=409)
+        self._version += 1
+        stored["metadata"]["resourceVersion"] = str(self._version)
+        return stored
+
+    def _watched(self, stored: Obj) -> dict[str, Any]:
+        if not self.watch_lags:
+            self.devices.upsert_claim(copy.deepcopy(stored))
+        return copy.deepcopy(stored)
+
+    async def protect_claim(
+        self, *, namespace: str, name: str, resource_version: str, finalizers: list[str]
+    ) -> dict[str, Any]:
+        self.calls.append(f"protect {namespace}/{name}")
+        stored = self._write(namespace, name, resource_version)
+        stored["metadata"]["finalizers"] = list(finalizers)
+        return self._watched(stored)
+
+    async def allocate_claim(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        resource_version: str,
+        allocation: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        self.calls.append(f"allocate {namespace}/{name}")
+        if self.hold is not None:
+            await self.hold.wait()
+        stored = self._write(namespace, name, resource_version)
+        stored.setdefault("status", {})["allocation"] = copy.deepcopy(dict(allocation))
+        return self._watched(stored)
+
+    async def get_device_class(self, name: str) -> dict[str, Any] | None:
+        assert name == DEVICE_CLASS
+        return copy.deepcopy(self.device_class)
+
+    async def remove_scheduling_gate(
+        self, *, namespace: str, name: str, index: int, gate: str
+    ) -> None:
+        assert gate == PLACEMENT_GATE
+        key = f"{namespace}/{name}"
+        self.calls.append(f"ungate {key}")
+        if key in self.deleted_pods:
+            raise KubeError(f"pods {name!r} not found", status=404)
+        if self.fail_gate is not None:
+            raise self.fail_gate
+        self.ungated.append((key, index))
+
+    async def pod_event(
+        self, *, pod: Mapping[str, Any], reason: str, message: str, warning: bool
+    ) -> None:
+        self.events.append((reason, message, warning))
+
+    def placed_on(self, key: str) -> list[tuple[str, str, str]]:
+        """(pool, device, gpuPercent) of each device the claim was allocated."""
+        allocation = self.claims[key].get("status", {}).get("allocation")
+        if allocation is None:
+            return []
+        return [
+            (r["pool"], r["device"], r["consumedCapacity"]["gpuPercent"])
+            for r in allocation["devices"]["results"]
+        ]
+
+
+def host(name: str, *, cpu: str = "16") -> Obj:
+    """A DRA-mode node: no GPU inventory annotation, only what it offers pods."""
+    return {"metadata": {"name": name}, "status": {"allocatable": {"cpu": cpu, "memory": "64Gi"}}}
+
+
+def setup(
+    *slices: Obj, hosts: list[Obj] | None = None
+) -> tuple[ClaimAllocator, FakeKube, DraDevices]:
+    view = ClusterView()
+    view.replace_nodes(hosts if hosts is not None else [])
+    view.replace_pods([])
+    devices = ledger(*slices)
+    kube = FakeKube(devices)
+    allocator = ClaimAllocator(
+        view=view, devices=devices, placer=Placer(), writer=kube, device_class=DEVICE_CLASS
+    )
+    return allocator, kube, devices
+
+
+async def place(allocator: ClaimAllocator) -> int:
+    """One pass of the allocator's loop, its API writes run to the end."""
+    tried = await allocator.place_ready()
+    await allocator.settle()
+    return tried
+
+
+def tenant_keys(devices: DraDevices, node: str = "n1", index: int = 0) -> list[str]:
+    return [t.key for t in devices.node_state(node, tenancy_of=str).gpus[index].tenants]
+
+
+async def test_a_gated_pods_claim_is_allocated_and_the_pod_ungated() -> None:
+    allocator, kube, devices = setup(node_slice("n1", 2))
+    kube.create(share_claim("c1", percent="30", memory="4Gi"))
+    allocator.pod_event(gated_pod("p1", claim="c1", gates=(OTHER_GATE, PLACEMENT_GATE)))
+
+    assert await place(allocator) == 1
+
+    stored = kube.claims["ns/c1"]
+    assert FINALIZER in stored["metadata"]["finalizers"]
+    assert kube.placed_on("ns/c1") == [("n1", "gpu-0", "30")]
+    (result,) = stored["status"]["allocation"]["devices"]["results"]
+    assert result["consumedCapacity"]["memory"] == "4Gi"
+    assert kube.ungated == [("ns/p1", 1)]  # the gpushare gate, not the other one
+    assert kube.calls == ["protect ns/c1", "allocate ns/c1", "ungate ns/p1"]
+    assert allocator.placed == 1
+    assert tenant_keys(devices) == ["ns/c1"]
+    assert await place(allocator) == 0  # no longer waiting
+
+
+async def test_a_claims_own_finalizers_are_kept_and_ours_not_added_twice() -> None:
+    allocator, kube, _ = setup(node_slice("n1"))
+    claim = share_claim("c1")
+    claim["metadata"]["finalizers"] = ["example.com/keep"]
+    kube.create(claim)
+    protected = share_claim("c2")
+    protected["metadata"]["finalizers"] = [FINALIZER]
+    kube.create(protected)
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    allocator.pod_event(gated_pod("p2", claim="c2"))
+    await place(allocator)
+    assert kube.claims["ns/c1"]["metadata"]["finalizers"] == ["example.com/keep", FINALIZER]
+    assert [c for c in kube.calls if c.endswith("c2")] == ["allocate ns/c2"]
+    assert kube.claims["ns/c2"]["metadata"]["finalizers"] == [FINALIZER]
+
+
+async def test_the_device_class_config_reaches_the_allocation() -> None:
+    allocator, kube, devices = setup(node_slice("n1"))
+    kube.device_class = {"spec": {"config": [opaque(mps_config(**{"class": "latency"}))]}}
+    await allocator.refresh_class_configs()
+    kube.create(share_claim("c1"))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    await place(allocator)
+    (config,) = kube.claims["ns/c1"]["status"]["allocation"]["devices"]["config"]
+    assert (config["source"], config["requests"]) == ("FromClass", ["gpu"])
+    (tenant,) = devices.node_state("n1", tenancy_of=str).gpus[0].tenants
+    assert tenant.gpu_class == "latency"
+
+
+async def test_a_claim_with_selectors_is_left_to_kube_scheduler() -> None:
+    allocator, kube, _ = setup(node_slice("n1"))
+    kube.create(share_claim("c1", selectors=[{"cel": {"expression": "true"}}]))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    await place(allocator)
+    assert kube.calls == ["ungate ns/p1"]
+    assert kube.placed_on("ns/c1") == []
+    assert (allocator.left_to_scheduler, allocator.placed) == (1, 0)
+
+
+async def test_a_claim_kube_scheduler_already_allocated_is_not_allocated_again() -> None:
+    allocator, kube, _ = setup(node_slice("n1"))
+    kube.create(allocated_claim("c1", consumed={"gpuPercent": "30"}))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    await place(allocator)
+    assert kube.calls == ["ungate ns/p1"]
+
+
+async def test_a_template_claim_is_placed_once_it_is_made_and_seen() -> None:
+    allocator, kube, _ = setup(node_slice("n1"))
+    allocator.pod_event(gated_pod("p1", template="tmpl"))
+    await place(allocator)
+    assert kube.calls == []  # not made yet: waiting
+
+    allocator.pod_event(gated_pod("p1", template="tmpl", made="p1-gpu-x7"))
+    await place(allocator)
+    assert kube.calls == []  # named, but the claim watch has not delivered it
+
+    kube.create(share_claim("p1-gpu-x7"))
+    await place(allocator)
+    assert kube.placed_on("ns/p1-gpu-x7") == [("n1", "gpu-0", "30")]
+    assert kube.ungated == [("ns/p1", 0)]
+
+
+async def test_a_claim_that_fits_nowhere_waits_with_one_event_until_room_frees() -> None:
+    allocator, kube, devices = setup(node_slice("n1"))
+    holder = allocated_claim("holder", consumed={"gpuPercent": "80"})
+    kube.create(holder)
+    kube.create(share_claim("c1", percent="50"))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+
+    assert await place(allocator) == 1
+    assert await place(allocator) == 0  # nothing changed: not tried again
+    devices.upsert_claim(copy.deepcopy(kube.claims["ns/c1"]))  # a resync wakes it
+    assert await place(allocator) == 1
+
+    assert kube.placed_on("ns/c1") == []
+    assert kube.ungated == []
+    assert len(kube.events) == 1
+    reason, message, warning = kube.events[0]
+    assert (reason, warning) == ("GpushareNoRoom", True)
+    assert "ns/c1" in message
+
+    devices.delete_claim(holder)  # the other claim's pod ended
+    assert await place(allocator) == 1
+    assert kube.placed_on("ns/c1") == [("n1", "gpu-0", "50")]
+    assert kube.ungated == [("ns/p1", 0)]
+    assert len(kube.events) == 1
+
+
+async def test_two_pods_placed_back_to_back_do_not_oversubscribe_a_gpu() -> None:
+    allocator, kube, devices = setup(node_slice("n1", 2))
+    kube.hold = asyncio.Event()  # no write lands before both are decided
+    for name in ("a", "b"):
+        kube.create(share_claim(f"c-{name}", percent="60"))
+        allocator.pod_event(gated_pod(f"p-{name}", claim=f"c-{name}"))
+    assert await allocator.place_ready() == 2
+    assert [tenant_keys(devices, index=i) for i in (0, 1)] == [["ns/c-a"], ["ns/c-b"]]
+    kube.hold.set()
+    await allocator.settle()
+    assert {kube.placed_on(key)[0][1] for key in ("ns/c-a", "ns/c-b")} == {"gpu-0", "gpu-1"}
+
+
+async def test_a_second_pod_waits_when_the_only_gpu_is_taken() -> None:
+    allocator, kube, _ = setup(node_slice("n1"))
+    for name in ("a", "b"):
+        kube.create(share_claim(f"c-{name}", percent="60"))
+        allocator.pod_event(gated_pod(f"p-{name}", claim=f"c-{name}"))
+    await place(allocator)
+    assert (kube.placed_on("ns/c-a"), kube.placed_on("ns/c-b")) == ([("n1", "gpu-0", "60")], [])
+    assert kube.ungated == [("ns/p-a", 0)]
+    assert [e[0] for e in kube.events] == ["GpushareNoRoom"]
+
+
+async def test_an_older_claim_version_during_the_write_does_not_free_the_share() -> None:
+    allocator, kube, devices = setup(node_slice("n1"))
+    kube.hold = asyncio.Event()
+    kube.create(share_claim("c1", percent="60"))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    await allocator.place_ready()
+    while "allocate ns/c1" not in kube.calls:  # the finalizer's watch event has come
+        await asyncio.sleep(0)
+    assert tenant_keys(devices) == ["ns/c1"]
+    kube.create(share_claim("c2", percent="60"))
+    allocator.pod_event(gated_pod("p2", claim="c2"))
+    await allocator.place_ready()
+    kube.hold.set()
+    await allocator.settle()
+    assert kube.placed_on("ns/c2") == []
+
+
+async def test_pods_placed_but_not_bound_count_against_their_nodes_cpu() -> None:
+    allocator, kube, _ = setup(
+        node_slice("n1", 2), node_slice("n2", 2), hosts=[host("n1", cpu="4"), host("n2", cpu="4")]
+    )
+    for name in ("a", "b"):
+        kube.create(share_claim(f"c-{name}", percent="30"))
+        allocator.pod_event(gated_pod(f"p-{name}", claim=f"c-{name}", cpu="3"))
+    await place(allocator)
+    pools = sorted(kube.placed_on(key)[0][0] for key in ("ns/c-a", "ns/c-b"))
+    assert pools == ["n1", "n2"]  # 3 + 3 CPUs do not fit one 4-CPU node
+
+
+async def test_a_conflict_frees_the_share_and_the_pod_is_placed_on_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(allocator_module, "RETRY_S", 0.2)
+    allocator, kube, devices = setup(node_slice("n1"))
+    claim = share_claim("c1")
+    claim["metadata"]["finalizers"] = [FINALIZER]
+    kube.create(claim)
+    kube.touch("ns/c1")  # updated meanwhile: the ledger's resourceVersion is stale
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+
+    assert await place(allocator) == 1  # does not raise
+    assert kube.calls == ["allocate ns/c1"]
+    assert (kube.placed_on("ns/c1"), kube.ungated) == ([], [])
+    assert tenant_keys(devices) == []  # the refused allocation no longer counts
+    assert await place(allocator) == 0  # not before the retry delay
+
+    devices.upsert_claim(copy.deepcopy(kube.claims["ns/c1"]))  # the watch catches up
+    await asyncio.sleep(0.25)
+    assert await place(allocator) == 1
+    assert kube.placed_on("ns/c1") == [("n1", "gpu-0", "30")]
+    assert kube.ungated == [("ns/p1", 0)]
+
+
+async def test_a_failed_gate_removal_is_retried_without_allocating_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(allocator_module, "RETRY_S", 0.0)
+    allocator, kube, devices = setup(node_slice("n1"))
+    kube.create(share_claim("c1"))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    kube.fail_gate = KubeError("pod: unprocessable", status=422)
+    await place(allocator)
+    assert kube.ungated == []
+    assert tenant_keys(devices) == ["ns/c1"]  # written, so still counted
+
+    kube.fail_gate = None
+    await place(allocator)
+    assert kube.ungated == [("ns/p1", 0)]
+    assert kube.calls.count("allocate ns/c1") == 1
+
+
+async def test_a_deleted_pod_is_not_placed() -> None:
+    allocator, kube, _ = setup(node_slice("n1"))
+    kube.create(share_claim("c1"))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    allocator.pod_gone("ns/p1", deleted=True)
+    assert await place(allocator) == 0
+    assert kube.calls == []
+
+
+async def test_a_pod_being_deleted_or_ungated_elsewhere_is_not_placed() -> None:
+    allocator, kube, _ = setup(node_slice("n1"))
+    kube.create(share_claim("c1"))
+    kube.create(share_claim("c2"))
+    deleting = gated_pod("p1", claim="c1")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    allocator.pod_event(deleting)
+    allocator.pod_event(gated_pod("p2", claim="c2"))
+    allocator.pod_event(gated_pod("p2", claim="c2", gates=()))
+    assert await place(allocator) == 0
+    assert kube.calls == []
+
+
+async def test_a_pod_deleted_while_its_placement_is_written_is_not_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(allocator_module, "RETRY_S", 0.0)
+    allocator, kube, _ = setup(node_slice("n1"))
+    kube.hold = asyncio.Event()
+    kube.create(share_claim("c1"))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    await allocator.place_ready()
+    while "allocate ns/c1" not in kube.calls:
+        await asyncio.sleep(0)
+    kube.deleted_pods.add("ns/p1")
+    allocator.pod_gone("ns/p1", deleted=True)  # the pod watch says it is gone
+    kube.hold.set()
+    await allocator.settle()  # the gate's removal fails: 404
+    assert await place(allocator) == 0
+
+
+async def test_a_device_class_latency_config_keeps_two_latency_claims_apart() -> None:
+    allocator, kube, devices = setup(node_slice("n1", 2))
+    kube.device_class = {"spec": {"config": [opaque(mps_config(**{"class": "latency"}))]}}
+    await allocator.refresh_class_configs()
+    for name in ("a", "b"):
+        kube.create(share_claim(f"c-{name}", percent="30"))
+        allocator.pod_event(gated_pod(f"p-{name}", claim=f"c-{name}"))
+    await place(allocator)
+    # at most one latency-class tenant per GPU, as with the class in the claim's own config
+    assert [tenant_keys(devices, index=i) for i in (0, 1)] == [["ns/c-a"], ["ns/c-b"]]
+
+
+async def test_latency_claims_are_kept_apart() -> None:
+    allocator, kube, devices = setup(node_slice("n1", 2))
+    for name in ("a", "b"):
+        kube.create(
+            share_claim(f"c-{name}", percent="30", config=mps_config(**{"class": "latency"}))
+        )
+        allocator.pod_event(gated_pod(f"p-{name}", claim=f"c-{name}"))
+    await place(allocator)
+    assert [tenant_keys(devices, index=i) for i in (0, 1)] == [["ns/c-a"], ["ns/c-b"]]
