@@ -151,6 +151,21 @@ def read_allocation(obj: Mapping[str, Any]) -> list[ClaimShare]:
     return out
 
 
+def _older(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    """``new`` is an earlier version of the same claim than ``old``: same UID, lower
+    resourceVersion (etcd revisions; an unreadable one is never called older)."""
+    new_meta, old_meta = _mapping(new.get("metadata")), _mapping(old.get("metadata"))
+    if new_meta.get("uid") != old_meta.get("uid"):
+        return False
+    new_rv, old_rv = (
+        str(new_meta.get("resourceVersion", "")),
+        str(old_meta.get("resourceVersion", "")),
+    )
+    if not (new_rv.isdigit() and old_rv.isdigit()) or max(len(new_rv), len(old_rv)) > 20:
+        return False
+    return int(new_rv) < int(old_rv)
+
+
 def _allocated(obj: Mapping[str, Any]) -> bool:
     return bool(_mapping(obj.get("status")).get("allocation"))
 
@@ -314,6 +329,12 @@ class DraDevices:
 
     def upsert_claim(self, obj: Mapping[str, Any]) -> None:
         key = _key(obj)
+        old = self._claims.get(key)
+        if old is not None and _older(obj, old):
+            # The watch delivering a version before the one this process's own write returned
+            # (the finalizer's update after the allocation's answer): it would drop the share
+            # until the allocation's event came, and a claim placed meanwhile could take it.
+            return
         self._claims[key] = obj
         try:
             shares = read_allocation(obj)

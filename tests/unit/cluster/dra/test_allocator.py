@@ -46,6 +46,8 @@ class FakeKube:
         """(reason, message, warning) of each pod event."""
         self.device_class: Obj | None = None
         self.fail_gate: KubeError | None = None
+        self.refuse_claims: KubeError | None = None
+        """When set, protect_claim raises it (a claim the API server will not take)."""
         self.deleted_pods: set[str] = set()
         self.hold: asyncio.Event | None = None
         """When set, allocate_claim waits for it (a slow API server)."""
@@ -80,6 +82,8 @@ class FakeKube:
         self, *, namespace: str, name: str, resource_version: str, finalizers: list[str]
     ) -> dict[str, Any]:
         self.calls.append(f"protect {namespace}/{name}")
+        if self.refuse_claims is not None:
+            raise self.refuse_claims
         stored = self._write(namespace, name, resource_version)
         stored["metadata"]["finalizers"] = list(finalizers)
         return self._watched(stored)
@@ -310,6 +314,32 @@ async def test_an_older_claim_version_during_the_write_does_not_free_the_share()
     assert kube.placed_on("ns/c2") == []
 
 
+async def test_an_older_claim_version_after_the_write_does_not_free_the_share() -> None:
+    allocator, kube, devices = setup(node_slice("n1", gpus=1))
+    kube.watch_lags = True  # the watch delivers each write only later, as on a busy server
+    kube.create(share_claim("c1", percent="60"))
+    kube.create(share_claim("c2", percent="60"))
+    protected: list[Obj] = []
+    protect = kube.protect_claim
+
+    async def record(**kwargs: Any) -> dict[str, Any]:
+        answer = await protect(**kwargs)
+        protected.append(answer)
+        return answer
+
+    kube.protect_claim = record  # type: ignore[method-assign]
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    await place(allocator)
+    assert tenant_keys(devices) == ["ns/c1"]
+
+    # The finalizer's update (no allocation yet) arrives after the allocation's answer.
+    devices.upsert_claim(protected[0])
+    assert tenant_keys(devices) == ["ns/c1"]
+    allocator.pod_event(gated_pod("p2", claim="c2"))
+    await place(allocator)
+    assert kube.placed_on("ns/c2") == []  # 60 + 60 > 100: it waits
+
+
 async def test_pods_placed_but_not_bound_count_against_their_nodes_cpu() -> None:
     allocator, kube, _ = setup(
         node_slice("n1", 2), node_slice("n2", 2), hosts=[host("n1", cpu="4"), host("n2", cpu="4")]
@@ -362,6 +392,22 @@ async def test_a_failed_gate_removal_is_retried_without_allocating_twice(
     await place(allocator)
     assert kube.ungated == [("ns/p1", 0)]
     assert kube.calls.count("allocate ns/c1") == 1
+
+
+async def test_a_claim_the_api_server_will_not_take_is_left_to_kube_scheduler() -> None:
+    allocator, kube, devices = setup(node_slice("n1"))
+    kube.create(share_claim("c1"))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    kube.refuse_claims = KubeError("ResourceClaim ns/c1: spec: field is immutable", status=422)
+
+    await place(allocator)
+
+    # Not retried forever with the pod gated: ungated without an allocation, nothing counted.
+    assert kube.ungated == [("ns/p1", 0)]
+    assert kube.placed_on("ns/c1") == []
+    assert tenant_keys(devices) == []
+    assert allocator.left_to_scheduler == 1
+    assert await place(allocator) == 0
 
 
 async def test_a_deleted_pod_is_not_placed() -> None:
