@@ -314,7 +314,26 @@ async def test_an_older_claim_version_during_the_write_does_not_free_the_share()
     assert kube.placed_on("ns/c2") == []
 
 
-async def test_an_older_claim_version_after_the_write_does_not_free_the_share() -> None:
+async def test_the_gate_goes_only_once_the_claim_watch_delivered_the_allocation() -> None:
+    allocator, kube, devices = setup(node_slice("n1"))
+    kube.watch_lags = True
+    kube.create(share_claim("c1"))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    await allocator.place_ready()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    # Allocated, but kube-scheduler could not have seen it yet: the pod stays gated.
+    assert kube.placed_on("ns/c1") == [("n1", "gpu-0", "30")]
+    assert kube.ungated == []
+    devices.upsert_claim(copy.deepcopy(kube.claims["ns/c1"]))  # the watch delivers it
+    await allocator.settle()
+    assert kube.ungated == [("ns/p1", 0)]
+
+
+async def test_an_older_claim_version_after_the_write_does_not_free_the_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(allocator_module, "WATCH_WAIT_S", 0.05)
     allocator, kube, devices = setup(node_slice("n1", gpus=1))
     kube.watch_lags = True  # the watch delivers each write only later, as on a busy server
     kube.create(share_claim("c1", percent="60"))
