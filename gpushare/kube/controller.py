@@ -7,7 +7,7 @@ else, and exec/basic-auth kubeconfigs, use lightkube's AsyncClient.
 """
 
 import enum
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -244,14 +244,16 @@ class Kube:
         name: str,
         resource_version: str,
         allocation: Mapping[str, Any],
+        reserved_for: Sequence[Mapping[str, str]] = (),
     ) -> dict[str, Any]:
         """Write ``status.allocation`` of an unallocated claim, as kube-scheduler would
-        (``resource_version`` guards it: someone else's allocation in between is a 409)."""
+        (``resource_version`` guards it: someone else's allocation in between is a 409), and
+        with ``reserved_for`` its ``status.reservedFor`` in the same write."""
         what = f"allocate ResourceClaim {namespace}/{name}"
-        patch = {
-            "metadata": {"resourceVersion": resource_version},
-            "status": {"allocation": dict(allocation)},
-        }
+        status: dict[str, Any] = {"allocation": dict(allocation)}
+        if reserved_for:
+            status["reservedFor"] = [dict(r) for r in reserved_for]
+        patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
         try:
             obj = await self._client.patch(
                 ResourceClaimResource.Status,

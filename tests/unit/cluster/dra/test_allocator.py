@@ -4,7 +4,7 @@ waits gated with one event, and an API error never stops the loop."""
 
 import asyncio
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -95,12 +95,15 @@ class FakeKube:
         name: str,
         resource_version: str,
         allocation: Mapping[str, Any],
+        reserved_for: Sequence[Mapping[str, str]] = (),
     ) -> dict[str, Any]:
         self.calls.append(f"allocate {namespace}/{name}")
         if self.hold is not None:
             await self.hold.wait()
         stored = self._write(namespace, name, resource_version)
         stored.setdefault("status", {})["allocation"] = copy.deepcopy(dict(allocation))
+        if reserved_for:
+            stored["status"]["reservedFor"] = [dict(r) for r in reserved_for]
         return self._watched(stored)
 
     async def get_device_class(self, name: str) -> dict[str, Any] | None:
@@ -177,6 +180,8 @@ async def test_a_gated_pods_claim_is_allocated_and_the_pod_ungated() -> None:
     assert kube.placed_on("ns/c1") == [("n1", "gpu-0", "30")]
     (result,) = stored["status"]["allocation"]["devices"]["results"]
     assert result["consumedCapacity"]["memory"] == "4Gi"
+    # Reserved for its pod in the same write, so kube-scheduler binds without another.
+    assert stored["status"]["reservedFor"] == [{"resource": "pods", "name": "p1", "uid": "uid-p1"}]
     assert kube.ungated == [("ns/p1", 1)]  # the gpushare gate, not the other one
     assert kube.calls == ["protect ns/c1", "allocate ns/c1", "ungate ns/p1"]
     assert allocator.placed == 1
