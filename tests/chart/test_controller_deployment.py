@@ -147,3 +147,13 @@ def test_operator_follows_the_agent_port_and_the_release_name(chart: Chart) -> N
 def test_an_agent_url_with_a_path_is_refused_by_the_schema(chart: Chart) -> None:
     err = chart.fails({"controller": {"agentURL": "http://{node_ip}:9445/profile"}})
     assert "agentURL" in err
+
+
+def test_in_dra_mode_the_controller_places_claims_unless_told_not_to(chart: Chart) -> None:
+    placed = parse_args(
+        parseable(container(_controller(chart, {"mode": "dra"}), "controller")["args"])
+    )
+    assert placed.annotation_mode == "dra" and placed.places_claims
+    values = {"mode": "dra", "dra": {"placement": "kube-scheduler"}}
+    left = parse_args(parseable(container(_controller(chart, values), "controller")["args"]))
+    assert not left.places_claims

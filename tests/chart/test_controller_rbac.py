@@ -63,3 +63,24 @@ def test_rbac_can_be_left_to_the_user(chart: Chart) -> None:
     rendered = chart.render({"rbac": {"create": False}})
     kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
     assert not [o for o in rendered.objects if o["kind"] in kinds]
+
+
+CLAIM_PLACEMENT = [
+    ("resource.k8s.io", "resourceclaims", "watch", "*"),
+    ("resource.k8s.io", "resourceclaims", "patch", "*"),
+    ("resource.k8s.io", "resourceclaims/status", "patch", "*"),
+    ("resource.k8s.io", "resourceslices", "watch", "*"),
+    ("resource.k8s.io", "deviceclasses", "get", "mps.gpushare.io"),
+]
+
+
+def test_claim_placement_is_granted_only_where_the_controller_places_claims(chart: Chart) -> None:
+    def rules(values: dict) -> set[Rule]:  # type: ignore[type-arg]
+        return _rules(chart.render(values).get("ClusterRole", "gpushare-controller"))
+
+    placing = rules({"mode": "dra"})
+    assert all(r in placing for r in CLAIM_PLACEMENT)
+    for values in ({}, {"mode": "dra", "dra": {"placement": "kube-scheduler"}}):
+        assert not any(
+            r[0] == "resource.k8s.io" and r[1] != "resourceclaimtemplates" for r in rules(values)
+        )

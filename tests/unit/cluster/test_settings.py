@@ -44,6 +44,11 @@ def test_flags_reach_the_settings() -> None:
         ]
     )
     assert (s.annotation_mode, s.dra_device_class) == ("dra", "shares.example.com")
+    assert s.places_claims  # DRA mode: the controller places claims unless told otherwise
+    assert not parse_args(
+        ["--annotation-mode", "dra", "--dra-placement", "kube-scheduler"]
+    ).places_claims
+    assert not parse_args([]).places_claims  # device-plugin mode: no claims to place
     assert s.policy is Policy.SPREAD and s.extender_port == 9000
     assert s.webhook_exclude_namespaces == ("infra",)
     assert s.extra == {"operator.profile": "on"}

@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from gpushare.api.dra import CAPACITY_GPU_PERCENT, DRIVER, POD_CLAIM, parse_mps_config
+from gpushare.api.dra import (
+    CAPACITY_GPU_PERCENT,
+    DRIVER,
+    PLACEMENT_GATE,
+    POD_CLAIM,
+    parse_mps_config,
+)
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import (
     ANN_CLASS,
@@ -254,3 +260,29 @@ def test_a_template_deleted_between_our_calls_is_made_again_not_called_forged() 
     store = Racing()
     asyncio.run(claims.ensure_template(store, template))
     assert store.creates == 2 and list(store.objects) == ["gpushare-25pct"]
+
+
+GATED = replace(FACTS, dra_gate=True)
+
+
+def test_with_gpushare_placement_the_pod_is_gated_for_the_controller() -> None:
+    pod = pod_json("p", fraction="0.3")
+    pod["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    verdict = review(pod, namespace="team", facts=GATED, mutate=True)
+    assert verdict.allowed, verdict.message
+    out = apply_patch(pod, verdict.patch)
+    # Its own gate kept; gpushare's added once, however often the webhook is called.
+    assert out["spec"]["schedulingGates"] == [
+        {"name": "example.com/quota"},
+        {"name": PLACEMENT_GATE},
+    ]
+    again = review(out, namespace="team", facts=GATED, mutate=True)
+    assert (
+        apply_patch(out, again.patch)["spec"]["schedulingGates"] == out["spec"]["schedulingGates"]
+    )
+    assert review(out, namespace="team", facts=GATED, mutate=False).allowed
+
+
+def test_with_kube_scheduler_placement_the_pod_is_not_gated() -> None:
+    pod, _ = admitted(pod_json("p", fraction="0.3"))
+    assert "schedulingGates" not in pod["spec"]
