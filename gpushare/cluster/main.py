@@ -100,7 +100,7 @@ class ControllerContext:
                 if self.settings.annotation_mode == MODE_DRA
                 else None
             ),
-            dra_gate=self.settings.places_claims,
+            dra_gate=self.settings.places_claims and self.settings.annotation_mode == MODE_DRA,
         )
 
     async def write_template(self, template: Mapping[str, Any]) -> None:

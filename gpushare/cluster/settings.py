@@ -135,16 +135,21 @@ class Settings:
     dra_device_class: str = DEVICE_CLASS
     """DeviceClass of the claims made in ``--annotation-mode=dra`` (the chart's
     dra.deviceClass.name)."""
-    dra_placement: str = PLACEMENT_GPUSHARE
-    """Who allocates the claims of annotated pods in ``--annotation-mode=dra``: ``gpushare``,
-    the controller with the placement policy (the webhook gates the pod, the controller writes
-    the claim's allocation, docs/dra.md "Who places a claim"); ``kube-scheduler``, its DRA
-    allocator (first fit). The chart sets it from dra.placement."""
+    dra_placement: str | None = None
+    """Who allocates DRA claims of pods gated by ``gpushare.io/placement``: ``gpushare``, the
+    controller with the placement policy (in ``--annotation-mode=dra`` the webhook gates
+    annotated pods; docs/dra.md "Who places a claim"); ``kube-scheduler``, its DRA allocator
+    (first fit; nothing is gated). Unset: ``gpushare`` in ``--annotation-mode=dra``, else
+    ``kube-scheduler``. The chart sets it from dra.placement wherever a node pool runs in dra
+    mode."""
 
     @property
     def places_claims(self) -> bool:
-        """The controller allocates the claims of gated pods (DRA mode, gpushare placement)."""
-        return self.annotation_mode == MODE_DRA and self.dra_placement == PLACEMENT_GPUSHARE
+        """The controller allocates the claims of gated pods (see ``dra_placement``)."""
+        default = (
+            PLACEMENT_GPUSHARE if self.annotation_mode == MODE_DRA else PLACEMENT_KUBE_SCHEDULER
+        )
+        return (self.dra_placement or default) == PLACEMENT_GPUSHARE
 
     policy: Policy = DEFAULT_POLICY
     """Placement policy of filter, prioritize and bind: ``gpushare`` (fragmentation-aware,

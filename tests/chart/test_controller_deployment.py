@@ -154,6 +154,11 @@ def test_in_dra_mode_the_controller_places_claims_unless_told_not_to(chart: Char
         parseable(container(_controller(chart, {"mode": "dra"}), "controller")["args"])
     )
     assert placed.annotation_mode == "dra" and placed.places_claims
+    mixed = {"node": {"extraPools": [{"name": "dra", "mode": "dra", "nodeSelector": {"p": "d"}}]}}
+    beside = parse_args(parseable(container(_controller(chart, mixed), "controller")["args"]))
+    assert beside.annotation_mode == "deviceplugin" and beside.places_claims
+    plain = parse_args(parseable(container(_controller(chart), "controller")["args"]))
+    assert not plain.places_claims
     values = {"mode": "dra", "dra": {"placement": "kube-scheduler"}}
     left = parse_args(parseable(container(_controller(chart, values), "controller")["args"]))
     assert not left.places_claims

@@ -80,6 +80,8 @@ def test_claim_placement_is_granted_only_where_the_controller_places_claims(char
 
     placing = rules({"mode": "dra"})
     assert all(r in placing for r in CLAIM_PLACEMENT)
+    mixed = {"node": {"extraPools": [{"name": "dra", "mode": "dra", "nodeSelector": {"p": "d"}}]}}
+    assert all(r in rules(mixed) for r in CLAIM_PLACEMENT)  # a DRA pool beside the default
     for values in ({}, {"mode": "dra", "dra": {"placement": "kube-scheduler"}}):
         assert not any(
             r[0] == "resource.k8s.io" and r[1] != "resourceclaimtemplates" for r in rules(values)

@@ -49,6 +49,7 @@ def test_flags_reach_the_settings() -> None:
         ["--annotation-mode", "dra", "--dra-placement", "kube-scheduler"]
     ).places_claims
     assert not parse_args([]).places_claims  # device-plugin mode: no claims to place
+    assert parse_args(["--dra-placement", "gpushare"]).places_claims  # a DRA pool beside it
     assert s.policy is Policy.SPREAD and s.extender_port == 9000
     assert s.webhook_exclude_namespaces == ("infra",)
     assert s.extra == {"operator.profile": "on"}
