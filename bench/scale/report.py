@@ -107,7 +107,7 @@ def _dra_rows(r: dict[str, Any]) -> list[str]:
     rows: list[str] = []
     extender_gpus = r["invariant"].get("gpus_used")
     for key, who in (
-        ("dra_gpushare", "gpushare placement (the controller)"),
+        ("dra_gpushare", "gpushare placement"),
         ("dra", "kube-scheduler's allocator"),
     ):
         alloc = r["invariant"].get(key)

@@ -1,6 +1,7 @@
 """The scale bench in its small mode, end to end: its own control plane with KWOK nodes, the real
 kube-scheduler twice (stock and gpushare-scheduler), the real controller's extender, then the
-same pods as ResourceClaims for kube-scheduler's DRA allocator (``--dra``); every pod bound and
+same pods as ResourceClaims (``--dra``), placed by kube-scheduler's DRA allocator and by the
+controller (gpushare placement of gated pods); every pod bound and
 every GPU within its limits afterwards.
 
 Speeds are not asserted here (bench/results/scale.* holds them): only that the bench produces a
@@ -133,18 +134,22 @@ def test_results_are_written_for_people_too(small_run: dict) -> None:  # type: i
 
 
 def test_no_gpu_is_handed_out_beyond_its_capacity_as_claims(small_run: dict) -> None:  # type: ignore[type-arg]
-    dra = small_run["phases"]["dra"]
-    assert dra["pods"] == dra["created"] == 200, dra
-    allocated = small_run["invariant"]["dra"]
-    assert allocated["violations"] == 0, allocated["violation_examples"]
-    assert allocated["claims_allocated"] == dra["bound"] > 0
-    assert 0 < allocated["gpus_used"] <= 160
-    assert "ratio DRA / extender" in small_run["_markdown"]
+    """Both DRA phases: claims placed by the controller (gated pods, what mode dra installs)
+    and by kube-scheduler's allocator."""
+    for key, who in (("dra_gpushare", "gpushare placement"), ("dra", "kube-scheduler's allocator")):
+        dra = small_run["phases"][key]
+        assert dra["pods"] == dra["created"] == 200, dra
+        allocated = small_run["invariant"][key]
+        assert allocated["violations"] == 0, allocated["violation_examples"]
+        assert allocated["claims_allocated"] == dra["bound"] > 0
+        assert 0 < allocated["gpus_used"] <= 160
+        assert f"ratio DRA ({who}) / extender" in small_run["_markdown"]
 
 
 def test_every_claim_is_allocated(small_run: dict) -> None:  # type: ignore[type-arg]
     """On v1.34.4 only the first GPU of each node took claims (kubernetes/kubernetes#133705),
     so the DRA phase runs the DRA mode's release, DRA_KUBE_VERSION (docs/dra.md)."""
-    assert small_run["phases"]["dra"]["bound"] == 200
-    assert small_run["invariant"]["dra"]["claims_allocated"] == 200
+    for key in ("dra", "dra_gpushare"):
+        assert small_run["phases"][key]["bound"] == 200
+        assert small_run["invariant"][key]["claims_allocated"] == 200
     assert small_run["setup"]["kubernetes"] != "v1.34.4"
