@@ -143,10 +143,11 @@ class ClaimAllocator:
         self._class_configs: tuple[float, list[Mapping[str, Any]]] | None = None
         self._writes = asyncio.Semaphore(MAX_WRITES)
         self._start = 0
+        """Where the next search for a node begins (rotated like kube-scheduler's)."""
         self._seen: dict[str, tuple[int, asyncio.Event]] = {}
         """Claim key -> (resourceVersion of our allocation, set once the watch delivered it)."""
         self._demands: dict[Demand, Demand] = {}
-        """Where the next search for a node begins (rotated like kube-scheduler's)."""
+        """One Demand object per claim shape (the placer's memo looks them up by identity)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self.placed = 0
         self.left_to_scheduler = 0
@@ -264,10 +265,23 @@ class ClaimAllocator:
             if claim is None:
                 return  # the claim watch has not seen it yet; its event wakes the pod
             claims.append((claim_key, claim))
+        open_claims = [
+            (claim_key, claim)
+            for claim_key, claim in claims
+            if not (claim.get("status") or {}).get("allocation")
+            and not self.devices.assumed(claim_key)
+        ]
+        if len(open_claims) > 1:
+            # Each allocation names a node: placing them one by one could name two, and the
+            # pod would fit nowhere. kube-scheduler allocates a pod's claims together.
+            self.left_to_scheduler += len(open_claims)
+            log.info(
+                "claims left to kube-scheduler",
+                extra={"pod": key, "why": f"the pod has {len(open_claims)} unallocated claims"},
+            )
+            open_claims = []
         plans: list[tuple[str, Mapping[str, Any], dict[str, Any]]] = []
-        for claim_key, claim in claims:
-            if (claim.get("status") or {}).get("allocation") or self.devices.assumed(claim_key):
-                continue
+        for claim_key, claim in open_claims:
             ask = placement.read_ask(
                 claim,
                 device_class=self.device_class,

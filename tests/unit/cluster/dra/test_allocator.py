@@ -434,6 +434,23 @@ async def test_a_claim_the_api_server_will_not_take_is_left_to_kube_scheduler() 
     assert await place(allocator) == 0
 
 
+async def test_a_pod_with_two_unallocated_claims_is_left_to_kube_scheduler() -> None:
+    allocator, kube, devices = setup(node_slice("n1"), node_slice("n2"))
+    kube.create(share_claim("c1"))
+    kube.create(share_claim("c2"))
+    pod = gated_pod("p1", claim="c1")
+    pod["spec"]["resourceClaims"].append({"name": "gpu2", "resourceClaimName": "c2"})
+
+    allocator.pod_event(pod)
+    await place(allocator)
+
+    # Allocated one by one, the two claims could name two nodes and the pod fit nowhere.
+    assert (kube.placed_on("ns/c1"), kube.placed_on("ns/c2")) == ([], [])
+    assert kube.ungated == [("ns/p1", 0)]
+    assert allocator.left_to_scheduler == 2
+    assert tenant_keys(devices, "n1") == tenant_keys(devices, "n2") == []
+
+
 async def test_a_deleted_pod_is_not_placed() -> None:
     allocator, kube, _ = setup(node_slice("n1"))
     kube.create(share_claim("c1"))
