@@ -4,7 +4,12 @@
 # ip and iptables (with the shared libraries they link beyond glibc), and the images the chart
 # and the tests use. hack/gpu-host-e2e.sh unpacks it there and runs the real-GPU cluster tests.
 #
-#   hack/gpu-host-bundle.sh [--out DIR] [--chunk-mib N]
+#   hack/gpu-host-bundle.sh [--mode deviceplugin|dra] [--out DIR] [--chunk-mib N]
+#
+# --mode dra carries what the local cluster's DRA mode runs instead: Kubernetes
+# $DRA_KUBE_VERSION and containerd $CONTAINERD_VERSION with CDI (hack/build-tools.sh kube-dra
+# containerd) in place of Kubernetes $KUBE_VERSION and the distribution's containerd; run it
+# with hack/gpu-host-e2e.sh --mode dra.
 #
 # Writes DIR/gpu-host-bundle.tar.xz.part-aa, -ab, ... (each at most N MiB, default 55, for
 # transports that limit a single transfer) and DIR/SHA256SUMS. Join them on the GPU machine
@@ -30,9 +35,10 @@ source "$here/lib/versions.sh"
 log() { printf '%s gpu-host-bundle: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-out="$GPUSHARE_CACHE_DIR/gpu-host-bundle" chunk_mib=55
+out="" chunk_mib=55 mode=deviceplugin
 while (($#)); do
   case $1 in
+    --mode) mode=$2; shift ;;
     --out) out=$2; shift ;;
     --chunk-mib) chunk_mib=$2; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -41,8 +47,12 @@ while (($#)); do
   shift
 done
 [[ $chunk_mib =~ ^[1-9][0-9]*$ ]] || die "--chunk-mib must be a positive whole number of MiB, got '$chunk_mib'"
+[[ $mode == deviceplugin || $mode == dra ]] || die "--mode must be deviceplugin or dra, got '$mode'"
+[[ -n $out ]] || out="$GPUSHARE_CACHE_DIR/gpu-host-bundle$([[ $mode == dra ]] && echo -dra)"
 
-KUBE_BIN="$GPUSHARE_CACHE_DIR/bin/kubernetes-$KUBE_VERSION"
+BUNDLE_KUBE_VERSION=$(kube_version_for "$mode")
+KUBE_BIN="$GPUSHARE_CACHE_DIR/bin/kubernetes-$BUNDLE_KUBE_VERSION"
+CONTAINERD_BIN="$GPUSHARE_CACHE_DIR/bin/containerd-$CONTAINERD_VERSION"
 ETCD_BIN="$GPUSHARE_CACHE_DIR/bin/etcd-$ETCD_VERSION"
 HELM_BIN="$GPUSHARE_CACHE_DIR/bin/helm-$HELM_VERSION"
 IMAGES="$GPUSHARE_CACHE_DIR/images"
@@ -85,7 +95,7 @@ EOF
   for alias in "$@"; do ln -s "$name" "$stage/bin/$alias"; done
 }
 
-log "binaries: Kubernetes $KUBE_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION"
+log "binaries ($mode mode): Kubernetes $BUNDLE_KUBE_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION"
 for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy; do
   carry_static "$b" "$KUBE_BIN/$b"
 done
@@ -94,6 +104,11 @@ carry_static helm "$HELM_BIN/helm"
 
 log "container runtime: containerd, its runc shim, ctr, runc; CNI plugins from $CNI_SRC"
 for b in containerd containerd-shim-runc-v2 ctr; do
+  if [[ $mode == dra ]]; then
+    # The DRA mode's containerd (CDI on), built from source: static Go binaries.
+    carry_static "$b" "$CONTAINERD_BIN/$b"
+    continue
+  fi
   src=$(command -v "$b") || die "$b not found; install it with hack/install-prereqs.sh"
   if [[ -n $(extra_libs "$src") ]]; then carry_wrapped "$b" "$src"; else carry_static "$b" "$src"; fi
 done
@@ -145,7 +160,8 @@ fi
 [[ $image_rev == *-dirty ]] && log "warning: the gpushare image was built from a work tree with uncommitted changes ($image_rev)"
 cp "$GPUSHARE_ARCHIVE" "$stage/images/gpushare.tar"
 {
-  echo "kubernetes=$KUBE_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION gpushare=$VERSION"
+  containerd=$([[ $mode == dra ]] && echo "$CONTAINERD_VERSION" || echo distribution)
+  echo "mode=$mode kubernetes=$BUNDLE_KUBE_VERSION containerd=$containerd etcd=$ETCD_VERSION helm=$HELM_VERSION gpushare=$VERSION"
   echo "revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown) image-revision=$image_rev"
   echo "glibc>=$(ldd --version | head -1 | awk '{print $NF}')"
 } >"$stage/BUNDLE"

@@ -4,10 +4,13 @@
 # (hack/local-cluster.sh), import the images, install the chart with the NVML backend, and run
 # the real-GPU cluster tests (pytest -m gpu_cluster tests/gpu_cluster).
 #
-#   hack/gpu-host-e2e.sh --bundle DIR [--out DIR] [--backend nvml|simulated:1xH100-80GB]
-#                        [--keep] [--pytest-args "ARGS"]
+#   hack/gpu-host-e2e.sh --bundle DIR [--mode deviceplugin|dra] [--out DIR]
+#                        [--backend nvml|simulated:1xH100-80GB] [--keep] [--pytest-args "ARGS"]
 #
 #   --bundle DIR   where the gpu-host-bundle.tar.xz.part-* files and SHA256SUMS are
+#   --mode M       the chart's mode (default deviceplugin): dra installs `mode: dra` on the
+#                  local cluster's DRA mode and runs tests/gpu_cluster/dra; the bundle must be
+#                  made with hack/gpu-host-bundle.sh --mode dra
 #   --out DIR      results: junit.xml, gpu-cluster.json, pytest.log, cluster logs (default:
 #                  ./gpu-cluster-out)
 #   --backend B    the node agent's backend (default nvml). A simulated backend rehearses the
@@ -27,10 +30,11 @@ source "$here/lib/versions.sh"
 log() { printf '%s gpu-host-e2e: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-bundle="" out="$PWD/gpu-cluster-out" backend=nvml keep=0 pytest_args=""
+bundle="" out="$PWD/gpu-cluster-out" backend=nvml keep=0 pytest_args="" mode=deviceplugin
 while (($#)); do
   case $1 in
     --bundle) bundle=$2; shift ;;
+    --mode) mode=$2; shift ;;
     --out) out=$2; shift ;;
     --backend) backend=$2; shift ;;
     --keep) keep=1 ;;
@@ -43,6 +47,7 @@ done
 [[ -n $bundle ]] || die "--bundle DIR is required (the parts written by hack/gpu-host-bundle.sh)"
 [[ $(id -u) -eq 0 ]] || die "needs root (containerd, the kubelet and MPS run here)"
 [[ $backend == nvml || $backend == simulated:* ]] || die "--backend must be nvml or simulated:<count>x<model>, got '$backend'"
+[[ $mode == deviceplugin || $mode == dra ]] || die "--mode must be deviceplugin or dra, got '$mode'"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 exec > >(tee -a "$out/e2e.log") 2>&1
@@ -70,6 +75,11 @@ else
 fi
 B=$work/bundle
 log "bundle: $(tr '\n' ' ' <"$B/BUNDLE")"
+bundle_mode=$(sed -n 's/^mode=\([a-z]*\) .*/\1/p' "$B/BUNDLE")
+[[ ${bundle_mode:-deviceplugin} == "$mode" ]] ||
+  die "the bundle was made for mode ${bundle_mode:-deviceplugin}, not $mode: hack/gpu-host-bundle.sh --mode $mode"
+export GPUSHARE_CLUSTER_MODE=$mode
+[[ $mode == dra ]] && export GPUSHARE_CONTAINERD_BIN=$B/bin
 export PATH="$B/bin:$PATH"
 export GPUSHARE_KUBE_BIN=$B/bin GPUSHARE_ETCD_BIN=$B/bin GPUSHARE_CNI_BIN_DIR=$B/cni
 export GPUSHARE_IMAGE_ARCHIVES=$B/images
@@ -96,7 +106,7 @@ ctr_k8s() { ctr --address "$socket" -n k8s.io "$@"; }
 
 log "importing images: gpushare, kube-scheduler (from the carried binary), the host-rootfs pod image"
 ctr_k8s images import "$B/images/gpushare.tar" >/dev/null
-"$PYTHON" "$here/lib/image_archive.py" --ref "registry.k8s.io/kube-scheduler:$KUBE_VERSION" \
+"$PYTHON" "$here/lib/image_archive.py" --ref "registry.k8s.io/kube-scheduler:$(kube_version_for "$mode")" \
   --out "$work/kube-scheduler.tar" --add "$B/bin/kube-scheduler:/usr/local/bin/kube-scheduler" \
   --entrypoint /usr/local/bin/kube-scheduler >/dev/null
 ctr_k8s images import "$work/kube-scheduler.tar" >/dev/null
@@ -110,7 +120,7 @@ empty=$work/empty; : >"$empty"
 ctr_k8s images import "$work/host-rootfs.tar" >/dev/null
 
 # ---- chart ------------------------------------------------------------------------------
-values=("--values" "$repo/helm/gpushare/ci/local-cluster-values.yaml" "--set" "node.backend=$backend")
+values=("--values" "$repo/helm/gpushare/ci/local-cluster-values.yaml" "--set" "node.backend=$backend" "--set" "mode=$mode")
 if [[ $backend == nvml ]]; then
   # No NVIDIA container runtime here: mount the driver's directory (NVML, libcuda and the MPS
   # binaries) into the node agent at its host path and put it on PATH and LD_LIBRARY_PATH.
@@ -130,7 +140,7 @@ if [[ $backend == nvml ]]; then
     --set "node.extraEnv[1].name=LD_LIBRARY_PATH" --set "node.extraEnv[1].value=$driver_lib"
   )
 fi
-log "installing the chart (backend $backend)"
+log "installing the chart (mode $mode, backend $backend)"
 helm upgrade --install gpushare "$repo/helm/gpushare" --namespace gpushare --create-namespace "${values[@]}" \
   --wait --timeout 5m >"$out/helm-install.txt"
 for i in $(seq 1 120); do
@@ -154,15 +164,18 @@ for d in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.r
 print(":".join(sorted(dirs)))
 PY
 )
-export GPUSHARE_GPU_CLUSTER=1 GPUSHARE_GPU_CLUSTER_BACKEND=$backend
+export GPUSHARE_GPU_CLUSTER=1 GPUSHARE_GPU_CLUSTER_BACKEND=$backend GPUSHARE_GPU_CLUSTER_MODE=$mode
 export GPUSHARE_RELEASE_NAMESPACE=gpushare GPUSHARE_POD_IMAGE=gpushare.local/host-rootfs:1
 export GPUSHARE_POD_PYTHON=$("$PYTHON" -c 'import sys; print(sys.executable)')
 export GPUSHARE_POD_HOST_DIRS=$host_dirs GPUSHARE_POD_LD_LIBRARY_PATH=$pod_lib
 export GPUSHARE_GPU_CLUSTER_OUT=$out
-log "running pytest -m gpu_cluster tests/gpu_cluster (pods run $GPUSHARE_POD_PYTHON from $host_dirs)"
+# Each mode's checks: the device plugin's in tests/gpu_cluster, the DRA driver's in its dra/.
+tests=(tests/gpu_cluster --ignore=tests/gpu_cluster/dra)
+[[ $mode == dra ]] && tests=(tests/gpu_cluster/dra)
+log "running pytest -m gpu_cluster ${tests[*]} (pods run $GPUSHARE_POD_PYTHON from $host_dirs)"
 set +e
 # shellcheck disable=SC2086
-(cd "$repo" && "$PYTHON" -m pytest -m gpu_cluster tests/gpu_cluster -p no:cacheprovider -v -rA \
+(cd "$repo" && "$PYTHON" -m pytest -m gpu_cluster "${tests[@]}" -p no:cacheprovider -v -rA \
   --junitxml "$out/junit.xml" $pytest_args) 2>&1 | tee "$out/pytest.log"
 rc=${PIPESTATUS[0]}
 set -e

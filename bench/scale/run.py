@@ -61,6 +61,11 @@ TARGETS = {
 }
 
 
+DRA_PLACEMENTS = ("gpushare", "kube-scheduler")
+"""Who allocates the claims of --dra's phases: the controller (``dra-gpushare``) or
+kube-scheduler's allocator (``dra``)."""
+
+
 @dataclass(frozen=True)
 class Options:
     nodes: int
@@ -85,6 +90,7 @@ class Options:
     machine_label: str | None = None
     gpushare_nodes_percent: int | None = None
     dra: bool = False
+    dra_placements: tuple[str, ...] = DRA_PLACEMENTS
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -174,6 +180,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "the stock kube-scheduler from the node agent's ResourceSlices (feature gate "
         "DRAConsumableCapacity on), compared with the extender phase",
     )
+    p.add_argument(
+        "--dra-placement",
+        choices=DRA_PLACEMENTS,
+        action="append",
+        help="with --dra, only the DRA phase of this placement (repeatable; default both): "
+        "gpushare (dra-gpushare, what mode dra installs) or kube-scheduler (dra, its allocator)",
+    )
     ns = p.parse_args(argv)
     nodes = ns.nodes if ns.nodes is not None else (20 if ns.small else 1000)
     pods = ns.pods if ns.pods is not None else (200 if ns.small else 10000)
@@ -221,6 +234,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         machine_label=ns.machine_label,
         gpushare_nodes_percent=ns.gpushare_nodes_percent,
         dra=ns.dra,
+        dra_placements=tuple(ns.dra_placement or DRA_PLACEMENTS),
     )
 
 
@@ -679,12 +693,14 @@ async def run(opts: Options) -> dict[str, Any]:
             if opts.require_extender:
                 await delete_phase_pods(api, "extender")
             await dra_setup(api, opts)
-            phases[dra.PHASE], final[dra.PHASE] = await dra_phase(
-                api, scraper, cp, phase=dra.PHASE, fractional=fractional, opts=opts,
-                extra_pids=extra,
-            )  # fmt: skip
-            if opts.require_extender:
-                await clear_dra_phase(api, dra.PHASE, opts.concurrency)
+            if "kube-scheduler" in opts.dra_placements:
+                phases[dra.PHASE], final[dra.PHASE] = await dra_phase(
+                    api, scraper, cp, phase=dra.PHASE, fractional=fractional, opts=opts,
+                    extra_pids=extra,
+                )  # fmt: skip
+            if opts.require_extender and "gpushare" in opts.dra_placements:
+                if dra.PHASE in phases:
+                    await clear_dra_phase(api, dra.PHASE, opts.concurrency)
                 key = dra.GPUSHARE_PHASE.replace("-", "_")
                 phases[key], final[key] = await dra_phase(
                     api, scraper, cp, phase=dra.GPUSHARE_PHASE, fractional=fractional,

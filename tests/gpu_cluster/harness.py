@@ -1,9 +1,9 @@
 """What the gpu_cluster tests share: the cluster hack/gpu-host-e2e.sh brought up, CUDA pods that
 run the host's Python, and the record of every check with its measured figure.
 
-The e2e script exports where things are (GPUSHARE_GPU_CLUSTER=1, the backend, the pod image,
-the host Python and the host directories the pods mount); without them these tests skip,
-saying what they need. docs/gpu-cluster.md describes the run.
+The e2e script exports where things are (GPUSHARE_GPU_CLUSTER=1, the backend, the chart's mode,
+the pod image, the host Python and the host directories the pods mount); without them these
+tests skip, saying what they need. docs/gpu-cluster.md describes the run.
 """
 
 import json
@@ -38,9 +38,15 @@ class Check:
     detail: str = ""
 
 
+MODES = ("deviceplugin", "dra")
+"""The chart's ``mode`` the e2e script installed (``--mode``): tests/gpu_cluster checks the
+device plugin, tests/gpu_cluster/dra the DRA driver; each skips on the other's cluster."""
+
+
 @dataclass
 class GpuCluster:
     backend: str
+    mode: str
     release_namespace: str
     image: str
     python: str
@@ -52,6 +58,10 @@ class GpuCluster:
     @property
     def real_gpu(self) -> bool:
         return self.backend == "nvml"
+
+    def require_mode(self, mode: str) -> None:
+        if self.mode != mode:
+            pytest.skip(f"checks of {mode} mode; this cluster's chart runs mode {self.mode}")
 
     def require_gpu(self) -> None:
         if not self.real_gpu:
@@ -192,6 +202,7 @@ class GpuCluster:
     def save(self) -> None:
         doc = {
             "backend": self.backend,
+            "mode": self.mode,
             "machine": machine(self.out),
             "checks": [c.__dict__ for c in self.checks],
         }
@@ -202,7 +213,8 @@ class GpuCluster:
 def markdown(doc: Obj) -> str:
     verdict = {True: "yes", False: "**no**", None: "recorded"}
     lines = [
-        f"Machine: {doc['machine']}; node agent backend: {doc['backend']}.",
+        f"Machine: {doc['machine']}; node agent backend: {doc['backend']}; "
+        f"mode: {doc.get('mode', 'deviceplugin')}.",
         "",
         "| check | measured | target | met | note |",
         "|---|---|---|---|---|",
@@ -244,8 +256,12 @@ def from_env() -> GpuCluster:
         pytest.skip(NOT_HERE)
     out = Path(os.environ.get("GPUSHARE_GPU_CLUSTER_OUT", "gpu-cluster-out"))
     out.mkdir(parents=True, exist_ok=True)
+    mode = os.environ.get("GPUSHARE_GPU_CLUSTER_MODE", "deviceplugin")
+    if mode not in MODES:
+        pytest.fail(f"GPUSHARE_GPU_CLUSTER_MODE={mode!r}: use one of {', '.join(MODES)}")
     return GpuCluster(
         backend=os.environ["GPUSHARE_GPU_CLUSTER_BACKEND"],
+        mode=mode,
         release_namespace=os.environ.get("GPUSHARE_RELEASE_NAMESPACE", "gpushare"),
         image=os.environ["GPUSHARE_POD_IMAGE"],
         python=os.environ["GPUSHARE_POD_PYTHON"],

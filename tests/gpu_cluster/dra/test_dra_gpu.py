@@ -1,0 +1,369 @@
+"""The DRA mode on a real GPU: the kubelet's DRA plugin in the node agent, CDI in containerd,
+and annotated pods whose claims gpushare places, as a user installs it (``mode: dra``).
+
+The same checks as the device plugin's (tests/gpu_cluster/test_gpu_cluster.py and
+test_restart_faults.py), read from the claims instead of the pod annotations: the slice names
+the GPU nvidia-smi lists; the webhook's claims are allocated by gpushare (not kube-scheduler),
+each container gets its own claim's MPS settings, GEMM rates follow the thread caps, the memory
+cap refuses an allocation over it, a latency claim keeps priority beside a batch one, and
+running pods keep their GPU and rate when the node agent and the kubelet are killed.
+Results of a run: bench/results/gpu-cluster.md.
+"""
+
+import json
+import os
+import signal
+import statistics
+import time
+from typing import Any
+
+import pytest
+
+from gpushare.api.dra import DRIVER
+from tests.fixtures.chart_release import agent_processes
+from tests.gpu_cluster.harness import TEST_NAMESPACE, GpuCluster, Obj, agent_pod, wait_for
+from tests.gpu_cluster.test_gpu_cluster import gemm_window, mean_rate
+from tests.gpu_cluster.test_restart_faults import harness, rates_between, restarts
+
+pytestmark = [pytest.mark.gpu_cluster]
+
+RATE_TOLERANCE = 0.15
+SHARE_RUN_S = 60.0
+MIN_WINDOW_S = 15.0
+
+
+def slice_devices(gc: GpuCluster) -> dict[str, Obj]:
+    """The node agent's devices, by name, from its ResourceSlices."""
+    slices = gc.kjson("get", "resourceslices")["items"]
+    return {
+        d["name"]: d
+        for s in slices
+        if s["spec"].get("driver") == DRIVER
+        for d in s["spec"].get("devices", [])
+    }
+
+
+def attribute(device: Obj, name: str) -> Any:
+    value = device.get("attributes", {}).get(name, {})
+    return next(iter(value.values()), None) if isinstance(value, dict) else None
+
+
+def claim_of(gc: GpuCluster, pod: Obj) -> Obj:
+    """The ResourceClaim the webhook gave ``pod`` (its one claim status)."""
+    (status,) = pod["status"].get("resourceClaimStatuses", [])
+    return gc.kjson(  # type: ignore[no-any-return]
+        "get", "resourceclaim", "-n", TEST_NAMESPACE, status["resourceClaimName"],
+        "--show-managed-fields",
+    )  # fmt: skip
+
+
+def placed(gc: GpuCluster, pod: Obj, devices: dict[str, Obj]) -> dict[str, Any]:
+    """Where the pod's claim went and who allocated it: the GPU's UUID, the gpuPercent it
+    consumes and the manager of the claim's status (gpushare's controller, not kube-scheduler)."""
+    claim = claim_of(gc, pod)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    managers = sorted(
+        {
+            f["manager"]
+            for f in claim["metadata"].get("managedFields", [])
+            if f.get("subresource") == "status" and "allocation" in json.dumps(f.get("fieldsV1"))
+        }
+    )
+    return {
+        "gpu": attribute(devices[result["device"]], "uuid"),
+        "gpuPercent": result.get("consumedCapacity", {}).get("gpuPercent"),
+        "allocated_by": managers,
+    }
+
+
+def first_env(gc: GpuCluster, name: str) -> dict[str, str]:
+    return gc.logs(name)[0].get("env", {})  # type: ignore[no-any-return]
+
+
+def nvidia_smi_uuids(gc: GpuCluster) -> list[str]:
+    rows = (gc.out / "nvidia-smi.csv").read_text().strip().splitlines()[1:]
+    return sorted(row.split(",")[1].strip() for row in rows)
+
+
+def test_the_slice_names_each_gpu_nvidia_smi_lists(gc: GpuCluster) -> None:
+    devices = wait_for(
+        lambda: slice_devices(gc) or None, timeout_s=120, what="the node agent's ResourceSlices"
+    )
+    uuids = sorted(str(attribute(d, "uuid")) for d in devices.values())
+    if not gc.real_gpu:
+        gc.record("DRA: GPUs in the ResourceSlice", uuids, "every GPU nvidia-smi lists", None)
+    gc.require_gpu()
+    expected = nvidia_smi_uuids(gc)
+    ok = uuids == expected
+    gc.record("DRA: GPUs in the ResourceSlice", uuids, f"nvidia-smi's: {expected}", ok)
+    assert uuids == expected
+    capacity = {n: sorted(d.get("capacity", {})) for n, d in devices.items()}
+    gc.record("DRA: consumable capacity per device", capacity, "gpuPercent and memory", None)
+
+
+def test_claims_placed_by_gpushare_and_gemm_rates_follow_their_caps(gc: GpuCluster) -> None:
+    """Three annotated pods (25%, 25%, 50%, limit = request) become claims the controller
+    places on the one GPU; each container carries its own claim's cap and the GEMM rates
+    follow the caps within 15%, as in device-plugin mode."""
+    shares = {"dra-25a": "0.25", "dra-25b": "0.25", "dra-50": "0.5"}
+    gc.delete_pods(*shares)
+    until = time.time() + SHARE_RUN_S + 40.0
+    gc.create(
+        *(
+            gc.cuda_pod(name, ["gemm", f"{until:.0f}"], fraction=f, limit=f)
+            for name, f in shares.items()
+        )
+    )
+    try:
+        running = gc.wait_phase(list(shares), {"Running", "Succeeded"}, timeout_s=180)
+        devices = slice_devices(gc)
+        where = {n: placed(gc, p, devices) for n, p in running.items()}
+        gc.record("DRA: claims (GPU, gpuPercent, status written by)", where, "recorded", None)
+        percents = {n: w["gpuPercent"] for n, w in where.items()}
+        want = {"dra-25a": "25", "dra-25b": "25", "dra-50": "50"}
+        by_gpushare = all(
+            w["allocated_by"] and "kube-scheduler" not in w["allocated_by"] for w in where.values()
+        )
+        gc.record(
+            "DRA: gpuPercent consumed (25/25/50 asked), allocated by gpushare",
+            {"gpuPercent": percents, "by gpushare": by_gpushare},
+            "25, 25, 50; status.allocation not written by kube-scheduler",
+            percents == want and by_gpushare,
+        )
+        assert percents == want, where
+        assert by_gpushare, where
+        assert len({w["gpu"] for w in where.values()}) == 1, "all on the one GPU"
+
+        wait_for(
+            lambda: all(any("t" in line for line in gc.logs(n)) for n in shares),
+            timeout_s=120,
+            what="every pod reporting GEMM rates",
+            on_timeout=lambda: gc.describe(list(shares)),
+        )
+        env = {n: first_env(gc, n) for n in shares}
+        threads = {n: int(float(f) * 100) for n, f in shares.items()}
+        wrong = {
+            n: (e.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), e.get("CUDA_VISIBLE_DEVICES"))
+            for n, e in env.items()
+            if e.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") != str(threads[n])
+            or e.get("CUDA_VISIBLE_DEVICES") != where[n]["gpu"]
+        }
+        gc.record(
+            "DRA: containers with another claim's MPS settings or GPU",
+            len(wrong),
+            "0",
+            not wrong,
+            str(wrong),
+        )
+        assert not wrong
+        gc.wait_phase(list(shares), {"Succeeded"}, timeout_s=until - time.time() + 60)
+        logs = {n: gc.logs(n) for n in shares}
+    finally:
+        (gc.out / "dra-share-logs.json").write_text(
+            json.dumps({n: gc.logs(n) for n in shares}, indent=1)
+        )
+        gc.delete_pods(*shares)
+    window = gemm_window(logs, until)
+    overlap = window[1] - window[0]
+    gc.record(
+        "DRA: overlap of the three GEMM loops (s)",
+        round(overlap, 1),
+        f">= {MIN_WINDOW_S}",
+        overlap >= MIN_WINDOW_S,
+    )
+    assert overlap >= MIN_WINDOW_S, window
+    rates = {n: mean_rate(lines, window) for n, lines in logs.items()}
+    total = sum(rates.values())
+    gc.require_gpu()
+    misses = {}
+    for n, rate in rates.items():
+        expected = total * threads[n] / sum(threads.values())
+        ratio = rate / expected
+        ok = abs(ratio - 1) <= RATE_TOLERANCE
+        gc.record(
+            f"DRA {n}: bf16 GEMM TFLOP/s (thread cap {threads[n]}%)",
+            round(rate, 1),
+            f"{expected:.1f} +/- 15% (its share of {total:.1f})",
+            ok,
+            f"rate / expected = {ratio:.3f}",
+        )
+        if not ok:
+            misses[n] = round(ratio, 3)
+    assert not misses, f"rate / expected outside 1 +/- {RATE_TOLERANCE}: {misses} (rates {rates})"
+
+
+def test_allocation_over_the_claims_memory_cap_is_refused(gc: GpuCluster) -> None:
+    name = "dra-mem-2g"
+    gc.delete_pods(name)
+    gc.create(gc.cuda_pod(name, ["alloc", "1024", "3072"], fraction="0.1", memory="2Gi"))
+    try:
+        gc.wait_phase([name], {"Succeeded"}, timeout_s=180)
+        lines = gc.logs(name)
+    finally:
+        gc.delete_pods(name)
+    env = lines[0].get("env", {})
+    limit = env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
+    gc.record("DRA: the claim's memory limit in the container", limit, "...=2048M", None)
+    assert limit.endswith("=2048M"), env
+    gc.require_gpu()
+    results = {line["alloc_mib"]: line["ok"] for line in lines if "alloc_mib" in line}
+    ok = results == {1024: True, 3072: False}
+    gc.record(
+        "DRA: memory cap 2Gi: 1 GiB allocated, 3 GiB refused",
+        {f"{k} MiB": ("allocated" if v else "refused") for k, v in results.items()},
+        "1024 allocated, 3072 refused",
+        ok,
+        next((line.get("error", "") for line in lines if line.get("ok") is False), ""),
+    )
+    assert ok, lines
+
+
+def test_a_latency_claim_keeps_priority_beside_a_batch_claim(gc: GpuCluster) -> None:
+    lat, batch = "dra-latency", "dra-batch"
+    gc.delete_pods(lat, batch)
+    until = time.time() + 80
+    gc.create(gc.cuda_pod(lat, ["latency", f"{until:.0f}"], fraction="0.25", gpu_class="latency"))
+    try:
+        gc.wait_phase([lat], {"Running"}, timeout_s=180)
+        wait_for(lambda: sum("t" in x for x in gc.logs(lat)) >= 10, timeout_s=90, what="10 s alone")
+        gc.create(gc.cuda_pod(batch, ["gemm", f"{until:.0f}"], fraction="0.5"))
+        gc.wait_phase([lat, batch], {"Running", "Succeeded"}, timeout_s=180)
+        wait_for(lambda: bool(gc.logs(batch)), timeout_s=60, what="the batch pod's first line")
+        env = {n: first_env(gc, n) for n in (lat, batch)}
+        got = {
+            n: (e.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), e.get("CUDA_MPS_CLIENT_PRIORITY"))
+            for n, e in env.items()
+        }
+        want = {lat: ("100", "0"), batch: ("50", "1")}
+        gc.record(
+            "DRA: latency / batch claims: (thread %, MPS priority)",
+            got,
+            "latency (100, 0), batch (50, 1)",
+            got == want,
+        )
+        assert got == want, env
+        gc.wait_phase([lat, batch], {"Succeeded"}, timeout_s=until - time.time() + 60)
+        lines, batch_lines = gc.logs(lat), gc.logs(batch)
+    finally:
+        gc.delete_pods(lat, batch)
+    gc.require_gpu()
+    batch_start = min(x["t"] for x in batch_lines if "t" in x)
+    alone = [x["p50_ms"] for x in lines if "t" in x and x["t"] < batch_start - 1]
+    beside = [x["p50_ms"] for x in lines if "t" in x and x["t"] > batch_start + 2]
+    assert alone and beside, (alone, beside)
+    ratio = statistics.median(beside) / statistics.median(alone)
+    gc.record(
+        "DRA: latency pod: median GEMM time beside the batch pod / alone",
+        round(ratio, 3),
+        "<= 1.5 (recorded; the issue sets no bound)",
+        ratio <= 1.5,
+        f"alone {statistics.median(alone):.3f} ms, beside {statistics.median(beside):.3f} ms",
+    )
+    assert ratio <= 1.5
+
+
+def agent_ready_again(gc: GpuCluster, restarts_before: int) -> bool:
+    """A new agent container (not the status the killed one left) is Ready."""
+    pod = agent_pod(gc)
+    ready = any(
+        c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", [])
+    )
+    return restarts(gc) > restarts_before and ready
+
+
+def test_running_claims_keep_gpu_and_rate_across_agent_and_kubelet_kills(gc: GpuCluster) -> None:
+    """SIGKILL the node agent, then the kubelet: running pods keep their claim's GPU, cap and
+    rate; a pod created afterwards is prepared from the restarted agent's checkpoint-backed
+    state with its own settings."""
+    running = {"dra-keep-25": "0.25", "dra-keep-50": "0.5"}
+    new = "dra-after-restart"
+    gc.delete_pods(*running, new)
+    until = time.time() + 150
+    gc.create(
+        *(gc.cuda_pod(n, ["gemm", f"{until:.0f}"], fraction=f, limit=f) for n, f in running.items())
+    )
+    try:
+        before = gc.wait_phase(list(running), {"Running"}, timeout_s=180)
+        devices = slice_devices(gc)
+        where_before = {n: placed(gc, p, devices)["gpu"] for n, p in before.items()}
+        wait_for(
+            lambda: all(sum("t" in x for x in gc.logs(n)) >= 10 for n in running),
+            timeout_s=120,
+            what="10 s of rates from each pod",
+        )
+        t_fault = time.time()
+        restarts_before = restarts(gc)
+        agents = agent_processes()
+        assert agents, "no gpushare-node-agent process on this host"
+        for pid in agents:
+            os.kill(pid, signal.SIGKILL)
+        harness("stop", "kubelet")
+        time.sleep(3)
+        harness("start", "kubelet")
+        wait_for(
+            lambda: agent_ready_again(gc, restarts_before),
+            timeout_s=150,
+            what="the restarted node agent Ready",
+        )
+        t_back = time.time()
+        gc.record(
+            "DRA: agent + kubelet killed (SIGKILL): seconds until the agent was Ready again",
+            round(t_back - t_fault, 1),
+            "recorded",
+            None,
+        )
+        gc.create(gc.cuda_pod(new, ["gemm", f"{until:.0f}"], fraction="0.25", limit="0.25"))
+        gc.wait_phase([new], {"Running"}, timeout_s=180)
+        wait_for(lambda: any("t" in x for x in gc.logs(new)), timeout_s=90, what="new pod rates")
+        after = {n: gc.pod(n) for n in running}
+        where_after = {n: placed(gc, p, devices)["gpu"] for n, p in after.items()}
+        new_gpu = placed(gc, gc.pod(new), devices)["gpu"]
+        gc.wait_phase([*running, new], {"Succeeded"}, timeout_s=until - time.time() + 60)
+        logs = {n: gc.logs(n) for n in [*running, new]}
+    finally:
+        gc.delete_pods(*running, new)
+    kept = {
+        n: (
+            where_after[n] == where_before[n],
+            after[n]["status"]["containerStatuses"][0]["restartCount"],
+        )
+        for n in running
+    }
+    ok = all(same and count == 0 for same, count in kept.values())
+    gc.record("DRA: running pods after the faults: (same GPU, restarts)", kept, "same, 0", ok)
+    assert ok, kept
+    own = {**{n: str(int(float(f) * 100)) for n, f in running.items()}, new: "25"}
+    wrong = {
+        n: lines[0].get("env", {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+        for n, lines in logs.items()
+        if lines[0].get("env", {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") != own[n]
+    }
+    gc.record(
+        "DRA: pods with another claim's environment after the faults",
+        len(wrong),
+        "0",
+        not wrong,
+        f"new pod prepared with thread 25% on {new_gpu}",
+    )
+    assert not wrong, wrong
+    gc.require_gpu()
+    new_start = min(x["t"] for x in logs[new] if "t" in x)
+    both = max(min(x["t"] for x in logs[n] if "t" in x) for n in running) + 2
+    misses = {}
+    for n in running:
+        rates_before = rates_between(logs[n], both, t_fault - 1)
+        rates_after = rates_between(logs[n], t_back + 2, new_start - 1)
+        assert rates_before and rates_after, (n, rates_before, rates_after)
+        ratio = statistics.mean(rates_after) / statistics.mean(rates_before)
+        ok = abs(ratio - 1) <= RATE_TOLERANCE
+        gc.record(
+            f"DRA {n}: GEMM rate after / before the faults",
+            round(ratio, 3),
+            "1 +/- 0.15",
+            ok,
+            f"before {statistics.mean(rates_before):.1f}, "
+            f"after {statistics.mean(rates_after):.1f} TFLOP/s",
+        )
+        if not ok:
+            misses[n] = round(ratio, 3)
+    assert not misses, misses
