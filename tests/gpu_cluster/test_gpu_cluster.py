@@ -7,18 +7,23 @@ with its target in gpu-cluster-checks.json (bench/results/gpu-cluster.md has a r
 """
 
 import json
-import statistics
 import time
 from pathlib import Path
 
 import pytest
 
 from gpushare.api.names import ANN_GPU_UUID, ANN_NODE_GPUS, ANN_THREAD_PERCENT
+from tests.gpu_cluster.checks import (
+    check_latency_beside,
+    check_memory_cap,
+    check_rates_follow_caps,
+    gemm_window,
+    mean_rate,
+)
 from tests.gpu_cluster.harness import (
     METRICS_PORT,
     TEST_NAMESPACE,
     GpuCluster,
-    Obj,
     agent_pod,
     exporter_text,
     wait_for,
@@ -26,8 +31,6 @@ from tests.gpu_cluster.harness import (
 
 pytestmark = [pytest.mark.gpu_cluster]
 
-RATE_TOLERANCE = 0.15
-"""Each pod's GEMM rate within 15% of its thread share of the pods' total (issue target)."""
 SHARE_RUN_S = 60.0
 """How long the share pods run GEMMs; the overlap of all three must last MIN_WINDOW_S."""
 MIN_WINDOW_S = 15.0
@@ -60,19 +63,6 @@ def series(text: str, name: str) -> dict[str, float]:
             pod = labels.split('pod="', 1)[1].split('"', 1)[0] if 'pod="' in labels else ""
             out[pod] = float(value)
     return out
-
-
-def gemm_window(logs: dict[str, list[Obj]], until: float) -> tuple[float, float]:
-    start = max(min(line["t"] for line in lines if "t" in line) for lines in logs.values())
-    return start + 2.0, until - 1.0
-
-
-def mean_rate(lines: list[Obj], window: tuple[float, float]) -> float:
-    rates = [
-        line["tflops"] for line in lines if "t" in line and window[0] <= line["t"] <= window[1]
-    ]
-    assert rates, f"no rate reported inside {window}"
-    return statistics.mean(rates)
 
 
 # ---- the node and its MPS daemons -------------------------------------------------------------
@@ -172,23 +162,8 @@ def test_gemm_rates_follow_thread_shares(gc: GpuCluster) -> None:
     )
     assert window[1] - window[0] >= MIN_WINDOW_S, window
     rates = {n: mean_rate(lines, window) for n, lines in logs.items()}
-    total = sum(rates.values())
     gc.require_gpu()
-    misses = {}
-    for n, rate in rates.items():
-        expected = total * threads[n] / sum(threads.values())
-        ratio = rate / expected
-        ok = abs(ratio - 1) <= RATE_TOLERANCE
-        gc.record(
-            f"{n}: bf16 GEMM TFLOP/s (thread cap {threads[n]}%)",
-            round(rate, 1),
-            f"{expected:.1f} +/- 15% (its share of {total:.1f})",
-            ok,
-            f"rate / expected = {ratio:.3f}",
-        )
-        if not ok:
-            misses[n] = round(ratio, 3)
-    assert not misses, f"rate / expected outside 1 +/- {RATE_TOLERANCE}: {misses} (rates {rates})"
+    check_rates_follow_caps(gc, rates, threads)
 
 
 def check_exporter(gc: GpuCluster, shares: dict[str, str]) -> None:
@@ -270,16 +245,7 @@ def test_allocation_over_the_memory_cap_is_refused(gc: GpuCluster) -> None:
     finally:
         gc.delete_pods(name)
     gc.require_gpu()
-    results = {line["alloc_mib"]: line["ok"] for line in lines if "alloc_mib" in line}
-    ok = results == {1024: True, 3072: False}
-    gc.record(
-        "memory cap 2Gi: 1 GiB allocated, 3 GiB refused",
-        {f"{k} MiB": ("allocated" if v else "refused") for k, v in results.items()},
-        "1024 allocated, 3072 refused",
-        ok,
-        next((line.get("error", "") for line in lines if line.get("ok") is False), ""),
-    )
-    assert ok, lines
+    check_memory_cap(gc, lines)
 
 
 # ---- latency pod beside a batch pod -------------------------------------------------------------
@@ -319,16 +285,4 @@ def test_latency_pod_keeps_priority_beside_a_batch_pod(gc: GpuCluster) -> None:
     finally:
         gc.delete_pods(lat, batch)
     gc.require_gpu()
-    batch_start = min(x["t"] for x in batch_lines if "t" in x)
-    alone = [x["p50_ms"] for x in lines if "t" in x and x["t"] < batch_start - 1]
-    beside = [x["p50_ms"] for x in lines if "t" in x and x["t"] > batch_start + 2]
-    assert alone and beside, (alone, beside)
-    ratio = statistics.median(beside) / statistics.median(alone)
-    gc.record(
-        "latency pod: median GEMM time beside the batch pod / alone",
-        round(ratio, 3),
-        "<= 1.5 (recorded; the issue sets no bound)",
-        ratio <= 1.5,
-        f"alone {statistics.median(alone):.3f} ms, beside {statistics.median(beside):.3f} ms",
-    )
-    assert ratio <= 1.5
+    check_latency_beside(gc, lines, batch_lines)

@@ -11,23 +11,26 @@ Results of a run: bench/results/gpu-cluster.md.
 """
 
 import json
-import os
-import signal
-import statistics
 import time
 from typing import Any
 
 import pytest
 
 from gpushare.api.dra import DRIVER
-from tests.fixtures.chart_release import agent_processes
+from tests.gpu_cluster.checks import (
+    check_latency_beside,
+    check_memory_cap,
+    check_rates_follow_caps,
+    check_rates_kept,
+    gemm_window,
+    kill_agent_and_kubelet,
+    mean_rate,
+    restarts,
+)
 from tests.gpu_cluster.harness import TEST_NAMESPACE, GpuCluster, Obj, agent_pod, wait_for
-from tests.gpu_cluster.test_gpu_cluster import gemm_window, mean_rate
-from tests.gpu_cluster.test_restart_faults import harness, rates_between, restarts
 
 pytestmark = [pytest.mark.gpu_cluster]
 
-RATE_TOLERANCE = 0.15
 SHARE_RUN_S = 60.0
 MIN_WINDOW_S = 15.0
 
@@ -173,23 +176,8 @@ def test_claims_placed_by_gpushare_and_gemm_rates_follow_their_caps(gc: GpuClust
     )
     assert overlap >= MIN_WINDOW_S, window
     rates = {n: mean_rate(lines, window) for n, lines in logs.items()}
-    total = sum(rates.values())
     gc.require_gpu()
-    misses = {}
-    for n, rate in rates.items():
-        expected = total * threads[n] / sum(threads.values())
-        ratio = rate / expected
-        ok = abs(ratio - 1) <= RATE_TOLERANCE
-        gc.record(
-            f"DRA {n}: bf16 GEMM TFLOP/s (thread cap {threads[n]}%)",
-            round(rate, 1),
-            f"{expected:.1f} +/- 15% (its share of {total:.1f})",
-            ok,
-            f"rate / expected = {ratio:.3f}",
-        )
-        if not ok:
-            misses[n] = round(ratio, 3)
-    assert not misses, f"rate / expected outside 1 +/- {RATE_TOLERANCE}: {misses} (rates {rates})"
+    check_rates_follow_caps(gc, rates, threads, prefix="DRA ")
 
 
 def test_allocation_over_the_claims_memory_cap_is_refused(gc: GpuCluster) -> None:
@@ -206,16 +194,7 @@ def test_allocation_over_the_claims_memory_cap_is_refused(gc: GpuCluster) -> Non
     gc.record("DRA: the claim's memory limit in the container", limit, "...=2048M", None)
     assert limit.endswith("=2048M"), env
     gc.require_gpu()
-    results = {line["alloc_mib"]: line["ok"] for line in lines if "alloc_mib" in line}
-    ok = results == {1024: True, 3072: False}
-    gc.record(
-        "DRA: memory cap 2Gi: 1 GiB allocated, 3 GiB refused",
-        {f"{k} MiB": ("allocated" if v else "refused") for k, v in results.items()},
-        "1024 allocated, 3072 refused",
-        ok,
-        next((line.get("error", "") for line in lines if line.get("ok") is False), ""),
-    )
-    assert ok, lines
+    check_memory_cap(gc, lines, prefix="DRA: ")
 
 
 def test_a_latency_claim_keeps_priority_beside_a_batch_claim(gc: GpuCluster) -> None:
@@ -247,19 +226,7 @@ def test_a_latency_claim_keeps_priority_beside_a_batch_claim(gc: GpuCluster) -> 
     finally:
         gc.delete_pods(lat, batch)
     gc.require_gpu()
-    batch_start = min(x["t"] for x in batch_lines if "t" in x)
-    alone = [x["p50_ms"] for x in lines if "t" in x and x["t"] < batch_start - 1]
-    beside = [x["p50_ms"] for x in lines if "t" in x and x["t"] > batch_start + 2]
-    assert alone and beside, (alone, beside)
-    ratio = statistics.median(beside) / statistics.median(alone)
-    gc.record(
-        "DRA: latency pod: median GEMM time beside the batch pod / alone",
-        round(ratio, 3),
-        "<= 1.5 (recorded; the issue sets no bound)",
-        ratio <= 1.5,
-        f"alone {statistics.median(alone):.3f} ms, beside {statistics.median(beside):.3f} ms",
-    )
-    assert ratio <= 1.5
+    check_latency_beside(gc, lines, batch_lines, prefix="DRA: ")
 
 
 def agent_ready_again(gc: GpuCluster, restarts_before: int) -> bool:
@@ -291,21 +258,7 @@ def test_running_claims_keep_gpu_and_rate_across_agent_and_kubelet_kills(gc: Gpu
             timeout_s=120,
             what="10 s of rates from each pod",
         )
-        t_fault = time.time()
-        restarts_before = restarts(gc)
-        agents = agent_processes()
-        assert agents, "no gpushare-node-agent process on this host"
-        for pid in agents:
-            os.kill(pid, signal.SIGKILL)
-        harness("stop", "kubelet")
-        time.sleep(3)
-        harness("start", "kubelet")
-        wait_for(
-            lambda: agent_ready_again(gc, restarts_before),
-            timeout_s=150,
-            what="the restarted node agent Ready",
-        )
-        t_back = time.time()
+        t_fault, t_back = kill_agent_and_kubelet(gc, lambda before: agent_ready_again(gc, before))
         gc.record(
             "DRA: agent + kubelet killed (SIGKILL): seconds until the agent was Ready again",
             round(t_back - t_fault, 1),
@@ -348,22 +301,6 @@ def test_running_claims_keep_gpu_and_rate_across_agent_and_kubelet_kills(gc: Gpu
     assert not wrong, wrong
     gc.require_gpu()
     new_start = min(x["t"] for x in logs[new] if "t" in x)
-    both = max(min(x["t"] for x in logs[n] if "t" in x) for n in running) + 2
-    misses = {}
-    for n in running:
-        rates_before = rates_between(logs[n], both, t_fault - 1)
-        rates_after = rates_between(logs[n], t_back + 2, new_start - 1)
-        assert rates_before and rates_after, (n, rates_before, rates_after)
-        ratio = statistics.mean(rates_after) / statistics.mean(rates_before)
-        ok = abs(ratio - 1) <= RATE_TOLERANCE
-        gc.record(
-            f"DRA {n}: GEMM rate after / before the faults",
-            round(ratio, 3),
-            "1 +/- 0.15",
-            ok,
-            f"before {statistics.mean(rates_before):.1f}, "
-            f"after {statistics.mean(rates_after):.1f} TFLOP/s",
-        )
-        if not ok:
-            misses[n] = round(ratio, 3)
-    assert not misses, misses
+    check_rates_kept(
+        gc, logs, list(running), t_fault=t_fault, t_back=t_back, until=new_start, prefix="DRA "
+    )
