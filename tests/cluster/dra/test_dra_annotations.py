@@ -16,7 +16,7 @@ from gpushare.api.names import ANN_FRACTION, ANN_LIMIT, ANN_MEMORY
 from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.controller import ControllerProcess
-from tests.fixtures.dra import SHOW_ENV, container_env
+from tests.fixtures.dra import SHOW_ENV, container_env, release_pods
 
 pytestmark = pytest.mark.cluster
 
@@ -55,9 +55,7 @@ def namespace(dra_cluster: LocalCluster, dra_controller: ControllerProcess) -> I
     dra_cluster.kubectl("create", "namespace", ns)
     dra_cluster.kubectl("label", "namespace", ns, dra_controller.namespace_label)
     yield ns
-    dra_cluster.kubectl(
-        "delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False
-    )
+    release_pods(dra_cluster, ns)
     dra_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 

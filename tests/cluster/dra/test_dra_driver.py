@@ -12,7 +12,7 @@ import pytest
 
 from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import LocalCluster
-from tests.fixtures.dra import SHOW_ENV, container_env
+from tests.fixtures.dra import SHOW_ENV, container_env, release_pods
 
 pytestmark = pytest.mark.cluster
 
@@ -90,5 +90,5 @@ def test_a_claimed_share_starts_with_its_gpu_and_mps_limit(
         assert env["CUDA_VISIBLE_DEVICES"] == device["attributes"]["uuid"]["string"]
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "45"  # the claim's limit
     finally:
-        c.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False)
+        release_pods(c, ns)
         c.kubectl("delete", "namespace", ns, "--wait=false", check=False)

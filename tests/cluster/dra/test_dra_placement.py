@@ -22,7 +22,7 @@ from tests.cluster.dra.test_dra_annotations import annotated_pod
 from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.controller import ControllerProcess
-from tests.fixtures.dra import container_env
+from tests.fixtures.dra import container_env, release_pods
 
 pytestmark = pytest.mark.cluster
 
@@ -41,9 +41,7 @@ def webhook_namespaces(
         dra_cluster.kubectl("label", "namespace", ns, dra_controller.namespace_label)
     yield names
     for ns in names:
-        dra_cluster.kubectl(
-            "delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False
-        )
+        release_pods(dra_cluster, ns)
         dra_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import LocalCluster
-from tests.fixtures.dra import chart_device_class
+from tests.fixtures.dra import chart_device_class, release_pods
 
 pytestmark = pytest.mark.cluster
 
@@ -93,9 +93,7 @@ def namespace(dra_cluster: LocalCluster) -> Iterator[str]:
     ns = f"dra-{uuid.uuid4().hex[:6]}"
     dra_cluster.kubectl("create", "namespace", ns)
     yield ns
-    dra_cluster.kubectl(
-        "delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False
-    )
+    release_pods(dra_cluster, ns)
     dra_cluster.kubectl("delete", "namespace", ns, "--wait=false")
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import LocalCluster
-from tests.fixtures.dra import container_env, share_claim, show_env_pod
+from tests.fixtures.dra import container_env, release_pods, share_claim, show_env_pod
 
 pytestmark = pytest.mark.cluster
 
@@ -93,5 +93,5 @@ def test_kubelet_restart_mid_burst_leaves_every_pod_its_own_claims_settings(
         assert not wrong, f"{len(wrong)} of {BURST} pods with another's settings: {wrong}"
         assert 0 < running_at_restart < BURST or BURST == 1, running_at_restart
     finally:
-        c.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False)
+        release_pods(c, ns)
         c.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -16,7 +16,7 @@ import pytest
 from gpushare.api.names import LABEL_SHARING_GROUP
 from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import LocalCluster
-from tests.fixtures.dra import share_claim, show_env_pod
+from tests.fixtures.dra import release_pods, share_claim, show_env_pod
 
 pytestmark = pytest.mark.cluster
 
@@ -32,9 +32,7 @@ def namespaces(dra_cluster: LocalCluster) -> Iterator[tuple[str, str]]:
         dra_cluster.kubectl("create", "namespace", ns)
     yield names
     for ns in names:
-        dra_cluster.kubectl(
-            "delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False
-        )
+        release_pods(dra_cluster, ns)
         dra_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
