@@ -183,13 +183,26 @@ def choose(
     costs: list[tuple[str, float]] = []
     states: dict[str, NodeState] = {}
     examined = 0
+    # Nodes in one state (GPU signature and free host room) cost the same for a demand without
+    # a profile (Placer.node_cost remembers that too, behind a few hashes per node): asked once
+    # per state here, the search over 42 % of 1,000 nodes costs a dict lookup per node.
+    plain = want.profile is None and not want.avoid_gpus
+    same_state: dict[tuple[object, ...], float | None] = {}
     for offset in range(len(names)):
         name = names[(start + offset) % len(names)]
         examined += 1
         state = devices.node_state(name, tenancy_of=tenancy_of)
         free = host_free(name)
         state.cpu_milli_free, state.memory_free_bytes = free if free is not None else (None, None)
-        cost = placer.node_cost(state, want, signature=devices.signature(name, state))
+        signature = devices.signature(name, state)
+        if plain and signature is not None:
+            key = (signature, free)
+            if key in same_state:
+                cost = same_state[key]
+            else:
+                cost = same_state[key] = placer.node_cost(state, want, signature=signature)
+        else:
+            cost = placer.node_cost(state, want, signature=signature)
         if cost is not None:
             costs.append((name, cost))
             states[name] = state
