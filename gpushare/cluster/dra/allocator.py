@@ -140,6 +140,8 @@ class ClaimAllocator:
         """Pod key -> (node, milli-CPU, memory) of pods placed here and not yet bound."""
         self._host_on: dict[str, tuple[int, int]] = {}
         """Node -> what the pods in ``_host_of`` take of it."""
+        self._free_room = view.host_free_room
+        self._costs = placement.CostMemo()
         self._class_configs: tuple[float, list[Mapping[str, Any]]] | None = None
         self._writes = asyncio.Semaphore(MAX_WRITES)
         self._start = 0
@@ -335,6 +337,7 @@ class ClaimAllocator:
             tenancy_of=self.view.tenancies.tenancy,
             host_free=self._host_free,
             start=self._start,
+            memo=self._costs,
         )
         if not isinstance(choice, placement.Choice):
             waiting.refused_at = self.devices.version
@@ -541,10 +544,10 @@ class ClaimAllocator:
             self._host_on[node] = (c - cpu, m - memory)
 
     def _host_free(self, node: str) -> tuple[int, int] | None:
-        free = self.view.host_free(node)
-        if free is None:
-            return None
-        held = self._host_on.get(node, (0, 0))
+        free = self._free_room.get(node)
+        held = self._host_on.get(node)
+        if free is None or held is None:
+            return free
         return free[0] - held[0], free[1] - held[1]
 
     async def refresh_class_configs(self) -> None:

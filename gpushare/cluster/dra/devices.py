@@ -233,6 +233,17 @@ class DraDevices:
         self._signatures[name] = key
         return key
 
+    def placement_view(
+        self, name: str, *, tenancy_of: Callable[[str], str | None]
+    ) -> tuple[NodeState, tuple[object, ...] | None]:
+        """:meth:`node_state` and :meth:`signature` of node ``name`` in one call (placement
+        asks both for every node it looks at, for every claim)."""
+        state = self._states.get(name)
+        if state is not None and name in self._signatures:
+            return state, self._signatures[name]
+        state = self.node_state(name, tenancy_of=tenancy_of)
+        return state, self.signature(name, state)
+
     def gpu(self, node: str, uuid: str) -> DraGpu | None:
         return next((g for g in self._by_node.get(node, ()) if g.uuid == uuid), None)
 

@@ -144,6 +144,42 @@ class Choice:
     """Nodes looked at (where the next claim's search starts, as kube-scheduler rotates)."""
 
 
+MEMO_LIMIT = 400_000
+"""Costs a :class:`CostMemo` keeps before it starts over."""
+
+
+class CostMemo:
+    """Costs of demands without a profile by node state, kept across claims.
+
+    Such a demand costs the same on every node in one state: GPU signature
+    (:meth:`DraDevices.signature`) and free host room (:meth:`Placer.node_cost` says why).
+    Between two claims only the nodes they landed on change, while the search looks at
+    hundreds per claim (42 % of 1,000 nodes, more once they fill): asked here, a node the
+    search has costed before for the same shape costs one dict lookup, where the placer's own
+    memo sits behind several calls and hashes per node (docs/dra.md, "Known limits"). Everything is
+    dropped when the placer's answers may change (its pod mix refit) or past MEMO_LIMIT."""
+
+    def __init__(self) -> None:
+        self._version: int | None = None
+        self._by_demand: dict[Demand, dict[tuple[object, ...], float | None]] = {}
+        self._size = 0
+
+    def for_demand(self, placer: Placer, want: Demand) -> dict[tuple[object, ...], float | None]:
+        """The costs known for ``want`` by (signature, free room): fill in what is missing,
+        then say how many with :meth:`grew`."""
+        if self._version != placer.version or self._size > MEMO_LIMIT:
+            self._by_demand.clear()
+            self._size = 0
+            self._version = placer.version
+        known = self._by_demand.get(want)
+        if known is None:
+            known = self._by_demand[want] = {}
+        return known
+
+    def grew(self, added: int) -> None:
+        self._size += added
+
+
 MIN_FEASIBLE_NODES = 100
 """kube-scheduler's minFeasibleNodesToFind."""
 MIN_FEASIBLE_PERCENT = 5
@@ -171,36 +207,38 @@ def choose(
     tenancy_of: Callable[[str], str | None],
     host_free: Callable[[str], tuple[int, int] | None],
     start: int = 0,
+    memo: CostMemo | None = None,
 ) -> Choice | dict[str, int]:
     """The cheapest node and its GPUs for ``want``, or, when no node has room, how many nodes
     refused for each reason (what the pod's event says).
 
     Like kube-scheduler's search for the extender, nodes are visited from ``start`` (the
     caller rotates it by :attr:`Choice.examined`) until :func:`nodes_to_find` have room; the
-    cheapest of those wins, ties to the name that sorts first."""
+    cheapest of those wins, ties to the name that sorts first. ``memo``: the costs of earlier
+    searches, kept by the caller across claims (:class:`CostMemo`)."""
     names = devices.node_names()
-    wanted = nodes_to_find(len(names))
+    count = len(names)
+    wanted = nodes_to_find(count)
     costs: list[tuple[str, float]] = []
     states: dict[str, NodeState] = {}
     examined = 0
-    # Nodes in one state (GPU signature and free host room) cost the same for a demand without
-    # a profile (Placer.node_cost remembers that too, behind a few hashes per node): asked once
-    # per state here, the search over 42 % of 1,000 nodes costs a dict lookup per node.
     plain = want.profile is None and not want.avoid_gpus
-    same_state: dict[tuple[object, ...], float | None] = {}
-    for offset in range(len(names)):
-        name = names[(start + offset) % len(names)]
+    known = (memo or CostMemo()).for_demand(placer, want) if plain else {}
+    added = 0
+    view = devices.placement_view
+    for offset in range(count):
+        name = names[(start + offset) % count]
         examined += 1
-        state = devices.node_state(name, tenancy_of=tenancy_of)
+        state, signature = view(name, tenancy_of=tenancy_of)
         free = host_free(name)
         state.cpu_milli_free, state.memory_free_bytes = free if free is not None else (None, None)
-        signature = devices.signature(name, state)
         if plain and signature is not None:
             key = (signature, free)
-            if key in same_state:
-                cost = same_state[key]
+            if key in known:
+                cost = known[key]
             else:
-                cost = same_state[key] = placer.node_cost(state, want, signature=signature)
+                cost = known[key] = placer.node_cost(state, want, signature=signature)
+                added += 1
         else:
             cost = placer.node_cost(state, want, signature=signature)
         if cost is not None:
@@ -208,6 +246,8 @@ def choose(
             states[name] = state
             if len(costs) >= wanted:
                 break
+    if memo is not None:
+        memo.grew(added)
     best = best_node(costs)
     assignment = placer.choose_gpus(states[best], want) if best is not None else None
     if best is None or assignment is None:
@@ -312,6 +352,7 @@ __all__ = [
     "FINALIZER",
     "Choice",
     "ClaimAsk",
+    "CostMemo",
     "allocation",
     "choose",
     "demand",

@@ -31,6 +31,9 @@ class HostUsage:
         """Pod key -> what it takes of its node's host resources: bound, else held by a
         reservation of this process."""
         self._used: dict[str, tuple[int, int]] = {}
+        self.free_room: dict[str, tuple[int, int]] = {}
+        """Node -> (milli-CPU, memory bytes) left for pods, kept as the counts change (what
+        :meth:`free` says; the DRA allocator reads it for every node of every claim)."""
 
     def set_allocatable(self, name: str, allocatable: tuple[int, int] | None) -> None:
         """(milli-CPU, memory bytes) node ``name`` offers pods; None when its status does not
@@ -39,15 +42,20 @@ class HostUsage:
             self._allocatable.pop(name, None)
         else:
             self._allocatable[name] = allocatable
+        self._count_free(name)
 
     def free(self, name: str) -> tuple[int, int] | None:
         """(milli-CPU, memory bytes) node ``name`` has left for pods, whether or not it has a
         GPU inventory (DRA-mode nodes have none); None when its status does not say."""
+        return self.free_room.get(name)
+
+    def _count_free(self, name: str) -> None:
         allocatable = self._allocatable.get(name)
         if allocatable is None:
-            return None
+            self.free_room.pop(name, None)
+            return
         used = self._used.get(name, (0, 0))
-        return allocatable[0] - used[0], allocatable[1] - used[1]
+        self.free_room[name] = (allocatable[0] - used[0], allocatable[1] - used[1])
 
     def bind(self, key: str, node: str | None, cpu: int, memory: int) -> None:
         """Pod ``key`` is bound to ``node`` requesting ``cpu`` and ``memory`` (``node`` None:
@@ -82,6 +90,7 @@ class HostUsage:
                 self._used.pop(node, None)
             else:
                 self._used[node] = used
+            self._count_free(node)
         if new is None:
             self.of.pop(key, None)
         else:

@@ -187,6 +187,11 @@ class ClusterView:
         """(milli-CPU, memory bytes) node ``name`` has left for pods, any node (hosts)."""
         return self._hosts.free(name)
 
+    @property
+    def host_free_room(self) -> Mapping[str, tuple[int, int]]:
+        """:meth:`host_free` of every node whose status says (read-only; kept current)."""
+        return self._hosts.free_room
+
     def node_for(self, name: str, pod_key: str) -> NodeState | None:
         """The node as pod ``pod_key`` sees it: its own share (a stale or earlier placement of
         the same pod) does not count against it."""
