@@ -140,7 +140,6 @@ class ClaimAllocator:
         """Pod key -> (node, milli-CPU, memory) of pods placed here and not yet bound."""
         self._host_on: dict[str, tuple[int, int]] = {}
         """Node -> what the pods in ``_host_of`` take of it."""
-        self._free_room = view.host_free_room
         self._costs = placement.CostMemo()
         self._class_configs: tuple[float, list[Mapping[str, Any]]] | None = None
         self._writes = asyncio.Semaphore(MAX_WRITES)
@@ -335,7 +334,8 @@ class ClaimAllocator:
             self.devices,
             want,
             tenancy_of=self.view.tenancies.tenancy,
-            host_free=self._host_free,
+            host_free=self.view.host_free_room,
+            held=self._host_on,
             start=self._start,
             memo=self._costs,
         )
@@ -542,13 +542,6 @@ class ClaimAllocator:
             self._host_on.pop(node, None)
         else:
             self._host_on[node] = (c - cpu, m - memory)
-
-    def _host_free(self, node: str) -> tuple[int, int] | None:
-        free = self._free_room.get(node)
-        held = self._host_on.get(node)
-        if free is None or held is None:
-            return free
-        return free[0] - held[0], free[1] - held[1]
 
     async def refresh_class_configs(self) -> None:
         """Read the served DeviceClass's ``spec.config`` entries (every CLASS_CONFIG_TTL_S):

@@ -144,6 +144,7 @@ class Choice:
     """Nodes looked at (where the next claim's search starts, as kube-scheduler rotates)."""
 
 
+_NOTHING_HELD: Mapping[str, tuple[int, int]] = {}
 MEMO_LIMIT = 400_000
 """Costs a :class:`CostMemo` keeps before it starts over."""
 
@@ -205,7 +206,8 @@ def choose(
     want: Demand,
     *,
     tenancy_of: Callable[[str], str | None],
-    host_free: Callable[[str], tuple[int, int] | None],
+    host_free: Mapping[str, tuple[int, int]],
+    held: Mapping[str, tuple[int, int]] = _NOTHING_HELD,
     start: int = 0,
     memo: CostMemo | None = None,
 ) -> Choice | dict[str, int]:
@@ -214,8 +216,11 @@ def choose(
 
     Like kube-scheduler's search for the extender, nodes are visited from ``start`` (the
     caller rotates it by :attr:`Choice.examined`) until :func:`nodes_to_find` have room; the
-    cheapest of those wins, ties to the name that sorts first. ``memo``: the costs of earlier
-    searches, kept by the caller across claims (:class:`CostMemo`)."""
+    cheapest of those wins, ties to the name that sorts first. ``host_free``: each node's free
+    (milli-CPU, memory bytes), a node missing when its status does not say; ``held``: what
+    placements not bound yet take of a node on top. ``memo``: the costs of earlier searches,
+    kept by the caller across claims (:class:`CostMemo`). Both are mappings, not calls: the
+    search reads them for hundreds of nodes per claim."""
     names = devices.node_names()
     count = len(names)
     wanted = nodes_to_find(count)
@@ -230,7 +235,10 @@ def choose(
         name = names[(start + offset) % count]
         examined += 1
         state, signature = view(name, tenancy_of=tenancy_of)
-        free = host_free(name)
+        free = host_free.get(name)
+        if free is not None and name in held:
+            taken = held[name]
+            free = (free[0] - taken[0], free[1] - taken[1])
         state.cpu_milli_free, state.memory_free_bytes = free if free is not None else (None, None)
         if plain and signature is not None:
             key = (signature, free)

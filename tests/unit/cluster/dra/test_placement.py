@@ -2,7 +2,7 @@
 the node agent's own strict reader takes back as the same device, share and configuration."""
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -38,8 +38,8 @@ def by_namespace(namespace: str) -> str:
     return namespace
 
 
-def no_host_limit(node: str) -> tuple[int, int] | None:
-    return None
+no_host_limit: dict[str, tuple[int, int]] = {}
+"""No node's status says what it offers."""
 
 
 def choose(
@@ -47,7 +47,7 @@ def choose(
     claim: Obj,
     *,
     cpu_milli: int = 0,
-    host_free: Callable[[str], tuple[int, int] | None] = no_host_limit,
+    host_free: Mapping[str, tuple[int, int]] = no_host_limit,
 ) -> Choice | dict[str, int]:
     namespace = claim["metadata"]["namespace"]
     want = placement.demand(
@@ -61,7 +61,7 @@ def chosen(
     claim: Obj,
     *,
     cpu_milli: int = 0,
-    host_free: Callable[[str], tuple[int, int] | None] = no_host_limit,
+    host_free: Mapping[str, tuple[int, int]] = no_host_limit,
 ) -> tuple[str, str]:
     """(pool, device) the claim is placed on."""
     choice = choose(devices, claim, cpu_milli=cpu_milli, host_free=host_free)
@@ -241,14 +241,26 @@ def test_a_node_short_of_free_cpu_is_not_chosen() -> None:
     claim = share_claim("c")
     assert chosen(devices, claim, cpu_milli=1000) == ("n1", "gpu-0")  # ties go to n1
 
-    def free(node: str) -> tuple[int, int]:
-        return (500 if node == "n1" else 4000), 64 * GIB
+    free = {"n1": (500, 64 * GIB), "n2": (4000, 64 * GIB)}
 
     assert chosen(devices, claim, cpu_milli=1000, host_free=free) == ("n2", "gpu-0")
     answer = choose(devices, claim, cpu_milli=8000, host_free=free)
     assert isinstance(answer, dict)
     assert sum(answer.values()) == 2
     assert all("CPU" in reason for reason in answer)
+
+
+def test_room_held_by_a_placement_not_bound_yet_counts_against_its_node() -> None:
+    devices = ledger(node_slice("n1"), node_slice("n2"))
+    claim = share_claim("c")
+    want = placement.demand(ask_of(claim), cpu_milli=1000, memory_bytes=0, tenancy="ns")
+    free = {"n1": (4000, 64 * GIB), "n2": (4000, 64 * GIB)}
+    held = {"n1": (3500, 0)}  # a pod placed on n1 whose bind the view has not seen
+    choice = placement.choose(
+        Placer(), devices, want, tenancy_of=by_namespace, host_free=free, held=held
+    )
+    assert isinstance(choice, Choice)
+    assert choice.assignment.node == "n2"
 
 
 @pytest.mark.parametrize(
