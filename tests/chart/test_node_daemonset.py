@@ -210,6 +210,7 @@ def _host_paths(ds: dict[str, Any]) -> dict[str, str]:
 def test_device_plugin_mode_passes_no_dra_flags(chart: Chart) -> None:
     c = _agent(_ds(chart))
     assert not [a for a in c["args"] if a.startswith(("--mode", "--kubelet-root", "--cdi-dir"))]
+    assert not {"CDI_DIR", "DRA_PLUGIN_DIR"} & {e["name"] for e in c["env"]}
     assert _dra_args(c)["mode"] == "deviceplugin"
 
 
@@ -236,6 +237,10 @@ def test_dra_mode_serves_the_kubelet_plugin_api_instead_of_a_device_plugin(chart
     }
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["PLUGIN_SOCKET"] == "/var/lib/kubelet/plugins_registry/gpu.gpushare.io-reg.sock"
+    # What the uninstall clean-up empties: the directories the agent writes, as it is told them.
+    assert env["CDI_DIR"] == _dra_args(c)["cdi_dir"]
+    assert env["DRA_PLUGIN_DIR"] == "/var/lib/kubelet/plugins/gpu.gpushare.io"
+    assert env["DRA_PLUGIN_DIR"] in paths
     # Same unprivileged security as the device-plugin mode with simulated GPUs.
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 

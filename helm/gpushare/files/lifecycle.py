@@ -8,11 +8,13 @@ Two entry points, both run from the chart's own image with the standard library 
 ``node-cleanup`` preStop hook of each node agent. Does nothing on an ordinary restart (rolling
                 update, eviction, crash): running pods keep their MPS daemons. When the
                 DaemonSet is being deleted (or is gone), it freezes the agent, stops the MPS
-                control daemons, removes the MPS directories and the plugin socket, and removes
-                the gpushare annotation and labels from the node; then lets the agent exit.
+                control daemons, removes the MPS directories and the plugin socket (in DRA
+                mode also the claims' CDI specs and the plugin's directory: its socket and
+                checkpoint), and removes the gpushare annotation and labels from the node;
+                then lets the agent exit.
 
 Settings come from the environment the chart sets: POD_NAMESPACE, DAEMONSET_NAME, NODE_NAME,
-MPS_ROOT, PLUGIN_SOCKET, TIMEOUT_SECONDS.
+MPS_ROOT, PLUGIN_SOCKET, TIMEOUT_SECONDS; in DRA mode CDI_DIR and DRA_PLUGIN_DIR.
 """
 
 import contextlib
@@ -32,6 +34,9 @@ from typing import Any
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 NODE_ANNOTATIONS = ("gpushare.io/gpus",)
 NODE_LABELS = ("gpushare.io/mps-capable", "gpushare.io/simulated")
+CDI_SPEC_GLOBS = ("gpushare.io-gpu_claim-*.json", ".gpushare.io-gpu_claim-*.json.tmp")
+"""The agent's CDI spec files of prepared claims, and their half-written temporaries (named by
+gpushare.node.dra.cdi.CdiDir.path); other vendors' specs in the same directory stay."""
 MPS_CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 
@@ -176,6 +181,26 @@ def stop_mps(gpu_dir: Path) -> None:
         pass
 
 
+def remove_dra_files(cdi_dir: str | None, plugin_dir: str | None) -> None:
+    """DRA mode: the CDI specs of claims still prepared (their pods outlive the release, but no
+    MPS daemon serves them any more) and the kubelet plugin's socket and checkpoint. The
+    directories themselves are host mounts of this container and stay."""
+    if cdi_dir and os.path.isdir(cdi_dir):
+        for pattern in CDI_SPEC_GLOBS:
+            for spec in sorted(Path(cdi_dir).glob(pattern)):
+                with contextlib.suppress(FileNotFoundError):
+                    spec.unlink()
+                    log(f"removed {spec}")
+    if plugin_dir and os.path.isdir(plugin_dir):
+        for entry in sorted(Path(plugin_dir).iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+        log(f"emptied {plugin_dir}")
+
+
 def node_cleanup() -> int:
     if not uninstalling():
         log("DaemonSet still present: a restart, leaving MPS daemons and directories in place")
@@ -195,6 +220,7 @@ def node_cleanup() -> int:
         if sock and os.path.lexists(sock):
             os.unlink(sock)
             log(f"removed {sock}")
+        remove_dra_files(os.environ.get("CDI_DIR"), os.environ.get("DRA_PLUGIN_DIR"))
         node = os.environ.get("NODE_NAME", "")
         if node:
             patch = {

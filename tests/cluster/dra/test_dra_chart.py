@@ -6,6 +6,7 @@ the container starts with its GPU and MPS settings; uninstall leaves nothing of 
 
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,11 @@ from tests.fixtures.dra import SHOW_ENV, container_env, node_slices
 from tests.fixtures.helm_chart import CHART, LOCAL_VALUES
 
 pytestmark = pytest.mark.cluster
+
+DRA_PLUGIN_DIR = Path("/var/lib/kubelet/plugins/gpu.gpushare.io")
+"""Where the local cluster's kubelet dials the chart agent (kubeletRoot /var/lib/kubelet)."""
+CDI_DIR = Path("/var/run/cdi")
+"""The chart's default ``dra.cdiDir``, one of the local containerd's cdi_spec_dirs."""
 
 
 def test_install_in_dra_mode_and_run_an_annotated_pod(
@@ -92,6 +98,10 @@ def test_install_in_dra_mode_and_run_an_annotated_pod(
             c.kubectl("delete", "namespace", work, "--wait=true", "--timeout=120s")
             helm(c, "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")
             check_nothing_left(c)
+            # The agent's preStop emptied its kubelet plugin directory (socket, checkpoint)
+            # and no claim's CDI spec is left for the runtime.
+            assert not sorted(DRA_PLUGIN_DIR.glob("*")), sorted(DRA_PLUGIN_DIR.glob("*"))
+            assert not sorted(CDI_DIR.glob("gpushare.io-gpu_claim-*.json"))
         except BaseException:
             print(diagnostics(c))
             raise

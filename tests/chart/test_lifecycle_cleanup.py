@@ -1,0 +1,47 @@
+"""What the node agent's preStop clean-up removes on uninstall in DRA mode: the claims' CDI specs
+the agent wrote (named as the agent names them) and the plugin's socket and checkpoint; another
+vendor's specs in the same directory stay."""
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+from gpushare.node.dra.cdi import CdiDir
+from tests.fixtures.helm_chart import CHART
+
+UID = "0b6e1c5e-9b1f-4d6a-8f57-3a0d1f2c4b7e"
+
+
+def _lifecycle() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("lifecycle", CHART / "files" / "lifecycle.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_uninstall_removes_the_agents_cdi_specs_and_plugin_files_only(tmp_path: Path) -> None:
+    cdi = CdiDir(tmp_path / "cdi")
+    ours = cdi.write(UID, {"env": ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"]})
+    half = ours.with_name(f".{ours.name}.tmp")  # a write the agent did not finish
+    half.write_text("{")
+    other = cdi.root / "nvidia.com-gpu.json"
+    other.write_text(json.dumps({"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu"}))
+    plugin = tmp_path / "plugins" / "gpu.gpushare.io"
+    plugin.mkdir(parents=True)
+    (plugin / "checkpoint.json").write_text("{}")
+    (plugin / "dra.sock").write_text("")
+
+    _lifecycle().remove_dra_files(str(cdi.root), str(plugin))
+
+    assert not ours.exists() and not half.exists()
+    assert other.exists()
+    assert plugin.is_dir() and not list(plugin.iterdir())
+
+
+def test_without_dra_settings_nothing_is_touched(tmp_path: Path) -> None:
+    cdi = CdiDir(tmp_path / "cdi")
+    ours = cdi.write(UID, {"env": []})
+    _lifecycle().remove_dra_files(None, None)
+    assert ours.exists()
