@@ -102,6 +102,8 @@ def _render(args: argparse.Namespace, query: Query, read: Reader) -> str:
     view = build_view(
         snapshot.nodes,
         snapshot.pods,
+        slices=snapshot.slices,
+        claims=snapshot.claims,
         live=live,
         node_filter=args.node,
         namespace=namespace,

@@ -1,14 +1,28 @@
 """The data behind ``kubectl gpushare top``: nodes, their GPUs and the pods placed on each,
-plus live readings. Built from plain dicts so it renders the same from any source."""
+plus live readings. Built from plain dicts so it renders the same from any source.
+
+Both modes show: a device-plugin node's GPUs come from its ``gpushare.io/gpus`` annotation and
+its pods from their placement annotations; a DRA-mode node's GPUs come from its ResourceSlice
+and its pods from the allocated claims reserved for them (request = the claim's
+``gpuPercent``, limit = its MpsConfig ``limit``, 100 without one, state ``claim``;
+docs/cli.md)."""
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpushare.api.dra_objects import DraGpu, read_allocation, read_slice
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo, load_inventory
-from gpushare.api.names import ANN_CLASS, ANN_FRACTION, ANN_NODE_GPUS, ANN_STATE, CLASS_BATCH
+from gpushare.api.names import (
+    ANN_CLASS,
+    ANN_FRACTION,
+    ANN_NODE_GPUS,
+    ANN_STATE,
+    CLASS_BATCH,
+    SLICES_PER_GPU,
+)
 from gpushare.api.placement import parse_placement
 from gpushare.api.quantities import parse_fraction
 from gpushare.api.selector import Requirement, matches
@@ -131,19 +145,114 @@ def _pod_row(pod: Mapping[str, Any]) -> tuple[PodRow, tuple[str, ...]] | None:
     return row, placement.gpu_uuids
 
 
+CLAIM_STATE = "claim"
+"""The state column of a pod holding a DRA claim (its share is the claim's allocation)."""
+
+
+def _dra_gpus(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], DraGpu]:
+    """(pool, device) -> GPU of every readable slice of gpushare's driver."""
+    out: dict[tuple[str, str], DraGpu] = {}
+    for obj in slices:
+        try:
+            gpus = read_slice(obj)
+        except InvalidInputError:
+            continue
+        for gpu in gpus or ():
+            out[(gpu.pool, gpu.device)] = gpu
+    return out
+
+
+def _claim_rows(
+    claims: Iterable[Mapping[str, Any]],
+    gpus: Mapping[tuple[str, str], DraGpu],
+    pods: Mapping[tuple[str, str], Mapping[str, Any]],
+) -> list[tuple[Mapping[str, Any], PodRow, DraGpu]]:
+    """(pod, its row, the GPU) for every pod an allocated claim on our GPUs is reserved for."""
+    out: list[tuple[Mapping[str, Any], PodRow, DraGpu]] = []
+    for claim in claims:
+        try:
+            shares = read_allocation(claim)
+        except InvalidInputError:
+            continue
+        status = claim.get("status") or {}
+        reserved = status.get("reservedFor") if isinstance(status, Mapping) else None
+        users = [
+            str(r.get("name", ""))
+            for r in (reserved if isinstance(reserved, list) else [])
+            if isinstance(r, Mapping) and r.get("resource") == "pods"
+        ]
+        for share in shares:
+            gpu = gpus.get((share.pool, share.device))
+            if gpu is None:
+                continue
+            for name in users:
+                pod = pods.get((share.namespace, name))
+                if pod is None:
+                    continue
+                phase = str((pod.get("status") or {}).get("phase", ""))
+                if phase in ("Succeeded", "Failed"):
+                    continue
+                row = PodRow(
+                    namespace=share.namespace,
+                    name=name,
+                    gpu_class=share.gpu_class,
+                    fraction_percent=share.percent,
+                    thread_percent=share.limit if share.limit is not None else SLICES_PER_GPU,
+                    memory_limit_bytes=share.memory_bytes
+                    or gpu.memory_bytes * share.percent // SLICES_PER_GPU,
+                    state=CLAIM_STATE,
+                    phase=phase,
+                )
+                out.append((pod, row, gpu))
+    return out
+
+
+def _gpu_info(gpu: DraGpu) -> GpuInfo:
+    return GpuInfo(
+        uuid=gpu.uuid,
+        index=gpu.index,
+        model=gpu.model,
+        memory_bytes=gpu.memory_bytes,
+        sm_count=0,
+        compute_capability="",
+        mps_ready=True,
+    )
+
+
 def build_view(
     nodes: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
     *,
+    slices: Iterable[Mapping[str, Any]] = (),
+    claims: Iterable[Mapping[str, Any]] = (),
     live: Live | None = None,
     node_filter: str | None = None,
     namespace: str | None = None,
     pod_selector: tuple[Requirement, ...] = (),
     node_selector: tuple[Requirement, ...] = (),
 ) -> list[NodeRow]:
-    """Join nodes' GPU inventories with the pods placed on them (and live readings if any).
-    ``namespace`` None and empty selectors keep every pod and node."""
+    """Join nodes' GPU inventories with the pods placed on them (and live readings if any);
+    DRA-mode nodes' GPUs from ``slices``, their pods from ``claims``. ``namespace`` None and
+    empty selectors keep every pod and node."""
+    pods = list(pods)
     by_node_gpu: dict[tuple[str, str], list[PodRow]] = defaultdict(list)
+    dra_gpus = _dra_gpus(slices)
+    by_name = {
+        (
+            str((p.get("metadata") or {}).get("namespace", "")),
+            str((p.get("metadata") or {}).get("name", "")),
+        ): p
+        for p in pods
+    }
+    for pod, pod_row, gpu in _claim_rows(claims, dra_gpus, by_name):
+        if namespace is not None and pod_row.namespace != namespace:
+            continue
+        if not matches(pod_selector, (pod.get("metadata") or {}).get("labels")):
+            continue
+        by_node_gpu[(gpu.node, gpu.uuid)].append(pod_row)
+    dra_nodes: dict[str, list[DraGpu]] = defaultdict(list)
+    for gpu in dra_gpus.values():
+        dra_nodes[gpu.node].append(gpu)
     for pod in pods:
         if not matches(pod_selector, (pod.get("metadata") or {}).get("labels")):
             continue
@@ -165,17 +274,24 @@ def build_view(
         if not matches(node_selector, meta.get("labels")):
             continue
         text = (meta.get("annotations") or {}).get(ANN_NODE_GPUS)
-        if text is None:
+        claimed = sorted(dra_nodes.get(name, ()), key=lambda g: g.index)
+        if text is None and not claimed:
             if node_filter is not None:
-                result.append(NodeRow(name, [], problem=f"no {ANN_NODE_GPUS} annotation"))
+                result.append(
+                    NodeRow(
+                        name,
+                        [],
+                        problem=f"no {ANN_NODE_GPUS} annotation and no gpushare ResourceSlice",
+                    )
+                )
             continue
         try:
-            inventory = load_inventory(text)
+            inventory = load_inventory(text) if text is not None else []
         except InvalidInputError as exc:
             result.append(NodeRow(name, [], problem=str(exc)))
             continue
         gpus = []
-        for info in inventory:
+        for info in [*inventory, *(_gpu_info(g) for g in claimed)]:
             row = GpuRow(info=info, pods=by_node_gpu.get((name, info.uuid), []))
             row.simulated = info.simulated
             if live is not None:

@@ -1,18 +1,22 @@
-"""The API calls ``kubectl gpushare`` makes: nodes and pods, with the caller's kubeconfig.
+"""The API calls ``kubectl gpushare`` makes: nodes and pods (and, for DRA-mode nodes, gpushare's
+ResourceSlices and the ResourceClaims), with the caller's kubeconfig.
 
 Only this module talks to the API server; the commands get plain dicts in a :class:`Snapshot`,
 so they render the same from any source.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpushare.api.dra import DRIVER
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.selector import FLAG as SELECTOR_FLAG
 from gpushare.api.selector import Requirement
 
 ALL_NAMESPACES = "*"
+FORBIDDEN = 403
+NOT_FOUND = 404
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,10 @@ class Snapshot:
     pods: list[dict[str, Any]]
     namespace: str
     """The namespace the pods were read from (``ALL_NAMESPACES`` for every one)."""
+    slices: list[dict[str, Any]] = field(default_factory=list)
+    """ResourceSlices of gpushare's DRA driver (DRA-mode nodes' GPUs)."""
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    """ResourceClaims of the same namespace(s) as ``pods`` (DRA-mode pods' shares)."""
 
 
 def _server_selector(requirements: tuple[Requirement, ...]) -> dict[str, Any] | None:
@@ -95,6 +103,7 @@ def read_cluster(query: Query) -> Snapshot:
             n.to_dict() for n in client.list(Node, labels=_server_selector(query.node_selector))
         ]
         pods = [p.to_dict() for p in client.list(Pod, **pod_filter)]
+        slices, claims = _dra_objects(client, namespace)
     except ConfigError as exc:
         raise InvalidInputError(
             "KUBECONFIG", f"no usable kubeconfig ({exc})", "set KUBECONFIG or pass --kubeconfig"
@@ -122,4 +131,27 @@ def read_cluster(query: Query) -> Snapshot:
             f"cannot reach the API server ({exc})",
             "check KUBECONFIG / --context and that the cluster is up",
         ) from None
-    return Snapshot(nodes=nodes, pods=pods, namespace=namespace)
+    return Snapshot(nodes=nodes, pods=pods, namespace=namespace, slices=slices, claims=claims)
+
+
+def _dra_objects(client: Any, namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The slices of gpushare's DRA driver and the namespace's claims; none when the cluster
+    serves no ``resource.k8s.io/v1`` (before Kubernetes 1.34) or the user may not list them:
+    DRA mode is optional, and the device-plugin view still shows."""
+    from lightkube.core.exceptions import ApiError  # noqa: PLC0415
+
+    from gpushare.kube.resources import (  # noqa: PLC0415
+        ResourceClaimResource,
+        ResourceSliceResource,
+    )
+
+    try:
+        slices = [
+            dict(s) for s in client.list(ResourceSliceResource, fields={"spec.driver": DRIVER})
+        ]
+        claims = [dict(c) for c in client.list(ResourceClaimResource, namespace=namespace)]
+    except ApiError as exc:
+        if exc.status.code in (FORBIDDEN, NOT_FOUND):
+            return [], []
+        raise
+    return slices, claims

@@ -5,6 +5,8 @@ the container starts with its GPU and MPS settings; uninstall leaves nothing of 
 """
 
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -30,11 +32,26 @@ from tests.fixtures.dra import SHOW_ENV, container_env, node_slices
 from tests.fixtures.helm_chart import CHART, LOCAL_VALUES
 
 pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[3]
 
 DRA_PLUGIN_DIR = Path("/var/lib/kubelet/plugins/gpu.gpushare.io")
 """Where the local cluster's kubelet dials the chart agent (kubeletRoot /var/lib/kubelet)."""
 CDI_DIR = Path("/var/run/cdi")
 """The chart's default ``dra.cdiDir``, one of the local containerd's cdi_spec_dirs."""
+
+
+def gpushare_cli(c: LocalCluster, *args: str) -> str:
+    """``kubectl gpushare ARGS`` with the cluster's kubeconfig; its output."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpushare.cli.main", *args],
+        env={**c.env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 
 
 def test_install_in_dra_mode_and_run_an_annotated_pod(
@@ -94,6 +111,11 @@ def test_install_in_dra_mode_and_run_an_annotated_pod(
             uuid_ = devices[result["device"]]["attributes"]["uuid"]["string"]
             assert env["CUDA_VISIBLE_DEVICES"] == uuid_
             assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+            # kubectl gpushare lists the pod under its GPU from the claim it holds.
+            listed = json.loads(gpushare_cli(c, "get", "pods", "-n", work, "-o", "json"))
+            (row,) = listed["items"]
+            assert (row["name"], row["request_percent"], row["limit_percent"]) == ("job", 25, 50)
+            assert row["state"] == "claim" and row["gpus"][0]["uuid"] == uuid_
 
             c.kubectl("delete", "namespace", work, "--wait=true", "--timeout=120s")
             helm(c, "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")

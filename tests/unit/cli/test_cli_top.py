@@ -19,6 +19,7 @@ from gpushare.node.gpu.simulated import SimulatedBackend
 from tests.fixtures.builders import GPU_A, GPU_B, NODES
 from tests.fixtures.builders import cli_node as node
 from tests.fixtures.builders import placed_pod as pod
+from tests.unit.cluster.dra.helpers import GIB, allocated_claim, mps_config, node_slice
 
 PODS = [
     pod("ml", "small", GPU_A, "0.25", 25),
@@ -66,7 +67,73 @@ def test_namespace_filter_keeps_only_that_namespace() -> None:
 
 def test_node_without_inventory_is_explained_when_asked_for() -> None:
     view = build_view(NODES, PODS, node_filter="cpu-only")
-    assert view[0].problem == "no gpushare.io/gpus annotation"
+    assert view[0].problem == "no gpushare.io/gpus annotation and no gpushare ResourceSlice"
+
+
+def _reserved(claim: dict[str, Any], pod_name: str) -> dict[str, Any]:
+    claim["status"]["reservedFor"] = [{"resource": "pods", "name": pod_name, "uid": "u"}]
+    return claim
+
+
+def test_dra_nodes_show_their_slice_gpus_and_the_pods_their_claims_are_reserved_for() -> None:
+    dra_node = {"metadata": {"name": "n1"}, "status": {}}
+    slices = [node_slice("n1", 2)]
+    claims = [
+        _reserved(
+            allocated_claim(
+                "train-gpu", namespace="ml", pool="n1", device="gpu-0",
+                consumed={"gpuPercent": "25"}, config=mps_config(limit=60),
+            ),
+            "train",
+        ),
+        _reserved(
+            allocated_claim(
+                "serve-gpu", namespace="web", pool="n1", device="gpu-0",
+                consumed={"gpuPercent": "50", "memory": "8Gi"},
+                config=mps_config(**{"class": "latency"}),
+            ),
+            "serve",
+        ),
+        _reserved(  # its pod finished: not shown
+            allocated_claim("old-gpu", namespace="ml", pool="n1", device="gpu-1",
+                            consumed={"gpuPercent": "30"}),
+            "old",
+        ),
+        allocated_claim("nobody-gpu", namespace="ml", pool="n1", device="gpu-1"),  # no pod
+    ]  # fmt: skip
+    pods = [
+        {"metadata": {"namespace": "ml", "name": "train"}, "status": {"phase": "Running"}},
+        {"metadata": {"namespace": "web", "name": "serve"}, "status": {"phase": "Running"}},
+        {"metadata": {"namespace": "ml", "name": "old"}, "status": {"phase": "Succeeded"}},
+    ]
+    view = build_view([*NODES, dra_node], pods, slices=slices, claims=claims)
+    assert [n.name for n in view] == ["n1", "node-a"]
+    gpu0, gpu1 = view[0].gpus
+    assert (gpu0.info.uuid, gpu1.info.uuid) == ("n1-GPU-0", "n1-GPU-1")
+    rows = [
+        (p.namespace, p.name, p.gpu_class, p.fraction_percent, p.thread_percent, p.state)
+        for p in gpu0.pods
+    ]
+    assert rows == [
+        ("ml", "train", "batch", 25, 60, "claim"),
+        ("web", "serve", "latency", 50, 100, "claim"),
+    ]
+    assert gpu0.pods[1].memory_limit_bytes == 8 * GIB
+    assert gpu0.pods[0].memory_limit_bytes == gpu0.info.memory_bytes // 4  # the driver's rule
+    assert gpu0.allocated_percent == 75 and not gpu1.pods
+    assert "train" in render_text(view, live_source=None)
+    only_web = build_view([dra_node], pods, slices=slices, claims=claims, namespace="web")
+    assert [p.name for g in only_web[0].gpus for p in g.pods] == ["serve"]
+
+
+def test_unreadable_dra_objects_are_skipped_not_fatal() -> None:
+    broken_slice = node_slice("n1")
+    broken_slice["spec"]["devices"][0]["capacity"]["memory"]["value"] = "lots"
+    broken_claim = _reserved(allocated_claim("c", pool="n1", consumed={"gpuPercent": "x"}), "p")
+    view = build_view(
+        [{"metadata": {"name": "n1"}}], [], slices=[broken_slice], claims=[broken_claim]
+    )
+    assert view == []
 
 
 def serve_exporter(backend: SimulatedBackend) -> tuple[str, Any]:
