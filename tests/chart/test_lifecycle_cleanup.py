@@ -2,23 +2,19 @@
 the agent wrote (named as the agent names them) and the plugin's socket and checkpoint; another
 vendor's specs in the same directory stay."""
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 from gpushare.node.dra.cdi import CdiDir
 from tests.fixtures.helm_chart import CHART
+from tests.fixtures.scripts import load_script
 
 UID = "0b6e1c5e-9b1f-4d6a-8f57-3a0d1f2c4b7e"
 
 
 def _lifecycle() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lifecycle", CHART / "files" / "lifecycle.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(CHART / "files" / "lifecycle.py", "lifecycle")
 
 
 def test_uninstall_removes_the_agents_cdi_specs_and_plugin_files_only(tmp_path: Path) -> None:

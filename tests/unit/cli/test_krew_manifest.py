@@ -3,7 +3,6 @@ builds (its sha256 is that archive's), shaped as krew reads it, and the launcher
 the CLI or says what to install."""
 
 import hashlib
-import importlib.util
 import os
 import re
 import subprocess
@@ -16,16 +15,13 @@ import yaml
 
 import gpushare
 from tests import REPO
+from tests.fixtures.scripts import load_script
 
 MANIFEST = REPO / "deploy" / "krew" / "gpushare.yaml"
 
 
 def krew_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("krew_release", REPO / "hack" / "krew.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "hack" / "krew.py", "krew_release")
 
 
 def test_the_manifest_is_what_make_krew_writes_from_a_fresh_archive(tmp_path: Path) -> None:
