@@ -263,6 +263,38 @@ def test_room_held_by_a_placement_not_bound_yet_counts_against_its_node() -> Non
     assert choice.assignment.node == "n2"
 
 
+def test_costs_kept_across_claims_follow_the_nodes_the_claims_changed() -> None:
+    """The memo is what makes the search fast at scale; a cost it kept for a node must not
+    outlive the node's state: the second claim sees the first one's share and host room."""
+    devices = ledger(node_slice("n1"), node_slice("n2"))
+    placer, memo = Placer(), placement.CostMemo()
+    want = placement.demand(
+        ask_of(share_claim("c", percent="60")), cpu_milli=1000, memory_bytes=0, tenancy="ns"
+    )
+    free = {"n1": (4000, 64 * GIB), "n2": (4000, 64 * GIB)}
+
+    def place() -> str:
+        choice = placement.choose(
+            placer, devices, want, tenancy_of=by_namespace, host_free=free, memo=memo
+        )
+        assert isinstance(choice, Choice), choice
+        return choice.assignment.node
+
+    assert place() == "n1"  # ties go to n1
+    devices.upsert_claim(
+        allocated_claim("first", pool="n1", device="gpu-0", consumed={"gpuPercent": "60"})
+    )
+    assert place() == "n2"  # 40 % left on n1: its remembered cost no longer applies
+    devices.upsert_claim(
+        allocated_claim("second", pool="n2", device="gpu-0", consumed={"gpuPercent": "30"})
+    )
+    free["n2"] = (500, 64 * GIB)  # and its CPU is taken
+    answer = placement.choose(
+        placer, devices, want, tenancy_of=by_namespace, host_free=free, memo=memo
+    )
+    assert isinstance(answer, dict) and sum(answer.values()) == 2
+
+
 @pytest.mark.parametrize(
     ("nodes", "found"), [(1, 1), (99, 99), (100, 100), (1000, 420), (5000, 500)]
 )
