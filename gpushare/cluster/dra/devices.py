@@ -65,6 +65,8 @@ class DraDevices:
         self._states: dict[str, NodeState] = {}
         self._signatures: dict[str, tuple[object, ...] | None] = {}
         """Node -> :func:`gpu_signature` of its state in ``_states`` (dropped with it)."""
+        self._keys: dict[str, tuple[tuple[int, ...], tuple[object, ...] | None]] = {}
+        """:attr:`placement_keys` (dropped with the node's state)."""
         self._names: list[str] | None = None
         self._interned: dict[tuple[object, ...], tuple[object, ...]] = {}
         self._next_id = 0
@@ -120,7 +122,20 @@ class DraDevices:
         if state is not None and name in self._signatures:
             return state, self._signatures[name]
         state = self.node_state(name, tenancy_of=tenancy_of)
-        return state, self.signature(name, state)
+        signature = self.signature(name, state)
+        free = tuple(sorted((g.free_percent for g in state.gpus), reverse=True))
+        self._keys[name] = (free, signature)
+        return state, signature
+
+    @property
+    def placement_keys(self) -> Mapping[str, tuple[tuple[int, ...], tuple[object, ...] | None]]:
+        """Node -> (its GPUs' free gpuPercent largest first, :meth:`signature`), for the nodes
+        whose state :meth:`placement_view` built and that have not changed since (a node
+        missing: ask it). Placement reads this for hundreds of nodes per claim: a claim needing
+        ``count`` GPUs with ``p`` percent each fits no node whose ``count``-th largest is below
+        ``p``, and the signature finds the cost already known for the node's state
+        (docs/dra.md, "Known limits")."""
+        return self._keys
 
     def gpu(self, node: str, uuid: str) -> DraGpu | None:
         return next((g for g in self._by_node.get(node, ()) if g.uuid == uuid), None)
@@ -159,10 +174,16 @@ class DraDevices:
         self._signatures.pop(name, None)
         return state
 
+    def _changed(self, node: str) -> None:
+        """Node ``node``'s GPUs or shares changed: its state is built again when asked."""
+        self._states.pop(node, None)
+        self._keys.pop(node, None)
+
     def forget_states(self) -> None:
         """Build every node's state afresh (namespaces' tenancies changed)."""
         self._states.clear()
         self._signatures.clear()
+        self._keys.clear()
 
     # ---- slices --------------------------------------------------------------------------
 
@@ -206,11 +227,11 @@ class DraDevices:
                 self._by_node[g.node] = on_node
             else:
                 self._by_node.pop(g.node, None)
-            self._states.pop(g.node, None)
+            self._changed(g.node)
         for g in gpus or []:
             self._gpus[(g.pool, g.device)] = g
             self._by_node.setdefault(g.node, []).append(g)
-            self._states.pop(g.node, None)
+            self._changed(g.node)
         self._names = None
         self.version += 1
 
@@ -294,7 +315,7 @@ class DraDevices:
         for s in (*old, *shares):
             g = self._gpus.get((s.pool, s.device))
             if g is not None:
-                self._states.pop(g.node, None)
+                self._changed(g.node)
         self.version += 1
 
 

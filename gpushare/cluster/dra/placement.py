@@ -220,49 +220,71 @@ def choose(
     (milli-CPU, memory bytes), a node missing when its status does not say; ``held``: what
     placements not bound yet take of a node on top. ``memo``: the costs of earlier searches,
     kept by the caller across claims (:class:`CostMemo`). Both are mappings, not calls: the
-    search reads them for hundreds of nodes per claim."""
+    search reads them for hundreds of nodes per claim. A node whose GPUs lack the share
+    (:attr:`DraDevices.placement_keys`) is passed over without asking the placer: it counts
+    as looked at, as kube-scheduler's filter counts it, but costs a dict lookup."""
     names = devices.node_names()
     count = len(names)
     wanted = nodes_to_find(count)
     costs: list[tuple[str, float]] = []
-    states: dict[str, NodeState] = {}
-    examined = 0
+    examined = count
     plain = want.profile is None and not want.avoid_gpus
     known = (memo or CostMemo()).for_demand(placer, want) if plain else {}
     added = 0
-    view = devices.placement_view
-    for offset in range(count):
-        name = names[(start + offset) % count]
-        examined += 1
-        state, signature = view(name, tenancy_of=tenancy_of)
+    keys = devices.placement_keys
+    need, gpus_wanted = min(want.percent, SLICES_PER_GPU), want.gpus
+
+    def room(name: str) -> tuple[int, int] | None:
         free = host_free.get(name)
         if free is not None and name in held:
             taken = held[name]
             free = (free[0] - taken[0], free[1] - taken[1])
+        return free
+
+    def state_of(name: str, free: tuple[int, int] | None) -> NodeState:
+        state = devices.node_state(name, tenancy_of=tenancy_of)
         state.cpu_milli_free, state.memory_free_bytes = free if free is not None else (None, None)
+        return state
+
+    first = start % count if count else 0
+    for offset, name in enumerate((*names[first:], *names[:first])):
+        current = keys.get(name)
+        if current is None:
+            signature = devices.placement_view(name, tenancy_of=tenancy_of)[1]
+        else:
+            free_gpus, signature = current
+            if len(free_gpus) < gpus_wanted or free_gpus[gpus_wanted - 1] < need:
+                continue  # not enough GPUs with this share free: the placer would say no
+        free = host_free.get(name)  # room(name), inline: it runs for every node looked at
+        if free is not None and name in held:
+            taken = held[name]
+            free = (free[0] - taken[0], free[1] - taken[1])
         if plain and signature is not None:
             key = (signature, free)
             if key in known:
                 cost = known[key]
             else:
-                cost = known[key] = placer.node_cost(state, want, signature=signature)
+                cost = known[key] = placer.node_cost(
+                    state_of(name, free), want, signature=signature
+                )
                 added += 1
         else:
-            cost = placer.node_cost(state, want, signature=signature)
+            cost = placer.node_cost(state_of(name, free), want, signature=signature)
         if cost is not None:
             costs.append((name, cost))
-            states[name] = state
             if len(costs) >= wanted:
+                examined = offset + 1
                 break
     if memo is not None:
         memo.grew(added)
     best = best_node(costs)
-    assignment = placer.choose_gpus(states[best], want) if best is not None else None
+    assignment = None
+    if best is not None:
+        assignment = placer.choose_gpus(state_of(best, room(best)), want)
     if best is None or assignment is None:
         reasons: dict[str, int] = {}
         for name in names:
-            state = devices.node_state(name, tenancy_of=tenancy_of)
-            why = placer.refusal(state, want) or "no GPU has room"
+            why = placer.refusal(state_of(name, room(name)), want) or "no GPU has room"
             reasons[why] = reasons.get(why, 0) + 1
         return reasons or {"no node publishes gpushare GPUs (ResourceSlices)": 1}
     gpus = tuple(devices.gpu(best, u) for u in assignment.gpu_uuids)

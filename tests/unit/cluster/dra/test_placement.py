@@ -295,6 +295,43 @@ def test_costs_kept_across_claims_follow_the_nodes_the_claims_changed() -> None:
     assert isinstance(answer, dict) and sum(answer.values()) == 2
 
 
+def test_a_node_passed_over_as_full_is_looked_at_again_once_a_share_on_it_frees() -> None:
+    """The search passes over a node from its GPUs' free shares alone (most nodes, once the
+    cluster fills); what it reads must follow the claims, or a freed GPU would stay unused."""
+    taken = allocated_claim("t", pool="n1", device="gpu-0", consumed={"gpuPercent": "80"})
+    devices = ledger(node_slice("n1"), node_slice("n2"), claims=[taken])
+    claim = share_claim("c", percent="50")
+    assert chosen(devices, claim) == ("n2", "gpu-0")
+    assert chosen(devices, claim) == ("n2", "gpu-0")  # n1 now passed over unasked
+    devices.delete_claim(taken)
+    assert chosen(devices, claim) == ("n1", "gpu-0")  # ties go to n1 again
+
+
+def test_a_claim_for_two_gpus_passes_over_nodes_with_one_free() -> None:
+    half = allocated_claim("t", pool="n1", device="gpu-1", consumed={"gpuPercent": "10"})
+    devices = ledger(node_slice("n1", gpus=2), node_slice("n2", gpus=2), claims=[half])
+    claim = share_claim("c", percent=None, count=2)
+    for _ in range(2):  # the second time from what the first search read
+        choice = choose(devices, claim)
+        assert isinstance(choice, Choice), choice
+        assert choice.assignment.node == "n2"
+        assert sorted(g.device for g in choice.gpus) == ["gpu-0", "gpu-1"]
+
+
+def test_nodes_passed_over_count_as_looked_at_for_where_the_next_search_starts() -> None:
+    full = [
+        allocated_claim(f"t{i}", pool=f"n{i:03}", consumed={"gpuPercent": "100"}) for i in range(30)
+    ]
+    devices = ledger(*(node_slice(f"n{i:03}") for i in range(150)), claims=full)
+    want = placement.demand(ask_of(share_claim("c")), cpu_milli=0, memory_bytes=0, tenancy="ns")
+    for _ in range(2):  # then from what the first search read
+        choice = placement.choose(
+            Placer(), devices, want, tenancy_of=by_namespace, host_free=no_host_limit
+        )
+        assert isinstance(choice, Choice)
+        assert (choice.assignment.node, choice.examined) == ("n030", 130)
+
+
 @pytest.mark.parametrize(
     ("nodes", "found"), [(1, 1), (99, 99), (100, 100), (1000, 420), (5000, 500)]
 )
