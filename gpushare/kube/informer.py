@@ -1,8 +1,12 @@
 """List, then watch, one kind of object into callbacks, forever; one poison object never stops it.
 
 The controller's view is fed this way (docs/scheduling.md, "The view"): a full list replaces
-what the view holds, then watch events update it from the list's resourceVersion; on 410 Gone,
-on any error (after a backoff) and every resync period the kind is listed again.
+what the view holds, then watch events update it from the list's resourceVersion. A watch the
+API server ends (its timeout, or a watcher it dropped for falling behind) is opened again from
+the last version seen, as client-go's reflector does; on 410 Gone (that version is too old),
+on any other error (after a backoff) and every resync period the kind is listed again. A list
+of every pod costs the controller seconds of CPU at 10,000 pods: relisting on each dropped
+watch made a busy controller slower still (docs/dra.md, "Known limits").
 """
 
 import asyncio
@@ -22,6 +26,8 @@ Lister = Callable[[], Awaitable[tuple[list[dict[str, Any]], str]]]
 Watcher = Callable[[str, int], AsyncIterator[tuple[str, dict[str, Any]]]]
 """(resourceVersion, timeout seconds) -> (event type, object) pairs."""
 
+REWATCH_PAUSE_S = 0.5
+"""Wait before watching again after a watch that ended without an event (no busy loop)."""
 POISON_LOG_EVERY = 100
 """One warning per this many objects a watch could not take in (after the first)."""
 _poisoned: dict[str, int] = {}
@@ -64,6 +70,12 @@ def apply_event(
             )
 
 
+def _version_of(data: Mapping[str, Any]) -> str:
+    meta = data.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return version if isinstance(version, str) else ""
+
+
 async def inform(
     kind: str,
     *,
@@ -74,9 +86,11 @@ async def inform(
     delete: Callable[[Mapping[str, Any]], None],
     resync_seconds: float,
 ) -> None:
-    """List, then watch from the list's resourceVersion; re-list on 410 Gone, on any error
-    (after a backoff) and every ``resync_seconds``. Never returns."""
+    """List, then watch from the list's resourceVersion, again from the last version seen
+    whenever the server ends the watch; re-list on 410 Gone, on any error (after a backoff)
+    and every ``resync_seconds``. Never returns."""
     backoff = 0.5
+    loop = asyncio.get_running_loop()
     while True:
         try:
             items, version = await list_all()
@@ -90,8 +104,17 @@ async def inform(
             log.info("listed", extra={"kind": kind, "count": count, "rv": version})
             backoff = 0.5
             async with asyncio.timeout(resync_seconds):
-                async for event, data in watch(version, int(resync_seconds)):
-                    apply_event(kind, event, data, upsert=upsert, delete=delete)
+                deadline = loop.time() + resync_seconds
+                while True:
+                    events = 0
+                    left = max(1, int(deadline - loop.time()))
+                    async for event, data in watch(version, left):
+                        apply_event(kind, event, data, upsert=upsert, delete=delete)
+                        version = _version_of(data) or version
+                        events += 1
+                    log.debug("watch ended; watching again", extra={"kind": kind, "rv": version})
+                    if not events:
+                        await asyncio.sleep(REWATCH_PAUSE_S)
         except TimeoutError:
             continue  # periodic re-list
         except asyncio.CancelledError:

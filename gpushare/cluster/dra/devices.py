@@ -116,25 +116,31 @@ class DraDevices:
     def placement_view(
         self, name: str, *, tenancy_of: Callable[[str], str | None]
     ) -> tuple[NodeState, tuple[object, ...] | None]:
-        """:meth:`node_state` and :meth:`signature` of node ``name`` in one call (placement
-        asks both for every node it looks at, for every claim)."""
+        """:meth:`node_state` and :meth:`signature` of node ``name`` in one call."""
         state = self._states.get(name)
-        if state is not None and name in self._signatures:
-            return state, self._signatures[name]
-        state = self.node_state(name, tenancy_of=tenancy_of)
-        signature = self.signature(name, state)
-        free = tuple(sorted((g.free_percent for g in state.gpus), reverse=True))
-        self._keys[name] = (free, signature)
-        return state, signature
+        if state is None or name not in self._signatures:
+            state = self.node_state(name, tenancy_of=tenancy_of)
+        return state, self.signature(name, state)
+
+    def placement_key(
+        self, name: str, *, tenancy_of: Callable[[str], str | None]
+    ) -> tuple[tuple[int, ...], tuple[object, ...] | None]:
+        """Node ``name``'s entry of :attr:`placement_keys`, made when missing."""
+        entry = self._keys.get(name)
+        if entry is None:
+            state, signature = self.placement_view(name, tenancy_of=tenancy_of)
+            free = tuple(sorted((g.free_percent for g in state.gpus), reverse=True))
+            entry = self._keys[name] = (free, signature)
+        return entry
 
     @property
     def placement_keys(self) -> Mapping[str, tuple[tuple[int, ...], tuple[object, ...] | None]]:
         """Node -> (its GPUs' free gpuPercent largest first, :meth:`signature`), for the nodes
-        whose state :meth:`placement_view` built and that have not changed since (a node
-        missing: ask it). Placement reads this for hundreds of nodes per claim: a claim needing
-        ``count`` GPUs with ``p`` percent each fits no node whose ``count``-th largest is below
-        ``p``, and the signature finds the cost already known for the node's state
-        (docs/dra.md, "Known limits")."""
+        that have not changed since :meth:`placement_key` made their entry (a node missing:
+        ask it). An entry is a new object whenever its node changes. Placement reads this for
+        hundreds of nodes per claim: a claim needing ``count`` GPUs with ``p`` percent each
+        fits no node whose ``count``-th largest is below ``p``, and the signature finds the
+        cost already known for the node's state (docs/dra.md, "Known limits")."""
         return self._keys
 
     def gpu(self, node: str, uuid: str) -> DraGpu | None:

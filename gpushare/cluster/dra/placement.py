@@ -149,33 +149,43 @@ MEMO_LIMIT = 400_000
 """Costs a :class:`CostMemo` keeps before it starts over."""
 
 
+_Known = dict[tuple[object, ...], float | None]
+_Seen = dict[str, tuple[object, object, float | None]]
+
+
 class CostMemo:
     """Costs of demands without a profile by node state, kept across claims.
 
     Such a demand costs the same on every node in one state: GPU signature
     (:meth:`DraDevices.signature`) and free host room (:meth:`Placer.node_cost` says why).
     Between two claims only the nodes they landed on change, while the search looks at
-    hundreds per claim (42 % of 1,000 nodes, more once they fill): asked here, a node the
-    search has costed before for the same shape costs one dict lookup, where the placer's own
-    memo sits behind several calls and hashes per node (docs/dra.md, "Known limits"). Everything is
-    dropped when the placer's answers may change (its pod mix refit) or past MEMO_LIMIT."""
+    hundreds per claim (42 % of 1,000 nodes, more once they fill). So, per claim shape:
+
+    - ``known``: cost by (signature, free room), shared by the nodes in one state;
+    - ``seen``: node -> (its :attr:`DraDevices.placement_keys` entry, its free-room tuple,
+      cost) when last costed. While both are the same objects the node has not changed, and
+      its cost is one lookup by name: no tuple of the state is built and hashed (what the
+      extender keeps per node too, gpushare.cluster.extender.answers).
+
+    Everything is dropped when the placer's answers may change (its pod mix refit) or past
+    MEMO_LIMIT (docs/dra.md, "Known limits")."""
 
     def __init__(self) -> None:
         self._version: int | None = None
-        self._by_demand: dict[Demand, dict[tuple[object, ...], float | None]] = {}
+        self._by_demand: dict[Demand, tuple[_Known, _Seen]] = {}
         self._size = 0
 
-    def for_demand(self, placer: Placer, want: Demand) -> dict[tuple[object, ...], float | None]:
-        """The costs known for ``want`` by (signature, free room): fill in what is missing,
-        then say how many with :meth:`grew`."""
+    def for_demand(self, placer: Placer, want: Demand) -> tuple[_Known, _Seen]:
+        """(known, seen) for ``want``: fill in what is missing, then say how many with
+        :meth:`grew`."""
         if self._version != placer.version or self._size > MEMO_LIMIT:
             self._by_demand.clear()
             self._size = 0
             self._version = placer.version
-        known = self._by_demand.get(want)
-        if known is None:
-            known = self._by_demand[want] = {}
-        return known
+        memo = self._by_demand.get(want)
+        if memo is None:
+            memo = self._by_demand[want] = ({}, {})
+        return memo
 
     def grew(self, added: int) -> None:
         self._size += added
@@ -229,7 +239,7 @@ def choose(
     costs: list[tuple[str, float]] = []
     examined = count
     plain = want.profile is None and not want.avoid_gpus
-    known = (memo or CostMemo()).for_demand(placer, want) if plain else {}
+    known, seen = (memo or CostMemo()).for_demand(placer, want) if plain else ({}, {})
     added = 0
     keys = devices.placement_keys
     need, gpus_wanted = min(want.percent, SLICES_PER_GPU), want.gpus
@@ -247,19 +257,21 @@ def choose(
         return state
 
     first = start % count if count else 0
+    # Runs for hundreds of nodes per claim: every line here shows in the controller's profile.
     for offset, name in enumerate((*names[first:], *names[:first])):
-        current = keys.get(name)
-        if current is None:
-            signature = devices.placement_view(name, tenancy_of=tenancy_of)[1]
-        else:
-            free_gpus, signature = current
-            if len(free_gpus) < gpus_wanted or free_gpus[gpus_wanted - 1] < need:
-                continue  # not enough GPUs with this share free: the placer would say no
-        free = host_free.get(name)  # room(name), inline: it runs for every node looked at
-        if free is not None and name in held:
-            taken = held[name]
-            free = (free[0] - taken[0], free[1] - taken[1])
-        if plain and signature is not None:
+        current = keys.get(name) or devices.placement_key(name, tenancy_of=tenancy_of)
+        free_gpus, signature = current
+        if len(free_gpus) < gpus_wanted or free_gpus[gpus_wanted - 1] < need:
+            continue  # not enough GPUs with this share free: the placer would say no
+        free = host_free.get(name)
+        last = seen.get(name)
+        if last is not None and last[0] is current and last[1] is free and name not in held:
+            cost = last[2]  # the node has not changed since this shape last met it
+        elif plain and signature is not None:
+            held_here = name in held
+            if held_here and free is not None:
+                taken = held[name]
+                free = (free[0] - taken[0], free[1] - taken[1])
             key = (signature, free)
             if key in known:
                 cost = known[key]
@@ -268,8 +280,11 @@ def choose(
                     state_of(name, free), want, signature=signature
                 )
                 added += 1
+            if not held_here:  # a held node's room is a new tuple each time: not kept
+                seen[name] = (current, free, cost)
+                added += last is None
         else:
-            cost = placer.node_cost(state_of(name, free), want, signature=signature)
+            cost = placer.node_cost(state_of(name, room(name)), want, signature=signature)
         if cost is not None:
             costs.append((name, cost))
             if len(costs) >= wanted:

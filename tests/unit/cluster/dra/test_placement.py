@@ -263,6 +263,26 @@ def test_room_held_by_a_placement_not_bound_yet_counts_against_its_node() -> Non
     assert choice.assignment.node == "n2"
 
 
+def test_a_cost_kept_for_a_node_does_not_outlive_room_held_on_it() -> None:
+    """Room held by a placement not bound yet changes what a node offers without changing its
+    GPUs or its free-room entry: a cost kept from before the hold must not be used."""
+    devices = ledger(node_slice("n1"), node_slice("n2"))
+    placer, memo = Placer(), placement.CostMemo()
+    want = placement.demand(ask_of(share_claim("c")), cpu_milli=1000, memory_bytes=0, tenancy="ns")
+    free = {"n1": (4000, 64 * GIB), "n2": (4000, 64 * GIB)}
+
+    def place(held: dict[str, tuple[int, int]]) -> str:
+        choice = placement.choose(
+            placer, devices, want, tenancy_of=by_namespace, host_free=free, held=held, memo=memo
+        )
+        assert isinstance(choice, Choice), choice
+        return choice.assignment.node
+
+    assert place({}) == "n1"
+    assert place({"n1": (3500, 0)}) == "n2"  # 500 milli-CPU left on n1
+    assert place({}) == "n1"  # bound elsewhere meanwhile: n1 is whole again
+
+
 def test_costs_kept_across_claims_follow_the_nodes_the_claims_changed() -> None:
     """The memo is what makes the search fast at scale; a cost it kept for a node must not
     outlive the node's state: the second claim sees the first one's share and host room."""
