@@ -1,6 +1,6 @@
 """The informer lists once, then keeps watching: a watch the API server ends is opened again
-from the last version it delivered (no relist, which costs a busy controller seconds of CPU at
-10,000 pods); a 410 Gone and the resync period list again."""
+from the last version it delivered (no relist, which costs a busy controller about a second of CPU
+at 10,000 pods); a 410 Gone and the resync period list again."""
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
