@@ -60,12 +60,22 @@ def assign_thread_percent(demand: Demand, gpu: GpuState) -> int:
     module doc). It depends on the pod's request, limit and class and on whether ``gpu``
     already holds a latency-class pod; the device plugin sets it once, when the pod's
     containers start."""
-    share = max(1, min(demand.percent, SLICES_PER_GPU))
-    if demand.gpu_class == CLASS_LATENCY or share >= SLICES_PER_GPU:
+    return thread_cap(
+        demand.percent,
+        limit=demand.limit_percent,
+        gpu_class=demand.gpu_class,
+        latency_neighbour=gpu.has_latency_tenant,
+    )
+
+
+def thread_cap(percent: int, *, limit: int | None, gpu_class: str, latency_neighbour: bool) -> int:
+    """:func:`assign_thread_percent` from its parts: a request of ``percent`` with ``limit``
+    (None: the whole GPU) in ``gpu_class``, on a GPU that holds a latency-class pod or not."""
+    share = max(1, min(percent, SLICES_PER_GPU))
+    if gpu_class == CLASS_LATENCY or share >= SLICES_PER_GPU:
         return SLICES_PER_GPU
-    limit = SLICES_PER_GPU if demand.limit_percent is None else demand.limit_percent
-    cap = max(share, min(limit, SLICES_PER_GPU))
-    if gpu.has_latency_tenant:
+    cap = max(share, min(SLICES_PER_GPU if limit is None else limit, SLICES_PER_GPU))
+    if latency_neighbour:
         cap = min(cap, max(share, LATENCY_NEIGHBOUR_THREADS))
     return cap
 

@@ -30,9 +30,24 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpushare.api.dra import PLACEMENT_GATE
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.gpushare_crd import (
+    ANN_MAX_PODS_PER_GPU,
+    ANN_PACKING_POLICY,
+    ANN_PROFILE,
+    ANN_PROFILING,
+)
+from gpushare.api.names import ANN_SHARE
 from gpushare.cluster.dra import placement
 from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.state.host_resources import pod_requests
+from gpushare.cluster.state.share_rules import (
+    NO_RULES,
+    ShareRules,
+    hold_reason,
+    rules_of,
+    with_profile,
+)
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.errors import KubeError
 from gpushare.packing.model import Demand
@@ -56,6 +71,14 @@ MAX_DEMANDS = 10_000
 """Distinct claim shapes interned before starting over."""
 NO_ROOM_REASON = "GpushareNoRoom"
 """The reason of the warning event on a pod whose claim fits no GPU yet."""
+HELD_REASON = "GpushareHeld"
+"""The reason of the event on a pod its GpuShare holds (electing or profiling another pod),
+or whose GpuShare annotations cannot be read."""
+HOLD_RECHECK_S = 2.0
+"""How often a held pod's GpuShare is looked at again (its status changes come through no
+pod event)."""
+RULE_ANNOTATIONS = (ANN_SHARE, ANN_PROFILE, ANN_PROFILING, ANN_PACKING_POLICY, ANN_MAX_PODS_PER_GPU)
+"""A pod with none of these has no GpuShare rules (most pods: they are not read further)."""
 
 
 class ClaimWriter(Protocol):
@@ -150,6 +173,8 @@ class ClaimAllocator:
         self._demands: dict[Demand, Demand] = {}
         """One Demand object per claim shape (the placer's memo looks them up by identity)."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._rule_claims: dict[str, list[str]] = {}
+        """Pod key -> the claims given its GpuShare rules in the ledger."""
         self.placed = 0
         self.left_to_scheduler = 0
         devices.listeners.append(self._claim_changed)
@@ -157,9 +182,11 @@ class ClaimAllocator:
     # ---- events --------------------------------------------------------------------------
 
     def pod_event(self, pod: Mapping[str, Any]) -> None:
-        """A pod as watched: kept while it is gated by us and not being deleted."""
+        """A pod as watched: kept while it is gated by us and not being deleted; the GpuShare
+        rules of any pod with claims go to the ledger, so its claims' tenants carry them."""
         meta = _meta(pod)
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        self._note_rules(key, pod)
         spec = pod.get("spec")
         if isinstance(spec, Mapping) and spec.get("nodeName"):
             self._release_host(key)  # bound: the view counts its requests now
@@ -185,6 +212,50 @@ class ClaimAllocator:
                 self._by_claim.get(claim, set()).discard(key)
         if deleted:
             self._release_host(key)
+            self._drop_rules(key)
+
+    def _note_rules(self, key: str, pod: Mapping[str, Any]) -> None:
+        """Give pod ``key``'s claims its GpuShare rules in the ledger (measured profile,
+        profiling alone, exclusive, max pods per GPU: what its tenants impose on a GPU)."""
+        annotations = _meta(pod).get("annotations")
+        if not isinstance(annotations, Mapping) or not any(
+            k in annotations for k in RULE_ANNOTATIONS
+        ):
+            if key in self._rule_claims:
+                self._drop_rules(key)
+            return
+        namespace = key.partition("/")[0]
+        rules = self._rules_of(key, pod)
+        claims = [
+            f"{namespace}/{claim}"
+            for _, claim in placement.pod_claim_names(pod)
+            if claim is not None
+        ]
+        for gone in set(self._rule_claims.get(key, ())) - set(claims):
+            self.devices.set_claim_rules(gone, NO_RULES)
+        self._rule_claims[key] = claims
+        readable = rules if isinstance(rules, ShareRules) else NO_RULES
+        for claim in claims:
+            self.devices.set_claim_rules(claim, readable)
+
+    def _drop_rules(self, key: str) -> None:
+        for claim in self._rule_claims.pop(key, ()):
+            self.devices.set_claim_rules(claim, NO_RULES)
+
+    def _rules_of(self, key: str, pod: Mapping[str, Any]) -> ShareRules | str:
+        """The pod's GpuShare rules, or why they cannot be read (a sentence naming the
+        annotation and the fix)."""
+        namespace, _, name = key.partition("/")
+        annotations = _meta(pod).get("annotations")
+        try:
+            return rules_of(
+                name=name,
+                namespace=namespace,
+                annotations=annotations if isinstance(annotations, Mapping) else {},
+                granted=self.view.tenancies.neighbour_rules(namespace),
+            )
+        except InvalidInputError as exc:
+            return str(exc)
 
     def pods_listed(self, pods: list[Mapping[str, Any]]) -> None:
         """A full list of pods: the gated ones are all there is to place."""
@@ -193,7 +264,9 @@ class ClaimAllocator:
             meta = _meta(pod)
             seen.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
             self.pod_event(pod)
-        for key in [k for k in {*self._waiting, *self._host_of} if k not in seen]:
+        for key in [
+            k for k in {*self._waiting, *self._host_of, *self._rule_claims} if k not in seen
+        ]:
             self.pod_gone(key, deleted=True)
 
     def _claim_changed(self, claim_key: str) -> None:
@@ -253,6 +326,14 @@ class ClaimAllocator:
         """Decide the pod's unallocated gpushare claims and count them at once; the writes
         (finalizer, allocation, then the gate's removal) go on in a task of their own."""
         namespace = key.partition("/")[0]
+        rules = self._rules_of(key, waiting.pod)
+        why = rules if isinstance(rules, str) else self._hold(rules)
+        if why is not None:
+            # Held (its GpuShare elects or profiles another pod) or unreadable: stays gated.
+            waiting.retry_at = time.monotonic() + HOLD_RECHECK_S
+            self._say(key, waiting, why, reason=HELD_REASON, warning=isinstance(rules, str))
+            return
+        assert isinstance(rules, ShareRules)
         claims: list[tuple[str, Mapping[str, Any]]] = []
         for pod_claim, claim_name in placement.pod_claim_names(waiting.pod):
             if claim_name is None:
@@ -295,7 +376,7 @@ class ClaimAllocator:
                     extra={"pod": key, "claim": claim_key, "why": ask},
                 )
                 continue
-            body = self._decide(key, waiting, claim_key, claim, ask)
+            body = self._decide(key, waiting, claim_key, claim, ask, rules=rules)
             if body is None:
                 for assumed, _, _ in plans:
                     self.devices.forget_assumed(assumed)
@@ -314,16 +395,23 @@ class ClaimAllocator:
         claim_key: str,
         claim: Mapping[str, Any],
         ask: placement.ClaimAsk,
+        *,
+        rules: ShareRules = NO_RULES,
     ) -> dict[str, Any] | None:
         """The claim's allocation, counted in the ledger (and the pod's host room held) from
-        now on; None when no GPU has room (the pod's event says why, once)."""
+        now on; None when no GPU has room (the pod's event says why, once). ``rules``: the
+        pod's GpuShare rules; its measured profile goes into the demand, so the interference
+        check weighs it against the tenants' (docs/dra.md, "GpuShares and profiles")."""
         namespace = key.partition("/")[0]
         cpu, memory = pod_requests(waiting.pod)
-        want = placement.demand(
-            ask,
-            cpu_milli=cpu,
-            memory_bytes=memory,
-            tenancy=self.view.tenancies.tenancy(namespace),
+        want = with_profile(
+            placement.demand(
+                ask,
+                cpu_milli=cpu,
+                memory_bytes=memory,
+                tenancy=self.view.tenancies.tenancy(namespace),
+            ),
+            rules,
         )
         want = self._demands.setdefault(want, want)  # one object per shape: fast memo lookups
         if len(self._demands) > MAX_DEMANDS:
@@ -338,14 +426,12 @@ class ClaimAllocator:
             held=self._host_on,
             start=self._start,
             memo=self._costs,
+            rules=rules,
         )
         if not isinstance(choice, placement.Choice):
             waiting.refused_at = self.devices.version
             why = "; ".join(f"{n} node(s): {r}" for r, n in sorted(choice.items()))
-            if why != waiting.told:
-                waiting.told = why
-                log.info("claim fits no GPU", extra={"pod": key, "claim": claim_key, "why": why})
-                self._spawn(self._tell(waiting.pod, f"claim {claim_key} fits no GPU yet: {why}"))
+            self._say(key, waiting, f"claim {claim_key} fits no GPU yet: {why}")
             return None
         self._start += choice.examined
         configs = self._class_configs[1] if self._class_configs else []
@@ -511,10 +597,41 @@ class ClaimAllocator:
             for k in claim_keys:
                 self._seen.pop(k, None)
 
-    async def _tell(self, pod: Mapping[str, Any], message: str) -> None:
+    def _hold(self, rules: ShareRules) -> str | None:
+        """Why the pod's GpuShare keeps it waiting (gpushare.api.gpushare_crd.scheduling_hold),
+        or None."""
+        if rules.share is None or self.view.share_skips_profiling(rules.namespace, rules.share):
+            return None
+        status = self.view.share_status(rules.namespace, rules.share)
+        return hold_reason(rules, share_status=status)
+
+    def _say(
+        self,
+        key: str,
+        waiting: _Waiting,
+        why: str,
+        *,
+        reason: str = NO_ROOM_REASON,
+        warning: bool = True,
+    ) -> None:
+        """Log why the pod waits and record it in one event, once per distinct reason."""
+        if why == waiting.told:
+            return
+        waiting.told = why
+        log.info("pod waits gated", extra={"pod": key, "why": why})
+        self._spawn(self._tell(waiting.pod, why, reason=reason, warning=warning))
+
+    async def _tell(
+        self,
+        pod: Mapping[str, Any],
+        message: str,
+        *,
+        reason: str = NO_ROOM_REASON,
+        warning: bool = True,
+    ) -> None:
         try:
             await self.writer.pod_event(
-                pod=pod, reason=NO_ROOM_REASON, message=message[:1000], warning=True
+                pod=pod, reason=reason, message=message[:1000], warning=warning
             )
         except KubeError as exc:
             log.warning("event not recorded", extra={"error": str(exc)})

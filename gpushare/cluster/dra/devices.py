@@ -17,9 +17,11 @@ from typing import Any
 
 from gpushare.api.dra_objects import ClaimShare, DraGpu, claim_key, read_allocation, read_slice
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.names import SLICES_PER_GPU
+from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU
+from gpushare.cluster.state.share_rules import NO_RULES, ShareRules
 from gpushare.packing.model import GpuState, NodeState, Tenant
 from gpushare.packing.placer import gpu_signature
+from gpushare.packing.threads import thread_cap
 
 MAX_INTERNED = 200_000
 """Distinct node signatures remembered (:meth:`DraDevices.signature`) before starting over."""
@@ -70,6 +72,10 @@ class DraDevices:
         self._names: list[str] | None = None
         self._interned: dict[tuple[object, ...], tuple[object, ...]] = {}
         self._next_id = 0
+        self._rules: dict[str, ShareRules] = {}
+        """Claim key -> the GpuShare rules of the pod using it (claims of pods with rules)."""
+        self.blockers: set[str] = set()
+        """The claims whose pods' rules keep other pods off their GPU (profiling, exclusive)."""
         self.problems: dict[str, str] = {}
         """Object (``slice <name>`` / ``claim <ns/name>``) -> why it could not be read."""
         self.version = 0
@@ -143,6 +149,34 @@ class DraDevices:
         cost already known for the node's state (docs/dra.md, "Known limits")."""
         return self._keys
 
+    @property
+    def tenant_rules(self) -> Mapping[str, ShareRules]:
+        """Claim key -> the GpuShare rules of its pod, for the claims whose pods have any
+        (:func:`gpushare.cluster.state.share_rules.permitted` reads them as tenant rules)."""
+        return self._rules
+
+    def set_claim_rules(self, key: str, rules: ShareRules) -> None:
+        """The GpuShare rules of the pod using claim ``key`` (NO_RULES: none). Its tenant
+        carries the measured profile from now on, and a claim it blocks may fit once they
+        change."""
+        if rules.share is None and rules.profile is None and not rules.constrains_gpus:
+            rules = NO_RULES
+        if rules == self._rules.get(key, NO_RULES):
+            return
+        if rules == NO_RULES:
+            self._rules.pop(key, None)
+        else:
+            self._rules[key] = rules
+        if rules.blocks_others:
+            self.blockers.add(key)
+        else:
+            self.blockers.discard(key)
+        for s in self._shares.get(key, ()):
+            g = self._gpus.get((s.pool, s.device))
+            if g is not None:
+                self._changed(g.node)
+        self.version += 1
+
     def gpu(self, node: str, uuid: str) -> DraGpu | None:
         return next((g for g in self._by_node.get(node, ()) if g.uuid == uuid), None)
 
@@ -157,6 +191,8 @@ class DraDevices:
             return state
         gpus = []
         for g in sorted(self._by_node.get(name, ()), key=lambda g: g.index):
+            shares = self._on_gpu.get((g.pool, g.device), {}).values()
+            latency = any(s.gpu_class == CLASS_LATENCY for s in shares)
             tenants = [
                 Tenant(
                     key=s.claim,
@@ -164,8 +200,18 @@ class DraDevices:
                     memory_bytes=s.memory_bytes or g.memory_bytes * s.percent // SLICES_PER_GPU,
                     gpu_class=s.gpu_class,
                     tenancy=tenancy_of(s.namespace),
+                    profile=self._rules.get(s.claim, NO_RULES).profile,
+                    # The cap the driver gives the claim when it prepares it (docs/dra.md,
+                    # "Requests and limits"): a batch claim's depends on whether a latency
+                    # claim was prepared first, so one beside a latency claim is taken capped.
+                    thread_percent=thread_cap(
+                        s.percent,
+                        limit=s.limit,
+                        gpu_class=s.gpu_class,
+                        latency_neighbour=latency and s.gpu_class != CLASS_LATENCY,
+                    ),
                 )
-                for s in self._on_gpu.get((g.pool, g.device), {}).values()
+                for s in shares
             ]
             gpus.append(
                 GpuState(

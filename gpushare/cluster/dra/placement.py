@@ -32,6 +32,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import SLICES_PER_GPU
 from gpushare.api.quantities import parse_memory
 from gpushare.cluster.dra.devices import DraDevices, DraGpu
+from gpushare.cluster.state.share_rules import NO_RULES, ShareRules, permitted
 from gpushare.packing.model import Assignment, Demand, NodeState
 from gpushare.packing.placer import Placer, best_node
 
@@ -220,6 +221,7 @@ def choose(
     held: Mapping[str, tuple[int, int]] = _NOTHING_HELD,
     start: int = 0,
     memo: CostMemo | None = None,
+    rules: ShareRules = NO_RULES,
 ) -> Choice | dict[str, int]:
     """The cheapest node and its GPUs for ``want``, or, when no node has room, how many nodes
     refused for each reason (what the pod's event says).
@@ -232,13 +234,21 @@ def choose(
     kept by the caller across claims (:class:`CostMemo`). Both are mappings, not calls: the
     search reads them for hundreds of nodes per claim. A node whose GPUs lack the share
     (:attr:`DraDevices.placement_keys`) is passed over without asking the placer: it counts
-    as looked at, as kube-scheduler's filter counts it, but costs a dict lookup."""
+    as looked at, as kube-scheduler's filter counts it, but costs a dict lookup.
+
+    ``rules``: the pod's GpuShare rules. When they, or those of a claim already placed (a pod
+    profiling alone, an exclusive share), keep a pod off some GPUs, each node is narrowed to
+    the GPUs the rules permit before it is costed, as the extender narrows it
+    (gpushare.cluster.state.share_rules), and no cost is remembered: the answer then depends
+    on the pod."""
     names = devices.node_names()
     count = len(names)
     wanted = nodes_to_find(count)
     costs: list[tuple[str, float]] = []
     examined = count
-    plain = want.profile is None and not want.avoid_gpus
+    tenant_rules = devices.tenant_rules
+    narrow = rules.constrains_gpus or bool(devices.blockers)
+    plain = want.profile is None and not want.avoid_gpus and not narrow
     known, seen = (memo or CostMemo()).for_demand(placer, want) if plain else ({}, {})
     added = 0
     keys = devices.placement_keys
@@ -254,6 +264,8 @@ def choose(
     def state_of(name: str, free: tuple[int, int] | None) -> NodeState:
         state = devices.node_state(name, tenancy_of=tenancy_of)
         state.cpu_milli_free, state.memory_free_bytes = free if free is not None else (None, None)
+        if narrow:
+            state = permitted(state, rules=rules, tenant_rules=tenant_rules)[0]
         return state
 
     first = start % count if count else 0
@@ -284,7 +296,8 @@ def choose(
                 seen[name] = (current, free, cost)
                 added += last is None
         else:
-            cost = placer.node_cost(state_of(name, room(name)), want, signature=signature)
+            kept = None if narrow else signature  # a narrowed node is not the signed one
+            cost = placer.node_cost(state_of(name, room(name)), want, signature=kept)
         if cost is not None:
             costs.append((name, cost))
             if len(costs) >= wanted:
@@ -299,7 +312,14 @@ def choose(
     if best is None or assignment is None:
         reasons: dict[str, int] = {}
         for name in names:
-            why = placer.refusal(state_of(name, room(name)), want) or "no GPU has room"
+            state = state_of(name, room(name))
+            ruled_out = None
+            if narrow:
+                full = devices.node_state(name, tenancy_of=tenancy_of)
+                ruled_out = permitted(full, rules=rules, tenant_rules=tenant_rules)[1]
+            refusal = placer.refusal(state, want) if state.gpus else None
+            parts = [r for r in (refusal, ruled_out) if r is not None]
+            why = "; ".join(parts) or "no GPU has room"
             reasons[why] = reasons.get(why, 0) + 1
         return reasons or {"no node publishes gpushare GPUs (ResourceSlices)": 1}
     gpus = tuple(devices.gpu(best, u) for u in assignment.gpu_uuids)

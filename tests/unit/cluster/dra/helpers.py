@@ -124,6 +124,7 @@ def gated_pod(
     made: str | None = None,
     cpu: str | None = None,
     gates: Sequence[str] = (PLACEMENT_GATE,),
+    annotations: Mapping[str, str] | None = None,
 ) -> Obj:
     """A pod held by ``gates`` using ResourceClaim ``claim``, or a claim from ResourceClaimTemplate
     ``template`` that kube-controller-manager named ``made`` (None: not made yet)."""
@@ -150,6 +151,8 @@ def gated_pod(
         },
         "status": {"phase": "Pending"},
     }
+    if annotations:
+        pod["metadata"]["annotations"] = dict(annotations)
     if made is not None:
         pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": made}]
     return pod

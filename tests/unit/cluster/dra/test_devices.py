@@ -115,9 +115,33 @@ def test_an_allocated_claim_is_a_tenant_of_its_gpu() -> None:
             memory_bytes=4 * GIB,
             gpu_class=CLASS_LATENCY,
             tenancy="tenancy-of-team",
+            thread_percent=100,  # the driver runs a latency claim uncapped
         )
     ]
     assert devices.node_state("n1", tenancy_of=same_tenancy).gpus[1].free_percent == 70
+
+
+def test_a_tenants_thread_cap_is_the_one_the_driver_gives_its_claim() -> None:
+    """docs/dra.md, "Requests and limits": a batch claim without a limit may use the whole
+    GPU, one with a limit gets it, and beside a latency claim at most max(share, 50)."""
+    alone = allocated_claim("alone", device="gpu-0", consumed={"gpuPercent": "30"})
+    limited = allocated_claim(
+        "limited", device="gpu-0", consumed={"gpuPercent": "20"}, config=mps_config(limit=40)
+    )
+    beside = allocated_claim("beside", device="gpu-1", consumed={"gpuPercent": "30"})
+    web = allocated_claim(
+        "web",
+        device="gpu-1",
+        consumed={"gpuPercent": "30"},
+        config=mps_config(**{"class": "latency"}),
+    )
+    devices = ledger(node_slice("n1", 2), claims=[alone, limited, beside, web])
+    caps = {
+        t.key: t.thread_percent
+        for g in devices.node_state("n1", tenancy_of=same_tenancy).gpus
+        for t in g.tenants
+    }
+    assert caps == {"ns/alone": 100, "ns/limited": 40, "ns/beside": 50, "ns/web": 100}
 
 
 def test_memory_consumed_as_zero_is_the_share_of_the_gpus_memory() -> None:
