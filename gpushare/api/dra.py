@@ -55,6 +55,12 @@ PLACEMENT_GATE: Final = f"{GROUP}/placement"
 placement, docs/dra.md "Who places a claim"): kube-scheduler leaves the pod alone until the
 controller has allocated the claim and removed the gate."""
 
+ANN_DRA_GPU: Final = f"{GROUP}/dra-gpu"
+"""UUID of the GPU the controller allocated a GpuShare-governed pod's claim on, written with
+the removal of PLACEMENT_GATE: the operator profiles that GPU when the share elects the pod
+(docs/dra.md, "GpuShares and profiles"). Refused at creation, fixed afterwards like every
+gpushare annotation."""
+
 CONFIG_API_VERSION: Final = f"{GROUP}/{VERSION}"
 CONFIG_KIND: Final = "MpsConfig"
 _CONFIG_FIELDS: Final = ("apiVersion", "kind", "class", "limit")

@@ -326,14 +326,24 @@ class Kube:
             ) from exc
 
     async def remove_scheduling_gate(
-        self, *, namespace: str, name: str, index: int, gate: str
+        self,
+        *,
+        namespace: str,
+        name: str,
+        index: int,
+        gate: str,
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
         """Remove ``spec.schedulingGates[index]`` when it still is ``gate`` (a JSON patch whose
-        test fails with 422 when the gates moved)."""
-        patch = [
+        test fails with 422 when the gates moved), setting ``annotations`` in the same write
+        (the pod must have annotations already)."""
+        patch: list[dict[str, Any]] = [
             {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": gate},
             {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
         ]
+        for key, value in (annotations or {}).items():
+            escaped = key.replace("~", "~0").replace("/", "~1")
+            patch.append({"op": "add", "path": f"/metadata/annotations/{escaped}", "value": value})
         what = f"remove scheduling gate {gate} of pod {namespace}/{name}"
         if self._raw is not None:
             path = f"/api/v1/namespaces/{namespace}/pods/{name}"

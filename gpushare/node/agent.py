@@ -423,8 +423,20 @@ class NodeAgent:
             self.feed_simulated_load(pods)
 
     def feed_simulated_load(self, pods: list[dict[str, Any]]) -> None:
-        """Give each simulated GPU the load of the pods running on it (gpushare.node.load)."""
+        """Give each simulated GPU the load of the pods running on it (gpushare.node.load): in
+        DRA mode those of the claims prepared for running pods, at their thread caps."""
         shares: dict[str, list[Share]] = defaultdict(list)
+        running = set()
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            if (pod.get("status") or {}).get("phase") == "Running":
+                running.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+        for claim in self.dra.prepared().values() if self.dra is not None else ():
+            if claim.pod in running:
+                for device in claim.devices:
+                    shares[device.gpu_uuid].append(
+                        Share(claim.thread_percent, claim.memory_limit_bytes)
+                    )
         for pod in pods:
             phase = (pod.get("status") or {}).get("phase")
             annotations = (pod.get("metadata") or {}).get("annotations") or {}

@@ -29,7 +29,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpushare.api.dra import PLACEMENT_GATE
+from gpushare.api.dra import ANN_DRA_GPU, PLACEMENT_GATE
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.gpushare_crd import (
     ANN_MAX_PODS_PER_GPU,
@@ -101,7 +101,13 @@ class ClaimWriter(Protocol):
     async def get_device_class(self, name: str) -> dict[str, Any] | None: ...
 
     async def remove_scheduling_gate(
-        self, *, namespace: str, name: str, index: int, gate: str
+        self,
+        *,
+        namespace: str,
+        name: str,
+        index: int,
+        gate: str,
+        annotations: Mapping[str, str] | None = None,
     ) -> None: ...
 
     async def pod_event(
@@ -122,6 +128,8 @@ class _Waiting:
     gone: bool = False
     """Deleted or ungated while its placement was being written: dropped once it ends."""
     claims: set[str] = field(default_factory=set)
+    gpus: tuple[str, ...] = ()
+    """UUIDs of the GPUs its claims were placed on here (the last decision)."""
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -363,6 +371,7 @@ class ClaimAllocator:
             )
             open_claims = []
         plans: list[tuple[str, Mapping[str, Any], dict[str, Any]]] = []
+        waiting.gpus = ()
         for claim_key, claim in open_claims:
             ask = placement.read_ask(
                 claim,
@@ -444,6 +453,7 @@ class ClaimAllocator:
                 "status": {**(status if isinstance(status, Mapping) else {}), "allocation": body},
             },
         )
+        waiting.gpus = (*waiting.gpus, *(g.uuid for g in choice.gpus))
         self._hold_host(key, choice.assignment.node, want.cpu_milli, want.host_memory_bytes)
         log.info(
             "claim placed",
@@ -523,9 +533,23 @@ class ClaimAllocator:
         if index is None:
             return
         namespace, _, name = key.partition("/")
+        annotations = _meta(waiting.pod).get("annotations")
+        record: dict[str, str] = {}
+        if (
+            isinstance(annotations, Mapping)
+            and annotations.get(ANN_SHARE)
+            and len(waiting.gpus) == 1
+            and annotations.get(ANN_DRA_GPU) != waiting.gpus[0]
+        ):
+            # The GPU its GpuShare's profiler reads if the share elects this pod.
+            record[ANN_DRA_GPU] = waiting.gpus[0]
         try:
             await self.writer.remove_scheduling_gate(
-                namespace=namespace, name=name, index=index, gate=PLACEMENT_GATE
+                namespace=namespace,
+                name=name,
+                index=index,
+                gate=PLACEMENT_GATE,
+                annotations=record or None,
             )
         except KubeError as exc:
             if exc.status != NOT_FOUND:

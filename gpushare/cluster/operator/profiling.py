@@ -171,7 +171,7 @@ def next_step(
                 "below the job's run time, or set spec.profiling.mode to skip"
             )
         return Abandon(reason)
-    uuid = pod.gpu_uuid
+    uuid = pod.profiled_gpu
     if uuid is None or pod.node is None or pod.phase != "Running":
         elected = _time_field(status, "profilingElected")
         if elected is not None and now > elected + start_timeout:

@@ -14,6 +14,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpushare.api.gpushare_crd import (
+    ANN_MAX_PODS_PER_GPU,
+    ANN_PACKING_POLICY,
     ANN_PROFILE,
     ANN_PROFILING,
     ANN_PROFILING_WINDOW,
@@ -56,6 +58,10 @@ from gpushare.cluster.state.shares import ShareSummary, share_summary
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.events import ObjectRef
 from gpushare.kube.operator import KubeApi
+
+DRA_INHERITED = (ANN_PACKING_POLICY, ANN_MAX_PODS_PER_GPU)
+"""What a DRA-mode pod inherits of its GpuShare: the placement rules, not the request (its
+claim was made from the request when the pod was created)."""
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +215,8 @@ class ShareReconciler:
             wanted = missing_annotations(
                 share.spec, share_name=share.name, annotations=pod.annotations
             )
+            if pod.dra:  # its request is its claim's, fixed at creation: only the rules
+                wanted = {k: v for k, v in wanted.items() if k in DRA_INHERITED}
             if isinstance(profile, Mapping) and ANN_PROFILE not in pod.annotations:
                 wanted[ANN_PROFILE] = profile_annotation(profile)
             if wanted:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpushare.api.bounds import MAX_INT_DIGITS
-from gpushare.api.dra import POD_CLAIM
+from gpushare.api.dra import ANN_DRA_GPU, POD_CLAIM
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import parse_avoid_gpus
 from gpushare.api.limit import check_limit
@@ -278,6 +278,9 @@ class Workload:
     command: tuple[str, ...] = ()
     """The GPU container's command followed by its args."""
     gpu_class: str = CLASS_BATCH
+    dra_gpu: str | None = None
+    """DRA mode: the GPU the controller allocated the pod's claim on (``gpushare.io/dra-gpu``,
+    written for GpuShare-governed pods only), which its share profiles if it elects the pod."""
 
 
 NO_WORKLOAD = Workload()
@@ -304,6 +307,10 @@ class PodFacts:
     """``spec.schedulerName``: the extender binds only pods of gpushare-scheduler."""
     deleting: bool = False
     """``metadata.deletionTimestamp`` is set (scheduled or not)."""
+    dra: bool = False
+    """Holds the claim the webhook gives annotated pods in DRA mode (:func:`dra_claimed`): the
+    claim allocator places it, and the view counts no GPU share for it. Kept when it links a
+    GpuShare, which governs it as any GPU pod (docs/dra.md, "GpuShares and profiles")."""
     workload: Workload = NO_WORKLOAD
     """Kept apart so that the copies placement makes of the facts stay cheap."""
 
@@ -354,6 +361,12 @@ class PodFacts:
         if self.placement is None or len(self.placement.gpu_uuids) != 1:
             return None
         return self.placement.gpu_uuids[0]
+
+    @property
+    def profiled_gpu(self) -> str | None:
+        """The one GPU whose counters are this pod's when it runs alone: its placement's, or
+        in DRA mode its claim's (``Workload.dra_gpu``)."""
+        return self.gpu_uuid or self.workload.dra_gpu
 
     @property
     def awaiting_allocation(self) -> bool:
@@ -408,7 +421,8 @@ def facts(pod: Pod) -> PodFacts:
         demand, problem = None, str(exc)
     except Exception as exc:  # a bound missed somewhere: still never the watch's problem
         demand, problem = None, _unexpected(exc)
-    if demand is not None and dra_claimed(pod):
+    dra = (demand is not None or ANN_SHARE in ann) and dra_claimed(pod)
+    if dra:
         demand = None  # the DRA allocator places it (gpushare.cluster.webhook.claims)
     try:
         placement = parse_placement(ann)
@@ -437,8 +451,10 @@ def facts(pod: Pod) -> PodFacts:
         evict=evict,
         scheduler=scheduler,
         deleting=deleting,
+        dra=dra,
     )
-    if not placed and scheduler != SCHEDULER_NAME:  # not ``kept``: read no more
+    governed_dra = dra and bool(ann.get(ANN_SHARE))
+    if not placed and scheduler != SCHEDULER_NAME and not governed_dra:  # not ``kept``
         return facts
     items = containers(pod)
     wanted = ann.get(ANN_CONTAINER)
@@ -465,6 +481,7 @@ def facts(pod: Pod) -> PodFacts:
             image=str(gpu_container.get("image", "")),
             command=tuple(command),
             gpu_class=gpu_class,
+            dra_gpu=(ann.get(ANN_DRA_GPU) or None) if dra else None,
         ),
     )
 
@@ -476,9 +493,10 @@ def ours(f: PodFacts) -> bool:
 
 
 def kept(f: PodFacts) -> bool:
-    """A pod the view keeps: one gpushare places, or one naming gpushare-scheduler without a
-    request, which a GpuShare's selector may govern (the operator gives it the request)."""
-    return ours(f) or f.scheduler == SCHEDULER_NAME
+    """A pod the view keeps: one gpushare places, one naming gpushare-scheduler without a
+    request, which a GpuShare's selector may govern (the operator gives it the request), or a
+    DRA-mode pod linking a GpuShare (``PodFacts.dra``)."""
+    return ours(f) or f.scheduler == SCHEDULER_NAME or (f.dra and f.gpu_pod)
 
 
 def frozen_demand(old: PodFacts | None, f: PodFacts) -> PodFacts:

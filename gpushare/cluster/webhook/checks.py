@@ -5,6 +5,7 @@ annotations set by hand, the scheduler, and the GPU resources themselves (docs/s
 import posixpath
 from collections.abc import Mapping
 
+from gpushare.api.dra import ANN_DRA_GPU
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import parse_avoid_gpus
 from gpushare.api.gpushare_crd import ANN_PROFILE, ANN_PROFILING
@@ -27,6 +28,7 @@ from gpushare.cluster.webhook.facts import ClusterFacts
 
 PLACEMENT_ANNOTATIONS = (
     ANN_GPU_UUID,
+    ANN_DRA_GPU,
     ANN_THREAD_PERCENT,
     ANN_REQUEST_PERCENT,
     ANN_MEMORY_LIMIT,
@@ -152,7 +154,7 @@ def check_annotations(pod: pods.Pod) -> list[InvalidInputError]:
     errors = [
         InvalidInputError(
             key,
-            "is written by gpushare-scheduler when it binds the pod",
+            "is written by gpushare when it places the pod",
             "remove it from the pod; ask with gpushare.io/gpu-fraction instead",
         )
         for key in PLACEMENT_ANNOTATIONS

@@ -52,6 +52,8 @@ class FakeKube:
         self.hold: asyncio.Event | None = None
         """When set, allocate_claim waits for it (a slow API server)."""
         self.watch_lags = False
+        self.annotated: dict[str, dict[str, str]] = {}
+        """Pod key -> the annotations set with its gate's removal."""
         self._version = 100
 
     def create(self, claim: Obj) -> None:
@@ -111,10 +113,18 @@ class FakeKube:
         return copy.deepcopy(self.device_class)
 
     async def remove_scheduling_gate(
-        self, *, namespace: str, name: str, index: int, gate: str
+        self,
+        *,
+        namespace: str,
+        name: str,
+        index: int,
+        gate: str,
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
         assert gate == PLACEMENT_GATE
         key = f"{namespace}/{name}"
+        if annotations:
+            self.annotated[key] = dict(annotations)
         self.calls.append(f"ungate {key}")
         if key in self.deleted_pods:
             raise KubeError(f"pods {name!r} not found", status=404)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.api.dra import DEVICE_CLASS
+from gpushare.api.dra import ANN_DRA_GPU, DEVICE_CLASS
 from gpushare.api.gpushare_crd import (
     ANN_PACKING_POLICY,
     ANN_PROFILE,
@@ -106,6 +106,17 @@ async def test_a_governed_pod_waits_gated_until_its_share_is_packed() -> None:
     await place(allocator)
     assert kube.placed_on("ns/c1") == [("n1", "gpu-0", "30")]
     assert kube.ungated == [("ns/p1", 0)]
+    # The GPU goes on the pod with the gate's removal: its share's profiler reads it.
+    assert kube.annotated == {"ns/p1": {ANN_DRA_GPU: "n1-GPU-0"}}
+
+
+async def test_pods_of_no_gpushare_get_no_annotation_with_the_gate() -> None:
+    allocator, kube, _ = setup(node_slice("n1"))
+    kube.create(share_claim("c1"))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    await place(allocator)
+    assert kube.ungated == [("ns/p1", 0)]
+    assert kube.annotated == {}  # one write per pod as before: nothing to record
 
 
 async def test_the_profiling_pod_gets_a_gpu_alone_and_keeps_others_off_it() -> None:

@@ -5,8 +5,9 @@ from typing import Any
 
 import pytest
 
+from gpushare.api.dra import ANN_DRA_GPU, POD_CLAIM
 from gpushare.api.gpushare_crd import ANN_PROFILING, ShareProfile
-from gpushare.api.names import ANN_SHARE, RESOURCE_GPU_PERCENT
+from gpushare.api.names import ANN_FRACTION, ANN_SHARE, RESOURCE_GPU_PERCENT
 from gpushare.api.placement import Placement
 from gpushare.cluster.operator.profiling import (
     MAX_PROFILING_ATTEMPTS,
@@ -23,11 +24,12 @@ from gpushare.cluster.operator.profiling import (
     stale_marks,
     with_condition,
 )
-from gpushare.cluster.state.pods import PodFacts, facts
+from gpushare.cluster.state.pods import PodFacts, facts, kept
 from gpushare.cluster.state.shares import ShareSummary, share_summary
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 GPU = "GPU-0b9c3e1a-0000-4000-8000-000000000001"
+Obj = dict[str, Any]
 
 
 def share(status: dict[str, Any] | None = None, **spec: Any) -> ShareSummary:
@@ -242,3 +244,51 @@ def test_condition_transition_time_moves_only_when_status_flips() -> None:
     )
     assert flipped[0]["lastTransitionTime"] == "2025-03-01T12:05:00Z"
     assert len(flipped) == 1
+
+
+def dra_pod(name: str, *, node: str | None = None, phase: str = "Pending", **ann: str) -> Obj:
+    """A pod as the DRA-mode webhook leaves it: its claim, gated until the controller places
+    it, ``gpushare.io/dra-gpu`` once placed."""
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "uid": f"uid-{name}",
+            "creationTimestamp": T0.isoformat(),
+            "annotations": {ANN_SHARE: "train", **ann},
+        },
+        "spec": {
+            "nodeName": node,
+            "resourceClaims": [{"name": POD_CLAIM, "resourceClaimTemplateName": "gpushare-50pct"}],
+            "containers": [{"name": "main", "image": "registry.local/train:1"}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+def test_a_dra_pod_linking_a_share_is_governed_and_profiled_on_its_claims_gpu() -> None:
+    gated = facts(dra_pod("a"))
+    assert gated.dra and kept(gated) and gated.gpu_pod
+    assert gated.demand is None and gated.placement is None  # the claim allocator places it
+    assert gated.profiled_gpu is None
+
+    running = facts(dra_pod("a", node="n1", phase="Running", **{ANN_DRA_GPU: GPU}))
+    assert running.profiled_gpu == GPU and running.gpu_uuid is None
+    status = {"phase": "Profiling", "profilingPod": "a", "profilingStarted": "2025-03-01T12:00:00Z"}
+    due = next_step(
+        share(status, profiling={"windowSeconds": 30}),
+        [running],
+        cached=None,
+        now=T0 + timedelta(seconds=31),
+    )
+    assert isinstance(due, Measure)
+    assert (due.node, due.gpu_uuid) == ("n1", GPU)
+
+
+def test_a_dra_pod_without_a_share_is_not_kept_and_its_gpu_annotation_is_not_read() -> None:
+    body = dra_pod("a", **{ANN_DRA_GPU: GPU})
+    del body["metadata"]["annotations"][ANN_SHARE]
+    body["metadata"]["annotations"][ANN_FRACTION] = "0.5"
+    plain = facts(body)
+    assert plain.dra and not kept(plain)
+    assert plain.profiled_gpu is None

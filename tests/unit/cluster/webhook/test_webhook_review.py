@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gpushare.api.dra import ANN_DRA_GPU
 from gpushare.api.names import (
     ANN_CLASS,
     ANN_CONTAINER,
@@ -109,6 +110,11 @@ def test_a_gpushare_link_takes_the_share_fraction_memory_and_class() -> None:
         (
             pod_json("p", fraction="0.5", annotations={ANN_GPU_UUID: "GPU-1"}),
             "gpushare.io/gpu-uuid",
+            "remove it",
+        ),
+        (
+            pod_json("p", fraction="0.5", annotations={ANN_DRA_GPU: "GPU-1"}),
+            "gpushare.io/dra-gpu",
             "remove it",
         ),
         (

@@ -3,13 +3,24 @@ serves the DRA plugin instead of the device plugin."""
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpushare.api.dra import DRIVER
 from gpushare.node.agent import AgentSettings, NodeAgent
+from gpushare.node.dra.claims import ClaimRef
 from gpushare.node.main import build_parser
-from tests.unit.node.dra.helpers import NODE, FakeClaims, FakeSlices, backend
+from tests.unit.node.dra.helpers import (
+    NODE,
+    FakeClaims,
+    FakeSlices,
+    backend,
+    claim,
+    mps_config,
+)
+
+UID = "0b1c2d3e-0000-4000-8000-000000000001"
 
 
 class FakeDraKube(FakeClaims, FakeSlices):
@@ -26,6 +37,16 @@ class FakeNodeKube:
         self, *, annotations: Mapping[str, str], labels: Mapping[str, str | None]
     ) -> None:
         self.published.append(annotations)
+
+    def raw_node_pods(self) -> list[dict[str, Any]]:
+        """The node's pods, as the driver checks a claim's pod against them."""
+        return [
+            {
+                "metadata": {"namespace": "ns", "name": "p1", "uid": "pod-uid-1"},
+                "spec": {"nodeName": NODE},
+                "status": {"phase": "Pending"},
+            }
+        ]
 
 
 def test_mode_and_cdi_dir_are_flags_with_deviceplugin_the_default() -> None:
@@ -65,3 +86,33 @@ def test_a_deviceplugin_agent_has_no_dra_parts(tmp_path: Path) -> None:
         AgentSettings(node_name=NODE, mps_root=tmp_path), backend=backend(), kube=None
     )
     assert agent.dra is None and agent.dra_runner is None and agent.slices is None
+
+
+def test_a_dra_agent_feeds_claims_of_running_pods_into_the_simulated_gpus(
+    tmp_path: Path,
+) -> None:
+    """What the operator's profiler reads of a simulated GPU in DRA mode: the load of the
+    claims prepared for running pods, at their thread caps (gpushare.node.load)."""
+    dra = FakeDraKube()
+    dra.claims[("ns", "c1")] = claim(consumed={"gpuPercent": "30"}, config=mps_config(limit=50))
+    settings = AgentSettings(
+        node_name=NODE,
+        mode="dra",
+        mps_root=tmp_path / "mps",
+        kubelet_root=tmp_path / "kubelet",
+        cdi_dir=tmp_path / "cdi",
+    )
+    agent = NodeAgent(settings, backend=backend(), kube=FakeNodeKube(), dra_kube=dra)
+    agent.mps.ensure(g.uuid for g in agent.gpus)
+    assert agent.dra is not None
+    agent.dra.prepare(ClaimRef(namespace="ns", uid=UID, name="c1"))
+    busy, idle = (g.uuid for g in agent.gpus)
+
+    pod = {"metadata": {"namespace": "ns", "name": "p1"}, "status": {"phase": "Pending"}}
+    agent.feed_simulated_load([pod])
+    assert agent.backend.sample(busy).pipes["tensor"] == 0.0  # its containers are not running
+
+    pod["status"]["phase"] = "Running"
+    agent.feed_simulated_load([pod])
+    assert agent.backend.sample(busy).pipes["tensor"] == pytest.approx(0.55 * 0.5)
+    assert agent.backend.sample(idle).pipes["tensor"] == 0.0
