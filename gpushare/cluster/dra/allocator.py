@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gpushare.api.dra import ANN_DRA_GPU, PLACEMENT_GATE
@@ -36,6 +36,7 @@ from gpushare.api.gpushare_crd import (
     ANN_PACKING_POLICY,
     ANN_PROFILE,
     ANN_PROFILING,
+    parse_profile,
 )
 from gpushare.api.names import ANN_SHARE
 from gpushare.cluster.dra import placement
@@ -52,6 +53,7 @@ from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.errors import KubeError
 from gpushare.packing.model import Demand
 from gpushare.packing.placer import Placer
+from gpushare.packing.stored_profile import pipe_profile
 
 log = logging.getLogger(__name__)
 
@@ -252,11 +254,13 @@ class ClaimAllocator:
 
     def _rules_of(self, key: str, pod: Mapping[str, Any]) -> ShareRules | str:
         """The pod's GpuShare rules, or why they cannot be read (a sentence naming the
-        annotation and the fix)."""
+        annotation and the fix). A pod of a Packed share that does not carry the profile yet
+        gets the share's (the operator annotates pods only while they are unscheduled, and
+        the hold lifts as the share is Packed: the pod may be placed first)."""
         namespace, _, name = key.partition("/")
         annotations = _meta(pod).get("annotations")
         try:
-            return rules_of(
+            rules = rules_of(
                 name=name,
                 namespace=namespace,
                 annotations=annotations if isinstance(annotations, Mapping) else {},
@@ -264,6 +268,13 @@ class ClaimAllocator:
             )
         except InvalidInputError as exc:
             return str(exc)
+        if rules.profile is None and rules.share is not None:
+            status = self.view.share_status(namespace, rules.share) or {}
+            stored = status.get("profile")
+            if isinstance(stored, Mapping):
+                with contextlib.suppress(InvalidInputError):
+                    rules = replace(rules, profile=pipe_profile(parse_profile(stored)))
+        return rules
 
     def pods_listed(self, pods: list[Mapping[str, Any]]) -> None:
         """A full list of pods: the gated ones are all there is to place."""
@@ -463,6 +474,7 @@ class ClaimAllocator:
                 "node": choice.assignment.node,
                 "gpus": ",".join(f"{g.pool}/{g.device}" for g in choice.gpus),
                 "percent": ask.percent,
+                "profiled": want.profile is not None,
                 "decide_ms": round((time.monotonic() - started) * 1000, 2),
             },
         )

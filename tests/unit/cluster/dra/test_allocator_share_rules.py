@@ -224,3 +224,20 @@ async def test_a_deleted_profiling_pod_no_longer_keeps_others_off_its_gpu() -> N
     assert devices.blockers == set()
     await place(allocator)
     assert kube.placed_on("ns/c-x") == [("n1", "gpu-0", "20")]
+
+
+async def test_a_pod_placed_before_it_inherits_the_profile_is_placed_with_its_shares() -> None:
+    # The hold lifts as the share is Packed; the operator may not have annotated the pod yet.
+    web_share = share("web", PHASE_PACKED)
+    web_share["status"]["profile"] = SERVICE
+    shares = [share("heavy", PHASE_PACKED), web_share]
+    allocator, kube, _ = setup(node_slice("n1", 2), shares=shares, admission=Admission())
+    kube.create(allocated_claim("c-gemm", consumed={"gpuPercent": "50"}))
+    bound = governed("gemm", "c-gemm", "heavy", **{ANN_PROFILE: json.dumps(HEAVY)})
+    bound["spec"] = {**bound["spec"], "schedulingGates": [], "nodeName": "n1"}
+    allocator.pod_event(bound)
+
+    kube.create(share_claim("c-web", percent="30", config=mps_config(**{"class": "latency"})))
+    allocator.pod_event(governed("web", "c-web", "web"))
+    await place(allocator)
+    assert kube.placed_on("ns/c-web") == [("n1", "gpu-1", "30")]
