@@ -217,21 +217,18 @@ def namespace(cluster: Any, crd: None, request: pytest.FixtureRequest) -> Iterat
     # An admin's grant: the operator's profiling pods run alone on their GPU here.
     cluster.kubectl("label", "namespace", name, f"{LABEL_NEIGHBOUR_RULES}=granted")
     yield name
-    # Drop finalizers first: the test's operator may already be gone.
-    shares = cluster.kubectl("get", "gpushares", "-n", name, "-o", "name", check=False).split()
-    for share in shares:
-        cluster.kubectl(
-            "patch",
-            share,
-            "-n",
-            name,
-            "--type",
-            "merge",
-            "-p",
-            '{"metadata":{"finalizers":null}}',
-            check=False,
-        )
+    drop_share_finalizers(cluster, name)
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def drop_share_finalizers(cluster: Any, namespace: str) -> None:
+    """Before a test namespace is deleted: its operator may already be gone."""
+    out = cluster.kubectl("get", "gpushares", "-n", namespace, "-o", "name", check=False)
+    for share in out.split():
+        cluster.kubectl(
+            "patch", share, "-n", namespace, "--type", "merge", "-p",
+            '{"metadata":{"finalizers":null}}', check=False,
+        )  # fmt: skip
 
 
 @pytest.fixture

@@ -49,6 +49,17 @@ class FakeNodeKube:
         ]
 
 
+def dra_settings(tmp_path: Path) -> AgentSettings:
+    """An agent in dra mode with its directories under ``tmp_path``."""
+    return AgentSettings(
+        node_name=NODE,
+        mode="dra",
+        mps_root=tmp_path / "mps",
+        kubelet_root=tmp_path / "kubelet",
+        cdi_dir=tmp_path / "cdi",
+    )
+
+
 def test_mode_and_cdi_dir_are_flags_with_deviceplugin_the_default() -> None:
     defaults = build_parser().parse_args([])
     assert (defaults.mode, defaults.cdi_dir) == ("deviceplugin", Path("/var/run/cdi"))
@@ -63,13 +74,7 @@ def test_mode_and_cdi_dir_are_flags_with_deviceplugin_the_default() -> None:
 def test_a_dra_agent_publishes_its_slice_and_serves_the_dra_plugin(tmp_path: Path) -> None:
     dra = FakeDraKube()
     kube = FakeNodeKube()
-    settings = AgentSettings(
-        node_name=NODE,
-        mode="dra",
-        mps_root=tmp_path / "mps",
-        kubelet_root=tmp_path / "kubelet",
-        cdi_dir=tmp_path / "cdi",
-    )
+    settings = dra_settings(tmp_path)
     agent = NodeAgent(settings, backend=backend(), kube=kube, dra_kube=dra)
     agent.mps.ensure(g.uuid for g in agent.gpus)
     agent.publish()
@@ -95,13 +100,7 @@ def test_a_dra_agent_feeds_claims_of_running_pods_into_the_simulated_gpus(
     claims prepared for running pods, at their thread caps (gpushare.node.load)."""
     dra = FakeDraKube()
     dra.claims[("ns", "c1")] = claim(consumed={"gpuPercent": "30"}, config=mps_config(limit=50))
-    settings = AgentSettings(
-        node_name=NODE,
-        mode="dra",
-        mps_root=tmp_path / "mps",
-        kubelet_root=tmp_path / "kubelet",
-        cdi_dir=tmp_path / "cdi",
-    )
+    settings = dra_settings(tmp_path)
     agent = NodeAgent(settings, backend=backend(), kube=FakeNodeKube(), dra_kube=dra)
     agent.mps.ensure(g.uuid for g in agent.gpus)
     assert agent.dra is not None
