@@ -69,6 +69,23 @@ def claim_key(obj: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
+MAX_RESERVED = 256
+"""Most ``status.reservedFor`` entries read (the API allows 256)."""
+
+
+def reserved_pods(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(name, uid) of each pod a claim's ``status.reservedFor`` names, in order."""
+    reserved = _mapping(obj.get("status")).get("reservedFor")
+    return [
+        (str(r.get("name", "")), str(r.get("uid", "")))
+        for r in (reserved[:MAX_RESERVED] if isinstance(reserved, list) else [])
+        if isinstance(r, Mapping)
+        and r.get("resource") == "pods"
+        and not r.get("apiGroup")
+        and r.get("name")
+    ]
+
+
 def read_slice(obj: Mapping[str, Any]) -> list[DraGpu] | None:
     """The GPUs of one ResourceSlice of our driver; None for another driver's slice."""
     spec = _mapping(obj.get("spec"))
@@ -153,4 +170,5 @@ __all__ = [
     "claim_key",
     "read_allocation",
     "read_slice",
+    "reserved_pods",
 ]

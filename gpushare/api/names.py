@@ -43,6 +43,11 @@ ANN_NODE_GPUS: Final = f"{GROUP}/gpus"
 # "true" once the kubelet has the node agent's healthy devices; "false" while it registers or
 # re-registers (kubelet or agent restart): a pod bound then would fail the kubelet's admission.
 ANN_AGENT_READY: Final = f"{GROUP}/agent-ready"
+# How the node agent serves its GPUs: "deviceplugin" (annotated pods, placed by the extender)
+# or "dra" (ResourceClaims, placed by the claim allocator). The extender places nothing on a
+# "dra" node (docs/dra.md, "Both modes in one cluster").
+ANN_AGENT_MODE: Final = f"{GROUP}/agent-mode"
+AGENT_MODE_DRA: Final = "dra"
 LABEL_MPS_CAPABLE: Final = f"{GROUP}/mps-capable"
 LABEL_SIMULATED: Final = f"{GROUP}/simulated"
 # Node label an administrator sets: which of the node's GPUs gpushare manages ("all", "none",

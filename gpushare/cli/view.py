@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpushare.api.dra_objects import DraGpu, read_allocation, read_slice
+from gpushare.api.dra_objects import DraGpu, read_allocation, read_slice, reserved_pods
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo, load_inventory
 from gpushare.api.names import (
@@ -174,13 +174,7 @@ def _claim_rows(
             shares = read_allocation(claim)
         except InvalidInputError:
             continue
-        status = claim.get("status") or {}
-        reserved = status.get("reservedFor") if isinstance(status, Mapping) else None
-        users = [
-            str(r.get("name", ""))
-            for r in (reserved if isinstance(reserved, list) else [])
-            if isinstance(r, Mapping) and r.get("resource") == "pods"
-        ]
+        users = [name for name, _ in reserved_pods(claim)]
         for share in shares:
             gpu = gpus.get((share.pool, share.device))
             if gpu is None:

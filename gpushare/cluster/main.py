@@ -336,6 +336,9 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             resync = settings.resync_seconds
             if settings.places_claims:
                 devices = DraDevices()
+                # The operator sees DRA-mode pods on GPUs by their claims (status.placements,
+                # latency protection); the extender's ledger does not.
+                ctx.view.claim_holders = devices.holders
                 ctx.claim_allocator = ClaimAllocator(
                     view=ctx.view,
                     devices=devices,

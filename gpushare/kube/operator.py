@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.meta_v1 import DeleteOptions, ObjectMeta, Preconditions
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
@@ -129,15 +129,20 @@ class KubeApi:
             raise
         return True
 
-    async def evict(self, *, namespace: str, name: str) -> EvictionOutcome:
-        """Evict through the Eviction API, so PodDisruptionBudgets are respected."""
-        body = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
+    async def evict(self, *, namespace: str, name: str, uid: str | None = None) -> EvictionOutcome:
+        """Evict through the Eviction API, so PodDisruptionBudgets are respected. With
+        ``uid``, only that pod: one recreated under the same name meanwhile is not evicted
+        (the API server answers 409, taken as gone)."""
+        body = Pod.Eviction(
+            metadata=ObjectMeta(name=name, namespace=namespace),
+            deleteOptions=DeleteOptions(preconditions=Preconditions(uid=uid)) if uid else None,
+        )
         try:
             await self._client.create(body, name, namespace=namespace)
         except ApiError as exc:
             if exc.status.code == 429:
                 return EvictionOutcome.BLOCKED
-            if exc.status.code == 404:
+            if exc.status.code in (404, 409):
                 return EvictionOutcome.GONE
             raise
         return EvictionOutcome.EVICTED

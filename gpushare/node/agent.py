@@ -20,6 +20,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo, dump_inventory
 from gpushare.api.names import (
     AGENT_METRICS_PORT,
+    ANN_AGENT_MODE,
     ANN_AGENT_READY,
     ANN_NODE_GPUS,
     LABEL_MPS_CAPABLE,
@@ -333,7 +334,12 @@ class NodeAgent:
             LABEL_SIMULATED: "true" if self.backend.simulated else None,
         }
         ready = "true" if self.not_ready_reason() is None else "false"
-        return {ANN_NODE_GPUS: dump_inventory(gpus), ANN_AGENT_READY: ready}, labels
+        annotations = {
+            ANN_NODE_GPUS: dump_inventory(gpus),
+            ANN_AGENT_READY: ready,
+            ANN_AGENT_MODE: self.settings.mode,
+        }
+        return annotations, labels
 
     def not_ready_reason(self) -> str | None:
         """Why a pod bound to this node now would fail the kubelet's admission (plugin not
@@ -424,7 +430,8 @@ class NodeAgent:
 
     def feed_simulated_load(self, pods: list[dict[str, Any]]) -> None:
         """Give each simulated GPU the load of the pods running on it (gpushare.node.load): in
-        DRA mode those of the claims prepared for running pods, at their thread caps."""
+        DRA mode those of the claims prepared for running pods, at their thread caps or their
+        guaranteed share when smaller, as annotated pods."""
         shares: dict[str, list[Share]] = defaultdict(list)
         running = set()
         for pod in pods:
@@ -435,7 +442,7 @@ class NodeAgent:
             if claim.pod in running:
                 for device in claim.devices:
                     shares[device.gpu_uuid].append(
-                        Share(claim.thread_percent, claim.memory_limit_bytes)
+                        Share(claim.thread_percent, claim.memory_limit_bytes, claim.percent)
                     )
         for pod in pods:
             phase = (pod.get("status") or {}).get("phase")

@@ -482,6 +482,20 @@ def test_second_share_of_the_same_job_reuses_the_cached_profile(
 # ---- latency protection --------------------------------------------------------------------
 
 
+def protection_args(threshold: float) -> list[str]:
+    """Latency protection made quick for a test: a reading a second over a 2 s window, three
+    bad ones in a row to evict, an 8 s cool-down, saturation at ``threshold`` (slowdown
+    predictions left out)."""
+    return [
+        "--protection-interval", "1",
+        "--protection-window", "2",
+        "--saturation-threshold", f"{threshold:.4f}",
+        "--bad-readings", "3",
+        "--cooldown", "8",
+        "--slowdown-bound", "100",
+    ]  # fmt: skip
+
+
 def _gpu_and_threads(cluster: Any, name: str, namespace: str) -> tuple[str, int]:
     ann = wait_pod_running(cluster, name, namespace)["metadata"]["annotations"]
     return ann[ANN_GPU_UUID], int(ann[ANN_THREAD_PERCENT])
@@ -538,20 +552,7 @@ def test_saturated_gpu_of_a_latency_pod_evicts_its_newest_batch_pod(
         namespace=namespace,
         agent_url=f"http://127.0.0.1:{node_agent.metrics_port}",
         log_path=tmp_path / "operator.log",
-        args=[
-            "--protection-interval",
-            "1",
-            "--protection-window",
-            "2",
-            "--saturation-threshold",
-            f"{threshold:.4f}",
-            "--bad-readings",
-            "3",
-            "--cooldown",
-            "8",
-            "--slowdown-bound",
-            "100",
-        ],
+        args=protection_args(threshold),
     )
     # The newest batch pod is covered by a PodDisruptionBudget at first.
     apply(

@@ -13,11 +13,21 @@ cannot be read is skipped with a reason kept in ``problems``, never raised into 
 """
 
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
-from gpushare.api.dra_objects import ClaimShare, DraGpu, claim_key, read_allocation, read_slice
+from gpushare.api.dra_objects import (
+    ClaimShare,
+    DraGpu,
+    claim_key,
+    read_allocation,
+    read_slice,
+    reserved_pods,
+)
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU
+from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU, STATE_ALLOCATED
+from gpushare.api.placement import Placement
+from gpushare.cluster.state.claim_holders import ClaimHolder
 from gpushare.cluster.state.share_rules import NO_RULES, ShareRules
 from gpushare.packing.model import GpuState, NodeState, Tenant
 from gpushare.packing.placer import gpu_signature
@@ -48,6 +58,32 @@ def _older(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
 
 def _allocated(obj: Mapping[str, Any]) -> bool:
     return bool(_mapping(obj.get("status")).get("allocation"))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _created(obj: Mapping[str, Any]) -> datetime:
+    text = _mapping(obj.get("metadata")).get("creationTimestamp")
+    if not isinstance(text, str) or len(text) > 64:
+        return _EPOCH
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return _EPOCH
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _driver_cap(share: ClaimShare, *, latency: bool) -> int:
+    """The thread cap the driver gives ``share``'s claim when it prepares it (docs/dra.md,
+    "Requests and limits"): a batch claim's depends on whether a latency claim was prepared
+    first, so one beside a latency claim is taken capped."""
+    return thread_cap(
+        share.percent,
+        limit=share.limit,
+        gpu_class=share.gpu_class,
+        latency_neighbour=latency and share.gpu_class != CLASS_LATENCY,
+    )
 
 
 class DraDevices:
@@ -84,6 +120,9 @@ class DraDevices:
         """Called with a claim's key after each event about it."""
         self.slices_synced = False
         self.claims_synced = False
+        self._claim_events = 0
+        """Moves with every claim event or slice change: :meth:`holders` is made again."""
+        self._holders: tuple[int, dict[str, ClaimHolder]] | None = None
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -201,15 +240,7 @@ class DraDevices:
                     gpu_class=s.gpu_class,
                     tenancy=tenancy_of(s.namespace),
                     profile=self._rules.get(s.claim, NO_RULES).profile,
-                    # The cap the driver gives the claim when it prepares it (docs/dra.md,
-                    # "Requests and limits"): a batch claim's depends on whether a latency
-                    # claim was prepared first, so one beside a latency claim is taken capped.
-                    thread_percent=thread_cap(
-                        s.percent,
-                        limit=s.limit,
-                        gpu_class=s.gpu_class,
-                        latency_neighbour=latency and s.gpu_class != CLASS_LATENCY,
-                    ),
+                    thread_percent=_driver_cap(s, latency=latency),
                 )
                 for s in shares
             ]
@@ -225,6 +256,47 @@ class DraDevices:
         state = self._states[name] = NodeState(name=name, gpus=gpus)
         self._signatures.pop(name, None)
         return state
+
+    def holders(self) -> Mapping[str, ClaimHolder]:
+        """Pod key -> where the pod's allocated claims on our GPUs put it, for each pod their
+        ``status.reservedFor`` names (the operator's reads of DRA-mode pods, ``ClusterView.
+        claim_holders``). Made again only after a claim changed; pods on several GPUs get
+        every GPU (the operator leaves them out, as annotated ones)."""
+        if self._holders is not None and self._holders[0] == self._claim_events:
+            return self._holders[1]
+        out: dict[str, ClaimHolder] = {}
+        for (pool, device), on_gpu in self._on_gpu.items():
+            g = self._gpus.get((pool, device))
+            if g is None or not on_gpu:
+                continue
+            latency = any(s.gpu_class == CLASS_LATENCY for s in on_gpu.values())
+            for s in on_gpu.values():
+                claim = self._claims.get(s.claim)
+                if claim is None:
+                    continue
+                memory = s.memory_bytes or g.memory_bytes * s.percent // SLICES_PER_GPU
+                for name, uid in reserved_pods(claim):
+                    key = f"{s.namespace}/{name}"
+                    held = out.get(key)
+                    if held is not None and g.uuid in held.placement.gpu_uuids:
+                        continue
+                    placement = Placement(
+                        gpu_uuids=(*(held.placement.gpu_uuids if held else ()), g.uuid),
+                        thread_percent=_driver_cap(s, latency=latency),
+                        memory_limit_bytes=memory,
+                        bind_time=_created(claim),
+                        state=STATE_ALLOCATED,
+                        request_percent=s.percent,
+                    )
+                    out[key] = ClaimHolder(
+                        pod_key=key,
+                        pod_uid=uid,
+                        node=g.node,
+                        placement=placement,
+                        gpu_class=s.gpu_class,
+                    )
+        self._holders = (self._claim_events, out)
+        return out
 
     def _changed(self, node: str) -> None:
         """Node ``node``'s GPUs or shares changed: its state is built again when asked."""
@@ -285,6 +357,7 @@ class DraDevices:
             self._by_node.setdefault(g.node, []).append(g)
             self._changed(g.node)
         self._names = None
+        self._claim_events += 1
         self.version += 1
 
     # ---- claims --------------------------------------------------------------------------
@@ -298,6 +371,7 @@ class DraDevices:
             # until the allocation's event came, and a claim placed meanwhile could take it.
             return
         self._claims[key] = obj
+        self._claim_events += 1
         try:
             shares = read_allocation(obj)
             self.problems.pop(f"claim {key}", None)
@@ -353,6 +427,7 @@ class DraDevices:
         self.claims_synced = True
 
     def _set_shares(self, key: str, shares: list[ClaimShare]) -> None:
+        self._claim_events += 1
         old = self._shares.get(key, [])
         if old == shares:
             return

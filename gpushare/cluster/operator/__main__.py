@@ -36,6 +36,12 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
     parser.add_argument(
         "--no-protection", action="store_true", help="do not run latency protection"
     )
+    parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="also watch gpushare's DRA claims, so DRA-mode pods count where their claims "
+        "put them (status.placements, latency protection)",
+    )
     flag(parser, cfg, "protection_interval_s", "--protection-interval", type=float)
     flag(parser, cfg, "protection_window_s", "--protection-window", type=int)
     flag(parser, policy, "saturation_threshold", type=float)
@@ -77,6 +83,7 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
         profiling_start_timeout_s=args.profiling_start_timeout_s,
         profiling_warmup_s=args.profiling_warmup_s,
         protection=not args.no_protection,
+        dra_claims=args.dra,
         protection_interval_s=args.protection_interval_s,
         protection_window_s=args.protection_window_s,
         protection_policy=ProtectionPolicy(

@@ -171,10 +171,13 @@ class LatencyGuard:
     async def tick(self) -> list[EvictionRecord]:
         """Read every GPU holding a latency-class pod once; evict where hysteresis says so."""
         self._zero_counters()
+        scope = set(self.config.watch_namespaces)
         watched = {
             gpu: tenants
-            for gpu, tenants in self.view.tenants_by_gpu().items()
-            if latency_tenants(tenants)
+            for gpu, every in self.view.tenants_by_gpu().items()
+            # DRA-mode pods come from a cluster-wide claim watch: keep to the operator's scope.
+            if (tenants := [t for t in every if not scope or t.namespace in scope])
+            and latency_tenants(tenants)
         }
         self.tracker.forget_except({uuid for _, uuid in watched})
         keys = list(watched)
@@ -233,7 +236,9 @@ class LatencyGuard:
             return None
         readings = self.config.protection_policy.bad_readings
         why = f"{verdict.why} for {readings} readings in a row"
-        outcome = await self.kube.evict(namespace=victim.namespace, name=victim.name)
+        outcome = await self.kube.evict(
+            namespace=victim.namespace, name=victim.name, uid=victim.uid or None
+        )
         if outcome is EvictionOutcome.BLOCKED:
             if self.tracker.blocked(uuid):
                 await self.kube.post_event(

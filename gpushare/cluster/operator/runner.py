@@ -14,15 +14,21 @@ from collections.abc import Callable
 import kopf
 from prometheus_client import CollectorRegistry
 
+from gpushare.cluster import watches
+from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.handlers import build_registry, kopf_settings
 from gpushare.cluster.operator.profiler_client import ProfilerClient
 from gpushare.cluster.operator.reconcile import ShareReconciler
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.state.view import ClusterView
+from gpushare.kube.controller import Kube
 from gpushare.kube.operator import KubeApi
 
 log = logging.getLogger(__name__)
+
+CLAIMS_RESYNC_S = 300.0
+"""How often the standalone operator's claim watches list again (the controller's default)."""
 
 
 async def run_operator(
@@ -61,6 +67,13 @@ async def run_operator(
     tasks.append(asyncio.create_task(announce_ready(), name="gpushare-operator-ready"))
     if not host_watches:
         tasks.append(asyncio.create_task(reconciler.seed(), name="gpushare-operator-seed"))
+    claims_kube: Kube | None = None
+    if config.dra_claims and state.claim_holders is None:
+        claims_kube = Kube.connect(kubeconfig=None, field_manager="gpushare-operator")
+        devices = DraDevices()
+        state.claim_holders = devices.holders
+        feeding = watches.feed_dra(claims_kube, devices, resync_seconds=CLAIMS_RESYNC_S)
+        tasks.append(asyncio.create_task(feeding, name="gpushare-operator-claims"))
     if config.protection:
         guard = LatencyGuard.with_default_model(
             config=config,
@@ -102,6 +115,8 @@ async def run_operator(
         await reconciler.close()
         await profiler.close()
         await kube.close()
+        if claims_kube is not None:
+            await claims_kube.close()
 
 
 def ensure_peering_identity() -> None:

@@ -49,5 +49,10 @@ class OperatorConfig:
     watch_namespaces: tuple[str, ...] = ()
     """Namespaces whose GpuShares and pods the operator handles; empty: the whole cluster.
     Protection only ever evicts pods it sees, so tests on a shared cluster scope it here."""
+    dra_claims: bool = False
+    """The operator on its own: watch ResourceSlices and ResourceClaims of gpushare's DRA
+    driver, so that DRA-mode pods count where their claims put them (a GpuShare's
+    ``status.placements``, latency protection). Inside the controller, its claim watch does
+    this whenever it places claims."""
     standalone: bool = True
     """Run Kopf without peering (one controller replica, or leader election done outside)."""

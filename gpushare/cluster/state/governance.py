@@ -4,9 +4,10 @@ Pure functions over the view's one pod projection (:class:`~.pods.PodFacts`) and
 (:class:`~.shares.ShareRegistry`); the view exposes them as methods.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from gpushare.api.gpushare_crd import governing_share
+from gpushare.cluster.state.claim_holders import ClaimHolder, claim_tenants
 from gpushare.cluster.state.pods import PodFacts
 from gpushare.cluster.state.shares import ShareRegistry, ShareSummary
 
@@ -35,12 +36,24 @@ def governed_pods(
     return sorted(found, key=lambda p: (p.created, p.name))
 
 
-def tenants_by_gpu(pods: Iterable[PodFacts]) -> dict[tuple[str, str], list[PodFacts]]:
-    """(node, GPU UUID) -> active pods placed on that GPU (pods on several GPUs left out)."""
+def tenants_by_gpu(
+    pods: Iterable[PodFacts],
+    *,
+    holders: Mapping[str, ClaimHolder] | None = None,
+    kept: Callable[[str], PodFacts | None] | None = None,
+) -> dict[tuple[str, str], list[PodFacts]]:
+    """(node, GPU UUID) -> active pods placed on that GPU (pods on several GPUs left out):
+    annotated pods by their placement, DRA-mode pods by their claims (``holders``; ``kept``
+    finds the view's facts of such a pod)."""
     out: dict[tuple[str, str], list[PodFacts]] = {}
+    placed: set[str] = set()
     for pod in pods:
         uuid = pod.gpu_uuid
         if uuid is None or pod.node is None or not pod.active:
             continue
         out.setdefault((pod.node, uuid), []).append(pod)
+        placed.add(pod.key)
+    if holders:
+        for gpu, pod in claim_tenants(holders, kept=kept or (lambda _: None), placed=placed):
+            out.setdefault(gpu, []).append(pod)
     return out

@@ -15,7 +15,13 @@ from typing import Any
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo, load_inventory
-from gpushare.api.names import ANN_AGENT_READY, ANN_NODE_GPUS, RESOURCE_GPU_PERCENT
+from gpushare.api.names import (
+    AGENT_MODE_DRA,
+    ANN_AGENT_MODE,
+    ANN_AGENT_READY,
+    ANN_NODE_GPUS,
+    RESOURCE_GPU_PERCENT,
+)
 from gpushare.packing.model import GpuState, NodeState, Tenant
 
 log = logging.getLogger(__name__)
@@ -68,6 +74,13 @@ def read_gpus(
     assert isinstance(meta, Mapping)
     annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
     assert isinstance(annotations, Mapping)
+    if annotations.get(ANN_AGENT_MODE) == AGENT_MODE_DRA:
+        # Its GPUs are DRA devices: claims are placed there, by the claim allocator or
+        # kube-scheduler; the node keeps its GPU models and address for the operator.
+        return None, (
+            "the node's gpushare agent serves DRA claims (agent mode dra): pods asking "
+            f"{RESOURCE_GPU_PERCENT} are placed on device-plugin nodes only"
+        )
     ready = annotations.get(ANN_AGENT_READY)
     if ready == "false":
         # The agent says the kubelet does not have its healthy devices yet (it is registering

@@ -41,6 +41,7 @@ from typing import Any
 
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.state import governance
+from gpushare.cluster.state.claim_holders import ClaimHolder, with_claim_placements
 from gpushare.cluster.state.host_resources import node_allocatable, pod_requests
 from gpushare.cluster.state.hosts import HostUsage
 from gpushare.cluster.state.nodes import (
@@ -112,6 +113,11 @@ class ClusterView:
         GpuShare governing it."""
         self.sync_listeners: list[Callable[[], None]] = []
         """Called whenever a full list leaves the view synced (``synced``)."""
+        self.claim_holders: Callable[[], Mapping[str, ClaimHolder]] | None = None
+        """DRA mode: the pods holding claims on gpushare's DRA GPUs, by pod key (the
+        controller's claim watch, ``DraDevices.holders``). The operator's reads
+        (``governed_pods``, ``tenants_by_gpu``) place DRA-mode pods by them; nothing is
+        counted in the device-plugin ledger."""
 
         self._inventory = NodeInventory()
         self._marks = WorkloadMarks()
@@ -319,12 +325,19 @@ class ClusterView:
         return governance.share_of(self._shares, pod)
 
     def governed_pods(self, share: ShareSummary) -> list[PodFacts]:
-        """GPU pods of the share's namespace that it governs, oldest first."""
-        return governance.governed_pods(self._shares, self.kept_pods(), share)
+        """GPU pods of the share's namespace that it governs, oldest first; a DRA-mode pod
+        with its claim's placement."""
+        pods = governance.governed_pods(self._shares, self.kept_pods(), share)
+        holders = self.claim_holders() if self.claim_holders is not None else None
+        return with_claim_placements(pods, holders) if holders else pods
 
     def tenants_by_gpu(self) -> dict[tuple[str, str], list[PodFacts]]:
-        """(node, GPU UUID) -> active pods placed on that GPU."""
-        return governance.tenants_by_gpu(self.kept_pods())
+        """(node, GPU UUID) -> active pods placed on that GPU, DRA-mode pods included."""
+        return governance.tenants_by_gpu(
+            self.kept_pods(),
+            holders=self.claim_holders() if self.claim_holders is not None else None,
+            kept=self.kept_pod,
+        )
 
     def node_info(self, name: str) -> NodeInfo | None:
         """What the operator reads of a node (any watched node, GPUs usable or not)."""

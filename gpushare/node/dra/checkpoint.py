@@ -52,6 +52,10 @@ class PreparedClaim:
     tenancy: str = ""
     """The claim's tenancy (its namespace or sharing group; gpushare.packing.tenancy), empty
     without a boundary: claims of different tenancies never share a GPU's MPS server."""
+    percent: int | None = None
+    """The gpuPercent the claim consumes of each GPU (100 for whole GPUs): what it is
+    guaranteed, beside ``thread_percent``, what it may use. None in checkpoints written before
+    it was recorded."""
 
     @property
     def key(self) -> str:
@@ -71,6 +75,7 @@ class PreparedClaim:
             "gpu_class": self.gpu_class,
             "edits": self.edits,
             "tenancy": self.tenancy,
+            "percent": self.percent,
         }
 
     @classmethod
@@ -98,6 +103,7 @@ class PreparedClaim:
             edits=dict(raw.get("edits") or {}),
             # Checkpoints written before tenancies were recorded: the namespace's own.
             tenancy=str(raw.get("tenancy", raw["namespace"])),
+            percent=None if raw.get("percent") is None else int(raw["percent"]),
         )
 
 

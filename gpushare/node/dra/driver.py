@@ -267,6 +267,7 @@ class DraDriver:
             gpu_class=first.config.gpu_class,
             edits=cdi.container_edits(allocation),
             tenancy=tenancy if shared else "",
+            percent=first.percent if shared else 100,
         )
 
     def _thread_percent(self, gpu: AllocatedGpu) -> int:

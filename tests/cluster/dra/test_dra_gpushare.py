@@ -4,10 +4,13 @@ elected one alone on a GPU, the operator profiles that claim's GPU, and the next
 with the measured profile (docs/dra.md, "GpuShares and profiles").
 
 The operator runs as its own process scoped to the test's namespace, as in
-tests/cluster/test_operator_cluster.py; the controller's allocator places the claims.
+tests/cluster/test_operator_cluster.py, watching the claims (``--dra``) as the controller's
+embedded operator does; the controller's allocator places the claims. The same operator's
+latency protection evicts a DRA batch pod from a saturated GPU holding a DRA latency pod.
 """
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +20,7 @@ import pytest
 
 from gpushare.api.dra import ANN_DRA_GPU, PLACEMENT_GATE
 from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILE, ANN_PROFILING
-from gpushare.api.names import ANN_SHARE, LABEL_NEIGHBOUR_RULES
+from gpushare.api.names import ANN_CLASS, ANN_FRACTION, ANN_SHARE, LABEL_NEIGHBOUR_RULES
 from gpushare.node.load import PIPE_WEIGHTS
 from tests.cluster.dra.test_dra_annotations import annotated_pod
 from tests.cluster.dra.test_dra_placement import claim_of, device_of, pod, wait_running
@@ -27,7 +30,10 @@ from tests.cluster.test_operator_cluster import (
     OperatorProcess,
     apply,
     drop_share_finalizers,
+    events,
+    protection_args,
     share_manifest,
+    share_status,
     wait_phase,
 )
 from tests.fixtures.chart_release import wait_for
@@ -71,7 +77,7 @@ def operator(
         namespace=namespace,
         agent_url=f"http://127.0.0.1:{METRICS_PORT}",
         log_path=tmp_path / "operator.log",
-        args=["--no-protection"],
+        args=["--no-protection", "--dra"],
     )
     proc.start()
     yield proc
@@ -131,8 +137,9 @@ def test_a_share_profiles_its_first_dra_pod_alone_then_places_the_next_with_the_
     assert profile["gpuModel"] == SIMULATED_MODEL
     assert profile["simulated"] is True and profile["source"] == "measured"
     # The agent's simulated load of train-0's claim alone: a batch claim without a limit runs
-    # uncapped (docs/dra.md, "Requests and limits"), so tensor is near its full weight.
-    assert profile["tensor"] == pytest.approx(PIPE_WEIGHTS["tensor"], rel=0.25)
+    # uncapped (docs/dra.md, "Requests and limits") and a simulated pod keeps its guaranteed
+    # 30 % busy (gpushare.node.load), as an annotated pod does.
+    assert profile["tensor"] == pytest.approx(PIPE_WEIGHTS["tensor"] * 0.3, rel=0.25)
 
     # The held pod inherited the share's rules while it waited, then was placed with the
     # measured profile (the annotation's or, if it was placed first, the share's).
@@ -147,3 +154,87 @@ def test_a_share_profiles_its_first_dra_pod_alone_then_places_the_next_with_the_
         if r.get("msg") == "claim placed" and r.get("pod") == f"{ns}/train-1"
     ]
     assert [d["profiled"] for d in decisions] == [True]
+
+    # The share lists both pods where their claims put them (read from the claims).
+    def listed() -> list[Obj] | None:
+        found = share_status(c, "train", ns).get("placements") or []
+        return found if len(found) == 2 else None
+
+    placements = wait_for(listed, timeout_s=30, what="both pods in status.placements")
+    by_pod = {p["pod"]: p for p in placements}
+    assert by_pod["train-0"]["gpuUuid"] == profiled_gpu
+    second_gpu = uuids[device_of(claim_of(c, ns, "train-1"))]
+    assert by_pod["train-1"]["gpuUuid"] == second_gpu
+    assert {p["node"] for p in placements} == {second["spec"]["nodeName"]}
+    # A batch claim without a limit runs uncapped.
+    assert {p["threadPercent"] for p in placements} == {100}
+
+
+def evicted(c: LocalCluster, ns: str, name: str) -> bool:
+    """Gone, or being deleted."""
+    out = c.kubectl("get", "pod", name, "-n", ns, "--ignore-not-found", "-o", "json")
+    return not out.strip() or bool(json.loads(out)["metadata"].get("deletionTimestamp"))
+
+
+def test_a_saturated_gpu_of_a_dra_latency_pod_evicts_its_newest_batch_neighbour(
+    dra_cluster: LocalCluster,
+    dra_agent: list[Obj],
+    dra_controller: ControllerProcess,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """Latency protection in DRA mode: the operator finds the pods on a GPU from their claims,
+    reads the GPU from the node agent and evicts the newest batch pod (by name and UID)."""
+    c, ns = dra_cluster, namespace
+
+    def make(name: str, fraction: str, cls: str, **ann: str) -> str:
+        body = annotated_pod(c, name, {ANN_FRACTION: fraction, ANN_CLASS: cls, **ann})
+        body["metadata"]["labels"] = {"app": name}
+        c.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(body))
+        wait_running(c, ns, name)
+        return device_of(claim_of(c, ns, name))
+
+    # Fill one GPU, so every other pod lands on the other one; the latency pod is prepared
+    # first, so the driver caps the batch claims beside it at 50 %.
+    blocked = make("blocker", "1", "batch")
+    apply(
+        c,
+        share_manifest(
+            "infer", ns, fraction="0.3", **{"class": "latency"}, profiling={"mode": "skip"}
+        ),
+    )
+    gpu = make("infer", "0.3", "latency", **{ANN_SHARE: "infer"})
+    assert gpu != blocked
+    assert make("train-a", "0.4", "batch") == gpu
+    assert make("train-b", "0.3", "batch") == gpu
+
+    # The simulated GPU's busiest pipe follows what its claims may use (gpushare.node.load):
+    # the latency claim uncapped on 30 %, the batch ones at min(50, share). Saturation is set
+    # between the load without and with the newest batch pod.
+    weight = PIPE_WEIGHTS["tensor"]
+    before, after = weight * min(1.0, (30 + 40) / 100), weight * min(1.0, (30 + 40 + 30) / 100)
+    guard = OperatorProcess(
+        cluster=c,
+        namespace=ns,
+        agent_url=f"http://127.0.0.1:{METRICS_PORT}",
+        log_path=tmp_path / "operator.log",
+        args=["--dra", *protection_args((before + after) / 2)],
+    )
+    guard.start()
+    try:
+        wait_for(
+            lambda: evicted(c, ns, "train-b"),
+            timeout_s=60,
+            what="the newest batch pod to be evicted",
+        )
+        assert events(c, ns, name="train-b", reason="EvictedForLatency") == 1
+        assert events(c, ns, name="infer", reason="NeighbourEvicted") >= 1
+        assert share_status(c, "infer", ns)["evictions"] == 1
+
+        # Below the threshold again: the older batch pod and the latency pod stay.
+        time.sleep(10)
+        for name in ("infer", "train-a", "blocker"):
+            assert pod(c, ns, name)["status"]["phase"] == "Running", name
+        assert events(c, ns, name="train-a", reason="EvictedForLatency") == 0
+    finally:
+        guard.stop()

@@ -273,3 +273,65 @@ def test_nodes_in_equal_states_share_a_signature_until_one_changes() -> None:
     assert signature("n1") != signature("n2")
     devices.delete_claim(claim)
     assert signature("n1") == signature("n2")
+
+
+def reserved(claim: Obj, *pods: str) -> Obj:
+    """``claim`` reserved for ``pods`` (uid ``uid-<name>``), made at a known time."""
+    out = copy.deepcopy(claim)
+    out["metadata"]["creationTimestamp"] = "2026-11-24T10:00:00Z"
+    out["metadata"]["resourceVersion"] = str(int(out["metadata"]["resourceVersion"]) + 1)
+    out["status"]["reservedFor"] = [
+        {"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods
+    ]
+    return out
+
+
+def test_holders_place_each_reserved_pod_on_its_claims_gpu_at_the_drivers_thread_cap() -> None:
+    """What the operator reads of DRA-mode pods (status.placements, latency protection): the
+    GPU, the cap the driver gives (a batch claim beside a latency claim at 50 %), the memory."""
+    devices = ledger(
+        node_slice("n1", gpus=2),
+        claims=[
+            reserved(
+                allocated_claim(
+                    "infer-gpu",
+                    consumed={"gpuPercent": "30", "memory": "10Gi"},
+                    config=mps_config(**{"class": "latency"}),
+                ),
+                "infer",
+            ),
+            reserved(allocated_claim("train-gpu", consumed={"gpuPercent": "40"}), "train"),
+            reserved(allocated_claim("alone-gpu", device="gpu-1"), "alone"),
+            allocated_claim("unreserved", device="gpu-1"),
+        ],
+    )
+    holders = devices.holders()
+    assert sorted(holders) == ["ns/alone", "ns/infer", "ns/train"]
+    infer, train, alone = holders["ns/infer"], holders["ns/train"], holders["ns/alone"]
+    assert (infer.node, infer.pod_uid, infer.gpu_class) == ("n1", "uid-infer", CLASS_LATENCY)
+    assert infer.placement.gpu_uuids == train.placement.gpu_uuids == ("n1-GPU-0",)
+    assert alone.placement.gpu_uuids == ("n1-GPU-1",)
+    assert (infer.placement.thread_percent, infer.placement.memory_limit_bytes) == (100, 10 * GIB)
+    # 40 % of 80 GiB in proportion; capped at 50 % beside the latency claim; 100 % alone.
+    assert (train.placement.thread_percent, train.placement.memory_limit_bytes) == (50, 32 * GIB)
+    assert train.placement.request_percent == 40
+    assert alone.placement.thread_percent == 100
+    assert train.placement.bind_time.isoformat() == "2026-11-24T10:00:00+00:00"
+
+
+def test_holders_follow_reservations_and_ignore_other_drivers_and_hostile_entries() -> None:
+    claim = allocated_claim("c", consumed={"gpuPercent": "40"})
+    other = reserved(allocated_claim("nv", driver="gpu.nvidia.com"), "nv-pod")
+    devices = ledger(node_slice("n1"), claims=[claim, other])
+    assert devices.holders() == {}
+    hostile = reserved(claim, "ok")
+    hostile["status"]["reservedFor"] += [
+        "not-an-object",
+        {"resource": "jobs", "name": "j"},
+        {"resource": "pods", "apiGroup": "example.com", "name": "x"},
+        {"resource": "pods"},
+    ]
+    devices.upsert_claim(hostile)
+    assert list(devices.holders()) == ["ns/ok"]
+    devices.delete_claim(hostile)
+    assert devices.holders() == {}

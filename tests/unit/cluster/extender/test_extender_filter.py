@@ -4,6 +4,8 @@ import asyncio
 from datetime import UTC, datetime
 
 from gpushare.api.names import (
+    AGENT_MODE_DRA,
+    ANN_AGENT_MODE,
     ANN_AGENT_READY,
     ANN_CLASS,
     ANN_MEMORY,
@@ -390,3 +392,26 @@ def test_an_unreadable_agent_ready_annotation_is_refused_naming_it() -> None:
     result = extender.filter(args(pod_json("p", fraction="0.2"), ["empty"]))
     refused = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
     assert ANN_AGENT_READY in refused["empty"]
+
+
+def test_a_dra_mode_node_is_refused_saying_why_and_keeps_what_the_operator_reads() -> None:
+    """Both modes in one cluster (docs/dra.md): the agent of a DRA node publishes its GPUs for
+    the operator, but the extender places annotated pods on device-plugin nodes only, and the
+    node's GPUs are not counted as the extender's capacity."""
+    extender = view_with()
+    gpus_before = sum(len(n.gpus) for n in extender.view.nodes().values())
+    node = node_json("dra-node", [gpu("D0")])
+    node["metadata"]["annotations"][ANN_AGENT_MODE] = AGENT_MODE_DRA
+    extender.view.upsert_node(node)
+    result = extender.filter(args(pod_json("p", fraction="0.2"), ["dra-node"]))
+    assert result["NodeNames"] == []
+    refused = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+    assert "agent mode dra" in refused["dra-node"]
+    assert sum(len(n.gpus) for n in extender.view.nodes().values()) == gpus_before
+    info = extender.view.node_info("dra-node")
+    assert info is not None and info.gpu_models == {"D0": gpu("D0").model}
+    node["metadata"]["annotations"][ANN_AGENT_MODE] = "deviceplugin"
+    extender.view.upsert_node(node)
+    assert extender.filter(args(pod_json("p", fraction="0.2"), ["dra-node"]))["NodeNames"] == [
+        "dra-node"
+    ]

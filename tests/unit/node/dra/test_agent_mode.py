@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpushare.api.dra import DRIVER
+from gpushare.api.names import AGENT_MODE_DRA, ANN_AGENT_MODE
 from gpushare.node.agent import AgentSettings, NodeAgent
 from gpushare.node.dra.claims import ClaimRef
 from gpushare.node.main import build_parser
@@ -79,6 +80,8 @@ def test_a_dra_agent_publishes_its_slice_and_serves_the_dra_plugin(tmp_path: Pat
     agent.mps.ensure(g.uuid for g in agent.gpus)
     agent.publish()
     assert kube.published, "the node inventory is still published in dra mode"
+    # ...saying the node serves claims, so the extender places no annotated pod there.
+    assert kube.published[-1][ANN_AGENT_MODE] == AGENT_MODE_DRA
     (stored,) = dra.slices.values()
     assert stored["spec"]["driver"] == DRIVER
     assert [d["name"] for d in stored["spec"]["devices"]] == ["gpu-0", "gpu-1"]
@@ -91,13 +94,15 @@ def test_a_deviceplugin_agent_has_no_dra_parts(tmp_path: Path) -> None:
         AgentSettings(node_name=NODE, mps_root=tmp_path), backend=backend(), kube=None
     )
     assert agent.dra is None and agent.dra_runner is None and agent.slices is None
+    assert agent.node_metadata()[0][ANN_AGENT_MODE] == "deviceplugin"
 
 
 def test_a_dra_agent_feeds_claims_of_running_pods_into_the_simulated_gpus(
     tmp_path: Path,
 ) -> None:
     """What the operator's profiler reads of a simulated GPU in DRA mode: the load of the
-    claims prepared for running pods, at their thread caps (gpushare.node.load)."""
+    claims prepared for running pods, at their thread caps or guaranteed shares
+    (gpushare.node.load)."""
     dra = FakeDraKube()
     dra.claims[("ns", "c1")] = claim(consumed={"gpuPercent": "30"}, config=mps_config(limit=50))
     settings = dra_settings(tmp_path)
@@ -113,5 +118,6 @@ def test_a_dra_agent_feeds_claims_of_running_pods_into_the_simulated_gpus(
 
     pod["status"]["phase"] = "Running"
     agent.feed_simulated_load([pod])
-    assert agent.backend.sample(busy).pipes["tensor"] == pytest.approx(0.55 * 0.5)
+    # Capped at 50 %, guaranteed 30 %: it counts the smaller, as an annotated pod does.
+    assert agent.backend.sample(busy).pipes["tensor"] == pytest.approx(0.55 * 0.3)
     assert agent.backend.sample(idle).pipes["tensor"] == 0.0

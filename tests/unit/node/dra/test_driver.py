@@ -103,6 +103,20 @@ def test_prepare_after_a_restart_answers_from_the_checkpoint(tmp_path: Path) -> 
     assert claims.reads == 0
     uuid = backend().inventory()[0].uuid
     assert restarted.shares() == {uuid: [(50, 20 * GIB)]}
+    # What the claim is guaranteed survives too (the simulated load counts it).
+    assert [c.percent for c in restarted.prepared().values()] == [25]
+
+
+def test_a_checkpoint_written_before_percents_were_recorded_still_loads(tmp_path: Path) -> None:
+    make_driver(tmp_path, FakeClaims(SHARED)).prepare(REF)
+    path = next(p for p in tmp_path.rglob("*.json") if "cdi" not in p.parts)
+    raw = json.loads(path.read_text())
+    entries = raw["claims"] if isinstance(raw, dict) and "claims" in raw else raw
+    for entry in entries.values() if isinstance(entries, dict) else entries:
+        entry.pop("percent")
+    path.write_text(json.dumps(raw))
+    [claim] = make_driver(tmp_path, FakeClaims()).prepared().values()
+    assert claim.percent is None and claim.thread_percent == 50
 
 
 def test_unprepare_after_a_restart_removes_the_spec_and_the_record(tmp_path: Path) -> None:
