@@ -346,6 +346,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                     writer=ctx.kube,
                     device_class=settings.dra_device_class,
                 )
+                ctx.metrics.watch_claims(ctx.claim_allocator)
                 tasks[
                     asyncio.create_task(watches.feed_dra(ctx.kube, devices, resync_seconds=resync))
                 ] = "DRA watches"

@@ -3,12 +3,13 @@
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.gpushare_crd import parse_profile
 from gpushare.api.names import METRIC_PREFIX
+from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.state.view import ClusterView
 
 _LATENCY_BUCKETS = (
@@ -102,6 +103,49 @@ def _share_profiles(view: ClusterView) -> GaugeMetricFamily:
     return family
 
 
+class _DraCollector(Collector):
+    """DRA mode, read at scrape time: the GPUs the node agents publish as ResourceSlices, the
+    claims allocated on them (whoever placed them) and what the claim allocator did."""
+
+    def __init__(self, allocator: ClaimAllocator) -> None:
+        self._allocator = allocator
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        gpus, claims, percent = self._allocator.devices.totals()
+        for name, help_text, value in (
+            ("controller_dra_gpus", "GPUs in gpushare's ResourceSlices (DRA mode)", gpus),
+            (
+                "controller_dra_claims",
+                "Allocated ResourceClaims on gpushare's DRA GPUs",
+                claims,
+            ),
+            (
+                "controller_dra_allocated_percent",
+                "gpuPercent the allocated claims consume, summed over gpushare's DRA GPUs "
+                "(divide by 100 x controller_dra_gpus for the share of DRA capacity in use)",
+                percent,
+            ),
+        ):
+            family = GaugeMetricFamily(f"{METRIC_PREFIX}{name}", help_text)
+            family.add_metric([], value)
+            yield family
+        for name, help_text, count in (
+            (
+                "dra_claims_placed",
+                "Claims the controller allocated (DRA mode, gpushare placement)",
+                self._allocator.placed,
+            ),
+            (
+                "dra_claims_left_to_scheduler",
+                "Claims the controller left to kube-scheduler (the API server refused its write)",
+                self._allocator.left_to_scheduler,
+            ),
+        ):
+            counter = CounterMetricFamily(f"{METRIC_PREFIX}{name}", help_text)
+            counter.add_metric([], count)
+            yield counter
+
+
 class Metrics:
     def __init__(self, view: ClusterView | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -141,3 +185,7 @@ class Metrics:
         )
         self._view = view
         self.registry.register(_ViewCollector(lambda: self._view))
+
+    def watch_claims(self, allocator: ClaimAllocator) -> None:
+        """Report DRA mode's GPUs, claims and placements (the controller places claims)."""
+        self.registry.register(_DraCollector(allocator))

@@ -257,6 +257,15 @@ class DraDevices:
         self._signatures.pop(name, None)
         return state
 
+    def totals(self) -> tuple[int, int, int]:
+        """(GPUs published, allocated claims on them, gpuPercent those claims consume): what
+        the controller's metrics report of DRA mode."""
+        return (
+            len(self._gpus),
+            len(self._shares),
+            sum(s.percent for shares in self._shares.values() for s in shares),
+        )
+
     def holders(self) -> Mapping[str, ClaimHolder]:
         """Pod key -> where the pod's allocated claims on our GPUs put it, for each pod their
         ``status.reservedFor`` names (the operator's reads of DRA-mode pods, ``ClusterView.

@@ -14,6 +14,8 @@ from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.builders import gpu, node_json, pod_json
+from tests.unit.cluster.dra.helpers import allocated_claim, gated_pod, node_slice, share_claim
+from tests.unit.cluster.dra.test_allocator import place, setup
 
 
 def samples(registry: CollectorRegistry, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -112,3 +114,25 @@ def test_protection_eviction_series_exist_at_zero_for_every_known_gpu() -> None:
         "G0",
         "G1",
     }
+
+
+async def test_dra_mode_reports_its_gpus_claims_and_placements() -> None:
+    """A scrape in DRA mode: the slices' GPUs, the claims on them (one the controller placed,
+    one kube-scheduler did) and the gpuPercent they consume; the view's GPU gauge stays the
+    device-plugin nodes'."""
+    allocator, kube, devices = setup(node_slice("n1", 2))
+    devices.upsert_claim(
+        allocated_claim("by-scheduler", device="gpu-1", consumed={"gpuPercent": "50"})
+    )
+    kube.create(share_claim("c1", percent="30"))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    assert await place(allocator) == 1
+    metrics = Metrics(allocator.view)
+    metrics.watch_claims(allocator)
+    reg = metrics.registry
+    assert samples(reg, "gpushare_controller_dra_gpus") == {(): 2.0}
+    assert samples(reg, "gpushare_controller_dra_claims") == {(): 2.0}
+    assert samples(reg, "gpushare_controller_dra_allocated_percent") == {(): 80.0}
+    assert samples(reg, "gpushare_dra_claims_placed_total") == {(): 1.0}
+    assert samples(reg, "gpushare_dra_claims_left_to_scheduler_total") == {(): 0.0}
+    assert samples(reg, "gpushare_controller_gpus") == {(): 0.0}
