@@ -42,12 +42,14 @@ from gpushare.node.deviceplugin.plugin import DEFAULT_ENDPOINT, KUBELET_SOCKET, 
 from gpushare.node.deviceplugin.pods import PodSource, pod_info
 from gpushare.node.deviceplugin.response import DeviceNode
 from gpushare.node.deviceplugin.server import DevicePluginServicer
+from gpushare.node.dra.allocations import claim_allocations
 from gpushare.node.dra.cdi import DEFAULT_CDI_DIR, CdiDir
 from gpushare.node.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from gpushare.node.dra.driver import DraDriver
 from gpushare.node.dra.plugin import DEFAULT_KUBELET_ROOT, DraPluginRunner, plugin_dir
 from gpushare.node.dra.server import DraPluginV1, DraPluginV1beta1
 from gpushare.node.dra.slices import SlicePublisher
+from gpushare.node.exporter.allocations import PodAllocation
 from gpushare.node.exporter.attribution import pods_with_running_containers
 from gpushare.node.extension import ExporterHandle, wire_exporter
 from gpushare.node.faults.monitor import FaultMonitor
@@ -283,6 +285,12 @@ class NodeAgent:
     def _resync_limits(self) -> None:
         """After an unprepare: the MPS servers' limits from the pods and claims left."""
         self.mps_limits.sync(self.pods())
+
+    def _claim_placements(self) -> list[PodAllocation]:
+        """DRA mode: the pods on this node holding claims this agent prepared."""
+        if self.dra is None:
+            return []
+        return claim_allocations(self.dra.prepared().values(), self.pods())
 
     def _client_pids(self, uuid: str) -> list[int]:
         try:
@@ -521,6 +529,7 @@ class NodeAgent:
                     pods=self.pods,
                     mps=self.mps,
                     pod_resources_socket=settings.pod_resources_socket,
+                    claim_placements=self._claim_placements if self.dra is not None else None,
                 )
             self.metrics.add_route("/readyz", self._readyz)
             self.metrics.start()

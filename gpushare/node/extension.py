@@ -41,7 +41,10 @@ def wire_exporter(
     pods: Callable[[], list[dict[str, Any]]],
     mps: MpsManager,
     pod_resources_socket: Path | None,
+    claim_placements: Callable[[], list[exporter.PodAllocation]] | None = None,
 ) -> ExporterHandle:
+    """``claim_placements``: DRA mode's pods, from the claims the agent prepared (their pods
+    carry no placement annotations)."""
 
     def mps_status() -> dict[str, exporter.MpsDaemonStatus]:
         return {
@@ -58,7 +61,10 @@ def wire_exporter(
         exporter.build_exporter(
             backend=backend,
             node_name=node_name,
-            placements=lambda: exporter.allocations_from_pods(pods(), node_name=node_name),
+            placements=lambda: [
+                *exporter.allocations_from_pods(pods(), node_name=node_name),
+                *(claim_placements() if claim_placements is not None else ()),
+            ],
             mps_status=mps_status,
             pod_resources=poller,
         ),

@@ -125,3 +125,21 @@ def test_a_malformed_avoid_list_is_refused_naming_the_annotation(view: ClusterVi
     with pytest.raises(InvalidInputError, match="nvidia-smi -L"):
         parse_avoid_gpus("GPU-x y")
     assert parse_avoid_gpus(None) == frozenset() and parse_avoid_gpus(" ") == frozenset()
+
+
+def test_in_dra_mode_the_separated_workloads_pod_gets_its_claim_and_the_avoid_list(
+    view: ClusterView,
+) -> None:
+    """DRA mode (docs/dra.md): the same annotation beside the claim the webhook makes; the
+    controller's claim allocator honours it (tests/unit/cluster/dra/test_allocator.py)."""
+    pod = owned_pod("rs-trainer")
+    dra_facts = ClusterFacts(
+        separation_lookup=view.separation, dra_device_class="mps.gpushare.io", dra_gate=True
+    )
+    verdict = review(pod, namespace="team", facts=dra_facts, mutate=True)
+    assert verdict.allowed, verdict.message
+    mutated = apply_patch(pod, verdict.patch)
+    assert mutated["metadata"]["annotations"][ANN_AVOID_GPUS] == FAULTED
+    assert mutated["spec"]["resourceClaims"], "the pod got its claim"
+    assert any(FAULTED in w and "kept off" in w for w in verdict.warnings)
+    assert review(mutated, namespace="team", facts=dra_facts, mutate=False).allowed

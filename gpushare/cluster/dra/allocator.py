@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from gpushare.api.dra import ANN_DRA_GPU, PLACEMENT_GATE
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.exclusive import parse_avoid_gpus
 from gpushare.api.gpushare_crd import (
     ANN_MAX_PODS_PER_GPU,
     ANN_PACKING_POLICY,
@@ -38,7 +39,7 @@ from gpushare.api.gpushare_crd import (
     ANN_PROFILING,
     parse_profile,
 )
-from gpushare.api.names import ANN_SHARE
+from gpushare.api.names import ANN_AVOID_GPUS, ANN_SHARE
 from gpushare.cluster.dra import placement
 from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.state.host_resources import pod_requests
@@ -132,6 +133,8 @@ class _Waiting:
     claims: set[str] = field(default_factory=set)
     gpus: tuple[str, ...] = ()
     """UUIDs of the GPUs its claims were placed on here (the last decision)."""
+    avoid: frozenset[str] = frozenset()
+    """GPU UUIDs the pod must not use (``gpushare.io/avoid-gpus``, the webhook's separation)."""
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -353,6 +356,15 @@ class ClaimAllocator:
             self._say(key, waiting, why, reason=HELD_REASON, warning=isinstance(rules, str))
             return
         assert isinstance(rules, ShareRules)
+        annotations = _meta(waiting.pod).get("annotations")
+        try:
+            waiting.avoid = parse_avoid_gpus(
+                annotations.get(ANN_AVOID_GPUS) if isinstance(annotations, Mapping) else None
+            )
+        except InvalidInputError as exc:
+            waiting.retry_at = time.monotonic() + HOLD_RECHECK_S
+            self._say(key, waiting, str(exc), reason=HELD_REASON, warning=True)
+            return
         claims: list[tuple[str, Mapping[str, Any]]] = []
         for pod_claim, claim_name in placement.pod_claim_names(waiting.pod):
             if claim_name is None:
@@ -433,6 +445,8 @@ class ClaimAllocator:
             ),
             rules,
         )
+        if waiting.avoid:  # a workload separated after faults (docs/reliability.md)
+            want = replace(want, avoid_gpus=waiting.avoid)
         want = self._demands.setdefault(want, want)  # one object per shape: fast memo lookups
         if len(self._demands) > MAX_DEMANDS:
             self._demands.clear()

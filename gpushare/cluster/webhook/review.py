@@ -175,6 +175,11 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
     exclusive = exclusive_reason(pod, facts=facts) if mutate and request.fractional else None
     if exclusive is not None:
         request = replace(request, percent=SLICES_PER_GPU)
+    separated = (
+        separation(pod, facts=facts)
+        if mutate and request.fractional and exclusive is None
+        else None
+    )
     if dra:
         assert facts.dra_device_class is not None
         return _dra_verdict(
@@ -185,22 +190,26 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
             device_class=facts.dra_device_class,
             mutate=mutate,
             exclusive=exclusive,
+            separated=separated,
             gate=facts.dra_gate,
         )
-    separated = (
-        separation(pod, facts=facts)
-        if mutate and request.fractional and exclusive is None
-        else None
-    )
     patch = pod_patch(pod, request=request, target=target, exclusive=exclusive) if mutate else []
     warnings: tuple[str, ...] = ()
     if exclusive:
         warnings = (f"gpushare: {exclusive}; this pod gets a whole GPU",)
     if separated is not None:
-        avoid, why = separated
-        patch += annotation_ops(pod, {ANN_AVOID_GPUS: ",".join(sorted(avoid))}, after=patch)
-        warnings = (f"gpushare: {why}; this pod is kept off {', '.join(sorted(avoid))}",)
+        patch, warnings = _kept_off(pod, separated, patch)
     return Verdict(allowed=True, patch=patch, warnings=warnings)
+
+
+def _kept_off(
+    pod: pods.Pod, separated: tuple[frozenset[str], str], patch: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """``patch`` with the pod kept off a separated workload's GPUs (gpushare.io/avoid-gpus),
+    and the warning that says so."""
+    avoid, why = separated
+    ops = annotation_ops(pod, {ANN_AVOID_GPUS: ",".join(sorted(avoid))}, after=patch)
+    return [*patch, *ops], (f"gpushare: {why}; this pod is kept off {', '.join(sorted(avoid))}",)
 
 
 def _dra_resource_errors(pod: pods.Pod) -> list[InvalidInputError]:
@@ -225,10 +234,13 @@ def _dra_verdict(
     device_class: str,
     mutate: bool,
     exclusive: str | None,
+    separated: tuple[frozenset[str], str] | None,
     gate: bool,
 ) -> Verdict:
     """An annotated pod in DRA mode: its claim from the template its request names, and with
-    ``gate`` the scheduling gate that lets the controller place the claim."""
+    ``gate`` the scheduling gate that lets the controller place the claim. A workload the node
+    agents separated after faults is kept off its GPUs as in device-plugin mode: the
+    controller's claim allocator reads ``gpushare.io/avoid-gpus``."""
     name = claims.template_name(request)
     errors = claims.claim_errors(pod, template=name, target=target)
     if not mutate and not errors and not claims.has_claim(pod, template=name, target=target):
@@ -245,6 +257,8 @@ def _dra_verdict(
         # The fraction is rewritten so that validation names the same (whole-GPU) template.
         patch += annotation_ops(pod, {ANN_FRACTION: "1", ANN_EXCLUSIVE: exclusive}, after=patch)
         warnings = (f"gpushare: {exclusive}; this pod gets a whole GPU",)
+    if separated is not None:
+        patch, warnings = _kept_off(pod, separated, patch)
     template = claims.claim_template(request, namespace=namespace, device_class=device_class)
     return Verdict(allowed=True, patch=patch, warnings=warnings, template=template)
 

@@ -1,4 +1,6 @@
-"""What the exporter knows about pods on this node: their GPU placement, read from annotations.
+"""What the exporter knows about pods on this node: their GPU placement, read from annotations
+(device-plugin mode; DRA mode's come from the claims the agent prepared,
+gpushare.node.dra.allocations).
 
 The node agent already watches the pods bound to its node; it hands them to the exporter as
 ``PodAllocation`` values (``allocation_from_pod`` builds one from a pod manifest), so the
@@ -68,12 +70,6 @@ def allocation_from_pod(pod: Mapping[str, Any]) -> PodAllocation | None:
         # A pod governed by a GpuShare may carry no fraction of its own: its request is what
         # the scheduler accounted for at bind (older placements: its thread cap).
         compute = placement.guaranteed_percent / SLICES_PER_GPU
-    containers: dict[str, str] = {}
-    for key in ("initContainerStatuses", "containerStatuses"):
-        for cs in status.get(key) or []:
-            raw = cs.get("containerID")
-            if raw:
-                containers[container_id(str(raw))] = str(cs.get("name", ""))
     return PodAllocation(
         namespace=str(metadata.get("namespace", "default")),
         name=str(metadata.get("name", "")),
@@ -84,8 +80,20 @@ def allocation_from_pod(pod: Mapping[str, Any]) -> PodAllocation | None:
         memory_limit_bytes=placement.memory_limit_bytes,
         gpu_class=parse_class(annotations.get(ANN_CLASS)),
         state=placement.state,
-        containers=containers,
+        containers=pod_containers(pod),
     )
+
+
+def pod_containers(pod: Mapping[str, Any]) -> dict[str, str]:
+    """Container ID (runtime prefix stripped) -> container name, from the pod's status."""
+    status = pod.get("status") or {}
+    containers: dict[str, str] = {}
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or []:
+            raw = cs.get("containerID")
+            if raw:
+                containers[container_id(str(raw))] = str(cs.get("name", ""))
+    return containers
 
 
 def allocations_from_pods(

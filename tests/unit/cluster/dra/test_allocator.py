@@ -10,17 +10,20 @@ from typing import Any
 import pytest
 
 from gpushare.api.dra import DEVICE_CLASS, PLACEMENT_GATE
+from gpushare.api.names import ANN_AVOID_GPUS
 from gpushare.cluster.dra import allocator as allocator_module
 from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.dra.placement import FINALIZER
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.errors import KubeError
+from gpushare.node.dra.slices import build_slice
 from gpushare.packing.placer import Placer
 from tests.unit.cluster.dra.helpers import (
     Obj,
     allocated_claim,
     gated_pod,
+    gpu_info,
     ledger,
     mps_config,
     node_slice,
@@ -523,3 +526,29 @@ async def test_latency_claims_are_kept_apart() -> None:
         allocator.pod_event(gated_pod(f"p-{name}", claim=f"c-{name}"))
     await place(allocator)
     assert [tenant_keys(devices, index=i) for i in (0, 1)] == [["ns/c-a"], ["ns/c-b"]]
+
+
+async def test_a_separated_workloads_pod_is_kept_off_the_gpu_where_it_faulted() -> None:
+    """gpushare.io/avoid-gpus, which the webhook writes for a workload the node agents moved
+    away after faults (docs/reliability.md), holds in DRA mode too: binpacking would put the
+    claim beside the one on gpu-0, but it goes to gpu-1."""
+    gpus = [gpu_info(0, uuid="GPU-faulted0"), gpu_info(1, uuid="GPU-other111")]
+    allocator, kube, _ = setup(build_slice(node_name="n1", gpus=gpus, generation=1))
+    kube.create(share_claim("c0", percent="30"))
+    allocator.pod_event(gated_pod("p0", claim="c0"))
+    await place(allocator)
+    assert kube.placed_on("ns/c0") == [("n1", "gpu-0", "30")]
+    kube.create(share_claim("c1", percent="30"))
+    allocator.pod_event(gated_pod("p1", claim="c1", annotations={ANN_AVOID_GPUS: "GPU-faulted0"}))
+    await place(allocator)
+    assert kube.placed_on("ns/c1") == [("n1", "gpu-1", "30")]
+
+
+async def test_an_unreadable_avoid_gpus_keeps_the_pod_gated_with_a_warning_naming_it() -> None:
+    allocator, kube, _ = setup(node_slice("n1"))
+    kube.create(share_claim("c1"))
+    allocator.pod_event(gated_pod("p1", claim="c1", annotations={ANN_AVOID_GPUS: "gpu 0"}))
+    await place(allocator)
+    assert kube.calls == []
+    (event,) = kube.events
+    assert event[0] == "GpushareHeld" and event[2] and ANN_AVOID_GPUS in event[1]

@@ -6,11 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.api.dra import DRIVER
 from gpushare.api.names import AGENT_MODE_DRA, ANN_AGENT_MODE
 from gpushare.node.agent import AgentSettings, NodeAgent
 from gpushare.node.dra.claims import ClaimRef
+from gpushare.node.exporter import build_exporter
 from gpushare.node.main import build_parser
 from tests.unit.node.dra.helpers import (
     NODE,
@@ -33,6 +36,13 @@ class FakeDraKube(FakeClaims, FakeSlices):
 class FakeNodeKube:
     def __init__(self) -> None:
         self.published: list[Mapping[str, str]] = []
+        self.node_pods: list[dict[str, Any]] = [
+            {
+                "metadata": {"namespace": "ns", "name": "p1", "uid": "pod-uid-1"},
+                "spec": {"nodeName": NODE},
+                "status": {"phase": "Pending"},
+            }
+        ]
 
     def publish_node(
         self, *, annotations: Mapping[str, str], labels: Mapping[str, str | None]
@@ -41,13 +51,7 @@ class FakeNodeKube:
 
     def raw_node_pods(self) -> list[dict[str, Any]]:
         """The node's pods, as the driver checks a claim's pod against them."""
-        return [
-            {
-                "metadata": {"namespace": "ns", "name": "p1", "uid": "pod-uid-1"},
-                "spec": {"nodeName": NODE},
-                "status": {"phase": "Pending"},
-            }
-        ]
+        return self.node_pods
 
 
 def dra_settings(tmp_path: Path) -> AgentSettings:
@@ -121,3 +125,46 @@ def test_a_dra_agent_feeds_claims_of_running_pods_into_the_simulated_gpus(
     # Capped at 50 %, guaranteed 30 %: it counts the smaller, as an annotated pod does.
     assert agent.backend.sample(busy).pipes["tensor"] == pytest.approx(0.55 * 0.3)
     assert agent.backend.sample(idle).pipes["tensor"] == 0.0
+
+
+def test_a_dra_agents_exporter_shows_pods_by_their_prepared_claims(tmp_path: Path) -> None:
+    """Per-pod GPU series in DRA mode (docs/observability.md): a pod's claim gives its GPU,
+    guaranteed share, thread cap and memory limit, as placement annotations do in
+    device-plugin mode; a pod that finished drops out."""
+    dra = FakeDraKube()
+    dra.claims[("ns", "c1")] = claim(
+        consumed={"gpuPercent": "30", "memory": "8Gi"}, config=mps_config(limit=50)
+    )
+    kube = FakeNodeKube()
+    agent = NodeAgent(dra_settings(tmp_path), backend=backend(), kube=kube, dra_kube=dra)
+    agent.mps.ensure(g.uuid for g in agent.gpus)
+    agent.dra.prepare(ClaimRef(namespace="ns", uid=UID, name="c1"))  # type: ignore[union-attr]
+    pod: dict[str, Any] = {
+        "metadata": {"namespace": "ns", "name": "p1", "uid": "pod-uid-1"},
+        "spec": {"nodeName": NODE},
+        "status": {"phase": "Running", "containerStatuses": [
+            {"name": "main", "containerID": "containerd://abc"}
+        ]},
+    }  # fmt: skip
+    kube.node_pods = [pod]
+    agent.refresh_pods()
+    exporter = build_exporter(
+        backend=agent.backend, node_name=NODE, placements=agent._claim_placements
+    )
+    registry = CollectorRegistry()
+    registry.register(exporter.collector)
+    exporter.sampler.sample_once()
+    text = generate_latest(registry).decode()
+    series = {
+        (s.name, s.labels.get("pod")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    busy = agent.gpus[0].uuid
+    assert series[("gpushare_pod_gpu_allocated_compute_ratio", "p1")] == pytest.approx(0.3)
+    assert series[("gpushare_pod_gpu_active_thread_ratio", "p1")] == pytest.approx(0.5)
+    assert series[("gpushare_pod_gpu_memory_limit_bytes", "p1")] == 8 * 2**30
+    [allocation] = agent._claim_placements()
+    assert allocation.gpu_uuids == (busy,) and allocation.containers == {"abc": "main"}
+    pod["status"]["phase"] = "Succeeded"
+    assert agent._claim_placements() == []
