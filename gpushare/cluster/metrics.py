@@ -1,6 +1,6 @@
 """Prometheus metrics of the controller, in a registry of its own (no import-time globals)."""
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -20,8 +20,13 @@ _LATENCY_BUCKETS = (
 class _ViewCollector(Collector):
     """Sizes of the view, read at scrape time."""
 
-    def __init__(self, view: Callable[[], ClusterView | None]) -> None:
+    def __init__(
+        self,
+        view: Callable[[], ClusterView | None],
+        gated: Callable[[], Iterable[str]] = lambda: (),
+    ) -> None:
         self._view = view
+        self._gated = gated
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         view = self._view()
@@ -43,23 +48,24 @@ class _ViewCollector(Collector):
         )
         synced.add_metric([], 1.0 if view.synced else 0.0)
         yield synced
-        yield _pending_pods(view)
+        yield _pending_pods(view, self._gated())
         yield _share_profiles(view)
 
 
-def _pending_pods(view: ClusterView) -> GaugeMetricFamily:
+def _pending_pods(view: ClusterView, gated: Iterable[str] = ()) -> GaugeMetricFamily:
     """gpushare pods not yet bound to a node, per namespace: the queue a user waits in (the
-    cluster dashboard's "Pending fractional pods")."""
+    cluster dashboard's "Pending fractional pods"). ``gated``: DRA-mode pods waiting for the
+    claim allocator (keys), which the view does not keep."""
     family = GaugeMetricFamily(
         f"{METRIC_PREFIX}pending_pods",
         "gpushare pods not yet bound to a node",
         labels=["namespace"],
     )
     counts: dict[str, int] = {}
-    for key, pod in view.pods().items():
-        if pod.node is None and not pod.finished:
-            namespace = key.split("/", 1)[0]
-            counts[namespace] = counts.get(namespace, 0) + 1
+    pending = (key for key, pod in view.pods().items() if pod.node is None and not pod.finished)
+    for key in {*pending, *gated}:
+        namespace = key.split("/", 1)[0]
+        counts[namespace] = counts.get(namespace, 0) + 1
     for namespace, count in sorted(counts.items()):
         family.add_metric([namespace], count)
     return family
@@ -184,8 +190,16 @@ class Metrics:
             registry=self.registry,
         )
         self._view = view
-        self.registry.register(_ViewCollector(lambda: self._view))
+        self._allocator: ClaimAllocator | None = None
+        self.registry.register(
+            _ViewCollector(
+                lambda: self._view,
+                gated=lambda: self._allocator.waiting_pods() if self._allocator else (),
+            )
+        )
 
     def watch_claims(self, allocator: ClaimAllocator) -> None:
-        """Report DRA mode's GPUs, claims and placements (the controller places claims)."""
+        """Report DRA mode's GPUs, claims and placements (the controller places claims), and
+        count its gated pods as pending."""
+        self._allocator = allocator
         self.registry.register(_DraCollector(allocator))

@@ -214,6 +214,10 @@ class ClaimAllocator:
             waiting.retry_at = 0.0
         self._wake.set()
 
+    def waiting_pods(self) -> list[str]:
+        """Keys of the gated pods waiting for their claims to be placed (metrics: pending)."""
+        return [k for k, w in self._waiting.items() if not w.gone]
+
     def pod_gone(self, key: str, *, deleted: bool = False) -> None:
         """Stop waiting for pod ``key`` (ungated, or ``deleted``: then it holds no host room)."""
         waiting = self._waiting.get(key)

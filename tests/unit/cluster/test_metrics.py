@@ -136,3 +136,10 @@ async def test_dra_mode_reports_its_gpus_claims_and_placements() -> None:
     assert samples(reg, "gpushare_dra_claims_placed_total") == {(): 1.0}
     assert samples(reg, "gpushare_dra_claims_left_to_scheduler_total") == {(): 0.0}
     assert samples(reg, "gpushare_controller_gpus") == {(): 0.0}
+    # A gated pod whose claim has no room yet is pending, as an unbound annotated pod is.
+    kube.create(share_claim("c2", percent="100"))
+    kube.create(share_claim("c3", percent="100"))
+    allocator.pod_event(gated_pod("p2", claim="c2"))
+    allocator.pod_event(gated_pod("p3", claim="c3"))
+    await place(allocator)
+    assert samples(reg, "gpushare_pending_pods") == {(("namespace", "ns"),): 1.0}
