@@ -333,13 +333,16 @@ class Kube:
         index: int,
         gate: str,
         annotations: Mapping[str, str] | None = None,
+        ops: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         """Remove ``spec.schedulingGates[index]`` when it still is ``gate`` (a JSON patch whose
-        test fails with 422 when the gates moved), setting ``annotations`` in the same write
+        test fails with 422 when the gates moved), applying ``ops`` (JSON patch operations, e.g.
+        the node pin of gpushare.cluster.dra.pin) and setting ``annotations`` in the same write
         (the pod must have annotations already)."""
         patch: list[dict[str, Any]] = [
             {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": gate},
             {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
+            *(dict(op) for op in ops),
         ]
         for key, value in (annotations or {}).items():
             escaped = key.replace("~", "~0").replace("/", "~1")

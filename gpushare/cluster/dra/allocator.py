@@ -42,6 +42,7 @@ from gpushare.api.gpushare_crd import (
 from gpushare.api.names import ANN_AVOID_GPUS, ANN_SHARE
 from gpushare.cluster.dra import placement
 from gpushare.cluster.dra.devices import DraDevices
+from gpushare.cluster.dra.pin import pin_ops
 from gpushare.cluster.state.host_resources import pod_requests
 from gpushare.cluster.state.share_rules import (
     NO_RULES,
@@ -111,6 +112,7 @@ class ClaimWriter(Protocol):
         index: int,
         gate: str,
         annotations: Mapping[str, str] | None = None,
+        ops: Sequence[Mapping[str, Any]] = (),
     ) -> None: ...
 
     async def pod_event(
@@ -135,6 +137,9 @@ class _Waiting:
     """UUIDs of the GPUs its claims were placed on here (the last decision)."""
     avoid: frozenset[str] = frozenset()
     """GPU UUIDs the pod must not use (``gpushare.io/avoid-gpus``, the webhook's separation)."""
+    node: str | None = None
+    """The node its claims were placed on here (the last decision): the gate's removal pins
+    the pod there (gpushare.cluster.dra.pin)."""
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -398,7 +403,7 @@ class ClaimAllocator:
             )
             open_claims = []
         plans: list[tuple[str, Mapping[str, Any], dict[str, Any]]] = []
-        waiting.gpus = ()
+        waiting.gpus, waiting.node = (), None
         for claim_key, claim in open_claims:
             ask = placement.read_ask(
                 claim,
@@ -483,6 +488,7 @@ class ClaimAllocator:
             },
         )
         waiting.gpus = (*waiting.gpus, *(g.uuid for g in choice.gpus))
+        waiting.node = choice.assignment.node
         self._hold_host(key, choice.assignment.node, want.cpu_milli, want.host_memory_bytes)
         log.info(
             "claim placed",
@@ -573,14 +579,30 @@ class ClaimAllocator:
         ):
             # The GPU its GpuShare's profiler reads if the share elects this pod.
             record[ANN_DRA_GPU] = waiting.gpus[0]
+        pinned = pin_ops(waiting.pod, waiting.node) if waiting.node else []
         try:
-            await self.writer.remove_scheduling_gate(
-                namespace=namespace,
-                name=name,
-                index=index,
-                gate=PLACEMENT_GATE,
-                annotations=record or None,
-            )
+            try:
+                await self.writer.remove_scheduling_gate(
+                    namespace=namespace,
+                    name=name,
+                    index=index,
+                    gate=PLACEMENT_GATE,
+                    annotations=record or None,
+                    ops=pinned,
+                )
+            except KubeError as exc:
+                if exc.status != UNPROCESSABLE or not pinned:
+                    raise
+                # The pod's affinity changed since it was watched, or the API server would not
+                # take the addition: the pin is only a hint for kube-scheduler, so go without.
+                log.info("pod not pinned", extra={"pod": key, "error": str(exc)})
+                await self.writer.remove_scheduling_gate(
+                    namespace=namespace,
+                    name=name,
+                    index=index,
+                    gate=PLACEMENT_GATE,
+                    annotations=record or None,
+                )
         except KubeError as exc:
             if exc.status != NOT_FOUND:
                 raise

@@ -121,6 +121,16 @@ def test_a_second_namespace_starts_on_the_free_gpu(
         for d in s["spec"]["devices"]
     }
     assert container_env(c, b, "job")["CUDA_VISIBLE_DEVICES"] == uuids[device_of(second)]
+    # The gate went with a pin to the claim's node, which the API server took (it refuses a
+    # pin it would not allow, and the controller then removes the gate without one).
+    placed = pod(c, b, "job")
+    terms = placed["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    node = placed["spec"]["nodeName"]
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    ]
 
 
 def test_a_claim_without_room_waits_gated_then_starts_when_room_frees(

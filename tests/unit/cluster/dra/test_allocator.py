@@ -19,6 +19,7 @@ from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.errors import KubeError
 from gpushare.node.dra.slices import build_slice
 from gpushare.packing.placer import Placer
+from tests.fixtures.builders import apply_patch
 from tests.unit.cluster.dra.helpers import (
     Obj,
     allocated_claim,
@@ -46,6 +47,9 @@ class FakeKube:
         self.ungated: list[tuple[str, int]] = []
         """(pod key, gate index) of each gate removed."""
         self.events: list[tuple[str, str, bool]] = []
+        self.pinned: dict[str, list[dict[str, Any]]] = {}
+        """Pod key -> the node pin written with its gate's removal."""
+        self.refuse_pin = False
         """(reason, message, warning) of each pod event."""
         self.device_class: Obj | None = None
         self.fail_gate: KubeError | None = None
@@ -123,9 +127,15 @@ class FakeKube:
         index: int,
         gate: str,
         annotations: Mapping[str, str] | None = None,
+        ops: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         assert gate == PLACEMENT_GATE
         key = f"{namespace}/{name}"
+        if ops and self.refuse_pin:
+            self.calls.append(f"ungate+pin {key} refused")
+            raise KubeError("Unprocessable Entity: nodeAffinity", status=422)
+        if ops:
+            self.pinned[key] = [dict(op) for op in ops]
         if annotations:
             self.annotated[key] = dict(annotations)
         self.calls.append(f"ungate {key}")
@@ -552,3 +562,30 @@ async def test_an_unreadable_avoid_gpus_keeps_the_pod_gated_with_a_warning_namin
     assert kube.calls == []
     (event,) = kube.events
     assert event[0] == "GpushareHeld" and event[2] and ANN_AVOID_GPUS in event[1]
+
+
+async def test_the_gates_removal_pins_the_pod_to_its_claims_node() -> None:
+    """kube-scheduler then filters that one node, not every node (gpushare.cluster.dra.pin)."""
+    allocator, kube, _ = setup(node_slice("n1"), node_slice("n2"))
+    kube.create(share_claim("c1"))
+    body = gated_pod("p1", claim="c1")
+    allocator.pod_event(body)
+    await place(allocator)
+    (node,) = {pool for pool, _, _ in kube.placed_on("ns/c1")}
+    pinned = apply_patch(body, kube.pinned["ns/p1"])
+    terms = pinned["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    ]
+
+
+async def test_a_refused_pin_still_lets_the_pod_go() -> None:
+    allocator, kube, _ = setup(node_slice("n1"))
+    kube.refuse_pin = True
+    kube.create(share_claim("c1"))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    await place(allocator)
+    assert kube.calls[-2:] == ["ungate+pin ns/p1 refused", "ungate ns/p1"]
+    assert kube.ungated == [("ns/p1", 0)] and kube.pinned == {}
