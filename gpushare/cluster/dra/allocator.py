@@ -580,29 +580,27 @@ class ClaimAllocator:
             # The GPU its GpuShare's profiler reads if the share elects this pod.
             record[ANN_DRA_GPU] = waiting.gpus[0]
         pinned = pin_ops(waiting.pod, waiting.node) if waiting.node else []
+
+        async def ungate(ops: Sequence[Mapping[str, Any]]) -> None:
+            await self.writer.remove_scheduling_gate(
+                namespace=namespace,
+                name=name,
+                index=index,
+                gate=PLACEMENT_GATE,
+                annotations=record or None,
+                ops=ops,
+            )
+
         try:
             try:
-                await self.writer.remove_scheduling_gate(
-                    namespace=namespace,
-                    name=name,
-                    index=index,
-                    gate=PLACEMENT_GATE,
-                    annotations=record or None,
-                    ops=pinned,
-                )
+                await ungate(pinned)
             except KubeError as exc:
                 if exc.status != UNPROCESSABLE or not pinned:
                     raise
                 # The pod's affinity changed since it was watched, or the API server would not
                 # take the addition: the pin is only a hint for kube-scheduler, so go without.
                 log.info("pod not pinned", extra={"pod": key, "error": str(exc)})
-                await self.writer.remove_scheduling_gate(
-                    namespace=namespace,
-                    name=name,
-                    index=index,
-                    gate=PLACEMENT_GATE,
-                    annotations=record or None,
-                )
+                await ungate(())
         except KubeError as exc:
             if exc.status != NOT_FOUND:
                 raise
