@@ -4,7 +4,7 @@ DRA-mode pods on GPUs (a GpuShare's ``status.placements``, latency protection; d
 
 A DRA-mode pod carries no placement annotations: where it runs is its claim's allocation, and
 its thread cap is the one the driver gives when it prepares the claim
-(:func:`gpushare.packing.thread_cap`). The controller's claim watch makes these records
+(:func:`gpushare.packing.threads.thread_cap`). The controller's claim watch makes these records
 (``gpushare.cluster.dra.devices.DraDevices.holders``); the view turns them into
 :class:`~.pods.PodFacts` for the operator's reads only, never into the device-plugin ledger,
 which counts annotated pods alone.
