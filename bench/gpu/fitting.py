@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import SLICES_PER_GPU
+from gpushare.packing.calibration import Observation, solve
 from gpushare.packing.interference import (
     COLOCATION_FEATURES,
     FEATURE_NAMES,
@@ -118,6 +119,22 @@ def parse_records(raw: object, *, origin: str = "colocations") -> list[Colocatio
     return records
 
 
+def observations(records: Sequence[ColocationRecord]) -> list[Observation]:
+    """Every job with both rates as a ``gpushare.packing.calibration.Observation`` (its
+    slowdown as the record measured it: at the same cap in the GPU benchmark's records)."""
+    out: list[Observation] = []
+    for record in records:
+        for i, job in enumerate(record.jobs):
+            slowdown = job.slowdown
+            if slowdown is None:
+                continue
+            others = tuple(
+                (o.profile, o.thread_percent) for k, o in enumerate(record.jobs) if k != i
+            )
+            out.append(Observation(job.profile, job.thread_percent, others, slowdown))
+    return out
+
+
 def _observations(
     records: Sequence[ColocationRecord],
 ) -> list[tuple[tuple[float, ...], float]]:
@@ -131,24 +148,6 @@ def _observations(
             x = features(job.profile, job.thread_percent, others)
             rows.append((x, math.log(max(slowdown, 1e-9))))
     return rows
-
-
-def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float]:
-    """Gaussian elimination with partial pivoting (numpy is not a dependency)."""
-    n = len(rhs)
-    a = [[*row, rhs[i]] for i, row in enumerate(matrix)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
-        a[col], a[pivot] = a[pivot], a[col]
-        p = a[col][col]
-        if abs(p) < 1e-15:
-            continue
-        for r in range(n):
-            if r != col and a[r][col] != 0.0:
-                f = a[r][col] / p
-                for c in range(col, n + 1):
-                    a[r][c] -= f * a[col][c]
-    return [a[i][n] / a[i][i] if abs(a[i][i]) >= 1e-15 else 0.0 for i in range(n)]
 
 
 RIDGE = 1e-3
@@ -174,7 +173,7 @@ def _least_squares(
                 xtx[i][j] += sub[i] * sub[j]
     for i in range(k):
         xtx[i][i] += RIDGE
-    return _solve(xtx, xty)
+    return solve(xtx, xty)
 
 
 def fit(records: Sequence[ColocationRecord], *, source: str = "") -> InterferenceModel:

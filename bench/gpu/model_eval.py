@@ -10,7 +10,11 @@ the job alone at the same cap, as the model defines it):
 - ``leave_one_kind_out``: for each kind, the model refit on the run's packs without that kind
   predicts the packs with it, pooled over kinds;
 - ``k_fold``: the run's packs 5-fold by pack (``colocate.held_out_mape``), for comparison with
-  the earlier runs.
+  the earlier runs;
+- ``calibrated``: the shipped model refined on this GPU's packs of the kinds it was fit on by
+  the product's ``gpushare.packing.calibration.calibrate`` (what a platform team gets by
+  measuring a few packs on its own GPUs, docs/packing.md "Calibrating on your GPUs"), on the
+  packs holding an unseen kind: those never enter a fit.
 
 :func:`pair_throughput` says, from the model, whether two jobs get more done together than one
 after the other.
@@ -20,7 +24,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from bench.gpu.colocate import Predictor, Record
-from bench.gpu.fitting import ColocationRecord, fit_coefficients, parse_records, relative_errors
+from bench.gpu.fitting import (
+    ColocationRecord,
+    fit_coefficients,
+    observations,
+    parse_records,
+    relative_errors,
+)
+from gpushare.packing.calibration import calibrate
 from gpushare.packing.interference import InterferenceModel, load_default
 from gpushare.packing.model import PipeProfile
 
@@ -58,6 +69,32 @@ def shipped(data: Sequence[Record], *, unseen: Iterable[str]) -> dict[str, Any]:
         "unseen_kinds_mape": _mape(fresh_errs),
         "unseen_kinds_predictions": len(fresh_errs),
         "unseen_by_kind": by_kind,
+    }
+
+
+def calibrated(data: Sequence[Record], *, unseen: Iterable[str]) -> dict[str, Any]:
+    """The shipped model calibrated on the run's packs of known kinds only, on the packs that
+    hold an unseen kind (per unseen kind too), with the calibrated coefficients."""
+    records = parse_records(list(data), origin="colocations")
+    new = set(unseen)
+    known = [r for r in records if not kinds_of(r) & new]
+    fresh = [r for r in records if kinds_of(r) & new]
+    model = calibrate(load_default(), observations(known))
+    errs = errors(model, fresh)
+    return {
+        "calibrated_on_packs": len(known),
+        "calibrated_on_predictions": len(observations(known)),
+        "unseen_kinds_mape": _mape(errs),
+        "unseen_kinds_predictions": len(errs),
+        "unseen_by_kind": {
+            k: _mape(errors(model, [r for r in fresh if k in kinds_of(r)]))
+            for k in sorted(new)
+            if any(k in kinds_of(r) for r in fresh)
+        },
+        "coefficients": dict(
+            zip(model.feature_names, (round(c, 4) for c in model.coefficients), strict=True)
+        ),
+        "by": "gpushare.packing.calibration.calibrate (prior: the shipped model)",
     }
 
 

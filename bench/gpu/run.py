@@ -343,6 +343,14 @@ def evaluate_model(ctx: Ctx, st: State) -> None:
         safe(lambda: model_eval.shipped(st.recs, unseen=UNSEEN_KINDS), "shipped MAPE", ctx.errors)
         or {}
     )
+    st.model["calibrated"] = (
+        safe(
+            lambda: model_eval.calibrated(st.recs, unseen=UNSEEN_KINDS),
+            "calibrated MAPE",
+            ctx.errors,
+        )
+        or {}
+    )
     st.model["leave_one_kind_out"] = (
         safe(lambda: model_eval.leave_one_kind_out(st.recs), "leave-one-kind-out", ctx.errors) or {}
     )
@@ -591,6 +599,7 @@ def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
         },
         "model": {
             "unseen_kinds_mape": shipped.get("unseen_kinds_mape"),
+            "unseen_kinds_mape_calibrated": st.model.get("calibrated", {}).get("unseen_kinds_mape"),
             "fitted_kinds_mape": shipped.get("fitted_kinds_mape"),
             "leave_one_kind_out_mape": loko.get("mape"),
         },

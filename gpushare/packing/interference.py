@@ -30,10 +30,12 @@ docs/packing.md, "The interference model".
 
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from gpushare.api.errors import InvalidInputError
@@ -203,15 +205,16 @@ class InterferenceModel:
         if not neighbours:
             return 1.0
         x = features(target, target_threads, neighbours)
-        return self._colocation(x)
+        return self.from_features(x)
 
     def predict_load(self, target: Load, neighbours: Load) -> float:
         """:meth:`predict` from precomputed loads (``neighbours`` summed)."""
         if neighbours[6] <= 0.0 and neighbours[7] <= 0.0:
             return 1.0
-        return self._colocation(features_from(target, neighbours))
+        return self.from_features(features_from(target, neighbours))
 
-    def _colocation(self, x: Sequence[float]) -> float:
+    def from_features(self, x: Sequence[float]) -> float:
+        """The colocation slowdown (>= 1.0) for the first six features ``x`` (:func:`features`)."""
         c = self.coefficients
         z = c[0] * x[0] + c[1] * x[1] + c[2] * x[2] + c[3] * x[3] + c[4] * x[4] + c[5] * x[5]
         return math.exp(z) if z > 0 else 1.0
@@ -285,8 +288,28 @@ def _opt_float(value: object) -> float | None:
     return None if value is None else float(str(value))
 
 
+MODEL_ENV = "GPUSHARE_INTERFERENCE_MODEL"
+"""Path of a model file (the shipped format, e.g. one ``bench/sim/fit_interference.py
+--calibrate`` wrote from colocations measured on your GPUs) that replaces the shipped one in
+the process that reads it; unset or empty: the shipped model (docs/packing.md, "Calibrating on
+your GPUs")."""
+
+
 @lru_cache(maxsize=1)
 def load_default() -> InterferenceModel:
-    """The model shipped in ``gpushare/packing/data/interference.json``."""
-    text = resources.files("gpushare.packing").joinpath("data/interference.json").read_text()
-    return InterferenceModel.from_dict(json.loads(text), origin="interference.json")
+    """The model the placement, admission and protection use: the file named by
+    ``$GPUSHARE_INTERFERENCE_MODEL`` when set, else the one shipped in
+    ``gpushare/packing/data/interference.json``. A file that cannot be read or parsed is
+    refused naming the variable, never replaced silently by the shipped model."""
+    path = os.environ.get(MODEL_ENV, "").strip()
+    if not path:
+        text = resources.files("gpushare.packing").joinpath("data/interference.json").read_text()
+        return InterferenceModel.from_dict(json.loads(text), origin="interference.json")
+    fix = f"point {MODEL_ENV} at a model JSON file, or unset it for the shipped model"
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInputError(MODEL_ENV, f"cannot read {path!r} ({exc})", fix) from None
+    if not isinstance(raw, dict):
+        raise InvalidInputError(MODEL_ENV, f"{path!r} is not a JSON object", fix)
+    return InterferenceModel.from_dict(raw, origin=f"{MODEL_ENV} ({path})")

@@ -1,6 +1,7 @@
 """The controller Deployment: flags the real controller accepts, non-root, one replica."""
 
 from gpushare.cluster.settings import parse_args, parse_service
+from gpushare.packing.interference import MODEL_ENV
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
 from tests.chart.controller_flags import parseable
 from tests.fixtures.helm_chart import Chart, container
@@ -162,3 +163,25 @@ def test_in_dra_mode_the_controller_places_claims_unless_told_not_to(chart: Char
     values = {"mode": "dra", "dra": {"placement": "kube-scheduler"}}
     left = parse_args(parseable(container(_controller(chart, values), "controller")["args"]))
     assert not left.places_claims
+
+
+def test_a_calibrated_interference_model_reaches_the_controller(chart: Chart) -> None:
+    # Unset: no variable, the shipped model.
+    c = container(_controller(chart), "controller")
+    assert MODEL_ENV not in {e["name"] for e in c["env"]}
+    deploy = _controller(chart, {"controller": {"interferenceModelConfigMap": "gpu-model"}})
+    c = container(deploy, "controller")
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "interference-model")
+    volume = next(
+        v
+        for v in deploy["spec"]["template"]["spec"]["volumes"]
+        if v["name"] == "interference-model"
+    )
+    assert volume["configMap"]["name"] == "gpu-model"
+    (item,) = volume["configMap"]["items"]
+    # The variable names the file the ConfigMap's key is mounted as, read-only.
+    assert env[MODEL_ENV] == f"{mount['mountPath']}/{item['path']}"
+    assert item["key"] == "interference.json" and mount["readOnly"] is True
+    refused = chart.fails({"controller": {"interferenceModelConfigMap": "Bad Name"}})
+    assert "interferenceModelConfigMap" in refused
