@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpu.fitting import observations, parse_records
+from bench.sim.fit_interference import main as fit_interference
 from gpushare.api.errors import InvalidInputError
 from gpushare.packing.calibration import Observation, anchored_nnls, calibrate
 from gpushare.packing.interference import MODEL_ENV, InterferenceModel, load_default
@@ -147,3 +148,24 @@ def test_a_model_file_named_in_the_environment_replaces_the_shipped_one(
         monkeypatch.delenv(MODEL_ENV)
         load_default.cache_clear()
     assert "H200" in load_default().source
+
+
+def test_the_calibrate_command_writes_a_model_the_controller_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "calibrated.json"
+    data = str(REPO / "bench/gpu/data/run13-h200-colocations.json")
+    # --calibrate never overwrites the shipped file: --output is required.
+    with pytest.raises(SystemExit):
+        fit_interference(["--calibrate", data])
+    assert "--output" in capsys.readouterr().err
+    assert fit_interference(["--calibrate", data, "--output", str(out)]) == 0
+    load_default.cache_clear()
+    try:
+        monkeypatch.setenv(MODEL_ENV, str(out))
+        model = load_default()
+        assert model.source.startswith("calibrated:")
+    finally:
+        monkeypatch.delenv(MODEL_ENV)
+        load_default.cache_clear()
+    assert model.coefficients != load_default().coefficients
