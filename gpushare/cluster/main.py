@@ -52,6 +52,7 @@ from gpushare.cluster.webhook.registration import webhook_configurations
 from gpushare.kube.controller import Kube
 from gpushare.kube.errors import KubeError
 from gpushare.packing.admission import Admission
+from gpushare.packing.interference import MODEL_ENV, load_default
 
 log = logging.getLogger("gpushare.cluster")
 
@@ -581,6 +582,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     setup_json_logging(component=PROG, level=settings.log_level)
+    try:
+        model = load_default()  # a calibrated file that cannot be read stops here, not mid-bind
+    except InvalidInputError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    log.info(
+        "interference model loaded",
+        extra={"file": os.environ.get(MODEL_ENV) or "shipped", "source": model.source},
+    )
 
     async def _main() -> None:
         view = ClusterView(stale_assume_seconds=settings.stale_assume_seconds)

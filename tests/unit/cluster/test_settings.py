@@ -1,12 +1,15 @@
 """Controller settings: defaults that work on a developer machine, clear errors for bad flags."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.cluster.settings import Settings, parse_args
+from gpushare.packing.interference import MODEL_ENV
 from gpushare.packing.policy import Policy
 from tests import REPO
 
@@ -110,3 +113,22 @@ def test_a_bad_flag_exits_2_with_the_message_and_starts_nothing() -> None:
 def test_settings_are_a_frozen_dataclass() -> None:
     with pytest.raises(AttributeError):
         Settings().extender_port = 1  # type: ignore[misc]
+
+
+def test_an_unreadable_calibrated_model_stops_the_controller_naming_the_variable(
+    tmp_path: Path,
+) -> None:
+    bad = tmp_path / "interference.json"
+    bad.write_text('{"coefficients": "not a list"}')
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpushare.cluster"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={**os.environ, MODEL_ENV: str(bad), "KUBECONFIG": str(tmp_path / "none")},
+    )
+    assert proc.returncode == 2
+    assert f"gpushare-controller: error: {MODEL_ENV}" in proc.stderr
+    assert "bad interference model" in proc.stderr
