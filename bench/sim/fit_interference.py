@@ -54,6 +54,14 @@ def main(argv: list[str] | None = None) -> int:
         f"(default {PRIOR_WEIGHT:g})",
     )
     parser.add_argument("--output", type=Path, default=None, help=f"default {OUTPUT}")
+    parser.add_argument(
+        "--exclude-kind",
+        action="append",
+        default=[],
+        metavar="KIND",
+        help="leave out every pack holding this job kind (repeatable): kinds kept unseen, so "
+        "the GPU benchmark can still test the model on them",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print, do not write")
     args = parser.parse_args(argv)
     paths: list[Path] = [SEED] if args.seed else list(args.records)
@@ -67,12 +75,16 @@ def main(argv: list[str] | None = None) -> int:
         records = []
         for path in paths:
             records += parse_records(json.loads(path.read_text()), origin=path.name)
+        left_out = set(args.exclude_kind)
+        records = [r for r in records if not left_out & {j.name for j in r.jobs}]
         gpus = sorted({r.gpu for r in records if r.gpu})
         source = (
             SEED_SOURCE
             if args.seed
             else f"measured: {len(records)} colocation packs on {', '.join(gpus) or 'GPUs'} "
-            f"({', '.join(p.name for p in paths)}); "
+            f"({', '.join(p.name for p in paths)}"
+            + (f"; packs holding {', '.join(sorted(left_out))} left out" if left_out else "")
+            + "); "
             "refit: python -m bench.sim.fit_interference <colocations.json> ..."
         )
         if args.calibrate:

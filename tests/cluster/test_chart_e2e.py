@@ -6,7 +6,8 @@ containerd under the names the chart uses. Then, as a user would:
 
 helm install -> every gpushare pod Ready -> annotated pods placed by the chart's
 gpushare-scheduler onto simulated GPUs, with their GPU's environment inside the container ->
-helm upgrade with changed values rolls cleanly -> helm uninstall leaves no gpushare object,
+helm upgrade with changed values (and a calibrated interference model from a ConfigMap) rolls
+cleanly -> helm uninstall leaves no gpushare object,
 socket, MPS directory or node label behind.
 
 The shared pieces (the release, the image build, exclusive use of the node, placing pods,
@@ -24,8 +25,12 @@ import uuid
 import pytest
 import yaml
 
+from bench.gpu.fitting import observations, parse_records
 from gpushare.api.inventory import load_inventory
 from gpushare.api.names import ANN_NODE_GPUS, LABEL_MPS_CAPABLE, LABEL_SIMULATED
+from gpushare.packing.calibration import calibrate
+from gpushare.packing.interference import load_default
+from tests import REPO
 from tests.fixtures.chart_release import (
     CRD,
     NAMESPACE,
@@ -140,6 +145,11 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
             )
             assert CRD in applied
             before = {component(p): p["metadata"]["uid"] for p in release_pods(cluster)}
+            # ... and an interference model calibrated on measured packs, from a ConfigMap
+            # (docs/packing.md, "Calibrating on your GPUs").
+            cluster.kubectl(
+                "apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(calibrated_model())
+            )
             helm(
                 cluster,
                 "upgrade",
@@ -154,6 +164,8 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
                 "node.logLevel=DEBUG",
                 "--set",
                 "scheduler.extenderWeight=6",
+                "--set",
+                f"controller.interferenceModelConfigMap={MODEL_CONFIGMAP}",
                 "--wait",
                 "--timeout",
                 "5m",
@@ -183,6 +195,11 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
                     assert status["restartCount"] == 0, status
             controller = next(p for p in after_pods if component(p) == "controller")
             assert "--log-level=DEBUG" in controller["spec"]["containers"][0]["args"]
+            for pod in after_pods:
+                if component(pod) == "controller":
+                    loaded = model_loaded(cluster, pod["metadata"]["name"])
+                    assert loaded["file"] == "/etc/gpushare/interference/interference.json"
+                    assert str(loaded["source"]).startswith("calibrated:"), loaded
             history = json.loads(
                 helm(cluster, "history", RELEASE, "-n", NAMESPACE, "-o", "json").stdout
             )
@@ -218,6 +235,32 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
                 "--wait=false",
                 check=False,
             )
+
+
+MODEL_CONFIGMAP = "gpushare-interference"
+
+
+def calibrated_model() -> Obj:
+    """A ConfigMap holding the shipped model calibrated on an H200 run's measured packs, as
+    ``bench/sim/fit_interference.py --calibrate`` writes it."""
+    data = json.loads((REPO / "bench/gpu/data/run13-h200-colocations.json").read_text())
+    model = calibrate(load_default(), observations(parse_records(data)))
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": MODEL_CONFIGMAP},
+        "data": {"interference.json": json.dumps(model.to_dict(), indent=2)},
+    }
+
+
+def model_loaded(cluster: LocalCluster, pod: str) -> dict[str, object]:
+    """The controller's ``interference model loaded`` log record (JSON lines)."""
+    logs = cluster.kubectl("logs", "-n", NAMESPACE, pod, "-c", "controller")
+    for line in logs.splitlines():
+        if "interference model loaded" in line:
+            record: dict[str, object] = json.loads(line)
+            return record
+    raise AssertionError(f"{pod} never logged which interference model it loaded:\n{logs}")
 
 
 # ---- RBAC: kubectl auth can-i per service account -----------------------------------------

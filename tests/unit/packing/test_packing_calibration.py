@@ -169,3 +169,18 @@ def test_the_calibrate_command_writes_a_model_the_controller_loads(
         monkeypatch.delenv(MODEL_ENV)
         load_default.cache_clear()
     assert model.coefficients != load_default().coefficients
+
+
+def test_a_refit_can_keep_kinds_unseen(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Fitting on a run's packs but leaving out those holding the kinds the GPU benchmark tests
+    # generalisation on: the model file says which, and fewer packs went in.
+    data = str(REPO / "bench/gpu/data/run13-h200-colocations.json")
+    all_packs, kept = tmp_path / "all.json", tmp_path / "kept.json"
+    assert fit_interference([data, "--output", str(all_packs)]) == 0
+    unseen = ["--exclude-kind", "gpt2", "--exclude-kind", "bert", "--exclude-kind", "vit"]
+    assert fit_interference([data, *unseen, "--output", str(kept)]) == 0
+    full, partial = json.loads(all_packs.read_text()), json.loads(kept.read_text())
+    assert "left out" not in full["source"]
+    assert "packs holding bert, gpt2, vit left out" in partial["source"]
+    assert partial["records"] < full["records"]
+    capsys.readouterr()
