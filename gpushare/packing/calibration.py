@@ -2,10 +2,10 @@
 
 The shipped coefficients (:func:`gpushare.packing.interference.load_default`) come from other
 hosts. On a new host the same packs can slow down differently: an FP64 GEMM beside a training
-job cost it 40-60x on the H200 hosts the model was fit on and 12-30x on the hosts of run 11,
-and the shipped model's error on packs of kinds it knew rose from 0.07-0.09 to 0.14-0.19
-(docs/packing.md, "Calibrating on your GPUs"). A few packs measured on the cluster's own GPUs
-move it back.
+job cost it 40-60x on the H200 hosts of the GPU benchmark's runs 5-10 and 10-38x on those of
+runs 11-14, and a model fit on the first erred by 0.07-0.09 there and 0.14-0.19 on the others'
+packs of the same kinds (docs/packing.md, "Calibrating on your GPUs"). A few packs measured on
+the cluster's own GPUs move it back.
 
 :func:`calibrate` is a refit anchored to the model it starts from: it minimises the squared
 error of ``ln(slowdown)`` on the new observations plus ``prior_weight`` observations' worth of
