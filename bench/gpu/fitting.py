@@ -138,16 +138,10 @@ def observations(records: Sequence[ColocationRecord]) -> list[Observation]:
 def _observations(
     records: Sequence[ColocationRecord],
 ) -> list[tuple[tuple[float, ...], float]]:
-    rows: list[tuple[tuple[float, ...], float]] = []
-    for record in records:
-        for i, job in enumerate(record.jobs):
-            slowdown = job.slowdown
-            if slowdown is None:
-                continue
-            others = [(o.profile, o.thread_percent) for k, o in enumerate(record.jobs) if k != i]
-            x = features(job.profile, job.thread_percent, others)
-            rows.append((x, math.log(max(slowdown, 1e-9))))
-    return rows
+    return [
+        (features(o.target, o.threads, o.neighbours), math.log(max(o.slowdown, 1e-9)))
+        for o in observations(records)
+    ]
 
 
 RIDGE = 1e-3
@@ -211,17 +205,12 @@ def relative_errors(
     """|predicted - measured| / measured slowdown of every job with both rates (``same_cap``:
     the records' slowdowns are relative to the job alone at its cap)."""
     errors: list[float] = []
-    for record in records:
-        for i, job in enumerate(record.jobs):
-            measured = job.slowdown
-            if measured is None:
-                continue
-            others = [(o.profile, o.thread_percent) for k, o in enumerate(record.jobs) if k != i]
-            if same_cap:
-                predicted = model.predict(job.profile, job.thread_percent, others)
-            else:
-                predicted = model.predict_vs_full_gpu(job.profile, job.thread_percent, others)
-            errors.append(abs(predicted - measured) / measured)
+    for o in observations(records):
+        if same_cap:
+            predicted = model.predict(o.target, o.threads, o.neighbours)
+        else:
+            predicted = model.predict_vs_full_gpu(o.target, o.threads, o.neighbours)
+        errors.append(abs(predicted - o.slowdown) / o.slowdown)
     return errors
 
 

@@ -17,7 +17,7 @@ coefficient is kept: colocations measured at the same cap cannot see it.
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.packing.interference import COLOCATION_FEATURES, InterferenceModel, features
@@ -142,11 +142,4 @@ def calibrate(
         jobs=prior.jobs + len(rows),
     )
     errors = [abs(model.from_features(x) - math.exp(y)) / math.exp(y) for x, y in rows]
-    return InterferenceModel(
-        coefficients=model.coefficients,
-        feature_names=model.feature_names,
-        source=model.source,
-        mape_in_sample=sum(errors) / len(errors),
-        records=model.records,
-        jobs=model.jobs,
-    )
+    return replace(model, mape_in_sample=sum(errors) / len(errors))
