@@ -70,6 +70,12 @@ KINDS: dict[str, JobKind] = {
             unseen=True,
         ),
         JobKind(
+            "bgemm",
+            "bf16 GEMM loop, 8192x8192 matrices (the GEMM of an LLM layer with d=8192 over 8k "
+            "tokens; tensor cores): the second pipe-saturating kind, after dgemm",
+            unseen=True,
+        ),
+        JobKind(
             "infer",
             "ResNet-50 inference service, batch 8, bf16, Poisson arrivals, per-request latency",
             gpu_class=CLASS_LATENCY,

@@ -2,7 +2,8 @@
 
 The kinds the shipped interference model was fit on are written out here with torch alone; the
 kinds it never saw (``catalog.UNSEEN_KINDS``) are built from ``transformers`` and
-``torchvision`` with random weights (no download), as packages on the GPU host provide them.
+``torchvision`` with random weights (no download), as packages on the GPU host provide them,
+and a bf16 GEMM from torch alone.
 ``tiny=True`` shrinks every model so the harness can be smoke-tested on a CPU; results from
 tiny models are never benchmark results.
 """
@@ -264,6 +265,18 @@ def build(name: str, *, device: torch.device, tiny: bool = False) -> Workload:
 
         def step() -> None:
             torch.matmul(a, b, out=c)
+    elif name == "bgemm":
+        n = 256 if tiny else 8192
+        x = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+        y = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+        z = torch.empty(n, n, dtype=torch.bfloat16, device=device)
+        # A step is several GEMMs: one takes 1-2 ms on an H100, so a sync after each would
+        # leave the GPU idle between them.
+        steps = 8
+
+        def step() -> None:
+            for _ in range(steps):
+                torch.matmul(x, y, out=z)
     else:
         raise ValueError(f"unknown job kind {name!r}")
 
