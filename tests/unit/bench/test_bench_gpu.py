@@ -274,6 +274,19 @@ def test_leave_one_kind_out_and_the_shipped_model_on_stored_h200_packs() -> None
     assert set(shipped["unseen_by_kind"]) == {"resnet50"}
 
 
+def test_a_second_pipe_saturating_kind_teaches_leave_one_kind_out_the_gemms_starvation() -> None:
+    # Run 15 (H200): with the FP64 GEMM left out, the bf16 GEMM's packs are what tells the fit
+    # how hard a pipe-saturating neighbour starves a job; without them the error is 2x.
+    raw = json.loads((REPO / "bench/gpu/data/run15-h200-colocations.json").read_text())
+    without = [p for p in raw if "bgemm" not in {j["name"] for j in p["jobs"]}]
+    assert KINDS["bgemm"].unseen and "bgemm" in UNSEEN_KINDS
+    with_bgemm = model_eval.leave_one_kind_out(raw)["by_kind"]["dgemm"]
+    alone = model_eval.leave_one_kind_out(without)["by_kind"]["dgemm"]
+    assert with_bgemm is not None and alone is not None
+    assert with_bgemm < 0.25
+    assert alone > 1.0
+
+
 # --- MPS environment ----------------------------------------------------------------------
 
 
