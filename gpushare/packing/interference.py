@@ -10,8 +10,9 @@ because that, not SM occupancy, is what launch-bound jobs contend for:
   turns;
 - ``dominance``: the same, times how much larger the busiest neighbour's share is than the
   target's (up to 3x): a job with small kernels waits behind one with large kernels;
-- ``starvation``: how nearly the neighbours saturate a compute pipe x how little of its own the
-  target has, where thread caps overlap (``max(0, its cap + theirs - 100) / its cap``);
+- ``starvation``: how nearly the neighbours saturate a compute pipe (``STARVATION_POWER``) x
+  how little of its own the target has, where thread caps overlap
+  (``max(0, its cap + theirs - 100) / its cap``);
 - ``neighbour_busy``: the neighbours' SM share itself;
 - ``dram_contention``: product of DRAM bandwidth shares plus any oversubscription of it;
 - ``cap_relief``: ``-(1 - its cap) x time_share``: caps partition the SMs, so a capped job
@@ -63,7 +64,16 @@ _MIN_BUSY = 0.01
 DOMINANCE_CAP = 3.0
 """Largest ratio of the busiest neighbour's SM share to the target's that ``dominance`` counts."""
 SATURATION_POWER = 4
-"""``min(1, pipes)^4``: near 1 only for a job that keeps a pipe almost fully busy."""
+"""``min(1, pipes)^4`` shields a target: near 1 only for a job that keeps a pipe almost fully
+busy."""
+STARVATION_POWER = 5
+"""``min(1, neighbours' pipes)^5`` in ``starvation``: near 1 only beside a pipe-saturating
+neighbour (an FP64 GEMM's 0.96 gives 0.82), about nothing beside a transformer's tensor share of
+0.3 (0.002; 0.008 at the fourth power). At the fourth power that residue let a fit on packs
+without a GEMM give starvation 1.6x the coefficient the GEMM's packs give it, and predict the
+GEMM's neighbours 2-3x too slow (an error of 0.96-1.58 on three of eight runs). At the fifth,
+leave-one-kind-out over eight H100/H200 runs fell from 0.197 to 0.125, chosen without the bf16
+GEMM's packs, the kind kept unseen to test it (docs/packing.md, "The starvation power")."""
 
 
 Load = tuple[float, float, float, float, float, float, float, float, float]
@@ -147,7 +157,7 @@ def features_from(target: Load, neighbours: Load, cap_cost: float = 0.0) -> tupl
     turns = math.log(max(1.0, b_t + b_n))
     bigger = max(0.0, min(DOMINANCE_CAP, b_max / max(b_t, _MIN_BUSY)) - 1.0)
     shared = min(1.0, max(0.0, c_t + c_n - 1.0) / c_t) if c_t > 0 else 0.0
-    starve = shared * min(1.0, pipes_n) ** SATURATION_POWER * max(0.0, 1.0 - pipes_t)
+    starve = shared * min(1.0, pipes_n) ** STARVATION_POWER * max(0.0, 1.0 - pipes_t)
     dram = m_t * m_n + max(0.0, m_t + m_n - 1.0)
     time_share = exposed * turns
     return (

@@ -19,6 +19,7 @@ from bench.gpu.schemes import ExclusiveFifo, Gpushare, Launch, MpsEqual, Running
 from bench.gpu.sizing import request_fraction
 from bench.gpu.stats import mape, percentile, poisson_arrivals
 from bench.gpu.worker import settled_after
+from gpushare.packing import interference
 from tests import REPO
 
 DATA = REPO / "bench" / "gpu" / "data" / "colocations.json"
@@ -274,17 +275,31 @@ def test_leave_one_kind_out_and_the_shipped_model_on_stored_h200_packs() -> None
     assert set(shipped["unseen_by_kind"]) == {"resnet50"}
 
 
-def test_a_second_pipe_saturating_kind_teaches_leave_one_kind_out_the_gemms_starvation() -> None:
-    # Run 15 (H200): with the FP64 GEMM left out, the bf16 GEMM's packs are what tells the fit
-    # how hard a pipe-saturating neighbour starves a job; without them the error is 2x.
-    raw = json.loads((REPO / "bench/gpu/data/run15-h200-colocations.json").read_text())
-    without = [p for p in raw if "bgemm" not in {j["name"] for j in p["jobs"]}]
+def test_a_gemm_left_out_is_predicted_from_packs_without_any_pipe_saturating_kind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Four H200 runs, the bf16 GEMM's packs dropped: leaving the FP64 GEMM out leaves no kind
+    # that saturates a pipe, and the fit must still not predict its neighbours wildly slow.
+    # At the fifth power it errs by < 0.25 on each; at the fourth it erred by 0.96-2.02.
+    def dgemm_left_out(run: str) -> float:
+        raw = json.loads((REPO / f"bench/gpu/data/{run}-colocations.json").read_text())
+        without = [p for p in raw if "bgemm" not in {j["name"] for j in p["jobs"]}]
+        error = model_eval.leave_one_kind_out(without)["by_kind"]["dgemm"]
+        assert error is not None
+        return error
+
+    runs = ("run11-h200", "run13-h200", "run14-h200", "run15-h200")
+    assert interference.STARVATION_POWER == 5
+    assert all(dgemm_left_out(run) < 0.25 for run in runs)
+    monkeypatch.setattr(interference, "STARVATION_POWER", 4)
+    assert all(dgemm_left_out(run) > 0.9 for run in runs)
+
+
+def test_the_bf16_gemm_stays_a_kind_no_fit_has_seen() -> None:
+    shipped = json.loads((REPO / "gpushare/packing/data/interference.json").read_text())
     assert KINDS["bgemm"].unseen and "bgemm" in UNSEEN_KINDS
-    with_bgemm = model_eval.leave_one_kind_out(raw)["by_kind"]["dgemm"]
-    alone = model_eval.leave_one_kind_out(without)["by_kind"]["dgemm"]
-    assert with_bgemm is not None and alone is not None
-    assert with_bgemm < 0.25
-    assert alone > 1.0
+    assert all(k in shipped["source"] for k in ("bgemm", "bert", "gpt2", "vit"))
+    assert "left out" in shipped["source"]
 
 
 # --- MPS environment ----------------------------------------------------------------------

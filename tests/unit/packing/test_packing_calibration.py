@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu.fitting import observations, parse_records
+from bench.gpu.fitting import fit, observations, parse_records
 from bench.sim.fit_interference import main as fit_interference
 from gpushare.api.errors import InvalidInputError
 from gpushare.packing.calibration import Observation, anchored_nnls, calibrate
@@ -119,9 +119,13 @@ def test_calibrating_on_a_hosts_known_kinds_predicts_its_unseen_kinds_better() -
         ]
         return sum(errs) / len(errs)
 
-    # The model shipped until run 13 (fit on H200 runs 5 + 7 + 8, never on this host).
-    before = InterferenceModel(
-        coefficients=(0.593123, 1.237656, 3.779545, 0.353146, 0.0, 1.401828, 0.86391)
+    # Fit as the model shipped until run 13 was: on H200 runs 5 + 7 + 8, never on this host.
+    before = fit(
+        [
+            r
+            for name in ("colocations.json", "run7-colocations.json", "run8-colocations.json")
+            for r in parse_records(json.loads((REPO / "bench/gpu/data" / name).read_text()))
+        ]
     )
     shipped = mape(fresh, before)
     calibrated = mape(fresh, calibrate(before, observations(known)))
