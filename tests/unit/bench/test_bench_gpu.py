@@ -295,13 +295,6 @@ def test_a_gemm_left_out_is_predicted_from_packs_without_any_pipe_saturating_kin
     assert all(dgemm_left_out(run) > 0.9 for run in runs)
 
 
-def test_the_bf16_gemm_stays_a_kind_no_fit_has_seen() -> None:
-    shipped = json.loads((REPO / "gpushare/packing/data/interference.json").read_text())
-    assert KINDS["bgemm"].unseen and "bgemm" in UNSEEN_KINDS
-    assert all(k in shipped["source"] for k in ("bgemm", "bert", "gpt2", "vit"))
-    assert "left out" in shipped["source"]
-
-
 # --- MPS environment ----------------------------------------------------------------------
 
 

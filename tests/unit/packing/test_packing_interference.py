@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from bench.gpu.catalog import UNSEEN_KINDS
 from bench.gpu.fitting import (
     ColocationJob,
     ColocationRecord,
@@ -476,6 +477,7 @@ def test_the_shipped_model_is_the_fit_on_every_hosts_known_kind_packs() -> None:
     shipped = load_default()
     model = fit([r for name in HOSTS for r in _known(name)])
     assert model.coefficients == pytest.approx(shipped.coefficients, abs=1e-5)
+    assert set(UNSEEN_KINDS) == UNSEEN  # every kind the GPU benchmark tests as unseen
     assert shipped.records == 534
     assert "packs holding bert, bgemm, gpt2, vit left out" in shipped.source
     # Leave-one-pack-out 0.092 on runs 5-13; runs 14-15's hosts starved less evenly: 0.102.
