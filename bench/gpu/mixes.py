@@ -1,0 +1,121 @@
+"""Random job mixes: trace files drawn from a seed, to run gpushare on mixes nobody tuned it to.
+
+    PYTHONPATH=. python3 -m bench.gpu.mixes --seed 7 --out mix-7.json [--jobs 8]
+    PYTHONPATH=. python3 -m bench.gpu.run --out DIR --trace mix-7.json
+
+The shipped traces (light, heavy, mixed) were written by the people who built the decisions,
+so a rule tuned to them would pass them. A drawn mix is the check against that: any catalogue
+kind (known, unseen, the whole-GPU XL kinds, at most one inference service), Poisson arrivals,
+and, like users who write their own annotations, some rows that set ``fraction`` (sometimes
+below what the job keeps busy, the case where a static cap throttles a job running alone) and
+some that also set ``limit``. The other rows ask what gpushare's profiler suggests
+(``sizing.request_fraction``). Same seed, same file. Evidence: docs/benchmarks-gpu.md,
+"Drawn mixes".
+"""
+
+import argparse
+import json
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.gpu.catalog import KINDS
+from bench.gpu.traces import MAX_ROWS, parse_trace
+from gpushare.api.names import CLASS_LATENCY
+
+FRACTIONS = (0.25, 0.3, 0.5, 0.6, 0.75, 1.0)
+"""What a user writes when a row sets ``fraction``."""
+LIMITS = (0.5, 0.75, 1.0)
+"""What a user writes when a row also sets ``limit`` (only values at or above its fraction)."""
+P_FRACTION = 0.4
+"""Share of batch rows whose user sets ``fraction``."""
+P_LIMIT = 0.4
+"""Share of those that also set ``limit``."""
+WORK_S = (1.5, 3.5)
+"""A batch job's solo duration is drawn uniformly from this range (seconds)."""
+SERVICE_WORK_S = (4.0, 6.0)
+"""An inference service's duration (seconds of Poisson requests)."""
+MAX_JOBS = 40
+
+
+def draw(seed: int, *, jobs: int = 8, mean_gap_s: float = 0.5) -> list[dict[str, Any]]:
+    """``jobs`` trace rows drawn from ``seed`` (arrival order, rounded for a readable file)."""
+    if not 1 <= jobs <= min(MAX_JOBS, MAX_ROWS):
+        raise ValueError(f"jobs: {jobs} is out of range; draw 1 to {MAX_JOBS} jobs")
+    if not 0 < mean_gap_s <= 60:
+        raise ValueError(f"mean_gap_s: {mean_gap_s} is out of range; give 0 < gap <= 60 s")
+    rng = random.Random(seed)
+    batch = sorted(k for k, spec in KINDS.items() if spec.gpu_class != CLASS_LATENCY)
+    services = sorted(k for k, spec in KINDS.items() if spec.gpu_class == CLASS_LATENCY)
+    rows: list[dict[str, Any]] = []
+    arrival = 0.0
+    has_service = False
+    for i in range(jobs):
+        if i:
+            arrival += rng.expovariate(1.0 / mean_gap_s)
+        if services and not has_service and rng.random() < 1.0 / jobs:
+            has_service = True
+            kind = rng.choice(services)
+            rows.append(
+                {
+                    "arrival_s": round(arrival, 2),
+                    "kind": kind,
+                    "work_s": _uniform(rng, SERVICE_WORK_S),
+                }
+            )
+            continue
+        kind = rng.choice(batch)
+        row: dict[str, Any] = {
+            "arrival_s": round(arrival, 2),
+            "kind": kind,
+            "work_s": _uniform(rng, WORK_S),
+        }
+        if rng.random() < P_FRACTION:
+            fraction = rng.choice(FRACTIONS)
+            row["fraction"] = str(fraction)
+            allowed = [x for x in LIMITS if x >= fraction]
+            if allowed and rng.random() < P_LIMIT:
+                row["limit"] = str(rng.choice(allowed))
+        rows.append(row)
+    return rows
+
+
+def _uniform(rng: random.Random, bounds: tuple[float, float]) -> float:
+    return round(rng.uniform(*bounds), 1)
+
+
+def render(rows: Sequence[dict[str, Any]]) -> str:
+    """One row per line, as the shipped traces are written."""
+    return "[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.gpu.mixes",
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--seed", type=int, required=True, help="the draw's seed (same seed, same mix)")
+    p.add_argument("--jobs", type=int, default=8, help=f"jobs in the mix, 1-{MAX_JOBS} (default 8)")
+    p.add_argument(
+        "--mean-gap-s", type=float, default=0.5, help="mean seconds between arrivals (default 0.5)"
+    )
+    p.add_argument("--out", type=Path, required=True, help="the trace file to write (.json)")
+    args = p.parse_args(argv)
+    if args.out.suffix.lower() != ".json":
+        p.error(f"--out: {args.out} must end in .json (the mix is written as a JSON trace)")
+    try:
+        rows = draw(args.seed, jobs=args.jobs, mean_gap_s=args.mean_gap_s)
+    except ValueError as exc:
+        p.error(f"--{str(exc).replace('_', '-')}")
+    text = render(rows)
+    parse_trace(text, name=args.out.stem, source=str(args.out), csv_format=False)  # a valid trace
+    args.out.write_text(text)
+    print(f"wrote {args.out}: {len(rows)} jobs, seed {args.seed}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
