@@ -10,7 +10,7 @@ and, like users who write their own annotations, some rows that set ``fraction``
 below what the job keeps busy, the case where a static cap throttles a job running alone) and
 some that also set ``limit``. The other rows ask what gpushare's profiler suggests
 (``sizing.request_fraction``). Same seed, same file. Evidence: docs/benchmarks-gpu.md,
-"Drawn mixes".
+"Run 17: three drawn mixes".
 """
 
 import argparse

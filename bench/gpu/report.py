@@ -1,9 +1,14 @@
 """Targets, the results JSON and its markdown; merging runs on several GPUs into one record.
 
-    PYTHONPATH=. python3 -m bench.gpu.report merge RUN.json [RUN.json ...] --out DIR
+    PYTHONPATH=. python3 -m bench.gpu.report merge RUN.json [RUN.json ...] --out DIR [--name N]
 
-writes ``DIR/gpu-packing.json`` (``decided_by``, ``targets`` of every run, each run in full
-under ``runs``) and ``DIR/gpu-packing.md``.
+writes ``DIR/gpu-packing.json`` (``decided_by``, ``targets`` of every run, ``comparisons`` of
+every trace, each run in full under ``runs``) and ``DIR/gpu-packing.md``; ``--name`` renames
+both (the drawn mixes' record is ``gpu-mixes``).
+
+The targets name the shipped traces (light, heavy, mixed). Any trace, a shipped one or your
+own (``run --trace FILE``), also gets a comparison: gpushare's makespan, mean JCT and stretch
+against exclusive FIFO and against the best other scheme measured on it.
 """
 
 import argparse
@@ -114,6 +119,87 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
+COMPARED = ("makespan_s", "mean_jct_s", "mean_stretch", "max_stretch")
+"""What :func:`comparisons` sets gpushare against the other schemes on."""
+
+
+def stretches(jobs: Sequence[dict[str, Any]], solo_run_s: dict[str, float]) -> list[float]:
+    """Each finished job's stretch: its JCT (waiting included) over its run time alone under
+    exclusive FIFO. 1.0 is a job that neither waited nor slowed down; the mean says what a
+    typical job pays, the max what the worst-served one does (a large request starved by
+    smaller ones shows here, not in the run-time slowdown)."""
+    out = []
+    for j in jobs:
+        solo = solo_run_s.get(str(j.get("id")))
+        end, arrival = j.get("end_s"), j.get("arrival_s")
+        if j.get("error") is None and solo and end is not None and arrival is not None:
+            out.append((float(end) - float(arrival)) / solo)
+    return out
+
+
+def comparisons(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """For every trace run under gpushare: its makespan, mean JCT and stretch, the same over
+    exclusive FIFO's, and over the best other scheme's (named) -- below 1 is gpushare ahead."""
+    out: list[dict[str, Any]] = []
+    jobs = results.get("details", {}).get("jobs", {})
+    for trace, rows in results.get("traces", {}).items():
+        by_scheme = jobs.get(trace, {})
+        if "gpushare" not in rows or "exclusive" not in by_scheme:
+            continue
+        solo = {
+            str(j["id"]): float(j["end_s"]) - float(j["start_s"])
+            for j in by_scheme["exclusive"]
+            if j.get("error") is None
+            and j.get("end_s") is not None
+            and j.get("start_s") is not None
+        }
+        values: dict[str, dict[str, float | None]] = {}
+        for scheme, r in rows.items():
+            st = stretches(by_scheme.get(scheme, []), solo)
+            values[scheme] = {
+                "makespan_s": r.get("makespan_s"),
+                "mean_jct_s": r.get("mean_jct_s"),
+                "mean_stretch": round(sum(st) / len(st), 3) if st else None,
+                "max_stretch": round(max(st), 3) if st else None,
+            }
+        entry: dict[str, Any] = {"trace": trace, "gpushare": values["gpushare"]}
+        for key in COMPARED:
+            mine = values["gpushare"][key]
+            entry[f"{key}_vs_exclusive"] = ratio(mine, values.get("exclusive", {}).get(key))
+            others = {
+                s: v[key] for s, v in values.items() if s != "gpushare" and v[key] is not None
+            }
+            best = min(others, key=lambda s: others[s]) if others else None
+            entry[f"{key}_best_other"] = best
+            entry[f"{key}_vs_best_other"] = ratio(mine, others[best]) if best else None
+        entry["schemes"] = sorted(values)
+        out.append(entry)
+    return out
+
+
+def comparison_table(rows: Sequence[dict[str, Any]], *, label: str = "") -> list[str]:
+    """Markdown rows, one per trace: ``ratio (best other scheme)`` for each compared value."""
+    lines = []
+    for c in rows:
+        cells = []
+        for key in COMPARED:
+            cells.append(
+                f"{_fmt(c.get(f'{key}_vs_exclusive'))} / {_fmt(c.get(f'{key}_vs_best_other'))} "
+                f"({c.get(f'{key}_best_other') or '-'})"
+            )
+        lines.append(f"| {label}{c['trace']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+COMPARISON_HEADER = [
+    "Each cell: gpushare's value over exclusive FIFO's / over the best other scheme's (which "
+    "one); below 1, gpushare is ahead. Stretch is a job's JCT over its run time alone.",
+    "",
+    "| trace | makespan | mean JCT | mean stretch | max stretch |",
+    "|---|---|---|---|---|",
+]
+
+
 def _fmt(value: Any, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -169,6 +255,10 @@ def markdown(results: dict[str, Any], *, level: int = 1) -> str:
                 f"{_fmt(x.get('max_slowdown'))}x | {len(x.get('failed', []))} |"
             )
         lines.append("")
+    compared = comparisons(results)
+    if compared:
+        lines += [f"{h}# Every trace: gpushare against the others", "", *COMPARISON_HEADER]
+        lines += [*comparison_table(compared), ""]
     dl = d.get("latency", {})
     lines += [
         f"{h}# Inference beside training",
@@ -302,6 +392,11 @@ def merge(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             for label, r in zip(labels, runs, strict=True)
             for t in r.get("targets", [])
         ],
+        "comparisons": [
+            {"gpu": label, **c}
+            for label, r in zip(labels, runs, strict=True)
+            for c in comparisons(r)
+        ],
         "runs": dict(zip(labels, runs, strict=True)),
     }
 
@@ -327,6 +422,12 @@ def merged_markdown(record: dict[str, Any], notes: str = "") -> str:
         met = {True: "yes", False: "**no**", None: "not measured"}[c["met"]]
         lines.append(f"| {c['target']} | {_fmt(c['value'], 3)} | {c['limit']} | {met} |")
     lines.append("")
+    compared = record.get("comparisons", [])
+    if compared:
+        lines += ["## Every trace: gpushare against the others", "", *COMPARISON_HEADER]
+        for c in compared:
+            lines += comparison_table([c], label=f"{c['gpu']}: ")
+        lines.append("")
     if notes:
         lines += [notes.strip(), ""]
     for run in record.get("runs", {}).values():
@@ -341,7 +442,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     m.add_argument("runs", type=Path, nargs="+", help="gpu-packing.json of each run")
     m.add_argument("--out", type=Path, required=True, help="directory for the merged record")
     m.add_argument("--notes", type=Path, help="markdown placed after the targets table")
+    m.add_argument(
+        "--name",
+        default="gpu-packing",
+        help="file name of the record, without .json/.md (default gpu-packing)",
+    )
     args = p.parse_args(argv)
+    if not args.name or not all(c.isalnum() or c in "-_" for c in args.name):
+        p.error(f"--name: {args.name!r} must be letters, digits, '-' or '_' (e.g. gpu-mixes)")
     runs = []
     for path in args.runs:
         try:
@@ -350,9 +458,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error(f"{path}: {exc}")
     record = merge(runs)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu-packing.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     notes = args.notes.read_text() if args.notes else ""
-    (args.out / "gpu-packing.md").write_text(merged_markdown(record, notes))
+    (args.out / f"{args.name}.md").write_text(merged_markdown(record, notes))
     return 0
 
 

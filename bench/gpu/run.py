@@ -636,6 +636,7 @@ def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
         "errors": ctx.errors,
     }
     results["targets"] = report.check_targets(results)
+    results["comparisons"] = report.comparisons(results)
     return results
 
 

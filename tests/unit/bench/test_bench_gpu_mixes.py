@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu import mixes, traces
+from bench.gpu import mixes, report, traces
 from bench.gpu.catalog import KINDS
 
 
@@ -62,3 +62,70 @@ def test_a_mix_written_anywhere_but_a_json_file_is_refused(
     with pytest.raises(SystemExit):
         mixes.main(["--seed", "1", "--out", str(tmp_path / "m.csv")])
     assert "--out" in capsys.readouterr().err
+
+
+def _job(jid: str, arrival: float, start: float, end: float) -> dict[str, object]:
+    return {"id": jid, "arrival_s": arrival, "start_s": start, "end_s": end, "error": None}
+
+
+def _mix_run(gpu: str) -> dict[str, object]:
+    """A two-job mix: a big job and a small one arriving just after it. Exclusive FIFO runs
+    them back to back; MPS without limits overlaps them (shortest makespan, the small job
+    slowed 3x); gpushare makes the big job wait for the small one (a starved large request)."""
+    jobs = {
+        "exclusive": [_job("big", 0.0, 0.0, 4.0), _job("small", 0.5, 4.0, 5.0)],
+        "mps_unlimited": [_job("big", 0.0, 0.0, 4.5), _job("small", 0.5, 0.5, 3.5)],
+        "gpushare": [_job("small", 0.5, 0.5, 1.5), _job("big", 0.0, 1.5, 5.5)],
+    }
+    traces_out = {
+        "mix-9": {
+            s: {"makespan_s": max(j["end_s"] for j in js), "mean_jct_s": 0.0, "throughput": 1.0}
+            for s, js in jobs.items()
+        }
+    }
+    for s, js in jobs.items():
+        jct = [float(j["end_s"]) - float(j["arrival_s"]) for j in js]  # type: ignore[arg-type]
+        traces_out["mix-9"][s]["mean_jct_s"] = sum(jct) / len(jct)
+    return {"gpu": gpu, "traces": traces_out, "details": {"jobs": {"mix-9": jobs}}}
+
+
+def test_any_trace_compares_gpushare_with_exclusive_and_the_best_other_scheme() -> None:
+    (c,) = report.comparisons(_mix_run("NVIDIA H100 80GB HBM3"))
+    assert c["trace"] == "mix-9"
+    # Makespan: MPS without limits is best (4.5 s); gpushare 5.5 s is 1.22x it, 1.1x exclusive.
+    assert c["makespan_s_best_other"] == "mps_unlimited"
+    assert c["makespan_s_vs_best_other"] == pytest.approx(5.5 / 4.5, abs=1e-3)
+    assert c["makespan_s_vs_exclusive"] == pytest.approx(1.1, abs=1e-3)
+    # Stretch: under gpushare the big job waited 1.5 s, 5.5 s for 4 s of work; the small job
+    # ran at once (1.0). Exclusive FIFO's worst is the small job (4.5 s for 1 s of work).
+    assert c["gpushare"]["max_stretch"] == pytest.approx(1.375)
+    assert c["max_stretch_best_other"] == "mps_unlimited"  # big 1.125, small 3.0
+    assert c["max_stretch_vs_exclusive"] == pytest.approx(1.375 / 4.5, abs=1e-3)
+    assert c["mean_stretch_vs_exclusive"] < 1 < c["makespan_s_vs_best_other"]
+
+
+def test_a_trace_without_exclusive_fifo_or_gpushare_gets_no_comparison() -> None:
+    run = _mix_run("NVIDIA H200")
+    del run["details"]["jobs"]["mix-9"]["exclusive"]  # type: ignore[index]
+    assert report.comparisons(run) == []
+
+
+def test_a_merged_record_of_mixes_takes_its_own_name_and_lists_each_gpus_comparisons(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_mix_run("NVIDIA H100 80GB HBM3")))
+    b.write_text(json.dumps(_mix_run("NVIDIA H200")))
+    out = tmp_path / "out"
+    assert report.main(["merge", str(a), str(b), "--out", str(out), "--name", "gpu-mixes"]) == 0
+    record = json.loads((out / "gpu-mixes.json").read_text())
+    assert [(c["gpu"], c["trace"]) for c in record["comparisons"]] == [
+        ("H100", "mix-9"),
+        ("H200", "mix-9"),
+    ]
+    md = (out / "gpu-mixes.md").read_text()
+    assert "| H200: mix-9 | 1.10 / 1.22 (mps_unlimited) |" in md
+    assert not (out / "gpu-packing.json").exists()
+    with pytest.raises(SystemExit):
+        report.main(["merge", str(a), "--out", str(out), "--name", "../x"])
+    assert "--name" in capsys.readouterr().err
