@@ -119,8 +119,9 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
-COMPARED = ("makespan_s", "mean_jct_s", "mean_stretch", "max_stretch")
-"""What :func:`comparisons` sets gpushare against the other schemes on."""
+COMPARED = ("makespan_s", "mean_jct_s", "mean_stretch", "max_stretch", "inference_p99_ms")
+"""What :func:`comparisons` sets gpushare against the other schemes on (the last only where the
+trace holds a latency-class job: the p99 of its requests)."""
 
 
 def stretches(jobs: Sequence[dict[str, Any]], solo_run_s: dict[str, float]) -> list[float]:
@@ -142,6 +143,7 @@ def comparisons(results: dict[str, Any]) -> list[dict[str, Any]]:
     exclusive FIFO's, and over the best other scheme's (named) -- below 1 is gpushare ahead."""
     out: list[dict[str, Any]] = []
     jobs = results.get("details", {}).get("jobs", {})
+    summaries = results.get("details", {}).get("schemes", {})
     for trace, rows in results.get("traces", {}).items():
         by_scheme = jobs.get(trace, {})
         if "gpushare" not in rows or "exclusive" not in by_scheme:
@@ -161,6 +163,9 @@ def comparisons(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "mean_jct_s": r.get("mean_jct_s"),
                 "mean_stretch": round(sum(st) / len(st), 3) if st else None,
                 "max_stretch": round(max(st), 3) if st else None,
+                "inference_p99_ms": summaries.get(trace, {})
+                .get(scheme, {})
+                .get("inference_p99_ms"),
             }
         entry: dict[str, Any] = {"trace": trace, "gpushare": values["gpushare"]}
         for key in COMPARED:
@@ -183,20 +188,26 @@ def comparison_table(rows: Sequence[dict[str, Any]], *, label: str = "") -> list
     for c in rows:
         cells = []
         for key in COMPARED:
-            cells.append(
+            mine = c.get("gpushare", {}).get(key)
+            if mine is None:
+                cells.append("-")
+                continue
+            cell = (
                 f"{_fmt(c.get(f'{key}_vs_exclusive'))} / {_fmt(c.get(f'{key}_vs_best_other'))} "
                 f"({c.get(f'{key}_best_other') or '-'})"
             )
+            cells.append(f"{_fmt(mine, 1)} ms: {cell}" if key.endswith("_ms") else cell)
         lines.append(f"| {label}{c['trace']} | " + " | ".join(cells) + " |")
     return lines
 
 
 COMPARISON_HEADER = [
     "Each cell: gpushare's value over exclusive FIFO's / over the best other scheme's (which "
-    "one); below 1, gpushare is ahead. Stretch is a job's JCT over its run time alone.",
+    "one); below 1, gpushare is ahead. Stretch is a job's JCT over its run time alone; inference "
+    "p99 is the latency-class job's request p99, where the trace has one.",
     "",
-    "| trace | makespan | mean JCT | mean stretch | max stretch |",
-    "|---|---|---|---|---|",
+    "| trace | makespan | mean JCT | mean stretch | max stretch | inference p99 |",
+    "|---|---|---|---|---|---|",
 ]
 
 

@@ -104,6 +104,19 @@ def test_any_trace_compares_gpushare_with_exclusive_and_the_best_other_scheme() 
     assert c["mean_stretch_vs_exclusive"] < 1 < c["makespan_s_vs_best_other"]
 
 
+def test_a_latency_service_in_the_trace_is_compared_by_its_request_p99() -> None:
+    run = _mix_run("NVIDIA H200")
+    assert report.comparisons(run)[0]["gpushare"]["inference_p99_ms"] is None
+    p99 = {"exclusive": 19.0, "mps_unlimited": 2800.0, "gpushare": 24.7}
+    run["details"]["schemes"] = {  # type: ignore[index]
+        "mix-9": {s: {"inference_p99_ms": v} for s, v in p99.items()}
+    }
+    (c,) = report.comparisons(run)
+    assert c["inference_p99_ms_best_other"] == "exclusive"
+    assert c["inference_p99_ms_vs_best_other"] == pytest.approx(1.3, abs=1e-3)
+    assert "| 24.7 ms: 1.30 / 1.30 (exclusive) |" in report.comparison_table([c])[0]
+
+
 def test_a_trace_without_exclusive_fifo_or_gpushare_gets_no_comparison() -> None:
     run = _mix_run("NVIDIA H200")
     del run["details"]["jobs"]["mix-9"]["exclusive"]  # type: ignore[index]
