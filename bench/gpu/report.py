@@ -347,9 +347,10 @@ def _jobs_table(d: dict[str, Any], h: str) -> list[str]:
     raw = d.get("raw_profiles", {})
     for name, spec in KINDS.items():
         p = d.get("profiles", {}).get(name)
-        if p is None:
-            continue
         rate = d.get("solo_rates_mps", {}).get(name)
+        if p is None and rate is None:
+            continue
+        p = p or {}  # measured alone but not profiled (a GPU without GPM): cells read "-"
         asks = d.get("requested_fractions", {}).get(name)
         unseen = " (unseen)" if spec.unseen else ""
         lines.append(

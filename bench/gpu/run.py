@@ -39,7 +39,7 @@ from bench.gpu import colocate, latency, model_eval, report, sizing, traces
 from bench.gpu.catalog import KINDS, SOLO_ONLY_KINDS, TRAINING_KINDS, UNSEEN_KINDS
 from bench.gpu.colocate import Member, PackResult, Stage
 from bench.gpu.decide import DECIDED_BY, DEFAULT_BOUNDS, ProductDecider, model_identity
-from bench.gpu.gpm import Sampler, to_profile
+from bench.gpu.gpm import PROFILE_KEYS, Sampler, to_profile
 from bench.gpu.metrics import JobResult, summarize
 from bench.gpu.mps import MpsDaemon
 from bench.gpu.procs import Workers
@@ -248,6 +248,21 @@ def choose_pack(
     return colocate.pack_key((r.job.kind, r.launch.thread_percent or 100) for r in running)
 
 
+def record_profile(st: State, kind: str, values: dict[str, float] | None) -> None:
+    """Keep ``kind``'s solo profile when every counter the product needs was measured. A GPU
+    without NVML GPM (or a failed read) leaves the kind unprofiled, as gpushare's operator
+    leaves a pod it cannot profile (``stored_profile.measured_pipe_profile`` refuses), never
+    an all-zero profile that would read as an idle job asking 5% of the GPU."""
+    missing = [k for k in PROFILE_KEYS if not values or k not in values]
+    if missing:
+        log.warning("%s: not profiled (%s not measured); it is placed by its request", kind,
+                    ",".join(missing))  # fmt: skip
+        return
+    assert values is not None
+    st.raw_profiles[kind] = {k: round(v, 4) for k, v in values.items()}
+    st.profiles[kind] = to_profile(values)
+
+
 def trace_kinds(ctx: Ctx) -> list[str]:
     return sorted({j.kind for t in ctx.args.traces for j in t.jobs})
 
@@ -279,10 +294,7 @@ def phase_a(ctx: Ctx, st: State) -> None:
     def on_solo(m: Member, start: float, end: float, rate: float) -> None:
         st.solo[m.kind] = rate
         if sampler is not None:
-            values = sampler.profile_last(max(0.3, end - start - 0.5))
-            if values:
-                st.raw_profiles[m.kind] = {k: round(v, 4) for k, v in values.items()}
-            st.profiles[m.kind] = to_profile(values)
+            record_profile(st, m.kind, sampler.profile_last(max(0.3, end - start - 0.5)))
         else:
             st.profiles[m.kind] = to_profile({"sm_occupancy": 0.2, "fp32": 0.2})
 
@@ -291,15 +303,24 @@ def phase_a(ctx: Ctx, st: State) -> None:
         st.results += measure_stages(
             pool=pool, stages=stages[:1], deadline=budget_end + 60, on_solo=on_solo
         )
-        st.results += measure_stages(
-            pool=pool, stages=stages[1:], deadline=budget_end, on_solo=on_solo
-        )
+        if st.profiles:
+            st.results += measure_stages(
+                pool=pool, stages=stages[1:], deadline=budget_end, on_solo=on_solo
+            )
+        else:
+            ctx.errors.append(
+                f"colocation packs: skipped, no job could be profiled on {ctx.gpu_name} "
+                f"({st.profile_source}; gpushare profiles by NVML GPM, Hopper or newer): "
+                "gpushare places by requests alone, jobs without a trace fraction ask for the "
+                "whole GPU, and the model is not evaluated"
+            )
+            log.warning("%s", ctx.errors[-1])
         st.fractions.update(
             {
                 k: sizing.request_fraction(
                     st.raw_profiles.get(k) or st.profiles.get(k), gpu_class=KINDS[k].gpu_class
                 )
-                for k in st.profiles
+                for k in st.solo
             }
         )
         log.info("requests sized from profiles: %s", st.fractions)
