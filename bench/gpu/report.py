@@ -374,9 +374,11 @@ def write(out: Path, results: dict[str, Any], *, name: str = "gpu-packing") -> t
 
 
 def short_name(gpu: str) -> str:
-    """``NVIDIA H100 80GB HBM3`` -> ``H100``: the label a merged record's targets carry."""
+    """``NVIDIA H100 80GB HBM3`` -> ``H100``, ``NVIDIA A100-SXM4-80GB`` -> ``A100``, ``NVIDIA
+    GH200 480GB`` -> ``GH200``: the first word with a digit that is not a memory size, the
+    label a merged record's targets carry."""
     for word in gpu.replace("-", " ").split():
-        if word[:1] in "ABHLV" and any(c.isdigit() for c in word):
+        if any(c.isdigit() for c in word) and not word.upper().endswith("GB"):
             return word
     return gpu or "gpu"
 

@@ -142,3 +142,16 @@ def test_a_merged_record_of_mixes_takes_its_own_name_and_lists_each_gpus_compari
     with pytest.raises(SystemExit):
         report.main(["merge", str(a), "--out", str(out), "--name", "../x"])
     assert "--name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("gpu", "label"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA GH200 480GB", "GH200"),
+        ("Tesla T4", "T4"),
+    ],
+)
+def test_a_merged_record_labels_each_gpu_by_its_model(gpu: str, label: str) -> None:
+    assert report.short_name(gpu) == label
