@@ -178,6 +178,12 @@ def comparisons(results: dict[str, Any]) -> list[dict[str, Any]]:
             entry[f"{key}_best_other"] = best
             entry[f"{key}_vs_best_other"] = ratio(mine, others[best]) if best else None
         entry["schemes"] = sorted(values)
+        # A job that failed finishes no work: a scheme's makespan and JCT cover only the
+        # jobs that finished, so the failures are listed beside them.
+        entry["failed"] = {
+            scheme: len(summaries.get(trace, {}).get(scheme, {}).get("failed", []))
+            for scheme in sorted(values)
+        }
         out.append(entry)
     return out
 
@@ -197,6 +203,8 @@ def comparison_table(rows: Sequence[dict[str, Any]], *, label: str = "") -> list
                 f"({c.get(f'{key}_best_other') or '-'})"
             )
             cells.append(f"{_fmt(mine, 1)} ms: {cell}" if key.endswith("_ms") else cell)
+        failed = c.get("failed", {})
+        cells.append(", ".join(f"{s} {n}" for s, n in failed.items() if n) or "none")
         lines.append(f"| {label}{c['trace']} | " + " | ".join(cells) + " |")
     return lines
 
@@ -206,8 +214,8 @@ COMPARISON_HEADER = [
     "one); below 1, gpushare is ahead. Stretch is a job's JCT over its run time alone; inference "
     "p99 is the latency-class job's request p99, where the trace has one.",
     "",
-    "| trace | makespan | mean JCT | mean stretch | max stretch | inference p99 |",
-    "|---|---|---|---|---|---|",
+    "| trace | makespan | mean JCT | mean stretch | max stretch | inference p99 | failed jobs |",
+    "|---|---|---|---|---|---|---|",
 ]
 
 

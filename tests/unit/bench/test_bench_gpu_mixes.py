@@ -102,6 +102,15 @@ def test_any_trace_compares_gpushare_with_exclusive_and_the_best_other_scheme() 
     assert c["max_stretch_best_other"] == "mps_unlimited"  # big 1.125, small 3.0
     assert c["max_stretch_vs_exclusive"] == pytest.approx(1.375 / 4.5, abs=1e-3)
     assert c["mean_stretch_vs_exclusive"] < 1 < c["makespan_s_vs_best_other"]
+    assert c["failed"] == {"exclusive": 0, "gpushare": 0, "mps_unlimited": 0}
+
+
+def test_a_scheme_whose_jobs_failed_says_so_beside_its_ratios() -> None:
+    run = _mix_run("NVIDIA H100 80GB HBM3")
+    run["details"]["schemes"] = {"mix-9": {"gpushare": {"failed": ["small"]}}}  # type: ignore[index]
+    (c,) = report.comparisons(run)
+    assert c["failed"]["gpushare"] == 1
+    assert report.comparison_table([c])[0].endswith("| gpushare 1 |")
 
 
 def test_a_latency_service_in_the_trace_is_compared_by_its_request_p99() -> None:
