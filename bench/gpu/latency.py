@@ -15,7 +15,9 @@ Method (docs/benchmarks-gpu.md, "Inference beside training"):
   third equally often; each round has its own arrival sequence, the same for every setting;
 - a context row (training uncapped at priority 1: a batch pod placed *before* the service,
   under gpushare's default limit) runs in its own windows before them, never pooled with the
-  reported ones.
+  reported ones; with ``rotate_uncapped`` it is a fourth reported setting instead, rotated with
+  the others (``bench.gpu.latency_ab``: does the cap on a latency pod's neighbour buy latency
+  that MPS priority alone does not?).
 
 A setting's p99 is over its pooled counted requests; each window's p99 is kept.
 """
@@ -79,6 +81,7 @@ def measure(
     window_s: float,
     rounds: int,
     calibration_rounds: int,
+    rotate_uncapped: bool = False,
 ) -> dict[str, Any]:
     service = TraceJob("lat-infer", "infer", 0.0, 0.0, SERVICE_FRACTION, fixed_request=True)
     train = TraceJob("lat-train", "resnet50", 0.0, 0.0, TRAIN_FRACTION, fixed_request=True)
@@ -115,12 +118,14 @@ def measure(
     # An untimed window first: each service process's first requests are slow (CUDA, cuDNN).
     for m in (alone, svc):
         pool.window([m], seconds=2.0, seed=99, settle=True)
-    for r in range(calibration_rounds):  # context only, never pooled with the reported rows
+    for r in range(0 if rotate_uncapped else calibration_rounds):
+        # Context only, never pooled with the reported rows.
         order.append([f"context {r}: {UNCAPPED}"])
         got[UNCAPPED].append(
             pool.window(members[UNCAPPED], seconds=window_s, seed=500 + r, settle=True)
         )
-    reported = rotations([SOLO_NO_MPS, SOLO_MPS, SHARED], rounds)
+    rotated = [SOLO_NO_MPS, SOLO_MPS, SHARED] + ([UNCAPPED] if rotate_uncapped else [])
+    reported = rotations(rotated, rounds)
     for r, settings in enumerate(reported):
         order.append(settings)
         for s in settings:
@@ -143,6 +148,7 @@ def measure(
         "training_launch": launch.note,
         "window_s": window_s,
         "rounds": rounds,
-        "calibration_rounds": calibration_rounds,
+        "calibration_rounds": 0 if rotate_uncapped else calibration_rounds,
+        "uncapped_rotated": rotate_uncapped,
         "order": order,
     }
