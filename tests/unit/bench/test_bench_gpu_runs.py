@@ -1,5 +1,6 @@
-"""The GPU benchmark on a GPU whose profiler measures nothing (no NVML GPM: before Hopper): jobs
-stay unprofiled, as gpushare's operator leaves them, instead of reading as idle."""
+"""GPU benchmark paths without a GPU: a GPU whose profiler measures nothing (no NVML GPM, before
+Hopper) leaves jobs unprofiled, as gpushare's operator does, instead of reading them as idle;
+the balanced latency test rotates uncapped training with the reported settings."""
 
 import time
 from pathlib import Path
@@ -85,3 +86,50 @@ def test_a_profile_missing_any_counter_the_product_needs_is_not_kept() -> None:
     run.record_profile(st, "resnet18", full)
     assert st.profiles["resnet18"]["tensor"] == 0.3
     assert st.raw_profiles["resnet18"]["sm_utilization"] == 0.5
+
+
+class WindowPool:
+    """A pool whose service answers 9 ms alone, 10 ms beside capped training and 12 ms beside
+    uncapped training; training runs 20 it/s capped, 28 uncapped."""
+
+    def __init__(self) -> None:
+        self.windows: list[tuple[str, ...]] = []
+
+    def ensure(self, members: Any, **_: Any) -> dict[Any, str]:
+        return {}
+
+    def window(self, members: list[Any], **_: Any) -> list[dict[str, Any]]:
+        self.windows.append(tuple(f"{m.kind}@{m.thread_percent}" for m in members))
+        if len(members) == 1:
+            return [{"latencies_ms": [9.0] * 50}]
+        uncapped = members[1].thread_percent == 100
+        return [
+            {"latencies_ms": [12.0 if uncapped else 10.0] * 50},
+            {"rate": 28 if uncapped else 20},
+        ]
+
+
+def test_the_balanced_latency_test_reports_uncapped_training_as_a_rotated_setting() -> None:
+    from bench.gpu import latency  # noqa: PLC0415
+
+    ctx = run.Ctx(args=run.parse_args(["--out", "x"]), t_start=0.0, tmp=Path("x"))
+    st = run.State()
+    for kind in ("infer", "resnet50"):
+        run.record_profile(st, kind, dict.fromkeys(PROFILE_KEYS, 0.3) | {"sm_utilization": 0.8})
+    pool = WindowPool()
+    out = latency.measure(
+        pool=pool,  # type: ignore[arg-type]
+        decider=run.make_decider(ctx, st),
+        train_solo=28.0,
+        window_s=1.0,
+        rounds=4,
+        calibration_rounds=2,
+        rotate_uncapped=True,
+    )
+    rows = {r["setting"]: r for r in out["rows"]}
+    assert rows[latency.UNCAPPED]["windows"] == 4 and rows[latency.SHARED]["windows"] == 4
+    assert rows[latency.UNCAPPED]["p99_ms"] == 12.0 and out["shared_p99_ms"] == 10.0
+    assert rows[latency.UNCAPPED]["train_share"] == 1.0 and out["train_retained_ratio"] == 0.714
+    # No context windows: the uncapped setting takes each place in the order once.
+    assert not any(str(o[0]).startswith("context") for o in out["order"])
+    assert sorted(o.index(latency.UNCAPPED) for o in out["order"]) == [0, 1, 2, 3]
