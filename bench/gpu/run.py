@@ -678,6 +678,46 @@ def _clean(value: Any) -> Any:
     return round(value, 4) if isinstance(value, float) else value
 
 
+def budget_needed(args: argparse.Namespace) -> float:
+    """Seconds the runs every comparison needs take at least (the colocation stage's share,
+    exclusive FIFO and gpushare on every trace, the heavy trace's baselines, the latency
+    stage), as ``run_scheme`` and ``measure_latency`` estimate them; context runs not counted."""
+    if args.phase == "colocations":
+        return 0.0
+    share = 0.0 if args.resume is not None else PHASE_A_SHARE
+    return share * float(args.budget_s) + _runs_needed(args)
+
+
+def _runs_needed(args: argparse.Namespace) -> float:
+    need = 0.0
+    for t in args.traces:
+        work = t.work_s
+        need += (1.1 * work + STARTUP_S) + (0.8 * work + STARTUP_S)
+        if t.name == "heavy":
+            need += 2 * (0.8 * work + STARTUP_S)
+    window = 3.0 if args.quick else 4.0
+    rounds = 3 if args.quick else args.latency_rounds
+    return need + window * (3 * rounds + 2) * 1.1 + 20
+
+
+def budget_warning(args: argparse.Namespace) -> str | None:
+    """A warning, before any GPU work, when ``--budget-s`` cannot hold the comparisons."""
+    need = budget_needed(args)
+    if need <= args.budget_s:
+        return None
+    stage = "" if args.resume is not None else ", the colocation stage"
+    # The colocation stage takes a share of the budget itself: solve for the budget that holds.
+    share = 0.0 if args.resume is not None else PHASE_A_SHARE
+    suggest = math.ceil(_runs_needed(args) / (1.0 - share) / 10) * 10
+    return (
+        f"--budget-s {args.budget_s:.0f} is short: the comparisons need about {need:.0f} s "
+        f"(exclusive FIFO and gpushare on every trace, the latency stage{stage}); runs that do "
+        f"not fit are skipped and their targets read 'not measured'. Give --budget-s "
+        f"{suggest} or fewer --trace files, or split the run with "
+        "--phase colocations and --resume"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -690,6 +730,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.dry:
         log.warning("DRY RUN: no GPU work is done; numbers only check the harness")
+    short = budget_warning(args)
+    if short:
+        log.warning("%s", short)
     tmp = Path(tempfile.mkdtemp(prefix="gpushare-bench-"))
     ctx = Ctx(args=args, t_start=time.time(), tmp=tmp)
     try:

@@ -133,3 +133,18 @@ def test_the_balanced_latency_test_reports_uncapped_training_as_a_rotated_settin
     # No context windows: the uncapped setting takes each place in the order once.
     assert not any(str(o[0]).startswith("context") for o in out["order"])
     assert sorted(o.index(latency.UNCAPPED) for o in out["order"]) == [0, 1, 2, 3]
+
+
+def test_a_budget_too_short_for_the_traces_is_named_before_any_gpu_work(tmp_path: Path) -> None:
+    assert run.budget_warning(run.parse_args(["--out", str(tmp_path)])) is None  # the default
+    long = tmp_path / "long.json"
+    long.write_text('[{"arrival_s": 0, "kind": "resnet50", "work_s": 300}]')
+    args = run.parse_args(["--out", str(tmp_path), "--trace", str(long)])
+    warning = run.budget_warning(args)
+    assert warning is not None
+    # Exclusive FIFO alone takes 330 s of 300 s of work, gpushare at least 240 s.
+    assert run.budget_needed(args) > 570 + 0.28 * 540
+    assert "--budget-s 540 is short" in warning and "--resume" in warning
+    suggested = int(warning.split("Give --budget-s ")[1].split()[0])
+    assert run.budget_warning(run.parse_args([*map(str, ["--out", tmp_path, "--trace", long]),
+                                              "--budget-s", str(suggested)])) is None  # fmt: skip
