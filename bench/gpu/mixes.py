@@ -38,6 +38,7 @@ WORK_S = (1.5, 3.5)
 SERVICE_WORK_S = (4.0, 6.0)
 """An inference service's duration (seconds of Poisson requests)."""
 MAX_JOBS = 40
+"""Most jobs one draw writes (at most ``traces.MAX_ROWS`` as well)."""
 
 
 def draw(seed: int, *, jobs: int = 8, mean_gap_s: float = 0.5) -> list[dict[str, Any]]:

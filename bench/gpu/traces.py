@@ -19,7 +19,8 @@ every scheme. Optional ``fraction`` and ``limit`` are the job's ``gpushare.io/gp
 measured profile suggests (``sizing.request_fraction``), without a limit it gets gpushare's
 default. The shipped traces are ``bench/gpu/data/traces/{light,heavy,mixed}.json``.
 
-A bad file fails before any GPU work, naming the file, the row and the field.
+A bad file fails before any GPU work, naming the file, the row and the field. A trace holds at
+most ``MAX_ROWS`` jobs (every job's process is warmed up before the clock).
 """
 
 import csv
@@ -41,7 +42,12 @@ from gpushare.api.quantities import parse_fraction
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "traces"
 SHIPPED = ("light", "heavy", "mixed")
 MAX_BYTES = 1 << 20
-MAX_ROWS = 500
+MAX_ROWS = 48
+"""Jobs in one trace. Every job's process is started and warmed up before the trace's clock
+(``runner.run_trace``), all of them at once, and under the MPS schemes each is a client of one
+MPS server, which serves at most 48 (CUDA's limit for Volta and newer). Their memory must fit
+too: a job whose process cannot start is recorded as failed (the results' ``failed``), so split a
+longer trace, or one with many whole-GPU jobs, into several files."""
 MAX_ARRIVAL_S = 3600.0
 MAX_WORK_S = 600.0
 _ALIASES = {"arrival": "arrival_s", "work": "work_s"}

@@ -2,6 +2,7 @@
 Hopper) leaves jobs unprofiled, as gpushare's operator does, instead of reading them as idle;
 the balanced latency test rotates uncapped training with the reported settings."""
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,15 @@ def test_a_budget_too_short_for_the_traces_is_named_before_any_gpu_work(tmp_path
     suggested = int(warning.split("Give --budget-s ")[1].split()[0])
     assert run.budget_warning(run.parse_args([*map(str, ["--out", tmp_path, "--trace", long]),
                                               "--budget-s", str(suggested)])) is None  # fmt: skip
+
+
+def test_a_trace_with_more_jobs_than_one_mps_server_serves_is_refused_before_gpu_work(
+    tmp_path: Path,
+) -> None:
+    rows = [{"arrival_s": i * 0.1, "kind": "resnet18", "work_s": 1} for i in range(49)]
+    path = tmp_path / "many.json"
+    path.write_text(json.dumps(rows))
+    with pytest.raises(traces.TraceError, match="49 rows, more than 48; split it"):
+        traces.load_trace(path)
+    path.write_text(json.dumps(rows[:48]))
+    assert len(traces.load_trace(path).jobs) == 48
