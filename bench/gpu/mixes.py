@@ -37,13 +37,13 @@ WORK_S = (1.5, 3.5)
 """A batch job's solo duration is drawn uniformly from this range (seconds)."""
 SERVICE_WORK_S = (4.0, 6.0)
 """An inference service's duration (seconds of Poisson requests)."""
-MAX_JOBS = 40
-"""Most jobs one draw writes (at most ``traces.MAX_ROWS`` as well)."""
+MAX_JOBS = MAX_ROWS
+"""Most jobs one draw writes: what one trace may hold."""
 
 
 def draw(seed: int, *, jobs: int = 8, mean_gap_s: float = 0.5) -> list[dict[str, Any]]:
     """``jobs`` trace rows drawn from ``seed`` (arrival order, rounded for a readable file)."""
-    if not 1 <= jobs <= min(MAX_JOBS, MAX_ROWS):
+    if not 1 <= jobs <= MAX_JOBS:
         raise ValueError(f"jobs: {jobs} is out of range; draw 1 to {MAX_JOBS} jobs")
     if not 0 < mean_gap_s <= 60:
         raise ValueError(f"mean_gap_s: {mean_gap_s} is out of range; give 0 < gap <= 60 s")

@@ -42,12 +42,13 @@ from gpushare.api.quantities import parse_fraction
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "traces"
 SHIPPED = ("light", "heavy", "mixed")
 MAX_BYTES = 1 << 20
-MAX_ROWS = 48
+MAX_ROWS = 24
 """Jobs in one trace. Every job's process is started and warmed up before the trace's clock
-(``runner.run_trace``), all of them at once, and under the MPS schemes each is a client of one
-MPS server, which serves at most 48 (CUDA's limit for Volta and newer). Their memory must fit
-too: a job whose process cannot start is recorded as failed (the results' ``failed``), so split a
-longer trace, or one with many whole-GPU jobs, into several files."""
+(``runner.run_trace``), all at once, under gpushare once for each setting it may get (idle GPU,
+beside a latency pod: two processes a job at most), and each is a client of one MPS server,
+which serves at most 48 (CUDA's limit for Volta and newer). Their memory must fit too: a job
+whose process cannot start is recorded as failed (the results' ``failed``), so split a longer
+trace, or one with many whole-GPU jobs, into several files."""
 MAX_ARRIVAL_S = 3600.0
 MAX_WORK_S = 600.0
 _ALIASES = {"arrival": "arrival_s", "work": "work_s"}

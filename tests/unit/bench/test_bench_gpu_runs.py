@@ -154,10 +154,10 @@ def test_a_budget_too_short_for_the_traces_is_named_before_any_gpu_work(tmp_path
 def test_a_trace_with_more_jobs_than_one_mps_server_serves_is_refused_before_gpu_work(
     tmp_path: Path,
 ) -> None:
-    rows = [{"arrival_s": i * 0.1, "kind": "resnet18", "work_s": 1} for i in range(49)]
+    rows = [{"arrival_s": i * 0.1, "kind": "resnet18", "work_s": 1} for i in range(25)]
     path = tmp_path / "many.json"
     path.write_text(json.dumps(rows))
-    with pytest.raises(traces.TraceError, match="49 rows, more than 48; split it"):
+    with pytest.raises(traces.TraceError, match="25 rows, more than 24; split it"):
         traces.load_trace(path)
-    path.write_text(json.dumps(rows[:48]))
-    assert len(traces.load_trace(path).jobs) == 48
+    path.write_text(json.dumps(rows[:24]))
+    assert len(traces.load_trace(path).jobs) == 24
