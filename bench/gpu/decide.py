@@ -148,12 +148,13 @@ class ProductDecider:
             mps=mps,
         )
 
-    def variants(self, job: TraceJob) -> list[Launch]:
-        """Every launch ``job`` may get: on an idle GPU and on one holding a latency pod (the
-        cap depends on nothing else), so its process can be warmed up with each in advance."""
+    def variants(self, job: TraceJob, *, beside_latency: bool = True) -> list[Launch]:
+        """Every launch ``job`` may get: on an idle GPU and, unless ``beside_latency`` is False
+        (its trace holds no latency pod), on one holding a latency pod (the cap depends on
+        nothing else), so its process can be warmed up with each in advance."""
         demand = self.demand(job)
         out: list[Launch] = []
-        for extra in ((), (_PROBE,)):
+        for extra in ((), (_PROBE,)) if beside_latency else ((),):
             gpu = self.gpu([], extra=extra)
             assignment = self.placer.choose_gpus(self.node(gpu), demand)
             if assignment is None:

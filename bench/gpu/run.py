@@ -54,6 +54,7 @@ from bench.gpu.schemes import (
     Scheme,
     TimeSlice,
 )
+from gpushare.api.names import CLASS_LATENCY
 from gpushare.packing.model import PipeProfile
 
 log = logging.getLogger("bench.gpu")
@@ -536,10 +537,21 @@ def run(ctx: Ctx) -> dict[str, Any]:
     daemon = safe(ctx.daemon, "starting MPS", ctx.errors) if not args.dry else None
     try:
 
-        def gs() -> Scheme:
-            return Gpushare(decider, prepare=decider.variants, source="gpushare (product)")
+        def gs(trace: str) -> Callable[[], Scheme]:
+            # A job can only start beside a latency pod in a trace that holds one: elsewhere
+            # that variant's warm process would never run and only cost memory and an MPS client.
+            with_service = any(j.gpu_class == CLASS_LATENCY for j in st.jobs.get(trace, []))
 
-        runs([(gs, n) for n in names] + [(MpsUnlimited, n) for n in heavy], daemon)
+            def make() -> Scheme:
+                return Gpushare(
+                    decider,
+                    prepare=lambda job: decider.variants(job, beside_latency=with_service),
+                    source="gpushare (product)",
+                )
+
+            return make
+
+        runs([(gs(n), n) for n in names] + [(MpsUnlimited, n) for n in heavy], daemon)
         st.latency = (
             safe(lambda: measure_latency(ctx, st, decider, daemon), "latency", ctx.errors) or {}
         )

@@ -161,3 +161,14 @@ def test_a_trace_with_more_jobs_than_one_mps_server_serves_is_refused_before_gpu
         traces.load_trace(path)
     path.write_text(json.dumps(rows[:24]))
     assert len(traces.load_trace(path).jobs) == 24
+
+
+def test_a_trace_without_a_latency_pod_warms_one_process_a_job_not_two(tmp_path: Path) -> None:
+    ctx = run.Ctx(args=run.parse_args(["--out", str(tmp_path)]), t_start=0.0, tmp=tmp_path)
+    st = run.State()
+    run.record_profile(st, "resnet18", dict.fromkeys(PROFILE_KEYS, 0.1) | {"sm_utilization": 0.3})
+    decider = run.make_decider(ctx, st)
+    job = traces.TraceJob("a-resnet18", "resnet18", 0.0, 1.0, 0.1)
+    # Beside a latency pod the product caps it at half the GPU; alone it runs uncapped.
+    assert [v.thread_percent for v in decider.variants(job)] == [100, 50]
+    assert [v.thread_percent for v in decider.variants(job, beside_latency=False)] == [100]
