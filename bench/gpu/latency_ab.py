@@ -21,28 +21,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.gpu import latency
+from bench.gpu import latency, run
 from bench.gpu.decide import ProductDecider
-from bench.gpu.mps import MpsDaemon
-from bench.gpu.procs import Workers
-from bench.gpu.run import pipe_profile
 from bench.gpu.runner import Pool
 
 log = logging.getLogger("bench.gpu")
-
-
-def gpu_identity(index: int) -> tuple[str, int]:
-    """The GPU's name and memory in bytes, from NVML."""
-    import pynvml  # noqa: PLC0415  (only on a GPU host)
-
-    pynvml.nvmlInit()
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        name = pynvml.nvmlDeviceGetName(handle)
-        memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-    finally:
-        pynvml.nvmlShutdown()
-    return (name.decode() if isinstance(name, bytes) else str(name)), memory
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,25 +53,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--phase-a: {args.phase_a} is not a phase-a.json with profiles and solo rates "
                 f"({type(exc).__name__}: {exc})")  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    gpu, memory = ("none (dry run)", 80 * 2**30) if args.dry else gpu_identity(args.gpu)
-    decider = ProductDecider(
-        profiles={k: pipe_profile(v, gpu_model=gpu) for k, v in profiles.items()},
-        gpu_model=gpu,
-        gpu_memory_bytes=memory,
-    )
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="gpushare-latency-ab-") as tmp:
-        daemon = None if args.dry else MpsDaemon(gpu=str(args.gpu))
-        if daemon is not None:
-            daemon.start()
-        workers = Workers(
-            device="sleep" if args.dry else "cuda",
-            tiny=False,
-            log_dir=Path(tmp),
-            base_env={"CUDA_VISIBLE_DEVICES": str(args.gpu)},
+        # The GPU benchmark's own context: GPU name and memory, workers, the MPS daemon.
+        ctx = run.Ctx(args=args, t_start=started, tmp=Path(tmp))
+        run.gpu_info(ctx)
+        decider = ProductDecider(
+            profiles={k: run.pipe_profile(v, gpu_model=ctx.gpu_name) for k, v in profiles.items()},
+            gpu_model=ctx.gpu_name,
+            gpu_memory_bytes=ctx.memory_bytes,
         )
-        pool = Pool(workers, daemon.pipe_dir if daemon else Path(tmp) / "no-mps", {})
+        daemon = ctx.daemon()
+        pool = Pool(ctx.workers(), ctx.pipe(daemon), {})
         try:
             result = latency.measure(
                 pool=pool,
@@ -104,8 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if daemon is not None:
                 daemon.stop()
     record = {
-        "gpu": gpu,
+        "gpu": ctx.gpu_name,
         "dry_run": args.dry,
+        "errors": ctx.errors,
         "phase_a": str(args.phase_a),
         "run_s": round(time.time() - started, 1),
         **result,

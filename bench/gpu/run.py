@@ -39,7 +39,7 @@ from bench.gpu import colocate, latency, model_eval, report, sizing, traces
 from bench.gpu.catalog import KINDS, SOLO_ONLY_KINDS, TRAINING_KINDS, UNSEEN_KINDS
 from bench.gpu.colocate import Member, PackResult, Stage
 from bench.gpu.decide import DECIDED_BY, DEFAULT_BOUNDS, ProductDecider, model_identity
-from bench.gpu.gpm import PROFILE_KEYS, Sampler, to_profile
+from bench.gpu.gpm import Sampler, to_profile
 from bench.gpu.metrics import JobResult, summarize
 from bench.gpu.mps import MpsDaemon
 from bench.gpu.procs import Workers
@@ -56,6 +56,7 @@ from bench.gpu.schemes import (
 )
 from gpushare.api.names import CLASS_LATENCY
 from gpushare.packing.model import PipeProfile
+from gpushare.packing.stored_profile import NEEDED
 
 log = logging.getLogger("bench.gpu")
 
@@ -254,7 +255,7 @@ def record_profile(st: State, kind: str, values: dict[str, float] | None) -> Non
     without NVML GPM (or a failed read) leaves the kind unprofiled, as gpushare's operator
     leaves a pod it cannot profile (``stored_profile.measured_pipe_profile`` refuses), never
     an all-zero profile that would read as an idle job asking 5% of the GPU."""
-    missing = [k for k in PROFILE_KEYS if not values or k not in values]
+    missing = [k for k in NEEDED if not values or k not in values]
     if missing:
         log.warning("%s: not profiled (%s not measured); it is placed by its request", kind,
                     ",".join(missing))  # fmt: skip
@@ -413,7 +414,7 @@ def run_scheme(
     work = sum(j.work_s for j in jobs)
     timeout = max(60.0, 4 * work + 30)
     label = f"{scheme.name}, {trace}"
-    need = (1.1 if scheme.name == "exclusive" else 0.8) * work + STARTUP_S
+    need = scheme_need_s(scheme.name, work)
     if ctx.left() < need:
         ctx.errors.append(
             f"{label}: skipped, {ctx.left():.0f}s of budget left ({need:.0f}s needed)"
@@ -569,10 +570,7 @@ def run(ctx: Ctx) -> dict[str, Any]:
 def measure_latency(
     ctx: Ctx, st: State, decider: ProductDecider, daemon: MpsDaemon | None
 ) -> dict[str, Any]:
-    quick = ctx.args.quick
-    window = 3.0 if quick else 4.0
-    rounds = 3 if quick else ctx.args.latency_rounds
-    need = window * (3 * rounds + 2) * 1.1 + 20
+    window, rounds, need = latency_plan(ctx.args)
     if ctx.left() < need:
         ctx.errors.append(f"latency: skipped, {ctx.left():.0f}s of budget left ({need:.0f}s)")
         return {}
@@ -700,16 +698,26 @@ def budget_needed(args: argparse.Namespace) -> float:
     return share * float(args.budget_s) + _runs_needed(args)
 
 
+def scheme_need_s(scheme: str, work_s: float) -> float:
+    """Seconds a trace of ``work_s`` solo seconds needs under ``scheme``, at least."""
+    return (1.1 if scheme == "exclusive" else 0.8) * work_s + STARTUP_S
+
+
+def latency_plan(args: argparse.Namespace) -> tuple[float, int, float]:
+    """The latency stage's window (s), rounds, and the seconds it needs."""
+    window = 3.0 if args.quick else 4.0
+    rounds = 3 if args.quick else int(args.latency_rounds)
+    return window, rounds, window * (3 * rounds + 2) * 1.1 + 20
+
+
 def _runs_needed(args: argparse.Namespace) -> float:
     need = 0.0
     for t in args.traces:
-        work = t.work_s
-        need += (1.1 * work + STARTUP_S) + (0.8 * work + STARTUP_S)
-        if t.name == "heavy":
-            need += 2 * (0.8 * work + STARTUP_S)
-    window = 3.0 if args.quick else 4.0
-    rounds = 3 if args.quick else args.latency_rounds
-    return need + window * (3 * rounds + 2) * 1.1 + 20
+        # Exclusive FIFO and gpushare on every trace; the heavy target's baselines on it too.
+        baselines = report.HEAVY_BASELINES if t.name == "heavy" else ("exclusive",)
+        schemes = ["gpushare", *baselines]
+        need += sum(scheme_need_s(name, t.work_s) for name in schemes)
+    return need + latency_plan(args)[2]
 
 
 def budget_warning(args: argparse.Namespace) -> str | None:
