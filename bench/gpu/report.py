@@ -303,6 +303,7 @@ def markdown(results: dict[str, Any], *, level: int = 1) -> str:
     shipped = m.get("shipped", {})
     loko = m.get("leave_one_kind_out", {})
     cal = m.get("calibrated", {})
+    rep = m.get("repeatability", {})
     ex = d.get("exhaustive", {})
     lines += [
         "",
@@ -322,6 +323,11 @@ def markdown(results: dict[str, Any], *, level: int = 1) -> str:
         f"{cal.get('unseen_by_kind', {})})",
         f"- Leave-one-kind-out (refit on this run's packs without the kind): MAPE "
         f"{_fmt(loko.get('mape'), 3)}; by kind {loko.get('by_kind', {})}",
+        f"- The same packs as the stored runs measured them (each job's mean slowdown there, "
+        f"no model), as a prediction of this run: MAPE {_fmt(rep.get('mape'), 3)} "
+        f"({rep.get('predictions', '-')} predictions over {rep.get('stored_runs', '-')} stored "
+        f"runs; packs holding an unseen kind {_fmt(rep.get('unseen_kinds_mape'), 3)}, the others "
+        f"{_fmt(rep.get('fitted_kinds_mape'), 3)}): how far packs repeat from host to host",
         f"- 5-fold by pack (refit on this run's packs): MAPE "
         f"{_fmt(m.get('k_fold', {}).get('mape_slowdown'), 3)}",
         f"- Chosen packs vs exhaustive best over measured packs: "

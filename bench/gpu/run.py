@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.gpu import colocate, latency, model_eval, report, sizing, traces
+from bench.gpu import colocate, latency, model_eval, repeatability, report, sizing, traces
 from bench.gpu.catalog import KINDS, SOLO_ONLY_KINDS, TRAINING_KINDS, UNSEEN_KINDS
 from bench.gpu.colocate import Member, PackResult, Stage
 from bench.gpu.decide import DECIDED_BY, DEFAULT_BOUNDS, ProductDecider, model_identity
@@ -377,6 +377,18 @@ def evaluate_model(ctx: Ctx, st: State) -> None:
     st.model["leave_one_kind_out"] = (
         safe(lambda: model_eval.leave_one_kind_out(st.recs), "leave-one-kind-out", ctx.errors) or {}
     )
+    st.model["repeatability"] = (
+        safe(
+            lambda: repeatability.repeatability(
+                st.recs,
+                [repeatability.load(p) for p in repeatability.stored_files()],
+                unseen=UNSEEN_KINDS,
+            ),
+            "repeatability",
+            ctx.errors,
+        )
+        or {}
+    )
     if len(st.recs) >= 5:
         st.model["k_fold"] = {
             k: _clean(v)
@@ -633,6 +645,7 @@ def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
             "unseen_kinds_mape_calibrated": st.model.get("calibrated", {}).get("unseen_kinds_mape"),
             "fitted_kinds_mape": shipped.get("fitted_kinds_mape"),
             "leave_one_kind_out_mape": loko.get("mape"),
+            "stored_runs_repeat_mape": st.model.get("repeatability", {}).get("mape"),
         },
         "packing_vs_exhaustive": _clean(st.exhaustive.get("packing_vs_exhaustive")),
     }
