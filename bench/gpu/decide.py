@@ -84,6 +84,7 @@ class ProductDecider:
         return Demand(
             percent=job.percent,
             limit_percent=job.limit_percent,
+            memory_bytes=job.memory_bytes,
             gpu_class=job.gpu_class,
             profile=self.profiles.get(job.kind),
         )

@@ -24,6 +24,9 @@ class JobResult:
     priority: int | None = None
     error: str | None = None
     note: str | None = None
+    peak_mib: int | None = None
+    """GPU memory the job's process held at its peak (PyTorch's caching allocator, without the
+    CUDA context): what a ``gpushare.io/gpu-memory`` for it must cover."""
     latencies_ms: list[float] = field(default_factory=list)
 
     @property

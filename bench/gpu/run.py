@@ -79,8 +79,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="FILE",
-        help="a trace file (JSON or CSV rows of arrival_s, kind, work_s[, fraction, limit]); "
-        "repeat for several; default: the shipped light, heavy and mixed traces",
+        help="a trace file (JSON or CSV rows of arrival_s, kind, work_s[, fraction, limit, "
+        "memory]); repeat for several; default: the shipped light, heavy and mixed traces",
     )
     p.add_argument("--quick", action="store_true", help="shorter jobs, fewer packs (~4 min)")
     p.add_argument("--gpu", type=int, default=0, help="GPU index (default 0)")

@@ -14,10 +14,13 @@ a JSON list of objects, or a CSV file with a header row, one job per row::
 ``arrival_s`` (also ``arrival``): seconds from the trace's start; ``kind``: a job kind of
 ``catalog.KINDS``; ``work_s`` (also ``work``): the job's intended solo duration, turned into
 iterations (or requests) from the kind's solo rate measured in the same run and then fixed for
-every scheme. Optional ``fraction`` and ``limit`` are the job's ``gpushare.io/gpu-fraction`` and
-``gpushare.io/gpu-limit`` as a user writes them; without a fraction the job asks what its
-measured profile suggests (``sizing.request_fraction``), without a limit it gets gpushare's
-default. The shipped traces are ``bench/gpu/data/traces/{light,heavy,mixed}.json``.
+every scheme. Optional ``fraction``, ``limit`` and ``memory`` are the job's
+``gpushare.io/gpu-fraction``, ``gpushare.io/gpu-limit`` and ``gpushare.io/gpu-memory`` as a user
+writes them; without a fraction the job asks what its measured profile suggests
+(``sizing.request_fraction``), without a limit it gets gpushare's default, without a memory the
+share of the GPU's memory its fraction is (on a GPU with little memory, give small-fraction jobs
+a ``memory`` their model fits in: the results' ``peak_mib`` per job says how much each used).
+The shipped traces are ``bench/gpu/data/traces/{light,heavy,mixed}.json``.
 
 A bad file fails before any GPU work, naming the file, the row and the field. A trace holds at
 most ``MAX_ROWS`` jobs (every job's process is warmed up before the clock).
@@ -37,7 +40,7 @@ from bench.gpu.catalog import kind as job_kind
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.limit import check_limit, parse_limit
 from gpushare.api.names import ANN_FRACTION, SLICES_PER_GPU
-from gpushare.api.quantities import parse_fraction
+from gpushare.api.quantities import parse_fraction, parse_memory
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "traces"
 SHIPPED = ("light", "heavy", "mixed")
@@ -52,7 +55,7 @@ trace, or one with many whole-GPU jobs, into several files."""
 MAX_ARRIVAL_S = 3600.0
 MAX_WORK_S = 600.0
 _ALIASES = {"arrival": "arrival_s", "work": "work_s"}
-_FIELDS = ("arrival_s", "kind", "work_s", "fraction", "limit")
+_FIELDS = ("arrival_s", "kind", "work_s", "fraction", "limit", "memory")
 
 
 class TraceError(ValueError):
@@ -70,6 +73,10 @@ class TraceJob:
     run by ``with_requests`` from the job's measured profile."""
     limit_percent: int | None = None
     """``gpushare.io/gpu-limit`` in GPU-percent, when the trace sets one."""
+    memory_bytes: int | None = None
+    """``gpushare.io/gpu-memory`` (its MPS pinned-memory limit), when the trace sets one; else
+    the job gets the share of the GPU's memory its fraction is of the GPU, as in a cluster. On
+    a GPU with little memory a small fraction may be too little for the job's model."""
     fixed_request: bool = False
     """True when the trace itself set the fraction (a run never resizes it)."""
 
@@ -158,6 +165,13 @@ def _job(row: dict[str, Any], *, name: str, index: int, where: str) -> TraceJob:
         except InvalidInputError as exc:
             problem = exc.problem.replace(ANN_FRACTION, "fraction")
             raise _bad(where, "limit", problem, exc.fix) from None
+    memory: int | None = None
+    text = row.get("memory")
+    if text not in (None, ""):
+        try:
+            memory = parse_memory(str(text), field="memory")
+        except InvalidInputError as exc:
+            raise _bad(where, "memory", exc.problem, exc.fix) from None
     return TraceJob(
         f"{name}{index:02d}-{kind}",
         kind,
@@ -165,6 +179,7 @@ def _job(row: dict[str, Any], *, name: str, index: int, where: str) -> TraceJob:
         work,
         fraction=fraction,
         limit_percent=limit,
+        memory_bytes=memory,
         fixed_request=fraction is not None,
     )
 
@@ -180,7 +195,7 @@ def parse_trace(text: str, *, name: str, source: str, csv_format: bool) -> Trace
         missing = [f for f in ("arrival_s", "kind", "work_s") if f not in header]
         if missing:
             raise _bad(f"{source}: line 1", missing[0], "is not a column", "start with a header "
-                       "row: arrival_s,kind,work_s[,fraction,limit]")  # fmt: skip
+                       "row: arrival_s,kind,work_s[,fraction,limit,memory]")  # fmt: skip
         for raw in reader:
             cleaned = {k.strip(): (v or "").strip() for k, v in raw.items() if k is not None}
             if None in raw:

@@ -100,6 +100,12 @@ class _Runner:
             self.workload.step()
         return time.time() - t0
 
+    def peak_mib(self) -> int | None:
+        """GPU memory this process's allocator held at its peak, in MiB (None off CUDA)."""
+        if self.device_name != "cuda" or self.torch is None:
+            return None
+        return int(self.torch.cuda.max_memory_reserved() // (1 << 20))
+
     def run_iterations(self, n: int) -> list[float]:
         for _ in range(n):
             self.workload.step()
@@ -206,7 +212,14 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 else:
                     lat = runner.run_iterations(int(msg["iterations"]))
-                emit("done", t_go=t_go, t_ready=t_go, t_end=time.time(), latencies_ms=lat)
+                emit(
+                    "done",
+                    t_go=t_go,
+                    t_ready=t_go,
+                    t_end=time.time(),
+                    latencies_ms=lat,
+                    peak_mib=runner.peak_mib(),
+                )
                 break
             elif cmd == "job":
                 t_go = time.time()
@@ -221,7 +234,14 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 else:
                     lat = runner.run_iterations(int(msg["iterations"]))
-                emit("done", t_go=t_go, t_ready=t_ready, t_end=time.time(), latencies_ms=lat)
+                emit(
+                    "done",
+                    t_go=t_go,
+                    t_ready=t_ready,
+                    t_end=time.time(),
+                    latencies_ms=lat,
+                    peak_mib=runner.peak_mib(),
+                )
                 break
             else:
                 raise ValueError(f"unknown command {cmd!r}")

@@ -87,6 +87,25 @@ def test_a_csv_trace_reads_like_json_with_requests_and_limits(tmp_path: Path) ->
     assert [j.percent for j in sized] == [20, 15]
 
 
+def test_a_row_memory_is_the_pods_memory_cap_and_becomes_its_pinned_memory_limit(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "small-gpu.json"
+    path.write_text(
+        json.dumps([{"arrival_s": 0, "kind": "resnet18", "work_s": 1, "fraction": "0.1",
+                     "memory": "6Gi"}])
+    )  # fmt: skip
+    (row,) = traces.load_trace(path).jobs
+    assert row.memory_bytes == 6 * 2**30
+    launch = decider()(row, [])
+    assert not isinstance(launch, str)
+    # 6 GiB, not the fraction's 14.1 GiB share of the 141 GiB GPU.
+    assert launch.memory_limit_mib == 6144
+    assert launch.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6144M"
+    unset = decider()(traces.TraceJob("j", "resnet18", 0.0, 1.0, 0.1), [])
+    assert not isinstance(unset, str) and unset.memory_limit_mib == 141 * 1024 // 10
+
+
 def rows(*items: dict[str, Any]) -> str:
     return json.dumps([{"arrival_s": 0, "kind": "lstm", "work_s": 1, **i} for i in items])
 
@@ -100,6 +119,8 @@ def rows(*items: dict[str, Any]) -> str:
         ("t.json", rows({"work_s": None}), "row 1: work_s: is missing"),
         ("t.json", rows({"gpus": 2}), "row 1: gpus: is not a trace field"),
         ("t.json", rows({"fraction": "2"}), "row 1: fraction: '2' is more than one GPU"),
+        ("t.json", rows({"memory": "lots"}), "row 1: memory: 'lots' is not a memory quantity"),
+        ("t.json", rows({"memory": "0"}), "row 1: memory: '0' must be greater than 0"),
         (
             "t.json",
             rows({"fraction": "0.5", "limit": "0.2"}),
