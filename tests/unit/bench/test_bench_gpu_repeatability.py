@@ -31,6 +31,13 @@ def test_a_pack_is_predicted_by_the_mean_of_the_stored_runs_measurements_of_it()
     assert result["stored_runs"] == 2
 
 
+def test_a_stored_copy_of_the_same_run_is_not_counted() -> None:
+    current = [_pack(2.1, 1.25)]
+    result = repeatability.repeatability(current, [list(current), [_pack(2.1, 1.0)]])
+    assert result["stored_runs"] == 1
+    assert result["mape"] == pytest.approx(0.1)  # b: 1.0 against 1.25; the copy would say 0
+
+
 def test_packs_nobody_measured_before_and_other_caps_are_not_compared() -> None:
     stored = [[_pack(2.0, 1.0, cap=50)]]
     result = repeatability.repeatability([_pack(3.0, 1.5), _pack(2.0, 1.0, b="c")], stored)
