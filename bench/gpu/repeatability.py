@@ -39,7 +39,9 @@ def slowdowns(data: Iterable[Record]) -> dict[JobKey, list[float]]:
         key = key_of(record)
         for job in record.get("jobs", []):
             solo, shared = job.get("solo_rate"), job.get("colocated_rate")
-            if not solo or not shared:
+            if not isinstance(solo, int | float) or not isinstance(shared, int | float):
+                continue  # a job measured only as a neighbour
+            if solo <= 0 or shared <= 0:
                 continue
             job_key = (key, str(job["name"]), int(job["thread_percent"]))
             out.setdefault(job_key, []).append(float(solo) / float(shared))
@@ -101,7 +103,14 @@ def load(path: Path) -> list[Record]:
     packs = raw.get("packs", []) if isinstance(raw, Mapping) else raw
     if not isinstance(packs, list):
         raise ValueError(f"{path}: not a list of colocation packs")
-    return [p for p in packs if isinstance(p, dict)]
+    for i, pack in enumerate(packs):
+        try:
+            key_of(pack)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError(
+                f"{path}: pack {i + 1}: needs jobs with a name and a thread_percent"
+            ) from None
+    return list(packs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

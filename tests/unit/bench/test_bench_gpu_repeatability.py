@@ -67,3 +67,6 @@ def test_the_cli_compares_a_stored_run_with_the_others_and_refuses_a_bad_file(
     bad.write_text('{"packs": 3}')
     assert repeatability.main([str(bad)]) == 2
     assert "not a list of colocation packs" in capsys.readouterr().err
+    bad.write_text('[{"jobs": [{"name": "a"}]}]')
+    assert repeatability.main([str(bad), "--against", str(run16)]) == 2
+    assert "pack 1: needs jobs with a name and a thread_percent" in capsys.readouterr().err
