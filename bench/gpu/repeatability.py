@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.gpu.repeatability",
         description="How closely a run's colocation packs repeat the same packs measured by "
-        "the stored runs (the floor under a model's error on a new host).",
+        "the stored runs (the spread between hosts a model fit elsewhere meets).",
     )
     parser.add_argument("run", type=Path, help="a colocations.json of one run")
     parser.add_argument(

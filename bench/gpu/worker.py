@@ -165,6 +165,25 @@ def settled_after(latencies: list[float]) -> int:
     return len(latencies) // 2
 
 
+def _work_and_report(runner: _Runner, msg: dict[str, Any], *, t_go: float, t_ready: float) -> None:
+    """Do the job's counted work from ``t_ready`` (requests for a service, iterations for any
+    other kind) and emit ``done`` with its times, request latencies and peak GPU memory."""
+    if job_kind(runner.kind).poisson:
+        lat = runner.serve(
+            start=t_ready, end=None, count=int(msg["iterations"]), seed=msg.get("seed", 0)
+        )
+    else:
+        lat = runner.run_iterations(int(msg["iterations"]))
+    emit(
+        "done",
+        t_go=t_go,
+        t_ready=t_ready,
+        t_end=time.time(),
+        latencies_ms=lat,
+        peak_mib=runner.peak_mib(),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -206,42 +225,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
             elif cmd == "run":
                 t_go = time.time()
-                if job_kind(runner.kind).poisson:
-                    lat = runner.serve(
-                        start=t_go, end=None, count=int(msg["iterations"]), seed=msg.get("seed", 0)
-                    )
-                else:
-                    lat = runner.run_iterations(int(msg["iterations"]))
-                emit(
-                    "done",
-                    t_go=t_go,
-                    t_ready=t_go,
-                    t_end=time.time(),
-                    latencies_ms=lat,
-                    peak_mib=runner.peak_mib(),
-                )
+                _work_and_report(runner, msg, t_go=t_go, t_ready=t_go)
                 break
             elif cmd == "job":
                 t_go = time.time()
                 runner.init(msg["kind"], msg.get("env", {}))
-                t_ready = time.time()
-                if job_kind(msg["kind"]).poisson:
-                    lat = runner.serve(
-                        start=t_ready,
-                        end=None,
-                        count=int(msg["iterations"]),
-                        seed=msg.get("seed", 0),
-                    )
-                else:
-                    lat = runner.run_iterations(int(msg["iterations"]))
-                emit(
-                    "done",
-                    t_go=t_go,
-                    t_ready=t_ready,
-                    t_end=time.time(),
-                    latencies_ms=lat,
-                    peak_mib=runner.peak_mib(),
-                )
+                _work_and_report(runner, msg, t_go=t_go, t_ready=time.time())
                 break
             else:
                 raise ValueError(f"unknown command {cmd!r}")

@@ -3,6 +3,9 @@ Hopper) leaves jobs unprofiled, as gpushare's operator does, instead of reading 
 the balanced latency test rotates uncapped training with the reported settings."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -172,3 +175,43 @@ def test_a_trace_without_a_latency_pod_warms_one_process_a_job_not_two(tmp_path:
     # Beside a latency pod the product caps it at half the GPU; alone it runs uncapped.
     assert [v.thread_percent for v in decider.variants(job)] == [100, 50]
     assert [v.thread_percent for v in decider.variants(job, beside_latency=False)] == [100]
+
+
+def _worker_events(lines: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.gpu.worker", "--device", "sleep"],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
+    )
+    return [json.loads(x[3:]) for x in done.stdout.splitlines() if x.startswith("@@ ")]
+
+
+def test_a_worker_reports_its_work_times_latencies_and_peak_memory_field() -> None:
+    warm = _worker_events('{"cmd":"init","kind":"resnet18"}\n{"cmd":"run","iterations":3}\n')
+    done = warm[-1]
+    assert done["event"] == "done" and done["t_ready"] == done["t_go"] <= done["t_end"]
+    assert done["latencies_ms"] == [] and "peak_mib" in done  # no CUDA here: null
+    cold = _worker_events('{"cmd":"job","kind":"infer","iterations":4}\n')[-1]
+    assert cold["event"] == "done" and cold["t_go"] <= cold["t_ready"] <= cold["t_end"]
+    assert len(cold["latencies_ms"]) == 4  # a service answers requests, one latency each
+
+
+def test_run_19_recorded_every_finished_jobs_peak_memory_the_same_on_both_gpus() -> None:
+    data = Path(__file__).resolve().parents[3] / "bench" / "gpu" / "data"
+    peaks: dict[str, dict[str, int]] = {}
+    for gpu in ("h100", "h200"):
+        jobs = json.loads((data / f"run19-{gpu}-results.json").read_text())["details"]["jobs"]
+        for schemes in jobs.values():
+            for rows in schemes.values():
+                for row in rows:
+                    if row.get("error") is None and row.get("end_s") is not None:
+                        assert isinstance(row["peak_mib"], int) and row["peak_mib"] > 0
+                        seen = peaks.setdefault(gpu, {})
+                        seen[row["kind"]] = max(seen.get(row["kind"], 0), row["peak_mib"])
+    # docs/benchmarks-gpu.md, "Memory each job used"
+    assert peaks["h100"] == peaks["h200"]
+    assert peaks["h100"]["resnet50_xl"] == 12002 and peaks["h100"]["infer"] == 204
