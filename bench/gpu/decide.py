@@ -48,6 +48,8 @@ DECIDED_BY: dict[str, str] = {
     "client_env": "gpushare.node.mps.client.runs_under_mps and client_limits_env (MPS or not, "
     "active-thread %, priority by class, pinned memory), as the device plugin writes them",
     "profiles": "gpushare.node.exporter.profiler over the gpushare.node.gpu.nvml backend",
+    "request": "the trace row's fraction, else fraction auto: "
+    "gpushare.packing.sizing.suggested_percent of the job's solo profile",
 }
 
 

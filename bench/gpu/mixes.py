@@ -8,9 +8,9 @@ so a rule tuned to them would pass them. A drawn mix is the check against that: 
 kind (known, unseen, the whole-GPU XL kinds, at most one inference service), Poisson arrivals,
 and, like users who write their own annotations, some rows that set ``fraction`` (sometimes
 below what the job keeps busy, the case where a static cap throttles a job running alone) and
-some that also set ``limit``. The other rows ask what gpushare's profiler suggests
-(``sizing.request_fraction``). Same seed, same file. Evidence: docs/benchmarks-gpu.md,
-"Run 17: three drawn mixes".
+some that also set ``limit``. The other rows ask what gpushare sizes from the job's profile
+(``fraction: auto``, ``sizing.request_fraction``). Same seed, same file. Evidence:
+docs/benchmarks-gpu.md, "Run 17: three drawn mixes".
 """
 
 import argparse

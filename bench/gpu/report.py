@@ -432,11 +432,13 @@ def merge(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def merged_markdown(record: dict[str, Any], notes: str = "") -> str:
     db = record.get("decided_by", {})
     model = db.get("model", {})
+    request = db.get("request", "requests: the trace rows, else the benchmark's own user rule")
     lines = [
         "# gpushare on real GPUs: job mixes, decided by the product",
         "",
-        f"Every placement, thread cap, MPS priority and admission below was decided by "
-        f"gpushare's own code ({db.get('placement')}; {db.get('admission')}; "
+        f"Every request a trace row leaves open, placement, thread cap, MPS priority and "
+        f"admission below was decided by gpushare's own code ({request}; "
+        f"{db.get('placement')}; {db.get('admission')}; "
         f"{db.get('thread_cap')}; {db.get('client_env')}) with the shipped interference model "
         f"`{model.get('file')}` (sha256 {str(model.get('sha256', ''))[:12]}), never refit on "
         f"a run's packs. Runs: {', '.join(record.get('runs', {}))}.",

@@ -54,8 +54,8 @@ from bench.gpu.schemes import (
     Scheme,
     TimeSlice,
 )
+from bench.gpu.sizing import pipe_profile
 from gpushare.api.names import CLASS_LATENCY
-from gpushare.packing.model import PipeProfile
 from gpushare.packing.stored_profile import NEEDED
 
 log = logging.getLogger("bench.gpu")
@@ -214,22 +214,6 @@ def _members(key: colocate.PackKey) -> tuple[Member, ...]:
     return tuple(out)
 
 
-def pipe_profile(values: dict[str, float], *, gpu_model: str) -> PipeProfile:
-    """The profile as gpushare's packing reads it (``stored_profile`` does the same for the
-    cluster's stored profiles)."""
-    sm = values.get("sm_utilization")
-    return PipeProfile(
-        fp16=float(values.get("fp16", 0.0)),
-        fp32=float(values.get("fp32", 0.0)),
-        fp64=float(values.get("fp64", 0.0)),
-        tensor=float(values.get("tensor", 0.0)),
-        sm_occupancy=float(values.get("sm_occupancy", 0.0)),
-        dram_bandwidth=float(values.get("dram_bandwidth", 0.0)),
-        gpu_model=gpu_model,
-        sm_utilization=float(sm) if sm is not None else None,
-    )
-
-
 def make_decider(ctx: Ctx, st: State) -> ProductDecider:
     profiles = {k: pipe_profile(v, gpu_model=ctx.gpu_name) for k, v in st.profiles.items()}
     return ProductDecider(
@@ -248,6 +232,41 @@ def choose_pack(
         if isinstance(verdict, Launch):
             running.append(Running(job, verdict))
     return colocate.pack_key((r.job.kind, r.launch.thread_percent or 100) for r in running)
+
+
+def size_and_choose(ctx: Ctx, st: State) -> list[tuple[Member, ...]]:
+    """Each kind's request (``sizing.request_fraction``, the product's ``fraction: auto``) and
+    the pack gpushare forms from each measured set of kinds (``st.chosen``), from the stored
+    profiles and packs; returns the solo runs and packs among those not measured yet."""
+    st.fractions = {
+        k: sizing.request_fraction(
+            st.raw_profiles.get(k) or st.profiles.get(k), gpu_class=KINDS[k].gpu_class
+        )
+        for k in st.solo
+        if k in KINDS
+    }
+    log.info("requests sized from profiles: %s", st.fractions)
+    decider = make_decider(ctx, st)
+    recs = colocate.records(gpu=ctx.gpu_name, results=st.results, profiles=st.profiles)
+    measured = {colocate.key_of(r) for r in recs}
+    solo_caps = set(colocate.solo_table(st.results))
+    extra: list[tuple[Member, ...]] = []
+    st.chosen = {}
+    for scen in colocate.scenarios(recs):
+        kinds = [k for k, _ in scen]
+        if any(k not in st.fractions for k in kinds):
+            continue
+        pick = choose_pack(decider, kinds, st.fractions)
+        st.chosen[scen] = pick
+        for kind, tp in pick:
+            if (kind, tp) not in solo_caps:
+                solo_caps.add((kind, tp))
+                extra.append((Member(kind, tp),))
+        if len(pick) > 1 and pick not in measured:
+            measured.add(pick)
+            extra.append(_members(pick))
+    log.info("gpushare's packs for %d scenarios; %d to measure", len(st.chosen), len(extra))
+    return extra
 
 
 def record_profile(st: State, kind: str, values: dict[str, float] | None) -> None:
@@ -317,34 +336,7 @@ def phase_a(ctx: Ctx, st: State) -> None:
                 "whole GPU, and the model is not evaluated"
             )
             log.warning("%s", ctx.errors[-1])
-        st.fractions.update(
-            {
-                k: sizing.request_fraction(
-                    st.raw_profiles.get(k) or st.profiles.get(k), gpu_class=KINDS[k].gpu_class
-                )
-                for k in st.solo
-            }
-        )
-        log.info("requests sized from profiles: %s", st.fractions)
-        decider = make_decider(ctx, st)
-        recs = colocate.records(gpu=ctx.gpu_name, results=st.results, profiles=st.profiles)
-        measured = {colocate.key_of(r) for r in recs}
-        solo_caps = set(colocate.solo_table(st.results))
-        extra: list[tuple[Member, ...]] = []
-        for scen in colocate.scenarios(recs):
-            kinds = [k for k, _ in scen]
-            if any(k not in st.fractions for k in kinds):
-                continue
-            pick = choose_pack(decider, kinds, st.fractions)
-            st.chosen[scen] = pick
-            for kind, tp in pick:
-                if (kind, tp) not in solo_caps:
-                    solo_caps.add((kind, tp))
-                    extra.append((Member(kind, tp),))
-            if len(pick) > 1 and pick not in measured:
-                measured.add(pick)
-                extra.append(_members(pick))
-        log.info("gpushare's packs for %d scenarios; %d to measure", len(st.chosen), len(extra))
+        extra = size_and_choose(ctx, st)
         if extra:
             stage = Stage("gpushare-choices", tuple(extra), stages[1].window_s)
             st.results += measure_stages(
@@ -518,6 +510,14 @@ def run(ctx: Ctx) -> dict[str, Any]:
     if args.resume is not None:
         load_state(st, args.resume)
         log.info("phase A from %s: %d packs", args.resume, len(st.results))
+        unmeasured = size_and_choose(ctx, st)
+        if unmeasured:
+            log.warning(
+                "resumed: %d of the packs and caps this code forms were not measured in %s; "
+                "their scenarios read 'not measured' in the packs-vs-exhaustive comparison",
+                len(unmeasured),
+                args.resume,
+            )
     else:
         safe(lambda: phase_a(ctx, st), "phase A (profiles, colocations)", ctx.errors)
         (args.out / STATE_FILE).write_text(json.dumps(dump_state(st)) + "\n")

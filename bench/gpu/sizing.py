@@ -1,39 +1,40 @@
-"""What a job asks for when its trace row sets no ``fraction``: the user's part, not gpushare's.
+"""What a job asks for when its trace row sets no ``fraction``: ``fraction: auto``, sized by
+gpushare.
 
-In a cluster a user writes ``gpushare.io/gpu-fraction`` on the pod; the benchmark plays that
-user with one documented rule applied to the job's solo profile from gpushare's profiler
-(docs/benchmarks-gpu.md, "Requests"). Every placement, cap, priority and admission decision is
-then gpushare's own (``decide.ProductDecider``). A trace that sets ``fraction`` (and ``limit``)
-per row overrides this rule, as a user's annotations would.
+In a cluster a user either writes a fraction or lets gpushare size it (a GpuShare with
+``spec.fraction: auto``: the operator profiles the job and its pods ask for
+``gpushare.packing.sizing.suggested_percent`` of its profile). A row without a fraction is
+the second case, with the same product function on the job's solo profile from gpushare's
+profiler (docs/benchmarks-gpu.md, "Requests"). A row that sets ``fraction`` (and ``limit``)
+overrides it, as a user's annotations would.
 """
 
-import math
 from collections.abc import Mapping
 
-from gpushare.api.names import CLASS_LATENCY
-from gpushare.packing.threads import HEADROOM, SATURATING
+from gpushare.api.names import SLICES_PER_GPU
+from gpushare.packing.model import PipeProfile
+from gpushare.packing.sizing import suggested_percent
 
-LATENCY_FRACTION = 0.25
-"""Share a latency-class job asks for: room for bursts (the service measured here keeps 2% of
-the SMs busy); it runs uncapped at MPS priority 0, so the share is admission bookkeeping."""
-SATURATING_KEYS = ("sm_utilization", "fp16", "fp32", "fp64", "tensor")
-SIZING_KEYS = ("sm_occupancy", "fp16", "fp32", "fp64", "tensor", "dram_bandwidth")
+
+def pipe_profile(values: Mapping[str, float], *, gpu_model: str = "") -> PipeProfile:
+    """The profile as gpushare's packing reads it (``stored_profile`` does the same for the
+    cluster's stored profiles)."""
+    sm = values.get("sm_utilization")
+    return PipeProfile(
+        fp16=float(values.get("fp16", 0.0) or 0.0),
+        fp32=float(values.get("fp32", 0.0) or 0.0),
+        fp64=float(values.get("fp64", 0.0) or 0.0),
+        tensor=float(values.get("tensor", 0.0) or 0.0),
+        sm_occupancy=float(values.get("sm_occupancy", 0.0) or 0.0),
+        dram_bandwidth=float(values.get("dram_bandwidth", 0.0) or 0.0),
+        gpu_model=gpu_model,
+        sm_utilization=float(sm) if sm is not None else None,
+    )
 
 
 def request_fraction(values: Mapping[str, float] | None, *, gpu_class: str) -> float:
-    """The share a job asks for, sized from its solo profile as a user reading gpushare's
-    profiler would. A job that alone keeps the SMs or a pipe busier than
-    ``threads.SATURATING`` asks for the whole GPU (packing it only adds interference); any
-    other asks for its compute demand (SM occupancy, pipes, DRAM -- what its neighbours feel)
-    plus gpushare's headroom, rounded up to 5%: its limit (the thread cap) is the whole GPU
-    unless it sets one. Latency-class jobs ask for LATENCY_FRACTION; without a profile a job
-    asks for the whole GPU."""
-    if gpu_class == CLASS_LATENCY:
-        return LATENCY_FRACTION
-    if not values:
-        return 1.0
-    busiest = max(float(values.get(k, 0.0) or 0.0) for k in SATURATING_KEYS)
-    if busiest >= SATURATING:
-        return 1.0
-    demand = max(float(values.get(k, 0.0) or 0.0) for k in SIZING_KEYS)
-    return min(1.0, max(0.05, math.ceil(demand * HEADROOM * 20 - 1e-9) / 20))
+    """The share (0-1) a job asks for under ``fraction: auto``, sized from its solo profile
+    by the product (:func:`gpushare.packing.sizing.suggested_percent`); without a profile (a
+    GPU without NVML GPM) the whole GPU, as the operator leaves an unprofiled share."""
+    profile = pipe_profile(values) if values else None
+    return suggested_percent(profile, gpu_class=gpu_class) / SLICES_PER_GPU

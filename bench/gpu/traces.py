@@ -16,10 +16,11 @@ a JSON list of objects, or a CSV file with a header row, one job per row::
 iterations (or requests) from the kind's solo rate measured in the same run and then fixed for
 every scheme. Optional ``fraction``, ``limit`` and ``memory`` are the job's
 ``gpushare.io/gpu-fraction``, ``gpushare.io/gpu-limit`` and ``gpushare.io/gpu-memory`` as a user
-writes them; without a fraction the job asks what its measured profile suggests
-(``sizing.request_fraction``), without a limit it gets gpushare's default, without a memory the
-share of the GPU's memory its fraction is (on a GPU with little memory, give small-fraction jobs
-a ``memory`` their model fits in: the results' ``peak_mib`` per job says how much each used).
+writes them; without a fraction the job asks what the product sizes from its measured profile
+(``fraction: auto``, ``sizing.request_fraction``), without a limit it gets gpushare's default,
+without a memory the share of the GPU's memory its fraction is (on a GPU with little memory,
+give small-fraction jobs a ``memory`` their model fits in: the results' ``peak_mib`` per job
+says how much each used).
 The shipped traces are ``bench/gpu/data/traces/{light,heavy,mixed}.json``.
 
 A bad file fails before any GPU work, naming the file, the row and the field. A trace holds at

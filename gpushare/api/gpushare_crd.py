@@ -26,6 +26,7 @@ from gpushare.api.names import (
     CLASSES,
     GROUP,
     MPS_MAX_CLIENTS,
+    SLICES_PER_GPU,
     VERSION,
 )
 from gpushare.api.quantities import format_memory, parse_fraction, parse_memory
@@ -97,6 +98,10 @@ _SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
 FRACTION_PATTERN: Final = r"^([01]?[.][0-9]{1,2}0*|[01]|[0-9]{1,3}([.]0+)?%)$"
 MEMORY_PATTERN: Final = r"^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 LIMIT_PATTERN: Final = r"^(0?[.][0-9]{1,2}|[01]([.]0{1,2})?|[0-9]{1,3}%)$"
+FRACTION_AUTO: Final = "auto"
+"""``spec.fraction: auto``: gpushare sizes the request from the job's stored profile
+(``gpushare.packing.sizing``); pods created before the share has a profile ask for a whole
+GPU (docs/operator.md, "fraction: auto")."""
 
 
 @dataclass(frozen=True)
@@ -154,9 +159,10 @@ class GpuShareSpec:
     """A parsed, validated GpuShare spec."""
 
     fraction: str
-    """As the user wrote it ("0.25" or "25%"), copied to governed pods."""
+    """As the user wrote it ("0.25", "25%" or "auto"), copied to governed pods unless auto."""
     percent: int
-    """The fraction in GPU-percent slices (1..100)."""
+    """The fraction in GPU-percent slices (1..100); with ``auto`` the whole GPU, what the
+    share stands for until it has a profile (``cluster.state.shares.sized_percent``)."""
     memory: str | None = None
     memory_bytes: int | None = None
     limit: str | None = None
@@ -165,6 +171,11 @@ class GpuShareSpec:
     selector: LabelSelector | None = None
     profiling: ProfilingSpec = ProfilingSpec()
     packing: PackingSpec = PackingSpec()
+
+    @property
+    def auto(self) -> bool:
+        """gpushare sizes the request from the job's profile (``fraction: auto``)."""
+        return self.fraction == FRACTION_AUTO
 
 
 def _fix(text: str) -> str:
@@ -253,27 +264,36 @@ def _limit(raw: object, percent: int) -> str | None:
     return raw
 
 
-def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
-    """Validate a GpuShare spec; raises InvalidInputError naming ``spec.<field>`` and the fix."""
-    fraction_raw = spec.get("fraction")
-    if not isinstance(fraction_raw, str):
-        raise InvalidInputError(
-            "spec.fraction", "is missing or not a string", 'write a quoted fraction like "0.25"'
-        )
-    if not re.fullmatch(FRACTION_PATTERN, fraction_raw):
+def _fraction_percent(raw: object) -> int:
+    """``spec.fraction`` in GPU-percent (``auto``: the whole GPU until the share is sized)."""
+    if raw == FRACTION_AUTO:
+        return SLICES_PER_GPU
+    if not isinstance(raw, str):
         raise InvalidInputError(
             "spec.fraction",
-            f"{fraction_raw!r} is not a fraction with at most two decimals or a whole percent",
-            'write "0.25" or "25%"',
+            "is missing or not a string",
+            'write a quoted fraction like "0.25", or "auto" to size it from the profile',
         )
-    number = float(fraction_raw.rstrip("%")) / (100 if fraction_raw.endswith("%") else 1)
+    if not re.fullmatch(FRACTION_PATTERN, raw):
+        raise InvalidInputError(
+            "spec.fraction",
+            f"{raw!r} is not a fraction with at most two decimals or a whole percent",
+            'write "0.25" or "25%", or "auto"',
+        )
+    number = float(raw.rstrip("%")) / (100 if raw.endswith("%") else 1)
     if number > 1:
         raise InvalidInputError(
             "spec.fraction",
-            f"{fraction_raw!r} asks for more than one GPU",
+            f"{raw!r} asks for more than one GPU",
             'a GpuShare shares one GPU: write a fraction from "0.01" to "1"',
         )
-    percent = parse_fraction(fraction_raw, field="spec.fraction")
+    return parse_fraction(raw, field="spec.fraction")
+
+
+def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
+    """Validate a GpuShare spec; raises InvalidInputError naming ``spec.<field>`` and the fix."""
+    fraction_raw = spec.get("fraction")
+    percent = _fraction_percent(fraction_raw)
     memory_raw = spec.get("memory")
     memory_bytes: int | None = None
     if memory_raw is not None:
@@ -286,6 +306,12 @@ def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
                 'write a quantity like "10Gi", "512Mi" or a byte count',
             )
         memory_bytes = parse_memory(memory_raw, field="spec.memory")
+    if fraction_raw == FRACTION_AUTO and spec.get("limit") is not None:
+        raise InvalidInputError(
+            "spec.limit",
+            "cannot be set with fraction auto (gpushare sizes the request, pods stay uncapped)",
+            'drop spec.limit, or write a fraction like "0.5" to set both yourself',
+        )
     limit_raw = _limit(spec.get("limit"), percent)
     gpu_class = spec.get("class", "batch")
     if gpu_class not in CLASSES:
@@ -318,6 +344,13 @@ def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
             "aggressive packing cannot protect a latency-class job",
             "use policy cautious or exclusive with class latency, or class batch",
         )
+    if fraction_raw == FRACTION_AUTO and mode == PROFILING_SKIP and gpu_class != "latency":
+        raise InvalidInputError(
+            "spec.profiling.mode",
+            "skip leaves fraction auto without a profile to size from (every pod would ask "
+            "for a whole GPU)",
+            'use profiling mode auto or always, or write a fraction like "0.5"',
+        )
     max_pods_raw = pack.get("maxPodsPerGpu")
     max_pods = (
         None
@@ -325,7 +358,7 @@ def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
         else _int_in(max_pods_raw, "spec.packing.maxPodsPerGpu", 1, MPS_MAX_CLIENTS)
     )
     return GpuShareSpec(
-        fraction=fraction_raw,
+        fraction=str(fraction_raw),
         percent=percent,
         memory=memory_raw if isinstance(memory_raw, str) else None,
         memory_bytes=memory_bytes,
@@ -342,10 +375,11 @@ def inherited_annotations(spec: GpuShareSpec, *, share_name: str) -> dict[str, s
     request. A pod's own request annotations win over these (see ``missing_annotations``)."""
     out = {
         ANN_SHARE: share_name,
-        ANN_FRACTION: spec.fraction,
         ANN_CLASS: spec.gpu_class,
         ANN_PACKING_POLICY: spec.packing.policy,
     }
+    if not spec.auto:  # an auto share's pods carry the request the webhook sized
+        out[ANN_FRACTION] = spec.fraction
     if spec.memory is not None:
         out[ANN_MEMORY] = spec.memory
     if spec.limit is not None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILING
+from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILING, parse_profile
 from gpushare.api.names import (
     ANN_CLASS,
     ANN_FRACTION,
@@ -29,8 +29,11 @@ from gpushare.api.names import (
     ANN_SHARE,
     ANN_THREAD_PERCENT,
     LABEL_NEIGHBOUR_RULES,
+    RESOURCE_GPU_PERCENT,
 )
 from gpushare.node.load import PIPE_WEIGHTS
+from gpushare.packing.sizing import as_fraction, suggested_percent
+from gpushare.packing.stored_profile import pipe_profile
 from tests.fixtures.node_agent import NodeAgentProcess, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -272,6 +275,12 @@ def operator(
             "spec.packing.maxPodsPerGpu in body should be less than or equal to 48",
         ),
         ({"memory": "1Gi"}, "spec.fraction: Required value"),
+        ({"fraction": "Auto"}, 'a whole percent like "25%", or "auto"'),
+        ({"fraction": "auto", "limit": "0.5"}, "spec.limit cannot be set with fraction auto"),
+        (
+            {"fraction": "auto", "profiling": {"mode": "skip"}},
+            "spec.profiling.mode: skip leaves fraction auto without a profile",
+        ),
     ],
 )
 def test_api_server_refuses_bad_specs_with_a_message_naming_the_field(
@@ -386,7 +395,47 @@ def test_share_goes_pending_profiling_packed_with_the_simulated_profile(
     for reason in ("Accepted", "ProfilingStarted", "Profiled"):
         assert events(cluster, namespace, name="train", reason=reason) == 1, reason
     out = cluster.kubectl("get", "gpushares", "-n", namespace)
-    assert out.split()[:6] == ["NAME", "PHASE", "FRACTION", "CLASS", "POLICY", "PODS"]
+    assert out.split()[:7] == ["NAME", "PHASE", "FRACTION", "REQUEST", "CLASS", "POLICY", "PODS"]
+
+
+def test_fraction_auto_sizes_the_pods_created_once_the_job_is_profiled(
+    cluster: Any, controller: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    apply(
+        cluster,
+        share_manifest("sized", namespace, fraction="auto", profiling={"windowSeconds": 10}),
+    )
+
+    def linked_pod(name: str) -> dict[str, Any]:
+        return pod_manifest(
+            name, namespace, image=cluster.busybox_image, annotations={ANN_SHARE: "sized"}
+        )
+
+    apply(cluster, linked_pod("sized-0"))
+    packed = wait_phase(cluster, "sized", namespace, "Packed", timeout_s=120)
+    # Sized by the product's rule from the profile it stored (the simulated load is a
+    # stand-in with occupancy 0.6: less than a whole GPU).
+    percent = suggested_percent(pipe_profile(parse_profile(packed["profile"])), gpu_class="batch")
+    assert 5 <= percent < 100
+    assert packed["request"] == as_fraction(percent)
+    found = cluster.events(namespace, name="sized", reason="Profiled")
+    assert (
+        f"fraction auto: pods created from now on ask for {packed['request']}"
+        in (found[0]["message"])
+    )
+
+    def gpu_percent(name: str) -> str:
+        pod = get(cluster, "pod", name, namespace)
+        return str(pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE_GPU_PERCENT])
+
+    assert gpu_percent("sized-0") == "100"  # created before the profile: profiled alone
+    # The controller's GpuShare watch brings the status to its webhook within moments.
+    time.sleep(2)
+    apply(cluster, linked_pod("sized-1"))
+    assert gpu_percent("sized-1") == str(percent)
+    wait_pod_running(cluster, "sized-1", namespace)
+    row = cluster.kubectl("get", "gpushare", "sized", "-n", namespace, "--no-headers").split()
+    assert row[2:4] == ["auto", packed["request"]]
 
 
 def test_operator_killed_mid_profiling_resumes_without_repeating_side_effects(

@@ -58,6 +58,8 @@ from gpushare.cluster.state.shares import ShareSummary, share_summary
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.events import ObjectRef
 from gpushare.kube.operator import KubeApi
+from gpushare.packing.sizing import as_fraction, suggested_percent
+from gpushare.packing.stored_profile import pipe_profile
 
 DRA_INHERITED = (ANN_PACKING_POLICY, ANN_MAX_PODS_PER_GPU)
 """What a DRA-mode pod inherits of its GpuShare: the placement rules, not the request (its
@@ -89,6 +91,22 @@ def describe(profile: ShareProfile) -> str:
     ]
     sim = " (simulated GPU)" if profile.simulated else ""
     return f"{', '.join(parts)} on {profile.gpu_model}{sim} over {profile.sampled_seconds:g} s"
+
+
+def sized_fields(share: ShareSummary, profile: ShareProfile) -> dict[str, Any]:
+    """Status fields besides ``profile`` when a profile is stored: for ``fraction: auto`` the
+    request it sizes (``status.request``), which pods created from then on ask for."""
+    if share.spec is None or not share.spec.auto:
+        return {}
+    percent = suggested_percent(pipe_profile(profile), gpu_class=share.spec.gpu_class)
+    return {"request": as_fraction(percent)}
+
+
+def sized_note(fields: Mapping[str, Any]) -> str:
+    """The event's words for :func:`sized_fields`."""
+    if "request" not in fields:
+        return ""
+    return f"; fraction auto: pods created from now on ask for {fields['request']} of a GPU"
 
 
 def no_profiling_pod(*, attempts: int) -> dict[str, Any]:
@@ -234,11 +252,12 @@ class ShareReconciler:
         if "phase" not in share.status:
             return  # the create handler writes the first status
         entries = placement_entries(pods)
-        desired = {"placements": placements_status(entries), "pods": len(entries)}
+        desired: dict[str, Any] = {"placements": placements_status(entries), "pods": len(entries)}
         status = share.status
-        if status.get("placements", []) == desired["placements"] and status.get("pods") == len(
-            entries
-        ):
+        request = share.sized_fraction  # None: not auto, and a stale value is removed
+        if request is not None or "request" in status:
+            desired["request"] = request
+        if all(status.get(k, [] if k == "placements" else None) == v for k, v in desired.items()):
             return
         await self.kube.merge_share_status(
             namespace=share.namespace, name=share.name, status=desired
@@ -327,12 +346,13 @@ class ShareReconciler:
             ):
                 await self.event(share, "Packed", "profiling skipped (spec.profiling.mode: skip)")
         elif isinstance(step, UseCached):
-            message = f"reused the cached profile: {describe(step.profile)}"
             profile = dataclasses.replace(step.profile, source="cache")
+            sized = sized_fields(share, profile)
+            message = f"reused the cached profile: {describe(step.profile)}{sized_note(sized)}"
             if await self.transition(
                 share,
                 to_phase=PHASE_PACKED,
-                fields={"profile": profile.to_status()},
+                fields={"profile": profile.to_status(), **sized},
                 condition=(COND_PROFILED, True, "CacheHit", message),
                 now=now,
             ):
@@ -445,11 +465,12 @@ class ShareReconciler:
         key = cache.cache_key(image=pod.image, command=pod.command, gpu_model=profile.gpu_model)
         entry = cache.CacheEntry(pod.image, pod.command, profile.gpu_model, profile)
         await self._write_cache(key, cache.encode_entry(entry))
-        message = f"profiled pod {pod.name}: {describe(profile)}"
+        sized = sized_fields(share, profile)
+        message = f"profiled pod {pod.name}: {describe(profile)}{sized_note(sized)}"
         if await self.transition(
             share,
             to_phase=PHASE_PACKED,
-            fields={"profile": profile.to_status()},
+            fields={"profile": profile.to_status(), **sized},
             tests={"profilingPod": pod.name},
             condition=(COND_PROFILED, True, "Measured", message),
             now=now,

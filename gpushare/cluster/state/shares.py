@@ -7,10 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.gpushare_crd import PROFILING_SKIP, GpuShareSpec, parse_spec
+from gpushare.api.gpushare_crd import PROFILING_SKIP, GpuShareSpec, parse_profile, parse_spec
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.state.pods import annotations, metadata
 from gpushare.cluster.state.share_rules import NO_RULES, ShareRules, rules_of
+from gpushare.packing.model import PipeProfile
+from gpushare.packing.sizing import as_fraction, suggested_percent
+from gpushare.packing.stored_profile import pipe_profile
 
 
 @dataclass(frozen=True)
@@ -36,16 +39,46 @@ class ShareSummary:
         return status if isinstance(status, Mapping) else {}
 
     @property
+    def sized_fraction(self) -> str | None:
+        """What ``fraction: auto`` comes to now (written as ``status.request``, e.g. "0.6");
+        None for a share that states its fraction or has no valid spec."""
+        if self.spec is None or not self.spec.auto:
+            return None
+        return as_fraction(sized_percent(self.spec, self.status))
+
+    @property
     def request(self) -> GpuRequest | None:
-        """The request the share stands for; None when its spec is invalid."""
+        """The request the share stands for (:func:`sized_percent`); None when its spec is
+        invalid."""
         if self.spec is None:
             return None
         return GpuRequest(
-            percent=self.spec.percent,
+            percent=sized_percent(self.spec, self.status),
             memory_bytes=self.spec.memory_bytes,
             gpu_class=self.spec.gpu_class,
             share=self.name,
         )
+
+
+def stored_pipe_profile(status: Mapping[str, Any]) -> PipeProfile | None:
+    """The share's ``status.profile`` as the policy reads it; None when absent or unreadable
+    (a damaged status costs the share its sizing, never the watch)."""
+    raw = status.get("profile")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return pipe_profile(parse_profile(raw))
+    except InvalidInputError:
+        return None
+
+
+def sized_percent(spec: GpuShareSpec, status: Mapping[str, Any]) -> int:
+    """The share's request in GPU-percent: ``spec.fraction``, or with ``fraction: auto`` what
+    ``gpushare.packing.sizing.suggested_percent`` gives its stored profile (a batch share
+    without one: the whole GPU, so its first pod is profiled alone)."""
+    if not spec.auto:
+        return spec.percent
+    return suggested_percent(stored_pipe_profile(status), gpu_class=spec.gpu_class)
 
 
 def share_summary(body: Mapping[str, Any]) -> ShareSummary:

@@ -48,13 +48,15 @@ def _spec_props() -> dict[str, Any]:
 
 def _rule_regex(prop: str) -> re.Pattern[str]:
     rule = _spec_props()[prop]["x-kubernetes-validations"][0]["rule"]
-    match = re.fullmatch(r"self\.matches\('(.*)'\)", rule)
+    match = re.fullmatch(r"(?:self == 'auto' \|\| )?self\.matches\('(.*)'\)", rule)
     assert match, rule
     return re.compile(match.group(1))
 
 
 def _cel_fraction_ok(text: str) -> bool:
     """The two fraction rules of the CRD, evaluated as the API server would."""
+    if text == "auto":
+        return "self == 'auto'" in _spec_props()["fraction"]["x-kubernetes-validations"][0]["rule"]
     if not _rule_regex("fraction").fullmatch(text):
         return False
     value = float(text.replace("%", ""))
@@ -78,9 +80,12 @@ def test_crd_names_match_the_api_module() -> None:
     assert version["subresources"] == {"status": {}}
 
 
-def test_kubectl_get_shows_phase_fraction_class_policy_pods_age() -> None:
-    columns = [c["name"] for c in _version()["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Fraction", "Class", "Policy", "Pods", "Age"]
+def test_kubectl_get_shows_phase_fraction_request_class_policy_pods_age() -> None:
+    columns = {c["name"]: c["jsonPath"] for c in _version()["additionalPrinterColumns"]}
+    assert list(columns) == ["Phase", "Fraction", "Request", "Class", "Policy", "Pods", "Age"]
+    assert columns["Request"] == ".status.request"  # what fraction auto came to
+    status = _version()["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["request"]["type"] == "string"  # kept, not pruned, by the API server
 
 
 def test_every_cel_rule_has_a_message_naming_its_field() -> None:
@@ -105,7 +110,7 @@ def test_every_cel_rule_has_a_message_naming_its_field() -> None:
 @pytest.mark.parametrize(
     "text",
     ["0.25", ".5", "1", "1.0", "0.05", "25%", "100%", "7%", "0", "1.5", "0.125", "12.5%", "150%",
-     "abc", "0.250", "2", "-0.5", "1e-1", " 0.5"],
+     "abc", "0.250", "2", "-0.5", "1e-1", " 0.5", "auto", "Auto", "auto%", " auto"],
 )  # fmt: skip
 def test_fraction_rule_and_parser_agree(text: str) -> None:
     try:
@@ -176,7 +181,7 @@ def test_parser_uses_the_crd_limit_pattern() -> None:
     (cross,) = [
         r for r in _version()["schema"]["openAPIV3Schema"]["properties"]["spec"][
             "x-kubernetes-validations"
-        ] if "self.limit" in r["rule"]
+        ] if "self.limit.matches" in r["rule"]
     ]  # fmt: skip
     assert LIMIT_PATTERN in cross["rule"] and FRACTION_PATTERN in cross["rule"]
 
@@ -206,3 +211,20 @@ def test_limit_rules_and_parser_agree_on_generated_text(text: str, fraction: str
     except InvalidInputError:
         parser_ok = False
     assert _cel_limit_ok(text, fraction) == parser_ok
+
+
+def test_fraction_auto_refuses_a_limit_and_skipped_profiling_in_the_crd_and_the_parser() -> None:
+    rules = {
+        r["fieldPath"]: r
+        for r in _version()["schema"]["openAPIV3Schema"]["properties"]["spec"][
+            "x-kubernetes-validations"
+        ]
+        if "'auto'" in r["rule"]
+    }  # fmt: skip
+    assert set(rules) == {".limit", ".profiling.mode"}
+    with pytest.raises(InvalidInputError, match=r"spec\.limit.*fraction auto"):
+        parse_spec({"fraction": "auto", "limit": "0.5"})
+    with pytest.raises(InvalidInputError, match=r"spec\.profiling\.mode.*without a profile"):
+        parse_spec({"fraction": "auto", "profiling": {"mode": "skip"}})
+    # a latency share is sized without a profile, so it may skip profiling
+    assert parse_spec({"fraction": "auto", "class": "latency", "profiling": {"mode": "skip"}}).auto

@@ -231,9 +231,12 @@ def test_the_shipped_model_file_is_named_with_its_digest() -> None:
     assert len(ident["sha256"]) == 64 and ident["source"].startswith("measured:")
 
 
-def test_requests_are_sized_from_compute_demand_and_saturating_jobs_ask_a_whole_gpu() -> None:
+def test_rows_without_a_fraction_ask_what_the_product_sizes_for_fraction_auto() -> None:
+    # A ResNet-50 keeping 85% of the SMs busy at occupancy 0.48 asks for 0.6, not the whole
+    # GPU; the pipe-saturating GEMM asks for all of it; no profile (no GPM) asks for all.
     assert request_fraction(PROFILES["resnet18"], gpu_class="batch") == 0.15
-    assert request_fraction(PROFILES["transformer"], gpu_class="batch") == 1.0
+    assert request_fraction(PROFILES["resnet50"], gpu_class="batch") == 0.6
+    assert request_fraction(PROFILES["transformer"], gpu_class="batch") == 0.55
     assert request_fraction(PROFILES["dgemm"], gpu_class="batch") == 1.0
     assert request_fraction(PROFILES["infer"], gpu_class="latency") == 0.25
     assert request_fraction(None, gpu_class="batch") == 1.0
