@@ -9,9 +9,9 @@ The rule: the job's compute demand (its busiest of SM occupancy, a compute pipe 
 bandwidth: what its neighbours feel, ``threads.compute_demand``) times ``HEADROOM``, rounded
 up to 5%, between 5% and a whole GPU. A job that saturates a pipe (an FP64 or bf16 GEMM) thus
 asks for the whole GPU. SM utilization (the share of SMs with any work resident) is not
-demand: a ResNet-50 keeping 84% of the SMs busy at occupancy 0.47 and tensor 0.12 packed
-beside a small job at 1.51 jobs' work per second on an H200, where asking for the whole GPU
-forbade it (docs/benchmarks-gpu.md, "Run 20"). A latency-class job asks for
+demand: a ResNet-50 keeping 84% of the SMs busy at occupancy 0.47 and tensor 0.12 did 1.51
+jobs' work per second beside a small job on an H200, which asking for the whole GPU forbade
+(docs/benchmarks-gpu.md, "Run 20"). A latency-class job asks for
 ``LATENCY_PERCENT``; without a profile, for the whole GPU.
 """
 
