@@ -54,12 +54,11 @@ from gpushare.cluster.operator.profiling import (
 from gpushare.cluster.operator.readings import ProfilerError, profile_from_reading
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.state.pods import PodFacts
-from gpushare.cluster.state.shares import ShareSummary, share_summary
+from gpushare.cluster.state.shares import ShareSummary, share_summary, sized_percent
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.events import ObjectRef
 from gpushare.kube.operator import KubeApi
-from gpushare.packing.sizing import as_fraction, suggested_percent
-from gpushare.packing.stored_profile import pipe_profile
+from gpushare.packing.sizing import as_fraction
 
 DRA_INHERITED = (ANN_PACKING_POLICY, ANN_MAX_PODS_PER_GPU)
 """What a DRA-mode pod inherits of its GpuShare: the placement rules, not the request (its
@@ -98,7 +97,7 @@ def sized_fields(share: ShareSummary, profile: ShareProfile) -> dict[str, Any]:
     request it sizes (``status.request``), which pods created from then on ask for."""
     if share.spec is None or not share.spec.auto:
         return {}
-    percent = suggested_percent(pipe_profile(profile), gpu_class=share.spec.gpu_class)
+    percent = sized_percent(share.spec, {"profile": profile.to_status()})
     return {"request": as_fraction(percent)}
 
 
