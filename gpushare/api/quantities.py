@@ -1,8 +1,11 @@
-"""Parsing of GPU fractions and memory quantities as users write them in annotations."""
+"""Parsing of GPU fractions and memory quantities as users write them in annotations, and of
+Kubernetes resource quantities (CPU and memory requests, node allocatable) as the API server
+stores them."""
 
 import math
 import re
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 from gpushare.api.bounds import MAX_BYTES
 from gpushare.api.errors import InvalidInputError
@@ -95,3 +98,59 @@ def format_memory(num_bytes: int) -> str:
         if num_bytes >= scale and num_bytes % scale == 0:
             return f"{num_bytes // scale}{suffix}"
     return str(num_bytes)
+
+
+INT64_MAX = 2**63 - 1
+"""Where a Kubernetes quantity read as a whole number saturates: the API server stores
+exponents near a million ("1e999999"), kube-scheduler's int64 arithmetic cannot fit such a
+request anywhere, and neither can gpushare's."""
+_KUBE_QUANTITY = re.compile(
+    r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:[eE]([+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)"
+)
+_SI_EXPONENT = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY_POWER = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_MAX_KUBE_CHARS = 64
+_LOG10_2 = 0.30103
+
+
+def kube_quantity(value: object, *, milli: bool = False) -> int | None:
+    """A Kubernetes resource quantity ("500m", "2", "16Gi", "1e3", "1.5k") as a whole number
+    of its unit, or of thousandths of it with ``milli`` (CPU), rounded up as kube-scheduler's
+    ``Value``/``MilliValue`` round; None when it is not a quantity the API server would store
+    (or negative). Total: exponents of any size saturate at :data:`INT64_MAX` or round up to
+    1, without building the number (docs/security.md, "Parsing is total")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return None if value < 0 else min(value * (1000 if milli else 1), INT64_MAX)
+    if isinstance(value, float):
+        value = repr(value) if math.isfinite(value) else ""
+    if not isinstance(value, str) or not value or len(value) > _MAX_KUBE_CHARS:
+        return None
+    match = _KUBE_QUANTITY.fullmatch(value)
+    if match is None:
+        return None
+    sign, number, exponent_text, suffix = match.groups()
+    whole, _, fraction = number.partition(".")
+    digits = (whole + fraction).lstrip("0")
+    if not digits:
+        return 0
+    if sign == "-":
+        return None
+    exponent = -len(fraction) + (3 if milli else 0)
+    binary = 0
+    if exponent_text is not None:
+        exponent += int(exponent_text)  # at most 62 digits: the text is bounded
+    elif suffix in _BINARY_POWER:
+        binary = _BINARY_POWER[suffix]
+    else:
+        exponent += _SI_EXPONENT[suffix or ""]
+    magnitude = len(digits) + exponent + binary * _LOG10_2  # about log10 of the value
+    if magnitude > 20:
+        return INT64_MAX
+    if magnitude < -20:
+        return 1
+    exact = Fraction(int(digits)) * Fraction(10) ** exponent * 2**binary
+    rounded: int = math.ceil(exact)
+    return min(rounded, INT64_MAX)

@@ -28,7 +28,7 @@ from aiohttp import web
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.logs import setup_json_logging
-from gpushare.cluster import watches
+from gpushare.cluster import quarantine_reports, watches
 from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.extender.requeue import requeue
@@ -336,7 +336,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                 ctx.share_handoff = watches.ShareHandoff(ctx.view)
             resync = settings.resync_seconds
             if settings.places_claims:
-                devices = DraDevices()
+                devices = DraDevices(quarantine=ctx.view.quarantine)
                 # The operator sees DRA-mode pods on GPUs by their claims (status.placements,
                 # latency protection); the extender's ledger does not.
                 ctx.view.claim_holders = devices.holders
@@ -479,6 +479,7 @@ async def _lead(
             group.create_task(elector.keep(ctx.stopping))
         if ctx.kube is not None:
             group.create_task(_evict_loop(ctx))
+            group.create_task(quarantine_reports.report_loop(ctx.kube, [ctx.view.quarantine]))
         if ctx.claim_allocator is not None:
             group.create_task(ctx.claim_allocator.run())
         for hook in hooks:

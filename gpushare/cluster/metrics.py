@@ -28,7 +28,7 @@ class _ViewCollector(Collector):
         self._view = view
         self._gated = gated
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         view = self._view()
         if view is None:
             return
@@ -50,6 +50,27 @@ class _ViewCollector(Collector):
         yield synced
         yield _pending_pods(view, self._gated())
         yield _share_profiles(view)
+        yield from _quarantined(view)
+
+
+def _quarantined(view: ClusterView) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Watched objects held out of the view (gpushare.cluster.state.quarantine), per kind."""
+    held = GaugeMetricFamily(
+        f"{METRIC_PREFIX}controller_quarantined_objects",
+        "Watched objects the controller could not read and holds out of scheduling",
+        labels=["kind"],
+    )
+    for kind, count in sorted(view.quarantine.counts().items()):
+        held.add_metric([kind], count)
+    yield held
+    total = CounterMetricFamily(
+        f"{METRIC_PREFIX}controller_quarantined",
+        "Times a watched object could not be read and was held out",
+        labels=["kind"],
+    )
+    for kind, count in sorted(view.quarantine.total.items()):
+        total.add_metric([kind], count)
+    yield total
 
 
 def _pending_pods(view: ClusterView, gated: Iterable[str] = ()) -> GaugeMetricFamily:

@@ -11,26 +11,50 @@ Kopf handlers watch GpuShares, the GpuShare informer stops and Kopf's events fee
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.dra.devices import DraDevices
+from gpushare.cluster.state.quarantine import Quarantine
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.controller import Kube, Watched
 
 log = logging.getLogger(__name__)
 
 
+def _guarded(
+    quarantine: Quarantine, kind: str, take_in: Callable[[Mapping[str, Any]], object]
+) -> Callable[[Mapping[str, Any]], object]:
+    """A watch event's upsert through the quarantine: one object it cannot take is held out
+    (gpushare.cluster.state.quarantine), the watch goes on."""
+
+    def upsert(data: Mapping[str, Any]) -> object:
+        return quarantine.take(kind, data, take_in)
+
+    return upsert
+
+
+def _forgetting(
+    quarantine: Quarantine, kind: str, delete: Callable[[Mapping[str, Any]], None]
+) -> Callable[[Mapping[str, Any]], None]:
+    def forget(data: Mapping[str, Any]) -> None:
+        quarantine.forget(kind, data)
+        delete(data)
+
+    return forget
+
+
 async def feed_nodes(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
     def delete(data: Mapping[str, Any]) -> None:
-        view.delete_node(str(data.get("metadata", {}).get("name", "")))
+        meta = data.get("metadata")
+        view.delete_node(str(meta.get("name", "")) if isinstance(meta, Mapping) else "")
 
     await kube.inform(
         Watched.NODES,
         replace=view.replace_nodes,
-        upsert=view.upsert_node,
-        delete=delete,
+        upsert=_guarded(view.quarantine, "Node", view.upsert_node),
+        delete=_forgetting(view.quarantine, "Node", delete),
         resync_seconds=resync_seconds,
     )
 
@@ -65,7 +89,8 @@ async def feed_pods(
             allocator.pod_event(data)
 
     def delete(data: Mapping[str, Any]) -> None:
-        meta = data.get("metadata", {})
+        meta = data.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
         key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
         view.delete_pod(key)
         if allocator is not None:
@@ -80,8 +105,8 @@ async def feed_pods(
     await kube.inform(
         Watched.PODS,
         replace=replace,
-        upsert=upsert,
-        delete=delete,
+        upsert=_guarded(view.quarantine, "Pod", upsert),
+        delete=_forgetting(view.quarantine, "Pod", delete),
         resync_seconds=resync_seconds,
     )
 
@@ -129,8 +154,8 @@ async def feed_shares(
         kube.inform(
             Watched.SHARES,
             replace=view.replace_shares,
-            upsert=view.upsert_share,
-            delete=view.delete_share,
+            upsert=_guarded(view.quarantine, "GpuShare", view.upsert_share),
+            delete=_forgetting(view.quarantine, "GpuShare", view.delete_share),
             resync_seconds=resync_seconds,
         )
     )
@@ -158,8 +183,8 @@ async def feed_namespaces(kube: Kube, view: ClusterView, *, resync_seconds: floa
     await kube.inform(
         Watched.NAMESPACES,
         replace=view.replace_namespaces,
-        upsert=view.upsert_namespace,
-        delete=view.delete_namespace,
+        upsert=_guarded(view.quarantine, "Namespace", view.upsert_namespace),
+        delete=_forgetting(view.quarantine, "Namespace", view.delete_namespace),
         resync_seconds=resync_seconds,
     )
 
@@ -171,15 +196,15 @@ async def feed_dra(kube: Kube, devices: DraDevices, *, resync_seconds: float) ->
         kube.inform(
             Watched.RESOURCE_SLICES,
             replace=devices.replace_slices,
-            upsert=devices.upsert_slice,
-            delete=devices.delete_slice,
+            upsert=_guarded(devices.quarantine, "ResourceSlice", devices.upsert_slice),
+            delete=_forgetting(devices.quarantine, "ResourceSlice", devices.delete_slice),
             resync_seconds=resync_seconds,
         ),
         kube.inform(
             Watched.RESOURCE_CLAIMS,
             replace=devices.replace_claims,
-            upsert=devices.upsert_claim,
-            delete=devices.delete_claim,
+            upsert=_guarded(devices.quarantine, "ResourceClaim", devices.upsert_claim),
+            delete=_forgetting(devices.quarantine, "ResourceClaim", devices.delete_claim),
             resync_seconds=resync_seconds,
         ),
     )

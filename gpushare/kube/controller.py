@@ -312,6 +312,13 @@ class Kube:
             name=str(meta.get("name", "")),
             uid=str(meta.get("uid", "")),
         )
+        await self.record_event(about=about, reason=reason, message=message, warning=warning)
+
+    async def record_event(
+        self, *, about: ObjectRef, reason: str, message: str, warning: bool
+    ) -> None:
+        """Record an Event about any object (a cluster-scoped one's goes to ``default``);
+        KubeError when the API server refuses it."""
         reporter = Reporter(
             component=self._field_manager,
             reporting_component=self._field_manager,
@@ -322,7 +329,7 @@ class Kube:
             await self._client.create(event)
         except Exception as exc:
             raise _wrap(
-                exc, f"record event {reason} of pod {about.namespace}/{about.name}"
+                exc, f"record event {reason} of {about.kind} {about.namespace}/{about.name}"
             ) from exc
 
     async def remove_scheduling_gate(

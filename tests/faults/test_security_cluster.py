@@ -770,6 +770,41 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def a_pod_asking_for_an_exponent_near_a_million_cpus(sec: Sec) -> Outcome:
+    """Issue #45: a plain pod (no gpushare annotation, any namespace) whose CPU request the API
+    server stores as "1e999999" made the controller's host arithmetic raise; its pod list then
+    failed as a whole forever, and a restarted controller never became ready. Now: a restarted
+    controller lists it, becomes ready, and the tenant's next GPU pod runs."""
+    name = f"huge-{uuid.uuid4().hex[:4]}"
+    resources = {"requests": {"cpu": "1e999999", "memory": "1e999999"}}
+    doc = pod_doc(
+        name,
+        sec.cluster.busybox_image,
+        spec={"nodeSelector": {"gs-sec": "nowhere"}},
+        container={"resources": resources},
+    )
+    refused, why = create(sec, doc)
+    if refused:
+        return True, f"the API server refused the quantity: {why}"
+    try:
+        stored = sec.pod(sec.attacker_ns, name)["spec"]["containers"][0]["resources"]
+        sec.controller.stop()
+        sec.controller.start(timeout=120)  # its first list holds the pod
+        after = f"after-{uuid.uuid4().hex[:4]}"
+        refused, why = create(
+            sec, pod_doc(after, sec.cluster.busybox_image, annotations={ANN_FRACTION: "0.05"})
+        )
+        assert not refused, why
+        placed = running(sec, sec.attacker_ns, after)
+        sec.kubectl("delete", "pod", after, "-n", sec.attacker_ns, "--wait=false")
+        return bool(placed["spec"].get("nodeName")), (
+            f"stored {stored['requests']}; the restarted controller listed it, became ready "
+            "and placed the next GPU pod"
+        )
+    finally:
+        sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
+
+
 def tenant_annotates(sec: Sec, name: str, change: str) -> Outcome:
     """The tenant's ``kubectl annotate --overwrite`` of its own pod."""
     out = sec.kubectl(
@@ -818,6 +853,7 @@ ATTACKS: dict[str, Callable[[Sec], Outcome]] = {
         forges_mps_fault_lines_from_its_container,
         a_node_agent_token_for_another_nodes_pods,
         extender_without_client_certificate,
+        a_pod_asking_for_an_exponent_near_a_million_cpus,
     )
 }
 

@@ -149,6 +149,29 @@ STRINGS = [
     "\u202e",
     "a" * 1_000_000,
 ]
+QUANTITIES = [
+    "1e999999",
+    "9E999999",
+    "1e999998",
+    "-1e999999",
+    "1e-999999",
+    "1E+999998",
+    "1e" + "9" * 60,
+    "999999Ei",
+    "1E",
+    ".5",
+    "5.",
+    "+1",
+    "1.5e3",
+    "1.5e3m",
+    "0.000000001n",
+    "9" * 64,
+    "9" * 65,
+    "100m",
+    "16Gi",
+]
+"""Resource quantities the API server stores (CPU, memory, overhead, node allocatable): issue
+#45's "1e999999" froze the controller's pod list through decimal.Overflow."""
 SCALARS: list[Any] = [None, True, False, 0, -1, 2**63, 10**4000, -(10**4000), 1e308, 1.5, [], {}]
 
 
@@ -208,6 +231,15 @@ class Hostile:
             ann[key] = self.text()
         return ann
 
+    def quantity(self) -> Any:
+        """A resource quantity: mostly hostile spellings, sometimes any value at all."""
+        roll = self.rng.random()
+        if roll < 0.7:
+            return self.rng.choice(QUANTITIES)
+        if roll < 0.9:
+            return self.rng.choice(NUMBERS)
+        return self.value()
+
     def container(self) -> dict[str, Any]:
         c: dict[str, Any] = {"name": self.rng.choice(["main", "side", self.text()])}
         roll = self.rng.random()
@@ -216,6 +248,15 @@ class Hostile:
             c["resources"] = {"limits": {RESOURCE_GPU_PERCENT: amount}}
         elif roll < 0.6:
             c["resources"] = self.value()
+        if self.rng.random() < 0.4:
+            resources = c.get("resources")
+            if not isinstance(resources, dict):
+                resources = c["resources"] = {}
+            resources["requests"] = {
+                "cpu": self.quantity(),
+                "memory": self.quantity(),
+                **({RESOURCE_GPU_PERCENT: self.quantity()} if self.rng.random() < 0.3 else {}),
+            }
         if self.rng.random() < 0.2:
             c["env"] = [
                 {
@@ -236,6 +277,8 @@ class Hostile:
             spec["nodeName"] = self.rng.choice([*NODES, self.text()])
         if self.rng.random() < 0.1:
             spec["schedulerName"] = self.value()
+        if self.rng.random() < 0.1:
+            spec["overhead"] = {"cpu": self.quantity(), "memory": self.quantity()}
         if self.rng.random() < 0.05:
             spec = self.value()  # type: ignore[assignment]
         meta: dict[str, Any] = {
@@ -248,6 +291,8 @@ class Hostile:
             meta["annotations"] = self.value()
         if self.rng.random() < 0.05:
             meta["ownerReferences"] = [{"controller": True, "uid": self.value()}]
+        if self.rng.random() < 0.05:
+            meta["labels"] = self.rng.choice([self.value(), {self.text(): self.value()}])
         status = {"phase": self.rng.choice(["Pending", "Running", "Succeeded", self.text()])}
         return {"metadata": meta, "spec": spec, "status": status}
 
@@ -259,6 +304,8 @@ class Hostile:
         node: dict[str, Any] = {"metadata": {"name": name, "annotations": ann}}
         if self.rng.random() < 0.2:
             node["status"] = {"allocatable": {RESOURCE_GPU_PERCENT: self.value()}}
+        elif self.rng.random() < 0.3:
+            node["status"] = {"allocatable": {"cpu": self.quantity(), "memory": self.quantity()}}
         return node
 
     def device_ids(self) -> list[str]:

@@ -152,6 +152,8 @@ def test_watch_path_takes_every_hostile_object_and_the_view_stays_synced() -> No
         skipped = informer.poisoned_events(k) - count
         if skipped:
             tally.crash(RuntimeError(f"{skipped} {k} events skipped by the watch"), k)
+    for held in view.quarantine.held():  # parsing is total: the backstop never catches
+        tally.crash(RuntimeError(f"held out: {held.error}"), held.key)
     tally.outcomes["events"] = tally.inputs
     assert view.synced
     tally.done()

@@ -294,7 +294,7 @@ class ClaimAllocator:
         for pod in pods:
             meta = _meta(pod)
             seen.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
-            self.pod_event(pod)
+            self.devices.quarantine.take("Pod", pod, self.pod_event)
         for key in [
             k for k in {*self._waiting, *self._host_of, *self._rule_claims} if k not in seen
         ]:

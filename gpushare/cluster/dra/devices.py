@@ -28,6 +28,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU, STATE_ALLOCATED
 from gpushare.api.placement import Placement
 from gpushare.cluster.state.claim_holders import ClaimHolder
+from gpushare.cluster.state.quarantine import Quarantine
 from gpushare.cluster.state.share_rules import NO_RULES, ShareRules
 from gpushare.packing.model import GpuState, NodeState, Tenant
 from gpushare.packing.placer import gpu_signature
@@ -89,7 +90,10 @@ def _driver_cap(share: ClaimShare, *, latency: bool) -> int:
 class DraDevices:
     """GPUs by node from the slices, shares by GPU from the allocated claims."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, quarantine: Quarantine | None = None) -> None:
+        self.quarantine = quarantine if quarantine is not None else Quarantine()
+        """Slices and claims this ledger could not take in, held out one by one (the
+        controller passes its view's, so one Event path reports them all)."""
         self._slices: dict[str, list[DraGpu]] = {}
         self._gpus: dict[tuple[str, str], DraGpu] = {}
         """(pool, device) -> GPU."""
@@ -342,7 +346,7 @@ class DraDevices:
         seen = set()
         for obj in objs:
             seen.add(str(_mapping(obj.get("metadata")).get("name", "")))
-            self.upsert_slice(obj)
+            self.quarantine.take("ResourceSlice", obj, self.upsert_slice)
         for name in [n for n in self._slices if n not in seen]:
             self._set_slice(name, None)
         self.slices_synced = True
@@ -429,7 +433,7 @@ class DraDevices:
         seen = set()
         for obj in objs:
             seen.add(claim_key(obj))
-            self.upsert_claim(obj)
+            self.quarantine.take("ResourceClaim", obj, self.upsert_claim)
         for key in [k for k in self._claims if k not in seen]:
             namespace, _, name = key.partition("/")
             self.delete_claim({"metadata": {"namespace": namespace, "name": name}})

@@ -6,65 +6,24 @@ memory: its ``status.allocatable`` minus the requests of every pod bound there, 
 not. A pod's request is what the scheduler's NodeResourcesFit uses: the larger of the sum over
 its containers and the largest init container, plus its ``overhead``.
 
-Pure functions over API JSON; a value the API server would not have accepted reads as 0 (never
-raises: a strange pod must not stop the watch).
+Pure functions over API JSON; a value the API server would not have accepted reads as 0, and
+one it stores but no node could hold (an exponent near a million) saturates at int64's largest,
+which fits no node here as it fits none in kube-scheduler's int64 arithmetic. Never raises: one
+strange pod in any namespace must not stop the pod list (docs/security.md).
 """
 
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
-_SUFFIX = {
-    "n": Decimal(10) ** -9,
-    "u": Decimal(10) ** -6,
-    "m": Decimal(10) ** -3,
-    "": Decimal(1),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
-}
-_MAX_TEXT = 64
-
-
-def quantity(value: object) -> Decimal | None:
-    """A Kubernetes quantity ("500m", "2", "16Gi", "1e3") as a number; None when unreadable."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return Decimal(str(value))
-    if not isinstance(value, str) or not value or len(value) > _MAX_TEXT:
-        return None
-    text = value.strip()
-    for size in (2, 1):
-        suffix = text[-size:] if len(text) > size else ""
-        if suffix in _SUFFIX and suffix and not suffix.isdigit():
-            number, scale = text[:-size], _SUFFIX[suffix]
-            break
-    else:
-        number, scale = text, _SUFFIX[""]
-    try:
-        parsed = Decimal(number) * scale
-    except (InvalidOperation, ValueError):
-        return None
-    return parsed if parsed.is_finite() and parsed >= 0 else None
-
+from gpushare.api.quantities import kube_quantity
 
 _WHOLE_SCALE = {"m": None, "": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
 
 def _whole(value: object, milli: bool) -> int | None:
-    """The common spellings ("8000m", "16", "512Mi") without Decimal: every pod event of the
-    cluster comes through here."""
-    if not isinstance(value, str) or len(value) > 20:
+    """The common spellings ("8000m", "16", "512Mi") without the general parser: every pod
+    event of the cluster comes through here."""
+    if not isinstance(value, str) or len(value) > 15:
         return None
     for suffix in ("m", "Ki", "Mi", "Gi", "Ti", ""):
         if value.endswith(suffix):
@@ -79,19 +38,19 @@ def _whole(value: object, milli: bool) -> int | None:
 
 
 def cpu_milli(value: object) -> int:
+    """Milli-CPU of a quantity, rounded up; 0 when unreadable, at most int64's largest."""
     whole = _whole(value, True)
     if whole is not None:
         return whole
-    q = quantity(value)
-    return int((q * 1000).to_integral_value(rounding="ROUND_CEILING")) if q is not None else 0
+    return kube_quantity(value, milli=True) or 0
 
 
 def memory_bytes(value: object) -> int:
+    """Bytes of a quantity, rounded up; 0 when unreadable, at most int64's largest."""
     whole = _whole(value, False)
     if whole is not None:
         return whole
-    q = quantity(value)
-    return int(q.to_integral_value(rounding="ROUND_CEILING")) if q is not None else 0
+    return kube_quantity(value) or 0
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
@@ -123,7 +82,8 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
 def node_allocatable(node: Mapping[str, Any]) -> tuple[int, int] | None:
     """(milli-CPU, memory bytes) the node offers pods; None when its status does not say."""
     allocatable = _mapping(_mapping(node.get("status")).get("allocatable"))
-    cpu, memory = quantity(allocatable.get("cpu")), quantity(allocatable.get("memory"))
+    cpu = kube_quantity(allocatable.get("cpu"), milli=True)
+    memory = kube_quantity(allocatable.get("memory"))
     if cpu is None or memory is None:
         return None
-    return cpu_milli(allocatable.get("cpu")), memory_bytes(allocatable.get("memory"))
+    return cpu, memory

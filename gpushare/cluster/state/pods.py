@@ -392,9 +392,11 @@ def _created(text: object) -> datetime:
 
 
 def _str_map(raw: object) -> dict[str, str]:
+    """Labels as the API server stores them (strings to strings); anything else is left out
+    (str() of a deeply nested value raises RecursionError)."""
     if not isinstance(raw, Mapping):
         return {}
-    return {str(k): str(v) for k, v in raw.items()}
+    return {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def dra_claimed(pod: Pod) -> bool:

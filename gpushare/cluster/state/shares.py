@@ -10,6 +10,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.gpushare_crd import PROFILING_SKIP, GpuShareSpec, parse_profile, parse_spec
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.state.pods import annotations, metadata
+from gpushare.cluster.state.quarantine import Take, take_plainly
 from gpushare.cluster.state.share_rules import NO_RULES, ShareRules, rules_of
 from gpushare.packing.model import PipeProfile
 from gpushare.packing.sizing import as_fraction, suggested_percent
@@ -137,13 +138,19 @@ class ShareRegistry:
             self.statuses.pop(key, None)
             self._without_profiling.discard(key)
 
-    def replace(self, shares: Iterable[Mapping[str, Any]]) -> None:
-        """A full list: shares missing from it are gone."""
-        self.by_key.clear()
-        self.statuses.clear()
-        self._without_profiling.clear()
+    def replace(self, shares: Iterable[Mapping[str, Any]], *, take: Take = take_plainly) -> None:
+        """A full list: shares missing from it are gone. ``take`` takes each one in (the view's
+        quarantine: a share it holds out keeps what was known of it)."""
+        seen: set[str] = set()
         for share in shares:
-            self.upsert(share)
+            meta = share.get("metadata")
+            if isinstance(meta, Mapping):
+                seen.add(f"{meta.get('namespace') or 'default'}/{meta.get('name')}")
+            take("GpuShare", share, self.upsert)
+        for key in [k for k in self.by_key if k not in seen]:
+            self.by_key.pop(key, None)
+            self.statuses.pop(key, None)
+            self._without_profiling.discard(key)
 
     def request(self, namespace: str, name: str) -> GpuRequest | None:
         """The request a GpuShare stands for, from its spec as watched; None when there is no

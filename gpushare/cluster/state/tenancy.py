@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gpushare.api.names import LABEL_NEIGHBOUR_RULES, NEIGHBOUR_RULES_GRANTED
+from gpushare.cluster.state.quarantine import Take, take_plainly
 from gpushare.packing.tenancy import TENANCY_NAMESPACE, sharing_group, tenancy_key
 
 RULES_GRANTED: Final = "granted-namespaces"
@@ -84,14 +85,26 @@ class Tenancies:
     def delete(self, name: str) -> bool:
         return self._grants.pop(name, None) is not None
 
-    def replace(self, namespaces: Iterable[Mapping[str, Any]]) -> set[str]:
-        """A full list; returns the names whose grants changed."""
+    def replace(
+        self, namespaces: Iterable[Mapping[str, Any]], *, take: Take = take_plainly
+    ) -> set[str]:
+        """A full list; returns the names whose grants changed. ``take`` takes each one in
+        (the view's quarantine: a namespace it holds out keeps its earlier grants)."""
         before = dict(self._grants)
-        self._grants = {}
-        for namespace in namespaces:
+        grants: dict[str, NamespaceGrants] = {}
+
+        def take_in(namespace: Mapping[str, Any]) -> None:
             found = grants_of(namespace)
             if found is not None:
-                self._grants[found[0]] = found[1]
+                grants[found[0]] = found[1]
+
+        for namespace in namespaces:
+            if not take("Namespace", namespace, take_in):
+                meta = namespace.get("metadata")
+                name = meta.get("name") if isinstance(meta, Mapping) else None
+                if isinstance(name, str) and name in before:
+                    grants[name] = before[name]
+        self._grants = grants
         self.synced = True
         names = set(before) | set(self._grants)
         return {n for n in names if before.get(n) != self._grants.get(n)}

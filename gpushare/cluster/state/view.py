@@ -54,6 +54,7 @@ from gpushare.cluster.state.nodes import (
 from gpushare.cluster.state.placements import Placements
 from gpushare.cluster.state.pod_mix import MixCounter
 from gpushare.cluster.state.pods import PodFacts, facts, frozen_demand, kept, ours, pod_key
+from gpushare.cluster.state.quarantine import Quarantine
 from gpushare.cluster.state.reservations import (
     Reservation,
     ReservationError,
@@ -102,6 +103,9 @@ class ClusterView:
         self.pods_synced = False
         self.tenancies = Tenancies()
         """Namespace grants: the tenancy boundary and who may keep others off a GPU."""
+        self.quarantine = Quarantine()
+        """Watched objects the view could not take in, held out one by one (a full list
+        never fails as a whole; the watches' events go through it too)."""
         self.listeners: list[Callable[[str, str], None]] = []
         """Called with (kind, key) after a node or pod changed; kind is "node" or "pod"."""
         self.allocation_listeners: list[Callable[[str], None]] = []
@@ -440,7 +444,7 @@ class ClusterView:
             meta = node.get("metadata")
             if isinstance(meta, Mapping) and isinstance(meta.get("name"), str):
                 seen.add(meta["name"])
-            self.upsert_node(node)
+            self.quarantine.take("Node", node, self.upsert_node)
         for name in [n for n in {*self._nodes, *self._inventory.about} if n not in seen]:
             self.delete_node(name)
         self._marks.keep_only(seen)
@@ -520,8 +524,9 @@ class ClusterView:
         self._listing = True
         try:
             for pod in pods:
-                self.upsert_pod(pod)
+                # A pod held out keeps what the view had of it (it is seen, so not gone).
                 seen.add(pod_key(pod))
+                self.quarantine.take("Pod", pod, self.upsert_pod)
             gone = {
                 k
                 for k in (
@@ -564,7 +569,7 @@ class ClusterView:
             self._regrant({name})
 
     def replace_namespaces(self, namespaces: Iterable[Mapping[str, Any]]) -> None:
-        self._regrant(self.tenancies.replace(namespaces))
+        self._regrant(self.tenancies.replace(namespaces, take=self.quarantine.take))
 
     def _regrant(self, names: set[str]) -> None:
         """Namespace labels changed: its pods' tenancy and rule grants follow."""
@@ -592,7 +597,7 @@ class ClusterView:
 
     def replace_shares(self, shares: Iterable[Mapping[str, Any]]) -> None:
         """A full list: shares missing from it are gone."""
-        self._shares.replace(shares)
+        self._shares.replace(shares, take=self.quarantine.take)
 
     # ---- reservations --------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
     RESOURCE_GPU_PERCENT,
 )
+from gpushare.api.quantities import kube_quantity
 
 _FINISHED = ("Succeeded", "Failed")
 
@@ -84,10 +85,16 @@ def placement_values(pod: PodInfo) -> tuple[tuple[str, str], ...]:
 
 
 def _quantity_int(value: object) -> int:
-    try:
-        return int(str(value))
-    except ValueError:
-        return 0
+    """An extended-resource count as the API server stores it; 0 for anything else."""
+    return kube_quantity(value) or 0
+
+
+def _run_as_user(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
+        return int(value)
+    return None
 
 
 def pod_info(pod: Mapping[str, Any]) -> PodInfo:
@@ -128,7 +135,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         uid=str(metadata.get("uid", "")),
         annotations=annotations,
         phase=str(status.get("phase") or "Pending"),
-        run_as_user=int(uid) if uid is not None else None,
+        run_as_user=_run_as_user(uid),
         requested_slices=tuple(requested),
         created=created,
     )

@@ -56,3 +56,35 @@ def test_a_node_without_allocatable_cpu_and_memory_is_not_tracked() -> None:
     )
     assert node_allocatable({"status": {"allocatable": {"cpu": "96"}}}) is None
     assert node_allocatable({}) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "cpu", "memory"),
+    [
+        ("1e999999", 2**63 - 1, 2**63 - 1),  # the API server stores it (issue #45)
+        ("9E999999", 2**63 - 1, 2**63 - 1),
+        ("1e-999999", 1, 1),  # rounds up, as kube-scheduler's MilliValue and Value do
+        ("999999Ei", 2**63 - 1, 2**63 - 1),
+        ("1E", 2**63 - 1, 10**18),  # E is exa, not an exponent
+        (".5", 500, 1),
+        ("5.", 5000, 5),
+        ("+2", 2000, 2),
+        ("1.5k", 1_500_000, 1500),
+        ("100n", 1, 1),
+    ],
+)
+def test_every_quantity_the_api_server_stores_reads_without_raising(
+    text: str, cpu: int, memory: int
+) -> None:
+    assert cpu_milli(text) == cpu
+    assert memory_bytes(text) == memory
+
+
+def test_a_pod_asking_more_than_any_node_has_cannot_fit_anywhere_and_breaks_nothing() -> None:
+    containers = [{"resources": {"requests": {"cpu": "1e999999", "memory": "1e999998"}}}] * 3
+    cpu, memory = pod_requests({"spec": {"containers": containers, "overhead": {"cpu": "1e9"}}})
+    assert cpu > 2**63 and memory > 2**63  # summed past int64 as plain ints, never an error
+    assert node_allocatable({"status": {"allocatable": {"cpu": "1e999999", "memory": "1"}}}) == (
+        2**63 - 1,
+        1,
+    )
