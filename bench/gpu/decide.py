@@ -10,7 +10,13 @@ it was given. Whether it starts now, and how, is decided exactly where a cluster
   ``gpushare/packing/data/interference.json`` and its class bounds) on a node of this one GPU:
   ``choose_gpus`` is what the extender's bind runs, ``refusal`` what its filter answers;
 - the client's environment (MPS or not, active-thread %, priority, pinned memory):
-  ``gpushare.node.mps.client``, what the device plugin writes from the placement.
+  ``gpushare.node.mps.client``, what the device plugin writes from the placement;
+- with ``opportunism`` (the run with the trace's opt-in rows honoured): where an opted-in job
+  goes beyond the GPU's guaranteed capacity, which opportunistic jobs a guaranteed one
+  preempts (``Placer.choose_gpus``, ``gpushare.packing.opportunistic``), which are promoted
+  (``Opportunism.promotions``), and which the governor backs off after measuring the GPU
+  (``gpushare.packing.governor.review``), what the controller's promotion and governor
+  loops run.
 
 Nothing here decides; this module only turns trace jobs into the product's inputs and its
 answers into launches (docs/benchmarks-gpu.md, "Who decides").
@@ -18,7 +24,7 @@ answers into launches (docs/benchmarks-gpu.md, "Who decides").
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -28,10 +34,13 @@ from gpushare.api.names import CLASS_LATENCY, MPS_PRIORITY_BY_CLASS, SLICES_PER_
 from gpushare.node.mps.client import MiB, client_limits_env, runs_under_mps
 from gpushare.packing.admission import DEFAULT_BOUNDS, Admission
 from gpushare.packing.fit import demand_memory
+from gpushare.packing.governor import review
 from gpushare.packing.interference import InterferenceModel, load_default
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
+from gpushare.packing.opportunistic import Opportunism, memory_steps
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import Policy
+from gpushare.packing.threads import assign_thread_percent
 
 MODEL_FILE = "gpushare/packing/data/interference.json"
 GPU_UUID = "bench-gpu"
@@ -50,6 +59,10 @@ DECIDED_BY: dict[str, str] = {
     "profiles": "gpushare.node.exporter.profiler over the gpushare.node.gpu.nvml backend",
     "request": "the trace row's fraction, else fraction auto: "
     "gpushare.packing.sizing.suggested_percent of the job's solo profile",
+    "opportunistic": "gpushare.packing.opportunistic.Opportunism (inside the Placer: where an "
+    "opted-in job goes beyond guaranteed capacity, preemptions for guaranteed jobs, "
+    "promotions) and gpushare.packing.governor.review (measured back-off and the online "
+    "corrections), in the opt-in run only",
 }
 
 
@@ -76,11 +89,18 @@ class ProductDecider:
     model: InterferenceModel = field(default_factory=load_default)
     bounds: Mapping[str, float] = field(default_factory=lambda: DEFAULT_BOUNDS)
     policy: Policy = Policy.GPUSHARE
+    opportunism: Opportunism | None = None
+    """The opportunistic rules, with the corrections this run learns; None honours no opt-in
+    (the chart's default)."""
 
     @property
     def placer(self) -> Placer:
         """The extender's decision object with the controller's defaults (admission on)."""
-        return Placer(self.policy, admission=Admission(self.model, self.bounds))
+        return Placer(
+            self.policy,
+            admission=Admission(self.model, self.bounds),
+            opportunism=self.opportunism,
+        )
 
     def demand(self, job: TraceJob) -> Demand:
         return Demand(
@@ -89,20 +109,28 @@ class ProductDecider:
             memory_bytes=job.memory_bytes,
             gpu_class=job.gpu_class,
             profile=self.profiles.get(job.kind),
+            opportunistic=job.opportunistic and self.opportunism is not None,
+            workload=job.kind,
         )
 
     def gpu(self, running: Sequence[Running], *, extra: Sequence[Tenant] = ()) -> GpuState:
         gpu = GpuState(uuid=GPU_UUID, memory_bytes=self.gpu_memory_bytes, model=self.gpu_model)
         for r in running:
             d = self.demand(r.job)
+            memory = demand_memory(d, gpu)
+            if r.launch.opportunistic and r.launch.memory_limit_mib is not None:
+                memory = r.launch.memory_limit_mib * MiB  # what it was given beside the others
             gpu.tenants.append(
                 Tenant(
                     key=r.job.id,
                     percent=min(d.percent, SLICES_PER_GPU),
-                    memory_bytes=demand_memory(d, gpu),
+                    memory_bytes=memory,
                     gpu_class=d.gpu_class,
                     profile=d.profile,
                     thread_percent=r.launch.thread_percent or SLICES_PER_GPU,
+                    opportunistic=r.opportunistic,
+                    workload=r.job.kind,
+                    placed_at=r.start_s if r.start_s is not None else float("inf"),
                 )
             )
         gpu.tenants.extend(extra)
@@ -140,16 +168,63 @@ class ProductDecider:
             if mps
             else {}
         )
+        mps = mps or assignment.opportunistic  # beside others: always an MPS client
+        if assignment.opportunistic:
+            env = client_limits_env(
+                thread_percent=assignment.thread_percent,
+                gpu_class=demand.gpu_class,
+                memory_limit_bytes=assignment.memory_limit_bytes,
+                gpu_memory_bytes=self.gpu_memory_bytes,
+                request_percent=request,
+            )
         limit = "default" if demand.limit_percent is None else f"{demand.limit_percent}%"
+        note = f"request {request}%, limit {limit}" + ("" if mps else ", whole GPU, no MPS")
+        if assignment.opportunistic:
+            note += f", opportunistic (predicted gain {assignment.predicted_gain:.2f} jobs/s)"
+        if assignment.preempt:
+            note += f", preempts {', '.join(assignment.preempt)}"
         return Launch(
             job,
             thread_percent=assignment.thread_percent if mps else None,
             priority=MPS_PRIORITY_BY_CLASS[demand.gpu_class] if mps else None,
             memory_limit_mib=max(1, assignment.memory_limit_bytes // MiB) if mps else None,
-            note=f"request {request}%, limit {limit}" + ("" if mps else ", whole GPU, no MPS"),
+            note=note,
             env=env,
             mps=mps,
+            opportunistic=assignment.opportunistic,
+            preempt=assignment.preempt,
+            gain=assignment.predicted_gain,
         )
+
+    def promotions(self, running: Sequence[Running]) -> list[str]:
+        """Opportunistic jobs whose request now fits among the guaranteed shares (the
+        controller's promotion loop runs the same function)."""
+        if self.opportunism is None:
+            return []
+        return self.opportunism.promotions(self.gpu(running))
+
+    def review(
+        self,
+        running: Sequence[Running],
+        measured: Mapping[str, float],
+        now: float,
+        *,
+        settle_s: float,
+    ) -> tuple[str, str] | None:
+        """The governor's verdict on the GPU after a window of its counters (the controller's
+        governor loop runs ``gpushare.packing.governor.review`` the same way)."""
+        if self.opportunism is None:
+            return None
+        reading = PipeProfile(
+            fp16=float(measured.get("fp16", 0.0)),
+            fp32=float(measured.get("fp32", 0.0)),
+            fp64=float(measured.get("fp64", 0.0)),
+            tensor=float(measured.get("tensor", 0.0)),
+            sm_occupancy=float(measured.get("sm_occupancy", 0.0)),
+            dram_bandwidth=float(measured.get("dram_bandwidth", 0.0)),
+        )
+        verdict = review(self.gpu(running), reading, self.opportunism, now=now, settle_s=settle_s)
+        return (verdict.preempt, verdict.reason) if verdict.preempt else None
 
     def variants(self, job: TraceJob, *, beside_latency: bool = True) -> list[Launch]:
         """Every launch ``job`` may get: on an idle GPU and, unless ``beside_latency`` is False
@@ -165,4 +240,18 @@ class ProductDecider:
             launch = self.launch(job, demand, assignment)
             if not any(launch.same_settings(o) for o in out):
                 out.append(launch)
+        if demand.opportunistic:
+            # Beyond guaranteed capacity it runs at its own cap (an idle GPU's: beside a
+            # latency pod it would start cold) with one of a few memory caps.
+            threads = assign_thread_percent(
+                replace(demand, percent=min(demand.percent, SLICES_PER_GPU - 1)),
+                self.gpu([]),
+            )
+            for memory in memory_steps(demand, self.gpu_memory_bytes):
+                opportunistic = Assignment(
+                    "bench-node", (GPU_UUID,), threads, memory, opportunistic=True
+                )
+                launch = self.launch(job, demand, opportunistic)
+                if not any(launch.same_settings(o) for o in out):
+                    out.append(launch)
         return out

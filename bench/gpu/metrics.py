@@ -28,6 +28,14 @@ class JobResult:
     """GPU memory the job's process held at its peak (PyTorch's caching allocator, without the
     CUDA context): what a ``gpushare.io/gpu-memory`` for it must cover."""
     latencies_ms: list[float] = field(default_factory=list)
+    first_start_s: float | None = None
+    """When it first started (a preempted job starts again from the beginning)."""
+    opportunistic: bool = False
+    """gpushare started it beyond the GPU's guaranteed capacity (its last start)."""
+    promoted_s: float | None = None
+    """When gpushare promoted it to guaranteed."""
+    preemptions: list[str] = field(default_factory=list)
+    """Why it was preempted, each time (it then waited and started again from scratch)."""
 
     @property
     def ok(self) -> bool:
@@ -40,9 +48,11 @@ class JobResult:
 
     @property
     def run_s(self) -> float:
-        """Start to end of the counted work (start-up was paid before the clock)."""
-        assert self.end_s is not None and self.start_s is not None
-        return self.end_s - self.start_s
+        """First start to end of the counted work (start-up was paid before the clock; a
+        preempted job's lost work and restart count in it)."""
+        start = self.first_start_s if self.first_start_s is not None else self.start_s
+        assert self.end_s is not None and start is not None
+        return self.end_s - start
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -79,6 +89,9 @@ def summarize(jobs: Sequence[JobResult], *, solo_run_s: dict[str, float]) -> dic
         "max_slowdown": round(max(slowdowns.values()), 3) if slowdowns else None,
         "slowest_job": max(slowdowns, key=lambda k: slowdowns[k]) if slowdowns else None,
         "failed": failed,
+        "preemptions": sum(len(j.preemptions) for j in jobs),
+        "promotions": sum(1 for j in jobs if j.promoted_s is not None),
+        "opportunistic_starts": sum(1 for j in jobs if j.opportunistic),
     }
     lat = [x for j in done for x in j.latencies_ms]
     if lat:

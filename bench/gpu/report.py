@@ -21,8 +21,12 @@ from typing import Any
 
 from bench.gpu.catalog import KINDS
 from bench.gpu.metrics import ratio
+from gpushare.api.names import CLASS_BATCH
 
-SCHEMES = ("exclusive", "timeslice", "mps_equal", "mps_unlimited", "gpushare")
+OPPORTUNISTIC = "gpushare_opportunistic"
+GPUSHARE = ("gpushare", OPPORTUNISTIC)
+"""gpushare with the chart's defaults, and with the trace's opt-in rows honoured."""
+SCHEMES = ("exclusive", "timeslice", "mps_equal", "mps_unlimited", *GPUSHARE)
 TRACE_KEYS = ("makespan_s", "mean_jct_s", "throughput")
 HEAVY_BASELINES = ("exclusive", "timeslice", "mps_unlimited")
 
@@ -38,6 +42,11 @@ LIMITS: dict[str, float] = {
     "unseen_mape": 0.15,
     "loko_mape": 0.12,
     "exhaustive": 0.95,
+    "vs_mps_unlimited": 1.00,
+    "jct_vs_best_other": 0.90,
+    "max_stretch": 2.0,
+    "heavy_best_other": 1.00,
+    "guaranteed_bound": 2.0,
 }
 
 
@@ -116,6 +125,36 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         LIMITS["exhaustive"],
         at_most=False,
     )
+    for c in comparisons(results, scheme=OPPORTUNISTIC):
+        t = f"{c['trace']} (opt-in)"
+        add(
+            f"{t}: makespan / MPS without limits",
+            c.get("makespan_s_vs_mps_unlimited"),
+            LIMITS["vs_mps_unlimited"],
+        )
+        add(
+            f"{t}: mean JCT / best other scheme ({c.get('mean_jct_s_best_other')})",
+            c.get("mean_jct_s_vs_best_other"),
+            LIMITS["jct_vs_best_other"],
+        )
+        add(f"{t}: slowest job's stretch", c["gpushare"].get("max_stretch"), LIMITS["max_stretch"])
+        add(
+            f"{t}: slowest job's stretch / MPS without limits'",
+            c.get("max_stretch_vs_mps_unlimited"),
+            LIMITS["vs_mps_unlimited"],
+        )
+        add(
+            f"{t}: worst guaranteed batch job beside an opportunistic one, run time / solo",
+            c.get("guaranteed_worst_slowdown"),
+            LIMITS["guaranteed_bound"],
+        )
+        if c["trace"] == "heavy":
+            for key, label in (("makespan_s", "makespan"), ("mean_jct_s", "mean JCT")):
+                add(
+                    f"{t}: {label} / best other scheme ({c.get(f'{key}_best_other')})",
+                    c.get(f"{key}_vs_best_other"),
+                    LIMITS["heavy_best_other"],
+                )
     return checks
 
 
@@ -138,57 +177,123 @@ def stretches(jobs: Sequence[dict[str, Any]], solo_run_s: dict[str, float]) -> l
     return out
 
 
-def comparisons(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """For every trace run under gpushare: its makespan, mean JCT and stretch, the same over
-    exclusive FIFO's, and over the best other scheme's (named) -- below 1 is gpushare ahead."""
+def _solo_run(by_scheme: dict[str, Any]) -> dict[str, float]:
+    return {
+        str(j["id"]): float(j["end_s"]) - float(j["start_s"])
+        for j in by_scheme.get("exclusive", [])
+        if j.get("error") is None and j.get("end_s") is not None and j.get("start_s") is not None
+    }
+
+
+def comparisons(results: dict[str, Any], *, scheme: str = "gpushare") -> list[dict[str, Any]]:
+    """For every trace run under ``scheme`` (a gpushare run): its makespan, mean JCT and
+    stretch, the same over exclusive FIFO's, and over the best other scheme's (named; neither
+    gpushare run counts as another) -- below 1 is gpushare ahead."""
     out: list[dict[str, Any]] = []
     jobs = results.get("details", {}).get("jobs", {})
     summaries = results.get("details", {}).get("schemes", {})
     for trace, rows in results.get("traces", {}).items():
         by_scheme = jobs.get(trace, {})
-        if "gpushare" not in rows or "exclusive" not in by_scheme:
+        if scheme not in rows or "exclusive" not in by_scheme:
             continue
-        solo = {
-            str(j["id"]): float(j["end_s"]) - float(j["start_s"])
-            for j in by_scheme["exclusive"]
-            if j.get("error") is None
-            and j.get("end_s") is not None
-            and j.get("start_s") is not None
-        }
+        solo = _solo_run(by_scheme)
         values: dict[str, dict[str, float | None]] = {}
-        for scheme, r in rows.items():
-            st = stretches(by_scheme.get(scheme, []), solo)
-            values[scheme] = {
+        for name, r in rows.items():
+            st = stretches(by_scheme.get(name, []), solo)
+            values[name] = {
                 "makespan_s": r.get("makespan_s"),
                 "mean_jct_s": r.get("mean_jct_s"),
                 "mean_stretch": round(sum(st) / len(st), 3) if st else None,
                 "max_stretch": round(max(st), 3) if st else None,
-                "inference_p99_ms": summaries.get(trace, {})
-                .get(scheme, {})
-                .get("inference_p99_ms"),
+                "inference_p99_ms": summaries.get(trace, {}).get(name, {}).get("inference_p99_ms"),
             }
-        entry: dict[str, Any] = {"trace": trace, "gpushare": values["gpushare"]}
+        entry: dict[str, Any] = {"trace": trace, "scheme": scheme, "gpushare": values[scheme]}
         for key in COMPARED:
-            mine = values["gpushare"][key]
+            mine = values[scheme][key]
             entry[f"{key}_vs_exclusive"] = ratio(mine, values.get("exclusive", {}).get(key))
             others = {
-                s: v[key] for s, v in values.items() if s != "gpushare" and v[key] is not None
+                s: v[key] for s, v in values.items() if s not in GPUSHARE and v[key] is not None
             }
             best = min(others, key=lambda s: others[s]) if others else None
             entry[f"{key}_best_other"] = best
             entry[f"{key}_vs_best_other"] = ratio(mine, others[best]) if best else None
+            entry[f"{key}_vs_mps_unlimited"] = ratio(mine, values.get("mps_unlimited", {}).get(key))
         entry["schemes"] = sorted(values)
         # A job that failed finishes no work: a scheme's makespan and JCT cover only the
         # jobs that finished, so the failures are listed beside them.
         entry["failed"] = {
-            scheme: len(summaries.get(trace, {}).get(scheme, {}).get("failed", []))
-            for scheme in sorted(values)
+            name: len(summaries.get(trace, {}).get(name, {}).get("failed", []))
+            for name in sorted(values)
         }
+        detail = summaries.get(trace, {}).get(scheme, {})
+        entry["preemptions"] = detail.get("preemptions", 0)
+        entry["promotions"] = detail.get("promotions", 0)
+        entry["guaranteed_worst_slowdown"] = guaranteed_beside_opportunistic(
+            by_scheme.get(scheme, []), solo
+        )
         out.append(entry)
     return out
 
 
-def comparison_table(rows: Sequence[dict[str, Any]], *, label: str = "") -> list[str]:
+def guaranteed_beside_opportunistic(
+    jobs: Sequence[dict[str, Any]], solo_run_s: dict[str, float]
+) -> float | None:
+    """The largest run-time slowdown (run time over its solo run time) of a guaranteed batch
+    job that ran while an opportunistic one did: what its class bound holds it to, measured.
+    None when no guaranteed job overlapped an opportunistic one."""
+    opportunistic = [
+        (float(j["start_s"]), float(j["end_s"]))
+        for j in jobs
+        if j.get("opportunistic") and j.get("start_s") is not None and j.get("end_s") is not None
+    ]
+    worst: float | None = None
+    for j in jobs:
+        if j.get("opportunistic") or j.get("error") is not None or j.get("end_s") is None:
+            continue
+        spec = KINDS.get(str(j.get("kind")))
+        if spec is None or spec.gpu_class != CLASS_BATCH:
+            continue
+        start = j.get("first_start_s") if j.get("first_start_s") is not None else j.get("start_s")
+        solo = solo_run_s.get(str(j.get("id")))
+        if start is None or not solo:
+            continue
+        begin, end = float(start), float(j["end_s"])
+        if not any(b < end and begin < e for b, e in opportunistic):
+            continue
+        slowdown = (end - begin) / solo
+        worst = slowdown if worst is None else max(worst, slowdown)
+    return None if worst is None else round(worst, 3)
+
+
+def by_trace(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per trace: the opt-in run where the trace has one, else the default run --
+    makespan over MPS without limits', mean JCT over the best other scheme's, the slowest
+    job's stretch, preemptions and promotions (the opportunistic-placement issue's record)."""
+    gpu = short_name(str(results.get("gpu", "")))
+    rows: dict[str, dict[str, Any]] = {}
+    for scheme in GPUSHARE:
+        for c in comparisons(results, scheme=scheme):
+            rows[c["trace"]] = {
+                "gpu": gpu,
+                "trace": c["trace"],
+                "scheme": scheme,
+                "makespan_vs_mps_unlimited": c.get("makespan_s_vs_mps_unlimited"),
+                "jct_vs_best_other": c.get("mean_jct_s_vs_best_other"),
+                "max_stretch": c["gpushare"].get("max_stretch"),
+                "mps_unlimited_max_stretch": None,
+                "preemptions": c.get("preemptions", 0),
+                "promotions": c.get("promotions", 0),
+            }
+            mine = c["gpushare"].get("max_stretch")
+            ratio_mps = c.get("max_stretch_vs_mps_unlimited")
+            if mine is not None and ratio_mps:
+                rows[c["trace"]]["mps_unlimited_max_stretch"] = round(mine / ratio_mps, 3)
+    return list(rows.values())
+
+
+def comparison_table(
+    rows: Sequence[dict[str, Any]], *, label: str = "", suffix: str = ""
+) -> list[str]:
     """Markdown rows, one per trace: ``ratio (best other scheme)`` for each compared value."""
     lines = []
     for c in rows:
@@ -205,8 +310,24 @@ def comparison_table(rows: Sequence[dict[str, Any]], *, label: str = "") -> list
             cells.append(f"{_fmt(mine, 1)} ms: {cell}" if key.endswith("_ms") else cell)
         failed = c.get("failed", {})
         cells.append(", ".join(f"{s} {n}" for s, n in failed.items() if n) or "none")
-        lines.append(f"| {label}{c['trace']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label}{c['trace']}{suffix} | " + " | ".join(cells) + " |")
     return lines
+
+
+BY_TRACE_HEADER = [
+    "| GPU | trace | run | makespan / MPS without limits | mean JCT / best other | slowest job's "
+    "stretch (MPS without limits') | preemptions | promotions |",
+    "|---|---|---|---|---|---|---|---|",
+]
+
+
+def by_trace_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    return [
+        f"| {r['gpu']} | {r['trace']} | {r['scheme']} | {_fmt(r['makespan_vs_mps_unlimited'])} | "
+        f"{_fmt(r['jct_vs_best_other'])} | {_fmt(r['max_stretch'])} "
+        f"({_fmt(r['mps_unlimited_max_stretch'])}) | {r['preemptions']} | {r['promotions']} |"
+        for r in rows
+    ]
 
 
 COMPARISON_HEADER = [
@@ -274,10 +395,24 @@ def markdown(results: dict[str, Any], *, level: int = 1) -> str:
                 f"{_fmt(x.get('max_slowdown'))}x | {len(x.get('failed', []))} |"
             )
         lines.append("")
-    compared = comparisons(results)
-    if compared:
-        lines += [f"{h}# Every trace: gpushare against the others", "", *COMPARISON_HEADER]
-        lines += [*comparison_table(compared), ""]
+    for scheme in GPUSHARE:
+        compared = comparisons(results, scheme=scheme)
+        if compared:
+            title = "gpushare" if scheme == "gpushare" else "gpushare with the opt-in rows"
+            lines += [f"{h}# Every trace: {title} against the others", "", *COMPARISON_HEADER]
+            lines += [*comparison_table(compared), ""]
+    rows = by_trace(results)
+    if rows:
+        lines += [f"{h}# Per trace (the opt-in run where the trace has one)", "", *BY_TRACE_HEADER]
+        lines += [*by_trace_table(rows), ""]
+    corrections = d.get("corrections")
+    if corrections:
+        learned = ", ".join(f"{k} {v:.2f}" for k, v in sorted(corrections.items()))
+        lines += [
+            f"The governor's corrections after the opt-in runs (factor on each kind's predicted "
+            f"log-slowdown; below 1 the model was pessimistic): {learned}.",
+            "",
+        ]
     dl = d.get("latency", {})
     lines += [
         f"{h}# Inference beside training",
@@ -423,8 +558,10 @@ def merge(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "comparisons": [
             {"gpu": label, **c}
             for label, r in zip(labels, runs, strict=True)
-            for c in comparisons(r)
+            for scheme in GPUSHARE
+            for c in comparisons(r, scheme=scheme)
         ],
+        "by_trace": [row for r in runs for row in by_trace(r)],
         "runs": dict(zip(labels, runs, strict=True)),
     }
 
@@ -456,8 +593,12 @@ def merged_markdown(record: dict[str, Any], notes: str = "") -> str:
     if compared:
         lines += ["## Every trace: gpushare against the others", "", *COMPARISON_HEADER]
         for c in compared:
-            lines += comparison_table([c], label=f"{c['gpu']}: ")
+            run = "" if c.get("scheme", "gpushare") == "gpushare" else " (opt-in)"
+            lines += comparison_table([c], label=f"{c['gpu']}: ", suffix=run)
         lines.append("")
+    if record.get("by_trace"):
+        lines += ["## Per trace (the opt-in run where the trace has one)", "", *BY_TRACE_HEADER]
+        lines += [*by_trace_table(record["by_trace"]), ""]
     if notes:
         lines += [notes.strip(), ""]
     for run in record.get("runs", {}).values():

@@ -10,9 +10,11 @@ own packs to decide. One invocation, within ``--budget-s``:
 A. MPS on: each job kind alone (solo rate + profile from gpushare's profiler), packs at several
    thread caps, the kinds the model never saw beside the others, the packs gpushare forms.
 B. MPS off: every trace under exclusive FIFO; the heavy trace under time-slicing.
-C. MPS on: every trace under gpushare; the heavy trace under MPS without limits; inference
-   beside training; then, while the budget lasts, the context runs (MPS without limits and
-   equal-split on the other traces, time-slicing on them).
+C. MPS on: every trace under gpushare with the chart's defaults, again with the opt-in on the
+   rows the trace marks ``opportunistic`` (``gpushare_opportunistic``: opportunistic placement,
+   promotion, preemption and the governor on the GPU's counters), and under MPS without
+   limits; inference beside training; then, while the budget lasts, the context runs
+   (equal-split MPS, time-slicing).
 
 A trace file (``--trace``, JSON or CSV) is checked before any GPU work. Writes gpu-packing.json,
 gpu-packing.md, colocations.json and run.log into ``--out``, rewriting the results after every
@@ -43,7 +45,7 @@ from bench.gpu.gpm import Sampler, to_profile
 from bench.gpu.metrics import JobResult, summarize
 from bench.gpu.mps import MpsDaemon
 from bench.gpu.procs import Workers
-from bench.gpu.runner import Pool, measure_stages, run_trace, safe
+from bench.gpu.runner import Governing, Pool, measure_stages, run_trace, safe
 from bench.gpu.schemes import (
     ExclusiveFifo,
     Gpushare,
@@ -56,12 +58,20 @@ from bench.gpu.schemes import (
 )
 from bench.gpu.sizing import pipe_profile
 from gpushare.api.names import CLASS_LATENCY
+from gpushare.packing.opportunistic import Opportunism
 from gpushare.packing.stored_profile import NEEDED
 
 log = logging.getLogger("bench.gpu")
 
 PHASE_A_SHARE = 0.28
 """Share of the budget the colocation stages may take."""
+OPPORTUNISTIC = "gpushare_opportunistic"
+GOVERNOR_PERIOD_S = 0.5
+GOVERNOR_WINDOW_S = 0.6
+GOVERNOR_SETTLE_S = 1.0
+"""The governor's timing here: the benchmark's jobs last 2-3 s, so it judges a tenant after
+1 s on windows of 0.6 s every 0.5 s, where a controller (jobs of hours) waits 30 s on windows
+of tens of seconds. The rule is the product's (``gpushare.packing.governor.review``)."""
 STARTUP_S = 12.0
 """Seconds a trace run spends starting and warming up its processes, before its clock."""
 
@@ -89,7 +99,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=float,
         default=None,
         help="wall-clock budget; packs are trimmed and context runs skipped to fit "
-        "(default 540, quick 240)",
+        "(default 700, quick 300; a lent GPU that runs a command at most 10 minutes takes "
+        "the full run in two: --phase colocations, then --resume)",
     )
     p.add_argument("--slots", type=int, default=4, help="replicas of equal-split MPS (100/N%%)")
     p.add_argument(
@@ -123,9 +134,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.latency_rounds < 1:
         p.error("--latency-rounds must be at least 1")
     if args.budget_s is None:
-        args.budget_s = 240.0 if args.quick else 540.0
+        args.budget_s = 300.0 if args.quick else 700.0
     if args.budget_s < 60:
-        p.error("--budget-s below 60 s cannot fit a run; give 240 (quick) or 540 (full)")
+        p.error("--budget-s below 60 s cannot fit a run; give 300 (quick) or 700 (full)")
     try:
         args.traces = traces.load_all(args.trace)
     except traces.TraceError as exc:
@@ -203,6 +214,8 @@ class State:
     holds: dict[str, list[str]] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
     exhaustive: dict[str, Any] = field(default_factory=dict)
+    corrections: dict[str, float] = field(default_factory=dict)
+    """What the governor learned of each job kind (``Corrections.factors``) in the opt-in runs."""
 
 
 def _members(key: colocate.PackKey) -> tuple[Member, ...]:
@@ -214,10 +227,13 @@ def _members(key: colocate.PackKey) -> tuple[Member, ...]:
     return tuple(out)
 
 
-def make_decider(ctx: Ctx, st: State) -> ProductDecider:
+def make_decider(ctx: Ctx, st: State, *, opportunism: Opportunism | None = None) -> ProductDecider:
     profiles = {k: pipe_profile(v, gpu_model=ctx.gpu_name) for k, v in st.profiles.items()}
     return ProductDecider(
-        profiles=profiles, gpu_model=ctx.gpu_name, gpu_memory_bytes=ctx.memory_bytes
+        profiles=profiles,
+        gpu_model=ctx.gpu_name,
+        gpu_memory_bytes=ctx.memory_bytes,
+        opportunism=opportunism,
     )
 
 
@@ -410,7 +426,13 @@ def evaluate_model(ctx: Ctx, st: State) -> None:
 
 
 def run_scheme(
-    ctx: Ctx, scheme: Scheme, trace: str, st: State, daemon: MpsDaemon | None
+    ctx: Ctx,
+    scheme: Scheme,
+    trace: str,
+    st: State,
+    daemon: MpsDaemon | None,
+    *,
+    governing: Governing | None = None,
 ) -> list[JobResult] | None:
     """The jobs' results (also stored in ``st.runs``), or None when the budget left cannot fit
     the run or it failed."""
@@ -433,6 +455,7 @@ def run_scheme(
             workers=ctx.workers(),
             pipe_dir=ctx.pipe(daemon) if scheme.mps else None,
             timeout_s=timeout,
+            governing=governing,
         ),
         f"trace under {label}",
         ctx.errors,
@@ -534,45 +557,83 @@ def run(ctx: Ctx) -> dict[str, Any]:
     names = [t.name for t in args.traces]
     heavy = [n for n in names if n == "heavy"]
 
-    def runs(items: Sequence[tuple[Callable[[], Scheme], str]], daemon: MpsDaemon | None) -> None:
+    def runs(
+        items: Sequence[tuple[Callable[[], Scheme], str]],
+        daemon: MpsDaemon | None,
+        governing: Governing | None = None,
+    ) -> None:
         for make, trace in items:
             scheme = make()
-            run_scheme(ctx, scheme, trace, st, daemon)
+            governed = governing if scheme.name == OPPORTUNISTIC else None
+            run_scheme(ctx, scheme, trace, st, daemon, governing=governed)
             if isinstance(scheme, Gpushare):
-                st.holds[trace] = scheme.holds[:200]
+                st.holds[f"{trace}/{scheme.name}" if scheme.name != "gpushare" else trace] = (
+                    scheme.holds[:200]
+                )
             checkpoint()
 
     # Phase B: no MPS.
     runs([(ExclusiveFifo, n) for n in names] + [(TimeSlice, n) for n in heavy], None)
 
-    # Phase C: MPS. gpushare and the baselines a target compares with, then the latency
+    # Phase C: MPS. gpushare (the chart's defaults, then the trace's opt-in rows honoured) and
+    # MPS without limits on every trace (the makespan target's baseline), then the latency
     # experiment, then context runs while the budget lasts.
     daemon = safe(ctx.daemon, "starting MPS", ctx.errors) if not args.dry else None
+    # One set of corrections for the run, as one controller keeps learning across its GPUs.
+    opportunism = Opportunism()
+    opt_in = make_decider(ctx, st, opportunism=opportunism)
+    sampler = None if args.dry else Sampler(index=args.gpu, period_s=0.2)
+    governing = (
+        Governing(sampler.profile_last, GOVERNOR_PERIOD_S, GOVERNOR_WINDOW_S)
+        if sampler is not None and sampler.available
+        else None
+    )
     try:
 
-        def gs(trace: str) -> Callable[[], Scheme]:
+        def gs(trace: str, *, opportunistic: bool = False) -> Callable[[], Scheme]:
             # A job can only start beside a latency pod in a trace that holds one: elsewhere
             # that variant's warm process would never run and only cost memory and an MPS client.
             with_service = any(j.gpu_class == CLASS_LATENCY for j in st.jobs.get(trace, []))
+            chosen = opt_in if opportunistic else decider
 
             def make() -> Scheme:
+                if not opportunistic:
+                    return Gpushare(
+                        chosen,
+                        prepare=lambda job: chosen.variants(job, beside_latency=with_service),
+                        source="gpushare (product)",
+                    )
                 return Gpushare(
-                    decider,
-                    prepare=lambda job: decider.variants(job, beside_latency=with_service),
+                    chosen,
+                    prepare=lambda job: chosen.variants(job, beside_latency=with_service),
                     source="gpushare (product)",
+                    name=OPPORTUNISTIC,
+                    promote=chosen.promotions,
+                    govern=lambda running, measured, now: chosen.review(
+                        running, measured, now, settle_s=GOVERNOR_SETTLE_S
+                    ),
                 )
 
             return make
 
-        runs([(gs(n), n) for n in names] + [(MpsUnlimited, n) for n in heavy], daemon)
+        marked = [n for n in names if any(j.opportunistic for j in st.jobs.get(n, []))]
+        runs(
+            [(gs(n), n) for n in names]
+            + [(gs(n, opportunistic=True), n) for n in marked]
+            + [(MpsUnlimited, n) for n in names],
+            daemon,
+            governing,
+        )
+        st.corrections = dict(opportunism.corrections.factors)
         st.latency = (
             safe(lambda: measure_latency(ctx, st, decider, daemon), "latency", ctx.errors) or {}
         )
         checkpoint()
         others = [n for n in names if n not in heavy]
-        runs([(MpsUnlimited, n) for n in others], daemon)
         runs([(lambda: MpsEqual(args.slots), n) for n in others], daemon)
     finally:
+        if sampler is not None:
+            sampler.close()
         if daemon is not None:
             daemon.stop()
     runs([(TimeSlice, n) for n in names if n not in heavy], None)
@@ -673,6 +734,7 @@ def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
         "schemes": scheme_details,
         "jobs": job_details,
         "gpushare_holds": st.holds,
+        "corrections": st.corrections,
         "latency": st.latency,
         "model": st.model,
         "exhaustive": st.exhaustive,
@@ -680,7 +742,10 @@ def assemble(*, ctx: Ctx, st: State) -> dict[str, Any]:
         "errors": ctx.errors,
     }
     results["targets"] = report.check_targets(results)
-    results["comparisons"] = report.comparisons(results)
+    results["comparisons"] = [
+        c for scheme in report.GPUSHARE for c in report.comparisons(results, scheme=scheme)
+    ]
+    results["by_trace"] = report.by_trace(results)
     return results
 
 
@@ -726,9 +791,11 @@ def latency_plan(args: argparse.Namespace) -> tuple[float, int, float]:
 def _runs_needed(args: argparse.Namespace) -> float:
     need = 0.0
     for t in args.traces:
-        # Exclusive FIFO and gpushare on every trace; the heavy target's baselines on it too.
-        baselines = report.HEAVY_BASELINES if t.name == "heavy" else ("exclusive",)
-        schemes = ["gpushare", *baselines]
+        # Exclusive FIFO, gpushare (and its opt-in run where the trace marks rows) and MPS
+        # without limits on every trace; the heavy target's other baselines on it too.
+        baselines = report.HEAVY_BASELINES if t.name == "heavy" else ("exclusive", "mps_unlimited")
+        opt_in = [OPPORTUNISTIC] if any(j.opportunistic for j in t.jobs) else []
+        schemes = ["gpushare", *opt_in, *baselines]
         need += sum(scheme_need_s(name, t.work_s) for name in schemes)
     return need + latency_plan(args)[2]
 
@@ -744,7 +811,8 @@ def budget_warning(args: argparse.Namespace) -> str | None:
     suggest = math.ceil(_runs_needed(args) / (1.0 - share) / 10) * 10
     return (
         f"--budget-s {args.budget_s:.0f} is short: the comparisons need about {need:.0f} s "
-        f"(exclusive FIFO and gpushare on every trace, the latency stage{stage}); runs that do "
+        f"(exclusive FIFO, gpushare and MPS without limits on every trace, the latency "
+        f"stage{stage}); runs that do "
         f"not fit are skipped and their targets read 'not measured'. Give --budget-s "
         f"{suggest} or fewer --trace files, or split the run with "
         "--phase colocations and --resume"

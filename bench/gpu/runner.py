@@ -39,6 +39,17 @@ def _env(scheme: Scheme, launch: Launch, pipe_dir: Path | None) -> dict[str, str
     )
 
 
+@dataclass
+class Governing:
+    """The GPU's counters fed to the scheme's governor while a trace runs (the controller's
+    governor loop reads the node agent's ``/profile`` the same way, every period)."""
+
+    profile_last: Callable[[float], dict[str, float] | None]
+    """Averages of the profiler's counters over the last so many seconds."""
+    period_s: float
+    window_s: float
+
+
 def run_trace(
     *,
     scheme: Scheme,
@@ -47,6 +58,7 @@ def run_trace(
     workers: Workers,
     pipe_dir: Path | None,
     timeout_s: float,
+    governing: Governing | None = None,
 ) -> list[JobResult]:
     """Run one trace under one scheme; every job is its own process, started and warmed up
     (CUDA context, model, two iterations) before the clock starts, once for each setting its
@@ -84,6 +96,7 @@ def run_trace(
             workers=workers,
             pipe_dir=pipe_dir,
             timeout_s=timeout_s,
+            governing=governing,
         )
     finally:
         workers.close_all()
@@ -100,6 +113,7 @@ def _pick(
     for _, w in warm:
         if w is not chosen:
             w.ask_to_quit()
+    warm.clear()  # used or let go: a preempted job starts again cold, as a new pod would
     if chosen is not None:
         return chosen, None
     note = (
@@ -121,22 +135,47 @@ def _drive(
     workers: Workers,
     pipe_dir: Path | None,
     timeout_s: float,
+    governing: Governing | None = None,
 ) -> None:
-    """The trace's clock: arrivals, the scheme's launches, completions. A job that crashes is
-    recorded as failed; the others go on."""
+    """The trace's clock: arrivals, the scheme's promotions, launches and preemptions (a
+    preempted job's process is ended and the job waits again, to start from scratch),
+    completions. A job that crashes is recorded as failed; the others go on."""
     arrivals = sorted(jobs, key=lambda j: j.arrival_s)
     pending: list[TraceJob] = []
     running: dict[str, Running] = {}
     label_job: dict[str, TraceJob] = {}
+    worker_of: dict[str, Worker] = {}
     t0 = time.time() + 0.2
     deadline = t0 + timeout_s
+    next_review = t0 + (governing.period_s if governing else 0.0)
+
+    def preempt(job_id: str, reason: str) -> None:
+        r = running.pop(job_id, None)
+        if r is None:
+            return
+        results[job_id].preemptions.append(reason)
+        worker = worker_of.pop(job_id)
+        label_job.pop(worker.label, None)
+        if worker.proc.poll() is None:
+            worker.proc.terminate()  # an eviction's SIGTERM
+        pending.append(r.job)
+        pending.sort(key=lambda j: j.arrival_s)
+        log.info("[%s] t=%6.2fs preempt %s: %s", scheme.name, time.time() - t0, job_id, reason)
+
     while arrivals or pending or running:
         now = time.time()
         while arrivals and arrivals[0].arrival_s <= now - t0:
             pending.append(arrivals.pop(0))
+        for job_id in scheme.promotions(list(running.values())):
+            if job_id in running and not running[job_id].promoted:
+                running[job_id].promoted = True
+                results[job_id].promoted_s = now - t0
+                log.info("[%s] t=%6.2fs promote %s", scheme.name, now - t0, job_id)
         for launch in scheme.select(list(pending), list(running.values())):
             job = launch.job
             res = results[job.id]
+            for victim in launch.preempt:
+                preempt(victim, f"{job.id} (guaranteed) needs the room")
             pending.remove(job)
             try:
                 worker, note = _pick(scheme, launch, warm[job.id], workers, pipe_dir)
@@ -145,13 +184,17 @@ def _drive(
                 scheme.finished(job)
                 continue
             res.start_s = time.time() - t0
+            if res.first_start_s is None:
+                res.first_start_s = res.start_s
             res.thread_percent = launch.thread_percent
             res.priority = launch.priority
+            res.opportunistic = launch.opportunistic
             res.note = note or launch.note or None
             if note:
                 log.warning("[%s] %s: %s", scheme.name, job.id, note)
             seed = zlib.crc32(job.id.encode()) % 10_000
             label_job[worker.label] = job
+            worker_of[job.id] = worker
             try:
                 worker.send({"cmd": "run", "iterations": res.iterations, "seed": seed})
             except WorkerError as exc:
@@ -168,11 +211,18 @@ def _drive(
                 launch.priority,
                 f" ({launch.note})" if launch.note else "",
             )
+        if governing is not None and time.time() >= next_review:
+            next_review = time.time() + governing.period_s
+            measured = governing.profile_last(governing.window_s)
+            if measured is not None:
+                verdict = scheme.review(list(running.values()), measured, time.time() - t0)
+                if verdict is not None:
+                    preempt(*verdict)
         if time.time() > deadline:
             for jid in list(running) + [j.id for j in pending + arrivals]:
                 results[jid].error = f"not finished within {timeout_s:.0f}s"
             return
-        wait = 0.25
+        wait = 0.25 if governing is None else min(0.25, governing.period_s)
         if arrivals:
             wait = max(0.0, min(wait, t0 + arrivals[0].arrival_s - time.time()))
         try:
@@ -194,6 +244,7 @@ def _drive(
         else:
             continue
         del running[job_for.id]
+        worker_of.pop(job_for.id, None)
         scheme.finished(job_for)
         if res.ok:
             log.info(

@@ -23,6 +23,12 @@ class Launch:
     mps: bool | None = None
     """False: this job runs without MPS even under an MPS scheme (a whole GPU under gpushare);
     None: as its scheme says."""
+    opportunistic: bool = False
+    """gpushare placed it beyond the GPU's guaranteed capacity (preemptible until promoted)."""
+    preempt: tuple[str, ...] = ()
+    """Jobs (ids) gpushare preempts to start this one: opportunistic ones in its way."""
+    gain: float = 0.0
+    """For an opportunistic launch: the work per second the GPU was predicted to gain."""
 
     def settings(self) -> tuple[object, ...]:
         env = tuple(sorted(self.env.items())) if self.env is not None else None
@@ -39,6 +45,12 @@ class Running:
     start_s: float | None = None
     """Trace time it started; None = it starts in the current decision round (so after every
     job now waiting arrived)."""
+    promoted: bool = False
+    """An opportunistic launch gpushare has since promoted to guaranteed."""
+
+    @property
+    def opportunistic(self) -> bool:
+        return self.launch.opportunistic and not self.promoted
 
 
 class Scheme:
@@ -58,6 +70,17 @@ class Scheme:
 
     def finished(self, job: TraceJob) -> None:
         """Called when ``job`` ends (successfully or not)."""
+
+    def promotions(self, running: Sequence[Running]) -> list[str]:
+        """Opportunistic jobs (ids) to promote to guaranteed now (gpushare's accounting)."""
+        return []
+
+    def review(
+        self, running: Sequence[Running], measured: Mapping[str, float], now: float
+    ) -> tuple[str, str] | None:
+        """A running job (id) to preempt, and why, after the GPU's counters over the last
+        window (``measured``, averages of the profiler's counters) at trace time ``now``."""
+        return None
 
 
 class ExclusiveFifo(Scheme):
@@ -114,19 +137,49 @@ Prepare = Callable[[TraceJob], list[Launch]]
 """The settings a policy may give a job, before knowing its neighbours."""
 
 
+Promote = Callable[[Sequence[Running]], list[str]]
+"""Opportunistic jobs the policy promotes to guaranteed now."""
+Review = Callable[[Sequence[Running], Mapping[str, float], float], tuple[str, str] | None]
+"""The policy's governor: a job to preempt after a window of the GPU's counters, or None."""
+
+
 class Gpushare(Scheme):
     """gpushare's placement: in queue order with backfilling (as kube-scheduler retries
-    pending pods), the product admits or holds each job and sets its cap and priority."""
+    pending pods), the product admits or holds each job and sets its cap and priority; with
+    ``promote`` and ``govern`` (the opt-in run) it also promotes and preempts opportunistic
+    jobs as the controller does."""
 
     name = "gpushare"
     mps = True
 
-    def __init__(self, decide: Decide, *, prepare: Prepare, source: str) -> None:
+    def __init__(
+        self,
+        decide: Decide,
+        *,
+        prepare: Prepare,
+        source: str,
+        name: str = "gpushare",
+        promote: Promote | None = None,
+        govern: Review | None = None,
+    ) -> None:
         self.decide = decide
         self._prepare = prepare
         self.source = source
+        self.name = name
+        self._promote = promote
+        self._govern = govern
         self.holds: list[str] = []
         self.description = f"profiles + {source}: admission, thread % and priority per job"
+        if promote is not None:
+            self.description += "; opportunistic placement on the rows the trace opts in"
+
+    def promotions(self, running: Sequence[Running]) -> list[str]:
+        return self._promote(running) if self._promote is not None else []
+
+    def review(
+        self, running: Sequence[Running], measured: Mapping[str, float], now: float
+    ) -> tuple[str, str] | None:
+        return self._govern(running, measured, now) if self._govern is not None else None
 
     def prepare(self, job: TraceJob) -> list[Launch]:
         return self._prepare(job)
@@ -138,6 +191,7 @@ class Gpushare(Scheme):
             verdict = self.decide(job, live)
             if isinstance(verdict, Launch):
                 out.append(verdict)
+                live = [r for r in live if r.job.id not in verdict.preempt]
                 live.append(Running(job, verdict))
             else:
                 note = f"{job.id}: {verdict}"

@@ -5,11 +5,13 @@ a JSON list of objects, or a CSV file with a header row, one job per row::
 
     [{"arrival_s": 0.0, "kind": "resnet18", "work_s": 2.5},
      {"arrival_s": 0.4, "kind": "infer", "work_s": 5.0, "fraction": "0.25"},
-     {"arrival_s": 0.6, "kind": "lstm", "work_s": 2.5, "fraction": "15%", "limit": "0.5"}]
+     {"arrival_s": 0.6, "kind": "lstm", "work_s": 2.5, "fraction": "15%", "limit": "0.5"},
+     {"arrival_s": 0.8, "kind": "resnet50", "work_s": 2.5, "opportunistic": true}]
 
-    arrival_s,kind,work_s,fraction,limit
-    0.0,resnet18,2.5,,
-    0.6,lstm,2.5,15%,0.5
+    arrival_s,kind,work_s,fraction,limit,opportunistic
+    0.0,resnet18,2.5,,,
+    0.6,lstm,2.5,15%,0.5,
+    0.8,resnet50,2.5,,,true
 
 ``arrival_s`` (also ``arrival``): seconds from the trace's start; ``kind``: a job kind of
 ``catalog.KINDS``; ``work_s`` (also ``work``): the job's intended solo duration, turned into
@@ -20,7 +22,11 @@ writes them; without a fraction the job asks what the product sizes from its mea
 (``fraction: auto``, ``sizing.request_fraction``), without a limit it gets gpushare's default,
 without a memory the share of the GPU's memory its fraction is (on a GPU with little memory,
 give small-fraction jobs a ``memory`` their model fits in: the results' ``peak_mib`` per job
-says how much each used).
+says how much each used). Optional ``opportunistic`` (``true``/``false``) is the job's
+``gpushare.io/opportunistic``: each trace with such rows is run twice under gpushare, with the
+chart's default (no opt-in) and with the opt-in on those rows (``gpushare_opportunistic``;
+docs/packing.md, "The sharing contract"). Mark at most half of a trace's jobs: a real queue
+mixes jobs that may be preempted with jobs that may not.
 The shipped traces are ``bench/gpu/data/traces/{light,heavy,mixed}.json``.
 
 A bad file fails before any GPU work, naming the file, the row and the field. A trace holds at
@@ -40,8 +46,9 @@ from bench.gpu.catalog import KINDS
 from bench.gpu.catalog import kind as job_kind
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.limit import check_limit, parse_limit
-from gpushare.api.names import ANN_FRACTION, SLICES_PER_GPU
+from gpushare.api.names import ANN_FRACTION, ANN_OPPORTUNISTIC, SLICES_PER_GPU
 from gpushare.api.quantities import parse_fraction, parse_memory
+from gpushare.api.request import check_opportunistic, parse_opportunistic
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "traces"
 SHIPPED = ("light", "heavy", "mixed")
@@ -56,7 +63,7 @@ trace, or one with many whole-GPU jobs, into several files."""
 MAX_ARRIVAL_S = 3600.0
 MAX_WORK_S = 600.0
 _ALIASES = {"arrival": "arrival_s", "work": "work_s"}
-_FIELDS = ("arrival_s", "kind", "work_s", "fraction", "limit", "memory")
+_FIELDS = ("arrival_s", "kind", "work_s", "fraction", "limit", "memory", "opportunistic")
 
 
 class TraceError(ValueError):
@@ -80,6 +87,9 @@ class TraceJob:
     a GPU with little memory a small fraction may be too little for the job's model."""
     fixed_request: bool = False
     """True when the trace itself set the fraction (a run never resizes it)."""
+    opportunistic: bool = False
+    """``gpushare.io/opportunistic: "true"`` on the job's pod: honoured in the run with the
+    opt-in (``gpushare_opportunistic``), ignored under the chart's default."""
 
     @property
     def gpu_class(self) -> str:
@@ -173,6 +183,20 @@ def _job(row: dict[str, Any], *, name: str, index: int, where: str) -> TraceJob:
             memory = parse_memory(str(text), field="memory")
         except InvalidInputError as exc:
             raise _bad(where, "memory", exc.problem, exc.fix) from None
+    opted_in = False
+    text = row.get("opportunistic")
+    if text not in (None, ""):
+        try:
+            opted_in = bool(parse_opportunistic(str(text).lower(), field="opportunistic"))
+            check_opportunistic(
+                opted_in,
+                percent=round((fraction or 0) * SLICES_PER_GPU),
+                gpu_class=job_kind(kind).gpu_class,
+                field="opportunistic",
+            )
+        except InvalidInputError as exc:
+            problem = exc.problem.replace(ANN_OPPORTUNISTIC, "opportunistic")
+            raise _bad(where, "opportunistic", problem, exc.fix) from None
     return TraceJob(
         f"{name}{index:02d}-{kind}",
         kind,
@@ -182,6 +206,7 @@ def _job(row: dict[str, Any], *, name: str, index: int, where: str) -> TraceJob:
         limit_percent=limit,
         memory_bytes=memory,
         fixed_request=fraction is not None,
+        opportunistic=opted_in,
     )
 
 
@@ -195,8 +220,9 @@ def parse_trace(text: str, *, name: str, source: str, csv_format: bool) -> Trace
         header = [(_ALIASES.get(h.strip(), h.strip())) for h in reader.fieldnames or []]
         missing = [f for f in ("arrival_s", "kind", "work_s") if f not in header]
         if missing:
-            raise _bad(f"{source}: line 1", missing[0], "is not a column", "start with a header "
-                       "row: arrival_s,kind,work_s[,fraction,limit,memory]")  # fmt: skip
+            header = "arrival_s,kind,work_s[,fraction,limit,memory,opportunistic]"
+            raise _bad(f"{source}: line 1", missing[0], "is not a column",
+                       f"start with a header row: {header}")  # fmt: skip
         for raw in reader:
             cleaned = {k.strip(): (v or "").strip() for k, v in raw.items() if k is not None}
             if None in raw:

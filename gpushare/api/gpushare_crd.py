@@ -171,6 +171,9 @@ class GpuShareSpec:
     selector: LabelSelector | None = None
     profiling: ProfilingSpec = ProfilingSpec()
     packing: PackingSpec = PackingSpec()
+    opportunistic: bool | None = None
+    """``spec.opportunistic``: the share's pods opt in to opportunistic placement (a pod's own
+    ``gpushare.io/opportunistic`` wins); None leaves it to the cluster's default."""
 
     @property
     def auto(self) -> bool:
@@ -351,6 +354,23 @@ def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
             "for a whole GPU)",
             'use profiling mode auto or always, or write a fraction like "0.5"',
         )
+    opportunistic = spec.get("opportunistic")
+    if opportunistic is not None and not isinstance(opportunistic, bool):
+        raise InvalidInputError(
+            "spec.opportunistic",
+            f"must be true or false, not {type(opportunistic).__name__}",
+            _fix(
+                "write opportunistic: true to let the share's pods run preemptible beyond a "
+                "GPU's guaranteed capacity"
+            ),
+        )
+    if opportunistic and gpu_class == "latency":
+        raise InvalidInputError(
+            "spec.opportunistic",
+            "is true for a latency-class share",
+            "latency pods are protected and never preempted: drop spec.opportunistic, or use "
+            "class batch",
+        )
     max_pods_raw = pack.get("maxPodsPerGpu")
     max_pods = (
         None
@@ -367,6 +387,7 @@ def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
         selector=selector,
         profiling=ProfilingSpec(str(mode), window),
         packing=PackingSpec(str(policy), max_pods),
+        opportunistic=opportunistic,
     )
 
 

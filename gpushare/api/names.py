@@ -25,6 +25,20 @@ ANN_SHARE: Final = f"{GROUP}/share"
 ANN_LIMIT: Final = f"{GROUP}/gpu-limit"
 # Which container gets the GPU when a pod has several (default: the first).
 ANN_CONTAINER: Final = f"{GROUP}/container"
+# Opt-in to opportunistic placement, "true" or "false" (default: its GpuShare's
+# spec.opportunistic, else the cluster's default): where no GPU has the pod's request free, it
+# may run beyond a GPU's guaranteed capacity, preemptible (docs/packing.md, "The sharing
+# contract").
+ANN_OPPORTUNISTIC: Final = f"{GROUP}/opportunistic"
+# Extended resource an opted-in pod asks the kubelet for instead of gpu-percent, in the same
+# GPU-percent: whether it runs guaranteed or beyond a GPU's guaranteed capacity is gpushare's
+# accounting (placement annotations), so the kubelet must admit it beside full guaranteed
+# shares. Each GPU advertises more of it than it has (OPPORTUNISTIC_SLICES_PER_GPU, device IDs
+# "<GPU-UUID>::o<NNN>"); the scheduler extender, not the kubelet, keeps a GPU within its
+# guaranteed capacity.
+RESOURCE_GPU_OPPORTUNISTIC: Final = f"{GROUP}/opportunistic-gpu-percent"
+OPPORTUNISTIC_SLICES_PER_GPU: Final = 300
+GPU_RESOURCES: Final = (RESOURCE_GPU_PERCENT, RESOURCE_GPU_OPPORTUNISTIC)
 
 # Placement annotations written by the extender at bind.
 ANN_GPU_UUID: Final = f"{GROUP}/gpu-uuid"
@@ -37,6 +51,12 @@ ANN_BIND_TIME: Final = f"{GROUP}/bind-time"
 ANN_STATE: Final = f"{GROUP}/state"
 STATE_ASSUMED: Final = "assumed"
 STATE_ALLOCATED: Final = "allocated"
+# Written for opted-in pods: "opportunistic" (beyond the GPU's guaranteed capacity, holding no
+# guaranteed share) until the controller promotes it to "guaranteed" once its request fits.
+ANN_TIER: Final = f"{GROUP}/tier"
+TIER_GUARANTEED: Final = "guaranteed"
+TIER_OPPORTUNISTIC: Final = "opportunistic"
+TIERS: Final = (TIER_GUARANTEED, TIER_OPPORTUNISTIC)
 
 # Node inventory and labels published by the node agent.
 ANN_NODE_GPUS: Final = f"{GROUP}/gpus"

@@ -13,8 +13,12 @@ from gpushare.api.names import (
     ANN_REQUEST_PERCENT,
     ANN_STATE,
     ANN_THREAD_PERCENT,
+    ANN_TIER,
     STATE_ALLOCATED,
     STATE_ASSUMED,
+    TIER_GUARANTEED,
+    TIER_OPPORTUNISTIC,
+    TIERS,
 )
 
 _FIX = "placement annotations are written by gpushare-scheduler; delete the pod and recreate it"
@@ -37,6 +41,13 @@ class Placement:
     request_percent: int | None = None
     """Guaranteed GPU-percent per GPU the scheduler accounted for (``thread_percent`` is the
     effective limit and may be larger); None on placements written before it was recorded."""
+    tier: str = TIER_GUARANTEED
+    """``opportunistic``: placed beyond the GPU's guaranteed capacity (its request is not
+    counted there until the controller promotes it); ``guaranteed`` otherwise."""
+
+    @property
+    def opportunistic(self) -> bool:
+        return self.tier == TIER_OPPORTUNISTIC
 
     @property
     def guaranteed_percent(self) -> int:
@@ -53,6 +64,8 @@ class Placement:
         }
         if self.request_percent is not None:
             out[ANN_REQUEST_PERCENT] = str(self.request_percent)
+        if self.opportunistic:
+            out[ANN_TIER] = self.tier
         return out
 
 
@@ -102,7 +115,12 @@ def parse_placement(annotations: Mapping[str, str]) -> Placement | None:
         raise InvalidInputError(
             ANN_STATE, f"unknown state {state!r}", f"{_FIX} (states: assumed, allocated)"
         )
-    return Placement(uuids, threads, memory, bind_time, state, request)
+    tier = annotations.get(ANN_TIER, TIER_GUARANTEED)
+    if tier not in TIERS:
+        raise InvalidInputError(
+            ANN_TIER, f"unknown tier {tier[:32]!r}", f"{_FIX} (tiers: {', '.join(TIERS)})"
+        )
+    return Placement(uuids, threads, memory, bind_time, state, request, tier)
 
 
 def _percent(text: str | None, field: str) -> int | None:

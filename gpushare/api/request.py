@@ -10,8 +10,10 @@ from gpushare.api.names import (
     ANN_FRACTION,
     ANN_LIMIT,
     ANN_MEMORY,
+    ANN_OPPORTUNISTIC,
     ANN_SHARE,
     CLASS_BATCH,
+    CLASS_LATENCY,
     CLASSES,
     SLICES_PER_GPU,
 )
@@ -33,6 +35,9 @@ class GpuRequest:
     limit_percent: int | None = None
     """``gpushare.io/gpu-limit`` in GPU-percent (its MPS thread cap); None = the default
     (``gpushare.packing.threads``: uncapped for batch pods, see docs/packing.md)."""
+    opportunistic: bool | None = None
+    """``gpushare.io/opportunistic`` as the pod states it; None when it does not (its
+    GpuShare's ``spec.opportunistic``, else the cluster's default, decides)."""
 
     @property
     def whole_gpus(self) -> int:
@@ -53,6 +58,43 @@ def parse_class(value: str | None, *, field: str = ANN_CLASS) -> str:
             field, f"unknown class {value!r}", f"use one of {', '.join(CLASSES)}"
         )
     return text
+
+
+_OPT_IN_FIX = (
+    f'write {ANN_OPPORTUNISTIC}: "true" (may run preemptible beyond a GPU\'s guaranteed '
+    'capacity) or "false"'
+)
+
+
+def parse_opportunistic(value: str | None, *, field: str = ANN_OPPORTUNISTIC) -> bool | None:
+    """The opt-in as written: "true" or "false" (any case); None when absent."""
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if text not in ("true", "false"):
+        shown = value if len(value) <= 24 else value[:20] + "..."
+        raise InvalidInputError(field, f"{shown!r} is not true or false", _OPT_IN_FIX)
+    return text == "true"
+
+
+def check_opportunistic(opted_in: bool, *, percent: int, gpu_class: str, field: str) -> None:
+    """Refuse an opt-in gpushare cannot honour: a latency pod (protected, never preempted) or a
+    pod of several whole GPUs (each would need its own prediction and preemption)."""
+    if not opted_in:
+        return
+    if gpu_class == CLASS_LATENCY:
+        raise InvalidInputError(
+            field,
+            "is true for a latency-class pod",
+            "latency pods are protected and never preempted: remove the opt-in, or use class batch",
+        )
+    if percent > SLICES_PER_GPU:
+        raise InvalidInputError(
+            field,
+            f"is true for a pod of {percent // SLICES_PER_GPU} whole GPUs",
+            "opportunistic placement is for pods of one GPU or less: remove the opt-in, or ask "
+            "for at most one GPU",
+        )
 
 
 def parse_request(annotations: Mapping[str, str]) -> GpuRequest | None:
@@ -86,10 +128,16 @@ def parse_request(annotations: Mapping[str, str]) -> GpuRequest | None:
         )
     limit = parse_limit(limit_text) if limit_text is not None else None
     check_limit(limit, percent)
+    gpu_class = parse_class(annotations.get(ANN_CLASS))
+    opted_in = parse_opportunistic(annotations.get(ANN_OPPORTUNISTIC))
+    check_opportunistic(
+        bool(opted_in), percent=percent, gpu_class=gpu_class, field=ANN_OPPORTUNISTIC
+    )
     return GpuRequest(
         percent=percent,
         memory_bytes=memory,
-        gpu_class=parse_class(annotations.get(ANN_CLASS)),
+        gpu_class=gpu_class,
         share=share.strip() if share is not None else None,
         limit_percent=limit,
+        opportunistic=opted_in,
     )

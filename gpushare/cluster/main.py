@@ -37,6 +37,7 @@ from gpushare.cluster.leader import LeaderElector
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator import runner as operator_runner
 from gpushare.cluster.operator.settings import OperatorConfig
+from gpushare.cluster.opportunistic import OpportunisticDuties
 from gpushare.cluster.server import extender_app, webhook_app
 from gpushare.cluster.settings import MODE_DRA, PROG, Settings, parse_args
 from gpushare.cluster.state.view import ClusterView
@@ -53,6 +54,7 @@ from gpushare.kube.controller import Kube
 from gpushare.kube.errors import KubeError
 from gpushare.packing.admission import Admission
 from gpushare.packing.interference import MODEL_ENV, load_default
+from gpushare.packing.opportunistic import Opportunism
 
 log = logging.getLogger("gpushare.cluster")
 
@@ -79,6 +81,8 @@ class ControllerContext:
     """When the GpuShare informer stops because the operator's Kopf watch feeds the view."""
     claim_allocator: ClaimAllocator | None = None
     """DRA mode with gpushare placement: places the claims of gated pods (on the leader)."""
+    opportunism: Opportunism = field(default_factory=Opportunism)
+    """The opportunistic rules and the interference corrections the governor learns."""
 
     def ready(self) -> tuple[bool, str]:
         if not self.view.synced:
@@ -103,6 +107,7 @@ class ControllerContext:
                 else None
             ),
             dra_gate=self.settings.places_claims and self.settings.annotation_mode == MODE_DRA,
+            opportunistic_default=self.settings.opportunistic_default,
         )
 
     async def write_template(self, template: Mapping[str, Any]) -> None:
@@ -293,6 +298,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             admission=Admission() if settings.interference_admission else None,
             gate_seconds=settings.bind_gate_seconds,
             hold_in_filter=settings.hold_in_filter,
+            opportunism=ctx.opportunism,
         )
         if settings.extender_tls_cert is not None and settings.extender_tls_key is not None:
             ctx.extender_tls = ReloadingServerTls(
@@ -480,6 +486,17 @@ async def _lead(
         if ctx.kube is not None:
             group.create_task(_evict_loop(ctx))
             group.create_task(quarantine_reports.report_loop(ctx.kube, [ctx.view.quarantine]))
+            duties = OpportunisticDuties(
+                view=ctx.view,
+                kube=ctx.kube,
+                opportunism=ctx.opportunism,
+                metrics=ctx.metrics,
+                period_s=settings.governor_period_seconds,
+                settle_s=settings.governor_settle_seconds,
+                agent_url=settings.agent_url,
+            )
+            extender.bound_listeners.append(duties.bound)
+            group.create_task(duties.run())
         if ctx.claim_allocator is not None:
             group.create_task(ctx.claim_allocator.run())
         for hook in hooks:

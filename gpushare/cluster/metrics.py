@@ -51,6 +51,27 @@ class _ViewCollector(Collector):
         yield _pending_pods(view, self._gated())
         yield _share_profiles(view)
         yield from _quarantined(view)
+        yield _opportunistic_pods(view)
+
+
+def _opportunistic_pods(view: ClusterView) -> GaugeMetricFamily:
+    """Pods running beyond their GPU's guaranteed capacity now, per namespace."""
+    family = GaugeMetricFamily(
+        f"{METRIC_PREFIX}opportunistic_pods",
+        "gpushare pods placed beyond their GPU's guaranteed capacity (preemptible), not yet "
+        "promoted",
+        labels=["namespace"],
+    )
+    counts: dict[str, int] = {}
+    for node in view.nodes().values():
+        for gpu in node.gpus:
+            for tenant in gpu.tenants:
+                if tenant.opportunistic:
+                    namespace = tenant.key.split("/", 1)[0]
+                    counts[namespace] = counts.get(namespace, 0) + 1
+    for namespace, count in sorted(counts.items()):
+        family.add_metric([namespace], count)
+    return family
 
 
 def _quarantined(view: ClusterView) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -208,6 +229,15 @@ class Metrics:
             "Admission reviews by webhook (mutate, validate) and outcome (allowed, denied, "
             "bad_request)",
             ["webhook", "outcome"],
+            registry=self.registry,
+        )
+        self.opportunistic_events = Counter(
+            f"{METRIC_PREFIX}opportunistic_events",
+            "Opportunistic placement: pods placed beyond a GPU's guaranteed capacity (placed), "
+            "promoted to guaranteed (promoted), preempted because a guaranteed pod needed the "
+            "room (preempted_for_guaranteed) or the GPU measured less gain than predicted "
+            "(preempted_by_measurement)",
+            ["event"],
             registry=self.registry,
         )
         self._view = view

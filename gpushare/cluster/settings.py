@@ -173,6 +173,19 @@ class Settings:
     --no-hold-in-filter lets the scheduler choose among all GPU-feasible nodes."""
     resync_seconds: float = 300.0
     """Re-list pods and nodes this often, as a guard against a missed watch event."""
+    opportunistic_default: bool = False
+    """Batch pods of one GPU or less opt in to opportunistic placement unless they (or their
+    GpuShare) say otherwise: where no GPU has their request free, they may run preemptible
+    beyond a GPU's guaranteed capacity when gpushare predicts it pays (docs/packing.md, "The
+    sharing contract"). Off: only pods that opt in (gpushare.io/opportunistic: "true", a
+    GpuShare's spec.opportunistic) do."""
+    governor_period_seconds: float = 30.0
+    """How often the leader judges GPUs with opportunistic tenants by their measured counters
+    (the node agent's /profile), and learns its interference corrections from every shared
+    GPU."""
+    governor_settle_seconds: float = 60.0
+    """How long an opportunistic pod runs before the governor judges it (its start-up, then a
+    window of counters taken with it)."""
     operator_enabled: bool = True
     """Run the Kopf operator (``gpushare.cluster.operator``) in the same event loop."""
     agent_url: str = DEFAULT_AGENT_URL
@@ -192,6 +205,12 @@ class Settings:
 
     def validate(self) -> "Settings":
         """Raise InvalidInputError naming the flag of the first bad value; return self."""
+        for name, seconds in (
+            ("--governor-period-seconds", self.governor_period_seconds),
+            ("--governor-settle-seconds", self.governor_settle_seconds),
+        ):
+            if not 1.0 <= seconds <= 86400.0:
+                raise InvalidInputError(name, f"{seconds} is out of range", "use 1..86400 seconds")
         for name, port in (
             ("--extender-port", self.extender_port),
             ("--webhook-port", self.webhook_port),
@@ -429,6 +448,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--resync-seconds", type=float, default=d.resync_seconds, help=_doc("resync_seconds")
+    )
+    g.add_argument(
+        "--opportunistic-default",
+        action=argparse.BooleanOptionalAction,
+        default=d.opportunistic_default,
+        help=_doc("opportunistic_default"),
+    )
+    g.add_argument(
+        "--governor-period-seconds",
+        type=float,
+        default=d.governor_period_seconds,
+        help=_doc("governor_period_seconds"),
+    )
+    g.add_argument(
+        "--governor-settle-seconds",
+        type=float,
+        default=d.governor_settle_seconds,
+        help=_doc("governor_settle_seconds"),
     )
     g.add_argument(
         "--hold-in-filter",

@@ -52,6 +52,14 @@ class Demand:
     """The tenancy the pod belongs to (its namespace, or the sharing group an admin put the
     namespace in): it shares a GPU only with tenants of the same tenancy. None: no boundary
     (cross-namespace sharing enabled, or a simulation)."""
+    opportunistic: bool = False
+    """The pod opted in to opportunistic placement (``gpushare.io/opportunistic``): where no
+    GPU has its request free, it may run beyond the GPU's guaranteed capacity when that is
+    predicted to pay (:mod:`gpushare.packing.opportunistic`; docs/packing.md, "The sharing
+    contract")."""
+    workload: str = ""
+    """What the pod's measured interference corrections are kept by (its GpuShare, or a
+    benchmark's job kind); empty when nothing identifies it."""
 
     @property
     def whole(self) -> bool:
@@ -89,6 +97,15 @@ class Tenant:
     """MPS active-thread % the pod runs with; None means equal to ``percent``."""
     tenancy: str | None = None
     """The tenancy (namespace or sharing group) of the pod; None when unknown."""
+    opportunistic: bool = False
+    """Runs beyond the GPU's guaranteed capacity: its percent is not counted in the GPU's
+    guaranteed shares (its memory and MPS clients are), and it is preempted when a guaranteed
+    pod needs the room (docs/packing.md, "The sharing contract")."""
+    workload: str = ""
+    """See :attr:`Demand.workload`."""
+    placed_at: float = 0.0
+    """When it was placed (seconds since the epoch; 0 unknown): the newest opportunistic
+    tenant is preempted first, the oldest promoted first."""
 
 
 @dataclass
@@ -112,10 +129,11 @@ class GpuState:
 
     def totals(self) -> tuple[int, int, int, int]:
         """(allocated percent, memory, MPS client processes, latency-class tenants) over the
-        tenants. Placement reads these for every GPU of every candidate node, so they are kept
-        until ``tenants`` is replaced by another list or grows (the controller's view replaces
-        the list on every change, the simulator appends): never edit a tenant list in place
-        otherwise."""
+        tenants; the allocated percent is the guaranteed shares' (opportunistic tenants hold
+        none), memory and clients count every tenant. Placement reads these for every GPU of
+        every candidate node, so they are kept until ``tenants`` is replaced by another list or
+        grows (the controller's view replaces the list on every change, the simulator
+        appends): never edit a tenant list in place otherwise."""
         if self._totals_of is not self.tenants or self._totals_len != len(self.tenants):
             self._recount()
         return self._totals
@@ -129,7 +147,8 @@ class GpuState:
 
     def signature(self) -> tuple[object, ...] | None:
         """Everything placement reads of this GPU for a pod without a profile, or None when a
-        tenant has a measured profile (interference then makes the tenants themselves matter):
+        tenant has a measured profile or runs opportunistically (interference and preemption
+        then make the tenants themselves matter):
         GPUs with equal signatures are interchangeable for such pods (the placer's memo,
         :func:`gpushare.packing.placer.node_signature`). Kept like :meth:`totals`; the GPU's
         own fields (health, model, memory, client limit) are fixed once it is made."""
@@ -141,8 +160,12 @@ class GpuState:
         tenants = self.tenants
         used = memory = clients = latency = profiled = profiled_latency = 0
         tenancies: set[str | None] = set()
+        opportunistic = False
         for t in tenants:
-            used += t.percent
+            if t.opportunistic:
+                opportunistic = True
+            else:
+                used += t.percent
             memory += t.memory_bytes
             clients += t.processes
             is_latency = t.gpu_class == CLASS_LATENCY
@@ -157,7 +180,7 @@ class GpuState:
         self._measured = (profiled, profiled_latency)
         self._signature = (
             None
-            if profiled
+            if profiled or opportunistic  # who may be preempted matters: no shared answers
             else (
                 used,
                 self.healthy,
@@ -193,6 +216,10 @@ class GpuState:
         return self.totals()[2]
 
     @property
+    def has_opportunistic_tenant(self) -> bool:
+        return any(t.opportunistic for t in self.tenants)
+
+    @property
     def has_latency_tenant(self) -> bool:
         return any(t.gpu_class == CLASS_LATENCY for t in self.tenants)
 
@@ -224,3 +251,12 @@ class Assignment:
     """MPS active-thread percentage the pod's processes get."""
     memory_limit_bytes: int
     """MPS pinned device memory limit per GPU."""
+    opportunistic: bool = False
+    """Placed beyond the GPU's guaranteed capacity (the pod holds no guaranteed share there
+    until it is promoted; docs/packing.md, "The sharing contract")."""
+    preempt: tuple[str, ...] = ()
+    """Opportunistic tenants (pod keys) that must leave the GPU for this guaranteed placement:
+    their memory, MPS clients or load stand in its way."""
+    predicted_gain: float = 0.0
+    """For an opportunistic placement: work per second the GPU is predicted to gain with the
+    pod (jobs' worth), what the governor later holds the measurement to."""

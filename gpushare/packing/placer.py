@@ -13,11 +13,17 @@ ask a :class:`Placer`, so what the simulator reports is what the installed exten
 - :meth:`Placer.choose_gpus` picks the GPU(s) on the chosen node;
 - with an :class:`~gpushare.packing.admission.Admission`, GPUs where the pod or a tenant there
   would be predicted past its class bound are left out of all of these, and
-  :meth:`Placer.refusal` says why a node has no room.
+  :meth:`Placer.refusal` says why a node has no room;
+- a pod is placed by its guaranteed share against the guaranteed tenants only: opportunistic
+  tenants in its way are named in ``Assignment.preempt``; with an
+  :class:`~gpushare.packing.opportunistic.Opportunism`, an opted-in pod no node has room for
+  may go beyond a GPU's guaranteed capacity (``Assignment.opportunistic``), ranked after every
+  guaranteed option (docs/packing.md, "The sharing contract").
 """
 
 import math
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Generic, TypeVar
 
 from gpushare.packing.admission import Admission
@@ -26,6 +32,13 @@ from gpushare.packing.fragmentation import Workload
 from gpushare.packing.interference import InterferenceModel
 from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Assignment, Demand, NodeState
+from gpushare.packing.opportunistic import (
+    OPPORTUNISTIC_COST,
+    PREEMPTION_COST,
+    Opportunism,
+    Option,
+    guaranteed_node,
+)
 from gpushare.packing.policy import DEFAULT_POLICY, Policy, choose_gpus, node_cost
 
 MAX_SCORE = 10
@@ -44,11 +57,13 @@ class Placer:
         mix: PodMix | None = None,
         model: InterferenceModel | None = None,
         admission: Admission | None = None,
+        opportunism: Opportunism | None = None,
     ) -> None:
         self.policy = policy
         self.mix = mix if mix is not None else PodMix()
         self.model = model
         self.admission = admission
+        self.opportunism = opportunism
         self._costs: _Answers[float | None] = _Answers()
         self._costs_version = self.mix.generation
         self._reasons: _Answers[str | None] = _Answers()
@@ -76,7 +91,28 @@ class Placer:
         ``signature``: the node's :func:`gpu_signature` when the caller keeps it, or a key that
         stands for it (equal exactly when the signatures are, e.g. an interned id: a tuple's
         hash is not cached, and hashing a node's signature for every node of every decision
-        costs more than the rest, gpushare.cluster.dra.devices); None when it is None."""
+        costs more than the rest, gpushare.cluster.dra.devices); None when it is None.
+
+        Opportunistic tenants in the way add :data:`PREEMPTION_COST` each; an opted-in pod
+        without a guaranteed option costs :data:`OPPORTUNISTIC_COST` less its gain."""
+        guaranteed = guaranteed_node(node)
+        if guaranteed is node:
+            cost = self._guaranteed_cost(node, demand, signature)
+        else:
+            assignment = self._choose_guaranteed(node, guaranteed, demand)
+            cost = None
+            if assignment is not None:
+                base = self._node_cost(guaranteed, demand)
+                if base is not None:
+                    cost = base + PREEMPTION_COST * len(assignment.preempt)
+        if cost is not None or not self._may_go_beyond(demand):
+            return cost
+        option = self._opportunistic(node, demand)
+        return None if isinstance(option, str) else OPPORTUNISTIC_COST - 100.0 * option.gain
+
+    def _guaranteed_cost(
+        self, node: NodeState, demand: Demand, signature: tuple[object, ...] | None
+    ) -> float | None:
         gpus = self._plain_gpus(node, demand, signature)
         if gpus is None:
             return self._node_cost(node, demand)
@@ -90,6 +126,13 @@ class Placer:
         state = (node.cpu_milli_free, node.memory_free_bytes, gpus)
         return self._costs.answer(demand, state, lambda: self._node_cost(node, demand))
 
+    def _may_go_beyond(self, demand: Demand) -> bool:
+        return self.opportunism is not None and demand.opportunistic
+
+    def _opportunistic(self, node: NodeState, demand: Demand) -> Option | str:
+        assert self.opportunism is not None
+        return self.opportunism.node_option(node, demand)
+
     def _node_cost(self, node: NodeState, demand: Demand) -> float | None:
         return node_cost(
             self._admitted(node, demand),
@@ -100,21 +143,68 @@ class Placer:
         )
 
     def choose_gpus(self, node: NodeState, demand: Demand) -> Assignment | None:
-        """The GPU(s), thread cap and memory limit ``demand`` gets on ``node``."""
-        return choose_gpus(
-            self._admitted(node, demand),
+        """The GPU(s), thread cap and memory limit ``demand`` gets on ``node``: by its
+        guaranteed share when one fits (naming the opportunistic tenants it preempts), else,
+        for an opted-in pod, beyond a GPU's guaranteed capacity where that pays."""
+        assignment = self._choose_guaranteed(node, guaranteed_node(node), demand)
+        if assignment is not None or not self._may_go_beyond(demand):
+            return assignment
+        option = self._opportunistic(node, demand)
+        if isinstance(option, str):
+            return None
+        return Assignment(
+            node=node.name,
+            gpu_uuids=(option.gpu.uuid,),
+            thread_percent=option.threads,
+            memory_limit_bytes=option.memory_bytes,
+            opportunistic=True,
+            predicted_gain=option.gain,
+        )
+
+    def _choose_guaranteed(
+        self, node: NodeState, guaranteed: NodeState, demand: Demand
+    ) -> Assignment | None:
+        assignment = choose_gpus(
+            self._admitted(guaranteed, demand),
             demand,
             policy=self.policy,
             workload=self.mix.workload,
             model=self.model,
         )
+        if assignment is None or guaranteed is node:
+            return assignment
+        preempt: list[str] = []
+        rules = self.opportunism or Opportunism(model=self.model or Opportunism().model)
+        for uuid in assignment.gpu_uuids:
+            gpu = node.gpu(uuid)
+            if gpu is None:
+                continue
+            out = rules.preemptions(gpu, demand, admit=self.admission is not None)
+            if out is None:
+                return None
+            preempt.extend(out)
+        return replace(assignment, preempt=tuple(preempt)) if preempt else assignment
 
     def refusal(
         self, node: NodeState, demand: Demand, *, signature: tuple[object, ...] | None = None
     ) -> str | None:
-        """Why ``demand`` has no room on ``node`` (fit first, then admission), or None;
-        remembered like :meth:`node_cost` (the words name no GPU, so nodes in one state give
-        one answer)."""
+        """Why ``demand`` has no room on ``node`` (fit first, then admission, then for an
+        opted-in pod why it may not go beyond either), or None; remembered like
+        :meth:`node_cost` (the words name no GPU, so nodes in one state give one answer)."""
+        guaranteed = guaranteed_node(node)
+        reason = self._guaranteed_refusal(
+            guaranteed, demand, signature if guaranteed is node else None
+        )
+        if reason is None or not self._may_go_beyond(demand):
+            return reason
+        option = self._opportunistic(node, demand)
+        if not isinstance(option, str):
+            return None
+        return f"{reason}; not opportunistically either: {option}"
+
+    def _guaranteed_refusal(
+        self, node: NodeState, demand: Demand, signature: tuple[object, ...] | None
+    ) -> str | None:
         gpus = self._plain_gpus(node, demand, signature)
         if gpus is None:
             reason = node_fit_reason(node, demand)

@@ -19,7 +19,8 @@ from gpushare.cluster.state.share_rules import (
 )
 from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.admission import Admission
-from gpushare.packing.model import Demand, NodeState
+from gpushare.packing.model import Assignment, Demand, NodeState
+from gpushare.packing.opportunistic import Opportunism
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
 
@@ -80,13 +81,15 @@ class ExtenderBase:
         gate_seconds: float = 5.0,
         hold_in_filter: bool = False,
         hold_seconds: float = HOLD_SECONDS,
+        opportunism: Opportunism | None = None,
     ) -> None:
         self.view = view
         self.writer = writer
         self.policy = policy
-        self.placer = Placer(policy, mix=view.mix, admission=admission)
+        self.placer = Placer(policy, mix=view.mix, admission=admission, opportunism=opportunism)
         """Which node and which GPUs, measured against the pod mix the view learns; with
-        ``admission``, never beside a neighbour predicted past its class bound."""
+        ``admission``, never beside a neighbour predicted past its class bound; with
+        ``opportunism``, opted-in pods may go beyond a GPU's guaranteed capacity."""
         self.gate_seconds = gate_seconds
         """Longest a bind waits for its node (queue + earlier pods' Allocate)."""
         self.hold_in_filter = hold_in_filter
@@ -103,6 +106,10 @@ class ExtenderBase:
         """Pods the filter left without a node, for ``requeue`` when hidden capacity frees."""
         self.offers = Offers()
         """The nodes filter passed for each pod: bind places a pod only on one of them."""
+        self.bound_listeners: list[Callable[[str, Assignment], None]] = []
+        """Told (pod key, assignment) after each bind that placed a pod on GPUs: the
+        controller's opportunistic duties preempt what the assignment names and record
+        Events."""
         self.bind_stage_observer: Callable[[str, float], None] | None = None
         """Told (stage, seconds) for each bind: ``gate`` (waiting for the node's earlier pods'
         Allocate) and ``write`` (choosing GPUs and the Binding POST)."""

@@ -11,7 +11,13 @@ import logging
 from datetime import UTC, datetime
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.names import SCHEDULER_NAME, SLICES_PER_GPU, STATE_ASSUMED
+from gpushare.api.names import (
+    SCHEDULER_NAME,
+    SLICES_PER_GPU,
+    STATE_ASSUMED,
+    TIER_GUARANTEED,
+    TIER_OPPORTUNISTIC,
+)
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.cluster.extender.answers import scheduler_safe
 from gpushare.cluster.extender.args import BindingArgs
@@ -26,6 +32,9 @@ from gpushare.cluster.state.share_rules import (
 from gpushare.packing.model import Assignment, Demand
 
 log = logging.getLogger(__name__)
+
+OPPORTUNISTIC_SIZE = 1_000_000
+"""Offset of the bind gate's size key for pods asking for the opportunistic resource."""
 
 
 class BindVerbs(ExtenderBase):
@@ -104,10 +113,15 @@ class BindVerbs(ExtenderBase):
             event.set()
 
     def _size(self, key: str) -> int:
-        """The pod's gpu-percent request as the view knows it (-1 when unknown: such a pod
-        waits for every other pod on the node)."""
+        """The slices the kubelet will ask the node agent for, as the view knows them (-1 when
+        unknown: such a pod waits for every other pod on the node): the gpu-percent request,
+        offset by :data:`OPPORTUNISTIC_SIZE` for a pod asking for the opportunistic resource
+        (another device plugin: never mistaken for a pod asking gpu-percent)."""
         known = self.view.pod(key)
-        return known.demand.percent if known is not None and known.demand is not None else -1
+        if known is None or known.demand is None:
+            return -1
+        demand = known.demand
+        return demand.percent + (OPPORTUNISTIC_SIZE if demand.opportunistic else 0)
 
     def _ambiguous(self, node: str, key: str, size: int) -> list[str]:
         """Pods on ``node`` still waiting for their Allocate that the node agent could mistake
@@ -231,6 +245,7 @@ class BindVerbs(ExtenderBase):
             bind_time=bind_time,
             state=STATE_ASSUMED,
             request_percent=min(demand.percent, SLICES_PER_GPU),
+            tier=TIER_OPPORTUNISTIC if assignment.opportunistic else TIER_GUARANTEED,
         )
         try:
             await self.writer.bind_pod(
@@ -264,8 +279,15 @@ class BindVerbs(ExtenderBase):
                 "thread_percent": assignment.thread_percent,
                 "request_percent": placement.request_percent,
                 "memory_limit": assignment.memory_limit_bytes,
+                "tier": placement.tier,
+                "preempts": list(assignment.preempt),
             },
         )
+        for listener in self.bound_listeners:
+            try:
+                listener(key, assignment)
+            except Exception:
+                log.exception("bound listener failed", extra={"pod": key})
         return {"Error": ""}
 
     def _not_ours(self, key: str, uid: str, node: str, *, scheduler: str) -> str | None:

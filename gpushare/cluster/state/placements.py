@@ -38,6 +38,10 @@ class Placements:
         self._gpu_node = gpu_node
         self._bump = bump
         self._clock = clock
+        self.promoted: set[str] = set()
+        """Pods promoted from opportunistic to guaranteed by this process, counted so before
+        their tier annotation comes back through the watch (no bind may take the share
+        meanwhile)."""
 
     def update(
         self,
@@ -89,6 +93,8 @@ class Placements:
                 res.demand,
                 res.assignment.memory_limit_bytes,
                 res.assignment.thread_percent,
+                opportunistic=res.assignment.opportunistic,
+                placed_at=res.bind_time.timestamp(),
             )
         if f is None or f.finished or f.placement is None:
             return {}
@@ -108,6 +114,8 @@ class Placements:
             demand,
             f.placement.memory_limit_bytes,
             f.placement.thread_percent,
+            opportunistic=f.placement.opportunistic and key not in self.promoted,
+            placed_at=f.placement.bind_time.timestamp(),
         )
 
     def _tenants(
@@ -117,9 +125,13 @@ class Placements:
         demand: Demand,
         memory_limit: int,
         threads: int,
+        *,
+        opportunistic: bool = False,
+        placed_at: float = 0.0,
     ) -> dict[str, Tenant]:
         """The pod as a tenant of each of its GPUs, with the MPS thread cap it was given (a
-        batch pod alone may run uncapped: its neighbours feel all of it, docs/packing.md)."""
+        batch pod alone may run uncapped: its neighbours feel all of it, docs/packing.md),
+        and its tier (an opportunistic tenant holds no guaranteed share)."""
         out: dict[str, Tenant] = {}
         per_gpu = per_gpu_demand(demand)
         for uuid in uuids:
@@ -136,5 +148,8 @@ class Placements:
                 profile=demand.profile,
                 thread_percent=threads if threads > 0 else None,
                 tenancy=demand.tenancy,
+                opportunistic=opportunistic,
+                workload=demand.workload,
+                placed_at=placed_at,
             )
         return out

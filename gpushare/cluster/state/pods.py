@@ -26,7 +26,9 @@ from gpushare.api.names import (
     ANN_MEMORY,
     ANN_SHARE,
     CLASS_BATCH,
+    GPU_RESOURCES,
     GROUP,
+    RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
     SCHEDULER_NAME,
     SLICES_PER_GPU,
@@ -123,12 +125,13 @@ def resource_value(container: Mapping[str, Any], resource: str) -> tuple[str | N
     )
 
 
-def gpu_percent_resource(pod: Pod) -> int | None:
-    """Sum of ``gpushare.io/gpu-percent`` over the pod's containers (limit, else request);
-    None when no container asks for it. Raises InvalidInputError on a non-integer value."""
+def gpu_percent_resource(pod: Pod, resource: str = RESOURCE_GPU_PERCENT) -> int | None:
+    """Sum of ``resource`` (``gpushare.io/gpu-percent`` by default) over the pod's containers
+    (limit, else request); None when no container asks for it. Raises InvalidInputError on a
+    non-integer value."""
     total: int | None = None
     for i, c in enumerate(containers(pod)):
-        limit, request = resource_value(c, RESOURCE_GPU_PERCENT)
+        limit, request = resource_value(c, resource)
         value = limit if limit is not None else request
         if value is None:
             continue
@@ -139,14 +142,14 @@ def gpu_percent_resource(pod: Pod) -> int | None:
         if number is None or number > MAX_PERCENT:
             shown = value if len(value) <= 24 else value[:20] + "..."
             raise InvalidInputError(
-                f"spec.containers[{i}].resources.limits[{RESOURCE_GPU_PERCENT}]",
+                f"spec.containers[{i}].resources.limits[{resource}]",
                 f"{shown!r} is not a whole number of GPU percent up to {MAX_PERCENT}",
                 "write an integer such as 25 (a quarter GPU), or use the gpushare.io/gpu-fraction "
                 "annotation",
             )
         if number <= 0:
             raise InvalidInputError(
-                f"spec.containers[{i}].resources.limits[{RESOURCE_GPU_PERCENT}]",
+                f"spec.containers[{i}].resources.limits[{resource}]",
                 f"{number} must be positive",
                 "ask for 1..100 (or multiples of 100 for whole GPUs)",
             )
@@ -154,16 +157,36 @@ def gpu_percent_resource(pod: Pod) -> int | None:
     return total
 
 
+def gpu_resource(pod: Pod) -> tuple[int, bool] | None:
+    """(GPU-percent, opted in) the pod asks the kubelet for: ``gpushare.io/gpu-percent``, or
+    ``gpushare.io/opportunistic-gpu-percent`` for a pod opted in to opportunistic placement
+    (docs/packing.md, "The sharing contract"); None when neither. Raises InvalidInputError on a
+    bad value or on both."""
+    plain = gpu_percent_resource(pod)
+    opted = gpu_percent_resource(pod, RESOURCE_GPU_OPPORTUNISTIC)
+    if plain is not None and opted is not None:
+        raise InvalidInputError(
+            RESOURCE_GPU_OPPORTUNISTIC,
+            f"is asked for beside {RESOURCE_GPU_PERCENT}",
+            f"ask for one of them (the webhook sets {RESOURCE_GPU_OPPORTUNISTIC} for pods with "
+            "gpushare.io/opportunistic: true)",
+        )
+    if opted is not None:
+        return opted, True
+    return (plain, False) if plain is not None else None
+
+
 def wants_gpushare(pod: Pod) -> bool:
-    """True for pods gpushare places: annotated, or requesting gpushare.io/gpu-percent (in
+    """True for pods gpushare places: annotated, or requesting a gpushare GPU resource (in
     any container, init containers included: the webhook refuses those)."""
     ann = metadata(pod).get("annotations")
     if isinstance(ann, Mapping) and (ANN_FRACTION in ann or ANN_SHARE in ann):
         return True
     for _, _, c in all_containers(pod):
-        limit, request = resource_value(c, RESOURCE_GPU_PERCENT)
-        if limit is not None or request is not None:
-            return True
+        for resource in GPU_RESOURCES:
+            limit, request = resource_value(c, resource)
+            if limit is not None or request is not None:
+                return True
     return False
 
 
@@ -200,9 +223,14 @@ def request_of(pod: Pod, *, ann: Mapping[str, str] | None = None) -> GpuRequest 
     if ann is None:
         ann = annotations(pod)
     request = parse_request(ann)
-    resource = gpu_percent_resource(pod)
-    if request is not None and request.percent > 0:
-        return request
+    asked = gpu_resource(pod)
+    if asked is not None and asked[1]:
+        # The webhook resolved the opt-in into the resource: it, not the annotation, decides.
+        if request is not None and request.percent > 0:
+            return replace(request, opportunistic=True)
+    elif request is not None and request.percent > 0:
+        return replace(request, opportunistic=False) if request.opportunistic else request
+    resource = asked[0] if asked is not None else None
     if resource is None:
         if request is not None and request.share is not None:
             # Linked to a GpuShare the webhook has not resolved (webhook bypassed or down).
@@ -222,6 +250,7 @@ def request_of(pod: Pod, *, ann: Mapping[str, str] | None = None) -> GpuRequest 
         gpu_class=parse_class(ann.get(ANN_CLASS)),
         share=request.share if request is not None else None,
         limit_percent=limit,
+        opportunistic=asked is not None and asked[1],
     )
 
 
@@ -238,6 +267,7 @@ def demand_of_request(request: GpuRequest) -> Demand:
         memory_bytes=request.memory_bytes,
         gpu_class=request.gpu_class,
         limit_percent=request.limit_percent,
+        opportunistic=bool(request.opportunistic),
     )
 
 
@@ -251,6 +281,10 @@ def demand_of(pod: Pod, *, ann: Mapping[str, str] | None = None) -> Demand | Non
         return None
     cpu, memory = pod_requests(pod)
     demand = replace(demand_of_request(request), cpu_milli=cpu, host_memory_bytes=memory)
+    if request.share:
+        # What the governor's corrections are kept by: the pods of one GpuShare run one job.
+        namespace = str(metadata(pod).get("namespace") or "default")
+        demand = replace(demand, workload=f"{namespace}/{request.share}")
     avoid = ann.get(ANN_AVOID_GPUS)
     if avoid is None:
         return demand
@@ -464,7 +498,9 @@ def facts(pod: Pod) -> PodFacts:
         items[0] if items else {}
     )
     limits_have_gpu = any(
-        RESOURCE_GPU_PERCENT in _mapping(_mapping(c.get("resources")).get("limits")) for c in items
+        r in _mapping(_mapping(c.get("resources")).get("limits"))
+        for c in items
+        for r in GPU_RESOURCES
     )
     command = [str(x) for x in gpu_container.get("command") or []] + [
         str(x) for x in gpu_container.get("args") or []

@@ -58,6 +58,7 @@ class ShareSummary:
             memory_bytes=self.spec.memory_bytes,
             gpu_class=self.spec.gpu_class,
             share=self.name,
+            opportunistic=self.spec.opportunistic,
         )
 
 

@@ -65,9 +65,9 @@ from gpushare.cluster.state.share_rules import NO_RULES, ShareRules, with_profil
 from gpushare.cluster.state.shares import PodRules, ShareRegistry, ShareSummary, read_pod_rules
 from gpushare.cluster.state.tenancy import Tenancies
 from gpushare.cluster.state.workload_marks import WorkloadMarks
-from gpushare.packing.fit import fit_reason
 from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, Tenant
+from gpushare.packing.opportunistic import reservation_reason
 
 log = logging.getLogger(__name__)
 
@@ -511,6 +511,7 @@ class ClusterView:
         ``delete_pod`` or ``upsert_pod`` told ``HostUsage``)."""
         had = key in self._pods or key in self._reserved
         self._pods.pop(key, None)
+        self._placements.promoted.discard(key)
         self._set_rules(key, NO_RULES)
         self._reservations.track_awaiting(key, None)
         self._reservations.drop(key)
@@ -623,7 +624,7 @@ class ClusterView:
             gpu = next((g for g in current.gpus if g.uuid == uuid), None)
             if gpu is None:
                 raise ReservationError(f"GPU {uuid} is not on node {node}")
-            reason = fit_reason(gpu, per_gpu)
+            reason = reservation_reason(gpu, per_gpu, assignment)
             if reason is not None:
                 raise ReservationError(f"GPU {uuid} on {node}: {reason}")
         until = time.monotonic() + hold_seconds if hold_seconds is not None else None
@@ -631,6 +632,18 @@ class ClusterView:
         self._reservations.keep(res)
         self._apply(key)
         return res
+
+    def promote(self, key: str) -> None:
+        """Count pod ``key``'s share as guaranteed from now on (its tier annotation follows
+        through the watch), so no bind takes it meanwhile."""
+        self._placements.promoted.add(key)
+        self._apply(key)
+
+    def unpromote(self, key: str) -> None:
+        """Undo :meth:`promote` (the annotation could not be written)."""
+        if key in self._placements.promoted:
+            self._placements.promoted.discard(key)
+            self._apply(key)
 
     def expire_holds(self, now: float | None = None) -> list[str]:
         """Let go of filter-time holds whose bind never came; returns their pod keys."""

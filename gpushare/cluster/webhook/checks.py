@@ -17,9 +17,11 @@ from gpushare.api.names import (
     ANN_REQUEST_PERCENT,
     ANN_STATE,
     ANN_THREAD_PERCENT,
+    GPU_RESOURCES,
     NVIDIA_GPU_RESOURCE,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
+    RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
     SCHEDULER_NAME,
 )
@@ -49,11 +51,12 @@ def check_containers(pod: pods.Pod, *, facts: ClusterFacts) -> list[InvalidInput
     errors: list[InvalidInputError] = []
     for kind, i, c in pods.all_containers(pod):
         where = f"spec.{kind}[{i}]"
-        if kind != "containers" and any(pods.resource_value(c, RESOURCE_GPU_PERCENT)):
+        asked = next((r for r in GPU_RESOURCES if any(pods.resource_value(c, r))), None)
+        if kind != "containers" and asked is not None:
             # The kubelet would Allocate slices to it that no placement accounts for.
             errors.append(
                 InvalidInputError(
-                    f"{where}.resources[{RESOURCE_GPU_PERCENT}]",
+                    f"{where}.resources[{asked}]",
                     "asks for a GPU share in an init or ephemeral container, which gpushare "
                     "does not count",
                     "give the GPU share to one of spec.containers (gpushare.io/container names "
@@ -195,56 +198,78 @@ def asks_resource(pod: pods.Pod) -> bool:
     return any(
         v is not None
         for c in pods.containers(pod)
-        for v in pods.resource_value(c, RESOURCE_GPU_PERCENT)
+        for r in GPU_RESOURCES
+        for v in pods.resource_value(c, r)
+    )
+
+
+def asks_opportunistic(pod: pods.Pod, *, target: int) -> bool:
+    """The pod's GPU container asks for ``gpushare.io/opportunistic-gpu-percent``: the webhook
+    opted it in (validation reads the decision from the resource, not from the defaults)."""
+    items = pods.containers(pod)
+    if not 0 <= target < len(items):
+        return False
+    return any(
+        v is not None for v in pods.resource_value(items[target], RESOURCE_GPU_OPPORTUNISTIC)
     )
 
 
 def single_resource_errors(pod: pods.Pod) -> list[InvalidInputError]:
-    """A pod asking for the gpu-percent resource directly must do so in one container."""
+    """A pod asking for a gpushare resource directly must do so in one container, and for one
+    of the two (gpu-percent, or opportunistic-gpu-percent when opted in)."""
     holders = [
-        i
+        (i, r)
         for i, c in enumerate(pods.containers(pod))
-        if any(v is not None for v in pods.resource_value(c, RESOURCE_GPU_PERCENT))
+        for r in GPU_RESOURCES
+        if any(v is not None for v in pods.resource_value(c, r))
     ]
     if len(holders) <= 1:
         return []
+    index, resource = holders[1]
     return [
         InvalidInputError(
-            f"spec.containers[{holders[1]}].resources[{RESOURCE_GPU_PERCENT}]",
-            f"{RESOURCE_GPU_PERCENT} is asked for by {len(holders)} containers",
-            "give the GPU share to one container (MPS limits apply per GPU client)",
+            f"spec.containers[{index}].resources[{resource}]",
+            f"gpushare GPU resources are asked for {len(holders)} times",
+            "give one GPU share to one container (MPS limits apply per GPU client), as "
+            f"{RESOURCE_GPU_PERCENT} or, opted in to opportunistic placement, "
+            f"{RESOURCE_GPU_OPPORTUNISTIC}",
         )
     ]
 
 
 def resource_errors(
-    pod: pods.Pod, *, target: int, percent: int, required: bool
+    pod: pods.Pod, *, target: int, percent: int, required: bool, opportunistic: bool = False
 ) -> list[InvalidInputError]:
-    """A pod that also writes the gpu-percent resource must agree with its annotation; after
-    mutation (``required``) the target container must carry it."""
+    """A pod that also writes a gpushare resource must agree with its annotation; after
+    mutation (``required``) the target container must carry it: gpu-percent, or
+    opportunistic-gpu-percent for a pod opted in to opportunistic placement."""
     errors: list[InvalidInputError] = []
+    wanted_resource = RESOURCE_GPU_OPPORTUNISTIC if opportunistic else RESOURCE_GPU_PERCENT
     for i, c in enumerate(pods.containers(pod)):
-        limit, request = pods.resource_value(c, RESOURCE_GPU_PERCENT)
-        if required and i == target and limit is None:
-            errors.append(
-                InvalidInputError(
-                    f"spec.containers[{i}].resources.limits[{RESOURCE_GPU_PERCENT}]",
-                    "is missing: the pod did not pass gpushare's mutating webhook",
-                    "make sure the MutatingWebhookConfiguration 'gpushare' is registered, "
-                    "then recreate the pod",
-                )
-            )
-        for what, value in (("limits", limit), ("requests", request)):
-            if value is None:
-                continue
-            wanted = str(percent) if i == target else None
-            if value != wanted:
+        for resource in GPU_RESOURCES:
+            limit, request = pods.resource_value(c, resource)
+            if required and i == target and resource == wanted_resource and limit is None:
                 errors.append(
                     InvalidInputError(
-                        f"spec.containers[{i}].resources.{what}[{RESOURCE_GPU_PERCENT}]",
-                        f"is {value!r} but the pod's annotations ask for {percent} "
-                        + ("on this container" if i == target else "on another container"),
-                        "remove it; the webhook sets it from gpushare.io/gpu-fraction",
+                        f"spec.containers[{i}].resources.limits[{resource}]",
+                        "is missing: the pod did not pass gpushare's mutating webhook",
+                        "make sure the MutatingWebhookConfiguration 'gpushare' is registered, "
+                        "then recreate the pod",
                     )
                 )
+            for what, value in (("limits", limit), ("requests", request)):
+                if value is None:
+                    continue
+                wanted = str(percent) if i == target and resource == wanted_resource else None
+                if value != wanted:
+                    errors.append(
+                        InvalidInputError(
+                            f"spec.containers[{i}].resources.{what}[{resource}]",
+                            f"is {value!r} but the pod's annotations ask for {percent} of "
+                            f"{wanted_resource} "
+                            + ("on this container" if i == target else "on another container"),
+                            "remove it; the webhook sets it from gpushare.io/gpu-fraction "
+                            "(and gpushare.io/opportunistic)",
+                        )
+                    )
     return errors

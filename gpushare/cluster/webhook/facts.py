@@ -31,3 +31,7 @@ class ClusterFacts:
     dra_gate: bool = False
     """DRA mode with gpushare placement (``--dra-placement=gpushare``): annotated pods also get
     the ``gpushare.io/placement`` scheduling gate, so the controller allocates their claim."""
+    opportunistic_default: bool = False
+    """Batch pods of one GPU or less that state no opt-in (nor their GpuShare) opt in to
+    opportunistic placement (``--opportunistic-default``, chart
+    ``controller.opportunistic.default``)."""

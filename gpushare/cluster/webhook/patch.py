@@ -1,4 +1,5 @@
-"""What the mutating webhook adds to a gpushare pod: the ``gpushare.io/gpu-percent`` request,
+"""What the mutating webhook adds to a gpushare pod: the ``gpushare.io/gpu-percent`` request
+(``gpushare.io/opportunistic-gpu-percent`` for a pod opted in to opportunistic placement),
 ``schedulerName: gpushare-scheduler``, a GpuShare's memory and class, and the annotations that
 keep a faulting workload on a GPU of its own or away from the GPUs it faulted on
 (docs/scheduling.md, "Admission webhook")."""
@@ -14,6 +15,8 @@ from gpushare.api.names import (
     ANN_FRACTION,
     ANN_LIMIT,
     ANN_MEMORY,
+    ANN_OPPORTUNISTIC,
+    RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
     SCHEDULER_NAME,
 )
@@ -94,13 +97,16 @@ def pod_patch(
         ops.append({"op": "add", "path": base, "value": {}})
         resources = {}
     value = str(request.percent)
+    opted_in = bool(request.opportunistic) and exclusive is None
+    resource = RESOURCE_GPU_OPPORTUNISTIC if opted_in else RESOURCE_GPU_PERCENT
     for what in ("limits", "requests"):
         current = resources.get(what)
         if not isinstance(current, Mapping):
             ops.append({"op": "add", "path": f"{base}/{what}", "value": {}})
-        ops.append(
-            {"op": "add", "path": f"{base}/{what}/{escape(RESOURCE_GPU_PERCENT)}", "value": value}
-        )
+        ops.append({"op": "add", "path": f"{base}/{what}/{escape(resource)}", "value": value})
+    if opted_in and pods.annotations(pod).get(ANN_OPPORTUNISTIC) is None:
+        # Say where the opt-in came from (the pod's GpuShare, or the cluster's default).
+        ops += annotation_ops(pod, {ANN_OPPORTUNISTIC: "true"}, after=ops)
     if pods.spec(pod).get("schedulerName") != SCHEDULER_NAME:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": SCHEDULER_NAME})
     ann = pods.annotations(pod)

@@ -21,15 +21,18 @@ from gpushare.api.names import (
     ANN_EXCLUSIVE,
     ANN_FRACTION,
     ANN_MEMORY,
+    ANN_OPPORTUNISTIC,
     ANN_SHARE,
+    CLASS_BATCH,
     RESOURCE_GPU_PERCENT,
     SLICES_PER_GPU,
 )
 from gpushare.api.quantities import format_memory
-from gpushare.api.request import GpuRequest, parse_request
+from gpushare.api.request import GpuRequest, check_opportunistic, parse_request
 from gpushare.cluster.state import pods
 from gpushare.cluster.webhook import claims
 from gpushare.cluster.webhook.checks import (
+    asks_opportunistic,
     asks_resource,
     check_annotations,
     check_containers,
@@ -95,6 +98,9 @@ def resolve_request(
             gpu_class=request.gpu_class if ANN_CLASS in ann else shared.gpu_class,
             share=request.share,
             limit_percent=request.limit_percent,
+            opportunistic=(
+                request.opportunistic if request.opportunistic is not None else shared.opportunistic
+            ),
         )
     if request is None:
         # No annotation: a pod asking for the gpu-percent resource directly.
@@ -134,7 +140,39 @@ def resolve_request(
                 "ask for 1..100, or a multiple of 100 for whole GPUs",
             )
         )
-    return request, errors
+    request, opt_errors = resolve_opt_in(request, facts=facts)
+    return request, errors + opt_errors
+
+
+def resolve_opt_in(
+    request: GpuRequest, *, facts: ClusterFacts
+) -> tuple[GpuRequest, list[InvalidInputError]]:
+    """The pod's opt-in to opportunistic placement: its own ``gpushare.io/opportunistic``, else
+    its GpuShare's ``spec.opportunistic``, else the cluster's default, which applies only where
+    it can (batch pods of one GPU or less, device-plugin mode). A stated opt-in gpushare cannot
+    honour is refused naming the field and the fix."""
+    eligible = request.gpu_class == CLASS_BATCH and request.percent <= SLICES_PER_GPU
+    dra = facts.dra_device_class is not None
+    if request.opportunistic is None:
+        default = facts.opportunistic_default and eligible and not dra
+        return replace(request, opportunistic=default), []
+    if not request.opportunistic:
+        return request, []
+    field = ANN_OPPORTUNISTIC if request.share is None else f"GpuShare {request.share}"
+    try:
+        check_opportunistic(True, percent=request.percent, gpu_class=request.gpu_class, field=field)
+    except InvalidInputError as exc:
+        return request, [exc]
+    if dra:
+        return request, [
+            InvalidInputError(
+                field,
+                "opts in to opportunistic placement, which DRA mode does not offer yet",
+                "remove the opt-in, or run the pod on a node pool in device-plugin mode "
+                "(docs/dra.md)",
+            )
+        ]
+    return request, []
 
 
 def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) -> Verdict:
@@ -159,9 +197,17 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
         if dra:
             errors += _dra_resource_errors(pod)
         elif annotated and (not mutate or asks_resource(pod)):
+            # Validation reads the opt-in the mutation chose from the resource it wrote.
+            opted = asks_opportunistic(pod, target=target) if not mutate else request.opportunistic
             errors += resource_errors(
-                pod, target=target, percent=request.percent, required=not mutate
+                pod,
+                target=target,
+                percent=request.percent,
+                required=not mutate,
+                opportunistic=bool(opted),
             )
+            if opted and not mutate:
+                errors += resolve_opt_in(replace(request, opportunistic=True), facts=facts)[1]
         elif not annotated:
             errors += single_resource_errors(pod)
     if not dra:  # a claim is allocated by any DRA-enabled scheduler

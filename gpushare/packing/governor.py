@@ -1,0 +1,207 @@
+"""What a shared GPU really gets done, from its measured pipes: cautious by measurement.
+
+Under MPS there are no per-process counters, but the node agent measures the GPU's per-pipe
+activity (NVML GPM: FP16, FP32, FP64 and tensor pipes, DRAM bandwidth). A tenant progressing
+at rate ``r`` (of its speed alone) drives each pipe at about ``r`` times what it drove alone
+(its solo profile ``d``), so the GPU's activity is ``a ~ sum r_i d_i``. With the rates the
+model predicts, ``E = sum r^_i d_i``, the least-squares scale ``s = (a . E) / (E . E)`` says
+how far reality is from the prediction, and ``s x sum r^_i`` is the work the GPU does per
+second (:func:`estimate`).
+
+:func:`review` holds the newest opportunistic tenant of a GPU to what it was placed for: the
+GPU measured with it must do at least the predicted work without it plus
+:data:`~gpushare.packing.opportunistic.KEEP_FRACTION` of the predicted gain, and no tenant may
+be measured past its class bound; otherwise it is preempted. Every estimate also teaches the
+corrections (:class:`~gpushare.packing.opportunistic.Corrections`) what the model got wrong
+about the workloads on the GPU, which the next opportunistic decisions use (docs/packing.md,
+"Cautious by measurement").
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from gpushare.api.names import CLASS_LATENCY
+from gpushare.packing.model import GpuState, PipeProfile, Tenant
+from gpushare.packing.opportunistic import (
+    K_RANGE,
+    KEEP_FRACTION,
+    Corrections,
+    Member,
+    Opportunism,
+    corrected,
+    member,
+    rates,
+)
+
+ACTIVITY = ("fp16", "fp32", "fp64", "tensor", "dram_bandwidth")
+"""The counters that measure work done (SM occupancy and utilization measure residency, not
+progress: a stalled warp is resident)."""
+MIN_SIGNAL = 0.05
+"""Predicted activity (vector length) below which a GPU's counters say too little to judge."""
+SETTLE_S = 30.0
+"""How long an opportunistic tenant runs before the governor judges it (its start-up, and a
+window of counters that is all with it)."""
+
+
+def activity(profile: PipeProfile) -> tuple[float, ...]:
+    return tuple(max(0.0, float(getattr(profile, k))) for k in ACTIVITY)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One GPU's measured work against the prediction."""
+
+    scale: float
+    """Measured activity over predicted (1: as predicted; below: less work done)."""
+    work_rate: float
+    """Batch work per second measured (jobs' worth): ``scale`` x the predicted rates."""
+    predicted: float
+    """Batch work per second the (corrected) model predicted for these tenants."""
+    rates: tuple[float, ...]
+    """Each tenant's estimated rate (the prediction x ``scale``, at most 1)."""
+    k: float
+    """The correction factor that explains the measurement (see ``Corrections``)."""
+
+
+def _predicted_activity(members: Sequence[Member], predicted: Sequence[float]) -> list[float]:
+    """``sum r_i d_i``; a latency service serves its requests whatever its slowdown (its
+    latency grows, not its work), so it drives what it drove alone."""
+    out = [0.0] * len(ACTIVITY)
+    for m, r in zip(members, predicted, strict=True):
+        rate = 1.0 if m.gpu_class == CLASS_LATENCY else r
+        for i, v in enumerate(activity(m.profile)):
+            out[i] += rate * v
+    return out
+
+
+def estimate(
+    tenants: Sequence[Tenant], measured: PipeProfile, opportunism: Opportunism
+) -> Estimate | None:
+    """The GPU's measured work rate with ``tenants`` on it (module doc); None when the
+    prediction drives the counters too little to tell (small launch-bound jobs only)."""
+    members = [member(t) for t in tenants]
+    model = corrected(
+        opportunism.model, [(t.profile, t.workload) for t in tenants], opportunism.corrections
+    )
+    predicted = rates(members, model)
+    expected = _predicted_activity(members, predicted)
+    norm = math.sqrt(sum(v * v for v in expected))
+    if norm < MIN_SIGNAL:
+        return None
+    seen = activity(measured)
+    scale = sum(a * e for a, e in zip(seen, expected, strict=True)) / (norm * norm)
+    batch = [m.gpu_class != CLASS_LATENCY for m in members]
+    predicted_work = sum(r for r, b in zip(predicted, batch, strict=True) if b)
+    measured_work = scale * predicted_work
+    return Estimate(
+        scale=scale,
+        work_rate=measured_work,
+        predicted=predicted_work,
+        rates=tuple(min(1.0, r * scale) for r in predicted),
+        k=_fit_k(members, batch, opportunism, measured_work),
+    )
+
+
+def _fit_k(
+    members: Sequence[Member], batch: Sequence[bool], opportunism: Opportunism, target: float
+) -> float:
+    """The one correction factor (applied to every member) under which the raw model predicts
+    ``target`` work per second: bisection in log k, the work rate falls as k grows."""
+
+    def work(k: float) -> float:
+        trial = Corrections({m.workload or f"#{i}": k for i, m in enumerate(members)})
+        named = [replace(m, workload=m.workload or f"#{i}") for i, m in enumerate(members)]
+        model = corrected(opportunism.model, [(m.profile, m.workload) for m in named], trial)
+        return sum(r for r, b in zip(rates(named, model), batch, strict=True) if b)
+
+    low, high = math.log(K_RANGE[0]), math.log(K_RANGE[1])
+    if work(math.exp(low)) <= target:
+        return K_RANGE[0]
+    if work(math.exp(high)) >= target:
+        return K_RANGE[1]
+    for _ in range(24):
+        mid = (low + high) / 2
+        if work(math.exp(mid)) > target:
+            low = mid
+        else:
+            high = mid
+    return math.exp((low + high) / 2)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the governor decided for one GPU."""
+
+    preempt: str | None
+    """The opportunistic tenant (pod key) to preempt, or None to keep everyone."""
+    reason: str
+    estimate: Estimate | None
+
+
+def review(
+    gpu: GpuState,
+    measured: PipeProfile,
+    opportunism: Opportunism,
+    *,
+    now: float,
+    settle_s: float = SETTLE_S,
+    learn: bool = True,
+) -> Verdict:
+    """Judge ``gpu``'s newest opportunistic tenant by the GPU's measured activity over a
+    window that is all after it settled (module doc). Every GPU shared by profiled tenants
+    also teaches the corrections (``learn``), opportunistic tenants or not: that is how the
+    next opportunistic decision knows what the model gets wrong about the workloads."""
+    opportunistic = [t for t in gpu.tenants if t.opportunistic]
+    newest = max(opportunistic, key=lambda t: t.placed_at) if opportunistic else None
+    settled = newest is None or now - newest.placed_at >= settle_s
+    shared = sum(1 for t in gpu.tenants if t.profile is not None) >= 2
+    if not settled or not (shared or newest is not None):
+        return Verdict(None, "nothing to judge yet", None)
+    found = estimate(gpu.tenants, measured, opportunism)
+    if found is None:
+        return Verdict(None, "too little activity to judge", None)
+    verdict = (
+        _judge(gpu, newest, found, opportunism)
+        if newest is not None
+        else Verdict(None, f"measured {found.work_rate:.2f} jobs/s", found)
+    )
+    if learn and shared:
+        opportunism.corrections.learn((t.workload for t in gpu.tenants), found.k)
+    return verdict
+
+
+def _judge(gpu: GpuState, newest: Tenant, found: Estimate, opportunism: Opportunism) -> Verdict:
+    for tenant, rate in zip(gpu.tenants, found.rates, strict=True):
+        if tenant.opportunistic:
+            continue
+        bound = opportunism.bounds.get(tenant.gpu_class)
+        if bound is not None and rate > 0 and 1.0 / rate > bound:
+            return Verdict(
+                newest.key,
+                f"{tenant.gpu_class} pod {tenant.key} measured at {1.0 / rate:.2f}x its speed "
+                f"alone, over its {bound:.2f}x bound",
+                found,
+            )
+    without = [member(t) for t in gpu.tenants if t is not newest]
+    model = corrected(
+        opportunism.model, [(t.profile, t.workload) for t in gpu.tenants], opportunism.corrections
+    )
+    before = sum(
+        r
+        for r, m in zip(rates(without, model), without, strict=True)
+        if m.gpu_class != CLASS_LATENCY
+    )
+    predicted_gain = found.predicted - before
+    wanted = before + KEEP_FRACTION * max(predicted_gain, 0.0)
+    if found.work_rate < wanted:
+        return Verdict(
+            newest.key,
+            f"the GPU measured {found.work_rate:.2f} jobs/s with it, below {wanted:.2f} "
+            f"(predicted {before:.2f} without it plus half the predicted gain "
+            f"{predicted_gain:.2f})",
+            found,
+        )
+    return Verdict(
+        None, f"measured {found.work_rate:.2f} jobs/s, at least {wanted:.2f}: kept", found
+    )

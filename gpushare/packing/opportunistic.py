@@ -1,0 +1,342 @@
+"""Opportunistic placement: a batch pod beyond a GPU's guaranteed capacity, when it pays.
+
+The sharing contract (docs/packing.md, "The sharing contract"): a pod's request is a guarantee,
+and on a GPU the guaranteed shares add up to at most 100%. A batch pod that opted in
+(``gpushare.io/opportunistic``, ``Demand.opportunistic``) and finds no GPU with its request
+free may still run on a GPU (:meth:`Opportunism.gpu_option`) where
+
+- the model, corrected by what GPUs measured of the same workloads (:class:`Corrections`),
+  predicts the GPU does at least :data:`MIN_GAIN` more work per second with it (each batch
+  tenant's rate over its rate alone on the whole GPU, summed: jobs' worth per second);
+- every tenant there stays within its class bound and the newcomer within the batch bound
+  (the admission rule, :func:`gpushare.packing.admission.admit_reason`, on corrected
+  predictions);
+- its memory fits beside every tenant's, and the MPS server has a client left.
+
+It holds no guaranteed share and runs as a batch client (MPS priority 1, its limit as thread
+cap: MPS has two client priorities, and latency pods hold the higher one). It is promoted
+(:meth:`Opportunism.promotions`) without a restart once its request fits among the guaranteed
+shares, and preempted, newest first, when a guaranteed pod needs its memory, its MPS client or
+its load gone (:meth:`Opportunism.preemptions`), or when the GPU measures less gain than was
+predicted (:func:`review`, the controller's governor).
+"""
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY, SLICES_PER_GPU
+from gpushare.packing.admission import (
+    CONSERVATIVE_PROFILE,
+    DEFAULT_BOUNDS,
+    admit_reason,
+    reserved,
+)
+from gpushare.packing.fit import fit_reason, gpu_fit, host_reason
+from gpushare.packing.interference import InterferenceModel, load_default
+from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
+from gpushare.packing.threads import assign_thread_percent, tenant_threads
+
+MIN_GAIN = 0.10
+"""Work per second (jobs' worth) a GPU must be predicted to gain with an opportunistic tenant.
+Below it a later preemption (a restarted pod) costs more than the tenant brings."""
+KEEP_FRACTION = 0.5
+"""The governor keeps an opportunistic tenant while the GPU's measured gain is at least this
+share of the gain predicted when it was placed."""
+MEMORY_STEPS = 3
+"""An opportunistic pod without ``gpushare.io/gpu-memory`` gets its request's share of the
+GPU's memory, else a half or a quarter of it, the largest that fits beside every tenant's cap:
+a few fixed sizes, not whatever is left, so a node can prepare for them."""
+MIN_MEMORY_BYTES = 2**30
+"""Smallest such memory cap."""
+OPPORTUNISTIC_COST = 1.0e6
+"""Placement cost of an opportunistic option, less 100 x its predicted gain: any guaranteed
+option (costs in GPU-percent, a few hundred at most) is preferred."""
+PREEMPTION_COST = 50.0
+"""Extra cost (GPU-percent) of each opportunistic tenant a guaranteed placement preempts."""
+K_RANGE = (0.25, 4.0)
+"""Bounds of a workload's correction (see :class:`Corrections`)."""
+K_WEIGHT = 0.5
+"""Weight of a new measurement in a workload's correction (the rest is what it was)."""
+
+
+# ---- what the guaranteed shares see -----------------------------------------------------------
+
+
+def guaranteed_gpu(gpu: GpuState) -> GpuState:
+    """``gpu`` with its guaranteed tenants only: what a guaranteed pod is placed against
+    (opportunistic tenants make room when it needs them to). The same object when it has
+    none."""
+    if not gpu.has_opportunistic_tenant:
+        return gpu
+    return replace(gpu, tenants=[t for t in gpu.tenants if not t.opportunistic])
+
+
+def guaranteed_node(node: NodeState) -> NodeState:
+    """``node`` with :func:`guaranteed_gpu` of each GPU (the same object when nothing runs
+    opportunistically there)."""
+    if not any(g.has_opportunistic_tenant for g in node.gpus):
+        return node
+    return replace(node, gpus=[guaranteed_gpu(g) for g in node.gpus])
+
+
+def reservation_reason(gpu: GpuState, demand: Demand, assignment: Assignment) -> str | None:
+    """Why ``assignment`` cannot be held on ``gpu`` now, or None: an opportunistic one needs
+    its memory and an MPS client beside every tenant (not a free guaranteed share); a
+    guaranteed one fits once the tenants it preempts are gone."""
+    if assignment.opportunistic:
+        probe = replace(demand, percent=1, memory_bytes=assignment.memory_limit_bytes)
+        return fit_reason(gpu, probe)
+    if assignment.preempt:
+        leaving = set(assignment.preempt)
+        gpu = replace(gpu, tenants=[t for t in gpu.tenants if t.key not in leaving])
+    return fit_reason(gpu, demand)
+
+
+# ---- predictions corrected by measurements -----------------------------------------------------
+
+
+@dataclass
+class Corrections:
+    """What GPUs measured of each workload, as a factor ``k`` on the model's predicted
+    log-slowdown from its neighbours: a tenant of workload ``w`` predicted ``s`` times slower
+    is taken to be ``s ** k(w)`` slower (k < 1: the model was pessimistic about it). Learned
+    by the governor (:func:`review`) from each GPU's measured work rate; 1.0 until measured."""
+
+    factors: dict[str, float] = field(default_factory=dict)
+
+    def k(self, workload: str) -> float:
+        return self.factors.get(workload, 1.0) if workload else 1.0
+
+    def learn(self, workloads: Iterable[str], k: float) -> None:
+        """Move each workload's factor towards ``k`` (bounded to :data:`K_RANGE`)."""
+        k = min(max(k, K_RANGE[0]), K_RANGE[1])
+        for w in set(workloads):
+            if w:
+                old = self.factors.get(w, 1.0)
+                self.factors[w] = (1 - K_WEIGHT) * old + K_WEIGHT * k
+
+
+@dataclass(frozen=True)
+class _Corrected(InterferenceModel):
+    """The model with each target's colocation slowdown raised to its workload's factor."""
+
+    by_profile: tuple[tuple[PipeProfile, float], ...] = ()
+
+    def predict(
+        self,
+        target: PipeProfile,
+        target_threads: int,
+        neighbours: Sequence[tuple[PipeProfile, int]],
+    ) -> float:
+        base = super().predict(target, target_threads, neighbours)
+        k = next((k for p, k in self.by_profile if p is target or p == target), 1.0)
+        return math.exp(math.log(base) * k) if base > 1.0 else 1.0
+
+
+def corrected(
+    model: InterferenceModel,
+    members: Iterable[tuple[PipeProfile | None, str]],
+    corrections: Corrections | None,
+) -> InterferenceModel:
+    """``model`` with the corrections of the ``(profile, workload)`` members (the same model
+    when none is corrected)."""
+    if corrections is None:
+        return model
+    pairs = tuple(
+        (p, corrections.k(w)) for p, w in members if p is not None and corrections.k(w) != 1.0
+    )
+    if not pairs:
+        return model
+    return _Corrected(
+        coefficients=model.coefficients,
+        feature_names=model.feature_names,
+        source=model.source,
+        by_profile=pairs,
+    )
+
+
+@dataclass(frozen=True)
+class Member:
+    """A job on a GPU as the work-rate arithmetic sees it."""
+
+    profile: PipeProfile
+    threads: int
+    gpu_class: str = CLASS_BATCH
+    percent: int = SLICES_PER_GPU
+    workload: str = ""
+
+
+def member(tenant: Tenant) -> Member:
+    return Member(
+        tenant.profile or CONSERVATIVE_PROFILE,
+        tenant_threads(tenant),
+        tenant.gpu_class,
+        tenant.percent,
+        tenant.workload,
+    )
+
+
+def rates(members: Sequence[Member], model: InterferenceModel) -> list[float]:
+    """Each member's predicted rate over its rate alone on the whole GPU (latency members
+    included; they weigh on the others over their whole reserved share)."""
+    loads = [
+        (reserved(m.profile), m.percent) if m.gpu_class == CLASS_LATENCY else (m.profile, m.threads)
+        for m in members
+    ]
+    out = []
+    for i, m in enumerate(members):
+        others = loads[:i] + loads[i + 1 :]
+        slowdown = model.predict(m.profile, m.threads, others)
+        if m.gpu_class != CLASS_LATENCY and m.profile.sm_utilization is not None:
+            slowdown *= model.cap_slowdown(m.profile, m.threads)
+        out.append(1.0 / slowdown)
+    return out
+
+
+def work_rate(members: Sequence[Member], model: InterferenceModel) -> float:
+    """Batch work per second the members do together (jobs' worth): their :func:`rates`
+    summed; a latency service does requests, not work, and is left out."""
+    predicted = rates(members, model)
+    return sum(r for r, m in zip(predicted, members, strict=True) if m.gpu_class != CLASS_LATENCY)
+
+
+# ---- the decisions --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """Where an opportunistic pod may go on one GPU, and what it is predicted to bring."""
+
+    gpu: GpuState
+    threads: int
+    memory_bytes: int
+    gain: float
+    before: float
+    """The GPU's predicted work rate without the pod."""
+
+
+def memory_steps(demand: Demand, gpu_memory_bytes: int) -> list[int]:
+    """The memory caps an opportunistic pod may get, largest first (:data:`MEMORY_STEPS`):
+    its ``gpushare.io/gpu-memory`` alone when set."""
+    if demand.memory_bytes is not None:
+        return [demand.memory_bytes]
+    share = gpu_memory_bytes * min(demand.percent, SLICES_PER_GPU) // SLICES_PER_GPU
+    steps = [share >> i for i in range(MEMORY_STEPS)]
+    return [m for m in steps if m >= MIN_MEMORY_BYTES] or [share]
+
+
+def memory_for(demand: Demand, gpu: GpuState) -> int | None:
+    """The largest of :func:`memory_steps` that fits beside every tenant's memory cap on
+    ``gpu``; None when none does."""
+    free = gpu.free_memory
+    return next((m for m in memory_steps(demand, gpu.memory_bytes) if 0 < m <= free), None)
+
+
+@dataclass
+class Opportunism:
+    """The opportunistic rules (module doc) with the admission bounds and the corrections."""
+
+    model: InterferenceModel = field(default_factory=load_default)
+    bounds: Mapping[str, float] = field(default_factory=lambda: DEFAULT_BOUNDS)
+    corrections: Corrections = field(default_factory=Corrections)
+    min_gain: float = MIN_GAIN
+
+    def _model(self, members: Iterable[tuple[PipeProfile | None, str]]) -> InterferenceModel:
+        return corrected(self.model, members, self.corrections)
+
+    def gpu_option(self, gpu: GpuState, demand: Demand) -> Option | str:
+        """The opportunistic option for ``demand`` on ``gpu``, or why there is none."""
+        if not demand.opportunistic or demand.gpu_class != CLASS_BATCH or demand.gpus != 1:
+            return "not an opted-in batch pod of one GPU"
+        if demand.profile is None:
+            return "opportunistic placement needs the pod's measured profile (a GpuShare's)"
+        if not gpu.tenants:
+            return "GPU is idle"  # its request fits there: a guaranteed placement
+        if any(t.percent >= SLICES_PER_GPU and not t.opportunistic for t in gpu.tenants):
+            return "GPU is held whole (its tenant runs without MPS)"
+        memory = memory_for(demand, gpu)
+        if memory is None:
+            return "no GPU memory free beside its tenants' caps"
+        # Every fit check but the compute share, which is what it goes beyond.
+        probe = replace(demand, percent=1, memory_bytes=memory)
+        refusal = gpu_fit(gpu, probe)[0]
+        if refusal is not None:
+            return f"does not fit ({refusal.name.lower()})"
+        model = self._model(
+            [(t.profile, t.workload) for t in gpu.tenants] + [(demand.profile, demand.workload)]
+        )
+        # Its own thread cap (its limit, or the rule's: the whole GPU, half beside a latency
+        # pod); a request of a whole GPU is read as one share short of it, so the cap applies.
+        trial = replace(demand, percent=min(demand.percent, SLICES_PER_GPU - 1))
+        threads = assign_thread_percent(trial, gpu)
+        reason = admit_reason(gpu, trial, model=model, bounds=self.bounds)
+        if reason is not None:
+            return reason
+        before = work_rate([member(t) for t in gpu.tenants], model)
+        newcomer = Member(demand.profile, threads, CLASS_BATCH, demand.percent, demand.workload)
+        gain = work_rate([*(member(t) for t in gpu.tenants), newcomer], model) - before
+        if gain < self.min_gain:
+            return f"predicted gain {gain:.2f} jobs/s, below {self.min_gain:.2f}"
+        return Option(gpu, threads, memory, gain, before)
+
+    def node_option(self, node: NodeState, demand: Demand) -> Option | str:
+        """The GPU of ``node`` where ``demand`` gains most opportunistically, or why none."""
+        host = host_reason(node, demand)
+        if host is not None:
+            return host
+        best: Option | None = None
+        first = ""
+        for gpu in node.gpus:
+            option = self.gpu_option(gpu, demand)
+            if isinstance(option, str):
+                first = first or option
+            elif best is None or option.gain > best.gain:
+                best = option
+        return best if best is not None else first or "node has no GPUs"
+
+    def preemptions(
+        self, gpu: GpuState, demand: Demand, *, admit: bool = True
+    ) -> tuple[str, ...] | None:
+        """The opportunistic tenants of ``gpu`` (newest first) that must leave for
+        ``demand``, placed by its guaranteed share, to fit: memory, MPS clients and, with
+        ``admit``, every class bound with the tenants that stay. None when it does not fit even
+        with all of them gone (it is then not placed on ``gpu``)."""
+        opportunistic = sorted(
+            (t for t in gpu.tenants if t.opportunistic), key=lambda t: -t.placed_at
+        )
+        staying = list(gpu.tenants)
+        out: list[str] = []
+        while True:
+            trial = gpu if not out else replace(gpu, tenants=staying)
+            if gpu_fit(trial, demand)[0] is None and (
+                not admit
+                or demand.whole
+                or not trial.has_opportunistic_tenant
+                or admit_reason(
+                    trial,
+                    demand,
+                    model=self._model([(t.profile, t.workload) for t in trial.tenants]),
+                    bounds=self.bounds,
+                )
+                is None
+            ):
+                return tuple(out)
+            if not opportunistic:
+                return None
+            victim = opportunistic.pop(0)
+            staying = [t for t in staying if t is not victim]
+            out.append(victim.key)
+
+    def promotions(self, gpu: GpuState) -> list[str]:
+        """Opportunistic tenants of ``gpu`` whose request now fits among the guaranteed
+        shares, oldest first (each promotion takes its share before the next is tried)."""
+        free = SLICES_PER_GPU - gpu.used_percent
+        out: list[str] = []
+        for tenant in sorted(
+            (t for t in gpu.tenants if t.opportunistic), key=lambda t: t.placed_at
+        ):
+            if tenant.percent <= free:
+                free -= tenant.percent
+                out.append(tenant.key)
+        return out

@@ -1,0 +1,115 @@
+"""Cautious by measurement: the governor reads a shared GPU's counters against the tenants'
+solo profiles, keeps an opportunistic tenant that delivers, preempts one that does not, and
+teaches the corrections what the model got wrong."""
+
+from dataclasses import replace
+
+import pytest
+
+from gpushare.packing.governor import activity, estimate, review
+from gpushare.packing.model import GpuState, PipeProfile, Tenant
+from gpushare.packing.opportunistic import Member, Opportunism, member, rates
+
+GIB = 2**30
+BIG = PipeProfile(
+    fp32=0.02, tensor=0.25, sm_occupancy=0.41, dram_bandwidth=0.48, sm_utilization=0.79
+)
+MID = PipeProfile(tensor=0.10, sm_occupancy=0.20, dram_bandwidth=0.21, sm_utilization=0.38)
+TINY = PipeProfile(tensor=0.002, sm_occupancy=0.01, dram_bandwidth=0.004, sm_utilization=0.02)
+
+
+def gpu(*tenants: Tenant) -> GpuState:
+    return GpuState(uuid="GPU-0", memory_bytes=80 * GIB, tenants=list(tenants))
+
+
+def shared() -> GpuState:
+    return gpu(
+        Tenant(
+            "ns/big", 60, 20 * GIB, profile=BIG, thread_percent=100, workload="ns/big",
+        ),
+        Tenant(
+            "ns/opp", 30, 10 * GIB, profile=MID, thread_percent=100, workload="ns/mid",
+            placed_at=100.0, opportunistic=True,
+        ),
+    )  # fmt: skip
+
+
+def as_predicted(g: GpuState, opportunism: Opportunism, factor: float = 1.0) -> PipeProfile:
+    """What the counters read if every tenant runs at ``factor`` x its predicted rate."""
+    predicted = rates([member(t) for t in g.tenants], opportunism.model)
+    values = [0.0] * 5
+    for t, r in zip(g.tenants, predicted, strict=True):
+        for i, v in enumerate(activity(t.profile or BIG)):
+            values[i] += factor * r * v
+    fp16, fp32, fp64, tensor, dram = values
+    return PipeProfile(fp16=fp16, fp32=fp32, fp64=fp64, tensor=tensor, dram_bandwidth=dram)
+
+
+def test_counters_as_the_model_predicts_read_as_a_scale_of_one() -> None:
+    rules = Opportunism()
+    found = estimate(shared().tenants, as_predicted(shared(), rules), rules)
+    assert found is not None
+    assert found.scale == pytest.approx(1.0, abs=1e-6)
+    assert found.work_rate == pytest.approx(found.predicted)
+    assert found.k == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_tenant_that_delivers_what_was_predicted_is_kept() -> None:
+    rules = Opportunism()
+    verdict = review(shared(), as_predicted(shared(), rules), rules, now=200.0, settle_s=30.0)
+    assert verdict.preempt is None and "kept" in verdict.reason
+
+
+def test_a_gpu_doing_less_than_its_tenants_without_the_newcomer_preempts_the_newcomer() -> None:
+    rules = Opportunism()
+    verdict = review(shared(), as_predicted(shared(), rules, 0.85), rules, now=200.0, settle_s=30.0)
+    assert verdict.preempt == "ns/opp"
+    assert "below" in verdict.reason and "jobs/s" in verdict.reason
+    # ... and the model learns it was optimistic about both workloads there.
+    assert rules.corrections.k("ns/big") > 1.0 and rules.corrections.k("ns/mid") > 1.0
+
+
+def test_nothing_is_judged_before_the_newcomer_settled() -> None:
+    rules = Opportunism()
+    verdict = review(shared(), as_predicted(shared(), rules, 0.1), rules, now=110.0, settle_s=30.0)
+    assert verdict.preempt is None and verdict.estimate is None
+    assert rules.corrections.factors == {}
+
+
+def test_a_guaranteed_tenant_measured_past_its_bound_preempts_the_newcomer() -> None:
+    rules = Opportunism(bounds={"batch": 1.2, "latency": 1.15})
+    verdict = review(shared(), as_predicted(shared(), rules, 0.9), rules, now=200.0, settle_s=30.0)
+    assert verdict.preempt == "ns/opp" and "ns/big" in verdict.reason and "bound" in verdict.reason
+
+
+def test_a_gpu_shared_by_guaranteed_tenants_only_teaches_the_corrections() -> None:
+    rules = Opportunism()
+    both = gpu(*(replace(t, opportunistic=False) for t in shared().tenants))
+    verdict = review(both, as_predicted(both, rules, 1.3), rules, now=200.0)
+    assert verdict.preempt is None and verdict.estimate is not None
+    assert rules.corrections.k("ns/big") < 1.0  # the model was pessimistic about them
+
+
+def test_counters_too_faint_to_read_decide_nothing() -> None:
+    rules = Opportunism()
+    faint = gpu(
+        Tenant("ns/a", 10, GIB, profile=TINY, workload="a"),
+        Tenant("ns/b", 10, GIB, profile=TINY, workload="b", opportunistic=True),
+    )
+    verdict = review(faint, PipeProfile(), rules, now=1e9, settle_s=0.0)
+    assert verdict.preempt is None and "too little" in verdict.reason
+
+
+def test_a_latency_service_counts_as_load_but_not_as_work() -> None:
+    rules = Opportunism()
+    members = [Member(BIG, 100), Member(MID, 25, gpu_class="latency", percent=25)]
+    found = estimate(
+        [
+            Tenant("ns/train", 60, GIB, profile=BIG, thread_percent=100),
+            Tenant("ns/svc", 25, GIB, profile=MID, gpu_class="latency"),
+        ],
+        PipeProfile(tensor=0.3, dram_bandwidth=0.6, fp32=0.02),
+        rules,
+    )
+    assert found is not None
+    assert found.predicted == pytest.approx(rates(members, rules.model)[0])

@@ -1,0 +1,187 @@
+"""Opportunistic placement (the sharing contract): an opted-in batch pod beyond a GPU's
+guaranteed capacity only where that is predicted to pay and keeps everyone within bound; a
+guaranteed pod preempts what stands in its way; promotion once the request fits."""
+
+from dataclasses import replace
+
+import pytest
+
+from gpushare.api.names import CLASS_LATENCY
+from gpushare.packing.admission import Admission
+from gpushare.packing.interference import load_default
+from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
+from gpushare.packing.opportunistic import (
+    MIN_GAIN,
+    OPPORTUNISTIC_COST,
+    Corrections,
+    Member,
+    Opportunism,
+    corrected,
+    guaranteed_gpu,
+    memory_steps,
+    rates,
+    reservation_reason,
+)
+from gpushare.packing.placer import Placer
+
+GIB = 2**30
+# Solo profiles measured on an H100 by the GPU benchmark (run 20).
+SMALL = PipeProfile(
+    fp32=0.007, tensor=0.022, sm_occupancy=0.06, dram_bandwidth=0.05, sm_utilization=0.19
+)
+LSTM = PipeProfile(tensor=0.07, sm_occupancy=0.04, dram_bandwidth=0.09, sm_utilization=0.27)
+BIG = PipeProfile(
+    fp32=0.02, tensor=0.25, sm_occupancy=0.41, dram_bandwidth=0.48, sm_utilization=0.79
+)
+GEMM = PipeProfile(tensor=0.96, sm_occupancy=0.12, dram_bandwidth=0.15, sm_utilization=0.98)
+
+
+def tenant(
+    key: str, percent: int, profile: PipeProfile | None, *, gib: int | None = None, **kw: object
+) -> Tenant:
+    """A tenant with its request's share of an 80 GiB GPU's memory, or ``gib``."""
+    memory = (gib * GIB) if gib is not None else 80 * GIB * percent // 100
+    return Tenant(key, percent, memory, profile=profile, **kw)  # type: ignore[arg-type]
+
+
+def gpu(*tenants: Tenant, uuid: str = "GPU-0") -> GpuState:
+    return GpuState(uuid=uuid, memory_bytes=80 * GIB, model="H100", tenants=list(tenants))
+
+
+def opted(percent: int, profile: PipeProfile | None, **kw: object) -> Demand:
+    return Demand(percent=percent, profile=profile, opportunistic=True, **kw)  # type: ignore[arg-type]
+
+
+def placer() -> Placer:
+    return Placer(admission=Admission(), opportunism=Opportunism())
+
+
+def test_an_opportunistic_tenant_holds_no_guaranteed_share_but_its_memory_counts() -> None:
+    g = gpu(tenant("ns/a", 60, SMALL), tenant("ns/o", 60, SMALL, opportunistic=True))
+    assert g.used_percent == 60
+    assert g.used_memory == 2 * 48 * GIB
+    assert guaranteed_gpu(g).tenants == [g.tenants[0]]
+    assert guaranteed_gpu(gpu(tenant("ns/a", 60, SMALL))).tenants[0].key == "ns/a"
+
+
+def test_an_opted_in_pod_runs_beyond_guaranteed_capacity_beside_light_tenants() -> None:
+    node = NodeState("n", [gpu(tenant("ns/a", 70, SMALL, gib=30), tenant("ns/b", 20, LSTM))])
+    demand = opted(60, SMALL)
+    assignment = placer().choose_gpus(node, demand)
+    assert assignment is not None and assignment.opportunistic
+    assert assignment.predicted_gain >= MIN_GAIN
+    assert assignment.thread_percent == 100  # its own cap: the default limit
+    # Its request's share of the memory does not fit beside the tenants' caps; half of it does.
+    assert assignment.memory_limit_bytes == memory_steps(demand, 80 * GIB)[1]
+    # With every tenant's cap its share, nothing is left: it waits.
+    held = NodeState("n", [gpu(tenant("ns/a", 70, SMALL), tenant("ns/b", 25, LSTM))])
+    assert placer().choose_gpus(held, demand) is None
+    cost = placer().node_cost(node, demand)
+    assert cost is not None and cost > OPPORTUNISTIC_COST - 100
+    # Not opted in, the same pod waits.
+    assert placer().choose_gpus(node, replace(demand, opportunistic=False)) is None
+
+
+def test_a_guaranteed_option_anywhere_costs_less_than_any_opportunistic_one() -> None:
+    full = NodeState("full", [gpu(tenant("ns/a", 70, SMALL, gib=30), tenant("ns/b", 20, LSTM))])
+    room = NodeState("room", [gpu(tenant("ns/c", 90, BIG), uuid="GPU-1"), gpu(uuid="GPU-2")])
+    demand = opted(60, SMALL)
+    beyond, guaranteed = placer().node_cost(full, demand), placer().node_cost(room, demand)
+    assert beyond is not None and guaranteed is not None and guaranteed < beyond
+    chosen = placer().choose_gpus(room, demand)
+    assert chosen is not None and not chosen.opportunistic and chosen.gpu_uuids == ("GPU-2",)
+
+
+def test_no_opportunistic_tenant_where_a_neighbour_would_be_pushed_past_its_bound() -> None:
+    node = NodeState("n", [gpu(tenant("ns/a", 60, SMALL))])
+    refusal = placer().refusal(node, opted(100, GEMM))
+    assert placer().choose_gpus(node, opted(100, GEMM)) is None
+    assert refusal is not None and "not opportunistically either" in refusal
+    assert "bound" in refusal
+
+
+@pytest.mark.parametrize(
+    ("demand", "why"),
+    [
+        (opted(60, None), "needs the pod's measured profile"),
+        (opted(60, SMALL, gpu_class=CLASS_LATENCY), "not an opted-in batch pod"),
+        (opted(100, SMALL, gpus=2), "not an opted-in batch pod"),
+    ],
+)
+def test_only_profiled_batch_pods_of_one_gpu_run_opportunistically(
+    demand: Demand, why: str
+) -> None:
+    g = gpu(tenant("ns/a", 70, SMALL))
+    option = Opportunism().gpu_option(g, demand)
+    assert isinstance(option, str) and why in option
+
+
+def test_a_pod_with_its_own_memory_cap_runs_only_where_that_cap_fits() -> None:
+    g = gpu(tenant("ns/a", 90, SMALL))
+    assert isinstance(Opportunism().gpu_option(g, opted(40, SMALL, memory_bytes=20 * GIB)), str)
+    option = Opportunism().gpu_option(g, opted(40, SMALL, memory_bytes=4 * GIB))
+    assert not isinstance(option, str) and option.memory_bytes == 4 * GIB
+
+
+def test_a_guaranteed_pod_preempts_the_newest_opportunistic_tenants_in_its_way() -> None:
+    g = gpu(
+        tenant("ns/a", 30, SMALL),
+        tenant("ns/old", 50, SMALL, gib=20, opportunistic=True, placed_at=1.0),
+        tenant("ns/new", 50, SMALL, gib=20, opportunistic=True, placed_at=2.0),
+    )
+    # 24 GiB held by a, 20 + 20 by the two opportunistic tenants: 48 for a 60% pod needs both
+    # gone, 8 for a 10% pod fits beside them.
+    assignment = placer().choose_gpus(NodeState("n", [g]), Demand(percent=60, profile=SMALL))
+    assert assignment is not None and not assignment.opportunistic
+    assert assignment.preempt == ("ns/new", "ns/old")
+    small = placer().choose_gpus(NodeState("n", [g]), Demand(percent=10, profile=SMALL))
+    assert small is not None and small.preempt == ()
+
+
+def test_preemption_goes_no_further_than_the_newcomer_needs() -> None:
+    g = gpu(
+        tenant("ns/a", 30, SMALL),
+        tenant("ns/old", 20, SMALL, opportunistic=True, placed_at=1.0),
+        tenant("ns/new", 40, SMALL, opportunistic=True, placed_at=2.0),
+    )
+    out = Opportunism().preemptions(g, Demand(percent=40, profile=SMALL))
+    assert out == ("ns/new",)
+
+
+def test_promotion_takes_the_oldest_first_and_only_what_fits() -> None:
+    g = gpu(
+        tenant("ns/a", 50, SMALL),
+        tenant("ns/second", 30, SMALL, opportunistic=True, placed_at=2.0),
+        tenant("ns/first", 40, SMALL, opportunistic=True, placed_at=1.0),
+        tenant("ns/third", 10, SMALL, opportunistic=True, placed_at=3.0),
+    )
+    assert Opportunism().promotions(g) == ["ns/first", "ns/third"]
+
+
+def test_holding_an_assignment_checks_what_its_tier_needs() -> None:
+    g = gpu(tenant("ns/a", 90, SMALL), tenant("ns/o", 40, SMALL, gib=4, opportunistic=True))
+    beyond = Assignment("n", ("GPU-0",), 100, 4 * GIB, opportunistic=True)
+    assert reservation_reason(g, Demand(percent=60), beyond) is None
+    too_big = replace(beyond, memory_limit_bytes=60 * GIB)
+    assert reservation_reason(g, Demand(percent=60), too_big) is not None
+    # 10% guaranteed fits in compute, its memory only once the opportunistic tenant is gone.
+    guaranteed = Assignment("n", ("GPU-0",), 100, 8 * GIB)
+    memory_hog = gpu(
+        tenant("ns/a", 90, SMALL), tenant("ns/o", 40, SMALL, gib=8, opportunistic=True)
+    )
+    assert reservation_reason(memory_hog, Demand(percent=10), guaranteed) is not None
+    freed = replace(guaranteed, preempt=("ns/o",))
+    assert reservation_reason(memory_hog, Demand(percent=10), freed) is None
+
+
+def test_corrections_scale_the_predicted_slowdown_of_the_workloads_measured() -> None:
+    model = load_default()
+    members = [Member(BIG, 100, workload="ns/big"), Member(SMALL, 100, workload="ns/small")]
+    raw = rates(members, model)
+    learned = Corrections()
+    learned.learn(["ns/big", "ns/small"], 0.5)
+    assert learned.k("ns/big") == pytest.approx(0.75) and learned.k("other") == 1.0
+    better = rates(members, corrected(model, [(BIG, "ns/big"), (SMALL, "ns/small")], learned))
+    assert all(b > r for b, r in zip(better, raw, strict=True))
+    learned.learn(["ns/big"], 100.0)  # bounded: one wild measurement cannot run off
+    assert learned.k("ns/big") <= 4.0
