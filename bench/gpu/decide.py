@@ -90,15 +90,22 @@ class ProductDecider:
     bounds: Mapping[str, float] = field(default_factory=lambda: DEFAULT_BOUNDS)
     policy: Policy = Policy.GPUSHARE
     opportunism: Opportunism | None = None
-    """The opportunistic rules, with the corrections this run learns; None honours no opt-in
-    (the chart's default)."""
+    """The opportunistic rules, with the corrections this run learns (the controller's
+    governor learns on every shared GPU, whether or not a pod there opted in)."""
+    honour_opt_in: bool = True
+    """False: the trace's opt-in column is ignored (the chart's default, no pod opts in) while
+    the governor still learns (:meth:`review`)."""
 
     @property
     def placer(self) -> Placer:
         """The extender's decision object with the controller's defaults (admission on)."""
         return Placer(
             self.policy,
-            admission=Admission(self.model, self.bounds),
+            admission=Admission(
+                self.model,
+                self.bounds,
+                corrections=None if self.opportunism is None else self.opportunism.corrections,
+            ),
             opportunism=self.opportunism,
         )
 
@@ -109,7 +116,7 @@ class ProductDecider:
             memory_bytes=job.memory_bytes,
             gpu_class=job.gpu_class,
             profile=self.profiles.get(job.kind),
-            opportunistic=job.opportunistic and self.opportunism is not None,
+            opportunistic=job.opportunistic and self.honour_opt_in and self.opportunism is not None,
             workload=job.kind,
         )
 
@@ -199,7 +206,7 @@ class ProductDecider:
     def promotions(self, running: Sequence[Running]) -> list[str]:
         """Opportunistic jobs whose request now fits among the guaranteed shares (the
         controller's promotion loop runs the same function)."""
-        if self.opportunism is None:
+        if self.opportunism is None or not self.honour_opt_in:
             return []
         return self.opportunism.promotions(self.gpu(running))
 

@@ -227,13 +227,16 @@ def _members(key: colocate.PackKey) -> tuple[Member, ...]:
     return tuple(out)
 
 
-def make_decider(ctx: Ctx, st: State, *, opportunism: Opportunism | None = None) -> ProductDecider:
+def make_decider(
+    ctx: Ctx, st: State, *, opportunism: Opportunism | None = None, honour_opt_in: bool = True
+) -> ProductDecider:
     profiles = {k: pipe_profile(v, gpu_model=ctx.gpu_name) for k, v in st.profiles.items()}
     return ProductDecider(
         profiles=profiles,
         gpu_model=ctx.gpu_name,
         gpu_memory_bytes=ctx.memory_bytes,
         opportunism=opportunism,
+        honour_opt_in=honour_opt_in,
     )
 
 
@@ -564,7 +567,9 @@ def run(ctx: Ctx) -> dict[str, Any]:
     ) -> None:
         for make, trace in items:
             scheme = make()
-            governed = governing if scheme.name == OPPORTUNISTIC else None
+            # The controller's governor reads every shared GPU: on the default runs it only
+            # learns (no pod there opted in), and the opt-in runs start from what it learned.
+            governed = governing if isinstance(scheme, Gpushare) else None
             run_scheme(ctx, scheme, trace, st, daemon, governing=governed)
             if isinstance(scheme, Gpushare):
                 st.holds[f"{trace}/{scheme.name}" if scheme.name != "gpushare" else trace] = (
@@ -582,6 +587,7 @@ def run(ctx: Ctx) -> dict[str, Any]:
     # One set of corrections for the run, as one controller keeps learning across its GPUs.
     opportunism = Opportunism()
     opt_in = make_decider(ctx, st, opportunism=opportunism)
+    learning = make_decider(ctx, st, opportunism=opportunism, honour_opt_in=False)
     sampler = None if args.dry else Sampler(index=args.gpu, period_s=0.2)
     governing = (
         Governing(sampler.profile_last, GOVERNOR_PERIOD_S, GOVERNOR_WINDOW_S)
@@ -594,7 +600,7 @@ def run(ctx: Ctx) -> dict[str, Any]:
             # A job can only start beside a latency pod in a trace that holds one: elsewhere
             # that variant's warm process would never run and only cost memory and an MPS client.
             with_service = any(j.gpu_class == CLASS_LATENCY for j in st.jobs.get(trace, []))
-            chosen = opt_in if opportunistic else decider
+            chosen = opt_in if opportunistic else learning
 
             def make() -> Scheme:
                 if not opportunistic:
@@ -602,6 +608,9 @@ def run(ctx: Ctx) -> dict[str, Any]:
                         chosen,
                         prepare=lambda job: chosen.variants(job, beside_latency=with_service),
                         source="gpushare (product)",
+                        govern=lambda running, measured, now: chosen.review(
+                            running, measured, now, settle_s=GOVERNOR_SETTLE_S
+                        ),
                     )
                 return Gpushare(
                     chosen,

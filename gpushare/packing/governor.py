@@ -22,17 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gpushare.api.names import CLASS_LATENCY
+from gpushare.packing.corrections import K_RANGE, Corrections, corrected
 from gpushare.packing.model import GpuState, PipeProfile, Tenant
-from gpushare.packing.opportunistic import (
-    K_RANGE,
-    KEEP_FRACTION,
-    Corrections,
-    Member,
-    Opportunism,
-    corrected,
-    member,
-    rates,
-)
+from gpushare.packing.opportunistic import KEEP_FRACTION, Member, Opportunism, member, rates
 
 ACTIVITY = ("fp16", "fp32", "fp64", "tensor", "dram_bandwidth")
 """The counters that measure work done (SM occupancy and utilization measure residency, not

@@ -60,6 +60,10 @@ class Demand:
     workload: str = ""
     """What the pod's measured interference corrections are kept by (its GpuShare, or a
     benchmark's job kind); empty when nothing identifies it."""
+    peak_memory_bytes: int | None = None
+    """Peak GPU memory its profile measured (a GpuShare's ``status.profile.memoryBytes``): an
+    opportunistic pod's memory cap may come down to it, with headroom, never below
+    (:func:`gpushare.packing.opportunistic.memory_steps`)."""
 
     @property
     def whole(self) -> bool:

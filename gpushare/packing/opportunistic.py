@@ -32,6 +32,7 @@ from gpushare.packing.admission import (
     admit_reason,
     reserved,
 )
+from gpushare.packing.corrections import Corrections, corrected, members
 from gpushare.packing.fit import fit_reason, gpu_fit, host_reason
 from gpushare.packing.interference import InterferenceModel, load_default
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
@@ -49,15 +50,15 @@ GPU's memory, else a half or a quarter of it, the largest that fits beside every
 a few fixed sizes, not whatever is left, so a node can prepare for them."""
 MIN_MEMORY_BYTES = 2**30
 """Smallest such memory cap."""
+PEAK_HEADROOM = 1.25
+"""A pod whose profile measured its peak memory may also get that peak with this headroom
+(at least :data:`MIN_MEMORY_BYTES`) as its cap, the last step: what it was seen to need, not
+what its compute share would have given it."""
 OPPORTUNISTIC_COST = 1.0e6
 """Placement cost of an opportunistic option, less 100 x its predicted gain: any guaranteed
 option (costs in GPU-percent, a few hundred at most) is preferred."""
 PREEMPTION_COST = 50.0
 """Extra cost (GPU-percent) of each opportunistic tenant a guaranteed placement preempts."""
-K_RANGE = (0.25, 4.0)
-"""Bounds of a workload's correction (see :class:`Corrections`)."""
-K_WEIGHT = 0.5
-"""Weight of a new measurement in a workload's correction (the rest is what it was)."""
 
 
 # ---- what the guaranteed shares see -----------------------------------------------------------
@@ -91,69 +92,6 @@ def reservation_reason(gpu: GpuState, demand: Demand, assignment: Assignment) ->
         leaving = set(assignment.preempt)
         gpu = replace(gpu, tenants=[t for t in gpu.tenants if t.key not in leaving])
     return fit_reason(gpu, demand)
-
-
-# ---- predictions corrected by measurements -----------------------------------------------------
-
-
-@dataclass
-class Corrections:
-    """What GPUs measured of each workload, as a factor ``k`` on the model's predicted
-    log-slowdown from its neighbours: a tenant of workload ``w`` predicted ``s`` times slower
-    is taken to be ``s ** k(w)`` slower (k < 1: the model was pessimistic about it). Learned
-    by the governor (:func:`review`) from each GPU's measured work rate; 1.0 until measured."""
-
-    factors: dict[str, float] = field(default_factory=dict)
-
-    def k(self, workload: str) -> float:
-        return self.factors.get(workload, 1.0) if workload else 1.0
-
-    def learn(self, workloads: Iterable[str], k: float) -> None:
-        """Move each workload's factor towards ``k`` (bounded to :data:`K_RANGE`)."""
-        k = min(max(k, K_RANGE[0]), K_RANGE[1])
-        for w in set(workloads):
-            if w:
-                old = self.factors.get(w, 1.0)
-                self.factors[w] = (1 - K_WEIGHT) * old + K_WEIGHT * k
-
-
-@dataclass(frozen=True)
-class _Corrected(InterferenceModel):
-    """The model with each target's colocation slowdown raised to its workload's factor."""
-
-    by_profile: tuple[tuple[PipeProfile, float], ...] = ()
-
-    def predict(
-        self,
-        target: PipeProfile,
-        target_threads: int,
-        neighbours: Sequence[tuple[PipeProfile, int]],
-    ) -> float:
-        base = super().predict(target, target_threads, neighbours)
-        k = next((k for p, k in self.by_profile if p is target or p == target), 1.0)
-        return math.exp(math.log(base) * k) if base > 1.0 else 1.0
-
-
-def corrected(
-    model: InterferenceModel,
-    members: Iterable[tuple[PipeProfile | None, str]],
-    corrections: Corrections | None,
-) -> InterferenceModel:
-    """``model`` with the corrections of the ``(profile, workload)`` members (the same model
-    when none is corrected)."""
-    if corrections is None:
-        return model
-    pairs = tuple(
-        (p, corrections.k(w)) for p, w in members if p is not None and corrections.k(w) != 1.0
-    )
-    if not pairs:
-        return model
-    return _Corrected(
-        coefficients=model.coefficients,
-        feature_names=model.feature_names,
-        source=model.source,
-        by_profile=pairs,
-    )
 
 
 @dataclass(frozen=True)
@@ -217,13 +155,20 @@ class Option:
 
 
 def memory_steps(demand: Demand, gpu_memory_bytes: int) -> list[int]:
-    """The memory caps an opportunistic pod may get, largest first (:data:`MEMORY_STEPS`):
-    its ``gpushare.io/gpu-memory`` alone when set."""
+    """The memory caps an opportunistic pod may get, largest first (:data:`MEMORY_STEPS`;
+    where its profile measured its peak, the last step is that peak with
+    :data:`PEAK_HEADROOM`): its ``gpushare.io/gpu-memory`` alone when set."""
     if demand.memory_bytes is not None:
         return [demand.memory_bytes]
     share = gpu_memory_bytes * min(demand.percent, SLICES_PER_GPU) // SLICES_PER_GPU
     steps = [share >> i for i in range(MEMORY_STEPS)]
-    return [m for m in steps if m >= MIN_MEMORY_BYTES] or [share]
+    if demand.peak_memory_bytes is None:
+        return [m for m in steps if m >= MIN_MEMORY_BYTES] or [share]
+    # Its measured peak sets the floor: never a cap it was seen to outgrow.
+    need = max(MIN_MEMORY_BYTES, math.ceil(demand.peak_memory_bytes * PEAK_HEADROOM))
+    if need >= share:
+        return [share]
+    return [m for m in steps[: MEMORY_STEPS - 1] if m > need] + [need]
 
 
 def memory_for(demand: Demand, gpu: GpuState) -> int | None:
@@ -242,8 +187,8 @@ class Opportunism:
     corrections: Corrections = field(default_factory=Corrections)
     min_gain: float = MIN_GAIN
 
-    def _model(self, members: Iterable[tuple[PipeProfile | None, str]]) -> InterferenceModel:
-        return corrected(self.model, members, self.corrections)
+    def _model(self, parties: Iterable[tuple[PipeProfile | None, str]]) -> InterferenceModel:
+        return corrected(self.model, parties, self.corrections)
 
     def gpu_option(self, gpu: GpuState, demand: Demand) -> Option | str:
         """The opportunistic option for ``demand`` on ``gpu``, or why there is none."""
@@ -263,9 +208,7 @@ class Opportunism:
         refusal = gpu_fit(gpu, probe)[0]
         if refusal is not None:
             return f"does not fit ({refusal.name.lower()})"
-        model = self._model(
-            [(t.profile, t.workload) for t in gpu.tenants] + [(demand.profile, demand.workload)]
-        )
+        model = self._model(members([*gpu.tenants, demand]))
         # Its own thread cap (its limit, or the rule's: the whole GPU, half beside a latency
         # pod); a request of a whole GPU is read as one share short of it, so the cap applies.
         trial = replace(demand, percent=min(demand.percent, SLICES_PER_GPU - 1))
@@ -316,7 +259,7 @@ class Opportunism:
                 or admit_reason(
                     trial,
                     demand,
-                    model=self._model([(t.profile, t.workload) for t in trial.tenants]),
+                    model=self._model(members(trial.tenants)),
                     bounds=self.bounds,
                 )
                 is None

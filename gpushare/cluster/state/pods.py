@@ -261,6 +261,7 @@ def demand_of_request(request: GpuRequest) -> Demand:
             memory_bytes=request.memory_bytes,
             gpu_class=request.gpu_class,
             gpus=max(1, request.whole_gpus),
+            opportunistic=bool(request.opportunistic) and request.percent == SLICES_PER_GPU,
         )
     return Demand(
         percent=request.percent,

@@ -45,6 +45,8 @@ class ShareRules:
     max_pods: int | None = None
     profiling: bool = False
     profile: PipeProfile | None = None
+    peak_memory_bytes: int | None = None
+    """The stored profile's measured peak GPU memory (what an opportunistic cap may come to)."""
     pod_name: str = ""
     granted: bool = True
     """The namespace may keep others off its GPUs (gpushare.cluster.state.tenancy): without the
@@ -102,9 +104,11 @@ def rules_of(
                 "set spec.packing.maxPodsPerGpu on the GpuShare, or remove the annotation",
             )
     profile: PipeProfile | None = None
+    peak_memory: int | None = None
     profile_text = annotations.get(ANN_PROFILE)
     if profile_text is not None:
-        profile = pipe_profile(parse_profile_annotation(profile_text))
+        stored = parse_profile_annotation(profile_text)
+        profile, peak_memory = pipe_profile(stored), stored.memory_bytes
     return ShareRules(
         namespace=namespace,
         share=share,
@@ -112,6 +116,7 @@ def rules_of(
         max_pods=max_pods,
         profiling=annotations.get(ANN_PROFILING) == PROFILING_ACTIVE,
         profile=profile,
+        peak_memory_bytes=peak_memory,
         pod_name=name,
         granted=granted,
     )
@@ -121,7 +126,7 @@ def with_profile(demand: Demand, rules: ShareRules) -> Demand:
     """The demand carrying the share's stored profile, so the interference check sees it."""
     if rules.profile is None or demand.profile == rules.profile:
         return demand
-    return replace(demand, profile=rules.profile)
+    return replace(demand, profile=rules.profile, peak_memory_bytes=rules.peak_memory_bytes)
 
 
 def hold_reason(rules: ShareRules, *, share_status: Mapping[str, Any] | None) -> str | None:

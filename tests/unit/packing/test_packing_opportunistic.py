@@ -2,21 +2,21 @@
 guaranteed capacity only where that is predicted to pay and keeps everyone within bound; a
 guaranteed pod preempts what stands in its way; promotion once the request fits."""
 
+import math
 from dataclasses import replace
 
 import pytest
 
 from gpushare.api.names import CLASS_LATENCY
 from gpushare.packing.admission import Admission
+from gpushare.packing.corrections import Corrections, corrected
 from gpushare.packing.interference import load_default
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
 from gpushare.packing.opportunistic import (
     MIN_GAIN,
     OPPORTUNISTIC_COST,
-    Corrections,
     Member,
     Opportunism,
-    corrected,
     guaranteed_gpu,
     memory_steps,
     rates,
@@ -185,3 +185,48 @@ def test_corrections_scale_the_predicted_slowdown_of_the_workloads_measured() ->
     assert all(b > r for b, r in zip(better, raw, strict=True))
     learned.learn(["ns/big"], 100.0)  # bounded: one wild measurement cannot run off
     assert learned.k("ns/big") <= 4.0
+
+
+def test_admission_predicts_with_what_the_governor_measured_of_batch_workloads() -> None:
+    # The model refuses a second big batch pod beside a big one and a small one (the first
+    # predicted past the 2.0x batch bound); once GPUs measured these workloads as far less
+    # slowed than predicted, the same admission lets it in.
+    busy = gpu(
+        tenant("ns/big", 40, BIG, workload="ns/big"),
+        tenant("ns/small", 10, SMALL, workload="ns/small"),
+    )
+    newcomer = Demand(percent=15, profile=BIG, workload="ns/big2")
+    corrections = Corrections()
+    admission = Admission(corrections=corrections)
+    refused = admission.gpu_reason(busy, newcomer)
+    assert refused is not None and "ns/big" in refused
+    for _ in range(6):
+        corrections.learn(["ns/big", "ns/small", "ns/big2"], 0.3)
+    assert admission.gpu_reason(busy, newcomer) is None
+    # Without the corrections (another replica, or none learned yet) it is refused as before.
+    assert Admission().gpu_reason(busy, newcomer) is not None
+
+
+def test_a_latency_pods_prediction_is_never_loosened_by_corrections() -> None:
+    service = tenant("ns/svc", 25, SMALL, gpu_class=CLASS_LATENCY, workload="ns/svc")
+    busy = gpu(service)
+    newcomer = Demand(percent=60, profile=GEMM, workload="ns/gemm")
+    refused = Admission().gpu_reason(busy, newcomer)
+    assert refused is not None and "latency" in refused
+    corrections = Corrections({"ns/svc": 0.25, "ns/gemm": 0.25})
+    again = Admission(corrections=corrections).gpu_reason(busy, newcomer)
+    assert again is not None and "latency" in again
+
+
+def test_a_measured_peak_lets_an_opportunistic_pod_take_what_it_was_seen_to_need() -> None:
+    demand = opted(60, SMALL, peak_memory_bytes=3 * GIB)
+    steps = memory_steps(demand, 80 * GIB)
+    assert steps[0] == 48 * GIB and steps[-1] == math.ceil(3 * GIB * 1.25)
+    # Never below its peak: a pod that needed more than half its share keeps its share.
+    assert memory_steps(opted(60, SMALL, peak_memory_bytes=40 * GIB), 80 * GIB) == [48 * GIB]
+    # Beside tenants whose caps leave 6 GiB, only the measured step fits.
+    node = NodeState("n", [gpu(tenant("ns/a", 70, SMALL, gib=74), tenant("ns/b", 20, LSTM, gib=0))])
+    assignment = placer().choose_gpus(node, demand)
+    assert assignment is not None and assignment.opportunistic
+    assert assignment.memory_limit_bytes == steps[-1]
+    assert placer().choose_gpus(node, opted(60, SMALL)) is None

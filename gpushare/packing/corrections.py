@@ -1,0 +1,85 @@
+"""Interference predictions corrected by what GPUs measured (docs/packing.md, "Cautious by
+measurement"): the governor (:func:`gpushare.packing.governor.review`) learns a factor per
+workload from each shared GPU's measured work rate, and admission and opportunistic placement
+predict with the corrected model."""
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from gpushare.api.names import CLASS_LATENCY
+from gpushare.packing.interference import InterferenceModel
+from gpushare.packing.model import Demand, PipeProfile, Tenant
+
+K_RANGE = (0.25, 4.0)
+"""Bounds of a workload's correction (see :class:`Corrections`)."""
+K_WEIGHT = 0.5
+"""Weight of a new measurement in a workload's correction (the rest is what it was)."""
+
+
+@dataclass
+class Corrections:
+    """What GPUs measured of each workload, as a factor ``k`` on the model's predicted
+    log-slowdown from its neighbours: a tenant of workload ``w`` predicted ``s`` times slower
+    is taken to be ``s ** k(w)`` slower (k < 1: the model was pessimistic about it). Learned
+    by the governor (:func:`gpushare.packing.governor.review`) from each GPU's measured work
+    rate; 1.0 until measured."""
+
+    factors: dict[str, float] = field(default_factory=dict)
+
+    def k(self, workload: str) -> float:
+        return self.factors.get(workload, 1.0) if workload else 1.0
+
+    def learn(self, workloads: Iterable[str], k: float) -> None:
+        """Move each workload's factor towards ``k`` (bounded to :data:`K_RANGE`)."""
+        k = min(max(k, K_RANGE[0]), K_RANGE[1])
+        for w in set(workloads):
+            if w:
+                old = self.factors.get(w, 1.0)
+                self.factors[w] = (1 - K_WEIGHT) * old + K_WEIGHT * k
+
+
+@dataclass(frozen=True)
+class _Corrected(InterferenceModel):
+    """The model with each target's colocation slowdown raised to its workload's factor."""
+
+    by_profile: tuple[tuple[PipeProfile, float], ...] = ()
+
+    def predict(
+        self,
+        target: PipeProfile,
+        target_threads: int,
+        neighbours: Sequence[tuple[PipeProfile, int]],
+    ) -> float:
+        base = super().predict(target, target_threads, neighbours)
+        k = next((k for p, k in self.by_profile if p is target or p == target), 1.0)
+        return math.exp(math.log(base) * k) if base > 1.0 else 1.0
+
+
+def corrected(
+    model: InterferenceModel,
+    members: Iterable[tuple[PipeProfile | None, str]],
+    corrections: Corrections | None,
+) -> InterferenceModel:
+    """``model`` with the corrections of the ``(profile, workload)`` members (the same model
+    when none is corrected)."""
+    if corrections is None:
+        return model
+    pairs = tuple(
+        (p, corrections.k(w)) for p, w in members if p is not None and corrections.k(w) != 1.0
+    )
+    if not pairs:
+        return model
+    return _Corrected(
+        coefficients=model.coefficients,
+        feature_names=model.feature_names,
+        source=model.source,
+        by_profile=pairs,
+    )
+
+
+def members(parties: Iterable[Tenant | Demand]) -> list[tuple[PipeProfile | None, str]]:
+    """The ``(profile, workload)`` of each tenant or newcomer for :func:`corrected`. A latency
+    pod is predicted by the model alone: its bound is the tight one, and a correction learned
+    from its GPU's total work (mostly its batch neighbours') would loosen it."""
+    return [(p.profile, "" if p.gpu_class == CLASS_LATENCY else p.workload) for p in parties]
