@@ -101,11 +101,7 @@ class ProductDecider:
         """The extender's decision object with the controller's defaults (admission on)."""
         return Placer(
             self.policy,
-            admission=Admission(
-                self.model,
-                self.bounds,
-                corrections=None if self.opportunism is None else self.opportunism.corrections,
-            ),
+            admission=Admission(self.model, self.bounds),
             opportunism=self.opportunism,
         )
 

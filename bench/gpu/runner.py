@@ -72,19 +72,11 @@ def run_trace(
     warm: dict[str, list[tuple[Launch, Worker]]] = {j.id: [] for j in jobs}
     try:
         planned = [(j, i, launch) for j in jobs for i, launch in enumerate(scheme.prepare(j))]
-        labels = [f"{scheme.name}.{j.id}.{i}" for j, i, _ in planned]
-        started = workers.start_many(labels, timeout_s=SPAWN_TIMEOUT_S)
-        for (j, _, launch), w in zip(planned, started, strict=True):
-            w.send({"cmd": "init", "kind": j.kind, "env": _env(scheme, launch, pipe_dir)})
-        for (j, _, launch), w in zip(planned, started, strict=True):
-            try:
-                ready = workers.expect(w, "ready", timeout_s=INIT_TIMEOUT_S)
-            except WorkerError as exc:
-                results[j.id].error = f"start-up failed: {exc}"
-                log.error("[%s] %s: %s", scheme.name, j.id, results[j.id].error)
-                continue
-            results[j.id].init_s = float(ready["init_s"])
-            warm[j.id].append((launch, w))
+        # Two waves: every job's first setting, then the others. Warm processes hold GPU
+        # memory; a later setting that no longer fits is left cold (started when chosen)
+        # instead of crowding out a job's first one.
+        for wave in ([p for p in planned if p[1] == 0], [p for p in planned if p[1] > 0]):
+            _warm_up(scheme, wave, results=results, warm=warm, workers=workers, pipe_dir=pipe_dir)
         for j in jobs:
             if warm[j.id]:
                 results[j.id].error = None
@@ -101,6 +93,36 @@ def run_trace(
     finally:
         workers.close_all()
     return [results[j.id] for j in jobs]
+
+
+def _warm_up(
+    scheme: Scheme,
+    planned: Sequence[tuple[TraceJob, int, Launch]],
+    *,
+    results: dict[str, JobResult],
+    warm: dict[str, list[tuple[Launch, Worker]]],
+    workers: Workers,
+    pipe_dir: Path | None,
+) -> None:
+    if not planned:
+        return
+    labels = [f"{scheme.name}.{j.id}.{i}" for j, i, _ in planned]
+    started = workers.start_many(labels, timeout_s=SPAWN_TIMEOUT_S)
+    for (j, _, launch), w in zip(planned, started, strict=True):
+        w.send({"cmd": "init", "kind": j.kind, "env": _env(scheme, launch, pipe_dir)})
+    for (j, i, launch), w in zip(planned, started, strict=True):
+        try:
+            ready = workers.expect(w, "ready", timeout_s=INIT_TIMEOUT_S)
+        except WorkerError as exc:
+            if i > 0:
+                log.warning("[%s] %s: setting %d left cold: %s", scheme.name, j.id, i, exc)
+                w.ask_to_quit()
+                continue
+            results[j.id].error = f"start-up failed: {exc}"
+            log.error("[%s] %s: %s", scheme.name, j.id, results[j.id].error)
+            continue
+        results[j.id].init_s = results[j.id].init_s or float(ready["init_s"])
+        warm[j.id].append((launch, w))
 
 
 def _pick(

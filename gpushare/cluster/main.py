@@ -295,11 +295,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             view=ctx.view,
             writer=ctx.kube,
             policy=settings.policy,
-            admission=(
-                Admission(corrections=ctx.opportunism.corrections)
-                if settings.interference_admission
-                else None
-            ),
+            admission=Admission() if settings.interference_admission else None,
             gate_seconds=settings.bind_gate_seconds,
             hold_in_filter=settings.hold_in_filter,
             opportunism=ctx.opportunism,

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU
-from gpushare.packing.corrections import Corrections, corrected, members
 from gpushare.packing.interference import InterferenceModel, busy_share, load_default
 from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile
 from gpushare.packing.threads import MIN_BATCH_THREADS, assign_thread_percent, tenant_threads
@@ -163,17 +162,13 @@ class Admission:
 
     model: InterferenceModel = field(default_factory=load_default)
     bounds: Mapping[str, float] = field(default_factory=lambda: DEFAULT_BOUNDS)
-    corrections: Corrections | None = field(default=None, compare=False, hash=False)
-    """What the governor measured of the workloads involved (the controller's one set, shared
-    with opportunistic placement); None predicts with the model alone."""
 
     def gpu_reason(self, gpu: GpuState, demand: Demand) -> str | None:
         """Why ``demand`` may not join ``gpu``'s tenants, or None. Whole-GPU pods and empty
         GPUs are always admitted (nobody to slow down)."""
         if demand.whole or not gpu.tenants or not measured(gpu, demand):
             return None
-        model = corrected(self.model, members([*gpu.tenants, demand]), self.corrections)
-        return admit_reason(gpu, demand, model=model, bounds=self.bounds)
+        return admit_reason(gpu, demand, model=self.model, bounds=self.bounds)
 
     def admitted(self, node: NodeState, demand: Demand) -> NodeState:
         """``node`` with only the GPUs admission lets ``demand`` join (the same object when

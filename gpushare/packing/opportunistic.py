@@ -50,6 +50,11 @@ GPU's memory, else a half or a quarter of it, the largest that fits beside every
 a few fixed sizes, not whatever is left, so a node can prepare for them."""
 MIN_MEMORY_BYTES = 2**30
 """Smallest such memory cap."""
+GUARANTEED_ROOM = 0.10
+"""Share of a GPU's memory an opportunistic pod leaves free beside every tenant's cap, so that
+a small guaranteed pod arriving next fits without preempting it (on an H100 a 10% pod that
+arrived 10 ms after an opportunistic placement preempted it, and the restart cost the
+preempted job 20 s: docs/benchmarks-gpu.md, run 21)."""
 PEAK_HEADROOM = 1.25
 """A pod whose profile measured its peak memory may also get that peak with this headroom
 (at least :data:`MIN_MEMORY_BYTES`) as its cap, the last step: what it was seen to need, not
@@ -173,8 +178,8 @@ def memory_steps(demand: Demand, gpu_memory_bytes: int) -> list[int]:
 
 def memory_for(demand: Demand, gpu: GpuState) -> int | None:
     """The largest of :func:`memory_steps` that fits beside every tenant's memory cap on
-    ``gpu``; None when none does."""
-    free = gpu.free_memory
+    ``gpu`` and leaves :data:`GUARANTEED_ROOM` free; None when none does."""
+    free = gpu.free_memory - int(gpu.memory_bytes * GUARANTEED_ROOM)
     return next((m for m in memory_steps(demand, gpu.memory_bytes) if 0 < m <= free), None)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from gpushare.api.names import CLASS_LATENCY
 from gpushare.packing.admission import Admission
-from gpushare.packing.corrections import Corrections, corrected
+from gpushare.packing.corrections import Corrections, corrected, members
 from gpushare.packing.interference import load_default
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
 from gpushare.packing.opportunistic import (
@@ -18,6 +18,7 @@ from gpushare.packing.opportunistic import (
     Member,
     Opportunism,
     guaranteed_gpu,
+    memory_for,
     memory_steps,
     rates,
     reservation_reason,
@@ -117,7 +118,7 @@ def test_only_profiled_batch_pods_of_one_gpu_run_opportunistically(
 
 
 def test_a_pod_with_its_own_memory_cap_runs_only_where_that_cap_fits() -> None:
-    g = gpu(tenant("ns/a", 90, SMALL))
+    g = gpu(tenant("ns/a", 80, SMALL))
     assert isinstance(Opportunism().gpu_option(g, opted(40, SMALL, memory_bytes=20 * GIB)), str)
     option = Opportunism().gpu_option(g, opted(40, SMALL, memory_bytes=4 * GIB))
     assert not isinstance(option, str) and option.memory_bytes == 4 * GIB
@@ -187,35 +188,15 @@ def test_corrections_scale_the_predicted_slowdown_of_the_workloads_measured() ->
     assert learned.k("ns/big") <= 4.0
 
 
-def test_admission_predicts_with_what_the_governor_measured_of_batch_workloads() -> None:
-    # The model refuses a second big batch pod beside a big one and a small one (the first
-    # predicted past the 2.0x batch bound); once GPUs measured these workloads as far less
-    # slowed than predicted, the same admission lets it in.
-    busy = gpu(
-        tenant("ns/big", 40, BIG, workload="ns/big"),
-        tenant("ns/small", 10, SMALL, workload="ns/small"),
-    )
-    newcomer = Demand(percent=15, profile=BIG, workload="ns/big2")
-    corrections = Corrections()
-    admission = Admission(corrections=corrections)
-    refused = admission.gpu_reason(busy, newcomer)
-    assert refused is not None and "ns/big" in refused
-    for _ in range(6):
-        corrections.learn(["ns/big", "ns/small", "ns/big2"], 0.3)
-    assert admission.gpu_reason(busy, newcomer) is None
-    # Without the corrections (another replica, or none learned yet) it is refused as before.
-    assert Admission().gpu_reason(busy, newcomer) is not None
-
-
 def test_a_latency_pods_prediction_is_never_loosened_by_corrections() -> None:
     service = tenant("ns/svc", 25, SMALL, gpu_class=CLASS_LATENCY, workload="ns/svc")
-    busy = gpu(service)
-    newcomer = Demand(percent=60, profile=GEMM, workload="ns/gemm")
-    refused = Admission().gpu_reason(busy, newcomer)
-    assert refused is not None and "latency" in refused
-    corrections = Corrections({"ns/svc": 0.25, "ns/gemm": 0.25})
-    again = Admission(corrections=corrections).gpu_reason(busy, newcomer)
-    assert again is not None and "latency" in again
+    trainer = tenant("ns/train", 60, BIG, workload="ns/train")
+    corrections = Corrections({"ns/svc": 0.25, "ns/train": 0.25})
+    model = corrected(load_default(), members([service, trainer]), corrections)
+    raw = load_default()
+    # The trainer's predicted slowdown is corrected; the service's is the model's own.
+    assert model.predict(BIG, 100, [(SMALL, 100)]) < raw.predict(BIG, 100, [(SMALL, 100)])
+    assert model.predict(SMALL, 100, [(BIG, 100)]) == raw.predict(SMALL, 100, [(BIG, 100)])
 
 
 def test_a_measured_peak_lets_an_opportunistic_pod_take_what_it_was_seen_to_need() -> None:
@@ -224,9 +205,21 @@ def test_a_measured_peak_lets_an_opportunistic_pod_take_what_it_was_seen_to_need
     assert steps[0] == 48 * GIB and steps[-1] == math.ceil(3 * GIB * 1.25)
     # Never below its peak: a pod that needed more than half its share keeps its share.
     assert memory_steps(opted(60, SMALL, peak_memory_bytes=40 * GIB), 80 * GIB) == [48 * GIB]
-    # Beside tenants whose caps leave 6 GiB, only the measured step fits.
-    node = NodeState("n", [gpu(tenant("ns/a", 70, SMALL, gib=74), tenant("ns/b", 20, LSTM, gib=0))])
+    # Beside tenants whose caps leave 14 GiB (8 of them kept for a guaranteed pod), only the
+    # measured step fits.
+    node = NodeState("n", [gpu(tenant("ns/a", 70, SMALL, gib=66), tenant("ns/b", 20, LSTM, gib=0))])
     assignment = placer().choose_gpus(node, demand)
     assert assignment is not None and assignment.opportunistic
     assert assignment.memory_limit_bytes == steps[-1]
     assert placer().choose_gpus(node, opted(60, SMALL)) is None
+
+
+def test_an_opportunistic_pod_leaves_room_for_a_small_guaranteed_one() -> None:
+    # 40 GiB free: a 60% pod's half share (24 GiB) fits and leaves 16; beside caps leaving
+    # 30 GiB, its quarter (12) fits where its half would leave less than a tenth of the GPU.
+    roomy = gpu(tenant("ns/a", 70, SMALL, gib=40))
+    assert memory_for(opted(60, SMALL), roomy) == 24 * GIB
+    tight = gpu(tenant("ns/a", 70, SMALL, gib=50))
+    assert memory_for(opted(60, SMALL), tight) == 12 * GIB
+    full = gpu(tenant("ns/a", 70, SMALL, gib=68))
+    assert memory_for(opted(60, SMALL), full) is None
