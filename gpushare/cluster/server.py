@@ -6,20 +6,18 @@ malformed body gets a 4xx with the reason, and no request can stop the server.
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpushare.api.errors import InvalidInputError
 from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.webhook import review as webhook
 from gpushare.cluster.webhook.facts import ClusterFacts
-from gpushare.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +26,6 @@ MAX_BODY_BYTES = 64 * 2**20
 
 Readiness = Callable[[], tuple[bool, str]]
 FactsSource = Callable[[], ClusterFacts]
-TemplateWriter = Callable[[Mapping[str, Any]], Awaitable[None]]
-"""Creates a ResourceClaimTemplate unless it exists as given; raises InvalidInputError when
-one of that name exists with another spec, KubeError when the API server cannot be asked."""
 
 
 _encode = msgspec.json.Encoder()
@@ -132,28 +127,17 @@ def extender_app(
     return app
 
 
-def _template_error(exc: InvalidInputError | KubeError) -> InvalidInputError:
-    if isinstance(exc, InvalidInputError):
-        return exc
-    return InvalidInputError(
-        "ResourceClaimTemplate",
-        f"could not be created: {exc}",
-        "check the controller's RBAC for resourceclaimtemplates (create, get), then retry",
-    )
-
-
 def webhook_app(
     *,
     facts: FactsSource,
     metrics: Metrics,
     ready: Readiness,
-    templates: TemplateWriter | None = None,
 ) -> web.Application:
     """POST /mutate and /validate (AdmissionReview v1); GET /healthz /readyz /metrics.
 
-    In DRA mode a mutation may name a ResourceClaimTemplate: ``templates`` creates it before
-    the answer goes out (not for dry runs), so the pod never waits on a missing template; when
-    it cannot, the pod is refused with the reason."""
+    An answer has no side effect: anyone who reaches this port can post a review (the API
+    server proves nothing to a webhook), so a review only reads the view (docs/security.md,
+    "Nothing with side effects on an unauthenticated request")."""
     app = web.Application(client_max_size=8 * 2**20)
 
     def review(name: str, *, mutate: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -179,12 +163,6 @@ def webhook_app(
                     },
                 }
                 return _json(doc)
-            if verdict.template is not None and not parsed.dry_run and templates is not None:
-                try:
-                    await templates(verdict.template)
-                except (InvalidInputError, KubeError) as exc:
-                    verdict = webhook.Verdict(allowed=False, errors=(_template_error(exc),))
-                    doc = webhook.response_doc(parsed, verdict)
             outcome = "allowed" if verdict.allowed else "denied"
             metrics.webhook_requests.labels(name, outcome).inc()
             if not verdict.allowed:

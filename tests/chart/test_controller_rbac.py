@@ -86,3 +86,26 @@ def test_claim_placement_is_granted_only_where_the_controller_places_claims(char
         assert not any(
             r[0] == "resource.k8s.io" and r[1] != "resourceclaimtemplates" for r in rules(values)
         )
+
+
+def test_in_mode_dra_the_one_delete_is_of_claim_templates(chart: Chart) -> None:
+    """The controller makes, watches and deletes the claim templates of annotated pods (its
+    own, once unused: gpushare.cluster.dra.templates); it may delete nothing else, and
+    outside mode dra not even those."""
+    rendered = chart.render({"mode": "dra", "dra": {"templatesPerNamespace": 7}})
+    rules = _rules(rendered.get("ClusterRole", "gpushare-controller"))
+    templates = {v for g, r, v, _ in rules if r == "resourceclaimtemplates"}
+    assert templates == {"get", "list", "watch", "create", "delete"}
+    assert {(r, v) for _, r, v, _ in rules if v == "delete"} == {
+        ("resourceclaimtemplates", "delete")
+    }
+    args = rendered.get("Deployment", "gpushare-controller")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert "--dra-templates-per-namespace=7" in args
+    assert not any(
+        "templates-per-namespace" in a
+        for a in chart.render().get("Deployment", "gpushare-controller")["spec"]["template"][
+            "spec"
+        ]["containers"][0]["args"]
+    )
