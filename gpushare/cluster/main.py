@@ -39,7 +39,7 @@ from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator import runner as operator_runner
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.opportunistic import OpportunisticDuties
-from gpushare.cluster.server import extender_app, webhook_app
+from gpushare.cluster.server import BoundedRunner, extender_app, webhook_app
 from gpushare.cluster.settings import MODE_DRA, PROG, Settings, parse_args
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.tls import (
@@ -50,6 +50,7 @@ from gpushare.cluster.tls import (
 )
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.cluster.webhook.registration import webhook_configurations
+from gpushare.kube.access import Access, AsyncAccessReviewer
 from gpushare.kube.controller import Kube
 from gpushare.packing.admission import Admission
 from gpushare.packing.interference import MODEL_ENV, load_default
@@ -86,6 +87,21 @@ class ControllerContext:
     """``--annotation-mode=dra``: the claim templates of gpushare's name form (their watch)."""
     template_keeper: TemplateKeeper | None = None
     """``--annotation-mode=dra``: makes the templates stored pods wait for (on the leader)."""
+    _reviewer: AsyncAccessReviewer | None = None
+
+    async def authorize(self, authorization: str | None, path: str) -> Access:
+        """May the caller read ``path`` (/metrics): ``--metrics-auth`` (gpushare.kube.access)."""
+        if self.settings.metrics_auth == "none":
+            return Access(200, "allowed (--metrics-auth none)")
+        if self.kube is None:
+            return Access(
+                503,
+                f"{path}: tokens cannot be checked without an API server; fix: run the "
+                "controller with --metrics-auth none",
+            )
+        if self._reviewer is None:
+            self._reviewer = self.kube.access_reviewer()
+        return await self._reviewer.review(authorization, path)
 
     def ready(self) -> tuple[bool, str]:
         if not self.view.synced:
@@ -174,7 +190,7 @@ async def _start_site(
 ) -> web.AppRunner:
     """Listen; with ``wait_s`` keep trying that long while the port is taken (a takeover on
     one host: the old leader's socket may linger a moment)."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = BoundedRunner(app)
     await runner.setup()
     deadline = time.monotonic() + wait_s
     while True:
@@ -331,6 +347,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                         facts=ctx.cluster_facts,
                         metrics=ctx.metrics,
                         ready=ctx.ready,
+                        authorize=ctx.authorize,
                     ),
                     host=settings.webhook_host,
                     port=settings.webhook_port,
@@ -482,7 +499,7 @@ async def _lead(
     ctx.leading = True
     runners.append(
         await _start_site(
-            extender_app(extender, metrics=ctx.metrics, ready=ctx.ready),
+            extender_app(extender, metrics=ctx.metrics, ready=ctx.ready, authorize=ctx.authorize),
             host=settings.extender_host,
             port=settings.extender_port,
             ssl_context=ctx.extender_tls.context if ctx.extender_tls else None,

@@ -35,6 +35,8 @@ PLACEMENT_GPUSHARE = "gpushare"
 PLACEMENT_KUBE_SCHEDULER = "kube-scheduler"
 DRA_PLACEMENTS = (PLACEMENT_GPUSHARE, PLACEMENT_KUBE_SCHEDULER)
 
+METRICS_AUTH_MODES = ("tokenreview", "none")
+
 # Host directories a gpushare pod must not mount: they would let it talk to the MPS control
 # daemon or the kubelet's device-plugin sockets directly, bypassing its share.
 DEFAULT_PROTECTED_HOST_PATHS: tuple[str, ...] = (
@@ -142,6 +144,11 @@ class Settings:
     (first fit; nothing is gated). Unset: ``gpushare`` in ``--annotation-mode=dra``, else
     ``kube-scheduler``. The chart sets it from dra.placement wherever a node pool runs in dra
     mode."""
+    metrics_auth: str = "tokenreview"
+    """Who may read ``/metrics`` (it names every namespace's GpuShares and their profiles):
+    ``tokenreview``, a caller whose bearer token the API server authenticates and allows to
+    get the non-resource URL /metrics (TokenReview + SubjectAccessReview, as Prometheus
+    scrapes kubelets); ``none``, anyone who reaches the port (docs/security.md)."""
     dra_templates_per_namespace: int = 32
     """In ``--annotation-mode=dra``: most ResourceClaimTemplates gpushare makes in one namespace
     (one per distinct request its annotated pods make); a pod asking for one more is refused
@@ -540,6 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.dra_placement,
         choices=DRA_PLACEMENTS,
         help=_doc("dra_placement"),
+    )
+    w.add_argument(
+        "--metrics-auth",
+        default=d.metrics_auth,
+        choices=METRICS_AUTH_MODES,
+        help=_doc("metrics_auth"),
     )
     w.add_argument(
         "--dra-templates-per-namespace",

@@ -24,6 +24,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
 
+from gpushare.kube.access import AsyncAccessReviewer
 from gpushare.kube.config import load_config
 from gpushare.kube.errors import KubeError, LeaseConflictError
 from gpushare.kube.errors import wrap as _wrap
@@ -117,6 +118,10 @@ class Kube:
             raise
         except Exception as exc:
             raise _wrap(exc, what) from exc
+
+    def access_reviewer(self) -> AsyncAccessReviewer:
+        """Checks the bearer tokens of callers of /metrics (gpushare.kube.access)."""
+        return AsyncAccessReviewer(self._client)
 
     async def close(self) -> None:
         await self._client.close()
