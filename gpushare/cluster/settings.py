@@ -38,10 +38,17 @@ DRA_PLACEMENTS = (PLACEMENT_GPUSHARE, PLACEMENT_KUBE_SCHEDULER)
 METRICS_AUTH_MODES = ("tokenreview", "none")
 
 # Host directories a gpushare pod must not mount: they would let it talk to the MPS control
-# daemon or the kubelet's device-plugin sockets directly, bypassing its share.
+# daemon, the kubelet's device-plugin, DRA-plugin or pod-resources sockets directly, bypassing
+# its share, or write CDI specs other containers get. Every other pod: the chart's
+# host-path policy (docs/security.md).
 DEFAULT_PROTECTED_HOST_PATHS: tuple[str, ...] = (
     "/var/lib/kubelet/device-plugins",
     "/var/lib/kubelet/pod-resources",
+    "/var/lib/kubelet/plugins",
+    "/var/lib/kubelet/plugins_registry",
+    "/var/run/cdi",
+    "/run/cdi",
+    "/etc/cdi",
     "/run/gpushare",
     "/var/run/gpushare",
     "/var/lib/gpushare",

@@ -171,6 +171,10 @@ def sec(cluster: Any, controller: ControllerProcess, node_agent: NodeAgentProces
             "templates/placement-policy.yaml",
             "--show-only",
             "templates/node-agent-guard.yaml",
+            "--show-only",
+            "templates/host-path-policy.yaml",
+            "--set-string",
+            f"hostPathGuard.namespaceSelector.matchLabels.gs-sec={sfx}",
             "--set-string",
             f"placementGuard.namespaceSelector.matchLabels.gs-sec={sfx}",
             "--set-string",
@@ -474,6 +478,37 @@ def mounts_the_mps_directories(sec: Sec) -> Outcome:
         spec={"volumes": [{"name": "h", "hostPath": {"path": "/run/gpushare"}}]},
     )
     return create(sec, doc)
+
+
+def a_plain_pod_mounts_the_kubelet_plugin_and_cdi_directories(sec: Sec) -> Outcome:
+    """Issue #45: a pod that is no gpushare pod (the webhook never sees it) mounted the MPS,
+    kubelet-plugin and CDI host directories, and the protected list missed the last two. Now
+    the chart's ValidatingAdmissionPolicy refuses each, for every pod, also when written as
+    a parent directory or with "//" and "/./"."""
+    reasons = []
+    for path in (
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins/",
+        "/var//run/./cdi",
+        "/etc/cdi",
+        "/var/lib",
+        "/run/gpushare/node/mps",
+    ):
+        name = f"plain-mount-{uuid.uuid4().hex[:4]}"
+        doc = pod_doc(
+            name,
+            sec.cluster.busybox_image,
+            container={"volumeMounts": [{"name": "h", "mountPath": "/h"}]},
+            spec={"volumes": [{"name": "h", "hostPath": {"path": path}}]},
+        )
+        refused, why = create(sec, doc)
+        if not refused:
+            sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
+            return False, f"a plain pod mounting {path} was created"
+        if "protected host directory" not in why:
+            return False, f"{path}: refused for another reason: {why}"
+        reasons.append(why)
+    return True, reasons[0]
 
 
 def skips_the_scheduler_with_node_name(sec: Sec) -> Outcome:
@@ -857,9 +892,11 @@ def holds_the_agents_port_with_idle_connections(sec: Sec) -> Outcome:
             except OSError:
                 time.sleep(0.5)
         waited = 30 - (deadline - time.monotonic())
+        # Within the idle timeout (10 s) the agent closes every one it had accepted.
+        closing = time.monotonic() + 15
         still_open = 0
         for s in held:
-            s.settimeout(0.2)
+            s.settimeout(max(0.1, closing - time.monotonic()))
             try:
                 still_open += s.recv(1) != b""
             except TimeoutError:
@@ -871,7 +908,7 @@ def holds_the_agents_port_with_idle_connections(sec: Sec) -> Outcome:
             s.close()
     return answered == 200 and still_open == 0, (
         f"/healthz answered {answered} after {waited:.1f}s with 300 connections opened; "
-        f"{still_open} of them still held by the agent"
+        f"{still_open} of them still held by the agent 15 s later"
     )
 
 
@@ -918,6 +955,7 @@ ATTACKS: dict[str, Callable[[Sec], Outcome]] = {
         share_the_victims_gpu_from_another_namespace,
         env_reexports_the_thread_cap,
         mounts_the_mps_directories,
+        a_plain_pod_mounts_the_kubelet_plugin_and_cdi_directories,
         skips_the_scheduler_with_node_name,
         writes_its_own_placement_at_creation,
         forges_mps_fault_lines_from_its_container,
