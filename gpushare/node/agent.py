@@ -231,6 +231,7 @@ class NodeAgent:
                 pods=lambda: [pod_info(m) for m in self.kube.raw_node_pods()],
                 tenancy=settings.tenancy,
                 namespace_labels=dra_api.namespace_labels,
+                on_dropped=self._checkpoint_entry_dropped,
             )
             self.dra = driver
             self.slices = SlicePublisher(
@@ -290,6 +291,21 @@ class NodeAgent:
         servicer = DevicePluginServicer(allocator=self.allocator, health=self.health)
         self._servicers.append(servicer)
         return servicer
+
+    def _checkpoint_entry_dropped(self, claim: str, why: str) -> None:
+        """A Warning Event on the node for a DRA checkpoint entry dropped at start."""
+        if self.kube is None:
+            return
+        try:
+            self.kube.record_event(
+                pod=None,
+                reason="GpushareCheckpointEntryDropped",
+                message=f"DRA checkpoint entry {claim} dropped: {why}; the agent did not write "
+                "it so, and the kubelet prepares that claim again",
+                warning=True,
+            )
+        except Exception as exc:
+            log.warning("could not report the dropped checkpoint entry %s: %s", claim, exc)
 
     def _resync_limits(self) -> None:
         """After an unprepare: the MPS servers' limits from the pods and claims left."""
