@@ -78,7 +78,9 @@ def test_a_gpushare_opt_in_carries_to_its_pods_and_the_pod_may_opt_out() -> None
     )
     pod = mutated(pod_json("p", annotations={ANN_SHARE: "train"}), facts)
     assert limits(pod) == {RESOURCE_GPU_OPPORTUNISTIC: "40"}
-    out = mutated(pod_json("q", annotations={ANN_SHARE: "train", ANN_OPPORTUNISTIC: "false"}), facts)
+    out = mutated(
+        pod_json("q", annotations={ANN_SHARE: "train", ANN_OPPORTUNISTIC: "false"}), facts
+    )
     assert limits(out) == {RESOURCE_GPU_PERCENT: "40"}
 
 
