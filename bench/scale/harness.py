@@ -190,6 +190,10 @@ async def start_controller(
         str(port),
         *webhook,
         "--no-operator",
+        # The bench scrapes /metrics on loopback without a token; who may read metrics
+        # decides no placement (a chart install checks tokens: docs/security.md).
+        "--metrics-auth",
+        "none",
         *extra_args,
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,11 @@ from gpushare.api.names import AGENT_METRICS_PORT
 DEFAULT_AGENT_URL: Final = f"http://{{node_ip}}:{AGENT_METRICS_PORT}"
 """A node agent's metrics server (``/profile`` below it), on the node's InternalIP: the chart
 publishes the agent's metrics port as a host port."""
+AGENT_TOKEN_AUDIENCE: Final = "gpushare.io/node-agent"
+"""The audience of the token the operator presents to node agents for ``/profile``; the API
+server itself refuses such a token, so one read off the node network opens nothing else."""
+AGENT_TOKEN_FILE: Final = "/var/run/secrets/gpushare.io/node-agent/token"
+"""Where the chart mounts the controller's projected token of that audience."""
 DEFAULT_PROFILE_CACHE: Final = "gpushare-profile-cache"
 """The profile cache ConfigMap in the operator's namespace (the chart's:
 ``<release>-profile-cache``)."""

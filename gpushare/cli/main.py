@@ -24,7 +24,7 @@ from gpushare.cli.args import (
 )
 from gpushare.cli.completion import candidates, script
 from gpushare.cli.live import from_exporters, from_prometheus
-from gpushare.cli.render import dump, render_json, render_text
+from gpushare.cli.render import dump, printable, render_json, render_text
 from gpushare.cli.tables import gpus_document, pods_document, render_gpus, render_pods
 from gpushare.cli.view import Live, NodeRow, build_view
 from gpushare.cli.watch import watch
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None, *, read: Reader = read_cluster) -> i
             )
         sys.stdout.write(_render(args, query, read))
     except InvalidInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

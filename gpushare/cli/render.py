@@ -13,6 +13,17 @@ from gpushare.cli.view import PIPE_ORDER, GpuRow, NodeRow, PodRow
 GiB = 2**30
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on or hide shown as a Python escape
+    (``\\x1b``, ``\\n``, ``\\u202e``): control characters, Unicode format characters (bidi
+    overrides) and separators. A GPU model, a pod's name or class come from objects others
+    write; printed raw, an escape sequence in one could rewrite the screen or the terminal's
+    title, or hide a row (docs/security.md, "Files tenants can write are not believed")."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def percent(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.0f}%"
 
@@ -50,7 +61,7 @@ def _gpu_header(gpu: GpuRow, *, live: bool) -> str:
         parts.append("UNHEALTHY")
     if gpu.simulated:
         parts.append("[simulated]")
-    return "  ".join(parts)
+    return printable("  ".join(parts))
 
 
 def _pipes_line(gpu: GpuRow) -> str:
@@ -65,7 +76,9 @@ def _pipes_line(gpu: GpuRow) -> str:
 
 
 def table(rows: Sequence[Sequence[str]]) -> list[str]:
-    """Columns padded to their widest cell, two spaces apart, as kubectl prints them."""
+    """Columns padded to their widest cell, two spaces apart, as kubectl prints them; every
+    cell :func:`printable`."""
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
@@ -90,9 +103,9 @@ def render_text(nodes: list[NodeRow], *, live_source: str | None, wide: bool = F
     if wide:
         headers = (*headers, "STATE", "PHASE")
     for node in nodes:
-        lines.append(f"NODE {node.name}")
+        lines.append(f"NODE {printable(node.name)}")
         if node.problem:
-            lines.append(f"  ! {node.problem}")
+            lines.append(f"  ! {printable(node.problem)}")
         for gpu in node.gpus:
             lines.append("  " + _gpu_header(gpu, live=live_source is not None))
             if live_source is not None:

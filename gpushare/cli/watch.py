@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.cli.render import printable
 
 CLEAR = "\x1b[H\x1b[2J"
 
@@ -43,7 +44,11 @@ def watch(
             except InvalidInputError as exc:
                 if last is None:
                     raise
-                print(f"error: {exc} (retrying in {interval_s:g}s)", file=err, flush=True)
+                print(
+                    f"error: {printable(str(exc))} (retrying in {interval_s:g}s)",
+                    file=err,
+                    flush=True,
+                )
             else:
                 if text != last:
                     if redraw:

@@ -8,10 +8,16 @@ change (as client-go does), so clocks of different hosts never need to agree.
 
 A leader that cannot renew within the lease stops leading: the process exits and is restarted
 as a standby, so two replicas never bind at once for longer than one lease.
+
+What the Lease says is read like any stored object: a duration is honoured up to this replica's
+own ``lease_seconds`` (every replica runs the chart's one setting), and a field of the wrong
+type reads as absent, so a Lease written with an absurd or hostile duration delays a takeover
+by one lease at most (docs/security.md, "Availability").
 """
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -35,6 +41,10 @@ class LeaseApi(Protocol):
     async def replace_lease(
         self, *, namespace: str, name: str, lease: dict[str, Any]
     ) -> dict[str, Any]: ...
+
+
+MAX_IDENTITY_CHARS = 256
+"""Longest holder identity compared (pod names are at most 253)."""
 
 
 def _micro_time(moment: datetime) -> str:
@@ -75,8 +85,8 @@ class LeaderElector:
         self._last_renew = -1e18
 
     def _observe(self, spec: dict[str, Any]) -> Observed:
-        holder = str(spec.get("holderIdentity") or "")
-        renew = str(spec.get("renewTime") or "")
+        holder = _text(spec.get("holderIdentity"))
+        renew = _text(spec.get("renewTime"))
         old = self._observed
         if old is None or (old.holder, old.renew) != (holder, renew):
             self._observed = Observed(holder, renew, self.clock())
@@ -93,6 +103,16 @@ class LeaderElector:
             "leaseTransitions": transitions,
         }
 
+    def honoured_duration(self, written: object) -> float:
+        """How long another holder's Lease keeps this replica waiting: what it says, within
+        1 s .. ``lease_seconds``; this replica's own lease when it says nothing usable (a
+        string, a boolean, NaN, a negative or an absurd number)."""
+        if isinstance(written, bool) or not isinstance(written, int | float):
+            return self.lease_seconds
+        if not math.isfinite(written) or written <= 0:
+            return self.lease_seconds
+        return float(min(max(written, 1.0), self.lease_seconds))
+
     async def try_acquire_or_renew(self) -> bool:
         """One attempt; True when this replica holds the Lease afterwards."""
         lease = await self.api.get_lease(namespace=self.namespace, name=self.name)
@@ -107,14 +127,14 @@ class LeaderElector:
                 return False
             self._last_renew = self.clock()
             return True
-        spec = dict(lease.get("spec") or {})
+        spec = _spec_of(lease)
         seen = self._observe(spec)
-        duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
+        duration = self.honoured_duration(spec.get("leaseDurationSeconds"))
         mine = seen.holder == self.identity
         if seen.holder and not mine and self.clock() < seen.at + duration:
             return False  # another replica's lease is still running
-        transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
-        acquired = str(spec.get("acquireTime") or "") if mine else None
+        transitions = _count(spec.get("leaseTransitions")) + (0 if mine else 1)
+        acquired = _text(spec.get("acquireTime")) if mine else None
         lease["spec"] = self._spec(transitions=transitions, acquired=acquired)
         try:
             await self.api.replace_lease(namespace=self.namespace, name=self.name, lease=lease)
@@ -176,15 +196,33 @@ class LeaderElector:
         self.leading = False
         try:
             lease = await self.api.get_lease(namespace=self.namespace, name=self.name)
-            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+            if lease is None or _text(_spec_of(lease).get("holderIdentity")) != self.identity:
                 return
-            spec = dict(lease["spec"])
+            spec = _spec_of(lease)
             spec.update(holderIdentity="", leaseDurationSeconds=1)
             lease["spec"] = spec
             await self.api.replace_lease(namespace=self.namespace, name=self.name, lease=lease)
             log.info("released the lease", extra={"lease": self.name})
         except Exception as exc:
             log.warning("could not release the lease", extra={"error": str(exc)})
+
+
+def _spec_of(lease: dict[str, Any]) -> dict[str, Any]:
+    """The Lease's spec as a dict (a copy); empty when it is missing or not an object."""
+    spec = lease.get("spec")
+    return dict(spec) if isinstance(spec, dict) else {}
+
+
+def _text(value: object) -> str:
+    """A string field of the Lease; "" for any other type, cut at MAX_IDENTITY_CHARS."""
+    return value[:MAX_IDENTITY_CHARS] if isinstance(value, str) else ""
+
+
+def _count(value: object) -> int:
+    """``leaseTransitions``: a whole number in 0..2**31-1 (the API's int32), else 0."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return 0
+    return min(max(value, 0), 2**31 - 2)
 
 
 class LeadershipLostError(Exception):

@@ -19,7 +19,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from gpushare.api.logs import setup_json_logging
 from gpushare.cluster import quarantine_reports, watches
 from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.dra.devices import DraDevices
+from gpushare.cluster.dra.templates import ClaimTemplates, TemplateKeeper
 from gpushare.cluster.extender.requeue import requeue
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.leader import LeaderElector
@@ -38,7 +39,7 @@ from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator import runner as operator_runner
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.opportunistic import OpportunisticDuties
-from gpushare.cluster.server import extender_app, webhook_app
+from gpushare.cluster.server import BoundedRunner, extender_app, webhook_app
 from gpushare.cluster.settings import MODE_DRA, PROG, Settings, parse_args
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.tls import (
@@ -47,11 +48,10 @@ from gpushare.cluster.tls import (
     ensure_certs,
     issued_by_one_of,
 )
-from gpushare.cluster.webhook import claims
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.cluster.webhook.registration import webhook_configurations
+from gpushare.kube.access import Access, AsyncAccessReviewer
 from gpushare.kube.controller import Kube
-from gpushare.kube.errors import KubeError
 from gpushare.packing.admission import Admission
 from gpushare.packing.interference import MODEL_ENV, load_default
 from gpushare.packing.opportunistic import Opportunism
@@ -83,6 +83,25 @@ class ControllerContext:
     """DRA mode with gpushare placement: places the claims of gated pods (on the leader)."""
     opportunism: Opportunism = field(default_factory=Opportunism)
     """The opportunistic rules and the interference corrections the governor learns."""
+    claim_templates: ClaimTemplates | None = None
+    """``--annotation-mode=dra``: the claim templates of gpushare's name form (their watch)."""
+    template_keeper: TemplateKeeper | None = None
+    """``--annotation-mode=dra``: makes the templates stored pods wait for (on the leader)."""
+    _reviewer: AsyncAccessReviewer | None = None
+
+    async def authorize(self, authorization: str | None, path: str) -> Access:
+        """May the caller read ``path`` (/metrics): ``--metrics-auth`` (gpushare.kube.access)."""
+        if self.settings.metrics_auth == "none":
+            return Access(200, "allowed (--metrics-auth none)")
+        if self.kube is None:
+            return Access(
+                503,
+                f"{path}: tokens cannot be checked without an API server; fix: run the "
+                "controller with --metrics-auth none",
+            )
+        if self._reviewer is None:
+            self._reviewer = self.kube.access_reviewer()
+        return await self._reviewer.review(authorization, path)
 
     def ready(self) -> tuple[bool, str]:
         if not self.view.synced:
@@ -108,14 +127,18 @@ class ControllerContext:
             ),
             dra_gate=self.settings.places_claims and self.settings.annotation_mode == MODE_DRA,
             opportunistic_default=self.settings.opportunistic_default,
+            template_check=self._template_check if self.claim_templates is not None else None,
         )
 
-    async def write_template(self, template: Mapping[str, Any]) -> None:
-        """Create a DRA-mode pod's ResourceClaimTemplate if missing (the webhook's one side
-        effect, gpushare.cluster.webhook.claims)."""
-        if self.kube is None:
-            raise KubeError("no API client: the controller runs without a kubeconfig")
-        await claims.ensure_template(self.kube, template)
+    def _template_check(self, namespace: str, name: str) -> InvalidInputError | None:
+        """The webhook's read of the template watch (gpushare.cluster.dra.templates); nothing
+        is refused before its first list."""
+        templates = self.claim_templates
+        if templates is None or not templates.synced:
+            return None
+        return templates.admission_error(
+            namespace, name, bound=self.settings.dra_templates_per_namespace
+        )
 
 
 Hook = Callable[[ControllerContext], Coroutine[Any, Any, None]]
@@ -167,7 +190,7 @@ async def _start_site(
 ) -> web.AppRunner:
     """Listen; with ``wait_s`` keep trying that long while the port is taken (a takeover on
     one host: the old leader's socket may linger a moment)."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = BoundedRunner(app)
     await runner.setup()
     deadline = time.monotonic() + wait_s
     while True:
@@ -324,7 +347,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                         facts=ctx.cluster_facts,
                         metrics=ctx.metrics,
                         ready=ctx.ready,
-                        templates=ctx.write_template,
+                        authorize=ctx.authorize,
                     ),
                     host=settings.webhook_host,
                     port=settings.webhook_port,
@@ -341,6 +364,23 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             if settings.operator_enabled:
                 ctx.share_handoff = watches.ShareHandoff(ctx.view)
             resync = settings.resync_seconds
+            if settings.annotation_mode == MODE_DRA:
+                ctx.claim_templates = ClaimTemplates(
+                    device_class=settings.dra_device_class, quarantine=ctx.view.quarantine
+                )
+                ctx.template_keeper = TemplateKeeper(
+                    templates=ctx.claim_templates,
+                    api=ctx.kube,
+                    per_namespace=settings.dra_templates_per_namespace,
+                    idle_s=settings.dra_template_idle_seconds,
+                )
+                tasks[
+                    asyncio.create_task(
+                        watches.feed_claim_templates(
+                            ctx.kube, ctx.claim_templates, resync_seconds=resync
+                        )
+                    )
+                ] = "claim template watch"
             if settings.places_claims:
                 devices = DraDevices(quarantine=ctx.view.quarantine)
                 # The operator sees DRA-mode pods on GPUs by their claims (status.placements,
@@ -369,6 +409,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                         ctx.view,
                         resync_seconds=resync,
                         allocator=ctx.claim_allocator,
+                        keeper=ctx.template_keeper,
                     ),
                 ),
                 (
@@ -458,7 +499,7 @@ async def _lead(
     ctx.leading = True
     runners.append(
         await _start_site(
-            extender_app(extender, metrics=ctx.metrics, ready=ctx.ready),
+            extender_app(extender, metrics=ctx.metrics, ready=ctx.ready, authorize=ctx.authorize),
             host=settings.extender_host,
             port=settings.extender_port,
             ssl_context=ctx.extender_tls.context if ctx.extender_tls else None,
@@ -499,6 +540,8 @@ async def _lead(
             group.create_task(duties.run())
         if ctx.claim_allocator is not None:
             group.create_task(ctx.claim_allocator.run())
+        if ctx.template_keeper is not None:
+            group.create_task(ctx.template_keeper.run())
         for hook in hooks:
             group.create_task(fatal_on_return(hook))
     await ctx.stopping.wait()  # nothing else to run (no API server): serve until stopped

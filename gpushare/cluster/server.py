@@ -4,22 +4,22 @@ Handlers only parse, time and answer; the decisions live in extender.py and webh
 malformed body gets a 4xx with the reason, and no request can stop the server.
 """
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpushare.api.errors import InvalidInputError
 from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.webhook import review as webhook
 from gpushare.cluster.webhook.facts import ClusterFacts
-from gpushare.kube.errors import KubeError
+from gpushare.kube.access import Access
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +28,79 @@ MAX_BODY_BYTES = 64 * 2**20
 
 Readiness = Callable[[], tuple[bool, str]]
 FactsSource = Callable[[], ClusterFacts]
-TemplateWriter = Callable[[Mapping[str, Any]], Awaitable[None]]
-"""Creates a ResourceClaimTemplate unless it exists as given; raises InvalidInputError when
-one of that name exists with another spec, KubeError when the API server cannot be asked."""
+Authorize = Callable[[str | None, str], Awaitable[Access]]
+"""(the Authorization header, the path) -> may the caller read it (gpushare.kube.access)."""
+
+MAX_CONNECTIONS = 256
+"""Open connections per server; one more is closed at once (the API server and kube-scheduler
+keep a few each)."""
+IDLE_TIMEOUT_S = 30.0
+"""A connection that sends no complete request for this long is closed (also one that sends
+its headers a byte at a time)."""
+WEBHOOK_DEADLINE_S = 30.0
+"""The API server gives up on a webhook after at most 30 s: no review is worked on longer."""
+EXTENDER_DEADLINE_S = 60.0
+"""Longest extender request (a bind waits at most the allocation gate, 5 s by default)."""
+
+
+class _Refused(asyncio.Protocol):
+    """The protocol of a connection over the bound: closed at once."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class _BoundedServer(web.Server):
+    max_connections = MAX_CONNECTIONS
+
+    def __call__(self) -> Any:
+        if len(self.connections) >= self.max_connections:
+            log.warning("connection refused: too many open", extra={"open": self.max_connections})
+            return _Refused()
+        return super().__call__()
+
+
+class BoundedRunner(web.AppRunner):
+    """An AppRunner whose server keeps at most ``max_connections`` connections (TLS handshakes
+    in flight are bounded by asyncio's 60 s handshake timeout) and closes idle ones after
+    ``idle_timeout_s``."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
+        super().__init__(
+            app, access_log=None, handle_signals=False, keepalive_timeout=idle_timeout_s
+        )
+        self._max_connections = max_connections
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _BoundedServer
+        server.max_connections = self._max_connections  # type: ignore[attr-defined]
+        return server
+
+
+def deadline(seconds: float) -> Any:
+    """Middleware: a request not answered within ``seconds`` (a body sent slowly, a stuck
+    call) gets 503 and its work is cancelled."""
+
+    @web.middleware
+    async def within(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            async with asyncio.timeout(seconds):
+                return await handler(request)
+        except TimeoutError:
+            return web.Response(
+                status=503, text=f"gpushare: no answer within {seconds:g}s; retry\n"
+            )
+
+    return within
 
 
 _encode = msgspec.json.Encoder()
@@ -57,7 +127,22 @@ def decode_body(raw: bytes) -> Any:
         raise BadRequestError("body is nested too deeply") from None
 
 
-def health_routes(app: web.Application, *, ready: Readiness, metrics: Metrics | None) -> None:
+def refusal(access: Access) -> web.Response:
+    """The answer to a caller ``authorize`` turned away."""
+    headers = {"WWW-Authenticate": 'Bearer realm="gpushare"'} if access.status == 401 else None
+    return web.Response(status=access.status, text=f"gpushare: {access.reason}\n", headers=headers)
+
+
+def health_routes(
+    app: web.Application,
+    *,
+    ready: Readiness,
+    metrics: Metrics | None,
+    authorize: Authorize | None = None,
+) -> None:
+    """/healthz and /readyz (open: the kubelet probes them), /metrics (with ``authorize``,
+    only for callers allowed to get it)."""
+
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
@@ -70,7 +155,11 @@ def health_routes(app: web.Application, *, ready: Readiness, metrics: Metrics | 
     if metrics is not None:
         registry = metrics.registry
 
-        async def prometheus(_: web.Request) -> web.Response:
+        async def prometheus(request: web.Request) -> web.Response:
+            if authorize is not None:
+                access = await authorize(request.headers.get("Authorization"), "/metrics")
+                if not access.allowed:
+                    return refusal(access)
             body = generate_latest(registry)
             resp = web.Response(body=body)
             resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
@@ -80,10 +169,17 @@ def health_routes(app: web.Application, *, ready: Readiness, metrics: Metrics | 
 
 
 def extender_app(
-    extender: Extender, *, metrics: Metrics, ready: Readiness, prefix: str = "/scheduler"
+    extender: Extender,
+    *,
+    metrics: Metrics,
+    ready: Readiness,
+    prefix: str = "/scheduler",
+    authorize: Authorize | None = None,
 ) -> web.Application:
     """POST {prefix}/filter, {prefix}/prioritize, {prefix}/bind; GET /healthz /readyz /metrics."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES, middlewares=[deadline(EXTENDER_DEADLINE_S)]
+    )
     stages = metrics.bind_stage_seconds
     extender.bind_stage_observer = lambda stage, seconds: stages.labels(stage).observe(seconds)
 
@@ -128,18 +224,8 @@ def extender_app(
     app.router.add_post(f"{prefix}/filter", verb("filter", do_filter))
     app.router.add_post(f"{prefix}/prioritize", verb("prioritize", do_prioritize))
     app.router.add_post(f"{prefix}/bind", verb("bind", do_bind))
-    health_routes(app, ready=ready, metrics=metrics)
+    health_routes(app, ready=ready, metrics=metrics, authorize=authorize)
     return app
-
-
-def _template_error(exc: InvalidInputError | KubeError) -> InvalidInputError:
-    if isinstance(exc, InvalidInputError):
-        return exc
-    return InvalidInputError(
-        "ResourceClaimTemplate",
-        f"could not be created: {exc}",
-        "check the controller's RBAC for resourceclaimtemplates (create, get), then retry",
-    )
 
 
 def webhook_app(
@@ -147,14 +233,14 @@ def webhook_app(
     facts: FactsSource,
     metrics: Metrics,
     ready: Readiness,
-    templates: TemplateWriter | None = None,
+    authorize: Authorize | None = None,
 ) -> web.Application:
     """POST /mutate and /validate (AdmissionReview v1); GET /healthz /readyz /metrics.
 
-    In DRA mode a mutation may name a ResourceClaimTemplate: ``templates`` creates it before
-    the answer goes out (not for dry runs), so the pod never waits on a missing template; when
-    it cannot, the pod is refused with the reason."""
-    app = web.Application(client_max_size=8 * 2**20)
+    An answer has no side effect: anyone who reaches this port can post a review (the API
+    server proves nothing to a webhook), so a review only reads the view (docs/security.md,
+    "Nothing with side effects on an unauthenticated request")."""
+    app = web.Application(client_max_size=8 * 2**20, middlewares=[deadline(WEBHOOK_DEADLINE_S)])
 
     def review(name: str, *, mutate: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
@@ -179,12 +265,6 @@ def webhook_app(
                     },
                 }
                 return _json(doc)
-            if verdict.template is not None and not parsed.dry_run and templates is not None:
-                try:
-                    await templates(verdict.template)
-                except (InvalidInputError, KubeError) as exc:
-                    verdict = webhook.Verdict(allowed=False, errors=(_template_error(exc),))
-                    doc = webhook.response_doc(parsed, verdict)
             outcome = "allowed" if verdict.allowed else "denied"
             metrics.webhook_requests.labels(name, outcome).inc()
             if not verdict.allowed:
@@ -198,6 +278,7 @@ def webhook_app(
 
     app.router.add_post("/mutate", review("mutate", mutate=True))
     app.router.add_post("/validate", review("validate", mutate=False))
-    # /metrics here too: every replica serves this port, and it asks for no client certificate.
-    health_routes(app, ready=ready, metrics=metrics)
+    # /metrics here too: every replica serves this port, and it asks for no client certificate
+    # (so a bearer token, checked by ``authorize``).
+    health_routes(app, ready=ready, metrics=metrics, authorize=authorize)
     return app

@@ -35,11 +35,20 @@ PLACEMENT_GPUSHARE = "gpushare"
 PLACEMENT_KUBE_SCHEDULER = "kube-scheduler"
 DRA_PLACEMENTS = (PLACEMENT_GPUSHARE, PLACEMENT_KUBE_SCHEDULER)
 
+METRICS_AUTH_MODES = ("tokenreview", "none")
+
 # Host directories a gpushare pod must not mount: they would let it talk to the MPS control
-# daemon or the kubelet's device-plugin sockets directly, bypassing its share.
+# daemon, the kubelet's device-plugin, DRA-plugin or pod-resources sockets directly, bypassing
+# its share, or write CDI specs other containers get. Every other pod: the chart's
+# host-path policy (docs/security.md).
 DEFAULT_PROTECTED_HOST_PATHS: tuple[str, ...] = (
     "/var/lib/kubelet/device-plugins",
     "/var/lib/kubelet/pod-resources",
+    "/var/lib/kubelet/plugins",
+    "/var/lib/kubelet/plugins_registry",
+    "/var/run/cdi",
+    "/run/cdi",
+    "/etc/cdi",
     "/run/gpushare",
     "/var/run/gpushare",
     "/var/lib/gpushare",
@@ -142,6 +151,18 @@ class Settings:
     (first fit; nothing is gated). Unset: ``gpushare`` in ``--annotation-mode=dra``, else
     ``kube-scheduler``. The chart sets it from dra.placement wherever a node pool runs in dra
     mode."""
+    metrics_auth: str = "tokenreview"
+    """Who may read ``/metrics`` (it names every namespace's GpuShares and their profiles):
+    ``tokenreview``, a caller whose bearer token the API server authenticates and allows to
+    get the non-resource URL /metrics (TokenReview + SubjectAccessReview, as Prometheus
+    scrapes kubelets); ``none``, anyone who reaches the port (docs/security.md)."""
+    dra_templates_per_namespace: int = 32
+    """In ``--annotation-mode=dra``: most ResourceClaimTemplates gpushare makes in one namespace
+    (one per distinct request its annotated pods make); a pod asking for one more is refused
+    at admission, naming this bound (gpushare.cluster.dra.templates)."""
+    dra_template_idle_seconds: float = 600.0
+    """A ResourceClaimTemplate gpushare made that no pod has referred to for this long is
+    deleted (it is made again for the next pod that asks)."""
 
     @property
     def places_claims(self) -> bool:
@@ -305,9 +326,16 @@ class Settings:
             ("--cert-reload-seconds", self.cert_reload_seconds),
             ("--leader-elect-lease-seconds", self.leader_elect_lease_seconds),
             ("--leader-elect-renew-seconds", self.leader_elect_renew_seconds),
+            ("--dra-template-idle-seconds", self.dra_template_idle_seconds),
         ):
             if value <= 0:
                 raise InvalidInputError(flag, f"{value} is not positive", "give seconds > 0")
+        if not 1 <= self.dra_templates_per_namespace <= 10_000:
+            raise InvalidInputError(
+                "--dra-templates-per-namespace",
+                f"{self.dra_templates_per_namespace} is outside 1..10000",
+                "give how many distinct requests a namespace's pods may make, e.g. 32",
+            )
         if self.leader_elect_renew_seconds * 2 > self.leader_elect_lease_seconds:
             raise InvalidInputError(
                 "--leader-elect-renew-seconds",
@@ -526,6 +554,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.dra_placement,
         choices=DRA_PLACEMENTS,
         help=_doc("dra_placement"),
+    )
+    w.add_argument(
+        "--metrics-auth",
+        default=d.metrics_auth,
+        choices=METRICS_AUTH_MODES,
+        help=_doc("metrics_auth"),
+    )
+    w.add_argument(
+        "--dra-templates-per-namespace",
+        type=int,
+        default=d.dra_templates_per_namespace,
+        help=_doc("dra_templates_per_namespace"),
+    )
+    w.add_argument(
+        "--dra-template-idle-seconds",
+        type=float,
+        default=d.dra_template_idle_seconds,
+        help=_doc("dra_template_idle_seconds"),
     )
     o = p.add_argument_group("process")
     o.add_argument(

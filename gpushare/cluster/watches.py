@@ -16,6 +16,7 @@ from typing import Any
 
 from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.dra.devices import DraDevices
+from gpushare.cluster.dra.templates import ClaimTemplates, TemplateKeeper
 from gpushare.cluster.state.quarantine import Quarantine
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.controller import Kube, Watched
@@ -65,10 +66,12 @@ async def feed_pods(
     *,
     resync_seconds: float,
     allocator: ClaimAllocator | None = None,
+    keeper: TemplateKeeper | None = None,
 ) -> None:
     """Pods into the view; the view tells its pod listeners (the operator) what changed. With
     ``allocator`` (DRA mode, gpushare placement) every pod also goes to it: it keeps the pods
-    gated for it."""
+    gated for it. With ``keeper`` (``--annotation-mode=dra``) too: it makes the claim
+    templates stored pods wait for."""
 
     def upsert(data: Mapping[str, Any]) -> None:
         f = view.upsert_pod(data)
@@ -87,6 +90,8 @@ async def feed_pods(
             log.warning("pod annotations unreadable", extra={"pod": f.key, "error": f.problem})
         if allocator is not None:
             allocator.pod_event(data)
+        if keeper is not None:
+            keeper.pod_event(data)
 
     def delete(data: Mapping[str, Any]) -> None:
         meta = data.get("metadata")
@@ -95,12 +100,16 @@ async def feed_pods(
         view.delete_pod(key)
         if allocator is not None:
             allocator.pod_gone(key, deleted=True)
+        if keeper is not None:
+            keeper.pod_gone(key)
 
     def replace(items: Iterable[Mapping[str, Any]]) -> None:
         listed = list(items)
         view.replace_pods(listed)
         if allocator is not None:
             allocator.pods_listed(listed)
+        if keeper is not None:
+            keeper.pods_listed(listed, take=view.quarantine.take)
 
     await kube.inform(
         Watched.PODS,
@@ -185,6 +194,21 @@ async def feed_namespaces(kube: Kube, view: ClusterView, *, resync_seconds: floa
         replace=view.replace_namespaces,
         upsert=_guarded(view.quarantine, "Namespace", view.upsert_namespace),
         delete=_forgetting(view.quarantine, "Namespace", view.delete_namespace),
+        resync_seconds=resync_seconds,
+    )
+
+
+async def feed_claim_templates(
+    kube: Kube, templates: ClaimTemplates, *, resync_seconds: float
+) -> None:
+    """ResourceClaimTemplates of gpushare's name form (``--annotation-mode=dra``): what the
+    webhook checks a DRA-mode pod's template against and the keeper counts per namespace
+    (gpushare.cluster.dra.templates)."""
+    await kube.inform(
+        Watched.CLAIM_TEMPLATES,
+        replace=templates.replace,
+        upsert=_guarded(templates.quarantine, "ResourceClaimTemplate", templates.upsert),
+        delete=_forgetting(templates.quarantine, "ResourceClaimTemplate", templates.delete),
         resync_seconds=resync_seconds,
     )
 

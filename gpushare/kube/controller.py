@@ -24,6 +24,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
 
+from gpushare.kube.access import AsyncAccessReviewer
 from gpushare.kube.config import load_config
 from gpushare.kube.errors import KubeError, LeaseConflictError
 from gpushare.kube.errors import wrap as _wrap
@@ -50,6 +51,7 @@ class Watched(enum.Enum):
     NAMESPACES = "namespaces"
     RESOURCE_SLICES = "resourceslices"
     RESOURCE_CLAIMS = "resourceclaims"
+    CLAIM_TEMPLATES = "resourceclaimtemplates"
 
 
 _WATCHED: dict[Watched, tuple[Any, bool, str | None]] = {
@@ -66,6 +68,11 @@ _WATCHED: dict[Watched, tuple[Any, bool, str | None]] = {
         ResourceClaimResource,
         True,
         "/apis/resource.k8s.io/v1/resourceclaims",
+    ),
+    Watched.CLAIM_TEMPLATES: (
+        ResourceClaimTemplateResource,
+        True,
+        "/apis/resource.k8s.io/v1/resourceclaimtemplates",
     ),
 }
 """Each kind: lightkube resource, namespaced, path for the raw (msgspec) watch."""
@@ -111,6 +118,10 @@ class Kube:
             raise
         except Exception as exc:
             raise _wrap(exc, what) from exc
+
+    def access_reviewer(self) -> AsyncAccessReviewer:
+        """Checks the bearer tokens of callers of /metrics (gpushare.kube.access)."""
+        return AsyncAccessReviewer(self._client)
 
     async def close(self) -> None:
         await self._client.close()
@@ -236,6 +247,17 @@ class Kube:
         except Exception as exc:
             raise _wrap(exc, what) from exc
         return True
+
+    async def delete_claim_template(self, *, namespace: str, name: str) -> None:
+        """Delete a ResourceClaimTemplate; one already gone is fine."""
+        try:
+            await self._client.delete(ResourceClaimTemplateResource, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return
+            raise _wrap(exc, f"delete ResourceClaimTemplate {namespace}/{name}") from exc
+        except Exception as exc:
+            raise _wrap(exc, f"delete ResourceClaimTemplate {namespace}/{name}") from exc
 
     # ---- DRA claims the controller places (gpushare.cluster.dra) --------------------------
 

@@ -18,6 +18,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from gpushare.api.names import ANN_STATE, STATE_ALLOCATED
+from gpushare.kube.access import PROFILE_AUDIENCE, AccessReviewer
 from gpushare.kube.config import load_config
 from gpushare.kube.events import ObjectRef, Reporter
 
@@ -148,6 +149,11 @@ class NodeKube(Generic[P]):
             {"metadata": {"annotations": dict(annotations), "labels": dict(labels)}},
             patch_type=PatchType.MERGE,
         )
+
+    def access_reviewer(self) -> AccessReviewer:
+        """Checks the bearer tokens of callers of /metrics and /profile (gpushare.kube.access):
+        /profile only with a token bound to PROFILE_AUDIENCE (the operator's)."""
+        return AccessReviewer(self.client, audiences={"/profile": [PROFILE_AUDIENCE]})
 
     def dra(self) -> "DraKube":
         """The DRA plugin's calls (ResourceClaims, this node's ResourceSlices), on this client."""

@@ -56,7 +56,7 @@ from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.faults.procfs import PodResolver
 from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.load import Share, simulated_load
-from gpushare.node.metrics import AgentCollector, MetricsServer, Reply
+from gpushare.node.metrics import AgentCollector, Authorize, MetricsServer, Reply
 from gpushare.node.mps.manager import DaemonStarter, MpsManager, ShmMode
 from gpushare.node.mps_limits import MpsLimitKeeper
 from gpushare.packing.tenancy import TENANCY_NAMESPACE
@@ -116,6 +116,12 @@ class AgentSettings:
     metrics_port: int = AGENT_METRICS_PORT
     """Port serving /metrics, /healthz and the exporter's /profile; 0 picks a free port
     (logged)."""
+    metrics_auth: str = "tokenreview"
+    """Who may read /metrics and /profile (they name every pod on this node): tokenreview, a
+    caller whose bearer token the API server authenticates and allows to get that non-resource
+    URL (TokenReview + SubjectAccessReview; /profile only with a token bound to the audience
+    gpushare.io/node-agent, which the controller's operator presents); none, anyone who
+    reaches the port (docs/security.md, "Metrics and profiles")."""
     pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     """The kubelet's pod-resources socket, for the exporter's per-container attribution."""
     allocation_state_file: Path | None = None
@@ -157,11 +163,14 @@ class NodeAgent:
         kube: Any,
         device_nodes: Callable[[str], list[DeviceNode]] | None = None,
         dra_kube: Any = None,
+        authorize: Authorize | None = None,
     ) -> None:
         """``kube`` is a gpushare.kube.node.NodeKube (PodSource plus publish/raw pod reads);
         ``dra_kube`` its DRA calls (gpushare.kube.dra.DraKube; default ``kube.dra()``), used in
-        dra mode only."""
+        dra mode only; ``authorize`` admits callers of /metrics and /profile
+        (``settings.metrics_auth``: main wires gpushare.kube.access; None: open)."""
         self.settings = settings
+        self._authorize = authorize
         self.backend = backend
         self.kube = kube
         self.gpus = backend.inventory()
@@ -222,6 +231,7 @@ class NodeAgent:
                 pods=lambda: [pod_info(m) for m in self.kube.raw_node_pods()],
                 tenancy=settings.tenancy,
                 namespace_labels=dra_api.namespace_labels,
+                on_dropped=self._checkpoint_entry_dropped,
             )
             self.dra = driver
             self.slices = SlicePublisher(
@@ -281,6 +291,21 @@ class NodeAgent:
         servicer = DevicePluginServicer(allocator=self.allocator, health=self.health)
         self._servicers.append(servicer)
         return servicer
+
+    def _checkpoint_entry_dropped(self, claim: str, why: str) -> None:
+        """A Warning Event on the node for a DRA checkpoint entry dropped at start."""
+        if self.kube is None:
+            return
+        try:
+            self.kube.record_event(
+                pod=None,
+                reason="GpushareCheckpointEntryDropped",
+                message=f"DRA checkpoint entry {claim} dropped: {why}; the agent did not write "
+                "it so, and the kubelet prepares that claim again",
+                warning=True,
+            )
+        except Exception as exc:
+            log.warning("could not report the dropped checkpoint entry %s: %s", claim, exc)
 
     def _resync_limits(self) -> None:
         """After an unprepare: the MPS servers' limits from the pods and claims left."""
@@ -518,7 +543,10 @@ class NodeAgent:
             )
             self.registry.register(self.faults.collector())
             self.metrics = MetricsServer(
-                registry=self.registry, host=settings.metrics_host, port=settings.metrics_port
+                registry=self.registry,
+                host=settings.metrics_host,
+                port=settings.metrics_port,
+                authorize=self._authorize,
             )
             if settings.exporter:
                 self._exporter = wire_exporter(

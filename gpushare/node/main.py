@@ -54,6 +54,7 @@ AGENT_FLAGS: dict[str, dict[str, Any]] = {
     "stop_mps_on_exit": {"action": "store_true"},
     "metrics_host": {},
     "metrics_port": {"type": int},
+    "metrics_auth": {"choices": ("tokenreview", "none")},
     "pod_resources_socket": {"type": Path},
     "exclusive_after_faults": {"type": int},
 }
@@ -220,7 +221,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     flagged = {name: getattr(args, name) for name in AGENT_FLAGS}
     flagged["exclusive_after_faults"] = max(0, args.exclusive_after_faults)
     settings = AgentSettings(node_name=args.node_name, exporter=not args.no_exporter, **flagged)
-    agent = NodeAgent(settings, backend=backend, kube=kube, device_nodes=_device_nodes(backend))
+    agent = NodeAgent(
+        settings,
+        backend=backend,
+        kube=kube,
+        device_nodes=_device_nodes(backend),
+        authorize=kube.access_reviewer().review if settings.metrics_auth != "none" else None,
+    )
     stop = threading.Event()
     if args.other_plugin_check_seconds > 0 and args.pod_resources_socket is not None:
         OtherPluginWatch(

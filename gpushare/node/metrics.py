@@ -2,18 +2,28 @@
 routes (the exporter's ``/profile``, see ``gpushare.node.extension``), in a thread of its own.
 
 The agent and the standalone exporter (``python -m gpushare.node.exporter``) both serve with it.
+It is bounded (issue #45: it held a thread per idle connection, without a timeout): at most
+``max_connections`` connections at once (one more is closed unanswered), a read that waits
+``idle_timeout_s`` ends its connection, and every connection is cut ``deadline_s`` after it
+opened. With ``authorize`` the routes in ``protected`` answer only callers it admits (the
+agent's are /metrics and /profile: they name every pod on the node; gpushare.kube.access).
 """
 
+import contextlib
 import logging
+import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from gpushare.kube.access import Access
 
 log = logging.getLogger(__name__)
 
@@ -30,24 +40,100 @@ class Reply:
 
 RouteHandler = Callable[[str], Reply]
 """(raw query string) -> the reply."""
+Authorize = Callable[[str | None, str], Access]
+"""(the Authorization header, the path) -> may the caller read it (gpushare.kube.access)."""
+
+MAX_CONNECTIONS = 64
+"""Open connections at once (Prometheus and the operator keep one or two each)."""
+IDLE_TIMEOUT_S = 10.0
+"""A connection whose next bytes take longer than this is closed."""
+DEADLINE_S = 30.0
+"""Every connection is cut this long after it opened (a request sent a byte at a time)."""
+PROTECTED = ("/metrics", "/profile")
+
+
+def _cut(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed
+        conn.shutdown(socket.SHUT_RDWR)
+
+
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with a bound on connections and a deadline per connection."""
+
+    daemon_threads = True
+
+    def __init__(
+        self, address: tuple[str, int], handler: Any, *, max_connections: int, deadline_s: float
+    ) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._deadline_s = deadline_s
+        self.refused = 0
+        """Connections closed unanswered because the bound was reached."""
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
+                log.warning("connection refused: too many open", extra={"refused": self.refused})
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        timer = threading.Timer(self._deadline_s, _cut, args=(request,))
+        timer.daemon = True
+        timer.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            timer.cancel()
+            self._slots.release()
 
 
 class MetricsServer:
-    """A small threaded HTTP server on ``host:port`` (port 0 picks a free one)."""
+    """A small threaded HTTP server on ``host:port`` (port 0 picks a free one), bounded (see
+    the module's docstring); with ``authorize``, ``protected`` routes answer only the callers
+    it admits (the kubelet's probes, /healthz and /readyz, stay open)."""
 
-    def __init__(self, *, registry: CollectorRegistry, host: str, port: int) -> None:
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        authorize: Authorize | None = None,
+        protected: Collection[str] = PROTECTED,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        deadline_s: float = DEADLINE_S,
+    ) -> None:
         self.registry = registry
         self._routes: dict[str, RouteHandler] = {
             "/metrics": self._metrics,
             "/healthz": lambda _q: Reply(200, "text/plain", b"ok\n"),
         }
         routes = self._routes
+        guarded = frozenset(protected) if authorize is not None else frozenset()
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = idle_timeout_s
+
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
                 handler = routes.get(url.path)
-                if handler is None:
+                access = (
+                    authorize(self.headers.get("Authorization"), url.path)
+                    if authorize is not None and url.path in guarded
+                    else None
+                )
+                if access is not None and not access.allowed:
+                    reply = refusal(access)
+                elif handler is None:
                     reply = Reply(404, "text/plain", f"no route {url.path}\n".encode())
                 else:
                     try:
@@ -66,13 +152,18 @@ class MetricsServer:
             def log_message(self, format: str, *args: object) -> None:
                 return None
 
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _BoundedHTTPServer(
+            (host, port), Handler, max_connections=max_connections, deadline_s=deadline_s
+        )
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         return int(self._httpd.server_address[1])
+
+    @property
+    def refused_connections(self) -> int:
+        return self._httpd.refused
 
     def add_route(self, path: str, handler: RouteHandler) -> None:
         if path in self._routes:
@@ -91,6 +182,12 @@ class MetricsServer:
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+def refusal(access: Access) -> Reply:
+    """The answer to a caller ``authorize`` turned away: its status and the reason."""
+    headers = (("WWW-Authenticate", 'Bearer realm="gpushare"'),) if access.status == 401 else ()
+    return Reply(access.status, "text/plain", f"gpushare: {access.reason}\n".encode(), headers)
 
 
 class AgentCollector(Collector):

@@ -8,7 +8,7 @@ Rule = tuple[str, str, str, str]
 def _rules(role: dict) -> set[Rule]:  # type: ignore[type-arg]
     out = set()
     for rule in role["rules"]:
-        for group in rule["apiGroups"]:
+        for group in rule.get("apiGroups", []):
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
                     for name in rule.get("resourceNames", ["*"]):
@@ -86,3 +86,66 @@ def test_claim_placement_is_granted_only_where_the_controller_places_claims(char
         assert not any(
             r[0] == "resource.k8s.io" and r[1] != "resourceclaimtemplates" for r in rules(values)
         )
+
+
+def test_in_mode_dra_the_one_delete_is_of_claim_templates(chart: Chart) -> None:
+    """The controller makes, watches and deletes the claim templates of annotated pods (its
+    own, once unused: gpushare.cluster.dra.templates); it may delete nothing else, and
+    outside mode dra not even those."""
+    rendered = chart.render({"mode": "dra", "dra": {"templatesPerNamespace": 7}})
+    rules = _rules(rendered.get("ClusterRole", "gpushare-controller"))
+    templates = {v for g, r, v, _ in rules if r == "resourceclaimtemplates"}
+    assert templates == {"get", "list", "watch", "create", "delete"}
+    assert {(r, v) for _, r, v, _ in rules if v == "delete"} == {
+        ("resourceclaimtemplates", "delete")
+    }
+    args = rendered.get("Deployment", "gpushare-controller")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert "--dra-templates-per-namespace=7" in args
+    assert not any(
+        "templates-per-namespace" in a
+        for a in chart.render().get("Deployment", "gpushare-controller")["spec"]["template"][
+            "spec"
+        ]["containers"][0]["args"]
+    )
+
+
+def test_metrics_are_read_only_by_callers_the_api_server_vouches_for(chart: Chart) -> None:
+    """Issue #45: /metrics named every namespace's GpuShares to anyone. By default the
+    controller checks a caller's token (TokenReview, SubjectAccessReview), reads the agents'
+    /profile with a token of audience gpushare.io/node-agent, and the chart offers a
+    metrics-reader ClusterRole (get /metrics), bound to monitoring.metricsReaders."""
+    prometheus = {"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}
+    rendered = chart.render({"monitoring": {"metricsReaders": [prometheus]}})
+    role = rendered.get("ClusterRole", "gpushare-controller")
+    rules = _rules(role)
+    assert ("authentication.k8s.io", "tokenreviews", "create", "*") in rules
+    assert ("authorization.k8s.io", "subjectaccessreviews", "create", "*") in rules
+    assert {"nonResourceURLs": ["/profile"], "verbs": ["get"]} in role["rules"]
+    reader = rendered.get("ClusterRole", "gpushare-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    binding = rendered.get("ClusterRoleBinding", "gpushare-metrics-reader")
+    assert binding["subjects"] == [prometheus]
+    assert binding["roleRef"]["name"] == "gpushare-metrics-reader"
+    deployment = rendered.get("Deployment", "gpushare-controller")
+    pod = deployment["spec"]["template"]["spec"]
+    assert "--metrics-auth=tokenreview" in pod["containers"][0]["args"]
+    token = next(v for v in pod["volumes"] if v["name"] == "node-agent-token")
+    source = token["projected"]["sources"][0]["serviceAccountToken"]
+    assert source["audience"] == "gpushare.io/node-agent"
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "node-agent-token")
+    assert (
+        f"{mount['mountPath']}/{source['path']}" == "/var/run/secrets/gpushare.io/node-agent/token"
+    )
+    assert not chart.render().has("ClusterRoleBinding", "gpushare-metrics-reader")
+
+
+def test_open_metrics_grant_no_reviews(chart: Chart) -> None:
+    rendered = chart.render({"monitoring": {"auth": "none"}})
+    rules = _rules(rendered.get("ClusterRole", "gpushare-controller"))
+    assert not [r for r in rules if r[1] in ("tokenreviews", "subjectaccessreviews")]
+    assert not rendered.has("ClusterRole", "gpushare-metrics-reader")
+    pod = rendered.get("Deployment", "gpushare-controller")["spec"]["template"]["spec"]
+    assert "--metrics-auth=none" in pod["containers"][0]["args"]
+    assert all(v["name"] != "node-agent-token" for v in pod["volumes"])

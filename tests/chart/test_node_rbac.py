@@ -9,12 +9,15 @@ def test_node_agent_may_not_create_delete_or_read_secrets(chart: Chart) -> None:
     granted = {
         (g, r, v)
         for rule in role["rules"]
-        for g in rule["apiGroups"]
+        for g in rule.get("apiGroups", [])
         for r in rule["resources"]
         for v in rule["verbs"]
     }
     assert ("", "pods", "list") in granted
     assert ("", "pods", "patch") in granted
+    # It reads pods only as a list of its node's (field selector spec.nodeName): no get, no
+    # watch of any pod of the cluster (issue #45).
+    assert {v for g, r, v in granted if r == "pods"} == {"list", "patch"}
     assert ("", "nodes", "patch") in granted
     assert ("", "events", "create") in granted
     assert not [x for x in granted if x[2] in ("delete", "deletecollection", "*")]
@@ -68,3 +71,23 @@ def test_every_pools_daemonset_may_be_read_by_its_agents(chart: Chart) -> None:
     pools = [{"name": "dra", "mode": "dra", "nodeSelector": {"gpushare.io/mode": "dra"}}]
     role = chart.render({"node": {"extraPools": pools}}).get("Role", "gpushare-node-agent")
     assert role["rules"][0]["resourceNames"] == ["gpushare-node-agent", "gpushare-node-agent-dra"]
+
+
+def test_agents_check_scrapers_tokens_only_when_metrics_are_authenticated(chart: Chart) -> None:
+    """monitoring.auth tokenreview (the default): the agent may ask the API server about a
+    caller's token and rights (gpushare.kube.access) and is started so; none: neither."""
+    for auth, reviews in (("tokenreview", True), (None, True), ("none", False)):
+        values = {"monitoring": {"auth": auth}} if auth else {}
+        rendered = chart.render(values)
+        granted = {
+            (g, r, v)
+            for rule in rendered.get("ClusterRole", "gpushare-node-agent")["rules"]
+            for g in rule.get("apiGroups", [])
+            for r in rule["resources"]
+            for v in rule["verbs"]
+        }
+        assert (("authentication.k8s.io", "tokenreviews", "create") in granted) is reviews
+        assert (("authorization.k8s.io", "subjectaccessreviews", "create") in granted) is reviews
+        ds = rendered.get("DaemonSet", "gpushare-node-agent")
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert f"--metrics-auth={auth or 'tokenreview'}" in args

@@ -82,3 +82,14 @@ def test_misspelt_relabeling_key_is_refused(chart: Chart) -> None:
         {"monitoring": {"serviceMonitor": {"honourLabels": True}}}, api_versions=[MONITORING]
     )
     assert "honourLabels" in err
+
+
+def test_scrapes_send_prometheus_token_where_metrics_are_authenticated(chart: Chart) -> None:
+    """monitoring.auth tokenreview (default): gpushare answers /metrics only to a token the API
+    server vouches for, so both endpoints send Prometheus's ServiceAccount token; none: no
+    token is sent."""
+    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    for values, sent in (({}, True), ({"monitoring": {"auth": "none"}}, False)):
+        for monitor in chart.render(values, api_versions=[MONITORING]).all("ServiceMonitor"):
+            (endpoint,) = monitor["spec"]["endpoints"]
+            assert (endpoint.get("bearerTokenFile") == token) is sent, monitor["metadata"]

@@ -18,6 +18,7 @@ bench/results/security.json.
 import json
 import os
 import subprocess
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -41,7 +42,7 @@ from gpushare.api.names import (
 from tests.faults.cluster_checks import kubectl_json, wait_until
 from tests.fixtures.controller import EXTENDER_PORT, ControllerProcess
 from tests.fixtures.helm_chart import CHART, KUBE_VERSION, helm_binary
-from tests.fixtures.node_agent import NodeAgentProcess
+from tests.fixtures.node_agent import NodeAgentProcess, scraper_token
 
 pytestmark = pytest.mark.cluster
 
@@ -170,6 +171,10 @@ def sec(cluster: Any, controller: ControllerProcess, node_agent: NodeAgentProces
             "templates/placement-policy.yaml",
             "--show-only",
             "templates/node-agent-guard.yaml",
+            "--show-only",
+            "templates/host-path-policy.yaml",
+            "--set-string",
+            f"hostPathGuard.namespaceSelector.matchLabels.gs-sec={sfx}",
             "--set-string",
             f"placementGuard.namespaceSelector.matchLabels.gs-sec={sfx}",
             "--set-string",
@@ -473,6 +478,37 @@ def mounts_the_mps_directories(sec: Sec) -> Outcome:
         spec={"volumes": [{"name": "h", "hostPath": {"path": "/run/gpushare"}}]},
     )
     return create(sec, doc)
+
+
+def a_plain_pod_mounts_the_kubelet_plugin_and_cdi_directories(sec: Sec) -> Outcome:
+    """Issue #45: a pod that is no gpushare pod (the webhook never sees it) mounted the MPS,
+    kubelet-plugin and CDI host directories, and the protected list missed the last two. Now
+    the chart's ValidatingAdmissionPolicy refuses each, for every pod, also when written as
+    a parent directory or with "//" and "/./"."""
+    reasons = []
+    for path in (
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins/",
+        "/var//run/./cdi",
+        "/etc/cdi",
+        "/var/lib",
+        "/run/gpushare/node/mps",
+    ):
+        name = f"plain-mount-{uuid.uuid4().hex[:4]}"
+        doc = pod_doc(
+            name,
+            sec.cluster.busybox_image,
+            container={"volumeMounts": [{"name": "h", "mountPath": "/h"}]},
+            spec={"volumes": [{"name": "h", "hostPath": {"path": path}}]},
+        )
+        refused, why = create(sec, doc)
+        if not refused:
+            sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
+            return False, f"a plain pod mounting {path} was created"
+        if "protected host directory" not in why:
+            return False, f"{path}: refused for another reason: {why}"
+        reasons.append(why)
+    return True, reasons[0]
 
 
 def skips_the_scheduler_with_node_name(sec: Sec) -> Outcome:
@@ -805,6 +841,77 @@ def a_pod_asking_for_an_exponent_near_a_million_cpus(sec: Sec) -> Outcome:
         sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
 
 
+def _get(url: str, token: str | None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=15) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def reads_metrics_and_profiles_with_a_tenant_token(sec: Sec) -> Outcome:
+    """Issue #45: the controller's /metrics named every namespace's GpuShares and profiles, a
+    node agent's /metrics and /profile every pod on its node, to anyone. Now the tenant's own
+    ServiceAccount token, or none, gets 401/403 with the fix, and the victim's name nowhere;
+    a scraper allowed to get /metrics (as Prometheus is) still reads them."""
+    token = sec.kubectl("create", "token", "tenant", "-n", sec.attacker_ns).stdout.strip()
+    assert token, "no tenant token"
+    agent = f"http://127.0.0.1:{sec.agent.metrics_port}"
+    gpu = sec.victim["metadata"]["annotations"].get(ANN_GPU_UUID, "0")
+    tries = {
+        "agent /metrics, tenant token": _get(f"{agent}/metrics", token),
+        "agent /metrics, no token": _get(f"{agent}/metrics", None),
+        "agent /profile, tenant token": _get(f"{agent}/profile?gpu={gpu}", token),
+        "controller /metrics, tenant token": _get(f"{EXTENDER.rsplit('/', 1)[0]}/metrics", token),
+        "controller /metrics, no token": _get(f"{EXTENDER.rsplit('/', 1)[0]}/metrics", None),
+    }
+    scraper, _ = _get(f"{agent}/metrics", scraper_token(sec.cluster))
+    refused = all(status in (401, 403) and "victim" not in body for status, body in tries.values())
+    why = "; ".join(f"{k}: {status} {body.strip()[:140]}" for k, (status, body) in tries.items())
+    return refused and scraper == 200, f"{why}; a scraper allowed /metrics: {scraper}"
+
+
+def holds_the_agents_port_with_idle_connections(sec: Sec) -> Outcome:
+    """Issue #45: the node agent's HTTP server held a thread per idle connection, without a
+    timeout, so a tenant pod on the host network could starve the kubelet's probes and the
+    operator's profile reads. Now: 300 idle connections; beyond the bound they are closed at
+    once, the rest within the idle timeout, and the server answers again."""
+    import socket  # noqa: PLC0415
+
+    port = sec.agent.metrics_port
+    held = []
+    try:
+        for _ in range(300):
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        deadline = time.monotonic() + 30
+        answered = 0
+        while time.monotonic() < deadline and not answered:
+            try:
+                answered, _ = _get(f"http://127.0.0.1:{port}/healthz", None)
+            except OSError:
+                time.sleep(0.5)
+        waited = 30 - (deadline - time.monotonic())
+        # Within the idle timeout (10 s) the agent closes every one it had accepted.
+        closing = time.monotonic() + 15
+        still_open = 0
+        for s in held:
+            s.settimeout(max(0.1, closing - time.monotonic()))
+            try:
+                still_open += s.recv(1) != b""
+            except TimeoutError:
+                still_open += 1
+            except OSError:
+                pass
+    finally:
+        for s in held:
+            s.close()
+    return answered == 200 and still_open == 0, (
+        f"/healthz answered {answered} after {waited:.1f}s with 300 connections opened; "
+        f"{still_open} of them still held by the agent 15 s later"
+    )
+
+
 def tenant_annotates(sec: Sec, name: str, change: str) -> Outcome:
     """The tenant's ``kubectl annotate --overwrite`` of its own pod."""
     out = sec.kubectl(
@@ -848,12 +955,15 @@ ATTACKS: dict[str, Callable[[Sec], Outcome]] = {
         share_the_victims_gpu_from_another_namespace,
         env_reexports_the_thread_cap,
         mounts_the_mps_directories,
+        a_plain_pod_mounts_the_kubelet_plugin_and_cdi_directories,
         skips_the_scheduler_with_node_name,
         writes_its_own_placement_at_creation,
         forges_mps_fault_lines_from_its_container,
         a_node_agent_token_for_another_nodes_pods,
         extender_without_client_certificate,
         a_pod_asking_for_an_exponent_near_a_million_cpus,
+        reads_metrics_and_profiles_with_a_tenant_token,
+        holds_the_agents_port_with_idle_connections,
     )
 }
 

@@ -19,6 +19,7 @@ import pytest
 
 from gpushare.api.names import ANN_CLASS, ANN_FRACTION, ANN_LIMIT, ANN_MEMORY, ANN_NODE_GPUS
 from tests.fixtures.chart_release import wait_for as chart_wait_for
+from tests.fixtures.node_agent import scraper_token
 
 Obj = dict[str, Any]
 WORKER = Path(__file__).with_name("gemm_worker.py")
@@ -285,7 +286,11 @@ def agent_pod(gc: GpuCluster) -> Obj:
 
 def exporter_text(gc: GpuCluster) -> str:
     ip = agent_pod(gc)["status"]["podIP"]
-    with urllib.request.urlopen(f"http://{ip}:{METRICS_PORT}/metrics", timeout=10) as resp:
+    request = urllib.request.Request(
+        f"http://{ip}:{METRICS_PORT}/metrics",
+        headers={"Authorization": f"Bearer {scraper_token(gc)}"},  # as Prometheus scrapes
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
         return resp.read().decode()  # type: ignore[no-any-return]
 
 

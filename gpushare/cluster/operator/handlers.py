@@ -71,6 +71,14 @@ def build_registry(
     registry = kopf.OperatorRegistry()
     shares = (GROUP, VERSION, PLURAL)
 
+    def take(kind: str, body: kopf.Body, upsert: Callable[[Any], Any]) -> Any:
+        """``upsert(body)`` through the view's quarantine, as the controller's own watches do:
+        an object the view cannot take is held out with its Event and metric, never raised
+        into Kopf (gpushare.cluster.state.quarantine). Its result, or None when held out."""
+        taken: list[Any] = []
+        view.quarantine.take(kind, body, lambda obj: taken.append(upsert(obj)))
+        return taken[0] if taken else None
+
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         """$KUBECONFIG first (tests, development), else the pod's service account."""
@@ -88,7 +96,7 @@ def build_registry(
             if event.get("type") == "DELETED":
                 view.delete_node(str(body.get("metadata", {}).get("name", "")))
             else:
-                view.upsert_node(body)
+                take("Node", body, view.upsert_node)
 
         @kopf.on.event("", "v1", "pods", registry=registry)
         async def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
@@ -96,7 +104,7 @@ def build_registry(
             if event.get("type") == "DELETED":
                 view.delete_pod(pod_key(body))
             else:
-                view.upsert_pod(body)
+                take("Pod", body, view.upsert_pod)
 
     @kopf.on.event(*shares, registry=registry)
     async def share_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
@@ -104,7 +112,7 @@ def build_registry(
             view.delete_share(body)
             share = None
         else:
-            share = view.upsert_share(body)
+            share = take("GpuShare", body, view.upsert_share)
         if on_share_event is not None:
             on_share_event()
         if share is not None:
@@ -134,7 +142,7 @@ def build_registry(
 
     @kopf.timer(*shares, interval=config.reconcile_interval_s, id="reconcile", registry=registry)
     async def tick(body: kopf.Body, **_: Any) -> None:
-        share = view.upsert_share(body) or share_summary(body)
+        share = take("GpuShare", body, view.upsert_share) or share_summary(body)
         try:
             await reconciler.reconcile(share.key)
         except Exception as exc:

@@ -1,21 +1,49 @@
 """HTTP client for the node agent's profiler endpoint (the operator's only node-side call)."""
 
+from pathlib import Path
+
 import aiohttp
 
 from gpushare.api.bounds import load_json
+from gpushare.api.endpoints import AGENT_TOKEN_FILE
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.profile import GpuProfile
 from gpushare.cluster.operator.readings import ProfilerError, agent_url, parse_reading
 
 MAX_ANSWER_BYTES = 64 * 1024
 """A /profile answer is a few hundred bytes; anything far larger is refused unread."""
+MAX_TOKEN_BYTES = 16 * 1024
+
+
+def bearer_header(token_file: Path | None) -> dict[str, str]:
+    """``Authorization: Bearer <token>`` from ``token_file``, read afresh (the kubelet rotates
+    a projected token); no header when the file is missing or unreadable."""
+    if token_file is None:
+        return {}
+    try:
+        with token_file.open("rb") as f:
+            token = f.read(MAX_TOKEN_BYTES).decode(errors="replace").strip()
+    except OSError:
+        return {}
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 class ProfilerClient:
     """One aiohttp session for all node agents; create and close it inside the event loop."""
 
-    def __init__(self, *, url_template: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        url_template: str,
+        timeout_s: float,
+        token_file: Path | None = Path(AGENT_TOKEN_FILE),
+    ) -> None:
+        """``token_file``: the token presented to agents (gpushare.kube.access: /profile
+        answers only a token bound to the audience gpushare.io/node-agent); by default the
+        one the chart mounts, so every reader of /profile (the operator, the opportunistic
+        governor) presents it."""
         self._template = url_template
+        self._token_file = token_file
         self._timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
 
@@ -31,7 +59,10 @@ class ProfilerClient:
         timeout = aiohttp.ClientTimeout(total=self._timeout_s + window_s)
         try:
             async with self._session.get(
-                url, params={"gpu": gpu_uuid, "window": str(window_s)}, timeout=timeout
+                url,
+                params={"gpu": gpu_uuid, "window": str(window_s)},
+                timeout=timeout,
+                headers=bearer_header(self._token_file),
             ) as response:
                 if response.status != 200:
                     text = (await response.text())[:200]

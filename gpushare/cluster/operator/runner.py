@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import kopf
 from prometheus_client import CollectorRegistry
@@ -53,7 +54,11 @@ async def run_operator(
     config = settings or OperatorConfig()
     state = view if view is not None else ClusterView()
     kube = KubeApi.from_environment()
-    profiler = ProfilerClient(url_template=config.agent_url, timeout_s=config.agent_timeout_s)
+    profiler = ProfilerClient(
+        url_template=config.agent_url,
+        timeout_s=config.agent_timeout_s,
+        token_file=Path(config.agent_token_file) if config.agent_token_file else None,
+    )
     reconciler = ShareReconciler(config=config, kube=kube, view=state, profiler=profiler)
     state.pod_listeners.append(reconciler.pod_changed)
     tasks: list[asyncio.Task[None]] = []

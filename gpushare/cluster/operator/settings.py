@@ -3,7 +3,7 @@
 import os
 from dataclasses import dataclass, field
 
-from gpushare.api.endpoints import DEFAULT_AGENT_URL, DEFAULT_PROFILE_CACHE
+from gpushare.api.endpoints import AGENT_TOKEN_FILE, DEFAULT_AGENT_URL, DEFAULT_PROFILE_CACHE
 from gpushare.cluster.operator.protection import ProtectionPolicy
 
 DEFAULT_NAMESPACE = "gpushare-system"
@@ -25,6 +25,11 @@ class OperatorConfig:
     """Base URL of a node agent's metrics server; ``{node}`` and ``{node_ip}`` (the node's
     InternalIP) are substituted. The profiler lives at ``<agent_url>/profile``. The
     controller's ``--agent-url``; checked by gpushare.api.endpoints.check_agent_url."""
+    agent_token_file: str = AGENT_TOKEN_FILE
+    """The token the operator presents to node agents for /profile (Authorization: Bearer),
+    read afresh for each call (the kubelet rotates it): a projected ServiceAccount token bound
+    to the audience gpushare.io/node-agent, which the chart mounts here. Missing: no token is
+    sent (an agent run with --metrics-auth none still answers)."""
     agent_timeout_s: float = 10.0
     """Timeout of one profiler call, on top of the window it samples."""
     reconcile_interval_s: float = 5.0

@@ -9,12 +9,13 @@ allocator places the claim and the node agent's kubelet plugin prepares it (docs
 A pod cannot hold a claim inline, so the webhook points it at a ResourceClaimTemplate in its
 namespace named for what it asks (``gpushare-30pct-4gi-latency``): pods asking the same share
 use one template, and kube-controller-manager makes each pod a claim of its own from it (owned
-by the pod, deleted with it). The webhook creates a missing template before it answers (not on
-dry runs); one that exists with another spec is refused, never overwritten.
+by the pod, deleted with it). The webhook makes nothing: the controller makes the template once
+the pod is stored (gpushare.cluster.dra.templates); one that exists with another spec is
+refused, never used or overwritten.
 """
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from gpushare.api.dra import (
     CAPACITY_GPU_PERCENT,
@@ -191,16 +192,6 @@ def template_conflict(namespace: str, name: str) -> InvalidInputError:
     )
 
 
-class TemplateStore(Protocol):
-    """The API calls behind :func:`ensure_template` (gpushare.kube.controller.Kube)."""
-
-    async def get_claim_template(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        """The template's manifest; None when there is none."""
-
-    async def create_claim_template(self, body: Mapping[str, Any]) -> bool:
-        """Create it; False when one of that name exists already."""
-
-
 def covers(existing: Any, wanted: Any) -> bool:
     """Every field of ``wanted`` is in ``existing`` with the same value; fields the API server
     defaulted (``allocationMode``, ``count``) are allowed beside them."""
@@ -217,29 +208,11 @@ def covers(existing: Any, wanted: Any) -> bool:
     return bool(existing == wanted)
 
 
-async def ensure_template(store: TemplateStore, template: Mapping[str, Any]) -> None:
-    """Make ``template`` exist: read it, create it when missing (two webhook replicas may race:
-    the loser reads the winner's). Raises InvalidInputError when a template of that name has
-    another spec."""
-    namespace, name = template["metadata"]["namespace"], template["metadata"]["name"]
-    existing = await store.get_claim_template(namespace=namespace, name=name)
-    if existing is None:
-        if await store.create_claim_template(template):
-            return
-        existing = await store.get_claim_template(namespace=namespace, name=name)
-        if existing is None:  # made and deleted again between our two calls: make it now
-            await store.create_claim_template(template)
-            return
-    if not covers(existing.get("spec"), template["spec"]):
-        raise template_conflict(namespace, name)
-
-
 __all__ = [
     "claim_errors",
     "claim_ops",
     "claim_template",
     "covers",
-    "ensure_template",
     "gate_ops",
     "has_claim",
     "missing_claim_error",

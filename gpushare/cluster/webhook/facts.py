@@ -3,12 +3,15 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpushare.api.errors import InvalidInputError
 from gpushare.api.request import GpuRequest
 
 ShareLookup = Callable[[str, str], GpuRequest | None]
 ExclusiveLookup = Callable[[str], str | None]
 SeparationLookup = Callable[[str], tuple[frozenset[str], str] | None]
 """Workload UID -> (GPUs its new pods keep off, why), for workloads separated after faults."""
+TemplateCheck = Callable[[str, str], InvalidInputError | None]
+"""(namespace, template name) -> why a DRA-mode pod asking for it is refused, or None."""
 
 
 @dataclass(frozen=True)
@@ -35,3 +38,6 @@ class ClusterFacts:
     """Batch pods of one GPU or less that state no opt-in (nor their GpuShare) opt in to
     opportunistic placement (``--opportunistic-default``, chart
     ``controller.opportunistic.default``)."""
+    template_check: TemplateCheck | None = None
+    """DRA mode: a template of that name with another spec, or one template more than the
+    namespace's bound, refuses the pod (gpushare.cluster.dra.templates, from its watch)."""

@@ -29,9 +29,9 @@ def _webhook(settings: Settings, ca_pem: bytes, *, kind: str, path: str) -> dict
     hook: dict[str, Any] = {
         "name": f"{kind}.pods.{GROUP}",
         "admissionReviewVersions": ["v1"],
-        # The mutating webhook may create a DRA-mode pod's ResourceClaimTemplate, never on a
-        # dry run (gpushare.cluster.webhook.claims).
-        "sideEffects": "NoneOnDryRun" if kind == "mutate" else "None",
+        # No side effects: a DRA-mode pod's ResourceClaimTemplate is made once the pod is
+        # stored (gpushare.cluster.dra.templates), never by an admission review.
+        "sideEffects": "None",
         "failurePolicy": "Fail",
         "timeoutSeconds": settings.webhook_timeout_seconds,
         "clientConfig": _client_config(settings, ca_pem, path),

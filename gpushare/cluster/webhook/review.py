@@ -59,9 +59,6 @@ class Verdict:
     errors: tuple[InvalidInputError, ...] = ()
     patch: list[dict[str, Any]] = field(default_factory=list)
     warnings: tuple[str, ...] = ()
-    template: Mapping[str, Any] | None = None
-    """DRA mode: the ResourceClaimTemplate the patched pod refers to, to create if missing
-    before the answer goes out."""
 
     @property
     def message(self) -> str:
@@ -227,17 +224,15 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
         else None
     )
     if dra:
-        assert facts.dra_device_class is not None
         return _dra_verdict(
             pod,
             request=request,
             target=target,
             namespace=namespace,
-            device_class=facts.dra_device_class,
             mutate=mutate,
             exclusive=exclusive,
             separated=separated,
-            gate=facts.dra_gate,
+            facts=facts,
         )
     patch = pod_patch(pod, request=request, target=target, exclusive=exclusive) if mutate else []
     warnings: tuple[str, ...] = ()
@@ -277,18 +272,26 @@ def _dra_verdict(
     request: GpuRequest,
     target: int,
     namespace: str,
-    device_class: str,
     mutate: bool,
     exclusive: str | None,
     separated: tuple[frozenset[str], str] | None,
-    gate: bool,
+    facts: ClusterFacts,
 ) -> Verdict:
     """An annotated pod in DRA mode: its claim from the template its request names, and with
-    ``gate`` the scheduling gate that lets the controller place the claim. A workload the node
-    agents separated after faults is kept off its GPUs as in device-plugin mode: the
-    controller's claim allocator reads ``gpushare.io/avoid-gpus``."""
+    ``facts.dra_gate`` the scheduling gate that lets the controller place the claim. A workload
+    the node agents separated after faults is kept off its GPUs as in device-plugin mode: the
+    controller's claim allocator reads ``gpushare.io/avoid-gpus``.
+
+    The webhook makes no template: the controller makes it once the pod is stored
+    (gpushare.cluster.dra.templates), since anyone may post a review to this port. Here it only
+    refuses, from the template watch, a template of that name with another spec and one more
+    template than the namespace's bound."""
     name = claims.template_name(request)
     errors = claims.claim_errors(pod, template=name, target=target)
+    if mutate and not errors and facts.template_check is not None:
+        refusal = facts.template_check(namespace, name)
+        if refusal is not None:
+            errors.append(refusal)
     if not mutate and not errors and not claims.has_claim(pod, template=name, target=target):
         errors.append(claims.missing_claim_error(name))
     if errors:
@@ -296,7 +299,7 @@ def _dra_verdict(
     if not mutate:
         return Verdict(allowed=True)
     patch = claims.claim_ops(pod, template=name, target=target)
-    if gate:
+    if facts.dra_gate:
         patch += claims.gate_ops(pod)
     warnings: tuple[str, ...] = ()
     if exclusive is not None:
@@ -305,8 +308,7 @@ def _dra_verdict(
         warnings = (f"gpushare: {exclusive}; this pod gets a whole GPU",)
     if separated is not None:
         patch, warnings = _kept_off(pod, separated, patch)
-    template = claims.claim_template(request, namespace=namespace, device_class=device_class)
-    return Verdict(allowed=True, patch=patch, warnings=warnings, template=template)
+    return Verdict(allowed=True, patch=patch, warnings=warnings)
 
 
 # ---- AdmissionReview v1 wire format ------------------------------------------------------

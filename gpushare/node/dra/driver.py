@@ -20,7 +20,8 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from dataclasses import replace
+from typing import Any, Protocol
 
 from gpushare.api.dra import device_name
 from gpushare.api.errors import InvalidInputError
@@ -77,12 +78,15 @@ class DraDriver:
         pods: Callable[[], Iterable[PodInfo]] | None = None,
         tenancy: str = TENANCY_NAMESPACE,
         namespace_labels: Callable[[str], Mapping[str, str] | None] | None = None,
+        on_dropped: Callable[[str, str], None] | None = None,
     ) -> None:
         """``gpus``: the GPUs gpushare manages here; ``on_release``: called after an
         unprepare (the agent re-syncs the MPS server limits); ``pods``: this node's pods read
         fresh, for the one-UID-per-MPS-server check (None: not checked); ``tenancy``: the
         boundary's mode (``namespace`` or ``cluster``: none); ``namespace_labels``: a
-        Namespace's labels, for its sharing group (None: each namespace is its own)."""
+        Namespace's labels, for its sharing group (None: each namespace is its own);
+        ``on_dropped``: told (claim key, why) of each checkpoint entry dropped at start (an
+        Event on the node)."""
         self.tenancy = tenancy
         self.namespace_labels = namespace_labels
         self.node_name = node_name
@@ -98,9 +102,73 @@ class DraDriver:
         self.nvidia_runtime_env = nvidia_runtime_env
         self.pods = pods
         self._lock = threading.Lock()
-        self._prepared = checkpoint.load()
+        self._on_dropped = on_dropped
+        self._prepared = self._verified(checkpoint.load(on_dropped=on_dropped))
         self.prepared_total = 0
         self.failed_total = 0
+
+    def _verified(self, loaded: Mapping[str, PreparedClaim]) -> dict[str, PreparedClaim]:
+        """The checkpoint's claims the agent would have written itself: on a GPU it manages,
+        with its own CDI device ID, and with the CDI edits rebuilt from the claim's devices and
+        limits (never the file's: issue #45, a crafted entry added a host mount to a claim's
+        CDI spec; a spec on disk that differs is written again). Others are dropped."""
+        gpus = {g.uuid: g for g in self.gpus()}
+        kept: dict[str, PreparedClaim] = {}
+        for uid, claim in loaded.items():
+            try:
+                unknown = [d.gpu_uuid for d in claim.devices if d.gpu_uuid not in gpus]
+                if unknown:
+                    raise InvalidInputError(
+                        "devices[].gpu_uuid",
+                        f"{unknown[0]!r} is no GPU gpushare manages here",
+                        "none: the kubelet prepares the claim again",
+                    )
+                if claim.cdi_ids != (cdi.device_id(uid),):
+                    raise InvalidInputError(
+                        "cdi_ids",
+                        f"{list(claim.cdi_ids)[:2]!r} are not the claim's own",
+                        "none: the kubelet prepares the claim again",
+                    )
+                edits = self._edits_of(claim, gpus)
+            except Exception as exc:
+                why = str(exc)[:300]
+                log.error("DRA checkpoint entry %s dropped (%s)", claim.key, why)
+                if self._on_dropped is not None:
+                    self._on_dropped(claim.key, why)
+                continue
+            if edits != claim.edits:
+                log.warning(
+                    "DRA checkpoint entry %s: its CDI edits are not what the agent writes; "
+                    "rebuilt from its devices and limits",
+                    claim.key,
+                )
+                if self.cdi_dir.exists(uid):
+                    self.cdi_dir.write(uid, edits)
+            kept[uid] = replace(claim, edits=edits)
+        return kept
+
+    def _edits_of(self, claim: PreparedClaim, gpus: Mapping[str, GpuInfo]) -> dict[str, Any]:
+        """The CDI container edits ``_decide`` makes for this claim's devices and limits."""
+        ctx = AllocationContext(
+            node_name=self.node_name,
+            gpus=dict(gpus),
+            mps=self.mps,
+            device_nodes=self.device_nodes,
+            nvidia_runtime_env=self.nvidia_runtime_env,
+        )
+        if claim.mps:
+            allocation = mps_allocation(
+                ctx,
+                claim.devices[0].gpu_uuid,
+                thread_percent=claim.thread_percent,
+                memory_limit_bytes=claim.memory_limit_bytes,
+                gpu_class=claim.gpu_class,
+                pod=claim.pod,
+                request_percent=claim.percent,
+            )
+        else:
+            allocation = whole_allocation(ctx, [d.gpu_uuid for d in claim.devices], pod=claim.pod)
+        return cdi.container_edits(allocation)
 
     def prepared(self) -> dict[str, PreparedClaim]:
         with self._lock:

@@ -1,7 +1,8 @@
 """Users who keep annotations, in DRA mode: the controller's webhook (``--annotation-mode=dra``)
-turns ``gpushare.io/gpu-fraction`` into a ResourceClaim from a template it makes in the pod's
-namespace, kube-scheduler allocates it from the agent's slice, and the container starts with
-its share. A template forged under gpushare's name is refused, not used or overwritten.
+turns ``gpushare.io/gpu-fraction`` into a ResourceClaim from a template the controller makes in
+the pod's namespace once the pod is stored, the claim is allocated from the agent's slice, and
+the container starts with its share. A template forged under gpushare's name is refused, not
+used or overwritten.
 """
 
 import json
@@ -79,7 +80,9 @@ def test_an_annotated_pod_gets_a_claim_and_starts_with_its_share(
     assert templates(c, ns) == {}
 
     c.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(pod))
-    made = templates(c, ns)
+    made = wait_for(
+        lambda: templates(c, ns), timeout_s=30, what="the pod's claim template", every_s=0.2
+    )
     assert list(made) == ["gpushare-30pct-4gi-limit45"]
 
     def running() -> bool:

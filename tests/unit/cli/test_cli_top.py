@@ -9,10 +9,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.inventory import GpuInfo
 from gpushare.cli.live import from_exporters, from_prometheus
 from gpushare.cli.main import main
 from gpushare.cli.render import render_json, render_text
 from gpushare.cli.view import build_view
+from gpushare.kube.cli import ALL_NAMESPACES, Snapshot
 from gpushare.node.exporter import SamplerSettings, build_exporter
 from gpushare.node.exporter.server import serve
 from gpushare.node.gpu.simulated import SimulatedBackend
@@ -58,6 +60,32 @@ def test_a_share_governed_pod_shows_the_request_the_scheduler_recorded() -> None
     (row,) = view[0].gpus[1].pods
     assert (row.fraction_percent, row.thread_percent) == (30, 100)
     assert "30%" in render_text(view, live_source=None)
+
+
+HOSTILE = "H100\x1b]0;owned\x07\x1b[2J\u202eevil\x9b31m\nfake row"
+
+
+@pytest.mark.parametrize("command", [["top"], ["top", "-o", "wide"], ["get", "gpus", "-o", "wide"]])
+def test_control_characters_from_the_cluster_are_printed_as_escapes(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #45: a node's GPU model (written by whoever may annotate nodes) and a pod's name
+    reached the terminal raw; an escape sequence could clear the screen or retitle it, a newline
+    forge a row."""
+    gpus = [GpuInfo(GPU_A, 0, HOSTILE, 80 * 2**30, 132, "9.0")]
+    nodes = [node("node-\x1b[31mred", gpus)]
+    pods = [pod("ml", "p\x1b[8m", GPU_A, "0.25", 25)]
+    for p in pods:
+        p["spec"]["nodeName"] = "node-\x1b[31mred"
+
+    def read(_: Any) -> Snapshot:
+        return Snapshot(nodes=nodes, pods=pods, namespace=ALL_NAMESPACES)
+
+    assert main([*command], read=read) == 0
+    out = capsys.readouterr().out
+    assert not [c for c in out if not c.isprintable() and c != "\n"], repr(out)
+    assert "\\x1b]0;owned\\x07" in out and "\\u202e" in out and "\\nfake row" in out
+    assert "fake row" not in out.replace("\\nfake row", "")
 
 
 def test_namespace_filter_keeps_only_that_namespace() -> None:

@@ -138,6 +138,57 @@ def test_release_lets_the_standby_take_over_at_once() -> None:
     asyncio.run(scenario())
 
 
+def _foreign_lease(store: LeaseStore, **spec: Any) -> None:
+    store.version += 1
+    store.lease = {
+        "metadata": {"resourceVersion": str(store.version)},
+        "spec": {"holderIdentity": "mallory", "renewTime": "2026-01-01T00:00:00.000000Z", **spec},
+    }
+
+
+@pytest.mark.parametrize(
+    "duration", [10**18, 1e308, float("inf"), "9999999", True, -5, None, [1], {"s": 1}]
+)
+def test_a_lease_with_an_absurd_duration_delays_a_takeover_by_one_lease_at_most(
+    duration: Any,
+) -> None:
+    """Issue #45: a Lease saying it lasts for ever kept a standby from ever leading. Whatever it
+    says, a holder that stops renewing is replaced after this replica's own lease (8 s)."""
+    store, now = LeaseStore(), [0.0]
+    _, b = electors(store, now)
+    _foreign_lease(store, leaseDurationSeconds=duration, leaseTransitions="many")
+
+    async def scenario() -> None:
+        assert not await b.try_acquire_or_renew()  # seen now: a lease is honoured
+        now[0] = 7.9
+        assert not await b.try_acquire_or_renew()
+        now[0] = 8.1
+        assert await b.try_acquire_or_renew()
+        assert store.lease is not None
+        assert store.lease["spec"]["holderIdentity"] == "b"
+        assert store.lease["spec"]["leaseTransitions"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_short_lease_is_honoured_as_written_and_a_broken_spec_is_taken_over() -> None:
+    store, now = LeaseStore(), [0.0]
+    _, b = electors(store, now)
+    _foreign_lease(store, leaseDurationSeconds=3)
+
+    async def scenario() -> None:
+        assert not await b.try_acquire_or_renew()
+        now[0] = 3.1
+        assert await b.try_acquire_or_renew()
+        assert store.lease is not None
+        store.lease["spec"] = ["not", "an", "object"]  # a Lease without a readable spec
+        store.lease["metadata"]["resourceVersion"] = str(store.version)
+        assert await b.try_acquire_or_renew()
+        assert store.lease["spec"]["holderIdentity"] == "b"
+
+    asyncio.run(scenario())
+
+
 async def _fast_keep(elector: LeaderElector, stopping: asyncio.Event) -> None:
     elector.renew_seconds = 0.01
     await elector.keep(stopping)

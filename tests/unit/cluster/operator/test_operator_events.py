@@ -143,3 +143,25 @@ def test_standalone_pod_events_of_a_governed_pod_reconcile_its_share() -> None:
     operator.deliver("pod_event", "DELETED", pod)
     assert operator.kicked == ["ml/train", "ml/train", "ml/train"]
     assert operator.view.kept_pod("ml/p") is None
+
+
+def test_an_object_kopf_delivers_that_the_view_cannot_take_is_held_out_not_raised() -> None:
+    """Issue #45: every watch feeds the view through the quarantine, Kopf's too. A GpuShare the
+    view fails on (a bug: parsing is total) is held out with its Event and metric, and the
+    share events after it still arrive."""
+    operator = Operator(standalone=True)
+    real = operator.view.upsert_share
+
+    def failing(body: Any) -> Any:
+        if body["metadata"]["name"] == "poison":
+            raise ArithmeticError("a bug the fuzz did not find")
+        return real(body)
+
+    operator.view.upsert_share = failing  # type: ignore[method-assign]
+    poison = {"metadata": {"name": "poison", "namespace": "ml", "uid": "u1"}, "spec": {}}
+    operator.deliver("share_event", "ADDED", poison)
+    operator.deliver("share_event", "ADDED", SHARE)
+    (held,) = operator.view.quarantine.held()
+    assert (held.kind, held.key) == ("GpuShare", "ml/poison") and "ArithmeticError" in held.error
+    assert operator.view.share("ml/train") is not None and operator.kicked == ["ml/train"]
+    assert operator.share_events == 2

@@ -1,10 +1,10 @@
 """The webhook in DRA mode (``--annotation-mode=dra``): an annotated pod gets a ResourceClaim
 from a template named for its request, which the node agent's DRA driver can read, instead of
-the gpu-percent resource; hostile templates and claim names are refused with the fix."""
+the gpu-percent resource; hostile templates and claim names are refused with the fix. The
+template a name stands for is what the controller makes once the pod is stored
+(gpushare.cluster.dra.templates, tests/unit/cluster/dra/test_claim_templates.py)."""
 
-import asyncio
 import json
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -17,7 +17,6 @@ from gpushare.api.dra import (
     POD_CLAIM,
     parse_mps_config,
 )
-from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import (
     ANN_CLASS,
     ANN_EXCLUSIVE,
@@ -27,12 +26,23 @@ from gpushare.api.names import (
     ANN_SHARE,
     RESOURCE_GPU_PERCENT,
 )
+from gpushare.cluster.dra.templates import ClaimTemplates
 from gpushare.cluster.state import pods
-from gpushare.cluster.webhook import claims
 from gpushare.cluster.webhook.review import answer, parse_review, review
 from tests.fixtures.builders import apply_patch, pod_json, webhook_facts
 
 FACTS = webhook_facts(dra_device_class="mps.gpushare.io")
+
+
+def template_of(pod: dict[str, Any], namespace: str = "team") -> dict[str, Any]:
+    """The template the controller makes for a stored pod: the one its claim's name stands
+    for."""
+    (entry,) = [c for c in pod["spec"]["resourceClaims"] if c["name"] == POD_CLAIM]
+    made = ClaimTemplates(device_class="mps.gpushare.io").wanted(
+        namespace, entry["resourceClaimTemplateName"]
+    )
+    assert made is not None, entry
+    return made
 
 
 def admitted(pod: dict[str, Any], namespace: str = "team") -> tuple[dict[str, Any], Any]:
@@ -42,7 +52,7 @@ def admitted(pod: dict[str, Any], namespace: str = "team") -> tuple[dict[str, An
     out = apply_patch(pod, verdict.patch)
     checked = review(out, namespace=namespace, facts=FACTS, mutate=False)
     assert checked.allowed, checked.message
-    return out, verdict.template
+    return out, template_of(out, namespace)
 
 
 def test_a_fraction_becomes_a_claim_from_a_template_of_that_share() -> None:
@@ -102,10 +112,10 @@ def test_an_exclusive_workload_gets_a_whole_gpu_template_that_validation_agrees_
     pod = pod_json("p", fraction="0.25")
     pod["metadata"]["ownerReferences"] = [{"controller": True, "uid": "rs", "kind": "ReplicaSet"}]
     verdict = review(pod, namespace="team", facts=facts, mutate=True)
-    assert verdict.allowed and verdict.template is not None
-    assert verdict.template["metadata"]["name"] == "gpushare-100pct"
+    assert verdict.allowed
     assert "a whole GPU" in verdict.warnings[0]
     out = apply_patch(pod, verdict.patch)
+    assert template_of(out)["metadata"]["name"] == "gpushare-100pct"
     assert out["metadata"]["annotations"][ANN_FRACTION] == "1"
     assert out["metadata"]["annotations"][ANN_EXCLUSIVE] == "3 GPU faults"
     assert review(out, namespace="team", facts=facts, mutate=False).allowed
@@ -181,85 +191,66 @@ def test_the_view_leaves_a_claimed_pod_to_the_dra_allocator() -> None:
     assert pods.facts(pod_json("q", fraction="0.5")).demand is not None
 
 
-def test_dry_runs_are_flagged_so_no_template_is_made() -> None:
-    body = {
+def test_a_review_only_reads_a_dry_run_and_a_real_one_answer_alike() -> None:
+    """Issue #45: forged reviews made a template per request in any namespace. A review now
+    makes nothing, so a dry run needs no special case: both get the same answer."""
+    body: dict[str, Any] = {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
             "uid": "u",
             "kind": {"kind": "Pod"},
             "operation": "CREATE",
-            "namespace": "team",
+            "namespace": "kube-system",
             "object": pod_json("p", fraction="0.5"),
             "dryRun": True,
         },
     }
-    parsed = parse_review(json.dumps(body).encode())
-    assert parsed.dry_run
-    _, verdict = answer(parsed, facts=FACTS, mutate=True)
-    assert verdict.template is not None  # the server skips writing it for a dry run
+    dry, _ = answer(parse_review(json.dumps(body).encode()), facts=FACTS, mutate=True)
+    body["request"]["dryRun"] = False
+    real, _ = answer(parse_review(json.dumps(body).encode()), facts=FACTS, mutate=True)
+    assert dry == real and dry["response"]["allowed"]
 
 
-class Store:
-    """Templates as the API server keeps them: it adds defaults to what it stores."""
-
-    def __init__(self, existing: Mapping[str, Any] | None = None) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.creates = 0
-        if existing is not None:
-            self.objects[existing["metadata"]["name"]] = json.loads(json.dumps(existing))
-
-    async def get_claim_template(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.objects.get(name)
-
-    async def create_claim_template(self, body: Mapping[str, Any]) -> bool:
-        self.creates += 1
-        if body["metadata"]["name"] in self.objects:
-            return False
-        stored = json.loads(json.dumps(body))
-        for r in stored["spec"]["spec"]["devices"]["requests"]:
-            r["exactly"].setdefault("allocationMode", "ExactCount")
-            r["exactly"].setdefault("count", 1)
-        self.objects[body["metadata"]["name"]] = stored
-        return True
-
-
-def test_a_missing_template_is_made_once_and_then_reused() -> None:
-    _, template = admitted(pod_json("p", fraction="0.25"))
-    store = Store()
-    asyncio.run(claims.ensure_template(store, template))
-    asyncio.run(claims.ensure_template(store, template))  # defaults added by the server: fine
-    assert store.creates == 1 and list(store.objects) == ["gpushare-25pct"]
-
-
-def test_a_template_of_that_name_with_another_spec_is_refused_not_overwritten() -> None:
-    _, template = admitted(pod_json("p", fraction="0.25"))
-    forged = json.loads(json.dumps(template))
-    forged["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"][
+def forged(template: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(json.dumps(template))
+    out["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"][
         CAPACITY_GPU_PERCENT
     ] = "100"
-    store = Store(forged)
-    with pytest.raises(InvalidInputError) as err:
-        asyncio.run(claims.ensure_template(store, template))
-    assert err.value.field == "ResourceClaimTemplate team/gpushare-25pct"
-    assert "kubectl delete resourceclaimtemplate" in str(err.value)
-    assert store.creates == 0 and store.objects["gpushare-25pct"] == forged
+    return out
 
 
-def test_a_template_deleted_between_our_calls_is_made_again_not_called_forged() -> None:
-    class Racing(Store):
-        """Another replica made the template, and someone deleted it, while we looked."""
-
-        async def create_claim_template(self, body: Mapping[str, Any]) -> bool:
-            if self.creates == 0:
-                self.creates += 1
-                return False  # 409 from the other replica's template, gone before our read
-            return await super().create_claim_template(body)
-
+def test_a_template_of_that_name_with_another_spec_refuses_the_pod() -> None:
+    """A tenant's template under gpushare's name (a whole GPU for ``gpushare-25pct``) is never
+    used: the webhook refuses the pod naming the template and the fix, from the watch."""
     _, template = admitted(pod_json("p", fraction="0.25"))
-    store = Racing()
-    asyncio.run(claims.ensure_template(store, template))
-    assert store.creates == 2 and list(store.objects) == ["gpushare-25pct"]
+    templates = ClaimTemplates(device_class="mps.gpushare.io")
+    templates.replace([forged(template)])
+    facts = replace(
+        FACTS, template_check=lambda ns, name: templates.admission_error(ns, name, bound=32)
+    )
+    verdict = review(pod_json("q", fraction="0.25"), namespace="team", facts=facts, mutate=True)
+    assert not verdict.allowed
+    assert verdict.errors[0].field == "ResourceClaimTemplate team/gpushare-25pct"
+    assert "kubectl delete resourceclaimtemplate" in verdict.message
+    other = review(pod_json("q", fraction="0.3"), namespace="team", facts=facts, mutate=True)
+    assert other.allowed
+
+
+def test_one_template_more_than_the_namespaces_bound_refuses_the_pod() -> None:
+    templates = ClaimTemplates(device_class="mps.gpushare.io")
+    made = [template_of(admitted(pod_json("p", fraction=f"0.{n}"))[0]) for n in (1, 2)]
+    templates.replace(made)
+    facts = replace(
+        FACTS, template_check=lambda ns, name: templates.admission_error(ns, name, bound=2)
+    )
+    again = review(pod_json("q", fraction="0.1"), namespace="team", facts=facts, mutate=True)
+    assert again.allowed  # an existing template: no more of them
+    elsewhere = review(pod_json("q", fraction="0.3"), namespace="other", facts=facts, mutate=True)
+    assert elsewhere.allowed  # the bound is per namespace
+    more = review(pod_json("q", fraction="0.3"), namespace="team", facts=facts, mutate=True)
+    assert not more.allowed
+    assert "holds 2 (the bound" in more.message and "--dra-templates-per-namespace" in more.message
 
 
 GATED = replace(FACTS, dra_gate=True)

@@ -216,6 +216,53 @@ def test_a_gpushare_link_takes_the_share_fraction_memory_and_class() -> None:
             "spec.volumes[0].hostPath.path",
             "remove the hostPath volume",
         ),
+        (  # issue #45: the kubelet-plugin and CDI directories were missing from the list
+            pod_json(
+                "p",
+                fraction="0.5",
+                extra_spec={
+                    "volumes": [
+                        {"name": "r", "hostPath": {"path": "/var/lib/kubelet/plugins_registry"}}
+                    ]
+                },
+            ),
+            "spec.volumes[0].hostPath.path",
+            "remove the hostPath volume",
+        ),
+        (  # issue #45: the kubelet-plugin and CDI directories were missing from the list
+            pod_json(
+                "p",
+                fraction="0.5",
+                extra_spec={
+                    "volumes": [
+                        {
+                            "name": "r",
+                            "hostPath": {"path": "/var/lib/kubelet/plugins/gpu.gpushare.io"},
+                        }
+                    ]
+                },
+            ),
+            "spec.volumes[0].hostPath.path",
+            "remove the hostPath volume",
+        ),
+        (  # issue #45: the kubelet-plugin and CDI directories were missing from the list
+            pod_json(
+                "p",
+                fraction="0.5",
+                extra_spec={"volumes": [{"name": "r", "hostPath": {"path": "/var/run/cdi"}}]},
+            ),
+            "spec.volumes[0].hostPath.path",
+            "remove the hostPath volume",
+        ),
+        (  # issue #45: the kubelet-plugin and CDI directories were missing from the list
+            pod_json(
+                "p",
+                fraction="0.5",
+                extra_spec={"volumes": [{"name": "r", "hostPath": {"path": "/etc/cdi/"}}]},
+            ),
+            "spec.volumes[0].hostPath.path",
+            "remove the hostPath volume",
+        ),
         (
             pod_json("p", fraction="0.5", extra_spec={"schedulerName": "volcano"}),
             "spec.schedulerName",

@@ -49,7 +49,7 @@ def test_registered_webhooks_fail_closed_only_for_gpushare_pods() -> None:
         assert hook["clientConfig"]["url"] == f"https://127.0.0.1:9443{path}"
         assert hook["failurePolicy"] == "Fail"
         # Mutation may create a DRA-mode pod's ResourceClaimTemplate, never on a dry run.
-        assert hook["sideEffects"] == ("NoneOnDryRun" if path == "/mutate" else "None")
+        assert hook["sideEffects"] == "None"
         assert hook["rules"][0]["operations"] == ["CREATE"]
         assert "gpushare.io/" in hook["matchConditions"][0]["expression"]
         assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system"]

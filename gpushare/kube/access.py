@@ -1,0 +1,243 @@
+"""Who may read gpushare's metrics and profiles: a bearer token checked by the API server.
+
+The controller's ``/metrics`` lists every namespace's GpuShares and their measured profiles; a
+node agent's ``/metrics`` and ``/profile`` list every pod on its node (issue #45). They answer
+only a caller whose bearer token the API server authenticates (TokenReview) and authorizes to
+``get`` that path (SubjectAccessReview on the non-resource URL), as kubelets and
+controller-runtime's metrics endpoints do, so Prometheus scrapes with its ServiceAccount token
+and a ClusterRole rule ``nonResourceURLs: ["/metrics"], verbs: [get]`` (kube-prometheus-stack's
+Prometheus has it). A path may ask for its own token audience: the operator presents the agents
+a token bound to :data:`PROFILE_AUDIENCE`, which the API server itself refuses, so a token read
+off the node network opens nothing but profiles (docs/security.md, "Metrics and profiles").
+
+Answers are cached by a hash of the token (allowed 60 s, refused 10 s; 4096 entries at most,
+so a flood of made-up tokens costs bounded memory and one review per token); an API server
+that cannot be asked refuses (503), never admits.
+"""
+
+import hashlib
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+from lightkube import AsyncClient, Client
+from lightkube.resources.authentication_v1 import TokenReview
+from lightkube.resources.authorization_v1 import SubjectAccessReview
+
+from gpushare.api.endpoints import AGENT_TOKEN_AUDIENCE
+
+log = logging.getLogger(__name__)
+
+PROFILE_AUDIENCE: Final = AGENT_TOKEN_AUDIENCE
+"""The audience of the tokens the operator presents to node agents for ``/profile``."""
+MAX_TOKEN_CHARS: Final = 16 * 1024
+ALLOWED_TTL_S: Final = 60.0
+REFUSED_TTL_S: Final = 10.0
+MAX_CACHED: Final = 4096
+_TOKEN = re.compile(r"[A-Za-z0-9._~+/=-]+")
+
+
+@dataclass(frozen=True)
+class Access:
+    """The answer for one request: ``status`` 200 (allowed), 401 (no usable token), 403 (the
+    token's user may not), 503 (the API server could not be asked); ``reason`` names the
+    caller, the path and the fix."""
+
+    status: int
+    reason: str
+    user: str = ""
+
+    @property
+    def allowed(self) -> bool:
+        return self.status == 200
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header; None for anything else."""
+    if not header or len(header) > MAX_TOKEN_CHARS + 7:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not _TOKEN.fullmatch(token):
+        return None
+    return token
+
+
+def _missing(path: str) -> Access:
+    return Access(
+        401,
+        f"{path} needs a bearer token (Authorization: Bearer <token>) of a ServiceAccount allowed "
+        f"to get the non-resource URL {path}; fix: scrape with the ServiceAccount token "
+        "(ServiceMonitor bearerTokenFile, as the chart's does) and grant it "
+        f'nonResourceURLs: ["{path}"], verbs: [get]',
+    )
+
+
+def _refused_token(path: str, why: str) -> Access:
+    return Access(
+        401, f"{path}: the API server does not accept this token ({why}); fix: send a current "
+        "ServiceAccount token",
+    )  # fmt: skip
+
+
+def _forbidden(path: str, user: str, why: str) -> Access:
+    return Access(
+        403,
+        f"{path}: {user} may not get it ({why or 'no RBAC rule allows it'}); fix: bind it a "
+        f'ClusterRole with nonResourceURLs: ["{path}"], verbs: [get]',
+        user,
+    )
+
+
+def _unavailable(path: str, exc: Exception) -> Access:
+    return Access(503, f"{path}: the token cannot be checked now ({exc}); retry shortly")
+
+
+def token_review(token: str, audiences: Sequence[str]) -> TokenReview:
+    spec: dict[str, Any] = {"token": token}
+    if audiences:
+        spec["audiences"] = list(audiences)
+    doc = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
+    return cast(TokenReview, TokenReview.from_dict(doc))
+
+
+def access_review(user: Mapping[str, Any], path: str, verb: str) -> SubjectAccessReview:
+    extra = user.get("extra")
+    doc = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": str(user.get("username") or ""),
+            "uid": str(user.get("uid") or ""),
+            "groups": [str(g) for g in user.get("groups") or []],
+            "extra": dict(extra) if isinstance(extra, Mapping) else {},
+            "nonResourceAttributes": {"path": path, "verb": verb},
+        },
+    }
+    return cast(SubjectAccessReview, SubjectAccessReview.from_dict(doc))
+
+
+def judge_token(path: str, status: Mapping[str, Any]) -> tuple[Access | None, Mapping[str, Any]]:
+    """A TokenReview's status: (a refusal, {}) or (None, the user to authorize)."""
+    if not status.get("authenticated"):
+        return _refused_token(path, str(status.get("error") or "not authenticated")), {}
+    user = status.get("user")
+    return None, user if isinstance(user, Mapping) else {}
+
+
+def judge_access(path: str, user: Mapping[str, Any], status: Mapping[str, Any]) -> Access:
+    name = str(user.get("username") or "?")
+    if status.get("allowed") and not status.get("denied"):
+        return Access(200, "allowed", name)
+    return _forbidden(path, name, str(status.get("reason") or ""))
+
+
+class AccessCache:
+    """Answers by (token hash, path, verb), expiring; bounded in entries."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._entries: OrderedDict[str, tuple[float, Access]] = OrderedDict()
+        self._lock = threading.Lock()  # the agent answers from several threads
+        self.reviews = 0
+        """Answers that had to ask the API server (a counter, for tests and metrics)."""
+
+    @staticmethod
+    def key(token: str, path: str, verb: str) -> str:
+        return hashlib.sha256(f"{verb} {path} {token}".encode()).hexdigest()
+
+    def get(self, key: str) -> Access | None:
+        with self._lock:
+            found = self._entries.get(key)
+            if found is None:
+                return None
+            if found[0] < self.clock():
+                del self._entries[key]
+                return None
+            return found[1]
+
+    def put(self, key: str, access: Access) -> None:
+        if access.status == 503:
+            return  # the API server's trouble: ask again next time
+        ttl = ALLOWED_TTL_S if access.allowed else REFUSED_TTL_S
+        with self._lock:
+            self._entries[key] = (self.clock() + ttl, access)
+            self._entries.move_to_end(key)
+            while len(self._entries) > MAX_CACHED:
+                self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class AsyncAccessReviewer:
+    """The controller's reviewer (lightkube's AsyncClient)."""
+
+    def __init__(
+        self, client: AsyncClient, *, audiences: Mapping[str, Sequence[str]] | None = None
+    ) -> None:
+        self._client = client
+        self._audiences = dict(audiences or {})
+        self.cache = AccessCache()
+
+    async def review(self, authorization: str | None, path: str, verb: str = "get") -> Access:
+        token = bearer_token(authorization)
+        if token is None:
+            return _missing(path)
+        key = AccessCache.key(token, path, verb)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        self.cache.reviews += 1
+        try:
+            reviewed = await self._client.create(token_review(token, self._audiences.get(path, ())))
+            refusal, user = judge_token(path, reviewed.to_dict().get("status") or {})
+            if refusal is not None:
+                access = refusal
+            else:
+                answer = await self._client.create(access_review(user, path, verb))
+                access = judge_access(path, user, answer.to_dict().get("status") or {})
+        except Exception as exc:
+            log.warning("access review failed", extra={"path": path, "error": str(exc)})
+            return _unavailable(path, exc)
+        self.cache.put(key, access)
+        return access
+
+
+class AccessReviewer:
+    """The node agent's reviewer (lightkube's blocking Client, from its HTTP threads)."""
+
+    def __init__(
+        self, client: Client, *, audiences: Mapping[str, Sequence[str]] | None = None
+    ) -> None:
+        self._client = client
+        self._audiences = dict(audiences or {})
+        self.cache = AccessCache()
+
+    def review(self, authorization: str | None, path: str, verb: str = "get") -> Access:
+        token = bearer_token(authorization)
+        if token is None:
+            return _missing(path)
+        key = AccessCache.key(token, path, verb)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        self.cache.reviews += 1
+        try:
+            reviewed = self._client.create(token_review(token, self._audiences.get(path, ())))
+            refusal, user = judge_token(path, reviewed.to_dict().get("status") or {})
+            if refusal is not None:
+                access = refusal
+            else:
+                answer = self._client.create(access_review(user, path, verb))
+                access = judge_access(path, user, answer.to_dict().get("status") or {})
+        except Exception as exc:
+            log.warning("access review failed", extra={"path": path, "error": str(exc)})
+            return _unavailable(path, exc)
+        self.cache.put(key, access)
+        return access

@@ -1,0 +1,146 @@
+"""The controller's HTTP servers are bounded and /metrics is not a tenant-readable directory
+(issue #45): at most MAX_CONNECTIONS open connections, idle or slowly sent ones closed, every
+request answered within its deadline, and /metrics answered only to callers ``authorize``
+admits (gpushare.kube.access; the real API server: tests/faults/test_security_cluster.py)."""
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gpushare.cluster import server
+from gpushare.cluster.extender.verbs import Extender
+from gpushare.cluster.metrics import Metrics
+from gpushare.cluster.server import BoundedRunner, extender_app, webhook_app
+from gpushare.cluster.state.view import ClusterView
+from gpushare.cluster.webhook.facts import ClusterFacts
+from gpushare.kube.access import Access
+from tests.fixtures.builders import gpu, node_json
+
+TOKEN = "Bearer scraper-token"
+
+
+async def authorize(header: str | None, path: str) -> Access:
+    if header is None:
+        return Access(401, f"{path} needs a bearer token")
+    return Access(200, "ok") if header == TOKEN else Access(403, f"{path}: not you")
+
+
+class Served:
+    def __init__(self, app: web.Application, **bounds: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.runner = BoundedRunner(app, **bounds)
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            self.loop.run_until_complete(site.start())
+            started.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert started.wait(10)
+        self.port = self.runner.addresses[0][1]
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def get(self, path: str, *, headers: str = "") -> bytes:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            s.sendall(
+                f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n".encode()
+            )
+            return _read_all(s)
+
+
+def _read_all(s: socket.socket) -> bytes:
+    """Everything the server sent before it closed (a reset is a close: the server closed a
+    connection with our bytes unread)."""
+    out = b""
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+    except ConnectionResetError:
+        pass
+    return out
+
+
+def _view() -> ClusterView:
+    view = ClusterView()
+    view.replace_nodes([node_json("n1", [gpu("G0")])])
+    view.replace_pods([])
+    return view
+
+
+@pytest.fixture
+def extender() -> Iterator[Served]:
+    view = _view()
+    app = extender_app(
+        Extender(view=view, writer=None),
+        metrics=Metrics(view),
+        ready=lambda: (True, ""),
+        authorize=authorize,
+    )
+    served = Served(app, max_connections=3, idle_timeout_s=0.5)
+    yield served
+    served.close()
+
+
+def test_metrics_answer_only_a_caller_the_api_server_vouches_for(extender: Served) -> None:
+    anonymous = extender.get("/metrics")
+    assert anonymous.startswith(b"HTTP/1.1 401") and b"WWW-Authenticate: Bearer" in anonymous
+    assert b"needs a bearer token" in anonymous and b"gpushare_controller_gpus" not in anonymous
+    tenant = extender.get("/metrics", headers="Authorization: Bearer tenant\r\n")
+    assert tenant.startswith(b"HTTP/1.1 403") and b"gpushare_" not in tenant.split(b"\r\n\r\n")[1]
+    scraper = extender.get("/metrics", headers=f"Authorization: {TOKEN}\r\n")
+    assert scraper.startswith(b"HTTP/1.1 200") and b"gpushare_controller_gpus" in scraper
+    assert extender.get("/healthz").startswith(b"HTTP/1.1 200")  # the kubelet's probes: open
+
+
+def test_connections_beyond_the_bound_are_closed_and_idle_ones_do_not_hold_the_server(
+    extender: Served,
+) -> None:
+    """Issue #45: the node agent's server held a thread per idle connection without a timeout.
+    Here three idle connections fill the bound; a fourth is closed at once; within the idle
+    timeout the three are closed and the server answers again."""
+    idle = [socket.create_connection(("127.0.0.1", extender.port), timeout=5) for _ in range(3)]
+    time.sleep(0.1)
+    with socket.create_connection(("127.0.0.1", extender.port), timeout=5) as extra:
+        extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _read_all(extra) == b""  # closed, unanswered
+    slow = idle[0]
+    slow.sendall(b"GET /healthz HTTP/1.1\r\nHo")  # a header sent a byte at a time: also idle
+    started = time.monotonic()
+    for s in idle:
+        assert _read_all(s) == b""
+        s.close()
+    assert time.monotonic() - started < 3
+    assert extender.get("/healthz").startswith(b"HTTP/1.1 200")
+
+
+def test_a_review_whose_body_never_finishes_is_cut_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(server, "WEBHOOK_DEADLINE_S", 0.5)
+    view = _view()
+    app = webhook_app(facts=ClusterFacts, metrics=Metrics(view), ready=lambda: (True, ""))
+    served = Served(app)
+    try:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=5) as s:
+            s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+            started = time.monotonic()
+            answer = s.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 503") and b"no answer within 0.5s" in answer
+            assert time.monotonic() - started < 3
+    finally:
+        served.close()
