@@ -74,7 +74,7 @@ build_from() {
   local dir=$1 out=$2 ldflags=$3; shift 3
   local tmp="$out.partial"
   rm -rf "$tmp"; mkdir -p "$tmp" "$out"
-  log "go build $(printf '%s ' "${@##*/}")"
+  log "go build $*"
   (cd "$dir" && GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "$ldflags" -o "$tmp/" "$@")
   mv "$tmp"/* "$out/"
   rmdir "$tmp"

@@ -9,9 +9,10 @@
 # the tools need, and hack/build-tools.sh uses it only to fetch a newer one (hack/lib/go.sh).
 set -euo pipefail
 what=${1:-all}
-# python3-venv: `make venv` (Debian's python3 has no venv module without it).
+# python3-venv: `make venv` (Debian's python3 has no venv module without it); ca-certificates:
+# Go and pip download over HTTPS; bsdextrautils: `column`, for `make help`.
 pkgs=(containerd runc containernetworking-plugins busybox-static iptables conntrack socat
-      iproute2 openssl buildah python3-venv)
+      iproute2 openssl buildah python3-venv ca-certificates bsdextrautils)
 case $what in
   demo) ;;
   all) pkgs+=(prometheus) ;;

@@ -24,7 +24,7 @@ use_go() {
   if command -v go >/dev/null; then have=$(go_version_of go); fi
   if [[ -n $have ]] && version_at_least "$have" "$GO_MIN_VERSION"; then return 0; fi
   if [[ ! -x $cached/bin/go ]]; then
-    [[ -n $have ]] || die "no Go found; install the distribution's (hack/install-prereqs.sh: apt-get install golang-go), which then fetches Go $GO_VERSION"
+    [[ -n $have ]] || die "no Go >= 1.16 on PATH; install the distribution's (hack/install-prereqs.sh: apt-get install golang-go), which then fetches Go $GO_VERSION"
     fetch_go "$cached"
   fi
   export PATH="$cached/bin:$PATH"
