@@ -76,6 +76,16 @@ helm upgrade --install gpushare ./helm/gpushare --namespace "$NAMESPACE" --creat
   --values helm/gpushare/ci/local-cluster-values.yaml --set "node.backend=simulated:${GPUS}xH100-80GB" \
   --wait --timeout 5m
 kubectl -n "$NAMESPACE" get pods -o wide
+# The kubelet admits pods by the device plugin's registration at once, but writes the node's
+# allocatable in its next status update (up to about 10 s later): wait for it, so that the
+# table below and the README's `kubectl get nodes` show the shares.
+want=$((GPUS * 100))
+for _ in $(seq 1 60); do
+  have=$(kubectl get nodes -o jsonpath='{.items[0].status.allocatable.gpushare\.io/gpu-percent}')
+  [[ $have == "$want" ]] && break
+  sleep 1
+done
+[[ $have == "$want" ]] || { echo "demo: the node's allocatable gpushare.io/gpu-percent is '$have', not $want, after 60 s" >&2; exit 1; }
 echo
 kubectl get nodes -o custom-columns='NODE:.metadata.name,GPU-PERCENT:.status.allocatable.gpushare\.io/gpu-percent,SIMULATED:.metadata.labels.gpushare\.io/simulated'
 
