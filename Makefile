@@ -37,16 +37,21 @@ verify-lowest: $(BIN)/python ## install every dependency at its lower bound in a
 krew: $(BIN)/python ## build the krew plugin archive into dist/ and write deploy/krew/gpushare.yaml from it
 	$(BIN)/python hack/krew.py
 
-prereqs: ## install the OS packages the local cluster needs (Debian/Ubuntu, as root)
-	hack/install-prereqs.sh
+prereqs: ## install the OS packages the local cluster and the tests need (Debian/Ubuntu, as root)
+	hack/install-prereqs.sh all
 
-tools: ## build and cache Kubernetes, etcd, helm, kwok, the Prometheus Operator and containerd (DRA mode) from the Go module proxy
+tools: ## build and cache everything the tests run (Kubernetes for both modes, etcd, helm, kwok, the Prometheus Operator, Prometheus, containerd 2) from the Go module proxy
 	hack/build-tools.sh all
 
-demo: venv prereqs tools ## bring up the local cluster with simulated GPUs and show it
+# The demo installs and builds only what it runs: no Prometheus package, no DRA-mode Kubernetes,
+# kwok, Prometheus Operator or containerd 2 (README, "Two commands", for the measured time).
+demo: ## bring up the local cluster with simulated GPUs, install the chart, place sample pods
+	hack/install-prereqs.sh demo
+	$(MAKE) venv
+	hack/build-tools.sh demo
 	hack/demo.sh
 
-test: venv prereqs tools verify-lock lint typecheck layers pytest ## every quality gate and the whole test suite
+test: prereqs venv tools verify-lock verify-protos lint typecheck layers pytest ## every quality gate and the whole test suite
 
 lint: venv ## ruff lint and format check
 	$(BIN)/ruff check .
@@ -64,8 +69,18 @@ pytest: venv ## the test suite (brings the local cluster up once per session)
 unit: venv ## only the tests that need no cluster
 	$(BIN)/pytest -m 'not cluster and not gpu and not gpu_cluster' tests
 
-cluster-up: tools ## start the local cluster
+cluster-up: ## start the local cluster (builds the binaries its mode runs when missing)
 	hack/local-cluster.sh up
 
 cluster-down: ## stop the local cluster and remove its state
 	hack/local-cluster.sh down
+
+protos: venv ## regenerate the kubelet gRPC stubs (and .pyi) from the .proto files in gpushare/node
+	hack/gen-protos.sh
+
+verify-protos: venv ## fail when the committed gRPC stubs differ from what `make protos` writes
+	hack/verify-protos.sh
+
+clean: ## remove what builds and tests leave in the checkout (dist/, build/, tool caches, __pycache__); .venv and the tool cache outside the repo stay
+	rm -rf dist build .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis
+	find . -path ./.venv -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -prune -exec rm -rf {} +

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Build the local cluster's binaries from the Go module proxy and cache them outside the repo.
 #
-#   hack/build-tools.sh [all|kube|kube-dra|etcd|helm|kwok|prometheus-operator|containerd]
-#                                                                            (default: all)
-# kube builds $KUBE_VERSION (the device-plugin mode's), kube-dra $DRA_KUBE_VERSION (the DRA
-# mode's); all builds both.
+#   hack/build-tools.sh [TARGET...]   (default: all)
+# Targets: kube (Kubernetes $KUBE_VERSION, the device-plugin mode's), kube-dra ($DRA_KUBE_VERSION,
+# the DRA mode's), etcd, helm, kwok, prometheus-operator (with Prometheus), containerd (the DRA
+# mode's); demo: what `make demo` runs (etcd, kube, helm); all: every one of them.
+#
+# Go: hack/lib/go.sh puts a Go >= $GO_MIN_VERSION on PATH, fetching Go $GO_VERSION through the
+# module proxy when the one installed is older (Debian 12's golang-go is 1.19).
 #
 # Kubernetes and etcd publish their server binaries from modules whose go.mod replaces
 # sibling modules with relative paths (./staging/src/k8s.io/api, ../api), so `go install
@@ -23,7 +26,9 @@ source "$here/lib/versions.sh"
 log() { printf '%s build-tools: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-command -v go >/dev/null || die "go not found; install Go >= 1.24 (e.g. 'apt-get install golang-go' or your distribution's Go)"
+# shellcheck source=hack/lib/go.sh
+source "$here/lib/go.sh"
+use_go
 
 export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:--buildvcs=false}"
 
@@ -61,17 +66,18 @@ wrapper_module() {
   } >"$dir/go.mod"
 }
 
-# build_from DIR OUTDIR LDFLAGS PKG...  (each binary is written to a temp name, then renamed,
-# so an interrupted build never leaves a half-written binary in the cache)
+# build_from DIR OUTDIR LDFLAGS PKG...: one `go build` for all of them, so the packages they
+# share compile once and in parallel (a cold Kubernetes build is mostly that). The binaries are
+# written to a scratch directory, then moved, so an interrupted build never leaves a
+# half-written binary in the cache.
 build_from() {
   local dir=$1 out=$2 ldflags=$3; shift 3
-  mkdir -p "$out"
-  for pkg in "$@"; do
-    log "go build $pkg"
-    (cd "$dir" && GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "$ldflags" \
-      -o "$out/.$(basename "$pkg").partial" "$pkg")
-    mv "$out/.$(basename "$pkg").partial" "$out/$(basename "$pkg")"
-  done
+  local tmp="$out.partial"
+  rm -rf "$tmp"; mkdir -p "$tmp" "$out"
+  log "go build $*"
+  (cd "$dir" && GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "$ldflags" -o "$tmp/" "$@")
+  mv "$tmp"/* "$out/"
+  rmdir "$tmp"
 }
 
 KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy)
@@ -105,7 +111,10 @@ build_etcd() {
   log "building etcd $ETCD_VERSION"
   wrapper_module "$dir" go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION"
   build_from "$dir" "$out" "-s -w" go.etcd.io/etcd/server/v3
-  mv "$out/v3" "$out/etcd"
+  # The go command names the binary of a .../v3 package after the element before the suffix.
+  local built
+  for built in server v3; do [[ -x $out/$built ]] && mv "$out/$built" "$out/etcd"; done
+  [[ -x $out/etcd ]] || die "the etcd build wrote no binary into $out"
 }
 
 build_go_install() { # NAME VERSION PKG
@@ -170,26 +179,30 @@ build_prometheus_operator() {
   rm -rf "$out/crds"; mv "$out/crds.partial" "$out/crds"
 }
 
-what=${1:-all}
-case $what in
-  kube) build_kube ;;
-  kube-dra) build_kube_dra ;;
-  etcd) build_etcd ;;
-  helm) build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
-  kwok) build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok ;;
-  prometheus-operator) build_prometheus_operator; build_prometheus ;;
-  containerd) build_containerd ;;
-  all)
-    build_etcd
-    build_kube
-    build_kube_dra
-    build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
-    build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
-    build_prometheus_operator
-    build_prometheus
-    build_containerd
-    ;;
+build_one() { # TARGET
+  case $1 in
+    kube) build_kube ;;
+    kube-dra) build_kube_dra ;;
+    etcd) build_etcd ;;
+    helm) build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
+    kwok) build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok ;;
+    prometheus-operator) build_prometheus_operator; build_prometheus ;;
+    containerd) build_containerd ;;
+    demo) build_one etcd; build_one kube; build_one helm ;;
+    all)
+      build_one demo
+      build_one kube-dra
+      build_one kwok
+      build_one prometheus-operator
+      build_one containerd
+      ;;
+    *) die "unknown target '$1'; use any of: all demo kube kube-dra etcd helm kwok prometheus-operator containerd" ;;
+  esac
+}
+
+case ${1:-} in
   -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  *) die "unknown target '$what'; use one of: all kube kube-dra etcd helm kwok prometheus-operator containerd" ;;
 esac
-log "done: $what"
+what=("${@:-all}")
+for target in "${what[@]}"; do build_one "$target"; done
+log "done: ${what[*]}"

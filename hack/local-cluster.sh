@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes cluster on this host, without Docker or kind:
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, gpushare-scheduler (a second
-# kube-scheduler with the gpushare extender configured), kube-proxy, containerd + runc + CNI
-# bridge, and a kubelet.
+# kube-scheduler with the gpushare extender configured, for a controller run as a host process),
+# kube-proxy, containerd + runc + CNI bridge, and a kubelet.
 #
 #   hack/local-cluster.sh up              start everything (idempotent; builds binaries if needed)
 #   hack/local-cluster.sh down            stop what `up` started (by PID) and remove its state
@@ -13,7 +13,10 @@
 #
 # Settings (environment): GPUSHARE_STATE_DIR (default /var/lib/gpushare-dev), GPUSHARE_NODE_NAME
 # (default gpushare-dev), GPUSHARE_EXTENDER_URL (default http://127.0.0.1:8888/scheduler),
-# GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh). Needs root.
+# GPUSHARE_CACHE_DIR (binaries, see hack/build-tools.sh), GPUSHARE_HOST_SCHEDULER (default 1;
+# 0: no host gpushare-scheduler, for a cluster where the chart's runs, as `make demo` installs
+# it: two would both place gpushare pods, the host one failing with "connection refused" while
+# no host controller listens; `up` starts or stops it to match). Needs root.
 # GPUSHARE_CLUSTER_MODE picks what `up` starts (default deviceplugin):
 #   deviceplugin  the distribution's containerd and Kubernetes' default feature gates, as users
 #                 run the device-plugin mode;
@@ -66,6 +69,8 @@ APISERVER_URL=https://127.0.0.1:6443
 # log, die, pid_alive, start, stop_component, wait_for, kubectl_admin, mkcert, kubeconfig
 # shellcheck source=hack/lib/cluster-common.sh
 source "$here/lib/cluster-common.sh"
+# shellcheck source=hack/lib/go.sh
+source "$here/lib/go.sh"
 
 # MODE is the mode of the cluster in $STATE (recorded by `up`), else the one asked for;
 # MODE_ARGS is the feature-gate flag each Kubernetes component gets in it (none in deviceplugin).
@@ -75,6 +80,13 @@ requested_mode() {
   echo "$m"
 }
 recorded_mode() { if [[ -f $STATE/mode ]]; then cat "$STATE/mode"; else requested_mode; fi; }
+requested_host_scheduler() {
+  local h=${GPUSHARE_HOST_SCHEDULER:-1}
+  [[ $h == 0 || $h == 1 ]] || die "GPUSHARE_HOST_SCHEDULER=$h; use 1 (run the host gpushare-scheduler) or 0"
+  echo "$h"
+}
+# Whether this cluster runs the host gpushare-scheduler (recorded by `up`, like the mode).
+host_scheduler_on() { [[ $(cat "$STATE/host-scheduler" 2>/dev/null || echo 1) == 1 ]]; }
 set_mode() { # MODE
   MODE=$1 MODE_ARGS=()
   if [[ $MODE == dra ]]; then MODE_ARGS=(--feature-gates "$DRA_FEATURE_GATES"); fi
@@ -109,7 +121,7 @@ check_prereqs() {
   need ip "apt-get install iproute2"
   if [[ -z $IMAGE_ARCHIVES ]]; then
     need busybox "hack/install-prereqs.sh (apt-get install busybox-static)"
-    need go "install Go >= 1.24"
+    use_go  # for the pause image (hack/lib/go.sh)
   else
     [[ -f $IMAGE_ARCHIVES/pause.tar ]] || die "GPUSHARE_IMAGE_ARCHIVES=$IMAGE_ARCHIVES has no pause.tar"
     [[ -f $IMAGE_ARCHIVES/busybox.tar ]] || need busybox "hack/install-prereqs.sh (apt-get install busybox-static), or put busybox.tar in $IMAGE_ARCHIVES"
@@ -343,6 +355,7 @@ start_schedulers() {
   start kube-scheduler "$KUBE_BIN/kube-scheduler" --config "$STATE/kube-scheduler.yaml" \
     --authentication-kubeconfig "$STATE/scheduler.kubeconfig" --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 10259 "${MODE_ARGS[@]}"
+  host_scheduler_on || return 0
   start gpushare-scheduler "$KUBE_BIN/kube-scheduler" --config "$STATE/gpushare-scheduler.yaml" \
     --authentication-kubeconfig "$STATE/scheduler.kubeconfig" --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 10261 "${MODE_ARGS[@]}"
@@ -441,6 +454,8 @@ cmd_up() {
   fi
   mkdir -p "$STATE" "$RUN" "$LOGS"
   echo "$MODE" >"$STATE/mode"
+  requested_host_scheduler >"$STATE/host-scheduler"
+  host_scheduler_on || stop_component gpushare-scheduler
   make_pki
   setup_network
   start_containerd
@@ -504,6 +519,8 @@ cmd_status() {
   local c rc=0
   for c in "${COMPONENTS[@]}"; do
     if pid_alive "$c"; then printf '%-26s running (pid %s)\n' "$c" "$(cat "$RUN/$c.pid")"
+    elif [[ $c == gpushare-scheduler ]] && ! host_scheduler_on; then
+      printf '%-26s not run here (GPUSHARE_HOST_SCHEDULER=0: the chart runs it in the cluster)\n' "$c"
     else printf '%-26s stopped\n' "$c"; rc=1; fi
   done
   printf '%-26s %s\n' mode "$MODE"
@@ -543,6 +560,6 @@ case ${1:-} in
   restart-kubelet) stop_component kubelet; start_kubelet; wait_for "node $NODE Ready" 60 node_ready ;;
   stop) [[ -n ${2:-} ]] || die "usage: $0 stop COMPONENT"; stop_component "$2" KILL ;;
   start) [[ -n ${2:-} ]] || die "usage: $0 start COMPONENT"; cmd_start_one "$2" ;;
-  -h|--help|help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  -h|--help|help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -7,7 +7,7 @@ GPU is checked in one pass over its tenants and the common "it fits" path builds
 from enum import IntEnum
 from functools import lru_cache
 
-from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU
+from gpushare.api.names import CLASS_LATENCY, LABEL_SHARING_GROUP, SLICES_PER_GPU
 from gpushare.api.quantities import format_memory
 from gpushare.packing.model import Demand, GpuState, NodeState
 
@@ -128,7 +128,12 @@ def _node_words(refusal: Refusal, demand: Demand) -> str:
     if refusal is Refusal.UNHEALTHY:
         return "unhealthy GPU"
     if refusal is Refusal.TENANCY:
-        return f"GPU shared by another tenancy than {demand.tenancy!r}"
+        # Where users first meet the boundary (a Pending pod's event): say how to go on.
+        return (
+            f"GPU shared by another tenancy than {demand.tenancy!r} (a GPU serves one namespace "
+            f"or sharing group: wait for a free GPU, or an admin labels the namespaces "
+            f"{LABEL_SHARING_GROUP}=<one name>; docs/security.md)"
+        )
     if refusal is Refusal.AVOIDED:
         return f"avoids GPU {', '.join(sorted(demand.avoid_gpus))} (gpushare.io/avoid-gpus)"
     if refusal is Refusal.MODEL:

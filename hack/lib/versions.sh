@@ -21,4 +21,8 @@ PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}"
 # Prometheus v3.5.0, published on the module proxy as github.com/prometheus/prometheus v0.305.0.
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v3.5.0}"
 PROMETHEUS_MODULE_VERSION="${PROMETHEUS_MODULE_VERSION:-v0.305.0}"
+# Go: the oldest release that builds every tool above (etcd's and helm's go.mod ask for 1.26),
+# and the release hack/lib/go.sh fetches when the Go on PATH is older.
+GO_MIN_VERSION=1.26.0
+GO_VERSION="${GO_VERSION:-1.26.8}"
 GPUSHARE_CACHE_DIR="${GPUSHARE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpushare}"

@@ -349,8 +349,8 @@ class Monitored:
 def profiled_share(cluster: LocalCluster) -> None:
     """A GpuShare in phase Packed with a stored profile, written to its status as the operator
     stores it (``ShareProfile.to_status``) instead of waiting for a profiling run
-    (tests/cluster/test_examples.py and the operator's tests cover profiling). What this test
-    checks, the controller exporting the stored profile, is real."""
+    (tests/cluster/test_readme.py, on examples/, and the operator's tests cover profiling).
+    What this test checks, the controller exporting the stored profile, is real."""
     _apply(
         cluster,
         {

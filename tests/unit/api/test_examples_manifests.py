@@ -1,6 +1,6 @@
 """examples/ are valid as written: every object in the examples' namespace, the GpuShare spec
 and the pods' gpushare annotations read by the same parsers the operator and webhook use.
-tests/cluster/test_examples.py applies them to a cluster."""
+tests/cluster/test_readme.py applies them to the demo cluster."""
 
 from typing import Any
 

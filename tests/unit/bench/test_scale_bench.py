@@ -121,7 +121,10 @@ def test_a_trace_without_fractional_tasks_is_refused(tmp_path: Path) -> None:
         take(pods, 3, fractional=True)
 
 
-@pytest.mark.skipif(not REAL_TRACES.is_dir(), reason="openb traces not present on this machine")
+@pytest.mark.skipif(
+    not REAL_TRACES.is_dir(),
+    reason=f"openb traces not found in {REAL_TRACES} (the checkout's ../shared/traces/openb)",
+)
 def test_real_openb_trace_yields_fractional_shares_only() -> None:
     pods = take(read_trace(REAL_TRACES), 500, fractional=True)
     assert len(pods) == 500

@@ -102,5 +102,7 @@ def test_bind_and_reserve_honour_the_boundary_too() -> None:
     ext.offers.offer("beta/b", "", ["n0"])  # as if filter had passed n0 (it would not)
     error = asyncio.run(ext.bind(BindingArgs("b", "beta", pod["metadata"]["uid"], "n0")))["Error"]
     assert "GPU shared by another tenancy than 'beta'" in error
+    # The reason says how to go on: wait, or share by a label only an admin can set.
+    assert "wait for a free GPU" in error and "gpushare.io/sharing-group=" in error
     assert "alpha" not in error  # beta's pod events do not name another tenant's namespace
     assert "nodeName" not in pod["spec"]
