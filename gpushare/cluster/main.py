@@ -126,6 +126,7 @@ class ControllerContext:
                 else None
             ),
             dra_gate=self.settings.places_claims and self.settings.annotation_mode == MODE_DRA,
+            opportunistic_placement=self.settings.opportunistic_placement,
             opportunistic_default=self.settings.opportunistic_default,
             template_check=self._template_check if self.claim_templates is not None else None,
         )

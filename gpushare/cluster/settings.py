@@ -194,6 +194,11 @@ class Settings:
     --no-hold-in-filter lets the scheduler choose among all GPU-feasible nodes."""
     resync_seconds: float = 300.0
     """Re-list pods and nodes this often, as a guard against a missed watch event."""
+    opportunistic_placement: bool = False
+    """Honour opt-ins to opportunistic placement. Off (the default) while node agents do not
+    yet advertise ``gpushare.io/opportunistic-gpu-percent``: an opted-in pod would stay
+    Pending, so the webhook refuses the opt-in instead, naming this flag (docs/packing.md,
+    "The sharing contract")."""
     opportunistic_default: bool = False
     """Batch pods of one GPU or less opt in to opportunistic placement unless they (or their
     GpuShare) say otherwise: where no GPU has their request free, they may run preemptible
@@ -476,6 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--resync-seconds", type=float, default=d.resync_seconds, help=_doc("resync_seconds")
+    )
+    g.add_argument(
+        "--opportunistic-placement",
+        action=argparse.BooleanOptionalAction,
+        default=d.opportunistic_placement,
+        help=_doc("opportunistic_placement"),
     )
     g.add_argument(
         "--opportunistic-default",

@@ -34,6 +34,9 @@ class ClusterFacts:
     dra_gate: bool = False
     """DRA mode with gpushare placement (``--dra-placement=gpushare``): annotated pods also get
     the ``gpushare.io/placement`` scheduling gate, so the controller allocates their claim."""
+    opportunistic_placement: bool = False
+    """Opt-ins to opportunistic placement are honoured (``--opportunistic-placement``); off,
+    an explicit opt-in is refused and the default applies to no pod."""
     opportunistic_default: bool = False
     """Batch pods of one GPU or less that state no opt-in (nor their GpuShare) opt in to
     opportunistic placement (``--opportunistic-default``, chart

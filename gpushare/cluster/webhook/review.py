@@ -151,11 +151,22 @@ def resolve_opt_in(
     eligible = request.gpu_class == CLASS_BATCH and request.percent <= SLICES_PER_GPU
     dra = facts.dra_device_class is not None
     if request.opportunistic is None:
-        default = facts.opportunistic_default and eligible and not dra
-        return replace(request, opportunistic=default), []
+        default = facts.opportunistic_placement and facts.opportunistic_default
+        return replace(request, opportunistic=default and eligible and not dra), []
     if not request.opportunistic:
         return request, []
     field = ANN_OPPORTUNISTIC if request.share is None else f"GpuShare {request.share}"
+    if not facts.opportunistic_placement:
+        return request, [
+            InvalidInputError(
+                field,
+                "opts in to opportunistic placement, which this cluster does not enable (its "
+                "node agents do not advertise gpushare.io/opportunistic-gpu-percent yet)",
+                "remove the opt-in; an admin enables it with the controller's "
+                "--opportunistic-placement once node agents support it (docs/packing.md, "
+                '"The sharing contract")',
+            )
+        ]
     try:
         check_opportunistic(True, percent=request.percent, gpu_class=request.gpu_class, field=field)
     except InvalidInputError as exc:

@@ -20,7 +20,7 @@ from gpushare.cluster.webhook.review import review
 from tests.fixtures.builders import apply_patch, pod_json, webhook_facts
 
 GIB = 1 << 30
-FACTS = webhook_facts()
+FACTS = replace(webhook_facts(), opportunistic_placement=True)
 DEFAULT_ON = replace(FACTS, opportunistic_default=True)
 
 
@@ -107,7 +107,11 @@ def test_an_opt_in_gpushare_cannot_honour_is_refused_naming_the_field(
 
 
 def test_dra_mode_refuses_an_explicit_opt_in_and_ignores_the_default() -> None:
-    dra = replace(webhook_facts(dra_device_class="gpushare.io"), opportunistic_default=True)
+    dra = replace(
+        webhook_facts(dra_device_class="gpushare.io"),
+        opportunistic_placement=True,
+        opportunistic_default=True,
+    )
     refused = review(
         pod_json("p", fraction="0.3", annotations={ANN_OPPORTUNISTIC: "true"}),
         namespace="default",
@@ -138,3 +142,18 @@ def test_a_latency_pod_cannot_take_the_opportunistic_resource_by_hand() -> None:
     verdict = review(pod, namespace="default", facts=FACTS, mutate=False)
     assert not verdict.allowed
     assert "latency" in verdict.message
+
+
+def test_where_opportunistic_placement_is_not_enabled_an_opt_in_is_refused_with_the_flag() -> None:
+    off = webhook_facts()
+    verdict = review(
+        pod_json("p", fraction="0.3", annotations={ANN_OPPORTUNISTIC: "true"}),
+        namespace="default",
+        facts=off,
+        mutate=True,
+    )
+    assert not verdict.allowed
+    assert "--opportunistic-placement" in verdict.message
+    # The cluster default alone opts no pod in while the feature is off.
+    plain = mutated(pod_json("q", fraction="0.3"), replace(off, opportunistic_default=True))
+    assert limits(plain) == {RESOURCE_GPU_PERCENT: "30"}
