@@ -34,6 +34,7 @@ def test_values_reach_the_controller(chart: Chart) -> None:
             "controller": {
                 "policy": "spread",
                 "interferenceAdmission": False,
+                "opportunistic": {"enabled": True, "default": True, "governorPeriodSeconds": 15},
                 "logLevel": "DEBUG",
                 "operator": False,
                 "extender": {"port": 18888},
@@ -46,6 +47,9 @@ def test_values_reach_the_controller(chart: Chart) -> None:
     settings = parse_args(parseable(c["args"]))
     assert str(settings.policy) == "spread"
     assert not settings.interference_admission
+    assert settings.opportunistic_placement and settings.opportunistic_default
+    assert settings.governor_period_seconds == 15
+    assert settings.governor_settle_seconds == 60
     assert settings.log_level == "DEBUG"
     assert not settings.operator_enabled
     assert settings.extender_port == 18888
