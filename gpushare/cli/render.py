@@ -101,7 +101,7 @@ def render_text(nodes: list[NodeRow], *, live_source: str | None, wide: bool = F
         "MEM-USED",
     )
     if wide:
-        headers = (*headers, "STATE", "PHASE")
+        headers = (*headers, "STATE", "PHASE", "TIER")
     for node in nodes:
         lines.append(f"NODE {printable(node.name)}")
         if node.problem:
@@ -124,7 +124,7 @@ def render_text(nodes: list[NodeRow], *, live_source: str | None, wide: bool = F
                     memory_limit(p.memory_limit_bytes),
                     gib(p.memory_used_bytes) if live_source is not None else "-",
                 )
-                rows.append((*row, p.state or "-", p.phase or "-") if wide else row)
+                rows.append((*row, p.state or "-", p.phase or "-", p.tier) if wide else row)
             lines.extend("    " + line for line in table(rows))
     if live_source is None:
         lines.append("")

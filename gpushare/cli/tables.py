@@ -53,7 +53,7 @@ def render_pods(
     if all_namespaces:
         header.insert(0, "NAMESPACE")
     if wide:
-        header += ["CLASS", "PHASE", "MEM-USED", "GPU-UUID"]
+        header += ["CLASS", "TIER", "PHASE", "MEM-USED", "GPU-UUID"]
     rows = [tuple(header)]
     for line in lines:
         p = line.pod
@@ -71,6 +71,7 @@ def render_pods(
         if wide:
             row += [
                 p.gpu_class,
+                p.tier,
                 p.phase or "-",
                 _pod_memory_used(line, live=live),
                 ",".join(g.info.uuid for g in line.gpus),

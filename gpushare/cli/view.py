@@ -22,6 +22,7 @@ from gpushare.api.names import (
     ANN_STATE,
     CLASS_BATCH,
     SLICES_PER_GPU,
+    TIER_GUARANTEED,
 )
 from gpushare.api.placement import parse_placement
 from gpushare.api.quantities import parse_fraction
@@ -44,6 +45,9 @@ class PodRow:
     state: str
     phase: str
     memory_used_bytes: float | None = None
+    tier: str = TIER_GUARANTEED
+    """``opportunistic``: running beyond its GPU's guaranteed capacity, preemptible, until
+    promoted (docs/packing.md, "The sharing contract")."""
 
 
 @dataclass
@@ -141,6 +145,7 @@ def _pod_row(pod: Mapping[str, Any]) -> tuple[PodRow, tuple[str, ...]] | None:
         memory_limit_bytes=placement.memory_limit_bytes,
         state=annotations.get(ANN_STATE, placement.state),
         phase=phase,
+        tier=placement.tier,
     )
     return row, placement.gpu_uuids
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpushare.api.names import ANN_TIER, TIER_OPPORTUNISTIC
 from gpushare.cli.main import complete_main, main
 from gpushare.cli.watch import watch
 from gpushare.kube.cli import ALL_NAMESPACES, Query, Snapshot
@@ -164,6 +165,16 @@ def test_wide_adds_columns(cluster: Cluster, capsys: pytest.CaptureFixture[str])
     assert column(gpus, "SIMULATED") == ["no"] * 3
     _, top, _ = run(cluster, capsys, "top", "-o", "wide")
     assert "STATE" in top and "allocated" in top
+
+
+def test_wide_shows_which_pods_run_opportunistically(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster.pods[0]["metadata"]["annotations"][ANN_TIER] = TIER_OPPORTUNISTIC
+    _, wide, _ = run(cluster, capsys, "get", "pods", "-A", "-o", "wide")
+    assert sorted(column(wide, "TIER")) == ["guaranteed", "guaranteed", "opportunistic"]
+    _, top, _ = run(cluster, capsys, "top", "-o", "wide")
+    assert "TIER" in top and "opportunistic" in top
 
 
 @pytest.mark.parametrize("command", [["top"], ["get", "pods", "-A"], ["get", "gpus"]])
