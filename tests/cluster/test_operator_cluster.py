@@ -34,7 +34,7 @@ from gpushare.api.names import (
 from gpushare.node.load import PIPE_WEIGHTS
 from gpushare.packing.sizing import as_fraction, suggested_percent
 from gpushare.packing.stored_profile import pipe_profile
-from tests.fixtures.node_agent import NodeAgentProcess, wait_until
+from tests.fixtures.node_agent import NodeAgentProcess, profile_token, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -61,6 +61,9 @@ class OperatorProcess:
     def start(self) -> None:
         env = {**self.cluster.env, "PYTHONPATH": str(REPO)}
         ready_marks = self.log_text().count("gpushare operator ready")
+        # Node agents answer /profile only to a token bound to their audience.
+        token_file = self.log_path.with_name(f"{self.log_path.stem}-agent-token")
+        token_file.write_text(profile_token(self.cluster))
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -75,6 +78,8 @@ class OperatorProcess:
                     self.agent_url,
                     "--reconcile-interval",
                     "1",
+                    "--agent-token-file",
+                    str(token_file),
                     *self.args,
                 ],
                 cwd=REPO,

@@ -27,6 +27,7 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
     cfg, policy = OperatorConfig, ProtectionPolicy
     flag(parser, cfg, "namespace")
     flag(parser, cfg, "agent_url")
+    flag(parser, cfg, "agent_token_file")
     flag(parser, cfg, "cache_configmap", "--profile-cache-name")
     flag(parser, cfg, "watch_namespaces", "--watch-namespace", action="append", default=[])
     flag(parser, cfg, "reconcile_interval_s", "--reconcile-interval", type=float)
@@ -77,6 +78,7 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
         namespace=args.namespace,
         watch_namespaces=tuple(args.watch_namespaces),
         agent_url=check_agent_url(args.agent_url),
+        agent_token_file=args.agent_token_file,
         cache_configmap=args.cache_configmap,
         reconcile_interval_s=args.reconcile_interval_s,
         measure_grace_s=args.measure_grace_s,
