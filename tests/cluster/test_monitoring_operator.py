@@ -169,7 +169,8 @@ def _apiserver(cluster: LocalCluster) -> tuple[str, bytes]:
 
 def _prometheus(cluster: LocalCluster, *, work: Path, token: str, version: str) -> dict[str, Any]:
     """A Prometheus like kube-prometheus-stack's (ServiceMonitors chosen by the release label),
-    reading the API server with a ServiceAccount token that may only discover targets. The
+    reading the API server with a ServiceAccount token that may only discover targets and get
+    /metrics (it scrapes gpushare with the same token). The
     token and CA are files of the host Prometheus (``credentialsFile``, ``caFile``), as a pod
     would have them mounted."""
     server, ca = _apiserver(cluster)
@@ -221,6 +222,8 @@ DISCOVERY_RBAC = [
                 "resources": ["endpointslices"],
                 "verbs": ["get", "list", "watch"],
             },
+            # As kube-prometheus-stack's Prometheus: gpushare answers /metrics to nothing less.
+            {"nonResourceURLs": ["/metrics"], "verbs": ["get"]},
         ],
     },
     {
@@ -325,6 +328,10 @@ def generated_config(cluster: LocalCluster, work: Path) -> Path:
         for key, value in (_secret_data(cluster, name) or {}).items():
             (certs / key).write_bytes(value)
     text = text.replace("/etc/prometheus/certs/", f"{certs}/")
+    # The pod's own ServiceAccount token, which the ServiceMonitors scrape gpushare with.
+    text = text.replace(
+        "/var/run/secrets/kubernetes.io/serviceaccount/token", str(work / "apiserver-token")
+    )
     pod_env = {"SHARD": "0", "POD_NAME": "prometheus-kps-0"}  # shard 0's first replica
     unknown = set(re.findall(r"\$\((\w+)\)", text)) - set(pod_env)
     assert not unknown, f"the generated config references {unknown}, which no pod env sets"
