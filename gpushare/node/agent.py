@@ -25,11 +25,13 @@ from gpushare.api.names import (
     ANN_NODE_GPUS,
     LABEL_MPS_CAPABLE,
     LABEL_SIMULATED,
+    RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
     STATE_ALLOCATED,
 )
 from gpushare.api.placement import parse_placement
 from gpushare.node.deviceplugin.allocator import Allocator
+from gpushare.node.deviceplugin.devices import opportunistic_slice_ids, slice_ids
 from gpushare.node.deviceplugin.health import DeviceHealth
 from gpushare.node.deviceplugin.holdings import (
     STATE_DIR,
@@ -38,7 +40,12 @@ from gpushare.node.deviceplugin.holdings import (
     kubelet_held,
     kubelet_identity,
 )
-from gpushare.node.deviceplugin.plugin import DEFAULT_ENDPOINT, KUBELET_SOCKET, PluginRunner
+from gpushare.node.deviceplugin.plugin import (
+    DEFAULT_ENDPOINT,
+    KUBELET_SOCKET,
+    OPPORTUNISTIC_ENDPOINT,
+    PluginRunner,
+)
 from gpushare.node.deviceplugin.pods import PodSource, pod_info
 from gpushare.node.deviceplugin.response import DeviceNode
 from gpushare.node.deviceplugin.server import DevicePluginServicer
@@ -92,6 +99,10 @@ class AgentSettings:
     """The kubelet's device-plugin directory (holds kubelet.sock and this plugin's socket)."""
     plugin_endpoint: str = DEFAULT_ENDPOINT
     """Socket file name of this plugin inside the device-plugin directory."""
+    opportunistic_plugin_endpoint: str = OPPORTUNISTIC_ENDPOINT
+    """Socket file name of the plugin serving gpushare.io/opportunistic-gpu-percent (300 device
+    IDs per GPU, for pods the scheduler places beyond a GPU's guaranteed capacity;
+    docs/node-agent.md, "Device IDs")."""
     mps_root: Path = Path("/run/gpushare/node/mps")
     """Root of the per-GPU MPS pipe/log/shm directories (<mps-root>/<uuid>/)."""
     mps_shm: ShmMode = "private"
@@ -213,6 +224,14 @@ class NodeAgent:
             plugin_dir=settings.device_plugin_dir,
             endpoint=settings.plugin_endpoint,
         )
+        # Opportunistic pods ask for their own resource (more of it than the GPU has), served
+        # by the same Allocator: placements, not slice counts, set what a pod may use.
+        self.opportunistic_runner = PluginRunner(
+            make_servicer=lambda: self._new_servicer(opportunistic_slice_ids),
+            plugin_dir=settings.device_plugin_dir,
+            endpoint=settings.opportunistic_plugin_endpoint,
+            resource_name=RESOURCE_GPU_OPPORTUNISTIC,
+        )
         self.slices: SlicePublisher | None = None
         self.dra_runner: DraPluginRunner | None = None
         if settings.mode == "dra":
@@ -287,8 +306,8 @@ class NodeAgent:
         with self._pods_lock:
             return list(self._pods)
 
-    def _new_servicer(self) -> DevicePluginServicer:
-        servicer = DevicePluginServicer(allocator=self.allocator, health=self.health)
+    def _new_servicer(self, ids: Callable[[str], list[str]] = slice_ids) -> DevicePluginServicer:
+        servicer = DevicePluginServicer(allocator=self.allocator, health=self.health, ids=ids)
         self._servicers.append(servicer)
         return servicer
 
@@ -389,6 +408,11 @@ class NodeAgent:
             servicer = self.runner.servicer
             if servicer is None or not servicer.listed.is_set():
                 return "the kubelet has not listed the devices yet"
+            if not self.opportunistic_runner.registered.is_set():
+                return (
+                    f"the {RESOURCE_GPU_OPPORTUNISTIC} device plugin is not registered with "
+                    "the kubelet"
+                )
         _, healthy = self.health.snapshot()
         if not any(healthy.values()):
             return "no healthy GPU"
@@ -418,6 +442,7 @@ class NodeAgent:
             self.dra_runner.request_restart()
         else:
             self.runner.request_restart()
+            self.opportunistic_runner.request_restart()
 
     # --- loops ---------------------------------------------------------------------------
 
@@ -582,6 +607,14 @@ class NodeAgent:
             if self.dra_runner is not None:
                 self.dra_runner.run(stop)
             else:
+                opportunistic = threading.Thread(
+                    target=self.opportunistic_runner.run,
+                    args=(stop,),
+                    name="opportunistic-plugin",
+                    daemon=True,
+                )
+                opportunistic.start()
+                threads.append(opportunistic)
                 self.runner.run(stop)
         finally:
             stop.set()

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from gpushare.api.inventory import GpuInfo
-from gpushare.api.names import DEVICE_ID_SEPARATOR, RESOURCE_GPU_PERCENT
+from gpushare.api.names import DEVICE_ID_SEPARATOR, GPU_RESOURCES
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,10 @@ def allocatable_devices(*, socket_path: Path, timeout_s: float = 5.0) -> Adverti
 
 
 def other_plugin_gpus(
-    gpus: Iterable[GpuInfo], advertised: Advertised, *, own_resource: str = RESOURCE_GPU_PERCENT
+    gpus: Iterable[GpuInfo],
+    advertised: Advertised,
+    *,
+    own_resources: Sequence[str] = GPU_RESOURCES,
 ) -> dict[str, str]:
     """GPU UUID -> the resource another plugin advertises it as. UUID device IDs match under
     any resource; bare index IDs only under ``nvidia.com/*`` (other plugins number their own
@@ -55,7 +58,7 @@ def other_plugin_gpus(
     by_index = {str(g.index): g for g in gpus}
     found: dict[str, str] = {}
     for resource, device_ids in advertised:
-        if resource == own_resource:
+        if resource in own_resources:
             continue
         for device_id in device_ids:
             base = device_id.split(DEVICE_ID_SEPARATOR, 1)[0]

@@ -46,6 +46,7 @@ AGENT_FLAGS: dict[str, dict[str, Any]] = {
     "cdi_dir": {"type": Path},
     "device_plugin_dir": {"type": Path},
     "plugin_endpoint": {},
+    "opportunistic_plugin_endpoint": {},
     "mps_root": {"type": Path},
     "mps_shm": {"choices": ("private", "host")},
     "require_exclusive_process": {"action": "store_true"},

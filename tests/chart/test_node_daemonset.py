@@ -106,6 +106,9 @@ def test_uninstall_cleanup_hook_is_wired(chart: Chart) -> None:
     assert env["PLUGIN_SOCKET"] == "/var/lib/kubelet/device-plugins/gpushare-gpu-percent.sock"
     args = build_parser().parse_args(c["args"])
     assert env["PLUGIN_SOCKET"] == f"{args.device_plugin_dir}/{args.plugin_endpoint}"
+    assert env["OPPORTUNISTIC_PLUGIN_SOCKET"] == (
+        f"{args.device_plugin_dir}/{args.opportunistic_plugin_endpoint}"
+    )
     assert env["MPS_ROOT"] == str(args.mps_root)
     off = _agent(_ds(chart, {"uninstall": {"cleanupNodes": False}}))
     assert "lifecycle" not in off

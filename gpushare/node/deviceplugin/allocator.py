@@ -12,8 +12,14 @@ from collections.abc import Set as AbstractSet
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
-from gpushare.api.names import ANN_GPU_UUID, ANN_MEMORY_LIMIT, ANN_THREAD_PERCENT, STATE_ALLOCATED
-from gpushare.node.deviceplugin.devices import group_by_gpu
+from gpushare.api.names import (
+    ANN_GPU_UUID,
+    ANN_MEMORY_LIMIT,
+    ANN_THREAD_PERCENT,
+    RESOURCE_GPU_OPPORTUNISTIC,
+    STATE_ALLOCATED,
+)
+from gpushare.node.deviceplugin.devices import group_by_gpu, is_opportunistic
 from gpushare.node.deviceplugin.holdings import Answer, AnswerBook
 from gpushare.node.deviceplugin.matching import (
     MalformedPlacementError,
@@ -303,6 +309,18 @@ class Allocator:
             if found is None:
                 if not unplaced_pods(pods, sizes=sizes, skip=set(self._handled)):
                     message = unplaced_refusal(self.node_name, groups[0])
+                    log.warning("%s", message)
+                    raise AllocationError(message)
+                if any(is_opportunistic(d) for d in devices):
+                    # Opportunistic slices are no share of the GPU: only a placement says
+                    # what such a pod may use.
+                    message = (
+                        f"Allocate found no pod on node {self.node_name} placed by gpushare "
+                        f"for {sizes[0]} {RESOURCE_GPU_OPPORTUNISTIC}; only gpushare's "
+                        "scheduler places pods asking for it (their placement sets the thread "
+                        "and memory caps); fix: leave the pod's schedulerName to gpushare's "
+                        "webhook"
+                    )
                     log.warning("%s", message)
                     raise AllocationError(message)
                 answers = [derived_allocation(ctx, group) for group in groups]

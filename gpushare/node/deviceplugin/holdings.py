@@ -13,11 +13,11 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from gpushare.api.names import RESOURCE_GPU_PERCENT
+from gpushare.api.names import GPU_RESOURCES, RESOURCE_GPU_PERCENT
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,9 @@ def kubelet_identity(socket_path: Path) -> str | None:
 
 
 def kubelet_held(
-    *, socket_path: Path, resource: str = RESOURCE_GPU_PERCENT, timeout_s: float = 2.0
+    *, socket_path: Path, resources: Sequence[str] = GPU_RESOURCES, timeout_s: float = 2.0
 ) -> dict[str, tuple[str, ...]]:
-    """``namespace/name`` -> the ``resource`` device IDs the kubelet holds for that pod (all its
+    """``namespace/name`` -> the device IDs of ``resources`` the kubelet holds for that pod (all its
     containers), for every pod the kubelet lists; a pod holding none maps to ``()``. A pod the
     kubelet does not list is not known to it yet (a restarted kubelet lists pods as it learns
     them from the API server, with the devices its checkpoint kept for them), which is not the
@@ -58,7 +58,7 @@ def kubelet_held(
             device
             for container in pod.containers
             for devices in container.devices
-            if devices.resource_name == resource
+            if devices.resource_name in resources
             for device in devices.device_ids
         ]
         held[f"{pod.namespace}/{pod.name}"] = tuple(sorted(ids))

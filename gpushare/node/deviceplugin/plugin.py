@@ -29,6 +29,7 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_ENDPOINT = "gpushare-gpu-percent.sock"
+OPPORTUNISTIC_ENDPOINT = "gpushare-opportunistic.sock"
 
 
 def socket_identity(path: Path) -> tuple[int, int] | None:

@@ -18,7 +18,7 @@ from gpushare.api.names import (
     ANN_GPU_UUID,
     ANN_MEMORY_LIMIT,
     ANN_THREAD_PERCENT,
-    RESOURCE_GPU_PERCENT,
+    GPU_RESOURCES,
 )
 from gpushare.api.quantities import kube_quantity
 
@@ -38,7 +38,8 @@ class PodInfo:
     """Effective UID of the GPU container (container, else pod securityContext); None = the
     image's default user, unknown here."""
     requested_slices: tuple[int, ...] = ()
-    """gpu-percent slices asked for by each container that asks for any, in spec order."""
+    """gpu-percent (or opportunistic-gpu-percent) slices asked for by each container that asks
+    for any, in spec order."""
     created: datetime | None = None
     started: bool = False
     """Some container of the pod has been created or has run (a container ID, a running or
@@ -108,9 +109,13 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     gpu_container: Mapping[str, Any] | None = None
     for container in containers:
         resources = container.get("resources") or {}
-        amount = (resources.get("limits") or {}).get(RESOURCE_GPU_PERCENT) or (
-            resources.get("requests") or {}
-        ).get(RESOURCE_GPU_PERCENT)
+        limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+        # A pod asks for one of the two (the webhook sees to it): guaranteed slices, or
+        # opportunistic ones in the same GPU-percent.
+        amount = next(
+            (v for r in GPU_RESOURCES if (v := limits.get(r) or requests.get(r)) is not None),
+            None,
+        )
         if amount is not None and _quantity_int(amount) > 0:
             requested.append(_quantity_int(amount))
             gpu_container = gpu_container or container

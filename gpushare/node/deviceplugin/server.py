@@ -3,13 +3,12 @@
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
-from gpushare.api.names import SLICES_PER_GPU
 from gpushare.node.deviceplugin.allocator import Allocator
-from gpushare.node.deviceplugin.devices import HEALTHY, UNHEALTHY, device_id
+from gpushare.node.deviceplugin.devices import HEALTHY, UNHEALTHY, slice_ids
 from gpushare.node.deviceplugin.health import DeviceHealth
 from gpushare.node.deviceplugin.response import AllocationError, ContainerAllocation
 from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
@@ -17,14 +16,17 @@ from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-def device_list(health: DeviceHealth) -> api_pb2.ListAndWatchResponse:
-    """100 slices per GPU, each carrying its GPU's health."""
+def device_list(
+    health: DeviceHealth, ids: Callable[[str], list[str]] = slice_ids
+) -> api_pb2.ListAndWatchResponse:
+    """``ids(uuid)`` for each GPU (100 slices, or devices.opportunistic_slice_ids), each
+    carrying its GPU's health."""
     _, state = health.snapshot()
     return api_pb2.ListAndWatchResponse(
         devices=[
-            api_pb2.Device(ID=device_id(uuid, n), health=HEALTHY if ok else UNHEALTHY)
+            api_pb2.Device(ID=ident, health=HEALTHY if ok else UNHEALTHY)
             for uuid, ok in state.items()
-            for n in range(SLICES_PER_GPU)
+            for ident in ids(uuid)
         ]
     )
 
@@ -50,9 +52,17 @@ def to_proto(allocation: ContainerAllocation) -> api_pb2.ContainerAllocateRespon
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     """Serves one registration's lifetime; ``stop()`` ends its ListAndWatch streams."""
 
-    def __init__(self, *, allocator: Allocator, health: DeviceHealth) -> None:
+    def __init__(
+        self,
+        *,
+        allocator: Allocator,
+        health: DeviceHealth,
+        ids: Callable[[str], list[str]] = slice_ids,
+    ) -> None:
+        """``ids``: the device IDs advertised for one GPU (which resource this serves)."""
         self.allocator = allocator
         self.health = health
+        self.ids = ids
         self._stopped = threading.Event()
         self.listed = threading.Event()
         """Set when the kubelet's ListAndWatch stream is handed this server's first device list:
@@ -74,7 +84,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.Empty, context: grpc.ServicerContext
     ) -> Iterator[api_pb2.ListAndWatchResponse]:
         version, _ = self.health.snapshot()
-        response = device_list(self.health)
+        response = device_list(self.health, self.ids)
         log.info("ListAndWatch: advertising %d slices", len(response.devices))
         self.listed.set()
         yield response
@@ -82,7 +92,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             new = self.health.wait_change(version, timeout_s=1.0)
             if new != version:
                 version = new
-                response = device_list(self.health)
+                response = device_list(self.health, self.ids)
                 bad = sum(1 for d in response.devices if d.health != HEALTHY)
                 log.info("ListAndWatch: health changed, %d unhealthy slices", bad)
                 yield response

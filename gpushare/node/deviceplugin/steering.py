@@ -7,8 +7,7 @@ the very slices it had (``steer``); with no pod waiting, a best fit.
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
-from gpushare.api.names import SLICES_PER_GPU
-from gpushare.node.deviceplugin.devices import device_id, group_by_gpu
+from gpushare.node.deviceplugin.devices import capacity_of, ids_by_gpu
 from gpushare.node.deviceplugin.matching import waiting_pods
 from gpushare.node.deviceplugin.pods import PodInfo, annotated_gpus
 
@@ -33,9 +32,10 @@ def steer(
     several sizes waiting on one node, the kubelet's request for 30 slices is for a 30-slice
     pod, and steering it to an older 50-slice pod's GPU would make Allocate derive a placement.
     """
-    free = group_by_gpu(available)
+    free = ids_by_gpu(available)
+    capacity = capacity_of(available)  # slices per GPU: 100, or 300 opportunistic ones
     must = list(dict.fromkeys(must_include))
-    must_gpus = set(group_by_gpu(must))
+    must_gpus = set(ids_by_gpu(must))
     target: list[str] | None = None
     steered: str | None = None
     waiting = waiting_pods(pods, skip=skip, again=again)
@@ -46,7 +46,7 @@ def steer(
             # Malformed: still steer to the GPU it names (when it names one of ours), so the
             # slices come from where its annotation points; Allocate then refuses it.
             gpus = sorted(annotated_gpus(cand.pod) & set(free))
-            if len(gpus) == 1 and size < SLICES_PER_GPU and len(free[gpus[0]]) >= size:
+            if len(gpus) == 1 and size < capacity and len(free[gpus[0]]) >= size:
                 target, steered = gpus, cand.pod.key
                 break
             continue
@@ -56,20 +56,19 @@ def steer(
         gpus = list(cand.placement.gpu_uuids)
         if must_gpus - set(gpus):
             continue
-        per_gpu = size if len(gpus) == 1 else SLICES_PER_GPU
+        per_gpu = size if len(gpus) == 1 else capacity
         if len(gpus) > 1 and len(gpus) * per_gpu != size:
             continue
         if all(len(free.get(g, [])) >= per_gpu for g in gpus):
             target, steered = gpus, cand.pod.key
             break
     if target is None:
-        target = _best_fit(free, size)
+        target = _best_fit(free, size, capacity)
     chosen = list(must)
     for uuid in target:
-        for index in free.get(uuid, []):
+        for ident in free.get(uuid, []):
             if len(chosen) >= size:
                 break
-            ident = device_id(uuid, index)
             if ident not in chosen:
                 chosen.append(ident)
     # Top up from anything available if the target could not fill the request.
@@ -81,12 +80,13 @@ def steer(
     return chosen[:size], steered
 
 
-def _best_fit(free: Mapping[str, list[int]], size: int) -> list[str]:
-    """GPUs to take ``size`` slices from when no pod tells us: whole GPUs for multiples of 100,
-    else the GPU with the fewest free slices that still fits (keeps big holes for big pods)."""
-    if size >= SLICES_PER_GPU:
-        full = sorted(u for u, s in free.items() if len(s) == SLICES_PER_GPU)
-        return full[: size // SLICES_PER_GPU] + sorted(free, key=lambda u: -len(free[u]))
+def _best_fit(free: Mapping[str, list[str]], size: int, capacity: int) -> list[str]:
+    """GPUs to take ``size`` slices from when no pod tells us: whole GPUs for multiples of
+    ``capacity`` (a GPU's slices), else the GPU with the fewest free slices that still fits
+    (keeps big holes for big pods)."""
+    if size >= capacity:
+        full = sorted(u for u, s in free.items() if len(s) == capacity)
+        return full[: size // capacity] + sorted(free, key=lambda u: -len(free[u]))
     fits = [u for u, s in free.items() if len(s) >= size]
     if fits:
         return [min(fits, key=lambda u: (len(free[u]), u))]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpushare.api.names import DEVICE_ID_SEPARATOR, RESOURCE_GPU_PERCENT
+from gpushare.api.names import DEVICE_ID_SEPARATOR, GPU_RESOURCES
 
 if TYPE_CHECKING:
     from gpushare.node.deviceplugin.podresources.v1 import api_pb2
@@ -59,7 +59,7 @@ def list_pod_resources(
 
 def gpu_holders(entries: list[ContainerDevices]) -> list[ContainerDevices]:
     """Only the containers holding GPUs (gpushare slices or whole ``nvidia.com/gpu``)."""
-    return [e for e in entries if e.resource_name in (RESOURCE_GPU_PERCENT, "nvidia.com/gpu")]
+    return [e for e in entries if e.resource_name in (*GPU_RESOURCES, "nvidia.com/gpu")]
 
 
 class PodResourcesPoller:

@@ -8,13 +8,14 @@ Two entry points, both run from the chart's own image with the standard library 
 ``node-cleanup`` preStop hook of each node agent. Does nothing on an ordinary restart (rolling
                 update, eviction, crash): running pods keep their MPS daemons. When the
                 DaemonSet is being deleted (or is gone), it freezes the agent, stops the MPS
-                control daemons, removes the MPS directories and the plugin socket (in DRA
+                control daemons, removes the MPS directories and the plugin sockets (in DRA
                 mode also the claims' CDI specs and the plugin's directory: its socket and
                 checkpoint), and removes the gpushare annotation and labels from the node;
                 then lets the agent exit.
 
 Settings come from the environment the chart sets: POD_NAMESPACE, DAEMONSET_NAME, NODE_NAME,
-MPS_ROOT, PLUGIN_SOCKET, TIMEOUT_SECONDS; in DRA mode CDI_DIR and DRA_PLUGIN_DIR.
+MPS_ROOT, PLUGIN_SOCKET, OPPORTUNISTIC_PLUGIN_SOCKET, TIMEOUT_SECONDS; in DRA mode CDI_DIR and
+DRA_PLUGIN_DIR.
 """
 
 import contextlib
@@ -216,10 +217,11 @@ def node_cleanup() -> int:
                 stop_mps(gpu_dir)
             shutil.rmtree(root, ignore_errors=True)
             log(f"removed {root}")
-        sock = os.environ.get("PLUGIN_SOCKET")
-        if sock and os.path.lexists(sock):
-            os.unlink(sock)
-            log(f"removed {sock}")
+        for name in ("PLUGIN_SOCKET", "OPPORTUNISTIC_PLUGIN_SOCKET"):
+            sock = os.environ.get(name)
+            if sock and os.path.lexists(sock):
+                os.unlink(sock)
+                log(f"removed {sock}")
         remove_dra_files(os.environ.get("CDI_DIR"), os.environ.get("DRA_PLUGIN_DIR"))
         node = os.environ.get("NODE_NAME", "")
         if node:

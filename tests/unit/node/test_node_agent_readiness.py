@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpushare.api.names import ANN_AGENT_READY
+from gpushare.api.names import ANN_AGENT_READY, RESOURCE_GPU_OPPORTUNISTIC, RESOURCE_GPU_PERCENT
 from gpushare.node.agent import AgentSettings, NodeAgent
 from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare.node.gpu.simulated import SimulatedBackend
@@ -26,7 +26,8 @@ class Kubelet(api_pb2_grpc.RegistrationServicer):
     def __init__(self, plugin_dir: Path, *, list_devices: threading.Event) -> None:
         self.plugin_dir = plugin_dir
         self.list_devices = list_devices
-        self.devices_seen = 0
+        self.devices_seen: dict[str, int] = {}
+        """Resource name -> devices in its plugin's first list."""
         self._streams: list[grpc.Channel] = []
         self.server = grpc.server(ThreadPoolExecutor(max_workers=2))
         api_pb2_grpc.add_RegistrationServicer_to_server(self, self.server)
@@ -37,16 +38,18 @@ class Kubelet(api_pb2_grpc.RegistrationServicer):
         self, request: api_pb2.RegisterRequest, context: grpc.ServicerContext
     ) -> api_pb2.Empty:
         endpoint = self.plugin_dir / request.endpoint
-        threading.Thread(target=self._watch, args=(endpoint,), daemon=True).start()
+        threading.Thread(
+            target=self._watch, args=(endpoint, request.resource_name), daemon=True
+        ).start()
         return api_pb2.Empty()
 
-    def _watch(self, endpoint: Path) -> None:
+    def _watch(self, endpoint: Path, resource: str) -> None:
         self.list_devices.wait(10)
         channel = grpc.insecure_channel(f"unix://{endpoint}")
         self._streams.append(channel)
         try:
             first = next(api_pb2_grpc.DevicePluginStub(channel).ListAndWatch(api_pb2.Empty()))
-            self.devices_seen = len(first.devices)
+            self.devices_seen[resource] = len(first.devices)
         except grpc.RpcError:
             pass
 
@@ -72,13 +75,18 @@ def agent(tmp_path: Path) -> Iterator[NodeAgent]:
     node_agent = NodeAgent(settings, backend=backend, kube=None)
     node_agent.mps.ensure(g.uuid for g in backend.inventory())
     stop = threading.Event()
-    runner = threading.Thread(target=node_agent.runner.run, args=(stop,), daemon=True)
-    runner.start()
+    runners = [
+        threading.Thread(target=r.run, args=(stop,), daemon=True)
+        for r in (node_agent.runner, node_agent.opportunistic_runner)
+    ]
+    for runner in runners:
+        runner.start()
     try:
         yield node_agent
     finally:
         stop.set()
-        runner.join(timeout=10)
+        for runner in runners:
+            runner.join(timeout=10)
 
 
 def ready_annotation(agent: NodeAgent) -> str:
@@ -99,7 +107,12 @@ def test_not_ready_until_the_kubelet_has_listed_the_devices(agent: NodeAgent) ->
         assert agent._readyz("").status == 503
         listing.set()
         eventually(lambda: agent.not_ready_reason() is None)
-        assert kubelet.devices_seen == 100
+        # 100 guaranteed slices and 300 opportunistic ones (the kubelet admits opportunistic
+        # pods beside full guaranteed shares; docs/node-agent.md, "Device IDs").
+        assert kubelet.devices_seen == {
+            RESOURCE_GPU_PERCENT: 100,
+            RESOURCE_GPU_OPPORTUNISTIC: 300,
+        }
         assert ready_annotation(agent) == "true"
         assert agent._readyz("").status == 200
     finally:
