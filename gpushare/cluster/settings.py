@@ -194,11 +194,10 @@ class Settings:
     --no-hold-in-filter lets the scheduler choose among all GPU-feasible nodes."""
     resync_seconds: float = 300.0
     """Re-list pods and nodes this often, as a guard against a missed watch event."""
-    opportunistic_placement: bool = False
-    """Honour opt-ins to opportunistic placement. Off (the default) while node agents do not
-    yet advertise ``gpushare.io/opportunistic-gpu-percent``: an opted-in pod would stay
-    Pending, so the webhook refuses the opt-in instead, naming this flag (docs/packing.md,
-    "The sharing contract")."""
+    opportunistic_placement: bool = True
+    """Honour opt-ins to opportunistic placement (pods asking for
+    ``gpushare.io/opportunistic-gpu-percent``, which node agents advertise). Off: the webhook
+    refuses an opt-in, naming this flag (docs/packing.md, "The sharing contract")."""
     opportunistic_default: bool = False
     """Batch pods of one GPU or less opt in to opportunistic placement unless they (or their
     GpuShare) say otherwise: where no GPU has their request free, they may run preemptible

@@ -25,11 +25,18 @@ from gpushare.api.names import (
     ANN_CLASS,
     ANN_FRACTION,
     ANN_GPU_UUID,
+    ANN_MEMORY_LIMIT,
+    ANN_OPPORTUNISTIC,
     ANN_REQUEST_PERCENT,
     ANN_SHARE,
+    ANN_STATE,
     ANN_THREAD_PERCENT,
+    ANN_TIER,
     LABEL_NEIGHBOUR_RULES,
+    RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
+    STATE_ALLOCATED,
+    TIER_OPPORTUNISTIC,
 )
 from gpushare.node.load import PIPE_WEIGHTS
 from gpushare.packing.sizing import as_fraction, suggested_percent
@@ -548,6 +555,65 @@ def protection_args(threshold: float) -> list[str]:
         "--cooldown", "8",
         "--slowdown-bound", "100",
     ]  # fmt: skip
+
+
+def test_an_opted_in_pod_runs_beyond_full_gpus_with_the_caps_its_placement_set(
+    cluster: Any, controller: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    """The sharing contract end to end (docs/packing.md): two 60% pods leave no GPU with 60%
+    free; a third that opted in runs anyway, beyond a GPU's guaranteed capacity, because the
+    node agent advertises gpushare.io/opportunistic-gpu-percent (300 per GPU) and the kubelet
+    admits it there; its container runs with the thread and memory caps of its placement."""
+    apply(
+        cluster,
+        share_manifest(
+            "train",
+            namespace,
+            fraction="0.6",
+            # Stated, so the memory caps are what the job needs, not 60% of the GPU each:
+            # caps never add up to more than the GPU has (the opportunistic pod's included).
+            memory="16Gi",
+            selector={"matchLabels": {"app": "train"}},
+            profiling={"windowSeconds": 15},
+        ),
+    )
+
+    def train(name: str, **ann: str) -> dict[str, Any]:
+        return pod_manifest(
+            name,
+            namespace,
+            image=cluster.busybox_image,
+            annotations={ANN_FRACTION: "0.6", **ann},
+            labels={"app": "train"},
+        )
+
+    apply(cluster, train("train-0"))
+    # Opportunistic placement needs the job's measured profile.
+    wait_phase(cluster, "train", namespace, "Packed", timeout_s=150)
+    apply(cluster, train("train-1"))
+    first, _ = _gpu_and_threads(cluster, "train-0", namespace)
+    second, _ = _gpu_and_threads(cluster, "train-1", namespace)
+    assert first != second, "the two 60% pods should each hold a GPU's guaranteed 60%"
+
+    apply(cluster, train("train-2", **{ANN_OPPORTUNISTIC: "true"}))
+    running = wait_pod_running(cluster, "train-2", namespace, timeout_s=120)
+    ann = running["metadata"]["annotations"]
+    limits = running["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {RESOURCE_GPU_OPPORTUNISTIC: "60"}
+    assert ann[ANN_TIER] == TIER_OPPORTUNISTIC
+    assert ann[ANN_GPU_UUID] in (first, second)
+    assert ann[ANN_STATE] == STATE_ALLOCATED
+    env = dict(
+        line.split("=", 1)
+        for line in cluster.kubectl("exec", "-n", namespace, "train-2", "--", "env").splitlines()
+        if "=" in line
+    )
+    assert env["CUDA_VISIBLE_DEVICES"] == ann[ANN_GPU_UUID]
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == ann[ANN_THREAD_PERCENT]
+    assert int(ann[ANN_MEMORY_LIMIT]) == 16 * 2**30
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=16384M"
+    node = json.loads(cluster.kubectl("get", "node", cluster.node_name, "-o", "json"))
+    assert node["status"]["allocatable"][RESOURCE_GPU_OPPORTUNISTIC] == "600"
 
 
 def _gpu_and_threads(cluster: Any, name: str, namespace: str) -> tuple[str, int]:

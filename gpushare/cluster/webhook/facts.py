@@ -34,7 +34,7 @@ class ClusterFacts:
     dra_gate: bool = False
     """DRA mode with gpushare placement (``--dra-placement=gpushare``): annotated pods also get
     the ``gpushare.io/placement`` scheduling gate, so the controller allocates their claim."""
-    opportunistic_placement: bool = False
+    opportunistic_placement: bool = True
     """Opt-ins to opportunistic placement are honoured (``--opportunistic-placement``); off,
     an explicit opt-in is refused and the default applies to no pod."""
     opportunistic_default: bool = False

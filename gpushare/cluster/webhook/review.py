@@ -160,11 +160,11 @@ def resolve_opt_in(
         return request, [
             InvalidInputError(
                 field,
-                "opts in to opportunistic placement, which this cluster does not enable (its "
-                "node agents do not advertise gpushare.io/opportunistic-gpu-percent yet)",
-                "remove the opt-in; an admin enables it with the controller's "
-                "--opportunistic-placement once node agents support it (docs/packing.md, "
-                '"The sharing contract")',
+                "opts in to opportunistic placement, which this cluster's gpushare controller "
+                "runs without (--no-opportunistic-placement)",
+                "remove the opt-in, or ask an admin to enable it (the controller's "
+                "--opportunistic-placement, chart controller.opportunistic.enabled; "
+                'docs/packing.md, "The sharing contract")',
             )
         ]
     try:

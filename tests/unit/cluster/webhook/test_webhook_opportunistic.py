@@ -145,7 +145,7 @@ def test_a_latency_pod_cannot_take_the_opportunistic_resource_by_hand() -> None:
 
 
 def test_where_opportunistic_placement_is_not_enabled_an_opt_in_is_refused_with_the_flag() -> None:
-    off = webhook_facts()
+    off = replace(webhook_facts(), opportunistic_placement=False)
     verdict = review(
         pod_json("p", fraction="0.3", annotations={ANN_OPPORTUNISTIC: "true"}),
         namespace="default",
