@@ -282,6 +282,7 @@ class Allocator:
         wanted = frozenset(u for g in groups for u in g)
         sizes = tuple(sum(len(s) for s in g.values()) for g in groups)
         devices = frozenset(d for ids in container_requests for d in ids)
+        opportunistic = any(is_opportunistic(d) for d in devices)
         with self._lock:
             self._reconcile()
             found = None
@@ -300,6 +301,7 @@ class Allocator:
                         again=again,
                         previous=self._previous(again),
                         devices=devices,
+                        opportunistic=opportunistic,
                     )
                 except MalformedPlacementError as exc:
                     self._remember(exc.pod)
@@ -307,11 +309,13 @@ class Allocator:
                 if found is not None:
                     break
             if found is None:
-                if not unplaced_pods(pods, sizes=sizes, skip=set(self._handled)):
+                if not unplaced_pods(
+                    pods, sizes=sizes, skip=set(self._handled), opportunistic=opportunistic
+                ):
                     message = unplaced_refusal(self.node_name, groups[0])
                     log.warning("%s", message)
                     raise AllocationError(message)
-                if any(is_opportunistic(d) for d in devices):
+                if opportunistic:
                     # Opportunistic slices are no share of the GPU: only a placement says
                     # what such a pod may use.
                     message = (
@@ -335,7 +339,12 @@ class Allocator:
             unsure = (
                 self.held is not None
                 or frozenset(placement.gpu_uuids) != wanted
-                or ambiguous(waiting_pods(pods, skip=set(self._handled), again=again), sizes)
+                or ambiguous(
+                    waiting_pods(
+                        pods, skip=set(self._handled), again=again, opportunistic=opportunistic
+                    ),
+                    sizes,
+                )
             )
             self._remember(pod)
             self.answers.record(

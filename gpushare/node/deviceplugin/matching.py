@@ -80,11 +80,17 @@ def waiting_pods(
     *,
     skip: AbstractSet[str] = frozenset(),
     again: AbstractSet[str] = frozenset(),
+    opportunistic: bool | None = None,
 ) -> list[WaitingPod]:
     """Pods with a placement still waiting for their Allocate, oldest bind-time first: assumed
-    pods not in ``skip``, and the forgotten pods in ``again``."""
+    pods not in ``skip``, and the forgotten pods in ``again``; with ``opportunistic`` set, only
+    pods asking for that resource (opportunistic-gpu-percent, else gpu-percent)."""
     found = [
-        c for p in pods if (p.uid not in skip or p.uid in again) and (c := _candidate(p, again))
+        c
+        for p in pods
+        if (p.uid not in skip or p.uid in again)
+        and (opportunistic is None or p.opportunistic == opportunistic)
+        and (c := _candidate(p, again))
     ]
     return sorted(found, key=lambda c: (c.order, c.pod.key))
 
@@ -98,6 +104,7 @@ def select_pod(
     again: AbstractSet[str] = frozenset(),
     previous: Mapping[str, tuple[str, ...]] | None = None,
     devices: AbstractSet[str] = frozenset(),
+    opportunistic: bool = False,
 ) -> tuple[PodInfo, Placement] | None:
     """The pod an Allocate for slices of ``gpus`` is for: placed on exactly those GPUs, state
     assumed (or forgotten by a restarted kubelet: ``again``), a container of it asking for
@@ -110,11 +117,12 @@ def select_pod(
     ``sizes`` whose placement does not parse, on any GPU. None when no pod fits.
 
     A pod of another size is never chosen: the kubelet asks for exactly what one container
-    requested, so that pod cannot be the one admitted.
+    requested, so that pod cannot be the one admitted. Nor is a pod asking for the other
+    resource (``opportunistic``: the devices are opportunistic-gpu-percent ones).
 
     Raises MalformedPlacementError when the pod it lands on carries malformed annotations.
     """
-    waiting = waiting_pods(pods, skip=skip, again=again)
+    waiting = waiting_pods(pods, skip=skip, again=again, opportunistic=opportunistic)
 
     def could_be(c: WaitingPod) -> bool:
         asked = c.pod.requested_slices
@@ -173,7 +181,11 @@ def ambiguous(waiting: Iterable[WaitingPod], sizes: tuple[int, ...]) -> bool:
 
 
 def unplaced_pods(
-    pods: Iterable[PodInfo], *, sizes: tuple[int, ...], skip: AbstractSet[str] = frozenset()
+    pods: Iterable[PodInfo],
+    *,
+    sizes: tuple[int, ...],
+    skip: AbstractSet[str] = frozenset(),
+    opportunistic: bool = False,
 ) -> list[PodInfo]:
     """Pods gpushare did not place that an Allocate for ``sizes`` could be for: Pending, no
     container started, no gpushare placement annotation, a container asking for that many
@@ -185,6 +197,7 @@ def unplaced_pods(
         and not p.started
         and p.uid not in skip
         and ANN_GPU_UUID not in p.annotations
+        and p.opportunistic == opportunistic
         and all(size in p.requested_slices for size in sizes)
     ]
 

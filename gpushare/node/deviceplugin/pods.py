@@ -19,6 +19,7 @@ from gpushare.api.names import (
     ANN_MEMORY_LIMIT,
     ANN_THREAD_PERCENT,
     GPU_RESOURCES,
+    RESOURCE_GPU_OPPORTUNISTIC,
 )
 from gpushare.api.quantities import kube_quantity
 
@@ -41,6 +42,9 @@ class PodInfo:
     """gpu-percent (or opportunistic-gpu-percent) slices asked for by each container that asks
     for any, in spec order."""
     created: datetime | None = None
+    opportunistic: bool = False
+    """It asks for gpushare.io/opportunistic-gpu-percent: only opportunistic device IDs are for
+    it (and only guaranteed ones for a pod asking gpu-percent)."""
     started: bool = False
     """Some container of the pod has been created or has run (a container ID, a running or
     terminated state, or a restart): the kubelet admitted it for good."""
@@ -106,6 +110,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     annotations: dict[str, str] = dict(metadata.get("annotations") or {})
     containers = list(spec.get("containers") or [])
     requested: list[int] = []
+    opportunistic = False
     gpu_container: Mapping[str, Any] | None = None
     for container in containers:
         resources = container.get("resources") or {}
@@ -118,6 +123,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         )
         if amount is not None and _quantity_int(amount) > 0:
             requested.append(_quantity_int(amount))
+            opportunistic |= any(r == RESOURCE_GPU_OPPORTUNISTIC for r in limits | requests)
             gpu_container = gpu_container or container
     named = annotations.get(ANN_CONTAINER)
     if named:
@@ -142,6 +148,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         phase=str(status.get("phase") or "Pending"),
         run_as_user=_run_as_user(uid),
         requested_slices=tuple(requested),
+        opportunistic=opportunistic,
         created=created,
     )
 

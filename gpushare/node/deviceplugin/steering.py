@@ -7,6 +7,7 @@ the very slices it had (``steer``); with no pod waiting, a best fit.
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
+from gpushare.api.names import OPPORTUNISTIC_SLICES_PER_GPU
 from gpushare.node.deviceplugin.devices import capacity_of, ids_by_gpu
 from gpushare.node.deviceplugin.matching import waiting_pods
 from gpushare.node.deviceplugin.pods import PodInfo, annotated_gpus
@@ -38,7 +39,8 @@ def steer(
     must_gpus = set(ids_by_gpu(must))
     target: list[str] | None = None
     steered: str | None = None
-    waiting = waiting_pods(pods, skip=skip, again=again)
+    opportunistic = capacity == OPPORTUNISTIC_SLICES_PER_GPU
+    waiting = waiting_pods(pods, skip=skip, again=again, opportunistic=opportunistic)
     sized = [c for c in waiting if size in c.pod.requested_slices]
     offered = set(available)
     for cand in sized + [c for c in waiting if c not in sized]:

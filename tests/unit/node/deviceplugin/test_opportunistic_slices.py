@@ -3,6 +3,7 @@ that the kubelet admits beside full guaranteed shares; Allocate gives an opportu
 own placement (GPU, thread cap, memory cap), never a share derived from the slice count
 (docs/node-agent.md, "Device IDs"; docs/packing.md, "The sharing contract")."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,17 @@ from gpushare.node.deviceplugin.devices import (
     slice_ids,
 )
 from gpushare.node.deviceplugin.holdings import AnswerBook
-from gpushare.node.deviceplugin.pods import pod_info
+from gpushare.node.deviceplugin.pods import PodInfo, pod_info
 from gpushare.node.deviceplugin.response import AllocationError
 from gpushare.node.deviceplugin.steering import steer
 from tests.unit.node.deviceplugin.test_deviceplugin_allocation import GPU_A, GPU_B, pod
 from tests.unit.node.deviceplugin.test_deviceplugin_reallocate import ApiServer, Kubelet, make
+
+
+def opportunistic(p: PodInfo) -> PodInfo:
+    """``p`` asking for the opportunistic resource, placed as the extender places it."""
+    extra = {ANN_TIER: TIER_OPPORTUNISTIC} if p.annotations else {}
+    return replace(p, opportunistic=True, annotations={**p.annotations, **extra})
 
 
 def test_each_gpu_advertises_300_opportunistic_ids_that_parse_back() -> None:
@@ -47,11 +54,12 @@ def test_a_pod_asking_for_the_opportunistic_resource_counts_its_slices() -> None
             ]
         },
     }
-    assert pod_info(manifest).requested_slices == (40,)
+    info = pod_info(manifest)
+    assert info.requested_slices == (40,) and info.opportunistic
 
 
 def test_opportunistic_slices_are_steered_to_the_gpu_the_scheduler_chose() -> None:
-    waiting = [pod("opp", GPU_B, slices=(40,), extra={ANN_TIER: TIER_OPPORTUNISTIC})]
+    waiting = [opportunistic(pod("opp", GPU_B, slices=(40,)))]
     available = opportunistic_slice_ids(GPU_A) + opportunistic_slice_ids(GPU_B)
     chosen, steered = steer(available, [], 40, waiting)
     assert steered == "team/opp"
@@ -61,10 +69,7 @@ def test_opportunistic_slices_are_steered_to_the_gpu_the_scheduler_chose() -> No
 def test_allocate_gives_an_opportunistic_pod_its_own_placement(tmp_path: Path) -> None:
     """GPU A's guaranteed slices are all taken; the pod placed beyond them runs with the thread
     and memory caps the extender wrote, not 40% of anything."""
-    opp = pod(
-        "opp", GPU_A, slices=(40,), threads="35", memory=str(8 * 2**30),
-        extra={ANN_TIER: TIER_OPPORTUNISTIC},
-    )  # fmt: skip
+    opp = opportunistic(pod("opp", GPU_A, slices=(40,), threads="35", memory=str(8 * 2**30)))
     api = ApiServer([opp])
     allocator = make(tmp_path, api, Kubelet(), AnswerBook())
     ids = allocator.preferred(
@@ -83,10 +88,23 @@ def test_opportunistic_slices_for_a_pod_gpushare_did_not_place_are_refused(
     """A guaranteed slice count becomes a safe derived share; an opportunistic one is no share
     at all, so Allocate refuses it, naming the resource and the fix."""
     stray = pod("stray", GPU_A, slices=(40,))
-    stray = type(stray)(
-        namespace=stray.namespace, name=stray.name, uid=stray.uid, annotations={},
-        requested_slices=(40,), created=stray.created,
-    )  # fmt: skip
+    stray = opportunistic(replace(stray, annotations={}))
     allocator = make(tmp_path, ApiServer([stray]), Kubelet(), AnswerBook())
     with pytest.raises(AllocationError, match=RESOURCE_GPU_OPPORTUNISTIC):
         allocator.allocate([opportunistic_slice_ids(GPU_A)[:40]])
+
+
+def test_each_resource_s_devices_go_to_a_pod_asking_for_that_resource(tmp_path: Path) -> None:
+    """A guaranteed pod and an opportunistic one of the same size wait on the same GPU (the
+    extender binds them concurrently: different resources): the kubelet's Allocate for
+    opportunistic devices is for the opportunistic pod, even though the other is older."""
+    older = pod("guaranteed", GPU_A, bind_s=0, slices=(40,), threads="40")
+    newer = opportunistic(pod("opp", GPU_A, bind_s=5, slices=(40,), threads="25"))
+    api = ApiServer([older, newer])
+    allocator = make(tmp_path, api, Kubelet(), AnswerBook())
+    ids = allocator.preferred(opportunistic_slice_ids(GPU_A), [], 40)
+    assert allocator.allocate([ids])[0].envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert api.pods[newer.uid].annotations["gpushare.io/state"] == "allocated"
+    ids = allocator.preferred(slice_ids(GPU_A), [], 40)
+    assert allocator.allocate([ids])[0].envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+    assert api.pods[older.uid].annotations["gpushare.io/state"] == "allocated"
