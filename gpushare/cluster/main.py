@@ -28,6 +28,7 @@ from aiohttp import web
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.logs import setup_json_logging
+from gpushare.api.tolerations import parse_toleration
 from gpushare.cluster import quarantine_reports, watches
 from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.dra.devices import DraDevices
@@ -128,6 +129,8 @@ class ControllerContext:
             dra_gate=self.settings.places_claims and self.settings.annotation_mode == MODE_DRA,
             opportunistic_placement=self.settings.opportunistic_placement,
             opportunistic_default=self.settings.opportunistic_default,
+            pod_tolerations=tuple(parse_toleration(t) for t in self.settings.pod_tolerations),
+            pod_runtime_class=self.settings.pod_runtime_class,
             template_check=self._template_check if self.claim_templates is not None else None,
         )
 

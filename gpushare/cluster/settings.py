@@ -22,6 +22,7 @@ from gpushare.api.endpoints import (
 )
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.flags import field_docs
+from gpushare.api.tolerations import check_runtime_class, parse_toleration
 from gpushare.cluster.state.tenancy import RULES_GRANTED, RULES_MODES
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
 from gpushare.packing.tenancy import TENANCY_MODES, TENANCY_NAMESPACE
@@ -136,6 +137,14 @@ class Settings:
     a test controller in a shared cluster); None sends every namespace but the excluded ones."""
     protected_host_paths: tuple[str, ...] = DEFAULT_PROTECTED_HOST_PATHS
     """Host directories gpushare pods may not mount (MPS pipes, device-plugin sockets)."""
+    pod_tolerations: tuple[str, ...] = ("nvidia.com/gpu:NoSchedule",)
+    """Tolerations the webhook adds to gpushare pods that lack them, as KEY[=VALUE]:EFFECT.
+    The default tolerates the nvidia.com/gpu taint GKE puts on GPU nodes: gpushare pods ask
+    for gpushare.io/gpu-percent, so nothing else adds it (gpushare.cluster.webhook.scheduling).
+    'none' adds none."""
+    pod_runtime_class: str = ""
+    """RuntimeClass the webhook sets on gpushare pods that name none (e.g. nvidia, where the
+    GPU Operator's container runtime needs it); empty sets none."""
     annotation_mode: str = MODE_DEVICEPLUGIN
     """What the webhook makes of a pod's gpushare.io/gpu-fraction (or share) annotations:
     ``deviceplugin``, the gpushare.io/gpu-percent resource placed by gpushare-scheduler; ``dra``,
@@ -371,6 +380,9 @@ class Settings:
                 f"{self.dra_device_class!r} is not a valid DeviceClass name",
                 "use lower-case letters, digits, '-' and '.', e.g. mps.gpushare.io",
             )
+        for toleration in self.pod_tolerations:
+            parse_toleration(toleration)
+        check_runtime_class(self.pod_runtime_class)
         for host_path in self.protected_host_paths:
             if not host_path.startswith("/"):
                 raise InvalidInputError(
@@ -553,6 +565,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=_doc("protected_host_paths") + " Repeatable; replaces the built-in list.",
     )
     w.add_argument(
+        "--pod-toleration",
+        dest="pod_tolerations",
+        action="append",
+        help=_doc("pod_tolerations") + " Repeatable; replaces the default.",
+    )
+    w.add_argument(
+        "--pod-runtime-class", default=d.pod_runtime_class, help=_doc("pod_runtime_class")
+    )
+    w.add_argument(
         "--annotation-mode",
         default=d.annotation_mode,
         choices=ANNOTATION_MODES,
@@ -641,6 +662,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         extra[key] = value
     excludes = values.pop("webhook_exclude_namespaces")
     protected = values.pop("protected_host_paths")
+    tolerations = values.pop("pod_tolerations")
+    if tolerations is not None:
+        tolerations = [t for t in tolerations if t != "none"]
     known = {f.name for f in fields(Settings)}
     kwargs = {k: v for k, v in values.items() if k in known}
     kwargs["policy"] = Policy(values["policy"])
@@ -651,5 +675,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         if excludes
         else Settings.webhook_exclude_namespaces,
         protected_host_paths=tuple(protected) if protected else DEFAULT_PROTECTED_HOST_PATHS,
+        pod_tolerations=Settings.pod_tolerations if tolerations is None else tuple(tolerations),
     )
     return settings.validate()

@@ -189,3 +189,16 @@ def test_a_calibrated_interference_model_reaches_the_controller(chart: Chart) ->
     assert item["key"] == "interference.json" and mount["readOnly"] is True
     refused = chart.fails({"controller": {"interferenceModelConfigMap": "Bad Name"}})
     assert "interferenceModelConfigMap" in refused
+
+
+def test_pod_tolerations_and_runtime_class_reach_the_webhook(chart: Chart) -> None:
+    """The default tolerates GKE's nvidia.com/gpu taint; an empty list turns it off (the
+    controller's own default would otherwise apply)."""
+    settings = parse_args(parseable(container(_controller(chart), "controller")["args"]))
+    assert settings.pod_tolerations == ("nvidia.com/gpu:NoSchedule",)
+    assert settings.pod_runtime_class == ""
+    values = {"webhook": {"podTolerations": [], "podRuntimeClassName": "nvidia"}}
+    args = container(_controller(chart, values), "controller")["args"]
+    settings = parse_args(parseable(args))
+    assert settings.pod_tolerations == ()
+    assert settings.pod_runtime_class == "nvidia"

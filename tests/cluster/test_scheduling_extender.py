@@ -278,6 +278,30 @@ def test_burstable_pods_run_at_their_limit_with_the_request_recorded(
     assert_each_runs_on_its_gpu(cluster, namespace, 3)
 
 
+def test_a_gpu_node_tainted_as_gke_taints_it_still_runs_gpushare_pods(
+    cluster: LocalCluster, controller: ControllerProcess, gpu_node: GpuNode, namespace: str
+) -> None:
+    """GKE taints GPU nodes nvidia.com/gpu=present:NoSchedule and tolerates it only for pods
+    asking nvidia.com/gpu; the webhook's default toleration lets a gpushare pod run there
+    (docs/scheduling.md, "Admission webhook"). A pod that is not a gpushare pod stays off."""
+    taint = "nvidia.com/gpu=present:NoSchedule"
+    cluster.kubectl("taint", "node", gpu_node.name, taint, "--overwrite")
+    try:
+        plain = gpushare_pod(cluster, "plain", "0.1")
+        plain["metadata"]["annotations"] = {}
+        create(cluster, namespace, [gpushare_pod(cluster, "tolerant", "0.1"), plain])
+        pods = {p["metadata"]["name"]: p for p in wait_bound(cluster, namespace, 1)}
+        bound = pods["tolerant"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in bound[
+            "spec"
+        ]["tolerations"]
+        assert_each_runs_on_its_gpu(cluster, namespace, 1)
+        other = json.loads(cluster.kubectl("get", "pod", "plain", "-n", namespace, "-o", "json"))
+        assert not other["spec"].get("nodeName"), "the taint should keep a plain pod off"
+    finally:
+        cluster.kubectl("taint", "node", gpu_node.name, f"{taint}-", check=False)
+
+
 def test_a_pod_that_fits_no_single_gpu_stays_pending_with_the_reason(
     cluster: LocalCluster, controller: ControllerProcess, gpu_node: GpuNode, namespace: str
 ) -> None:

@@ -1,6 +1,6 @@
 """What the webhook knows of the cluster: a few facts from the view, read per request."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpushare.api.errors import InvalidInputError
@@ -41,6 +41,10 @@ class ClusterFacts:
     """Batch pods of one GPU or less that state no opt-in (nor their GpuShare) opt in to
     opportunistic placement (``--opportunistic-default``, chart
     ``controller.opportunistic.default``)."""
+    pod_tolerations: tuple[Mapping[str, str], ...] = ()
+    """Tolerations added to gpushare pods that lack them (``--pod-toleration``)."""
+    pod_runtime_class: str = ""
+    """RuntimeClass set on gpushare pods that name none (``--pod-runtime-class``)."""
     template_check: TemplateCheck | None = None
     """DRA mode: a template of that name with another spec, or one template more than the
     namespace's bound, refuses the pod (gpushare.cluster.dra.templates, from its watch)."""

@@ -49,6 +49,7 @@ from gpushare.cluster.webhook.patch import (
     pod_patch,
     separation,
 )
+from gpushare.cluster.webhook.scheduling import scheduling_ops
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,10 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
             facts=facts,
         )
     patch = pod_patch(pod, request=request, target=target, exclusive=exclusive) if mutate else []
+    if mutate:
+        patch += scheduling_ops(
+            pod, tolerations=facts.pod_tolerations, runtime_class=facts.pod_runtime_class
+        )
     warnings: tuple[str, ...] = ()
     if exclusive:
         warnings = (f"gpushare: {exclusive}; this pod gets a whole GPU",)
