@@ -30,7 +30,12 @@ from typing import Any
 
 from bench.gpu.schemes import Launch, Running
 from bench.gpu.traces import TraceJob
-from gpushare.api.names import CLASS_LATENCY, MPS_PRIORITY_BY_CLASS, SLICES_PER_GPU
+from gpushare.api.names import (
+    CLASS_LATENCY,
+    MPS_PRIORITY_BY_CLASS,
+    OPPORTUNISTIC_PRIORITY,
+    SLICES_PER_GPU,
+)
 from gpushare.node.mps.client import MiB, client_limits_env, runs_under_mps
 from gpushare.packing.admission import DEFAULT_BOUNDS, Admission
 from gpushare.packing.fit import demand_memory
@@ -115,6 +120,11 @@ class ProductDecider:
             opportunistic=job.opportunistic and self.honour_opt_in and self.opportunism is not None,
             workload=job.kind,
         )
+
+    def priority(self, job: TraceJob) -> int:
+        """The pod priority the webhook gives ``job``: the chart's opportunistic PriorityClass
+        when it opted in (``gpushare.api.names.OPPORTUNISTIC_PRIORITY``), else the default 0."""
+        return OPPORTUNISTIC_PRIORITY if self.demand(job).opportunistic else 0
 
     def gpu(self, running: Sequence[Running], *, extra: Sequence[Tenant] = ()) -> GpuState:
         gpu = GpuState(uuid=GPU_UUID, memory_bytes=self.gpu_memory_bytes, model=self.gpu_model)

@@ -618,6 +618,7 @@ def run(ctx: Ctx) -> dict[str, Any]:
                     source="gpushare (product)",
                     name=OPPORTUNISTIC,
                     promote=chosen.promotions,
+                    priority=chosen.priority,
                     govern=lambda running, measured, now: chosen.review(
                         running, measured, now, settle_s=GOVERNOR_SETTLE_S
                     ),

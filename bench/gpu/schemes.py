@@ -161,13 +161,17 @@ class Gpushare(Scheme):
         name: str = "gpushare",
         promote: Promote | None = None,
         govern: Review | None = None,
+        priority: Callable[[TraceJob], int] | None = None,
     ) -> None:
+        """``priority``: each pod's priority as the product sets it; pending jobs are tried in
+        kube-scheduler's queue order, higher priority first, then arrival."""
         self.decide = decide
         self._prepare = prepare
         self.source = source
         self.name = name
         self._promote = promote
         self._govern = govern
+        self._priority = priority
         self.holds: list[str] = []
         self.description = f"profiles + {source}: admission, thread % and priority per job"
         if promote is not None:
@@ -187,7 +191,11 @@ class Gpushare(Scheme):
     def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
         live = list(running)
         out: list[Launch] = []
-        for job in pending:
+        order = list(pending)
+        if self._priority is not None:
+            priority = self._priority
+            order.sort(key=lambda j: -priority(j))  # stable: arrival order within a priority
+        for job in order:
             verdict = self.decide(job, live)
             if isinstance(verdict, Launch):
                 out.append(verdict)

@@ -38,6 +38,12 @@ ANN_OPPORTUNISTIC: Final = f"{GROUP}/opportunistic"
 # guaranteed capacity.
 RESOURCE_GPU_OPPORTUNISTIC: Final = f"{GROUP}/opportunistic-gpu-percent"
 OPPORTUNISTIC_SLICES_PER_GPU: Final = 300
+# The PriorityClass the webhook gives opted-in pods that name none (the chart creates it as
+# <release>-opportunistic): kube-scheduler's queue tries higher priorities first, so a
+# guaranteed pod waiting beside an opportunistic one is placed first instead of preempting it
+# right after (docs/packing.md, "The sharing contract"). Its value in the chart; below the
+# default 0, preemptionPolicy Never.
+OPPORTUNISTIC_PRIORITY: Final = -10
 GPU_RESOURCES: Final = (RESOURCE_GPU_PERCENT, RESOURCE_GPU_OPPORTUNISTIC)
 
 # Placement annotations written by the extender at bind.

@@ -49,7 +49,7 @@ from gpushare.cluster.tls import (
     ensure_certs,
     issued_by_one_of,
 )
-from gpushare.cluster.webhook.facts import ClusterFacts
+from gpushare.cluster.webhook.facts import ClusterFacts, PriorityRef
 from gpushare.cluster.webhook.registration import webhook_configurations
 from gpushare.kube.access import Access, AsyncAccessReviewer
 from gpushare.kube.controller import Kube
@@ -88,6 +88,8 @@ class ControllerContext:
     """``--annotation-mode=dra``: the claim templates of gpushare's name form (their watch)."""
     template_keeper: TemplateKeeper | None = None
     """``--annotation-mode=dra``: makes the templates stored pods wait for (on the leader)."""
+    opportunistic_priority: PriorityRef | None = None
+    """``--opportunistic-priority-class`` as the API server has it (:func:`_priority_loop`)."""
     _reviewer: AsyncAccessReviewer | None = None
 
     async def authorize(self, authorization: str | None, path: str) -> Access:
@@ -131,6 +133,7 @@ class ControllerContext:
             opportunistic_default=self.settings.opportunistic_default,
             pod_tolerations=tuple(parse_toleration(t) for t in self.settings.pod_tolerations),
             pod_runtime_class=self.settings.pod_runtime_class,
+            opportunistic_priority=self.opportunistic_priority,
             template_check=self._template_check if self.claim_templates is not None else None,
         )
 
@@ -217,6 +220,37 @@ async def _start_site(
             raise InvalidInputError(
                 f"{host}:{port}", f"cannot listen ({exc.strerror})", "free the port or pick another"
             ) from None
+
+
+async def _priority_loop(ctx: ControllerContext, *, period_s: float = 15.0) -> None:
+    """Keep ``ctx.opportunistic_priority`` to the PriorityClass ``--opportunistic-priority-
+    class`` names, as the API server has it (its value may be edited; it may not exist yet)."""
+    name, kube = ctx.settings.opportunistic_priority_class, ctx.kube
+    assert kube is not None
+    said = ""
+    while True:
+        try:
+            found = await kube.get_priority_class(name)
+        except Exception as exc:  # keep what we had: the API server may be briefly away
+            log.warning("cannot read PriorityClass %s: %s", name, exc)
+        else:
+            ref = None
+            if found is not None and isinstance(found.get("value"), int):
+                policy = str(found.get("preemptionPolicy") or "PreemptLowerPriority")
+                ref = PriorityRef(name=name, value=int(found["value"]), preemption_policy=policy)
+            ctx.opportunistic_priority = ref
+            state = repr(ref)
+            if state != said:
+                said = state
+                if ref is None:
+                    log.warning(
+                        "PriorityClass %s does not exist: opted-in pods get no lower priority "
+                        "(the chart creates it; or set --opportunistic-priority-class '')",
+                        name,
+                    )
+                else:
+                    log.info("opted-in pods get PriorityClass %s (%d)", name, ref.value)
+        await asyncio.sleep(period_s)
 
 
 async def _expire_loop(ctx: ControllerContext, extender: Extender) -> None:
@@ -434,6 +468,8 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             ctx.view.mark_synced()
         tasks[asyncio.create_task(_expire_loop(ctx, extender))] = "stale placement expiry"
         tasks[asyncio.create_task(_reload_certs(ctx))] = "certificate reload"
+        if settings.opportunistic_priority_class and ctx.kube is not None:
+            tasks[asyncio.create_task(_priority_loop(ctx))] = "priority class"
         all_hooks = list(hooks)
         if settings.operator_enabled:
             all_hooks.append(run_operator)

@@ -207,6 +207,12 @@ class Settings:
     """Honour opt-ins to opportunistic placement (pods asking for
     ``gpushare.io/opportunistic-gpu-percent``, which node agents advertise). Off: the webhook
     refuses an opt-in, naming this flag (docs/packing.md, "The sharing contract")."""
+    opportunistic_priority_class: str = "gpushare-opportunistic"
+    """PriorityClass the webhook gives opted-in pods that name none (the chart creates it,
+    value -10, preemptionPolicy Never): kube-scheduler tries higher priorities first, so a
+    guaranteed pod waiting beside an opportunistic one is placed first instead of preempting
+    it right after. Read from the API server every 15 s; while it does not exist no priority is
+    given. Empty gives none."""
     opportunistic_default: bool = False
     """Batch pods of one GPU or less opt in to opportunistic placement unless they (or their
     GpuShare) say otherwise: where no GPU has their request free, they may run preemptible
@@ -374,6 +380,15 @@ class Settings:
                 f"{self.annotation_mode!r} is not a mode",
                 f"use one of {', '.join(ANNOTATION_MODES)}",
             )
+        if self.opportunistic_priority_class and (
+            len(self.opportunistic_priority_class) > 253
+            or not _DNS_SUBDOMAIN.match(self.opportunistic_priority_class)
+        ):
+            raise InvalidInputError(
+                "--opportunistic-priority-class",
+                f"{self.opportunistic_priority_class!r} is not a PriorityClass name",
+                "use lower-case letters, digits, '-' and '.', or '' for none",
+            )
         if len(self.dra_device_class) > 253 or not _DNS_SUBDOMAIN.match(self.dra_device_class):
             raise InvalidInputError(
                 "--dra-device-class",
@@ -504,6 +519,11 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=d.opportunistic_default,
         help=_doc("opportunistic_default"),
+    )
+    g.add_argument(
+        "--opportunistic-priority-class",
+        default=d.opportunistic_priority_class,
+        help=_doc("opportunistic_priority_class"),
     )
     g.add_argument(
         "--governor-period-seconds",

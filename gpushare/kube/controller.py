@@ -22,6 +22,7 @@ from lightkube.resources.admissionregistration_v1 import (
 )
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.scheduling_v1 import PriorityClass
 from lightkube.types import PatchType
 
 from gpushare.kube.access import AsyncAccessReviewer
@@ -309,6 +310,18 @@ class Kube:
         except Exception as exc:
             raise _wrap(exc, what) from exc
         return dict(obj)
+
+    async def get_priority_class(self, name: str) -> dict[str, Any] | None:
+        """A PriorityClass's manifest; None when there is none."""
+        try:
+            obj = await self._client.get(PriorityClass, name)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise _wrap(exc, f"get PriorityClass {name}") from exc
+        except Exception as exc:
+            raise _wrap(exc, f"get PriorityClass {name}") from exc
+        return dict(obj.to_dict())
 
     async def get_device_class(self, name: str) -> dict[str, Any] | None:
         """A DeviceClass's manifest; None when there is none."""

@@ -33,6 +33,7 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
     ANN_TIER,
     LABEL_NEIGHBOUR_RULES,
+    OPPORTUNISTIC_PRIORITY,
     RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
     STATE_ALLOCATED,
@@ -51,6 +52,15 @@ SIMULATED_MODEL = "NVIDIA H100 80GB HBM3"
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
+
+PRIORITY_CLASS = {
+    "apiVersion": "scheduling.k8s.io/v1",
+    "kind": "PriorityClass",
+    "metadata": {"name": "gpushare-opportunistic"},
+    "value": OPPORTUNISTIC_PRIORITY,
+    "preemptionPolicy": "Never",
+}
 
 
 @dataclass
@@ -595,8 +605,32 @@ def test_an_opted_in_pod_runs_beyond_full_gpus_with_the_caps_its_placement_set(
     second, _ = _gpu_and_threads(cluster, "train-1", namespace)
     assert first != second, "the two 60% pods should each hold a GPU's guaranteed 60%"
 
-    apply(cluster, train("train-2", **{ANN_OPPORTUNISTIC: "true"}))
-    running = wait_pod_running(cluster, "train-2", namespace, timeout_s=120)
+    # As the chart makes it: the webhook gives opted-in pods this lower priority, so that
+    # kube-scheduler's queue tries guaranteed pods first (the controller reads it every 15 s).
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(PRIORITY_CLASS))
+    try:
+        opted_in = train("train-2", **{ANN_OPPORTUNISTIC: "true"})
+
+        def given_priority() -> bool:
+            dry = cluster.kubectl(
+                "create", "--dry-run=server", "-o", "json", "-n", namespace, "-f", "-",
+                input=json.dumps(opted_in),
+            )  # fmt: skip
+            return bool(json.loads(dry)["spec"].get("priority") == OPPORTUNISTIC_PRIORITY)
+
+        wait_until(given_priority, timeout_s=60, what="the webhook to give the PriorityClass")
+        apply(cluster, opted_in)
+        running = wait_pod_running(cluster, "train-2", namespace, timeout_s=120)
+    finally:
+        cluster.kubectl(
+            "delete", "priorityclass", PRIORITY_CLASS["metadata"]["name"], "--ignore-not-found"
+        )
+    spec = running["spec"]
+    assert (spec["priorityClassName"], spec["priority"], spec["preemptionPolicy"]) == (
+        "gpushare-opportunistic",
+        OPPORTUNISTIC_PRIORITY,
+        "Never",
+    )
     ann = running["metadata"]["annotations"]
     limits = running["spec"]["containers"][0]["resources"]["limits"]
     assert limits == {RESOURCE_GPU_OPPORTUNISTIC: "60"}

@@ -15,6 +15,16 @@ TemplateCheck = Callable[[str, str], InvalidInputError | None]
 
 
 @dataclass(frozen=True)
+class PriorityRef:
+    """A PriorityClass as the API server has it: what the webhook writes beside its name (the
+    API server resolved the pod's priority before the webhook ran)."""
+
+    name: str
+    value: int
+    preemption_policy: str = "Never"
+
+
+@dataclass(frozen=True)
 class ClusterFacts:
     """What the webhook needs to know of the cluster, read from the view per request."""
 
@@ -45,6 +55,9 @@ class ClusterFacts:
     """Tolerations added to gpushare pods that lack them (``--pod-toleration``)."""
     pod_runtime_class: str = ""
     """RuntimeClass set on gpushare pods that name none (``--pod-runtime-class``)."""
+    opportunistic_priority: PriorityRef | None = None
+    """The PriorityClass opted-in pods that name none are given (``--opportunistic-priority-
+    class``, read from the API server); None: none exists, no priority is given."""
     template_check: TemplateCheck | None = None
     """DRA mode: a template of that name with another spec, or one template more than the
     namespace's bound, refuses the pod (gpushare.cluster.dra.templates, from its watch)."""

@@ -23,7 +23,7 @@ from gpushare.api.names import (
 from gpushare.api.quantities import format_memory
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.state import pods
-from gpushare.cluster.webhook.facts import ClusterFacts
+from gpushare.cluster.webhook.facts import ClusterFacts, PriorityRef
 
 
 def escape(key: str) -> str:
@@ -77,8 +77,26 @@ def exclusive_reason(pod: pods.Pod, *, facts: ClusterFacts) -> str | None:
     return facts.exclusive_lookup(uid)
 
 
+def priority_ops(pod: pods.Pod, priority: PriorityRef) -> list[dict[str, Any]]:
+    """Give an opted-in pod that names no PriorityClass ``priority``: its name, and the value
+    and preemption policy the API server's Priority admission would have set from it (that
+    plugin ran before this webhook, and sets them again consistently if reinvoked)."""
+    if pods.spec(pod).get("priorityClassName"):
+        return []  # the user's choice wins
+    return [
+        {"op": "add", "path": "/spec/priorityClassName", "value": priority.name},
+        {"op": "add", "path": "/spec/priority", "value": priority.value},
+        {"op": "add", "path": "/spec/preemptionPolicy", "value": priority.preemption_policy},
+    ]
+
+
 def pod_patch(
-    pod: pods.Pod, *, request: GpuRequest, target: int, exclusive: str | None = None
+    pod: pods.Pod,
+    *,
+    request: GpuRequest,
+    target: int,
+    exclusive: str | None = None,
+    priority: PriorityRef | None = None,
 ) -> list[dict[str, Any]]:
     ops: list[dict[str, Any]] = []
     if exclusive is not None:
@@ -107,6 +125,8 @@ def pod_patch(
     if opted_in and pods.annotations(pod).get(ANN_OPPORTUNISTIC) is None:
         # Say where the opt-in came from (the pod's GpuShare, or the cluster's default).
         ops += annotation_ops(pod, {ANN_OPPORTUNISTIC: "true"}, after=ops)
+    if opted_in and priority is not None:
+        ops += priority_ops(pod, priority)
     if pods.spec(pod).get("schedulerName") != SCHEDULER_NAME:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": SCHEDULER_NAME})
     ann = pods.annotations(pod)

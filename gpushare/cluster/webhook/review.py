@@ -246,7 +246,17 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
             separated=separated,
             facts=facts,
         )
-    patch = pod_patch(pod, request=request, target=target, exclusive=exclusive) if mutate else []
+    patch = (
+        pod_patch(
+            pod,
+            request=request,
+            target=target,
+            exclusive=exclusive,
+            priority=facts.opportunistic_priority,
+        )
+        if mutate
+        else []
+    )
     if mutate:
         patch += scheduling_ops(
             pod, tolerations=facts.pod_tolerations, runtime_class=facts.pod_runtime_class

@@ -34,6 +34,10 @@ app.kubernetes.io/component: {{ . }}
 {{- end }}
 
 {{/* gpushare.labels (dict "root" $ "component" "controller"); component may be "" */}}
+{{- define "gpushare.opportunisticPriorityClass" -}}
+{{- .Values.controller.opportunistic.priorityClass.name | default (printf "%s-opportunistic" (include "gpushare.fullname" .)) -}}
+{{- end }}
+
 {{- define "gpushare.labels" -}}
 {{ include "gpushare.selectorLabels" . }}
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}

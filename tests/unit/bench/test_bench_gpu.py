@@ -3,6 +3,7 @@ colocation data, model evaluation, targets and the merged record."""
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ from bench.gpu.schemes import ExclusiveFifo, Gpushare, Launch, MpsEqual, Running
 from bench.gpu.sizing import request_fraction
 from bench.gpu.stats import mape, percentile, poisson_arrivals
 from bench.gpu.worker import settled_after
+from gpushare.api.names import OPPORTUNISTIC_PRIORITY
 from gpushare.packing import interference
+from gpushare.packing.opportunistic import Opportunism
 from tests import REPO
 
 DATA = REPO / "bench" / "gpu" / "data" / "colocations.json"
@@ -223,6 +226,21 @@ def test_the_gpushare_scheme_backfills_in_queue_order_and_records_holds() -> Non
     assert [launch.job.id for launch in started] == ["a"]
     assert scheme.holds and scheme.holds[0].startswith("w: ")
     assert "needs a whole GPU" in scheme.holds[0]
+
+
+def test_pending_guaranteed_jobs_go_before_opted_in_ones_by_the_priority_the_product_sets() -> None:
+    """kube-scheduler's queue: the webhook gives opted-in pods a lower PriorityClass, so a
+    guaranteed job waiting beside an earlier opted-in one is tried first (not placed after it
+    and then preempting it)."""
+    d = replace(decider(), opportunism=Opportunism())
+    early = job("opt", "resnet18", 0.6, arrival=0.0, opportunistic=True)
+    late = job("guaranteed", "lstm", 0.6, arrival=1.0)
+    assert d.priority(early) == OPPORTUNISTIC_PRIORITY < d.priority(late) == 0
+    ordered = Gpushare(d, prepare=d.variants, source="test", priority=d.priority)
+    first = ordered.select([early, late], [])[0]
+    assert first.job.id == "guaranteed" and not first.opportunistic
+    fifo = Gpushare(d, prepare=d.variants, source="test")
+    assert fifo.select([early, late], [])[0].job.id == "opt"
 
 
 def test_the_shipped_model_file_is_named_with_its_digest() -> None:

@@ -15,7 +15,7 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
 )
 from gpushare.api.request import GpuRequest
-from gpushare.cluster.webhook.facts import ClusterFacts
+from gpushare.cluster.webhook.facts import ClusterFacts, PriorityRef
 from gpushare.cluster.webhook.review import review
 from tests.fixtures.builders import apply_patch, pod_json, webhook_facts
 
@@ -157,3 +157,28 @@ def test_where_opportunistic_placement_is_not_enabled_an_opt_in_is_refused_with_
     # The cluster default alone opts no pod in while the feature is off.
     plain = mutated(pod_json("q", fraction="0.3"), replace(off, opportunistic_default=True))
     assert limits(plain) == {RESOURCE_GPU_PERCENT: "30"}
+
+
+def test_an_opted_in_pod_gets_the_lower_priority_class_unless_it_names_one() -> None:
+    """kube-scheduler tries higher priorities first: a guaranteed pod waiting beside an
+    opportunistic one is placed first instead of preempting it right after."""
+    low = PriorityRef("gpushare-opportunistic", -10, "Never")
+    facts = replace(FACTS, opportunistic_priority=low)
+    spec = mutated(pod_json("p", fraction="0.3", annotations={ANN_OPPORTUNISTIC: "true"}), facts)[
+        "spec"
+    ]
+    assert (spec["priorityClassName"], spec["priority"], spec["preemptionPolicy"]) == (
+        "gpushare-opportunistic",
+        -10,
+        "Never",
+    )
+    own = pod_json(
+        "q",
+        fraction="0.3",
+        annotations={ANN_OPPORTUNISTIC: "true"},
+        extra_spec={"priorityClassName": "team-batch", "priority": 100},
+    )
+    kept = mutated(own, facts)["spec"]
+    assert (kept["priorityClassName"], kept["priority"]) == ("team-batch", 100)
+    plain = mutated(pod_json("r", fraction="0.3"), facts)["spec"]
+    assert "priorityClassName" not in plain and "priority" not in plain
