@@ -89,6 +89,11 @@ class ControllerContext:
     """``--annotation-mode=dra``: makes the templates stored pods wait for (on the leader)."""
     _reviewer: AsyncAccessReviewer | None = None
 
+    def __post_init__(self) -> None:
+        # The cluster's state on /metrics from the leader only (each pod counted once when
+        # replicas are summed); a standby exports its own requests and build_info.
+        self.metrics.leading = lambda: self.leading
+
     async def authorize(self, authorization: str | None, path: str) -> Access:
         """May the caller read ``path`` (/metrics): ``--metrics-auth`` (gpushare.kube.access)."""
         if self.settings.metrics_auth == "none":
