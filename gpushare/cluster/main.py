@@ -92,6 +92,11 @@ class ControllerContext:
     """``--opportunistic-priority-class`` as the API server has it (:func:`_priority_loop`)."""
     _reviewer: AsyncAccessReviewer | None = None
 
+    def __post_init__(self) -> None:
+        # The cluster's state on /metrics from the leader only (each pod counted once when
+        # replicas are summed); a standby exports its own requests and build_info.
+        self.metrics.leading = lambda: self.leading
+
     async def authorize(self, authorization: str | None, path: str) -> Access:
         """May the caller read ``path`` (/metrics): ``--metrics-auth`` (gpushare.kube.access)."""
         if self.settings.metrics_auth == "none":

@@ -1,11 +1,24 @@
-"""Prometheus metrics of the controller, in a registry of its own (no import-time globals)."""
+"""Prometheus metrics of the controller, in a registry of its own (no import-time globals).
+
+Two kinds of series. The cluster's state (the view's sizes and pending pods, profiles,
+quarantine, opportunistic pods, DRA totals) is the same on every replica, so only the leader
+exports it (:class:`_LeaderOnly`): ``sum()`` over all replicas then counts each pod once. What a
+replica did itself (webhook and extender requests, binds) and ``gpushare_build_info`` come from
+every replica (docs/observability.md, "Series the controller exports").
+"""
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpushare.api.build import (
+    BUILD_INFO_HELP,
+    BUILD_INFO_LABELS,
+    BUILD_INFO_METRIC,
+    build_info_values,
+)
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.gpushare_crd import parse_profile
 from gpushare.api.names import METRIC_PREFIX
@@ -15,6 +28,21 @@ from gpushare.cluster.state.view import ClusterView
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
 )  # fmt: skip
+
+
+class _LeaderOnly(Collector):
+    """``inner``'s series while ``leading()``, none on a standby. Described (names checked
+    for clashes when registered) whether leading or not."""
+
+    def __init__(self, inner: Collector, leading: Callable[[], bool]) -> None:
+        self._inner = inner
+        self._leading = leading
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._inner.collect())
+
+    def collect(self) -> Iterable[Metric]:
+        return self._inner.collect() if self._leading() else ()
 
 
 class _ViewCollector(Collector):
@@ -197,6 +225,12 @@ class _DraCollector(Collector):
 class Metrics:
     def __init__(self, view: ClusterView | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.leading: Callable[[], bool] = lambda: True
+        """Does this replica export the cluster's state: the controller points it at its
+        leadership (``ControllerContext``); a process without leader election always does."""
+        Gauge(BUILD_INFO_METRIC, BUILD_INFO_HELP, BUILD_INFO_LABELS, registry=self.registry).labels(
+            *build_info_values("controller")
+        ).set(1)
         self.extender_seconds = Histogram(
             f"{METRIC_PREFIX}extender_request_duration_seconds",
             "Time to answer one kube-scheduler extender call",
@@ -243,14 +277,20 @@ class Metrics:
         self._view = view
         self._allocator: ClaimAllocator | None = None
         self.registry.register(
-            _ViewCollector(
-                lambda: self._view,
-                gated=lambda: self._allocator.waiting_pods() if self._allocator else (),
+            _LeaderOnly(
+                _ViewCollector(
+                    lambda: self._view,
+                    gated=lambda: self._allocator.waiting_pods() if self._allocator else (),
+                ),
+                self._exports_state,
             )
         )
+
+    def _exports_state(self) -> bool:
+        return self.leading()  # read at scrape time: ``leading`` is replaced after __init__
 
     def watch_claims(self, allocator: ClaimAllocator) -> None:
         """Report DRA mode's GPUs, claims and placements (the controller places claims), and
         count its gated pods as pending."""
         self._allocator = allocator
-        self.registry.register(_DraCollector(allocator))
+        self.registry.register(_LeaderOnly(_DraCollector(allocator), self._exports_state))

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from prometheus_client import CollectorRegistry
-
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo, dump_inventory
 from gpushare.api.names import (
@@ -63,7 +61,7 @@ from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.faults.procfs import PodResolver
 from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.load import Share, simulated_load
-from gpushare.node.metrics import AgentCollector, Authorize, MetricsServer, Reply
+from gpushare.node.metrics import AgentCollector, Authorize, MetricsServer, Reply, registry_for
 from gpushare.node.mps.manager import DaemonStarter, MpsManager, ShmMode
 from gpushare.node.mps_limits import MpsLimitKeeper
 from gpushare.packing.tenancy import TENANCY_NAMESPACE
@@ -272,7 +270,7 @@ class NodeAgent:
             mps_check=lambda uuid: self.mps.check_one(uuid).up,
             exclusive_after=settings.exclusive_after_faults,
         )
-        self.registry = CollectorRegistry()
+        self.registry = registry_for("node-agent")
         self._servicers: list[DevicePluginServicer] = []
         self._exporter: ExporterHandle | None = None
         self._publish_needed = threading.Event()

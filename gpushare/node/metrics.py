@@ -19,10 +19,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpushare.api.build import (
+    BUILD_INFO_HELP,
+    BUILD_INFO_LABELS,
+    BUILD_INFO_METRIC,
+    build_info_values,
+)
 from gpushare.kube.access import Access
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,16 @@ IDLE_TIMEOUT_S = 10.0
 DEADLINE_S = 30.0
 """Every connection is cut this long after it opened (a request sent a byte at a time)."""
 PROTECTED = ("/metrics", "/profile")
+
+
+def registry_for(component: str) -> CollectorRegistry:
+    """A registry for ``component``'s /metrics (node-agent, exporter) that already holds its
+    ``gpushare_build_info`` series (gpushare.api.build)."""
+    registry = CollectorRegistry()
+    Gauge(BUILD_INFO_METRIC, BUILD_INFO_HELP, BUILD_INFO_LABELS, registry=registry).labels(
+        *build_info_values(component)
+    ).set(1)
+    return registry
 
 
 def _cut(conn: socket.socket) -> None:

@@ -50,6 +50,26 @@ def test_renders_with_plain_helm_template_and_refuses_old_clusters(chart: Chart)
     chart.render(kube_version="1.30.0")
 
 
+def test_plain_helm_template_keeps_every_admission_policy(chart: Chart) -> None:
+    """A pipeline that renders with no cluster and applies the result must get the same
+    guards as `helm install`: the placement, host-path and node-agent policies and their
+    bindings are rendered whatever version Helm assumes (the chart refuses clusters older than
+    1.30, and every one it accepts serves admissionregistration.k8s.io/v1 policies)."""
+    expected = {
+        "gpushare-placement-annotations",
+        "gpushare-host-paths",
+        "gpushare-node-agent-scope",
+    }
+    for kube_version in (None, "1.30.0", "1.34.4"):
+        rendered = chart.render(kube_version=kube_version)
+        for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+            names = {o["metadata"]["name"] for o in rendered.all(kind)}
+            assert names == expected, (kube_version, kind, names)
+            assert {o["apiVersion"] for o in rendered.all(kind)} == {
+                "admissionregistration.k8s.io/v1"
+            }
+
+
 def test_every_pod_template_gets_the_image_pull_secrets(chart: Chart) -> None:
     rendered = chart.render({"imagePullSecrets": [{"name": "regcred"}]})
     workloads = [

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gpushare.cluster.settings import parse_args
@@ -201,3 +202,37 @@ def test_plain_http_when_turned_off(chart: Chart) -> None:
     args = container(rendered.get("Deployment", "gpushare-controller"), "controller")["args"]
     assert not [a for a in args if a.startswith("--extender-tls")]
     assert not [s for s in rendered.all("Secret") if s["metadata"]["name"] == SECRET]
+
+
+def _changed(first: str, second: str) -> set[tuple[str, str]]:
+    """(kind, name) of every object whose rendered text differs between two renders."""
+    docs = [
+        {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(text) if d}
+        for text in (first, second)
+    ]
+    assert docs[0].keys() == docs[1].keys()
+    return {key for key in docs[0] if docs[0][key] != docs[1][key]}
+
+
+@pytest.mark.parametrize("kube_version", [None, "1.34.4"])
+def test_with_cert_manager_two_renders_are_byte_identical(
+    chart: Chart, kube_version: str | None
+) -> None:
+    """What a GitOps tool (Argo CD renders with `helm template`, no `lookup`) needs to see
+    the release in sync: the same values render the same bytes (docs/chart.md, "GitOps")."""
+    values = {"webhook": {"certManager": {"enabled": True}}}
+    first = chart.text(values, kube_version=kube_version)
+    assert "kind: Certificate" in first
+    assert chart.text(values, kube_version=kube_version) == first
+
+
+def test_without_cert_manager_each_render_makes_new_certificates(chart: Chart) -> None:
+    """Without a cluster to look the Secrets up in, Helm makes a new CA and certificates on
+    every render: the three TLS Secrets, and nothing else, differ (docs/chart.md, "GitOps")."""
+    first, second = chart.text(), chart.text()
+    assert first != second
+    assert _changed(first, second) == {
+        ("Secret", "gpushare-controller-webhook-tls"),
+        ("Secret", "gpushare-controller-extender-tls"),
+        ("Secret", "gpushare-controller-extender-client"),
+    }

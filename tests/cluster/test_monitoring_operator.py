@@ -572,6 +572,27 @@ def test_per_pod_series_name_the_workloads_namespace_and_pod(monitored: Monitore
     assert {r["metric"]["namespace"]: r["value"][1] for r in pending} == {WORK: "1"}
 
 
+def test_controller_series_are_counted_once_over_its_replicas(monitored: Monitored) -> None:
+    """Issue #46: both controller replicas are scraped, yet the cluster's state comes from the
+    leader alone, so the dashboards' sum() reads one pending pod as one; each process says
+    its version once."""
+
+    def replicas() -> int:
+        rows = query(monitored.prometheus, 'gpushare_build_info{component="controller"}')
+        return len(rows) if len(rows) == 2 else 0
+
+    wait_for(replicas, timeout_s=60, what="both controller replicas' build_info")
+    agents = query(monitored.prometheus, 'gpushare_build_info{component="node-agent"}')
+    assert len(agents) == 1
+    assert [r["value"][1] for r in agents] == ["1"]
+    pending = query(monitored.prometheus, "gpushare_pending_pods")
+    assert len(pending) == 1, pending
+    total = query(monitored.prometheus, "sum(gpushare_pending_pods)")
+    assert [r["value"][1] for r in total] == ["1"]
+    nodes = query(monitored.prometheus, "gpushare_controller_nodes")
+    assert len(nodes) == 1, nodes
+
+
 def test_placements_in_prometheus_match_the_pods(monitored: Monitored) -> None:
     rows = query(
         monitored.prometheus, f'gpushare_pod_gpu_allocated_compute_ratio{{namespace="{WORK}"}}'

@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.logs import setup_json_logging
@@ -36,6 +34,7 @@ from gpushare.node.exporter.server import serve
 from gpushare.node.gpu.backend import GpuBackend, GpuProcess, GpuSample, HealthEvent
 from gpushare.node.gpu.factory import open_backend
 from gpushare.node.load import Share, simulated_load
+from gpushare.node.metrics import registry_for
 from gpushare.node.mps.manager import MpsManager
 
 log = logging.getLogger("gpushare.node.exporter")
@@ -282,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pods.refresh()
     if opened.simulated:
         feed_simulation(backend, pods(), proc_root=args.proc_root, processes=processes)
-    registry = CollectorRegistry()
+    registry = registry_for("exporter")
     for collector in exporter.collectors():
         registry.register(collector)
     exporter.start()

@@ -5,17 +5,23 @@ before the first eviction."""
 import asyncio
 from datetime import UTC, datetime
 
+from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+import gpushare
 from gpushare.api.gpushare_crd import ShareProfile
+from gpushare.cluster.main import ControllerContext
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.settings import OperatorConfig
+from gpushare.cluster.server import webhook_app
+from gpushare.cluster.settings import Settings
 from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.builders import gpu, node_json, pod_json
 from tests.unit.cluster.dra.helpers import allocated_claim, gated_pod, node_slice, share_claim
 from tests.unit.cluster.dra.test_allocator import place, setup
+from tests.unit.cluster.webhook.test_webhook_review import review_body
 
 
 def samples(registry: CollectorRegistry, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -143,3 +149,111 @@ async def test_dra_mode_reports_its_gpus_claims_and_placements() -> None:
     allocator.pod_event(gated_pod("p3", claim="c3"))
     await place(allocator)
     assert samples(reg, "gpushare_pending_pods") == {(("namespace", "ns"),): 1.0}
+
+
+CLUSTER_STATE = {
+    "gpushare_controller_nodes",
+    "gpushare_controller_gpus",
+    "gpushare_controller_pods",
+    "gpushare_controller_view_synced",
+    "gpushare_pending_pods",
+    "gpushare_share_profile_pipe_ratio",
+    "gpushare_controller_quarantined_objects",
+    "gpushare_controller_quarantined_total",
+    "gpushare_opportunistic_pods",
+}
+"""The view's series: the same on every replica, so exported by the leader only."""
+
+
+def _replica() -> ControllerContext:
+    """One controller replica whose view holds one node and one pending gpushare pod (every
+    replica watches the same cluster)."""
+    view = ClusterView()
+    view.replace_nodes([node_json("n1", [gpu("G0")])])
+    view.replace_pods([pod_json("waiting", namespace="team-a", fraction="0.25")])
+    view.mark_synced()
+    return ControllerContext(settings=Settings(), view=view, metrics=Metrics(view), kube=None)
+
+
+async def _review_and_scrape(ctx: ControllerContext) -> str:
+    """One admission review through the replica's webhook server, then its /metrics (the
+    port the ServiceMonitor scrapes on every replica)."""
+    app = webhook_app(facts=ctx.cluster_facts, metrics=ctx.metrics, ready=lambda: (True, ""))
+    async with TestClient(TestServer(app)) as client:
+        reply = await client.post("/validate", data=review_body(pod_json("p", fraction="0.5")))
+        assert reply.status == 200
+        scrape = await client.get("/metrics")
+        assert scrape.status == 200
+        return await scrape.text()
+
+
+def _series(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+async def test_a_standby_exports_its_own_requests_but_not_the_cluster_state() -> None:
+    """Issue #46: every replica exported the view, so sum(gpushare_pending_pods) read 2 for
+    one pending pod. A standby now exports what it did itself (webhook reviews) and its
+    build, and none of the cluster's state."""
+    standby = _replica()
+    got = _series(await _review_and_scrape(standby))
+    assert not CLUSTER_STATE & got.keys(), CLUSTER_STATE & got.keys()
+    reviews = got["gpushare_webhook_requests_total"]
+    assert [dict(labels)["webhook"] for labels in reviews] == ["validate"]
+    assert sum(reviews.values()) == 1.0
+    ((labels, value),) = got["gpushare_build_info"].items()
+    assert value == 1.0
+    assert dict(labels)["component"] == "controller"
+    assert dict(labels)["version"] == gpushare.__version__
+    assert "python_version" in dict(labels)
+
+
+async def test_summed_over_a_leader_and_a_standby_one_pending_pod_reads_one() -> None:
+    leader, standby = _replica(), _replica()
+    leader.leading = True
+    scraped = [_series(await _review_and_scrape(ctx)) for ctx in (leader, standby)]
+    # (Families with nothing to count, such as quarantined objects, have no samples.)
+    assert {
+        "gpushare_controller_nodes",
+        "gpushare_controller_gpus",
+        "gpushare_controller_pods",
+        "gpushare_controller_view_synced",
+        "gpushare_pending_pods",
+    } <= scraped[0].keys()
+    pending = [s.get("gpushare_pending_pods", {}) for s in scraped]
+    assert sum(v for series in pending for v in series.values()) == 1.0
+    assert pending[0] == {(("namespace", "team-a"),): 1.0}
+    assert scraped[0]["gpushare_controller_nodes"] == {(): 1.0}
+    # Requests and build_info come from both.
+    for series in scraped:
+        assert sum(series["gpushare_webhook_requests_total"].values()) == 1.0
+        assert len(series["gpushare_build_info"]) == 1
+    # Leadership changes hands: the new leader exports the state from its next scrape.
+    standby.leading = True
+    assert "gpushare_pending_pods" in _series(await _review_and_scrape(standby))
+
+
+async def test_a_standby_exports_no_dra_totals() -> None:
+    allocator, kube, _devices = setup(node_slice("n1", 2))
+    kube.create(share_claim("c1", percent="30"))
+    allocator.pod_event(gated_pod("p1", claim="c1"))
+    assert await place(allocator) == 1
+    ctx = ControllerContext(
+        settings=Settings(), view=allocator.view, metrics=Metrics(allocator.view), kube=None
+    )
+    ctx.metrics.watch_claims(allocator)
+    dra = (
+        "gpushare_controller_dra_gpus",
+        "gpushare_controller_dra_claims",
+        "gpushare_controller_dra_allocated_percent",
+        "gpushare_dra_claims_placed_total",
+        "gpushare_dra_claims_left_to_scheduler_total",
+    )
+    assert all(samples(ctx.metrics.registry, name) == {} for name in dra)
+    ctx.leading = True
+    assert samples(ctx.metrics.registry, "gpushare_controller_dra_gpus") == {(): 2.0}
+    assert samples(ctx.metrics.registry, "gpushare_dra_claims_placed_total") == {(): 1.0}

@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
+import gpushare
 from gpushare.api.inventory import load_inventory
 from gpushare.api.logs import JsonFormatter
 from gpushare.api.names import (
@@ -155,3 +158,20 @@ def test_cli_help_and_bad_backend() -> None:
     )
     assert bad.returncode == 2
     assert "--backend simulated:<spec>: unknown GPU model 'B9000'" in bad.stderr
+
+
+def test_the_agent_says_its_version_on_metrics(tmp_path: Path) -> None:
+    """gpushare_build_info{component="node-agent", version} 1 on the agent's /metrics
+    registry, so a mixed rollout shows as two versions (issue #46)."""
+    backend = SimulatedBackend("1xH100-80GB", node_name="n")
+    agent = NodeAgent(AgentSettings(node_name="n", mps_root=tmp_path), backend=backend, kube=None)
+    text = generate_latest(agent.registry).decode()
+    (info,) = [
+        s
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "gpushare_build_info"
+    ]
+    assert info.value == 1.0
+    assert info.labels["component"] == "node-agent"
+    assert info.labels["version"] == gpushare.__version__
