@@ -182,6 +182,7 @@ class NodeAgent:
             on_change=self._mps_changed,
             require_exclusive_process=settings.require_exclusive_process,
             daemons=settings.mps_daemons,
+            on_event=self._mps_event,
         )
         self.dra: DraDriver | None = None
         self.mps_limits = MpsLimitKeeper(
@@ -349,6 +350,11 @@ class NodeAgent:
         if self.health.set_problem(uuid, "mps", problem):
             log.warning("GPU %s %s (%s)", uuid, "healthy" if up else "UNHEALTHY", problem or "ok")
         self._publish_needed.set()
+
+    def _mps_event(self, uuid: str, reason: str, message: str, warning: bool) -> None:
+        """A Node Event for a GPU's MPS daemon adopted, started, replaced or down."""
+        if self.kube is not None:
+            self.kube.record_event(pod=None, reason=reason, message=message, warning=warning)
 
     def handle_health_event(self, event: HealthEvent) -> None:
         problem = None if event.healthy else event.reason
