@@ -191,6 +191,7 @@ class NodeAgent:
             on_change=self._mps_changed,
             require_exclusive_process=settings.require_exclusive_process,
             daemons=settings.mps_daemons,
+            on_event=self._mps_event,
         )
         self.dra: DraDriver | None = None
         self.mps_limits = MpsLimitKeeper(
@@ -366,6 +367,21 @@ class NodeAgent:
         if self.health.set_problem(uuid, "mps", problem):
             log.warning("GPU %s %s (%s)", uuid, "healthy" if up else "UNHEALTHY", problem or "ok")
         self._publish_needed.set()
+
+    def _mps_event(self, uuid: str, reason: str, message: str, warning: bool) -> None:
+        """A Node Event for a GPU's MPS daemon adopted, started, replaced or down; sent from a
+        thread of its own, so a slow API server never holds up a daemon's start or check."""
+        kube = self.kube
+        if kube is None:
+            return
+
+        def send() -> None:
+            try:
+                kube.record_event(pod=None, reason=reason, message=message, warning=warning)
+            except Exception as exc:
+                log.warning("could not record %s for GPU %s: %s", reason, uuid, exc)
+
+        threading.Thread(target=send, name=f"event-{reason}", daemon=True).start()
 
     def handle_health_event(self, event: HealthEvent) -> None:
         problem = None if event.healthy else event.reason

@@ -3,11 +3,12 @@ container that does not restart with the agent's.
 
 A runtime ends every process of a stopped container, so daemons the agent started itself died
 whenever its container restarted, and running pods lost their MPS server (two H200s,
-bench/results/gpu-cluster.md). The chart runs this process as the ``mps-launcher`` container of
-the agent's pod (NVML backend); the agent runs with ``--mps-daemons launcher``. It only starts
-(or adopts) a daemon per request (gpushare.node.mps.launch); health checks, limits and every
-other decision stay with the agent. When this container stops, its daemons stop with it: it is
-meant to restart only with the pod (docs/node-agent.md, "MPS daemons").
+bench/results/gpu-cluster.md). The chart runs this process in a DaemonSet of its own
+(``<release>-mps-daemons``, updateStrategy OnDelete; NVML backend), so rolling, deleting or
+killing the agent leaves it and its daemons running; the agent runs with ``--mps-daemons
+launcher``. It only starts (or adopts) a daemon per request (gpushare.node.mps.launch); health
+checks, limits and every other decision stay with the agent. When this container stops, its
+daemons stop with it (docs/node-agent.md, "MPS daemons").
 """
 
 import argparse
@@ -33,9 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Starts one nvidia-cuda-mps-control daemon per GPU when the gpushare node agent "
             "(--mps-daemons launcher) asks, by a launch-request file in <mps-root>/<gpu uuid>/, "
-            "so the daemons outlive restarts of the agent's container. Run it in a container "
-            "of the agent's pod with the same MPS root, host PID namespace, GPU devices and "
-            "driver tools. Logs are JSON lines on stderr."
+            "so the daemons outlive restarts of the agent. Run it in a pod of its own (the "
+            "chart's <release>-mps-daemons DaemonSet) with the agent's MPS root, the host PID "
+            "namespace, the GPU devices and driver tools. Logs are JSON lines on stderr."
         ),
     )
     parser.add_argument(

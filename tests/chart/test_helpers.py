@@ -34,7 +34,7 @@ def test_every_object_carries_the_recommended_labels(chart: Chart) -> None:
 def test_pod_templates_carry_the_labels_their_selectors_match(chart: Chart) -> None:
     rendered = chart.render()
     workloads = rendered.all("Deployment") + rendered.all("DaemonSet")
-    assert len(workloads) == 3
+    assert len(workloads) == 4  # controller, scheduler, node agent, MPS daemons
     for obj in workloads:
         selector = obj["spec"]["selector"]["matchLabels"]
         pod_labels = obj["spec"]["template"]["metadata"]["labels"]

@@ -4,7 +4,6 @@ from typing import Any
 
 from gpushare.api.names import LABEL_MPS_CAPABLE
 from gpushare.node.main import build_parser
-from gpushare.node.mps_launcher import build_parser as launcher_parser
 from tests.fixtures.helm_chart import LOCAL_VALUES, Chart, container
 
 
@@ -14,6 +13,10 @@ def _ds(chart: Chart, values: dict[str, Any] | None = None, **kw: Any) -> dict[s
 
 def _agent(ds: dict[str, Any]) -> dict[str, Any]:
     return container(ds, "agent")
+
+
+def _component(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["labels"]["app.kubernetes.io/component"])
 
 
 def test_flags_parse_with_the_agents_own_parser(chart: Chart) -> None:
@@ -278,7 +281,8 @@ def test_two_node_pools_run_each_mode_on_their_own_nodes(chart: Chart) -> None:
     rendered = chart.render(values)
     dp = rendered.get("DaemonSet", "gpushare-node-agent")
     dra = rendered.get("DaemonSet", "gpushare-node-agent-dra")
-    assert len(rendered.all("DaemonSet")) == 2
+    agents = [d for d in rendered.all("DaemonSet") if _component(d) == "node-agent"]
+    assert len(agents) == 2
     assert _dra_args(_agent(dp))["mode"] == "deviceplugin"
     assert _dra_args(_agent(dra))["mode"] == "dra"
     selector = {
@@ -304,40 +308,24 @@ def test_an_extra_pool_needs_a_name_mode_and_selector(chart: Chart) -> None:
     assert "at '/mode'" in error, error
 
 
-def test_with_real_gpus_mps_daemons_start_in_a_container_that_outlives_the_agent(
-    chart: Chart,
-) -> None:
-    """A stopped container's processes all end: with the NVML backend the agent asks the
-    mps-launcher container of its pod to start the MPS daemons, with the agent's MPS root, shm
-    mode and driver mounts, and that container may run the daemons' own mount namespaces."""
-    values = {
-        "node": {
-            "backend": "nvml",
-            "mpsRoot": "/run/gs/mps",
-            "mpsShm": "host",
-            "extraVolumes": [{"name": "driver", "hostPath": {"path": "/opt/nvidia"}}],
-            "extraVolumeMounts": [{"name": "driver", "mountPath": "/opt/nvidia"}],
-            "extraEnv": [{"name": "PATH", "value": "/opt/nvidia/bin:/usr/bin"}],
-        }
-    }
-    ds = _ds(chart, values)
+def test_the_launcher_can_run_in_the_agents_pod_or_not_at_all(chart: Chart) -> None:
+    in_pod = chart.render({"node": {"backend": "nvml", "mpsLauncher": {"runIn": "agentPod"}}})
+    ds = in_pod.get("DaemonSet", "gpushare-node-agent")
     assert build_parser().parse_args(_agent(ds)["args"]).mps_daemons == "launcher"
-    launcher = container(ds, "mps-launcher")
-    assert launcher["command"] == ["gpushare-mps-launcher"]
-    args = launcher_parser().parse_args(launcher["args"])
-    assert (str(args.mps_root), args.mps_shm) == ("/run/gs/mps", "host")
-    mounts = {m["mountPath"] for m in launcher["volumeMounts"]}
-    assert {"/run/gs", "/opt/nvidia"} <= mounts
-    assert {"name": "PATH", "value": "/opt/nvidia/bin:/usr/bin"} in launcher["env"]
-    assert launcher["securityContext"]["privileged"] is True
-    assert "limits" not in launcher["resources"]  # the node's MPS servers run in its cgroup
-    assert ds["spec"]["template"]["spec"]["hostPID"] is True
-    off = _ds(chart, {"node": {"backend": "nvml", "mpsLauncher": {"enabled": False}}})
-    assert build_parser().parse_args(_agent(off)["args"]).mps_daemons == "own"
-    assert [c["name"] for c in off["spec"]["template"]["spec"]["containers"]] == ["agent"]
-    simulated = _ds(chart, {"node": {"backend": "simulated:1xH100-80GB"}})
-    assert build_parser().parse_args(_agent(simulated)["args"]).mps_daemons == "own"
-    assert [c["name"] for c in simulated["spec"]["template"]["spec"]["containers"]] == ["agent"]
+    names = [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]]
+    assert names == ["agent", "mps-launcher"]
+    assert [_component(d) for d in in_pod.all("DaemonSet")] == ["node-agent"]
+    off = chart.render({"node": {"backend": "nvml", "mpsLauncher": {"enabled": False}}})
+    off_ds = off.get("DaemonSet", "gpushare-node-agent")
+    assert build_parser().parse_args(_agent(off_ds)["args"]).mps_daemons == "own"
+    assert [c["name"] for c in off_ds["spec"]["template"]["spec"]["containers"]] == ["agent"]
+    assert [_component(d) for d in off.all("DaemonSet")] == ["node-agent"]
+    simulated = chart.render({"node": {"backend": "simulated:1xH100-80GB"}})
+    sim_ds = simulated.get("DaemonSet", "gpushare-node-agent")
+    assert build_parser().parse_args(_agent(sim_ds)["args"]).mps_daemons == "own"
+    assert [_component(d) for d in simulated.all("DaemonSet")] == ["node-agent"]
+    error = chart.fails({"node": {"mpsLauncher": {"runIn": "host"}}})
+    assert "runIn" in error, error
 
 
 def test_a_dra_agent_holds_the_controllers_tenancy_boundary_between_claims(chart: Chart) -> None:

@@ -6,6 +6,7 @@ containerd under the names the chart uses. Then, as a user would:
 
 helm install -> every gpushare pod Ready -> annotated pods placed by the chart's
 gpushare-scheduler onto simulated GPUs, with their GPU's environment inside the container ->
+the node agent's pod deleted: they keep running, same container and placement ->
 helm upgrade with changed values (and a calibrated interference model from a ConfigMap) rolls
 cleanly -> helm uninstall leaves no gpushare object,
 socket, MPS directory or node label behind.
@@ -136,6 +137,28 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
             check_placed(cluster, work, placed, uuids)
             used = shares_per_gpu(cluster, work, list(placed))
             assert sum(used.values()) == pytest.approx(1.75)
+
+            # -- the node agent's pod deleted: running pods keep container and placement -----
+            agent = next(p for p in release_pods(cluster) if component(p) == "node-agent")
+            cluster.kubectl("delete", "pod", "-n", NAMESPACE, agent["metadata"]["name"])
+
+            def new_agent_ready() -> bool:
+                agents = [p for p in release_pods(cluster) if component(p) == "node-agent"]
+                uids = [p["metadata"]["uid"] for p in agents]
+                return uids != [agent["metadata"]["uid"]] and len(agents) == 1 and ready(agents[0])
+
+            wait_for(new_agent_ready, timeout_s=120, what="a new node agent pod Ready")
+            wait_for(lambda: allocatable(cluster) == 200, timeout_s=60, what="200 gpu-percent")
+            for name, pod in placed.items():
+                now = kjson(cluster, "get", "pod", "-n", work, name)
+                assert now["metadata"]["uid"] == pod["metadata"]["uid"]
+                assert now["status"]["phase"] == "Running"
+                # The same container, never restarted.
+                containers = {c["name"]: c for c in pod["status"]["containerStatuses"]}
+                for c in now["status"]["containerStatuses"]:
+                    assert c["containerID"] == containers[c["name"]]["containerID"], c
+                    assert c["restartCount"] == 0, c
+            assert shares_per_gpu(cluster, work, list(placed)) == used
 
             # -- upgrade with changed values: every component rolls, nothing breaks ----------
             # The documented CRD step first (docs/chart.md, "Upgrade"): Helm never upgrades crds/.

@@ -121,7 +121,10 @@ def test_only_the_node_agent_on_real_gpus_runs_privileged(chart: Chart, backend:
         for where, pod, c in containers(obj):
             seen.append(where)
             sc = c.get("securityContext") or {}
-            agent = where.startswith("DaemonSet/") and "node-agent" in where
+            # The node agent and the MPS daemons' launcher (docs/node-agent.md, "MPS daemons").
+            agent = where.startswith("DaemonSet/") and (
+                "node-agent" in where or where.endswith("-mps-daemons/mps-launcher")
+            )
             assert not pod.get("hostNetwork"), f"{where} uses the host network"
             if sc.get("privileged"):
                 assert agent and backend == "nvml", f"{where} is privileged"

@@ -64,9 +64,19 @@ def local_cluster(*args: str) -> None:
     assert proc.returncode == 0, f"local-cluster.sh {' '.join(args)}: {proc.stderr[-2000:]}"
 
 
-def has_container(gc: GpuCluster, container: str) -> bool:
-    """Whether the node agent's pod runs ``container``."""
-    return any(c["name"] == container for c in agent_pod(gc)["status"]["containerStatuses"])
+def launcher_state(gc: GpuCluster) -> tuple[str, int] | None:
+    """(pod UID, restarts) of the mps-launcher container that runs the node's MPS daemons: in
+    the chart's <release>-mps-daemons pod, else in the agent's pod (node.mpsLauncher.runIn
+    agentPod); None when there is none (backends without MPS daemons)."""
+    pods = gc.kjson(
+        "get", "pods", "-n", gc.release_namespace, "-l", "app.kubernetes.io/component=mps-daemons"
+    )["items"]
+    assert len(pods) <= 1, [p["metadata"]["name"] for p in pods]
+    pod = pods[0] if pods else agent_pod(gc)
+    for status in pod["status"].get("containerStatuses", []):
+        if status["name"] == "mps-launcher":
+            return str(pod["metadata"]["uid"]), int(status["restartCount"])
+    return None
 
 
 def restarts(gc: GpuCluster, container: str = "agent") -> int:

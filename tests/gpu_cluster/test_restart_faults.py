@@ -1,25 +1,25 @@
-"""Restart faults on the real GPU: the node agent and the kubelet are killed (SIGKILL, by PID)
-while CUDA pods run. Running pods must keep their GPU, their share and their rate; a pod
-created after the restarts must be placed and get its own settings, nobody else's.
+"""Restart faults on the real GPU: the node agent and the kubelet are killed (SIGKILL, by PID),
+and the agent's pod is deleted and rolled by `helm upgrade`, while CUDA pods run. Running pods
+must keep their GPU, their share and their rate; a pod created after the restarts must be
+placed and get its own settings, nobody else's.
 """
 
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from gpushare.api.names import ANN_AGENT_READY, ANN_GPU_UUID, ANN_THREAD_PERCENT
 from tests.gpu_cluster.checks import (
     check_rates_kept,
-    has_container,
     kill_agent_and_kubelet,
+    launcher_state,
     restarts,
 )
 from tests.gpu_cluster.harness import GpuCluster, agent_pod, wait_for
 
 pytestmark = [pytest.mark.gpu_cluster]
-
-LAUNCHER = "mps-launcher"
-"""The agent pod's container that starts the MPS daemons (NVML backend only)."""
 
 
 def agent_ready_again(gc: GpuCluster, restarts_before: int) -> bool:
@@ -50,8 +50,8 @@ def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuC
             what="10 s of rates from each pod",
         )
         # -- the faults: SIGKILL the node agent, then the kubelet; the kubelet comes back --
-        has_launcher = gc.real_gpu or has_container(gc, LAUNCHER)  # the NVML backend must
-        launcher_before = restarts(gc, LAUNCHER) if has_launcher else None
+        launcher_before = launcher_state(gc)
+        assert launcher_before is not None or not gc.real_gpu, "no mps-launcher on a real GPU"
         t_fault, t_back = kill_agent_and_kubelet(gc, lambda before: agent_ready_again(gc, before))
         gc.record(
             "agent + kubelet killed (SIGKILL): seconds until the agent was Ready again",
@@ -68,29 +68,23 @@ def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuC
         new_pod = gc.wait_phase([new], {"Running"}, timeout_s=120)[new]
         wait_for(lambda: any("t" in x for x in gc.logs(new)), timeout_s=90, what="new pod rates")
         after_pods = {n: gc.pod(n) for n in running}
-        launcher_after = restarts(gc, LAUNCHER) if launcher_before is not None else None
+        launcher_after = launcher_state(gc) if launcher_before is not None else None
         gc.wait_phase([*running, new], {"Succeeded"}, timeout_s=until - time.time() + 60)
         logs = {n: gc.logs(n) for n in [*running, new]}
     finally:
         gc.delete_pods(*running, new)
 
-    # The MPS daemons run in the mps-launcher container, which the agent's kill left alone.
+    # The MPS daemons run in the mps-launcher container (its own pod by default), which the
+    # agent's kill left alone: same pod, no restart.
+    what = "mps-launcher (the MPS daemons' container): same pod, restarts during the faults"
     if launcher_before is None or launcher_after is None:
-        gc.record(
-            "mps-launcher container restarts during the faults (the MPS daemons' container)",
-            "no such container",
-            "0",
-            None,
-            f"backend {gc.backend} runs no MPS daemons",
-        )
+        gc.record(what, "no such container", "same, 0", None, f"backend {gc.backend}: no daemons")
     else:
-        gc.record(
-            "mps-launcher container restarts during the faults (the MPS daemons' container)",
-            launcher_after - launcher_before,
-            "0",
-            launcher_after == launcher_before,
-        )
-        assert launcher_after == launcher_before
+        kept_launcher = launcher_after[0] == launcher_before[0]
+        launcher_restarts = launcher_after[1] - launcher_before[1]
+        ok_launcher = kept_launcher and launcher_restarts == 0
+        gc.record(what, (kept_launcher, launcher_restarts), "same, 0", ok_launcher)
+        assert ok_launcher, (launcher_before, launcher_after)
     # Running pods: same GPU and cap, never restarted.
     kept = {
         n: (
@@ -127,3 +121,116 @@ def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuC
     # excluded: it adds a neighbour, so the window ends when it starts).
     new_start = min(x["t"] for x in logs[new] if "t" in x)
     check_rates_kept(gc, logs, list(running), t_fault=t_fault, t_back=t_back, until=new_start)
+
+
+def new_agent_ready(gc: GpuCluster, old_uid: str) -> bool:
+    """An agent pod other than ``old_uid`` is Ready (the old one may still be terminating), and
+    the node says so (``gpushare.io/agent-ready``)."""
+    pods = gc.kjson(
+        "get", "pods", "-n", gc.release_namespace, "-l", "app.kubernetes.io/component=node-agent"
+    )["items"]
+    ready = [
+        p
+        for p in pods
+        if p["metadata"]["uid"] != old_uid
+        and not p["metadata"].get("deletionTimestamp")
+        and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in p["status"].get("conditions", [])
+        )
+    ]
+    node = gc.kjson("get", "nodes")["items"][0]
+    return bool(ready) and node["metadata"]["annotations"].get(ANN_AGENT_READY) == "true"
+
+
+def helm_upgrade(gc: GpuCluster, *settings: str) -> None:
+    """`helm upgrade` of the e2e script's release with its values and ``settings``."""
+    chart = Path(__file__).resolve().parents[2] / "helm" / "gpushare"
+    command = ["helm", "upgrade", "gpushare", str(chart), "-n", gc.release_namespace]
+    command += ["--reuse-values", "--wait", "--timeout", "5m"]
+    for setting in settings:
+        command += ["--set", setting]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_running_pods_keep_running_across_agent_pod_deletion_and_helm_upgrade(
+    gc: GpuCluster,
+) -> None:
+    """`kubectl delete pod` of the agent, then `helm upgrade` with an agent setting (which
+    rolls the agent's DaemonSet; the MPS daemons' DaemonSet is OnDelete): the MPS daemons' pod
+    stays, running pods keep GPU, share, container and rate (docs/chart.md, "Upgrade")."""
+    running = {"roll-25": "0.25", "roll-50": "0.5"}
+    new = "after-roll-25"
+    gc.delete_pods(*running, new)
+    until = time.time() + 240
+    gc.create(
+        *(gc.cuda_pod(n, ["gemm", f"{until:.0f}"], fraction=f, limit=f) for n, f in running.items())
+    )
+    try:
+        before_pods = gc.wait_phase(list(running), {"Running"}, timeout_s=120)
+        wait_for(
+            lambda: all(sum("t" in x for x in gc.logs(n)) >= 10 for n in running),
+            timeout_s=90,
+            what="10 s of rates from each pod",
+        )
+        launcher_before = launcher_state(gc)
+        assert launcher_before is not None or not gc.real_gpu, "no mps-launcher on a real GPU"
+        t_fault = time.time()
+        old = agent_pod(gc)["metadata"]["uid"]
+        gc.kubectl("delete", "pod", "-n", gc.release_namespace, agent_pod(gc)["metadata"]["name"])
+        wait_for(lambda: new_agent_ready(gc, old), timeout_s=150, what="a new agent pod Ready")
+        old = agent_pod(gc)["metadata"]["uid"]
+        helm_upgrade(gc, "node.logLevel=DEBUG")
+        wait_for(lambda: new_agent_ready(gc, old), timeout_s=150, what="the upgraded agent Ready")
+        t_back = time.time()
+        gc.record(
+            "agent pod deleted, then helm upgrade (node.logLevel): seconds until both were done",
+            round(t_back - t_fault, 1),
+            "recorded",
+            None,
+        )
+        gc.create(gc.cuda_pod(new, ["gemm", f"{until:.0f}"], fraction="0.25", limit="0.25"))
+        new_pod = gc.wait_phase([new], {"Running"}, timeout_s=120)[new]
+        wait_for(lambda: any("t" in x for x in gc.logs(new)), timeout_s=90, what="new pod rates")
+        after_pods = {n: gc.pod(n) for n in running}
+        launcher_after = launcher_state(gc) if launcher_before is not None else None
+        gc.wait_phase([*running, new], {"Succeeded"}, timeout_s=until - time.time() + 60)
+        logs = {n: gc.logs(n) for n in [*running, new]}
+    finally:
+        gc.delete_pods(*running, new)
+        helm_upgrade(gc, "node.logLevel=INFO")
+
+    what = "mps-launcher across agent pod deletion + helm upgrade: same pod, restarts"
+    if launcher_before is None or launcher_after is None:
+        gc.record(what, "no such container", "same, 0", None, f"backend {gc.backend}: no daemons")
+    else:
+        same_pod = launcher_after[0] == launcher_before[0]
+        ok_launcher = same_pod and launcher_after[1] == launcher_before[1]
+        gc.record(what, (same_pod, launcher_after[1] - launcher_before[1]), "same, 0", ok_launcher)
+        assert ok_launcher, (launcher_before, launcher_after)
+    kept = {
+        n: (
+            after_pods[n]["metadata"]["annotations"][ANN_GPU_UUID]
+            == before_pods[n]["metadata"]["annotations"][ANN_GPU_UUID],
+            after_pods[n]["metadata"]["annotations"][ANN_THREAD_PERCENT],
+            after_pods[n]["status"]["containerStatuses"][0]["restartCount"],
+        )
+        for n in running
+    }
+    ok = all(same and restarts == 0 for same, _, restarts in kept.values())
+    gc.record(
+        "running pods after agent pod deletion + helm upgrade: (same GPU, thread %, restarts)",
+        kept,
+        "same, 0",
+        ok,
+    )
+    assert ok, kept
+    env = logs[new][0].get("env", {})
+    own = new_pod["metadata"]["annotations"][ANN_THREAD_PERCENT]
+    assert env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == own == "25", (env, own)
+    gc.require_gpu()
+    new_start = min(x["t"] for x in logs[new] if "t" in x)
+    check_rates_kept(
+        gc, logs, list(running), t_fault=t_fault, t_back=t_back, until=new_start, prefix="roll: "
+    )

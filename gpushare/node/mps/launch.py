@@ -5,9 +5,9 @@ containers: MPS daemons the node agent started in its own container died with it
 running pods on their GPUs failed ("the remote procedural call between the MPS server and the
 MPS client failed"; two H200s, bench/results/gpu-cluster.md). With ``--mps-daemons launcher``
 the agent asks ``gpushare-mps-launcher`` (``gpushare.node.mps_launcher``: the chart's
-``mps-launcher`` container in the agent's pod, which does not restart with the agent) to start
-them, through two files in the GPU's MPS directory, which only root in those two containers can
-write (pods get its ``pipe`` and ``shm`` subdirectories, never the directory itself):
+``<release>-mps-daemons`` DaemonSet, which rolling or deleting the agent's pod leaves alone) to
+start them, through two files in the GPU's MPS directory, which only root in those two
+containers can write (pods get its ``pipe`` and ``shm`` subdirectories, never the directory):
 
 - ``<mps-root>/<uuid>/launch-request``: the agent's request, one line: a request id;
 - ``<mps-root>/<uuid>/launch-answer``: the launcher's answer, JSON ``{"id", "pid"}`` or
@@ -74,8 +74,9 @@ def request_launch(gpu_dir: Path, *, timeout_s: float, poll_s: float = 0.1) -> i
         time.sleep(poll_s)
     raise LaunchError(
         f"gpushare-mps-launcher did not answer {gpu_dir / REQUEST_FILE} within {timeout_s:.0f} s; "
-        "is the node agent pod's mps-launcher container running? (kubectl logs <agent pod> "
-        "-c mps-launcher; docs/node-agent.md, 'MPS daemons')"
+        "is the mps-launcher container on this node running, with this MPS root? (the chart's "
+        "<release>-mps-daemons pod on this node: kubectl logs <pod> -c mps-launcher; "
+        "docs/node-agent.md, 'MPS daemons')"
     )
 
 

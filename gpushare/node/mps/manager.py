@@ -7,11 +7,12 @@ shared ``/dev/shm``: in ``private`` shm mode the daemon runs in its own mount na
 directory as each container's ``/dev/shm`` (what NVIDIA's plugin does with a host tmpfs).
 
 A daemon found alive at start (pid file in the pipe directory, process alive, control pipe
-answering) is adopted, not restarted, so pods already running keep their MPS server. The
-manager never changes a GPU's compute mode and never stops daemons on exit unless asked. In a
-container the daemons must be started by a process whose container does not restart with the
-agent's (``daemons="launcher"``, gpushare.node.mps.launch): a stopped container's processes
-all end with it.
+answering) is adopted, not restarted, so pods already running keep their MPS server; one that
+does not answer is ended and replaced, never doubled (gpushare.node.mps.procs). Each step is
+an Event (``on_event``). The manager never changes a GPU's compute mode and never stops daemons
+on exit unless asked. In a container the daemons are started by gpushare-mps-launcher in a pod
+of their own (``daemons="launcher"``, gpushare.node.mps.launch): a stopped container's
+processes all end with it.
 
 UIDs: an MPS server serves one Linux UID at a time; a client with another UID waits until the
 server's clients have all exited. gpushare therefore gives every GPU one UID at a time: the
@@ -23,7 +24,6 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -32,12 +32,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from gpushare.node.mps.compute_mode import ComputeModeGate
 from gpushare.node.mps.launch import LaunchError, request_launch
 from gpushare.node.mps.limits import ServerLimits
+from gpushare.node.mps.procs import CONTROL_BINARY, control_daemons, end_process
+from gpushare.node.mps.procs import cmdline as _cmdline
+from gpushare.node.mps.procs import pid_alive as _pid_alive
 
 log = logging.getLogger(__name__)
 
-CONTROL_BINARY = "nvidia-cuda-mps-control"
 SERVER_BINARY = "nvidia-cuda-mps-server"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_PIPE = "control"
@@ -46,6 +49,9 @@ DaemonStarter = Literal["own", "launcher"]
 
 # Called with (gpu uuid, daemon up?, reason) whenever a daemon's state changes.
 ChangeCallback = Callable[[str, bool, str], None]
+# Called with (gpu uuid, Event reason, message, warning?) when a daemon is adopted, started,
+# replaced or found down: the agent records them as Node Events.
+EventCallback = Callable[[str, str, str, bool], None]
 
 
 @dataclass(frozen=True)
@@ -77,23 +83,6 @@ class MpsError(RuntimeError):
     """A daemon could not be started or does not answer."""
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 def parse_server_list(text: str) -> tuple[int, ...]:
     """``get_server_list`` prints one server PID per line; anything else is ignored."""
     return tuple(int(line) for line in (raw.strip() for raw in text.splitlines()) if line.isdigit())
@@ -114,6 +103,7 @@ class MpsManager:
         on_change: ChangeCallback | None = None,
         require_exclusive_process: bool = False,
         daemons: DaemonStarter = "own",
+        on_event: EventCallback | None = None,
     ) -> None:
         self.root = root
         self.daemons: DaemonStarter = daemons
@@ -125,12 +115,15 @@ class MpsManager:
         self.start_timeout_s = start_timeout_s
         self.query_timeout_s = query_timeout_s
         self.on_change = on_change
+        self.on_event = on_event
         self.require_exclusive_process = require_exclusive_process
         self._lock = threading.RLock()
         self._status: dict[str, DaemonStatus] = {}
         self._orphans: dict[str, set[int]] = {}
         self._limits: dict[str, ServerLimits] = {}
-        self._warned: set[str] = set()
+        self._compute_modes = ComputeModeGate(
+            required=require_exclusive_process, simulated=simulated, timeout_s=query_timeout_s
+        )
         if simulated:
             log.warning(
                 "SIMULATED GPUs: the MPS manager runs no nvidia-cuda-mps-control daemon; it "
@@ -222,49 +215,8 @@ class MpsManager:
     # --- compute mode --------------------------------------------------------------------
 
     def compute_mode(self, uuid: str) -> str:
-        """The GPU's compute mode as nvidia-smi names it (``Default``, ``Exclusive_Process``);
-        ``unknown`` when it cannot be read. Read only: the manager never changes it."""
-        if self.simulated:
-            return "Default (simulated)"
-        try:
-            done = subprocess.run(
-                ["nvidia-smi", "--query-gpu=compute_mode", "--format=csv,noheader", "-i", uuid],
-                capture_output=True,
-                text=True,
-                timeout=self.query_timeout_s,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return "unknown"
-        return done.stdout.strip() or "unknown" if done.returncode == 0 else "unknown"
-
-    def _compute_mode_refusal(self, uuid: str) -> str | None:
-        """Why the GPU must not be used, when EXCLUSIVE_PROCESS is required and not set. In any
-        other compute mode a CUDA process that does not reach the MPS daemon (a container that
-        points CUDA_MPS_PIPE_DIRECTORY at an empty directory) runs on the GPU directly, outside
-        every MPS limit (docs/security.md)."""
-        mode = self.compute_mode(uuid)
-        if mode.lower().replace(" ", "_") == "exclusive_process":
-            return None
-        if not self.require_exclusive_process:
-            with self._lock:
-                warned = uuid in self._warned
-                self._warned.add(uuid)
-            if not warned:
-                log.warning(
-                    "GPU %s is in compute mode %s: a container can run outside MPS (and its "
-                    "limits) by pointing CUDA at an empty pipe directory; an admin closes this "
-                    "with nvidia-smi -i %s -c EXCLUSIVE_PROCESS and --require-exclusive-process",
-                    uuid,
-                    mode,
-                    uuid,
-                )
-            return None
-        return (
-            f"compute mode of {uuid} is {mode}, not EXCLUSIVE_PROCESS, and the agent runs with "
-            f"--require-exclusive-process; fix: nvidia-smi -i {uuid} -c EXCLUSIVE_PROCESS (as an "
-            "admin, with no process on the GPU), or drop the flag"
-        )
+        """The GPU's compute mode (gpushare.node.mps.compute_mode); never changed here."""
+        return self._compute_modes.mode(uuid)
 
     # --- limits --------------------------------------------------------------------------
 
@@ -315,16 +267,24 @@ class MpsManager:
         if self.on_change and (old is None or old.up != status.up):
             self.on_change(status.uuid, status.up, status.reason)
 
+    def _event(self, uuid: str, reason: str, message: str, *, warning: bool) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(uuid, reason, message, warning)
+            except Exception:  # an Event is a report; the daemon's state does not hang on it
+                log.exception("could not report %s for %s", reason, uuid)
+
     def _ensure_one(self, uuid: str) -> DaemonStatus:
         paths = self.paths(uuid)
         self._make_dirs(paths)
         with self._lock:
-            restarts = self._status[uuid].restarts if uuid in self._status else 0
+            known = self._status.get(uuid)
+        restarts = known.restarts if known is not None else 0
         if self.simulated:
             status = DaemonStatus(uuid, up=True, simulated=True, reason="simulated: no daemon")
             self._set(status)
             return status
-        refusal = self._compute_mode_refusal(uuid)
+        refusal = self._compute_modes.refusal(uuid)
         if refusal is not None:
             status = DaemonStatus(uuid, up=False, restarts=restarts, reason=refusal)
             self._set(status)
@@ -333,13 +293,19 @@ class MpsManager:
             pid, servers = self._probe(uuid)
         except MpsError as exc:
             log.info("MPS daemon for %s not running (%s); starting one", uuid, exc)
+            why = str(exc)
         else:
             log.info("MPS daemon for %s adopted (pid %d, servers %s)", uuid, pid, servers)
             status = DaemonStatus(
                 uuid, up=True, pid=pid, adopted=True, restarts=restarts, server_pids=servers
             )
             self._set(status)
+            message = f"MPS daemon of GPU {uuid} adopted (pid {pid}, {len(servers)} servers)"
+            self._event(uuid, "GpushareMpsDaemonAdopted", message, warning=False)
             return status
+        stale = self._read_pid(paths)
+        if stale is not None and not (_pid_alive(stale) and CONTROL_BINARY in _cmdline(stale)):
+            stale = None
         try:
             pid = self._launch(uuid, paths)
             _, servers = self._probe(uuid)
@@ -347,8 +313,23 @@ class MpsManager:
             log.error("MPS daemon for %s failed to start: %s", uuid, exc)
             status = DaemonStatus(uuid, up=False, restarts=restarts, reason=str(exc))
             self._set(status)
+            if known is None:  # a GPU already down said so when it went down (check_one)
+                self._event(
+                    uuid,
+                    "GpushareMpsDaemonDown",
+                    f"MPS daemon of GPU {uuid} could not start: {exc}; the GPU takes no new "
+                    "pods until it does",
+                    warning=True,
+                )
             return status
         log.info("MPS daemon for %s started (pid %d)", uuid, pid)
+        replaced = stale is not None and stale != pid
+        message = f"MPS daemon of GPU {uuid} started (pid {pid})"
+        if replaced:
+            message += f" in place of pid {stale}, which did not answer ({why}); its clients lost "
+            message += "their MPS server"
+        reason = "GpushareMpsDaemonReplaced" if replaced else "GpushareMpsDaemonStarted"
+        self._event(uuid, reason, message, warning=replaced)
         status = DaemonStatus(uuid, up=True, pid=pid, restarts=restarts, server_pids=servers)
         limits = self.limits(uuid)
         if limits is not None:
@@ -382,9 +363,15 @@ class MpsManager:
         binary = shutil.which(self.control_binary)
         if binary is None:
             raise MpsError(f"{self.control_binary} is not on PATH; install the NVIDIA driver utils")
+        # The daemon the pid file names, and any other on this pipe directory (its pid file
+        # lost or overwritten): never two daemons on one GPU (gpushare.node.mps.procs).
         old = self._read_pid(paths)
+        ending = set(control_daemons(paths.pipe))
         if old is not None and _pid_alive(old) and CONTROL_BINARY in _cmdline(old):
-            self._kill(old)
+            ending.add(old)
+        for victim in sorted(ending):
+            log.warning("MPS daemon for %s: ending pid %d, which does not answer", uuid, victim)
+            end_process(victim)
         # Leftovers of a dead daemon make a new one refuse to start.
         for stale in paths.pipe.iterdir():
             with contextlib.suppress(OSError):
@@ -431,16 +418,6 @@ class MpsManager:
             time.sleep(0.05)
         raise MpsError(f"daemon wrote no pid file/control pipe in {paths.pipe} in time")
 
-    def _kill(self, pid: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        for _ in range(50):
-            if not _pid_alive(pid):
-                return
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
     def check(self) -> dict[str, DaemonStatus]:
         """Health-check every daemon through its control pipe; restart the ones that are down.
 
@@ -462,6 +439,13 @@ class MpsManager:
             pid, servers = self._probe(uuid)
         except MpsError as exc:
             log.warning("MPS daemon for %s is down: %s; restarting it", uuid, exc)
+            if current.up:
+                self._event(
+                    uuid,
+                    "GpushareMpsDaemonDown",
+                    f"MPS daemon of GPU {uuid} is down ({exc}); restarting it",
+                    warning=True,
+                )
             # Its servers keep serving their clients; remember them so stop() can end them.
             with self._lock:
                 self._orphans.setdefault(uuid, set()).update(current.server_pids)
@@ -495,10 +479,10 @@ class MpsManager:
                     break
                 time.sleep(0.05)
             else:
-                self._kill(pid)
+                end_process(pid)
         for server in servers:
             if _pid_alive(server) and SERVER_BINARY in _cmdline(server):
-                self._kill(server)
+                end_process(server)
         with self._lock:
             self._status.pop(uuid, None)
 

@@ -114,9 +114,13 @@ address at node.metrics.port (published as a host port). */}}
 {{- if eq .Values.node.backend "nvml" }}true{{ end }}
 {{- end }}
 
-{{/* MPS daemons started by the mps-launcher container (nvml backend, node.mpsLauncher.enabled) */}}
+{{/* Where gpushare-mps-launcher runs (nvml backend, node.mpsLauncher.enabled): "daemonSet"
+(its own DaemonSet, updateStrategy OnDelete) or "agentPod" (a container of the agent's pod);
+empty: the agent starts the daemons itself. A release upgraded with --reuse-values from a
+version without runIn gets daemonSet. */}}
 {{- define "gpushare.node.mpsLauncher" -}}
-{{- if and (include "gpushare.node.real" .) .Values.node.mpsLauncher.enabled }}true{{ end }}
+{{- $l := .Values.node.mpsLauncher }}
+{{- if and (include "gpushare.node.real" .) $l.enabled }}{{ dig "runIn" "daemonSet" $l }}{{ end }}
 {{- end }}
 
 {{- define "gpushare.node.privileged" -}}

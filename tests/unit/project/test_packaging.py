@@ -134,7 +134,7 @@ def test_distribution_name_license_and_entry_points() -> None:
         "gpushare",
         "gpushare-controller",
         "gpushare-node-agent",
-        # The node agent pod's mps-launcher container (docs/node-agent.md, "MPS daemons").
+        # The MPS daemons' own DaemonSet, <release>-mps-daemons (docs/node-agent.md, "MPS daemons").
         "gpushare-mps-launcher",
         "kubectl-gpushare",
         # kubectl's plugin completion runs kubectl_complete-<plugin> (docs/cli.md).

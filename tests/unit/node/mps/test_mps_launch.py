@@ -53,6 +53,7 @@ def test_without_a_launcher_the_agent_says_which_container_to_look_at(tmp_path: 
     status = agent.ensure([GPU])[GPU]
     assert not status.up
     assert "did not answer" in status.reason and "mps-launcher container" in status.reason
+    assert "-mps-daemons pod on this node" in status.reason
     # The request stays: a launcher that starts later serves it.
     assert (tmp_path / GPU / REQUEST_FILE).read_text().strip()
 
