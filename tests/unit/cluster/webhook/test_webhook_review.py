@@ -16,6 +16,7 @@ from gpushare.api.names import (
     ANN_MEMORY,
     ANN_REQUEST_PERCENT,
     ANN_SHARE,
+    ANN_TIER,
     RESOURCE_GPU_PERCENT,
     SCHEDULER_NAME,
 )
@@ -120,6 +121,13 @@ def test_a_gpushare_link_takes_the_share_fraction_memory_and_class() -> None:
         (
             pod_json("p", fraction="0.5", annotations={ANN_REQUEST_PERCENT: "50"}),
             "gpushare.io/request-percentage",
+            "remove it",
+        ),
+        (
+            # A Binding's annotations merge into the pod's: a forged tier would outlive the
+            # extender's guaranteed placement and keep the share out of the GPU's accounting.
+            pod_json("p", fraction="0.5", annotations={ANN_TIER: "opportunistic"}),
+            "gpushare.io/tier",
             "remove it",
         ),
         (
