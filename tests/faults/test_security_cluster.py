@@ -1266,6 +1266,41 @@ def routes_around_gpushare_scheduler_with_the_default_scheduler(sec: Sec) -> Out
         sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
 
 
+def declares_its_running_pod_finished(sec: Sec) -> Outcome:
+    """A share stops counting once its pod's phase is Succeeded or Failed, and a tenant may
+    write pods/status: marked Succeeded while it runs, its share would be free for the next pod
+    while it kept the GPU. The kubelet takes down a pod whose stored phase is terminal (the
+    API server refuses a terminal phase going back), so the share is free because the pod is.
+    Last in the list: it ends the tenant's running pod."""
+    name = tenant_running_pod(sec, "0.2")
+    out = sec.kubectl(
+        "patch",
+        "pod",
+        name,
+        "-n",
+        sec.attacker_ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"phase": "Succeeded"}}),
+        as_tenant=True,
+    )
+    if out.returncode != 0:
+        return True, out.stderr.strip()
+
+    def stopped() -> str | None:
+        statuses = sec.pod(sec.attacker_ns, name)["status"].get("containerStatuses") or []
+        states = [sorted(c.get("state") or {}) for c in statuses]
+        return str(states) if states and all("running" not in s for s in states) else None
+
+    states = wait_until(stopped, timeout_s=60)
+    return bool(states), (
+        f"phase patched to Succeeded; the kubelet stopped the pod's containers: {states}"
+        if states
+        else "phase patched to Succeeded and the containers kept running for 60 s"
+    )
+
+
 def tenant_annotates(sec: Sec, name: str, change: str) -> Outcome:
     """The tenant's ``kubectl annotate --overwrite`` of its own pod."""
     out = sec.kubectl(
@@ -1335,6 +1370,7 @@ ATTACKS: dict[str, Callable[[Sec], Outcome]] = {
         asks_for_whole_nvidia_gpus_beside_its_share,
         odd_spellings_of_its_request,
         routes_around_gpushare_scheduler_with_the_default_scheduler,
+        declares_its_running_pod_finished,  # last: it ends the tenant's running pod
     )
 }
 

@@ -17,6 +17,7 @@ from gpushare.api.names import (
     ANN_REQUEST_PERCENT,
     ANN_SHARE,
     ANN_TIER,
+    RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
     SCHEDULER_NAME,
 )
@@ -426,6 +427,16 @@ def test_a_gpu_share_in_an_init_container_is_refused(annotated: bool) -> None:
 
 def test_the_api_server_sends_pods_whose_only_gpu_request_is_in_an_init_container() -> None:
     assert "object.spec.initContainers.exists" in match_condition_expression()
+
+
+@pytest.mark.parametrize("resource", [RESOURCE_GPU_PERCENT, RESOURCE_GPU_OPPORTUNISTIC])
+@pytest.mark.parametrize("part", ["limits", "requests"])
+def test_the_api_server_sends_pods_asking_for_either_gpu_resource(resource: str, part: str) -> None:
+    """#45: a pod asking for opportunistic-gpu-percent directly, with no gpushare annotation,
+    was never sent (the security suite created one asking for two GPUs' worth)."""
+    expression = match_condition_expression()
+    clause = f"(has(c.resources.{part}) && '{resource}' in c.resources.{part})"
+    assert expression.count(clause) == 2  # containers and init containers
 
 
 @pytest.mark.parametrize("key", ["gpushare.io/profiling", "gpushare.io/profile"])
