@@ -24,6 +24,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import yaml
 
 from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILE, ANN_PROFILING
 from gpushare.api.names import (
+    ANN_BIND_TIME,
     ANN_CLASS,
     ANN_CONTAINER,
     ANN_FRACTION,
@@ -1267,16 +1269,26 @@ def routes_around_gpushare_scheduler_with_the_default_scheduler(sec: Sec) -> Out
 
 
 def declares_its_running_pod_finished(sec: Sec) -> Outcome:
-    """A share stops counting once its pod's phase is Succeeded or Failed, and a tenant may
-    write pods/status: marked Succeeded while it runs, its share would be free for the next pod
-    while it kept the GPU. The kubelet takes down a pod whose stored phase is terminal (the
-    API server refuses a terminal phase going back), so the share is free because the pod is.
-    Last in the list: it ends the tenant's running pod."""
-    name = tenant_running_pod(sec, "0.2")
+    """A share stops counting once its pod has finished, and a tenant may write pods/status:
+    a running pod patched to phase Succeeded. The kubelet stops such a pod only at its next
+    sync (up to a minute; its own status updates are refused meanwhile); found in this round,
+    the controller freed the share at once, so a pod placed in that minute oversubscribed the
+    GPU. Now the share counts until no container runs: a second pod of the same size, created
+    right after, is placed only once the first one's heartbeat has stopped. Last in the list:
+    it replaces the tenant's running pod (its GPU is full)."""
+    sec.kubectl("delete", "pod", "own-02", "-n", sec.attacker_ns, "--wait=true")
+    beat, probe = f"beat-{uuid.uuid4().hex[:4]}", f"probe-{uuid.uuid4().hex[:4]}"
+    heartbeat = "while true; do date +%s; sleep 1; done"
+    doc = pod_doc(
+        beat, sec.cluster.busybox_image, annotations={ANN_FRACTION: "0.2"}, command=heartbeat
+    )
+    refused, why = create(sec, doc)
+    assert not refused, why
+    gpu = running(sec, sec.attacker_ns, beat)["metadata"]["annotations"][ANN_GPU_UUID]
     out = sec.kubectl(
         "patch",
         "pod",
-        name,
+        beat,
         "-n",
         sec.attacker_ns,
         "--subresource=status",
@@ -1287,17 +1299,56 @@ def declares_its_running_pod_finished(sec: Sec) -> Outcome:
     )
     if out.returncode != 0:
         return True, out.stderr.strip()
+    patched = time.monotonic()
+    refused, why = create(
+        sec, pod_doc(probe, sec.cluster.busybox_image, annotations={ANN_FRACTION: "0.2"})
+    )
+    assert not refused, why
 
-    def stopped() -> str | None:
-        statuses = sec.pod(sec.attacker_ns, name)["status"].get("containerStatuses") or []
-        states = [sorted(c.get("state") or {}) for c in statuses]
-        return str(states) if states and all("running" not in s for s in states) else None
+    def beats() -> list[int]:
+        logs = sec.kubectl("logs", beat, "-n", sec.attacker_ns).stdout.split()
+        return [int(line) for line in logs if line.isdigit()]
 
-    states = wait_until(stopped, timeout_s=60)
-    return bool(states), (
-        f"phase patched to Succeeded; the kubelet stopped the pod's containers: {states}"
-        if states
-        else "phase patched to Succeeded and the containers kept running for 60 s"
+    stopped_after: float | None = None
+    bound_at: float | None = None
+    probe_gpu = None
+    try:
+        while time.monotonic() - patched < 150:
+            ann = sec.pod(sec.attacker_ns, probe)["metadata"].get("annotations") or {}
+            if ANN_BIND_TIME in ann and bound_at is None:
+                bound_at = datetime.fromisoformat(
+                    ann[ANN_BIND_TIME].replace("Z", "+00:00")
+                ).timestamp()
+                probe_gpu = ann.get(ANN_GPU_UUID)
+            last = beats()
+            if stopped_after is None and (not last or time.time() - last[-1] > 3):
+                stopped_after = round(time.monotonic() - patched, 1)
+            if stopped_after is not None and (
+                bound_at is not None or time.monotonic() - patched > 120
+            ):
+                break
+            time.sleep(1)
+        # Alive after the probe was bound: a heartbeat a whole second after its bind time.
+        later = [b for b in beats() if bound_at is not None and b >= bound_at + 1]
+    finally:
+        sec.kubectl("delete", "pod", probe, beat, "-n", sec.attacker_ns, "--wait=false")
+    if later and probe_gpu == gpu:
+        return False, (
+            f"a pod of the same size was bound to its GPU while the patched pod still ran "
+            f"({len(later)} heartbeats after its bind time): the share had been freed"
+        )
+    if stopped_after is None:
+        return False, "the patched pod still ran 150 s later"
+    where = (
+        "bound to the same GPU only after it stopped"
+        if probe_gpu == gpu
+        else f"bound to another GPU ({probe_gpu}), so the count was not probed"
+        if probe_gpu
+        else "not bound within 120 s"
+    )
+    return probe_gpu != gpu or not later, (
+        f"phase patched to Succeeded; the kubelet stopped the pod about {stopped_after} s "
+        f"later and the next pod of its size was {where}"
     )
 
 

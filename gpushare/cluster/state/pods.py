@@ -94,9 +94,23 @@ def scheduler_name(pod: Pod) -> str:
 
 
 def finished(pod: Pod) -> bool:
-    """Succeeded/Failed pods, and pods being deleted, no longer hold a GPU share."""
-    phase = _mapping(pod.get("status")).get("phase")
-    return phase in FINISHED_PHASES
+    """Succeeded/Failed pods no longer hold a GPU share, once none of their containers runs.
+
+    Whoever may write pods/status (namespace owners often may) can store a terminal phase for
+    a running pod; the kubelet then refuses to go on running it, but only at its next sync
+    (up to a minute), and its status updates of the running containers are refused meanwhile.
+    Until it reports them stopped the share counts (#45: the share was freed at once, and a
+    pod placed in that minute oversubscribed the GPU)."""
+    status = _mapping(pod.get("status"))
+    if status.get("phase") not in FINISHED_PHASES:
+        return False
+    for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+        items = status.get(key)
+        for item in items if isinstance(items, list) else ():
+            state = item.get("state") if isinstance(item, Mapping) else None
+            if isinstance(state, Mapping) and "running" in state:
+                return False
+    return True
 
 
 def containers(pod: Pod) -> list[Mapping[str, Any]]:
