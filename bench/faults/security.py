@@ -9,7 +9,8 @@ Inputs, from a directory (``--from``, default $GPUSHARE_SECURITY_OUT) the tests 
 
 Sections not given keep their previous value. Run the tests, then:
 
-    GPUSHARE_SECURITY_OUT=/tmp/sec .venv/bin/pytest tests/fuzz/test_fuzz_total_parsing.py
+    GPUSHARE_SECURITY_OUT=/tmp/sec GPUSHARE_FUZZ_INPUTS=200000 \\
+        .venv/bin/pytest tests/fuzz/test_fuzz_total_parsing.py
     GPUSHARE_SECURITY_OUT=/tmp/sec GPUSHARE_HA_PODS=200 \\
         hack/run-pytest.sh tests/faults/test_security_cluster.py \\
         tests/faults/test_controller_ha_cluster.py
