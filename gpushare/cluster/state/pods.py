@@ -96,11 +96,11 @@ def scheduler_name(pod: Pod) -> str:
 def finished(pod: Pod) -> bool:
     """Succeeded/Failed pods no longer hold a GPU share, once none of their containers runs.
 
-    Whoever may write pods/status (namespace owners often may) can store a terminal phase for
-    a running pod; the kubelet then refuses to go on running it, but only at its next sync
-    (up to a minute), and its status updates of the running containers are refused meanwhile.
-    Until it reports them stopped the share counts (#45: the share was freed at once, and a
-    pod placed in that minute oversubscribed the GPU)."""
+    Whoever may write pods/status can store a terminal phase for a running pod; the API server
+    then refuses the kubelet's updates of it (a terminal phase never goes back), and on the
+    local cluster the kubelet kept the container running for as long as it was watched (150 s,
+    tests/faults/test_security_cluster.py). Until a status shows no container running, the
+    share counts (#45: it was freed at once, and the next pod could take the GPU)."""
     status = _mapping(pod.get("status"))
     if status.get("phase") not in FINISHED_PHASES:
         return False
