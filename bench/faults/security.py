@@ -9,7 +9,8 @@ Inputs, from a directory (``--from``, default $GPUSHARE_SECURITY_OUT) the tests 
 
 Sections not given keep their previous value. Run the tests, then:
 
-    GPUSHARE_SECURITY_OUT=/tmp/sec .venv/bin/pytest tests/fuzz/test_fuzz_total_parsing.py
+    GPUSHARE_SECURITY_OUT=/tmp/sec GPUSHARE_FUZZ_INPUTS=200000 \\
+        .venv/bin/pytest tests/fuzz/test_fuzz_total_parsing.py
     GPUSHARE_SECURITY_OUT=/tmp/sec GPUSHARE_HA_PODS=200 \\
         hack/run-pytest.sh tests/faults/test_security_cluster.py \\
         tests/faults/test_controller_ha_cluster.py
@@ -58,6 +59,16 @@ def merge(previous: dict[str, Any], source: Path, gpu: Path | None) -> dict[str,
     )
     doc["fuzz_inputs"] = (doc.get("fuzz") or {}).get("fuzz_inputs")
     doc["fuzz_uncaught"] = (doc.get("fuzz") or {}).get("fuzz_uncaught")
+    surfaces = ((doc.get("fuzz") or {}).get("surfaces") or {}).values()
+    measured = [s for s in surfaces if "slowest_input_s" in s]
+    doc["fuzz_slowest_input_s"] = max((s["slowest_input_s"] for s in measured), default=None)
+    doc["fuzz_inputs_over_1s"] = sum(s.get("over_1s", 0) for s in measured) if measured else None
+    doc["fuzz_max_input_growth_mib"] = max(
+        (s["max_input_growth_mib"] for s in measured if s.get("memory_measured")), default=None
+    )
+    doc["fuzz_inputs_over_64mib"] = (
+        sum(s.get("over_64mib", 0) for s in measured) if measured else None
+    )
     kill = (doc.get("ha") or {}).get("leader_kill") or {}
     doc["leader_takeover_s"] = kill.get("takeover_s")
     doc["gpu_escape_bounded"] = (doc.get("gpu") or {}).get("bounded_by_server")
@@ -79,11 +90,14 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "| target | result |",
         "| --- | --- |",
-        f"| hostile-tenant attacks: >= 20 tried, 0 succeed | {doc.get('attacks_tried')} tried, "
-        f"{doc.get('attacks_succeeded')} succeeded, {doc.get('attacks_disturbing_others')} "
-        "disturbed another pod |",
-        f"| fuzz: >= 100,000 hostile inputs, 0 uncaught | {doc.get('fuzz_inputs')} inputs, "
-        f"{doc.get('fuzz_uncaught')} uncaught |",
+        f"| hostile-tenant attacks: >= 40 classes, 0 succeed, 0 disturb another pod | "
+        f"{doc.get('attacks_tried')} tried, {doc.get('attacks_succeeded')} succeeded, "
+        f"{doc.get('attacks_disturbing_others')} disturbed another pod |",
+        f"| fuzz: >= 200,000 hostile inputs, 0 uncaught, none over 1 s, none growing memory "
+        f"past 64 MiB | {doc.get('fuzz_inputs')} inputs, {doc.get('fuzz_uncaught')} uncaught; "
+        f"slowest {doc.get('fuzz_slowest_input_s')} s ({doc.get('fuzz_inputs_over_1s')} over "
+        f"1 s); largest growth {doc.get('fuzz_max_input_growth_mib')} MiB "
+        f"({doc.get('fuzz_inputs_over_64mib')} over 64 MiB) |",
         f"| leader killed during a burst: takeover <= {TAKEOVER_TARGET_S:g} s, 0 oversubscribed, "
         f"0 lost | takeover {doc.get('leader_takeover_s')} s over {kill.get('pods')} pods, "
         f"{len(kill.get('oversubscribed') or [])} oversubscribed, "
@@ -148,15 +162,18 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += [
         "## Fuzz",
         "",
-        f"Seed {fuzz.get('seed')}; machine: {fuzz.get('machine')}.",
+        f"Seed {fuzz.get('seed')}; machine: {fuzz.get('machine')}. Each input is timed (input",
+        "generation included) and its memory growth is the peak resident set while it ran",
+        "(VmHWM, reset before it) less the resident set before it.",
         "",
-        "| surface | inputs | uncaught | seconds |",
-        "| --- | --- | --- | --- |",
+        "| surface | inputs | uncaught | slowest input (s) | largest growth (MiB) | seconds |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, surface in (fuzz.get("surfaces") or {}).items():
         lines.append(
             f"| {name} | {surface.get('inputs')} | {surface.get('uncaught')} | "
-            f"{surface.get('seconds')} |"
+            f"{surface.get('slowest_input_s', '-')} | {surface.get('max_input_growth_mib', '-')} "
+            f"| {surface.get('seconds')} |"
         )
     return "\n".join(lines) + "\n"
 

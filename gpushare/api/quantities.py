@@ -31,6 +31,10 @@ def parse_fraction(value: str, *, field: str) -> int:
         raise InvalidInputError(field, "is empty", _FRACTION_FIX)
     if len(text) > MAX_QUANTITY_CHARS:
         raise InvalidInputError(field, f"is {len(text)} characters long", _FRACTION_FIX)
+    if not text.isascii() or "_" in text:
+        # Decimal reads "\u0663" as 3 and "1_0" as 10: spellings other readers of the
+        # annotation (kubectl, dashboards) would not agree with.
+        raise InvalidInputError(field, f"{value!r} is not a number", _FRACTION_FIX)
     try:
         if text.endswith("%"):
             number = Decimal(text[:-1].strip())

@@ -103,6 +103,18 @@ def test_pods_of_other_workloads_keep_their_share(view: ClusterView) -> None:
     assert json.dumps(mutated["spec"]).count('"25"') == 2  # limits and requests
 
 
+def test_a_pod_of_another_namespace_naming_the_marked_uid_gets_none_of_its_marks(
+    view: ClusterView,
+) -> None:
+    """#45: the API server checks no ownerReference UID; a mark is for its own namespace."""
+    pod = owned_pod("rs-faulty")
+    pod["metadata"]["namespace"] = "other"
+    verdict = review(pod, namespace="other", facts=facts(view), mutate=True)
+    mutated = apply_patch(pod, verdict.patch)
+    assert mutated["metadata"]["annotations"][ANN_FRACTION] == "0.25"
+    assert ANN_EXCLUSIVE not in mutated["metadata"]["annotations"]
+
+
 def test_a_resource_only_pod_of_a_marked_workload_gets_annotations_too(view: ClusterView) -> None:
     pod = pod_json(
         "p",

@@ -24,6 +24,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,22 @@ import yaml
 
 from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILE, ANN_PROFILING
 from gpushare.api.names import (
+    ANN_BIND_TIME,
+    ANN_CLASS,
+    ANN_CONTAINER,
     ANN_FRACTION,
     ANN_GPU_UUID,
+    ANN_MEMORY,
+    ANN_OPPORTUNISTIC,
+    ANN_REQUEST_PERCENT,
+    ANN_SHARE,
     ANN_STATE,
     ANN_THREAD_PERCENT,
+    ANN_TIER,
+    LABEL_NEIGHBOUR_RULES,
+    LABEL_SHARING_GROUP,
+    NVIDIA_GPU_RESOURCE,
+    RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
     SCHEDULER_NAME,
 )
@@ -912,6 +925,423 @@ def holds_the_agents_port_with_idle_connections(sec: Sec) -> Outcome:
     )
 
 
+# ---- round three: opportunistic placement, tiers, quantities, labels, namespaces ---------
+
+
+def all_refused(sec: Sec, docs: dict[str, dict[str, Any]], expect: str = "") -> Outcome:
+    """Create each document as the tenant; refused when every one is, each with ``expect`` in
+    its reason (any reason when empty). A document created by mistake is deleted again."""
+    reasons = []
+    for label, doc in docs.items():
+        refused, why = create(sec, doc)
+        if not refused:
+            name = doc["metadata"]["name"]
+            sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
+            return False, f"{label}: created"
+        if expect not in why:
+            return False, f"{label}: refused for another reason: {why}"
+        reasons.append(f"{label}: {why.rsplit('denied the request: ', 1)[-1][:160]}")
+    return True, " | ".join(reasons)
+
+
+def opts_a_latency_pod_into_opportunistic_placement(sec: Sec) -> Outcome:
+    """Latency pods are protected and never preempted; one opted in would run beyond a GPU's
+    guaranteed capacity beside pods that count on it."""
+    doc = pod_doc(
+        "latopp",
+        sec.cluster.busybox_image,
+        annotations={ANN_FRACTION: "0.1", ANN_CLASS: "latency", ANN_OPPORTUNISTIC: "true"},
+    )
+    return all_refused(sec, {"annotation": doc}, expect=ANN_OPPORTUNISTIC)
+
+
+def asks_for_opportunistic_slices_without_the_opt_in(sec: Sec) -> Outcome:
+    """gpushare.io/opportunistic-gpu-percent asked for directly, past the webhook's say: as a
+    latency pod (also with the opt-in written "false"), beside gpu-percent, and for two GPUs.
+    The webhook reads the resource as the opt-in and refuses what it cannot honour."""
+
+    def direct(name: str, limits: dict[str, str], ann: dict[str, str]) -> dict[str, Any]:
+        return pod_doc(
+            name,
+            sec.cluster.busybox_image,
+            annotations=ann,
+            container={"resources": {"limits": limits}},
+        )
+
+    opp = {RESOURCE_GPU_OPPORTUNISTIC: "10"}
+    return all_refused(
+        sec,
+        {
+            "latency": direct("oppdirect1", opp, {ANN_CLASS: "latency"}),
+            "latency, opt-in false": direct(
+                "oppdirect2", opp, {ANN_CLASS: "latency", ANN_OPPORTUNISTIC: "false"}
+            ),
+            "both resources": direct("oppdirect3", {**opp, RESOURCE_GPU_PERCENT: "10"}, {}),
+            "two GPUs": direct("oppdirect4", {RESOURCE_GPU_OPPORTUNISTIC: "200"}, {}),
+            "beside a fraction": direct("oppdirect5", opp, {ANN_FRACTION: "0.1"}),
+        },
+        expect="gpushare",
+    )
+
+
+def opts_a_two_gpu_pod_into_opportunistic_placement(sec: Sec) -> Outcome:
+    """Opportunistic placement predicts and preempts per GPU; a pod of several whole GPUs
+    opted in would hold GPUs beyond their guaranteed capacity."""
+    doc = pod_doc(
+        "bigopp",
+        sec.cluster.busybox_image,
+        annotations={ANN_FRACTION: "2", ANN_OPPORTUNISTIC: "true"},
+    )
+    return all_refused(sec, {"fraction 2": doc}, expect=ANN_OPPORTUNISTIC)
+
+
+def forges_its_tier_at_creation(sec: Sec) -> Outcome:
+    """Found in this round: gpushare.io/tier was not among the placement annotations the
+    webhook refuses at creation, and a Binding's annotations merge into the pod's, so a pod
+    created with tier opportunistic and placed guaranteed kept the forged tier: its share
+    left the GPU's guaranteed capacity. Also the guaranteed share it was accounted for."""
+    return all_refused(
+        sec,
+        {
+            "tier opportunistic": pod_doc(
+                "tierforge1",
+                sec.cluster.busybox_image,
+                annotations={ANN_FRACTION: "0.1", ANN_TIER: "opportunistic"},
+            ),
+            "tier guaranteed, opted in": pod_doc(
+                "tierforge2",
+                sec.cluster.busybox_image,
+                annotations={
+                    ANN_FRACTION: "0.1",
+                    ANN_OPPORTUNISTIC: "true",
+                    ANN_TIER: "guaranteed",
+                },
+            ),
+            "request-percentage 1": pod_doc(
+                "tierforge3",
+                sec.cluster.busybox_image,
+                annotations={ANN_FRACTION: "0.5", ANN_REQUEST_PERCENT: "1"},
+            ),
+        },
+        expect="is written by gpushare when it places the pod",
+    )
+
+
+def patches_its_tier_to_hide_its_share(sec: Sec) -> Outcome:
+    """A placed pod marked opportunistic holds no guaranteed share in the controller's count;
+    marked guaranteed, an opportunistic one would escape preemption."""
+    name = tenant_running_pod(sec, "0.2")
+    refused, why = tenant_annotates(sec, name, f"{ANN_TIER}=opportunistic")
+    kept = ANN_TIER not in sec.pod(sec.attacker_ns, name)["metadata"]["annotations"]
+    return refused and kept, why
+
+
+def patches_its_opt_in_after_admission(sec: Sec) -> Outcome:
+    """The opt-in decided the resource and the placement; flipping it afterwards (in, to
+    look preemptible to nobody; out, to escape preemption) changes nothing the pod holds."""
+    name = tenant_running_pod(sec, "0.2")
+    refused, why = tenant_annotates(sec, name, f"{ANN_OPPORTUNISTIC}=true")
+    return refused and "fix:" in why, why
+
+
+def huge_quantities_in_each_gpu_resource_field(sec: Sec) -> Outcome:
+    """The GPU resources of a container as the API server stores them, each hostile: an
+    exponent near a million, beyond int64, beyond the most GPUs a pod may ask, and in
+    requests only. The controller stays ready afterwards."""
+
+    def res(name: str, resources: dict[str, Any], ann: dict[str, str] | None = None) -> Any:
+        return pod_doc(
+            name,
+            sec.cluster.busybox_image,
+            annotations=ann or {},
+            container={"resources": resources},
+        )
+
+    outcome = all_refused(
+        sec,
+        {
+            "gpu-percent 1e999999": res("q1", {"limits": {RESOURCE_GPU_PERCENT: "1e999999"}}),
+            "opportunistic 9E18": res("q2", {"limits": {RESOURCE_GPU_OPPORTUNISTIC: "9E18"}}),
+            "gpu-percent 102500": res("q3", {"limits": {RESOURCE_GPU_PERCENT: "102500"}}),
+            "requests 1e999999 beside a fraction": res(
+                "q4",
+                {"requests": {RESOURCE_GPU_PERCENT: "1e999999"}},
+                {ANN_FRACTION: "0.1"},
+            ),
+        },
+    )
+    with urllib.request.urlopen(f"http://127.0.0.1:{EXTENDER_PORT}/healthz", timeout=5) as r:
+        alive = r.status == 200
+    return outcome[0] and alive, f"{outcome[1]}; controller healthy: {alive}"
+
+
+def huge_host_quantities_in_a_gpu_pod(sec: Sec) -> Outcome:
+    """A GPU pod whose CPU request, memory and ephemeral-storage limits carry exponents near
+    a million (stored by the API server): it is not placed, and the controller places the
+    next GPU pod (beside the victim: the attacker's GPU is full)."""
+    name = f"hugegpu-{uuid.uuid4().hex[:4]}"
+    resources = {
+        "requests": {"cpu": "1e999999"},
+        "limits": {"memory": "1e999999", "ephemeral-storage": "9E999999"},
+    }
+    doc = pod_doc(
+        name,
+        sec.cluster.busybox_image,
+        annotations={ANN_FRACTION: "0.05"},
+        container={"resources": resources},
+    )
+    refused, why = create(sec, doc)
+    if refused:
+        return True, f"refused at creation: {why}"
+    try:
+        after = f"after-{uuid.uuid4().hex[:4]}"
+        nxt = pod_doc(after, sec.cluster.busybox_image, annotations={ANN_FRACTION: "0.05"})
+        sec.cluster.kubectl("apply", "-n", sec.victim_ns, "-f", "-", input=json.dumps(nxt))
+        placed = running(sec, sec.victim_ns, after)
+        sec.cluster.kubectl("delete", "pod", after, "-n", sec.victim_ns, "--wait=false")
+        hostile = sec.pod(sec.attacker_ns, name)
+        unplaced = not hostile["spec"].get("nodeName")
+        message = scheduling_message(sec, sec.attacker_ns, name, timeout_s=30)
+        return unplaced and bool(placed["spec"].get("nodeName")), (
+            f"not placed ({message[:200]}); the next GPU pod ran"
+        )
+    finally:
+        sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
+
+
+def names_another_namespaces_gpushare(sec: Sec) -> Outcome:
+    """A pod takes its GpuShare's fraction, class and rules; one in another namespace (the
+    victim's) is not the tenant's to take."""
+    doc = pod_doc(
+        "crossshare",
+        sec.cluster.busybox_image,
+        annotations={ANN_SHARE: f"{sec.victim_ns}/victim-share"},
+    )
+    return all_refused(sec, {"namespace/name": doc}, expect=ANN_SHARE)
+
+
+def forges_namespace_grant_labels_on_the_pod(sec: Sec) -> Outcome:
+    """Sharing groups and the neighbour-rules grant are namespace labels only an admin sets;
+    written on the pod they grant nothing: the exclusive policy stays refused."""
+    name = f"labelled-{uuid.uuid4().hex[:4]}"
+    doc = pod_doc(
+        name,
+        sec.cluster.busybox_image,
+        annotations={ANN_FRACTION: "0.1", "gpushare.io/packing-policy": "exclusive"},
+    )
+    doc["metadata"]["labels"] = {
+        LABEL_NEIGHBOUR_RULES: "granted",
+        LABEL_SHARING_GROUP: sec.victim_ns,
+    }
+    refused, why = create(sec, doc)
+    if refused:
+        return True, why
+    try:
+        message = scheduling_message(sec, sec.attacker_ns, name)
+        bound = sec.pod(sec.attacker_ns, name)["spec"].get("nodeName")
+        return not bound and "neighbour-rules=granted" in message, message
+    finally:
+        sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
+
+
+def creates_a_pod_in_the_release_namespace(sec: Sec) -> Outcome:
+    """The release namespace is exempt from the host-path policy (the node agent mounts the
+    MPS directories); a tenant creating a pod there would mount them too."""
+    doc = pod_doc(
+        "inrelease",
+        sec.cluster.busybox_image,
+        container={"volumeMounts": [{"name": "h", "mountPath": "/h"}]},
+        spec={"volumes": [{"name": "h", "hostPath": {"path": "/run/gpushare"}}]},
+    )
+    out = sec.kubectl(
+        "create", "-n", sec.agent_ns, "-f", "-", as_tenant=True, stdin=json.dumps(doc)
+    )
+    if out.returncode == 0:
+        sec.kubectl("delete", "pod", "inrelease", "-n", sec.agent_ns, "--wait=false")
+    return out.returncode != 0 and "forbidden" in out.stderr.lower(), out.stderr.strip()
+
+
+def gives_a_second_container_a_gpu_share(sec: Sec) -> Outcome:
+    """MPS limits apply per client: a sidecar with its own share would be a second client on
+    one placement, counted once."""
+    doc = pod_doc(
+        "twoshares",
+        sec.cluster.busybox_image,
+        annotations={ANN_FRACTION: "0.1"},
+        container={"resources": {"limits": {RESOURCE_GPU_PERCENT: "10"}}},
+    )
+    side = dict(doc["spec"]["containers"][0], name="side")
+    doc["spec"]["containers"].append(side)
+    return all_refused(sec, {"sidecar": doc}, expect="gpushare")
+
+
+def points_the_gpu_container_at_one_that_is_not_there(sec: Sec) -> Outcome:
+    """gpushare.io/container naming an init container or no container: the share would go
+    to a container the placement never accounted for."""
+    doc = pod_doc(
+        "wrongc",
+        sec.cluster.busybox_image,
+        annotations={ANN_FRACTION: "0.1", ANN_CONTAINER: "setup"},
+    )
+    doc["spec"]["initContainers"] = [
+        dict(doc["spec"]["containers"][0], name="setup", command=["true"])
+    ]
+    missing = pod_doc(
+        "nocontainer",
+        sec.cluster.busybox_image,
+        annotations={ANN_FRACTION: "0.1", ANN_CONTAINER: "ghost"},
+    )
+    return all_refused(sec, {"init": doc, "missing": missing}, expect=ANN_CONTAINER)
+
+
+def loads_mps_variables_through_env_from(sec: Sec) -> Outcome:
+    """envFrom a ConfigMap the tenant owns could set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE or
+    CUDA_VISIBLE_DEVICES after the webhook looked (it cannot read the ConfigMap): refused
+    unless a prefix keeps every key off the reserved names."""
+
+    def env_from(name: str, prefix: str | None) -> dict[str, Any]:
+        source: dict[str, Any] = {"configMapRef": {"name": "gpu-env", "optional": True}}
+        if prefix is not None:
+            source["prefix"] = prefix
+        return pod_doc(
+            name,
+            sec.cluster.busybox_image,
+            annotations={ANN_FRACTION: "0.1"},
+            container={"envFrom": [source]},
+        )
+
+    return all_refused(
+        sec,
+        {"no prefix": env_from("envfrom1", None), "prefix CUDA_": env_from("envfrom2", "CUDA_")},
+        expect="envFrom",
+    )
+
+
+def asks_for_whole_nvidia_gpus_beside_its_share(sec: Sec) -> Outcome:
+    """nvidia.com/gpu beside a gpushare share: a whole GPU from NVIDIA's plugin that no
+    gpushare placement counts, shared with the pods placed on it."""
+    doc = pod_doc(
+        "doubledip",
+        sec.cluster.busybox_image,
+        annotations={ANN_FRACTION: "0.1"},
+        container={"resources": {"limits": {NVIDIA_GPU_RESOURCE: "1"}}},
+    )
+    return all_refused(sec, {"nvidia.com/gpu 1": doc}, expect=NVIDIA_GPU_RESOURCE)
+
+
+def odd_spellings_of_its_request(sec: Sec) -> Outcome:
+    """Fractions and GPU memory the parser might read as more, less or nothing: below a
+    percent, NaN, an exponent, a non-ASCII digit, a negative, and a memory exponent."""
+    spellings = {
+        "0.0001": {ANN_FRACTION: "0.0001"},
+        "NaN": {ANN_FRACTION: "NaN"},
+        "1e999": {ANN_FRACTION: "1e999"},
+        "arabic three": {ANN_FRACTION: "\u0663"},
+        "-0.5": {ANN_FRACTION: "-0.5"},
+        "memory 1e999999Gi": {ANN_FRACTION: "0.1", ANN_MEMORY: "1e999999Gi"},
+    }
+    docs = {
+        label: pod_doc(f"odd{i}", sec.cluster.busybox_image, annotations=ann)
+        for i, (label, ann) in enumerate(spellings.items())
+    }
+    return all_refused(sec, docs, expect="gpushare.io/gpu-")
+
+
+def routes_around_gpushare_scheduler_with_the_default_scheduler(sec: Sec) -> Outcome:
+    """A pod asking gpu-percent directly of default-scheduler: the kubelet would hand it
+    slices no placement counts. The webhook makes gpushare-scheduler place it (pinned to no
+    node here, so it stays pending and holds nothing)."""
+    name = f"defsched-{uuid.uuid4().hex[:4]}"
+    doc = pod_doc(
+        name,
+        sec.cluster.busybox_image,
+        spec={"schedulerName": "default-scheduler", "nodeSelector": {"gs-sec": "nowhere"}},
+        container={"resources": {"limits": {RESOURCE_GPU_PERCENT: "10"}}},
+    )
+    refused, why = create(sec, doc)
+    if refused:
+        return True, why
+    try:
+        scheduler = sec.pod(sec.attacker_ns, name)["spec"].get("schedulerName")
+        return scheduler == SCHEDULER_NAME, f"created with schedulerName {scheduler!r}"
+    finally:
+        sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
+
+
+def declares_its_running_pod_finished(sec: Sec) -> Outcome:
+    """A share stops counting once its pod has finished, and a tenant may write pods/status:
+    a running pod patched to phase Succeeded. The API server then refuses the kubelet's own
+    status updates (a terminal phase never goes back), and on this cluster the kubelet kept
+    the container running (150 s observed); found in this round, the controller freed the
+    share at once. Now the share counts while a container runs: a second pod of the same
+    size, created right after, is not bound to that GPU while the patched pod's heartbeat
+    goes on. Last in the list: it replaces the tenant's running pod (its GPU is full)."""
+    sec.kubectl("delete", "pod", "own-02", "-n", sec.attacker_ns, "--wait=true")
+    beat, probe = f"beat-{uuid.uuid4().hex[:4]}", f"probe-{uuid.uuid4().hex[:4]}"
+    heartbeat = "while true; do date +%s; sleep 1; done"
+    doc = pod_doc(
+        beat, sec.cluster.busybox_image, annotations={ANN_FRACTION: "0.2"}, command=heartbeat
+    )
+    refused, why = create(sec, doc)
+    assert not refused, why
+    gpu = running(sec, sec.attacker_ns, beat)["metadata"]["annotations"][ANN_GPU_UUID]
+    out = sec.kubectl(
+        "patch",
+        "pod",
+        beat,
+        "-n",
+        sec.attacker_ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"phase": "Succeeded"}}),
+        as_tenant=True,
+    )
+    if out.returncode != 0:
+        return True, out.stderr.strip()
+    patched = time.monotonic()
+    refused, why = create(
+        sec, pod_doc(probe, sec.cluster.busybox_image, annotations={ANN_FRACTION: "0.2"})
+    )
+    assert not refused, why
+
+    def beats() -> list[int]:
+        logs = sec.kubectl("logs", beat, "-n", sec.attacker_ns).stdout.split()
+        return [int(line) for line in logs if line.isdigit()]
+
+    bound_at: float | None = None
+    probe_gpu = None
+    try:
+        while time.monotonic() - patched < 45 and bound_at is None:
+            ann = sec.pod(sec.attacker_ns, probe)["metadata"].get("annotations") or {}
+            if ANN_BIND_TIME in ann:
+                stamp = ann[ANN_BIND_TIME].replace("Z", "+00:00")
+                bound_at = datetime.fromisoformat(stamp).timestamp()
+                probe_gpu = ann.get(ANN_GPU_UUID)
+            time.sleep(1)
+        time.sleep(3)  # a heartbeat or two after the last look
+        seen = beats()
+    finally:
+        sec.kubectl("delete", "pod", probe, beat, "-n", sec.attacker_ns, "--wait=false")
+    ran = round(seen[-1] - seen[0], 0) if seen else 0
+    if bound_at is not None and probe_gpu == gpu and any(b >= bound_at + 1 for b in seen):
+        return False, (
+            "a pod of the same size was bound to its GPU while the patched pod still ran: the "
+            "share had been freed"
+        )
+    outcome = (
+        f"bound to another GPU ({probe_gpu})"
+        if bound_at is not None and probe_gpu != gpu
+        else "bound only after the patched pod stopped"
+        if bound_at is not None
+        else "not bound for 45 s"
+    )
+    return True, (
+        f"phase patched to Succeeded; the container kept running (heartbeats over {ran:.0f} s) "
+        f"and its share kept counting: the next pod of its size was {outcome}"
+    )
+
+
 def tenant_annotates(sec: Sec, name: str, change: str) -> Outcome:
     """The tenant's ``kubectl annotate --overwrite`` of its own pod."""
     out = sec.kubectl(
@@ -964,6 +1394,24 @@ ATTACKS: dict[str, Callable[[Sec], Outcome]] = {
         a_pod_asking_for_an_exponent_near_a_million_cpus,
         reads_metrics_and_profiles_with_a_tenant_token,
         holds_the_agents_port_with_idle_connections,
+        opts_a_latency_pod_into_opportunistic_placement,
+        asks_for_opportunistic_slices_without_the_opt_in,
+        opts_a_two_gpu_pod_into_opportunistic_placement,
+        forges_its_tier_at_creation,
+        patches_its_tier_to_hide_its_share,
+        patches_its_opt_in_after_admission,
+        huge_quantities_in_each_gpu_resource_field,
+        huge_host_quantities_in_a_gpu_pod,
+        names_another_namespaces_gpushare,
+        forges_namespace_grant_labels_on_the_pod,
+        creates_a_pod_in_the_release_namespace,
+        gives_a_second_container_a_gpu_share,
+        points_the_gpu_container_at_one_that_is_not_there,
+        loads_mps_variables_through_env_from,
+        asks_for_whole_nvidia_gpus_beside_its_share,
+        odd_spellings_of_its_request,
+        routes_around_gpushare_scheduler_with_the_default_scheduler,
+        declares_its_running_pod_finished,  # last: it ends the tenant's running pod
     )
 }
 

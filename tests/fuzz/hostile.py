@@ -25,14 +25,19 @@ from gpushare.api.names import (
     ANN_EVICT,
     ANN_FRACTION,
     ANN_GPU_UUID,
+    ANN_LIMIT,
     ANN_MEMORY,
     ANN_MEMORY_LIMIT,
     ANN_NODE_EXCLUSIVE,
     ANN_NODE_GPUS,
     ANN_NODE_SEPARATED,
+    ANN_OPPORTUNISTIC,
+    ANN_REQUEST_PERCENT,
     ANN_SHARE,
     ANN_STATE,
     ANN_THREAD_PERCENT,
+    ANN_TIER,
+    RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
 )
 
@@ -56,6 +61,10 @@ POD_KEYS = [
     ANN_PACKING_POLICY,
     ANN_MAX_PODS_PER_GPU,
     ANN_EVICT,
+    ANN_OPPORTUNISTIC,
+    ANN_TIER,
+    ANN_LIMIT,
+    ANN_REQUEST_PERCENT,
 ]
 
 
@@ -146,6 +155,12 @@ STRINGS = [
     "latency",
     "urgent",
     "main",
+    "guaranteed",
+    "opportunistic",
+    "Opportunistic ",
+    "TRUE",
+    " false",
+    "yes",
     "\u202e",
     "a" * 1_000_000,
 ]
@@ -245,7 +260,8 @@ class Hostile:
         roll = self.rng.random()
         if roll < 0.5:
             amount = self.rng.choice([self.text(), "25", "50", 25, 10**4000, -5, None, []])
-            c["resources"] = {"limits": {RESOURCE_GPU_PERCENT: amount}}
+            resource = self.rng.choice([RESOURCE_GPU_PERCENT, RESOURCE_GPU_OPPORTUNISTIC])
+            c["resources"] = {"limits": {resource: amount}}
         elif roll < 0.6:
             c["resources"] = self.value()
         if self.rng.random() < 0.4:
@@ -256,6 +272,21 @@ class Hostile:
                 "cpu": self.quantity(),
                 "memory": self.quantity(),
                 **({RESOURCE_GPU_PERCENT: self.quantity()} if self.rng.random() < 0.3 else {}),
+                **(
+                    {RESOURCE_GPU_OPPORTUNISTIC: self.quantity()} if self.rng.random() < 0.2 else {}
+                ),
+            }
+        if self.rng.random() < 0.1:
+            resources = c.get("resources")
+            if not isinstance(resources, dict):
+                resources = c["resources"] = {}
+            resources["limits"] = {
+                self.rng.choice(["cpu", "memory", "ephemeral-storage", "hugepages-2Mi"]): (
+                    self.quantity()
+                ),
+                **(
+                    {RESOURCE_GPU_OPPORTUNISTIC: self.quantity()} if self.rng.random() < 0.5 else {}
+                ),
             }
         if self.rng.random() < 0.2:
             c["env"] = [
@@ -311,11 +342,28 @@ class Hostile:
     def device_ids(self) -> list[str]:
         roll = self.rng.random()
         uuid = self.rng.choice(GPU_UUIDS)
-        if roll < 0.3:
+        if roll < 0.2:
             return [f"{uuid}::{n:02d}" for n in range(self.rng.randint(1, 100))]
-        if roll < 0.6:
-            return [f"{uuid}::{self.rng.choice(NUMBERS)}" for _ in range(self.rng.randint(1, 4))]
+        if roll < 0.35:
+            return [f"{uuid}::o{n:03d}" for n in range(self.rng.randint(1, 120))]
+        if roll < 0.45:  # both resources in one call
+            return [f"{uuid}::{n:02d}" for n in range(5)] + [f"{uuid}::o{n:03d}" for n in range(5)]
+        if roll < 0.7:
+            return [self.device_id() for _ in range(self.rng.randint(1, 4))]
         return [self.text() for _ in range(self.rng.randint(0, 3))]
+
+    def device_id(self) -> str:
+        """One device ID as the kubelet could pass it: ``<UUID>::NN`` or ``<UUID>::oNNN``
+        mangled (marks doubled or cased, widths and signs off, separators repeated)."""
+        uuid = self.rng.choice([*GPU_UUIDS, "", ":", "GPU-a::b", self.text()[:40]])
+        mark = self.rng.choice(["", "o", "O", "oo", "o-", "o+", " o", "o\u0663", "\u00b2"])
+        number = self.rng.choice(
+            ["00", "99", "100", "0", "000", "299", "300", "0299", "-1", "", " 1", "1 ", "١٢"]
+        )
+        if self.rng.random() < 0.2:
+            number = self.rng.choice(NUMBERS)[:70]
+        sep = self.rng.choice(["::", "::", ":", ":::", "::::"])
+        return f"{uuid}{sep}{mark}{number}"
 
     def body(self, valid: Callable[[], Any]) -> bytes:
         """An HTTP body: a hostile mutation of ``valid()``'s JSON, or raw hostile bytes."""

@@ -1,11 +1,14 @@
-"""Parsing is total: hostile inputs through the watch path, the webhook, the extender and the
-device plugin's Allocate end as a clear refusal (InvalidInputError, a 4xx body, an
-AllocationError), never an uncaught exception; and the controller's view stays synced and
-counts correctly while poison objects come through its watch.
+"""Parsing is total: hostile inputs through the watch path, the webhook, the extender, the
+device plugin's Allocate and each tenant-reachable field parser on its own end as a clear
+refusal (InvalidInputError, a 4xx body, an AllocationError), never an uncaught exception; and
+the controller's view stays synced and counts correctly while poison objects come through its
+watch. Each input is timed (none may take 1 s) and its peak memory above the resident set
+before it is measured (none may grow it past 64 MiB; Linux's VmHWM, reset per input).
 
 In process and deterministic (``tests/fuzz/hostile.py``): ``GPUSHARE_FUZZ_INPUTS`` inputs in all
-(default 100,000, a quarter per surface), seed ``GPUSHARE_FUZZ_SEED``. The counts go to
-``$GPUSHARE_SECURITY_OUT/fuzz.json`` when set (bench/results/security.json).
+(default 20,000 so that ``make test`` stays quick; the benchmark runs 200,000), a fifth per
+surface, seed ``GPUSHARE_FUZZ_SEED``. The counts go to ``$GPUSHARE_SECURITY_OUT/fuzz.json``
+when set (bench/results/security.json).
 """
 
 import asyncio
@@ -13,38 +16,99 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpushare.api.dra import parse_mps_config
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.exclusive import parse_avoid_gpus
+from gpushare.api.gpushare_crd import parse_spec
 from gpushare.api.inventory import GpuInfo
-from gpushare.api.names import ANN_FRACTION, RESOURCE_GPU_PERCENT
-from gpushare.api.placement import Placement
+from gpushare.api.limit import parse_limit
+from gpushare.api.names import (
+    ANN_BIND_TIME,
+    ANN_CLASS,
+    ANN_FRACTION,
+    ANN_GPU_UUID,
+    ANN_MEMORY_LIMIT,
+    ANN_OPPORTUNISTIC,
+    ANN_STATE,
+    ANN_THREAD_PERCENT,
+    ANN_TIER,
+    RESOURCE_GPU_OPPORTUNISTIC,
+    RESOURCE_GPU_PERCENT,
+)
+from gpushare.api.placement import Placement, parse_placement
+from gpushare.api.quantities import kube_quantity
+from gpushare.api.request import parse_opportunistic, parse_request
 from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.server import decode_body
+from gpushare.cluster.state import pods as cluster_pods
+from gpushare.cluster.state.host_resources import pod_requests
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook import review as webhook
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.kube import informer
+from gpushare.node.deviceplugin import devices
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.pods import PodInfo, pod_info
 from gpushare.node.deviceplugin.response import AllocationError
 from gpushare.node.mps.manager import MpsManager
 from tests.fixtures.builders import GIB, gpu, node_json, pod_json
-from tests.fuzz.hostile import GPU_UUIDS, NODES, Hostile
+from tests.fuzz.hostile import GPU_UUIDS, NODES, QUANTITIES, Hostile
 
-TOTAL = int(os.environ.get("GPUSHARE_FUZZ_INPUTS", "100000"))
-PER_SURFACE = max(1, TOTAL // 4)
+TOTAL = int(os.environ.get("GPUSHARE_FUZZ_INPUTS", "20000"))
+SURFACES = 5
+PER_SURFACE = max(1, TOTAL // SURFACES)
 SEED = int(os.environ.get("GPUSHARE_FUZZ_SEED", "19"))
 STATS: dict[str, dict[str, Any]] = {}
 CONTROL_GPU = "GPU-control-0000"
+SLOW_S = 1.0
+"""No input may take this long (issue #45's target)."""
+GROWTH_LIMIT_BYTES = 64 * 2**20
+"""No input may raise the peak resident set this far above the resident set before it."""
+
+
+class MemoryProbe:
+    """The process's resident set (VmRSS) and its peak (VmHWM) from /proc/self/status; writing
+    5 to /proc/self/clear_refs resets the peak (Linux 4.0+), so that the peak after an input is
+    that input's own. ``available`` is False elsewhere (the growth then goes unmeasured)."""
+
+    def __init__(self) -> None:
+        try:
+            self._status = os.open("/proc/self/status", os.O_RDONLY)
+            self._clear = os.open("/proc/self/clear_refs", os.O_WRONLY)
+            self.reset()
+            self.available = True
+        except OSError:
+            self.available = False
+
+    def reset(self) -> None:
+        os.write(self._clear, b"5")
+
+    def read(self) -> tuple[int, int]:
+        """(resident, peak) in bytes."""
+        text = os.pread(self._status, 8192, 0)
+        rss = hwm = 0
+        for line in text.split(b"\n"):
+            if line.startswith(b"VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+            elif line.startswith(b"VmHWM:"):
+                hwm = int(line.split()[1]) * 1024
+        return rss, hwm
+
+
+PROBE = MemoryProbe()
 
 
 class Tally:
-    """Inputs tried, refusals, and uncaught exceptions (with a few examples) of one surface."""
+    """Inputs tried, refusals, uncaught exceptions (with a few examples), the slowest input and
+    the largest memory growth of one surface."""
 
     def __init__(self, surface: str) -> None:
         self.surface = surface
@@ -52,6 +116,37 @@ class Tally:
         self.outcomes: Counter[str] = Counter()
         self.uncaught: list[str] = []
         self.started = time.perf_counter()
+        self.slowest_s = 0.0
+        self.slow: list[str] = []
+        self.max_growth = 0
+        self.grown: list[str] = []
+        self.rss_start = PROBE.read()[0] if PROBE.available else 0
+
+    @contextmanager
+    def input(self, what: Callable[[], object] = lambda: "") -> Iterator[None]:
+        """Count one input; time it and measure its memory growth (``what`` names it in the
+        examples of a slow or growing input)."""
+        self.inputs += 1
+        if PROBE.available:
+            PROBE.reset()
+            before = PROBE.read()[0]
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            took = time.perf_counter() - start
+            self.slowest_s = max(self.slowest_s, took)
+            if took > SLOW_S:
+                self.outcomes["slow"] += 1
+                if len(self.slow) < 5:
+                    self.slow.append(f"{took:.2f}s for {str(what())[:200]}")
+            if PROBE.available:
+                growth = PROBE.read()[1] - before
+                self.max_growth = max(self.max_growth, growth)
+                if growth > GROWTH_LIMIT_BYTES:
+                    self.outcomes["grew"] += 1
+                    if len(self.grown) < 5:
+                        self.grown.append(f"{growth / 2**20:.0f} MiB for {str(what())[:200]}")
 
     def crash(self, exc: BaseException, what: object) -> None:
         self.outcomes["uncaught"] += 1
@@ -59,14 +154,25 @@ class Tally:
             self.uncaught.append(f"{type(exc).__name__}: {str(exc)[:200]} for {str(what)[:200]}")
 
     def done(self) -> None:
+        rss_end = PROBE.read()[0] if PROBE.available else 0
         STATS[self.surface] = {
             "inputs": self.inputs,
             "uncaught": self.outcomes["uncaught"],
             "outcomes": dict(self.outcomes),
             "seconds": round(time.perf_counter() - self.started, 2),
             "examples": self.uncaught,
+            "slowest_input_s": round(self.slowest_s, 4),
+            "over_1s": self.outcomes["slow"],
+            "slow_examples": self.slow,
+            "memory_measured": PROBE.available,
+            "max_input_growth_mib": round(self.max_growth / 2**20, 2),
+            "over_64mib": self.outcomes["grew"],
+            "growth_examples": self.grown,
+            "surface_rss_growth_mib": round((rss_end - self.rss_start) / 2**20, 2),
         }
         assert self.outcomes["uncaught"] == 0, self.uncaught
+        assert self.outcomes["slow"] == 0, self.slow
+        assert self.outcomes["grew"] == 0, self.grown
 
 
 # ---- the watch path ----------------------------------------------------------------------
@@ -113,41 +219,43 @@ def test_watch_path_takes_every_hostile_object_and_the_view_stays_synced() -> No
         view.delete_node(str(obj.get("metadata", {}).get("name", "")))
 
     for i in range(PER_SURFACE):
-        tally.inputs += 1
-        roll = rng.random()
-        if roll < 0.6:
-            pod_event(rng.choice(["ADDED", "MODIFIED", "MODIFIED"]), hostile.pod())
-        elif roll < 0.7:
-            pod_event("DELETED", hostile.pod())
-        elif roll < 0.85:
-            informer.apply_event(
-                "Node",
-                "MODIFIED",
-                hostile.node(rng.choice(NODES)),
-                upsert=view.upsert_node,
-                delete=delete_node,
-            )
-        elif roll < 0.86:
-            items = [hostile.pod() for _ in range(rng.randint(0, 20))]
-            items += [control_pod(name, pct) for name, pct in live.items()]
-            try:
-                view.replace_pods(items)  # a re-list: the same view entry point the informer uses
-                tally.outcomes["relisted"] += 1
-            except Exception as exc:
-                tally.crash(exc, "replace_pods")
-        else:
-            # control traffic: add or remove a known pod on the control GPU
-            name = f"c{rng.randint(0, 6)}"
-            if name in live and rng.random() < 0.5:
-                pod_event("DELETED", control_pod(name, live.pop(name)))
-            elif name not in live and sum(live.values()) <= 80:
-                live[name] = rng.choice([5, 10, 20])
-                pod_event("ADDED", control_pod(name, live[name]))
-            control = view.gpu(CONTROL_GPU)
-            assert control is not None, "the control node left the view"
-            assert control.used_percent == sum(live.values()), (i, control.tenants, live)
-        if i % 5000 == 0:
-            assert view.synced
+        with tally.input():
+            roll = rng.random()
+            if roll < 0.6:
+                pod_event(rng.choice(["ADDED", "MODIFIED", "MODIFIED"]), hostile.pod())
+            elif roll < 0.7:
+                pod_event("DELETED", hostile.pod())
+            elif roll < 0.85:
+                informer.apply_event(
+                    "Node",
+                    "MODIFIED",
+                    hostile.node(rng.choice(NODES)),
+                    upsert=view.upsert_node,
+                    delete=delete_node,
+                )
+            elif roll < 0.86:
+                items = [hostile.pod() for _ in range(rng.randint(0, 20))]
+                items += [control_pod(name, pct) for name, pct in live.items()]
+                try:
+                    view.replace_pods(
+                        items
+                    )  # a re-list: the same view entry point the informer uses
+                    tally.outcomes["relisted"] += 1
+                except Exception as exc:
+                    tally.crash(exc, "replace_pods")
+            else:
+                # control traffic: add or remove a known pod on the control GPU
+                name = f"c{rng.randint(0, 6)}"
+                if name in live and rng.random() < 0.5:
+                    pod_event("DELETED", control_pod(name, live.pop(name)))
+                elif name not in live and sum(live.values()) <= 80:
+                    live[name] = rng.choice([5, 10, 20])
+                    pod_event("ADDED", control_pod(name, live[name]))
+                control = view.gpu(CONTROL_GPU)
+                assert control is not None, "the control node left the view"
+                assert control.used_percent == sum(live.values()), (i, control.tenants, live)
+            if i % 5000 == 0:
+                assert view.synced
     for k, count in before.items():
         skipped = informer.poisoned_events(k) - count
         if skipped:
@@ -183,27 +291,29 @@ def test_webhook_answers_every_hostile_review_or_refuses_it() -> None:
     hostile = Hostile(SEED + 1)
     facts = ClusterFacts(max_gpu_memory=80 * GIB, max_gpus_per_node=8)
     for _ in range(PER_SURFACE):
-        tally.inputs += 1
-        body = _safe_body(hostile, lambda: _review(hostile))
-        try:
-            parsed = webhook.parse_review(body)
-        except webhook.BadReviewError:
-            tally.outcomes["bad_request"] += 1
-            continue
-        except Exception as exc:
-            tally.crash(exc, body[:200])
-            continue
-        try:
-            doc, verdict = webhook.answer(parsed, facts=facts, mutate=hostile.rng.random() < 0.5)
-            json.dumps(doc)
-        except Exception as exc:
-            tally.crash(exc, body[:200])
-            continue
-        response = doc["response"]
-        assert response["uid"] == parsed.uid
-        if not verdict.allowed:
-            assert response["status"]["message"].startswith("gpushare: ")
-        tally.outcomes["allowed" if verdict.allowed else "denied"] += 1
+        with tally.input():
+            body = _safe_body(hostile, lambda: _review(hostile))
+            try:
+                parsed = webhook.parse_review(body)
+            except webhook.BadReviewError:
+                tally.outcomes["bad_request"] += 1
+                continue
+            except Exception as exc:
+                tally.crash(exc, body[:200])
+                continue
+            try:
+                doc, verdict = webhook.answer(
+                    parsed, facts=facts, mutate=hostile.rng.random() < 0.5
+                )
+                json.dumps(doc)
+            except Exception as exc:
+                tally.crash(exc, body[:200])
+                continue
+            response = doc["response"]
+            assert response["uid"] == parsed.uid
+            if not verdict.allowed:
+                assert response["status"]["message"].startswith("gpushare: ")
+            tally.outcomes["allowed" if verdict.allowed else "denied"] += 1
     tally.done()
 
 
@@ -264,27 +374,29 @@ def test_extender_answers_every_hostile_call_or_refuses_it() -> None:
     loop = asyncio.new_event_loop()
     try:
         for _ in range(PER_SURFACE):
-            tally.inputs += 1
-            verb = rng.choice(["filter", "prioritize", "filter", "bind"])
-            body = _safe_body(hostile, binding_doc if verb == "bind" else args_doc)
-            try:
-                doc = decode_body(body)
-                if verb == "bind":
-                    result: Any = loop.run_until_complete(extender.bind(parse_binding_args(doc)))
-                    assert set(result) == {"Error"}
-                elif verb == "filter":
-                    result = extender.filter(parse_extender_args(doc))
-                    assert "%" not in json.dumps(result["FailedNodes"])
-                else:
-                    result = extender.prioritize(parse_extender_args(doc))
-                    assert all(0 <= h["Score"] <= 10 for h in result)
-                tally.outcomes[f"{verb}_answered"] += 1
-            except BadRequestError:
-                tally.outcomes["bad_request"] += 1
-            except Exception as exc:
-                tally.crash(exc, body[:200])
-            if rng.random() < 0.01:
-                view.expire_holds(now=time.monotonic() + 3600)
+            with tally.input():
+                verb = rng.choice(["filter", "prioritize", "filter", "bind"])
+                body = _safe_body(hostile, binding_doc if verb == "bind" else args_doc)
+                try:
+                    doc = decode_body(body)
+                    if verb == "bind":
+                        result: Any = loop.run_until_complete(
+                            extender.bind(parse_binding_args(doc))
+                        )
+                        assert set(result) == {"Error"}
+                    elif verb == "filter":
+                        result = extender.filter(parse_extender_args(doc))
+                        assert "%" not in json.dumps(result["FailedNodes"])
+                    else:
+                        result = extender.prioritize(parse_extender_args(doc))
+                        assert all(0 <= h["Score"] <= 10 for h in result)
+                    tally.outcomes[f"{verb}_answered"] += 1
+                except BadRequestError:
+                    tally.outcomes["bad_request"] += 1
+                except Exception as exc:
+                    tally.crash(exc, body[:200])
+                if rng.random() < 0.01:
+                    view.expire_holds(now=time.monotonic() + 3600)
     finally:
         loop.close()
     tally.outcomes["binds_posted"] = api.bound
@@ -358,16 +470,144 @@ def test_allocate_answers_every_hostile_call_or_refuses_it(tmp_path: Path) -> No
         retry_delays_s=(),
     )
     for _ in range(PER_SURFACE):
-        tally.inputs += 1
-        requests = [hostile.device_ids() for _ in range(hostile.rng.randint(1, 2))]
-        try:
-            answers = allocator.allocate(requests)
-            assert all(isinstance(a.envs, dict) for a in answers)
-            tally.outcomes["answered"] += 1
-        except AllocationError:
-            tally.outcomes["refused"] += 1
-        except Exception as exc:
-            tally.crash(exc, requests)
+        with tally.input():
+            requests = [hostile.device_ids() for _ in range(hostile.rng.randint(1, 2))]
+            try:
+                answers = allocator.allocate(requests)
+                assert all(isinstance(a.envs, dict) for a in answers)
+                tally.outcomes["answered"] += 1
+            except AllocationError:
+                tally.outcomes["refused"] += 1
+            except Exception as exc:
+                tally.crash(exc, requests)
+    tally.done()
+
+
+# ---- each tenant-reachable field parser on its own --------------------------------------
+
+
+def _schema_pod(hostile: Hostile) -> dict[str, Any]:
+    """A pod as the API server stores it (strings where its schema wants strings, quantities
+    that parse as Kubernetes quantities), with hostile values wherever a tenant may write any:
+    what the node agent's pod_info and the controller's pod reads get from a list."""
+    pod = hostile.pod()
+    meta = pod["metadata"]
+    raw = meta.get("annotations")
+    meta["annotations"] = {
+        str(k): v if isinstance(v, str) else hostile.text()
+        for k, v in (raw.items() if isinstance(raw, dict) else ())
+    }
+    meta.pop("labels", None)
+    meta.pop("ownerReferences", None)
+    meta["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    spec = pod["spec"] if isinstance(pod["spec"], dict) else {}
+    containers = []
+    for i, c in enumerate(spec.get("containers") or [{"name": "main"}]):
+        resources = c.get("resources") if isinstance(c.get("resources"), dict) else {}
+        kept = {
+            kind: {str(r): hostile.rng.choice(QUANTITIES) for r in values}
+            for kind, values in resources.items()
+            if kind in ("limits", "requests") and isinstance(values, dict)
+        }
+        containers.append({"name": f"c{i}", "resources": kept})
+    pod["spec"] = {"containers": containers, "nodeName": "n0"}
+    return pod
+
+
+def _fields_input(hostile: Hostile) -> tuple[str, Callable[[], object]]:
+    """One call of one parser with a hostile argument: (its name, the call)."""
+    rng = hostile.rng
+    which = rng.randrange(13)
+    if which == 0:
+        ids = hostile.device_ids()
+        return "parse_device_id", lambda: [devices.parse_device_id(v) for v in ids]
+    if which == 1:
+        ids = hostile.device_ids()
+        return "group_by_gpu", lambda: (devices.group_by_gpu(ids), devices.capacity_of(ids))
+    if which == 2:
+        value = hostile.text() if rng.random() < 0.8 else rng.choice(["true", "FALSE", " True "])
+        return "parse_opportunistic", lambda: parse_opportunistic(value)
+    if which == 3:
+        ann = {k: v if isinstance(v, str) else "" for k, v in hostile.annotations().items()}
+        if rng.random() < 0.5:
+            ann[ANN_OPPORTUNISTIC] = rng.choice(["true", "false", hostile.text()])
+        if rng.random() < 0.3:
+            ann[ANN_CLASS] = rng.choice(["latency", "batch", hostile.text()])
+        return "parse_request", lambda: parse_request(ann)
+    if which == 4:
+        ann = {
+            ANN_GPU_UUID: rng.choice([*GPU_UUIDS, hostile.text()]),
+            ANN_THREAD_PERCENT: rng.choice(["25", hostile.text()]),
+            ANN_MEMORY_LIMIT: rng.choice([str(GIB), hostile.text()]),
+            ANN_BIND_TIME: rng.choice(["2026-01-01T00:00:00Z", hostile.text()]),
+            ANN_STATE: rng.choice(["assumed", "allocated", hostile.text()]),
+            ANN_TIER: rng.choice(["guaranteed", "opportunistic", hostile.text()]),
+        }
+        return "parse_placement", lambda: parse_placement(ann)
+    if which == 5:
+        value = hostile.quantity()
+        milli = rng.random() < 0.5
+        return "kube_quantity", lambda: kube_quantity(value, milli=milli)
+    if which == 6:
+        pod = hostile.pod()
+        return "pod_requests", lambda: pod_requests(pod)
+    if which == 7:
+        pod = hostile.pod()
+        return "pod_facts", lambda: (
+            cluster_pods.facts(pod),
+            cluster_pods.gpu_resource(pod),
+            cluster_pods.gpu_percent_resource(pod, RESOURCE_GPU_OPPORTUNISTIC),
+        )
+    if which == 8:
+        pod = _schema_pod(hostile)
+        return "node_pod_info", lambda: pod_info(pod)
+    if which == 9:
+        value = hostile.text()
+        return "parse_avoid_gpus", lambda: parse_avoid_gpus(value)
+    if which == 10:
+        value = hostile.text()
+        return "parse_limit", lambda: parse_limit(value)
+    if which == 11:
+        spec = {
+            k: hostile.value()
+            for k in rng.sample(
+                ["fraction", "memory", "class", "limit", "opportunistic", "selector", "packing"],
+                rng.randint(1, 4),
+            )
+        }
+        return "gpushare_spec", lambda: parse_spec(spec)
+    params = rng.choice(
+        [
+            hostile.value(),
+            {
+                "apiVersion": "gpu.gpushare.io/v1alpha1",
+                "kind": "MpsConfig",
+                "class": hostile.value(),
+                "limit": hostile.value(),
+            },
+        ]
+    )
+    return "dra_mps_config", lambda: parse_mps_config(params, field="config")
+
+
+def test_each_tenant_reachable_field_parser_is_total() -> None:
+    """Device IDs the kubelet passes (``<UUID>::NN``, ``<UUID>::oNNN``), the opportunistic
+    opt-in, placement annotations with the tier, quantities of every kind, the node agent's
+    pod read, avoid-gpus, gpu-limit, GpuShare specs and DRA claim parameters: each returns or
+    raises InvalidInputError naming a field."""
+    tally = Tally("fields")
+    hostile = Hostile(SEED + 4)
+    for _ in range(PER_SURFACE):
+        name, call = _fields_input(hostile)
+        with tally.input(lambda name=name: name):
+            try:
+                call()
+                tally.outcomes[f"{name}_answered"] += 1
+            except InvalidInputError as exc:
+                assert exc.field, name
+                tally.outcomes[f"{name}_refused"] += 1
+            except Exception as exc:
+                tally.crash(exc, name)
     tally.done()
 
 

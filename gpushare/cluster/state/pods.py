@@ -94,9 +94,23 @@ def scheduler_name(pod: Pod) -> str:
 
 
 def finished(pod: Pod) -> bool:
-    """Succeeded/Failed pods, and pods being deleted, no longer hold a GPU share."""
-    phase = _mapping(pod.get("status")).get("phase")
-    return phase in FINISHED_PHASES
+    """Succeeded/Failed pods no longer hold a GPU share, once none of their containers runs.
+
+    Whoever may write pods/status can store a terminal phase for a running pod; the API server
+    then refuses the kubelet's updates of it (a terminal phase never goes back), and on the
+    local cluster the kubelet kept the container running for as long as it was watched (150 s,
+    tests/faults/test_security_cluster.py). Until a status shows no container running, the
+    share counts (#45: it was freed at once, and the next pod could take the GPU)."""
+    status = _mapping(pod.get("status"))
+    if status.get("phase") not in FINISHED_PHASES:
+        return False
+    for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+        items = status.get(key)
+        for item in items if isinstance(items, list) else ():
+            state = item.get("state") if isinstance(item, Mapping) else None
+            if isinstance(state, Mapping) and "running" in state:
+                return False
+    return True
 
 
 def containers(pod: Pod) -> list[Mapping[str, Any]]:

@@ -271,13 +271,17 @@ class ClusterView:
         every pod, so it is kept up to date as inventories change, not counted per call."""
         return self._inventory.max_gpus_per_node
 
-    def separation(self, workload_uid: str) -> tuple[frozenset[str], str] | None:
-        """(GPUs the workload's new pods keep off, why) when some node's agent separated it."""
-        return self._marks.separation(workload_uid)
+    def separation(
+        self, workload_uid: str, namespace: str | None = None
+    ) -> tuple[frozenset[str], str] | None:
+        """(GPUs the workload's new pods keep off, why) when some node's agent separated it
+        (marks of ``namespace`` only, when given)."""
+        return self._marks.separation(workload_uid, namespace)
 
-    def exclusive_reason(self, workload_uid: str) -> str | None:
-        """Why the workload (a pod's controller UID) must run on a GPU of its own, if it must."""
-        return self._marks.exclusive_reason(workload_uid)
+    def exclusive_reason(self, workload_uid: str, namespace: str | None = None) -> str | None:
+        """Why the workload (a pod's controller UID) must run on a GPU of its own, if it must
+        (marks of ``namespace`` only, when given)."""
+        return self._marks.exclusive_reason(workload_uid, namespace)
 
     def pod_rules(self) -> Mapping[str, ShareRules]:
         """Pod key -> GpuShare rules, for the pods that have any."""

@@ -37,19 +37,27 @@ class WorkloadMarks:
             for name in [n for n in marks if n not in seen]:
                 del marks[name]
 
-    def separation(self, workload_uid: str) -> tuple[frozenset[str], str] | None:
-        """(GPUs the workload's new pods keep off, why) when some node's agent separated it."""
-        marks = [m for node in self._separated.values() if (m := node.get(workload_uid))]
+    def separation(
+        self, workload_uid: str, namespace: str | None = None
+    ) -> tuple[frozenset[str], str] | None:
+        """(GPUs the workload's new pods keep off, why) when some node's agent separated it.
+        With ``namespace``, only marks of pods of that namespace count: a pod's controller UID
+        is its own word (#45)."""
+        marks = [
+            m
+            for node in self._separated.values()
+            if (m := node.get(workload_uid)) and namespace in (None, m.namespace)
+        ]
         gpus = frozenset(m.gpu_uuid for m in marks if m.gpu_uuid)
         if not gpus:
             return None
         return gpus, separation_reason(marks[-1])
 
-    def exclusive_reason(self, workload_uid: str) -> str | None:
+    def exclusive_reason(self, workload_uid: str, namespace: str | None = None) -> str | None:
         """Why the workload (a pod's controller UID) must run on a GPU of its own, if it must."""
         for marks in self._exclusive.values():
             mark = marks.get(workload_uid)
-            if mark is not None:
+            if mark is not None and namespace in (None, mark.namespace):
                 return mark.reason
         return None
 

@@ -17,6 +17,7 @@ from gpushare.api.names import (
     ANN_REQUEST_PERCENT,
     ANN_STATE,
     ANN_THREAD_PERCENT,
+    ANN_TIER,
     GPU_RESOURCES,
     NVIDIA_GPU_RESOURCE,
     RESERVED_ENV_NAMES,
@@ -36,7 +37,11 @@ PLACEMENT_ANNOTATIONS = (
     ANN_MEMORY_LIMIT,
     ANN_BIND_TIME,
     ANN_STATE,
+    ANN_TIER,
 )
+"""Written by the extender at bind (the Binding's annotations merge into the pod's, so one
+written at creation would stay): a forged ``tier: opportunistic`` on a pod placed guaranteed
+kept its share out of the GPU's guaranteed capacity."""
 
 
 OPERATOR_ANNOTATIONS = (ANN_PROFILING, ANN_PROFILE)

@@ -7,9 +7,11 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.request import GpuRequest
 
 ShareLookup = Callable[[str, str], GpuRequest | None]
-ExclusiveLookup = Callable[[str], str | None]
-SeparationLookup = Callable[[str], tuple[frozenset[str], str] | None]
-"""Workload UID -> (GPUs its new pods keep off, why), for workloads separated after faults."""
+ExclusiveLookup = Callable[[str, str], str | None]
+"""(workload UID, namespace) -> why it must get a GPU of its own."""
+SeparationLookup = Callable[[str, str], tuple[frozenset[str], str] | None]
+"""(workload UID, namespace) -> (GPUs its new pods keep off, why), for workloads separated
+after faults."""
 TemplateCheck = Callable[[str, str], InvalidInputError | None]
 """(namespace, template name) -> why a DRA-mode pod asking for it is refused, or None."""
 

@@ -38,13 +38,16 @@ def controller_uid(pod: pods.Pod) -> str | None:
     return None
 
 
-def separation(pod: pods.Pod, *, facts: ClusterFacts) -> tuple[frozenset[str], str] | None:
+def separation(
+    pod: pods.Pod, *, facts: ClusterFacts, namespace: str
+) -> tuple[frozenset[str], str] | None:
     """(GPUs to keep the pod off, why) when its workload was separated from the workloads it
-    kept faulting with (gpushare.node.faults); the pod's own avoid-gpus are kept."""
+    kept faulting with (gpushare.node.faults); the pod's own avoid-gpus are kept. Marks of
+    ``namespace`` only: the controller UID is the pod's own word."""
     uid = controller_uid(pod)
     if facts.separation_lookup is None or uid is None:
         return None
-    found = facts.separation_lookup(uid)
+    found = facts.separation_lookup(uid, namespace)
     if found is None:
         return None
     avoid, why = found
@@ -68,13 +71,14 @@ def annotation_ops(
     return ops
 
 
-def exclusive_reason(pod: pods.Pod, *, facts: ClusterFacts) -> str | None:
+def exclusive_reason(pod: pods.Pod, *, facts: ClusterFacts, namespace: str) -> str | None:
     """Why the pod's workload must run alone on a GPU (its clients faulted repeatedly on shared
-    GPUs, see gpushare.node.faults), or None."""
+    GPUs, see gpushare.node.faults), or None. Marks of ``namespace`` only: a tenant pod naming
+    another namespace's workload UID in its ownerReferences gets none of its marks."""
     uid = controller_uid(pod)
     if facts.exclusive_lookup is None or uid is None:
         return None
-    return facts.exclusive_lookup(uid)
+    return facts.exclusive_lookup(uid, namespace)
 
 
 def priority_ops(pod: pods.Pod, priority: PriorityRef) -> list[dict[str, Any]]:

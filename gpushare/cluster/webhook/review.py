@@ -24,6 +24,7 @@ from gpushare.api.names import (
     ANN_OPPORTUNISTIC,
     ANN_SHARE,
     CLASS_BATCH,
+    GPU_RESOURCES,
     RESOURCE_GPU_PERCENT,
     SLICES_PER_GPU,
 )
@@ -227,11 +228,15 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
     if errors:
         return Verdict(allowed=False, errors=tuple(errors))
     assert request is not None
-    exclusive = exclusive_reason(pod, facts=facts) if mutate and request.fractional else None
+    exclusive = (
+        exclusive_reason(pod, facts=facts, namespace=namespace)
+        if mutate and request.fractional
+        else None
+    )
     if exclusive is not None:
         request = replace(request, percent=SLICES_PER_GPU)
     separated = (
-        separation(pod, facts=facts)
+        separation(pod, facts=facts, namespace=namespace)
         if mutate and request.fractional and exclusive is None
         else None
     )
@@ -433,11 +438,14 @@ def match_condition_expression() -> str:
         "has(object.metadata.annotations) && "
         "object.metadata.annotations.exists(k, k.startsWith('gpushare.io/'))"
     )
-    asks = (
-        "exists(c, has(c.resources) && ("
-        f"(has(c.resources.limits) && '{RESOURCE_GPU_PERCENT}' in c.resources.limits) || "
-        f"(has(c.resources.requests) && '{RESOURCE_GPU_PERCENT}' in c.resources.requests)))"
+    # Both GPU resources: a pod asking for gpushare.io/opportunistic-gpu-percent directly, with
+    # no gpushare annotation, was never sent, so the webhook could not refuse it (#45).
+    held = " || ".join(
+        f"(has(c.resources.{part}) && '{r}' in c.resources.{part})"
+        for r in GPU_RESOURCES
+        for part in ("limits", "requests")
     )
+    asks = f"exists(c, has(c.resources) && ({held}))"
     resource = f"object.spec.containers.{asks}"
     init = f"has(object.spec.initContainers) && object.spec.initContainers.{asks}"
     return f"({gpushare_ann}) || ({resource}) || ({init})"

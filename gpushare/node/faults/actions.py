@@ -164,8 +164,12 @@ class WorkloadMoves:
         separate workloads that keep faulting together."""
         workloads: dict[str, list[PodRef]] = defaultdict(list)
         for ref in refs:
-            uid = workload_of(ref.manifest).uid if ref.manifest is not None else ""
-            workloads[uid or UNKNOWN_WORKLOAD].append(ref)
+            # By namespace too: a controller ownerReference is the pod's own word (the API
+            # server checks no UID), so a tenant pod naming another namespace's workload must
+            # not share its fault record (#45).
+            workload = workload_of(ref.manifest) if ref.manifest is not None else None
+            key = f"{workload.namespace}/{workload.uid}" if workload and workload.uid else ""
+            workloads[key or UNKNOWN_WORKLOAD].append(ref)
         verdict = self.offenders.record(workloads, incident.logged_at)
         for uid, count in verdict.culprits.items():
             for ref in workloads[uid]:

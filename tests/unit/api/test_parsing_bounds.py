@@ -32,6 +32,14 @@ def test_fraction_out_of_any_range_is_refused_naming_the_annotation(text: str) -
     assert len(str(err.value)) < 300  # the message does not echo 5000 digits
 
 
+@pytest.mark.parametrize("text", ["\u0663", "\u0660.5", "1_0", "0.2_5", "2\u00b2"])
+def test_fraction_in_digits_other_readers_would_not_agree_on_is_refused(text: str) -> None:
+    """Decimal reads an Arabic-Indic three as 3 (three GPUs) and "1_0" as 10."""
+    with pytest.raises(InvalidInputError, match="is not a number") as err:
+        parse_fraction(text, field=ANN_FRACTION)
+    assert err.value.field == ANN_FRACTION
+
+
 @pytest.mark.parametrize("text", ["9" * 5000, "99999999999999999999Gi", "2Ei"])
 def test_memory_beyond_an_exbibyte_is_refused(text: str) -> None:
     with pytest.raises(InvalidInputError) as err:

@@ -78,6 +78,21 @@ def test_deleting_or_finishing_a_pod_frees_its_share() -> None:
     assert view.gpu("GPU-1").used_percent == 0  # type: ignore[union-attr]
 
 
+def test_a_terminal_phase_written_over_running_containers_frees_nothing_until_they_stop() -> None:
+    """#45: a tenant with pods/status patched its running pod to Succeeded; the kubelet stops
+    it only at its next sync, and its share must count until then."""
+    view = make_view()
+    pod = pod_json("b", fraction="0.25", node="n1", placement=placed("GPU-1", 25), phase="Running")
+    running = {"name": "main", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}
+    pod["status"] = {"phase": "Succeeded", "containerStatuses": [running]}
+    view.upsert_pod(pod)
+    assert view.gpu("GPU-1").used_percent == 75  # type: ignore[union-attr]
+    stopped = {"name": "main", "state": {"terminated": {"exitCode": 137}}}
+    pod["status"] = {"phase": "Succeeded", "containerStatuses": [stopped]}
+    view.upsert_pod(pod)
+    assert view.gpu("GPU-1").used_percent == 50  # type: ignore[union-attr]
+
+
 def test_a_relist_forgets_pods_that_vanished_during_a_watch_gap() -> None:
     view = make_view()
     view.replace_pods([p for p in cluster_pods() if p["metadata"]["name"] != "c"])  # type: ignore[index]

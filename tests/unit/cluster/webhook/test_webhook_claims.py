@@ -108,7 +108,9 @@ def test_a_gpushare_link_takes_the_share_fraction_memory_and_class() -> None:
 
 
 def test_an_exclusive_workload_gets_a_whole_gpu_template_that_validation_agrees_with() -> None:
-    facts = replace(FACTS, exclusive_lookup=lambda uid: "3 GPU faults" if uid == "rs" else None)
+    facts = replace(
+        FACTS, exclusive_lookup=lambda uid, _ns: "3 GPU faults" if uid == "rs" else None
+    )
     pod = pod_json("p", fraction="0.25")
     pod["metadata"]["ownerReferences"] = [{"controller": True, "uid": "rs", "kind": "ReplicaSet"}]
     verdict = review(pod, namespace="team", facts=facts, mutate=True)

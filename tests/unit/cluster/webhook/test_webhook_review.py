@@ -16,6 +16,8 @@ from gpushare.api.names import (
     ANN_MEMORY,
     ANN_REQUEST_PERCENT,
     ANN_SHARE,
+    ANN_TIER,
+    RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
     SCHEDULER_NAME,
 )
@@ -120,6 +122,13 @@ def test_a_gpushare_link_takes_the_share_fraction_memory_and_class() -> None:
         (
             pod_json("p", fraction="0.5", annotations={ANN_REQUEST_PERCENT: "50"}),
             "gpushare.io/request-percentage",
+            "remove it",
+        ),
+        (
+            # A Binding's annotations merge into the pod's: a forged tier would outlive the
+            # extender's guaranteed placement and keep the share out of the GPU's accounting.
+            pod_json("p", fraction="0.5", annotations={ANN_TIER: "opportunistic"}),
+            "gpushare.io/tier",
             "remove it",
         ),
         (
@@ -418,6 +427,16 @@ def test_a_gpu_share_in_an_init_container_is_refused(annotated: bool) -> None:
 
 def test_the_api_server_sends_pods_whose_only_gpu_request_is_in_an_init_container() -> None:
     assert "object.spec.initContainers.exists" in match_condition_expression()
+
+
+@pytest.mark.parametrize("resource", [RESOURCE_GPU_PERCENT, RESOURCE_GPU_OPPORTUNISTIC])
+@pytest.mark.parametrize("part", ["limits", "requests"])
+def test_the_api_server_sends_pods_asking_for_either_gpu_resource(resource: str, part: str) -> None:
+    """#45: a pod asking for opportunistic-gpu-percent directly, with no gpushare annotation,
+    was never sent (the security suite created one asking for two GPUs' worth)."""
+    expression = match_condition_expression()
+    clause = f"(has(c.resources.{part}) && '{resource}' in c.resources.{part})"
+    assert expression.count(clause) == 2  # containers and init containers
 
 
 @pytest.mark.parametrize("key", ["gpushare.io/profiling", "gpushare.io/profile"])

@@ -232,3 +232,25 @@ def test_burstable_pods_that_fault_together_are_separated_like_any_share(
     fault(monitor, log_dir, clock, "11:00:05.000", 301, 302)
     fault(monitor, log_dir, clock, "11:00:30.000", 401, 402)
     assert list(monitor.separated) == ["trn"]
+
+
+def test_a_pod_naming_another_namespaces_workload_uid_shares_none_of_its_faults(
+    tmp_path: Path,
+) -> None:
+    """#45: the API server checks no ownerReference UID. A tenant pod of namespace "evil"
+    naming the victim's ReplicaSet UID faults beside one neighbour, the victim's own pod once
+    beside another: two workloads with one fault each, nobody marked (grouped by UID alone,
+    "rs-victim" was in two faults with different partners: the victim marked and evicted)."""
+    pods = {
+        "imp": manifest("imp", "impostor", "2026-11-21T10:00:00Z", owner="rs-victim"),
+        "vic": manifest("vic", "victim", "2026-11-21T09:00:00Z", owner="rs-victim"),
+        "na": manifest("na", "neighbour-a", "2026-11-21T09:00:00Z"),
+        "nb": manifest("nb", "neighbour-b", "2026-11-21T09:00:00Z"),
+    }
+    pods["imp"]["metadata"]["namespace"] = "evil"
+    pid_pod = {101: "imp", 102: "na", 201: "vic", 202: "nb"}
+    monitor, log_dir, clock = monitor_on(tmp_path, pods, pid_pod)
+    fault(monitor, log_dir, clock, "11:00:05.000", 101, 102)
+    fault(monitor, log_dir, clock, "11:00:30.000", 201, 202)
+    assert monitor.exclusive == {}
+    assert monitor.separated == {}
