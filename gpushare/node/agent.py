@@ -271,7 +271,7 @@ class NodeAgent:
             mps_check=lambda uuid: self.mps.check_one(uuid).up,
             exclusive_after=settings.exclusive_after_faults,
         )
-        self.registry = registry_for("node-agent")
+        self.registry = registry_for("node-agent", simulated=backend.simulated)
         self._servicers: list[DevicePluginServicer] = []
         self._exporter: ExporterHandle | None = None
         self._publish_needed = threading.Event()

@@ -58,12 +58,14 @@ DEADLINE_S = 30.0
 PROTECTED = ("/metrics", "/profile")
 
 
-def registry_for(component: str) -> CollectorRegistry:
+def registry_for(component: str, *, simulated: bool) -> CollectorRegistry:
     """A registry for ``component``'s /metrics (node-agent, exporter) that already holds its
-    ``gpushare_build_info`` series (gpushare.api.build)."""
+    ``gpushare_build_info`` series (gpushare.api.build), with ``simulated`` as every series of
+    a node on the simulated backend says it."""
     registry = CollectorRegistry()
-    Gauge(BUILD_INFO_METRIC, BUILD_INFO_HELP, BUILD_INFO_LABELS, registry=registry).labels(
-        *build_info_values(component)
+    labels = (*BUILD_INFO_LABELS, "simulated")
+    Gauge(BUILD_INFO_METRIC, BUILD_INFO_HELP, labels, registry=registry).labels(
+        *build_info_values(component), "true" if simulated else "false"
     ).set(1)
     return registry
 

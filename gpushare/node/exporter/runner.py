@@ -281,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pods.refresh()
     if opened.simulated:
         feed_simulation(backend, pods(), proc_root=args.proc_root, processes=processes)
-    registry = registry_for("exporter")
+    registry = registry_for("exporter", simulated=opened.simulated)
     for collector in exporter.collectors():
         registry.register(collector)
     exporter.start()

@@ -175,3 +175,4 @@ def test_the_agent_says_its_version_on_metrics(tmp_path: Path) -> None:
     assert info.value == 1.0
     assert info.labels["component"] == "node-agent"
     assert info.labels["version"] == gpushare.__version__
+    assert info.labels["simulated"] == "true"

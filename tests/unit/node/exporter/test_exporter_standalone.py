@@ -69,4 +69,5 @@ def test_the_standalone_exporter_says_its_version(tmp_path: Path) -> None:
         "version": gpushare.__version__,
         "component": "exporter",
         "python_version": info.labels["python_version"],
+        "simulated": "true",  # as every series of the simulated backend says
     }
