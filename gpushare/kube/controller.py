@@ -222,17 +222,28 @@ class Kube:
             return True  # 201 with a Status body, as for a Binding
         return True
 
-    async def get_claim_template(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        """A ResourceClaimTemplate's manifest; None when there is none."""
+    async def _get_or_none(
+        self, resource: Any, name: str, *, what: str, namespace: str | None = None
+    ) -> Any:
+        """``resource`` ``name`` as the client returns it; None on 404; KubeError else."""
         try:
-            obj = await self._client.get(ResourceClaimTemplateResource, name, namespace=namespace)
+            return await self._client.get(resource, name, namespace=namespace)
         except ApiError as exc:
             if exc.status.code == 404:
                 return None
-            raise _wrap(exc, f"get ResourceClaimTemplate {namespace}/{name}") from exc
+            raise _wrap(exc, f"get {what}") from exc
         except Exception as exc:
-            raise _wrap(exc, f"get ResourceClaimTemplate {namespace}/{name}") from exc
-        return dict(obj)
+            raise _wrap(exc, f"get {what}") from exc
+
+    async def get_claim_template(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ResourceClaimTemplate's manifest; None when there is none."""
+        obj = await self._get_or_none(
+            ResourceClaimTemplateResource,
+            name,
+            namespace=namespace,
+            what=f"ResourceClaimTemplate {namespace}/{name}",
+        )
+        return None if obj is None else dict(obj)
 
     async def create_claim_template(self, body: Mapping[str, Any]) -> bool:
         """Create a ResourceClaimTemplate; False when one of that name exists already."""
@@ -313,27 +324,13 @@ class Kube:
 
     async def get_priority_class(self, name: str) -> dict[str, Any] | None:
         """A PriorityClass's manifest; None when there is none."""
-        try:
-            obj = await self._client.get(PriorityClass, name)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise _wrap(exc, f"get PriorityClass {name}") from exc
-        except Exception as exc:
-            raise _wrap(exc, f"get PriorityClass {name}") from exc
-        return dict(obj.to_dict())
+        obj = await self._get_or_none(PriorityClass, name, what=f"PriorityClass {name}")
+        return None if obj is None else dict(obj.to_dict())
 
     async def get_device_class(self, name: str) -> dict[str, Any] | None:
         """A DeviceClass's manifest; None when there is none."""
-        try:
-            obj = await self._client.get(DeviceClassResource, name)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise _wrap(exc, f"get DeviceClass {name}") from exc
-        except Exception as exc:
-            raise _wrap(exc, f"get DeviceClass {name}") from exc
-        return dict(obj)
+        obj = await self._get_or_none(DeviceClassResource, name, what=f"DeviceClass {name}")
+        return None if obj is None else dict(obj)
 
     async def pod_event(
         self, *, pod: Mapping[str, Any], reason: str, message: str, warning: bool
