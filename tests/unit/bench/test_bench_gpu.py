@@ -610,3 +610,16 @@ def test_command_line_help_and_bad_slots(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit):
         run.parse_args(["--out", "x", "--slots", "0"])
     assert "--slots must be at least 1" in capsys.readouterr().err
+
+
+def test_the_stretch_floor_is_what_no_scheme_at_the_best_rate_can_beat() -> None:
+    jobs = [{"id": "a", "arrival_s": 0.0}, {"id": "b", "arrival_s": 0.0}]
+    solo = {"a": 1.0, "b": 1.0}
+    # One job's worth per second: whichever finishes second waited for the other.
+    assert report.stretch_floor(jobs, solo, 1.0) == 2.0
+    # Twice that (the GPU runs both at full speed): nobody need wait.
+    assert report.stretch_floor(jobs, solo, 2.0) == 1.0
+    # A job arriving after the first one is done adds nothing.
+    late = [*jobs, {"id": "c", "arrival_s": 10.0}]
+    assert report.stretch_floor(late, {**solo, "c": 1.0}, 1.0) == 2.0
+    assert report.stretch_floor([], solo, 1.0) is None
