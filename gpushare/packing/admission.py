@@ -76,7 +76,6 @@ def admit_reason(
     model: InterferenceModel,
     bounds: Mapping[str, float],
     charge_cap: bool = True,
-    tenant_bounds: Mapping[str, float] | None = None,
 ) -> str | None:
     """None when nobody on ``gpu`` (newcomer included) is predicted past its class bound.
 
@@ -91,9 +90,6 @@ def admit_reason(
     which is what its users see; without it, against the pod alone at its own cap (the
     same-cap bound let capped jobs run well past their bound against the whole GPU;
     docs/packing.md, "Admission").
-
-    ``tenant_bounds``: the bounds the tenants already on ``gpu`` are held to, when tighter than
-    the newcomer's (opportunistic placement keeps a margin for its neighbours alone).
     """
     if not gpu.tenants:
         return None
@@ -128,9 +124,8 @@ def admit_reason(
     if demand.gpu_class == CLASS_LATENCY:
         threads = max(1, min(demand.percent, SLICES_PER_GPU))
         newcomer = reserved(newcomer)
-    held = bounds if tenant_bounds is None else tenant_bounds
     for i, tenant in enumerate(gpu.tenants):
-        bound = held.get(tenant.gpu_class)
+        bound = bounds.get(tenant.gpu_class)
         if bound is None:
             continue
         others = [load for k, load in enumerate(loads) if k != i] + [(newcomer, threads)]

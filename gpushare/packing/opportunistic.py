@@ -191,26 +191,6 @@ class Opportunism:
     bounds: Mapping[str, float] = field(default_factory=lambda: DEFAULT_BOUNDS)
     corrections: Corrections = field(default_factory=Corrections)
     min_gain: float = MIN_GAIN
-    error: float | None = None
-    """Relative error of a predicted slowdown that a placement with an opportunistic tenant
-    must leave room for (:meth:`held_bounds`); None = the model's held-out error
-    (``mape_held_out``)."""
-
-    def held_bounds(self) -> dict[str, float]:
-        """The class bounds the tenants' predictions are held to where an opportunistic pod
-        joins them, and a guaranteed newcomer's where one stays beside it: each bound over
-        (1 + the model's error), at least 1.0. A guaranteed pod's bound is a promise and an
-        opportunistic tenant is optional, so it runs only where the prediction keeps its
-        neighbours inside their bound even when it errs by its typical error (run 22
-        measured 2.09x and 2.24x on guaranteed jobs predicted within 2.0:
-        docs/benchmarks-gpu.md). The opportunistic pod itself is held to its plain bound."""
-        error = self.model_error()
-        return {c: max(1.0, b / (1.0 + error)) for c, b in self.bounds.items()}
-
-    def model_error(self) -> float:
-        """:attr:`error`, else the model's held-out error, else 0."""
-        error = self.error if self.error is not None else (self.model.mape_held_out or 0.0)
-        return max(error, 0.0)
 
     def _model(self, parties: Iterable[tuple[PipeProfile | None, str]]) -> InterferenceModel:
         return corrected(self.model, parties, self.corrections)
@@ -238,11 +218,9 @@ class Opportunism:
         # pod); a request of a whole GPU is read as one share short of it, so the cap applies.
         trial = replace(demand, percent=min(demand.percent, SLICES_PER_GPU - 1))
         threads = assign_thread_percent(trial, gpu)
-        reason = admit_reason(
-            gpu, trial, model=model, bounds=self.bounds, tenant_bounds=self.held_bounds()
-        )
+        reason = admit_reason(gpu, trial, model=model, bounds=self.bounds)
         if reason is not None:
-            return f"{reason} (the bound held under the model's {self.model_error():.0%} error)"
+            return reason
         before = work_rate([member(t) for t in gpu.tenants], model)
         newcomer = Member(demand.profile, threads, CLASS_BATCH, demand.percent, demand.workload)
         gain = work_rate([*(member(t) for t in gpu.tenants), newcomer], model) - before
@@ -287,7 +265,7 @@ class Opportunism:
                     trial,
                     demand,
                     model=self._model(members(trial.tenants)),
-                    bounds=self.held_bounds(),
+                    bounds=self.bounds,
                 )
                 is None
             ):

@@ -223,35 +223,3 @@ def test_an_opportunistic_pod_leaves_room_for_a_small_guaranteed_one() -> None:
     assert memory_for(opted(60, SMALL), tight) == 12 * GIB
     full = gpu(tenant("ns/a", 70, SMALL, gib=68))
     assert memory_for(opted(60, SMALL), full) is None
-
-
-def test_opportunistic_placement_keeps_its_neighbours_inside_their_bound_by_the_models_error() -> (
-    None
-):
-    # A 70% BIG tenant beside a second BIG is predicted at about 1.93x: inside its 2.0x bound,
-    # but not by the model's held-out error (about 10%), so the opted-in pod waits.
-    g = gpu(tenant("ns/a", 70, BIG, gib=30))
-    rules = Opportunism()
-    assert rules.model_error() == pytest.approx(load_default().mape_held_out or 0.0)
-    assert 0.05 < rules.model_error() < 0.2
-    assert rules.held_bounds()["batch"] == pytest.approx(2.0 / (1 + rules.model_error()))
-    refused = rules.gpu_option(g, opted(60, BIG))
-    assert isinstance(refused, str)
-    assert "ns/a" in refused and "error" in refused
-    # Trusting the prediction exactly, the same pod would have run beside it.
-    assert not isinstance(Opportunism(error=0.0).gpu_option(g, opted(60, BIG)), str)
-    # The opted-in pod's own bound is not tightened: a neighbour it hurts less is fine.
-    assert not isinstance(
-        rules.gpu_option(gpu(tenant("ns/a", 70, SMALL, gib=30)), opted(60, LSTM)), str
-    )
-
-
-def test_a_guaranteed_pod_preempts_an_opportunistic_one_predicted_too_close_to_its_bound() -> None:
-    # The guaranteed newcomer (BIG) beside an opportunistic BIG is predicted inside 2.0x but
-    # not by the model's error: the opportunistic tenant makes way.
-    g = gpu(tenant("ns/o", 70, BIG, gib=30, opportunistic=True))
-    newcomer = Demand(percent=30, profile=BIG)
-    exact = Opportunism(error=0.0).preemptions(g, newcomer)
-    held = Opportunism().preemptions(g, newcomer)
-    assert held == ("ns/o",)
-    assert exact == ()
