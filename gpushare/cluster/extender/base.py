@@ -125,9 +125,10 @@ class ExtenderBase:
         return self.view.with_tenancy(demand, namespace), rules
 
     def _own_nodes(self, key: str) -> set[str]:
-        """Nodes where the pod itself already holds a share (a stale or earlier placement):
-        its answers there depend on the pod, so they are not cached."""
-        return {n for u in self.view.tenancy(key) if (n := self.view.node_of_gpu(u)) is not None}
+        """Nodes where the pod itself already holds a share or host resources (a stale or
+        earlier placement, a filter-time hold): its answers there depend on the pod, so they
+        are not cached."""
+        return self.view.own_nodes(key)
 
     def _hold_reason(self, rules: ShareRules) -> str | None:
         if rules.share is None or self.view.share_skips_profiling(rules.namespace, rules.share):

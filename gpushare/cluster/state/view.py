@@ -224,6 +224,15 @@ class ClusterView:
             memory = None if memory is None else memory + host[2]
         return NodeState(name=node.name, gpus=gpus, cpu_milli_free=cpu, memory_free_bytes=memory)
 
+    def own_nodes(self, pod_key: str) -> set[str]:
+        """Nodes where :meth:`node_for` shows pod ``pod_key`` another node than :meth:`node`:
+        it holds a share of a GPU there, or host resources."""
+        out = {n for u in self._tenancy.get(pod_key, {}) if (n := self._gpu_node.get(u))}
+        host = self._host_of.get(pod_key)
+        if host is not None:
+            out.add(host[0])
+        return out
+
     def gpu(self, uuid: str) -> GpuState | None:
         return self._gpus.get(uuid)
 
