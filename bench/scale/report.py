@@ -96,13 +96,13 @@ def render_markdown(r: dict[str, Any]) -> str:
         lines += [
             "By mode (issue 47's fields; `runs` in the JSON has every run in full):",
             "",
-            "| machine | nodes / pods | policy | mode | pods/s | stock pods/s | filter p99 "
+            "| mode | machine | nodes / pods | policy | pods/s | stock pods/s | filter p99 "
             "| bind p99 | controller RSS | violations |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for m in by_mode:
             lines.append(
-                f"| {m['machine']} | {m['nodes']} / {m['pods']} | {m['policy']} | {m['mode']} | "
+                f"| {m['mode']} | {m['machine']} | {m['nodes']} / {m['pods']} | {m['policy']} | "
                 f"{_fmt(m['pods_per_s'])} | {_fmt(m['stock_pods_per_s'])} | "
                 f"{_fmt(m['filter_p99_ms'], ' ms')} | {_fmt(m['bind_p99_ms'], ' ms')} | "
                 f"{_fmt(m['controller_rss_mib'], ' MiB')} | {m['violations']} |"

@@ -892,7 +892,7 @@ def run_summary(
     policy = next(
         (a.split("=", 1)[1] for a in opts.controller_args if a.startswith("--policy=")), "gpushare"
     )
-    label = opts.machine_label or str(machine.get("cpu_model") or machine.get("label") or "")
+    label = str(machine.get("label") or opts.machine_label or machine.get("cpu_model") or "")
     base = {"nodes": opts.nodes, "pods": opts.pods, "policy": policy, "machine": label}
     out = [
         {
