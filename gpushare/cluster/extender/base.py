@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from gpushare.cluster.extender.answers import StateAnswers
+from gpushare.cluster.extender.answers import ShapeCosts, StateAnswers
 from gpushare.cluster.extender.offers import Offers
 from gpushare.cluster.extender.requeue import RefusedPods
 from gpushare.cluster.state import pods
@@ -100,6 +100,8 @@ class ExtenderBase:
         view.allocation_listeners.append(self._wake)
         self.answers = StateAnswers(view=view, placer=self.placer)
         """Costs and verdicts per pod shape and node state (shared by every node in it)."""
+        self.shape_costs = ShapeCosts(view=view, placer=self.placer)
+        """Per pod shape, each unchanged node's cost: the filter's common case."""
         self._demands: dict[Demand, Demand] = {}
         self._cached = 0
         self.refused = RefusedPods()

@@ -10,14 +10,14 @@ cheapest, prioritize derives its scores from the same ranking (docs/scheduling.m
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import SCHEDULER_NAME
 from gpushare.cluster.extender.answers import FAILED as _FAILED
+from gpushare.cluster.extender.answers import NO_FIT, Answer, prefixed, scheduler_safe
 from gpushare.cluster.extender.answers import PASS as _PASS
 from gpushare.cluster.extender.answers import UNRESOLVABLE as _UNRESOLVABLE
-from gpushare.cluster.extender.answers import Answer, prefixed, scheduler_safe
 from gpushare.cluster.extender.args import ExtenderArgs
 from gpushare.cluster.extender.base import NO_INVENTORY, ExtenderBase
 from gpushare.cluster.state import pods
@@ -69,10 +69,12 @@ class FilterVerbs(ExtenderBase):
             # The placer's cost is None exactly where the pod does not fit: rank by it first;
             # per-node reasons are only worth working out when no node is left (the scheduler
             # reads them only then, for its events and for preemption).
-            fitting, costs = self._fitting(args.node_names, key, demand, rules, fast=fast, own=own)
-            if fitting:
+            costs = self._fitting(args.node_names, key, demand, rules, fast=fast, own=own)
+            low = min(costs, default=NO_FIT)
+            if low < NO_FIT:
                 self.refused.placed(key)
-                best = self._hold_best(args, key, demand, rules, passed=fitting, costs=costs)
+                ties = sorted(n for n, c in zip(args.node_names, costs, strict=True) if c == low)
+                best = self._hold_best(args, key, demand, rules, ties=ties)
                 if best is not None:
                     # With one node offered, the reasons for the others are dead weight
                     # (hundreds of entries per call to encode and decode): none are sent.
@@ -118,34 +120,39 @@ class FilterVerbs(ExtenderBase):
         *,
         fast: bool,
         own: set[str],
-    ) -> tuple[list[str], list[float]]:
-        """The nodes of ``names`` where ``demand`` fits, in order, and the placer's cost on
-        each. The loop runs once per offered node of every filter call (about 420 of 1,000
-        nodes, docs/scale.md), so the common case -- the node unchanged since this pod shape
-        last met it -- is two dict lookups, inlined."""
-        fitting: list[str] = []
-        costs: list[float] = []
-        mix = self.placer.version
-        named = self.answers.named(demand).get if fast else None
-        version_of = self.view.node_versions.get
-        for name in names:
-            hit = named(name) if named is not None and name not in own else None
-            if hit is not None and hit[0] == version_of(name, 0):
-                answer: Answer | None = hit[1]
-            elif fast and name not in own:
-                answer = self.answers.answer(name, demand)
-            else:
-                answer = None
-            if answer is None:
-                cost = self._cost(name, key, demand, rules, shared=name not in own)
-            elif answer.mix == mix or (answer.mix >= 0 and answer.cost is None):
-                cost = answer.cost  # Answer.cost_holds, inlined
-            else:
-                cost = self.answers.cost(answer, name, demand)
-            if cost is not None:
-                fitting.append(name)
-                costs.append(cost)
-        return fitting, costs
+    ) -> list[float]:
+        """The placer's cost of ``demand`` on each node of ``names``, in order (:data:`NO_FIT`
+        where it does not fit). This runs for every offered node of every filter call (about
+        420 of 1,000 nodes, docs/scale.md): with ``fast``, costs of nodes unchanged since the
+        pod shape last met them come from :class:`ShapeCosts` in one pass done in C, and only
+        the others are worked out here."""
+        if not fast:
+            return [self._node_cost(n, key, demand, rules, shared=n not in own) for n in names]
+        known = self.shape_costs.costs(demand)
+        costs: list[float | None] = list(map(known.get, names))
+        if own or None in costs:
+            mix = self.placer.version
+            versions = self.view.node_versions
+            for i, name in enumerate(names):
+                if costs[i] is not None and name not in own:
+                    continue
+                answer = self._fast_answer(name, demand, versions) if name not in own else None
+                if answer is None:
+                    costs[i] = self._node_cost(name, key, demand, rules, shared=name not in own)
+                    continue
+                cost = (
+                    answer.cost
+                    if answer.cost_holds(mix)
+                    else self.answers.cost(answer, name, demand)
+                )
+                costs[i] = known[name] = NO_FIT if cost is None else cost
+        return cast(list[float], costs)  # every None was replaced above
+
+    def _node_cost(
+        self, name: str, key: str, demand: Demand, rules: ShareRules, *, shared: bool
+    ) -> float:
+        cost = self._cost(name, key, demand, rules, shared=shared)
+        return NO_FIT if cost is None else cost
 
     def _hold_best(
         self,
@@ -154,20 +161,17 @@ class FilterVerbs(ExtenderBase):
         demand: Demand,
         rules: ShareRules,
         *,
-        passed: list[str],
-        costs: list[float],
+        ties: list[str],
     ) -> str | None:
-        """Pick the placer's cheapest node among ``passed`` (``costs``: their exact costs, in
-        order; ties to the name that sorts first), hold the GPU(s) there for the pod now, and
-        return it (None when nothing could be held). Later pods are filtered against the hold,
+        """Pick the placer's cheapest node (``ties``: the nodes of exactly the lowest cost,
+        sorted by name), hold the GPU(s) there for the pod now, and return it (None when
+        nothing could be held). Later pods are filtered against the hold,
         so they do not collide with this one at bind time (kube-scheduler binds
         asynchronously). The price: the scheduler's own scores cannot pick among GPU-feasible
         nodes any more."""
         # Among nodes of exactly the best cost, prefer one where the bind will not wait at the
         # allocation gate behind a pod of the same size (back-to-back pods of one shape often
         # go to one node). Only exact ties: the ranking itself is the placer's.
-        low = min(costs)
-        ties = sorted(name for name, cost in zip(passed, costs, strict=True) if cost == low)
         size = demand.percent
         best = next((n for n in ties if not self._pending_alike(n, key, size)), ties[0])
         node, _ = self._node(best, key, rules)

@@ -185,6 +185,16 @@ class ClusterView:
         return self._node_versions.get(name, 0)
 
     @property
+    def change_seq(self) -> int:
+        """A mark of the node changes so far (see :meth:`changed_since`)."""
+        return self._inventory.change_seq
+
+    def changed_since(self, seq: int) -> list[str] | None:
+        """Nodes whose version moved since :attr:`change_seq` was ``seq``; None when that is
+        too long ago to say (every node may have changed)."""
+        return self._inventory.changed_since(seq)
+
+    @property
     def node_versions(self) -> Mapping[str, int]:
         """Every node's version (``node_version``), for callers checking many nodes at once."""
         return self._node_versions
