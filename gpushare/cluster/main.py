@@ -53,6 +53,7 @@ from gpushare.cluster.webhook.facts import ClusterFacts, PriorityRef
 from gpushare.cluster.webhook.registration import webhook_configurations
 from gpushare.kube.access import Access, AsyncAccessReviewer
 from gpushare.kube.controller import Kube
+from gpushare.kube.retry import Backoff, keep_trying
 from gpushare.packing.admission import Admission
 from gpushare.packing.interference import MODEL_ENV, load_default
 from gpushare.packing.opportunistic import Opportunism
@@ -180,6 +181,7 @@ async def run_operator(ctx: ControllerContext) -> None:
     try:
         await operator_runner.run_operator(
             view=ctx.view,
+            kube=ctx.kube,
             host_watches=ctx.kube is not None,
             settings=config,
             registry=ctx.metrics.registry,
@@ -314,15 +316,12 @@ async def _register(ctx: ControllerContext) -> None:
             break
         await asyncio.sleep(0.1)
     mutating, validating = webhook_configurations(ctx.settings, ctx.ca_bundle)
-    delay = 0.5
-    while True:
-        try:
-            await ctx.kube.register_webhooks(mutating=mutating, validating=validating)
-            break
-        except Exception as exc:
-            log.warning("webhook registration failed; retrying", extra={"error": str(exc)})
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+    kube = ctx.kube
+    await keep_trying(
+        lambda: kube.register_webhooks(mutating=mutating, validating=validating),
+        what="webhook registration",
+        backoff=Backoff(first_s=0.5, most_s=10.0),
+    )
     ctx.webhook_registered = True
     log.info("admission webhooks registered", extra={"config": ctx.settings.webhook_config_name})
 
@@ -608,14 +607,16 @@ async def _label_role(ctx: ControllerContext, role: str) -> None:
     if not pod or ctx.kube is None:
         return
     namespace, _, name = pod.partition("/")
-    for attempt in range(20):
-        try:
-            await ctx.kube.label_pod(namespace=namespace, name=name, labels={ROLE_LABEL: role})
-            return
-        except Exception as exc:
-            log.warning("could not label this replica's pod", extra={"error": str(exc)})
-            await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
-    raise RuntimeError(f"could not label pod {pod} {ROLE_LABEL}={role}")
+    kube = ctx.kube
+    try:
+        await keep_trying(
+            lambda: kube.label_pod(namespace=namespace, name=name, labels={ROLE_LABEL: role}),
+            what="labelling this replica's pod",
+            backoff=Backoff(first_s=0.5, most_s=5.0),
+            attempts=20,
+        )
+    except Exception as exc:
+        raise RuntimeError(f"could not label pod {pod} {ROLE_LABEL}={role}") from exc
 
 
 CA_PROPAGATION_SECONDS = 3.0

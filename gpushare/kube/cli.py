@@ -15,8 +15,6 @@ from gpushare.api.selector import FLAG as SELECTOR_FLAG
 from gpushare.api.selector import Requirement
 
 ALL_NAMESPACES = "*"
-FORBIDDEN = 403
-NOT_FOUND = 404
 
 
 @dataclass(frozen=True)
@@ -76,6 +74,8 @@ def read_cluster(query: Query) -> Snapshot:
     from lightkube.core.exceptions import ApiError, ConfigError  # noqa: PLC0415
     from lightkube.resources.core_v1 import Node, Pod  # noqa: PLC0415
 
+    from gpushare.kube.errors import BadRequestError, NotFoundError, wrap  # noqa: PLC0415
+
     namespace = query.namespace or "default"
     try:
         if query.kubeconfig is not None:
@@ -109,11 +109,12 @@ def read_cluster(query: Query) -> Snapshot:
             "KUBECONFIG", f"no usable kubeconfig ({exc})", "set KUBECONFIG or pass --kubeconfig"
         ) from None
     except ApiError as exc:
-        if exc.status.code == 400 and "selector" in (exc.status.message or "").lower():
+        error = wrap(exc, "")
+        if isinstance(error, BadRequestError) and "selector" in (exc.status.message or "").lower():
             raise InvalidInputError(
                 SELECTOR_FLAG, f"the API server refused it: {exc.status.message}", "fix it"
             ) from None
-        if exc.status.code == 404 and namespace != ALL_NAMESPACES:
+        if isinstance(error, NotFoundError) and namespace != ALL_NAMESPACES:
             raise InvalidInputError(
                 "-n/--namespace",
                 f"the API server refused: {exc.status.message}",
@@ -140,6 +141,7 @@ def _dra_objects(client: Any, namespace: str) -> tuple[list[dict[str, Any]], lis
     DRA mode is optional, and the device-plugin view still shows."""
     from lightkube.core.exceptions import ApiError  # noqa: PLC0415
 
+    from gpushare.kube.errors import ForbiddenError, NotFoundError, wrap  # noqa: PLC0415
     from gpushare.kube.resources import (  # noqa: PLC0415
         ResourceClaimResource,
         ResourceSliceResource,
@@ -151,7 +153,7 @@ def _dra_objects(client: Any, namespace: str) -> tuple[list[dict[str, Any]], lis
         ]
         claims = [dict(c) for c in client.list(ResourceClaimResource, namespace=namespace)]
     except ApiError as exc:
-        if exc.status.code in (FORBIDDEN, NOT_FOUND):
+        if isinstance(wrap(exc, "list DRA objects"), (ForbiddenError, NotFoundError)):
             return [], []
-        raise
+        raise  # read_cluster names the fix
     return slices, claims
