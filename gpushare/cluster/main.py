@@ -100,7 +100,7 @@ class ControllerContext:
 
     async def authorize(self, authorization: str | None, path: str) -> Access:
         """May the caller read ``path`` (/metrics): ``--metrics-auth`` (gpushare.kube.access)."""
-        if self.settings.metrics_auth == "none":
+        if self.settings.process.metrics_auth == "none":
             return Access(200, "allowed (--metrics-auth none)")
         if self.kube is None:
             return Access(
@@ -115,7 +115,7 @@ class ControllerContext:
     def ready(self) -> tuple[bool, str]:
         if not self.view.synced:
             return False, "waiting for the first list of nodes and pods"
-        if self.settings.register_webhooks and not self.webhook_registered:
+        if self.settings.webhook.register and not self.webhook_registered:
             return False, "waiting to register the admission webhooks"
         return True, "ready (leader)" if self.leading else "ready (standby: serves the webhook)"
 
@@ -126,19 +126,20 @@ class ControllerContext:
             # From the GpuShares in the view: the controller's GpuShare watch, or on the
             # leader once it handed that watch over, the operator's Kopf handlers.
             share_lookup=self.view.share_request,
-            protected_host_paths=self.settings.protected_host_paths,
+            protected_host_paths=self.settings.pods.protected_host_paths,
             exclusive_lookup=self.view.exclusive_reason,
             separation_lookup=self.view.separation,
             dra_device_class=(
-                self.settings.dra_device_class
-                if self.settings.annotation_mode == MODE_DRA
+                self.settings.dra.device_class
+                if self.settings.dra.annotation_mode == MODE_DRA
                 else None
             ),
-            dra_gate=self.settings.places_claims and self.settings.annotation_mode == MODE_DRA,
-            opportunistic_placement=self.settings.opportunistic_placement,
-            opportunistic_default=self.settings.opportunistic_default,
-            pod_tolerations=tuple(parse_toleration(t) for t in self.settings.pod_tolerations),
-            pod_runtime_class=self.settings.pod_runtime_class,
+            dra_gate=self.settings.dra.places_claims
+            and self.settings.dra.annotation_mode == MODE_DRA,
+            opportunistic_placement=self.settings.opportunistic.placement,
+            opportunistic_default=self.settings.opportunistic.default,
+            pod_tolerations=tuple(parse_toleration(t) for t in self.settings.pods.pod_tolerations),
+            pod_runtime_class=self.settings.pods.pod_runtime_class,
             opportunistic_priority=self.opportunistic_priority,
             template_check=self._template_check if self.claim_templates is not None else None,
         )
@@ -150,7 +151,7 @@ class ControllerContext:
         if templates is None or not templates.synced:
             return None
         return templates.admission_error(
-            namespace, name, bound=self.settings.dra_templates_per_namespace
+            namespace, name, bound=self.settings.dra.templates_per_namespace
         )
 
 
@@ -162,11 +163,12 @@ SHARE_WATCH = "GpuShare watch"
 async def run_operator(ctx: ControllerContext) -> None:
     """The GpuShare operator (:mod:`gpushare.cluster.operator`) in this process's event loop,
     on this process's view, metrics registry and stop event."""
-    if ctx.settings.kubeconfig is not None:
+    if ctx.settings.process.kubeconfig is not None:
         # The operator's own client reads $KUBECONFIG; point it at ours.
-        os.environ.setdefault("KUBECONFIG", str(ctx.settings.kubeconfig))
+        os.environ.setdefault("KUBECONFIG", str(ctx.settings.process.kubeconfig))
     config = OperatorConfig(
-        agent_url=ctx.settings.agent_url, cache_configmap=ctx.settings.profile_cache_name
+        agent_url=ctx.settings.operator.agent_url,
+        cache_configmap=ctx.settings.operator.profile_cache_name,
     )
     ready = asyncio.Event()
     handoff = ctx.share_handoff
@@ -232,7 +234,7 @@ async def _start_site(
 async def _priority_loop(ctx: ControllerContext, *, period_s: float = 15.0) -> None:
     """Keep ``ctx.opportunistic_priority`` to the PriorityClass ``--opportunistic-priority-
     class`` names, as the API server has it (its value may be edited; it may not exist yet)."""
-    name, kube = ctx.settings.opportunistic_priority_class, ctx.kube
+    name, kube = ctx.settings.opportunistic.priority_class, ctx.kube
     assert kube is not None
     said = ""
     while True:
@@ -261,7 +263,7 @@ async def _priority_loop(ctx: ControllerContext, *, period_s: float = 15.0) -> N
 
 
 async def _expire_loop(ctx: ControllerContext, extender: Extender) -> None:
-    period = max(1.0, min(5.0, ctx.settings.stale_assume_seconds / 4))
+    period = max(1.0, min(5.0, ctx.settings.placement.stale_assume_seconds / 4))
     while True:
         await asyncio.sleep(period)
         released = ctx.view.expire_stale()
@@ -323,7 +325,7 @@ async def _register(ctx: ControllerContext) -> None:
         backoff=Backoff(first_s=0.5, most_s=10.0),
     )
     ctx.webhook_registered = True
-    log.info("admission webhooks registered", extra={"config": ctx.settings.webhook_config_name})
+    log.info("admission webhooks registered", extra={"config": ctx.settings.webhook.config_name})
 
 
 async def run(
@@ -339,18 +341,20 @@ async def run(
     ``connect=False`` runs without any API server (extender and webhook only; for benchmarks and
     fuzzing), in which case the caller fills ``view``.
     """
-    view = view or ClusterView(stale_assume_seconds=settings.stale_assume_seconds)
+    view = view or ClusterView(stale_assume_seconds=settings.placement.stale_assume_seconds)
     metrics = Metrics(view)
     if kube is None and connect:
-        kube = Kube.connect(kubeconfig=settings.kubeconfig, field_manager=settings.field_manager)
+        kube = Kube.connect(
+            kubeconfig=settings.process.kubeconfig, field_manager=settings.process.field_manager
+        )
     ctx = ControllerContext(settings=settings, view=view, metrics=metrics, kube=kube)
     await serve(ctx, hooks=hooks)
 
 
 async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
     settings = ctx.settings
-    ctx.view.tenancies.mode = settings.tenancy
-    ctx.view.tenancies.rules = settings.neighbour_rules
+    ctx.view.tenancies.mode = settings.placement.tenancy
+    ctx.view.tenancies.rules = settings.placement.neighbour_rules
     runners: list[web.AppRunner] = []
     tasks: dict[asyncio.Task[None], str] = {}
     tmpdir: tempfile.TemporaryDirectory[str] | None = None
@@ -359,27 +363,27 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
         extender = Extender(
             view=ctx.view,
             writer=ctx.kube,
-            policy=settings.policy,
-            admission=Admission() if settings.interference_admission else None,
-            gate_seconds=settings.bind_gate_seconds,
-            hold_in_filter=settings.hold_in_filter,
+            policy=settings.placement.policy,
+            admission=Admission() if settings.placement.interference_admission else None,
+            gate_seconds=settings.placement.bind_gate_seconds,
+            hold_in_filter=settings.placement.hold_in_filter,
             opportunism=ctx.opportunism,
         )
-        if settings.extender_tls_cert is not None and settings.extender_tls_key is not None:
+        if settings.extender.tls_cert is not None and settings.extender.tls_key is not None:
             ctx.extender_tls = ReloadingServerTls(
-                cert=settings.extender_tls_cert,
-                key=settings.extender_tls_key,
-                client_ca=settings.extender_client_ca,
+                cert=settings.extender.tls_cert,
+                key=settings.extender.tls_key,
+                client_ca=settings.extender.client_ca,
             )
-        if settings.webhook_enabled:
-            cert_dir = settings.webhook_cert_dir
+        if settings.webhook.enabled:
+            cert_dir = settings.webhook.cert_dir
             if cert_dir is None:
                 tmpdir = tempfile.TemporaryDirectory(prefix="gpushare-webhook-")
                 cert_dir = Path(tmpdir.name)
             ctx.certs = ensure_certs(
                 cert_dir,
-                hosts=settings.webhook_hosts(),
-                required=settings.webhook_required_hosts() or None,
+                hosts=settings.webhook.hosts(),
+                required=settings.webhook.required_hosts() or None,
             )
             ctx.ca_bundle = ctx.certs.ca_pem()
             ctx.webhook_tls = ReloadingServerTls(cert=ctx.certs.cert, key=ctx.certs.key)
@@ -391,30 +395,30 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                         ready=ctx.ready,
                         authorize=ctx.authorize,
                     ),
-                    host=settings.webhook_host,
-                    port=settings.webhook_port,
+                    host=settings.webhook.host,
+                    port=settings.webhook.port,
                     ssl_context=ctx.webhook_tls.context,
                     # Replicas on one host (tests) share the port; the kernel spreads the calls.
-                    reuse_port=settings.leader_elect,
+                    reuse_port=settings.leader.enabled,
                 )
             )
             log.info(
                 "webhook listening",
-                extra={"url": f"https://{settings.webhook_host}:{settings.webhook_port}"},
+                extra={"url": f"https://{settings.webhook.host}:{settings.webhook.port}"},
             )
         if ctx.kube is not None:
-            if settings.operator_enabled:
+            if settings.operator.enabled:
                 ctx.share_handoff = watches.ShareHandoff(ctx.view)
-            resync = settings.resync_seconds
-            if settings.annotation_mode == MODE_DRA:
+            resync = settings.placement.resync_seconds
+            if settings.dra.annotation_mode == MODE_DRA:
                 ctx.claim_templates = ClaimTemplates(
-                    device_class=settings.dra_device_class, quarantine=ctx.view.quarantine
+                    device_class=settings.dra.device_class, quarantine=ctx.view.quarantine
                 )
                 ctx.template_keeper = TemplateKeeper(
                     templates=ctx.claim_templates,
                     api=ctx.kube,
-                    per_namespace=settings.dra_templates_per_namespace,
-                    idle_s=settings.dra_template_idle_seconds,
+                    per_namespace=settings.dra.templates_per_namespace,
+                    idle_s=settings.dra.template_idle_seconds,
                 )
                 tasks[
                     asyncio.create_task(
@@ -423,7 +427,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                         )
                     )
                 ] = "claim template watch"
-            if settings.places_claims:
+            if settings.dra.places_claims:
                 devices = DraDevices(quarantine=ctx.view.quarantine)
                 # The operator sees DRA-mode pods on GPUs by their claims (status.placements,
                 # latency protection); the extender's ledger does not.
@@ -433,7 +437,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                     devices=devices,
                     placer=extender.placer,
                     writer=ctx.kube,
-                    device_class=settings.dra_device_class,
+                    device_class=settings.dra.device_class,
                 )
                 ctx.metrics.watch_claims(ctx.claim_allocator)
                 tasks[
@@ -466,27 +470,27 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                 ),
             ):
                 tasks[asyncio.create_task(feeding)] = name
-            if settings.register_webhooks:
+            if settings.webhook.register:
                 tasks[asyncio.create_task(_register(ctx))] = "webhook registration"
         else:
             ctx.view.mark_synced()
         tasks[asyncio.create_task(_expire_loop(ctx, extender))] = "stale placement expiry"
         tasks[asyncio.create_task(_reload_certs(ctx))] = "certificate reload"
-        if settings.opportunistic_priority_class and ctx.kube is not None:
+        if settings.opportunistic.priority_class and ctx.kube is not None:
             tasks[asyncio.create_task(_priority_loop(ctx))] = "priority class"
         all_hooks = list(hooks)
-        if settings.operator_enabled:
+        if settings.operator.enabled:
             all_hooks.append(run_operator)
-        if settings.leader_elect and ctx.kube is not None:
+        if settings.leader.enabled and ctx.kube is not None:
             elector = LeaderElector(
                 ctx.kube,
-                namespace=settings.leader_elect_namespace,
-                name=settings.leader_elect_name,
-                identity=settings.leader_identity
+                namespace=settings.leader.namespace,
+                name=settings.leader.name,
+                identity=settings.leader.identity
                 or os.environ.get("POD_NAME")
                 or f"{socket.gethostname()}-{os.getpid()}",
-                lease_seconds=settings.leader_elect_lease_seconds,
-                renew_seconds=settings.leader_elect_renew_seconds,
+                lease_seconds=settings.leader.lease_seconds,
+                renew_seconds=settings.leader.renew_seconds,
             )
         duties = _lead(ctx, extender, elector=elector, hooks=all_hooks, runners=runners)
         tasks[asyncio.create_task(duties)] = "leader duties"
@@ -544,18 +548,18 @@ async def _lead(
     runners.append(
         await _start_site(
             extender_app(extender, metrics=ctx.metrics, ready=ctx.ready, authorize=ctx.authorize),
-            host=settings.extender_host,
-            port=settings.extender_port,
+            host=settings.extender.host,
+            port=settings.extender.port,
             ssl_context=ctx.extender_tls.context if ctx.extender_tls else None,
-            wait_s=settings.leader_elect_lease_seconds if elector is not None else 0.0,
+            wait_s=settings.leader.lease_seconds if elector is not None else 0.0,
         )
     )
     log.info(
         "extender listening",
         extra={
-            "url": f"{'https' if ctx.extender_tls else 'http'}://{settings.extender_host}:"
-            f"{settings.extender_port}/scheduler",
-            "client_certificates": settings.extender_client_ca is not None,
+            "url": f"{'https' if ctx.extender_tls else 'http'}://{settings.extender.host}:"
+            f"{settings.extender.port}/scheduler",
+            "client_certificates": settings.extender.client_ca is not None,
         },
     )
     if elector is not None:
@@ -576,9 +580,9 @@ async def _lead(
                 kube=ctx.kube,
                 opportunism=ctx.opportunism,
                 metrics=ctx.metrics,
-                period_s=settings.governor_period_seconds,
-                settle_s=settings.governor_settle_seconds,
-                agent_url=settings.agent_url,
+                period_s=settings.opportunistic.governor_period_seconds,
+                settle_s=settings.opportunistic.governor_settle_seconds,
+                agent_url=settings.operator.agent_url,
             )
             extender.bound_listeners.append(duties.bound)
             group.create_task(duties.run())
@@ -599,7 +603,7 @@ ROLE_STANDBY = "standby"
 
 async def _label_role(ctx: ControllerContext, role: str) -> None:
     """Mark this replica's pod, so the extender Service routes only to the leader."""
-    pod = ctx.settings.leader_pod or (
+    pod = ctx.settings.leader.pod or (
         f"{os.environ['POD_NAMESPACE']}/{os.environ['POD_NAME']}"
         if os.environ.get("POD_NAMESPACE") and os.environ.get("POD_NAME")
         else ""
@@ -631,7 +635,7 @@ async def _reload_certs(ctx: ControllerContext) -> None:
     extender certificate must come from the CA kube-scheduler already trusts)."""
     settings = ctx.settings
     while True:
-        await asyncio.sleep(settings.cert_reload_seconds)
+        await asyncio.sleep(settings.process.cert_reload_seconds)
         tls = ctx.extender_tls
         if tls is not None and tls.changed():
             if tls.reload():
@@ -645,7 +649,7 @@ async def _reload_certs(ctx: ControllerContext) -> None:
             new_ca = ctx.certs.ca_pem()
         except OSError:
             continue
-        if settings.register_webhooks and ctx.kube is not None and new_ca not in ctx.ca_bundle:
+        if settings.webhook.register and ctx.kube is not None and new_ca not in ctx.ca_bundle:
             bundle = new_ca.rstrip(b"\n") + b"\n" + _last_ca(ctx.ca_bundle)
             mutating, validating = webhook_configurations(settings, bundle)
             try:
@@ -688,7 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidInputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    setup_json_logging(component=PROG, level=settings.log_level)
+    setup_json_logging(component=PROG, level=settings.process.log_level)
     try:
         model = load_default()  # a calibrated file that cannot be read stops here, not mid-bind
     except InvalidInputError as exc:
@@ -700,10 +704,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     async def _main() -> None:
-        view = ClusterView(stale_assume_seconds=settings.stale_assume_seconds)
+        view = ClusterView(stale_assume_seconds=settings.placement.stale_assume_seconds)
         try:
             kube = Kube.connect(
-                kubeconfig=settings.kubeconfig, field_manager=settings.field_manager
+                kubeconfig=settings.process.kubeconfig, field_manager=settings.process.field_manager
             )
         except Exception as exc:
             raise InvalidInputError(
