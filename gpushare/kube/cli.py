@@ -74,8 +74,6 @@ def read_cluster(query: Query) -> Snapshot:
     from lightkube.core.exceptions import ApiError, ConfigError  # noqa: PLC0415
     from lightkube.resources.core_v1 import Node, Pod  # noqa: PLC0415
 
-    from gpushare.kube.errors import BadRequestError, NotFoundError, wrap  # noqa: PLC0415
-
     namespace = query.namespace or "default"
     try:
         if query.kubeconfig is not None:
@@ -109,23 +107,7 @@ def read_cluster(query: Query) -> Snapshot:
             "KUBECONFIG", f"no usable kubeconfig ({exc})", "set KUBECONFIG or pass --kubeconfig"
         ) from None
     except ApiError as exc:
-        error = wrap(exc, "")
-        if isinstance(error, BadRequestError) and "selector" in (exc.status.message or "").lower():
-            raise InvalidInputError(
-                SELECTOR_FLAG, f"the API server refused it: {exc.status.message}", "fix it"
-            ) from None
-        if isinstance(error, NotFoundError) and namespace != ALL_NAMESPACES:
-            raise InvalidInputError(
-                "-n/--namespace",
-                f"the API server refused: {exc.status.message}",
-                "check the namespace exists (kubectl get namespaces)",
-            ) from None
-        raise InvalidInputError(
-            "cluster",
-            f"the API server refused: {exc.status.message}",
-            "check your permissions: list nodes cluster-wide and pods in the namespace asked "
-            "for (all namespaces with -A)",
-        ) from None
+        raise _refused(exc, namespace) from None
     except httpx.HTTPError as exc:
         raise InvalidInputError(
             "cluster",
@@ -133,6 +115,27 @@ def read_cluster(query: Query) -> Snapshot:
             "check KUBECONFIG / --context and that the cluster is up",
         ) from None
     return Snapshot(nodes=nodes, pods=pods, namespace=namespace, slices=slices, claims=claims)
+
+
+def _refused(exc: Any, namespace: str) -> InvalidInputError:
+    """The API server's refusal (lightkube's ApiError) as the flag to fix."""
+    from gpushare.kube.errors import BadRequestError, NotFoundError, wrap  # noqa: PLC0415
+
+    error, message = wrap(exc, ""), exc.status.message
+    if isinstance(error, BadRequestError) and "selector" in (message or "").lower():
+        return InvalidInputError(SELECTOR_FLAG, f"the API server refused it: {message}", "fix it")
+    if isinstance(error, NotFoundError) and namespace != ALL_NAMESPACES:
+        return InvalidInputError(
+            "-n/--namespace",
+            f"the API server refused: {message}",
+            "check the namespace exists (kubectl get namespaces)",
+        )
+    return InvalidInputError(
+        "cluster",
+        f"the API server refused: {message}",
+        "check your permissions: list nodes cluster-wide and pods in the namespace asked "
+        "for (all namespaces with -A)",
+    )
 
 
 def _dra_objects(client: Any, namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -6,14 +6,13 @@ The hot paths (pod and node watches, Bindings) go through :class:`~gpushare.kube
 else, and exec/basic-auth kubeconfigs, use lightkube's AsyncClient.
 """
 
-import enum
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import httpx2
 import msgspec
-from lightkube import ALL_NS, AsyncClient
+from lightkube import AsyncClient
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import (
@@ -21,7 +20,7 @@ from lightkube.resources.admissionregistration_v1 import (
     ValidatingWebhookConfiguration,
 )
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.scheduling_v1 import PriorityClass
 from lightkube.types import PatchType
 
@@ -36,54 +35,16 @@ from gpushare.kube.errors import (
     translated,
 )
 from gpushare.kube.events import ObjectRef, Reporter
-from gpushare.kube.informer import Objects, inform
 from gpushare.kube.operator import KubeApi
 from gpushare.kube.raw import RawApi
 from gpushare.kube.resources import (
     DeviceClassResource,
-    GpuShareResource,
     ResourceClaimResource,
     ResourceClaimTemplateResource,
-    ResourceSliceResource,
 )
+from gpushare.kube.watching import Watching
 
 PodDict = dict[str, Any]
-
-
-class Watched(enum.Enum):
-    """What the controller watches."""
-
-    NODES = "nodes"
-    PODS = "pods"
-    SHARES = "gpushares"
-    NAMESPACES = "namespaces"
-    RESOURCE_SLICES = "resourceslices"
-    RESOURCE_CLAIMS = "resourceclaims"
-    CLAIM_TEMPLATES = "resourceclaimtemplates"
-
-
-_WATCHED: dict[Watched, tuple[Any, bool, str | None]] = {
-    Watched.NODES: (Node, False, "/api/v1/nodes"),
-    Watched.PODS: (Pod, True, "/api/v1/pods"),
-    Watched.SHARES: (GpuShareResource, True, None),
-    Watched.NAMESPACES: (Namespace, False, "/api/v1/namespaces"),
-    Watched.RESOURCE_SLICES: (
-        ResourceSliceResource,
-        False,
-        "/apis/resource.k8s.io/v1/resourceslices",
-    ),
-    Watched.RESOURCE_CLAIMS: (
-        ResourceClaimResource,
-        True,
-        "/apis/resource.k8s.io/v1/resourceclaims",
-    ),
-    Watched.CLAIM_TEMPLATES: (
-        ResourceClaimTemplateResource,
-        True,
-        "/apis/resource.k8s.io/v1/resourceclaimtemplates",
-    ),
-}
-"""Each kind: lightkube resource, namespaced, path for the raw (msgspec) watch."""
 
 
 def _claim_path(namespace: str, name: str) -> str:
@@ -100,6 +61,8 @@ class Kube:
         self._client = client
         self._field_manager = field_manager
         self._raw = raw
+        self.inform = Watching(client, raw).inform
+        """Objects of a watched kind into callbacks, forever (gpushare.kube.watching)."""
 
     @classmethod
     def connect(cls, *, kubeconfig: Path | None, field_manager: str) -> "Kube":
@@ -377,106 +340,6 @@ class Kube:
             await self._client.patch(
                 Pod, name, patch, namespace=namespace, patch_type=PatchType.JSON
             )
-
-    # ---- watches -------------------------------------------------------------------------
-
-    async def _informer(
-        self,
-        res: Any,
-        *,
-        replace: Callable[[Objects], None],
-        upsert: Callable[[Mapping[str, Any]], object],
-        delete: Callable[[Mapping[str, Any]], None],
-        resync_seconds: float,
-        namespaced: bool = False,
-        raw_path: str | None = None,
-    ) -> None:
-        """:func:`~gpushare.kube.informer.inform` for one resource, in every namespace for
-        namespaced kinds (lightkube's default is the kubeconfig's namespace only). With
-        ``raw_path`` (the collection's URL path) and a kubeconfig RawApi supports, objects
-        come as plain dicts decoded by msgspec instead of through lightkube's models."""
-
-        async def list_all() -> tuple[list[dict[str, Any]], str]:
-            return await self._list(res, namespaced=namespaced, raw_path=raw_path)
-
-        def watch(version: str, timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-            return self._watch(
-                res,
-                version=version,
-                timeout_seconds=timeout_seconds,
-                namespaced=namespaced,
-                raw_path=raw_path,
-            )
-
-        await inform(
-            res.__name__,
-            list_all=list_all,
-            watch=watch,
-            replace=replace,
-            upsert=upsert,
-            delete=delete,
-            resync_seconds=resync_seconds,
-        )
-
-    async def _list(
-        self, res: Any, *, namespaced: bool, raw_path: str | None
-    ) -> tuple[list[dict[str, Any]], str]:
-        what = f"list {res.__name__}"
-        with translated(what):
-            if raw_path is not None and self._raw is not None:
-                return await self._raw.list(raw_path, what=what)
-            scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
-            listing = self._client.list(res, chunk_size=500, **scope)
-            items: list[dict[str, Any]] = [obj.to_dict() async for obj in listing]
-            return items, str(listing.resourceVersion)
-
-    async def _watch(
-        self,
-        res: Any,
-        *,
-        version: str,
-        timeout_seconds: int,
-        namespaced: bool,
-        raw_path: str | None,
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        what = f"watch {res.__name__}"
-        with translated(what):
-            if raw_path is not None and self._raw is not None:
-                async for event, data in self._raw.watch(
-                    raw_path,
-                    resource_version=version,
-                    timeout_seconds=timeout_seconds,
-                    what=what,
-                ):
-                    yield event, data
-                return
-            scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
-            async for event, obj in self._client.watch(
-                res, resource_version=version, server_timeout=timeout_seconds, **scope
-            ):
-                yield event, obj.to_dict()
-
-    async def inform(
-        self,
-        kind: "Watched",
-        *,
-        replace: Callable[[Objects], None],
-        upsert: Callable[[Mapping[str, Any]], object],
-        delete: Callable[[Mapping[str, Any]], None],
-        resync_seconds: float,
-    ) -> None:
-        """Objects of ``kind`` (every namespace's, for namespaced kinds) into the callbacks,
-        forever (see :meth:`_informer`)."""
-        res, namespaced, raw_path = _WATCHED[kind]
-        await self._informer(
-            res,
-            replace=replace,
-            upsert=upsert,
-            delete=delete,
-            resync_seconds=resync_seconds,
-            namespaced=namespaced,
-            raw_path=raw_path,
-        )
 
     # ---- leader election -----------------------------------------------------------------
 

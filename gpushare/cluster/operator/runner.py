@@ -66,24 +66,13 @@ async def run_operator(
     )
     reconciler = ShareReconciler(config=config, kube=api, view=state, profiler=profiler)
     state.pod_listeners.append(reconciler.pod_changed)
-    tasks: list[asyncio.Task[None]] = []
     ready = ready_flag if ready_flag is not None else asyncio.Event()
-
-    async def announce_ready() -> None:
-        await ready.wait()
-        scope = ", ".join(config.watch_namespaces) or "the whole cluster"
-        log.info("gpushare operator ready, watching %s", scope)
-
-    tasks.append(asyncio.create_task(announce_ready(), name="gpushare-operator-ready"))
-    if not host_watches:
-        tasks.append(asyncio.create_task(reconciler.seed(), name="gpushare-operator-seed"))
-    if config.dra_claims and state.claim_holders is None:
-        devices = DraDevices()
-        state.claim_holders = devices.holders
-        feeding = watches.feed_dra(client, devices, resync_seconds=CLAIMS_RESYNC_S)
-        tasks.append(asyncio.create_task(feeding, name="gpushare-operator-claims"))
-    if config.protection:
-        guard = LatencyGuard.with_default_model(
+    tasks = _side_tasks(
+        config,
+        state,
+        client=client,
+        reconciler=reconciler,
+        guard=LatencyGuard.with_default_model(
             config=config,
             kube=api,
             view=state,
@@ -91,7 +80,11 @@ async def run_operator(
             registry=registry,
             synced=reconciler.synced,
         )
-        tasks.append(asyncio.create_task(guard.run(), name="gpushare-latency-guard"))
+        if config.protection
+        else None,
+        host_watches=host_watches,
+        ready=ready,
+    )
     ensure_peering_identity()
     try:
         # In the main thread Kopf takes over SIGINT/SIGTERM; when it stops on one while
@@ -124,6 +117,37 @@ async def run_operator(
         await profiler.close()
         if own_client is not None:
             await own_client.close()
+
+
+def _side_tasks(
+    config: OperatorConfig,
+    state: ClusterView,
+    *,
+    client: Kube,
+    reconciler: ShareReconciler,
+    guard: LatencyGuard | None,
+    host_watches: bool,
+    ready: asyncio.Event,
+) -> list[asyncio.Task[None]]:
+    """What runs beside Kopf: the readiness log, the first listing of pods (without the host's
+    watches), the standalone operator's claim watches and the latency protection loop."""
+
+    async def announce_ready() -> None:
+        await ready.wait()
+        scope = ", ".join(config.watch_namespaces) or "the whole cluster"
+        log.info("gpushare operator ready, watching %s", scope)
+
+    tasks = [asyncio.create_task(announce_ready(), name="gpushare-operator-ready")]
+    if not host_watches:
+        tasks.append(asyncio.create_task(reconciler.seed(), name="gpushare-operator-seed"))
+    if config.dra_claims and state.claim_holders is None:
+        devices = DraDevices()
+        state.claim_holders = devices.holders
+        feeding = watches.feed_dra(client, devices, resync_seconds=CLAIMS_RESYNC_S)
+        tasks.append(asyncio.create_task(feeding, name="gpushare-operator-claims"))
+    if guard is not None:
+        tasks.append(asyncio.create_task(guard.run(), name="gpushare-latency-guard"))
+    return tasks
 
 
 def ensure_peering_identity() -> None:
