@@ -19,7 +19,8 @@ from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.dra.templates import ClaimTemplates, TemplateKeeper
 from gpushare.cluster.state.quarantine import Quarantine
 from gpushare.cluster.state.view import ClusterView
-from gpushare.kube.controller import Kube, Watched
+from gpushare.kube.controller import Kube
+from gpushare.kube.watching import Watched
 
 log = logging.getLogger(__name__)
 
