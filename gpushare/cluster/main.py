@@ -30,6 +30,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.logs import setup_json_logging
 from gpushare.api.tolerations import parse_toleration
 from gpushare.cluster import quarantine_reports, watches
+from gpushare.cluster.certificates import CertificateKeeper, leaves_for
 from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.dra.templates import ClaimTemplates, TemplateKeeper
@@ -44,6 +45,9 @@ from gpushare.cluster.server import BoundedRunner, extender_app, webhook_app
 from gpushare.cluster.settings import MODE_DRA, PROG, Settings, parse_args
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.tls import (
+    CA_FILE,
+    CERT_FILE,
+    KEY_FILE,
     CertFiles,
     ReloadingServerTls,
     ensure_certs,
@@ -366,6 +370,11 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             hold_in_filter=settings.hold_in_filter,
             opportunism=ctx.opportunism,
         )
+        cert_dir = settings.webhook_cert_dir
+        if cert_dir is None and settings.webhook_enabled:
+            tmpdir = tempfile.TemporaryDirectory(prefix="gpushare-webhook-")
+            cert_dir = Path(tmpdir.name)
+        keeper = await _certificate_keeper(ctx, cert_dir)
         if settings.extender_tls_cert is not None and settings.extender_tls_key is not None:
             ctx.extender_tls = ReloadingServerTls(
                 cert=settings.extender_tls_cert,
@@ -373,15 +382,16 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                 client_ca=settings.extender_client_ca,
             )
         if settings.webhook_enabled:
-            cert_dir = settings.webhook_cert_dir
-            if cert_dir is None:
-                tmpdir = tempfile.TemporaryDirectory(prefix="gpushare-webhook-")
-                cert_dir = Path(tmpdir.name)
-            ctx.certs = ensure_certs(
-                cert_dir,
-                hosts=settings.webhook_hosts(),
-                required=settings.webhook_required_hosts() or None,
-            )
+            assert cert_dir is not None
+            if keeper is not None and keeper.settings.issue:
+                # The keeper wrote them from the Secret every replica serves.
+                ctx.certs = CertFiles(cert_dir / CERT_FILE, cert_dir / KEY_FILE, cert_dir / CA_FILE)
+            else:
+                ctx.certs = ensure_certs(
+                    cert_dir,
+                    hosts=settings.webhook_hosts(),
+                    required=settings.webhook_required_hosts() or None,
+                )
             ctx.ca_bundle = ctx.certs.ca_pem()
             ctx.webhook_tls = ReloadingServerTls(cert=ctx.certs.cert, key=ctx.certs.key)
             runners.append(
@@ -473,6 +483,9 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             ctx.view.mark_synced()
         tasks[asyncio.create_task(_expire_loop(ctx, extender))] = "stale placement expiry"
         tasks[asyncio.create_task(_reload_certs(ctx))] = "certificate reload"
+        if keeper is not None:
+            upkeep = keeper.run(leading=lambda: ctx.leading, period_s=settings.cert_reload_seconds)
+            tasks[asyncio.create_task(upkeep)] = "certificate upkeep"
         if settings.opportunistic_priority_class and ctx.kube is not None:
             tasks[asyncio.create_task(_priority_loop(ctx))] = "priority class"
         all_hooks = list(hooks)
@@ -523,6 +536,30 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                 await ctx.kube.close()
         if tmpdir is not None:
             tmpdir.cleanup()
+
+
+async def _certificate_keeper(
+    ctx: ControllerContext, cert_dir: Path | None
+) -> CertificateKeeper | None:
+    """With --certificate-secrets: the keeper of the Secrets, its files written before
+    anything serves them (gpushare.cluster.certificates)."""
+    settings = ctx.settings
+    if not settings.certificates.secrets or ctx.kube is None:
+        return None
+    keeper = CertificateKeeper(
+        ctx.kube.secret_store(settings.certificates.namespace),
+        settings.certificates,
+        leaves_for(
+            settings.certificates,
+            webhook_hosts=settings.webhook_hosts(),
+            webhook_dir=cert_dir if settings.webhook_enabled else None,
+            extender_cert=settings.extender_tls_cert,
+            extender_key=settings.extender_tls_key,
+            extender_client_ca=settings.extender_client_ca,
+        ),
+    )
+    await keeper.start()
+    return keeper
 
 
 async def _lead(

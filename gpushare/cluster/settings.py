@@ -23,6 +23,8 @@ from gpushare.api.endpoints import (
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.flags import field_docs
 from gpushare.api.tolerations import check_runtime_class, parse_toleration
+from gpushare.cluster import certificates
+from gpushare.cluster.certificates import CertificateSettings
 from gpushare.cluster.state.tenancy import RULES_GRANTED, RULES_MODES
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
 from gpushare.packing.tenancy import TENANCY_MODES, TENANCY_NAMESPACE
@@ -240,6 +242,9 @@ class Settings:
     field_manager: str = PROG
     """Field manager name on every write."""
 
+    certificates: CertificateSettings = field(default_factory=CertificateSettings)
+    """Certificates kept in Secrets by the controller (gpushare.cluster.certificates)."""
+
     extra: dict[str, str] = field(default_factory=dict)
     """Free-form ``--set key=value`` options for components hooked into the process."""
 
@@ -277,10 +282,12 @@ class Settings:
                 "needs --extender-tls-cert and --extender-tls-key (mutual TLS is TLS first)",
                 "give the extender its own certificate too",
             )
+        # Files the controller writes itself from its certificate Secrets need not exist yet.
+        written = bool(self.certificates.secrets and self.certificates.issue)
         for name, path in (
-            ("--extender-tls-cert", self.extender_tls_cert),
-            ("--extender-tls-key", self.extender_tls_key),
-            ("--extender-client-ca", self.extender_client_ca),
+            ("--extender-tls-cert", None if written else self.extender_tls_cert),
+            ("--extender-tls-key", None if written else self.extender_tls_key),
+            ("--extender-client-ca", None if written else self.extender_client_ca),
             ("--kubeconfig", self.kubeconfig),
         ):
             if path is not None and not path.is_file():
@@ -660,6 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     le.add_argument("--leader-identity", default=d.leader_identity, help=_doc("leader_identity"))
     le.add_argument("--leader-pod", default=d.leader_pod, help=_doc("leader_pod"))
+    certificates.add_arguments(p)
     o.add_argument(
         "--set",
         dest="extra",
@@ -685,6 +693,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     tolerations = values.pop("pod_tolerations")
     if tolerations is not None:
         tolerations = [t for t in tolerations if t != "none"]
+    certs = certificates.from_arguments(values)
     known = {f.name for f in fields(Settings)}
     kwargs = {k: v for k, v in values.items() if k in known}
     kwargs["policy"] = Policy(values["policy"])
@@ -696,5 +705,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         else Settings.webhook_exclude_namespaces,
         protected_host_paths=tuple(protected) if protected else DEFAULT_PROTECTED_HOST_PATHS,
         pod_tolerations=Settings.pod_tolerations if tolerations is None else tuple(tolerations),
+        certificates=certs,
     )
     return settings.validate()
