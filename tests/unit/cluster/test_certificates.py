@@ -10,7 +10,6 @@ import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,57 +23,9 @@ from gpushare.cluster.certificates import (
 )
 from gpushare.cluster.settings import parse_args
 from gpushare.cluster.tls import ReloadingServerTls, issued_by_one_of
-from gpushare.kube.certificates import Owner, StoredSecret
+from tests.fixtures.secret_store import NS, PREFIX, Secrets
 
-NS, PREFIX = "gpushare-system", "gpushare-controller"
 EXTENDER_HOSTS = ("gpushare-controller-extender.gpushare-system.svc", "10.96.88.88")
-
-
-class Secrets:
-    """Secrets and two Deployments as the API server keeps them."""
-
-    def __init__(self) -> None:
-        self.items: dict[str, StoredSecret] = {}
-        self.version = 0
-        self.templates: dict[str, dict[str, str]] = {PREFIX: {}, "gpushare-scheduler": {}}
-        self.patches: list[dict[str, str]] = []
-        self.namespace = NS
-
-    async def get(self, name: str) -> StoredSecret | None:
-        await asyncio.sleep(0)  # let a racing replica run in between, as over the network
-        return self.items.get(name)
-
-    def _put(self, name: str, data: Mapping[str, bytes]) -> None:
-        self.version += 1
-        self.items[name] = StoredSecret(name, dict(data), {}, str(self.version))
-
-    async def create(self, name: str, data: Mapping[str, bytes], **_: Any) -> bool:
-        await asyncio.sleep(0)
-        if name in self.items:
-            return False
-        self._put(name, data)
-        return True
-
-    async def replace(self, old: StoredSecret, data: Mapping[str, bytes], **_: Any) -> bool:
-        current = self.items.get(old.name)
-        if current is None or current.resource_version != old.resource_version:
-            return False
-        self._put(old.name, data)
-        return True
-
-    async def deployment(self, name: str) -> tuple[Owner, dict[str, str]] | None:
-        if name not in self.templates:
-            return None
-        return Owner("apps/v1", "Deployment", name, f"uid-{name}"), dict(self.templates[name])
-
-    async def annotate_pod_template(self, name: str, annotations: Mapping[str, str]) -> None:
-        self.templates[name].update(annotations)
-        self.patches.append(dict(annotations))
-
-    def annotate(self, name: str, key: str) -> None:
-        s = self.items[name]
-        self.version += 1
-        self.items[name] = StoredSecret(name, s.data, {key: "now"}, str(self.version))
 
 
 def replica(
@@ -186,8 +137,9 @@ def test_renewal_keeps_the_ca_and_restarts_the_scheduler_once(tmp_path: Path) ->
     new_client = store.items[f"{PREFIX}-extender-client"].data
     assert handshake(tmp_path / "extender", old_ca, new_client, EXTENDER_HOSTS[0]) == "ok"
     assert len(store.patches) == 2
-    assert store.templates["gpushare-scheduler"][CREDENTIALS_ANNOTATION] == (
-        store.patches[-1][CREDENTIALS_ANNOTATION]
+    assert (
+        store.templates["gpushare-scheduler"][CREDENTIALS_ANNOTATION]
+        == (store.patches[-1][CREDENTIALS_ANNOTATION])
     )
 
 
