@@ -94,7 +94,7 @@ def test_node_selector_is_not_the_label_the_agent_writes(chart: Chart) -> None:
     """The agent sets/removes gpushare.io/mps-capable itself; selecting on it would evict the
     agent whenever MPS is down, and never start it on a new node."""
     selector = _ds(chart)["spec"]["template"]["spec"]["nodeSelector"]
-    assert selector == {"nvidia.com/gpu.present": "true"}
+    assert selector == {"gpushare.io/enabled": "true"}
     assert LABEL_MPS_CAPABLE not in selector
     local = _ds(chart, values_files=[LOCAL_VALUES])["spec"]["template"]["spec"]["nodeSelector"]
     assert local == {"kubernetes.io/os": "linux"}
@@ -288,8 +288,8 @@ def test_two_node_pools_run_each_mode_on_their_own_nodes(chart: Chart) -> None:
     selector = {
         n: d["spec"]["template"]["spec"]["nodeSelector"] for n, d in (("dp", dp), ("dra", dra))
     }
-    # Helm merges maps: the default GPU-node label stays on the base pool only.
-    assert selector["dp"] == {"nvidia.com/gpu.present": "true", "gpushare.io/mode": "deviceplugin"}
+    # Helm merges maps: the default opt-in label stays on the base pool only.
+    assert selector["dp"] == {"gpushare.io/enabled": "true", "gpushare.io/mode": "deviceplugin"}
     assert selector["dra"] == {"gpushare.io/mode": "dra"}
     dra_match = dra["spec"]["selector"]["matchLabels"]
     assert dra_match["gpushare.io/node-pool"] == "dra"
