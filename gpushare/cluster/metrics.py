@@ -258,6 +258,14 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.webhook_seconds = Histogram(
+            f"{METRIC_PREFIX}webhook_request_duration_seconds",
+            "Time to answer one admission review (the API server waits webhook.timeoutSeconds, "
+            "then refuses the pod: the webhook fails closed)",
+            ["webhook"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.webhook_requests = Counter(
             f"{METRIC_PREFIX}webhook_requests",
             "Admission reviews by webhook (mutate, validate) and outcome (allowed, denied, "
