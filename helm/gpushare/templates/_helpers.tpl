@@ -49,8 +49,10 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- end }}
 {{- end }}
 
+{{/* repository:tag, or repository:tag@digest when image.digest pins it. */}}
 {{- define "gpushare.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- with .Values.image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/*
@@ -69,6 +71,7 @@ then says so in a comment.
 {{- end }}
 {{- end }}
 {{- printf "%s:%s" .Values.scheduler.image.repository $tag }}
+{{- with .Values.scheduler.image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/* "true" when Helm renders without a cluster and without --kube-version. */}}
