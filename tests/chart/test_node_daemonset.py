@@ -333,3 +333,45 @@ def test_a_dra_agent_holds_the_controllers_tenancy_boundary_between_claims(chart
     assert args.tenancy == "namespace"
     shared = _ds(chart, {"mode": "dra", "tenancy": {"crossNamespaceSharing": True}})
     assert build_parser().parse_args(_agent(shared)["args"]).tenancy == "cluster"
+
+
+def test_no_agent_or_mps_daemon_while_the_gpu_operator_changes_mig(chart: Chart) -> None:
+    """The mig-manager's protocol: pending/rebooting state or the plugin paused; a user's own
+    required node affinity keeps its expressions and gets these added."""
+    pause = [
+        {
+            "key": "nvidia.com/mig.config.state",
+            "operator": "NotIn",
+            "values": ["pending", "rebooting"],
+        },
+        {
+            "key": "nvidia.com/gpu.deploy.device-plugin",
+            "operator": "NotIn",
+            "values": ["paused-for-mig-change"],
+        },
+    ]
+    own = {"key": "zone", "operator": "In", "values": ["a"]}
+    values = {
+        "node": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [own]}]
+                    }
+                }
+            }
+        }
+    }
+    for given, expected in (({}, pause), (values, [own, *pause])):
+        rendered = chart.render(given)
+        for kind, name in (
+            ("DaemonSet", "gpushare-node-agent"),
+            ("DaemonSet", "gpushare-mps-daemons"),
+        ):
+            spec = rendered.get(kind, name)["spec"]["template"]["spec"]
+            terms = spec["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]
+            assert terms["nodeSelectorTerms"] == [{"matchExpressions": expected}], name
+    off = chart.render({"node": {"pauseForGpuOperator": False}})
+    assert "affinity" not in off.get("DaemonSet", "gpushare-node-agent")["spec"]["template"]["spec"]

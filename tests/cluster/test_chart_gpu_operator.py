@@ -7,6 +7,8 @@ discovery's label ``nvidia.com/gpu.present=true`` is set.
 - An admin labels the node for gpushare without turning NVIDIA's plugin off: the agent starts,
   manages no GPU (each is the other plugin's), says so in a Node Event, offers nothing, and is
   Ready: the DaemonSet's rollout completes (what KubeDaemonSetRolloutStuck and Argo CD read).
+- The GPU Operator's mig-manager changes the MIG layout (``nvidia.com/mig.config.state=pending``):
+  the agent leaves the node, marking it not ready for gpushare pods, and comes back afterwards.
 
 Uses the chart release fixtures of tests/fixtures/chart_release.py.
 """
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.api.names import RESOURCE_GPU_PERCENT
+from gpushare.api.names import ANN_AGENT_READY, RESOURCE_GPU_PERCENT
 from gpushare.node.gpu.simulated import simulated_uuid
 from tests.cluster.test_coexistence import OTHER_RESOURCE, OtherPlugin, allocatable, node_events
 from tests.fixtures.chart_release import (
@@ -38,6 +40,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.whole_node]
 AGENTS = f"{RELEASE}-node-agent"
 GFD_LABEL = "nvidia.com/gpu.present"
 OWNED_LABEL = "gpushare.io/enabled"
+MIG_STATE = "nvidia.com/mig.config.state"
 
 
 def agent_daemonset(cluster: LocalCluster) -> dict[str, Any]:
@@ -105,8 +108,38 @@ def test_beside_nvidias_device_plugin_the_default_install_is_not_stuck(
                 timeout_s=180,
                 what="the upgraded node agent Ready",
             )
+
+            # The mig-manager changes the MIG layout: no agent meanwhile, the node marked not
+            # ready for gpushare pods; afterwards the agent is back on the new layout.
+            cluster.kubectl(
+                "label", "node", cluster.node_name, f"{MIG_STATE}=pending", "--overwrite"
+            )
+            wait_for(
+                lambda: (
+                    agent_daemonset(cluster)["desiredNumberScheduled"] == 0
+                    and not [p for p in release_pods(cluster) if component(p) == "node-agent"]
+                ),
+                timeout_s=120,
+                what="no node agent while the MIG layout changes",
+            )
+            annotations = kjson(cluster, "get", "node", cluster.node_name)["metadata"][
+                "annotations"
+            ]
+            assert annotations.get(ANN_AGENT_READY) == "false"
+            cluster.kubectl(
+                "label", "node", cluster.node_name, f"{MIG_STATE}=success", "--overwrite"
+            )
+            wait_for(
+                lambda: (
+                    (s := agent_daemonset(cluster)).get("numberReady") == 1
+                    and s["desiredNumberScheduled"] == 1
+                ),
+                timeout_s=180,
+                what="the node agent back and Ready after the MIG change",
+            )
         finally:
             remove_release(cluster)
             other.stop()
             cluster.kubectl("label", "node", cluster.node_name, f"{GFD_LABEL}-", check=False)
             cluster.kubectl("label", "node", cluster.node_name, f"{OWNED_LABEL}-", check=False)
+            cluster.kubectl("label", "node", cluster.node_name, f"{MIG_STATE}-", check=False)
