@@ -19,7 +19,8 @@ picks them up.
 kube-scheduler reads its extender CA and client certificate only at start, so the leader
 restarts gpushare-scheduler's Deployment (a pod-template annotation, as ``kubectl rollout
 restart`` does) whenever what it reads changed: the ``ca.crt`` of ``<prefix>-extender-tls``
-and ``<prefix>-extender-client``. That also covers certificates cert-manager renews
+and ``<prefix>-extender-client``. At install its first pod waits for the Secrets to mount, so
+it starts with them and is not restarted. That also covers certificates cert-manager renews
 (``--no-issue-certificates``: the keeper only reads).
 """
 
@@ -50,8 +51,10 @@ log = logging.getLogger("gpushare.cluster.certificates")
 RENEW_ANNOTATION = "gpushare.io/renew"
 """On a certificate Secret: the leader renews that certificate now (then drops the mark)."""
 CREDENTIALS_ANNOTATION = "gpushare.io/extender-credentials"
-"""On gpushare-scheduler's pod template: a digest of the extender CA and client certificate
-its pods were started with; the leader changes it to restart them."""
+"""On gpushare-scheduler's Deployment: a digest of the extender CA and client certificate its
+pods run with. When the Secrets' digest differs, the leader writes the new one here and on the
+pod template (which restarts the pods); when it is missing (pods that started after the
+Secrets were made, e.g. at install), it is only written here."""
 CA_DAYS = 3650
 CLIENT_NAME = "gpushare-scheduler"
 BACKDATE = dt.timedelta(minutes=5)
@@ -459,7 +462,12 @@ class CertificateKeeper:
         found = await self.store.deployment(name)
         if found is None or found[1].get(CREDENTIALS_ANNOTATION) == digest:
             return
-        await self.store.annotate_pod_template(name, {CREDENTIALS_ANNOTATION: digest})
+        annotation = {CREDENTIALS_ANNOTATION: digest}
+        if CREDENTIALS_ANNOTATION not in found[1]:
+            # Its pods could not start before the Secrets existed: they hold these.
+            await self.store.annotate_deployment(name, annotation)
+            return
+        await self.store.annotate_deployment(name, annotation, pod_template=annotation)
         self.restarts += 1
         log.info(
             "restarting gpushare-scheduler: kube-scheduler reads its extender CA and client "

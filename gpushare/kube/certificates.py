@@ -138,7 +138,7 @@ class SecretStore:
         return True
 
     async def deployment(self, name: str) -> tuple[Owner, dict[str, str]] | None:
-        """Deployment ``name`` as an owner, and its pod template's annotations; None if none."""
+        """Deployment ``name`` as an owner, and its own annotations; None if none."""
         try:
             obj = await self._client.get(Deployment, name, namespace=self.namespace)
         except ApiError as exc:
@@ -147,15 +147,22 @@ class SecretStore:
             raise _wrap(exc, f"get Deployment {self.namespace}/{name}") from exc
         except Exception as exc:
             raise _wrap(exc, f"get Deployment {self.namespace}/{name}") from exc
-        template = obj.spec.template.metadata if obj.spec and obj.spec.template else None
-        annotations = dict((template.annotations if template else None) or {})
+        annotations = dict((obj.metadata.annotations if obj.metadata else None) or {})
         uid = str((obj.metadata.uid if obj.metadata else None) or "")
         return Owner("apps/v1", "Deployment", name, uid), annotations
 
-    async def annotate_pod_template(self, name: str, annotations: Mapping[str, str]) -> None:
-        """Merge ``annotations`` into Deployment ``name``'s pod template: a rolling restart,
-        as ``kubectl rollout restart`` does."""
-        patch = {"spec": {"template": {"metadata": {"annotations": dict(annotations)}}}}
+    async def annotate_deployment(
+        self,
+        name: str,
+        annotations: Mapping[str, str],
+        *,
+        pod_template: Mapping[str, str] | None = None,
+    ) -> None:
+        """Merge ``annotations`` into Deployment ``name``'s, and ``pod_template`` into its pod
+        template's (a rolling restart, as ``kubectl rollout restart`` does)."""
+        patch: dict[str, Any] = {"metadata": {"annotations": dict(annotations)}}
+        if pod_template:
+            patch["spec"] = {"template": {"metadata": {"annotations": dict(pod_template)}}}
         try:
             await self._client.patch(
                 Deployment,

@@ -54,9 +54,18 @@ def scheduler_pods(cluster: LocalCluster) -> list[dict[str, Any]]:
 
 
 def scheduler_credentials(cluster: LocalCluster) -> str:
+    """What the controller recorded gpushare-scheduler's pods run with."""
     deploy = kjson(cluster, "get", "deployment", "-n", NAMESPACE, SCHEDULER)
-    annotations = deploy["spec"]["template"]["metadata"].get("annotations", {})
-    return str(annotations.get(CREDENTIALS_ANNOTATION, ""))
+    return str(deploy["metadata"].get("annotations", {}).get(CREDENTIALS_ANNOTATION, ""))
+
+
+def scheduler_replicasets(cluster: LocalCluster) -> int:
+    return len(
+        kjson(
+            cluster, "get", "replicasets", "-n", NAMESPACE,
+            "-l", "app.kubernetes.io/component=scheduler",
+        )["items"]
+    )  # fmt: skip
 
 
 def settled_scheduler(cluster: LocalCluster) -> str | None:
@@ -92,13 +101,14 @@ def test_certificates_made_at_run_time_renew_without_a_failed_admission_or_bind(
                 assert "helm.sh/chart" not in obj["metadata"].get("labels", {}), "not Helm's"
                 if suffix != "ca":
                     assert base64.b64decode(obj["data"]["ca.crt"]) == ca_pem
-            # The scheduler runs with the credentials the controller made (restarted once,
-            # right after install, if it started before them).
+            # The scheduler's first pod waited for the Secrets, so it runs with them: the
+            # controller records that and restarts nothing.
             first = wait_for(
                 lambda: scheduler_credentials(cluster) and settled_scheduler(cluster),
                 timeout_s=180,
                 what="gpushare-scheduler running with the controller's credentials",
             )
+            assert scheduler_replicasets(cluster) == 1, "restarted at install for nothing"
             credentials = scheduler_credentials(cluster)
             before = {s: secret(cluster, s)["data"]["tls.crt"] for s in LEAVES}
 
