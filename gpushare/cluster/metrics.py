@@ -9,7 +9,7 @@ every replica (docs/observability.md, "Series the controller exports").
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -231,6 +231,9 @@ class Metrics:
         Gauge(BUILD_INFO_METRIC, BUILD_INFO_HELP, BUILD_INFO_LABELS, registry=self.registry).labels(
             *build_info_values("controller")
         ).set(1)
+        # process_cpu_seconds_total, process_resident_memory_bytes, open fds, start time: what
+        # a replica costs (the control-plane dashboard), every replica.
+        ProcessCollector(registry=self.registry)
         self.extender_seconds = Histogram(
             f"{METRIC_PREFIX}extender_request_duration_seconds",
             "Time to answer one kube-scheduler extender call",

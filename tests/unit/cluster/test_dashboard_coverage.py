@@ -99,6 +99,12 @@ def dra_series_names() -> set[str]:
 
 
 def exported() -> set[str]:
+    """gpushare's own families (the client library's process_* are standard: the dashboard
+    shows CPU and memory of them)."""
+    return {name for name in all_series() if name.startswith("gpushare_")}
+
+
+def all_series() -> set[str]:
     return {
         *exporter_series_names(),
         *controller_series_names(),
@@ -143,3 +149,9 @@ def test_control_plane_dashboard_names_only_exported_series() -> None:
     assert unknown == {}
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_each_controller_replica_exports_what_its_process_costs() -> None:
+    """process_* from every replica (the control-plane dashboard's CPU and memory panel)."""
+    names = _names(Metrics().registry)
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= names
