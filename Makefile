@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help venv lock lock-upgrade verify-lock verify-lowest krew prereqs tools demo test lint typecheck layers unit pytest cluster-up cluster-down protos verify-protos clean
+.PHONY: help venv lock lock-upgrade verify-lock verify-lowest krew cli-wheel release prereqs tools demo test lint typecheck layers unit pytest cluster-up cluster-down protos verify-protos clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -36,6 +36,12 @@ verify-lowest: $(BIN)/python ## install every dependency at its lower bound in a
 
 krew: $(BIN)/python ## build the krew plugin archive into dist/ and write deploy/krew/gpushare.yaml from it
 	$(BIN)/python hack/krew.py
+
+cli-wheel: $(BIN)/python ## build the CLI-only distribution kubectl-gpushare (no dependency) into dist/
+	$(BIN)/python hack/cli_wheel.py
+
+release: venv ## build every release artefact (OCI image archive, chart, wheels, krew archive, CRD, SHA256SUMS) into dist/release-v<version>/
+	hack/release.sh
 
 prereqs: ## install the OS packages the local cluster and the tests need (Debian/Ubuntu, as root)
 	hack/install-prereqs.sh all

@@ -8,8 +8,9 @@
 #   hack/build-image.sh all         both (default)
 #
 # Options: --tag REF (gpushare image, default gpushare/gpushare:<version in pyproject.toml>),
-# --out FILE (docker-archive to write), --no-import (do not import into containerd), --force
-# (rebuild even when nothing changed).
+# --out FILE (docker-archive to write), --oci (write an OCI archive instead, as a release
+# publishes it), --no-import (do not import into containerd), --force (rebuild even when
+# nothing changed).
 #
 # There is no Docker engine and no registry here. The SAME Dockerfile a user builds with
 # `docker build .` is built with `buildah bud --isolation chroot` inside a network namespace
@@ -46,13 +47,14 @@ SCHEDULER_IMAGE="registry.k8s.io/kube-scheduler:$KUBE_VERSION"
 log() { printf '%s build-image: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-what=all tag="" out="" do_import=1 force=0
+what=all tag="" out="" do_import=1 force=0 format=docker-archive
 while (($#)); do
   case $1 in
     gpushare | scheduler | all) what=$1 ;;
     --tag) tag=$2; shift ;;
     --out) out=$2; shift ;;
     --no-import) do_import=0 ;;
+    --oci) format=oci-archive ;;
     --force) force=1 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -126,7 +128,7 @@ build_gpushare() {
     echo "$revision";
     find gpushare -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum;
     "$VENV_PY" -m pip freeze --all 2>/dev/null; echo "$base $tag"; } | sha256sum | cut -d' ' -f1)
-  if ((force == 0)) && [[ -f $stamp && $(cat "$stamp") == "$digest" && -f $out ]] && have_image "$tag"; then
+  if ((force == 0)) && [[ $format == docker-archive && -f $stamp && $(cat "$stamp") == "$digest" && -f $out ]] && have_image "$tag"; then
     log "$tag is up to date (inputs unchanged since the last build)"
     return 0
   fi
@@ -164,7 +166,7 @@ build_gpushare() {
     -f "$repo/Dockerfile" -t "$(normalize "$tag")" "$repo" >"$work/bud.log" 2>&1 ||
     { tail -40 "$work/bud.log" >&2; die "buildah bud failed (full log above)"; }
   rm -f "$out"
-  "${bud[@]}" push -q "$(normalize "$tag")" "docker-archive:$out:$(normalize "$tag")" >/dev/null
+  "${bud[@]}" push -q "$(normalize "$tag")" "$format:$out:$(normalize "$tag")" >/dev/null
   # Keep the storage small: the base image stays, build containers and old images go.
   "${bud[@]}" rm --all >/dev/null 2>&1 || true
   "${bud[@]}" rmi --prune >/dev/null 2>&1 || true

@@ -146,15 +146,19 @@ build_containerd() {
 # Prometheus itself, for the Prometheus Operator test: Debian's package is built without
 # kubernetes_sd_configs, which every ServiceMonitor needs. Its go.mod pins one dependency with
 # a replace, so it is built through a wrapper module like the others (no web UI assets: the
-# tests use its HTTP API).
+# tests use its HTTP API). promtool, from the same module, unit-tests the chart's alert rules.
 build_prometheus() {
-  local v=$PROMETHEUS_VERSION out="$GPUSHARE_CACHE_DIR/bin/prometheus-$PROMETHEUS_VERSION"
-  if [[ -x $out/prometheus ]]; then log "prometheus $v cached in $out"; return; fi
+  local v=$PROMETHEUS_VERSION out="$GPUSHARE_CACHE_DIR/bin/prometheus-$PROMETHEUS_VERSION" missing=()
+  local cmd
+  for cmd in prometheus promtool; do
+    [[ -x $out/$cmd ]] || missing+=("github.com/prometheus/prometheus/cmd/$cmd")
+  done
+  if ((${#missing[@]} == 0)); then log "prometheus $v cached in $out"; return; fi
   local dir="$GPUSHARE_CACHE_DIR/src/prometheus-$v"
   log "building prometheus $v (module version $PROMETHEUS_MODULE_VERSION)"
   wrapper_module "$dir" github.com/prometheus/prometheus "$PROMETHEUS_MODULE_VERSION" "$PROMETHEUS_MODULE_VERSION"
   build_from "$dir" "$out" "-s -w -X github.com/prometheus/common/version.Version=${v#v}" \
-    github.com/prometheus/prometheus/cmd/prometheus
+    "${missing[@]}"
 }
 
 # The Prometheus Operator's module replaces its own pkg/apis/monitoring and pkg/client with

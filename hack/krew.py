@@ -4,7 +4,7 @@ The archive holds the launcher (deploy/krew/kubectl-gpushare) and the LICENSE; i
 stored (uncompressed) entries with fixed timestamps and modes, so the same sources give the
 same bytes on every machine and the manifest's sha256 can be checked against a fresh build
 (tests/unit/cli/test_krew_manifest.py). One archive serves every platform: the launcher is a POSIX
-shell script that runs the Python package kube-gpushare.
+shell script that runs the Python package kubectl-gpushare (or kube-gpushare).
 
 Release step: ``make krew`` (or ``python hack/krew.py``), attach dist/<archive> to the GitHub
 release ``v<version>``, commit deploy/krew/gpushare.yaml, and submit it to krew-index.
@@ -38,11 +38,12 @@ spec:
     Lists every GPU that gpushare (MPS-based GPU sharing for Kubernetes) manages, with the
     pods placed on it: their guaranteed share, MPS thread limit, memory limit and, given a
     Prometheus or node-agent URL, live per-pipe utilization. `kubectl gpushare get pods`
-    and `get gpus` list one row each; -o wide|json|yaml, -A, -l and --watch work as in
-    kubectl get.
+    and `get gpus` list one row each; -o wide|json|yaml|name|jsonpath|custom-columns,
+    --no-headers, --sort-by, -A, -l and --watch work as in kubectl get.
   caveats: |
-    The plugin runs the gpushare CLI of the Python package kube-gpushare (Python >= 3.11):
-      pip install kube-gpushare=={package_version}
+    The plugin runs the gpushare CLI of the Python package kubectl-gpushare (Python >= 3.11,
+    no dependency), or of kube-gpushare (all of gpushare) when that one is installed:
+      pip install kubectl-gpushare=={package_version}
     Set GPUSHARE_PYTHON to use an interpreter other than python3.
   platforms:
 {platforms}"""

@@ -17,7 +17,21 @@ from gpushare.cli.completion import SCRIPTS
 
 DISTRIBUTION = "kube-gpushare"
 COMMANDS = ("top", "get", "completion")
-OUTPUTS = ("wide", "json", "yaml", "text")
+OUTPUTS = ("wide", "json", "yaml", "name", "text")
+TEMPLATED_OUTPUTS = ("jsonpath=", "jsonpath-file=", "custom-columns=", "custom-columns-file=")
+
+
+class OutputChoices(tuple[str, ...]):
+    """``-o``'s choices: the plain ones, and kubectl's ``jsonpath=...``-style ones (argparse
+    checks membership; completion and help list them)."""
+
+    def __contains__(self, value: object) -> bool:
+        text = str(value)
+        return text in OUTPUTS or any(
+            text.startswith(t) and len(text) > len(t) for t in TEMPLATED_OUTPUTS
+        )
+
+
 MIN_INTERVAL_S = 1.0
 DEFAULT_INTERVAL_S = 2.0
 
@@ -51,9 +65,16 @@ def _common(p: argparse.ArgumentParser, *, namespaced: bool, selects: str) -> No
     p.add_argument(
         "-o",
         "--output",
-        choices=OUTPUTS,
+        choices=OutputChoices((*OUTPUTS[:-1], *TEMPLATED_OUTPUTS)),
         default="text",
-        help="wide (more columns), json or yaml; default: a table",
+        help="wide (more columns), json, yaml, name, jsonpath=TEMPLATE, jsonpath-file=FILE, "
+        "custom-columns=SPEC, custom-columns-file=FILE (as kubectl); default: a table",
+    )
+    p.add_argument("--no-headers", action="store_true", help="no header row in tables (as kubectl)")
+    p.add_argument(
+        "--sort-by",
+        metavar="JSONPATH",
+        help="sort rows by this field of their -o json object, e.g. --sort-by=.request_percent",
     )
     p.add_argument("--prometheus", metavar="URL", help="Prometheus base URL for live readings")
     p.add_argument(
@@ -64,14 +85,17 @@ def _common(p: argparse.ArgumentParser, *, namespaced: bool, selects: str) -> No
         help="a node agent's /metrics URL for live readings (repeatable)",
     )
     p.add_argument(
-        "-w", "--watch", action="store_true", help="read again every --interval, print changes"
+        "-w",
+        "--watch",
+        action="store_true",
+        help="list once, then follow the API server's watch and print the view on each change",
     )
     p.add_argument(
         "--interval",
         type=float,
         metavar="SECONDS",
-        help=f"seconds between reads with --watch (default {DEFAULT_INTERVAL_S:g}, at least "
-        f"{MIN_INTERVAL_S:g})",
+        help="with --watch and a live source, seconds between live readings (default "
+        f"{DEFAULT_INTERVAL_S:g}, at least {MIN_INTERVAL_S:g})",
     )
     p.add_argument(
         "--watch-timeout",

@@ -6,9 +6,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from gpushare.api.errors import InvalidInputError
+from gpushare.cli.exposition import samples
 from gpushare.cli.view import LIVE_METRICS, Live
 
 
@@ -47,17 +46,16 @@ def from_exporters(urls: list[str], *, timeout_s: float = 5.0) -> Live:
         url = _check_url(raw, flag="--metrics-url")
         text = _get(url, flag="--metrics-url", timeout_s=timeout_s).decode()
         try:
-            families = list(text_string_to_metric_families(text))
+            found = samples(text)
         except ValueError as exc:
             raise InvalidInputError(
                 "--metrics-url",
                 f"{url} did not answer in the Prometheus text format ({exc})",
                 "point it at a gpushare node agent's /metrics",
             ) from None
-        for family in families:
-            for sample in family.samples:
-                if sample.name in LIVE_METRICS:
-                    live.add(sample.name, sample.labels, sample.value)
+        for name, labels, value in found:
+            if name in LIVE_METRICS:
+                live.add(name, labels, value)
     return live
 
 

@@ -11,7 +11,7 @@ cluster (the message names the flag and the fix), 2 a command line that does not
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from gpushare.api.errors import InvalidInputError
@@ -24,16 +24,26 @@ from gpushare.cli.args import (
 )
 from gpushare.cli.completion import candidates, script
 from gpushare.cli.live import from_exporters, from_prometheus
+from gpushare.cli.outputs import (
+    Output,
+    custom_columns,
+    jsonpath,
+    names,
+    parse_output,
+    reorder_table,
+    sort_order,
+)
 from gpushare.cli.render import dump, printable, render_json, render_text
 from gpushare.cli.tables import gpus_document, pods_document, render_gpus, render_pods
 from gpushare.cli.view import Live, NodeRow, build_view
-from gpushare.cli.watch import watch
-from gpushare.kube.cli import ALL_NAMESPACES, Query, Snapshot, read_cluster
+from gpushare.cli.watch import follow, watch
+from gpushare.kube.cli import ALL_NAMESPACES, Query, Snapshot, follow_cluster, read_cluster
 
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 
 Reader = Callable[[Query], Snapshot]
+Follower = Callable[[Query], Iterator[Snapshot | InvalidInputError]]
 
 
 def _prog() -> str:
@@ -92,11 +102,21 @@ def _check(args: argparse.Namespace) -> None:
         )
     if args.watch_timeout < 0:
         raise InvalidInputError("--watch-timeout", "must not be negative", "give 0 or seconds")
+    args.output = parse_output(args.output)
+    if args.command == "top" and (args.output.format in ("name", "custom-columns") or args.sort_by):
+        raise InvalidInputError(
+            "--sort-by" if args.sort_by else "-o/--output",
+            "applies to get pods and get gpus (one row each), not to top",
+            "use kubectl gpushare get pods|gpus, or -o json|yaml|jsonpath= with top",
+        )
 
 
 def _render(args: argparse.Namespace, query: Query, read: Reader) -> str:
     """One read of the cluster (and live source), rendered as asked."""
-    snapshot = read(query)
+    return _render_snapshot(args, query, read(query))
+
+
+def _render_snapshot(args: argparse.Namespace, query: Query, snapshot: Snapshot) -> str:
     live = _live(args)
     namespace = None if snapshot.namespace == ALL_NAMESPACES else snapshot.namespace
     view = build_view(
@@ -121,24 +141,41 @@ def _render(args: argparse.Namespace, query: Query, read: Reader) -> str:
 def _format(
     args: argparse.Namespace, view: list[NodeRow], *, source: str | None, namespace: str
 ) -> str:
-    wide, live = args.output == "wide", source is not None
+    output: Output = args.output
+    wide, live = output.format == "wide", source is not None
     if args.command == "top":
-        if args.output in ("json", "yaml"):
-            return dump(render_json(view, live_source=source), output=args.output)
-        return render_text(view, live_source=source, wide=wide)
-    if args.kind in ("gpus", "gpu"):
-        if args.output in ("json", "yaml"):
-            return dump(gpus_document(view), output=args.output)
-        return render_gpus(view, wide=wide, live=live)
-    if args.output in ("json", "yaml"):
-        return dump(pods_document(view), output=args.output)
-    return render_pods(
-        view,
-        all_namespaces=namespace == ALL_NAMESPACES,
-        wide=wide,
-        live=live,
-        namespace=namespace,
-    )
+        document = render_json(view, live_source=source)
+        if output.document:
+            return dump(document, output=output.format)
+        if output.format == "jsonpath":
+            return jsonpath(document, output.template)
+        return render_text(view, live_source=source, wide=wide, no_headers=args.no_headers)
+    gpus = args.kind in ("gpus", "gpu")
+    document = gpus_document(view) if gpus else pods_document(view)
+    order = sort_order(document["items"], args.sort_by) if args.sort_by else None
+    if order is not None:
+        document = {**document, "items": [document["items"][i] for i in order]}
+    if output.document:
+        return dump(document, output=output.format)
+    if output.format == "jsonpath":
+        return jsonpath(document, output.template)
+    if output.format == "name":
+        return names(document["items"], "gpu" if gpus else "pod")
+    if output.format == "custom-columns":
+        return custom_columns(document["items"], output.template, no_headers=args.no_headers)
+    if gpus:
+        text = render_gpus(view, wide=wide, live=live)
+    else:
+        text = render_pods(
+            view,
+            all_namespaces=namespace == ALL_NAMESPACES,
+            wide=wide,
+            live=live,
+            namespace=namespace,
+        )
+    if order is None and not args.no_headers:
+        return text
+    return reorder_table(text, order or range(len(document["items"])), no_headers=args.no_headers)
 
 
 def complete_main(argv: Sequence[str] | None = None) -> int:
@@ -150,8 +187,15 @@ def complete_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None, *, read: Reader = read_cluster) -> int:
-    """The CLI. ``read`` is how the cluster is read (the API server, through the kubeconfig)."""
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    read: Reader = read_cluster,
+    follow_with: Follower | None = None,
+) -> int:
+    """The CLI. ``read`` is how the cluster is read (the API server, through the kubeconfig);
+    ``follow_with`` how ``-w`` follows it (the watch API; a reader given without one is read
+    again every ``--interval`` instead)."""
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["__complete"]:
         return complete_main(words[1:])
@@ -163,12 +207,24 @@ def main(argv: Sequence[str] | None = None, *, read: Reader = read_cluster) -> i
     try:
         _check(args)
         query = _query(args)
+        separator = "---\n" if args.output.format == "yaml" else ""
+        if follow_with is None and read is read_cluster:
+            follow_with = follow_cluster
+        if args.watch and follow_with is not None:
+            live = bool(args.prometheus or args.metrics_url)
+            return follow(
+                follow_with(query),
+                lambda snapshot: _render_snapshot(args, query, snapshot),
+                refresh_s=args.interval if live else None,
+                timeout_s=args.watch_timeout,
+                separator=separator,
+            )
         if args.watch:
             return watch(
                 lambda: _render(args, query, read),
                 interval_s=args.interval,
                 timeout_s=args.watch_timeout,
-                separator="---\n" if args.output == "yaml" else "",
+                separator=separator,
             )
         sys.stdout.write(_render(args, query, read))
     except InvalidInputError as exc:

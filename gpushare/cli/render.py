@@ -5,10 +5,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-import yaml
-
 from gpushare.api.quantities import format_memory
 from gpushare.cli.view import PIPE_ORDER, GpuRow, NodeRow, PodRow
+from gpushare.cli.yaml_out import dump_yaml
 
 GiB = 2**30
 
@@ -86,8 +85,11 @@ def table(rows: Sequence[Sequence[str]]) -> list[str]:
 NO_GPUS = "No node advertises gpushare GPUs (is the gpushare node agent running?)\n"
 
 
-def render_text(nodes: list[NodeRow], *, live_source: str | None, wide: bool = False) -> str:
-    """The ``top`` view: per node and GPU, its pods. ``wide`` adds each pod's state and phase."""
+def render_text(
+    nodes: list[NodeRow], *, live_source: str | None, wide: bool = False, no_headers: bool = False
+) -> str:
+    """The ``top`` view: per node and GPU, its pods. ``wide`` adds each pod's state and phase;
+    ``no_headers`` leaves out the pods' header rows."""
     lines: list[str] = []
     if not nodes:
         return NO_GPUS
@@ -113,7 +115,7 @@ def render_text(nodes: list[NodeRow], *, live_source: str | None, wide: bool = F
             if not gpu.pods:
                 lines.append("    (no pods)")
                 continue
-            rows: list[tuple[str, ...]] = [headers]
+            rows: list[tuple[str, ...]] = [] if no_headers else [headers]
             for p in gpu.pods:
                 row = (
                     p.namespace,
@@ -164,6 +166,5 @@ def render_json(nodes: list[NodeRow], *, live_source: str | None) -> dict[str, A
 def dump(data: Any, *, output: str) -> str:
     """``-o json`` or ``-o yaml`` of a JSON-compatible document."""
     if output == "yaml":
-        text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
-        return text
+        return dump_yaml(data)
     return json.dumps(data, indent=2) + "\n"

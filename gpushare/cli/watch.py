@@ -1,4 +1,6 @@
-"""``--watch``: read again every ``--interval`` seconds and print the view when it changed.
+"""``--watch``: :func:`follow` prints the view on each change the API server's watch reports
+(the real cluster); :func:`watch` reads again every ``--interval`` seconds instead (a reader
+without a watch, as the tests inject).
 
 Bounded: one read at a time, only the last rendering kept, and ``--watch-timeout`` ends it
 after that many seconds (0: until Ctrl-C). On a terminal each change redraws the screen; in a
@@ -7,15 +9,18 @@ A failed read after the first is reported on stderr and retried at the next inte
 ends the watch with exit status 0 and no traceback.
 """
 
+import queue
 import sys
+import threading
 import time
-from collections.abc import Callable
-from typing import TextIO
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO, TypeVar
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.cli.render import printable
 
 CLEAR = "\x1b[H\x1b[2J"
+T = TypeVar("T")
 
 
 def watch(
@@ -61,6 +66,80 @@ def watch(
             if deadline is not None and clock() + interval_s > deadline:
                 return 0
             sleep(interval_s)
+    except KeyboardInterrupt:
+        out.write("\n")
+        out.flush()
+        return 0
+
+
+def follow(
+    updates: Iterator[T | InvalidInputError],
+    render: Callable[[T], str],
+    *,
+    refresh_s: float | None,
+    timeout_s: float,
+    separator: str = "",
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """``-w`` over the watch API: print ``render(update)`` for the first update and whenever a
+    later one renders differently. ``updates`` (the cluster's snapshots, gpushare.kube.cli
+    follow_cluster) is read on a thread of its own, so ``--watch-timeout`` and, with a live
+    source, a re-render every ``refresh_s`` happen while no event comes. A failure before the
+    first update ends the command; later ones are reported on stderr and the watch goes on."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    redraw = out.isatty() and not separator
+    inbox: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+
+    def pump() -> None:
+        try:
+            for item in updates:
+                inbox.put(("item", item))
+        except InvalidInputError as exc:
+            inbox.put(("failed", exc))
+        except Exception as exc:  # the command reports it like any failed read
+            inbox.put(("failed", InvalidInputError("cluster", str(exc), "check the cluster")))
+        inbox.put(("ended", None))
+
+    threading.Thread(target=pump, name="watch-updates", daemon=True).start()
+    deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+    last_text: str | None = None
+    current: Any = None
+    try:
+        while True:
+            waits = [w for w in (refresh_s if current is not None else None,) if w]
+            if deadline is not None:
+                waits.append(max(0.0, deadline - time.monotonic()))
+            try:
+                what, item = inbox.get(timeout=min(waits) if waits else None)
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return 0
+                what, item = "refresh", current
+            if what == "ended":
+                return 0
+            if what == "failed" or isinstance(item, InvalidInputError):
+                if last_text is None:
+                    raise item
+                print(f"error: {printable(str(item))}", file=err, flush=True)
+                continue
+            current = item
+            try:
+                text = render(item)
+            except InvalidInputError as exc:  # the live source failing
+                if last_text is None:
+                    raise
+                print(f"error: {printable(str(exc))}", file=err, flush=True)
+                continue
+            if text != last_text:
+                if redraw:
+                    out.write(CLEAR)
+                elif last_text is not None:
+                    out.write(separator or "\n")
+                out.write(text)
+                out.flush()
+                last_text = text
     except KeyboardInterrupt:
         out.write("\n")
         out.flush()

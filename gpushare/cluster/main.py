@@ -26,6 +26,7 @@ from pathlib import Path
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.logs import setup_json_logging
 from gpushare.cluster import watches
+from gpushare.cluster.certificates import CertificateKeeper, leaves_for
 from gpushare.cluster.context import ControllerContext, Hook
 from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.dra.devices import DraDevices
@@ -47,7 +48,14 @@ from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.server import Listener, webhook_app
 from gpushare.cluster.settings import PROG, Settings, parse_args
 from gpushare.cluster.state.view import ClusterView
-from gpushare.cluster.tls import ReloadingServerTls, ensure_certs
+from gpushare.cluster.tls import (
+    CA_FILE,
+    CERT_FILE,
+    KEY_FILE,
+    CertFiles,
+    ReloadingServerTls,
+    ensure_certs,
+)
 from gpushare.kube.controller import Kube
 from gpushare.packing.admission import Admission
 from gpushare.packing.interference import MODEL_ENV, load_default
@@ -87,9 +95,13 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
     elector: LeaderElector | None = None
     with tempfile.TemporaryDirectory(prefix="gpushare-webhook-") as scratch:
         try:
+            web = ctx.settings.webhook
+            cert_dir = (web.cert_dir or Path(scratch)) if web.enabled else None
+            keeper = await _certificate_keeper(ctx, cert_dir)
             extender = _extender(ctx)
-            if ctx.settings.webhook.enabled:
-                listeners.append(_webhook(ctx, scratch=Path(scratch)))
+            if web.enabled:
+                assert cert_dir is not None
+                listeners.append(_webhook(ctx, cert_dir=cert_dir, keeper=keeper))
                 await listeners[-1].start()
                 log.info(
                     "webhook listening",
@@ -98,7 +110,18 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                     },
                 )
             elector = _elector(ctx)
-            await supervise(components(ctx, extender, elector=elector, hooks=hooks), ctx.stopping)
+            duties = components(ctx, extender, elector=elector, hooks=hooks)
+            if keeper is not None:
+                duties.append(
+                    Task(
+                        "certificate upkeep",
+                        lambda: keeper.run(
+                            leading=lambda: ctx.leading,
+                            period_s=ctx.settings.process.cert_reload_seconds,
+                        ),
+                    )
+                )
+            await supervise(duties, ctx.stopping)
         except DutyEndedError:
             raise SystemExit(1) from None
         finally:
@@ -154,13 +177,16 @@ def _extender(ctx: ControllerContext) -> Extender:
     )
 
 
-def _webhook(ctx: ControllerContext, *, scratch: Path) -> Listener:
-    """The webhook's listener, its certificates made where missing (in ``scratch`` without
-    ``--webhook-cert-dir``)."""
+def _webhook(
+    ctx: ControllerContext, *, cert_dir: Path, keeper: CertificateKeeper | None
+) -> Listener:
+    """The webhook's listener, serving what the certificate keeper wrote from the Secret every
+    replica serves, else certificates made in ``cert_dir`` where missing."""
     web = ctx.settings.webhook
-    ctx.certs = ensure_certs(
-        web.cert_dir or scratch, hosts=web.hosts(), required=web.required_hosts() or None
-    )
+    if keeper is not None and keeper.settings.issue:
+        ctx.certs = CertFiles(cert_dir / CERT_FILE, cert_dir / KEY_FILE, cert_dir / CA_FILE)
+    else:
+        ctx.certs = ensure_certs(cert_dir, hosts=web.hosts(), required=web.required_hosts() or None)
     ctx.ca_bundle = ctx.certs.ca_pem()
     ctx.webhook_tls = ReloadingServerTls(cert=ctx.certs.cert, key=ctx.certs.key)
     return Listener(
@@ -173,6 +199,30 @@ def _webhook(ctx: ControllerContext, *, scratch: Path) -> Listener:
         # Replicas on one host (tests) share the port; the kernel spreads the calls.
         reuse_port=ctx.settings.leader.enabled,
     )
+
+
+async def _certificate_keeper(
+    ctx: ControllerContext, cert_dir: Path | None
+) -> CertificateKeeper | None:
+    """With --certificate-secrets: the keeper of the Secrets, its files written before
+    anything serves them (gpushare.cluster.certificates)."""
+    settings = ctx.settings
+    if not settings.certificates.secrets or ctx.kube is None:
+        return None
+    keeper = CertificateKeeper(
+        ctx.kube.secret_store(settings.certificates.namespace),
+        settings.certificates,
+        leaves_for(
+            settings.certificates,
+            webhook_hosts=settings.webhook.hosts(),
+            webhook_dir=cert_dir,
+            extender_cert=settings.extender.tls_cert,
+            extender_key=settings.extender.tls_key,
+            extender_client_ca=settings.extender.client_ca,
+        ),
+    )
+    await keeper.start()
+    return keeper
 
 
 def _elector(ctx: ControllerContext) -> LeaderElector | None:

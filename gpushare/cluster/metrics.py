@@ -10,7 +10,7 @@ every replica (docs/observability.md, "Series the controller exports").
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -225,6 +225,9 @@ class Metrics:
         Gauge(BUILD_INFO_METRIC, BUILD_INFO_HELP, BUILD_INFO_LABELS, registry=self.registry).labels(
             *build_info_values("controller")
         ).set(1)
+        # process_cpu_seconds_total, process_resident_memory_bytes, open fds, start time: what
+        # a replica costs (the control-plane dashboard), every replica.
+        ProcessCollector(registry=self.registry)
         self.extender_seconds = Histogram(
             f"{METRIC_PREFIX}extender_request_duration_seconds",
             "Time to answer one kube-scheduler extender call",
@@ -250,6 +253,14 @@ class Metrics:
             f"{METRIC_PREFIX}extender_binds",
             "Bind attempts by result (bound, failed)",
             ["result"],
+            registry=self.registry,
+        )
+        self.webhook_seconds = Histogram(
+            f"{METRIC_PREFIX}webhook_request_duration_seconds",
+            "Time to answer one admission review (the API server waits webhook.timeoutSeconds, "
+            "then refuses the pod: the webhook fails closed)",
+            ["webhook"],
+            buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.webhook_requests = Counter(

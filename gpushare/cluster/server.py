@@ -244,7 +244,16 @@ def webhook_app(
     app = web.Application(client_max_size=8 * 2**20, middlewares=[deadline(WEBHOOK_DEADLINE_S)])
 
     def review(name: str, *, mutate: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
+        latency = metrics.webhook_seconds.labels(name)
+
         async def handle(request: web.Request) -> web.Response:
+            start = time.perf_counter()
+            try:
+                return await answer(request)
+            finally:
+                latency.observe(time.perf_counter() - start)
+
+        async def answer(request: web.Request) -> web.Response:
             try:
                 parsed = webhook.parse_review(await request.read())
             except webhook.BadReviewError as exc:

@@ -25,6 +25,7 @@ from lightkube.resources.scheduling_v1 import PriorityClass
 from lightkube.types import PatchType
 
 from gpushare.kube.access import AsyncAccessReviewer
+from gpushare.kube.certificates import SecretStore
 from gpushare.kube.config import load_config
 from gpushare.kube.errors import (
     ConflictError,
@@ -93,6 +94,10 @@ class Kube:
     def access_reviewer(self) -> AsyncAccessReviewer:
         """Checks the bearer tokens of callers of /metrics (gpushare.kube.access)."""
         return AsyncAccessReviewer(self._client)
+
+    def secret_store(self, namespace: str) -> SecretStore:
+        """The certificate Secrets of ``namespace`` (gpushare.kube.certificates)."""
+        return SecretStore(self._client, namespace=namespace, field_manager=self._field_manager)
 
     async def close(self) -> None:
         await self._client.close()

@@ -28,6 +28,7 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
 )
 from gpushare.api.placement import parse_placement
+from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import opportunistic_slice_ids, slice_ids
 from gpushare.node.deviceplugin.health import DeviceHealth
@@ -427,8 +428,11 @@ class NodeAgent:
                     f"the {RESOURCE_GPU_OPPORTUNISTIC} device plugin is not registered with "
                     "the kubelet"
                 )
+        # Not counted: GPUs another device plugin advertises (they are its now). An agent left
+        # with no GPU of its own manages nothing and is ready doing so, not stuck (#46).
         _, healthy = self.health.snapshot()
-        if not any(healthy.values()):
+        own = [ok for u, ok in healthy.items() if OTHER_PLUGIN not in self.health.problems(u)]
+        if own and not any(own):
             return "no healthy GPU"
         return None
 

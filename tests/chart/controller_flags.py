@@ -1,6 +1,7 @@
-"""The controller's flags as rendered, made parseable here: the extender's TLS files live in a
-Secret the pod mounts, so they are written out from the rendered Secret (Helm-made) or left out
-(cert-manager, issued in the cluster) before the controller's own parser checks them."""
+"""The controller's flags as rendered, made parseable here: the extender's TLS files are
+written by the controller itself (default: from the Secrets it keeps, so the parser does not
+ask for them) or mounted from cert-manager's Secret (issued in the cluster: left out here)
+before the controller's own parser checks them."""
 
 import base64
 import tempfile
@@ -16,6 +17,10 @@ def parseable(args: list[str], rendered: Rendered | None = None) -> list[str]:
     secret: Obj | None = next(
         (s for s in secrets if s["metadata"]["name"].endswith("-extender-tls")), None
     )
+    if "--no-issue-certificates" not in args and any(
+        a.startswith("--certificate-secrets=") for a in args
+    ):
+        return list(args)
     out = []
     for arg in args:
         flag = next((f for f in TLS_FLAGS if arg.startswith(f)), None)

@@ -109,15 +109,20 @@ def test_runs_as_non_root_without_capabilities(chart: Chart) -> None:
 
 
 def test_webhook_certificate_comes_from_the_controller_or_cert_manager(chart: Chart) -> None:
-    # One certificate for every replica: a Secret either way (Helm-made or cert-manager's).
+    # One certificate for every replica: a Secret either way (the controller's own, copied
+    # into a directory of its pod, or cert-manager's, mounted).
     own = _controller(chart)
     volumes = {v["name"]: v for v in own["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["webhook-certs"]["secret"]["secretName"] == "gpushare-controller-webhook-tls"
+    assert "secret" not in volumes["webhook-certs"]
+    settings = parse_args(parseable(container(own, "controller")["args"]))
+    assert settings.certificates.secrets == "gpushare-system/gpushare-controller"
+    assert settings.certificates.issue
     managed = _controller(chart, {"webhook": {"certManager": {"enabled": True}}})
     volumes = {v["name"]: v for v in managed["spec"]["template"]["spec"]["volumes"]}
     assert volumes["webhook-certs"]["secret"]["secretName"] == "gpushare-controller-webhook-tls"
     args = container(managed, "controller")["args"]
     assert parse_args(parseable(args)).webhook_cert_dir is not None
+    assert not parse_args(parseable(args)).certificates.issue
 
 
 def test_image_follows_values(chart: Chart) -> None:

@@ -53,7 +53,19 @@ def test_profile_cache_configmap_only_in_its_namespace(chart: Chart) -> None:
     rules = _rules(role)
     assert ("", "configmaps", "patch", "gpushare-profile-cache") in rules
     own = {"gpushare-profile-cache", "gpushare-controller"}  # the cache, and the leader Lease
-    assert all(name in own for _, _, verb, name in rules if verb != "create")
+    # ... its certificate Secrets, and the scheduler it restarts when they change
+    certificates = {
+        f"gpushare-controller-{s}" for s in ("ca", "webhook-tls", "extender-tls", "extender-client")
+    }
+    assert all(
+        name in own | certificates | {"gpushare-scheduler"}
+        for _, _, verb, name in rules
+        if verb != "create"
+    )
+    assert {n for _, r, _, n in rules if r == "secrets"} == certificates | {"*"}
+    assert {v for _, r, v, n in rules if r == "secrets" and n == "*"} == {"create"}
+    assert ("apps", "deployments", "patch", "gpushare-scheduler") in rules
+    assert ("apps", "deployments", "patch", "gpushare-controller") not in rules
     assert ("coordination.k8s.io", "leases", "update", "gpushare-controller") in rules
     binding = rendered.get("RoleBinding", "gpushare-controller")
     assert binding["subjects"][0]["name"] == "gpushare-controller"

@@ -1,6 +1,7 @@
-"""gpushare-scheduler calls the extender over HTTPS and checks it against the chart's CA."""
+"""gpushare-scheduler calls the extender over HTTPS and checks it against the controller's CA;
+two renders of the chart are the same bytes (no certificate in them)."""
 
-import base64
+import asyncio
 import socket
 import ssl
 import tempfile
@@ -11,10 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from gpushare.cluster.certificates import CertificateKeeper, leaves_for
 from gpushare.cluster.settings import parse_args
 from gpushare.cluster.tls import ReloadingServerTls
 from tests.chart.controller_flags import parseable
 from tests.fixtures.helm_chart import LOCAL_VALUES, Chart, container
+from tests.fixtures.secret_store import Secrets
 
 SECRET = "gpushare-controller-extender-tls"
 CLIENT_SECRET = "gpushare-controller-extender-client"
@@ -77,9 +80,33 @@ def _handshake(
         thread.join(5)
 
 
+def issued(rendered: Any) -> dict[str, dict[str, bytes]]:
+    """The Secrets the rendered controller makes when it starts: its own flags parsed by its
+    own parser, its certificate keeper run against Secrets kept in memory."""
+    args = container(rendered.get("Deployment", "gpushare-controller"), "controller")["args"]
+    settings = parse_args(parseable(args, rendered))
+    work = Path(tempfile.mkdtemp(prefix="gs-issued-"))
+    store = Secrets()
+    keeper = CertificateKeeper(
+        store,  # type: ignore[arg-type]
+        settings.certificates,
+        leaves_for(
+            settings.certificates,
+            webhook_hosts=settings.webhook_hosts(),
+            webhook_dir=work / "webhook",
+            extender_cert=work / "extender" / "tls.crt",
+            extender_key=work / "extender" / "tls.key",
+            extender_client_ca=work / "extender" / "ca.crt",
+        ),
+    )
+    asyncio.run(keeper.start())
+    return {name: dict(secret.data) for name, secret in store.items.items()}
+
+
 def test_scheduler_trusts_the_certificate_the_controller_serves(chart: Chart) -> None:
     rendered = chart.render(values_files=[LOCAL_VALUES])
-    data = {k: base64.b64decode(v) for k, v in rendered.get("Secret", SECRET)["data"].items()}
+    secrets = issued(rendered)
+    data = secrets[SECRET]
     extender = _scheduler_extender(rendered)
     assert extender["urlPrefix"] == "https://10.96.88.88:8888/scheduler"
     assert extender["enableHTTPS"] is True
@@ -103,9 +130,7 @@ def test_scheduler_trusts_the_certificate_the_controller_serves(chart: Chart) ->
         "certFile": f"{mounts['extender-client']}/tls.crt",
         "keyFile": f"{mounts['extender-client']}/tls.key",
     }
-    client = {
-        k: base64.b64decode(v) for k, v in rendered.get("Secret", CLIENT_SECRET)["data"].items()
-    }
+    client = secrets[CLIENT_SECRET]
     # Checked the way kube-scheduler checks it: the pinned IP (no cluster DNS) and the DNS
     # names; and the extender checks the scheduler's client certificate the way it will.
     for host in ("10.96.88.88", "gpushare-controller-extender.gpushare-system.svc"):
@@ -121,14 +146,11 @@ def test_scheduler_trusts_the_certificate_the_controller_serves(chart: Chart) ->
 
 
 def test_the_extender_refuses_clients_without_the_schedulers_certificate(chart: Chart) -> None:
-    """Mutual TLS: a pod that can reach the extender but holds no certificate from the chart's
-    extender CA gets no answer (issue: any pod could POST /scheduler/bind)."""
+    """Mutual TLS: a pod that can reach the extender but holds no certificate from the
+    controller's CA gets no answer (issue: any pod could POST /scheduler/bind)."""
     rendered = chart.render()
-    data = {k: base64.b64decode(v) for k, v in rendered.get("Secret", SECRET)["data"].items()}
-    stranger = chart.render()  # another CA, as a tenant could make one
-    other = {
-        k: base64.b64decode(v) for k, v in stranger.get("Secret", CLIENT_SECRET)["data"].items()
-    }
+    data = issued(rendered)[SECRET]
+    other = issued(rendered)[CLIENT_SECRET]  # another CA, as a tenant could make one
     host = "gpushare-controller-extender.gpushare-system.svc"
     for client in (None, other):
         try:
@@ -152,24 +174,29 @@ def test_the_extender_refuses_clients_without_the_schedulers_certificate(chart: 
     assert settings.extender_client_ca is not None
 
 
-def test_controller_serves_the_extender_with_the_secret(chart: Chart) -> None:
+def test_the_controller_writes_the_extender_files_it_serves(chart: Chart) -> None:
     rendered = chart.render()
     deploy = rendered.get("Deployment", "gpushare-controller")
     c = container(deploy, "controller")
     settings = parse_args(parseable(c["args"], rendered))
     assert settings.extender_tls_cert is not None and settings.extender_tls_key is not None
+    assert settings.certificates.issue
     assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert c["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
     volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["extender-tls"]["secret"]["secretName"] == SECRET
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    # Written from the Secrets it keeps into memory-backed directories of its own.
+    for name in ("extender-tls", "webhook-certs"):
+        assert volumes[name]["emptyDir"]["medium"] == "Memory"
+        assert not mounts[name]["readOnly"]
+    assert str(settings.extender_tls_cert).startswith(mounts["extender-tls"]["mountPath"])
+    assert str(settings.webhook_cert_dir) == mounts["webhook-certs"]["mountPath"]
 
 
-def test_a_certificate_for_another_name_is_refused(chart: Chart) -> None:
-    """The CA is the chart's own: a certificate the scheduler did not ask for fails."""
-    first = chart.render()  # `helm template` makes a new CA each time
-    second = chart.render()
-    a = {k: base64.b64decode(v) for k, v in first.get("Secret", SECRET)["data"].items()}
-    b = {k: base64.b64decode(v) for k, v in second.get("Secret", SECRET)["data"].items()}
+def test_a_certificate_from_another_ca_is_refused(chart: Chart) -> None:
+    """The CA is the controller's own: a certificate of another installation fails."""
+    a = issued(chart.render())[SECRET]
+    b = issued(chart.render())[SECRET]
     try:
         _handshake(
             a["ca.crt"], b["tls.crt"], b["tls.key"], "gpushare-controller.gpushare-system.svc"
@@ -204,35 +231,18 @@ def test_plain_http_when_turned_off(chart: Chart) -> None:
     assert not [s for s in rendered.all("Secret") if s["metadata"]["name"] == SECRET]
 
 
-def _changed(first: str, second: str) -> set[tuple[str, str]]:
-    """(kind, name) of every object whose rendered text differs between two renders."""
-    docs = [
-        {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(text) if d}
-        for text in (first, second)
-    ]
-    assert docs[0].keys() == docs[1].keys()
-    return {key for key in docs[0] if docs[0][key] != docs[1][key]}
-
-
 @pytest.mark.parametrize("kube_version", [None, "1.34.4"])
-def test_with_cert_manager_two_renders_are_byte_identical(
-    chart: Chart, kube_version: str | None
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"webhook": {"certManager": {"enabled": True}}}],
+    ids=["default", "cert-manager"],
+)
+def test_two_renders_are_byte_identical(
+    chart: Chart, kube_version: str | None, values: dict[str, Any]
 ) -> None:
     """What a GitOps tool (Argo CD renders with `helm template`, no `lookup`) needs to see
-    the release in sync: the same values render the same bytes (docs/chart.md, "GitOps")."""
-    values = {"webhook": {"certManager": {"enabled": True}}}
+    the release in sync: the same values render the same bytes, by default too (the controller
+    makes its certificates at run time; docs/chart.md, "GitOps")."""
     first = chart.text(values, kube_version=kube_version)
-    assert "kind: Certificate" in first
     assert chart.text(values, kube_version=kube_version) == first
-
-
-def test_without_cert_manager_each_render_makes_new_certificates(chart: Chart) -> None:
-    """Without a cluster to look the Secrets up in, Helm makes a new CA and certificates on
-    every render: the three TLS Secrets, and nothing else, differ (docs/chart.md, "GitOps")."""
-    first, second = chart.text(), chart.text()
-    assert first != second
-    assert _changed(first, second) == {
-        ("Secret", "gpushare-controller-webhook-tls"),
-        ("Secret", "gpushare-controller-extender-tls"),
-        ("Secret", "gpushare-controller-extender-client"),
-    }
+    assert "kind: Secret" not in first

@@ -94,7 +94,7 @@ def test_node_selector_is_not_the_label_the_agent_writes(chart: Chart) -> None:
     """The agent sets/removes gpushare.io/mps-capable itself; selecting on it would evict the
     agent whenever MPS is down, and never start it on a new node."""
     selector = _ds(chart)["spec"]["template"]["spec"]["nodeSelector"]
-    assert selector == {"nvidia.com/gpu.present": "true"}
+    assert selector == {"gpushare.io/enabled": "true"}
     assert LABEL_MPS_CAPABLE not in selector
     local = _ds(chart, values_files=[LOCAL_VALUES])["spec"]["template"]["spec"]["nodeSelector"]
     assert local == {"kubernetes.io/os": "linux"}
@@ -288,8 +288,8 @@ def test_two_node_pools_run_each_mode_on_their_own_nodes(chart: Chart) -> None:
     selector = {
         n: d["spec"]["template"]["spec"]["nodeSelector"] for n, d in (("dp", dp), ("dra", dra))
     }
-    # Helm merges maps: the default GPU-node label stays on the base pool only.
-    assert selector["dp"] == {"nvidia.com/gpu.present": "true", "gpushare.io/mode": "deviceplugin"}
+    # Helm merges maps: the default opt-in label stays on the base pool only.
+    assert selector["dp"] == {"gpushare.io/enabled": "true", "gpushare.io/mode": "deviceplugin"}
     assert selector["dra"] == {"gpushare.io/mode": "dra"}
     dra_match = dra["spec"]["selector"]["matchLabels"]
     assert dra_match["gpushare.io/node-pool"] == "dra"
@@ -333,3 +333,45 @@ def test_a_dra_agent_holds_the_controllers_tenancy_boundary_between_claims(chart
     assert args.tenancy == "namespace"
     shared = _ds(chart, {"mode": "dra", "tenancy": {"crossNamespaceSharing": True}})
     assert build_parser().parse_args(_agent(shared)["args"]).tenancy == "cluster"
+
+
+def test_no_agent_or_mps_daemon_while_the_gpu_operator_changes_mig(chart: Chart) -> None:
+    """The mig-manager's protocol: pending/rebooting state or the plugin paused; a user's own
+    required node affinity keeps its expressions and gets these added."""
+    pause = [
+        {
+            "key": "nvidia.com/mig.config.state",
+            "operator": "NotIn",
+            "values": ["pending", "rebooting"],
+        },
+        {
+            "key": "nvidia.com/gpu.deploy.device-plugin",
+            "operator": "NotIn",
+            "values": ["paused-for-mig-change"],
+        },
+    ]
+    own = {"key": "zone", "operator": "In", "values": ["a"]}
+    values = {
+        "node": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [own]}]
+                    }
+                }
+            }
+        }
+    }
+    for given, expected in (({}, pause), (values, [own, *pause])):
+        rendered = chart.render(given)
+        for kind, name in (
+            ("DaemonSet", "gpushare-node-agent"),
+            ("DaemonSet", "gpushare-mps-daemons"),
+        ):
+            spec = rendered.get(kind, name)["spec"]["template"]["spec"]
+            terms = spec["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]
+            assert terms["nodeSelectorTerms"] == [{"matchExpressions": expected}], name
+    off = chart.render({"node": {"pauseForGpuOperator": False}})
+    assert "affinity" not in off.get("DaemonSet", "gpushare-node-agent")["spec"]["template"]["spec"]

@@ -370,6 +370,15 @@ def test_service_accounts_can_do_exactly_what_they_need(cluster: LocalCluster) -
             (ctl, "create", "pods --subresource=exec", "default", False),
             (ctl, "patch", "nodes", None, False),
             (ctl, "get", "secrets", ns, False),
+            # its certificates: Secrets it creates, then only those by name; the scheduler's
+            # Deployment, restarted when its extender CA or client certificate changes
+            (ctl, "create", "secrets", ns, True),
+            (ctl, "update", f"secrets/{ctl}-extender-client", ns, True),
+            (ctl, "get", f"secrets/{ctl}-ca", ns, True),
+            (ctl, "get", "secrets/other", ns, False),
+            (ctl, "create", "secrets", "default", False),
+            (ctl, "patch", f"deployments.apps/{full}-scheduler", ns, True),
+            (ctl, "patch", f"deployments.apps/{ctl}", ns, False),
             (ctl, "delete", "gpushares.gpushare.io", "default", False),
             (
                 ctl,

@@ -269,7 +269,9 @@ def prometheus(
 
 
 def test_every_dashboard_panel_query_returns_data(prometheus: str) -> None:
-    queries = panel_queries()
+    # The control plane's series come from the controller's requests and the agent's device
+    # plugin, which run in test_monitoring_operator.py, not here.
+    queries = [q for q in panel_queries() if q[0] != "control-plane"]
     assert len(queries) >= 30
     empty = [
         f"{board}: {title}: {expr}"

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.flags import add_group, flat_name, read_group
+from gpushare.cluster.certificates import CertificateSettings
 from gpushare.cluster.settings.checks import (
     ANNOTATION_MODES,
     DEFAULT_PROTECTED_HOST_PATHS,
@@ -52,6 +53,7 @@ __all__ = [
     "PLACEMENT_GPUSHARE",
     "PLACEMENT_KUBE_SCHEDULER",
     "PROG",
+    "CertificateSettings",
     "DraSettings",
     "ExtenderSettings",
     "LeaderSettings",
@@ -78,6 +80,7 @@ GROUPS: tuple[tuple[str, type, str], ...] = (
     ("dra", DraSettings, "DRA mode"),
     ("leader", LeaderSettings, "high availability"),
     ("operator", OperatorSettings, "operator"),
+    ("certificates", CertificateSettings, "certificates kept in Secrets"),
 )
 """Each concern: its attribute of :class:`Settings`, its dataclass, its title in ``--help``."""
 
@@ -116,6 +119,8 @@ class Settings:
     """Leader election among replicas."""
     operator: OperatorSettings = field(default_factory=OperatorSettings)
     """The operator in this process."""
+    certificates: CertificateSettings = field(default_factory=CertificateSettings)
+    """Certificates kept in Secrets by the controller (gpushare.cluster.certificates)."""
 
     @classmethod
     def of(cls, **flat: Any) -> "Settings":
@@ -148,7 +153,12 @@ class Settings:
     def validate(self) -> "Settings":
         """Raise InvalidInputError naming the flag of the first bad value; return self."""
         for attr, _, _ in GROUPS:
-            getattr(self, attr).validate()
+            if attr == "extender":
+                # Files the controller writes itself from its certificate Secrets need not
+                # exist yet.
+                self.extender.validate(files_exist=not self.certificates.writes_files)
+            else:
+                getattr(self, attr).validate()
         web, ext = self.webhook, self.extender
         if web.enabled and (web.port, web.host) == (ext.port, ext.host):
             raise InvalidInputError(

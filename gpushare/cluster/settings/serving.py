@@ -78,7 +78,9 @@ class ExtenderSettings:
     signed (kube-scheduler's extender tlsConfig certFile/keyFile; mutual TLS). Needs the
     extender's own certificate. /healthz and /readyz stay on the webhook port for probes."""
 
-    def validate(self) -> None:
+    def validate(self, *, files_exist: bool = True) -> None:
+        """``files_exist``: the certificate files must be readable now (not when the
+        controller writes them itself from its Secrets)."""
         port("--extender-port", self.port)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidInputError(
@@ -92,11 +94,12 @@ class ExtenderSettings:
                 "needs --extender-tls-cert and --extender-tls-key (mutual TLS is TLS first)",
                 "give the extender its own certificate too",
             )
-        readable(
-            ("--extender-tls-cert", self.tls_cert),
-            ("--extender-tls-key", self.tls_key),
-            ("--extender-client-ca", self.client_ca),
-        )
+        if files_exist:
+            readable(
+                ("--extender-tls-cert", self.tls_cert),
+                ("--extender-tls-key", self.tls_key),
+                ("--extender-client-ca", self.client_ca),
+            )
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ Two entry points, both run from the chart's own image with the standard library 
                 checkpoint), and removes the gpushare annotation and labels from the node;
                 then lets the agent exit.
 
+A node agent stopped because the GPU Operator's mig-manager changes the node's MIG layout
+(node.pauseForGpuOperator) marks its node not ready for gpushare pods before it goes.
+
 Settings come from the environment the chart sets: POD_NAMESPACE, DAEMONSET_NAME, NODE_NAME,
 MPS_ROOT, PLUGIN_SOCKET, OPPORTUNISTIC_PLUGIN_SOCKET, TIMEOUT_SECONDS; in DRA mode CDI_DIR and
 DRA_PLUGIN_DIR.
@@ -202,8 +205,32 @@ def remove_dra_files(cdi_dir: str | None, plugin_dir: str | None) -> None:
         log(f"emptied {plugin_dir}")
 
 
+PAUSE_LABELS = {
+    "nvidia.com/mig.config.state": ("pending", "rebooting"),
+    "nvidia.com/gpu.deploy.device-plugin": ("paused-for-mig-change",),
+}
+"""The GPU Operator's mig-manager changing the node's MIG layout (the chart keeps no agent there
+meanwhile: node.pauseForGpuOperator)."""
+AGENT_READY = "gpushare.io/agent-ready"
+
+
+def paused_for_gpu_operator(node: str) -> bool:
+    status, body = api("GET", f"/api/v1/nodes/{node}")
+    if status != 200:
+        return False
+    labels = body.get("metadata", {}).get("labels") or {}
+    return any(labels.get(key) in values for key, values in PAUSE_LABELS.items())
+
+
 def node_cleanup() -> int:
     if not uninstalling():
+        node = os.environ.get("NODE_NAME", "")
+        if node and paused_for_gpu_operator(node):
+            # Stopped for a MIG change: nothing is placed here until an agent is back (it
+            # publishes itself ready again when it has started on the new layout).
+            patch = {"metadata": {"annotations": {AGENT_READY: "false"}}}
+            status, _ = api("PATCH", f"/api/v1/nodes/{node}", patch, "application/merge-patch+json")
+            log(f"paused by the GPU Operator: node {node} {AGENT_READY}=false (HTTP {status})")
         log("DaemonSet still present: a restart, leaving MPS daemons and directories in place")
         return 0
     log("uninstall: cleaning this node")

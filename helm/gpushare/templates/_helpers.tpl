@@ -49,8 +49,10 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- end }}
 {{- end }}
 
+{{/* repository:tag, or repository:tag@digest when image.digest pins it. */}}
 {{- define "gpushare.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- with .Values.image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/*
@@ -69,6 +71,7 @@ then says so in a comment.
 {{- end }}
 {{- end }}
 {{- printf "%s:%s" .Values.scheduler.image.repository $tag }}
+{{- with .Values.scheduler.image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/* "true" when Helm renders without a cluster and without --kube-version. */}}
@@ -110,6 +113,37 @@ address at node.metrics.port (published as a host port). */}}
 {{- end }}
 
 {{/* Node agent: privileged / hostPID default to "only with real GPUs". */}}
+{{/*
+The node agents' and MPS daemons' affinity: node.affinity, and, with node.pauseForGpuOperator,
+no pod while the GPU Operator changes the node's MIG layout. Its mig-manager marks that with
+nvidia.com/mig.config.state=pending|rebooting and sets the operands it pauses (those labelled
+nvidia.com/gpu.deploy.<operand>=true) to paused-for-mig-change; the DaemonSet controller then
+deletes the daemon pods there (MPS servers hold the GPUs), and starts them again once the
+labels are back, when the agent reads the GPUs' MIG modes anew. Added to every required node
+selector term (terms are ORed, their expressions ANDed).
+*/}}
+{{- define "gpushare.node.affinity" -}}
+{{- $affinity := deepCopy (.Values.node.affinity | default dict) }}
+{{- if .Values.node.pauseForGpuOperator }}
+{{- $pause := list
+      (dict "key" "nvidia.com/mig.config.state" "operator" "NotIn" "values" (list "pending" "rebooting"))
+      (dict "key" "nvidia.com/gpu.deploy.device-plugin" "operator" "NotIn" "values" (list "paused-for-mig-change")) }}
+{{- $node := $affinity.nodeAffinity | default dict }}
+{{- $required := $node.requiredDuringSchedulingIgnoredDuringExecution | default dict }}
+{{- $terms := list }}
+{{- range ($required.nodeSelectorTerms | default (list dict)) }}
+{{- $terms = append $terms (merge (dict "matchExpressions" (concat (.matchExpressions | default list) $pause)) .) }}
+{{- end }}
+{{- $_ := set $required "nodeSelectorTerms" $terms }}
+{{- $_ = set $node "requiredDuringSchedulingIgnoredDuringExecution" $required }}
+{{- $_ = set $affinity "nodeAffinity" $node }}
+{{- end }}
+{{- with $affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
 {{- define "gpushare.node.real" -}}
 {{- if eq .Values.node.backend "nvml" }}true{{ end }}
 {{- end }}

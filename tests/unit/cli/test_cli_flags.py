@@ -338,7 +338,20 @@ def test_completion_unknown_shell_is_a_usage_error(capsys: pytest.CaptureFixture
     [
         ([""], ["completion", "get", "top"], ":4"),
         (["get", ""], ["gpu", "gpus", "po", "pod", "pods"], ":4"),
-        (["get", "pods", "-o", ""], ["json", "text", "wide", "yaml"], ":4"),
+        (
+            ["get", "pods", "-o", ""],
+            [
+                "custom-columns-file=",
+                "custom-columns=",
+                "json",
+                "jsonpath-file=",
+                "jsonpath=",
+                "name",
+                "wide",
+                "yaml",
+            ],
+            ":4",
+        ),
         (["top", "--all"], ["--all-namespaces"], ":4"),
         (["completion", "z"], ["zsh"], ":4"),
         (["top", "--kubeconfig", ""], [], ":0"),

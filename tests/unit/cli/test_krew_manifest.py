@@ -48,7 +48,7 @@ def test_the_manifest_has_the_fields_krew_requires() -> None:
     assert spec["version"] == f"v{gpushare.__version__}"
     assert spec["homepage"] == "https://github.com/kube-gpushare/kube-gpushare"
     assert spec["shortDescription"] and spec["description"] and spec["caveats"]
-    assert f"kube-gpushare=={gpushare.__version__}" in spec["caveats"]
+    assert f"kubectl-gpushare=={gpushare.__version__}" in spec["caveats"]
     seen = set()
     for platform in spec["platforms"]:
         labels = platform["selector"]["matchLabels"]
@@ -97,4 +97,4 @@ def test_the_launcher_runs_the_cli_or_says_what_to_install(tmp_path: Path) -> No
         check=False,
     )
     assert missing.returncode == 1
-    assert "pip install kube-gpushare" in missing.stderr
+    assert "pip install kubectl-gpushare" in missing.stderr

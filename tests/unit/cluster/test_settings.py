@@ -135,16 +135,20 @@ def test_an_unreadable_calibrated_model_stops_the_controller_naming_the_variable
 
 
 FLAGS = """
---agent-url --annotation-mode --bind-gate-seconds --cert-reload-seconds --dra-device-class
+--agent-url --annotation-mode --bind-gate-seconds --cert-reload-seconds --certificate-days
+--certificate-secrets --dra-device-class
 --dra-placement --dra-template-idle-seconds --dra-templates-per-namespace --extender-client-ca
---extender-host --extender-port --extender-tls-cert --extender-tls-key --governor-period-seconds
+--extender-host --extender-port --extender-tls-cert --extender-tls-host --extender-tls-key
+--governor-period-seconds
 --governor-settle-seconds --help --hold-in-filter --interference-admission --kubeconfig
 --leader-elect --leader-elect-lease-seconds --leader-elect-name --leader-elect-namespace
 --leader-elect-renew-seconds --leader-identity --leader-pod --log-level --metrics-auth
---neighbour-rules --no-hold-in-filter --no-interference-admission --no-operator
+--neighbour-rules --no-hold-in-filter --no-interference-admission --no-issue-certificates
+--no-operator
 --no-opportunistic-default --no-opportunistic-placement --no-webhook --opportunistic-default
 --opportunistic-placement --opportunistic-priority-class --pod-runtime-class --pod-toleration
---policy --profile-cache-name --protected-host-path --register-webhooks --resync-seconds --set
+--policy --profile-cache-name --protected-host-path --register-webhooks
+--restart-on-certificate-change --resync-seconds --set
 --stale-assume-seconds --tenancy --webhook-cert-dir --webhook-config-name
 --webhook-exclude-namespace --webhook-host --webhook-namespace-label --webhook-port
 --webhook-service --webhook-timeout-seconds --webhook-url -h

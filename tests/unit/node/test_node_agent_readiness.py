@@ -15,7 +15,9 @@ import pytest
 
 from gpushare.api.names import ANN_AGENT_READY, RESOURCE_GPU_OPPORTUNISTIC, RESOURCE_GPU_PERCENT
 from gpushare.node.agent import AgentSettings, NodeAgent
+from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN
 from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from gpushare.node.gpu.selection import select_gpus
 from gpushare.node.gpu.simulated import SimulatedBackend
 
 
@@ -154,3 +156,51 @@ def test_no_healthy_gpu_is_not_ready(agent: NodeAgent) -> None:
         assert ready_annotation(agent) == "false"
     finally:
         kubelet.stop()
+
+
+def test_gpus_another_plugin_advertises_leave_the_agent_ready(agent: NodeAgent) -> None:
+    """Beside NVIDIA's device plugin (the GPU Operator) an agent whose GPUs are all advertised
+    by the other plugin manages nothing: ready, not stuck (helm --wait, Argo CD and
+    KubeDaemonSetRolloutStuck read its pod's readiness; #46). A fault of its own still counts."""
+    listing = threading.Event()
+    listing.set()
+    kubelet = Kubelet(agent.settings.device_plugin_dir, list_devices=listing)
+    try:
+        eventually(lambda: agent.not_ready_reason() is None)
+        (uuid,) = agent.health.uuids
+        agent.health.set_problem(uuid, OTHER_PLUGIN, "advertised as nvidia.com/gpu")
+        assert agent.not_ready_reason() is None
+        assert agent._readyz("").status == 200
+    finally:
+        kubelet.stop()
+
+
+def test_an_agent_managing_no_gpu_is_ready(tmp_path: Path) -> None:
+    """Every GPU left out (another plugin's at start, MIG, not selected): the agent serves an
+    empty device list and says it is ready."""
+    plugins = tmp_path / "device-plugins"
+    plugins.mkdir()
+    found = SimulatedBackend("1xA100-80GB+mig", node_name="n")
+    backend, skipped = select_gpus(found, wanted=None, other_plugins={})
+    assert [s.reason for s in skipped] == ["MigEnabled"] and not backend.inventory()
+    settings = AgentSettings(node_name="n", mps_root=tmp_path / "mps", device_plugin_dir=plugins)
+    node_agent = NodeAgent(settings, backend=backend, kube=None)
+    stop = threading.Event()
+    runners = [
+        threading.Thread(target=r.run, args=(stop,), daemon=True)
+        for r in (node_agent.runner, node_agent.opportunistic_runner)
+    ]
+    for runner in runners:
+        runner.start()
+    listing = threading.Event()
+    listing.set()
+    kubelet = Kubelet(plugins, list_devices=listing)
+    try:
+        eventually(lambda: node_agent.not_ready_reason() is None)
+        assert kubelet.devices_seen.get(RESOURCE_GPU_PERCENT) == 0
+        assert ready_annotation(node_agent) == "true"
+    finally:
+        kubelet.stop()
+        stop.set()
+        for runner in runners:
+            runner.join(timeout=10)
