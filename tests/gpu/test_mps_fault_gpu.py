@@ -50,7 +50,7 @@ from typing import Any
 import pytest
 
 from gpushare.api.inventory import GpuInfo
-from gpushare.node.deviceplugin.response import ContainerAllocation
+from gpushare.node.core.answer import ContainerAllocation
 from gpushare.node.faults.incidents import FaultIncident
 from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.gpu.nvml import NvmlBackend

@@ -31,9 +31,7 @@ from typing import Any
 import pytest
 
 from gpushare.api.inventory import GpuInfo
-from gpushare.node.deviceplugin.response import (
-    ContainerAllocation,
-)
+from gpushare.node.core.answer import ContainerAllocation
 from gpushare.node.mps.manager import MpsManager
 from tests.gpu.mps_helpers import (
     CONTAINERIZED,

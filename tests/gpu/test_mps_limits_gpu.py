@@ -44,14 +44,11 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
-from gpushare.node.deviceplugin.pods import PodInfo
-from gpushare.node.deviceplugin.response import (
-    AllocationContext,
-    ContainerAllocation,
-    allocation_for_pod,
-)
+from gpushare.node.core.answer import AllocationContext, ContainerAllocation
+from gpushare.node.core.pods import PodInfo
+from gpushare.node.deviceplugin.response import allocation_for_pod
+from gpushare.node.mps.limits import MpsLimitKeeper
 from gpushare.node.mps.manager import MpsManager
-from gpushare.node.mps_limits import MpsLimitKeeper
 from tests.gpu.mps_helpers import CONTAINERIZED, SKIP, WORKER  # skips this module too
 
 pytestmark = pytest.mark.gpu

@@ -17,7 +17,7 @@ processes all end with it.
 UIDs: an MPS server serves one Linux UID at a time; a client with another UID waits until the
 server's clients have all exited. gpushare therefore gives every GPU one UID at a time: the
 device plugin refuses to place a pod whose ``runAsUser`` differs from the UID of the pods
-already allocated on that GPU (see ``gpushare.node.deviceplugin.response.check_uid``).
+already allocated on that GPU (see ``gpushare.node.core.answer.check_uid``).
 """
 
 import contextlib
