@@ -407,6 +407,8 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
             if settings.operator_enabled:
                 ctx.share_handoff = watches.ShareHandoff(ctx.view)
             resync = settings.resync_seconds
+            lease_namespace = settings.agent_lease_namespace or settings.leader_elect_namespace
+            ctx.view.agents.namespace = lease_namespace
             if settings.annotation_mode == MODE_DRA:
                 ctx.claim_templates = ClaimTemplates(
                     device_class=settings.dra_device_class, quarantine=ctx.view.quarantine
@@ -465,6 +467,16 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
                     "namespace watch",
                     watches.feed_namespaces(ctx.kube, ctx.view, resync_seconds=resync),
                 ),
+                (
+                    "node agent Lease watch",
+                    watches.feed_agent_leases(
+                        ctx.kube,
+                        ctx.view,
+                        namespace=lease_namespace,
+                        resync_seconds=resync,
+                    ),
+                ),
+                ("node agent Leases", watches.judge_agent_leases(ctx.view)),
             ):
                 tasks[asyncio.create_task(feeding)] = name
             if settings.register_webhooks:

@@ -90,6 +90,10 @@ class Settings:
     only in namespaces an admin labelled gpushare.io/neighbour-rules=granted. ``everyone``:
     in every namespace."""
 
+    agent_lease_namespace: str = ""
+    """Where the node agents renew their Leases (gpushare.api.agent_lease; the chart: the
+    release namespace); a node whose agent's Lease expired gets no new pod. Empty: the
+    Lease namespace of leader election (``leader_elect_namespace``)."""
     leader_elect: bool = False
     """Run as one of several replicas: a Lease elects the one that binds pods, serves the
     extender and runs the operator; the others serve the admission webhook and keep their
@@ -636,6 +640,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile-cache-name", default=d.profile_cache_name, help=_doc("profile_cache_name")
     )
     o.add_argument("--log-level", default=d.log_level, help=_doc("log_level"))
+    o.add_argument(
+        "--agent-lease-namespace",
+        default=d.agent_lease_namespace,
+        help=_doc("agent_lease_namespace"),
+    )
     le = p.add_argument_group("high availability")
     le.add_argument("--leader-elect", action="store_true", help=_doc("leader_elect"))
     le.add_argument(

@@ -410,14 +410,18 @@ class Kube:
         resync_seconds: float,
         namespaced: bool = False,
         raw_path: str | None = None,
+        namespace: str | None = None,
     ) -> None:
         """:func:`~gpushare.kube.informer.inform` for one resource, in every namespace for
-        namespaced kinds (lightkube's default is the kubeconfig's namespace only). With
+        namespaced kinds (lightkube's default is the kubeconfig's namespace only) unless
+        ``namespace`` names one. With
         ``raw_path`` (the collection's URL path) and a kubeconfig RawApi supports, objects
         come as plain dicts decoded by msgspec instead of through lightkube's models."""
 
         async def list_all() -> tuple[list[dict[str, Any]], str]:
-            return await self._list(res, namespaced=namespaced, raw_path=raw_path)
+            return await self._list(
+                res, namespaced=namespaced, raw_path=raw_path, namespace=namespace
+            )
 
         def watch(version: str, timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
             return self._watch(
@@ -426,6 +430,7 @@ class Kube:
                 timeout_seconds=timeout_seconds,
                 namespaced=namespaced,
                 raw_path=raw_path,
+                namespace=namespace,
             )
 
         await inform(
@@ -439,11 +444,11 @@ class Kube:
         )
 
     async def _list(
-        self, res: Any, *, namespaced: bool, raw_path: str | None
+        self, res: Any, *, namespaced: bool, raw_path: str | None, namespace: str | None = None
     ) -> tuple[list[dict[str, Any]], str]:
         if raw_path is not None and self._raw is not None:
             return await self._raw.list(raw_path, what=f"list {res.__name__}")
-        scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
+        scope: dict[str, Any] = {"namespace": namespace or ALL_NS} if namespaced else {}
         listing = self._client.list(res, chunk_size=500, **scope)
         items: list[dict[str, Any]] = [obj.to_dict() async for obj in listing]
         return items, str(listing.resourceVersion)
@@ -456,6 +461,7 @@ class Kube:
         timeout_seconds: int,
         namespaced: bool,
         raw_path: str | None,
+        namespace: str | None = None,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         if raw_path is not None and self._raw is not None:
             async for event, data in self._raw.watch(
@@ -466,7 +472,7 @@ class Kube:
             ):
                 yield event, data
             return
-        scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
+        scope: dict[str, Any] = {"namespace": namespace or ALL_NS} if namespaced else {}
         async for event, obj in self._client.watch(
             res, resource_version=version, server_timeout=timeout_seconds, **scope
         ):
@@ -492,6 +498,27 @@ class Kube:
             resync_seconds=resync_seconds,
             namespaced=namespaced,
             raw_path=raw_path,
+        )
+
+    async def inform_agent_leases(
+        self,
+        *,
+        namespace: str,
+        replace: Callable[[Objects], None],
+        upsert: Callable[[Mapping[str, Any]], object],
+        delete: Callable[[Mapping[str, Any]], None],
+        resync_seconds: float,
+    ) -> None:
+        """The Leases of ``namespace`` (the release's: the node agents' among them,
+        gpushare.api.agent_lease) into the callbacks, forever."""
+        await self._informer(
+            Lease,
+            replace=replace,
+            upsert=upsert,
+            delete=delete,
+            resync_seconds=resync_seconds,
+            namespaced=True,
+            namespace=namespace,
         )
 
     # ---- leader election -----------------------------------------------------------------

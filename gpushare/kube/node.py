@@ -9,11 +9,13 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import httpx2
 from lightkube import ApiError, Client
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
@@ -149,6 +151,40 @@ class NodeKube(Generic[P]):
             {"metadata": {"annotations": dict(annotations), "labels": dict(labels)}},
             patch_type=PatchType.MERGE,
         )
+
+    def renew_agent_lease(self, *, namespace: str, name: str, duration_s: int) -> None:
+        """Say this node's agent is alive for ``duration_s`` (gpushare.api.agent_lease): a
+        merge-patch of the Lease's renewal, creating it the first time, owned by the Node so
+        it goes when the node does."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        spec = {
+            "holderIdentity": f"{COMPONENT}/{self.node_name}",
+            "leaseDurationSeconds": duration_s,
+            "renewTime": now,
+        }
+        try:
+            self.client.patch(
+                Lease, name, {"spec": spec}, namespace=namespace, patch_type=PatchType.MERGE
+            )
+            return
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+        owner = [
+            {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid}
+            for uid in [self._node_uid()]
+            if uid
+        ]
+        body = cast(
+            Lease,
+            Lease.from_dict(
+                {
+                    "metadata": {"name": name, "namespace": namespace, "ownerReferences": owner},
+                    "spec": {**spec, "acquireTime": now},
+                }
+            ),
+        )
+        self.client.create(body, namespace=namespace)
 
     def access_reviewer(self) -> AccessReviewer:
         """Checks the bearer tokens of callers of /metrics and /profile (gpushare.kube.access):

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from gpushare.api.agent_lease import AGENT_LEASE_RENEW_S
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import RESOURCE_GPU_OPPORTUNISTIC
 from gpushare.node.core.allocations import PodAllocation
@@ -45,7 +46,7 @@ from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.metrics import AgentCollector, Authorize, MetricsServer, Reply, registry_for
 from gpushare.node.mps.limits import MpsLimitKeeper
 from gpushare.node.mps.manager import MpsManager
-from gpushare.node.publishing import NodePublisher
+from gpushare.node.publishing import AgentLease, NodePublisher
 from gpushare.node.settings import AgentSettings
 from gpushare.node.simload import SimulatedLoadFeeder
 
@@ -180,6 +181,9 @@ class NodeAgent:
             inventory=self.inventory,
             not_ready_reason=self.not_ready_reason,
             slices=self.slices,
+        )
+        self.lease = AgentLease(
+            node_name=settings.node_name, namespace=settings.lease_namespace, kube=kube
         )
         self.simulated_load = SimulatedLoadFeeder(
             backend=backend,
@@ -393,6 +397,8 @@ class NodeAgent:
         )
         threads: list[threading.Thread] = []
         try:
+            # First: the controller judges this node's agent by its Lease, alive from here on.
+            threads.append(self._loop("lease", stop, AGENT_LEASE_RENEW_S, self.lease.renew))
             self.mps.ensure(g.uuid for g in self.gpus)
             try:
                 # Before the GPUs are advertised: a new daemon starts with MPS's defaults.

@@ -53,6 +53,7 @@ AGENT_FLAGS: dict[str, dict[str, Any]] = {
     "require_exclusive_process": {"action": "store_true"},
     "mps_daemons": {"choices": ("own", "launcher")},
     "tenancy": {"choices": TENANCY_MODES},
+    "lease_namespace": {},
     "stop_mps_on_exit": {"action": "store_true"},
     "metrics_host": {},
     "metrics_port": {"type": int},

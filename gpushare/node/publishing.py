@@ -3,7 +3,9 @@
 On start and on every health or daemon change the agent merge-patches its Node: the inventory
 (annotation ``gpushare.io/gpus``), ``gpushare.io/mps-capable`` and ``gpushare.io/simulated``
 labels, its mode and readiness (``gpushare.io/agent-ready``, which the extender waits on); in
-DRA mode also the node's ResourceSlice (docs/node-agent.md, "Node publishing").
+DRA mode also the node's ResourceSlice (docs/node-agent.md, "Node publishing"). And it keeps
+its Lease renewed (``AgentLease``), so the controller notices within seconds when it is gone
+(gpushare.api.agent_lease).
 """
 
 import logging
@@ -11,6 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gpushare.api.agent_lease import AGENT_LEASE_DURATION_S, agent_lease_name
 from gpushare.api.inventory import GpuInfo, dump_inventory
 from gpushare.api.names import (
     ANN_AGENT_MODE,
@@ -106,3 +109,50 @@ class NodePublisher:
         if self._needed.is_set():
             self._needed.clear()
             self.publish()
+
+
+class LeaseWriter(Protocol):
+    """Renews the agent's Lease (gpushare.kube.node.NodeKube.renew_agent_lease)."""
+
+    def renew_agent_lease(self, *, namespace: str, name: str, duration_s: int) -> None: ...
+
+
+class AgentLease:
+    """This node's agent's Lease, renewed by ``renew`` (every AGENT_LEASE_RENEW_S from the
+    agent's lease loop, which starts before anything else)."""
+
+    def __init__(self, *, node_name: str, namespace: str, kube: LeaseWriter | None) -> None:
+        self.namespace = namespace
+        self.name = agent_lease_name(node_name)
+        self.kube = kube if namespace and self.name is not None else None
+        self.renewals = 0
+        self._failing = False
+        if namespace and self.name is None:
+            log.warning(
+                "node name too long for an agent Lease; the controller judges this node "
+                "without one",
+                extra={"node": node_name},
+            )
+
+    def renew(self) -> None:
+        if self.kube is None or self.name is None:
+            return
+        try:
+            self.kube.renew_agent_lease(
+                namespace=self.namespace, name=self.name, duration_s=AGENT_LEASE_DURATION_S
+            )
+        except Exception as exc:
+            if not self._failing:
+                log.warning(
+                    "could not renew this agent's Lease %s/%s (%s); the controller stops "
+                    "placing pods here if it stays so",
+                    self.namespace,
+                    self.name,
+                    exc,
+                )
+            self._failing = True
+            return
+        if self._failing:
+            log.info("agent Lease %s/%s renewed again", self.namespace, self.name)
+        self._failing = False
+        self.renewals += 1

@@ -61,6 +61,11 @@ class AgentSettings:
     """dra mode: namespace: a GPU's MPS server serves claims of one namespace or sharing group
     only (the controller's --tenancy; the chart sets both from tenancy.crossNamespaceSharing);
     cluster: no boundary (docs/dra.md, "Tenancy")."""
+    lease_namespace: str = "default"
+    """Namespace of this agent's Lease, ``gpushare-agent-<node>``, renewed every 2 s: the
+    controller places no new pod on a node whose agent stopped renewing it (the chart: the
+    release namespace; empty: keep no Lease, and the node is judged as an older agent's;
+    gpushare.api.agent_lease)."""
     metrics_host: str = "0.0.0.0"
     """Listen address of the metrics server."""
     metrics_port: int = AGENT_METRICS_PORT

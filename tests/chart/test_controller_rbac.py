@@ -53,7 +53,14 @@ def test_profile_cache_configmap_only_in_its_namespace(chart: Chart) -> None:
     rules = _rules(role)
     assert ("", "configmaps", "patch", "gpushare-profile-cache") in rules
     own = {"gpushare-profile-cache", "gpushare-controller"}  # the cache, and the leader Lease
-    assert all(name in own for _, _, verb, name in rules if verb != "create")
+    # Beside them it only reads (list, watch) the node agents' Leases of its namespace.
+    assert all(
+        name in own
+        for _, resource, verb, name in rules
+        if verb != "create" and (resource, verb) not in {("leases", "list"), ("leases", "watch")}
+    )
+    assert ("coordination.k8s.io", "leases", "watch", "*") in rules
+    assert not [r for r in rules if r[1] == "leases" and r[2] == "update" and r[3] == "*"]
     assert ("coordination.k8s.io", "leases", "update", "gpushare-controller") in rules
     binding = rendered.get("RoleBinding", "gpushare-controller")
     assert binding["subjects"][0]["name"] == "gpushare-controller"

@@ -39,8 +39,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from gpushare.api.inventory import GpuInfo
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.state import governance
+from gpushare.cluster.state.agents import AgentLeases
 from gpushare.cluster.state.claim_holders import ClaimHolder, with_claim_placements
 from gpushare.cluster.state.host_resources import node_allocatable, pod_requests
 from gpushare.cluster.state.hosts import HostUsage
@@ -123,6 +125,12 @@ class ClusterView:
         (``governed_pods``, ``tenants_by_gpu``) place DRA-mode pods by them; nothing is
         counted in the device-plugin ledger."""
 
+        self.agents = AgentLeases()
+        """Node agents' Leases: a node whose agent's Lease expired gets no new pod
+        (gpushare.cluster.state.agents)."""
+        self._usable: dict[str, list[GpuInfo]] = {}
+        """Each node's GPUs as last published, when nothing but its agent's Lease (if that)
+        keeps them from use: what a revived agent's node gets back at once."""
         self._inventory = NodeInventory()
         self._marks = WorkloadMarks()
         self._reservations = Reservations(progress=self._allocation_progress)
@@ -424,6 +432,13 @@ class ClusterView:
         inventory, unusable = read_gpus(node, parsed)
         problem = problem or unusable
         if inventory is None:
+            self._usable.pop(name, None)
+        else:
+            self._usable[name] = inventory
+            gone = self.agents.down(name)
+            if gone is not None:
+                inventory, problem = None, gone
+        if inventory is None:
             if self._inventory.drop(name):
                 self._changed("node", name)
             if problem is not None:
@@ -436,6 +451,7 @@ class ClusterView:
             self._changed("node", name)
 
     def delete_node(self, name: str) -> None:
+        self._usable.pop(name, None)
         self._inventory.about.pop(name, None)
         self._hosts.set_allocatable(name, None)
         if self._inventory.drop(name):
@@ -454,6 +470,43 @@ class ClusterView:
         self._marks.keep_only(seen)
         self.nodes_synced = True
         self._notify_synced()
+
+    # ---- node agents' Leases ---------------------------------------------------------------
+
+    def upsert_agent_lease(self, lease: Mapping[str, Any]) -> None:
+        self._agents_flipped(self.agents.upsert(lease))
+
+    def delete_agent_lease(self, lease: Mapping[str, Any]) -> None:
+        self._agents_flipped(self.agents.delete(lease))
+
+    def replace_agent_leases(self, leases: Iterable[Mapping[str, Any]]) -> None:
+        self._agents_flipped(self.agents.replace(leases))
+
+    def check_agent_leases(self) -> set[str]:
+        """Judge the agents' Leases against the clock (the controller calls this every
+        second); returns the nodes whose agent died or came back."""
+        flipped = self.agents.check()
+        self._agents_flipped(flipped)
+        return flipped
+
+    def _agents_flipped(self, nodes: Iterable[str]) -> None:
+        for name in nodes:
+            inventory = self._usable.get(name)
+            if inventory is None:
+                continue  # unusable anyway (no GPUs, agent not ready, ...): nothing moves
+            gone = self.agents.down(name)
+            if gone is not None:
+                log.warning("node agent gone", extra={"node": name, "reason": gone})
+                if self._inventory.drop(name):
+                    self._changed("node", name)
+                self._inventory.problems[name] = gone
+                continue
+            log.info("node agent back", extra={"node": name})
+            self._inventory.problems.pop(name, None)
+            changed = self._inventory.set_gpus(name, inventory, self._placements.by_gpu)
+            self._hosts.sync(name)
+            if changed:
+                self._changed("node", name)
 
     # ---- pods ----------------------------------------------------------------------------
 
