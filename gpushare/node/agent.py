@@ -82,6 +82,7 @@ class NodeAgent:
             shm_mode=settings.mps_shm,
             on_change=self._mps_changed,
             require_exclusive_process=settings.require_exclusive_process,
+            set_exclusive_process=settings.set_exclusive_process,
             daemons=settings.mps_daemons,
             on_event=self._mps_event,
         )

@@ -51,6 +51,7 @@ AGENT_FLAGS: dict[str, dict[str, Any]] = {
     "mps_root": {"type": Path},
     "mps_shm": {"choices": ("private", "host")},
     "require_exclusive_process": {"action": "store_true"},
+    "set_exclusive_process": {"action": "store_true"},
     "mps_daemons": {"choices": ("own", "launcher")},
     "tenancy": {"choices": TENANCY_MODES},
     "lease_namespace": {},

@@ -52,6 +52,11 @@ class AgentSettings:
     nvidia-smi -c EXCLUSIVE_PROCESS): then only the MPS server may open the GPU, and a container
     pointing CUDA at an empty pipe directory cannot run outside MPS and its limits
     (docs/security.md)."""
+    set_exclusive_process: bool = False
+    """Set a managed GPU's compute mode to EXCLUSIVE_PROCESS before its MPS daemon starts, when
+    no process is on it (as NVIDIA's device plugin does for MPS): then a container pointing
+    CUDA at an empty pipe directory cannot leave MPS. Off for the agent binary; the chart turns
+    it on (node.setExclusiveProcess) (docs/security.md, "Containers stay inside MPS")."""
     mps_daemons: DaemonStarter = "own"
     """own: the agent starts the MPS daemons itself (an agent run as a host process); launcher:
     gpushare-mps-launcher starts them when the agent asks (the chart's mps-launcher container),

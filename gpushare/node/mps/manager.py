@@ -104,7 +104,11 @@ class MpsManager:
         require_exclusive_process: bool = False,
         daemons: DaemonStarter = "own",
         on_event: EventCallback | None = None,
+        set_exclusive_process: bool = False,
     ) -> None:
+        """``set_exclusive_process``: set each GPU's compute mode to EXCLUSIVE_PROCESS before
+        its daemon starts, when no process is on it (gpushare.node.mps.compute_mode); off
+        unless asked, and off on every test path that reaches a real GPU."""
         self.root = root
         self.daemons: DaemonStarter = daemons
         """own: this process starts the daemons (they live in its cgroup); launcher:
@@ -122,7 +126,10 @@ class MpsManager:
         self._orphans: dict[str, set[int]] = {}
         self._limits: dict[str, ServerLimits] = {}
         self._compute_modes = ComputeModeGate(
-            required=require_exclusive_process, simulated=simulated, timeout_s=query_timeout_s
+            required=require_exclusive_process,
+            simulated=simulated,
+            timeout_s=query_timeout_s,
+            close=set_exclusive_process,
         )
         if simulated:
             log.warning(
@@ -215,7 +222,7 @@ class MpsManager:
     # --- compute mode --------------------------------------------------------------------
 
     def compute_mode(self, uuid: str) -> str:
-        """The GPU's compute mode (gpushare.node.mps.compute_mode); never changed here."""
+        """The GPU's compute mode (gpushare.node.mps.compute_mode); read only."""
         return self._compute_modes.mode(uuid)
 
     # --- limits --------------------------------------------------------------------------
@@ -284,6 +291,9 @@ class MpsManager:
             status = DaemonStatus(uuid, up=True, simulated=True, reason="simulated: no daemon")
             self._set(status)
             return status
+        closed = self._compute_modes.close(uuid)
+        if closed is not None:
+            self._event(uuid, "GpushareComputeModeSet", closed, warning=False)
         refusal = self._compute_modes.refusal(uuid)
         if refusal is not None:
             status = DaemonStatus(uuid, up=False, restarts=restarts, reason=refusal)
