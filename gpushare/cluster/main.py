@@ -260,15 +260,18 @@ async def _priority_loop(ctx: ControllerContext, *, period_s: float = 15.0) -> N
 
 async def _expire_loop(ctx: ControllerContext, extender: Extender) -> None:
     period = max(1.0, min(5.0, ctx.settings.stale_assume_seconds / 4))
+    agents_back = ctx.view.agents_back
     while True:
         await asyncio.sleep(period)
+        back, agents_back = ctx.view.agents_back != agents_back, ctx.view.agents_back
         released = ctx.view.expire_stale()
         for key in released:
             log.info("stale placement released (pod never bound)", extra={"pod": key})
         lapsed = ctx.view.expire_holds()
         for key in lapsed:
             log.info("filter-time hold lapsed (no bind came)", extra={"pod": key})
-        if (released or lapsed) and ctx.leading and ctx.kube is not None and len(extender.refused):
+        freed = released or lapsed or back
+        if freed and ctx.leading and ctx.kube is not None and len(extender.refused):
             touched = await requeue(extender.refused, ctx.view.pods(), ctx.kube)
             if touched:
                 log.info(

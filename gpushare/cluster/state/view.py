@@ -128,6 +128,9 @@ class ClusterView:
         self.agents = AgentLeases()
         """Node agents' Leases: a node whose agent's Lease expired gets no new pod
         (gpushare.cluster.state.agents)."""
+        self.agents_back = 0
+        """Counts nodes whose agent came back (its Lease renewed again): pods refused there
+        meanwhile are asked to be retried."""
         self._usable: dict[str, list[GpuInfo]] = {}
         """Each node's GPUs as last published, when nothing but its agent's Lease (if that)
         keeps them from use: what a revived agent's node gets back at once."""
@@ -502,6 +505,7 @@ class ClusterView:
                 self._inventory.problems[name] = gone
                 continue
             log.info("node agent back", extra={"node": name})
+            self.agents_back += 1
             self._inventory.problems.pop(name, None)
             changed = self._inventory.set_gpus(name, inventory, self._placements.by_gpu)
             self._hosts.sync(name)

@@ -80,8 +80,11 @@ def test_a_new_agents_renewal_brings_the_node_back_at_once() -> None:
     clock.now += AGENT_LEASE_DURATION_S + 1
     extender.view.check_agent_leases()
     assert placeable(extender)[0] == ["older"]
+    back = extender.view.agents_back
     extender.view.upsert_agent_lease(lease("leased", "t-new-agent"))
     assert placeable(extender)[0] == ["leased", "older"]
+    # The controller then asks kube-scheduler to retry the pods it refused meanwhile.
+    assert extender.view.agents_back == back + 1
 
 
 def test_a_node_whose_agent_never_had_a_lease_keeps_working() -> None:
