@@ -106,9 +106,7 @@ class MpsManager:
         on_event: EventCallback | None = None,
         set_exclusive_process: bool = False,
     ) -> None:
-        """``set_exclusive_process``: set each GPU's compute mode to EXCLUSIVE_PROCESS before
-        its daemon starts, when no process is on it (gpushare.node.mps.compute_mode); off
-        unless asked, and off on every test path that reaches a real GPU."""
+        """``set_exclusive_process``: gpushare.node.mps.compute_mode (off on test paths)."""
         self.root = root
         self.daemons: DaemonStarter = daemons
         """own: this process starts the daemons (they live in its cgroup); launcher:
@@ -126,11 +124,9 @@ class MpsManager:
         self._orphans: dict[str, set[int]] = {}
         self._limits: dict[str, ServerLimits] = {}
         self._compute_modes = ComputeModeGate(
-            required=require_exclusive_process,
-            simulated=simulated,
-            timeout_s=query_timeout_s,
-            close=set_exclusive_process,
+            required=require_exclusive_process, simulated=simulated, timeout_s=query_timeout_s
         )
+        self._compute_modes.close_door = set_exclusive_process
         if simulated:
             log.warning(
                 "SIMULATED GPUs: the MPS manager runs no nvidia-cuda-mps-control daemon; it "
