@@ -131,9 +131,9 @@ class ClusterView:
         self.agents_back = 0
         """Counts nodes whose agent came back (its Lease renewed again): pods refused there
         meanwhile are asked to be retried."""
-        self._usable: dict[str, list[GpuInfo]] = {}
-        """Each node's GPUs as last published, when nothing but its agent's Lease (if that)
-        keeps them from use: what a revived agent's node gets back at once."""
+        self._read: dict[str, tuple[list[GpuInfo] | None, str | None]] = {}
+        """Each node with gpushare GPUs: (its GPUs, or None and why not) as last read from it,
+        before its agent's Lease is judged: what a node gets back once its agent is."""
         self._inventory = NodeInventory()
         self._marks = WorkloadMarks()
         self._reservations = Reservations(progress=self._allocation_progress)
@@ -433,14 +433,19 @@ class ClusterView:
         self._inventory.about[name] = node_info(node, name, parsed)
         self._hosts.set_allocatable(name, node_allocatable(node))
         inventory, unusable = read_gpus(node, parsed)
-        problem = problem or unusable
-        if inventory is None:
-            self._usable.pop(name, None)
+        read = (inventory, problem or unusable)
+        if read == (None, None):
+            self._read.pop(name, None)  # no gpushare GPUs on it: nothing for its agent to say
         else:
-            self._usable[name] = inventory
-            gone = self.agents.down(name)
-            if gone is not None:
-                inventory, problem = None, gone
+            self._read[name] = read
+        self._take_gpus(name, *read)
+
+    def _take_gpus(self, name: str, inventory: list[GpuInfo] | None, problem: str | None) -> None:
+        """The node's GPUs as read from it, unless its agent is gone (that reason first: the
+        kubelet's allocatable count drops too once it notices, saying less)."""
+        gone = self.agents.down(name) if (inventory, problem) != (None, None) else None
+        if gone is not None:
+            inventory, problem = None, gone
         if inventory is None:
             if self._inventory.drop(name):
                 self._changed("node", name)
@@ -454,7 +459,7 @@ class ClusterView:
             self._changed("node", name)
 
     def delete_node(self, name: str) -> None:
-        self._usable.pop(name, None)
+        self._read.pop(name, None)
         self._inventory.about.pop(name, None)
         self._hosts.set_allocatable(name, None)
         if self._inventory.drop(name):
@@ -494,23 +499,15 @@ class ClusterView:
 
     def _agents_flipped(self, nodes: Iterable[str]) -> None:
         for name in nodes:
-            inventory = self._usable.get(name)
-            if inventory is None:
-                continue  # unusable anyway (no GPUs, agent not ready, ...): nothing moves
-            gone = self.agents.down(name)
-            if gone is not None:
-                log.warning("node agent gone", extra={"node": name, "reason": gone})
-                if self._inventory.drop(name):
-                    self._changed("node", name)
-                self._inventory.problems[name] = gone
-                continue
-            log.info("node agent back", extra={"node": name})
-            self.agents_back += 1
-            self._inventory.problems.pop(name, None)
-            changed = self._inventory.set_gpus(name, inventory, self._placements.by_gpu)
-            self._hosts.sync(name)
-            if changed:
-                self._changed("node", name)
+            read = self._read.get(name)
+            if read is None:
+                continue  # no gpushare GPUs published there: nothing moves
+            if self.agents.down(name) is not None:
+                log.warning("node agent gone", extra={"node": name})
+            else:
+                log.info("node agent back", extra={"node": name})
+                self.agents_back += 1
+            self._take_gpus(name, *read)
 
     # ---- pods ----------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ places pods there again as soon as an agent renews it. A node whose agent never 
 from typing import Any
 
 from gpushare.api.agent_lease import AGENT_LEASE_DURATION_S, agent_lease_name, lease_node
+from gpushare.api.names import RESOURCE_GPU_PERCENT
 from gpushare.cluster.extender.args import parse_extender_args
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.state.agents import AgentLeases
@@ -144,3 +145,21 @@ def test_other_leases_of_the_namespace_are_not_agents() -> None:
     assert lease_node("gpushare-controller") is None
     assert lease_node("gpushare-agent-") is None
     assert agent_lease_name("n" * 250) is None
+
+
+def test_the_dead_agent_is_the_reason_given_when_the_kubelet_also_lost_its_devices() -> None:
+    """A killed agent's kubelet drops the node's allocatable count at its next status update:
+    the refusal still names the agent's expired Lease, the cause; once an agent renews it the
+    kubelet's own reason shows until the devices are back."""
+    clock = Clock()
+    extender = cluster(clock)
+    clock.now += AGENT_LEASE_DURATION_S + 1
+    extender.view.check_agent_leases()
+    no_devices = node_json("leased", [gpu("L0")])
+    no_devices["status"] = {"allocatable": {RESOURCE_GPU_PERCENT: "0"}}
+    extender.view.upsert_node(no_devices)
+    assert "node agent of node leased is gone" in placeable(extender)[1]["leased"]
+    extender.view.upsert_agent_lease(lease("leased", "t-new-agent"))
+    assert "no allocatable" in placeable(extender)[1]["leased"]
+    extender.view.upsert_node(node_json("leased", [gpu("L0")]))
+    assert placeable(extender)[0] == ["leased", "older"]
