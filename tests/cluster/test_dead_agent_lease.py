@@ -6,10 +6,12 @@ judges the Leases every second. Killed with SIGKILL, the agent writes nothing: b
 Lease, its node read ready until a new agent said otherwise. Measured here: from the kill to the
 first filter answer of the extender that refuses the node (what kube-scheduler asks before it
 binds), a real pod's FailedScheduling event naming the node agent, and that pod running once a
-new agent is up. The numbers are printed and written to ``<state dir>/dead-agent.json``.
+new agent is up. The numbers are printed and written to ``$GPUSHARE_DEAD_AGENT_OUT`` (default
+``<state dir>/dead-agent.json``).
 """
 
 import json
+import os
 import time
 import urllib.request
 import uuid
@@ -156,5 +158,6 @@ def test_a_sigkilled_agents_node_is_refused_within_10s_and_placed_again_with_a_n
         "running_after_new_agent_start_s": round(running_after, 2),
     }
     print(f"dead agent: {measured}")
-    Path(cluster.state_dir, "dead-agent.json").write_text(json.dumps(measured, indent=2))
+    out = os.environ.get("GPUSHARE_DEAD_AGENT_OUT") or Path(cluster.state_dir, "dead-agent.json")
+    Path(out).write_text(json.dumps(measured, indent=2))
     assert refused_after <= REFUSED_WITHIN_S, measured
