@@ -19,7 +19,8 @@ from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.dra.templates import ClaimTemplates, TemplateKeeper
 from gpushare.cluster.state.quarantine import Quarantine
 from gpushare.cluster.state.view import ClusterView
-from gpushare.kube.controller import Kube, Watched
+from gpushare.kube.controller import Kube
+from gpushare.kube.watching import Watched
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,8 @@ async def feed_agent_leases(
 ) -> None:
     """The node agents' Leases of the release namespace: whose agent is alive
     (gpushare.cluster.state.agents). Other Leases there (leader election) are ignored."""
-    await kube.inform_agent_leases(
+    await kube.inform(
+        Watched.LEASES,
         namespace=namespace,
         replace=view.replace_agent_leases,
         upsert=_guarded(view.quarantine, "Lease", view.upsert_agent_lease),

@@ -15,8 +15,6 @@ from gpushare.api.selector import FLAG as SELECTOR_FLAG
 from gpushare.api.selector import Requirement
 
 ALL_NAMESPACES = "*"
-FORBIDDEN = 403
-NOT_FOUND = 404
 
 
 @dataclass(frozen=True)
@@ -109,22 +107,7 @@ def read_cluster(query: Query) -> Snapshot:
             "KUBECONFIG", f"no usable kubeconfig ({exc})", "set KUBECONFIG or pass --kubeconfig"
         ) from None
     except ApiError as exc:
-        if exc.status.code == 400 and "selector" in (exc.status.message or "").lower():
-            raise InvalidInputError(
-                SELECTOR_FLAG, f"the API server refused it: {exc.status.message}", "fix it"
-            ) from None
-        if exc.status.code == 404 and namespace != ALL_NAMESPACES:
-            raise InvalidInputError(
-                "-n/--namespace",
-                f"the API server refused: {exc.status.message}",
-                "check the namespace exists (kubectl get namespaces)",
-            ) from None
-        raise InvalidInputError(
-            "cluster",
-            f"the API server refused: {exc.status.message}",
-            "check your permissions: list nodes cluster-wide and pods in the namespace asked "
-            "for (all namespaces with -A)",
-        ) from None
+        raise _refused(exc, namespace) from None
     except httpx.HTTPError as exc:
         raise InvalidInputError(
             "cluster",
@@ -134,12 +117,34 @@ def read_cluster(query: Query) -> Snapshot:
     return Snapshot(nodes=nodes, pods=pods, namespace=namespace, slices=slices, claims=claims)
 
 
+def _refused(exc: Any, namespace: str) -> InvalidInputError:
+    """The API server's refusal (lightkube's ApiError) as the flag to fix."""
+    from gpushare.kube.errors import BadRequestError, NotFoundError, wrap  # noqa: PLC0415
+
+    error, message = wrap(exc, ""), exc.status.message
+    if isinstance(error, BadRequestError) and "selector" in (message or "").lower():
+        return InvalidInputError(SELECTOR_FLAG, f"the API server refused it: {message}", "fix it")
+    if isinstance(error, NotFoundError) and namespace != ALL_NAMESPACES:
+        return InvalidInputError(
+            "-n/--namespace",
+            f"the API server refused: {message}",
+            "check the namespace exists (kubectl get namespaces)",
+        )
+    return InvalidInputError(
+        "cluster",
+        f"the API server refused: {message}",
+        "check your permissions: list nodes cluster-wide and pods in the namespace asked "
+        "for (all namespaces with -A)",
+    )
+
+
 def _dra_objects(client: Any, namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The slices of gpushare's DRA driver and the namespace's claims; none when the cluster
     serves no ``resource.k8s.io/v1`` (before Kubernetes 1.34) or the user may not list them:
     DRA mode is optional, and the device-plugin view still shows."""
     from lightkube.core.exceptions import ApiError  # noqa: PLC0415
 
+    from gpushare.kube.errors import ForbiddenError, NotFoundError, wrap  # noqa: PLC0415
     from gpushare.kube.resources import (  # noqa: PLC0415
         ResourceClaimResource,
         ResourceSliceResource,
@@ -151,7 +156,7 @@ def _dra_objects(client: Any, namespace: str) -> tuple[list[dict[str, Any]], lis
         ]
         claims = [dict(c) for c in client.list(ResourceClaimResource, namespace=namespace)]
     except ApiError as exc:
-        if exc.status.code in (FORBIDDEN, NOT_FOUND):
+        if isinstance(wrap(exc, "list DRA objects"), (ForbiddenError, NotFoundError)):
             return [], []
-        raise
+        raise  # read_cluster names the fix
     return slices, claims

@@ -52,7 +52,7 @@ from gpushare.cluster.state.share_rules import (
     with_profile,
 )
 from gpushare.cluster.state.view import ClusterView
-from gpushare.kube.errors import KubeError
+from gpushare.kube.errors import KubeError, NotFoundError, UnprocessableError
 from gpushare.packing.model import Demand
 from gpushare.packing.placer import Placer
 from gpushare.packing.stored_profile import pipe_profile
@@ -69,8 +69,6 @@ YIELD_EVERY = 16
 """Decisions made before the loop lets writes and watch events in."""
 WATCH_WAIT_S = 5.0
 """Longest wait for the claim watch to deliver an allocation before the gate goes anyway."""
-NOT_FOUND = 404
-UNPROCESSABLE = 422
 MAX_DEMANDS = 10_000
 """Distinct claim shapes interned before starting over."""
 NO_ROOM_REASON = "GpushareNoRoom"
@@ -526,9 +524,7 @@ class ClaimAllocator:
                 for claim_key, claim, body in plans:
                     try:
                         await self._allocate(claim_key, claim, body, waiting.pod)
-                    except KubeError as exc:
-                        if exc.status != UNPROCESSABLE:
-                            raise
+                    except UnprocessableError as exc:
                         refused = exc  # the API server will not take this write: see below
                         break
                     written += 1
@@ -601,16 +597,14 @@ class ClaimAllocator:
         try:
             try:
                 await ungate(pinned)
-            except KubeError as exc:
-                if exc.status != UNPROCESSABLE or not pinned:
+            except UnprocessableError as exc:
+                if not pinned:
                     raise
                 # The pod's affinity changed since it was watched, or the API server would not
                 # take the addition: the pin is only a hint for kube-scheduler, so go without.
                 log.info("pod not pinned", extra={"pod": key, "error": str(exc)})
                 await ungate(())
-        except KubeError as exc:
-            if exc.status != NOT_FOUND:
-                raise
+        except NotFoundError:
             waiting.gone = True  # deleted meanwhile: nothing left to do
 
     async def _allocate(

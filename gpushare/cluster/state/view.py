@@ -196,6 +196,16 @@ class ClusterView:
         return self._node_versions.get(name, 0)
 
     @property
+    def change_seq(self) -> int:
+        """A mark of the node changes so far (see :meth:`changed_since`)."""
+        return self._inventory.change_seq
+
+    def changed_since(self, seq: int) -> list[str] | None:
+        """Nodes whose version moved since :attr:`change_seq` was ``seq``; None when that is
+        too long ago to say (every node may have changed)."""
+        return self._inventory.changed_since(seq)
+
+    @property
     def node_versions(self) -> Mapping[str, int]:
         """Every node's version (``node_version``), for callers checking many nodes at once."""
         return self._node_versions
@@ -234,6 +244,15 @@ class ClusterView:
             cpu = None if cpu is None else cpu + host[1]
             memory = None if memory is None else memory + host[2]
         return NodeState(name=node.name, gpus=gpus, cpu_milli_free=cpu, memory_free_bytes=memory)
+
+    def own_nodes(self, pod_key: str) -> set[str]:
+        """Nodes where :meth:`node_for` shows pod ``pod_key`` another node than :meth:`node`:
+        it holds a share of a GPU there, or host resources."""
+        out = {n for u in self._tenancy.get(pod_key, {}) if (n := self._gpu_node.get(u))}
+        host = self._host_of.get(pod_key)
+        if host is not None:
+            out.add(host[0])
+        return out
 
     def gpu(self, uuid: str) -> GpuState | None:
         return self._gpus.get(uuid)
