@@ -105,8 +105,10 @@ class StaleExpiry(Duty):
     async def run(self) -> None:
         ctx = self.ctx
         period = max(1.0, min(5.0, ctx.settings.placement.stale_assume_seconds / 4))
+        agents_back = ctx.view.agents_back
         while True:
             await asyncio.sleep(period)
+            back, agents_back = ctx.view.agents_back != agents_back, ctx.view.agents_back
             released = ctx.view.expire_stale()
             for key in released:
                 log.info("stale placement released (pod never bound)", extra={"pod": key})
@@ -114,7 +116,9 @@ class StaleExpiry(Duty):
             for key in lapsed:
                 log.info("filter-time hold lapsed (no bind came)", extra={"pod": key})
             refused = self.extender.refused
-            if (released or lapsed) and ctx.leading and ctx.kube is not None and len(refused):
+            # A node's agent back (its Lease renewed) frees what was refused there too.
+            freed = released or lapsed or back
+            if freed and ctx.leading and ctx.kube is not None and len(refused):
                 touched = await requeue(refused, ctx.view.pods(), ctx.kube)
                 if touched:
                     log.info(

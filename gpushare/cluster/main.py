@@ -246,6 +246,8 @@ def _watches(ctx: ControllerContext, kube: Kube, extender: Extender) -> list[Dut
     """The watches that feed the view (and, in DRA mode, the claim templates and devices)."""
     settings, view = ctx.settings, ctx.view
     resync = settings.placement.resync_seconds
+    lease_namespace = settings.placement.agent_lease_namespace or settings.leader.namespace
+    view.agents.namespace = lease_namespace
     if settings.operator.enabled:
         ctx.share_handoff = watches.ShareHandoff(view)
     duties: list[Duty] = []
@@ -298,6 +300,13 @@ def _watches(ctx: ControllerContext, kube: Kube, extender: Extender) -> list[Dut
             may_finish=True,
         ),
         Task("namespace watch", lambda: watches.feed_namespaces(kube, view, resync_seconds=resync)),
+        Task(
+            "node agent Lease watch",
+            lambda: watches.feed_agent_leases(
+                kube, view, namespace=lease_namespace, resync_seconds=resync
+            ),
+        ),
+        Task("node agent Leases", lambda: watches.judge_agent_leases(view)),
     ]
 
 

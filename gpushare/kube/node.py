@@ -8,10 +8,12 @@ a manifest -> the agent's pod type), so this layer knows no node-side type.
 import socket
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from lightkube import Client
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
@@ -19,7 +21,7 @@ from gpushare.api.names import ANN_STATE, STATE_ALLOCATED
 from gpushare.kube.access import PROFILE_AUDIENCE, AccessReviewer
 from gpushare.kube.config import load_config
 from gpushare.kube.dra import DraKube
-from gpushare.kube.errors import translated
+from gpushare.kube.errors import NotFoundError, translated
 from gpushare.kube.events import ObjectRef, Reporter
 from gpushare.kube.retry import retry_transient
 
@@ -148,6 +150,42 @@ class NodeKube(Generic[P]):
                 {"metadata": {"annotations": dict(annotations), "labels": dict(labels)}},
                 patch_type=PatchType.MERGE,
             )
+
+    def renew_agent_lease(self, *, namespace: str, name: str, duration_s: int) -> None:
+        """Say this node's agent is alive for ``duration_s`` (gpushare.api.agent_lease): a
+        merge-patch of the Lease's renewal, creating it the first time, owned by the Node so
+        it goes when the node does."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        spec = {
+            "holderIdentity": f"{COMPONENT}/{self.node_name}",
+            "leaseDurationSeconds": duration_s,
+            "renewTime": now,
+        }
+        what = f"renew lease {namespace}/{name}"
+        try:
+            with translated(what):
+                self.client.patch(
+                    Lease, name, {"spec": spec}, namespace=namespace, patch_type=PatchType.MERGE
+                )
+            return
+        except NotFoundError:
+            pass
+        owner = [
+            {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid}
+            for uid in [self._dra.node_uid()]
+            if uid
+        ]
+        body = cast(
+            Lease,
+            Lease.from_dict(
+                {
+                    "metadata": {"name": name, "namespace": namespace, "ownerReferences": owner},
+                    "spec": {**spec, "acquireTime": now},
+                }
+            ),
+        )
+        with translated(f"create lease {namespace}/{name}"):
+            self.client.create(body, namespace=namespace)
 
     def access_reviewer(self) -> AccessReviewer:
         """Checks the bearer tokens of callers of /metrics and /profile (gpushare.kube.access):

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from lightkube import ALL_NS, AsyncClient
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 
 from gpushare.kube.errors import translated
@@ -30,6 +31,8 @@ class Watched(enum.Enum):
     RESOURCE_SLICES = "resourceslices"
     RESOURCE_CLAIMS = "resourceclaims"
     CLAIM_TEMPLATES = "resourceclaimtemplates"
+    LEASES = "leases"
+    """Of one namespace (the release's): the node agents' Leases (gpushare.api.agent_lease)."""
 
 
 _WATCHED: dict[Watched, tuple[Any, bool, str | None]] = {
@@ -52,6 +55,7 @@ _WATCHED: dict[Watched, tuple[Any, bool, str | None]] = {
         True,
         "/apis/resource.k8s.io/v1/resourceclaimtemplates",
     ),
+    Watched.LEASES: (Lease, True, None),
 }
 """Each kind: lightkube resource, namespaced, path for the raw (msgspec) watch."""
 
@@ -70,18 +74,21 @@ class Watching:
         upsert: Callable[[Mapping[str, Any]], object],
         delete: Callable[[Mapping[str, Any]], None],
         resync_seconds: float,
+        namespace: str | None = None,
     ) -> None:
         """:func:`~gpushare.kube.informer.inform` for ``kind``, in every namespace for
-        namespaced kinds (lightkube's default is the kubeconfig's namespace only)."""
+        namespaced kinds (lightkube's default is the kubeconfig's namespace only), or in
+        ``namespace`` only (lightkube's client then, not the raw path)."""
         res, namespaced, raw_path = _WATCHED[kind]
-        raw = self._raw if raw_path is not None else None
+        raw = self._raw if raw_path is not None and namespace is None else None
+        scope: dict[str, Any] = {"namespace": namespace or ALL_NS} if namespaced else {}
 
         async def list_all() -> tuple[list[dict[str, Any]], str]:
-            return await self._list(res, namespaced=namespaced, raw=raw, raw_path=raw_path)
+            return await self._list(res, scope=scope, raw=raw, raw_path=raw_path)
 
         def watch(version: str, timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
             return self._watch(
-                res, version, timeout_seconds, namespaced=namespaced, raw=raw, raw_path=raw_path
+                res, version, timeout_seconds, scope=scope, raw=raw, raw_path=raw_path
             )
 
         await inform(
@@ -95,13 +102,12 @@ class Watching:
         )
 
     async def _list(
-        self, res: Any, *, namespaced: bool, raw: RawApi | None, raw_path: str | None
+        self, res: Any, *, scope: dict[str, Any], raw: RawApi | None, raw_path: str | None
     ) -> tuple[list[dict[str, Any]], str]:
         what = f"list {res.__name__}"
         with translated(what):
             if raw is not None and raw_path is not None:
                 return await raw.list(raw_path, what=what)
-            scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
             listing = self._client.list(res, chunk_size=500, **scope)
             items: list[dict[str, Any]] = [obj.to_dict() async for obj in listing]
             return items, str(listing.resourceVersion)
@@ -112,7 +118,7 @@ class Watching:
         version: str,
         timeout_seconds: int,
         *,
-        namespaced: bool,
+        scope: dict[str, Any],
         raw: RawApi | None,
         raw_path: str | None,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
@@ -124,7 +130,6 @@ class Watching:
                 ):
                     yield event, data
                 return
-            scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
             async for event, obj in self._client.watch(
                 res, resource_version=version, server_timeout=timeout_seconds, **scope
             ):

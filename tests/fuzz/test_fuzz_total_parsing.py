@@ -54,10 +54,10 @@ from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook import review as webhook
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.kube import informer
+from gpushare.node.core.answer import AllocationError
+from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.deviceplugin import devices
 from gpushare.node.deviceplugin.allocator import Allocator
-from gpushare.node.deviceplugin.pods import PodInfo, pod_info
-from gpushare.node.deviceplugin.response import AllocationError
 from gpushare.node.mps.manager import MpsManager
 from tests.fixtures.builders import GIB, gpu, node_json, pod_json
 from tests.fuzz.hostile import GPU_UUIDS, NODES, QUANTITIES, Hostile

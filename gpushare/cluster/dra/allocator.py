@@ -121,8 +121,9 @@ class ClaimWriter(Protocol):
 @dataclass
 class _Waiting:
     pod: Mapping[str, Any]
-    refused_at: int | None = None
-    """``DraDevices.version`` when no GPU had room (tried again once it moves)."""
+    refused_at: tuple[int, int] | None = None
+    """``DraDevices.version`` and the agents' verdicts' generation when no GPU had room
+    (tried again once either moves)."""
     retry_at: float = 0.0
     told: str = ""
     """The last refusal the pod's event said (said once)."""
@@ -325,6 +326,11 @@ class ClaimAllocator:
                 continue
             await self.place_ready()
 
+    def _refusal_state(self) -> tuple[int, int]:
+        """What a refusal was decided against: the GPUs and claims, and which nodes' agents
+        are gone (a pod refused then is tried again when either moves)."""
+        return self.devices.version, self.view.agents.generation
+
     async def place_ready(self) -> int:
         """Decide for every waiting pod that may have a new answer (their API writes run in
         the background, MAX_WRITES at once); returns how many were decided."""
@@ -334,7 +340,7 @@ class ClaimAllocator:
             waiting = self._waiting.get(key)
             if waiting is None or waiting.writing or waiting.retry_at > now:
                 continue
-            if waiting.refused_at is not None and waiting.refused_at == self.devices.version:
+            if waiting.refused_at is not None and waiting.refused_at == self._refusal_state():
                 continue
             tried += 1
             try:
@@ -468,9 +474,10 @@ class ClaimAllocator:
             start=self._start,
             memo=self._costs,
             rules=rules,
+            gone=self.view.agents.nodes_down,
         )
         if not isinstance(choice, placement.Choice):
-            waiting.refused_at = self.devices.version
+            waiting.refused_at = self._refusal_state()
             why = "; ".join(f"{n} node(s): {r}" for r, n in sorted(choice.items()))
             self._say(key, waiting, f"claim {claim_key} fits no GPU yet: {why}")
             return None

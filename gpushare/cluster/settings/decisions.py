@@ -63,6 +63,10 @@ class PlacementSettings:
     --no-hold-in-filter lets the scheduler choose among all GPU-feasible nodes."""
     resync_seconds: float = 300.0
     """Re-list pods and nodes this often, as a guard against a missed watch event."""
+    agent_lease_namespace: str = ""
+    """Where the node agents renew their Leases (gpushare.api.agent_lease; the chart: the
+    release namespace); a node whose agent's Lease expired gets no new pod. Empty: the
+    leader-election Lease's namespace (``--leader-elect-namespace``)."""
 
     def validate(self) -> None:
         positive(
