@@ -124,6 +124,8 @@ def decode_body(raw: bytes) -> Any:
         return _decode.decode(raw)
     except msgspec.DecodeError as exc:  # also integers and floats out of range
         raise BadRequestError(f"body is not JSON: {exc}") from None
+    except UnicodeDecodeError:  # a string holding bytes that are not UTF-8 (found by fuzzing)
+        raise BadRequestError("body is not JSON: a string is not valid UTF-8") from None
     except RecursionError:  # msgspec checks the interpreter's limit, and fails cleanly
         raise BadRequestError("body is nested too deeply") from None
 

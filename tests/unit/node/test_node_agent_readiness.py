@@ -183,12 +183,9 @@ def test_an_agent_managing_no_gpu_is_ready(tmp_path: Path) -> None:
     settings = AgentSettings(node_name="n", mps_root=tmp_path / "mps", device_plugin_dir=plugins)
     node_agent = NodeAgent(settings, backend=backend, kube=None)
     stop = threading.Event()
-    runners = [
-        threading.Thread(target=r.run, args=(stop,), daemon=True)
-        for r in (node_agent.runner, node_agent.opportunistic_runner)
-    ]
-    for runner in runners:
-        runner.start()
+    # The agent's one restart loop serves both device plugins, as in run().
+    loop = threading.Thread(target=node_agent.plugins.run, args=(stop,), daemon=True)
+    loop.start()
     listing = threading.Event()
     listing.set()
     kubelet = Kubelet(plugins, list_devices=listing)
@@ -199,5 +196,4 @@ def test_an_agent_managing_no_gpu_is_ready(tmp_path: Path) -> None:
     finally:
         kubelet.stop()
         stop.set()
-        for runner in runners:
-            runner.join(timeout=10)
+        loop.join(timeout=10)
