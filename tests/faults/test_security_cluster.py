@@ -717,46 +717,33 @@ def _server(sec: Sec) -> str:
 
 
 def extender_without_client_certificate(sec: Sec) -> Outcome:
-    """A second real controller, serving its extender with the chart's own certificates and
-    client certificates required (the chart's default): a caller without gpushare-scheduler's
-    certificate gets no answer, gpushare-scheduler's gets one."""
-    import base64  # noqa: PLC0415
+    """A second real controller, serving its extender with certificates made as the controller
+    makes them and client certificates required (the chart's default): a caller without
+    gpushare-scheduler's certificate gets no answer, gpushare-scheduler's gets one."""
+    import datetime as dt  # noqa: PLC0415
     import socket  # noqa: PLC0415
     import ssl  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    helm = helm_binary()
-    assert helm is not None
-    rendered = subprocess.run(
-        [
-            helm,
-            "template",
-            sec.release,
-            str(CHART),
-            "--namespace",
-            sec.agent_ns,
-            "--kube-version",
-            KUBE_VERSION,
-            "--show-only",
-            "templates/extender-tls.yaml",
-            "--set",
-            "controller.service.clusterIP=127.0.0.1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    from gpushare.cluster.certificates import Leaf, issue, make_ca  # noqa: PLC0415
+
+    # The certificates the controller makes and keeps in its Secrets by default (the chart
+    # renders none): a CA, the extender's serving certificate, gpushare-scheduler's client one.
+    now = dt.datetime.now(dt.UTC)
+    ca = make_ca(now=now)
+    made = {
+        "server": issue(
+            ca, Leaf("extender-tls", "gpushare-extender", ("127.0.0.1",)), now=now, days=2
+        ),
+        "client": issue(ca, Leaf("extender-client", "gpushare-scheduler"), now=now, days=2),
+    }
     work = Path(sec.controller.workdir) / "mtls"
     files: dict[str, Path] = {}
-    for doc in yaml.safe_load_all(rendered):
-        if not doc or doc.get("kind") != "Secret":
-            continue
-        role = "client" if doc["metadata"]["name"].endswith("-client") else "server"
-        for key, value in doc["data"].items():
+    for role, data in made.items():
+        for key, value in data.items():
             path = work / role / key
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(base64.b64decode(value))
+            path.write_bytes(value)
             files[f"{role}/{key}"] = path
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
