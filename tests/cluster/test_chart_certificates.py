@@ -22,6 +22,7 @@ from tests.fixtures.chart_release import (
     RELEASE,
     check_nothing_left,
     component,
+    diagnostics,
     exclusive_node,
     helm,
     kjson,
@@ -74,6 +75,25 @@ def settled_scheduler(cluster: LocalCluster) -> str | None:
     if len(scheduler_pods(cluster)) == 1 and len(pods) == 1 and ready(pods[0]):
         return str(pods[0]["metadata"]["uid"])
     return None
+
+
+def state(cluster: LocalCluster) -> str:
+    """What a failed wait needs: the controllers' certificate log lines, the scheduler's
+    Deployment annotations, ReplicaSets and pods."""
+    lines = [diagnostics(cluster)]
+    for pod in release_pods(cluster):
+        if component(pod) == "controller":
+            log = cluster.kubectl("logs", "-n", NAMESPACE, pod["metadata"]["name"], check=False)
+            wanted = [
+                line for line in log.splitlines() if "certific" in line or "error" in line.lower()
+            ]
+            lines += [f"--- {pod['metadata']['name']}", *wanted[-40:]]
+    deploy = kjson(cluster, "get", "deployment", "-n", NAMESPACE, SCHEDULER)
+    lines.append(json.dumps(deploy["metadata"].get("annotations"), indent=1))
+    lines.append(json.dumps(deploy["spec"]["template"]["metadata"].get("annotations"), indent=1))
+    lines.append(json.dumps(deploy.get("status"), indent=1))
+    lines.append(cluster.kubectl("get", "rs,pods", "-n", NAMESPACE, "-o", "wide", check=False))
+    return "\n".join(lines)
 
 
 def test_certificates_made_at_run_time_renew_without_a_failed_admission_or_bind(
@@ -141,14 +161,18 @@ def test_certificates_made_at_run_time_renew_without_a_failed_admission_or_bind(
                 timeout_s=60,
                 what="the three certificates renewed",
             )
-            restarted = wait_for(
-                lambda: (
-                    scheduler_credentials(cluster) != credentials
-                    and settled_scheduler(cluster) not in (None, first)
-                ),
-                timeout_s=180,
-                what="gpushare-scheduler restarted with its new client certificate",
-            )
+            try:
+                restarted = wait_for(
+                    lambda: (
+                        scheduler_credentials(cluster) != credentials
+                        and settled_scheduler(cluster) not in (None, first)
+                    ),
+                    timeout_s=180,
+                    what="gpushare-scheduler restarted with its new client certificate",
+                )
+            except AssertionError:
+                print(state(cluster))
+                raise
             creator.join(timeout=300)
 
             def all_running() -> bool:
