@@ -12,7 +12,7 @@ python=${PYTHON:-$root/.venv/bin/python}
 bin=$(dirname "$python")
 protos=(
   gpushare/node/deviceplugin/v1beta1/api.proto
-  gpushare/node/deviceplugin/podresources/v1/api.proto
+  gpushare/node/core/podresources/v1/api.proto
   gpushare/node/dra/v1/api.proto
   gpushare/node/dra/v1beta1/api.proto
   gpushare/node/dra/pluginregistration/v1/api.proto

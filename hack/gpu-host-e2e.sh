@@ -121,6 +121,8 @@ ctr_k8s images import "$work/host-rootfs.tar" >/dev/null
 
 # ---- chart ------------------------------------------------------------------------------
 values=("--values" "$repo/helm/gpushare/ci/local-cluster-values.yaml" "--set" "node.backend=$backend" "--set" "mode=$mode")
+# Tests never change a lent GPU's compute mode (the chart sets EXCLUSIVE_PROCESS by default).
+values+=(--set "node.setExclusiveProcess=false")
 if [[ $backend == nvml ]]; then
   # No NVIDIA container runtime here: mount the driver's directory (NVML, libcuda and the MPS
   # binaries) into the node agent at its host path and put it on PATH and LD_LIBRARY_PATH.

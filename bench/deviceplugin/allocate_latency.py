@@ -39,11 +39,11 @@ from gpushare.api.names import (
 )
 from gpushare.api.placement import format_time
 from gpushare.kube.node import NodeKube
+from gpushare.node.core.health import DeviceHealth
+from gpushare.node.core.pods import pod_info
+from gpushare.node.core.serving import wait_until_accepting
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import device_id
-from gpushare.node.deviceplugin.health import DeviceHealth
-from gpushare.node.deviceplugin.plugin import wait_until_accepting
-from gpushare.node.deviceplugin.pods import pod_info
 from gpushare.node.deviceplugin.server import DevicePluginServicer
 from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare.node.gpu.simulated import SimulatedBackend

@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
+from bench.exporter.standalone import SimulatedPodProcesses  # noqa: E402
 from gpushare.node.exporter import PodAllocation, SamplerSettings, build_exporter  # noqa: E402
-from gpushare.node.exporter.runner import SimulatedPodProcesses  # noqa: E402
 from gpushare.node.exporter.server import serve  # noqa: E402
 from gpushare.node.gpu.backend import GpuProcess  # noqa: E402
 from gpushare.node.gpu.simulated import SimulatedBackend  # noqa: E402

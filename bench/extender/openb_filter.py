@@ -88,8 +88,16 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 def run(
-    nodes: list[NodeSpec], pods: list[PodSpec], *, seed: int, ratio: float, limit: int | None
+    nodes: list[NodeSpec],
+    pods: list[PodSpec],
+    *,
+    seed: int,
+    ratio: float,
+    limit: int | None,
+    chosen_nodes: list[str] | None = None,
 ) -> dict[str, Any]:
+    """Replay the arrivals through the view and the extender's filter (module doc);
+    ``chosen_nodes`` gets the node filter held for each pod ("" where none), in order."""
     view = ClusterView()
     for spec in nodes:
         view.upsert_node(node_manifest(spec))
@@ -118,6 +126,8 @@ def run(
         chosen = result.get("NodeNames") or []
         key = f"{NAMESPACE}/p{k:06d}"
         held = view.reservation(key)
+        if chosen_nodes is not None:
+            chosen_nodes.append(chosen[0] if chosen else "")
         if not chosen:
             refused_s.append(seconds)
             continue

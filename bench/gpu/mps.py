@@ -49,7 +49,9 @@ def priority_for(gpu_class: str) -> int:
 
 
 class MpsDaemon:
-    """``nvidia-cuda-mps-control -d`` with its own pipe and log directories.
+    """``nvidia-cuda-mps-control -d`` with its own pipe and log directories. It never changes
+    the GPU's compute mode (the no-MPS schemes need the default mode; setting EXCLUSIVE_PROCESS
+    is the node agent's, off on every benchmark and test path).
 
     Stopped with ``echo quit | nvidia-cuda-mps-control``; the directories are removed after.
     """

@@ -4,7 +4,10 @@
 ``OUT_PREFIX.json`` and ``.md``. The issue's fields (``nodes``, ``pods``,
 ``extender_pods_per_s``, ``stock_pods_per_s``, ``extender_p99_ms``, ``violations``, ``machine``,
 ``date``, ...) stay at the top level, taken from the primary run (the better-characterised one),
-and ``primary_run`` names it; ``runs`` holds every run in full, each with ``machine.label``. An
+and ``primary_run`` names it; ``runs`` holds every run in full, each with ``machine.label``;
+``by_mode`` lists one line per run and mode measured (the extender path, DRA mode), in issue 47's
+shape (``nodes``, ``pods``, ``policy``, ``mode``, ``pods_per_s``, ``stock_pods_per_s``,
+``filter_p99_ms``, ``bind_p99_ms``, ``controller_rss_mib``, ``violations``, ``machine``). An
 input that is itself a combined file contributes its runs.
 """
 
@@ -55,6 +58,7 @@ def combine(primary: dict[str, Any], *others: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(primary)
     out["primary_run"] = labels[0]
     out["runs"] = runs
+    out["by_mode"] = [line for r in runs for line in r.get("modes", ())]
     return out
 
 

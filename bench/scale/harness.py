@@ -9,6 +9,7 @@ import importlib.util
 import os
 import platform
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -237,6 +238,49 @@ def cpu_seconds(pid: int) -> float | None:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def memory_mib(pid: int) -> dict[str, float] | None:
+    """Resident memory of a process in MiB: now (``rss``) and its peak so far (``peak``,
+    VmHWM); None when it is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = {k: v for k, _, v in (line.partition(":") for line in lines)}
+    out: dict[str, float] = {}
+    for key, name in (("VmRSS", "rss"), ("VmHWM", "peak")):
+        value = fields.get(key, "").split()
+        if value and value[0].isdigit():
+            out[name] = round(int(value[0]) / 1024, 1)
+    return out or None
+
+
+def start_sampler(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling ``pid`` (100 Hz, its threads' Python stacks) into ``out`` (speedscope
+    JSON) until :func:`stop_sampler`; None when py-spy is not installed. A sampler, not a
+    tracer: the process runs at its own speed, unlike under cProfile."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [spy, "record", "--pid", str(pid), "--rate", "100", "--format", "speedscope"]
+    return subprocess.Popen(
+        [*cmd, "--output", str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stop_sampler(proc: subprocess.Popen[bytes] | None) -> None:
+    """Stop a :func:`start_sampler` process; it writes its file on SIGINT."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def machine_cpu_seconds() -> tuple[float, float]:

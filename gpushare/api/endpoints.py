@@ -1,9 +1,9 @@
 """Where the operator finds node agents and its profile cache: defaults and their checks.
 
-The controller (``--agent-url``, ``--profile-cache-name``), ``python -m
-gpushare.cluster.operator`` and the chart (``controller.agentURL``, derived from
-``node.metrics.port`` when empty) share these, so a changed agent port or release name reaches
-the operator (docs/chart.md, "Operator").
+The controller (``--agent-url``, ``--profile-cache-name``), the standalone operator of the
+tests (``python -m tests.fixtures.standalone_operator``) and the chart (``controller.agentURL``,
+derived from ``node.metrics.port`` when empty) share these, so a changed agent port or release
+name reaches the operator (docs/chart.md, "Operator").
 """
 
 import re

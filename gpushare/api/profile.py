@@ -17,21 +17,12 @@ from typing import Any
 from gpushare.api.errors import InvalidInputError
 
 _FIX = "check the node agent's version and health (its /profile answer is malformed)"
-RATIOS = (
-    "fp16",
-    "fp32",
-    "fp64",
-    "tensor",
-    "tensor_hmma",
-    "tensor_dmma",
-    "tensor_imma",
-    "integer",
-    "sm_utilization",
-    "sm_occupancy",
-    "dram_bandwidth",
-    "utilization",
-)
-"""The counters a profile averages, each a share 0..1 of the GPU's peak."""
+PIPES = ("fp16", "fp32", "fp64", "tensor", "tensor_hmma", "tensor_dmma", "tensor_imma", "integer")
+"""The GPU's pipes of record: the GPM per-pipe counters, and the values of the metrics' ``pipe``
+label (docs/observability.md)."""
+RATIOS = (*PIPES, "sm_utilization", "sm_occupancy", "dram_bandwidth", "utilization")
+"""The counters a profile averages, each a share 0..1 of the GPU's peak: the pipes, then SM
+utilization and occupancy, DRAM bandwidth and NVML's coarse utilization."""
 
 
 @dataclass(frozen=True)

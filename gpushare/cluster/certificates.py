@@ -24,7 +24,6 @@ it starts with them and is not restarted. That also covers certificates cert-man
 (``--no-issue-certificates``: the keeper only reads).
 """
 
-import argparse
 import asyncio
 import datetime as dt
 import hashlib
@@ -34,7 +33,6 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -43,6 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.flags import option
 from gpushare.kube.certificates import Owner, SecretStore, StoredSecret
 from gpushare.kube.errors import KubeError
 
@@ -70,19 +69,40 @@ LABELS = {
 
 @dataclass(frozen=True)
 class CertificateSettings:
-    """Where the certificates live and who makes them (``--certificate-secrets`` ...)."""
+    """Certificates kept in Secrets by the controller (``--certificate-secrets`` ...)."""
 
-    secrets: str = ""
+    secrets: str = option(
+        "", flags=("--certificate-secrets",), flat="certificate_secrets", metavar="NAMESPACE/PREFIX"
+    )
     """``NAMESPACE/PREFIX``: keep the certificates in the Secrets named in the module
     docstring; empty: only files (``--webhook-cert-dir``, ``--extender-tls-*``)."""
-    issue: bool = True
+    issue: bool = option(
+        True,
+        flags=("--no-issue-certificates",),
+        flat="certificate_issue",
+        action="store_false",
+        help="only read the Secrets (cert-manager makes them)",
+    )
     """Make and renew the certificates; off (cert-manager makes them), only read them, to
     restart gpushare-scheduler when they change."""
-    extender_hosts: tuple[str, ...] = ()
+    extender_hosts: tuple[str, ...] = option(
+        (),
+        flags=("--extender-tls-host",),
+        flat="certificate_extender_hosts",
+        action="append",
+        convert=tuple,
+        metavar="HOST",
+        help_suffix="Repeatable.",
+    )
     """DNS names and IP addresses the extender's certificate names."""
-    days: int = 365
+    days: int = option(365, flags=("--certificate-days",), flat="certificate_days")
     """Validity of the serving and client certificates (renewed with a third left)."""
-    restart_deployment: str = ""
+    restart_deployment: str = option(
+        "",
+        flags=("--restart-on-certificate-change",),
+        flat="restart_on_certificate_change",
+        metavar="DEPLOYMENT",
+    )
     """gpushare-scheduler's Deployment (in NAMESPACE), restarted when its extender CA or client
     certificate changes; empty: none."""
 
@@ -93,6 +113,12 @@ class CertificateSettings:
     @property
     def prefix(self) -> str:
         return self.secrets.partition("/")[2]
+
+    @property
+    def writes_files(self) -> bool:
+        """The controller writes the certificate files itself from its Secrets (they need not
+        exist before it starts)."""
+        return bool(self.secrets and self.issue)
 
     def validate(self) -> "CertificateSettings":
         if self.secrets and not (self.namespace and self.prefix and "/" not in self.prefix):
@@ -112,54 +138,6 @@ class CertificateSettings:
                 "give --certificate-secrets NAMESPACE/PREFIX too",
             )
         return self
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("certificates kept in Secrets")
-    g.add_argument(
-        "--certificate-secrets",
-        default="",
-        metavar="NAMESPACE/PREFIX",
-        help=CertificateSettings.__doc__,
-    )
-    g.add_argument(
-        "--no-issue-certificates",
-        dest="certificate_issue",
-        action="store_false",
-        help="only read the Secrets (cert-manager makes them)",
-    )
-    g.add_argument(
-        "--extender-tls-host",
-        dest="certificate_extender_hosts",
-        action="append",
-        default=[],
-        metavar="HOST",
-        help="a name or IP address the extender's certificate names (repeatable)",
-    )
-    g.add_argument(
-        "--certificate-days",
-        type=int,
-        default=CertificateSettings.days,
-        help="validity of the certificates the controller makes (days)",
-    )
-    g.add_argument(
-        "--restart-on-certificate-change",
-        default="",
-        metavar="DEPLOYMENT",
-        help="gpushare-scheduler's Deployment, restarted when its extender CA or client "
-        "certificate changes",
-    )
-
-
-def from_arguments(values: dict[str, Any]) -> CertificateSettings:
-    """Take this group's values out of ``vars(namespace)``."""
-    return CertificateSettings(
-        secrets=values.pop("certificate_secrets"),
-        issue=values.pop("certificate_issue"),
-        extender_hosts=tuple(values.pop("certificate_extender_hosts")),
-        days=values.pop("certificate_days"),
-        restart_deployment=values.pop("restart_on_certificate_change"),
-    ).validate()
 
 
 # ---- issuing (pure) -------------------------------------------------------------------------

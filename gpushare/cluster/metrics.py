@@ -8,6 +8,7 @@ every replica (docs/observability.md, "Series the controller exports").
 """
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import fields
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -20,8 +21,9 @@ from gpushare.api.build import (
     build_info_values,
 )
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.gpushare_crd import parse_profile
+from gpushare.api.gpushare_crd import ShareProfile, parse_profile
 from gpushare.api.names import METRIC_PREFIX
+from gpushare.api.profile import PIPES
 from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.state.view import ClusterView
 
@@ -141,16 +143,8 @@ def _pending_pods(view: ClusterView, gated: Iterable[str] = ()) -> GaugeMetricFa
     return family
 
 
-# status.profile keys -> the pipe label values the node exporter uses for the same pipes.
-_PROFILE_PIPES = (
-    ("fp16", "fp16"),
-    ("fp32", "fp32"),
-    ("fp64", "fp64"),
-    ("tensor", "tensor"),
-    ("tensor_hmma", "tensor_hmma"),
-    ("tensor_dmma", "tensor_dmma"),
-    ("tensor_imma", "tensor_imma"),
-)
+_PROFILE_PIPES = tuple(p for p in PIPES if p in {f.name for f in fields(ShareProfile)})
+"""The pipes a stored profile keeps (``status.profile`` keys are the pipe label's values)."""
 
 
 def _share_profiles(view: ClusterView) -> GaugeMetricFamily:
@@ -172,8 +166,8 @@ def _share_profiles(view: ClusterView) -> GaugeMetricFamily:
             continue
         namespace, name = key.split("/", 1)
         simulated = "true" if profile.simulated else "false"
-        for attr, pipe in _PROFILE_PIPES:
-            value = getattr(profile, attr)
+        for pipe in _PROFILE_PIPES:
+            value = getattr(profile, pipe)
             if value is not None:
                 family.add_metric([namespace, name, pipe, profile.gpu_model, simulated], value)
     return family

@@ -14,6 +14,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gpushare.api.errors import InvalidInputError
 from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.metrics import Metrics
@@ -123,6 +124,8 @@ def decode_body(raw: bytes) -> Any:
         return _decode.decode(raw)
     except msgspec.DecodeError as exc:  # also integers and floats out of range
         raise BadRequestError(f"body is not JSON: {exc}") from None
+    except UnicodeDecodeError:  # a string holding bytes that are not UTF-8 (found by fuzzing)
+        raise BadRequestError("body is not JSON: a string is not valid UTF-8") from None
     except RecursionError:  # msgspec checks the interpreter's limit, and fails cleanly
         raise BadRequestError("body is nested too deeply") from None
 
@@ -291,3 +294,56 @@ def webhook_app(
     # (so a bearer token, checked by ``authorize``).
     health_routes(app, ready=ready, metrics=metrics, authorize=authorize)
     return app
+
+
+class Listener:
+    """One of the process's HTTP servers as a component: :meth:`start` listens (with
+    ``wait_s``, trying that long while the port is taken: on a takeover on one host the old
+    leader's socket may linger a moment), :meth:`stop` closes it."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        host: str,
+        port: int,
+        ssl_context: object | None,
+        reuse_port: bool = False,
+        wait_s: float = 0.0,
+    ) -> None:
+        self.app, self.host, self.port = app, host, port
+        self.ssl_context, self.reuse_port, self.wait_s = ssl_context, reuse_port, wait_s
+        self._runner: BoundedRunner | None = None
+
+    async def start(self) -> None:
+        runner = BoundedRunner(self.app)
+        await runner.setup()
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            site = web.TCPSite(
+                runner,
+                self.host,
+                self.port,
+                ssl_context=self.ssl_context,  # type: ignore[arg-type]
+                reuse_address=True,
+                reuse_port=self.reuse_port or None,
+            )
+            try:
+                await site.start()
+                self._runner = runner
+                return
+            except OSError as exc:
+                if time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                    continue
+                await runner.cleanup()
+                raise InvalidInputError(
+                    f"{self.host}:{self.port}",
+                    f"cannot listen ({exc.strerror})",
+                    "free the port or pick another",
+                ) from None
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -19,7 +19,8 @@ from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.dra.templates import ClaimTemplates, TemplateKeeper
 from gpushare.cluster.state.quarantine import Quarantine
 from gpushare.cluster.state.view import ClusterView
-from gpushare.kube.controller import Kube, Watched
+from gpushare.kube.controller import Kube
+from gpushare.kube.watching import Watched
 
 log = logging.getLogger(__name__)
 
@@ -232,3 +233,26 @@ async def feed_dra(kube: Kube, devices: DraDevices, *, resync_seconds: float) ->
             resync_seconds=resync_seconds,
         ),
     )
+
+
+async def feed_agent_leases(
+    kube: Kube, view: ClusterView, *, namespace: str, resync_seconds: float
+) -> None:
+    """The node agents' Leases of the release namespace: whose agent is alive
+    (gpushare.cluster.state.agents). Other Leases there (leader election) are ignored."""
+    await kube.inform(
+        Watched.LEASES,
+        namespace=namespace,
+        replace=view.replace_agent_leases,
+        upsert=_guarded(view.quarantine, "Lease", view.upsert_agent_lease),
+        delete=_forgetting(view.quarantine, "Lease", view.delete_agent_lease),
+        resync_seconds=resync_seconds,
+    )
+
+
+async def judge_agent_leases(view: ClusterView, *, every_s: float = 1.0) -> None:
+    """Every ``every_s``: nodes whose agent's Lease expired stop getting pods (and get them
+    again once it is renewed; a renewal seen by the watch revives a node at once)."""
+    while True:
+        await asyncio.sleep(every_s)
+        view.check_agent_leases()

@@ -6,14 +6,13 @@ The hot paths (pod and node watches, Bindings) go through :class:`~gpushare.kube
 else, and exec/basic-auth kubeconfigs, use lightkube's AsyncClient.
 """
 
-import enum
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import httpx2
 import msgspec
-from lightkube import ALL_NS, ApiError, AsyncClient
+from lightkube import AsyncClient
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import (
@@ -21,63 +20,32 @@ from lightkube.resources.admissionregistration_v1 import (
     ValidatingWebhookConfiguration,
 )
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.scheduling_v1 import PriorityClass
 from lightkube.types import PatchType
 
 from gpushare.kube.access import AsyncAccessReviewer
 from gpushare.kube.certificates import SecretStore
 from gpushare.kube.config import load_config
-from gpushare.kube.errors import KubeError, LeaseConflictError
-from gpushare.kube.errors import wrap as _wrap
+from gpushare.kube.errors import (
+    ConflictError,
+    LeaseConflictError,
+    NotFoundError,
+    TooManyRequestsError,
+    UnprocessableError,
+    translated,
+)
 from gpushare.kube.events import ObjectRef, Reporter
-from gpushare.kube.informer import Objects, inform
+from gpushare.kube.operator import KubeApi
 from gpushare.kube.raw import RawApi
 from gpushare.kube.resources import (
     DeviceClassResource,
-    GpuShareResource,
     ResourceClaimResource,
     ResourceClaimTemplateResource,
-    ResourceSliceResource,
 )
+from gpushare.kube.watching import Watching
 
 PodDict = dict[str, Any]
-
-
-class Watched(enum.Enum):
-    """What the controller watches."""
-
-    NODES = "nodes"
-    PODS = "pods"
-    SHARES = "gpushares"
-    NAMESPACES = "namespaces"
-    RESOURCE_SLICES = "resourceslices"
-    RESOURCE_CLAIMS = "resourceclaims"
-    CLAIM_TEMPLATES = "resourceclaimtemplates"
-
-
-_WATCHED: dict[Watched, tuple[Any, bool, str | None]] = {
-    Watched.NODES: (Node, False, "/api/v1/nodes"),
-    Watched.PODS: (Pod, True, "/api/v1/pods"),
-    Watched.SHARES: (GpuShareResource, True, None),
-    Watched.NAMESPACES: (Namespace, False, "/api/v1/namespaces"),
-    Watched.RESOURCE_SLICES: (
-        ResourceSliceResource,
-        False,
-        "/apis/resource.k8s.io/v1/resourceslices",
-    ),
-    Watched.RESOURCE_CLAIMS: (
-        ResourceClaimResource,
-        True,
-        "/apis/resource.k8s.io/v1/resourceclaims",
-    ),
-    Watched.CLAIM_TEMPLATES: (
-        ResourceClaimTemplateResource,
-        True,
-        "/apis/resource.k8s.io/v1/resourceclaimtemplates",
-    ),
-}
-"""Each kind: lightkube resource, namespaced, path for the raw (msgspec) watch."""
 
 
 def _claim_path(namespace: str, name: str) -> str:
@@ -94,6 +62,8 @@ class Kube:
         self._client = client
         self._field_manager = field_manager
         self._raw = raw
+        self.inform = Watching(client, raw).inform
+        """Objects of a watched kind into callbacks, forever (gpushare.kube.watching)."""
 
     @classmethod
     def connect(cls, *, kubeconfig: Path | None, field_manager: str) -> "Kube":
@@ -112,14 +82,14 @@ class Kube:
         """A PATCH on the raw session: the claim placement's writes (lightkube's httpx pool
         opened a new TLS connection for about one write in four at 64 writes at once)."""
         assert self._raw is not None
-        try:
+        with translated(what):
             return await self._raw.patch(
                 path, body, patch_type=patch_type, field_manager=self._field_manager, what=what
             )
-        except KubeError:
-            raise
-        except Exception as exc:
-            raise _wrap(exc, what) from exc
+
+    def operator_api(self) -> KubeApi:
+        """The GpuShare operator's calls (gpushare.kube.operator), on this same client."""
+        return KubeApi(self._client)
 
     def access_reviewer(self) -> AsyncAccessReviewer:
         """Checks the bearer tokens of callers of /metrics (gpushare.kube.access)."""
@@ -137,10 +107,8 @@ class Kube:
     # ---- pods ----------------------------------------------------------------------------
 
     async def get_pod(self, *, namespace: str, name: str) -> PodDict:
-        try:
+        with translated(f"get pod {namespace}/{name}"):
             pod = await self._client.get(Pod, name, namespace=namespace)
-        except Exception as exc:
-            raise _wrap(exc, f"get pod {namespace}/{name}") from exc
         return dict(pod.to_dict())
 
     async def bind_pod(
@@ -156,6 +124,7 @@ class Kube:
         pod in the same update that sets ``spec.nodeName``, so a pod is never bound without
         its placement nor annotated without being bound. The uid makes it refuse a recreated
         pod; a second Binding of a bound pod fails with 409 and writes nothing."""
+        what = f"bind pod {namespace}/{name} to {node}"
         if self._raw is not None:
             meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
             if annotations:
@@ -166,15 +135,10 @@ class Kube:
                 "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node},
             }
-            what = f"bind pod {namespace}/{name} to {node}"
-            try:
+            with translated(what):
                 await self._raw.post(
                     f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body, what=what
                 )
-            except KubeError:
-                raise
-            except Exception as exc:
-                raise _wrap(exc, what) from exc
             return
         binding = Pod.Binding(
             metadata=ObjectMeta(
@@ -185,14 +149,17 @@ class Kube:
             ),
             target=ObjectReference(apiVersion="v1", kind="Node", name=node),
         )
+        with translated(what):
+            await self._create_answered_by_status(binding, name, namespace)
+
+    async def _create_answered_by_status(self, body: Any, name: str, namespace: str) -> None:
+        """POST a subresource (a Binding, an Eviction) that the API server answers with 201 and
+        a Status, which lightkube cannot decode as the body's kind; errors raise before any
+        decoding."""
         try:
-            await self._client.create(binding, name, namespace=namespace)
+            await self._client.create(body, name, namespace=namespace)
         except msgspec.ValidationError:
-            # 201 Created: the API server answers a Binding with a Status, which lightkube
-            # cannot decode as a Binding. Errors raise ApiError before any decoding.
             return
-        except Exception as exc:
-            raise _wrap(exc, f"bind pod {namespace}/{name} to {node}") from exc
 
     async def annotate_pod(
         self, *, namespace: str, name: str, annotations: Mapping[str, str]
@@ -204,41 +171,33 @@ class Kube:
         self, namespace: str, name: str, part: str, values: Mapping[str, str]
     ) -> None:
         patch = {"metadata": {part: dict(values)}}
-        try:
+        with translated(f"patch {part} of pod {namespace}/{name}"):
             await self._client.patch(
                 Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE
             )
-        except Exception as exc:
-            raise _wrap(exc, f"patch {part} of pod {namespace}/{name}") from exc
 
     async def evict_pod(self, *, namespace: str, name: str) -> bool:
         """Evict through the Eviction API, so PodDisruptionBudgets hold. False when a budget
         blocks it now (HTTP 429: try later); a pod already gone counts as evicted."""
         body = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
         try:
-            await self._client.create(body, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return True
-            if exc.status.code == 429:
-                return False
-            raise _wrap(exc, f"evict pod {namespace}/{name}") from exc
-        except msgspec.ValidationError:
-            return True  # 201 with a Status body, as for a Binding
+            with translated(f"evict pod {namespace}/{name}"):
+                await self._create_answered_by_status(body, name, namespace)
+        except NotFoundError:
+            return True
+        except TooManyRequestsError:
+            return False
         return True
 
     async def _get_or_none(
         self, resource: Any, name: str, *, what: str, namespace: str | None = None
     ) -> Any:
-        """``resource`` ``name`` as the client returns it; None on 404; KubeError else."""
+        """``resource`` ``name`` as the client returns it; None when there is none."""
         try:
-            return await self._client.get(resource, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise _wrap(exc, f"get {what}") from exc
-        except Exception as exc:
-            raise _wrap(exc, f"get {what}") from exc
+            with translated(f"get {what}"):
+                return await self._client.get(resource, name, namespace=namespace)
+        except NotFoundError:
+            return None
 
     async def get_claim_template(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         """A ResourceClaimTemplate's manifest; None when there is none."""
@@ -255,26 +214,20 @@ class Kube:
         meta = body["metadata"]
         what = f"create ResourceClaimTemplate {meta['namespace']}/{meta['name']}"
         try:
-            obj = ResourceClaimTemplateResource.from_dict(dict(body))
-            await self._client.create(obj, field_manager=self._field_manager)
-        except ApiError as exc:
-            if exc.status.code == 409:
-                return False
-            raise _wrap(exc, what) from exc
-        except Exception as exc:
-            raise _wrap(exc, what) from exc
+            with translated(what):
+                obj = ResourceClaimTemplateResource.from_dict(dict(body))
+                await self._client.create(obj, field_manager=self._field_manager)
+        except ConflictError:
+            return False
         return True
 
     async def delete_claim_template(self, *, namespace: str, name: str) -> None:
         """Delete a ResourceClaimTemplate; one already gone is fine."""
         try:
-            await self._client.delete(ResourceClaimTemplateResource, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return
-            raise _wrap(exc, f"delete ResourceClaimTemplate {namespace}/{name}") from exc
-        except Exception as exc:
-            raise _wrap(exc, f"delete ResourceClaimTemplate {namespace}/{name}") from exc
+            with translated(f"delete ResourceClaimTemplate {namespace}/{name}"):
+                await self._client.delete(ResourceClaimTemplateResource, name, namespace=namespace)
+        except NotFoundError:
+            return
 
     # ---- DRA claims the controller places (gpushare.cluster.dra) --------------------------
 
@@ -282,17 +235,15 @@ class Kube:
         self, *, namespace: str, name: str, resource_version: str, finalizers: list[str]
     ) -> dict[str, Any]:
         """Set the claim's finalizers (``resource_version`` guards against lost updates: a 409
-        is a :class:`KubeError` with status 409); returns the claim as stored."""
+        is a :class:`~gpushare.kube.errors.ConflictError`); returns the claim as stored."""
         what = f"add the finalizer of ResourceClaim {namespace}/{name}"
         patch = {"metadata": {"resourceVersion": resource_version, "finalizers": finalizers}}
         if self._raw is not None:
             return await self._raw_patch(_claim_path(namespace, name), patch, "merge", what)
-        try:
+        with translated(what):
             obj = await self._client.patch(
                 ResourceClaimResource, name, patch, namespace=namespace, patch_type=PatchType.MERGE
             )
-        except Exception as exc:
-            raise _wrap(exc, what) from exc
         return dict(obj)
 
     async def allocate_claim(
@@ -315,7 +266,7 @@ class Kube:
         if self._raw is not None:
             path = _claim_path(namespace, name) + "/status"
             return await self._raw_patch(path, patch, "merge", what)
-        try:
+        with translated(what):
             obj = await self._client.patch(
                 ResourceClaimResource.Status,
                 name,
@@ -323,8 +274,6 @@ class Kube:
                 namespace=namespace,
                 patch_type=PatchType.MERGE,
             )
-        except Exception as exc:
-            raise _wrap(exc, what) from exc
         return dict(obj)
 
     async def get_priority_class(self, name: str) -> dict[str, Any] | None:
@@ -355,19 +304,15 @@ class Kube:
         self, *, about: ObjectRef, reason: str, message: str, warning: bool
     ) -> None:
         """Record an Event about any object (a cluster-scoped one's goes to ``default``);
-        KubeError when the API server refuses it."""
+        a KubeError when the API server refuses it."""
         reporter = Reporter(
             component=self._field_manager,
             reporting_component=self._field_manager,
             instance=self._field_manager,
         )
         event = reporter.event(about, reason=reason, message=message, warning=warning)
-        try:
+        with translated(f"record event {reason} of {about.kind} {about.namespace}/{about.name}"):
             await self._client.create(event)
-        except Exception as exc:
-            raise _wrap(
-                exc, f"record event {reason} of {about.kind} {about.namespace}/{about.name}"
-            ) from exc
 
     async def remove_scheduling_gate(
         self,
@@ -396,121 +341,18 @@ class Kube:
             path = f"/api/v1/namespaces/{namespace}/pods/{name}"
             await self._raw_patch(path, patch, "json", what)
             return
-        try:
+        with translated(what):
             await self._client.patch(
                 Pod, name, patch, namespace=namespace, patch_type=PatchType.JSON
             )
-        except Exception as exc:
-            raise _wrap(exc, what) from exc
-
-    # ---- watches -------------------------------------------------------------------------
-
-    async def _informer(
-        self,
-        res: Any,
-        *,
-        replace: Callable[[Objects], None],
-        upsert: Callable[[Mapping[str, Any]], object],
-        delete: Callable[[Mapping[str, Any]], None],
-        resync_seconds: float,
-        namespaced: bool = False,
-        raw_path: str | None = None,
-    ) -> None:
-        """:func:`~gpushare.kube.informer.inform` for one resource, in every namespace for
-        namespaced kinds (lightkube's default is the kubeconfig's namespace only). With
-        ``raw_path`` (the collection's URL path) and a kubeconfig RawApi supports, objects
-        come as plain dicts decoded by msgspec instead of through lightkube's models."""
-
-        async def list_all() -> tuple[list[dict[str, Any]], str]:
-            return await self._list(res, namespaced=namespaced, raw_path=raw_path)
-
-        def watch(version: str, timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-            return self._watch(
-                res,
-                version=version,
-                timeout_seconds=timeout_seconds,
-                namespaced=namespaced,
-                raw_path=raw_path,
-            )
-
-        await inform(
-            res.__name__,
-            list_all=list_all,
-            watch=watch,
-            replace=replace,
-            upsert=upsert,
-            delete=delete,
-            resync_seconds=resync_seconds,
-        )
-
-    async def _list(
-        self, res: Any, *, namespaced: bool, raw_path: str | None
-    ) -> tuple[list[dict[str, Any]], str]:
-        if raw_path is not None and self._raw is not None:
-            return await self._raw.list(raw_path, what=f"list {res.__name__}")
-        scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
-        listing = self._client.list(res, chunk_size=500, **scope)
-        items: list[dict[str, Any]] = [obj.to_dict() async for obj in listing]
-        return items, str(listing.resourceVersion)
-
-    async def _watch(
-        self,
-        res: Any,
-        *,
-        version: str,
-        timeout_seconds: int,
-        namespaced: bool,
-        raw_path: str | None,
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        if raw_path is not None and self._raw is not None:
-            async for event, data in self._raw.watch(
-                raw_path,
-                resource_version=version,
-                timeout_seconds=timeout_seconds,
-                what=f"watch {res.__name__}",
-            ):
-                yield event, data
-            return
-        scope: dict[str, Any] = {"namespace": ALL_NS} if namespaced else {}
-        async for event, obj in self._client.watch(
-            res, resource_version=version, server_timeout=timeout_seconds, **scope
-        ):
-            yield event, obj.to_dict()
-
-    async def inform(
-        self,
-        kind: "Watched",
-        *,
-        replace: Callable[[Objects], None],
-        upsert: Callable[[Mapping[str, Any]], object],
-        delete: Callable[[Mapping[str, Any]], None],
-        resync_seconds: float,
-    ) -> None:
-        """Objects of ``kind`` (every namespace's, for namespaced kinds) into the callbacks,
-        forever (see :meth:`_informer`)."""
-        res, namespaced, raw_path = _WATCHED[kind]
-        await self._informer(
-            res,
-            replace=replace,
-            upsert=upsert,
-            delete=delete,
-            resync_seconds=resync_seconds,
-            namespaced=namespaced,
-            raw_path=raw_path,
-        )
 
     # ---- leader election -----------------------------------------------------------------
 
     async def get_lease(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            lease = await self._client.get(Lease, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise _wrap(exc, f"get lease {namespace}/{name}") from exc
-        except Exception as exc:
-            raise _wrap(exc, f"get lease {namespace}/{name}") from exc
-        return dict(lease.to_dict())
+        lease = await self._get_or_none(
+            Lease, name, namespace=namespace, what=f"lease {namespace}/{name}"
+        )
+        return None if lease is None else dict(lease.to_dict())
 
     async def create_lease(
         self, *, namespace: str, name: str, spec: dict[str, Any]
@@ -532,13 +374,10 @@ class Kube:
 
     async def _write_lease(self, call: Any, namespace: str, name: str) -> dict[str, Any]:
         try:
-            written = await call
-        except ApiError as exc:
-            if exc.status.code in (409, 422):
-                raise LeaseConflictError(str(exc.status.message)) from None
-            raise _wrap(exc, f"write lease {namespace}/{name}") from exc
-        except Exception as exc:
-            raise _wrap(exc, f"write lease {namespace}/{name}") from exc
+            with translated(f"write lease {namespace}/{name}"):
+                written = await call
+        except (ConflictError, UnprocessableError) as exc:
+            raise LeaseConflictError(str(exc), status=exc.status) from None
         return dict(written.to_dict())
 
     async def label_pod(self, *, namespace: str, name: str, labels: Mapping[str, str]) -> None:
@@ -551,7 +390,7 @@ class Kube:
         self, *, mutating: Mapping[str, Any], validating: Mapping[str, Any]
     ) -> None:
         """Server-side apply both webhook configurations (forcing our fields)."""
-        try:
+        with translated("register admission webhooks"):
             mutating_obj = cast(
                 MutatingWebhookConfiguration,
                 MutatingWebhookConfiguration.from_dict(dict(mutating)),
@@ -562,5 +401,3 @@ class Kube:
             )
             await self._client.apply(mutating_obj, field_manager=self._field_manager, force=True)
             await self._client.apply(validating_obj, field_manager=self._field_manager, force=True)
-        except Exception as exc:
-            raise _wrap(exc, "register admission webhooks") from exc

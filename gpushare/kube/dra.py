@@ -11,12 +11,13 @@ DRAConsumableCapacity feature gate is off) is what the plugin reads back. Implem
 from collections.abc import Mapping
 from typing import Any
 
-from lightkube import ApiError, Client
+from lightkube import Client
 from lightkube.resources.core_v1 import Namespace, Node
 
 from gpushare.api.dra import DRIVER
-from gpushare.kube.node import _retry_transient
+from gpushare.kube.errors import NotFoundError, translated
 from gpushare.kube.resources import ResourceClaimResource, ResourceSliceResource
+from gpushare.kube.retry import retry_transient
 
 
 class DraKube:
@@ -29,62 +30,62 @@ class DraKube:
 
     def get_claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The ResourceClaim's manifest, read fresh; None when it does not exist."""
-
-        def get() -> Mapping[str, Any] | None:
-            try:
-                obj = self.client.get(ResourceClaimResource, name, namespace=namespace)
-            except ApiError as exc:
-                if exc.status.code == 404:
-                    return None
-                raise
-            return dict(obj)
-
-        return _retry_transient(get, what=f"get ResourceClaim {namespace}/{name}")
+        what = f"get ResourceClaim {namespace}/{name}"
+        try:
+            with translated(what):
+                obj = retry_transient(
+                    lambda: self.client.get(ResourceClaimResource, name, namespace=namespace),
+                    what=what,
+                )
+        except NotFoundError:
+            return None
+        return dict(obj)
 
     def namespace_labels(self, name: str) -> Mapping[str, str] | None:
         """The Namespace's labels (its sharing group: gpushare.packing.tenancy); None when it
         does not exist."""
-
-        def get() -> Mapping[str, str] | None:
-            try:
-                obj = self.client.get(Namespace, name)
-            except ApiError as exc:
-                if exc.status.code == 404:
-                    return None
-                raise
-            return dict(obj.metadata.labels or {}) if obj.metadata else {}
-
-        return _retry_transient(get, what=f"get Namespace {name}")
+        what = f"get Namespace {name}"
+        try:
+            with translated(what):
+                obj = retry_transient(lambda: self.client.get(Namespace, name), what=what)
+        except NotFoundError:
+            return None
+        return dict(obj.metadata.labels or {}) if obj.metadata else {}
 
     def list_slices(self) -> list[dict[str, Any]]:
         """This node's ResourceSlices of our driver."""
-        return [
-            dict(s)
-            for s in self.client.list(
-                ResourceSliceResource,
-                fields={"spec.nodeName": self.node_name, "spec.driver": DRIVER},
-            )
-        ]
+        with translated("list this node's ResourceSlices"):
+            return [
+                dict(s)
+                for s in self.client.list(
+                    ResourceSliceResource,
+                    fields={"spec.nodeName": self.node_name, "spec.driver": DRIVER},
+                )
+            ]
 
     def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        created = self.client.create(ResourceSliceResource.from_dict(dict(body)))
+        with translated("create ResourceSlice"):
+            created = self.client.create(ResourceSliceResource.from_dict(dict(body)))
         return dict(created)
 
     def replace_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Replace (``metadata.resourceVersion`` in ``body`` guards against lost updates)."""
-        replaced = self.client.replace(ResourceSliceResource.from_dict(dict(body)))
+        with translated("replace ResourceSlice"):
+            replaced = self.client.replace(ResourceSliceResource.from_dict(dict(body)))
         return dict(replaced)
 
     def delete_slice(self, name: str) -> None:
+        """Delete a ResourceSlice; one already gone is fine."""
         try:
-            self.client.delete(ResourceSliceResource, name)
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
+            with translated(f"delete ResourceSlice {name}"):
+                self.client.delete(ResourceSliceResource, name)
+        except NotFoundError:
+            pass
 
     def node_uid(self) -> str | None:
         """The Node's UID, for the slices' owner reference (deleted with the node)."""
         if self._node_uid is None:
-            node = self.client.get(Node, self.node_name)
+            with translated(f"get node {self.node_name}"):
+                node = self.client.get(Node, self.node_name)
             self._node_uid = node.metadata.uid if node.metadata else None
         return self._node_uid

@@ -16,9 +16,8 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from lightkube import ApiError
-
-from gpushare.kube.errors import KubeError
+from gpushare.kube.errors import GoneError
+from gpushare.kube.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +26,8 @@ Lister = Callable[[], Awaitable[tuple[list[dict[str, Any]], str]]]
 Watcher = Callable[[str, int], AsyncIterator[tuple[str, dict[str, Any]]]]
 """(resourceVersion, timeout seconds) -> (event type, object) pairs."""
 
+RELIST_BACKOFF = Backoff(first_s=0.5, most_s=10.0)
+"""Waits before listing again after a failed list or watch (reset by a list that worked)."""
 REWATCH_PAUSE_S = 0.5
 """Wait before watching again after a watch that ended without an event (no busy loop)."""
 POISON_LOG_EVERY = 100
@@ -90,7 +91,7 @@ async def inform(
     """List, then watch from the list's resourceVersion, again from the last version seen
     whenever the server ends the watch; re-list on 410 Gone, on any error (after a backoff)
     and every ``resync_seconds``. Never returns."""
-    backoff = 0.5
+    delays = RELIST_BACKOFF.delays()
     loop = asyncio.get_running_loop()
     while True:
         try:
@@ -103,7 +104,7 @@ async def inform(
             gc.collect()
             gc.freeze()
             log.info("listed", extra={"kind": kind, "count": count, "rv": version})
-            backoff = 0.5
+            delays = RELIST_BACKOFF.delays()
             async with asyncio.timeout(resync_seconds):
                 deadline = loop.time() + resync_seconds
                 while True:
@@ -120,15 +121,10 @@ async def inform(
             continue  # periodic re-list
         except asyncio.CancelledError:
             raise
-        except (ApiError, KubeError) as exc:
-            code = exc.status.code if isinstance(exc, ApiError) else exc.status
-            if code != 410:
-                log.warning("watch failed", extra={"kind": kind, "error": str(exc)})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+        except GoneError:
+            continue  # the version is too old: list again at once
         except Exception as exc:
             log.warning(
                 "watch failed", extra={"kind": kind, "error": f"{type(exc).__name__}: {exc}"}
             )
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+            await asyncio.sleep(next(delays))

@@ -5,27 +5,25 @@ node's GPU inventory annotation and labels. The agent gives it its pod projectio
 a manifest -> the agent's pod type), so this layer knows no node-side type.
 """
 
-import logging
 import socket
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
-import httpx2
-from lightkube import ApiError, Client
+from lightkube import Client
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from gpushare.api.names import ANN_STATE, STATE_ALLOCATED
 from gpushare.kube.access import PROFILE_AUDIENCE, AccessReviewer
 from gpushare.kube.config import load_config
+from gpushare.kube.dra import DraKube
+from gpushare.kube.errors import NotFoundError, translated
 from gpushare.kube.events import ObjectRef, Reporter
-
-if TYPE_CHECKING:
-    from gpushare.kube.dra import DraKube
-
-log = logging.getLogger(__name__)
+from gpushare.kube.retry import retry_transient
 
 P = TypeVar("P")
 
@@ -60,7 +58,7 @@ class NodeKube(Generic[P]):
         self._project = project
         self.node_name = node_name
         self._host = socket.gethostname()
-        self._node_uid_value: str | None = None
+        self._dra = DraKube(client=self.client, node_name=node_name)
         self._last_pods: list[dict[str, Any]] = []
         self._last_pods_time = 0.0
 
@@ -68,15 +66,17 @@ class NodeKube(Generic[P]):
 
     def raw_node_pods(self) -> list[dict[str, Any]]:
         """Manifests of the pods bound to this node, read fresh from the API server."""
-        pods = _retry_transient(
-            lambda: [
-                p.to_dict()
-                for p in self.client.list(
-                    Pod, namespace="*", fields={"spec.nodeName": self.node_name}
-                )
-            ],
-            what="list this node's pods",
-        )
+        what = "list this node's pods"
+        with translated(what):
+            pods = retry_transient(
+                lambda: [
+                    p.to_dict()
+                    for p in self.client.list(
+                        Pod, namespace="*", fields={"spec.nodeName": self.node_name}
+                    )
+                ],
+                what=what,
+            )
         self._last_pods, self._last_pods_time = pods, time.monotonic()
         return pods
 
@@ -90,101 +90,111 @@ class NodeKube(Generic[P]):
         return [self._project(p) for p in self.raw_node_pods()]
 
     def mark_allocated(self, pod: PodRef) -> None:
-        _retry_transient(
-            lambda: self.client.patch(
-                Pod,
-                pod.name,
-                {"metadata": {"annotations": {ANN_STATE: STATE_ALLOCATED}}},
-                namespace=pod.namespace,
-                patch_type=PatchType.MERGE,
-            ),
-            what=f"mark {pod.namespace}/{pod.name} allocated",
-        )
+        what = f"mark {pod.namespace}/{pod.name} allocated"
+        with translated(what):
+            retry_transient(
+                lambda: self.client.patch(
+                    Pod,
+                    pod.name,
+                    {"metadata": {"annotations": {ANN_STATE: STATE_ALLOCATED}}},
+                    namespace=pod.namespace,
+                    patch_type=PatchType.MERGE,
+                ),
+                what=what,
+            )
 
     def annotate_pod(self, *, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
-        self.client.patch(
-            Pod,
-            name,
-            {"metadata": {"annotations": dict(annotations)}},
-            namespace=namespace,
-            patch_type=PatchType.MERGE,
-        )
+        with translated(f"annotate pod {namespace}/{name}"):
+            self.client.patch(
+                Pod,
+                name,
+                {"metadata": {"annotations": dict(annotations)}},
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )
 
     # --- events --------------------------------------------------------------------------
-
-    def _node_uid(self) -> str | None:
-        if self._node_uid_value is None:
-            node = self.client.get(Node, self.node_name)
-            self._node_uid_value = node.metadata.uid if node.metadata else None
-        return self._node_uid_value
 
     def record_event(self, *, pod: PodRef | None, reason: str, message: str, warning: bool) -> None:
         if pod is not None:
             about = ObjectRef.pod(namespace=pod.namespace, name=pod.name, uid=pod.uid)
         else:
-            about = ObjectRef.node(name=self.node_name, uid=self._node_uid() or "")
+            about = ObjectRef.node(name=self.node_name, uid=self._dra.node_uid() or "")
         reporter = Reporter(
             COMPONENT, COMPONENT, instance=f"{COMPONENT}-{self.node_name}", host=self.node_name
         )
         body = reporter.event(about, reason=reason, message=message, warning=warning)
-        self.client.create(body, namespace=about.namespace or "default")
+        with translated(f"record event {reason}"):
+            self.client.create(body, namespace=about.namespace or "default")
 
     # --- node ----------------------------------------------------------------------------
 
     def node_labels(self) -> dict[str, str]:
-        node = self.client.get(Node, self.node_name)
+        with translated(f"get node {self.node_name}"):
+            node = self.client.get(Node, self.node_name)
         return dict((node.metadata.labels if node.metadata else None) or {})
 
     def node_annotations(self) -> dict[str, str]:
-        node = self.client.get(Node, self.node_name)
+        with translated(f"get node {self.node_name}"):
+            node = self.client.get(Node, self.node_name)
         return dict((node.metadata.annotations if node.metadata else None) or {})
 
     def publish_node(
         self, *, annotations: Mapping[str, str], labels: Mapping[str, str | None]
     ) -> None:
         """Merge-patch the node's annotations and labels (a None label value removes it)."""
-        self.client.patch(
-            Node,
-            self.node_name,
-            {"metadata": {"annotations": dict(annotations), "labels": dict(labels)}},
-            patch_type=PatchType.MERGE,
+        with translated(f"publish node {self.node_name}"):
+            self.client.patch(
+                Node,
+                self.node_name,
+                {"metadata": {"annotations": dict(annotations), "labels": dict(labels)}},
+                patch_type=PatchType.MERGE,
+            )
+
+    def renew_agent_lease(self, *, namespace: str, name: str, duration_s: int) -> None:
+        """Say this node's agent is alive for ``duration_s`` (gpushare.api.agent_lease): a
+        merge-patch of the Lease's renewal, creating it the first time, owned by the Node so
+        it goes when the node does."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        spec = {
+            "holderIdentity": f"{COMPONENT}/{self.node_name}",
+            "leaseDurationSeconds": duration_s,
+            "renewTime": now,
+        }
+        what = f"renew lease {namespace}/{name}"
+        try:
+            with translated(what):
+                self.client.patch(
+                    Lease, name, {"spec": spec}, namespace=namespace, patch_type=PatchType.MERGE
+                )
+            return
+        except NotFoundError:
+            pass
+        owner = [
+            {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid}
+            for uid in [self._dra.node_uid()]
+            if uid
+        ]
+        body = cast(
+            Lease,
+            Lease.from_dict(
+                {
+                    "metadata": {"name": name, "namespace": namespace, "ownerReferences": owner},
+                    "spec": {**spec, "acquireTime": now},
+                }
+            ),
         )
+        with translated(f"create lease {namespace}/{name}"):
+            self.client.create(body, namespace=namespace)
 
     def access_reviewer(self) -> AccessReviewer:
         """Checks the bearer tokens of callers of /metrics and /profile (gpushare.kube.access):
         /profile only with a token bound to PROFILE_AUDIENCE (the operator's)."""
         return AccessReviewer(self.client, audiences={"/profile": [PROFILE_AUDIENCE]})
 
-    def dra(self) -> "DraKube":
+    def dra(self) -> DraKube:
         """The DRA plugin's calls (ResourceClaims, this node's ResourceSlices), on this client."""
-        from gpushare.kube.dra import DraKube  # noqa: PLC0415  (it imports this module)
-
-        return DraKube(client=self.client, node_name=self.node_name)
+        return self._dra
 
     def close(self) -> None:
         self.client.close()
-
-
-T = TypeVar("T")
-TRANSIENT_RETRY_S = 20.0
-"""How long Allocate's API calls ride out an API server restart before failing the pod: the
-kubelet admits pods while the API server is down, and failing Allocate then loses the pod."""
-
-
-def _retry_transient(call: Callable[[], T], *, what: str) -> T:
-    """Run ``call``, retrying connection errors and 429/5xx answers for TRANSIENT_RETRY_S."""
-    deadline = time.monotonic() + TRANSIENT_RETRY_S
-    delay = 0.2
-    while True:
-        try:
-            return call()
-        except (httpx2.TransportError, OSError, ApiError) as exc:
-            status = exc.status.code if isinstance(exc, ApiError) else None
-            transient = status is None or status == 429 or (status or 0) >= 500
-            if not transient or time.monotonic() + delay > deadline:
-                raise
-            log.warning(
-                "API server unavailable; retrying", extra={"action": what, "error": str(exc)}
-            )
-            time.sleep(delay)
-            delay = min(2.0, delay * 2)

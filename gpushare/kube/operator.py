@@ -11,13 +11,20 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 from lightkube.models.meta_v1 import DeleteOptions, ObjectMeta, Preconditions
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
 from gpushare.api.names import GROUP
-from gpushare.kube.config import load_config
+from gpushare.kube.errors import (
+    ConflictError,
+    KubeError,
+    NotFoundError,
+    TooManyRequestsError,
+    UnprocessableError,
+    translated,
+)
 from gpushare.kube.events import ObjectRef, Reporter
 from gpushare.kube.resources import GpuShareResource
 
@@ -35,34 +42,30 @@ class EvictionOutcome(enum.Enum):
 
 
 class KubeApi:
+    """The operator's calls, on the process's one client (``gpushare.kube.controller.Kube``
+    lends it: :meth:`~gpushare.kube.controller.Kube.operator_api`); its writes carry the
+    operator's own field manager."""
+
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
         self._instance = socket.gethostname()
 
-    @classmethod
-    def from_environment(cls) -> "KubeApi":
-        """:func:`~gpushare.kube.config.load_config`'s API server ($KUBECONFIG first, as Kopf
-        reads it)."""
-        return cls(AsyncClient(config=load_config(), field_manager=FIELD_MANAGER))
-
-    async def close(self) -> None:
-        await self._client.close()
-
     async def list_pods(self, *, namespace: str | None) -> list[dict[str, Any]]:
         """Every pod of ``namespace`` (None: all namespaces), as API JSON."""
-        found = self._client.list(Pod, namespace=namespace or "*", chunk_size=500)
-        return [dict(pod.to_dict()) async for pod in found]
+        with translated("list pods"):
+            found = self._client.list(Pod, namespace=namespace or "*", chunk_size=500)
+            return [dict(pod.to_dict()) async for pod in found]
 
     async def list_nodes(self) -> list[dict[str, Any]]:
-        return [dict(node.to_dict()) async for node in self._client.list(Node, chunk_size=500)]
+        with translated("list nodes"):
+            return [dict(node.to_dict()) async for node in self._client.list(Node, chunk_size=500)]
 
     async def get_share(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            obj = await self._client.get(GpuShareResource, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise
+            with translated(f"get GpuShare {namespace}/{name}"):
+                obj = await self._client.get(GpuShareResource, name, namespace=namespace)
+        except NotFoundError:
+            return None
         # lightkube's generic resources leave to_dict untyped.
         return dict(obj.to_dict())  # type: ignore[no-untyped-call]
 
@@ -76,22 +79,23 @@ class KubeApi:
         """Apply a JSON patch to the share's status. False (nothing changed) when a ``test``
         op failed, i.e. someone already took this step, or the share is gone."""
         try:
-            await self._client.patch(
-                GpuShareResource.Status,
-                name,
-                [dict(op) for op in ops],
-                namespace=namespace,
-                patch_type=PatchType.JSON,
-            )
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return False
+            with translated(f"patch status of GpuShare {namespace}/{name}"):
+                await self._client.patch(
+                    GpuShareResource.Status,
+                    name,
+                    [dict(op) for op in ops],
+                    namespace=namespace,
+                    patch_type=PatchType.JSON,
+                    field_manager=FIELD_MANAGER,
+                )
+        except NotFoundError:
+            return False
+        except UnprocessableError as exc:
             # A failed "test" op is a 422 without causes; a schema violation lists its causes.
-            details = exc.status.details
-            if exc.status.code == 422 and not (details and details.causes):
-                log.info("share %s/%s: status changed meanwhile; step not taken", namespace, name)
-                return False
-            raise
+            if exc.causes:
+                raise
+            log.info("share %s/%s: status changed meanwhile; step not taken", namespace, name)
+            return False
         return True
 
     async def merge_share_status(
@@ -100,33 +104,34 @@ class KubeApi:
         """Merge-patch fields of the share's status that are pure functions of the cluster
         (placements, pod count): writing them twice is harmless."""
         try:
-            await self._client.patch(
-                GpuShareResource.Status,
-                name,
-                {"status": dict(status)},
-                namespace=namespace,
-                patch_type=PatchType.MERGE,
-            )
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
+            with translated(f"merge status of GpuShare {namespace}/{name}"):
+                await self._client.patch(
+                    GpuShareResource.Status,
+                    name,
+                    {"status": dict(status)},
+                    namespace=namespace,
+                    patch_type=PatchType.MERGE,
+                    field_manager=FIELD_MANAGER,
+                )
+        except NotFoundError:
+            pass
 
     async def annotate_pod(
         self, *, namespace: str, name: str, annotations: Mapping[str, str | None]
     ) -> bool:
         """Merge annotations into a pod (None removes one). False when the pod is gone."""
         try:
-            await self._client.patch(
-                Pod,
-                name,
-                {"metadata": {"annotations": dict(annotations)}},
-                namespace=namespace,
-                patch_type=PatchType.MERGE,
-            )
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return False
-            raise
+            with translated(f"annotate pod {namespace}/{name}"):
+                await self._client.patch(
+                    Pod,
+                    name,
+                    {"metadata": {"annotations": dict(annotations)}},
+                    namespace=namespace,
+                    patch_type=PatchType.MERGE,
+                    field_manager=FIELD_MANAGER,
+                )
+        except NotFoundError:
+            return False
         return True
 
     async def evict(self, *, namespace: str, name: str, uid: str | None = None) -> EvictionOutcome:
@@ -138,13 +143,14 @@ class KubeApi:
             deleteOptions=DeleteOptions(preconditions=Preconditions(uid=uid)) if uid else None,
         )
         try:
-            await self._client.create(body, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 429:
-                return EvictionOutcome.BLOCKED
-            if exc.status.code in (404, 409):
-                return EvictionOutcome.GONE
-            raise
+            with translated(f"evict pod {namespace}/{name}"):
+                await self._client.create(
+                    body, name, namespace=namespace, field_manager=FIELD_MANAGER
+                )
+        except TooManyRequestsError:
+            return EvictionOutcome.BLOCKED
+        except (NotFoundError, ConflictError):
+            return EvictionOutcome.GONE
         return EvictionOutcome.EVICTED
 
     async def post_event(
@@ -155,17 +161,17 @@ class KubeApi:
         reporter = Reporter(COMPONENT, f"{GROUP}/operator", instance=self._instance)
         body = reporter.event(about, reason=reason, message=message, warning=warning)
         try:
-            await self._client.create(body)
-        except ApiError as exc:
+            with translated(f"post event {reason}"):
+                await self._client.create(body, field_manager=FIELD_MANAGER)
+        except KubeError as exc:
             log.warning("could not post event %s on %s/%s: %s", reason, about.kind, about.name, exc)
 
     async def read_configmap(self, *, namespace: str, name: str) -> dict[str, str]:
         try:
-            cm = await self._client.get(ConfigMap, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return {}
-            raise
+            with translated(f"get ConfigMap {namespace}/{name}"):
+                cm = await self._client.get(ConfigMap, name, namespace=namespace)
+        except NotFoundError:
+            return {}
         return dict(cm.data or {})
 
     async def put_configmap_entries(
@@ -173,17 +179,18 @@ class KubeApi:
     ) -> None:
         """Set (or, with None, delete) keys of a ConfigMap, creating it when absent."""
         try:
-            await self._client.patch(
-                ConfigMap,
-                name,
-                {"data": dict(entries)},
-                namespace=namespace,
-                patch_type=PatchType.MERGE,
-            )
+            with translated(f"patch ConfigMap {namespace}/{name}"):
+                await self._client.patch(
+                    ConfigMap,
+                    name,
+                    {"data": dict(entries)},
+                    namespace=namespace,
+                    patch_type=PatchType.MERGE,
+                    field_manager=FIELD_MANAGER,
+                )
             return
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
+        except NotFoundError:
+            pass
         data = {k: v for k, v in entries.items() if v is not None}
         cm = ConfigMap(
             metadata=ObjectMeta(
@@ -197,8 +204,7 @@ class KubeApi:
             data=data,
         )
         try:
-            await self._client.create(cm)
-        except ApiError as exc:
-            if exc.status.code != 409:
-                raise
+            with translated(f"create ConfigMap {namespace}/{name}"):
+                await self._client.create(cm, field_manager=FIELD_MANAGER)
+        except ConflictError:
             await self.put_configmap_entries(namespace=namespace, name=name, entries=entries)

@@ -16,7 +16,7 @@ import msgspec
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 
-from gpushare.kube.errors import KubeError
+from gpushare.kube.errors import KubeError, error_for
 
 TOKEN_REREAD_SECONDS = 60.0
 """A token file (in-cluster service account, rotated by the kubelet) is read again this often."""
@@ -105,12 +105,12 @@ class RawApi:
                 message = doc["message"]
         except msgspec.DecodeError:
             pass
-        return KubeError(f"{what}: {message}", status=resp.status)
+        return error_for(resp.status, f"{what}: {message}")
 
     async def post(
         self, path: str, body: Mapping[str, Any], *, what: str, timeout: float = 15.0
     ) -> None:
-        """POST a JSON body; raises KubeError with the API server's message on 4xx/5xx."""
+        """POST a JSON body; raises a typed KubeError with the API server's message on 4xx/5xx."""
         async with self.session().post(
             self._server + path,
             data=_encode.encode(body),
@@ -132,8 +132,8 @@ class RawApi:
         timeout: float = 15.0,
     ) -> dict[str, Any]:
         """PATCH with ``patch_type`` (``merge`` or ``json``); returns the object as stored.
-        Raises KubeError with the API server's message and status on 4xx/5xx (409 for a stale
-        resourceVersion, 422 for a failed JSON-patch test)."""
+        Raises a typed KubeError with the API server's message on 4xx/5xx (ConflictError for a
+        stale resourceVersion, UnprocessableError for a failed JSON-patch test)."""
         if patch_type not in PATCH_CONTENT_TYPES:
             raise ValueError(f"patch_type must be one of {sorted(PATCH_CONTENT_TYPES)}")
         headers = self._headers()
@@ -178,7 +178,7 @@ class RawApi:
         self, path: str, *, resource_version: str, timeout_seconds: int, what: str
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(event type, object) from ``resource_version`` on; an ERROR event (410 Gone when
-        the version is too old) raises KubeError with its code."""
+        the version is too old) raises the typed KubeError of its code (GoneError)."""
         params = {
             "watch": "1",
             "resourceVersion": resource_version,
@@ -202,7 +202,5 @@ class RawApi:
                     _drop_managed_fields(obj)
                 kind = str(event.get("type", ""))
                 if kind == "ERROR":
-                    raise KubeError(
-                        f"{what}: {obj.get('message')}", status=int(obj.get("code") or 0)
-                    )
+                    raise error_for(int(obj.get("code") or 0), f"{what}: {obj.get('message')}")
                 yield kind, obj

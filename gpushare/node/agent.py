@@ -1,37 +1,29 @@
-"""The node agent: ties the GPU backend, MPS daemons, device plugin, node publishing and
-metrics together and runs them until stopped.
+"""The node agent: wires the GPU backend, MPS daemons, the kubelet plugin of its mode, node
+publishing, the fault monitor and metrics together and runs them until stopped. Each part
+lives in its own package (docs/architecture.md); this module only builds and starts them.
 
 Start order matters: MPS daemons are adopted or started first, the node inventory is
-published, and only then is the device plugin served and registered, so the kubelet never
+published, and only then is the kubelet plugin served and registered, so the kubelet never
 advertises a GPU whose daemon is not there (it is advertised Unhealthy instead).
 """
 
 import logging
 import threading
-from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from gpushare.api.errors import InvalidInputError
-from gpushare.api.inventory import GpuInfo, dump_inventory
-from gpushare.api.names import (
-    AGENT_METRICS_PORT,
-    ANN_AGENT_MODE,
-    ANN_AGENT_READY,
-    ANN_NODE_GPUS,
-    LABEL_MPS_CAPABLE,
-    LABEL_SIMULATED,
-    RESOURCE_GPU_OPPORTUNISTIC,
-    RESOURCE_GPU_PERCENT,
-    STATE_ALLOCATED,
-)
-from gpushare.api.placement import parse_placement
+from gpushare.api.agent_lease import AGENT_LEASE_RENEW_S
+from gpushare.api.inventory import GpuInfo
+from gpushare.api.names import RESOURCE_GPU_OPPORTUNISTIC
 from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN
+from gpushare.node.core.allocations import PodAllocation
+from gpushare.node.core.answer import DeviceNode
+from gpushare.node.core.cgroups import pods_with_running_containers
+from gpushare.node.core.health import DeviceHealth
+from gpushare.node.core.pods import PodSource, pod_info
+from gpushare.node.core.serving import KubeletPlugin, RestartLoop
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import opportunistic_slice_ids, slice_ids
-from gpushare.node.deviceplugin.health import DeviceHealth
 from gpushare.node.deviceplugin.holdings import (
     STATE_DIR,
     STATE_FILE,
@@ -39,127 +31,27 @@ from gpushare.node.deviceplugin.holdings import (
     kubelet_held,
     kubelet_identity,
 )
-from gpushare.node.deviceplugin.plugin import (
-    DEFAULT_ENDPOINT,
-    KUBELET_SOCKET,
-    OPPORTUNISTIC_ENDPOINT,
-    PluginRunner,
-)
-from gpushare.node.deviceplugin.pods import PodSource, pod_info
-from gpushare.node.deviceplugin.response import DeviceNode
+from gpushare.node.deviceplugin.plugin import KUBELET_SOCKET, DevicePluginSockets
 from gpushare.node.deviceplugin.server import DevicePluginServicer
 from gpushare.node.dra.allocations import claim_allocations
-from gpushare.node.dra.cdi import DEFAULT_CDI_DIR, CdiDir
+from gpushare.node.dra.cdi import CdiDir
 from gpushare.node.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from gpushare.node.dra.driver import DraDriver
-from gpushare.node.dra.plugin import DEFAULT_KUBELET_ROOT, DraPluginRunner, plugin_dir
+from gpushare.node.dra.plugin import DraPluginSockets, plugin_dir
 from gpushare.node.dra.server import DraPluginV1, DraPluginV1beta1
 from gpushare.node.dra.slices import SlicePublisher
-from gpushare.node.exporter.allocations import PodAllocation
-from gpushare.node.exporter.attribution import pods_with_running_containers
 from gpushare.node.extension import ExporterHandle, wire_exporter
 from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.faults.procfs import PodResolver
 from gpushare.node.gpu.backend import GpuBackend, HealthEvent
-from gpushare.node.load import Share, simulated_load
 from gpushare.node.metrics import AgentCollector, Authorize, MetricsServer, Reply, registry_for
-from gpushare.node.mps.manager import DaemonStarter, MpsManager, ShmMode
-from gpushare.node.mps_limits import MpsLimitKeeper
-from gpushare.packing.tenancy import TENANCY_NAMESPACE
+from gpushare.node.mps.limits import MpsLimitKeeper
+from gpushare.node.mps.manager import MpsManager
+from gpushare.node.publishing import AgentLease, NodePublisher
+from gpushare.node.settings import AgentSettings
+from gpushare.node.simload import SimulatedLoadFeeder
 
 log = logging.getLogger(__name__)
-
-AgentMode = Literal["deviceplugin", "dra"]
-
-# Volta (7.0) and newer run MPS with execution-resource provisioning (active-thread %).
-MPS_MIN_CAPABILITY = (7, 0)
-
-
-@dataclass(frozen=True)
-class AgentSettings:
-    """What the node agent runs with (``gpushare-node-agent --help`` sets each)."""
-
-    node_name: str
-    """The Kubernetes node this agent serves (pods bound here, node object patched)."""
-    mode: AgentMode = "deviceplugin"
-    """deviceplugin: offer gpushare.io/gpu-percent through the kubelet's device plugin API
-    (annotated pods placed by gpushare-scheduler); dra: be the kubelet DRA plugin of driver
-    gpu.gpushare.io and publish this node's ResourceSlice (pods with ResourceClaims placed by
-    kube-scheduler) (docs/architecture.md, "Node agent: DRA mode")."""
-    kubelet_root: Path = DEFAULT_KUBELET_ROOT
-    """The kubelet's root directory; dra mode serves <kubelet-root>/plugins/gpu.gpushare.io/dra.sock
-    and registers through <kubelet-root>/plugins_registry/."""
-    cdi_dir: Path = DEFAULT_CDI_DIR
-    """dra mode: where a CDI spec per prepared claim is written for the container runtime."""
-    slice_resync_s: float = 30.0
-    """dra mode: how often the node's ResourceSlice is checked (and written again if it was
-    deleted, e.g. by a kubelet that saw the plugin gone)."""
-    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
-    """The kubelet's device-plugin directory (holds kubelet.sock and this plugin's socket)."""
-    plugin_endpoint: str = DEFAULT_ENDPOINT
-    """Socket file name of this plugin inside the device-plugin directory."""
-    opportunistic_plugin_endpoint: str = OPPORTUNISTIC_ENDPOINT
-    """Socket file name of the plugin serving gpushare.io/opportunistic-gpu-percent (300 device
-    IDs per GPU, for pods the scheduler places beyond a GPU's guaranteed capacity;
-    docs/node-agent.md, "Device IDs")."""
-    mps_root: Path = Path("/run/gpushare/node/mps")
-    """Root of the per-GPU MPS pipe/log/shm directories (<mps-root>/<uuid>/)."""
-    mps_shm: ShmMode = "private"
-    """private: each MPS daemon gets <mps-root>/<uuid>/shm as its /dev/shm and pods get the same
-    directory (needs CAP_SYS_ADMIN); host: daemons and pods share the host's /dev/shm."""
-    require_exclusive_process: bool = False
-    """Advertise a GPU only when its compute mode is EXCLUSIVE_PROCESS (the admin sets it with
-    nvidia-smi -c EXCLUSIVE_PROCESS): then only the MPS server may open the GPU, and a container
-    pointing CUDA at an empty pipe directory cannot run outside MPS and its limits
-    (docs/security.md)."""
-    mps_daemons: DaemonStarter = "own"
-    """own: the agent starts the MPS daemons itself (an agent run as a host process); launcher:
-    gpushare-mps-launcher starts them when the agent asks (the chart's mps-launcher container),
-    so they outlive the agent's container: a runtime ends every process of a stopped container,
-    and running pods would lose their MPS server (docs/node-agent.md, "MPS daemons")."""
-    tenancy: str = TENANCY_NAMESPACE
-    """dra mode: namespace: a GPU's MPS server serves claims of one namespace or sharing group
-    only (the controller's --tenancy; the chart sets both from tenancy.crossNamespaceSharing);
-    cluster: no boundary (docs/dra.md, "Tenancy")."""
-    metrics_host: str = "0.0.0.0"
-    """Listen address of the metrics server."""
-    metrics_port: int = AGENT_METRICS_PORT
-    """Port serving /metrics, /healthz and the exporter's /profile; 0 picks a free port
-    (logged)."""
-    metrics_auth: str = "tokenreview"
-    """Who may read /metrics and /profile (they name every pod on this node): tokenreview, a
-    caller whose bearer token the API server authenticates and allows to get that non-resource
-    URL (TokenReview + SubjectAccessReview; /profile only with a token bound to the audience
-    gpushare.io/node-agent, which the controller's operator presents); none, anyone who
-    reaches the port (docs/security.md, "Metrics and profiles")."""
-    pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-    """The kubelet's pod-resources socket, for the exporter's per-container attribution."""
-    allocation_state_file: Path | None = None
-    """Where the device plugin keeps what each Allocate answered, across agent restarts
-    (None: ``<device_plugin_dir>/gpushare/allocations.json``; a subdirectory, since a new
-    kubelet deletes the plain files in its directory)."""
-    pod_refresh_s: float = 5.0
-    """How often the pods on this node are re-read for publishing, loads and metrics."""
-    mps_check_s: float = 10.0
-    """How often each MPS daemon is health-checked through its control pipe."""
-    stop_mps_on_exit: bool = False
-    """Quit the MPS daemons when the agent exits. Off by default: a restarted agent adopts them
-    and the pods using them keep running."""
-    exporter: bool = True
-    """Wire in gpushare.node.exporter's collectors and /profile endpoint when installed."""
-    fault_check_s: float = 0.5
-    """How often the MPS daemons' logs are read for fatal client faults (gpushare.node.faults)."""
-    exclusive_after_faults: int = 2
-    """Fatal GPU faults a workload may be involved in, beside neighbours with none in common,
-    within an hour before it is moved to a GPU of its own (0: never)."""
-
-
-def mps_capable(gpus: list[GpuInfo]) -> bool:
-    def capability(text: str) -> tuple[int, int]:
-        major, _, minor = text.partition(".")
-        return (int(major), int(minor or 0)) if major.isdigit() else (0, 0)
-
-    return bool(gpus) and all(capability(g.compute_capability) >= MPS_MIN_CAPABILITY for g in gpus)
 
 
 class NodeAgent:
@@ -191,6 +83,7 @@ class NodeAgent:
             shm_mode=settings.mps_shm,
             on_change=self._mps_changed,
             require_exclusive_process=settings.require_exclusive_process,
+            set_exclusive_process=settings.set_exclusive_process,
             daemons=settings.mps_daemons,
             on_event=self._mps_event,
         )
@@ -219,21 +112,21 @@ class NodeAgent:
             nvidia_runtime_env=not backend.simulated,
             on_answer=self.mps_limits.raise_for,
         )
-        self.runner = PluginRunner(
+        self.device_plugin = DevicePluginSockets(
             make_servicer=self._new_servicer,
             plugin_dir=settings.device_plugin_dir,
             endpoint=settings.plugin_endpoint,
         )
         # Opportunistic pods ask for their own resource (more of it than the GPU has), served
         # by the same Allocator: placements, not slice counts, set what a pod may use.
-        self.opportunistic_runner = PluginRunner(
+        self.opportunistic_plugin = DevicePluginSockets(
             make_servicer=lambda: self._new_servicer(opportunistic_slice_ids),
             plugin_dir=settings.device_plugin_dir,
             endpoint=settings.opportunistic_plugin_endpoint,
             resource_name=RESOURCE_GPU_OPPORTUNISTIC,
         )
         self.slices: SlicePublisher | None = None
-        self.dra_runner: DraPluginRunner | None = None
+        self.dra_plugin: DraPluginSockets | None = None
         if settings.mode == "dra":
             dra_api = dra_kube if dra_kube is not None else kube.dra()
             driver = DraDriver(
@@ -258,10 +151,17 @@ class NodeAgent:
                 store=dra_api,
                 node_uid=getattr(dra_api, "node_uid", None),
             )
-            self.dra_runner = DraPluginRunner(
+            self.dra_plugin = DraPluginSockets(
                 make_servicers=lambda: (DraPluginV1(driver), DraPluginV1beta1(driver)),
                 kubelet_root=settings.kubelet_root,
             )
+        # One restart loop serves the mode's kubelet plugins again together.
+        plugins: list[KubeletPlugin] = (
+            [self.dra_plugin]
+            if self.dra_plugin is not None
+            else [self.device_plugin, self.opportunistic_plugin]
+        )
+        self.plugins = RestartLoop(plugins)
         self.faults = FaultMonitor(
             node_name=settings.node_name,
             log_dirs=lambda: {g.uuid: self.mps.paths(g.uuid).log for g in self.gpus},
@@ -275,8 +175,23 @@ class NodeAgent:
         self.registry = registry_for("node-agent", simulated=backend.simulated)
         self._servicers: list[DevicePluginServicer] = []
         self._exporter: ExporterHandle | None = None
-        self._publish_needed = threading.Event()
-        self._published_ready = ""
+        self.publisher = NodePublisher(
+            node_name=settings.node_name,
+            mode=settings.mode,
+            simulated=backend.simulated,
+            kube=kube,
+            inventory=self.inventory,
+            not_ready_reason=self.not_ready_reason,
+            slices=self.slices,
+        )
+        self.lease = AgentLease(
+            node_name=settings.node_name, namespace=settings.lease_namespace, kube=kube
+        )
+        self.simulated_load = SimulatedLoadFeeder(
+            backend=backend,
+            gpus=self.gpus,
+            prepared=lambda: self.dra.prepared().values() if self.dra is not None else (),
+        )
         self._pods_lock = threading.Lock()
         self._pods: list[dict[str, Any]] = []
         self.metrics: MetricsServer | None = None
@@ -344,11 +259,11 @@ class NodeAgent:
 
     def _stats(self) -> dict[str, float]:
         _, state = self.health.snapshot()
-        if self.dra is not None and self.dra_runner is not None:
-            registrations = self.dra_runner.starts
+        if self.dra is not None and self.dra_plugin is not None:
+            registrations = self.dra_plugin.starts
             allocations, failures = self.dra.prepared_total, self.dra.failed_total
         else:
-            registrations = self.runner.registrations
+            registrations = self.device_plugin.registrations
             allocations = sum(s.allocations for s in self._servicers)
             failures = sum(s.allocation_failures for s in self._servicers)
         return {
@@ -367,7 +282,7 @@ class NodeAgent:
         problem = None if up else f"MPS daemon down: {reason}"
         if self.health.set_problem(uuid, "mps", problem):
             log.warning("GPU %s %s (%s)", uuid, "healthy" if up else "UNHEALTHY", problem or "ok")
-        self._publish_needed.set()
+        self.publisher.request()
 
     def _mps_event(self, uuid: str, reason: str, message: str, warning: bool) -> None:
         """A Node Event for a GPU's MPS daemon adopted, started, replaced or down; sent from a
@@ -390,40 +305,26 @@ class NodeAgent:
             log.warning("GPU %s health: %s", event.uuid, event.reason)
         if self._exporter is not None:
             self._exporter.record_health(event)
-        self._publish_needed.set()
+        self.publisher.request()
 
-    # --- node publishing -----------------------------------------------------------------
-
-    def node_metadata(self) -> tuple[dict[str, str], dict[str, str | None]]:
-        gpus = self.inventory()
-        labels: dict[str, str | None] = {
-            LABEL_MPS_CAPABLE: "true" if mps_capable(gpus) else None,
-            LABEL_SIMULATED: "true" if self.backend.simulated else None,
-        }
-        ready = "true" if self.not_ready_reason() is None else "false"
-        annotations = {
-            ANN_NODE_GPUS: dump_inventory(gpus),
-            ANN_AGENT_READY: ready,
-            ANN_AGENT_MODE: self.settings.mode,
-        }
-        return annotations, labels
+    # --- readiness -----------------------------------------------------------------------
 
     def not_ready_reason(self) -> str | None:
         """Why a pod bound to this node now would fail the kubelet's admission (plugin not
         registered with the current kubelet, devices not yet listed to it, no healthy GPU);
         None when the kubelet has this agent's healthy devices. Published as the node's
         ``gpushare.io/agent-ready`` (the extender waits on it) and served as /readyz."""
-        if self.dra_runner is not None:
-            registration = self.dra_runner.registration
+        if self.dra_plugin is not None:
+            registration = self.dra_plugin.registration
             if registration is None or not registration.registered.is_set():
                 return "the DRA driver is not registered with the kubelet"
         else:
-            if not self.runner.registered.is_set():
+            if not self.device_plugin.registered.is_set():
                 return "the device plugin is not registered with the kubelet"
-            servicer = self.runner.servicer
+            servicer = self.device_plugin.servicer
             if servicer is None or not servicer.listed.is_set():
                 return "the kubelet has not listed the devices yet"
-            if not self.opportunistic_runner.registered.is_set():
+            if not self.opportunistic_plugin.registered.is_set():
                 return (
                     f"the {RESOURCE_GPU_OPPORTUNISTIC} device plugin is not registered with "
                     "the kubelet"
@@ -442,25 +343,9 @@ class NodeAgent:
             return Reply(200, "text/plain", b"ready\n")
         return Reply(503, "text/plain", f"not ready: {reason}\n".encode())
 
-    def publish(self) -> None:
-        annotations, labels = self.node_metadata()
-        self._published_ready = annotations[ANN_AGENT_READY]
-        self.kube.publish_node(annotations=annotations, labels=labels)
-        log.info("published %d GPU(s) on node %s", len(self.gpus), self.settings.node_name)
-        if self.slices is not None:
-            try:
-                self.slices.publish(self.inventory())
-            except Exception as exc:
-                log.warning("could not publish this node's ResourceSlice (%s); retrying", exc)
-                self._publish_needed.set()
-
     def request_restart(self) -> None:
         """Serve and register the kubelet plugin of this mode again (SIGHUP)."""
-        if self.dra_runner is not None:
-            self.dra_runner.request_restart()
-        else:
-            self.runner.request_restart()
-            self.opportunistic_runner.request_restart()
+        self.plugins.request_restart()
 
     # --- loops ---------------------------------------------------------------------------
 
@@ -502,60 +387,7 @@ class NodeAgent:
             self._pods = pods
         self.mps_limits.sync(pods)
         if self.backend.simulated:
-            self.feed_simulated_load(pods)
-
-    def feed_simulated_load(self, pods: list[dict[str, Any]]) -> None:
-        """Give each simulated GPU the load of the pods running on it (gpushare.node.load): in
-        DRA mode those of the claims prepared for running pods, at their thread caps or their
-        guaranteed share when smaller, as annotated pods."""
-        shares: dict[str, list[Share]] = defaultdict(list)
-        running = set()
-        for pod in pods:
-            meta = pod.get("metadata") or {}
-            if (pod.get("status") or {}).get("phase") == "Running":
-                running.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
-        for claim in self.dra.prepared().values() if self.dra is not None else ():
-            if claim.pod in running:
-                for device in claim.devices:
-                    shares[device.gpu_uuid].append(
-                        Share(claim.thread_percent, claim.memory_limit_bytes, claim.percent)
-                    )
-        for pod in pods:
-            phase = (pod.get("status") or {}).get("phase")
-            annotations = (pod.get("metadata") or {}).get("annotations") or {}
-            if phase != "Running":
-                continue
-            try:
-                placement = parse_placement(annotations)
-            except InvalidInputError:
-                continue
-            if placement is None or placement.state != STATE_ALLOCATED:
-                continue
-            guaranteed = _guaranteed_percent(pod, gpus=len(placement.gpu_uuids))
-            for uuid in placement.gpu_uuids:
-                shares[uuid].append(
-                    Share(placement.thread_percent, placement.memory_limit_bytes, guaranteed)
-                )
-        set_load = getattr(self.backend, "set_load", None)
-        if set_load is None:
-            return
-        for gpu in self.gpus:
-            load = simulated_load(gpu, shares.get(gpu.uuid, []))
-            set_load(
-                gpu.uuid,
-                pipes=load.pipes,
-                sm_occupancy=load.sm_occupancy,
-                memory_used_bytes=load.memory_used_bytes,
-            )
-
-    def _publish_step(self) -> None:
-        ready = "true" if self.not_ready_reason() is None else "false"
-        if ready != self._published_ready:
-            log.info("node agent %s", "ready" if ready == "true" else "not ready")
-            self._publish_needed.set()
-        if self._publish_needed.is_set():
-            self._publish_needed.clear()
-            self.publish()
+            self.simulated_load.feed(pods)
 
     # --- run -----------------------------------------------------------------------------
 
@@ -570,13 +402,15 @@ class NodeAgent:
         )
         threads: list[threading.Thread] = []
         try:
+            # First: the controller judges this node's agent by its Lease, alive from here on.
+            threads.append(self._loop("lease", stop, AGENT_LEASE_RENEW_S, self.lease.renew))
             self.mps.ensure(g.uuid for g in self.gpus)
             try:
                 # Before the GPUs are advertised: a new daemon starts with MPS's defaults.
                 self.mps_limits.sync(self.kube.raw_node_pods())
             except Exception as exc:
                 log.warning("could not read this node's pods to set MPS limits: %s", exc)
-            self.publish()
+            self.publisher.publish()
             self.registry.register(
                 AgentCollector(
                     node_name=settings.node_name,
@@ -611,7 +445,7 @@ class NodeAgent:
             threads.append(
                 self._loop("mps-faults", stop, settings.fault_check_s, self.faults.check)
             )
-            threads.append(self._loop("publish", stop, 1.0, self._publish_step))
+            threads.append(self._loop("publish", stop, 1.0, self.publisher.step))
             slices = self.slices
             if slices is not None:
                 threads.append(
@@ -622,18 +456,7 @@ class NodeAgent:
                         lambda: slices.publish(self.inventory()),
                     )
                 )
-            if self.dra_runner is not None:
-                self.dra_runner.run(stop)
-            else:
-                opportunistic = threading.Thread(
-                    target=self.opportunistic_runner.run,
-                    args=(stop,),
-                    name="opportunistic-plugin",
-                    daemon=True,
-                )
-                opportunistic.start()
-                threads.append(opportunistic)
-                self.runner.run(stop)
+            self.plugins.run(stop)
         finally:
             stop.set()
             self.health.close()
@@ -649,20 +472,3 @@ class NodeAgent:
                 log.info("leaving MPS daemons running; the next agent adopts them")
             self.backend.close()
             log.info("node agent stopped")
-
-
-def _guaranteed_percent(pod: dict[str, Any], *, gpus: int) -> int | None:
-    """The pod's gpushare.io/gpu-percent per GPU (limits of all containers), None if unset."""
-    total = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        limits = (container.get("resources") or {}).get("limits") or {}
-        value = limits.get(RESOURCE_GPU_PERCENT)
-        if value is None:
-            continue
-        try:
-            total += int(str(value))
-        except ValueError:
-            return None
-    if total <= 0:
-        return None
-    return total // max(1, gpus)

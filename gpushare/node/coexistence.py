@@ -34,7 +34,7 @@ def allocatable_devices(*, socket_path: Path, timeout_s: float = 5.0) -> Adverti
     Raises grpc.RpcError (or OSError) when the kubelet cannot be asked."""
     import grpc  # noqa: PLC0415  (loaded only where the kubelet socket is used)
 
-    from gpushare.node.deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
+    from gpushare.node.core.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
 
     with grpc.insecure_channel(f"unix://{socket_path}") as channel:
         stub = api_pb2_grpc.PodResourcesListerStub(channel)

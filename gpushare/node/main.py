@@ -17,10 +17,10 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.flags import flag
 from gpushare.api.logs import setup_json_logging
 from gpushare.api.names import LABEL_MANAGED_GPUS
-from gpushare.node.agent import AgentSettings, NodeAgent
+from gpushare.node.agent import NodeAgent
 from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN_HEALTH
 from gpushare.node.coexistence import OtherPluginWatch, startup_claims
-from gpushare.node.deviceplugin.response import DeviceNode
+from gpushare.node.core.answer import DeviceNode
 from gpushare.node.gpu.backend import GpuBackend
 from gpushare.node.gpu.factory import open_backend
 from gpushare.node.gpu.selection import (
@@ -31,11 +31,12 @@ from gpushare.node.gpu.selection import (
     parse_gpu_list,
     select_gpus,
 )
+from gpushare.node.settings import AgentSettings
 from gpushare.packing.tenancy import TENANCY_MODES
 
 if TYPE_CHECKING:
     from gpushare.kube.node import NodeKube
-    from gpushare.node.deviceplugin.pods import PodInfo
+    from gpushare.node.core.pods import PodInfo
 
 log = logging.getLogger("gpushare.node")
 
@@ -50,8 +51,10 @@ AGENT_FLAGS: dict[str, dict[str, Any]] = {
     "mps_root": {"type": Path},
     "mps_shm": {"choices": ("private", "host")},
     "require_exclusive_process": {"action": "store_true"},
+    "set_exclusive_process": {"action": "store_true"},
     "mps_daemons": {"choices": ("own", "launcher")},
     "tenancy": {"choices": TENANCY_MODES},
+    "lease_namespace": {},
     "stop_mps_on_exit": {"action": "store_true"},
     "metrics_host": {},
     "metrics_port": {"type": int},
@@ -203,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpushare-node-agent: {exc}", file=sys.stderr)
         return 2
     from gpushare.kube.node import NodeKube  # noqa: PLC0415  (keeps --help fast)
-    from gpushare.node.deviceplugin.pods import pod_info  # noqa: PLC0415
+    from gpushare.node.core.pods import pod_info  # noqa: PLC0415
 
     kube = NodeKube(node_name=args.node_name, project=pod_info, kubeconfig=args.kubeconfig)
     record = _node_events(kube)

@@ -1,7 +1,8 @@
 """The node side's one HTTP server: /metrics from one CollectorRegistry, /healthz, and extra
 routes (the exporter's ``/profile``, see ``gpushare.node.extension``), in a thread of its own.
 
-The agent and the standalone exporter (``python -m gpushare.node.exporter``) both serve with it.
+The agent and the standalone exporter (``python -m bench.exporter.standalone``, development
+only) both serve with it.
 It is bounded (issue #45: it held a thread per idle connection, without a timeout): at most
 ``max_connections`` connections at once (one more is closed unanswered), a read that waits
 ``idle_timeout_s`` ends its connection, and every connection is cut ``deadline_s`` after it

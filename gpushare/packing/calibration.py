@@ -1,11 +1,8 @@
 """Refining the interference model with colocations measured on the GPUs it will decide for.
 
 The shipped coefficients (:func:`gpushare.packing.interference.load_default`) come from other
-hosts. On a new host the same packs can slow down differently: an FP64 GEMM beside a training
-job cost it 40-60x on the H200 hosts of the GPU benchmark's runs 5-10 and 10-38x on those of
-runs 11-14, and a model fit on the first erred by 0.07-0.09 there and 0.14-0.19 on the others'
-packs of the same kinds (docs/packing.md, "Calibrating on your GPUs"). A few packs measured on
-the cluster's own GPUs move it back.
+hosts, and on a new host the same packs can slow down several times more or less (docs/packing.md,
+"Calibrating on your GPUs"). A few packs measured on the cluster's own GPUs move it back.
 
 :func:`calibrate` is a refit anchored to the model it starts from: it minimises the squared
 error of ``ln(slowdown)`` on the new observations plus ``prior_weight`` observations' worth of
@@ -25,12 +22,10 @@ from gpushare.packing.model import PipeProfile
 
 PRIOR_WEIGHT = 1.0
 """The pull toward each prior coefficient, as that many observations whose feature is 1 (the
-features are shares and logs of shares, mostly 0-1). Chosen by leaving out each known job kind
-in turn on four runs' packs (H100 and H200 run 11, H200 runs 9 and 10) and predicting it from
-the prior calibrated on the rest: 0.5-2 did best on the H100 (0.194-0.201 against 0.215
-uncalibrated), every weight was within 0.005 on the H200s (docs/packing.md, "Calibrating on
-your GPUs"). A weight of the feature's scale rather than the data's: a feature the
-observations barely exercise (starvation, without a pipe-saturating kind) must not run off."""
+features are shares and logs of shares, mostly 0-1), chosen by leaving out each known job kind
+in turn (docs/packing.md, "Where the constants come from"). A weight of the feature's scale
+rather than the data's: a feature the observations barely exercise (starvation, without a
+pipe-saturating kind) must not run off."""
 _FLOOR = 1e-9
 
 

@@ -80,8 +80,14 @@ class Workload:
             for t in tasks
         )
         self._tables: dict[str, tuple[float, tuple[_Group, ...]]] = {}
+        self._cpu_points: dict[str, tuple[int, ...]] = {}
+        """Per GPU model, every CPU demand of its groups, sorted: a node's free CPU matters to
+        :meth:`fragmentation` only through where it falls among them."""
         self._waste: dict[str, tuple[float, ...]] = {}
         self._memo: dict[tuple[tuple[int, ...], int | None, str], float] = {}
+        """Fragmentation by (free shares, rank of the free CPU among the model's CPU demands,
+        model): nodes whose free CPU differs but falls between the same two task demands get
+        one evaluation (free CPU varies with every pod placed; its rank rarely does)."""
         gpu_tasks = [t for t in self.tasks if t.gpus > 0 and t.percent > 0]
         share = sum(t.weight * t.percent * t.gpus for t in gpu_tasks)
         cpu = sum(t.weight * t.cpu_milli for t in gpu_tasks)
@@ -199,19 +205,21 @@ class Workload:
             )
         table = (constant, tuple(groups))
         self._tables[model] = table
+        self._cpu_points[model] = tuple(sorted({c for g in groups for c in g.cpus}))
         return table
 
     def fragmentation(self, free: tuple[int, ...], cpu_free: int | None, model: str) -> float:
         """Expected fragmented GPU-percent of a node whose GPUs have ``free`` shares (sorted
         ascending), with ``cpu_free`` milli-CPU (None = not tracked) and GPUs of ``model``."""
-        key = (free, cpu_free, model)
+        constant, groups = self._table(model)
+        rank = None if cpu_free is None else bisect.bisect_right(self._cpu_points[model], cpu_free)
+        key = (free, rank, model)
         cached = self._memo.get(key)
         if cached is not None:
             return cached
         total = sum(free)
         if total <= 0:
             return 0.0
-        constant, groups = self._table(model)
         frag = constant * total
         n = len(free)
         idx = 0

@@ -69,11 +69,8 @@ busy."""
 STARVATION_POWER = 5
 """``min(1, neighbours' pipes)^5`` in ``starvation``: near 1 only beside a pipe-saturating
 neighbour (an FP64 GEMM's 0.96 gives 0.82), about nothing beside a transformer's tensor share of
-0.3 (0.002; 0.008 at the fourth power). At the fourth power that residue let a fit on packs
-without a GEMM give starvation 1.6x the coefficient the GEMM's packs give it, and predict the
-GEMM's neighbours 2-3x too slow (an error of 0.96-1.58 on three of eight runs). At the fifth,
-leave-one-kind-out over eight H100/H200 runs fell from 0.197 to 0.125, chosen without the bf16
-GEMM's packs, the kind kept unseen to test it (docs/packing.md, "The starvation power")."""
+0.3 (0.002), so that fits without a pipe-saturating kind do not inflate starvation
+(docs/packing.md, "The starvation power" and "Where the constants come from")."""
 
 
 Load = tuple[float, float, float, float, float, float, float, float, float]

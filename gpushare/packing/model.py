@@ -18,9 +18,9 @@ class PipeProfile:
     gpu_model: str = ""
     sm_utilization: float | None = None
     """Share of the SMs busy (GPM SM utilization, 0-1) while the job ran alone; None when not
-    measured. Launch-bound jobs keep far more SMs busy than their occupancy suggests (an H200
-    ResNet-18 at batch 32: occupancy 0.12, SM utilization 0.38), and the interference model
-    counts SM sharing with it; without it a job is assumed to fill its thread cap."""
+    measured. Launch-bound jobs keep far more SMs busy than their occupancy suggests
+    (docs/packing.md, "Where the constants come from"), and the interference model counts SM
+    sharing with it; without it a job is assumed to fill its thread cap."""
 
 
 @dataclass(frozen=True)

@@ -52,9 +52,8 @@ MIN_MEMORY_BYTES = 2**30
 """Smallest such memory cap."""
 GUARANTEED_ROOM = 0.10
 """Share of a GPU's memory an opportunistic pod leaves free beside every tenant's cap, so that
-a small guaranteed pod arriving next fits without preempting it (on an H100 a 10% pod that
-arrived 10 ms after an opportunistic placement preempted it, and the restart cost the
-preempted job 20 s: docs/benchmarks-gpu.md, run 21)."""
+a small guaranteed pod arriving next fits without preempting it (a preemption restarts the
+opportunistic job: docs/packing.md, "Where the constants come from")."""
 PEAK_HEADROOM = 1.25
 """A pod whose profile measured its peak memory may also get that peak with this headroom
 (at least :data:`MIN_MEMORY_BYTES`) as its cap, the last step: what it was seen to need, not

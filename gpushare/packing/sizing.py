@@ -9,9 +9,8 @@ The rule: the job's compute demand (its busiest of SM occupancy, a compute pipe 
 bandwidth: what its neighbours feel, ``threads.compute_demand``) times ``HEADROOM``, rounded
 up to 5%, between 5% and a whole GPU. A job that saturates a pipe (an FP64 or bf16 GEMM) thus
 asks for the whole GPU. SM utilization (the share of SMs with any work resident) is not
-demand: a ResNet-50 keeping 84% of the SMs busy at occupancy 0.47 and tensor 0.12 did 1.51
-jobs' work per second beside a small job on an H200, which asking for the whole GPU forbade
-(docs/benchmarks-gpu.md, "Run 20"). A latency-class job asks for
+demand: a job can keep most SMs busy and still leave room for a neighbour
+(docs/packing.md, "Where the constants come from"). A latency-class job asks for
 ``LATENCY_PERCENT``; without a profile, for the whole GPU.
 """
 
@@ -23,8 +22,8 @@ from gpushare.packing.threads import HEADROOM, compute_demand
 
 LATENCY_PERCENT = 25
 """What a latency-class job asks for: room for bursts. It runs uncapped at MPS priority 0, so
-the share is admission bookkeeping (an H200 inference service at 40 req/s kept 2% of the SMs
-busy, and admission counts it busy over its whole share: ``admission.reserved``)."""
+the share is admission bookkeeping (admission counts it busy over its whole share:
+``admission.reserved``; docs/packing.md, "Where the constants come from")."""
 STEP_PERCENT = 5
 """Suggestions are whole multiples of this many GPU-percent, rounded up."""
 MIN_PERCENT = 5

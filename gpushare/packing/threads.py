@@ -27,9 +27,8 @@ HEADROOM = 1.25
 """Requests sized from a profile stay at least this factor above the measured demand."""
 LATENCY_NEIGHBOUR_THREADS = 50
 """Thread cap (GPU-percent) for a batch pod placed beside a latency-class pod, unless its
-request is larger (it always gets what it is guaranteed). MPS priority alone does not do its
-work: with training uncapped at priority 1 the service's p99 was 1.16-1.17x that beside capped
-training on an H100 and an H200, in balanced order (docs/benchmarks-gpu.md, "Run 18")."""
+request is larger (it always gets what it is guaranteed): MPS priority alone does not keep the
+latency pod's tail (docs/packing.md, "Where the constants come from")."""
 MIN_BATCH_THREADS = LATENCY_NEIGHBOUR_THREADS
 """A batch pod kept to this many threads (or to this share of busy SMs, see
 ``admission.SHIELDED``) leaves the latency pod half the GPU."""

@@ -53,19 +53,22 @@ def test_profile_cache_configmap_only_in_its_namespace(chart: Chart) -> None:
     rules = _rules(role)
     assert ("", "configmaps", "patch", "gpushare-profile-cache") in rules
     own = {"gpushare-profile-cache", "gpushare-controller"}  # the cache, and the leader Lease
-    # ... its certificate Secrets, and the scheduler it restarts when they change
+    # ... its certificate Secrets, and the scheduler it restarts when they change; beside
+    # them it only reads (list, watch) the node agents' Leases of its namespace.
     certificates = {
         f"gpushare-controller-{s}" for s in ("ca", "webhook-tls", "extender-tls", "extender-client")
     }
     assert all(
         name in own | certificates | {"gpushare-scheduler"}
-        for _, _, verb, name in rules
-        if verb != "create"
+        for _, resource, verb, name in rules
+        if verb != "create" and (resource, verb) not in {("leases", "list"), ("leases", "watch")}
     )
     assert {n for _, r, _, n in rules if r == "secrets"} == certificates | {"*"}
     assert {v for _, r, v, n in rules if r == "secrets" and n == "*"} == {"create"}
     assert ("apps", "deployments", "patch", "gpushare-scheduler") in rules
     assert ("apps", "deployments", "patch", "gpushare-controller") not in rules
+    assert ("coordination.k8s.io", "leases", "watch", "*") in rules
+    assert not [r for r in rules if r[1] == "leases" and r[2] == "update" and r[3] == "*"]
     assert ("coordination.k8s.io", "leases", "update", "gpushare-controller") in rules
     binding = rendered.get("RoleBinding", "gpushare-controller")
     assert binding["subjects"][0]["name"] == "gpushare-controller"

@@ -6,7 +6,7 @@ tests/gpu_cluster/test_restart_faults.py (a real GPU)."""
 from typing import Any
 
 from gpushare.node.main import build_parser
-from gpushare.node.mps_launcher import build_parser as launcher_parser
+from gpushare.node.mps.launcher import build_parser as launcher_parser
 from tests.fixtures.helm_chart import Chart, container
 
 

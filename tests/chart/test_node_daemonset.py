@@ -34,6 +34,23 @@ def test_flags_parse_with_the_agents_own_parser(chart: Chart) -> None:
     assert not args.require_exclusive_process  # the admin's compute mode is not assumed
 
 
+def test_leaving_mps_is_closed_by_default_and_never_on_the_test_paths(chart: Chart) -> None:
+    """The chart sets EXCLUSIVE_PROCESS on idle managed GPUs by default (issue 45); the values
+    every real-GPU test installs (hack/gpu-host-e2e.sh) turn it off, as does a user's false."""
+    default = build_parser().parse_args(_agent(_ds(chart))["args"])
+    assert default.set_exclusive_process
+    off = _agent(_ds(chart, {"node": {"setExclusiveProcess": False}}))
+    assert not build_parser().parse_args(off["args"]).set_exclusive_process
+    tests = _agent(_ds(chart, values_files=[LOCAL_VALUES]))
+    assert not build_parser().parse_args(tests["args"]).set_exclusive_process
+    assert not build_parser().parse_args(["--node-name", "n"]).set_exclusive_process
+
+
+def test_the_agent_renews_its_lease_in_the_release_namespace(chart: Chart) -> None:
+    c = _agent(_ds(chart, namespace="gpu-system"))
+    assert build_parser().parse_args(c["args"]).lease_namespace == "gpu-system"
+
+
 def test_exclusive_process_can_be_required(chart: Chart) -> None:
     c = _agent(_ds(chart, {"node": {"requireExclusiveProcess": True}}))
     assert build_parser().parse_args(c["args"]).require_exclusive_process

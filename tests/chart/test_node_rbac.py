@@ -25,16 +25,29 @@ def test_node_agent_may_not_create_delete_or_read_secrets(chart: Chart) -> None:
     assert not [x for x in granted if x[1] == "pods" and x[2] == "create"]
 
 
-def test_daemonset_read_only_its_own(chart: Chart) -> None:
-    role = chart.render(release="x").get("Role", "x-gpushare-node-agent")
+def test_daemonset_read_only_its_own_and_leases_written_in_its_namespace_only(
+    chart: Chart,
+) -> None:
+    """Its DaemonSet for the preStop cleanup; its node's Lease, renewed so the controller
+    notices a dead agent (the node-agent guard policy confines it to its own node's Lease,
+    tests/chart/test_node_agent_guard.py); no read of any other Lease."""
+    role = chart.render(release="x", namespace="gpu-system").get("Role", "x-gpushare-node-agent")
+    assert role["metadata"]["namespace"] == "gpu-system"
     assert role["rules"] == [
         {
             "apiGroups": ["apps"],
             "resources": ["daemonsets"],
             "resourceNames": ["x-gpushare-node-agent"],
             "verbs": ["get"],
-        }
+        },
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["create", "patch"],
+        },
     ]
+    cluster_role = chart.render(release="x").get("ClusterRole", "x-gpushare-node-agent")
+    assert not [r for r in cluster_role["rules"] if "leases" in r["resources"]]
 
 
 def _granted(role: dict[str, object]) -> set[tuple[str, str, str]]:

@@ -23,8 +23,8 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
 )
 from gpushare.api.placement import format_time
+from gpushare.node.core.serving import socket_identity
 from gpushare.node.deviceplugin.holdings import kubelet_allocatable, kubelet_held
-from gpushare.node.deviceplugin.plugin import socket_identity
 from tests.fixtures.node_agent import (
     DEVICE_PLUGIN_DIR,
     PLUGIN_SOCKET,

@@ -1,9 +1,9 @@
 """A real Prometheus scrapes the exporter on the local cluster, and every dashboard panel's query
 returns data.
 
-The exporter runs standalone (``python -m gpushare.node.exporter``) over the simulated backend with
-the cluster's real pods as input: busybox pods run on the node's kubelet, get placement
-annotations as gpushare-scheduler writes them, and the exporter attributes their real
+The exporter runs standalone (``python -m bench.exporter.standalone``) over the simulated
+backend with the cluster's real pods as input: busybox pods run on the node's kubelet, get
+placement annotations as gpushare-scheduler writes them, and the exporter attributes their real
 processes (PID -> cgroup -> pod UID) to them.
 
 Panels fed by the controller (pending pods, protection evictions, GpuShare profiles) read the
@@ -149,7 +149,7 @@ def exporter_url(
         [
             sys.executable,
             "-m",
-            "gpushare.node.exporter",
+            "bench.exporter.standalone",
             "--backend",
             f"simulated:{SPEC}",
             "--node-name",

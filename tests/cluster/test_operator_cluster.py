@@ -1,8 +1,8 @@
 """The GpuShare operator against the local cluster's real API server, kubelet, scheduler,
 controller (extender + webhook) and node agent on simulated GPUs.
 
-The operator runs as its own process (``python -m gpushare.cluster.operator``) scoped to a fresh
-namespace, so it never touches other tests' pods, and is killed with SIGKILL where a test
+The operator runs as its own process (``python -m tests.fixtures.standalone_operator``) scoped
+to a fresh namespace, so it never touches other tests' pods, and is killed with SIGKILL where a test
 proves it resumes without repeating side effects.
 """
 
@@ -39,7 +39,7 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
     TIER_OPPORTUNISTIC,
 )
-from gpushare.node.load import PIPE_WEIGHTS
+from gpushare.node.simload import PIPE_WEIGHTS
 from gpushare.packing.sizing import as_fraction, suggested_percent
 from gpushare.packing.stored_profile import pipe_profile
 from tests.fixtures.node_agent import NodeAgentProcess, profile_token, wait_until
@@ -65,7 +65,7 @@ PRIORITY_CLASS = {
 
 @dataclass
 class OperatorProcess:
-    """``python -m gpushare.cluster.operator`` scoped to one namespace."""
+    """``python -m tests.fixtures.standalone_operator`` scoped to one namespace."""
 
     cluster: Any
     namespace: str
@@ -86,7 +86,7 @@ class OperatorProcess:
                 [
                     sys.executable,
                     "-m",
-                    "gpushare.cluster.operator",
+                    "tests.fixtures.standalone_operator",
                     "--watch-namespace",
                     self.namespace,
                     "--namespace",
@@ -381,13 +381,14 @@ def test_share_goes_pending_profiling_packed_with_the_simulated_profile(
 
     profiled_pod = get(cluster, "pod", "train-0", namespace)
     ann = profiled_pod["metadata"]["annotations"]
-    # A pod keeps its request busy, or its thread cap when that is smaller (node/load.py).
+    # A pod keeps its request busy, or its thread cap when that is smaller
+    # (gpushare/node/simload.py).
     busy = min(int(ann[ANN_THREAD_PERCENT]), int(ann.get(ANN_REQUEST_PERCENT, "100")))
     profile = packed["profile"]
     assert profile["gpuModel"] == SIMULATED_MODEL
     assert profile["simulated"] is True and profile["source"] == "measured"
     assert profile["sampledSeconds"] >= 10
-    # The node agent's simulated load for this pod alone (gpushare.node.load), averaged over
+    # The node agent's simulated load for this pod alone (gpushare.node.simload), averaged over
     # the window: tensor > fp32 > fp16 > fp64, tensor near its busy share.
     expected_tensor = PIPE_WEIGHTS["tensor"] * busy / 100
     assert profile["tensor"] == pytest.approx(expected_tensor, rel=0.25)
@@ -691,7 +692,7 @@ def test_saturated_gpu_of_a_latency_pod_evicts_its_newest_batch_pod(
     gpu_b, threads_b = _gpu_and_threads(cluster, "train-b", namespace)
     assert gpu_a == gpu_b == gpu, "pods did not share the latency pod's GPU"
 
-    # The simulated GPU's busiest pipe follows the threads placed on it (gpushare.node.load);
+    # The simulated GPU's busiest pipe follows the threads placed on it (gpushare.node.simload);
     # saturation is set between the load without and with the newest batch pod.
     # A pod counts its thread percentage, or its guaranteed share when smaller (the latency
     # pod runs uncapped on a 30 % share).

@@ -39,7 +39,7 @@ def tls_controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S
     """The controller's serving code (no API server) with TLS on both listeners."""
     certs = tmp_path_factory.mktemp("certs")
     files = ensure_certs(certs, hosts=["127.0.0.1", "localhost"])
-    settings = Settings(
+    settings = Settings.of(
         extender_port=free_port(),
         extender_tls_cert=files.cert,
         extender_tls_key=files.key,

@@ -50,7 +50,7 @@ from typing import Any
 import pytest
 
 from gpushare.api.inventory import GpuInfo
-from gpushare.node.deviceplugin.response import ContainerAllocation
+from gpushare.node.core.answer import ContainerAllocation
 from gpushare.node.faults.incidents import FaultIncident
 from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.gpu.nvml import NvmlBackend
@@ -201,11 +201,11 @@ def rig() -> Iterator[Rig]:
     }
     root = Path(tempfile.mkdtemp(prefix="gsflt", dir="/tmp"))
     mode = "private" if CONTAINERIZED else "host"
-    mps = MpsManager(root=root, simulated=False, shm_mode=mode)
+    mps = MpsManager(root=root, simulated=False, shm_mode=mode, set_exclusive_process=False)
     if not mps.ensure([gpu.uuid])[gpu.uuid].up and mode == "private":
         mps.stop_all()
         mode = "host"
-        mps = MpsManager(root=root, simulated=False, shm_mode=mode)
+        mps = MpsManager(root=root, simulated=False, shm_mode=mode, set_exclusive_process=False)
         mps.ensure([gpu.uuid])
     RESULTS["device"]["shm_mode"] = mode
     holder: dict[str, Rig] = {}

@@ -31,9 +31,7 @@ from typing import Any
 import pytest
 
 from gpushare.api.inventory import GpuInfo
-from gpushare.node.deviceplugin.response import (
-    ContainerAllocation,
-)
+from gpushare.node.core.answer import ContainerAllocation
 from gpushare.node.mps.manager import MpsManager
 from tests.gpu.mps_helpers import (
     CONTAINERIZED,
@@ -85,14 +83,22 @@ def mps(gpus: list[GpuInfo]) -> Iterator[MpsManager]:
     changes: list[tuple[str, bool, str]] = []
     mode = "private" if CONTAINERIZED else "host"
     manager = MpsManager(
-        root=root, simulated=False, shm_mode=mode, on_change=lambda *c: changes.append(c)
+        root=root,
+        simulated=False,
+        shm_mode=mode,
+        on_change=lambda *c: changes.append(c),
+        set_exclusive_process=False,  # tests never change a real GPU's compute mode
     )
     status = manager.ensure(g.uuid for g in gpus)
     if not all(s.up for s in status.values()) and mode == "private":
         manager.stop_all()
         mode = "host"
         manager = MpsManager(
-            root=root, simulated=False, shm_mode=mode, on_change=lambda *c: changes.append(c)
+            root=root,
+            simulated=False,
+            shm_mode=mode,
+            on_change=lambda *c: changes.append(c),
+            set_exclusive_process=False,
         )
         manager.ensure(g.uuid for g in gpus)
     RESULTS["gpu"]["shm_mode"] = mode
@@ -237,7 +243,9 @@ def test_one_daemon_per_gpu_answers_on_its_own_pipe(mps: MpsManager, gpus: list[
 
 def test_a_new_manager_adopts_running_daemons(mps: MpsManager, gpus: list[GpuInfo]) -> None:
     before = {u: s.pid for u, s in mps.status().items()}
-    again = MpsManager(root=mps.root, simulated=False, shm_mode=mps.shm_mode)
+    again = MpsManager(
+        root=mps.root, simulated=False, shm_mode=mps.shm_mode, set_exclusive_process=False
+    )
     status = again.ensure(g.uuid for g in gpus)
     assert all(status[g.uuid].adopted and status[g.uuid].pid == before[g.uuid] for g in gpus)
     RESULTS["gpu"]["adopted"] = True

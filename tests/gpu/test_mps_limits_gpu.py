@@ -44,14 +44,11 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
-from gpushare.node.deviceplugin.pods import PodInfo
-from gpushare.node.deviceplugin.response import (
-    AllocationContext,
-    ContainerAllocation,
-    allocation_for_pod,
-)
+from gpushare.node.core.answer import AllocationContext, ContainerAllocation
+from gpushare.node.core.pods import PodInfo
+from gpushare.node.deviceplugin.response import allocation_for_pod
+from gpushare.node.mps.limits import MpsLimitKeeper
 from gpushare.node.mps.manager import MpsManager
-from gpushare.node.mps_limits import MpsLimitKeeper
 from tests.gpu.mps_helpers import CONTAINERIZED, SKIP, WORKER  # skips this module too
 
 pytestmark = pytest.mark.gpu
@@ -89,10 +86,12 @@ def rig() -> Iterator[tuple[GpuInfo, MpsManager, MpsLimitKeeper, ContainerAlloca
     gpu = backend.inventory()[0]
     root = Path(tempfile.mkdtemp(prefix="gslim", dir="/tmp"))
     mode = "private" if CONTAINERIZED else "host"
-    manager = MpsManager(root=root, simulated=False, shm_mode=mode)
+    manager = MpsManager(root=root, simulated=False, shm_mode=mode, set_exclusive_process=False)
     if not manager.ensure([gpu.uuid])[gpu.uuid].up and mode == "private":
         manager.stop_all()
-        manager = MpsManager(root=root, simulated=False, shm_mode="host")
+        manager = MpsManager(
+            root=root, simulated=False, shm_mode="host", set_exclusive_process=False
+        )
         manager.ensure([gpu.uuid])
     keeper = MpsLimitKeeper(mps=manager, gpu_memory=lambda: {gpu.uuid: gpu.memory_bytes}, hold_s=0)
     ctx = AllocationContext(node_name="gpu-test", gpus={gpu.uuid: gpu}, mps=manager)

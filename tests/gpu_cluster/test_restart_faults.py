@@ -148,6 +148,8 @@ def helm_upgrade(gc: GpuCluster, *settings: str) -> None:
     chart = Path(__file__).resolve().parents[2] / "helm" / "gpushare"
     command = ["helm", "upgrade", "gpushare", str(chart), "-n", gc.release_namespace]
     command += ["--reuse-values", "--wait", "--timeout", "5m"]
+    # Tests never change a real GPU's compute mode (the chart's default would).
+    command += ["--set", "node.setExclusiveProcess=false"]
     for setting in settings:
         command += ["--set", setting]
     done = subprocess.run(command, capture_output=True, text=True, timeout=400, check=False)

@@ -52,7 +52,7 @@ from gpushare.cluster.state.share_rules import (
     with_profile,
 )
 from gpushare.cluster.state.view import ClusterView
-from gpushare.kube.errors import KubeError
+from gpushare.kube.errors import KubeError, NotFoundError, UnprocessableError
 from gpushare.packing.model import Demand
 from gpushare.packing.placer import Placer
 from gpushare.packing.stored_profile import pipe_profile
@@ -69,8 +69,6 @@ YIELD_EVERY = 16
 """Decisions made before the loop lets writes and watch events in."""
 WATCH_WAIT_S = 5.0
 """Longest wait for the claim watch to deliver an allocation before the gate goes anyway."""
-NOT_FOUND = 404
-UNPROCESSABLE = 422
 MAX_DEMANDS = 10_000
 """Distinct claim shapes interned before starting over."""
 NO_ROOM_REASON = "GpushareNoRoom"
@@ -123,8 +121,9 @@ class ClaimWriter(Protocol):
 @dataclass
 class _Waiting:
     pod: Mapping[str, Any]
-    refused_at: int | None = None
-    """``DraDevices.version`` when no GPU had room (tried again once it moves)."""
+    refused_at: tuple[int, int] | None = None
+    """``DraDevices.version`` and the agents' verdicts' generation when no GPU had room
+    (tried again once either moves)."""
     retry_at: float = 0.0
     told: str = ""
     """The last refusal the pod's event said (said once)."""
@@ -327,6 +326,11 @@ class ClaimAllocator:
                 continue
             await self.place_ready()
 
+    def _refusal_state(self) -> tuple[int, int]:
+        """What a refusal was decided against: the GPUs and claims, and which nodes' agents
+        are gone (a pod refused then is tried again when either moves)."""
+        return self.devices.version, self.view.agents.generation
+
     async def place_ready(self) -> int:
         """Decide for every waiting pod that may have a new answer (their API writes run in
         the background, MAX_WRITES at once); returns how many were decided."""
@@ -336,7 +340,7 @@ class ClaimAllocator:
             waiting = self._waiting.get(key)
             if waiting is None or waiting.writing or waiting.retry_at > now:
                 continue
-            if waiting.refused_at is not None and waiting.refused_at == self.devices.version:
+            if waiting.refused_at is not None and waiting.refused_at == self._refusal_state():
                 continue
             tried += 1
             try:
@@ -470,9 +474,10 @@ class ClaimAllocator:
             start=self._start,
             memo=self._costs,
             rules=rules,
+            gone=self.view.agents.nodes_down,
         )
         if not isinstance(choice, placement.Choice):
-            waiting.refused_at = self.devices.version
+            waiting.refused_at = self._refusal_state()
             why = "; ".join(f"{n} node(s): {r}" for r, n in sorted(choice.items()))
             self._say(key, waiting, f"claim {claim_key} fits no GPU yet: {why}")
             return None
@@ -519,9 +524,7 @@ class ClaimAllocator:
                 for claim_key, claim, body in plans:
                     try:
                         await self._allocate(claim_key, claim, body, waiting.pod)
-                    except KubeError as exc:
-                        if exc.status != UNPROCESSABLE:
-                            raise
+                    except UnprocessableError as exc:
                         refused = exc  # the API server will not take this write: see below
                         break
                     written += 1
@@ -594,16 +597,14 @@ class ClaimAllocator:
         try:
             try:
                 await ungate(pinned)
-            except KubeError as exc:
-                if exc.status != UNPROCESSABLE or not pinned:
+            except UnprocessableError as exc:
+                if not pinned:
                     raise
                 # The pod's affinity changed since it was watched, or the API server would not
                 # take the addition: the pin is only a hint for kube-scheduler, so go without.
                 log.info("pod not pinned", extra={"pod": key, "error": str(exc)})
                 await ungate(())
-        except KubeError as exc:
-            if exc.status != NOT_FOUND:
-                raise
+        except NotFoundError:
             waiting.gone = True  # deleted meanwhile: nothing left to do
 
     async def _allocate(

@@ -146,6 +146,7 @@ class Choice:
 
 
 _NOTHING_HELD: Mapping[str, tuple[int, int]] = {}
+_NO_NODE_GONE: Mapping[str, str] = {}
 MEMO_LIMIT = 400_000
 """Costs a :class:`CostMemo` keeps before it starts over."""
 
@@ -222,6 +223,7 @@ def choose(
     start: int = 0,
     memo: CostMemo | None = None,
     rules: ShareRules = NO_RULES,
+    gone: Mapping[str, str] = _NO_NODE_GONE,
 ) -> Choice | dict[str, int]:
     """The cheapest node and its GPUs for ``want``, or, when no node has room, how many nodes
     refused for each reason (what the pod's event says).
@@ -240,7 +242,10 @@ def choose(
     profiling alone, an exclusive share), keep a pod off some GPUs, each node is narrowed to
     the GPUs the rules permit before it is costed, as the extender narrows it
     (gpushare.cluster.state.share_rules), and no cost is remembered: the answer then depends
-    on the pod."""
+    on the pod.
+
+    ``gone``: nodes whose agent is gone (its Lease expired, gpushare.cluster.state.agents) and
+    why; they get no claim."""
     names = devices.node_names()
     count = len(names)
     wanted = nodes_to_find(count)
@@ -271,6 +276,8 @@ def choose(
     first = start % count if count else 0
     # Runs for hundreds of nodes per claim: every line here shows in the controller's profile.
     for offset, name in enumerate((*names[first:], *names[:first])):
+        if gone and name in gone:
+            continue
         current = keys.get(name) or devices.placement_key(name, tenancy_of=tenancy_of)
         free_gpus, signature = current
         if len(free_gpus) < gpus_wanted or free_gpus[gpus_wanted - 1] < need:
@@ -312,6 +319,9 @@ def choose(
     if best is None or assignment is None:
         reasons: dict[str, int] = {}
         for name in names:
+            if name in gone:
+                reasons[gone[name]] = reasons.get(gone[name], 0) + 1
+                continue
             state = state_of(name, room(name))
             ruled_out = None
             if narrow:

@@ -13,6 +13,7 @@ A cost holds until the pod mix is refit; "does not fit" and the verdict until th
 changes (neither depends on the mix).
 """
 
+import math
 from collections.abc import Mapping
 from functools import lru_cache
 from types import MappingProxyType
@@ -157,6 +158,59 @@ class StateAnswers:
                 verdict = (FAILED, prefixed(reason))
         answer.verdict = verdict
         return verdict
+
+
+NO_FIT = math.inf
+"""A node's cost in :class:`ShapeCosts` where the pod does not fit."""
+SHAPES_KEPT = 256
+"""Pod shapes :class:`ShapeCosts` keeps node costs for, the least recently asked dropped
+first (at 5,000 nodes at most about 1.3 million costs)."""
+
+
+class _ShapeEntry:
+    __slots__ = ("costs", "mix", "seq")
+
+    def __init__(self, mix: int, seq: int) -> None:
+        self.costs: dict[str, float] = {}
+        self.mix = mix
+        self.seq = seq
+
+
+class ShapeCosts:
+    """Per pod shape, the placer's cost on each node as last worked out (:data:`NO_FIT` where
+    it does not fit), for the filter's loop over the offered nodes: a node unchanged since the
+    shape last met it costs one dict lookup done in C (``map(costs.get, names)``), where
+    comparing each node's version costs Python work per node (docs/scale.md). A node's entry
+    is dropped when the view logs a change of it (:meth:`ClusterView.changed_since`), every
+    entry when the pod mix is refit; only answers that hold for every pod of the shape (no
+    GpuShare rules narrow a node, the pod holds nothing there) may be kept."""
+
+    def __init__(self, *, view: ClusterView, placer: Placer, shapes: int = SHAPES_KEPT) -> None:
+        self.view = view
+        self.placer = placer
+        self.shapes = shapes
+        self._entries: dict[Demand, _ShapeEntry] = {}
+
+    def costs(self, demand: Demand) -> dict[str, float]:
+        """Node -> cost for ``demand``, every entry current (the caller adds what it works
+        out for nodes missing from it)."""
+        mix, seq = self.placer.version, self.view.change_seq
+        entry = self._entries.pop(demand, None)
+        if entry is None or entry.mix != mix:
+            entry = _ShapeEntry(mix, seq)
+        elif entry.seq != seq:
+            changed = self.view.changed_since(entry.seq)
+            if changed is None or len(changed) >= len(entry.costs):
+                entry.costs.clear()
+            else:
+                drop = entry.costs.pop
+                for name in changed:
+                    drop(name, None)
+            entry.seq = seq
+        self._entries[demand] = entry  # most recently asked last
+        if len(self._entries) > self.shapes:
+            del self._entries[next(iter(self._entries))]
+        return entry.costs
 
 
 _NONE: Mapping[str, tuple[int, Answer]] = MappingProxyType({})

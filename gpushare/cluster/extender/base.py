@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from gpushare.cluster.extender.answers import StateAnswers
+from gpushare.cluster.extender.answers import ShapeCosts, StateAnswers
 from gpushare.cluster.extender.offers import Offers
 from gpushare.cluster.extender.requeue import RefusedPods
 from gpushare.cluster.state import pods
@@ -100,6 +100,8 @@ class ExtenderBase:
         view.allocation_listeners.append(self._wake)
         self.answers = StateAnswers(view=view, placer=self.placer)
         """Costs and verdicts per pod shape and node state (shared by every node in it)."""
+        self.shape_costs = ShapeCosts(view=view, placer=self.placer)
+        """Per pod shape, each unchanged node's cost: the filter's common case."""
         self._demands: dict[Demand, Demand] = {}
         self._cached = 0
         self.refused = RefusedPods()
@@ -125,9 +127,10 @@ class ExtenderBase:
         return self.view.with_tenancy(demand, namespace), rules
 
     def _own_nodes(self, key: str) -> set[str]:
-        """Nodes where the pod itself already holds a share (a stale or earlier placement):
-        its answers there depend on the pod, so they are not cached."""
-        return {n for u in self.view.tenancy(key) if (n := self.view.node_of_gpu(u)) is not None}
+        """Nodes where the pod itself already holds a share or host resources (a stale or
+        earlier placement, a filter-time hold): its answers there depend on the pod, so they
+        are not cached."""
+        return self.view.own_nodes(key)
 
     def _hold_reason(self, rules: ShareRules) -> str | None:
         if rules.share is None or self.view.share_skips_profiling(rules.namespace, rules.share):

@@ -10,14 +10,14 @@ cheapest, prioritize derives its scores from the same ranking (docs/scheduling.m
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import SCHEDULER_NAME
 from gpushare.cluster.extender.answers import FAILED as _FAILED
+from gpushare.cluster.extender.answers import NO_FIT, Answer, prefixed, scheduler_safe
 from gpushare.cluster.extender.answers import PASS as _PASS
 from gpushare.cluster.extender.answers import UNRESOLVABLE as _UNRESOLVABLE
-from gpushare.cluster.extender.answers import Answer, prefixed, scheduler_safe
 from gpushare.cluster.extender.args import ExtenderArgs
 from gpushare.cluster.extender.base import NO_INVENTORY, ExtenderBase
 from gpushare.cluster.state import pods
@@ -69,25 +69,12 @@ class FilterVerbs(ExtenderBase):
             # The placer's cost is None exactly where the pod does not fit: rank by it first;
             # per-node reasons are only worth working out when no node is left (the scheduler
             # reads them only then, for its events and for preemption).
-            fitting: list[str] = []
-            costs: list[float] = []
-            mix = self.placer.version
-            for name in args.node_names:
-                answer = (
-                    self._fast_answer(name, demand, versions) if fast and name not in own else None
-                )
-                if answer is None:
-                    cost = self._cost(name, key, demand, rules, shared=name not in own)
-                elif answer.cost_holds(mix):
-                    cost = answer.cost  # the common case, inlined
-                else:
-                    cost = self.answers.cost(answer, name, demand)
-                if cost is not None:
-                    fitting.append(name)
-                    costs.append(cost)
-            if fitting:
+            costs = self._fitting(args.node_names, key, demand, rules, fast=fast, own=own)
+            low = min(costs, default=NO_FIT)
+            if low < NO_FIT:
                 self.refused.placed(key)
-                best = self._hold_best(args, key, demand, rules, passed=fitting, costs=costs)
+                ties = sorted(n for n, c in zip(args.node_names, costs, strict=True) if c == low)
+                best = self._hold_best(args, key, demand, rules, ties=ties)
                 if best is not None:
                     # With one node offered, the reasons for the others are dead weight
                     # (hundreds of entries per call to encode and decode): none are sent.
@@ -124,6 +111,49 @@ class FilterVerbs(ExtenderBase):
             )
         return self._filter_result(args, passed, failed, unresolvable)
 
+    def _fitting(
+        self,
+        names: list[str],
+        key: str,
+        demand: Demand,
+        rules: ShareRules,
+        *,
+        fast: bool,
+        own: set[str],
+    ) -> list[float]:
+        """The placer's cost of ``demand`` on each node of ``names``, in order (:data:`NO_FIT`
+        where it does not fit). This runs for every offered node of every filter call (about
+        420 of 1,000 nodes, docs/scale.md): with ``fast``, costs of nodes unchanged since the
+        pod shape last met them come from :class:`ShapeCosts` in one pass done in C, and only
+        the others are worked out here."""
+        if not fast:
+            return [self._node_cost(n, key, demand, rules, shared=n not in own) for n in names]
+        known = self.shape_costs.costs(demand)
+        costs: list[float | None] = list(map(known.get, names))
+        if own or None in costs:
+            mix = self.placer.version
+            versions = self.view.node_versions
+            for i, name in enumerate(names):
+                if costs[i] is not None and name not in own:
+                    continue
+                answer = self._fast_answer(name, demand, versions) if name not in own else None
+                if answer is None:
+                    costs[i] = self._node_cost(name, key, demand, rules, shared=name not in own)
+                    continue
+                cost = (
+                    answer.cost
+                    if answer.cost_holds(mix)
+                    else self.answers.cost(answer, name, demand)
+                )
+                costs[i] = known[name] = NO_FIT if cost is None else cost
+        return cast(list[float], costs)  # every None was replaced above
+
+    def _node_cost(
+        self, name: str, key: str, demand: Demand, rules: ShareRules, *, shared: bool
+    ) -> float:
+        cost = self._cost(name, key, demand, rules, shared=shared)
+        return NO_FIT if cost is None else cost
+
     def _hold_best(
         self,
         args: ExtenderArgs,
@@ -131,20 +161,17 @@ class FilterVerbs(ExtenderBase):
         demand: Demand,
         rules: ShareRules,
         *,
-        passed: list[str],
-        costs: list[float],
+        ties: list[str],
     ) -> str | None:
-        """Pick the placer's cheapest node among ``passed`` (``costs``: their exact costs, in
-        order; ties to the name that sorts first), hold the GPU(s) there for the pod now, and
-        return it (None when nothing could be held). Later pods are filtered against the hold,
+        """Pick the placer's cheapest node (``ties``: the nodes of exactly the lowest cost,
+        sorted by name), hold the GPU(s) there for the pod now, and return it (None when
+        nothing could be held). Later pods are filtered against the hold,
         so they do not collide with this one at bind time (kube-scheduler binds
         asynchronously). The price: the scheduler's own scores cannot pick among GPU-feasible
         nodes any more."""
         # Among nodes of exactly the best cost, prefer one where the bind will not wait at the
         # allocation gate behind a pod of the same size (back-to-back pods of one shape often
         # go to one node). Only exact ties: the ranking itself is the placer's.
-        low = min(costs)
-        ties = sorted(name for name, cost in zip(passed, costs, strict=True) if cost == low)
         size = demand.percent
         best = next((n for n in ties if not self._pending_alike(n, key, size)), ties[0])
         node, _ = self._node(best, key, rules)
@@ -234,8 +261,19 @@ class FilterVerbs(ExtenderBase):
         """Placer cost of a pod without GPUs per node (None: its CPU or memory does not fit
         there, as the view counts them); 0 on nodes without gpushare GPUs."""
         out: dict[str, float | None] = {}
+        fast = not self.view.any_blockers
+        own = self._own_nodes(key) if fast else set()
+        versions = self.view.node_versions
+        mix = self.placer.version
         for name in names:
-            if self.view.node(name) is None:
+            answer = self._fast_answer(name, demand, versions) if fast and name not in own else None
+            if answer is not None:
+                out[name] = (
+                    answer.cost
+                    if answer.cost_holds(mix)
+                    else self.answers.cost(answer, name, demand)
+                )
+            elif self.view.node(name) is None:
                 out[name] = 0.0
             else:
                 out[name] = self._cost(name, key, demand, NO_RULES, shared=True)

@@ -24,7 +24,7 @@ from gpushare.cluster.operator.reconcile import ShareReconciler
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.controller import Kube
-from gpushare.kube.operator import KubeApi
+from gpushare.kube.operator import FIELD_MANAGER
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ CLAIMS_RESYNC_S = 300.0
 async def run_operator(
     *,
     view: ClusterView | None = None,
+    kube: Kube | None = None,
     host_watches: bool = False,
     settings: OperatorConfig | None = None,
     registry: CollectorRegistry | None = None,
@@ -45,50 +46,45 @@ async def run_operator(
     """Run Kopf (cluster-wide) plus the latency protection loop until stopped.
 
     ``view``: the cluster state the operator reads (the controller's, shared with the extender
-    and the webhook; else a view of its own). ``host_watches``: the host process's informers
-    feed ``view`` with nodes and pods (else Kopf watches them and the operator lists them once
-    at start). Kopf's GpuShare events always feed ``view``; ``on_share_event`` is called after
-    each. ``registry``: where the protection eviction counter is registered (the controller's
-    metrics registry).
+    and the webhook; else a view of its own). ``kube``: the host process's API client, which
+    the operator's calls share (else a client of its own). ``host_watches``: the host
+    process's informers feed ``view`` with nodes and pods (else Kopf watches them and the
+    operator lists them once at start). Kopf's GpuShare events always feed ``view``;
+    ``on_share_event`` is called after each. ``registry``: where the protection eviction
+    counter is registered (the controller's metrics registry).
     """
     config = settings or OperatorConfig()
     state = view if view is not None else ClusterView()
-    kube = KubeApi.from_environment()
+    own_client = None if kube else Kube.connect(kubeconfig=None, field_manager=FIELD_MANAGER)
+    client = kube or own_client
+    assert client is not None
+    api = client.operator_api()
     profiler = ProfilerClient(
         url_template=config.agent_url,
         timeout_s=config.agent_timeout_s,
         token_file=Path(config.agent_token_file) if config.agent_token_file else None,
     )
-    reconciler = ShareReconciler(config=config, kube=kube, view=state, profiler=profiler)
+    reconciler = ShareReconciler(config=config, kube=api, view=state, profiler=profiler)
     state.pod_listeners.append(reconciler.pod_changed)
-    tasks: list[asyncio.Task[None]] = []
     ready = ready_flag if ready_flag is not None else asyncio.Event()
-
-    async def announce_ready() -> None:
-        await ready.wait()
-        scope = ", ".join(config.watch_namespaces) or "the whole cluster"
-        log.info("gpushare operator ready, watching %s", scope)
-
-    tasks.append(asyncio.create_task(announce_ready(), name="gpushare-operator-ready"))
-    if not host_watches:
-        tasks.append(asyncio.create_task(reconciler.seed(), name="gpushare-operator-seed"))
-    claims_kube: Kube | None = None
-    if config.dra_claims and state.claim_holders is None:
-        claims_kube = Kube.connect(kubeconfig=None, field_manager="gpushare-operator")
-        devices = DraDevices()
-        state.claim_holders = devices.holders
-        feeding = watches.feed_dra(claims_kube, devices, resync_seconds=CLAIMS_RESYNC_S)
-        tasks.append(asyncio.create_task(feeding, name="gpushare-operator-claims"))
-    if config.protection:
-        guard = LatencyGuard.with_default_model(
+    tasks = _side_tasks(
+        config,
+        state,
+        client=client,
+        reconciler=reconciler,
+        guard=LatencyGuard.with_default_model(
             config=config,
-            kube=kube,
+            kube=api,
             view=state,
             profiler=profiler,
             registry=registry,
             synced=reconciler.synced,
         )
-        tasks.append(asyncio.create_task(guard.run(), name="gpushare-latency-guard"))
+        if config.protection
+        else None,
+        host_watches=host_watches,
+        ready=ready,
+    )
     ensure_peering_identity()
     try:
         # In the main thread Kopf takes over SIGINT/SIGTERM; when it stops on one while
@@ -119,9 +115,39 @@ async def run_operator(
         await asyncio.gather(*tasks, return_exceptions=True)
         await reconciler.close()
         await profiler.close()
-        await kube.close()
-        if claims_kube is not None:
-            await claims_kube.close()
+        if own_client is not None:
+            await own_client.close()
+
+
+def _side_tasks(
+    config: OperatorConfig,
+    state: ClusterView,
+    *,
+    client: Kube,
+    reconciler: ShareReconciler,
+    guard: LatencyGuard | None,
+    host_watches: bool,
+    ready: asyncio.Event,
+) -> list[asyncio.Task[None]]:
+    """What runs beside Kopf: the readiness log, the first listing of pods (without the host's
+    watches), the standalone operator's claim watches and the latency protection loop."""
+
+    async def announce_ready() -> None:
+        await ready.wait()
+        scope = ", ".join(config.watch_namespaces) or "the whole cluster"
+        log.info("gpushare operator ready, watching %s", scope)
+
+    tasks = [asyncio.create_task(announce_ready(), name="gpushare-operator-ready")]
+    if not host_watches:
+        tasks.append(asyncio.create_task(reconciler.seed(), name="gpushare-operator-seed"))
+    if config.dra_claims and state.claim_holders is None:
+        devices = DraDevices()
+        state.claim_holders = devices.holders
+        feeding = watches.feed_dra(client, devices, resync_seconds=CLAIMS_RESYNC_S)
+        tasks.append(asyncio.create_task(feeding, name="gpushare-operator-claims"))
+    if guard is not None:
+        tasks.append(asyncio.create_task(guard.run(), name="gpushare-latency-guard"))
+    return tasks
 
 
 def ensure_peering_identity() -> None:

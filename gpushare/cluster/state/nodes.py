@@ -109,6 +109,11 @@ def node_info(node: Mapping[str, Any], name: str, inventory: list[GpuInfo] | Non
     return NodeInfo(name=name, address=str(address) if address else None, gpu_models=models)
 
 
+CHANGE_LOG_LIMIT = 200_000
+"""Node changes remembered (:meth:`NodeInventory.changed_since`); the older half is dropped
+beyond it."""
+
+
 class NodeInventory:
     """GPUs by node and by UUID, with each node's version and the cluster-wide maxima."""
 
@@ -124,12 +129,36 @@ class NodeInventory:
         self.versions: dict[str, int] = {}
         self.about: dict[str, NodeInfo] = {}
         """Every node watched (GPUs usable or not), by name: what the operator reads."""
-        self.max_gpu_memory = 0
-        self.max_gpus_per_node = 0
+        self._changes: list[str] = []
+        """Node names in the order they changed (:meth:`bump`), the oldest dropped past
+        :data:`CHANGE_LOG_LIMIT`: what a cache kept per node since some point must forget."""
+        self._changes_base = 0
+        """Sequence number of ``_changes[0]``."""
+        self._maxima: tuple[int, int] | None = (0, 0)
+        """(largest healthy GPU memory, most healthy GPUs on one node); None until read again
+        after an inventory changed (worked out on read: at 5,000 nodes, working it out at
+        every node's arrival made the first list quadratic)."""
 
     def bump(self, name: str) -> None:
         """The node (its GPUs, their tenants or its free host resources) changed."""
         self.versions[name] = self.versions.get(name, 0) + 1
+        self._changes.append(name)
+        if len(self._changes) > CHANGE_LOG_LIMIT:
+            drop = len(self._changes) // 2
+            del self._changes[:drop]
+            self._changes_base += drop
+
+    @property
+    def change_seq(self) -> int:
+        """How many node changes there were: :meth:`changed_since` takes it back."""
+        return self._changes_base + len(self._changes)
+
+    def changed_since(self, seq: int) -> list[str] | None:
+        """Nodes that changed since :attr:`change_seq` read ``seq`` (repeats kept), or None
+        when the log no longer reaches that far back (treat every node as changed)."""
+        if seq < self._changes_base:
+            return None
+        return self._changes[seq - self._changes_base :]
 
     def set_gpus(
         self,
@@ -187,12 +216,25 @@ class NodeInventory:
                 self.gpu_node.pop(g.uuid, None)
 
     def _refresh_maxima(self) -> None:
-        self.max_gpu_memory = max(
-            (g.memory_bytes for g in self.gpus.values() if g.healthy), default=0
-        )
-        self.max_gpus_per_node = max(
-            (sum(1 for g in n.gpus if g.healthy) for n in self.nodes.values()), default=0
-        )
+        self._maxima = None
+
+    def _read_maxima(self) -> tuple[int, int]:
+        if self._maxima is None:
+            self._maxima = (
+                max((g.memory_bytes for g in self.gpus.values() if g.healthy), default=0),
+                max((sum(1 for g in n.gpus if g.healthy) for n in self.nodes.values()), default=0),
+            )
+        return self._maxima
+
+    @property
+    def max_gpu_memory(self) -> int:
+        """The largest healthy GPU's memory (0: no GPU)."""
+        return self._read_maxima()[0]
+
+    @property
+    def max_gpus_per_node(self) -> int:
+        """The most healthy GPUs one node has (0: no GPU)."""
+        return self._read_maxima()[1]
 
 
 def _signature(g: GpuState) -> tuple[str, int, str, int, bool]:

@@ -39,8 +39,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from gpushare.api.inventory import GpuInfo
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.state import governance
+from gpushare.cluster.state.agents import AgentLeases
 from gpushare.cluster.state.claim_holders import ClaimHolder, with_claim_placements
 from gpushare.cluster.state.host_resources import node_allocatable, pod_requests
 from gpushare.cluster.state.hosts import HostUsage
@@ -123,6 +125,15 @@ class ClusterView:
         (``governed_pods``, ``tenants_by_gpu``) place DRA-mode pods by them; nothing is
         counted in the device-plugin ledger."""
 
+        self.agents = AgentLeases()
+        """Node agents' Leases: a node whose agent's Lease expired gets no new pod
+        (gpushare.cluster.state.agents)."""
+        self.agents_back = 0
+        """Counts nodes whose agent came back (its Lease renewed again): pods refused there
+        meanwhile are asked to be retried."""
+        self._read: dict[str, tuple[list[GpuInfo] | None, str | None]] = {}
+        """Each node with gpushare GPUs: (its GPUs, or None and why not) as last read from it,
+        before its agent's Lease is judged: what a node gets back once its agent is."""
         self._inventory = NodeInventory()
         self._marks = WorkloadMarks()
         self._reservations = Reservations(progress=self._allocation_progress)
@@ -185,6 +196,16 @@ class ClusterView:
         return self._node_versions.get(name, 0)
 
     @property
+    def change_seq(self) -> int:
+        """A mark of the node changes so far (see :meth:`changed_since`)."""
+        return self._inventory.change_seq
+
+    def changed_since(self, seq: int) -> list[str] | None:
+        """Nodes whose version moved since :attr:`change_seq` was ``seq``; None when that is
+        too long ago to say (every node may have changed)."""
+        return self._inventory.changed_since(seq)
+
+    @property
     def node_versions(self) -> Mapping[str, int]:
         """Every node's version (``node_version``), for callers checking many nodes at once."""
         return self._node_versions
@@ -223,6 +244,15 @@ class ClusterView:
             cpu = None if cpu is None else cpu + host[1]
             memory = None if memory is None else memory + host[2]
         return NodeState(name=node.name, gpus=gpus, cpu_milli_free=cpu, memory_free_bytes=memory)
+
+    def own_nodes(self, pod_key: str) -> set[str]:
+        """Nodes where :meth:`node_for` shows pod ``pod_key`` another node than :meth:`node`:
+        it holds a share of a GPU there, or host resources."""
+        out = {n for u in self._tenancy.get(pod_key, {}) if (n := self._gpu_node.get(u))}
+        host = self._host_of.get(pod_key)
+        if host is not None:
+            out.add(host[0])
+        return out
 
     def gpu(self, uuid: str) -> GpuState | None:
         return self._gpus.get(uuid)
@@ -422,7 +452,19 @@ class ClusterView:
         self._inventory.about[name] = node_info(node, name, parsed)
         self._hosts.set_allocatable(name, node_allocatable(node))
         inventory, unusable = read_gpus(node, parsed)
-        problem = problem or unusable
+        read = (inventory, problem or unusable)
+        if read == (None, None):
+            self._read.pop(name, None)  # no gpushare GPUs on it: nothing for its agent to say
+        else:
+            self._read[name] = read
+        self._take_gpus(name, *read)
+
+    def _take_gpus(self, name: str, inventory: list[GpuInfo] | None, problem: str | None) -> None:
+        """The node's GPUs as read from it, unless its agent is gone (that reason first: the
+        kubelet's allocatable count drops too once it notices, saying less)."""
+        gone = self.agents.down(name) if (inventory, problem) != (None, None) else None
+        if gone is not None:
+            inventory, problem = None, gone
         if inventory is None:
             if self._inventory.drop(name):
                 self._changed("node", name)
@@ -436,6 +478,7 @@ class ClusterView:
             self._changed("node", name)
 
     def delete_node(self, name: str) -> None:
+        self._read.pop(name, None)
         self._inventory.about.pop(name, None)
         self._hosts.set_allocatable(name, None)
         if self._inventory.drop(name):
@@ -454,6 +497,36 @@ class ClusterView:
         self._marks.keep_only(seen)
         self.nodes_synced = True
         self._notify_synced()
+
+    # ---- node agents' Leases ---------------------------------------------------------------
+
+    def upsert_agent_lease(self, lease: Mapping[str, Any]) -> None:
+        self._agents_flipped(self.agents.upsert(lease))
+
+    def delete_agent_lease(self, lease: Mapping[str, Any]) -> None:
+        self._agents_flipped(self.agents.delete(lease))
+
+    def replace_agent_leases(self, leases: Iterable[Mapping[str, Any]]) -> None:
+        self._agents_flipped(self.agents.replace(leases))
+
+    def check_agent_leases(self) -> set[str]:
+        """Judge the agents' Leases against the clock (the controller calls this every
+        second); returns the nodes whose agent died or came back."""
+        flipped = self.agents.check()
+        self._agents_flipped(flipped)
+        return flipped
+
+    def _agents_flipped(self, nodes: Iterable[str]) -> None:
+        for name in nodes:
+            read = self._read.get(name)
+            if read is None:
+                continue  # no gpushare GPUs published there: nothing moves
+            if self.agents.down(name) is not None:
+                log.warning("node agent gone", extra={"node": name})
+            else:
+                log.info("node agent back", extra={"node": name})
+                self.agents_back += 1
+            self._take_gpus(name, *read)
 
     # ---- pods ----------------------------------------------------------------------------
 

@@ -16,11 +16,11 @@ from gpushare.cluster.webhook.review import match_condition_expression
 
 def _client_config(settings: Settings, ca_pem: bytes, path: str) -> dict[str, Any]:
     config: dict[str, Any] = {"caBundle": base64.b64encode(ca_pem).decode()}
-    if settings.webhook_url is not None:
-        config["url"] = settings.webhook_url.rstrip("/") + path
+    if settings.webhook.url is not None:
+        config["url"] = settings.webhook.url.rstrip("/") + path
     else:
-        assert settings.webhook_service is not None
-        namespace, name, port = parse_service(settings.webhook_service)
+        assert settings.webhook.service is not None
+        namespace, name, port = parse_service(settings.webhook.service)
         config["service"] = {"namespace": namespace, "name": name, "port": port, "path": path}
     return config
 
@@ -33,7 +33,7 @@ def _webhook(settings: Settings, ca_pem: bytes, *, kind: str, path: str) -> dict
         # stored (gpushare.cluster.dra.templates), never by an admission review.
         "sideEffects": "None",
         "failurePolicy": "Fail",
-        "timeoutSeconds": settings.webhook_timeout_seconds,
+        "timeoutSeconds": settings.webhook.timeout_seconds,
         "clientConfig": _client_config(settings, ca_pem, path),
         "rules": [
             {
@@ -48,16 +48,16 @@ def _webhook(settings: Settings, ca_pem: bytes, *, kind: str, path: str) -> dict
         "matchPolicy": "Equivalent",
     }
     expressions: list[dict[str, Any]] = []
-    if settings.webhook_exclude_namespaces:
+    if settings.webhook.exclude_namespaces:
         expressions.append(
             {
                 "key": "kubernetes.io/metadata.name",
                 "operator": "NotIn",
-                "values": list(settings.webhook_exclude_namespaces),
+                "values": list(settings.webhook.exclude_namespaces),
             }
         )
-    if settings.webhook_namespace_label is not None:
-        key, _, value = settings.webhook_namespace_label.partition("=")
+    if settings.webhook.namespace_label is not None:
+        key, _, value = settings.webhook.namespace_label.partition("=")
         expressions.append({"key": key, "operator": "In", "values": [value]})
     if expressions:
         hook["namespaceSelector"] = {"matchExpressions": expressions}
@@ -74,13 +74,13 @@ def webhook_configurations(
     mutating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": settings.webhook_config_name, "labels": labels},
+        "metadata": {"name": settings.webhook.config_name, "labels": labels},
         "webhooks": [_webhook(settings, ca_pem, kind="mutate", path="/mutate")],
     }
     validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": settings.webhook_config_name, "labels": labels},
+        "metadata": {"name": settings.webhook.config_name, "labels": labels},
         "webhooks": [_webhook(settings, ca_pem, kind="validate", path="/validate")],
     }
     return mutating, validating

@@ -19,6 +19,14 @@ from gpushare.api.names import (
     RESOURCE_GPU_OPPORTUNISTIC,
     STATE_ALLOCATED,
 )
+from gpushare.node.core.answer import (
+    AllocationContext,
+    AllocationError,
+    ContainerAllocation,
+    DeviceNode,
+    MpsLayout,
+)
+from gpushare.node.core.pods import PodInfo, PodSource, placement_values
 from gpushare.node.deviceplugin.devices import group_by_gpu, is_opportunistic
 from gpushare.node.deviceplugin.holdings import Answer, AnswerBook
 from gpushare.node.deviceplugin.matching import (
@@ -29,7 +37,6 @@ from gpushare.node.deviceplugin.matching import (
     unplaced_refusal,
     waiting_pods,
 )
-from gpushare.node.deviceplugin.pods import PodInfo, PodSource, placement_values
 from gpushare.node.deviceplugin.reconcile import (
     UNVERIFIED_FOR_S,
     forgotten_pods,
@@ -37,11 +44,6 @@ from gpushare.node.deviceplugin.reconcile import (
     suspect_pods,
 )
 from gpushare.node.deviceplugin.response import (
-    AllocationContext,
-    AllocationError,
-    ContainerAllocation,
-    DeviceNode,
-    MpsLayout,
     allocated_neighbours,
     allocation_for_pod,
     derived_allocation,

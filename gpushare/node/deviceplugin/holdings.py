@@ -47,7 +47,7 @@ def kubelet_held(
     same as holding nothing. Raises grpc.RpcError when the kubelet does not answer."""
     import grpc  # noqa: PLC0415  (loaded only where the kubelet socket is used)
 
-    from gpushare.node.deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
+    from gpushare.node.core.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
 
     with grpc.insecure_channel(f"unix://{socket_path}") as channel:
         stub = api_pb2_grpc.PodResourcesListerStub(channel)
@@ -74,7 +74,7 @@ def kubelet_allocatable(
     Raises grpc.RpcError when the kubelet does not answer."""
     import grpc  # noqa: PLC0415  (loaded only where the kubelet socket is used)
 
-    from gpushare.node.deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
+    from gpushare.node.core.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
 
     with grpc.insecure_channel(f"unix://{socket_path}") as channel:
         stub = api_pb2_grpc.PodResourcesListerStub(channel)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import ANN_GPU_UUID, ANN_STATE, STATE_ALLOCATED, STATE_ASSUMED
 from gpushare.api.placement import parse_placement
+from gpushare.node.core.pods import PodInfo, placement_values
 from gpushare.node.deviceplugin.holdings import Answer
-from gpushare.node.deviceplugin.pods import PodInfo, placement_values
 
 UNVERIFIED_FOR_S = 120.0
 """An answer no pod holds after this long is given up on (the kubelet refused the pod)."""

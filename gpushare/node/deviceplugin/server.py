@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from gpushare.node.core.answer import AllocationError, ContainerAllocation
+from gpushare.node.core.health import DeviceHealth
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import HEALTHY, UNHEALTHY, slice_ids
-from gpushare.node.deviceplugin.health import DeviceHealth
-from gpushare.node.deviceplugin.response import AllocationError, ContainerAllocation
 from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpushare.api.names import SLICES_PER_GPU, STATE_ALLOCATED
+from gpushare.node.core.allocations import PodAllocation, pod_containers
 from gpushare.node.dra.checkpoint import PreparedClaim
-from gpushare.node.exporter.allocations import PodAllocation, pod_containers
 
 _FINISHED_PHASES = ("Succeeded", "Failed")
 

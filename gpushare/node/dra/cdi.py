@@ -2,7 +2,7 @@
 
 One spec file per prepared claim, holding one device ``claim-<uid>`` of kind
 ``gpushare.io/gpu`` whose container edits are the same environment, mounts and device nodes
-the device plugin's Allocate answers (``gpushare.node.deviceplugin.response``). The kubelet
+the device plugin's Allocate answers (``gpushare.node.core.answer``). The kubelet
 hands the runtime the fully qualified ID ``gpushare.io/gpu=claim-<uid>``; the runtime (containerd
 with CDI enabled) reads the spec from the CDI directory. Files are written atomically (a temp
 file without the ``.json`` suffix, then a rename), so the runtime never reads half a spec.
@@ -17,7 +17,7 @@ from typing import Any
 
 from gpushare.api.dra import CDI_KIND, CDI_VERSION
 from gpushare.api.errors import InvalidInputError
-from gpushare.node.deviceplugin.response import ContainerAllocation
+from gpushare.node.core.answer import ContainerAllocation
 
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")

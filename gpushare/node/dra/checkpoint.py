@@ -92,6 +92,10 @@ class PreparedClaim:
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return tuple(d.gpu_uuid for d in self.devices)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "uid": self.uid,

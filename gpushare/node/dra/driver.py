@@ -1,7 +1,7 @@
 """Preparing and unpreparing claims: the DRA plugin's work, without gRPC.
 
-Prepare reads the claim (``claims``), decides the container's answer with the device plugin's
-own functions (``gpushare.node.deviceplugin.response``: the GPU's MPS pipe and shm
+Prepare reads the claim (``claims``), decides the container's answer with the node's shared
+functions (``gpushare.node.core.answer``, as the device plugin does: the GPU's MPS pipe and shm
 directories, ``CUDA_MPS_*`` client limits and priority, or whole GPUs without MPS), raises the
 GPU's MPS server limits to the claim's share before any container can start (client
 environment alone is not enforced: docs/security.md), writes the CDI spec and records the
@@ -26,8 +26,7 @@ from typing import Any, Protocol
 from gpushare.api.dra import device_name
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
-from gpushare.node.deviceplugin.pods import PodInfo
-from gpushare.node.deviceplugin.response import (
+from gpushare.node.core.answer import (
     AllocationContext,
     DeviceNode,
     MpsLayout,
@@ -35,6 +34,7 @@ from gpushare.node.deviceplugin.response import (
     mps_allocation,
     whole_allocation,
 )
+from gpushare.node.core.pods import PodInfo
 from gpushare.node.dra import cdi
 from gpushare.node.dra.cdi import CdiDir
 from gpushare.node.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 
 class LimitRaiser(Protocol):
-    """Raises a GPU's MPS server limits (gpushare.node.mps_limits.MpsLimitKeeper)."""
+    """Raises a GPU's MPS server limits (gpushare.node.mps.limits.MpsLimitKeeper)."""
 
     def raise_for(self, uuid: str, thread_percent: int, memory_bytes: int) -> None: ...
 
@@ -176,7 +176,7 @@ class DraDriver:
 
     def shares(self) -> dict[str, list[tuple[int, int]]]:
         """GPU uuid -> (thread percent, memory bytes) of each prepared claim sharing it through
-        MPS: what the GPU's MPS server must allow (gpushare.node.mps_limits)."""
+        MPS: what the GPU's MPS server must allow (gpushare.node.mps.limits)."""
         out: dict[str, list[tuple[int, int]]] = defaultdict(list)
         with self._lock:
             for claim in self._prepared.values():

@@ -5,8 +5,9 @@ dra.sock``; the registration service on ``<kubelet-root>/plugins_registry/
 gpu.gpushare.io-reg.sock``, which the kubelet's plugin watcher finds (also after a kubelet
 restart, by scanning the directory). Order: unlink stale sockets, serve the DRA socket, wait
 until it accepts, and only then create the registration socket, so the kubelet never dials a
-DRA endpoint nobody answers. The loop serves again when a socket disappears, on request
-(SIGHUP) and after a failed start; sockets are removed in ``finally``.
+DRA endpoint nobody answers. The node's one restart loop (gpushare.node.core.serving) serves
+again when a socket disappears, on request (SIGHUP) and after a failed start, and removes the
+sockets when the agent stops.
 """
 
 import contextlib
@@ -20,7 +21,7 @@ from pathlib import Path
 import grpc
 
 from gpushare.api.dra import DRIVER
-from gpushare.node.deviceplugin.plugin import wait_until_accepting
+from gpushare.node.core.serving import wait_until_accepting
 from gpushare.node.dra.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from gpushare.node.dra.server import DraPluginV1, DraPluginV1beta1, RegistrationServicer
 from gpushare.node.dra.v1 import api_pb2_grpc as v1_grpc
@@ -43,60 +44,31 @@ def registration_socket(kubelet_root: Path) -> Path:
     return kubelet_root / "plugins_registry" / REGISTRATION_SOCKET
 
 
-class DraPluginRunner:
-    """Serves until ``stop`` is set; ``request_restart`` serves both sockets afresh."""
+class DraPluginSockets:
+    """The DRA plugin's two sockets (a gpushare.node.core.serving.KubeletPlugin)."""
+
+    name = "DRA plugin"
 
     def __init__(
         self,
         *,
         make_servicers: Callable[[], tuple[DraPluginV1, DraPluginV1beta1]],
         kubelet_root: Path = DEFAULT_KUBELET_ROOT,
-        poll_s: float = 0.2,
         start_timeout_s: float = 5.0,
-        retry_s: float = 1.0,
     ) -> None:
         self.make_servicers = make_servicers
         self.socket_path = plugin_dir(kubelet_root) / DRA_SOCKET
         self.registration_path = registration_socket(kubelet_root)
-        self.poll_s = poll_s
         self.start_timeout_s = start_timeout_s
-        self.retry_s = retry_s
         self.serving = threading.Event()
         self.starts = 0
         self.registration: RegistrationServicer | None = None
-        self._restart = threading.Event()
         self._servers: list[grpc.Server] = []
 
-    def request_restart(self) -> None:
-        self._restart.set()
-
-    def run(self, stop: threading.Event) -> None:
-        try:
-            while not stop.is_set():
-                self._restart.clear()
-                try:
-                    self._start()
-                except Exception as exc:
-                    log.warning(
-                        "DRA plugin start failed (%s); retrying in %.0f s", exc, self.retry_s
-                    )
-                    self._stop_servers()
-                    stop.wait(self.retry_s)
-                    continue
-                reason = self._watch(stop)
-                if reason:
-                    log.info("DRA plugin serving again: %s", reason)
-                self._stop_servers()
-        finally:
-            self._stop_servers()
-
-    def _watch(self, stop: threading.Event) -> str | None:
-        while not stop.wait(self.poll_s):
-            if self._restart.is_set():
-                return "restart requested"
-            for path in (self.socket_path, self.registration_path):
-                if not path.exists():
-                    return f"{path} was removed"
+    def changed(self) -> str | None:
+        for path in (self.socket_path, self.registration_path):
+            if not path.exists():
+                return f"{path} was removed"
         return None
 
     def _serve(self, path: Path, add: Callable[[grpc.Server], None], name: str) -> None:
@@ -110,7 +82,7 @@ class DraPluginRunner:
         self._servers.append(server)
         wait_until_accepting(path, timeout_s=self.start_timeout_s)
 
-    def _start(self) -> None:
+    def start(self) -> None:
         v1, v1beta1 = self.make_servicers()
 
         def add_dra(server: grpc.Server) -> None:
@@ -137,7 +109,7 @@ class DraPluginRunner:
             self.registration_path,
         )
 
-    def _stop_servers(self) -> None:
+    def stop(self) -> None:
         self.serving.clear()
         # Registration first: the kubelet must not find a plugin whose service is going away.
         for path in (self.registration_path, self.socket_path):

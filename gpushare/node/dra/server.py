@@ -15,7 +15,7 @@ import grpc
 
 from gpushare.api.dra import DRIVER
 from gpushare.api.errors import InvalidInputError
-from gpushare.node.deviceplugin.response import AllocationError
+from gpushare.node.core.answer import AllocationError
 from gpushare.node.dra.claims import ClaimRef
 from gpushare.node.dra.driver import DraDriver
 from gpushare.node.dra.pluginregistration.v1 import api_pb2 as reg_pb2

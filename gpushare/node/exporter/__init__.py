@@ -23,11 +23,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
-from gpushare.node.exporter.allocations import (
-    PodAllocation,
-    allocation_from_pod,
-    allocations_from_pods,
-)
+from gpushare.node.core.allocations import PodAllocation
+from gpushare.node.exporter.allocations import allocation_from_pod, allocations_from_pods
 from gpushare.node.exporter.collector import GpuShareCollector, MpsDaemonStatus
 from gpushare.node.exporter.health import HealthRecorder
 from gpushare.node.exporter.podresources import ContainerDevices, PodResourcesPoller

@@ -1,48 +1,19 @@
-"""What the exporter knows about pods on this node: their GPU placement, read from annotations
-(device-plugin mode; DRA mode's come from the claims the agent prepared,
+"""Device-plugin mode's pods as the exporter sees them: one ``PodAllocation``
+(gpushare.node.core.allocations) per pod from its placement annotations (``allocation_from_pod``
+builds one from a pod manifest; DRA mode's come from the claims the agent prepared,
 gpushare.node.dra.allocations).
-
-The node agent already watches the pods bound to its node; it hands them to the exporter as
-``PodAllocation`` values (``allocation_from_pod`` builds one from a pod manifest), so the
-exporter never talks to the Kubernetes API itself.
 """
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.names import ANN_CLASS, CLASS_BATCH, SLICES_PER_GPU
+from gpushare.api.names import ANN_CLASS, SLICES_PER_GPU
 from gpushare.api.placement import parse_placement
 from gpushare.api.request import parse_class, parse_request
+from gpushare.node.core.allocations import PodAllocation, pod_containers
 
 _FINISHED_PHASES = ("Succeeded", "Failed")
-
-
-@dataclass(frozen=True)
-class PodAllocation:
-    """A pod placed on one or more GPUs of this node."""
-
-    namespace: str
-    name: str
-    uid: str
-    gpu_uuids: tuple[str, ...]
-    compute_ratio: float
-    """Guaranteed compute share per GPU, 0-1 (1.0 for each GPU of a multi-GPU pod)."""
-    thread_percent: int
-    """MPS active-thread percentage the pod's processes run with: its limit, which may exceed
-    its guaranteed share (``compute_ratio``)."""
-    memory_limit_bytes: int
-    """MPS pinned device memory limit per GPU (0 = none written)."""
-    gpu_class: str = CLASS_BATCH
-    state: str = ""
-    containers: Mapping[str, str] = field(default_factory=dict)
-    """Container ID (runtime prefix stripped) -> container name, for per-container memory."""
-
-
-def container_id(raw: str) -> str:
-    """``containerd://abc...`` -> ``abc...`` (status fields carry the runtime as a prefix)."""
-    return raw.split("://", 1)[-1]
 
 
 def allocation_from_pod(pod: Mapping[str, Any]) -> PodAllocation | None:
@@ -82,18 +53,6 @@ def allocation_from_pod(pod: Mapping[str, Any]) -> PodAllocation | None:
         state=placement.state,
         containers=pod_containers(pod),
     )
-
-
-def pod_containers(pod: Mapping[str, Any]) -> dict[str, str]:
-    """Container ID (runtime prefix stripped) -> container name, from the pod's status."""
-    status = pod.get("status") or {}
-    containers: dict[str, str] = {}
-    for key in ("initContainerStatuses", "containerStatuses"):
-        for cs in status.get(key) or []:
-            raw = cs.get("containerID")
-            if raw:
-                containers[container_id(str(raw))] = str(cs.get("name", ""))
-    return containers
 
 
 def allocations_from_pods(

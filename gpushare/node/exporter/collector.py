@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import SLICES_PER_GPU
-from gpushare.node.exporter.allocations import PodAllocation
+from gpushare.node.core.allocations import PodAllocation
 from gpushare.node.exporter.health import HealthRecorder
 from gpushare.node.exporter.podresources import ContainerDevices
 from gpushare.node.exporter.sampler import GpmSampler, GpuReading, ProcessReading

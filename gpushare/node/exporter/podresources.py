@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from gpushare.api.names import DEVICE_ID_SEPARATOR, GPU_RESOURCES
 
 if TYPE_CHECKING:
-    from gpushare.node.deviceplugin.podresources.v1 import api_pb2
+    from gpushare.node.core.podresources.v1 import api_pb2
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
@@ -49,7 +49,7 @@ def list_pod_resources(
     # gRPC and the generated stubs load only where the kubelet socket is used.
     import grpc  # noqa: PLC0415
 
-    from gpushare.node.deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
+    from gpushare.node.core.podresources.v1 import api_pb2, api_pb2_grpc  # noqa: PLC0415
 
     with grpc.insecure_channel(f"unix://{socket_path}") as channel:
         stub = api_pb2_grpc.PodResourcesListerStub(channel)

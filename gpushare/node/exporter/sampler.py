@@ -16,7 +16,8 @@ from pathlib import Path
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
-from gpushare.node.exporter.attribution import CgroupOwner, ProcessResolver
+from gpushare.node.core.cgroups import CgroupOwner
+from gpushare.node.exporter.attribution import ProcessResolver
 from gpushare.node.gpu.backend import GpuBackend, GpuSample
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from gpushare.api.names import (
     SLICES_PER_GPU,
 )
 from gpushare.api.placement import format_time, parse_placement
-from gpushare.node.deviceplugin.pods import PodInfo, pod_info
+from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.faults.incidents import FaultIncident
 from gpushare.node.faults.metrics import FaultStats
 from gpushare.node.faults.verdicts import (

@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 
 from gpushare.api.exclusive import ExclusiveWorkload
 from gpushare.api.names import ANN_EVICT
-from gpushare.node.deviceplugin.pods import pod_info
+from gpushare.node.core.pods import pod_info
 from gpushare.node.faults.actions import FaultKube, PodRef, WorkloadMoves, warning_event
 from gpushare.node.faults.incidents import FaultDetector, FaultIncident, OpenIncident
 from gpushare.node.faults.metrics import FaultCollector, FaultStats

@@ -5,7 +5,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from gpushare.node.exporter.attribution import parse_cgroup
+from gpushare.node.core.cgroups import parse_cgroup
 
 
 def _nspids(proc_root: Path, pid: int) -> list[int]:

@@ -4,7 +4,7 @@ It says so: it logs a WARNING when created, marks every GPU ``simulated=True`` i
 inventory (the node agent turns that into the ``gpushare.io/simulated=true`` label) and has
 ``simulated`` set, which the exporter puts on every series. Counters are not invented: they
 are whatever the node agent last passed to :meth:`SimulatedBackend.set_load` (derived from the
-placements on that GPU, see ``gpushare.node.load``), or idle.
+placements on that GPU, see ``gpushare.node.simload``), or idle.
 """
 
 import logging

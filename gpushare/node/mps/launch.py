@@ -4,7 +4,7 @@ When a container stops, the runtime kills every process left in its cgroup, also
 containers: MPS daemons the node agent started in its own container died with it, and the
 running pods on their GPUs failed ("the remote procedural call between the MPS server and the
 MPS client failed"; two H200s, bench/results/gpu-cluster.md). With ``--mps-daemons launcher``
-the agent asks ``gpushare-mps-launcher`` (``gpushare.node.mps_launcher``: the chart's
+the agent asks ``gpushare-mps-launcher`` (``gpushare.node.mps.launcher``: the chart's
 ``<release>-mps-daemons`` DaemonSet, which rolling or deleting the agent's pod leaves alone) to
 start them, through two files in the GPU's MPS directory, which only root in those two
 containers can write (pods get its ``pipe`` and ``shm`` subdirectories, never the directory):

@@ -17,7 +17,7 @@ processes all end with it.
 UIDs: an MPS server serves one Linux UID at a time; a client with another UID waits until the
 server's clients have all exited. gpushare therefore gives every GPU one UID at a time: the
 device plugin refuses to place a pod whose ``runAsUser`` differs from the UID of the pods
-already allocated on that GPU (see ``gpushare.node.deviceplugin.response.check_uid``).
+already allocated on that GPU (see ``gpushare.node.core.answer.check_uid``).
 """
 
 import contextlib
@@ -104,7 +104,9 @@ class MpsManager:
         require_exclusive_process: bool = False,
         daemons: DaemonStarter = "own",
         on_event: EventCallback | None = None,
+        set_exclusive_process: bool = False,
     ) -> None:
+        """``set_exclusive_process``: gpushare.node.mps.compute_mode (off on test paths)."""
         self.root = root
         self.daemons: DaemonStarter = daemons
         """own: this process starts the daemons (they live in its cgroup); launcher:
@@ -124,6 +126,7 @@ class MpsManager:
         self._compute_modes = ComputeModeGate(
             required=require_exclusive_process, simulated=simulated, timeout_s=query_timeout_s
         )
+        self._compute_modes.close_door = set_exclusive_process
         if simulated:
             log.warning(
                 "SIMULATED GPUs: the MPS manager runs no nvidia-cuda-mps-control daemon; it "
@@ -215,7 +218,7 @@ class MpsManager:
     # --- compute mode --------------------------------------------------------------------
 
     def compute_mode(self, uuid: str) -> str:
-        """The GPU's compute mode (gpushare.node.mps.compute_mode); never changed here."""
+        """The GPU's compute mode (gpushare.node.mps.compute_mode); read only."""
         return self._compute_modes.mode(uuid)
 
     # --- limits --------------------------------------------------------------------------
@@ -284,6 +287,9 @@ class MpsManager:
             status = DaemonStatus(uuid, up=True, simulated=True, reason="simulated: no daemon")
             self._set(status)
             return status
+        closed = self._compute_modes.close(uuid)
+        if closed is not None:
+            self._event(uuid, "GpushareComputeModeSet", closed, warning=False)
         refusal = self._compute_modes.refusal(uuid)
         if refusal is not None:
             status = DaemonStatus(uuid, up=False, restarts=restarts, reason=refusal)

@@ -21,7 +21,7 @@ import pytest
 from gpushare.api.dra import ANN_DRA_GPU, PLACEMENT_GATE
 from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILE, ANN_PROFILING
 from gpushare.api.names import ANN_CLASS, ANN_FRACTION, ANN_SHARE, LABEL_NEIGHBOUR_RULES
-from gpushare.node.load import PIPE_WEIGHTS
+from gpushare.node.simload import PIPE_WEIGHTS
 from tests.cluster.dra.test_dra_annotations import annotated_pod
 from tests.cluster.dra.test_dra_placement import claim_of, device_of, pod, wait_running
 from tests.cluster.test_operator_cluster import (
@@ -138,7 +138,7 @@ def test_a_share_profiles_its_first_dra_pod_alone_then_places_the_next_with_the_
     assert profile["simulated"] is True and profile["source"] == "measured"
     # The agent's simulated load of train-0's claim alone: a batch claim without a limit runs
     # uncapped (docs/dra.md, "Requests and limits") and a simulated pod keeps its guaranteed
-    # 30 % busy (gpushare.node.load), as an annotated pod does.
+    # 30 % busy (gpushare.node.simload), as an annotated pod does.
     assert profile["tensor"] == pytest.approx(PIPE_WEIGHTS["tensor"] * 0.3, rel=0.25)
 
     # The held pod inherited the share's rules while it waited, then was placed with the
@@ -208,7 +208,7 @@ def test_a_saturated_gpu_of_a_dra_latency_pod_evicts_its_newest_batch_neighbour(
     assert make("train-a", "0.4", "batch") == gpu
     assert make("train-b", "0.3", "batch") == gpu
 
-    # The simulated GPU's busiest pipe follows what its claims may use (gpushare.node.load):
+    # The simulated GPU's busiest pipe follows what its claims may use (gpushare.node.simload):
     # the latency claim uncapped on 30 %, the batch ones at min(50, share). Saturation is set
     # between the load without and with the newest batch pod.
     weight = PIPE_WEIGHTS["tensor"]

@@ -3,13 +3,14 @@
 
 import copy
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.scale import dra, metrics
+from bench.scale import dra, harness, metrics
 from bench.scale.combine import combine, label_of
 from bench.scale.harness import machine_description
 from bench.scale.invariant import check
@@ -443,3 +444,32 @@ def test_combined_markdown_compares_the_machines_then_details_each() -> None:
     assert "### Phases" in md
     single = render_markdown(busy)
     assert "2-core VM: " in single and "shared host" in single
+
+
+def test_each_run_reports_issue_47s_fields_per_mode_and_the_controllers_peak_memory() -> None:
+    """The results carry, per run and mode, what issue 47 asks for (nodes, pods, policy, mode,
+    pods/s against the stock scheduler's, filter and bind p99, controller RSS, violations,
+    machine); a run without a memory reading fails the RSS target rather than passing it."""
+    quiet = _run_result(label="16-core machine", seconds_per_pod=0.005, dedicated=True)
+    for key in ("nodes", "pods", "policy", "mode", "pods_per_s", "stock_pods_per_s"):
+        assert key in quiet
+    assert (quiet["policy"], quiet["mode"]) == ("gpushare", "extender")
+    assert quiet["controller_rss_mib"] is None
+    assert quiet["targets"]["controller_rss_mib <= 2048"] is False
+    combined = combine(quiet, _run_result(label="2-core VM", seconds_per_pod=0.02))
+    lines = combined["by_mode"]
+    assert [(m["machine"], m["mode"], m["pods_per_s"]) for m in lines] == [
+        ("16-core machine", "extender", 200.0),
+        ("2-core VM", "extender", 50.0),
+    ]
+    assert set(lines[0]) == {
+        "nodes", "pods", "policy", "mode", "pods_per_s", "stock_pods_per_s", "filter_p99_ms",
+        "bind_p99_ms", "controller_rss_mib", "violations", "machine",
+    }  # fmt: skip
+    assert "By mode" in render_markdown(combined)
+
+
+def test_memory_of_a_process_is_read_from_proc_in_mib() -> None:
+    mine = harness.memory_mib(os.getpid())
+    assert mine is not None and 0 < mine["rss"] <= mine["peak"]
+    assert harness.memory_mib(2**22 + 12345) is None  # no such process

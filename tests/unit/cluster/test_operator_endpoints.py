@@ -4,10 +4,10 @@
 import pytest
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.cluster.operator.__main__ import parse_args as parse_operator_args
 from gpushare.cluster.operator.readings import agent_url
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.settings import parse_args
+from tests.fixtures.standalone_operator import parse_args as parse_operator_args
 
 
 def test_defaults_reach_the_agents_host_port_and_the_default_cache() -> None:

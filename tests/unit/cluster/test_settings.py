@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.cluster.settings import Settings, parse_args
+from gpushare.cluster.settings import ExtenderSettings, Settings, build_parser, parse_args
 from gpushare.packing.interference import MODEL_ENV
 from gpushare.packing.policy import Policy
 from tests import REPO
@@ -132,3 +132,40 @@ def test_an_unreadable_calibrated_model_stops_the_controller_naming_the_variable
     assert proc.returncode == 2
     assert f"gpushare-controller: error: {MODEL_ENV}" in proc.stderr
     assert "bad interference model" in proc.stderr
+
+
+FLAGS = """
+--agent-lease-namespace --agent-url --annotation-mode --bind-gate-seconds --cert-reload-seconds
+--certificate-days --certificate-secrets --dra-device-class
+--dra-placement --dra-template-idle-seconds --dra-templates-per-namespace --extender-client-ca
+--extender-host --extender-port --extender-tls-cert --extender-tls-host --extender-tls-key
+--governor-period-seconds
+--governor-settle-seconds --help --hold-in-filter --interference-admission --kubeconfig
+--leader-elect --leader-elect-lease-seconds --leader-elect-name --leader-elect-namespace
+--leader-elect-renew-seconds --leader-identity --leader-pod --log-level --metrics-auth
+--neighbour-rules --no-hold-in-filter --no-interference-admission --no-issue-certificates
+--no-operator
+--no-opportunistic-default --no-opportunistic-placement --no-webhook --opportunistic-default
+--opportunistic-placement --opportunistic-priority-class --pod-runtime-class --pod-toleration
+--policy --profile-cache-name --protected-host-path --register-webhooks
+--restart-on-certificate-change --resync-seconds --set
+--stale-assume-seconds --tenancy --webhook-cert-dir --webhook-config-name
+--webhook-exclude-namespace --webhook-host --webhook-namespace-label --webhook-port
+--webhook-service --webhook-timeout-seconds --webhook-url -h
+"""
+
+
+def test_the_flags_generated_from_the_groups_keep_their_names() -> None:
+    """The chart and users pass these; a group's field renamed must not rename its flag."""
+    flags = {s for a in build_parser()._actions for s in a.option_strings}
+    assert flags == set(FLAGS.split())
+
+
+def test_each_concern_is_its_own_group_and_flat_names_read_through() -> None:
+    s = parse_args(["--extender-port", "9000", "--leader-elect", "--dra-placement", "gpushare"])
+    assert s.extender.port == s.extender_port == 9000
+    assert s.leader.enabled and s.leader_elect
+    assert s.dra.places_claims and s.places_claims
+    assert Settings.of(extender_port=9000) == Settings(extender=ExtenderSettings(port=9000))
+    with pytest.raises(TypeError, match="no setting"):
+        Settings.of(extender_prot=1)

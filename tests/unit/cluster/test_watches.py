@@ -9,7 +9,7 @@ import pytest
 
 from gpushare.cluster import watches
 from gpushare.cluster.state.view import ClusterView
-from gpushare.kube.controller import Watched
+from gpushare.kube.watching import Watched
 from tests.fixtures.builders import pod_json
 
 SHARE = {"metadata": {"name": "s", "namespace": "ml"}, "spec": {}, "status": {"phase": "Packed"}}

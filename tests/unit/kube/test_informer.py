@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpushare.kube import informer
-from gpushare.kube.errors import KubeError
+from gpushare.kube.errors import GoneError
 
 
 def pod(name: str, version: str) -> dict[str, Any]:
@@ -83,7 +83,7 @@ async def test_a_watch_the_server_ends_is_opened_again_from_the_last_version_see
 
 async def test_too_old_a_version_lists_again(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(informer, "REWATCH_PAUSE_S", 0.0)
-    gone = KubeError("watch Pod: too old resource version", status=410)
+    gone = GoneError("watch Pod: too old resource version", status=410)
     server = Server([([("ADDED", pod("b", "11"))], None), ([], gone)])
     await run(server)
     assert server.lists == 2

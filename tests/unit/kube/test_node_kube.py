@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from gpushare.kube.node import NodeKube
-from gpushare.node.deviceplugin.pods import pod_info
+from gpushare.node.core.pods import pod_info
 
 MINE = {
     "metadata": {"name": "mine", "namespace": "a", "uid": "u1"},

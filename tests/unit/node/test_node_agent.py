@@ -23,10 +23,11 @@ from gpushare.api.names import (
     LABEL_MPS_CAPABLE,
     LABEL_SIMULATED,
 )
-from gpushare.node.agent import AgentSettings, NodeAgent
-from gpushare.node.deviceplugin.pods import pod_info
+from gpushare.node.agent import NodeAgent
+from gpushare.node.core.pods import pod_info
 from gpushare.node.gpu.simulated import SimulatedBackend
-from gpushare.node.load import Share, simulated_load
+from gpushare.node.settings import AgentSettings
+from gpushare.node.simload import Share, simulated_load
 
 GIB = 2**30
 
@@ -105,7 +106,7 @@ def test_the_agent_feeds_running_allocated_pods_into_the_simulated_gpus(tmp_path
             "status": {"phase": phase},
         }
 
-    agent.feed_simulated_load(
+    agent.simulated_load.feed(
         [placed(busy, "allocated", "Running"), placed(idle, "assumed", "Pending")]
     )
     assert backend.sample(busy).pipes["tensor_hmma"] == pytest.approx(0.275)
@@ -117,7 +118,7 @@ def test_node_publishing_says_simulated_and_lists_every_gpu(tmp_path: Path) -> N
     agent = NodeAgent(AgentSettings(node_name="n", mps_root=tmp_path), backend=backend, kube=None)
     agent.mps.ensure(g.uuid for g in backend.inventory())
     agent.health.set_problem(backend.inventory()[1].uuid, "backend", "XID 79")
-    annotations, labels = agent.node_metadata()
+    annotations, labels = agent.publisher.node_metadata()
     assert labels == {LABEL_MPS_CAPABLE: "true", LABEL_SIMULATED: "true"}
     gpus = load_inventory(annotations[ANN_NODE_GPUS])
     assert [g.uuid for g in gpus] == [g.uuid for g in backend.inventory()]

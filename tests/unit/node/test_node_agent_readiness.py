@@ -14,11 +14,12 @@ import grpc
 import pytest
 
 from gpushare.api.names import ANN_AGENT_READY, RESOURCE_GPU_OPPORTUNISTIC, RESOURCE_GPU_PERCENT
-from gpushare.node.agent import AgentSettings, NodeAgent
+from gpushare.node.agent import NodeAgent
 from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN
 from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare.node.gpu.selection import select_gpus
 from gpushare.node.gpu.simulated import SimulatedBackend
+from gpushare.node.settings import AgentSettings
 
 
 class Kubelet(api_pb2_grpc.RegistrationServicer):
@@ -77,22 +78,18 @@ def agent(tmp_path: Path) -> Iterator[NodeAgent]:
     node_agent = NodeAgent(settings, backend=backend, kube=None)
     node_agent.mps.ensure(g.uuid for g in backend.inventory())
     stop = threading.Event()
-    runners = [
-        threading.Thread(target=r.run, args=(stop,), daemon=True)
-        for r in (node_agent.runner, node_agent.opportunistic_runner)
-    ]
-    for runner in runners:
-        runner.start()
+    # The agent's one restart loop serves both device plugins, as in run().
+    plugins_loop = threading.Thread(target=node_agent.plugins.run, args=(stop,), daemon=True)
+    plugins_loop.start()
     try:
         yield node_agent
     finally:
         stop.set()
-        for runner in runners:
-            runner.join(timeout=10)
+        plugins_loop.join(timeout=10)
 
 
 def ready_annotation(agent: NodeAgent) -> str:
-    return agent.node_metadata()[0][ANN_AGENT_READY]
+    return agent.publisher.node_metadata()[0][ANN_AGENT_READY]
 
 
 def test_not_ready_until_the_kubelet_has_listed_the_devices(agent: NodeAgent) -> None:
@@ -102,7 +99,7 @@ def test_not_ready_until_the_kubelet_has_listed_the_devices(agent: NodeAgent) ->
     listing = threading.Event()
     kubelet = Kubelet(plugins, list_devices=listing)
     try:
-        eventually(agent.runner.registered.is_set)
+        eventually(agent.device_plugin.registered.is_set)
         # Registered, but the kubelet has not read the device list: its admission would
         # still refuse a pod ("no healthy devices present").
         assert agent.not_ready_reason() == "the kubelet has not listed the devices yet"
@@ -129,7 +126,7 @@ def test_a_kubelet_restart_makes_the_agent_not_ready_until_it_lists_again(
     listing.set()
     first = Kubelet(plugins, list_devices=listing)
     eventually(lambda: agent.not_ready_reason() is None)
-    registrations = agent.runner.registrations
+    registrations = agent.device_plugin.registrations
     # The kubelet restarts: its socket goes away and comes back as a new file.
     first.stop()
     (plugins / "kubelet.sock").unlink(missing_ok=True)
@@ -137,7 +134,7 @@ def test_a_kubelet_restart_makes_the_agent_not_ready_until_it_lists_again(
     slow = threading.Event()
     second = Kubelet(plugins, list_devices=slow)
     try:
-        eventually(lambda: agent.runner.registrations > registrations)
+        eventually(lambda: agent.device_plugin.registrations > registrations)
         assert agent.not_ready_reason() == "the kubelet has not listed the devices yet"
         slow.set()
         eventually(lambda: agent.not_ready_reason() is None)
@@ -186,12 +183,9 @@ def test_an_agent_managing_no_gpu_is_ready(tmp_path: Path) -> None:
     settings = AgentSettings(node_name="n", mps_root=tmp_path / "mps", device_plugin_dir=plugins)
     node_agent = NodeAgent(settings, backend=backend, kube=None)
     stop = threading.Event()
-    runners = [
-        threading.Thread(target=r.run, args=(stop,), daemon=True)
-        for r in (node_agent.runner, node_agent.opportunistic_runner)
-    ]
-    for runner in runners:
-        runner.start()
+    # The agent's one restart loop serves both device plugins, as in run().
+    loop = threading.Thread(target=node_agent.plugins.run, args=(stop,), daemon=True)
+    loop.start()
     listing = threading.Event()
     listing.set()
     kubelet = Kubelet(plugins, list_devices=listing)
@@ -202,5 +196,4 @@ def test_an_agent_managing_no_gpu_is_ready(tmp_path: Path) -> None:
     finally:
         kubelet.stop()
         stop.set()
-        for runner in runners:
-            runner.join(timeout=10)
+        loop.join(timeout=10)

@@ -1,7 +1,7 @@
 """Simulated GPU load follows what pods reserved, also when thread caps overlap."""
 
 from gpushare.api.inventory import GpuInfo
-from gpushare.node.load import PIPE_WEIGHTS, Share, simulated_load
+from gpushare.node.simload import PIPE_WEIGHTS, Share, simulated_load
 
 GPU = GpuInfo("GPU-sim-0", 0, "H100-80GB", 80 * 2**30, 132, "9.0", simulated=True)
 

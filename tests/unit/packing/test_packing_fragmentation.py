@@ -134,3 +134,37 @@ def test_options_carry_the_change_of_lookahead_waste() -> None:
     assert beside_32.waste_delta < 0 < beside_47.waste_delta
     whole = placement_options(node(0, 0, model="T4"), Demand(percent=100, gpus=2), OPENB_LIKE)
     assert whole[0].waste_delta == pytest.approx(-2 * OPENB_LIKE.waste_table("T4")[100])
+
+
+def test_remembered_fragmentation_equals_a_fresh_evaluation_for_every_free_cpu() -> None:
+    """Fragmentation is remembered by where the node's free CPU falls among the tasks' CPU
+    demands, not by its exact value (docs/scale.md): a node with a CPU figure never asked about
+    must get exactly what a workload that never saw any node computes."""
+    tasks = [
+        TaskClass(0.3, 50, 1, cpu_milli=4000),
+        TaskClass(0.2, 25, 1, cpu_milli=8000),
+        TaskClass(0.2, 100, 1, cpu_milli=16000),
+        TaskClass(0.2, 100, 2, cpu_milli=32000),
+        TaskClass(0.1, 0, 0, cpu_milli=2000),
+    ]
+    remembered = Workload(tasks)
+    frees = [(0, 50, 75, 100), (25, 25, 100, 100), (100, 100, 100, 100), (10, 20, 30, 40)]
+    for cpu in [
+        None,
+        0,
+        1999,
+        2000,
+        2001,
+        3999,
+        4000,
+        7999,
+        8000,
+        12000,
+        16000,
+        31999,
+        32000,
+        10**6,
+    ]:
+        for free in frees:
+            fresh = Workload(tasks).fragmentation(free, cpu, "H100")
+            assert remembered.fragmentation(free, cpu, "H100") == fresh, (free, cpu)

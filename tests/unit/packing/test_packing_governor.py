@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from gpushare.packing.corrections import MIN_WINDOWS
 from gpushare.packing.governor import activity, estimate, review
 from gpushare.packing.model import GpuState, PipeProfile, Tenant
 from gpushare.packing.opportunistic import Member, Opportunism, member, rates
@@ -65,8 +66,15 @@ def test_a_gpu_doing_less_than_its_tenants_without_the_newcomer_preempts_the_new
     verdict = review(shared(), as_predicted(shared(), rules, 0.85), rules, now=200.0, settle_s=30.0)
     assert verdict.preempt == "ns/opp"
     assert "below" in verdict.reason and "jobs/s" in verdict.reason
-    # ... and the model learns it was optimistic about both workloads there.
-    assert rules.corrections.k("ns/big") > 1.0 and rules.corrections.k("ns/mid") > 1.0
+    # ... and the model learns it was optimistic about both workloads there; predictions use
+    # it once each has been measured over MIN_WINDOWS windows (one GPU's window says little
+    # about each tenant alone).
+    learned = rules.corrections
+    assert learned.factors["ns/big"] > 1.0 and learned.factors["ns/mid"] > 1.0
+    assert learned.k("ns/big") == 1.0
+    for _ in range(MIN_WINDOWS - 1):
+        review(shared(), as_predicted(shared(), Opportunism(), 0.85), rules, now=200.0)
+    assert learned.k("ns/big") > 1.0 and learned.k("ns/mid") > 1.0
 
 
 def test_nothing_is_judged_before_the_newcomer_settled() -> None:
@@ -87,7 +95,7 @@ def test_a_gpu_shared_by_guaranteed_tenants_only_teaches_the_corrections() -> No
     both = gpu(*(replace(t, opportunistic=False) for t in shared().tenants))
     verdict = review(both, as_predicted(both, rules, 1.3), rules, now=200.0)
     assert verdict.preempt is None and verdict.estimate is not None
-    assert rules.corrections.k("ns/big") < 1.0  # the model was pessimistic about them
+    assert rules.corrections.factors["ns/big"] < 1.0  # the model was pessimistic about them
 
 
 def test_counters_too_faint_to_read_decide_nothing() -> None:

@@ -16,7 +16,7 @@ from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.dra.placement import FINALIZER
 from gpushare.cluster.state.view import ClusterView
-from gpushare.kube.errors import KubeError
+from gpushare.kube.errors import ConflictError, KubeError, NotFoundError, UnprocessableError
 from gpushare.node.dra.slices import build_slice
 from gpushare.packing.placer import Placer
 from tests.fixtures.builders import apply_patch
@@ -77,7 +77,7 @@ class FakeKube:
     def _write(self, namespace: str, name: str, resource_version: str) -> Obj:
         stored = self.claims[f"{namespace}/{name}"]
         if stored["metadata"]["resourceVersion"] != resource_version:
-            raise KubeError(f"ResourceClaim {namespace}/{name}: conflict", status=409)
+            raise ConflictError(f"ResourceClaim {namespace}/{name}: conflict", status=409)
         self._version += 1
         stored["metadata"]["resourceVersion"] = str(self._version)
         return stored
@@ -133,14 +133,14 @@ class FakeKube:
         key = f"{namespace}/{name}"
         if ops and self.refuse_pin:
             self.calls.append(f"ungate+pin {key} refused")
-            raise KubeError("Unprocessable Entity: nodeAffinity", status=422)
+            raise UnprocessableError("Unprocessable Entity: nodeAffinity", status=422)
         if ops:
             self.pinned[key] = [dict(op) for op in ops]
         if annotations:
             self.annotated[key] = dict(annotations)
         self.calls.append(f"ungate {key}")
         if key in self.deleted_pods:
-            raise KubeError(f"pods {name!r} not found", status=404)
+            raise NotFoundError(f"pods {name!r} not found", status=404)
         if self.fail_gate is not None:
             raise self.fail_gate
         self.ungated.append((key, index))
@@ -430,7 +430,7 @@ async def test_a_failed_gate_removal_is_retried_without_allocating_twice(
     allocator, kube, devices = setup(node_slice("n1"))
     kube.create(share_claim("c1"))
     allocator.pod_event(gated_pod("p1", claim="c1"))
-    kube.fail_gate = KubeError("pod: unprocessable", status=422)
+    kube.fail_gate = UnprocessableError("pod: unprocessable", status=422)
     await place(allocator)
     assert kube.ungated == []
     assert tenant_keys(devices) == ["ns/c1"]  # written, so still counted
@@ -445,7 +445,9 @@ async def test_a_claim_the_api_server_will_not_take_is_left_to_kube_scheduler() 
     allocator, kube, devices = setup(node_slice("n1"))
     kube.create(share_claim("c1"))
     allocator.pod_event(gated_pod("p1", claim="c1"))
-    kube.refuse_claims = KubeError("ResourceClaim ns/c1: spec: field is immutable", status=422)
+    kube.refuse_claims = UnprocessableError(
+        "ResourceClaim ns/c1: spec: field is immutable", status=422
+    )
 
     await place(allocator)
 

@@ -516,3 +516,35 @@ def test_a_pod_without_claims_names_none() -> None:
     pod = gated_pod("p", claim="c")
     del pod["spec"]["resourceClaims"]
     assert list(placement.pod_claim_names(pod)) == []
+
+
+def test_a_node_whose_agent_is_gone_gets_no_claim_and_the_refusal_says_why() -> None:
+    """The claim allocator skips a node whose agent's Lease expired (docs/node-agent.md, "A
+    dead agent"), as the extender refuses it in device-plugin mode."""
+    devices = ledger(node_slice("n1"), node_slice("n2"))
+    claim = share_claim("c")
+    want = placement.demand(
+        ask_of(claim), cpu_milli=0, memory_bytes=0, tenancy=by_namespace("default")
+    )
+    gone = {"n1": "the gpushare node agent of node n1 is gone"}
+    for start in (0, 1):
+        choice = placement.choose(
+            Placer(),
+            devices,
+            want,
+            tenancy_of=by_namespace,
+            host_free=no_host_limit,
+            start=start,
+            gone=gone,
+        )
+        assert isinstance(choice, Choice)
+        assert choice.assignment.node == "n2"
+    answer = placement.choose(
+        Placer(),
+        ledger(node_slice("n1")),
+        want,
+        tenancy_of=by_namespace,
+        host_free=no_host_limit,
+        gone=gone,
+    )
+    assert answer == {gone["n1"]: 1}

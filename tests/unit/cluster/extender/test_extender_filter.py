@@ -415,3 +415,16 @@ def test_a_dra_mode_node_is_refused_saying_why_and_keeps_what_the_operator_reads
     assert extender.filter(args(pod_json("p", fraction="0.2"), ["dra-node"]))["NodeNames"] == [
         "dra-node"
     ]
+
+
+def test_a_node_named_twice_is_answered_once() -> None:
+    """A forged filter call naming nodes twice gets one answer per node: never passed twice,
+    never both passed and failed (found by the fuzz suite)."""
+    result = view_with().filter(
+        args(pod_json("p", fraction="0.6"), ["empty", "empty", "busy", "busy"])
+    )
+    answered = [*result["NodeNames"], *result["FailedNodes"], *result["FailedAndUnresolvableNodes"]]
+    assert sorted(answered) == ["busy", "empty"]
+    items = [{"metadata": {"name": n}} for n in ("empty", "busy", "empty")]
+    doc = parse_extender_args({"Pod": pod_json("q", fraction="0.6"), "Nodes": {"items": items}})
+    assert doc.node_names == ["empty", "busy"] and doc.nodes is not None and len(doc.nodes) == 2

@@ -55,6 +55,9 @@ async def test_bad_bodies_get_400_with_the_reason(client: TestClient) -> None:  
     resp = await client.post("/scheduler/bind", json={"PodName": "p"})
     assert resp.status == 400
     assert "PodNamespace" in (await resp.json())["Error"]
+    resp = await client.post("/scheduler/filter", data=b'"\x80"')  # a string, not UTF-8
+    assert resp.status == 400
+    assert "not valid UTF-8" in (await resp.json())["Error"]
     # ... and the server still answers.
     resp = await client.get("/healthz")
     assert resp.status == 200

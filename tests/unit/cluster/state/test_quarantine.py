@@ -13,8 +13,8 @@ from gpushare.cluster import quarantine_reports, watches
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.state import view as view_module
 from gpushare.cluster.state.view import ClusterView
-from gpushare.kube.controller import Watched
 from gpushare.kube.events import ObjectRef
+from gpushare.kube.watching import Watched
 from tests.fixtures.builders import GIB, gpu, node_json, pod_json
 from tests.unit.cluster.test_watches import Informers
 

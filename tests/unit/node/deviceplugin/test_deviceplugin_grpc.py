@@ -8,11 +8,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gpushare.node.core.health import DeviceHealth
+from gpushare.node.core.pods import PodInfo
+from gpushare.node.core.serving import wait_until_accepting
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import HEALTHY, UNHEALTHY
-from gpushare.node.deviceplugin.health import DeviceHealth
-from gpushare.node.deviceplugin.plugin import wait_until_accepting
-from gpushare.node.deviceplugin.pods import PodInfo
 from gpushare.node.deviceplugin.server import DevicePluginServicer
 from gpushare.node.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare.node.gpu.simulated import SimulatedBackend

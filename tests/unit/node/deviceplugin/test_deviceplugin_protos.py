@@ -2,7 +2,7 @@
 
 import subprocess
 
-from gpushare.node.deviceplugin.podresources.v1 import api_pb2 as podresources
+from gpushare.node.core.podresources.v1 import api_pb2 as podresources
 from gpushare.node.deviceplugin.v1beta1 import api_pb2
 from tests import REPO
 

@@ -19,13 +19,13 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
     STATE_ASSUMED,
 )
+from gpushare.node.core.answer import AllocationError
+from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import device_id, slice_ids
 from gpushare.node.deviceplugin.holdings import Answer, AnswerBook
 from gpushare.node.deviceplugin.matching import select_pod
-from gpushare.node.deviceplugin.pods import PodInfo, pod_info
 from gpushare.node.deviceplugin.reconcile import forgotten_pods, reconcile, suspect_pods
-from gpushare.node.deviceplugin.response import AllocationError
 from gpushare.node.deviceplugin.steering import steer
 from gpushare.node.mps.manager import MpsManager
 

@@ -10,14 +10,14 @@ import pytest
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import ANN_TIER, RESOURCE_GPU_OPPORTUNISTIC, TIER_OPPORTUNISTIC
+from gpushare.node.core.answer import AllocationError
+from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.deviceplugin.devices import (
     opportunistic_slice_ids,
     parse_device_id,
     slice_ids,
 )
 from gpushare.node.deviceplugin.holdings import AnswerBook
-from gpushare.node.deviceplugin.pods import PodInfo, pod_info
-from gpushare.node.deviceplugin.response import AllocationError
 from gpushare.node.deviceplugin.steering import steer
 from tests.unit.node.deviceplugin.test_deviceplugin_allocation import GPU_A, GPU_B, pod
 from tests.unit.node.deviceplugin.test_deviceplugin_reallocate import ApiServer, Kubelet, make

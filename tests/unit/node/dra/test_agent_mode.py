@@ -11,10 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.api.dra import DRIVER
 from gpushare.api.names import AGENT_MODE_DRA, ANN_AGENT_MODE
-from gpushare.node.agent import AgentSettings, NodeAgent
+from gpushare.node.agent import NodeAgent
 from gpushare.node.dra.claims import ClaimRef
 from gpushare.node.exporter import build_exporter
 from gpushare.node.main import build_parser
+from gpushare.node.settings import AgentSettings
 from tests.unit.node.dra.helpers import (
     NODE,
     FakeClaims,
@@ -82,23 +83,23 @@ def test_a_dra_agent_publishes_its_slice_and_serves_the_dra_plugin(tmp_path: Pat
     settings = dra_settings(tmp_path)
     agent = NodeAgent(settings, backend=backend(), kube=kube, dra_kube=dra)
     agent.mps.ensure(g.uuid for g in agent.gpus)
-    agent.publish()
+    agent.publisher.publish()
     assert kube.published, "the node inventory is still published in dra mode"
     # ...saying the node serves claims, so the extender places no annotated pod there.
     assert kube.published[-1][ANN_AGENT_MODE] == AGENT_MODE_DRA
     (stored,) = dra.slices.values()
     assert stored["spec"]["driver"] == DRIVER
     assert [d["name"] for d in stored["spec"]["devices"]] == ["gpu-0", "gpu-1"]
-    assert agent.dra_runner is not None
-    assert agent.dra_runner.socket_path == tmp_path / "kubelet/plugins" / DRIVER / "dra.sock"
+    assert agent.dra_plugin is not None
+    assert agent.dra_plugin.socket_path == tmp_path / "kubelet/plugins" / DRIVER / "dra.sock"
 
 
 def test_a_deviceplugin_agent_has_no_dra_parts(tmp_path: Path) -> None:
     agent = NodeAgent(
         AgentSettings(node_name=NODE, mps_root=tmp_path), backend=backend(), kube=None
     )
-    assert agent.dra is None and agent.dra_runner is None and agent.slices is None
-    assert agent.node_metadata()[0][ANN_AGENT_MODE] == "deviceplugin"
+    assert agent.dra is None and agent.dra_plugin is None and agent.slices is None
+    assert agent.publisher.node_metadata()[0][ANN_AGENT_MODE] == "deviceplugin"
 
 
 def test_a_dra_agent_feeds_claims_of_running_pods_into_the_simulated_gpus(
@@ -106,7 +107,7 @@ def test_a_dra_agent_feeds_claims_of_running_pods_into_the_simulated_gpus(
 ) -> None:
     """What the operator's profiler reads of a simulated GPU in DRA mode: the load of the
     claims prepared for running pods, at their thread caps or guaranteed shares
-    (gpushare.node.load)."""
+    (gpushare.node.simload)."""
     dra = FakeDraKube()
     dra.claims[("ns", "c1")] = claim(consumed={"gpuPercent": "30"}, config=mps_config(limit=50))
     settings = dra_settings(tmp_path)
@@ -117,11 +118,11 @@ def test_a_dra_agent_feeds_claims_of_running_pods_into_the_simulated_gpus(
     busy, idle = (g.uuid for g in agent.gpus)
 
     pod = {"metadata": {"namespace": "ns", "name": "p1"}, "status": {"phase": "Pending"}}
-    agent.feed_simulated_load([pod])
+    agent.simulated_load.feed([pod])
     assert agent.backend.sample(busy).pipes["tensor"] == 0.0  # its containers are not running
 
     pod["status"]["phase"] = "Running"
-    agent.feed_simulated_load([pod])
+    agent.simulated_load.feed([pod])
     # Capped at 50 %, guaranteed 30 %: it counts the smaller, as an annotated pod does.
     assert agent.backend.sample(busy).pipes["tensor"] == pytest.approx(0.55 * 0.3)
     assert agent.backend.sample(idle).pipes["tensor"] == 0.0

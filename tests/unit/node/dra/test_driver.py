@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.node.deviceplugin.pods import PodInfo
-from gpushare.node.deviceplugin.response import AllocationError
+from gpushare.node.core.answer import AllocationError
+from gpushare.node.core.pods import PodInfo
 from gpushare.node.dra.cdi import CdiDir
 from gpushare.node.dra.claims import ClaimRef
+from gpushare.node.mps.limits import FLOOR, MpsLimitKeeper
 from gpushare.node.mps.manager import MpsManager
-from gpushare.node.mps_limits import FLOOR, MpsLimitKeeper
 from tests.unit.node.dra.helpers import (
     GIB,
     FakeClaims,

@@ -12,9 +12,10 @@ import grpc
 import pytest
 
 from gpushare.api.dra import DRIVER
+from gpushare.node.core.serving import RestartLoop
 from gpushare.node.dra.cdi import CdiDir
 from gpushare.node.dra.driver import DraDriver
-from gpushare.node.dra.plugin import DraPluginRunner
+from gpushare.node.dra.plugin import DraPluginSockets
 from gpushare.node.dra.pluginregistration.v1 import api_pb2 as reg_pb2
 from gpushare.node.dra.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from gpushare.node.dra.server import DraPluginV1, DraPluginV1beta1
@@ -30,7 +31,7 @@ BAD = "0b1c2d3e-0000-4000-8000-000000000002"
 
 class Served:
     def __init__(
-        self, root: Path, kubelet_root: Path, runner: DraPluginRunner, driver: DraDriver
+        self, root: Path, kubelet_root: Path, runner: DraPluginSockets, driver: DraDriver
     ) -> None:
         self.root = root
         self.kubelet_root = kubelet_root
@@ -62,16 +63,16 @@ def served(tmp_path: Path, kubelet_root: Path) -> Iterator[Served]:
         claim(uid=BAD, name="bad", driver="other.example.com"),
     )
     driver = make_driver(tmp_path, claims)
-    runner = DraPluginRunner(
+    runner = DraPluginSockets(
         make_servicers=lambda: (DraPluginV1(driver), DraPluginV1beta1(driver)),
         kubelet_root=kubelet_root,
-        poll_s=0.05,
     )
     # A socket file left by an earlier agent must not stop the plugin from serving.
     runner.socket_path.parent.mkdir(parents=True)
     runner.socket_path.write_text("stale")
     stop = threading.Event()
-    thread = threading.Thread(target=runner.run, args=(stop,), daemon=True)
+    loop = RestartLoop([runner], poll_s=0.05)
+    thread = threading.Thread(target=loop.run, args=(stop,), daemon=True)
     thread.start()
     assert runner.serving.wait(10), "the plugin never served"
     try:

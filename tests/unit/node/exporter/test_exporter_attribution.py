@@ -10,14 +10,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.exporter.standalone import SimulatedPodProcesses
+from gpushare.node.core.cgroups import CgroupOwner, parse_cgroup, pods_with_running_containers
 from gpushare.node.exporter import PodAllocation, SamplerSettings, build_exporter
-from gpushare.node.exporter.attribution import (
-    CgroupOwner,
-    ProcessResolver,
-    parse_cgroup,
-    pods_with_running_containers,
-)
-from gpushare.node.exporter.runner import SimulatedPodProcesses
+from gpushare.node.exporter.attribution import ProcessResolver
 from gpushare.node.gpu.backend import GpuProcess
 from gpushare.node.gpu.simulated import SimulatedBackend
 

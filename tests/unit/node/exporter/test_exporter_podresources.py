@@ -5,10 +5,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare.node.deviceplugin.podresources.v1 import api_pb2
+from bench.exporter.standalone import SimulatedPodProcesses
+from gpushare.node.core.podresources.v1 import api_pb2
 from gpushare.node.exporter import PodResourcesPoller, SamplerSettings, build_exporter
 from gpushare.node.exporter.podresources import ContainerDevices, flatten, gpu_holders
-from gpushare.node.exporter.runner import SimulatedPodProcesses
 from gpushare.node.gpu.backend import GpuProcess
 from gpushare.node.gpu.simulated import SimulatedBackend
 

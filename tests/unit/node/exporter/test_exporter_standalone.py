@@ -1,4 +1,4 @@
-"""``python -m gpushare.node.exporter`` on its own (no agent, no cluster): what its /metrics
+"""``python -m bench.exporter.standalone`` on its own (no agent, no cluster): what its /metrics
 says about itself. Its GPU series against a real Prometheus: tests/cluster/
 test_exporter_prometheus.py."""
 
@@ -24,7 +24,7 @@ def test_the_standalone_exporter_says_its_version(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "gpushare.node.exporter",
+            "bench.exporter.standalone",
             "--backend",
             "simulated:1xH100-80GB",
             "--node-name",

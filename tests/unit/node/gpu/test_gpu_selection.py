@@ -5,7 +5,7 @@ import pytest
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.node.coexistence import OtherPluginWatch, other_plugin_gpus
-from gpushare.node.deviceplugin.health import DeviceHealth
+from gpushare.node.core.health import DeviceHealth
 from gpushare.node.gpu.selection import (
     REASON_MIG,
     REASON_NOT_SELECTED,

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from gpushare.node.mps.launch import REQUEST_FILE
+from gpushare.node.mps.launcher import serve
 from gpushare.node.mps.manager import PID_FILE, DaemonStarter, MpsManager
 from gpushare.node.mps.procs import control_daemons, pid_alive
-from gpushare.node.mps_launcher import serve
 
 GPU = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 Events = list[tuple[str, str, str, bool]]

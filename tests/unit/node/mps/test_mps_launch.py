@@ -18,8 +18,8 @@ from gpushare.node.mps.launch import (
     pending_requests,
     request_launch,
 )
+from gpushare.node.mps.launcher import build_parser, main, serve
 from gpushare.node.mps.manager import MpsManager
-from gpushare.node.mps_launcher import build_parser, main, serve
 
 GPU = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 

@@ -13,9 +13,15 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
 )
 from gpushare.node.faults.tailing import MAX_LINE, LogTail
-from gpushare.node.mps.limits import MIB, ServerLimits, largest
+from gpushare.node.mps.limits import (
+    FLOOR,
+    MIB,
+    MpsLimitKeeper,
+    ServerLimits,
+    largest,
+    placed_shares,
+)
 from gpushare.node.mps.manager import MpsManager
-from gpushare.node.mps_limits import FLOOR, MpsLimitKeeper, placed_shares
 
 GPU = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 OTHER = "GPU-bbbbbbbb-0000-0000-0000-000000000000"

@@ -2,13 +2,13 @@
 
 import pytest
 
-from gpushare.kube import node as kube
+from gpushare.kube import retry
 
 
 def test_connection_resets_are_retried_until_the_api_server_answers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(kube.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(retry.time, "sleep", lambda _s: None)
     answers: list[object] = [ConnectionResetError(104, "Connection reset by peer")] * 3 + ["ok"]
 
     def call() -> str:
@@ -17,7 +17,7 @@ def test_connection_resets_are_retried_until_the_api_server_answers(
             raise answer
         return str(answer)
 
-    assert kube._retry_transient(call, what="list pods") == "ok"
+    assert retry.retry_transient(call, what="list pods") == "ok"
     assert answers == []
 
 
@@ -30,5 +30,5 @@ def test_a_permanent_error_is_not_retried() -> None:
         raise ValueError("bad request body")
 
     with pytest.raises(ValueError, match="bad request body"):
-        kube._retry_transient(call, what="patch pod")
+        retry.retry_transient(call, what="patch pod")
     assert calls == 1

@@ -1,6 +1,7 @@
-"""Standalone exporter: ``python -m gpushare.node.exporter --backend simulated:8xH100-80GB ...``.
+"""Standalone exporter: ``python -m bench.exporter.standalone --backend simulated:8xH100-80GB ...``.
 
-For development, tests and benchmarks the exporter runs outside the node agent: pods come
+For development, tests and benchmarks the exporter runs outside the node agent (no chart or
+image runs it, so it lives here, beside the benchmarks that use it, not in the product): pods come
 from a file written by ``kubectl get pods -o json`` (re-read when it changes) instead of the
 agent's watch. On a simulated backend the runner also plays the agent's part of feeding the
 backend: it derives each GPU's load from the pods placed on it and reports the pods' real
@@ -25,19 +26,20 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.logs import setup_json_logging
 from gpushare.api.names import AGENT_METRICS_PORT
+from gpushare.node.core.allocations import PodAllocation
+from gpushare.node.core.cgroups import parse_cgroup
 from gpushare.node.exporter import Exporter, MpsDaemonStatus, build_exporter
-from gpushare.node.exporter.allocations import PodAllocation, allocations_from_pods
-from gpushare.node.exporter.attribution import parse_cgroup
+from gpushare.node.exporter.allocations import allocations_from_pods
 from gpushare.node.exporter.podresources import PodResourcesPoller
 from gpushare.node.exporter.sampler import SamplerSettings
 from gpushare.node.exporter.server import serve
 from gpushare.node.gpu.backend import GpuBackend, GpuProcess, GpuSample, HealthEvent
 from gpushare.node.gpu.factory import open_backend
-from gpushare.node.load import Share, simulated_load
 from gpushare.node.metrics import registry_for
 from gpushare.node.mps.manager import MpsManager
+from gpushare.node.simload import Share, simulated_load
 
-log = logging.getLogger("gpushare.node.exporter")
+log = logging.getLogger("gpushare.node.exporter.standalone")
 
 
 class PodsFile:
@@ -143,7 +145,7 @@ def pod_pids(*, proc_root: Path, pods: Sequence[PodAllocation]) -> dict[str, lis
 
 
 def simulated_memory(alloc: PodAllocation, gpu: GpuInfo) -> int:
-    """The pod's simulated footprint, by the agent's formula (gpushare.node.load)."""
+    """The pod's simulated footprint, by the agent's formula (gpushare.node.simload)."""
     load = simulated_load(gpu, [Share(alloc.thread_percent, alloc.memory_limit_bytes)])
     return load.memory_used_bytes
 
@@ -188,7 +190,7 @@ def feed_simulation(
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m gpushare.node.exporter",
+        prog="python -m bench.exporter.standalone",
         description="Run the gpushare node exporter on its own (development, tests, benchmarks).",
     )
     parser.add_argument(
@@ -307,3 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             poller.stop()
         backend.close()
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

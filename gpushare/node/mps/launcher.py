@@ -24,7 +24,7 @@ from gpushare.api.logs import setup_json_logging
 from gpushare.node.mps.launch import answer, pending_requests
 from gpushare.node.mps.manager import MpsError, MpsManager
 
-log = logging.getLogger("gpushare.node.mps_launcher")
+log = logging.getLogger("gpushare.node.mps.launcher")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ which container holds which gpu-percent device IDs. Regenerate with hack/gen-pro
 """
 
 from collections import abc as _abc
-from gpushare.node.deviceplugin.podresources.v1 import api_pb2 as _api_pb2
+from gpushare.node.core.podresources.v1 import api_pb2 as _api_pb2
 from grpc import aio as _aio
 import abc as _abc_1
 import grpc as _grpc

@@ -1,0 +1,1 @@
+"""Node exporter benchmarks and its standalone runner (development only)."""

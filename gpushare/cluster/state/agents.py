@@ -1,0 +1,135 @@
+"""Which nodes' agents are alive, from their Leases (gpushare.api.agent_lease).
+
+A node agent renews its Lease every few seconds. The controller does not compare the Lease's
+``renewTime`` with its own clock (the two hosts' clocks may disagree): it notes, on its own
+monotonic clock, when it last saw ``renewTime`` change, and calls the agent dead once that is
+longer ago than the Lease's ``leaseDurationSeconds`` (bounded to 1..60 s: a Lease is input).
+A Lease first seen counts as renewed then, so a restarted controller gives every agent one
+duration before judging it. A node with no Lease is not judged at all: its agent predates the
+rule or runs without one, and the node's annotations and allocatable count decide as before.
+
+``check`` (every second, from the controller) and each Lease event return the nodes whose
+verdict flipped; between them a node's verdict and its reason text stay the same, so answers
+cached per node state stay valid.
+"""
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare.api.agent_lease import lease_node
+
+MIN_DURATION_S = 1.0
+MAX_DURATION_S = 60.0
+
+
+@dataclass
+class _Seen:
+    name: str
+    renew: object
+    at: float
+    duration_s: float
+
+
+def _duration(spec: Mapping[str, Any]) -> float:
+    written = spec.get("leaseDurationSeconds")
+    if isinstance(written, bool) or not isinstance(written, int | float) or math.isnan(written):
+        return MAX_DURATION_S
+    return min(MAX_DURATION_S, max(MIN_DURATION_S, float(written)))
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+class AgentLeases:
+    """Node agents' Leases in one namespace and the verdict on each node's agent."""
+
+    def __init__(self, *, namespace: str = "", clock: Callable[[], float] = time.monotonic) -> None:
+        self.namespace = namespace
+        """Where the agents' Leases live (the release namespace); named in refusals."""
+        self.clock = clock
+        self._seen: dict[str, _Seen] = {}
+        self._down: dict[str, str] = {}
+        self.generation = 0
+        """Moves whenever a node's verdict flips."""
+
+    def down(self, node: str) -> str | None:
+        """Why ``node``'s agent counts as gone (its Lease expired), None when it is alive or
+        never had a Lease. Stable between ``check`` calls and Lease events."""
+        return self._down.get(node)
+
+    @property
+    def nodes_down(self) -> Mapping[str, str]:
+        return self._down
+
+    def upsert(self, lease: Mapping[str, Any]) -> set[str]:
+        """A Lease was written: a renewal revives its node's agent at once."""
+        meta = _mapping(lease.get("metadata"))
+        name = meta.get("name")
+        node = lease_node(name) if isinstance(name, str) else None
+        if node is None or not isinstance(name, str):
+            return set()
+        spec = _mapping(lease.get("spec"))
+        renew = (spec.get("renewTime"), spec.get("holderIdentity"))
+        old = self._seen.get(node)
+        if old is None or old.renew != renew:
+            self._seen[node] = _Seen(name, renew, self.clock(), _duration(spec))
+        else:
+            old.duration_s = _duration(spec)
+        return self._judge({node})
+
+    def delete(self, lease: Mapping[str, Any]) -> set[str]:
+        """A Lease is gone: its node counts as one whose agent never had a Lease."""
+        name = _mapping(lease.get("metadata")).get("name")
+        node = lease_node(name) if isinstance(name, str) else None
+        if node is None or self._seen.pop(node, None) is None:
+            return set()
+        return self._judge({node})
+
+    def replace(self, leases: Iterable[Mapping[str, Any]]) -> set[str]:
+        """A full list: Leases missing from it are gone."""
+        before = set(self._seen)
+        touched: set[str] = set()
+        listed: set[str] = set()
+        for lease in leases:
+            name = _mapping(lease.get("metadata")).get("name")
+            node = lease_node(name) if isinstance(name, str) else None
+            if node is not None:
+                listed.add(node)
+            touched |= self.upsert(lease)
+        for node in before - listed:
+            self._seen.pop(node, None)
+        return touched | self._judge(before - listed)
+
+    def check(self) -> set[str]:
+        """Judge every node again now (the clock moved): the nodes whose verdict flipped."""
+        return self._judge(set(self._seen) | set(self._down))
+
+    def _judge(self, nodes: Iterable[str]) -> set[str]:
+        now = self.clock()
+        flipped: set[str] = set()
+        for node in nodes:
+            seen = self._seen.get(node)
+            expired = seen is not None and now - seen.at > seen.duration_s
+            if expired and node not in self._down:
+                assert seen is not None
+                self._down[node] = self._reason(node, seen)
+                flipped.add(node)
+            elif not expired and self._down.pop(node, None) is not None:
+                flipped.add(node)
+        self.generation += len(flipped)
+        return flipped
+
+    def _reason(self, node: str, seen: _Seen) -> str:
+        where = f"{self.namespace}/{seen.name}" if self.namespace else seen.name
+        ns = f"-n {self.namespace} " if self.namespace else ""
+        return (
+            f"the gpushare node agent of node {node} is gone: its Lease {where} was not "
+            f"renewed for more than {seen.duration_s:.0f} s (the agent was killed, is "
+            "restarting or cannot reach the API server); new gpushare pods wait until an agent "
+            f"runs there again (fix: kubectl {ns}get pods -o wide "
+            f"--field-selector spec.nodeName={node}, and that agent's logs)"
+        )
