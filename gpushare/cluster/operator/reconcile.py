@@ -219,16 +219,21 @@ class ShareReconciler:
     # ---- idempotent housekeeping -----------------------------------------------------------
 
     async def _inherit(self, share: ShareSummary, pods: Sequence[PodFacts]) -> None:
-        """Unscheduled governed pods get the share's request (and profile, once known)."""
+        """Unscheduled governed pods get the share's request; every active one its profile,
+        once known: the pod it profiled, and one placed before the share's status reached the
+        webhook, would otherwise count as unprofiled (assumed heavy) for as long as they run,
+        and keep opportunistic pods off their GPUs (docs/packing.md, "The sharing contract")."""
         if share.spec is None:
             return
         profile = share.status.get("profile")
         for pod in pods:
-            if pod.node is not None or not pod.active:
+            if not pod.active:
                 continue
-            wanted = missing_annotations(
-                share.spec, share_name=share.name, annotations=pod.annotations
-            )
+            wanted: dict[str, str] = {}
+            if pod.node is None:
+                wanted = missing_annotations(
+                    share.spec, share_name=share.name, annotations=pod.annotations
+                )
             if pod.dra:  # its request is its claim's, fixed at creation: only the rules
                 wanted = {k: v for k, v in wanted.items() if k in DRA_INHERITED}
             if isinstance(profile, Mapping) and ANN_PROFILE not in pod.annotations:
