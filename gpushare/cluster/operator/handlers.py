@@ -14,8 +14,9 @@ import kopf
 
 from gpushare.api.gpushare_crd import PLURAL
 from gpushare.api.names import GROUP, VERSION
-from gpushare.cluster.operator.reconcile import ShareReconciler, utcnow
+from gpushare.cluster.operator.reconcile import ShareReconciler
 from gpushare.cluster.operator.settings import OperatorConfig
+from gpushare.cluster.operator.share_status import utcnow
 from gpushare.cluster.state.pods import pod_key
 from gpushare.cluster.state.shares import share_summary
 from gpushare.cluster.state.view import ClusterView

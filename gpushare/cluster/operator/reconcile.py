@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from gpushare.api.bounds import format_rfc3339
@@ -31,7 +31,7 @@ from gpushare.api.gpushare_crd import (
     placements_status,
     profile_annotation,
 )
-from gpushare.api.profile import WORK_PIPES, GpuProfile
+from gpushare.api.profile import GpuProfile
 from gpushare.cluster.operator import cache
 from gpushare.cluster.operator.profiler_client import ProfilerClient
 from gpushare.cluster.operator.profiling import (
@@ -53,66 +53,28 @@ from gpushare.cluster.operator.profiling import (
 )
 from gpushare.cluster.operator.readings import ProfilerError
 from gpushare.cluster.operator.settings import OperatorConfig
+from gpushare.cluster.operator.share_status import (
+    COND_ACCEPTED,
+    COND_PROFILED,
+    Condition,
+    describe,
+    no_profiling_pod,
+    sized_fields,
+    sized_note,
+    transition_ops,
+    utcnow,
+)
 from gpushare.cluster.state.pods import PodFacts
-from gpushare.cluster.state.shares import ShareSummary, share_summary, sized_percent
+from gpushare.cluster.state.shares import ShareSummary, share_summary
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.events import ObjectRef
 from gpushare.kube.operator import KubeApi
-from gpushare.packing.sizing import as_fraction
 
 DRA_INHERITED = (ANN_PACKING_POLICY, ANN_MAX_PODS_PER_GPU)
 """What a DRA-mode pod inherits of its GpuShare: the placement rules, not the request (its
 claim was made from the request when the pod was created)."""
 
 log = logging.getLogger(__name__)
-
-COND_ACCEPTED = "Accepted"
-COND_PROFILED = "Profiled"
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def describe(profile: GpuProfile) -> str:
-    parts = [
-        f"{name} {value:.0%}"
-        for name, value in (
-            *((pipe, profile.ratio(pipe)) for pipe in WORK_PIPES),
-            ("SM occupancy", profile.sm_occupancy),
-            ("SM busy", profile.sm_utilization),
-            ("DRAM", profile.dram_bandwidth),
-        )
-        if value is not None
-    ]
-    sim = " (simulated GPU)" if profile.simulated else ""
-    return f"{', '.join(parts)} on {profile.gpu_model}{sim} over {profile.sampled_seconds:g} s"
-
-
-def sized_fields(share: ShareSummary, profile: GpuProfile) -> dict[str, Any]:
-    """Status fields besides ``profile`` when a profile is stored: for ``fraction: auto`` the
-    request it sizes (``status.request``), which pods created from then on ask for."""
-    if share.spec is None or not share.spec.auto:
-        return {}
-    percent = sized_percent(share.spec, {"profile": profile.to_status()})
-    return {"request": as_fraction(percent)}
-
-
-def sized_note(fields: Mapping[str, Any]) -> str:
-    """The event's words for :func:`sized_fields`."""
-    if "request" not in fields:
-        return ""
-    return f"; fraction auto: pods created from now on ask for {fields['request']} of a GPU"
-
-
-def no_profiling_pod(*, attempts: int) -> dict[str, Any]:
-    """Status fields of a share back in Pending: no profiling pod elected, started or running."""
-    return {
-        "profilingPod": None,
-        "profilingStarted": None,
-        "profilingElected": None,
-        "profilingAttempts": attempts,
-    }
 
 
 class ShareReconciler:
@@ -287,40 +249,14 @@ class ShareReconciler:
         *,
         to_phase: str,
         fields: Mapping[str, Any] | None = None,
-        condition: tuple[str, bool, str, str] | None = None,
+        condition: Condition | None = None,
         tests: Mapping[str, Any] | None = None,
         now: datetime,
     ) -> bool:
         """Move the share from its current phase to ``to_phase`` iff nobody did it already."""
-        status = share.status
-        generation = (share.body.get("metadata") or {}).get("generation")
-        values: dict[str, Any] = {"phase": to_phase, **(fields or {})}
-        if isinstance(generation, int):
-            values["observedGeneration"] = generation
-        if condition is not None:
-            type_, ok, reason, message = condition
-            values["conditions"] = with_condition(
-                status.get("conditions"),
-                type_=type_,
-                status=ok,
-                reason=reason,
-                message=message,
-                now=now,
-                generation=generation if isinstance(generation, int) else None,
-            )
-        ops: list[dict[str, Any]]
-        if not isinstance(share.body.get("status"), Mapping):
-            # No status yet: "test /status is null" holds only while it is absent.
-            ops = [
-                {"op": "test", "path": "/status", "value": None},
-                {"op": "add", "path": "/status", "value": values},
-            ]
-        else:
-            ops = [{"op": "test", "path": "/status/phase", "value": status.get("phase")}]
-            ops.extend(
-                {"op": "test", "path": f"/status/{k}", "value": v} for k, v in (tests or {}).items()
-            )
-            ops.extend({"op": "add", "path": f"/status/{k}", "value": v} for k, v in values.items())
+        ops = transition_ops(
+            share, to_phase=to_phase, fields=fields, condition=condition, tests=tests, now=now
+        )
         return await self.kube.patch_share_status(
             namespace=share.namespace, name=share.name, ops=ops
         )
@@ -336,64 +272,77 @@ class ShareReconciler:
         )
 
     async def _take(self, share: ShareSummary, step: Step, *, now: datetime) -> None:
+        """Carry out ``step`` (one of :mod:`operator.profiling`'s decisions)."""
         if isinstance(step, Wait):
             return
         if isinstance(step, SkipProfiling):
-            if await self.transition(
-                share,
-                to_phase=PHASE_PACKED,
-                condition=(COND_PROFILED, False, "ProfilingSkipped", "spec.profiling.mode is skip"),
-                now=now,
-            ):
-                await self.event(share, "Packed", "profiling skipped (spec.profiling.mode: skip)")
+            await self._skip(share, now=now)
         elif isinstance(step, UseCached):
-            profile = dataclasses.replace(step.profile, source="cache")
-            sized = sized_fields(share, profile)
-            message = f"reused the cached profile: {describe(step.profile)}{sized_note(sized)}"
-            if await self.transition(
-                share,
-                to_phase=PHASE_PACKED,
-                fields={"profile": profile.to_status(), **sized},
-                condition=(COND_PROFILED, True, "CacheHit", message),
-                now=now,
-            ):
-                await self.event(share, "ProfileReused", message)
+            await self._use_cached(share, step, now=now)
         elif isinstance(step, Elect):
             await self._elect(share, step, now=now)
         elif isinstance(step, StartClock):
-            # Not an event: the clock start is bookkeeping inside the Profiling phase.
-            await self.kube.patch_share_status(
-                namespace=share.namespace,
-                name=share.name,
-                ops=[
-                    {"op": "test", "path": "/status/phase", "value": PHASE_PROFILING},
-                    {"op": "test", "path": "/status/profilingPod", "value": step.pod.name},
-                    {"op": "test", "path": "/status/profilingStarted", "value": None},
-                    {
-                        "op": "add",
-                        "path": "/status/profilingStarted",
-                        "value": format_rfc3339(step.at),
-                    },
-                ],
-            )
+            await self._start_clock(share, step)
         elif isinstance(step, Measure):
             await self._measure(share, step, now=now)
         elif isinstance(step, Abandon):
-            if step.pod is not None:
-                await self.kube.annotate_pod(
-                    namespace=step.pod.namespace,
-                    name=step.pod.name,
-                    annotations={ANN_PROFILING: PROFILING_DONE},
-                )
-            if await self.transition(
-                share,
-                to_phase=PHASE_PENDING,
-                fields=no_profiling_pod(attempts=attempts(share.status) + 1),
-                condition=(COND_PROFILED, False, "ProfilingRestarted", step.reason),
-                now=now,
-            ):
-                await self.event(share, "ProfilingRestarted", step.reason, warning=True)
-        elif isinstance(step, GiveUp) and await self.transition(
+            await self._abandon(share, step, now=now)
+        elif isinstance(step, GiveUp):
+            await self._give_up(share, step, now=now)
+
+    async def _skip(self, share: ShareSummary, *, now: datetime) -> None:
+        if await self.transition(
+            share,
+            to_phase=PHASE_PACKED,
+            condition=(COND_PROFILED, False, "ProfilingSkipped", "spec.profiling.mode is skip"),
+            now=now,
+        ):
+            await self.event(share, "Packed", "profiling skipped (spec.profiling.mode: skip)")
+
+    async def _use_cached(self, share: ShareSummary, step: UseCached, *, now: datetime) -> None:
+        profile = dataclasses.replace(step.profile, source="cache")
+        sized = sized_fields(share, profile)
+        message = f"reused the cached profile: {describe(step.profile)}{sized_note(sized)}"
+        if await self.transition(
+            share,
+            to_phase=PHASE_PACKED,
+            fields={"profile": profile.to_status(), **sized},
+            condition=(COND_PROFILED, True, "CacheHit", message),
+            now=now,
+        ):
+            await self.event(share, "ProfileReused", message)
+
+    async def _start_clock(self, share: ShareSummary, step: StartClock) -> None:
+        # Not an event: the clock start is bookkeeping inside the Profiling phase.
+        await self.kube.patch_share_status(
+            namespace=share.namespace,
+            name=share.name,
+            ops=[
+                {"op": "test", "path": "/status/phase", "value": PHASE_PROFILING},
+                {"op": "test", "path": "/status/profilingPod", "value": step.pod.name},
+                {"op": "test", "path": "/status/profilingStarted", "value": None},
+                {"op": "add", "path": "/status/profilingStarted", "value": format_rfc3339(step.at)},
+            ],
+        )
+
+    async def _abandon(self, share: ShareSummary, step: Abandon, *, now: datetime) -> None:
+        if step.pod is not None:
+            await self.kube.annotate_pod(
+                namespace=step.pod.namespace,
+                name=step.pod.name,
+                annotations={ANN_PROFILING: PROFILING_DONE},
+            )
+        if await self.transition(
+            share,
+            to_phase=PHASE_PENDING,
+            fields=no_profiling_pod(attempts=attempts(share.status) + 1),
+            condition=(COND_PROFILED, False, "ProfilingRestarted", step.reason),
+            now=now,
+        ):
+            await self.event(share, "ProfilingRestarted", step.reason, warning=True)
+
+    async def _give_up(self, share: ShareSummary, step: GiveUp, *, now: datetime) -> None:
+        if await self.transition(
             share,
             to_phase=PHASE_PACKED,
             condition=(COND_PROFILED, False, "ProfilingFailed", step.reason),

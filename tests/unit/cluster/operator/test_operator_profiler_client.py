@@ -12,7 +12,7 @@ from gpushare.cluster.operator.readings import (
     agent_url,
     parse_reading,
 )
-from gpushare.cluster.operator.reconcile import utcnow
+from gpushare.cluster.operator.share_status import utcnow
 from gpushare.node.exporter import SamplerSettings, build_exporter
 from gpushare.node.exporter.server import serve
 from gpushare.node.gpu.simulated import SimulatedBackend

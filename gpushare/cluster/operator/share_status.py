@@ -1,0 +1,110 @@
+"""A GpuShare's status as the operator writes it (pure): the JSON patch of one phase
+transition, the fields and words that go with a stored profile, and the clock.
+
+The reconciler (``operator.reconcile``) decides nothing here; it sends what these build. Each
+transition ``test``s the phase it starts from, so two racing ticks change nothing twice
+(docs/operator.md, "Life cycle").
+"""
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from gpushare.api.profile import WORK_PIPES, GpuProfile
+from gpushare.cluster.operator.profiling import with_condition
+from gpushare.cluster.state.shares import ShareSummary, sized_percent
+from gpushare.packing.sizing import as_fraction
+
+COND_ACCEPTED = "Accepted"
+COND_PROFILED = "Profiled"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def describe(profile: GpuProfile) -> str:
+    parts = [
+        f"{name} {value:.0%}"
+        for name, value in (
+            *((pipe, profile.ratio(pipe)) for pipe in WORK_PIPES),
+            ("SM occupancy", profile.sm_occupancy),
+            ("SM busy", profile.sm_utilization),
+            ("DRAM", profile.dram_bandwidth),
+        )
+        if value is not None
+    ]
+    sim = " (simulated GPU)" if profile.simulated else ""
+    return f"{', '.join(parts)} on {profile.gpu_model}{sim} over {profile.sampled_seconds:g} s"
+
+
+def sized_fields(share: ShareSummary, profile: GpuProfile) -> dict[str, Any]:
+    """Status fields besides ``profile`` when a profile is stored: for ``fraction: auto`` the
+    request it sizes (``status.request``), which pods created from then on ask for."""
+    if share.spec is None or not share.spec.auto:
+        return {}
+    percent = sized_percent(share.spec, {"profile": profile.to_status()})
+    return {"request": as_fraction(percent)}
+
+
+def sized_note(fields: Mapping[str, Any]) -> str:
+    """The event's words for :func:`sized_fields`."""
+    if "request" not in fields:
+        return ""
+    return f"; fraction auto: pods created from now on ask for {fields['request']} of a GPU"
+
+
+def no_profiling_pod(*, attempts: int) -> dict[str, Any]:
+    """Status fields of a share back in Pending: no profiling pod elected, started or running."""
+    return {
+        "profilingPod": None,
+        "profilingStarted": None,
+        "profilingElected": None,
+        "profilingAttempts": attempts,
+    }
+
+
+Condition = tuple[str, bool, str, str]
+"""A condition to set with a transition: (type, status, reason, message)."""
+
+
+def transition_ops(
+    share: ShareSummary,
+    *,
+    to_phase: str,
+    fields: Mapping[str, Any] | None = None,
+    condition: Condition | None = None,
+    tests: Mapping[str, Any] | None = None,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """The JSON patch moving ``share`` from its current phase to ``to_phase`` with ``fields``
+    and ``condition``; it applies only while the phase (and each of ``tests``) is still what
+    this share says, so nobody else's transition is overwritten."""
+    status = share.status
+    generation = (share.body.get("metadata") or {}).get("generation")
+    values: dict[str, Any] = {"phase": to_phase, **(fields or {})}
+    if isinstance(generation, int):
+        values["observedGeneration"] = generation
+    if condition is not None:
+        type_, ok, reason, message = condition
+        values["conditions"] = with_condition(
+            status.get("conditions"),
+            type_=type_,
+            status=ok,
+            reason=reason,
+            message=message,
+            now=now,
+            generation=generation if isinstance(generation, int) else None,
+        )
+    if not isinstance(share.body.get("status"), Mapping):
+        # No status yet: "test /status is null" holds only while it is absent.
+        return [
+            {"op": "test", "path": "/status", "value": None},
+            {"op": "add", "path": "/status", "value": values},
+        ]
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": "/status/phase", "value": status.get("phase")}
+    ]
+    ops.extend({"op": "test", "path": f"/status/{k}", "value": v} for k, v in (tests or {}).items())
+    ops.extend({"op": "add", "path": f"/status/{k}", "value": v} for k, v in values.items())
+    return ops
