@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU
 from gpushare.packing.interference import InterferenceModel, busy_share, load_default
-from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile
+from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile, Tenant
 from gpushare.packing.threads import MIN_BATCH_THREADS, assign_thread_percent, tenant_threads
 
 DEFAULT_BOUNDS: Mapping[str, float] = MappingProxyType({"latency": 1.15, "batch": 2.0})
@@ -95,40 +95,100 @@ def admit_reason(
         return None
     newcomer = demand.profile or CONSERVATIVE_PROFILE
     threads = assign_thread_percent(demand, gpu)
-    # A latency pod runs uncapped for its bursts; to its neighbours it weighs its reserved share.
-    loads = [
-        (
-            reserved(t.profile or CONSERVATIVE_PROFILE)
-            if t.gpu_class == CLASS_LATENCY
-            else t.profile or CONSERVATIVE_PROFILE,
-            t.percent if t.gpu_class == CLASS_LATENCY else tenant_threads(t),
-        )
-        for t in gpu.tenants
-    ]
+    loads = [tenant_load(t) for t in gpu.tenants]
     kept_out = [shielded(t.profile, t.gpu_class, tenant_threads(t)) for t in gpu.tenants]
+    reason = _newcomer_reason(
+        gpu,
+        demand,
+        newcomer=newcomer,
+        threads=threads,
+        loads=loads,
+        kept_out=kept_out,
+        model=model,
+        bounds=bounds,
+        charge_cap=charge_cap,
+    )
+    if reason is not None:
+        return reason
     new_kept_out = shielded(demand.profile, demand.gpu_class, threads)
-    bound = bounds.get(demand.gpu_class)
-    if bound is not None:
-        seen = loads
-        if demand.gpu_class == CLASS_LATENCY:
-            seen = [load for load, s in zip(loads, kept_out, strict=True) if not s]
-        slowdown = model.predict(newcomer, threads, seen)
-        if charge_cap and demand.gpu_class != CLASS_LATENCY:
-            slowdown *= charged_cap_cost(model, newcomer, threads, bound)
-        if slowdown > bound:
-            unknown = "" if demand.profile else " (pod has no profile: assumed heavy)"
-            return (
-                f"predicted {slowdown:.2f}x slowdown for this {demand.gpu_class} pod beside "
-                f"{len(gpu.tenants)} tenant(s), over its {bound:.2f}x bound{unknown}"
-            )
     if demand.gpu_class == CLASS_LATENCY:
         threads = max(1, min(demand.percent, SLICES_PER_GPU))
         newcomer = reserved(newcomer)
+    return _tenants_reason(
+        gpu,
+        (newcomer, threads),
+        new_kept_out=new_kept_out,
+        loads=loads,
+        kept_out=kept_out,
+        model=model,
+        bounds=bounds,
+        charge_cap=charge_cap,
+    )
+
+
+Load = tuple[PipeProfile, int]
+"""A pod as its neighbours feel it: its profile and the GPU-percent it keeps busy."""
+
+
+def tenant_load(tenant: Tenant) -> Load:
+    """A tenant as its neighbours feel it: a latency pod runs uncapped for its bursts and weighs
+    its whole reserved share (:func:`reserved`); a batch pod its profile at its thread cap. A
+    tenant nobody profiled is assumed heavy (:data:`CONSERVATIVE_PROFILE`)."""
+    profile = tenant.profile or CONSERVATIVE_PROFILE
+    if tenant.gpu_class == CLASS_LATENCY:
+        return reserved(profile), tenant.percent
+    return profile, tenant_threads(tenant)
+
+
+def _newcomer_reason(
+    gpu: GpuState,
+    demand: Demand,
+    *,
+    newcomer: PipeProfile,
+    threads: int,
+    loads: list[Load],
+    kept_out: list[bool],
+    model: InterferenceModel,
+    bounds: Mapping[str, float],
+    charge_cap: bool,
+) -> str | None:
+    """Why the newcomer itself would run past its class bound beside ``loads``, or None."""
+    bound = bounds.get(demand.gpu_class)
+    if bound is None:
+        return None
+    seen = loads
+    if demand.gpu_class == CLASS_LATENCY:
+        seen = [load for load, s in zip(loads, kept_out, strict=True) if not s]
+    slowdown = model.predict(newcomer, threads, seen)
+    if charge_cap and demand.gpu_class != CLASS_LATENCY:
+        slowdown *= charged_cap_cost(model, newcomer, threads, bound)
+    if slowdown <= bound:
+        return None
+    unknown = "" if demand.profile else " (pod has no profile: assumed heavy)"
+    return (
+        f"predicted {slowdown:.2f}x slowdown for this {demand.gpu_class} pod beside "
+        f"{len(gpu.tenants)} tenant(s), over its {bound:.2f}x bound{unknown}"
+    )
+
+
+def _tenants_reason(
+    gpu: GpuState,
+    newcomer: Load,
+    *,
+    new_kept_out: bool,
+    loads: list[Load],
+    kept_out: list[bool],
+    model: InterferenceModel,
+    bounds: Mapping[str, float],
+    charge_cap: bool,
+) -> str | None:
+    """Why a tenant already on ``gpu`` would run past its class bound with the newcomer
+    (``newcomer``: as its neighbours feel it), or None."""
     for i, tenant in enumerate(gpu.tenants):
         bound = bounds.get(tenant.gpu_class)
         if bound is None:
             continue
-        others = [load for k, load in enumerate(loads) if k != i] + [(newcomer, threads)]
+        others = [load for k, load in enumerate(loads) if k != i] + [newcomer]
         if tenant.gpu_class == CLASS_LATENCY:
             flags = [s for k, s in enumerate(kept_out) if k != i] + [new_kept_out]
             others = [load for load, s in zip(others, flags, strict=True) if not s]
