@@ -10,6 +10,7 @@ raises past 4300 digits (see docs/security.md, "Parsing is total").
 import json
 import math
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -47,6 +48,15 @@ def bounded_int(text: str, *, field: str, fix: str, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidInputError(field, f"{value} is outside {low}..{high}", fix)
     return value
+
+
+def object_field(raw: object, *, field: str, fix: str) -> Mapping[str, Any]:
+    """An optional object field of a spec: ``{}`` when absent, refused when not an object."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise InvalidInputError(field, f"must be an object, not {type(raw).__name__}", fix)
+    return raw
 
 
 def json_depth(text: str) -> int:

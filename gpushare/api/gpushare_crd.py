@@ -10,11 +10,12 @@ webhook, the extender and the operator agree on them without importing each othe
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
-from gpushare.api.bounds import load_json
+from gpushare.api.bounds import load_json, object_field
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.label_selector import LabelSelector, parse_label_selector
 from gpushare.api.limit import check_limit, parse_limit
 from gpushare.api.names import (
     ANN_CLASS,
@@ -93,7 +94,6 @@ GPUSHARE_ANNOTATIONS: Final = (
     ANN_MAX_PODS_PER_GPU,
 )
 
-_SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
 # The same regular expressions as the CRD's CEL rules, so both refuse the same specs.
 FRACTION_PATTERN: Final = r"^([01]?[.][0-9]{1,2}0*|[01]|[0-9]{1,3}([.]0+)?%)$"
 MEMORY_PATTERN: Final = r"^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
@@ -102,43 +102,6 @@ FRACTION_AUTO: Final = "auto"
 """``spec.fraction: auto``: gpushare sizes the request from the job's stored profile
 (``gpushare.packing.sizing``); pods created before the share has a profile ask for a whole
 GPU (docs/operator.md, "fraction: auto")."""
-
-
-@dataclass(frozen=True)
-class SelectorRequirement:
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.operator == "In":
-            return self.key in labels and labels[self.key] in self.values
-        if self.operator == "NotIn":
-            return self.key not in labels or labels[self.key] not in self.values
-        if self.operator == "Exists":
-            return self.key in labels
-        return self.key not in labels  # DoesNotExist
-
-
-@dataclass(frozen=True)
-class LabelSelector:
-    """A Kubernetes LabelSelector. An empty one matches nothing here (see ``matches``)."""
-
-    match_labels: Mapping[str, str] = field(default_factory=dict)
-    match_expressions: tuple[SelectorRequirement, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        return not self.match_labels and not self.match_expressions
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """True when every label and expression matches. Unlike Kubernetes, an empty selector
-        matches no pod: a GpuShare must never claim every pod of a namespace by accident."""
-        if self.empty:
-            return False
-        if any(labels.get(k) != v for k, v in self.match_labels.items()):
-            return False
-        return all(r.matches(labels) for r in self.match_expressions)
 
 
 @dataclass(frozen=True)
@@ -183,62 +146,6 @@ class GpuShareSpec:
 
 def _fix(text: str) -> str:
     return f"{text} (kubectl explain gpushare.spec)"
-
-
-def _mapping(raw: object, path: str, fix: str) -> Mapping[str, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise InvalidInputError(path, f"must be an object, not {type(raw).__name__}", fix)
-    return raw
-
-
-def _string_map(raw: object, path: str) -> dict[str, str]:
-    fix = _fix("write label pairs like {app: trainer}")
-    result: dict[str, str] = {}
-    for key, value in _mapping(raw, path, fix).items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise InvalidInputError(f"{path}.{key}", "must be a string", fix)
-        result[key] = value
-    return result
-
-
-def parse_selector(raw: object, *, path: str = "spec.selector") -> LabelSelector:
-    fix = _fix("use matchLabels {key: value} or matchExpressions [{key, operator, values}]")
-    body = _mapping(raw, path, fix)
-    labels = _string_map(body.get("matchLabels"), f"{path}.matchLabels")
-    exprs_raw = body.get("matchExpressions") or []
-    if not isinstance(exprs_raw, list):
-        raise InvalidInputError(f"{path}.matchExpressions", "must be a list", fix)
-    exprs: list[SelectorRequirement] = []
-    for i, item in enumerate(exprs_raw):
-        where = f"{path}.matchExpressions[{i}]"
-        entry = _mapping(item, where, fix)
-        key, op, values = entry.get("key"), entry.get("operator"), entry.get("values") or []
-        if not isinstance(key, str) or not key:
-            raise InvalidInputError(f"{where}.key", "is missing", fix)
-        if op not in _SELECTOR_OPERATORS:
-            raise InvalidInputError(
-                f"{where}.operator",
-                f"unknown operator {op!r}",
-                f"use {', '.join(_SELECTOR_OPERATORS)}",
-            )
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise InvalidInputError(f"{where}.values", "must be a list of strings", fix)
-        if op in ("In", "NotIn") and not values:
-            raise InvalidInputError(f"{where}.values", f"must not be empty for {op}", fix)
-        if op in ("Exists", "DoesNotExist") and values:
-            raise InvalidInputError(f"{where}.values", f"must be empty for {op}", fix)
-        exprs.append(SelectorRequirement(key, str(op), tuple(values)))
-    selector = LabelSelector(labels, tuple(exprs))
-    if selector.empty:
-        raise InvalidInputError(
-            path,
-            "is empty and would match every pod in the namespace",
-            "add matchLabels or matchExpressions, or drop spec.selector and link pods with "
-            f"the {ANN_SHARE} annotation",
-        )
-    return selector
 
 
 def _int_in(raw: object, path: str, low: int, high: int) -> int:
@@ -294,21 +201,12 @@ def _fraction_percent(raw: object) -> int:
 
 
 def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
-    """Validate a GpuShare spec; raises InvalidInputError naming ``spec.<field>`` and the fix."""
+    """Validate a GpuShare spec; raises InvalidInputError naming ``spec.<field>`` and the fix.
+    Fields are checked in the order they are listed here, so a spec with several errors names
+    the same one every time."""
     fraction_raw = spec.get("fraction")
     percent = _fraction_percent(fraction_raw)
-    memory_raw = spec.get("memory")
-    memory_bytes: int | None = None
-    if memory_raw is not None:
-        if not isinstance(memory_raw, str):
-            raise InvalidInputError("spec.memory", "must be a string", 'write "10Gi"')
-        if not re.fullmatch(MEMORY_PATTERN, memory_raw):
-            raise InvalidInputError(
-                "spec.memory",
-                f"{memory_raw!r} is not a memory quantity",
-                'write a quantity like "10Gi", "512Mi" or a byte count',
-            )
-        memory_bytes = parse_memory(memory_raw, field="spec.memory")
+    memory_raw, memory_bytes = _memory(spec.get("memory"))
     if fraction_raw == FRACTION_AUTO and spec.get("limit") is not None:
         raise InvalidInputError(
             "spec.limit",
@@ -321,9 +219,59 @@ def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
         raise InvalidInputError(
             "spec.class", f"unknown class {gpu_class!r}", f"use one of {', '.join(CLASSES)}"
         )
-    selector = parse_selector(spec["selector"]) if spec.get("selector") is not None else None
+    selector = parse_label_selector(spec["selector"]) if spec.get("selector") is not None else None
+    profiling = _profiling(spec.get("profiling"))
+    pack = object_field(
+        spec.get("packing"), field="spec.packing", fix=_fix("write {policy: cautious}")
+    )
+    policy = _policy(pack, gpu_class)
+    skip = profiling.mode == PROFILING_SKIP
+    if fraction_raw == FRACTION_AUTO and skip and gpu_class != "latency":
+        raise InvalidInputError(
+            "spec.profiling.mode",
+            "skip leaves fraction auto without a profile to size from (every pod would ask "
+            "for a whole GPU)",
+            'use profiling mode auto or always, or write a fraction like "0.5"',
+        )
+    opportunistic = _opportunistic(spec.get("opportunistic"), gpu_class)
+    max_pods_raw = pack.get("maxPodsPerGpu")
+    max_pods = (
+        None
+        if max_pods_raw is None
+        else _int_in(max_pods_raw, "spec.packing.maxPodsPerGpu", 1, MPS_MAX_CLIENTS)
+    )
+    return GpuShareSpec(
+        fraction=str(fraction_raw),
+        percent=percent,
+        memory=memory_raw,
+        memory_bytes=memory_bytes,
+        limit=limit_raw,
+        gpu_class=str(gpu_class),
+        selector=selector,
+        profiling=profiling,
+        packing=PackingSpec(policy, max_pods),
+        opportunistic=opportunistic,
+    )
 
-    prof = _mapping(spec.get("profiling"), "spec.profiling", _fix("write {mode: auto}"))
+
+def _memory(raw: object) -> tuple[str | None, int | None]:
+    """``spec.memory`` and its bytes (None, None when unset)."""
+    if raw is None:
+        return None, None
+    if not isinstance(raw, str):
+        raise InvalidInputError("spec.memory", "must be a string", 'write "10Gi"')
+    if not re.fullmatch(MEMORY_PATTERN, raw):
+        raise InvalidInputError(
+            "spec.memory",
+            f"{raw!r} is not a memory quantity",
+            'write a quantity like "10Gi", "512Mi" or a byte count',
+        )
+    return raw, parse_memory(raw, field="spec.memory")
+
+
+def _profiling(raw: object) -> ProfilingSpec:
+    """``spec.profiling``: its mode and window."""
+    prof = object_field(raw, field="spec.profiling", fix=_fix("write {mode: auto}"))
     mode = prof.get("mode", PROFILING_AUTO)
     if mode not in PROFILING_MODES:
         raise InvalidInputError(
@@ -335,7 +283,11 @@ def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
         WINDOW_MIN_SECONDS,
         WINDOW_MAX_SECONDS,
     )
-    pack = _mapping(spec.get("packing"), "spec.packing", _fix("write {policy: cautious}"))
+    return ProfilingSpec(str(mode), window)
+
+
+def _policy(pack: Mapping[str, Any], gpu_class: object) -> str:
+    """``spec.packing.policy``; aggressive packing is refused for a latency-class share."""
     policy = pack.get("policy", POLICY_CAUTIOUS)
     if policy not in POLICIES:
         raise InvalidInputError(
@@ -347,48 +299,28 @@ def parse_spec(spec: Mapping[str, Any]) -> GpuShareSpec:
             "aggressive packing cannot protect a latency-class job",
             "use policy cautious or exclusive with class latency, or class batch",
         )
-    if fraction_raw == FRACTION_AUTO and mode == PROFILING_SKIP and gpu_class != "latency":
-        raise InvalidInputError(
-            "spec.profiling.mode",
-            "skip leaves fraction auto without a profile to size from (every pod would ask "
-            "for a whole GPU)",
-            'use profiling mode auto or always, or write a fraction like "0.5"',
-        )
-    opportunistic = spec.get("opportunistic")
-    if opportunistic is not None and not isinstance(opportunistic, bool):
+    return str(policy)
+
+
+def _opportunistic(raw: object, gpu_class: object) -> bool | None:
+    """``spec.opportunistic``: a boolean, never true for a latency-class share."""
+    if raw is not None and not isinstance(raw, bool):
         raise InvalidInputError(
             "spec.opportunistic",
-            f"must be true or false, not {type(opportunistic).__name__}",
+            f"must be true or false, not {type(raw).__name__}",
             _fix(
                 "write opportunistic: true to let the share's pods run preemptible beyond a "
                 "GPU's guaranteed capacity"
             ),
         )
-    if opportunistic and gpu_class == "latency":
+    if raw and gpu_class == "latency":
         raise InvalidInputError(
             "spec.opportunistic",
             "is true for a latency-class share",
             "latency pods are protected and never preempted: drop spec.opportunistic, or use "
             "class batch",
         )
-    max_pods_raw = pack.get("maxPodsPerGpu")
-    max_pods = (
-        None
-        if max_pods_raw is None
-        else _int_in(max_pods_raw, "spec.packing.maxPodsPerGpu", 1, MPS_MAX_CLIENTS)
-    )
-    return GpuShareSpec(
-        fraction=str(fraction_raw),
-        percent=percent,
-        memory=memory_raw if isinstance(memory_raw, str) else None,
-        memory_bytes=memory_bytes,
-        limit=limit_raw,
-        gpu_class=str(gpu_class),
-        selector=selector,
-        profiling=ProfilingSpec(str(mode), window),
-        packing=PackingSpec(str(policy), max_pods),
-        opportunistic=opportunistic,
-    )
+    return raw
 
 
 def inherited_annotations(spec: GpuShareSpec, *, share_name: str) -> dict[str, str]:
