@@ -20,6 +20,7 @@ from gpushare.api.gpushare_crd import (
     PROFILING_AUTO,
     PROFILING_DONE,
     PROFILING_SKIP,
+    GpuShareSpec,
     PlacementEntry,
 )
 from gpushare.api.profile import GpuProfile
@@ -134,31 +135,60 @@ def next_step(
 ) -> Step:
     """The next thing to do for ``share`` given its governed ``pods`` (oldest first)."""
     spec = share.spec
-    status = share.status
-    phase = status.get("phase")
+    phase = share.status.get("phase")
     if spec is None:
         return Wait(f"spec is invalid: {share.spec_error}")
     if phase is None:
         return Wait("not accepted yet")
     if phase == PHASE_PENDING:
-        if spec.profiling.mode == PROFILING_SKIP:
-            return SkipProfiling()
-        if spec.profiling.mode == PROFILING_AUTO and cached is not None:
-            return UseCached(cached)
-        active = [p for p in pods if p.active]
-        if not active:
-            return Wait("no governed pod yet")
-        marked = [p for p in active if p.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE]
-        untried = [p for p in active if p.annotations.get(ANN_PROFILING) != PROFILING_DONE]
-        unbound = [p for p in untried if p.node is None]
-        if marked:
-            return Elect(marked[0], mark=False)
-        if unbound:
-            return Elect(unbound[0], mark=True)
-        return Elect((untried or active)[0], mark=False)
+        return _pending_step(spec, pods, cached=cached)
     if phase != PHASE_PROFILING:
         return Wait(f"phase {phase}")
+    return _profiling_step(
+        spec,
+        share.status,
+        pods,
+        now=now,
+        measure_grace=measure_grace,
+        start_timeout=start_timeout,
+        warmup=warmup,
+    )
 
+
+def _pending_step(
+    spec: GpuShareSpec, pods: Sequence[PodFacts], *, cached: GpuProfile | None
+) -> Step:
+    """Pending: skip, reuse the cache, or elect a pod to profile (one already marked, else an
+    unbound one to mark so it is placed alone, else one that runs already)."""
+    if spec.profiling.mode == PROFILING_SKIP:
+        return SkipProfiling()
+    if spec.profiling.mode == PROFILING_AUTO and cached is not None:
+        return UseCached(cached)
+    active = [p for p in pods if p.active]
+    if not active:
+        return Wait("no governed pod yet")
+    marked = [p for p in active if p.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE]
+    untried = [p for p in active if p.annotations.get(ANN_PROFILING) != PROFILING_DONE]
+    unbound = [p for p in untried if p.node is None]
+    if marked:
+        return Elect(marked[0], mark=False)
+    if unbound:
+        return Elect(unbound[0], mark=True)
+    return Elect((untried or active)[0], mark=False)
+
+
+def _profiling_step(
+    spec: GpuShareSpec,
+    status: Mapping[str, Any],
+    pods: Sequence[PodFacts],
+    *,
+    now: datetime,
+    measure_grace: timedelta,
+    start_timeout: timedelta,
+    warmup: timedelta,
+) -> Step:
+    """Profiling: wait for the elected pod to run on a GPU, start the clock, wait out the
+    warm-up and the window, then measure; abandon or give up when that cannot happen."""
     name = status.get("profilingPod")
     pod = next((p for p in pods if p.name == name), None)
     if pod is None or not pod.active:
