@@ -70,8 +70,20 @@ def build_registry(
     (:mod:`gpushare.cluster.watches`). ``on_share_event()``: called after each GpuShare event
     went into the view (the controller's hand-over of its GpuShare watch)."""
     registry = kopf.OperatorRegistry()
-    shares = (GROUP, VERSION, PLURAL)
+    take = _taker(view)
+    _register_login(registry)
+    if watch_nodes_and_pods:
+        _register_nodes_and_pods(registry, view, take)
+    _register_share_events(registry, view, reconciler, take, on_share_event)
+    _register_share_life_cycle(registry, config, view, reconciler, take)
+    return registry
 
+
+Take = Callable[[str, kopf.Body, Callable[[Any], Any]], Any]
+"""``take(kind, body, upsert)``: ``upsert(body)`` through the view's quarantine."""
+
+
+def _taker(view: ClusterView) -> Take:
     def take(kind: str, body: kopf.Body, upsert: Callable[[Any], Any]) -> Any:
         """``upsert(body)`` through the view's quarantine, as the controller's own watches do:
         an object the view cannot take is held out with its Event and metric, never raised
@@ -80,6 +92,10 @@ def build_registry(
         view.quarantine.take(kind, body, lambda obj: taken.append(upsert(obj)))
         return taken[0] if taken else None
 
+    return take
+
+
+def _register_login(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         """$KUBECONFIG first (tests, development), else the pod's service account."""
@@ -90,24 +106,38 @@ def build_registry(
             return kopf.login_with_kubeconfig(**kwargs)
         return in_cluster_server(info, os.environ)
 
-    if watch_nodes_and_pods:
 
-        @kopf.on.event("", "v1", "nodes", registry=registry)
-        async def node_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-            if event.get("type") == "DELETED":
-                view.delete_node(str(body.get("metadata", {}).get("name", "")))
-            else:
-                take("Node", body, view.upsert_node)
+def _register_nodes_and_pods(
+    registry: kopf.OperatorRegistry, view: ClusterView, take: Take
+) -> None:
+    """The standalone operator's node and pod events into ``view``."""
 
-        @kopf.on.event("", "v1", "pods", registry=registry)
-        async def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-            # The view tells the reconciler (its pod listener) about governed pods.
-            if event.get("type") == "DELETED":
-                view.delete_pod(pod_key(body))
-            else:
-                take("Pod", body, view.upsert_pod)
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    async def node_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        if event.get("type") == "DELETED":
+            view.delete_node(str(body.get("metadata", {}).get("name", "")))
+        else:
+            take("Node", body, view.upsert_node)
 
-    @kopf.on.event(*shares, registry=registry)
+    @kopf.on.event("", "v1", "pods", registry=registry)
+    async def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        # The view tells the reconciler (its pod listener) about governed pods.
+        if event.get("type") == "DELETED":
+            view.delete_pod(pod_key(body))
+        else:
+            take("Pod", body, view.upsert_pod)
+
+
+def _register_share_events(
+    registry: kopf.OperatorRegistry,
+    view: ClusterView,
+    reconciler: ShareReconciler,
+    take: Take,
+    on_share_event: Callable[[], None] | None,
+) -> None:
+    """Every GpuShare event into ``view``, and a reconcile of the share it names."""
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def share_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         if event.get("type") == "DELETED":
             view.delete_share(body)
@@ -118,6 +148,18 @@ def build_registry(
             on_share_event()
         if share is not None:
             reconciler.kick(share.key)
+
+
+def _register_share_life_cycle(
+    registry: kopf.OperatorRegistry,
+    config: OperatorConfig,
+    view: ClusterView,
+    reconciler: ShareReconciler,
+    take: Take,
+) -> None:
+    """Accept a created share, re-validate a changed spec, reconcile on a timer, release on
+    deletion. Each handler keeps its explicit id: Kopf records progress under it."""
+    shares = (GROUP, VERSION, PLURAL)
 
     @kopf.on.create(*shares, id="accept", registry=registry)
     async def accept(body: kopf.Body, **_: Any) -> None:
@@ -152,5 +194,3 @@ def build_registry(
     @kopf.on.delete(*shares, id="release", registry=registry)
     async def release(body: kopf.Body, **_: Any) -> None:
         await reconciler.release_all(share_summary(body))
-
-    return registry
