@@ -204,29 +204,17 @@ class LatencyGuard:
     async def _judge(
         self, node: str, uuid: str, tenants: list[PodFacts], reading: GpuProfile
     ) -> EvictionRecord | None:
+        """Judge one GPU's reading; after enough bad ones in a row, evict its newest batch pod."""
         latency = latency_tenants(tenants)
-        predicted: float | None = None
-        if self.predictor is not None:
-            values = [
-                v
-                for pod in latency
-                if (v := self.predictor(pod, [t for t in tenants if t.key != pod.key])) is not None
-            ]
-            predicted = max(values) if values else None
         verdict = judge(
             reading,
             policy=self.config.protection_policy,
-            predicted_slowdown=predicted,
+            predicted_slowdown=self._predicted(latency, tenants),
         )
         if not self.tracker.observe(uuid, bad=verdict.bad, now=self.clock()):
             if verdict.bad:
-                log.info(
-                    "GPU %s on %s: %s (%d in a row)",
-                    uuid,
-                    node,
-                    verdict.why,
-                    self.tracker.bad_in_row(uuid),
-                )
+                in_row = self.tracker.bad_in_row(uuid)
+                log.info("GPU %s on %s: %s (%d in a row)", uuid, node, verdict.why, in_row)
             return None
         victim = choose_victim(tenants)
         if victim is None:
@@ -234,22 +222,7 @@ class LatencyGuard:
             return None
         readings = self.config.protection_policy.bad_readings
         why = f"{verdict.why} for {readings} readings in a row"
-        outcome = await self.kube.evict(
-            namespace=victim.namespace, name=victim.name, uid=victim.uid or None
-        )
-        if outcome is EvictionOutcome.BLOCKED:
-            if self.tracker.blocked(uuid):
-                await self.kube.post_event(
-                    about=ObjectRef.pod(
-                        namespace=victim.namespace, name=victim.name, uid=victim.uid
-                    ),
-                    reason="EvictionBlocked",
-                    message=f"gpushare wants to evict this pod from GPU {uuid} ({why}) but a "
-                    "PodDisruptionBudget forbids it now; retrying",
-                    warning=True,
-                )
-            return None
-        if outcome is EvictionOutcome.GONE:
+        if not await self._evict(victim, uuid, why):
             return None
         self.tracker.evicted(uuid, now=self.clock())
         record = EvictionRecord(
@@ -265,6 +238,38 @@ class LatencyGuard:
         log.warning("evicted %s from GPU %s on %s: %s", victim.key, uuid, node, why)
         await self._report(record, victim, latency)
         return record
+
+    def _predicted(self, latency: list[PodFacts], tenants: list[PodFacts]) -> float | None:
+        """The worst predicted slowdown of a latency pod beside its neighbours (None: no
+        predictor, or nothing measured to predict from)."""
+        if self.predictor is None:
+            return None
+        values = [
+            v
+            for pod in latency
+            if (v := self.predictor(pod, [t for t in tenants if t.key != pod.key])) is not None
+        ]
+        return max(values) if values else None
+
+    async def _evict(self, victim: PodFacts, uuid: str, why: str) -> bool:
+        """Evict ``victim``; False when a PodDisruptionBudget blocks it (told once on the pod
+        with an Event, then retried) or it is gone already."""
+        outcome = await self.kube.evict(
+            namespace=victim.namespace, name=victim.name, uid=victim.uid or None
+        )
+        if outcome is EvictionOutcome.BLOCKED:
+            if self.tracker.blocked(uuid):
+                await self.kube.post_event(
+                    about=ObjectRef.pod(
+                        namespace=victim.namespace, name=victim.name, uid=victim.uid
+                    ),
+                    reason="EvictionBlocked",
+                    message=f"gpushare wants to evict this pod from GPU {uuid} ({why}) but a "
+                    "PodDisruptionBudget forbids it now; retrying",
+                    warning=True,
+                )
+            return False
+        return outcome is not EvictionOutcome.GONE
 
     async def _report(
         self, record: EvictionRecord, victim: PodFacts, latency: Sequence[PodFacts]
