@@ -71,44 +71,52 @@ def resolve_request(
     pod: pods.Pod, *, facts: ClusterFacts, namespace: str
 ) -> tuple[GpuRequest | None, list[InvalidInputError]]:
     """The pod's request with a GpuShare link resolved; (None, []) for pods that ask nothing."""
-    errors: list[InvalidInputError] = []
     ann = pods.annotations(pod)
     try:
         request = parse_request(ann)
+        if request is not None and request.percent == 0 and request.share is not None:
+            request = _from_share(request, ann, facts=facts, namespace=namespace)
+        if request is None:
+            # No annotation: a pod asking for the gpu-percent resource directly.
+            request = pods.request_of(pod)
     except InvalidInputError as exc:
         return None, [exc]
-    if request is not None and request.percent == 0 and request.share is not None:
-        shared = facts.share_lookup(namespace, request.share) if facts.share_lookup else None
-        if shared is None:
-            return None, [
-                InvalidInputError(
-                    ANN_SHARE,
-                    f"no GpuShare {request.share!r} in namespace {namespace!r}",
-                    "create the GpuShare first, or set gpushare.io/gpu-fraction on the pod",
-                )
-            ]
-        try:
-            check_limit(request.limit_percent, shared.percent)
-        except InvalidInputError as exc:
-            return None, [exc]
-        request = GpuRequest(
-            percent=shared.percent,
-            memory_bytes=request.memory_bytes if ANN_MEMORY in ann else shared.memory_bytes,
-            gpu_class=request.gpu_class if ANN_CLASS in ann else shared.gpu_class,
-            share=request.share,
-            limit_percent=request.limit_percent,
-            opportunistic=(
-                request.opportunistic if request.opportunistic is not None else shared.opportunistic
-            ),
+    if request is None:
+        return None, []
+    errors = _size_errors(request, facts)
+    request, opt_errors = resolve_opt_in(request, facts=facts)
+    return request, errors + opt_errors
+
+
+def _from_share(
+    request: GpuRequest, ann: Mapping[str, str], *, facts: ClusterFacts, namespace: str
+) -> GpuRequest:
+    """A pod linked to a GpuShare by name asks for the share's request; its own memory, class,
+    limit and opt-in annotations win. Raises InvalidInputError for a share that is not there."""
+    assert request.share is not None
+    shared = facts.share_lookup(namespace, request.share) if facts.share_lookup else None
+    if shared is None:
+        raise InvalidInputError(
+            ANN_SHARE,
+            f"no GpuShare {request.share!r} in namespace {namespace!r}",
+            "create the GpuShare first, or set gpushare.io/gpu-fraction on the pod",
         )
-    if request is None:
-        # No annotation: a pod asking for the gpu-percent resource directly.
-        try:
-            request = pods.request_of(pod)
-        except InvalidInputError as exc:
-            return None, [exc]
-    if request is None:
-        return None, errors
+    check_limit(request.limit_percent, shared.percent)
+    return GpuRequest(
+        percent=shared.percent,
+        memory_bytes=request.memory_bytes if ANN_MEMORY in ann else shared.memory_bytes,
+        gpu_class=request.gpu_class if ANN_CLASS in ann else shared.gpu_class,
+        share=request.share,
+        limit_percent=request.limit_percent,
+        opportunistic=(
+            request.opportunistic if request.opportunistic is not None else shared.opportunistic
+        ),
+    )
+
+
+def _size_errors(request: GpuRequest, facts: ClusterFacts) -> list[InvalidInputError]:
+    """A request no GPU or node of the cluster could hold, or a part-GPU share over one GPU."""
+    errors: list[InvalidInputError] = []
     if (
         facts.max_gpu_memory > 0
         and request.memory_bytes is not None
@@ -139,8 +147,7 @@ def resolve_request(
                 "ask for 1..100, or a multiple of 100 for whole GPUs",
             )
         )
-    request, opt_errors = resolve_opt_in(request, facts=facts)
-    return request, errors + opt_errors
+    return errors
 
 
 def resolve_opt_in(
@@ -190,6 +197,28 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
     gpushare pod. Without it (validation, after every mutation) the pod must already be one."""
     if not pods.has_gpushare_annotations(pod) and not pods.wants_gpushare(pod):
         return Verdict(allowed=True)
+    checked = _check(pod, namespace=namespace, facts=facts, mutate=mutate)
+    if checked.errors:
+        return Verdict(allowed=False, errors=tuple(checked.errors))
+    if checked.request is None:
+        # Placement-free, request-free pod that only carries, e.g., gpushare.io/class.
+        return Verdict(allowed=True)
+    return _admit(pod, checked, namespace=namespace, facts=facts, mutate=mutate)
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What :func:`_check` found: the pod's request (None: it asks for none), the container
+    the GPU goes to, whether it is a DRA-mode pod, and every error."""
+
+    request: GpuRequest | None
+    target: int
+    dra: bool
+    errors: list[InvalidInputError]
+
+
+def _check(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) -> _Checked:
+    """Every check of a gpushare pod, each error kept (a user fixes them all in one go)."""
     errors: list[InvalidInputError] = check_annotations(pod)
     request, request_errors = resolve_request(pod, facts=facts, namespace=namespace)
     errors += request_errors
@@ -207,26 +236,39 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
         if dra:
             errors += _dra_resource_errors(pod)
         elif annotated and (not mutate or asks_resource(pod)):
-            # Validation reads the opt-in the mutation chose from the resource it wrote.
-            opted = asks_opportunistic(pod, target=target) if not mutate else request.opportunistic
-            errors += resource_errors(
-                pod,
-                target=target,
-                percent=request.percent,
-                required=not mutate,
-                opportunistic=bool(opted),
-            )
-            if opted and not mutate:
-                errors += resolve_opt_in(replace(request, opportunistic=True), facts=facts)[1]
+            errors += _resource_errors(pod, request, target=target, facts=facts, mutate=mutate)
         elif not annotated:
             errors += single_resource_errors(pod)
     if not dra:  # a claim is allocated by any DRA-enabled scheduler
         errors += check_scheduler(pod, final=not mutate)
-    if request is None and not errors:
-        # Placement-free, request-free pod that only carries, e.g., gpushare.io/class.
-        return Verdict(allowed=True)
-    if errors:
-        return Verdict(allowed=False, errors=tuple(errors))
+    return _Checked(request, target, dra, errors)
+
+
+def _resource_errors(
+    pod: pods.Pod, request: GpuRequest, *, target: int, facts: ClusterFacts, mutate: bool
+) -> list[InvalidInputError]:
+    """The GPU resource an annotated pod asks for must be its request's (required once
+    mutated). Validation reads the opt-in the mutation chose from the resource it wrote."""
+    opted = asks_opportunistic(pod, target=target) if not mutate else request.opportunistic
+    errors = resource_errors(
+        pod,
+        target=target,
+        percent=request.percent,
+        required=not mutate,
+        opportunistic=bool(opted),
+    )
+    if opted and not mutate:
+        errors += resolve_opt_in(replace(request, opportunistic=True), facts=facts)[1]
+    return errors
+
+
+def _admit(
+    pod: pods.Pod, checked: _Checked, *, namespace: str, facts: ClusterFacts, mutate: bool
+) -> Verdict:
+    """The verdict for a pod that passed every check: with ``mutate``, the patch that makes
+    it a gpushare pod (a whole GPU when it must be exclusive, kept off GPUs it is separated
+    from)."""
+    request, target = checked.request, checked.target
     assert request is not None
     exclusive = (
         exclusive_reason(pod, facts=facts, namespace=namespace)
@@ -240,7 +282,7 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
         if mutate and request.fractional and exclusive is None
         else None
     )
-    if dra:
+    if checked.dra:
         return _dra_verdict(
             pod,
             request=request,
@@ -251,18 +293,12 @@ def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
             separated=separated,
             facts=facts,
         )
-    patch = (
-        pod_patch(
-            pod,
-            request=request,
-            target=target,
-            exclusive=exclusive,
-            priority=facts.opportunistic_priority,
-        )
-        if mutate
-        else []
-    )
+    patch: list[dict[str, Any]] = []
     if mutate:
+        priority = facts.opportunistic_priority
+        patch = pod_patch(
+            pod, request=request, target=target, exclusive=exclusive, priority=priority
+        )
         patch += scheduling_ops(
             pod, tolerations=facts.pod_tolerations, runtime_class=facts.pod_runtime_class
         )
