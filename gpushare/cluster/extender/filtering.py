@@ -33,6 +33,9 @@ from gpushare.packing.model import Assignment, Demand, NodeState
 from gpushare.packing.placer import best_node, rank_scores
 from gpushare.packing.policy import Policy
 
+Verdicts = tuple[list[str], dict[str, str], dict[str, str]]
+"""Nodes that passed, and those that failed and cannot be helped, each with its reason."""
+
 log = logging.getLogger(__name__)
 
 
@@ -42,9 +45,6 @@ class FilterVerbs(ExtenderBase):
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
         """ExtenderFilterResult. Misfits no preemption can cure (a pod bigger than any GPU of
         the node, a node without gpushare GPUs) go to FailedAndUnresolvableNodes."""
-        passed: list[str] = []
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
         try:
             demand, rules = self._read(args.pod)
         except InvalidInputError as exc:
@@ -59,28 +59,63 @@ class FilterVerbs(ExtenderBase):
             return self._filter_result(args, [], {}, dict.fromkeys(args.node_names, message))
         key = pods.pod_key(args.pod)
         own = self._own_nodes(key)
-        constrained = rules.constrains_gpus
         # Answers kept per node state hold for this pod unless its own rules, or others',
         # narrow a node (then each node is asked afresh, see _shared_state).
-        fast = not constrained and not self.view.any_blockers
-        versions = self.view.node_versions
+        fast = not rules.constrains_gpus and not self.view.any_blockers
         uid = pods.pod_uid(args.pod)
         if self.hold_in_filter and self._may_hold(key, uid):
-            # The placer's cost is None exactly where the pod does not fit: rank by it first;
-            # per-node reasons are only worth working out when no node is left (the scheduler
-            # reads them only then, for its events and for preemption).
-            costs = self._fitting(args.node_names, key, demand, rules, fast=fast, own=own)
-            low = min(costs, default=NO_FIT)
-            if low < NO_FIT:
-                self.refused.placed(key)
-                ties = sorted(n for n, c in zip(args.node_names, costs, strict=True) if c == low)
-                best = self._hold_best(args, key, demand, rules, ties=ties)
-                if best is not None:
-                    # With one node offered, the reasons for the others are dead weight
-                    # (hundreds of entries per call to encode and decode): none are sent.
-                    self.offers.offer(key, uid, (best,))
-                    return self._filter_result(args, [best], {}, {})
-        for name in args.node_names:
+            held = self._held(args, key, uid, demand, rules, fast=fast, own=own)
+            if held is not None:
+                return held
+        verdicts = self._verdicts(args.node_names, key, demand, rules, fast=fast, own=own)
+        self._tell(args, key, uid, verdicts)
+        return self._filter_result(args, *verdicts)
+
+    def _held(
+        self,
+        args: ExtenderArgs,
+        key: str,
+        uid: str,
+        demand: Demand,
+        rules: ShareRules,
+        *,
+        fast: bool,
+        own: set[str],
+    ) -> dict[str, Any] | None:
+        """Hold the best node for the pod and offer it alone; None when no node fits (the
+        per-node reasons are then worked out, which the scheduler reads only then)."""
+        # The placer's cost is None exactly where the pod does not fit: rank by it first.
+        costs = self._fitting(args.node_names, key, demand, rules, fast=fast, own=own)
+        low = min(costs, default=NO_FIT)
+        if low >= NO_FIT:
+            return None
+        self.refused.placed(key)
+        ties = sorted(n for n, c in zip(args.node_names, costs, strict=True) if c == low)
+        best = self._hold_best(args, key, demand, rules, ties=ties)
+        if best is None:
+            return None
+        # With one node offered, the reasons for the others are dead weight (hundreds of
+        # entries per call to encode and decode): none are sent.
+        self.offers.offer(key, uid, (best,))
+        return self._filter_result(args, [best], {}, {})
+
+    def _verdicts(
+        self,
+        names: list[str],
+        key: str,
+        demand: Demand,
+        rules: ShareRules,
+        *,
+        fast: bool,
+        own: set[str],
+    ) -> Verdicts:
+        """Each node's verdict: (passed, failed with reasons, unresolvable with reasons)."""
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        versions = self.view.node_versions
+        constrained = rules.constrains_gpus
+        for name in names:
             answer = self._fast_answer(name, demand, versions) if fast and name not in own else None
             if answer is None:
                 shared = not constrained and name not in own
@@ -93,23 +128,27 @@ class FilterVerbs(ExtenderBase):
                 failed[name] = message
             else:
                 unresolvable[name] = message
+        return passed, failed, unresolvable
+
+    def _tell(self, args: ExtenderArgs, key: str, uid: str, verdicts: Verdicts) -> None:
+        """Record the outcome: the nodes offered, or that none fits (logged with an example)."""
+        passed, failed, unresolvable = verdicts
         if passed:
             self.refused.placed(key)
-        elif args.node_names:
-            self.refused.refused(key)
-        if passed:
             self.offers.offer(key, uid, passed)
-        if not passed and args.node_names:
-            first = args.node_names[0]
-            log.info(
-                "no node fits",
-                extra={
-                    "pod": key,
-                    "nodes": len(args.node_names),
-                    "example": f"{first}: {failed.get(first) or unresolvable.get(first)}",
-                },
-            )
-        return self._filter_result(args, passed, failed, unresolvable)
+            return
+        if not args.node_names:
+            return
+        self.refused.refused(key)
+        first = args.node_names[0]
+        log.info(
+            "no node fits",
+            extra={
+                "pod": key,
+                "nodes": len(args.node_names),
+                "example": f"{first}: {failed.get(first) or unresolvable.get(first)}",
+            },
+        )
 
     def _fitting(
         self,
