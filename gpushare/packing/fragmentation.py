@@ -321,23 +321,10 @@ def placement_options(
     percent = min(demand.percent, SLICES_PER_GPU)
     gpus = max(demand.gpus, 0) if percent > 0 else 0
     used = [g.totals()[0] for g in node.gpus]
-    # Only GPUs with enough free share are checked in full (memory, clients, class, model),
-    # and of GPUs with equal free share only as many as can matter: on a busy cluster most GPUs
-    # are ruled out by their share alone, on an idle node one GPU stands for all.
     fitting: list[int] = []
     if gpus:
-        wanted = gpus if demand.whole else 1
-        found: dict[int, int] = {}
-        for i, g in enumerate(node.gpus):
-            f = SLICES_PER_GPU - used[i]
-            if f < percent or (not every_gpu and found.get(f, 0) >= wanted):
-                continue
-            if gpu_fit(g, demand)[0] is None:
-                fitting.append(i)
-                found[f] = found.get(f, 0) + 1
-                if demand.whole and len(fitting) >= gpus:
-                    break
-        if len(fitting) < wanted:
+        fitting = _fitting_gpus(node, demand, used, percent=percent, every_gpu=every_gpu)
+        if len(fitting) < (gpus if demand.whole else 1):
             return []
     model = node_model(node)
     free = tuple(
@@ -371,6 +358,29 @@ def placement_options(
         wasted = waste[f - percent] - waste[f]
         options.append(Option((i,), after - before, f - percent, strand, wasted))
     return options
+
+
+def _fitting_gpus(
+    node: NodeState, demand: Demand, used: list[int], *, percent: int, every_gpu: bool
+) -> list[int]:
+    """Indexes of the GPUs ``demand`` fits on, checked in full (memory, clients, class,
+    model) only where the free share is enough, and of GPUs with equal free share only as many
+    as can matter: on a busy cluster most GPUs are ruled out by their share alone, on an idle
+    node one GPU stands for all (all of them with ``every_gpu``)."""
+    gpus = demand.gpus
+    wanted = gpus if demand.whole else 1
+    fitting: list[int] = []
+    found: dict[int, int] = {}
+    for i, g in enumerate(node.gpus):
+        f = SLICES_PER_GPU - used[i]
+        if f < percent or (not every_gpu and found.get(f, 0) >= wanted):
+            continue
+        if gpu_fit(g, demand)[0] is None:
+            fitting.append(i)
+            found[f] = found.get(f, 0) + 1
+            if demand.whole and len(fitting) >= gpus:
+                break
+    return fitting
 
 
 def fgd_option(node: NodeState, demand: Demand, workload: Workload) -> Option | None:
