@@ -28,6 +28,7 @@ from gpushare.api.logs import setup_json_logging
 from gpushare.api.names import AGENT_METRICS_PORT
 from gpushare.node.core.allocations import PodAllocation
 from gpushare.node.core.cgroups import parse_cgroup
+from gpushare.node.core.pods import pod_info
 from gpushare.node.exporter import Exporter, MpsDaemonStatus, build_exporter
 from gpushare.node.exporter.allocations import allocations_from_pods
 from gpushare.node.exporter.podresources import PodResourcesPoller
@@ -68,7 +69,7 @@ class PodsFile:
             return
         items = data.get("items", []) if isinstance(data, dict) else data
         allocs = allocations_from_pods(
-            [i for i in items if isinstance(i, dict)], node_name=self.node_name
+            [pod_info(i) for i in items if isinstance(i, dict)], node_name=self.node_name
         )
         with self._lock:
             self._allocs = allocs

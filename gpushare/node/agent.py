@@ -20,7 +20,7 @@ from gpushare.node.core.allocations import PodAllocation
 from gpushare.node.core.answer import DeviceNode
 from gpushare.node.core.cgroups import pods_with_running_containers
 from gpushare.node.core.health import DeviceHealth
-from gpushare.node.core.pods import PodSource, pod_info
+from gpushare.node.core.pods import PodInfo, PodSource, pod_info
 from gpushare.node.core.serving import KubeletPlugin, RestartLoop
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import opportunistic_slice_ids, slice_ids
@@ -140,7 +140,7 @@ class NodeAgent:
                 on_release=self._resync_limits,
                 device_nodes=device_nodes,
                 nvidia_runtime_env=not backend.simulated,
-                pods=lambda: [pod_info(m) for m in self.kube.raw_node_pods()],
+                pods=self.read_pods,
                 tenancy=settings.tenancy,
                 namespace_labels=dra_api.namespace_labels,
                 on_dropped=self._checkpoint_entry_dropped,
@@ -166,7 +166,7 @@ class NodeAgent:
             node_name=settings.node_name,
             log_dirs=lambda: {g.uuid: self.mps.paths(g.uuid).log for g in self.gpus},
             pods=self.pods,
-            fresh_pods=getattr(kube, "raw_node_pods", None),
+            fresh_pods=self.read_pods if hasattr(kube, "raw_node_pods") else None,
             kube=kube,
             resolver=PodResolver(candidates=self._client_pids),
             mps_check=lambda uuid: self.mps.check_one(uuid).up,
@@ -193,7 +193,7 @@ class NodeAgent:
             prepared=lambda: self.dra.prepared().values() if self.dra is not None else (),
         )
         self._pods_lock = threading.Lock()
-        self._pods: list[dict[str, Any]] = []
+        self._pods: list[PodInfo] = []
         self.metrics: MetricsServer | None = None
 
     # --- state ---------------------------------------------------------------------------
@@ -216,10 +216,15 @@ class NodeAgent:
             for g in self.gpus
         ]
 
-    def pods(self) -> list[dict[str, Any]]:
-        """Manifests of the pods on this node as of the last refresh."""
+    def pods(self) -> list[PodInfo]:
+        """The pods on this node as of the last refresh (the agent's one projection of each)."""
         with self._pods_lock:
             return list(self._pods)
+
+    def read_pods(self) -> list[PodInfo]:
+        """The pods bound to this node, read fresh from the API server and projected once
+        (``PodInfo``: placement annotations parsed there, for every part of the agent)."""
+        return [pod_info(m) for m in self.kube.raw_node_pods()]
 
     def _new_servicer(self, ids: Callable[[str], list[str]] = slice_ids) -> DevicePluginServicer:
         servicer = DevicePluginServicer(allocator=self.allocator, health=self.health, ids=ids)
@@ -382,7 +387,7 @@ class NodeAgent:
         # The last Allocate of a batch is checked here (the others at the next Allocate).
         if self.dra is None:
             self.allocator.reconcile()
-        pods = self.kube.raw_node_pods()
+        pods = self.read_pods()
         with self._pods_lock:
             self._pods = pods
         self.mps_limits.sync(pods)
@@ -407,7 +412,7 @@ class NodeAgent:
             self.mps.ensure(g.uuid for g in self.gpus)
             try:
                 # Before the GPUs are advertised: a new daemon starts with MPS's defaults.
-                self.mps_limits.sync(self.kube.raw_node_pods())
+                self.mps_limits.sync(self.read_pods())
             except Exception as exc:
                 log.warning("could not read this node's pods to set MPS limits: %s", exc)
             self.publisher.publish()

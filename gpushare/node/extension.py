@@ -11,11 +11,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from gpushare.node import exporter
+from gpushare.node.core.pods import PodInfo
 from gpushare.node.exporter.server import profile_reply
 from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.metrics import MetricsServer
@@ -38,12 +38,13 @@ def wire_exporter(
     server: MetricsServer,
     backend: GpuBackend,
     node_name: str,
-    pods: Callable[[], list[dict[str, Any]]],
+    pods: Callable[[], list[PodInfo]],
     mps: MpsManager,
     pod_resources_socket: Path | None,
     claim_placements: Callable[[], list[exporter.PodAllocation]] | None = None,
 ) -> ExporterHandle:
-    """``claim_placements``: DRA mode's pods, from the claims the agent prepared (their pods
+    """``pods``: the agent's projection of the pods bound to this node as of its last read;
+    ``claim_placements``: DRA mode's pods, from the claims the agent prepared (their pods
     carry no placement annotations)."""
 
     def mps_status() -> dict[str, exporter.MpsDaemonStatus]:

@@ -22,10 +22,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import RESOURCE_GPU_PERCENT, STATE_ALLOCATED
-from gpushare.api.placement import parse_placement
+from gpushare.node.core.pods import PodInfo
 from gpushare.node.gpu.backend import GpuBackend
 
 PIPE_WEIGHTS: dict[str, float] = {
@@ -104,7 +103,8 @@ class SimulatedLoadFeeder:
     """Gives each simulated GPU the load of the pods running on it (the formula above): in
     DRA mode those of the claims prepared for running pods, at their thread caps or their
     guaranteed share when smaller, as annotated pods. The agent calls ``feed`` every pod
-    refresh on a simulated backend."""
+    refresh on a simulated backend, with the pods it read (their placements parsed once, in
+    ``PodInfo``)."""
 
     def __init__(
         self,
@@ -117,14 +117,10 @@ class SimulatedLoadFeeder:
         self.gpus = list(gpus)
         self.prepared = prepared
 
-    def feed(self, pods: Iterable[Mapping[str, Any]]) -> None:
+    def feed(self, pods: Iterable[PodInfo]) -> None:
         pods = list(pods)
         shares: dict[str, list[Share]] = defaultdict(list)
-        running = set()
-        for pod in pods:
-            meta = pod.get("metadata") or {}
-            if (pod.get("status") or {}).get("phase") == "Running":
-                running.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+        running = {pod.key for pod in pods if pod.phase == "Running"}
         for claim in self.prepared():
             if claim.pod in running:
                 for uuid in claim.gpu_uuids:
@@ -132,17 +128,13 @@ class SimulatedLoadFeeder:
                         Share(claim.thread_percent, claim.memory_limit_bytes, claim.percent)
                     )
         for pod in pods:
-            phase = (pod.get("status") or {}).get("phase")
-            annotations = (pod.get("metadata") or {}).get("annotations") or {}
-            if phase != "Running":
+            if pod.phase != "Running":
                 continue
-            try:
-                placement = parse_placement(annotations)
-            except InvalidInputError:
-                continue
+            # A malformed placement is None here (PodInfo.placement_error says why).
+            placement = pod.placement
             if placement is None or placement.state != STATE_ALLOCATED:
                 continue
-            guaranteed = _guaranteed_percent(pod, gpus=len(placement.gpu_uuids))
+            guaranteed = _guaranteed_percent(pod.manifest, gpus=len(placement.gpu_uuids))
             for uuid in placement.gpu_uuids:
                 shares[uuid].append(
                     Share(placement.thread_percent, placement.memory_limit_bytes, guaranteed)

@@ -11,6 +11,7 @@ import pytest
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import ExclusiveWorkload, dump_exclusive, load_exclusive
 from gpushare.api.names import ANN_GPU_UUID, ANN_THREAD_PERCENT
+from gpushare.node.core.pods import pod_info
 from gpushare.node.faults.incidents import FaultDetector
 from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.faults.parsing import classify, is_fault_line, parse_log_line
@@ -230,7 +231,7 @@ def test_monitor_counts_roles_and_marks_the_workload_common_to_two_faults(
     monitor = FaultMonitor(
         node_name="n1",
         log_dirs=lambda: {GPU: log_dir},
-        pods=lambda: list(pods.values()),
+        pods=lambda: [pod_info(p) for p in pods.values()],
         fresh_pods=None,
         kube=None,
         resolver=lambda _gpu, pid: pid_pod.get(pid),
@@ -348,7 +349,7 @@ def test_a_client_that_keeps_its_broken_context_is_flagged_and_recovery_is_timed
     monitor = FaultMonitor(
         node_name="n1",
         log_dirs=lambda: {GPU: log_dir},
-        pods=lambda: list(pods.values()),
+        pods=lambda: [pod_info(p) for p in pods.values()],
         fresh_pods=None,
         kube=None,
         resolver=lambda _gpu, pid: pid_pod.get(pid),

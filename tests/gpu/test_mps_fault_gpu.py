@@ -51,6 +51,7 @@ import pytest
 
 from gpushare.api.inventory import GpuInfo
 from gpushare.node.core.answer import ContainerAllocation
+from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.faults.incidents import FaultIncident
 from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.gpu.nvml import NvmlBackend
@@ -210,8 +211,8 @@ def rig() -> Iterator[Rig]:
     RESULTS["device"]["shm_mode"] = mode
     holder: dict[str, Rig] = {}
 
-    def pods() -> list[dict[str, Any]]:
-        return list(holder["rig"].pods.values())
+    def pods() -> list[PodInfo]:
+        return [pod_info(p) for p in holder["rig"].pods.values()]
 
     monitor = FaultMonitor(
         node_name="gpu-test",

@@ -45,7 +45,7 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
 )
 from gpushare.node.core.answer import AllocationContext, ContainerAllocation
-from gpushare.node.core.pods import PodInfo
+from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.deviceplugin.response import allocation_for_pod
 from gpushare.node.mps.limits import MpsLimitKeeper
 from gpushare.node.mps.manager import MpsManager
@@ -193,7 +193,7 @@ def phase(name: str, **values: Any) -> None:
 
 def test_env_only_limits_let_a_client_take_the_whole_gpu(rig: Any) -> None:
     gpu, manager, keeper, allocation = rig
-    keeper.sync([manifest(gpu.uuid, 100, gpu.memory_bytes)])
+    keeper.sync([pod_info(manifest(gpu.uuid, 100, gpu.memory_bytes))])
     env = hostile_env(allocation, manager)
     phase("env_only", tflops=gemm(allocation, env), memory=alloc_3g(allocation, env),
           server_limits=str(manager.limits(gpu.uuid)))  # fmt: skip
@@ -201,7 +201,7 @@ def test_env_only_limits_let_a_client_take_the_whole_gpu(rig: Any) -> None:
 
 def test_daemon_limits_bound_a_client_that_reexports_100(rig: Any) -> None:
     gpu, manager, keeper, allocation = rig
-    keeper.sync([manifest(gpu.uuid, 25, 2 * GIB)])
+    keeper.sync([pod_info(manifest(gpu.uuid, 25, 2 * GIB))])
     env = hostile_env(allocation, manager)
     result = {"tflops": gemm(allocation, env), "memory": alloc_3g(allocation, env)}
     phase("daemon_limit", **result, server_limits=str(manager.limits(gpu.uuid)))
@@ -210,7 +210,7 @@ def test_daemon_limits_bound_a_client_that_reexports_100(rig: Any) -> None:
 
 def test_a_running_servers_new_clients_are_lowered_too(rig: Any) -> None:
     gpu, manager, keeper, allocation = rig
-    keeper.sync([manifest(gpu.uuid, 100, gpu.memory_bytes)])
+    keeper.sync([pod_info(manifest(gpu.uuid, 100, gpu.memory_bytes))])
     holder_env = hostile_env(allocation, manager)
     holder = subprocess.Popen(
         command(allocation, ["hold", "40"]),
@@ -223,7 +223,7 @@ def test_a_running_servers_new_clients_are_lowered_too(rig: Any) -> None:
         assert holder.stdout is not None
         first = holder.stdout.readline()
         servers = manager.query(gpu.uuid, "get_server_list").split()
-        keeper.sync([manifest(gpu.uuid, 25, 2 * GIB)])
+        keeper.sync([pod_info(manifest(gpu.uuid, 25, 2 * GIB))])
         env = hostile_env(allocation, manager)
         result = {"tflops": gemm(allocation, env), "memory": alloc_3g(allocation, env)}
         phase("running_server", **result, servers_before=servers, holder=first.strip(),
@@ -238,14 +238,14 @@ def test_unsetting_the_pipe_directory_still_reaches_the_daemon(rig: Any) -> None
     if not CONTAINERIZED:
         phase("pipe_unset", skipped="no mount namespaces here: cannot mount /tmp/nvidia-mps")
         pytest.skip("needs mount namespaces")
-    keeper.sync([manifest(gpu.uuid, 25, 2 * GIB)])
+    keeper.sync([pod_info(manifest(gpu.uuid, 25, 2 * GIB))])
     env = hostile_env(allocation, manager, CUDA_MPS_PIPE_DIRECTORY=None)
     phase("pipe_unset", tflops=gemm(allocation, env), memory=alloc_3g(allocation, env))
 
 
 def test_an_empty_pipe_directory_leaves_mps_unless_the_gpu_is_exclusive_process(rig: Any) -> None:
     gpu, manager, keeper, allocation = rig
-    keeper.sync([manifest(gpu.uuid, 25, 2 * GIB)])
+    keeper.sync([pod_info(manifest(gpu.uuid, 25, 2 * GIB))])
     empty = Path(tempfile.mkdtemp(prefix="gsempty"))
     os.chmod(empty, 0o777)
     env = hostile_env(allocation, manager, CUDA_MPS_PIPE_DIRECTORY=str(empty))

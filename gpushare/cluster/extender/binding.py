@@ -18,7 +18,7 @@ from gpushare.api.names import (
     TIER_GUARANTEED,
     TIER_OPPORTUNISTIC,
 )
-from gpushare.api.placement import Placement, parse_placement
+from gpushare.api.placement import Placement
 from gpushare.cluster.extender.answers import scheduler_safe
 from gpushare.cluster.extender.args import BindingArgs
 from gpushare.cluster.extender.base import ExtenderBase
@@ -341,10 +341,8 @@ class BindVerbs(ExtenderBase):
             pod = await self.writer.get_pod(namespace=ns, name=name)
         except Exception:
             return None
-        bound = pods.node_name(pod)
-        if bound is None:
+        # Read as the view reads every pod (its placement parsed there; None when malformed).
+        facts = pods.facts(pod)
+        if facts.node is None:
             return None
-        try:
-            return bound, parse_placement(pods.annotations(pod))
-        except InvalidInputError:
-            return bound, None
+        return facts.node, facts.placement

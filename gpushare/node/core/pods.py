@@ -2,6 +2,10 @@
 only window on Kubernetes (``PodSource``), and the readings of a pod's placement annotations
 that matching, the answer record and reconciliation share.
 
+``PodInfo`` is the agent's one pod projection: every part of the agent (the device plugin, the
+DRA plugin, the exporter, the fault monitor, the MPS limits, the simulated load) reads a pod's
+placement from it, built once where a pod list is read, never from the annotations again.
+
 The kubelet's Allocate and GetPreferredAllocation name device IDs only, never the pod; the
 device plugin finds the pod among these projections of the pods bound to its node
 (:func:`pod_info` builds them from the API server's manifests; ``gpushare.kube.node`` reads
@@ -50,6 +54,9 @@ class PodInfo:
     started: bool = False
     """Some container of the pod has been created or has run (a container ID, a running or
     terminated state, or a restart): the kubelet admitted it for good."""
+    manifest: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The manifest it was read from (:func:`pod_info`), for the parts that read more of the pod
+    than this projection holds (its containers, owners, node): never parsed again."""
     placement: Placement | None = field(init=False, compare=False, repr=False)
     """Its placement annotations, parsed once here for every part of the agent; None when it
     carries none or when they are malformed (``placement_error`` says why)."""
@@ -164,6 +171,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         requested_slices=tuple(requested),
         opportunistic=opportunistic,
         created=created,
+        manifest=pod,
     )
 
 

@@ -8,7 +8,8 @@ The node agent wires it in with one call::
         build_exporter(
             backend=backend,            # the GpuBackend the agent opened
             node_name=node_name,
-            placements=lambda: allocations_from_pods(pod_cache.pods(), node_name=node_name),
+            # pods(): the agent's PodInfo of each pod bound to the node (node.core.pods)
+            placements=lambda: allocations_from_pods(pods(), node_name=node_name),
             mps_status=mps_manager.status,  # optional: uuid -> MpsDaemonStatus
         ),
     )

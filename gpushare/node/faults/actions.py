@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import (
     ExclusiveWorkload,
     dump_exclusive,
@@ -24,8 +23,8 @@ from gpushare.api.names import (
     ANN_NODE_SEPARATED,
     SLICES_PER_GPU,
 )
-from gpushare.api.placement import format_time, parse_placement
-from gpushare.node.core.pods import PodInfo, pod_info
+from gpushare.api.placement import format_time
+from gpushare.node.core.pods import PodInfo
 from gpushare.node.faults.incidents import FaultIncident
 from gpushare.node.faults.metrics import FaultStats
 from gpushare.node.faults.verdicts import (
@@ -64,7 +63,12 @@ class PodRef:
 
     pid: int
     uid: str | None
-    manifest: Mapping[str, Any] | None
+    pod: PodInfo | None
+    """The agent's projection of the pod (its placement parsed once); None when not found."""
+
+    @property
+    def manifest(self) -> Mapping[str, Any] | None:
+        return self.pod.manifest if self.pod is not None else None
 
     @property
     def key(self) -> str:
@@ -72,13 +76,13 @@ class PodRef:
         return f"{meta.get('namespace', '?')}/{meta.get('name', '?')}" if self.manifest else "?"
 
 
-def _shares_gpu(pod: Mapping[str, Any]) -> bool:
+def _shares_gpu(pod: PodInfo) -> bool:
     """True when the pod runs on a share of a GPU (through MPS), not on whole GPUs. A share is
-    told by its request: a burstable pod's thread cap may be the whole GPU."""
-    try:
-        placement = parse_placement((pod.get("metadata") or {}).get("annotations") or {})
-    except InvalidInputError:
+    told by its request: a burstable pod's thread cap may be the whole GPU. A malformed
+    placement counts as a share."""
+    if pod.placement_error is not None:
         return True
+    placement = pod.placement
     return placement is None or (
         len(placement.gpu_uuids) == 1 and placement.guaranteed_percent < SLICES_PER_GPU
     )
@@ -100,9 +104,9 @@ def _mark(workload: Workload, incident: FaultIncident, count: int) -> ExclusiveW
 
 def warning_event(kube: FaultKube | None, ref: PodRef | None, reason: str, message: str) -> None:
     """A warning Event on the pod of ``ref``, or on the node when ``ref`` is None."""
-    if kube is None or (ref is not None and ref.manifest is None):
+    if kube is None or (ref is not None and ref.pod is None):
         return
-    pod = pod_info(ref.manifest) if ref is not None and ref.manifest is not None else None
+    pod = ref.pod if ref is not None else None
     try:
         kube.record_event(pod=pod, reason=reason, message=message, warning=True)
     except Exception as exc:
@@ -185,9 +189,10 @@ class WorkloadMoves:
         self.exclusive[workload.uid] = mark
         if first:
             self._publish()
-        if not _shares_gpu(ref.manifest):
+        info = ref.pod
+        assert info is not None
+        if not _shares_gpu(info):
             return
-        info = pod_info(ref.manifest)
         recreate = (
             f"its {workload.kind} recreates it on a GPU of its own"
             if workload.kind != "Pod"
@@ -217,10 +222,10 @@ class WorkloadMoves:
         """Evict one pod of workloads that keep faulting together (not marked exclusive): its
         controller recreates it, and the next fault, beside other neighbours, tells."""
         pods = {
-            str((r.manifest.get("metadata") or {}).get("uid")): r
+            str((r.pod.manifest.get("metadata") or {}).get("uid")): r
             for refs in together.values()
             for r in refs
-            if r.manifest is not None and _shares_gpu(r.manifest)
+            if r.pod is not None and _shares_gpu(r.pod)
         }
         labels = sorted(workload_of(r.manifest).label for r in pods.values() if r.manifest)
         count = max(self.offenders.involved(uid) for uid in together)
@@ -243,7 +248,8 @@ class WorkloadMoves:
                 )
             return
         ref = pods[str((chosen.get("metadata") or {}).get("uid"))]
-        info = pod_info(chosen)
+        info = ref.pod
+        assert info is not None
         mine = workload_of(chosen).label
         others = ", ".join(label for label in labels if label != mine) or "nothing else"
         reason = (

@@ -8,13 +8,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from prometheus_client.registry import Collector
 
 from gpushare.api.exclusive import ExclusiveWorkload
 from gpushare.api.names import ANN_EVICT
-from gpushare.node.core.pods import pod_info
+from gpushare.node.core.pods import PodInfo
 from gpushare.node.faults.actions import FaultKube, PodRef, WorkloadMoves, warning_event
 from gpushare.node.faults.incidents import FaultDetector, FaultIncident, OpenIncident
 from gpushare.node.faults.metrics import FaultCollector, FaultStats
@@ -40,8 +39,8 @@ class FaultMonitor:
         *,
         node_name: str,
         log_dirs: Callable[[], Mapping[str, Path]],
-        pods: Callable[[], list[dict[str, Any]]],
-        fresh_pods: Callable[[], list[dict[str, Any]]] | None,
+        pods: Callable[[], list[PodInfo]],
+        fresh_pods: Callable[[], list[PodInfo]] | None,
         kube: FaultKube | None,
         resolver: PodResolver | Callable[[str, int], str | None],
         mps_check: Callable[[str], bool] | None = None,
@@ -148,9 +147,9 @@ class FaultMonitor:
 
     # --- reactions -----------------------------------------------------------------------
 
-    def _pods_by_uid(self, uids: set[str]) -> dict[str, Mapping[str, Any]]:
-        def index(pods: list[dict[str, Any]]) -> dict[str, Mapping[str, Any]]:
-            return {str((p.get("metadata") or {}).get("uid")): p for p in pods}
+    def _pods_by_uid(self, uids: set[str]) -> dict[str, PodInfo]:
+        def index(pods: list[PodInfo]) -> dict[str, PodInfo]:
+            return {p.uid: p for p in pods}
 
         known = index(self.pods())
         if not uids <= set(known) and self.fresh_pods is not None:
@@ -170,7 +169,7 @@ class FaultMonitor:
 
         def ref(pid: int) -> PodRef:
             uid = uids.get(pid)
-            return PodRef(pid=pid, uid=uid, manifest=pods.get(uid) if uid else None)
+            return PodRef(pid=pid, uid=uid, pod=pods.get(uid) if uid else None)
 
         faulting = [ref(p) for p in incident.faulting_pids]
         blamed = {r.uid for r in faulting if r.uid}
@@ -308,11 +307,11 @@ class FaultMonitor:
                 done == "told"
                 and self.evict_lingering_after_s > 0
                 and age >= self.evict_lingering_after_s
-                and ref.manifest is not None
+                and ref.pod is not None
                 and self.kube is not None
             ):
                 self._reported[key] = "evicted"
-                info = pod_info(ref.manifest)
+                info = ref.pod
                 reason = (
                     f"process {ref.pid} kept a CUDA context a fatal GPU fault broke on "
                     f"{item.incident.gpu_uuid} for {age:.0f}s, blocking the GPU for new pods"

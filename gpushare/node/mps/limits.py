@@ -21,11 +21,10 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import STATE_ALLOCATED, STATE_ASSUMED
-from gpushare.api.placement import parse_placement
+from gpushare.node.core.pods import PodInfo
 
 log = logging.getLogger(__name__)
 
@@ -68,24 +67,19 @@ def largest(shares: Iterable[tuple[int, int]], *, floor: ServerLimits) -> Server
 
 FLOOR = ServerLimits(thread_percent=1, memory_bytes=MIB)
 """A GPU with no placement: nothing may connect with more (a client there is not gpushare's)."""
-_FINISHED = ("Succeeded", "Failed")
 
 
 def placed_shares(
-    pods: Iterable[Mapping[str, Any]], gpu_memory: Mapping[str, int]
+    pods: Iterable[PodInfo], gpu_memory: Mapping[str, int]
 ) -> dict[str, list[tuple[int, int]]]:
     """GPU uuid -> (thread percent, memory bytes) of each MPS placement on it (single-GPU
-    placements of live pods; memory as Allocate computes it when the placement names none)."""
+    placements of live pods; memory as Allocate computes it when the placement names none).
+    A pod whose placement is malformed places nothing (its ``placement`` is None)."""
     out: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for pod in pods:
-        status = pod.get("status") or {}
-        if status.get("phase") in _FINISHED:
+        if pod.finished:
             continue
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        try:
-            placement = parse_placement(annotations)
-        except InvalidInputError:
-            continue
+        placement = pod.placement
         if (
             placement is None
             or len(placement.gpu_uuids) != 1
@@ -143,7 +137,7 @@ class MpsLimitKeeper:
             if wanted != current or self.mps.limits(uuid) is None:
                 self.mps.apply_limits(uuid, wanted)
 
-    def sync(self, pods: Iterable[Mapping[str, Any]]) -> dict[str, ServerLimits]:
+    def sync(self, pods: Iterable[PodInfo]) -> dict[str, ServerLimits]:
         """Set every GPU to the largest share placed on it now; returns what each has."""
         memory = self.gpu_memory()
         shares = placed_shares(pods, memory)

@@ -107,7 +107,10 @@ def test_the_agent_feeds_running_allocated_pods_into_the_simulated_gpus(tmp_path
         }
 
     agent.simulated_load.feed(
-        [placed(busy, "allocated", "Running"), placed(idle, "assumed", "Pending")]
+        [
+            pod_info(placed(busy, "allocated", "Running")),
+            pod_info(placed(idle, "assumed", "Pending")),
+        ]
     )
     assert backend.sample(busy).pipes["tensor_hmma"] == pytest.approx(0.275)
     assert backend.sample(idle).pipes["tensor_hmma"] == 0.0

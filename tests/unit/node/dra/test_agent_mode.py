@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpushare.api.dra import DRIVER
 from gpushare.api.names import AGENT_MODE_DRA, ANN_AGENT_MODE
 from gpushare.node.agent import NodeAgent
+from gpushare.node.core.pods import pod_info
 from gpushare.node.dra.claims import ClaimRef
 from gpushare.node.exporter import build_exporter
 from gpushare.node.main import build_parser
@@ -118,11 +119,11 @@ def test_a_dra_agent_feeds_claims_of_running_pods_into_the_simulated_gpus(
     busy, idle = (g.uuid for g in agent.gpus)
 
     pod = {"metadata": {"namespace": "ns", "name": "p1"}, "status": {"phase": "Pending"}}
-    agent.simulated_load.feed([pod])
+    agent.simulated_load.feed([pod_info(pod)])
     assert agent.backend.sample(busy).pipes["tensor"] == 0.0  # its containers are not running
 
     pod["status"]["phase"] = "Running"
-    agent.simulated_load.feed([pod])
+    agent.simulated_load.feed([pod_info(pod)])
     # Capped at 50 %, guaranteed 30 %: it counts the smaller, as an annotated pod does.
     assert agent.backend.sample(busy).pipes["tensor"] == pytest.approx(0.55 * 0.3)
     assert agent.backend.sample(idle).pipes["tensor"] == 0.0
@@ -168,4 +169,5 @@ def test_a_dra_agents_exporter_shows_pods_by_their_prepared_claims(tmp_path: Pat
     [allocation] = agent._claim_placements()
     assert allocation.gpu_uuids == (busy,) and allocation.containers == {"abc": "main"}
     pod["status"]["phase"] = "Succeeded"
+    agent.refresh_pods()
     assert agent._claim_placements() == []

@@ -1,29 +1,33 @@
-"""Reading a pod's GPU placement from its annotations, as the exporter counts allocations."""
+"""Reading a pod's GPU placement from its annotations, as the exporter counts allocations
+(from the agent's projection of the pod, ``PodInfo``)."""
 
 from typing import Any
 
+from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.exporter.allocations import allocation_from_pod, allocations_from_pods
 
 GPU_A = "GPU-11111111-2222-3333-4444-555555555555"
 GPU_B = "GPU-66666666-7777-8888-9999-000000000000"
 
 
-def pod(name: str, annotations: dict[str, str], **extra: Any) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "ml",
-            "uid": f"uid-{name}",
-            "annotations": annotations,
-        },
-        "spec": {"nodeName": extra.get("node", "node-a")},
-        "status": {
-            "phase": extra.get("phase", "Running"),
-            "containerStatuses": [
-                {"name": "main", "containerID": "containerd://" + "c" * 64},
-            ],
-        },
-    }
+def pod(name: str, annotations: dict[str, str], **extra: Any) -> PodInfo:
+    return pod_info(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "ml",
+                "uid": f"uid-{name}",
+                "annotations": annotations,
+            },
+            "spec": {"nodeName": extra.get("node", "node-a")},
+            "status": {
+                "phase": extra.get("phase", "Running"),
+                "containerStatuses": [
+                    {"name": "main", "containerID": "containerd://" + "c" * 64},
+                ],
+            },
+        }
+    )
 
 
 PLACED = {

@@ -14,6 +14,7 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
+from gpushare.node.core.pods import pod_info
 from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.faults.verdicts import UNKNOWN_WORKLOAD, RepeatOffenders, pick_to_separate
 
@@ -157,7 +158,7 @@ def monitor_on(
     monitor = FaultMonitor(
         node_name="n1",
         log_dirs=lambda: {GPU: log_dir},
-        pods=lambda: list(pods.values()),
+        pods=lambda: [pod_info(p) for p in pods.values()],
         fresh_pods=None,
         kube=None,
         resolver=lambda _gpu, pid: pid_pod.get(pid),

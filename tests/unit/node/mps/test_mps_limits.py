@@ -3,7 +3,6 @@ and when the node agent raises or lowers them. Enforcement itself is measured on
 (tests/gpu/test_mps_limits_gpu.py)."""
 
 from pathlib import Path
-from typing import Any
 
 from gpushare.api.names import (
     ANN_BIND_TIME,
@@ -12,6 +11,7 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
+from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.faults.tailing import MAX_LINE, LogTail
 from gpushare.node.mps.limits import (
     FLOOR,
@@ -46,20 +46,22 @@ def test_the_largest_placed_share_bounds_every_client() -> None:
     assert largest([(250, 0)], floor=FLOOR) == ServerLimits(100, MIB)
 
 
-def placed(name: str, gpu: str, threads: int, memory: int, *, phase: str = "Running") -> Any:
-    return {
-        "metadata": {
-            "name": name,
-            "annotations": {
-                ANN_GPU_UUID: gpu,
-                ANN_THREAD_PERCENT: str(threads),
-                ANN_MEMORY_LIMIT: str(memory),
-                ANN_BIND_TIME: "2026-01-01T00:00:00Z",
-                ANN_STATE: "allocated",
+def placed(name: str, gpu: str, threads: int, memory: int, *, phase: str = "Running") -> PodInfo:
+    return pod_info(
+        {
+            "metadata": {
+                "name": name,
+                "annotations": {
+                    ANN_GPU_UUID: gpu,
+                    ANN_THREAD_PERCENT: str(threads),
+                    ANN_MEMORY_LIMIT: str(memory),
+                    ANN_BIND_TIME: "2026-01-01T00:00:00Z",
+                    ANN_STATE: "allocated",
+                },
             },
-        },
-        "status": {"phase": phase},
-    }
+            "status": {"phase": phase},
+        }
+    )
 
 
 def test_shares_count_live_single_gpu_placements_and_fill_in_proportional_memory() -> None:
@@ -68,7 +70,7 @@ def test_shares_count_live_single_gpu_placements_and_fill_in_proportional_memory
         placed("b", GPU, 40, 0),  # no memory limit: Allocate gives 40 % of the GPU
         placed("done", GPU, 90, GIB, phase="Succeeded"),
         placed("whole", f"{GPU},{OTHER}", 100, 0),
-        {"metadata": {"annotations": {ANN_GPU_UUID: GPU, ANN_THREAD_PERCENT: "x"}}},
+        pod_info({"metadata": {"annotations": {ANN_GPU_UUID: GPU, ANN_THREAD_PERCENT: "x"}}}),
     ]
     shares = placed_shares(pods, {GPU: 80 * GIB, OTHER: 80 * GIB})
     assert sorted(shares[GPU]) == [(25, 4 * GIB), (40, 32 * GIB)]

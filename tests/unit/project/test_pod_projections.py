@@ -1,0 +1,33 @@
+"""One pod projection per process: the controller reads a pod's placement annotations in
+``cluster.state.pods`` (``PodFacts``), the node agent in ``node.core.pods`` (``PodInfo``), and
+every other reader of either process takes the placement from that projection. The CLI, a
+process of its own that may import neither (docs/cli.md), reads them once per pod in
+``cli.view``."""
+
+import ast
+from collections import Counter
+
+from tests import REPO
+
+PROJECTIONS = {
+    "gpushare/cluster/state/pods.py": 1,
+    "gpushare/node/core/pods.py": 1,
+    "gpushare/cli/view.py": 1,
+}
+
+
+def calls(name: str) -> Counter[str]:
+    """Calls of ``name`` (as a bare name or an attribute) in each module of the package."""
+    found: Counter[str] = Counter()
+    for path in sorted((REPO / "gpushare").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and (
+                (isinstance(node.func, ast.Name) and node.func.id == name)
+                or (isinstance(node.func, ast.Attribute) and node.func.attr == name)
+            ):
+                found[path.relative_to(REPO).as_posix()] += 1
+    return found
+
+
+def test_placement_annotations_are_parsed_only_by_each_processs_pod_projection() -> None:
+    assert dict(calls("parse_placement")) == PROJECTIONS
