@@ -36,6 +36,7 @@ from gpushare.api.names import (
     OPPORTUNISTIC_PRIORITY,
     SLICES_PER_GPU,
 )
+from gpushare.api.profile import PLACEMENT_COUNTERS
 from gpushare.node.mps.client import MiB, client_limits_env, runs_under_mps
 from gpushare.packing.admission import DEFAULT_BOUNDS, Admission
 from gpushare.packing.fit import demand_memory
@@ -45,6 +46,7 @@ from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, Pipe
 from gpushare.packing.opportunistic import Opportunism, memory_steps
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import Policy
+from gpushare.packing.stored_profile import counters_pipe_profile
 from gpushare.packing.threads import assign_thread_percent
 
 MODEL_FILE = "gpushare/packing/data/interference.json"
@@ -228,14 +230,7 @@ class ProductDecider:
         governor loop runs ``gpushare.packing.governor.review`` the same way)."""
         if self.opportunism is None:
             return None
-        reading = PipeProfile(
-            fp16=float(measured.get("fp16", 0.0)),
-            fp32=float(measured.get("fp32", 0.0)),
-            fp64=float(measured.get("fp64", 0.0)),
-            tensor=float(measured.get("tensor", 0.0)),
-            sm_occupancy=float(measured.get("sm_occupancy", 0.0)),
-            dram_bandwidth=float(measured.get("dram_bandwidth", 0.0)),
-        )
+        reading = counters_pipe_profile({k: measured.get(k) for k in PLACEMENT_COUNTERS})
         verdict = review(self.gpu(running), reading, self.opportunism, now=now, settle_s=settle_s)
         return (verdict.preempt, verdict.reason) if verdict.preempt else None
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import SLICES_PER_GPU
+from gpushare.api.profile import PLACEMENT_COUNTERS
 from gpushare.packing.calibration import Observation, solve
 from gpushare.packing.interference import (
     COLOCATION_FEATURES,
@@ -24,8 +25,7 @@ from gpushare.packing.interference import (
     features,
 )
 from gpushare.packing.model import PipeProfile
-
-_PROFILE_KEYS = ("fp16", "fp32", "fp64", "tensor", "sm_occupancy", "dram_bandwidth")
+from gpushare.packing.stored_profile import counters_pipe_profile
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def parse_records(raw: object, *, origin: str = "colocations") -> list[Colocatio
             prof = job["profile"]
             values = {
                 k: _number(prof.get(k, 0.0), f"{jwhere}.profile.{k}", low=0.0, high=1.0)
-                for k in _PROFILE_KEYS
+                for k in PLACEMENT_COUNTERS
             }
             sm_util = prof.get("sm_utilization")
             if sm_util is not None:
@@ -93,15 +93,8 @@ def parse_records(raw: object, *, origin: str = "colocations") -> list[Colocatio
             jobs.append(
                 ColocationJob(
                     name=str(job.get("name", f"job{j}")),
-                    profile=PipeProfile(
-                        fp16=values["fp16"],
-                        fp32=values["fp32"],
-                        fp64=values["fp64"],
-                        tensor=values["tensor"],
-                        sm_occupancy=values["sm_occupancy"],
-                        dram_bandwidth=values["dram_bandwidth"],
-                        gpu_model=str(item.get("gpu", "")),
-                        sm_utilization=sm_util,
+                    profile=counters_pipe_profile(
+                        values | {"sm_utilization": sm_util}, gpu_model=str(item.get("gpu", ""))
                     ),
                     thread_percent=int(
                         _number(

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.gpu.stats import mean
+from gpushare.api.profile import PLACEMENT_COUNTERS
 
 log = logging.getLogger("bench.gpu")
 
-PROFILE_KEYS = ("fp16", "fp32", "fp64", "tensor", "sm_occupancy", "dram_bandwidth")
+PROFILE_KEYS = PLACEMENT_COUNTERS
+"""The counters of record a job's profile needs (``gpushare.api.profile``)."""
 OPTIONAL_PROFILE_KEYS = ("sm_utilization",)
 """Recorded when measured: the interference model counts SM sharing with it."""
 

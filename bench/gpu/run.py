@@ -58,8 +58,8 @@ from bench.gpu.schemes import (
 )
 from bench.gpu.sizing import pipe_profile
 from gpushare.api.names import CLASS_LATENCY
+from gpushare.api.profile import PLACEMENT_COUNTERS
 from gpushare.packing.opportunistic import Opportunism
-from gpushare.packing.stored_profile import NEEDED
 
 log = logging.getLogger("bench.gpu")
 
@@ -293,7 +293,7 @@ def record_profile(st: State, kind: str, values: dict[str, float] | None) -> Non
     without NVML GPM (or a failed read) leaves the kind unprofiled, as gpushare's operator
     leaves a pod it cannot profile (``stored_profile.measured_pipe_profile`` refuses), never
     an all-zero profile that would read as an idle job asking 5% of the GPU."""
-    missing = [k for k in NEEDED if not values or k not in values]
+    missing = [k for k in PLACEMENT_COUNTERS if not values or k not in values]
     if missing:
         log.warning("%s: not profiled (%s not measured); it is placed by its request", kind,
                     ",".join(missing))  # fmt: skip

@@ -14,22 +14,13 @@ from collections.abc import Mapping
 from gpushare.api.names import SLICES_PER_GPU
 from gpushare.packing.model import PipeProfile
 from gpushare.packing.sizing import suggested_percent
+from gpushare.packing.stored_profile import counters_pipe_profile
 
 
 def pipe_profile(values: Mapping[str, float], *, gpu_model: str = "") -> PipeProfile:
     """The profile as gpushare's packing reads it (``stored_profile`` does the same for the
     cluster's stored profiles)."""
-    sm = values.get("sm_utilization")
-    return PipeProfile(
-        fp16=float(values.get("fp16", 0.0) or 0.0),
-        fp32=float(values.get("fp32", 0.0) or 0.0),
-        fp64=float(values.get("fp64", 0.0) or 0.0),
-        tensor=float(values.get("tensor", 0.0) or 0.0),
-        sm_occupancy=float(values.get("sm_occupancy", 0.0) or 0.0),
-        dram_bandwidth=float(values.get("dram_bandwidth", 0.0) or 0.0),
-        gpu_model=gpu_model,
-        sm_utilization=float(sm) if sm is not None else None,
-    )
+    return counters_pipe_profile(values, gpu_model=gpu_model)
 
 
 def request_fraction(values: Mapping[str, float] | None, *, gpu_class: str) -> float:

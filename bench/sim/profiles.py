@@ -18,7 +18,9 @@ weigh packings by predicted interference the simulator gives every pod a solo pr
 import zlib
 
 from bench.sim.trace import PodSpec
+from gpushare.api.profile import PLACEMENT_COUNTERS
 from gpushare.packing.model import PipeProfile
+from gpushare.packing.stored_profile import counters_pipe_profile
 
 ARCHETYPES: dict[str, tuple[float, float, float, float, float, float, float]] = {
     # name: (fp16, fp32, fp64, tensor, sm_occupancy, dram_bandwidth, sm_utilization),
@@ -30,6 +32,8 @@ ARCHETYPES: dict[str, tuple[float, float, float, float, float, float, float]] = 
     "fp64-gemm": (0.0, 0.0, 0.0002, 0.9691, 0.1221, 0.1038, 0.9837),
 }
 _NAMES = tuple(ARCHETYPES)
+_COUNTERS = (*PLACEMENT_COUNTERS, "sm_utilization")
+"""What each archetype's numbers are, in order."""
 LATENCY_SCALE = 0.5
 
 
@@ -48,13 +52,5 @@ def profile_of(pod: PodSpec) -> PipeProfile:
     jitter = 0.8 + 0.4 * (h % 1001) / 1000
     share = min(pod.percent, 100) / 100 if pod.num_gpu else 1.0
     scale = (0.5 + 0.5 * share) * jitter * (LATENCY_SCALE if pod.qos == "LS" else 1.0)
-    fp16, fp32, fp64, tensor, occ, dram, busy = (min(1.0, v * scale) for v in values)
-    return PipeProfile(
-        fp16=fp16,
-        fp32=fp32,
-        fp64=fp64,
-        tensor=tensor,
-        sm_occupancy=occ,
-        dram_bandwidth=dram,
-        sm_utilization=busy,
-    )
+    scaled = (min(1.0, v * scale) for v in values)
+    return counters_pipe_profile(dict(zip(_COUNTERS, scaled, strict=True)))

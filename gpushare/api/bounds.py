@@ -10,6 +10,7 @@ raises past 4300 digits (see docs/security.md, "Parsing is total").
 import json
 import math
 import re
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from gpushare.api.errors import InvalidInputError
@@ -133,3 +134,18 @@ def load_body(raw: bytes | str, *, field: str, fix: str) -> Any:
         raise InvalidInputError(field, "is nested too deeply", fix) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInputError(field, f"is not usable JSON ({str(exc)[:200]})", fix) from None
+
+
+def format_rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: str, *, field: str) -> datetime:
+    check_length(text, field=field, fix='write e.g. "2025-01-31T12:00:00Z"', limit=64)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInputError(
+            field, f"{text!r} is not an RFC 3339 time", 'write e.g. "2025-01-31T12:00:00Z"'
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

@@ -11,10 +11,9 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Final
 
-from gpushare.api.bounds import MAX_BYTES, check_length, load_json
+from gpushare.api.bounds import load_json
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.limit import check_limit, parse_limit
 from gpushare.api.names import (
@@ -29,6 +28,7 @@ from gpushare.api.names import (
     SLICES_PER_GPU,
     VERSION,
 )
+from gpushare.api.profile import GpuProfile
 from gpushare.api.quantities import format_memory, parse_fraction, parse_memory
 
 KIND: Final = "GpuShare"
@@ -441,108 +441,6 @@ def governing_share(
 
 
 @dataclass(frozen=True)
-class ShareProfile:
-    """A job's measured profile as stored in GpuShare status and the profile cache."""
-
-    gpu_model: str
-    fp16: float | None
-    fp32: float | None
-    fp64: float | None
-    tensor: float | None
-    sm_occupancy: float | None
-    dram_bandwidth: float | None
-    memory_bytes: int | None
-    sampled_seconds: float
-    time: datetime
-    simulated: bool = False
-    source: str = "measured"
-    """``measured`` by the profiler, or ``cache`` when reused from an earlier measurement."""
-    tensor_hmma: float | None = None
-    """Tensor-pipe share doing half/bf16 matrix math (HMMA): bf16 training and inference."""
-    tensor_dmma: float | None = None
-    """Tensor-pipe share doing fp64 matrix math (DMMA): an fp64 GEMM lands here, not in fp64."""
-    tensor_imma: float | None = None
-    """Tensor-pipe share doing integer matrix math (IMMA): int8 inference."""
-    sm_utilization: float | None = None
-    """Share of SMs busy (GPM SM_UTIL); launch-bound jobs keep it well below their thread
-    cap, which is what lets the interference model pack them (absent in older profiles)."""
-
-    def to_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "gpuModel": self.gpu_model,
-            "sampledSeconds": round(self.sampled_seconds, 3),
-            "time": format_rfc3339(self.time),
-            "simulated": self.simulated,
-            "source": self.source,
-        }
-        for key, value in (
-            ("fp16", self.fp16),
-            ("fp32", self.fp32),
-            ("fp64", self.fp64),
-            ("tensor", self.tensor),
-            ("tensorHmma", self.tensor_hmma),
-            ("tensorDmma", self.tensor_dmma),
-            ("tensorImma", self.tensor_imma),
-            ("smOccupancy", self.sm_occupancy),
-            ("smUtilization", self.sm_utilization),
-            ("dramBandwidth", self.dram_bandwidth),
-        ):
-            if value is not None:
-                out[key] = round(value, 4)
-        if self.memory_bytes is not None:
-            out["memoryBytes"] = self.memory_bytes
-        return out
-
-
-def _ratio(raw: Mapping[str, Any], key: str, path: str) -> float | None:
-    value = raw.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise InvalidInputError(f"{path}.{key}", f"{value!r} is not a ratio 0..1", "re-profile")
-    return float(value)
-
-
-def parse_profile(raw: Mapping[str, Any], *, path: str = "status.profile") -> ShareProfile:
-    """Read a stored profile back (status or cache entry); raises naming the bad field."""
-    model = raw.get("gpuModel")
-    if not isinstance(model, str) or not model:
-        raise InvalidInputError(f"{path}.gpuModel", "is missing", "re-profile")
-    memory = raw.get("memoryBytes")
-    if memory is not None and (
-        isinstance(memory, bool) or not isinstance(memory, int) or not 0 <= memory <= MAX_BYTES
-    ):
-        raise InvalidInputError(f"{path}.memoryBytes", "is not a byte count", "re-profile")
-    sampled = raw.get("sampledSeconds", 0)
-    if (
-        isinstance(sampled, bool)
-        or not isinstance(sampled, int | float)
-        or not 0 <= sampled <= 10**9
-    ):
-        raise InvalidInputError(
-            f"{path}.sampledSeconds", "is not a number of seconds", "re-profile"
-        )
-    return ShareProfile(
-        gpu_model=model,
-        fp16=_ratio(raw, "fp16", path),
-        fp32=_ratio(raw, "fp32", path),
-        fp64=_ratio(raw, "fp64", path),
-        tensor=_ratio(raw, "tensor", path),
-        sm_occupancy=_ratio(raw, "smOccupancy", path),
-        dram_bandwidth=_ratio(raw, "dramBandwidth", path),
-        memory_bytes=memory,
-        sampled_seconds=float(sampled),
-        time=parse_rfc3339(str(raw.get("time", "")), field=f"{path}.time"),
-        simulated=bool(raw.get("simulated", False)),
-        source=str(raw.get("source", "measured")),
-        tensor_hmma=_ratio(raw, "tensorHmma", path),
-        tensor_dmma=_ratio(raw, "tensorDmma", path),
-        tensor_imma=_ratio(raw, "tensorImma", path),
-        sm_utilization=_ratio(raw, "smUtilization", path),
-    )
-
-
-@dataclass(frozen=True)
 class PlacementEntry:
     """One governed pod's placement, as listed in ``status.placements``."""
 
@@ -567,28 +465,13 @@ def profile_annotation(status_profile: Mapping[str, Any]) -> str:
     return json.dumps(dict(status_profile), sort_keys=True, separators=(",", ":"))
 
 
-def parse_profile_annotation(text: str) -> ShareProfile:
+def parse_profile_annotation(text: str) -> GpuProfile:
     """Read ``gpushare.io/profile``; raises InvalidInputError naming the annotation."""
     fix = "the operator writes it; remove the annotation and it is written again"
     raw = load_json(text, field=ANN_PROFILE, fix=fix)
     if not isinstance(raw, Mapping):
         raise InvalidInputError(ANN_PROFILE, "must be a JSON object", fix)
-    return parse_profile(raw, path=ANN_PROFILE)
-
-
-def format_rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_rfc3339(text: str, *, field: str) -> datetime:
-    check_length(text, field=field, fix='write e.g. "2025-01-31T12:00:00Z"', limit=64)
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidInputError(
-            field, f"{text!r} is not an RFC 3339 time", 'write e.g. "2025-01-31T12:00:00Z"'
-        ) from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return GpuProfile.from_status(raw, path=ANN_PROFILE)
 
 
 def scheduling_hold(

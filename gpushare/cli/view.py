@@ -25,10 +25,12 @@ from gpushare.api.names import (
     TIER_GUARANTEED,
 )
 from gpushare.api.placement import parse_placement
+from gpushare.api.profile import PIPES
 from gpushare.api.quantities import parse_fraction
 from gpushare.api.selector import Requirement, matches
 
-PIPE_ORDER = ("fp16", "fp32", "fp64", "tensor", "tensor_hmma", "tensor_dmma", "tensor_imma")
+PIPE_ORDER = tuple(p for p in PIPES if p != "integer")
+"""The pipes ``top`` shows, in the order of record (integer work is left out)."""
 
 
 @dataclass

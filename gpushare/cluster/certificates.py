@@ -51,9 +51,12 @@ RENEW_ANNOTATION = "gpushare.io/renew"
 """On a certificate Secret: the leader renews that certificate now (then drops the mark)."""
 CREDENTIALS_ANNOTATION = "gpushare.io/extender-credentials"
 """On gpushare-scheduler's Deployment: a digest of the extender CA and client certificate its
-pods run with. When the Secrets' digest differs, the leader writes the new one here and on the
-pod template (which restarts the pods); when it is missing (pods that started after the
-Secrets were made, e.g. at install), it is only written here."""
+pods run with. When the Secrets' digest differs, the leader writes the new one here and
+restarts the pods (:data:`RESTARTED_AT` on the pod template); when it is missing (pods that
+started after the Secrets were made, e.g. at install), it is only written here."""
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+"""What ``kubectl rollout restart`` writes on a pod template. Not a ``gpushare.io/`` key: the
+admission webhook takes a pod carrying one for a gpushare pod (and refused the scheduler's)."""
 CA_DAYS = 3650
 CLIENT_NAME = "gpushare-scheduler"
 BACKDATE = dt.timedelta(minutes=5)
@@ -445,7 +448,8 @@ class CertificateKeeper:
             # Its pods could not start before the Secrets existed: they hold these.
             await self.store.annotate_deployment(name, annotation)
             return
-        await self.store.annotate_deployment(name, annotation, pod_template=annotation)
+        restarted = {RESTARTED_AT: self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")}
+        await self.store.annotate_deployment(name, annotation, pod_template=restarted)
         self.restarts += 1
         log.info(
             "restarting gpushare-scheduler: kube-scheduler reads its extender CA and client "

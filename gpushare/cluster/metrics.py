@@ -8,7 +8,6 @@ every replica (docs/observability.md, "Series the controller exports").
 """
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import fields
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -21,9 +20,8 @@ from gpushare.api.build import (
     build_info_values,
 )
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.gpushare_crd import ShareProfile, parse_profile
 from gpushare.api.names import METRIC_PREFIX
-from gpushare.api.profile import PIPES
+from gpushare.api.profile import PIPES, STORED, GpuProfile
 from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.state.view import ClusterView
 
@@ -143,7 +141,7 @@ def _pending_pods(view: ClusterView, gated: Iterable[str] = ()) -> GaugeMetricFa
     return family
 
 
-_PROFILE_PIPES = tuple(p for p in PIPES if p in {f.name for f in fields(ShareProfile)})
+_PROFILE_PIPES = tuple(p for p in PIPES if p in STORED)
 """The pipes a stored profile keeps (``status.profile`` keys are the pipe label's values)."""
 
 
@@ -161,7 +159,7 @@ def _share_profiles(view: ClusterView) -> GaugeMetricFamily:
         if not isinstance(raw, dict) or not raw:
             continue
         try:
-            profile = parse_profile(raw)
+            profile = GpuProfile.from_status(raw)
         except InvalidInputError:
             continue
         namespace, name = key.split("/", 1)

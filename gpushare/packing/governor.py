@@ -22,13 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gpushare.api.names import CLASS_LATENCY
+from gpushare.api.profile import ACTIVITY
 from gpushare.packing.corrections import K_RANGE, Corrections, corrected
 from gpushare.packing.model import GpuState, PipeProfile, Tenant
 from gpushare.packing.opportunistic import KEEP_FRACTION, Member, Opportunism, member, rates
 
-ACTIVITY = ("fp16", "fp32", "fp64", "tensor", "dram_bandwidth")
-"""The counters that measure work done (SM occupancy and utilization measure residency, not
-progress: a stalled warp is resident)."""
 MIN_SIGNAL = 0.05
 """Predicted activity (vector length) below which a GPU's counters say too little to judge."""
 SETTLE_S = 30.0

@@ -7,7 +7,10 @@ from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY, MPS_MAX_CLIENTS, SLIC
 
 @dataclass(frozen=True)
 class PipeProfile:
-    """Per-pipe utilization (0-1) of a job measured while it ran alone on a GPU."""
+    """Per-pipe utilization (0-1) of a job measured while it ran alone on a GPU: the policy's
+    view of a measured profile (``api.profile.GpuProfile``), its counters those of
+    ``api.profile.PLACEMENT_COUNTERS`` with "not measured" read as idle; built from one by
+    ``packing.stored_profile``."""
 
     fp16: float = 0.0
     fp32: float = 0.0

@@ -21,6 +21,7 @@ slowdown within its class bound.
 """
 
 from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU
+from gpushare.api.profile import PLACEMENT_COUNTERS, WORK_PIPES
 from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
 
 HEADROOM = 1.25
@@ -39,21 +40,13 @@ SATURATING = 0.8
 def compute_demand(profile: PipeProfile) -> float:
     """Share of the GPU (0-1) the job keeps busy when alone: its busiest of SM occupancy,
     pipes, DRAM. (Occupancy, not SM utilization: this is what its neighbours feel.)"""
-    return max(
-        profile.sm_occupancy,
-        profile.fp16,
-        profile.fp32,
-        profile.fp64,
-        profile.tensor,
-        profile.dram_bandwidth,
-        0.0,
-    )
+    return max(0.0, *(float(getattr(profile, counter)) for counter in PLACEMENT_COUNTERS))
 
 
 def pipe_saturating(profile: PipeProfile) -> bool:
     """True for a job that alone keeps a compute pipe almost fully busy (an FP64 or tensor
     GEMM): uncapped, it starves every neighbour."""
-    return max(profile.fp16, profile.fp32, profile.fp64, profile.tensor) >= SATURATING
+    return max(float(getattr(profile, pipe)) for pipe in WORK_PIPES) >= SATURATING
 
 
 def assign_thread_percent(demand: Demand, gpu: GpuState) -> int:

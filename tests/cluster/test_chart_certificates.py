@@ -22,6 +22,7 @@ from tests.fixtures.chart_release import (
     RELEASE,
     check_nothing_left,
     component,
+    diagnostics,
     exclusive_node,
     helm,
     kjson,
@@ -41,8 +42,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.whole_node]
 CONTROLLER = f"{RELEASE}-controller"
 SCHEDULER = f"{RELEASE}-scheduler"
 LEAVES = ("webhook-tls", "extender-tls", "extender-client")
-HOST_SCHEDULER_REFUSAL = "the in-cluster gpushare-scheduler places pods now"
-"""What the harness's host-process gpushare-scheduler is told meanwhile (exclusive_node)."""
 
 
 def secret(cluster: LocalCluster, suffix: str) -> dict[str, Any]:
@@ -74,6 +73,25 @@ def settled_scheduler(cluster: LocalCluster) -> str | None:
     if len(scheduler_pods(cluster)) == 1 and len(pods) == 1 and ready(pods[0]):
         return str(pods[0]["metadata"]["uid"])
     return None
+
+
+def state(cluster: LocalCluster) -> str:
+    """What a failed wait needs: the controllers' certificate log lines, the scheduler's
+    Deployment annotations, ReplicaSets and pods."""
+    lines = [diagnostics(cluster)]
+    for pod in release_pods(cluster):
+        if component(pod) == "controller":
+            log = cluster.kubectl("logs", "-n", NAMESPACE, pod["metadata"]["name"], check=False)
+            wanted = [
+                line for line in log.splitlines() if "certific" in line or "error" in line.lower()
+            ]
+            lines += [f"--- {pod['metadata']['name']}", *wanted[-40:]]
+    deploy = kjson(cluster, "get", "deployment", "-n", NAMESPACE, SCHEDULER)
+    lines.append(json.dumps(deploy["metadata"].get("annotations"), indent=1))
+    lines.append(json.dumps(deploy["spec"]["template"]["metadata"].get("annotations"), indent=1))
+    lines.append(json.dumps(deploy.get("status"), indent=1))
+    lines.append(cluster.kubectl("get", "rs,pods", "-n", NAMESPACE, "-o", "wide", check=False))
+    return "\n".join(lines)
 
 
 def test_certificates_made_at_run_time_renew_without_a_failed_admission_or_bind(
@@ -141,14 +159,18 @@ def test_certificates_made_at_run_time_renew_without_a_failed_admission_or_bind(
                 timeout_s=60,
                 what="the three certificates renewed",
             )
-            restarted = wait_for(
-                lambda: (
-                    scheduler_credentials(cluster) != credentials
-                    and settled_scheduler(cluster) not in (None, first)
-                ),
-                timeout_s=180,
-                what="gpushare-scheduler restarted with its new client certificate",
-            )
+            try:
+                restarted = wait_for(
+                    lambda: (
+                        scheduler_credentials(cluster) != credentials
+                        and settled_scheduler(cluster) not in (None, first)
+                    ),
+                    timeout_s=180,
+                    what="gpushare-scheduler restarted with its new client certificate",
+                )
+            except AssertionError:
+                print(state(cluster))
+                raise
             creator.join(timeout=300)
 
             def all_running() -> bool:
@@ -159,11 +181,14 @@ def test_certificates_made_at_run_time_renew_without_a_failed_admission_or_bind(
 
             running = wait_for(all_running, timeout_s=240, what="every created pod Running")
             events = kjson(cluster, "get", "events", "-n", work)["items"]
+            # The chart's scheduler pods report as gpushare-scheduler-<pod>; the harness's
+            # host-process one (told to stand aside, exclusive_node) fails every pod first.
+            chart_scheduler = f"{SCHEDULER}-{SCHEDULER}-"
             failed_binds = [
                 e["message"]
                 for e in events
                 if e.get("reason") == "FailedScheduling"
-                and HOST_SCHEDULER_REFUSAL not in str(e.get("message"))
+                and str(e.get("reportingInstance", "")).startswith(chart_scheduler)
             ]
             scheduled_by = {
                 e.get("reportingInstance", "") for e in events if e.get("reason") == "Scheduled"
@@ -180,7 +205,7 @@ def test_certificates_made_at_run_time_renew_without_a_failed_admission_or_bind(
             assert not refused, f"admissions refused during the renewal: {refused}"
             assert not failed_binds, failed_binds[:3]
             # Placed by the scheduler pod before the restart and by the one after it.
-            assert len([i for i in scheduled_by if i.startswith(f"{SCHEDULER}-{SCHEDULER}")]) >= 2
+            assert len([i for i in scheduled_by if i.startswith(chart_scheduler)]) >= 2
             # Every replica serves the renewed webhook certificate; the leader the extender's.
             assert logs.count("webhook certificate reloaded") >= 2, logs[-3000:]
             assert "extender certificates reloaded" in logs, logs[-3000:]

@@ -45,9 +45,9 @@ import pytest
 import yaml
 from prometheus_client.exposition import start_http_server as serve_registry
 
-from gpushare.api.gpushare_crd import ShareProfile
 from gpushare.api.inventory import load_inventory
 from gpushare.api.names import ANN_GPU_UUID, ANN_NODE_GPUS
+from gpushare.api.profile import GpuProfile
 from tests.fixtures.chart_release import (
     NAMESPACE,
     RELEASE,
@@ -373,7 +373,7 @@ class Monitored:
 
 def profiled_share(cluster: LocalCluster) -> None:
     """A GpuShare in phase Packed with a stored profile, written to its status as the operator
-    stores it (``ShareProfile.to_status``) instead of waiting for a profiling run
+    stores it (``GpuProfile.to_status``) instead of waiting for a profiling run
     (tests/cluster/test_readme.py, on examples/, and the operator's tests cover profiling).
     What this test checks, the controller exporting the stored profile, is real."""
     _apply(
@@ -385,7 +385,7 @@ def profiled_share(cluster: LocalCluster) -> None:
             "spec": {"fraction": "0.25", "profiling": {"mode": "skip"}},
         },
     )
-    profile = ShareProfile(
+    profile = GpuProfile(
         gpu_model="NVIDIA H100 80GB HBM3",
         fp16=0.02,
         fp32=0.31,
@@ -393,7 +393,7 @@ def profiled_share(cluster: LocalCluster) -> None:
         tensor=0.58,
         sm_occupancy=0.4,
         dram_bandwidth=0.22,
-        memory_bytes=6 * 2**30,
+        memory_used_bytes_max=6 * 2**30,
         sampled_seconds=10.0,
         time=datetime.now(UTC),
         simulated=True,

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILING, parse_profile
+from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILING
 from gpushare.api.names import (
     ANN_CLASS,
     ANN_FRACTION,
@@ -39,6 +39,7 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
     TIER_OPPORTUNISTIC,
 )
+from gpushare.api.profile import GpuProfile
 from gpushare.node.simload import PIPE_WEIGHTS
 from gpushare.packing.sizing import as_fraction, suggested_percent
 from gpushare.packing.stored_profile import pipe_profile
@@ -438,7 +439,9 @@ def test_fraction_auto_sizes_the_pods_created_once_the_job_is_profiled(
     packed = wait_phase(cluster, "sized", namespace, "Packed", timeout_s=120)
     # Sized by the product's rule from the profile it stored (the simulated load is a
     # stand-in with occupancy 0.6: less than a whole GPU).
-    percent = suggested_percent(pipe_profile(parse_profile(packed["profile"])), gpu_class="batch")
+    percent = suggested_percent(
+        pipe_profile(GpuProfile.from_status(packed["profile"])), gpu_class="batch"
+    )
     assert 5 <= percent < 100
     assert packed["request"] == as_fraction(percent)
     found = cluster.events(namespace, name="sized", reason="Profiled")

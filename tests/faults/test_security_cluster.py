@@ -58,7 +58,6 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
     SCHEDULER_NAME,
 )
-from gpushare.cluster.certificates import CLIENT_NAME, Leaf, issue, make_ca
 from tests.faults.cluster_checks import kubectl_json, sigkill, wait_until
 from tests.fixtures.controller import EXTENDER_PORT, ControllerProcess
 from tests.fixtures.helm_chart import CHART, KUBE_VERSION, helm_binary
@@ -724,26 +723,29 @@ def _server(sec: Sec) -> str:
 
 
 def extender_without_client_certificate(sec: Sec) -> Outcome:
-    """A second real controller, serving its extender with certificates made by the
-    controller's own issuing code (what it keeps in the chart's Secrets: one CA signs the
-    extender's serving certificate and gpushare-scheduler's client certificate) and client
-    certificates required (the chart's default): a caller without gpushare-scheduler's
-    certificate gets no answer, gpushare-scheduler's gets one."""
+    """A second real controller, serving its extender with certificates made as the controller
+    makes them and client certificates required (the chart's default): a caller without
+    gpushare-scheduler's certificate gets no answer, gpushare-scheduler's gets one."""
+    import datetime as dt  # noqa: PLC0415
     import socket  # noqa: PLC0415
     import ssl  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    now = datetime.now(UTC)
+    from gpushare.cluster.certificates import Leaf, issue, make_ca  # noqa: PLC0415
+
+    # The certificates the controller makes and keeps in its Secrets by default (the chart
+    # renders none): a CA, the extender's serving certificate, gpushare-scheduler's client one.
+    now = dt.datetime.now(dt.UTC)
     ca = make_ca(now=now)
-    issued = {
-        "server": issue(ca, Leaf(secret="extender-tls", common_name="127.0.0.1",
-                                 hosts=("127.0.0.1",)), now=now, days=2),
-        "client": issue(ca, Leaf(secret="extender-client", common_name=CLIENT_NAME),
-                        now=now, days=2),
-    }  # fmt: skip
+    made = {
+        "server": issue(
+            ca, Leaf("extender-tls", "gpushare-extender", ("127.0.0.1",)), now=now, days=2
+        ),
+        "client": issue(ca, Leaf("extender-client", "gpushare-scheduler"), now=now, days=2),
+    }
     work = Path(sec.controller.workdir) / "mtls"
     files: dict[str, Path] = {}
-    for role, data in issued.items():
+    for role, data in made.items():
         for key, value in data.items():
             path = work / role / key
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -103,7 +103,6 @@ def fetch_profile(base_url: str, uuid: str) -> tuple[Any, str]:
 
 def profile_job(kind: str, *, base_url: str, uuid: str) -> dict[str, Any]:
     from gpushare.cluster.operator import cache  # noqa: PLC0415
-    from gpushare.cluster.operator.readings import profile_from_reading  # noqa: PLC0415
 
     proc = subprocess.Popen(
         [sys.executable, "-c", LOAD, JOBS[kind][3], str(WINDOW_S + 4)],
@@ -116,7 +115,7 @@ def profile_job(kind: str, *, base_url: str, uuid: str) -> dict[str, Any]:
     reading, client = fetch_profile(base_url, uuid)
     done = json.loads(proc.stdout.readline())
     proc.wait(60)
-    profile = profile_from_reading(reading, now=datetime.now(UTC))
+    profile = reading.stored(now=datetime.now(UTC))
     stored = profile.to_status()
     entry = cache.CacheEntry("host-process", JOBS[kind], profile.gpu_model, profile)
     key = cache.cache_key(image=entry.image, command=entry.command, gpu_model=entry.gpu_model)

@@ -37,9 +37,9 @@ from gpushare.api.gpushare_crd import (
     ANN_PACKING_POLICY,
     ANN_PROFILE,
     ANN_PROFILING,
-    parse_profile,
 )
 from gpushare.api.names import ANN_AVOID_GPUS, ANN_SHARE
+from gpushare.api.profile import GpuProfile
 from gpushare.cluster.dra import placement
 from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.dra.pin import pin_ops
@@ -284,7 +284,7 @@ class ClaimAllocator:
             stored = status.get("profile")
             if isinstance(stored, Mapping):
                 with contextlib.suppress(InvalidInputError):
-                    rules = replace(rules, profile=pipe_profile(parse_profile(stored)))
+                    rules = replace(rules, profile=pipe_profile(GpuProfile.from_status(stored)))
         return rules
 
     def pods_listed(self, pods: list[Mapping[str, Any]]) -> None:

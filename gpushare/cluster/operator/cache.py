@@ -11,10 +11,10 @@ import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.gpushare_crd import ShareProfile, parse_profile
+from gpushare.api.profile import GpuProfile
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class CacheEntry:
     image: str
     command: tuple[str, ...]
     gpu_model: str
-    profile: ShareProfile
+    profile: GpuProfile
 
 
 def cache_key(*, image: str, command: Sequence[str], gpu_model: str) -> str:
@@ -63,11 +63,14 @@ def decode_entry(text: str) -> CacheEntry | None:
             image=str(raw["image"]),
             command=tuple(str(c) for c in command),
             gpu_model=str(raw["gpuModel"]),
-            profile=parse_profile(raw["profile"], path="profile"),
+            profile=GpuProfile.from_status(raw["profile"], path="profile"),
         )
     except (ValueError, KeyError, InvalidInputError) as exc:
         log.warning("ignoring damaged profile cache entry: %s", exc)
         return None
+
+
+_NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 def lookup(
@@ -76,15 +79,15 @@ def lookup(
     image: str,
     command: Sequence[str],
     gpu_models: Iterable[str],
-) -> ShareProfile | None:
+) -> GpuProfile | None:
     """The newest cached profile of this image + command on any of ``gpu_models``."""
-    found: list[ShareProfile] = []
+    found: list[GpuProfile] = []
     for model in sorted(set(gpu_models)):
         text = data.get(cache_key(image=image, command=command, gpu_model=model))
         entry = decode_entry(text) if text is not None else None
         if entry is not None and entry.image == image and entry.command == tuple(command):
             found.append(entry.profile)
-    return max(found, key=lambda p: p.time) if found else None
+    return max(found, key=lambda p: p.time or _NEVER) if found else None
 
 
 def evictable_keys(data: Mapping[str, str], *, keep: int) -> list[str]:

@@ -18,8 +18,6 @@ from prometheus_client import CollectorRegistry, Counter
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.gpushare_crd import (
     ANN_PROFILE,
-    ShareProfile,
-    parse_profile,
     parse_profile_annotation,
 )
 from gpushare.api.names import METRIC_PREFIX
@@ -32,7 +30,7 @@ from gpushare.cluster.operator.protection import (
     judge,
     latency_tenants,
 )
-from gpushare.cluster.operator.readings import ProfilerError, protection_reading
+from gpushare.cluster.operator.readings import ProfilerError
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.state.pods import PodFacts
 from gpushare.cluster.state.view import ClusterView
@@ -60,7 +58,7 @@ class EvictionRecord:
     why: str
 
 
-def pod_profile(view: ClusterView, pod: PodFacts) -> ShareProfile | None:
+def pod_profile(view: ClusterView, pod: PodFacts) -> GpuProfile | None:
     """A pod's measured profile: its ``gpushare.io/profile`` annotation, else its share's."""
     text = pod.annotations.get(ANN_PROFILE)
     try:
@@ -68,7 +66,7 @@ def pod_profile(view: ClusterView, pod: PodFacts) -> ShareProfile | None:
             return parse_profile_annotation(text)
         share = view.share_of(pod)
         raw = share.status.get("profile") if share else None
-        return parse_profile(raw) if isinstance(raw, Mapping) else None
+        return GpuProfile.from_status(raw) if isinstance(raw, Mapping) else None
     except InvalidInputError as exc:
         log.warning("pod %s: unusable profile: %s", pod.key, exc)
         return None
@@ -216,7 +214,7 @@ class LatencyGuard:
             ]
             predicted = max(values) if values else None
         verdict = judge(
-            protection_reading(reading),
+            reading,
             policy=self.config.protection_policy,
             predicted_slowdown=predicted,
         )

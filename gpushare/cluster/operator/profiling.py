@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from gpushare.api.bounds import format_rfc3339, parse_rfc3339
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.gpushare_crd import (
     ANN_PROFILING,
@@ -20,10 +21,8 @@ from gpushare.api.gpushare_crd import (
     PROFILING_DONE,
     PROFILING_SKIP,
     PlacementEntry,
-    ShareProfile,
-    format_rfc3339,
-    parse_rfc3339,
 )
+from gpushare.api.profile import GpuProfile
 from gpushare.cluster.state.pods import PodFacts
 from gpushare.cluster.state.shares import ShareSummary
 
@@ -46,7 +45,7 @@ class SkipProfiling:
 class UseCached:
     """The cache holds this job's profile: Pending -> Packed without running it alone."""
 
-    profile: ShareProfile
+    profile: GpuProfile
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ def next_step(
     share: ShareSummary,
     pods: Sequence[PodFacts],
     *,
-    cached: ShareProfile | None,
+    cached: GpuProfile | None,
     now: datetime,
     measure_grace: timedelta = timedelta(minutes=5),
     start_timeout: timedelta = timedelta(minutes=5),

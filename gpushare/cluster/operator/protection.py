@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from gpushare.api.gpushare_crd import ANN_PROFILING, PROFILING_ACTIVE
 from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY
+from gpushare.api.profile import ACTIVITY, GpuProfile
 from gpushare.cluster.state.pods import PodFacts
 
 
@@ -31,32 +32,11 @@ class ProtectionPolicy:
     """Seconds after an eviction on a GPU before the next one there."""
 
 
-@dataclass(frozen=True)
-class Reading:
-    """One windowed reading of a GPU's counters (None: not available on this GPU)."""
-
-    fp16: float | None = None
-    fp32: float | None = None
-    fp64: float | None = None
-    tensor: float | None = None
-    sm_occupancy: float | None = None
-    dram_bandwidth: float | None = None
-
-    @property
-    def saturation(self) -> tuple[str, float] | None:
-        """The busiest pipe (or DRAM bandwidth) and its ratio; None when nothing is known."""
-        known = [
-            (name, value)
-            for name, value in (
-                ("fp16", self.fp16),
-                ("fp32", self.fp32),
-                ("fp64", self.fp64),
-                ("tensor", self.tensor),
-                ("dram_bandwidth", self.dram_bandwidth),
-            )
-            if value is not None
-        ]
-        return max(known, key=lambda nv: nv[1]) if known else None
+def saturation(reading: GpuProfile) -> tuple[str, float] | None:
+    """The busiest pipe (or DRAM bandwidth) of a windowed reading and its ratio; None when
+    nothing is known (a counter the GPU lacks is None)."""
+    known = [(name, value) for name in ACTIVITY if (value := reading.ratio(name)) is not None]
+    return max(known, key=lambda nv: nv[1]) if known else None
 
 
 @dataclass(frozen=True)
@@ -66,9 +46,9 @@ class Verdict:
 
 
 def judge(
-    reading: Reading, *, policy: ProtectionPolicy, predicted_slowdown: float | None = None
+    reading: GpuProfile, *, policy: ProtectionPolicy, predicted_slowdown: float | None = None
 ) -> Verdict:
-    busiest = reading.saturation
+    busiest = saturation(reading)
     if busiest is not None and busiest[1] >= policy.saturation_threshold:
         return Verdict(
             True,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from gpushare.api.bounds import format_rfc3339
 from gpushare.api.gpushare_crd import (
     ANN_MAX_PODS_PER_GPU,
     ANN_PACKING_POLICY,
@@ -26,12 +27,11 @@ from gpushare.api.gpushare_crd import (
     PROFILING_ACTIVE,
     PROFILING_AUTO,
     PROFILING_DONE,
-    ShareProfile,
-    format_rfc3339,
     missing_annotations,
     placements_status,
     profile_annotation,
 )
+from gpushare.api.profile import WORK_PIPES, GpuProfile
 from gpushare.cluster.operator import cache
 from gpushare.cluster.operator.profiler_client import ProfilerClient
 from gpushare.cluster.operator.profiling import (
@@ -51,7 +51,7 @@ from gpushare.cluster.operator.profiling import (
     stale_marks,
     with_condition,
 )
-from gpushare.cluster.operator.readings import ProfilerError, profile_from_reading
+from gpushare.cluster.operator.readings import ProfilerError
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.state.pods import PodFacts
 from gpushare.cluster.state.shares import ShareSummary, share_summary, sized_percent
@@ -74,14 +74,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def describe(profile: ShareProfile) -> str:
+def describe(profile: GpuProfile) -> str:
     parts = [
         f"{name} {value:.0%}"
         for name, value in (
-            ("fp16", profile.fp16),
-            ("fp32", profile.fp32),
-            ("fp64", profile.fp64),
-            ("tensor", profile.tensor),
+            *((pipe, profile.ratio(pipe)) for pipe in WORK_PIPES),
             ("SM occupancy", profile.sm_occupancy),
             ("SM busy", profile.sm_utilization),
             ("DRAM", profile.dram_bandwidth),
@@ -92,7 +89,7 @@ def describe(profile: ShareProfile) -> str:
     return f"{', '.join(parts)} on {profile.gpu_model}{sim} over {profile.sampled_seconds:g} s"
 
 
-def sized_fields(share: ShareSummary, profile: ShareProfile) -> dict[str, Any]:
+def sized_fields(share: ShareSummary, profile: GpuProfile) -> dict[str, Any]:
     """Status fields besides ``profile`` when a profile is stored: for ``fraction: auto`` the
     request it sizes (``status.request``), which pods created from then on ask for."""
     if share.spec is None or not share.spec.auto:
@@ -262,7 +259,7 @@ class ShareReconciler:
             namespace=share.namespace, name=share.name, status=desired
         )
 
-    async def _cached(self, share: ShareSummary, pods: Sequence[PodFacts]) -> ShareProfile | None:
+    async def _cached(self, share: ShareSummary, pods: Sequence[PodFacts]) -> GpuProfile | None:
         spec = share.spec
         if spec is None or share.status.get("phase") != PHASE_PENDING:
             return None
@@ -459,7 +456,7 @@ class ShareReconciler:
                     ],
                 )
             return
-        profile = profile_from_reading(reading, now=now)
+        profile = reading.stored(now=now)
         pod = step.pod
         key = cache.cache_key(image=pod.image, command=pod.command, gpu_model=profile.gpu_model)
         entry = cache.CacheEntry(pod.image, pod.command, profile.gpu_model, profile)

@@ -108,7 +108,7 @@ def rules_of(
     profile_text = annotations.get(ANN_PROFILE)
     if profile_text is not None:
         stored = parse_profile_annotation(profile_text)
-        profile, peak_memory = pipe_profile(stored), stored.memory_bytes
+        profile, peak_memory = pipe_profile(stored), stored.peak_memory_bytes
     return ShareRules(
         namespace=namespace,
         share=share,

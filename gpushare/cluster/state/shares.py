@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.gpushare_crd import PROFILING_SKIP, GpuShareSpec, parse_profile, parse_spec
+from gpushare.api.gpushare_crd import PROFILING_SKIP, GpuShareSpec, parse_spec
+from gpushare.api.profile import GpuProfile
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.state.pods import annotations, metadata
 from gpushare.cluster.state.quarantine import Take, take_plainly
@@ -69,7 +70,7 @@ def stored_pipe_profile(status: Mapping[str, Any]) -> PipeProfile | None:
     if not isinstance(raw, Mapping):
         return None
     try:
-        return pipe_profile(parse_profile(raw))
+        return pipe_profile(GpuProfile.from_status(raw))
     except InvalidInputError:
         return None
 

@@ -17,7 +17,7 @@ from typing import Protocol
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
 from gpushare.node.core.pods import PodInfo
-from gpushare.node.mps.client import client_limits_env
+from gpushare.node.mps.client import ClientLimits, client_limits
 
 # Where a container sees its GPU's MPS directories.
 CONTAINER_MPS_DIR = "/run/gpushare/node/mps"
@@ -66,6 +66,11 @@ class ContainerAllocation:
     devices: list[DeviceNode] = field(default_factory=list)
     pod: str | None = None
     """namespace/name of the pod it was decided for; None when derived from the slice IDs."""
+    limits: ClientLimits | None = None
+    """The MPS client limits ``envs`` tells the container (None: whole GPUs, without MPS), as
+    numbers: what the GPU's MPS server must allow."""
+    gpu_uuid: str | None = None
+    """The GPU of an MPS answer."""
 
 
 class AllocationError(Exception):
@@ -148,16 +153,17 @@ def mps_allocation(
     """One GPU through its MPS daemon: the pipe and shm directories, the client limits (also
     the DRA plugin's answer for a shared claim; the server-level limits are set apart)."""
     paths = ctx.mps.paths(uuid)
+    limits = client_limits(
+        thread_percent=thread_percent,
+        gpu_class=gpu_class,
+        memory_limit_bytes=memory_limit_bytes,
+        gpu_memory_bytes=ctx.gpus[uuid].memory_bytes,
+        request_percent=request_percent,
+    )
     envs = {
         "CUDA_VISIBLE_DEVICES": uuid,
         "CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR,
-        **client_limits_env(
-            thread_percent=thread_percent,
-            gpu_class=gpu_class,
-            memory_limit_bytes=memory_limit_bytes,
-            gpu_memory_bytes=ctx.gpus[uuid].memory_bytes,
-            request_percent=request_percent,
-        ),
+        **limits.env(),
     }
     if ctx.nvidia_runtime_env:
         envs["NVIDIA_VISIBLE_DEVICES"] = uuid
@@ -168,4 +174,11 @@ def mps_allocation(
         MountSpec(MPS_DEFAULT_PIPE_DIR, str(paths.pipe)),
         MountSpec(CONTAINER_SHM_DIR, str(ctx.mps.client_shm(uuid))),
     ]
-    return ContainerAllocation(envs=envs, mounts=mounts, devices=_devices(ctx, [uuid]), pod=pod)
+    return ContainerAllocation(
+        envs=envs,
+        mounts=mounts,
+        devices=_devices(ctx, [uuid]),
+        pod=pod,
+        limits=limits,
+        gpu_uuid=uuid,
+    )

@@ -1,6 +1,6 @@
-"""The pod as the device plugin sees it (``PodInfo``), its only window on Kubernetes
-(``PodSource``), and the readings of a pod's placement annotations that matching, the answer
-record and reconciliation share.
+"""The pod as the node agent sees it (``PodInfo``, its placement annotations parsed once), its
+only window on Kubernetes (``PodSource``), and the readings of a pod's placement annotations
+that matching, the answer record and reconciliation share.
 
 The kubelet's Allocate and GetPreferredAllocation name device IDs only, never the pod; the
 device plugin finds the pod among these projections of the pods bound to its node
@@ -9,10 +9,11 @@ those).
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import (
     ANN_CONTAINER,
     ANN_GPU_UUID,
@@ -21,6 +22,7 @@ from gpushare.api.names import (
     GPU_RESOURCES,
     RESOURCE_GPU_OPPORTUNISTIC,
 )
+from gpushare.api.placement import Placement, parse_placement
 from gpushare.api.quantities import kube_quantity
 
 _FINISHED = ("Succeeded", "Failed")
@@ -48,6 +50,18 @@ class PodInfo:
     started: bool = False
     """Some container of the pod has been created or has run (a container ID, a running or
     terminated state, or a restart): the kubelet admitted it for good."""
+    placement: Placement | None = field(init=False, compare=False, repr=False)
+    """Its placement annotations, parsed once here for every part of the agent; None when it
+    carries none or when they are malformed (``placement_error`` says why)."""
+    placement_error: InvalidInputError | None = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        try:
+            placement, error = parse_placement(self.annotations), None
+        except InvalidInputError as exc:
+            placement, error = None, exc
+        object.__setattr__(self, "placement", placement)
+        object.__setattr__(self, "placement_error", error)
 
     @property
     def key(self) -> str:

@@ -49,7 +49,6 @@ from gpushare.node.deviceplugin.response import (
     derived_allocation,
 )
 from gpushare.node.deviceplugin.steering import steer
-from gpushare.node.mps.client import MiB
 
 log = logging.getLogger(__name__)
 
@@ -393,17 +392,11 @@ class Allocator:
         if self.on_answer is None:
             return answers
         for answer in answers:
-            envs = answer.envs
-            threads = envs.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-            if threads is None:
+            limits = answer.limits
+            if limits is None or answer.gpu_uuid is None:
                 continue  # a whole GPU, without MPS
-            memory = envs.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=0M")
             try:
-                self.on_answer(
-                    envs["CUDA_VISIBLE_DEVICES"],
-                    int(threads),
-                    int(memory.partition("=")[2].removesuffix("M") or 0) * MiB,
-                )
+                self.on_answer(answer.gpu_uuid, limits.thread_percent, limits.pinned_bytes)
             except Exception as exc:  # the answer stands; the agent's loop sets limits too
                 log.warning("could not raise the MPS limits for an answer: %s", exc)
         return answers

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import ANN_GPU_UUID, ANN_STATE, STATE_ALLOCATED, STATE_ASSUMED
-from gpushare.api.placement import Placement, parse_placement
+from gpushare.api.placement import Placement
 from gpushare.node.core.answer import AllocationError
 from gpushare.node.core.pods import PodInfo, annotated_gpus, placement_values
 
@@ -58,18 +58,13 @@ def _candidate(pod: PodInfo, again: AbstractSet[str] = frozenset()) -> WaitingPo
     ``again`` (forgotten by a restarted kubelet) waits whatever its state."""
     if pod.phase != "Pending" or ANN_GPU_UUID not in pod.annotations:
         return None
+    placement = pod.placement
     if pod.uid in again:
-        try:
-            placement = parse_placement(pod.annotations)
-        except InvalidInputError:
-            return None
         return None if placement is None else WaitingPod(pod, placement, None, placement.bind_time)
-    try:
-        placement = parse_placement(pod.annotations)
-    except InvalidInputError as exc:
+    if pod.placement_error is not None:
         if pod.annotations.get(ANN_STATE, STATE_ASSUMED) == STATE_ALLOCATED:
             return None
-        return WaitingPod(pod, None, exc, pod.created or _epoch())
+        return WaitingPod(pod, None, pod.placement_error, pod.created or _epoch())
     if placement is None or placement.state != STATE_ASSUMED:
         return None
     return WaitingPod(pod, placement, None, placement.bind_time)

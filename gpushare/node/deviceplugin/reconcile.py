@@ -16,9 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import ANN_GPU_UUID, ANN_STATE, STATE_ALLOCATED, STATE_ASSUMED
-from gpushare.api.placement import parse_placement
 from gpushare.node.core.pods import PodInfo, placement_values
 from gpushare.node.deviceplugin.holdings import Answer
 
@@ -43,10 +41,7 @@ def suspect_pods(
             continue
         if answer is not None and kubelet is not None and answer.kubelet == kubelet:
             continue
-        try:
-            if parse_placement(pod.annotations) is None:
-                continue
-        except InvalidInputError:
+        if pod.placement is None:
             continue
         found.append(pod)
     return found

@@ -20,11 +20,11 @@ from prometheus_client.registry import Collector
 
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import SLICES_PER_GPU
+from gpushare.api.profile import PIPES
 from gpushare.node.core.allocations import PodAllocation
 from gpushare.node.exporter.health import HealthRecorder
 from gpushare.node.exporter.podresources import ContainerDevices
 from gpushare.node.exporter.sampler import GpmSampler, GpuReading, ProcessReading
-from gpushare.node.gpu.backend import PIPES
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

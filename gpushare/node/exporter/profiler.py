@@ -11,20 +11,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from gpushare.api.profile import GpuProfile
+from gpushare.api.profile import RATIOS, GpuProfile
 from gpushare.node.exporter.sampler import GpmSampler, TimedSample
-from gpushare.node.gpu.backend import PIPES
 from gpushare.packing.model import PipeProfile
 from gpushare.packing.stored_profile import measured_pipe_profile
 
 DEFAULT_WINDOW_S = 30.0
 QUERY_PARAMS = ("gpu", "window")
-_SCALARS = {
-    "sm_utilization": "sm_utilization_ratio",
-    "sm_occupancy": "sm_occupancy_ratio",
-    "dram_bandwidth": "dram_bandwidth_ratio",
-    "utilization": "utilization_ratio",
-}
 
 
 class ProfileError(Exception):
@@ -53,11 +46,9 @@ def average(
     samples: list[TimedSample], *, uuid: str, model: str, simulated: bool, window_s: float
 ) -> GpuProfile:
     """Average readings, each weighted by the GPU time its rates cover."""
-    fields: dict[str, float | None] = {}
-    for pipe in PIPES:
-        fields[pipe] = _weighted([(t.span_s, t.sample.pipes.get(pipe)) for t in samples])
-    for key, attr in _SCALARS.items():
-        fields[key] = _weighted([(t.span_s, getattr(t.sample, attr)) for t in samples])
+    fields: dict[str, Any] = {
+        c: _weighted([(t.span_s, t.sample.counter(c)) for t in samples]) for c in RATIOS
+    }
     memory = _weighted([(t.span_s, t.sample.memory_used_bytes) for t in samples])
     mem_values = [t.sample.memory_used_bytes for t in samples if t.sample.memory_used_bytes]
     unavailable = tuple(k for k, v in fields.items() if v is None)
@@ -70,18 +61,7 @@ def average(
         window_seconds=window_s,
         sampled_seconds=round(sum(t.span_s for t in samples), 3),
         samples=len(samples),
-        fp16=fields["fp16"],
-        fp32=fields["fp32"],
-        fp64=fields["fp64"],
-        tensor=fields["tensor"],
-        tensor_hmma=fields["tensor_hmma"],
-        tensor_dmma=fields["tensor_dmma"],
-        tensor_imma=fields["tensor_imma"],
-        integer=fields["integer"],
-        sm_utilization=fields["sm_utilization"],
-        sm_occupancy=fields["sm_occupancy"],
-        dram_bandwidth=fields["dram_bandwidth"],
-        utilization=fields["utilization"],
+        **fields,
         memory_used_bytes=memory,
         memory_used_bytes_max=max(mem_values) if mem_values else None,
         unavailable=unavailable,

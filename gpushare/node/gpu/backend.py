@@ -9,9 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpushare.api.inventory import GpuInfo
-
-# Pipe names of record: the values of the metrics' pipe label (docs/observability.md).
-PIPES = ("fp16", "fp32", "fp64", "tensor", "tensor_hmma", "tensor_dmma", "tensor_imma", "integer")
+from gpushare.api.profile import PIPES
 
 
 @dataclass(frozen=True)
@@ -34,10 +32,19 @@ class GpuSample:
     memory_used_bytes: int | None
     memory_total_bytes: int | None
     pipes: dict[str, float | None] = field(default_factory=dict)
-    """Per-pipe utilization 0-1 from GPM, keyed by PIPES; missing key = unavailable."""
+    """Per-pipe utilization 0-1 from GPM, keyed by ``api.profile.PIPES``; missing key =
+    unavailable."""
     sm_utilization_ratio: float | None = None
     sm_occupancy_ratio: float | None = None
     dram_bandwidth_ratio: float | None = None
+
+    def counter(self, name: str) -> float | None:
+        """One counter of ``api.profile.RATIOS`` by its name of record: a pipe, else the
+        ``<name>_ratio`` field."""
+        if name in PIPES:
+            return self.pipes.get(name)
+        value: float | None = getattr(self, f"{name}_ratio")
+        return value
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
-from gpushare.node.gpu.backend import PIPES, GpuProcess, GpuSample, HealthEvent
+from gpushare.api.profile import PIPES
+from gpushare.node.gpu.backend import GpuProcess, GpuSample, HealthEvent
 
 log = logging.getLogger(__name__)
 

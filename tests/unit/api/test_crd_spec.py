@@ -14,17 +14,16 @@ from gpushare.api.gpushare_crd import (
     PHASE_PACKED,
     PHASE_PENDING,
     PHASE_PROFILING,
-    ShareProfile,
     governing_share,
     inherited_annotations,
     missing_annotations,
-    parse_profile,
     parse_profile_annotation,
     parse_spec,
     profile_annotation,
     scheduling_hold,
 )
 from gpushare.api.names import ANN_CLASS, ANN_FRACTION, ANN_MEMORY, ANN_SHARE
+from gpushare.api.profile import GpuProfile
 
 
 def test_full_spec_parses_with_units_and_defaults() -> None:
@@ -164,7 +163,7 @@ def test_only_the_profiling_pod_is_scheduled_until_the_share_is_packed() -> None
 
 
 def test_profile_round_trips_through_status_and_pod_annotation() -> None:
-    profile = ShareProfile(
+    profile = GpuProfile(
         gpu_model="NVIDIA H200",
         fp16=0.02,
         fp32=0.05,
@@ -172,14 +171,14 @@ def test_profile_round_trips_through_status_and_pod_annotation() -> None:
         tensor=0.78,
         sm_occupancy=0.61,
         dram_bandwidth=0.4,
-        memory_bytes=12 * 2**30,
+        memory_used_bytes_max=12 * 2**30,
         sampled_seconds=60.0,
         time=datetime(2025, 3, 1, 12, 0, tzinfo=UTC),
         simulated=False,
     )
     status = profile.to_status()
     assert "fp64" not in status  # unmeasured stays absent, never 0
-    assert parse_profile(status) == profile
+    assert GpuProfile.from_status(status) == profile
     assert parse_profile_annotation(profile_annotation(status)) == profile
 
 

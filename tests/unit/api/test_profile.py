@@ -3,11 +3,15 @@ reads."""
 
 import json
 import math
+from dataclasses import fields
+from datetime import UTC, datetime
 
 import pytest
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.api.profile import GpuProfile
+from gpushare.api.profile import PLACEMENT_COUNTERS, RATIOS, GpuProfile
+from gpushare.packing.model import PipeProfile
+from gpushare.packing.stored_profile import pipe_profile
 
 MEASURED = GpuProfile(
     gpu_uuid="GPU-1",
@@ -60,3 +64,59 @@ def test_an_older_agents_answer_reads_with_what_it_has() -> None:
 def test_a_malformed_answer_is_refused_naming_the_field(payload: object, field: str) -> None:
     with pytest.raises(InvalidInputError, match=field):
         GpuProfile.from_json(payload)
+
+
+def test_the_profile_answer_keeps_its_keys_of_record() -> None:
+    """One record, two wire forms: ``/profile`` keeps its snake-case keys in their order and
+    says nothing of what the operator adds when it stores one (its time and source)."""
+    assert list(MEASURED.to_json()) == [
+        "gpu_uuid",
+        "gpu_model",
+        "simulated",
+        "window_seconds",
+        "sampled_seconds",
+        "samples",
+        *RATIOS,
+        "memory_used_bytes",
+        "memory_used_bytes_max",
+        "unavailable",
+    ]
+
+
+def test_a_stored_profile_keeps_its_status_keys_and_reads_back_as_stored() -> None:
+    stored = MEASURED.stored(now=datetime(2026, 11, 1, tzinfo=UTC))
+    status = stored.to_status()
+    assert set(status) == {
+        "gpuModel",
+        "sampledSeconds",
+        "time",
+        "simulated",
+        "source",
+        "fp16",
+        "fp32",
+        "tensor",
+        "tensorHmma",
+        "tensorDmma",
+        "tensorImma",
+        "smUtilization",
+        "smOccupancy",
+        "dramBandwidth",
+        "memoryBytes",
+    }  # fp64 was not measured; integer and NVML's utilization are not stored
+    assert status["memoryBytes"] == 23_000_000_000  # the peak: what a memory cap must allow
+    assert GpuProfile.from_status(status) == stored
+
+
+def test_the_policy_reads_the_counters_of_record() -> None:
+    policy = {f.name for f in fields(PipeProfile)}
+    assert set(PLACEMENT_COUNTERS) <= policy <= {*RATIOS, "gpu_model"}
+    assert pipe_profile(MEASURED.stored(now=datetime(2026, 11, 1, tzinfo=UTC))) == PipeProfile(
+        fp16=0.01,
+        fp32=0.12,
+        fp64=0.0,  # not measured reads as idle to the policy
+        tensor=0.55,
+        sm_occupancy=0.61,
+        dram_bandwidth=0.33,
+        gpu_model="NVIDIA H100 80GB HBM3",
+        sm_utilization=0.9,
+    )

@@ -7,6 +7,7 @@ listing everything again. The cluster is an API server stand-in speaking HTTP
 
 import io
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from gpushare.cli.watch import follow
 from gpushare.kube.cli import Query, Snapshot, follow_cluster, read_cluster
 from tests.fixtures.builders import GPU_A, GPU_B, NODES
 from tests.fixtures.builders import placed_pod as pod
-from tests.fixtures.fake_apiserver import FakeApiServer, kubectl_binary, split_kubeconfig
+from tests.fixtures.fake_apiserver import TOKEN, FakeApiServer, kubectl_binary, split_kubeconfig
 
 PODS_ML = "/api/v1/namespaces/ml/pods"
 
@@ -195,3 +196,47 @@ def test_read_cluster_reads_the_same_through_kubectls_config(apiserver: FakeApiS
     assert snapshot.namespace == "ml"
     assert [n["metadata"]["name"] for n in snapshot.nodes] == ["cpu-only", "node-a"]
     assert snapshot.slices == [] and snapshot.claims == []  # no resource.k8s.io here: 404
+
+
+def test_an_exec_credential_plugin_supplies_the_token(
+    apiserver: FakeApiServer, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """As cloud providers' kubeconfigs do (client.authentication.k8s.io/v1)."""
+    plugin = tmp_path / "credential.py"
+    plugin.write_text(
+        "import json, os\n"
+        "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
+        "assert info['kind'] == 'ExecCredential'\n"
+        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1',"
+        " 'kind': 'ExecCredential', 'status': {'token': os.environ['TOKEN_FOR_TEST']}}))\n"
+    )
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "cloud",
+        "clusters": [{"name": "c", "cluster": {"server": apiserver.url}}],
+        "contexts": [
+            {"name": "cloud", "context": {"cluster": "c", "user": "u", "namespace": "ml"}}
+        ],
+        "users": [
+            {
+                "name": "u",
+                "user": {
+                    "exec": {
+                        "apiVersion": "client.authentication.k8s.io/v1",
+                        "command": sys.executable,
+                        "args": [str(plugin)],
+                        "env": [{"name": "TOKEN_FOR_TEST", "value": TOKEN}],
+                        "interactiveMode": "Never",
+                    }
+                },
+            }
+        ],
+    }
+    path = tmp_path / "exec.json"
+    path.write_text(json.dumps(config))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    code, out, err = cli(capsys, "get", "pods", "-o", "name")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == ["pod/big", "pod/half", "pod/small"]

@@ -17,6 +17,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.cluster.certificates import (
     CREDENTIALS_ANNOTATION,
     RENEW_ANNOTATION,
+    RESTARTED_AT,
     CertificateKeeper,
     CertificateSettings,
     leaves_for,
@@ -138,10 +139,10 @@ def test_renewal_keeps_the_ca_and_restarts_the_scheduler_only_then(tmp_path: Pat
     new_client = store.items[f"{PREFIX}-extender-client"].data
     assert handshake(tmp_path / "extender", old_ca, new_client, EXTENDER_HOSTS[0]) == "ok"
     assert len(store.patches) == 1
-    assert (
-        store.templates["gpushare-scheduler"][CREDENTIALS_ANNOTATION]
-        == store.annotations["gpushare-scheduler"][CREDENTIALS_ANNOTATION]
-    )
+    # As kubectl rollout restart does; a gpushare.io/ key would make the webhook take the
+    # scheduler's pods for gpushare pods and refuse them.
+    assert list(store.templates["gpushare-scheduler"]) == [RESTARTED_AT]
+    assert store.annotations["gpushare-scheduler"][CREDENTIALS_ANNOTATION]
 
 
 def test_certificates_are_renewed_with_a_third_of_their_life_left(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import gpushare
-from gpushare.api.gpushare_crd import ShareProfile
+from gpushare.api.profile import GpuProfile
 from gpushare.cluster.main import ControllerContext
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator.guard import LatencyGuard
@@ -61,7 +61,7 @@ def test_pending_pods_count_unbound_gpushare_pods_per_namespace() -> None:
 
 def test_share_profiles_are_exported_per_pipe_and_broken_ones_skipped() -> None:
     view = ClusterView()
-    profile = ShareProfile(
+    profile = GpuProfile(
         gpu_model="NVIDIA H100 80GB HBM3",
         fp16=0.1,
         fp32=0.3,
@@ -69,7 +69,7 @@ def test_share_profiles_are_exported_per_pipe_and_broken_ones_skipped() -> None:
         tensor=0.6,
         sm_occupancy=0.4,
         dram_bandwidth=0.2,
-        memory_bytes=2**30,
+        memory_used_bytes_max=2**30,
         sampled_seconds=30.0,
         time=datetime(2026, 1, 1, tzinfo=UTC),
         simulated=True,

@@ -10,8 +10,9 @@ from datetime import UTC, datetime
 
 import yaml
 
-from gpushare.api.gpushare_crd import ANN_PROFILE, ShareProfile, parse_profile
-from gpushare.cluster.operator.readings import parse_reading, profile_from_reading
+from gpushare.api.gpushare_crd import ANN_PROFILE
+from gpushare.api.profile import GpuProfile
+from gpushare.cluster.operator.readings import parse_reading
 from gpushare.cluster.state.share_rules import rules_of
 from gpushare.node.exporter.profiler import pipe_profile_from_json
 from gpushare.packing.interference import load_default
@@ -38,14 +39,12 @@ AGENT_ANSWER = {
 
 
 def test_profile_annotation_written_by_the_operator_keeps_sm_utilization_for_the_extender() -> None:
-    stored = profile_from_reading(
-        parse_reading(AGENT_ANSWER), now=datetime(2026, 11, 1, tzinfo=UTC)
-    )
+    stored = parse_reading(AGENT_ANSWER).stored(now=datetime(2026, 11, 1, tzinfo=UTC))
     annotation = json.dumps(stored.to_status(), separators=(",", ":"))
     assert json.loads(annotation)["smUtilization"] == 0.38
     rules = rules_of(name="p", namespace="ns", annotations={ANN_PROFILE: annotation})
     assert rules.profile is not None and rules.profile.sm_utilization == 0.38
-    assert parse_profile(stored.to_status()) == stored
+    assert GpuProfile.from_status(stored.to_status()) == stored
 
 
 def test_profiles_stored_before_the_field_existed_still_read_as_unknown() -> None:
@@ -55,8 +54,8 @@ def test_profiles_stored_before_the_field_existed_still_read_as_unknown() -> Non
         "sampledSeconds": 30,
         "time": "2026-11-01T00:00:00Z",
     }
-    stored = parse_profile(old)
-    assert isinstance(stored, ShareProfile) and stored.sm_utilization is None
+    stored = GpuProfile.from_status(old)
+    assert isinstance(stored, GpuProfile) and stored.sm_utilization is None
     rules = rules_of(name="p", namespace="ns", annotations={ANN_PROFILE: json.dumps(old)})
     assert rules.profile is not None and rules.profile.sm_utilization is None
 

@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime, timedelta
 
-from gpushare.api.gpushare_crd import ShareProfile
+from gpushare.api.profile import PLACEMENT_COUNTERS, GpuProfile
 from gpushare.cluster.operator.cache import (
     CacheEntry,
     cache_key,
@@ -15,9 +15,13 @@ T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 IMAGE = "registry.local/train:1"
 
 
-def profile(model: str, tensor: float, *, minutes: int = 0) -> ShareProfile:
-    return ShareProfile(
-        model, 0.0, 0.1, 0.0, tensor, 0.5, 0.3, 2**33, 60.0, T0 + timedelta(minutes=minutes)
+def profile(model: str, tensor: float, *, minutes: int = 0) -> GpuProfile:
+    return GpuProfile(
+        gpu_model=model,
+        **dict(zip(PLACEMENT_COUNTERS, (0.0, 0.1, 0.0, tensor, 0.5, 0.3), strict=True)),
+        memory_used_bytes_max=2**33,
+        sampled_seconds=60.0,
+        time=T0 + timedelta(minutes=minutes),
     )
 
 

@@ -11,7 +11,6 @@ from gpushare.cluster.operator.readings import (
     ProfilerError,
     agent_url,
     parse_reading,
-    profile_from_reading,
 )
 from gpushare.cluster.operator.reconcile import utcnow
 from gpushare.node.exporter import SamplerSettings, build_exporter
@@ -67,12 +66,12 @@ async def test_profile_of_a_running_job_comes_back_as_a_share_profile(
         )
     finally:
         await client.close()
-    profile = profile_from_reading(reading, now=utcnow())
+    profile = reading.stored(now=utcnow())
     assert profile.tensor == pytest.approx(0.78)
     assert profile.fp32 == pytest.approx(0.05)
     assert profile.fp64 == pytest.approx(0.0)
     assert profile.sm_occupancy == pytest.approx(0.55)
-    assert profile.memory_bytes == 20 * 2**30
+    assert profile.peak_memory_bytes == 20 * 2**30
     assert profile.gpu_model == "NVIDIA H200"
     assert profile.simulated is True
     assert profile.sampled_seconds == pytest.approx(20)

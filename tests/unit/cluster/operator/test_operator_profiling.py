@@ -6,9 +6,10 @@ from typing import Any
 import pytest
 
 from gpushare.api.dra import ANN_DRA_GPU, POD_CLAIM
-from gpushare.api.gpushare_crd import ANN_PROFILING, ShareProfile
+from gpushare.api.gpushare_crd import ANN_PROFILING
 from gpushare.api.names import ANN_FRACTION, ANN_SHARE, RESOURCE_GPU_PERCENT
 from gpushare.api.placement import Placement
+from gpushare.api.profile import PLACEMENT_COUNTERS, GpuProfile
 from gpushare.cluster.operator.profiling import (
     MAX_PROFILING_ATTEMPTS,
     Abandon,
@@ -82,7 +83,13 @@ def pod(
     return facts(body)
 
 
-CACHED = ShareProfile("NVIDIA H200", 0.02, 0.05, 0.0, 0.78, 0.6, 0.4, 2**34, 60.0, T0)
+CACHED = GpuProfile(
+    gpu_model="NVIDIA H200",
+    **dict(zip(PLACEMENT_COUNTERS, (0.02, 0.05, 0.0, 0.78, 0.6, 0.4), strict=True)),
+    memory_used_bytes_max=2**34,
+    sampled_seconds=60.0,
+    time=T0,
+)
 
 
 def test_new_share_waits_for_acceptance_then_for_its_first_pod() -> None:

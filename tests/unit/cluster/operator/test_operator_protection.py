@@ -12,11 +12,11 @@ from datetime import UTC, datetime, timedelta
 from gpushare.api.gpushare_crd import ANN_PROFILE, ANN_PROFILING
 from gpushare.api.names import ANN_CLASS, RESOURCE_GPU_PERCENT
 from gpushare.api.placement import Placement
+from gpushare.api.profile import GpuProfile
 from gpushare.cluster.operator.guard import interference_predictor
 from gpushare.cluster.operator.protection import (
     ProtectionPolicy,
     ProtectionTracker,
-    Reading,
     choose_victim,
     judge,
 )
@@ -24,20 +24,22 @@ from gpushare.cluster.state.pods import PodFacts, facts
 from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.interference import load_default
 
-BF16_GEMM = Reading(
+BF16_GEMM = GpuProfile(
     fp16=0.01, fp32=0.02, fp64=0.0, tensor=0.78, sm_occupancy=0.5, dram_bandwidth=0.3
 )
-FP32_GEMM = Reading(fp16=0.0, fp32=0.77, fp64=0.0, tensor=0.0, sm_occupancy=0.5, dram_bandwidth=0.2)
-FP64_GEMM = Reading(
+FP32_GEMM = GpuProfile(
+    fp16=0.0, fp32=0.77, fp64=0.0, tensor=0.0, sm_occupancy=0.5, dram_bandwidth=0.2
+)
+FP64_GEMM = GpuProfile(
     fp16=0.0, fp32=0.0, fp64=0.01, tensor=0.95, sm_occupancy=0.5, dram_bandwidth=0.2
 )
-INFERENCE_ALONE = Reading(
+INFERENCE_ALONE = GpuProfile(
     fp16=0.02, fp32=0.08, fp64=0.0, tensor=0.22, sm_occupancy=0.3, dram_bandwidth=0.15
 )
-INFERENCE_BESIDE_TRAINING = Reading(
+INFERENCE_BESIDE_TRAINING = GpuProfile(
     fp16=0.05, fp32=0.3, fp64=0.0, tensor=0.93, sm_occupancy=0.9, dram_bandwidth=0.7
 )
-NO_GPM = Reading()  # a pre-Hopper GPU: every pipe counter unavailable
+NO_GPM = GpuProfile()  # a pre-Hopper GPU: every pipe counter unavailable
 
 POLICY = ProtectionPolicy(
     saturation_threshold=0.9, slowdown_bound=1.5, bad_readings=3, cooldown_s=60

@@ -8,8 +8,9 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
-from gpushare.api.gpushare_crd import ShareProfile, inherited_annotations
+from gpushare.api.gpushare_crd import inherited_annotations
 from gpushare.api.names import ANN_FRACTION, ANN_SHARE, RESOURCE_GPU_PERCENT
+from gpushare.api.profile import GpuProfile
 from gpushare.cluster.state.shares import ShareRegistry, share_summary
 from gpushare.cluster.webhook.review import review
 from gpushare.packing.sizing import suggested_percent
@@ -17,7 +18,7 @@ from gpushare.packing.stored_profile import pipe_profile
 from tests.fixtures.builders import apply_patch, pod_json, webhook_facts
 
 # A ResNet-50-like job measured alone on an H200: busy SMs, half the occupancy and DRAM.
-PROFILE = ShareProfile(
+PROFILE = GpuProfile(
     gpu_model="NVIDIA H200",
     fp16=0.0,
     fp32=0.03,
@@ -25,7 +26,7 @@ PROFILE = ShareProfile(
     tensor=0.12,
     sm_occupancy=0.47,
     dram_bandwidth=0.41,
-    memory_bytes=None,
+    memory_used_bytes_max=None,
     sampled_seconds=60,
     time=datetime(2026, 11, 24, tzinfo=UTC),
     sm_utilization=0.84,

@@ -6,6 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpushare.api.profile import PIPES
 from gpushare.node.exporter import (
     HealthRecorder,
     MpsDaemonStatus,
@@ -13,7 +14,7 @@ from gpushare.node.exporter import (
     SamplerSettings,
     build_exporter,
 )
-from gpushare.node.gpu.backend import PIPES, HealthEvent
+from gpushare.node.gpu.backend import HealthEvent
 from gpushare.node.gpu.simulated import SimulatedBackend
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -5,7 +5,7 @@ import logging
 import pytest
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.node.gpu.backend import PIPES
+from gpushare.api.profile import PIPES
 from gpushare.node.gpu.factory import open_backend
 from gpushare.node.gpu.simulated import SimulatedBackend, parse_spec
 
