@@ -1387,6 +1387,48 @@ def as_token(sec: Sec, token: str, *args: str, stdin: str | None = None) -> Any:
     )
 
 
+def lease_path(namespace: str, name: str) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+
+
+def patch_as_token(sec: Sec, token: str, path: str, body: Any) -> Any:
+    """A merge PATCH straight to the API server as the holder of ``token``, as the node agent
+    renews its Lease (``kubectl patch`` would GET first, a right the agent's Role lacks).
+    Answers like kubectl: returncode 0 when written, else stderr "Error from server (Reason):
+    message"."""
+    import ssl  # noqa: PLC0415
+
+    request = urllib.request.Request(
+        f"{_server(sec)}{path}",
+        data=json.dumps(body).encode(),
+        method="PATCH",
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/merge-patch+json",
+        },
+    )
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as resp:
+            out = resp.read().decode(errors="replace")
+        return subprocess.CompletedProcess(["PATCH", path], 0, out, "")
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode(errors="replace")
+        try:
+            status = json.loads(text)
+            text = f"Error from server ({status.get('reason', exc.code)}): {status['message']}"
+        except (ValueError, KeyError, AttributeError):
+            text = f"Error from server ({exc.code}): {text}"
+        return subprocess.CompletedProcess(["PATCH", path], 1, "", text)
+
+
+def tenant_token(sec: Sec) -> str:
+    """A token of the tenant's ServiceAccount, as a pod of its namespace would hold."""
+    return str(sec.cluster.kubectl("create", "token", "tenant", "-n", sec.attacker_ns)).strip()
+
+
 def may(sec: Sec, user: str, verb: str, resource: str, namespace: str) -> None:
     """Wait until RBAC lets ``user`` do it (a new binding takes a moment to count)."""
 
@@ -1394,7 +1436,7 @@ def may(sec: Sec, user: str, verb: str, resource: str, namespace: str) -> None:
         out = sec.cluster.kubectl(
             "auth", "can-i", verb, resource, "-n", namespace, f"--as={user}", check=False
         )
-        return out.strip() == "yes"
+        return bool(out.strip() == "yes")
 
     assert wait_until(allowed, timeout_s=30), f"RBAC never let {user} {verb} {resource}"
 
@@ -1437,10 +1479,14 @@ def chart_agent_rbac(sec: Sec) -> Iterator[str]:
     try:
         yield _agent_sa(sec)
     finally:
-        cluster_wide = {"apiVersion": "v1", "kind": "List", "items": [*here]}
-        cluster_wide["items"] += [d for d in docs if d["kind"].startswith("Cluster")]
+        cluster_wide = [*here, *(d for d in docs if d["kind"].startswith("Cluster"))]
         sec.cluster.kubectl(
-            "delete", "-f", "-", "--ignore-not-found", input=json.dumps(cluster_wide), check=False
+            "delete",
+            "-f",
+            "-",
+            "--ignore-not-found",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": cluster_wide}),
+            check=False,
         )
 
 
@@ -1457,10 +1503,10 @@ def agent_pod_token(sec: Sec, pod: str) -> str:
     )
     assert applied, f"the agent pod {sec.agent_ns}/{pod} was never created"
     running(sec, sec.agent_ns, pod)
-    return sec.cluster.kubectl(
+    return str(sec.cluster.kubectl(
         "create", "token", _agent_sa(sec), "-n", sec.agent_ns,
         "--bound-object-kind", "Pod", "--bound-object-name", pod,
-    ).strip()  # fmt: skip
+    )).strip()  # fmt: skip
 
 
 def node_verdict(sec: Sec) -> tuple[bool, str]:
@@ -1536,7 +1582,7 @@ def another_nodes_agent_writes_renews_or_deletes_a_lease(sec: Sec) -> Outcome:
     with chart_agent_rbac(sec) as sa:
         token = agent_pod_token(sec, "agent-lease")
         before = kubectl_json(sec.cluster, "get", "lease", other, "-n", ns)
-        renew = json.dumps({"spec": {"renewTime": _now(), "leaseDurationSeconds": 3600}})
+        renew = {"spec": {"renewTime": _now(), "leaseDurationSeconds": 3600}}
         replaced = _lease_doc(other, f"gpushare-node-agent/{node}", _now(), 3600)
         # Leases take no unconditional update: the PUT names the version it replaces.
         replaced["metadata"].update(
@@ -1547,8 +1593,8 @@ def another_nodes_agent_writes_renews_or_deletes_a_lease(sec: Sec) -> Outcome:
                 sec, token, "create", "-n", ns, "-f", "-",
                 stdin=json.dumps(_lease_doc(f"{other}-2", "x", _now())),
             ),
-            "renew another node's Lease": as_token(
-                sec, token, "patch", "lease", other, "-n", ns, "--type=merge", "-p", renew
+            "renew another node's Lease": patch_as_token(
+                sec, token, lease_path(ns, other), renew
             ),
             "replace another node's Lease": as_token(
                 sec, token, "replace", "-f", "-", stdin=json.dumps(replaced)
@@ -1564,9 +1610,7 @@ def another_nodes_agent_writes_renews_or_deletes_a_lease(sec: Sec) -> Outcome:
                 sec, token, "create", "-n", ns, "-f", "-",
                 stdin=json.dumps(_lease_doc(own, f"gpushare-node-agent/{node}", _now())),
             ),
-            "renew its own Lease": as_token(
-                sec, token, "patch", "lease", own, "-n", ns, "--type=merge", "-p", renew
-            ),
+            "renew its own Lease": patch_as_token(sec, token, lease_path(ns, own), renew),
         }  # fmt: skip
         widened = f"{sec.release}-widened-leases"
         sec.cluster.kubectl(
@@ -1577,7 +1621,7 @@ def another_nodes_agent_writes_renews_or_deletes_a_lease(sec: Sec) -> Outcome:
             f"--serviceaccount={ns}:{sa}",
         )  # fmt: skip
         try:
-            guard_only = {
+            guard_only: dict[str, Callable[[], Any]] = {
                 "replace, Role widened": lambda: as_token(
                     sec, token, "replace", "-f", "-", stdin=json.dumps(replaced)
                 ),
@@ -1646,15 +1690,16 @@ def a_tenant_writes_an_agent_lease_in_the_release_namespace(sec: Sec) -> Outcome
     _tenant_may_write_leases(sec)
     lease = agent_lease_name(sec.cluster.node_name)
     assert lease is not None
-    renew = json.dumps({"spec": {"renewTime": _now(), "leaseDurationSeconds": 2147483647}})
+    renew = {"spec": {"renewTime": _now(), "leaseDurationSeconds": 2147483647}}
     tries = {}
     for ns in (sec.agent_ns, LEASE_NS):
         doc = _lease_doc(lease, f"gpushare-node-agent/{sec.cluster.node_name}", _now(), 3600)
         tries[f"create {ns}/{lease}"] = sec.kubectl(
             "create", "-n", ns, "-f", "-", as_tenant=True, stdin=json.dumps(doc)
         )
-    tries[f"renew {LEASE_NS}/{lease}"] = sec.kubectl(
-        "patch", "lease", lease, "-n", LEASE_NS, "--type=merge", "-p", renew, as_tenant=True
+    # A PATCH as the tenant's token, as its pods would send it (kubectl patch GETs first).
+    tries[f"renew {LEASE_NS}/{lease}"] = patch_as_token(
+        sec, tenant_token(sec), lease_path(LEASE_NS, lease), renew
     )
     tries[f"delete {LEASE_NS}/{lease}"] = sec.kubectl(
         "delete", "lease", lease, "-n", LEASE_NS, as_tenant=True
@@ -1761,10 +1806,7 @@ def a_hostile_lease_spec_keeps_a_dead_agents_node_alive(sec: Sec) -> Outcome:
         token = agent_pod_token(sec, "agent-lease")
 
         def patch(spec: Any) -> Any:
-            body = json.dumps({"spec": spec})
-            return as_token(
-                sec, token, "patch", "lease", lease, "-n", LEASE_NS, "--type=merge", "-p", body
-            )
+            return patch_as_token(sec, token, lease_path(LEASE_NS, lease), {"spec": spec})
 
         wrong_types = {
             "leaseDurationSeconds as a string": {"leaseDurationSeconds": "2147483647"},
@@ -1798,21 +1840,22 @@ def a_hostile_lease_spec_keeps_a_dead_agents_node_alive(sec: Sec) -> Outcome:
     bound = 60 + 6  # the controller's bound, and one agent duration for the watch and check
     ok = not stored and gone is not None and gone[0] <= bound and "60 s" in gone[1]
     types_why = "; ".join(
-        f"{k}: {o.stderr.strip().rsplit(': ', 1)[-1][:90]}" for k, o in typed.items()
+        f"{k}: {o.stderr.strip().rsplit(': ', 1)[-1][:60]}" for k, o in typed.items()
     )
     first = (
-        f"first refused {first_refusal[0]:.0f} s after the write ({first_refusal[1][:100]})"
+        f"{first_refusal[0]:.0f} s after the write ({first_refusal[1][:90]})"
         if first_refusal
-        else "never refused"
+        else "never"
     )
+    # The measured times first: the reason is kept to 600 characters in attacks.json.
     return ok, (
-        f"{LEASE_NS}/{lease}: wrong types refused by the API server ({types_why}); stored: "
-        f"{stored or 'none'}. spec.leaseDurationSeconds 2147483647 and spec.renewTime "
-        "9999-12-31, written with the agent's token right after it was killed: the controller "
-        "judged the agent gone "
+        f"{LEASE_NS}/{lease} given leaseDurationSeconds 2147483647 and renewTime 9999-12-31 "
+        "with the agent's token right after the agent was killed: the controller judged the "
+        "agent gone "
         + (f"{gone[0]:.0f} s after that write" if gone else "never within 90 s")
-        + f" (bound {bound} s: durations bounded to 1..60 s, renewals timed on its own clock; "
-        f"{first}): {gone[1][:200] if gone else ''}"
+        + f" (bound {bound} s: durations bounded to 1..60 s, renewals timed on its own clock); "
+        f"the node was first refused {first}. Wrong types refused by the API server, "
+        f"stored: {len(stored)} ({types_why})"
     )
 
 
@@ -1850,18 +1893,18 @@ def a_tenant_service_account_named_like_the_node_agent(sec: Sec) -> Outcome:
         token = minted.stdout.strip()
         lease = agent_lease_name(sec.cluster.node_name)
         assert lease is not None
-        renew = json.dumps({"spec": {"renewTime": _now()}})
+        renew = {"spec": {"renewTime": _now()}}
         tries = {
-            "renew the agent's Lease": as_token(
-                sec, token, "patch", "lease", lease, "-n", LEASE_NS, "--type=merge", "-p", renew
+            "renew the agent's Lease": patch_as_token(
+                sec, token, lease_path(LEASE_NS, lease), renew
             ),
             "create it in the release namespace": as_token(
                 sec, token, "create", "-n", sec.agent_ns, "-f", "-",
                 stdin=json.dumps(_lease_doc(lease, "x", _now())),
             ),
-            "annotate the node": as_token(
-                sec, token, "patch", "node", sec.cluster.node_name, "--type=merge", "-p",
-                json.dumps({"metadata": {"annotations": {"gs-sec/lookalike": "1"}}}),
+            "annotate the node": patch_as_token(
+                sec, token, f"/api/v1/nodes/{sec.cluster.node_name}",
+                {"metadata": {"annotations": {"gs-sec/lookalike": "1"}}},
             ),
             "mint a token of the real agent": sec.kubectl(
                 "create", "token", sa, "-n", sec.agent_ns, as_tenant=True
@@ -1886,10 +1929,7 @@ def a_stolen_agent_token_after_its_pod_is_gone(sec: Sec) -> Outcome:
 
         def mark() -> Any:
             body = {"metadata": {"annotations": {"gs-sec/stolen": uuid.uuid4().hex[:4]}}}
-            return as_token(
-                sec, token, "patch", "lease", lease, "-n", LEASE_NS, "--type=merge", "-p",
-                json.dumps(body),
-            )  # fmt: skip
+            return patch_as_token(sec, token, lease_path(LEASE_NS, lease), body)
 
         try:
             before = mark()
