@@ -9,28 +9,34 @@ the first fences, checked in tests/chart and by ``test_extender_without_client_c
 The chart's two ValidatingAdmissionPolicies (placement annotations; node agents confined to
 their node) are rendered by helm and bound to this module's namespaces; the host-process
 controller and node agent of the test harness write as ``kubernetes-admin``, which the policy
-names as a writer (in a chart install they are the release's ServiceAccounts).
+names as a writer (in a chart install they are the release's ServiceAccounts). The attacks on
+the node agents' Leases also act with tokens of the agent's ServiceAccount under the chart's
+own RBAC, and SIGKILL the test node agent where the attack needs a dead one (a new one is
+started before the next attack).
 
 Results: $GPUSHARE_SECURITY_OUT/attacks.json (else the cluster state dir), for
 bench/results/security.json.
 """
 
+import contextlib
 import json
 import os
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from gpushare.api.agent_lease import agent_lease_name
 from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILE, ANN_PROFILING
 from gpushare.api.names import (
     ANN_BIND_TIME,
@@ -52,10 +58,10 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
     SCHEDULER_NAME,
 )
-from tests.faults.cluster_checks import kubectl_json, wait_until
+from tests.faults.cluster_checks import kubectl_json, sigkill, wait_until
 from tests.fixtures.controller import EXTENDER_PORT, ControllerProcess
 from tests.fixtures.helm_chart import CHART, KUBE_VERSION, helm_binary
-from tests.fixtures.node_agent import NodeAgentProcess, scraper_token
+from tests.fixtures.node_agent import NodeAgentProcess, find_agent, scraper_token
 
 pytestmark = pytest.mark.cluster
 
@@ -586,7 +592,7 @@ def a_node_agent_token_for_another_nodes_pods(sec: Sec) -> Outcome:
     pods of its node only (a pending pod, on no node, stands in for another node's), and
     write ResourceSlices (DRA mode) of its node only."""
     sa = f"{sec.release}-gpushare-node-agent"
-    sec.cluster.kubectl("create", "serviceaccount", "-n", sec.agent_ns, sa)
+    sec.cluster.kubectl("create", "serviceaccount", "-n", sec.agent_ns, sa, check=False)
     sec.cluster.kubectl(
         "create",
         "clusterrole",
@@ -1329,6 +1335,618 @@ def declares_its_running_pod_finished(sec: Sec) -> Outcome:
     )
 
 
+# ---- round four: the node agents' Leases ----------------------------------------------------
+#
+# Each node agent renews the Lease gpushare-agent-<node> of the release namespace; the controller
+# refuses a node whose agent's Lease went unrenewed (gpushare.cluster.state.agents). The test
+# controller and node agent run as host processes, with the Leases in "default" (the
+# controller's --agent-lease-namespace there); this module's release namespace holds the agent's
+# ServiceAccount and the chart's node-agent RBAC, and its Lease Role is also bound in "default",
+# so the agent's token writes the very Lease the controller reads.
+
+LEASE_NS = "default"
+"""Where the test controller reads the agents' Leases and the test node agent renews its own."""
+OTHER_NODE = "gs-sec-other"
+"""Another node's name: its Lease is written as its own agent would."""
+
+
+def _agent_sa(sec: Sec) -> str:
+    return f"{sec.release}-gpushare-node-agent"
+
+
+def _lease_doc(name: str, holder: str, renew: str, duration: Any = 6) -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration, "renewTime": renew},
+    }
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def as_token(sec: Sec, token: str, *args: str, stdin: str | None = None) -> Any:
+    """kubectl as the holder of ``token`` (no kubeconfig credentials)."""
+    return subprocess.run(
+        [
+            "kubectl",
+            f"--token={token}",
+            "--kubeconfig=/dev/null",
+            f"--server={_server(sec)}",
+            "--insecure-skip-tls-verify=true",
+            *args,
+        ],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=sec.cluster.env,
+    )
+
+
+def lease_path(namespace: str, name: str) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+
+
+def patch_as_token(sec: Sec, token: str, path: str, body: Any) -> Any:
+    """A merge PATCH straight to the API server as the holder of ``token``, as the node agent
+    renews its Lease (``kubectl patch`` would GET first, a right the agent's Role lacks).
+    Answers like kubectl: returncode 0 when written, else stderr "Error from server (Reason):
+    message"."""
+    import ssl  # noqa: PLC0415
+
+    request = urllib.request.Request(
+        f"{_server(sec)}{path}",
+        data=json.dumps(body).encode(),
+        method="PATCH",
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/merge-patch+json",
+        },
+    )
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as resp:
+            out = resp.read().decode(errors="replace")
+        return subprocess.CompletedProcess(["PATCH", path], 0, out, "")
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode(errors="replace")
+        try:
+            status = json.loads(text)
+            text = f"Error from server ({status.get('reason', exc.code)}): {status['message']}"
+        except (ValueError, KeyError, AttributeError):
+            text = f"Error from server ({exc.code}): {text}"
+        return subprocess.CompletedProcess(["PATCH", path], 1, "", text)
+
+
+def tenant_token(sec: Sec) -> str:
+    """A token of the tenant's ServiceAccount, as a pod of its namespace would hold."""
+    return str(sec.cluster.kubectl("create", "token", "tenant", "-n", sec.attacker_ns)).strip()
+
+
+def may(sec: Sec, user: str, verb: str, resource: str, namespace: str) -> None:
+    """Wait until RBAC lets ``user`` do it (a new binding takes a moment to count)."""
+
+    def allowed() -> bool:
+        out = sec.cluster.kubectl(
+            "auth", "can-i", verb, resource, "-n", namespace, f"--as={user}", check=False
+        )
+        return bool(out.strip() == "yes")
+
+    assert wait_until(allowed, timeout_s=30), f"RBAC never let {user} {verb} {resource}"
+
+
+@contextlib.contextmanager
+def chart_agent_rbac(sec: Sec) -> Iterator[str]:
+    """The chart's node-agent RBAC (templates/node-rbac.yaml) for this module's release, its
+    Lease Role also bound in LEASE_NS; yields the agent ServiceAccount's name."""
+    helm = helm_binary()
+    assert helm is not None
+    rendered = subprocess.run(
+        [
+            helm,
+            "template",
+            sec.release,
+            str(CHART),
+            "--namespace",
+            sec.agent_ns,
+            "--kube-version",
+            KUBE_VERSION,
+            "--show-only",
+            "templates/node-rbac.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    here = [
+        {**d, "metadata": {**d["metadata"], "namespace": LEASE_NS}}
+        for d in docs
+        if d["kind"] in ("Role", "RoleBinding")
+    ]
+    manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": [*docs, *here]})
+    sec.cluster.kubectl("apply", "-f", "-", input=manifest)
+    user = f"system:serviceaccount:{sec.agent_ns}:{_agent_sa(sec)}"
+    for namespace in (sec.agent_ns, LEASE_NS):
+        may(sec, user, "patch", "leases.coordination.k8s.io", namespace)
+    try:
+        yield _agent_sa(sec)
+    finally:
+        cluster_wide = [*here, *(d for d in docs if d["kind"].startswith("Cluster"))]
+        sec.cluster.kubectl(
+            "delete",
+            "-f",
+            "-",
+            "--ignore-not-found",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": cluster_wide}),
+            check=False,
+        )
+
+
+def agent_pod_token(sec: Sec, pod: str) -> str:
+    """A token of the agent's ServiceAccount bound to a running pod ``pod`` of the release
+    namespace on this node, as the kubelet mounts into the agent: it carries the node claim."""
+    doc = pod_doc(pod, sec.cluster.busybox_image, spec={"serviceAccountName": _agent_sa(sec)})
+    # A ServiceAccount just made may not be known to pod admission for a moment.
+    applied = wait_until(
+        lambda: sec.cluster.kubectl(
+            "apply", "-n", sec.agent_ns, "-f", "-", input=json.dumps(doc), check=False
+        ).strip(),
+        timeout_s=30,
+    )
+    assert applied, f"the agent pod {sec.agent_ns}/{pod} was never created"
+    running(sec, sec.agent_ns, pod)
+    return str(sec.cluster.kubectl(
+        "create", "token", _agent_sa(sec), "-n", sec.agent_ns,
+        "--bound-object-kind", "Pod", "--bound-object-name", pod,
+    )).strip()  # fmt: skip
+
+
+def node_verdict(sec: Sec) -> tuple[bool, str]:
+    """(offered, why not) of the extender's filter for this node, asked for a pod that exists
+    nowhere (a filter holds nothing for it), of the victim's namespace (its GPU has room)."""
+    probe = pod_doc(f"probe-{uuid.uuid4().hex[:6]}", sec.cluster.busybox_image)
+    probe["metadata"].update(namespace=sec.victim_ns, uid=str(uuid.uuid4()))
+    probe["metadata"]["annotations"] = {ANN_FRACTION: "0.05"}
+    probe["spec"]["schedulerName"] = SCHEDULER_NAME
+    probe["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "1m", "memory": "4Mi"},
+        "limits": {RESOURCE_GPU_PERCENT: "5"},
+    }
+    node = sec.cluster.node_name
+    _, answer = post("filter", {"Pod": probe, "NodeNames": [node]})
+    if not isinstance(answer, dict):
+        return False, str(answer)
+    refused = {
+        **(answer.get("FailedNodes") or {}),
+        **(answer.get("FailedAndUnresolvableNodes") or {}),
+    }
+    return node in (answer.get("NodeNames") or []), str(refused.get(node, answer.get("Error", "")))
+
+
+AGENT_GONE = "is gone"
+"""In the controller's refusal of a node whose agent's Lease expired."""
+
+
+@contextlib.contextmanager
+def agent_killed(sec: Sec) -> Iterator[float]:
+    """SIGKILL the node agent (it writes nothing more); a new one is started afterwards and
+    the node offered again before the next attack. Yields the kill's monotonic time."""
+    found = find_agent(sec.cluster.node_name)
+    assert found is not None, "no node agent runs"
+    sigkill(found[0])
+    try:
+        yield time.monotonic()
+    finally:
+        sec.agent.start()
+        assert wait_until(lambda: node_verdict(sec)[0], timeout_s=60), (
+            f"the node was not offered again once a new agent ran: {node_verdict(sec)[1]}"
+        )
+
+
+def placed_in_victim_namespace(sec: Sec) -> str:
+    """A new 5 % pod beside the victim runs (the node is placeable); deleted again."""
+    name = f"after-{uuid.uuid4().hex[:4]}"
+    doc = pod_doc(name, sec.cluster.busybox_image, annotations={ANN_FRACTION: "0.05"})
+    sec.cluster.kubectl("apply", "-n", sec.victim_ns, "-f", "-", input=json.dumps(doc))
+    try:
+        pod = running(sec, sec.victim_ns, name)
+        return str(pod["spec"].get("nodeName") or "")
+    finally:
+        sec.cluster.kubectl("delete", "pod", name, "-n", sec.victim_ns, "--wait=false")
+
+
+def another_nodes_agent_writes_renews_or_deletes_a_lease(sec: Sec) -> Outcome:
+    """The agent of this node (a token bound to its pod, with the chart's RBAC) against the
+    Lease of another node's agent, in the release namespace: create, renew (patch), replace,
+    delete; also the controller's leader-election Lease. The chart's Role lets an agent create
+    and patch Leases there (RBAC cannot name each node's), so the node-agent guard policy must
+    refuse every other node's; replace and delete are not in the Role at all, and with a Role
+    widened to them (an admin's mistake) the guard still refuses. The agent's own Lease is
+    written as before, and the other node's is unchanged."""
+    node = sec.cluster.node_name
+    own, other = agent_lease_name(node), agent_lease_name(OTHER_NODE)
+    assert own is not None and other is not None
+    ns = sec.agent_ns
+    sec.cluster.kubectl(
+        "apply", "-n", ns, "-f", "-",
+        input=json.dumps(_lease_doc(other, f"gpushare-node-agent/{OTHER_NODE}", _now())),
+    )  # fmt: skip
+    with chart_agent_rbac(sec) as sa:
+        token = agent_pod_token(sec, "agent-lease")
+        before = kubectl_json(sec.cluster, "get", "lease", other, "-n", ns)
+        renew = {"spec": {"renewTime": _now(), "leaseDurationSeconds": 3600}}
+        replaced = _lease_doc(other, f"gpushare-node-agent/{node}", _now(), 3600)
+        # Leases take no unconditional update: the PUT names the version it replaces.
+        replaced["metadata"].update(
+            namespace=ns, resourceVersion=before["metadata"]["resourceVersion"]
+        )
+        hostile = {
+            "create another node's Lease": as_token(
+                sec, token, "create", "-n", ns, "-f", "-",
+                stdin=json.dumps(_lease_doc(f"{other}-2", "x", _now())),
+            ),
+            "renew another node's Lease": patch_as_token(
+                sec, token, lease_path(ns, other), renew
+            ),
+            "replace another node's Lease": as_token(
+                sec, token, "replace", "-f", "-", stdin=json.dumps(replaced)
+            ),
+            "delete another node's Lease": as_token(sec, token, "delete", "lease", other, "-n", ns),
+            "create the controller's leader Lease": as_token(
+                sec, token, "create", "-n", ns, "-f", "-",
+                stdin=json.dumps(_lease_doc("gpushare-controller", "x", _now())),
+            ),
+        }  # fmt: skip
+        own_writes = {
+            "create its own Lease": as_token(
+                sec, token, "create", "-n", ns, "-f", "-",
+                stdin=json.dumps(_lease_doc(own, f"gpushare-node-agent/{node}", _now())),
+            ),
+            "renew its own Lease": patch_as_token(sec, token, lease_path(ns, own), renew),
+        }  # fmt: skip
+        widened = f"{sec.release}-widened-leases"
+        sec.cluster.kubectl(
+            "create", "role", widened, "-n", ns, "--verb=update,delete", "--resource=leases"
+        )
+        sec.cluster.kubectl(
+            "create", "rolebinding", widened, "-n", ns, f"--role={widened}",
+            f"--serviceaccount={ns}:{sa}",
+        )  # fmt: skip
+        try:
+            guard_only: dict[str, Callable[[], Any]] = {
+                "replace, Role widened": lambda: as_token(
+                    sec, token, "replace", "-f", "-", stdin=json.dumps(replaced)
+                ),
+                "delete, Role widened": lambda: as_token(
+                    sec, token, "delete", "lease", other, "-n", ns
+                ),
+            }
+            # RBAC is cached for a moment: retry while the answer is still RBAC's.
+            for label, attempt in guard_only.items():
+                out = attempt()
+                for _ in range(20):
+                    if out.returncode == 0 or "cannot" not in out.stderr:
+                        break
+                    time.sleep(0.5)
+                    out = attempt()
+                hostile[label] = out
+        finally:
+            sec.cluster.kubectl("delete", "role,rolebinding", widened, "-n", ns, check=False)
+        after = kubectl_json(sec.cluster, "get", "lease", other, "-n", ns)
+    expect = {
+        "create another node's Lease": "may only write its own Lease",
+        "renew another node's Lease": "may only write its own Lease",
+        "replace another node's Lease": 'cannot update resource "leases"',
+        "delete another node's Lease": 'cannot delete resource "leases"',
+        "create the controller's leader Lease": "may only write its own Lease",
+        "replace, Role widened": "may only write its own Lease",
+        "delete, Role widened": "may only write its own Lease",
+    }
+    wrong = [
+        f"{label}: {'written' if out.returncode == 0 else out.stderr.strip()}"
+        for label, out in hostile.items()
+        if out.returncode == 0 or expect[label] not in out.stderr
+    ]
+    denied_own = [f"{k}: {o.stderr.strip()}" for k, o in own_writes.items() if o.returncode]
+    kept = before["spec"] == after["spec"] and before["metadata"]["uid"] == after["metadata"]["uid"]
+    why = " | ".join(
+        f"{label}: {out.stderr.strip().rsplit('denied request: ', 1)[-1][:200]}"
+        for label, out in hostile.items()
+    )
+    if wrong or denied_own or not kept:
+        return False, (
+            f"not refused as expected: {wrong}; own Lease refused: {denied_own}; "
+            f"other node's Lease unchanged: {kept} | {why}"
+        )
+    return True, f"own Lease created and renewed; the other node's Lease unchanged | {why}"
+
+
+def _tenant_may_write_leases(sec: Sec) -> None:
+    """A namespace owner's rights over Leases of its own namespace (its own leader election)."""
+    sec.cluster.kubectl(
+        "create", "role", "lease-owner", "-n", sec.attacker_ns,
+        "--verb=get,list,watch,create,patch,update,delete", "--resource=leases",
+        check=False,
+    )  # fmt: skip
+    sec.cluster.kubectl(
+        "create", "rolebinding", "lease-owner", "-n", sec.attacker_ns, "--role=lease-owner",
+        f"--serviceaccount={sec.attacker_ns}:tenant", check=False,
+    )  # fmt: skip
+    may(sec, sec.tenant, "create", "leases.coordination.k8s.io", sec.attacker_ns)
+
+
+def a_tenant_writes_an_agent_lease_in_the_release_namespace(sec: Sec) -> Outcome:
+    """A tenant, owning Leases of its own namespace, writes the node agent's Lease where the
+    controller reads it (the release namespace; this harness's LEASE_NS): create, renew with a
+    huge duration, delete. RBAC gives tenants nothing there."""
+    _tenant_may_write_leases(sec)
+    lease = agent_lease_name(sec.cluster.node_name)
+    assert lease is not None
+    renew = {"spec": {"renewTime": _now(), "leaseDurationSeconds": 2147483647}}
+    tries = {}
+    for ns in (sec.agent_ns, LEASE_NS):
+        doc = _lease_doc(lease, f"gpushare-node-agent/{sec.cluster.node_name}", _now(), 3600)
+        tries[f"create {ns}/{lease}"] = sec.kubectl(
+            "create", "-n", ns, "-f", "-", as_tenant=True, stdin=json.dumps(doc)
+        )
+    # A PATCH as the tenant's token, as its pods would send it (kubectl patch GETs first).
+    tries[f"renew {LEASE_NS}/{lease}"] = patch_as_token(
+        sec, tenant_token(sec), lease_path(LEASE_NS, lease), renew
+    )
+    tries[f"delete {LEASE_NS}/{lease}"] = sec.kubectl(
+        "delete", "lease", lease, "-n", LEASE_NS, as_tenant=True
+    )
+    wrong = [k for k, out in tries.items() if out.returncode == 0 or "forbidden" not in out.stderr]
+    spec = kubectl_json(sec.cluster, "get", "lease", lease, "-n", LEASE_NS)["spec"]
+    why = " | ".join(f"{k}: {out.stderr.strip()[:220]}" for k, out in tries.items())
+    ok = not wrong and spec.get("leaseDurationSeconds") != 2147483647
+    return ok, (why if ok else f"not refused: {wrong}; Lease now {spec} | {why}")
+
+
+def _tenant_lease(sec: Sec, renew: str, duration: int = 1) -> Any:
+    """The tenant's Lease named like this node's agent's, in its own namespace, written
+    (created or replaced) with ``renew`` and ``duration``."""
+    lease = agent_lease_name(sec.cluster.node_name)
+    assert lease is not None
+    doc = _lease_doc(lease, f"gpushare-node-agent/{sec.cluster.node_name}", renew, duration)
+    doc["metadata"]["namespace"] = sec.attacker_ns
+    return sec.kubectl("apply", "-f", "-", as_tenant=True, stdin=json.dumps(doc))
+
+
+def a_tenant_lease_named_like_an_agents_marks_a_live_node_dead(sec: Sec) -> Outcome:
+    """A tenant's Lease gpushare-agent-<node> in its own namespace, renewed long ago with a
+    1 s duration, written twice and deleted and written again: were the controller to read it,
+    the node of a live agent would be refused to every tenant. It reads only the release
+    namespace's (and since this round ignores a Lease of any other namespace, and refuses to
+    start reading every namespace): the node stays offered and a new pod runs there."""
+    _tenant_may_write_leases(sec)
+    writes = [_tenant_lease(sec, "2000-01-01T00:00:00.000000Z")]
+    writes.append(_tenant_lease(sec, "2000-01-01T00:00:01.000000Z"))
+    lease = agent_lease_name(sec.cluster.node_name)
+    assert lease is not None
+    writes.append(sec.kubectl("delete", "lease", lease, "-n", sec.attacker_ns, as_tenant=True))
+    writes.append(_tenant_lease(sec, "2000-01-01T00:00:02.000000Z"))
+    failed = [w.stderr.strip() for w in writes if w.returncode]
+    assert not failed, f"the tenant could not write its own Lease: {failed}"
+    time.sleep(4)  # beyond its 1 s duration and the controller's 1 s judging
+    offered, refusal = node_verdict(sec)
+    node = placed_in_victim_namespace(sec)
+    return offered and node == sec.cluster.node_name, (
+        f"{sec.attacker_ns}/{lease} (renewTime 2000-01-01, leaseDurationSeconds 1) ignored: the "
+        f"controller reads agents' Leases of {LEASE_NS} only; the node stayed offered "
+        f"({offered}{', ' + refusal if refusal else ''}) and a new pod ran on {node or 'nothing'}"
+    )
+
+
+def a_tenant_lease_named_like_an_agents_keeps_a_dead_agents_node(sec: Sec) -> Outcome:
+    """The node agent is SIGKILLed; the tenant renews its own namespace's Lease named like
+    the agent's every second: were the controller to read it, the dead agent's node would keep
+    getting pods nobody Allocates. The node is refused within the agent's Lease duration and
+    a new pod waits with the reason, then runs once a new agent renews the real Lease."""
+    _tenant_may_write_leases(sec)
+    stop = threading.Event()
+    renewals: list[int] = []
+
+    def renew() -> None:
+        while not stop.is_set():
+            renewals.append(_tenant_lease(sec, _now(), 3600).returncode)
+            stop.wait(1)
+
+    name = f"dead-{uuid.uuid4().hex[:4]}"
+    renewer = threading.Thread(target=renew, daemon=True)
+    with agent_killed(sec) as killed:
+        renewer.start()
+        try:
+            refusal = wait_until(
+                lambda: (v := node_verdict(sec)) and not v[0] and AGENT_GONE in v[1] and v[1],
+                timeout_s=30,
+            )
+            refused_after = time.monotonic() - killed
+            doc = pod_doc(name, sec.cluster.busybox_image, annotations={ANN_FRACTION: "0.05"})
+            sec.cluster.kubectl("apply", "-n", sec.victim_ns, "-f", "-", input=json.dumps(doc))
+            message = scheduling_message(sec, sec.victim_ns, name, timeout_s=30)
+            bound = sec.pod(sec.victim_ns, name)["spec"].get("nodeName")
+        finally:
+            stop.set()
+            renewer.join(15)
+    try:
+        ran = running(sec, sec.victim_ns, name)["spec"].get("nodeName")
+    finally:
+        sec.cluster.kubectl("delete", "pod", name, "-n", sec.victim_ns, "--wait=false")
+    ok = bool(refusal) and AGENT_GONE in message and not bound and bool(ran)
+    return ok, (
+        f"{renewals.count(0)} renewals of {sec.attacker_ns}/gpushare-agent-"
+        f"{sec.cluster.node_name} ignored; the node was refused {refused_after:.1f} s after the "
+        f"kill ({str(refusal)[:220]}); a new pod waited ({message[:120]}) and ran once a new "
+        "agent renewed the real Lease"
+    )
+
+
+def a_hostile_lease_spec_keeps_a_dead_agents_node_alive(sec: Sec) -> Outcome:
+    """Whoever holds this node's agent token (stolen from its pod) may write the node's Lease:
+    that is the agent's own right. Wrong types never reach the controller (the API server
+    refuses them); a huge leaseDurationSeconds with a renewTime in the year 9999, written once
+    right after the agent is SIGKILLed, keeps its node for at most the controller's bound
+    (60 s on its own clock, renewTime never compared) after that write, not for 68 years.
+    Renewing on and on is the agent's right too: a token bound to the agent's pod stops
+    working once the pod is gone (a_stolen_agent_token_after_its_pod_is_gone), and the
+    kubelet's allocatable count still judges a node whose device plugin is gone."""
+    node = sec.cluster.node_name
+    lease = agent_lease_name(node)
+    assert lease is not None
+    with chart_agent_rbac(sec):
+        token = agent_pod_token(sec, "agent-lease")
+
+        def patch(spec: Any) -> Any:
+            return patch_as_token(sec, token, lease_path(LEASE_NS, lease), {"spec": spec})
+
+        wrong_types = {
+            "leaseDurationSeconds as a string": {"leaseDurationSeconds": "2147483647"},
+            "leaseDurationSeconds beyond int32": {"leaseDurationSeconds": 2**40},
+            "leaseDurationSeconds 0": {"leaseDurationSeconds": 0},
+            "leaseDurationSeconds -5": {"leaseDurationSeconds": -5},
+            "renewTime not a time": {"renewTime": "forever"},
+            "spec a list": ["renewTime"],
+        }
+        typed = {label: patch(spec) for label, spec in wrong_types.items()}
+        stored = [k for k, out in typed.items() if out.returncode == 0]
+        hostile = {
+            "leaseDurationSeconds": 2147483647,
+            "renewTime": "9999-12-31T23:59:59.999999Z",
+            "holderIdentity": f"gpushare-node-agent/{node}",
+        }
+        with agent_killed(sec):
+            written = patch(hostile)
+            wrote = time.monotonic()
+            assert written.returncode == 0, f"the agent's token could not write: {written.stderr}"
+            first_refusal: tuple[float, str] | None = None
+            gone: tuple[float, str] | None = None
+            while time.monotonic() - wrote < 90 and gone is None:
+                offered, why = node_verdict(sec)
+                at = time.monotonic() - wrote
+                if not offered and first_refusal is None:
+                    first_refusal = (at, why)
+                if AGENT_GONE in why:
+                    gone = (at, why)
+                time.sleep(0.5)
+    bound = 60 + 6  # the controller's bound, and one agent duration for the watch and check
+    ok = not stored and gone is not None and gone[0] <= bound and "60 s" in gone[1]
+    types_why = "; ".join(
+        f"{k}: {o.stderr.strip().rsplit(': ', 1)[-1][:60]}" for k, o in typed.items()
+    )
+    first = (
+        f"{first_refusal[0]:.0f} s after the write ({first_refusal[1][:90]})"
+        if first_refusal
+        else "never"
+    )
+    # The measured times first: the reason is kept to 600 characters in attacks.json.
+    return ok, (
+        f"{LEASE_NS}/{lease} given leaseDurationSeconds 2147483647 and renewTime 9999-12-31 "
+        "with the agent's token right after the agent was killed: the controller judged the "
+        "agent gone "
+        + (f"{gone[0]:.0f} s after that write" if gone else "never within 90 s")
+        + f" (bound {bound} s: durations bounded to 1..60 s, renewals timed on its own clock); "
+        f"the node was first refused {first}. Wrong types refused by the API server, "
+        f"stored: {len(stored)} ({types_why})"
+    )
+
+
+def a_tenant_service_account_named_like_the_node_agent(sec: Sec) -> Outcome:
+    """A namespace owner may create ServiceAccounts and their tokens in its namespace: one
+    named like the node agent's, its token bound to a pod the tenant runs on this node (so the
+    token even carries this node's claim). The guard policy and the agent's RBAC name the
+    release namespace's ServiceAccount, so this one may write no Lease, node or pod of the
+    agent; nor may the tenant mint a token of the real agent ServiceAccount."""
+    sa = _agent_sa(sec)
+    ns = sec.attacker_ns
+    sec.cluster.kubectl(
+        "create", "role", "sa-owner", "-n", ns, "--verb=get,create",
+        "--resource=serviceaccounts,serviceaccounts/token", check=False,
+    )  # fmt: skip
+    sec.cluster.kubectl(
+        "create", "rolebinding", "sa-owner", "-n", ns, "--role=sa-owner",
+        f"--serviceaccount={ns}:tenant", check=False,
+    )  # fmt: skip
+    may(sec, sec.tenant, "create", "serviceaccounts", ns)
+    made = sec.kubectl("create", "serviceaccount", sa, "-n", ns, as_tenant=True)
+    assert made.returncode == 0 or "already exists" in made.stderr, made.stderr
+    name = f"lookalike-{uuid.uuid4().hex[:4]}"
+    doc = pod_doc(name, sec.cluster.busybox_image, spec={"serviceAccountName": sa})
+    # A ServiceAccount just made may not be known to pod admission for a moment.
+    outcome = wait_until(lambda: (o := create(sec, doc)) and not o[0] and o, timeout_s=30)
+    assert outcome, f"the tenant's pod with ServiceAccount {sa} was never created"
+    try:
+        running(sec, ns, name)
+        minted = sec.kubectl(
+            "create", "token", sa, "-n", ns, "--bound-object-kind", "Pod",
+            "--bound-object-name", name, as_tenant=True,
+        )  # fmt: skip
+        assert minted.returncode == 0, minted.stderr
+        token = minted.stdout.strip()
+        lease = agent_lease_name(sec.cluster.node_name)
+        assert lease is not None
+        renew = {"spec": {"renewTime": _now()}}
+        tries = {
+            "renew the agent's Lease": patch_as_token(
+                sec, token, lease_path(LEASE_NS, lease), renew
+            ),
+            "create it in the release namespace": as_token(
+                sec, token, "create", "-n", sec.agent_ns, "-f", "-",
+                stdin=json.dumps(_lease_doc(lease, "x", _now())),
+            ),
+            "annotate the node": patch_as_token(
+                sec, token, f"/api/v1/nodes/{sec.cluster.node_name}",
+                {"metadata": {"annotations": {"gs-sec/lookalike": "1"}}},
+            ),
+            "mint a token of the real agent": sec.kubectl(
+                "create", "token", sa, "-n", sec.agent_ns, as_tenant=True
+            ),
+        }  # fmt: skip
+    finally:
+        sec.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
+    wrong = [k for k, out in tries.items() if out.returncode == 0 or "forbidden" not in out.stderr]
+    why = " | ".join(f"{k}: {out.stderr.strip()[:200]}" for k, out in tries.items())
+    return not wrong, (why if not wrong else f"not refused: {wrong} | {why}")
+
+
+def a_stolen_agent_token_after_its_pod_is_gone(sec: Sec) -> Outcome:
+    """A node agent's token taken from its pod (the kubelet mounts one bound to the pod) could
+    renew its node's Lease for ever, keeping a node whose agent is gone looking alive. Bound
+    to the pod, it stops working once the pod is deleted: the API server answers 401."""
+    lease = agent_lease_name(sec.cluster.node_name)
+    assert lease is not None
+    pod = f"agent-gone-{uuid.uuid4().hex[:4]}"
+    with chart_agent_rbac(sec):
+        token = agent_pod_token(sec, pod)
+
+        def mark() -> Any:
+            body = {"metadata": {"annotations": {"gs-sec/stolen": uuid.uuid4().hex[:4]}}}
+            return patch_as_token(sec, token, lease_path(LEASE_NS, lease), body)
+
+        try:
+            before = mark()
+            sec.cluster.kubectl("delete", "pod", pod, "-n", sec.agent_ns, "--wait=true")
+            after = wait_until(lambda: (out := mark()).returncode != 0 and out, timeout_s=30)
+        finally:
+            sec.cluster.kubectl(
+                "annotate", "lease", lease, "-n", LEASE_NS, "gs-sec/stolen-", check=False
+            )
+    ok = before.returncode == 0 and bool(after) and "nauthorized" in after.stderr
+    return ok, (
+        f"while pod {sec.agent_ns}/{pod} ran the token wrote {LEASE_NS}/{lease} "
+        f"({before.returncode == 0}: {before.stderr.strip()[:100]}); once it was deleted: "
+        + (after.stderr.strip()[:200] if after else "still written 30 s later")
+    )
+
+
 def tenant_annotates(sec: Sec, name: str, change: str) -> Outcome:
     """The tenant's ``kubectl annotate --overwrite`` of its own pod."""
     out = sec.kubectl(
@@ -1398,6 +2016,13 @@ ATTACKS: dict[str, Callable[[Sec], Outcome]] = {
         asks_for_whole_nvidia_gpus_beside_its_share,
         odd_spellings_of_its_request,
         routes_around_gpushare_scheduler_with_the_default_scheduler,
+        another_nodes_agent_writes_renews_or_deletes_a_lease,
+        a_tenant_writes_an_agent_lease_in_the_release_namespace,
+        a_tenant_lease_named_like_an_agents_marks_a_live_node_dead,
+        a_tenant_lease_named_like_an_agents_keeps_a_dead_agents_node,
+        a_hostile_lease_spec_keeps_a_dead_agents_node_alive,
+        a_tenant_service_account_named_like_the_node_agent,
+        a_stolen_agent_token_after_its_pod_is_gone,
         declares_its_running_pod_finished,  # last: it ends the tenant's running pod
     )
 }

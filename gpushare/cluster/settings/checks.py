@@ -10,6 +10,7 @@ from gpushare.api.errors import InvalidInputError
 
 PROG = "gpushare-controller"
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MODE_DEVICEPLUGIN = "deviceplugin"
 MODE_DRA = "dra"
 ANNOTATION_MODES = (MODE_DEVICEPLUGIN, MODE_DRA)
@@ -86,6 +87,16 @@ def object_name(flag: str, name: str, what: str, example: str) -> None:
     if len(name) > 253 or not DNS_SUBDOMAIN.match(name):
         raise InvalidInputError(
             flag, f"{name!r} is not {what}", f"use lower-case letters, digits, '-' and '.'{example}"
+        )
+
+
+def namespace_name(flag: str, name: str, why: str) -> None:
+    """A namespace's name: never empty, which a watch would read as every namespace."""
+    if not DNS_LABEL.match(name):
+        raise InvalidInputError(
+            flag,
+            f"{name!r} is not a namespace name ({why})",
+            "use up to 63 lower-case letters, digits and '-', e.g. the release namespace",
         )
 
 

@@ -20,6 +20,7 @@ from gpushare.cluster.settings.checks import (
     MODE_DRA,
     PLACEMENT_GPUSHARE,
     PLACEMENT_KUBE_SCHEDULER,
+    namespace_name,
     object_name,
     positive,
     within,
@@ -74,6 +75,12 @@ class PlacementSettings:
             ("--resync-seconds", self.resync_seconds),
             ("--bind-gate-seconds", self.bind_gate_seconds),
         )
+        if self.agent_lease_namespace:
+            # Only the agents' namespace: a tenant's Lease named like an agent's elsewhere
+            # must not count (gpushare.cluster.state.agents).
+            namespace_name(
+                "--agent-lease-namespace", self.agent_lease_namespace, "the node agents' Leases"
+            )
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from gpushare.cluster.settings.checks import (
     PROG,
     key_values,
     known_level,
+    namespace_name,
     parse_service,
     port,
     positive,
@@ -282,6 +283,11 @@ class LeaderSettings:
         positive(
             ("--leader-elect-lease-seconds", self.lease_seconds),
             ("--leader-elect-renew-seconds", self.renew_seconds),
+        )
+        namespace_name(
+            "--leader-elect-namespace",
+            self.namespace,
+            "also where the node agents' Leases are read unless --agent-lease-namespace says",
         )
         if self.renew_seconds * 2 > self.lease_seconds:
             raise InvalidInputError(

@@ -7,6 +7,9 @@ longer ago than the Lease's ``leaseDurationSeconds`` (bounded to 1..60 s: a Leas
 A Lease first seen counts as renewed then, so a restarted controller gives every agent one
 duration before judging it. A node with no Lease is not judged at all: its agent predates the
 rule or runs without one, and the node's annotations and allocatable count decide as before.
+Only Leases of the agents' namespace count: a tenant may write Leases in its own namespace, and
+one named like an agent's there must neither revive a dead agent's node nor, deleted, take a
+node out of the rule (docs/security.md, "A node agent reaches one node").
 
 ``check`` (every second, from the controller) and each Lease event return the nodes whose
 verdict flipped; between them a node's verdict and its reason text stay the same, so answers
@@ -65,13 +68,21 @@ class AgentLeases:
     def nodes_down(self) -> Mapping[str, str]:
         return self._down
 
-    def upsert(self, lease: Mapping[str, Any]) -> set[str]:
-        """A Lease was written: a renewal revives its node's agent at once."""
+    def _node(self, lease: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(node, Lease name) of an agent's Lease of this namespace, else None."""
         meta = _mapping(lease.get("metadata"))
         name = meta.get("name")
+        if self.namespace and meta.get("namespace") != self.namespace:
+            return None
         node = lease_node(name) if isinstance(name, str) else None
-        if node is None or not isinstance(name, str):
+        return None if node is None or not isinstance(name, str) else (node, name)
+
+    def upsert(self, lease: Mapping[str, Any]) -> set[str]:
+        """A Lease was written: a renewal revives its node's agent at once."""
+        found = self._node(lease)
+        if found is None:
             return set()
+        node, name = found
         spec = _mapping(lease.get("spec"))
         renew = (spec.get("renewTime"), spec.get("holderIdentity"))
         old = self._seen.get(node)
@@ -83,11 +94,10 @@ class AgentLeases:
 
     def delete(self, lease: Mapping[str, Any]) -> set[str]:
         """A Lease is gone: its node counts as one whose agent never had a Lease."""
-        name = _mapping(lease.get("metadata")).get("name")
-        node = lease_node(name) if isinstance(name, str) else None
-        if node is None or self._seen.pop(node, None) is None:
+        found = self._node(lease)
+        if found is None or self._seen.pop(found[0], None) is None:
             return set()
-        return self._judge({node})
+        return self._judge({found[0]})
 
     def replace(self, leases: Iterable[Mapping[str, Any]]) -> set[str]:
         """A full list: Leases missing from it are gone."""
@@ -95,10 +105,9 @@ class AgentLeases:
         touched: set[str] = set()
         listed: set[str] = set()
         for lease in leases:
-            name = _mapping(lease.get("metadata")).get("name")
-            node = lease_node(name) if isinstance(name, str) else None
-            if node is not None:
-                listed.add(node)
+            found = self._node(lease)
+            if found is not None:
+                listed.add(found[0])
             touched |= self.upsert(lease)
         for node in before - listed:
             self._seen.pop(node, None)

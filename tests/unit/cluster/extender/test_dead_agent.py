@@ -5,10 +5,14 @@ places pods there again as soon as an agent renews it. A node whose agent never 
 
 from typing import Any
 
+import pytest
+
 from gpushare.api.agent_lease import AGENT_LEASE_DURATION_S, agent_lease_name, lease_node
+from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import RESOURCE_GPU_PERCENT
 from gpushare.cluster.extender.args import parse_extender_args
 from gpushare.cluster.extender.verbs import Extender
+from gpushare.cluster.settings import parse_args
 from gpushare.cluster.state.agents import AgentLeases
 from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.policy import Policy
@@ -163,3 +167,43 @@ def test_the_dead_agent_is_the_reason_given_when_the_kubelet_also_lost_its_devic
     assert "no allocatable" in placeable(extender)[1]["leased"]
     extender.view.upsert_node(node_json("leased", [gpu("L0")]))
     assert placeable(extender)[0] == ["leased", "older"]
+
+
+def test_a_lease_named_like_an_agents_in_another_namespace_counts_for_nothing() -> None:
+    """A tenant may write Leases in its own namespace (issue 45): one named like an agent's
+    there neither revives a dead agent's node (renewed), nor judges a live one (left to
+    expire), nor, deleted, takes the node out of the rule."""
+    clock = Clock()
+    extender = cluster(clock)
+
+    def tenants(renew: str) -> dict[str, Any]:
+        forged = lease("leased", renew, duration=1)
+        forged["metadata"]["namespace"] = "tenant"
+        return forged
+
+    extender.view.upsert_agent_lease(tenants("stale"))
+    clock.now += 2
+    extender.view.check_agent_leases()
+    assert placeable(extender)[0] == ["leased", "older"]
+    # The agent dies; the tenant renews its own Lease every second: the node stays refused.
+    clock.now += AGENT_LEASE_DURATION_S
+    for second in range(5):
+        extender.view.upsert_agent_lease(tenants(f"t{second}"))
+        clock.now += 1
+        extender.view.check_agent_leases()
+    assert placeable(extender)[0] == ["older"]
+    extender.view.delete_agent_lease(tenants("t4"))
+    extender.view.replace_agent_leases([lease("leased", "t0"), tenants("t5")])
+    extender.view.check_agent_leases()
+    assert "node agent of node leased is gone" in placeable(extender)[1]["leased"]
+
+
+def test_the_controller_never_reads_agent_leases_of_every_namespace() -> None:
+    """An empty namespace would make the Lease watch cover every namespace (the informer's
+    "all namespaces"), where any tenant writes Leases: refused at start, naming the flag."""
+    with pytest.raises(InvalidInputError, match="--leader-elect-namespace"):
+        parse_args(["--leader-elect-namespace", ""])
+    with pytest.raises(InvalidInputError, match="--agent-lease-namespace"):
+        parse_args(["--agent-lease-namespace", "Not_A_Namespace"])
+    settings = parse_args(["--agent-lease-namespace", "gpushare-system"])
+    assert settings.placement.agent_lease_namespace == "gpushare-system"
