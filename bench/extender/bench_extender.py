@@ -167,8 +167,8 @@ async def run_phase(
         shape = rng.choice(SHAPES)
         doc = pod(f"{tag}-{i}", shape)
         if cold:
-            extender._verdicts.clear()
-            extender._scores.clear()
+            extender.answers.clear()
+            extender.shape_costs.clear()
         c0 = time.process_time()
         t0 = time.perf_counter()
         async with session.post(

@@ -75,6 +75,14 @@ class StateAnswers:
         self._named: dict[Demand, dict[str, tuple[int, Answer]]] = {}
         self._size = 0
 
+    def clear(self) -> None:
+        """Forget every answer (the extender benchmark's cold phase times the work without
+        them; answers are worked out again as nodes are asked)."""
+        self._states.clear()
+        self._answers.clear()
+        self._named.clear()
+        self._size = 0
+
     def named(self, demand: Demand) -> Mapping[str, tuple[int, Answer]]:
         """Node name -> (node version, its answer then) for ``demand``: valid while the
         node's version is the same."""
@@ -190,6 +198,10 @@ class ShapeCosts:
         self.placer = placer
         self.shapes = shapes
         self._entries: dict[Demand, _ShapeEntry] = {}
+
+    def clear(self) -> None:
+        """Forget every shape's costs (see :meth:`StateAnswers.clear`)."""
+        self._entries.clear()
 
     def costs(self, demand: Demand) -> dict[str, float]:
         """Node -> cost for ``demand``, every entry current (the caller adds what it works
