@@ -53,7 +53,7 @@ from gpushare.api.placement import Placement  # noqa: E402
 from gpushare.cluster.extender.verbs import Extender  # noqa: E402
 from gpushare.cluster.metrics import Metrics  # noqa: E402
 from gpushare.cluster.server import extender_app  # noqa: E402
-from gpushare.cluster.state import pods as podlib  # noqa: E402
+from gpushare.cluster.state import gpu_requests  # noqa: E402
 from gpushare.cluster.state.view import ClusterView  # noqa: E402
 from gpushare.packing.policy import Policy, choose_gpus  # noqa: E402
 
@@ -188,7 +188,7 @@ async def run_phase(
             continue
         # Bind as the extender does: best score, choose GPUs, hold them in the view.
         best = max(scores, key=lambda h: (h["Score"], rng.random()))["Host"]
-        demand = podlib.demand_of(doc)
+        demand = gpu_requests.demand_of(doc)
         node = view.node(best)
         assert demand is not None and node is not None
         assignment = choose_gpus(node, demand, policy=extender.policy)

@@ -13,7 +13,7 @@ from gpushare.api.names import (
     ANN_NODE_EXCLUSIVE,
     RESOURCE_GPU_PERCENT,
 )
-from gpushare.cluster.state import pods
+from gpushare.cluster.state import gpu_requests
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.cluster.webhook.review import review
@@ -90,7 +90,7 @@ def test_new_pod_of_a_marked_workload_asks_for_a_whole_gpu(view: ClusterView) ->
     # What the validating webhook then sees passes, and the extender places a whole GPU.
     checked = review(mutated, namespace="team", facts=facts(view), mutate=False)
     assert checked.allowed, checked.message
-    demand = pods.demand_of(mutated)
+    demand = gpu_requests.demand_of(mutated)
     assert demand is not None and demand.percent == 100
 
 

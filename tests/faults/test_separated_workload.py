@@ -10,7 +10,7 @@ import pytest
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import ExclusiveWorkload, dump_exclusive, parse_avoid_gpus
 from gpushare.api.names import ANN_AVOID_GPUS, ANN_FRACTION, ANN_NODE_SEPARATED
-from gpushare.cluster.state import pods
+from gpushare.cluster.state import gpu_requests
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.cluster.webhook.review import review
@@ -81,7 +81,7 @@ def test_a_separated_workloads_new_pod_is_kept_off_the_gpu_where_it_faulted(
     checked = review(mutated, namespace="team", facts=facts(view), mutate=False)
     assert checked.allowed, checked.message
     # The extender's placement: the other GPU on a two-GPU node, nothing on a one-GPU node.
-    demand = pods.demand_of(mutated)
+    demand = gpu_requests.demand_of(mutated)
     assert demand is not None and demand.avoid_gpus == frozenset({FAULTED})
     both = NodeState(
         name="n0",

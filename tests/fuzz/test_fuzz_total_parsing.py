@@ -48,7 +48,7 @@ from gpushare.api.request import parse_opportunistic, parse_request
 from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.server import decode_body
-from gpushare.cluster.state import pods as cluster_pods
+from gpushare.cluster.state import gpu_requests, pod_facts
 from gpushare.cluster.state.host_resources import pod_requests
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook import review as webhook
@@ -556,9 +556,9 @@ def _fields_input(hostile: Hostile) -> tuple[str, Callable[[], object]]:
     if which == 7:
         pod = hostile.pod()
         return "pod_facts", lambda: (
-            cluster_pods.facts(pod),
-            cluster_pods.gpu_resource(pod),
-            cluster_pods.gpu_percent_resource(pod, RESOURCE_GPU_OPPORTUNISTIC),
+            pod_facts.facts(pod),
+            gpu_requests.gpu_resource(pod),
+            gpu_requests.gpu_percent_resource(pod, RESOURCE_GPU_OPPORTUNISTIC),
         )
     if which == 8:
         pod = _schema_pod(hostile)

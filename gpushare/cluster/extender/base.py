@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from gpushare.cluster.extender.answers import ShapeCosts, StateAnswers
 from gpushare.cluster.extender.offers import Offers
 from gpushare.cluster.extender.requeue import RefusedPods
-from gpushare.cluster.state import pods
+from gpushare.cluster.state import gpu_requests, pods
 from gpushare.cluster.state.share_rules import (
     NO_RULES,
     ShareRules,
@@ -119,7 +119,7 @@ class ExtenderBase:
     def _read(self, pod: Mapping[str, Any]) -> tuple[Demand | None, ShareRules]:
         """The pod's demand (with its tenancy) and GpuShare rules (with its namespace's grant);
         raises InvalidInputError naming a bad annotation."""
-        demand = pods.demand_of(pod)
+        demand = gpu_requests.demand_of(pod)
         if demand is None:
             return None, NO_RULES
         namespace = str(pods.metadata(pod).get("namespace") or "default")

@@ -22,7 +22,7 @@ from gpushare.api.placement import Placement
 from gpushare.cluster.extender.answers import scheduler_safe
 from gpushare.cluster.extender.args import BindingArgs
 from gpushare.cluster.extender.base import ExtenderBase
-from gpushare.cluster.state import pods
+from gpushare.cluster.state import pod_facts, pods
 from gpushare.cluster.state.reservations import Reservation, ReservationError
 from gpushare.cluster.state.share_rules import (
     NO_RULES,
@@ -342,7 +342,7 @@ class BindVerbs(ExtenderBase):
         except Exception:
             return None
         # Read as the view reads every pod (its placement parsed there; None when malformed).
-        facts = pods.facts(pod)
+        facts = pod_facts.facts(pod)
         if facts.node is None:
             return None
         return facts.node, facts.placement

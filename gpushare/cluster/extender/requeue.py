@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpushare.api.names import ANN_REQUEUED_AT
-from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.pod_facts import PodFacts
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from gpushare.cluster.operator.protection import (
 )
 from gpushare.cluster.operator.readings import ProfilerError
 from gpushare.cluster.operator.settings import OperatorConfig
-from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.events import ObjectRef
 from gpushare.kube.operator import EvictionOutcome, KubeApi

@@ -24,7 +24,7 @@ from gpushare.api.gpushare_crd import (
     PlacementEntry,
 )
 from gpushare.api.profile import GpuProfile
-from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.shares import ShareSummary
 
 MAX_PROFILING_ATTEMPTS = 3

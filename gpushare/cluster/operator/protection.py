@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from gpushare.api.gpushare_crd import ANN_PROFILING, PROFILING_ACTIVE
 from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY
 from gpushare.api.profile import ACTIVITY, GpuProfile
-from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.pod_facts import PodFacts
 
 
 @dataclass(frozen=True)

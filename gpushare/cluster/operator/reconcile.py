@@ -64,7 +64,7 @@ from gpushare.cluster.operator.share_status import (
     transition_ops,
     utcnow,
 )
-from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.shares import ShareSummary, share_summary
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.events import ObjectRef

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from gpushare.api.placement import Placement
-from gpushare.cluster.state.pods import PodFacts, Workload
+from gpushare.cluster.state.pod_facts import PodFacts, Workload
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from gpushare.api.gpushare_crd import governing_share
 from gpushare.cluster.state.claim_holders import ClaimHolder, claim_tenants
-from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.shares import ShareRegistry, ShareSummary
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from gpushare.api.names import SLICES_PER_GPU
-from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.reservations import Reservation, per_gpu_demand
 from gpushare.cluster.state.tenancy import Tenancies
 from gpushare.packing.model import Demand, GpuState, Tenant

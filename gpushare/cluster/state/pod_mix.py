@@ -6,7 +6,8 @@ from collections.abc import Container, Mapping
 from typing import Any
 
 from gpushare.api.names import SCHEDULER_NAME
-from gpushare.cluster.state.pods import PodFacts, spec
+from gpushare.cluster.state.pod_facts import PodFacts
+from gpushare.cluster.state.pods import spec
 from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Demand
 

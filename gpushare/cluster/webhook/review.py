@@ -30,7 +30,7 @@ from gpushare.api.names import (
 )
 from gpushare.api.quantities import format_memory
 from gpushare.api.request import GpuRequest, check_opportunistic, parse_request
-from gpushare.cluster.state import pods
+from gpushare.cluster.state import gpu_requests, pods
 from gpushare.cluster.webhook import claims
 from gpushare.cluster.webhook.checks import (
     asks_opportunistic,
@@ -78,7 +78,7 @@ def resolve_request(
             request = _from_share(request, ann, facts=facts, namespace=namespace)
         if request is None:
             # No annotation: a pod asking for the gpu-percent resource directly.
-            request = pods.request_of(pod)
+            request = gpu_requests.request_of(pod)
     except InvalidInputError as exc:
         return None, [exc]
     if request is None:

@@ -1,5 +1,5 @@
 """One pod projection per process: the controller reads a pod's placement annotations in
-``cluster.state.pods`` (``PodFacts``), the node agent in ``node.core.pods`` (``PodInfo``), and
+``cluster.state.pod_facts`` (``PodFacts``), the node agent in ``node.core.pods`` (``PodInfo``), and
 every other reader of either process takes the placement from that projection. The CLI, a
 process of its own that may import neither (docs/cli.md), reads them once per pod in
 ``cli.view``."""
@@ -10,7 +10,7 @@ from collections import Counter
 from tests import REPO
 
 PROJECTIONS = {
-    "gpushare/cluster/state/pods.py": 1,
+    "gpushare/cluster/state/pod_facts.py": 1,
     "gpushare/node/core/pods.py": 1,
     "gpushare/cli/view.py": 1,
 }

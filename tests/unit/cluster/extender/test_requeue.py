@@ -1,7 +1,7 @@
 """Which refused pods the controller sends back to kube-scheduler's queue."""
 
 from gpushare.cluster.extender.requeue import RefusedPods
-from gpushare.cluster.state.pods import PodFacts
+from gpushare.cluster.state.pod_facts import PodFacts
 
 
 def facts(key: str, *, node: str | None = None, finished: bool = False) -> PodFacts:

@@ -25,7 +25,7 @@ from gpushare.cluster.operator.profiling import (
     stale_marks,
     with_condition,
 )
-from gpushare.cluster.state.pods import PodFacts, facts, kept
+from gpushare.cluster.state.pod_facts import PodFacts, facts, kept
 from gpushare.cluster.state.shares import ShareSummary, share_summary
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)

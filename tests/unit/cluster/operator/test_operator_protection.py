@@ -20,7 +20,7 @@ from gpushare.cluster.operator.protection import (
     choose_victim,
     judge,
 )
-from gpushare.cluster.state.pods import PodFacts, facts
+from gpushare.cluster.state.pod_facts import PodFacts, facts
 from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.interference import load_default
 

@@ -5,7 +5,7 @@ from typing import Any
 
 from gpushare.api.inventory import GpuInfo, dump_inventory
 from gpushare.api.names import ANN_CONTAINER, ANN_NODE_GPUS, ANN_SHARE, RESOURCE_GPU_PERCENT
-from gpushare.cluster.state.pods import facts
+from gpushare.cluster.state.pod_facts import facts
 from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.builders import node_json, pod_json
 

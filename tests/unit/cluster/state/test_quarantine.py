@@ -11,7 +11,7 @@ import pytest
 from gpushare.api.placement import Placement
 from gpushare.cluster import quarantine_reports, watches
 from gpushare.cluster.metrics import Metrics
-from gpushare.cluster.state import view as view_module
+from gpushare.cluster.state import view_pod_events
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.events import ObjectRef
 from gpushare.kube.watching import Watched
@@ -45,14 +45,14 @@ def placed(name: str, percent: int, *, namespace: str = "ml") -> dict[str, Any]:
 def poison(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     """Names of pods the view's reading raises on (a bug in parsing, which is total)."""
     names: set[str] = set()
-    real = view_module.facts
+    real = view_pod_events.facts
 
     def facts(pod: Mapping[str, Any]) -> Any:
         if pod.get("metadata", {}).get("name") in names:
             raise ArithmeticError("a bug the fuzz has not found yet")
         return real(pod)
 
-    monkeypatch.setattr(view_module, "facts", facts)
+    monkeypatch.setattr(view_pod_events, "facts", facts)
     return names
 
 

@@ -27,7 +27,7 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
 )
 from gpushare.cluster.dra.templates import ClaimTemplates
-from gpushare.cluster.state import pods
+from gpushare.cluster.state import pod_facts, pods
 from gpushare.cluster.webhook.review import answer, parse_review, review
 from tests.fixtures.builders import apply_patch, pod_json, webhook_facts
 
@@ -189,8 +189,8 @@ def test_validation_refuses_an_annotated_pod_without_its_claim() -> None:
 def test_the_view_leaves_a_claimed_pod_to_the_dra_allocator() -> None:
     pod, _ = admitted(pod_json("p", fraction="0.5"))
     assert pods.dra_claimed(pod)
-    assert pods.facts(pod).demand is None
-    assert pods.facts(pod_json("q", fraction="0.5")).demand is not None
+    assert pod_facts.facts(pod).demand is None
+    assert pod_facts.facts(pod_json("q", fraction="0.5")).demand is not None
 
 
 def test_a_review_only_reads_a_dry_run_and_a_real_one_answer_alike() -> None:
