@@ -56,6 +56,13 @@ def pin_ops(pod: Mapping[str, Any], node: str) -> list[dict[str, Any]]:
             {"op": "add", "path": path, "value": {"nodeSelectorTerms": [term]}},
         ]
     terms = (_mapping(required) or {}).get("nodeSelectorTerms")
+    return _added_to_terms(path, terms, requirement)
+
+
+def _added_to_terms(path: str, terms: object, requirement: dict[str, Any]) -> list[dict[str, Any]]:
+    """Operations adding ``requirement`` to each of the pod's required node selector ``terms``
+    (under ``path``), guarded by a ``test`` of the terms; empty when there are none or one is
+    empty (an empty term may not gain requirements)."""
     if not isinstance(terms, list) or not terms:
         return []
     ops: list[dict[str, Any]] = [

@@ -5,8 +5,12 @@ from typing import Any
 
 from gpushare.api.dra import CONFIG_API_VERSION, CONFIG_KIND, DEVICE_CLASS, DRIVER, PLACEMENT_GATE
 from gpushare.api.inventory import GpuInfo
+from gpushare.cluster.dra import placement, search
 from gpushare.cluster.dra.devices import DraDevices
+from gpushare.cluster.dra.placement import ClaimAsk
+from gpushare.cluster.dra.search import Choice
 from gpushare.node.dra.slices import build_slice
+from gpushare.packing.placer import Placer
 
 GIB = 2**30
 Obj = dict[str, Any]
@@ -156,3 +160,48 @@ def gated_pod(
     if made is not None:
         pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": made}]
     return pod
+
+
+# ---- placement ------------------------------------------------------------------------------
+
+
+def ask_of(claim: Obj) -> ClaimAsk:
+    ask = placement.read_ask(claim, device_class=DEVICE_CLASS)
+    assert isinstance(ask, ClaimAsk), ask
+    return ask
+
+
+def by_namespace(namespace: str) -> str:
+    return namespace
+
+
+no_host_limit: dict[str, tuple[int, int]] = {}
+"""No node's status says what it offers."""
+
+
+def choose(
+    devices: DraDevices,
+    claim: Obj,
+    *,
+    cpu_milli: int = 0,
+    host_free: Mapping[str, tuple[int, int]] = no_host_limit,
+) -> Choice | dict[str, int]:
+    namespace = claim["metadata"]["namespace"]
+    want = placement.demand(
+        ask_of(claim), cpu_milli=cpu_milli, memory_bytes=0, tenancy=by_namespace(namespace)
+    )
+    return search.choose(Placer(), devices, want, tenancy_of=by_namespace, host_free=host_free)
+
+
+def chosen(
+    devices: DraDevices,
+    claim: Obj,
+    *,
+    cpu_milli: int = 0,
+    host_free: Mapping[str, tuple[int, int]] = no_host_limit,
+) -> tuple[str, str]:
+    """(pool, device) the claim is placed on."""
+    choice = choose(devices, claim, cpu_milli=cpu_milli, host_free=host_free)
+    assert isinstance(choice, Choice), choice
+    (gpu,) = choice.gpus
+    return gpu.pool, gpu.device

@@ -12,6 +12,7 @@ import pytest
 from gpushare.api.dra import DEVICE_CLASS, PLACEMENT_GATE
 from gpushare.api.names import ANN_AVOID_GPUS
 from gpushare.cluster.dra import allocator as allocator_module
+from gpushare.cluster.dra import writes as writes_module
 from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.dra.placement import FINALIZER
@@ -361,7 +362,7 @@ async def test_the_gate_goes_only_once_the_claim_watch_delivered_the_allocation(
 async def test_an_older_claim_version_after_the_write_does_not_free_the_share(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(allocator_module, "WATCH_WAIT_S", 0.05)
+    monkeypatch.setattr(writes_module, "WATCH_WAIT_S", 0.05)
     allocator, kube, devices = setup(node_slice("n1", gpus=1))
     kube.watch_lags = True  # the watch delivers each write only later, as on a busy server
     kube.create(share_claim("c1", percent="60"))
