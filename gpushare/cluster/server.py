@@ -244,56 +244,64 @@ def webhook_app(
     server proves nothing to a webhook), so a review only reads the view (docs/security.md,
     "Nothing with side effects on an unauthenticated request")."""
     app = web.Application(client_max_size=8 * 2**20, middlewares=[deadline(WEBHOOK_DEADLINE_S)])
-
-    def review(name: str, *, mutate: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
-        latency = metrics.webhook_seconds.labels(name)
-
-        async def handle(request: web.Request) -> web.Response:
-            start = time.perf_counter()
-            try:
-                return await answer(request)
-            finally:
-                latency.observe(time.perf_counter() - start)
-
-        async def answer(request: web.Request) -> web.Response:
-            try:
-                parsed = webhook.parse_review(await request.read())
-            except webhook.BadReviewError as exc:
-                metrics.webhook_requests.labels(name, "bad_request").inc()
-                return web.Response(text=f"gpushare: bad AdmissionReview: {exc}\n", status=400)
-            try:
-                doc, verdict = webhook.answer(parsed, facts=facts(), mutate=mutate)
-            except Exception as exc:
-                # Never leave the API server without an answer for a pod we were asked about.
-                log.exception("admission review failed", extra={"webhook": name})
-                metrics.webhook_requests.labels(name, "error").inc()
-                doc = {
-                    "apiVersion": "admission.k8s.io/v1",
-                    "kind": "AdmissionReview",
-                    "response": {
-                        "uid": parsed.uid,
-                        "allowed": False,
-                        "status": {"code": 500, "message": f"gpushare: internal error: {exc}"},
-                    },
-                }
-                return _json(doc)
-            outcome = "allowed" if verdict.allowed else "denied"
-            metrics.webhook_requests.labels(name, outcome).inc()
-            if not verdict.allowed:
-                log.info(
-                    "pod refused",
-                    extra={"webhook": name, "namespace": parsed.namespace, "why": verdict.message},
-                )
-            return _json(doc)
-
-        return handle
-
-    app.router.add_post("/mutate", review("mutate", mutate=True))
-    app.router.add_post("/validate", review("validate", mutate=False))
+    app.router.add_post("/mutate", _review_handler("mutate", facts, metrics, mutate=True))
+    app.router.add_post("/validate", _review_handler("validate", facts, metrics, mutate=False))
     # /metrics here too: every replica serves this port, and it asks for no client certificate
     # (so a bearer token, checked by ``authorize``).
     health_routes(app, ready=ready, metrics=metrics, authorize=authorize)
     return app
+
+
+def _review_handler(
+    name: str, facts: FactsSource, metrics: Metrics, *, mutate: bool
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The handler of one webhook (``mutate`` or ``validate``), timed and counted by outcome."""
+    latency = metrics.webhook_seconds.labels(name)
+
+    async def handle(request: web.Request) -> web.Response:
+        start = time.perf_counter()
+        try:
+            return await _answer_review(request, name, facts, metrics, mutate=mutate)
+        finally:
+            latency.observe(time.perf_counter() - start)
+
+    return handle
+
+
+async def _answer_review(
+    request: web.Request, name: str, facts: FactsSource, metrics: Metrics, *, mutate: bool
+) -> web.Response:
+    """One AdmissionReview answered: 400 for one that is not, a refusal (never no answer) when
+    reviewing fails, else the verdict."""
+    try:
+        parsed = webhook.parse_review(await request.read())
+    except webhook.BadReviewError as exc:
+        metrics.webhook_requests.labels(name, "bad_request").inc()
+        return web.Response(text=f"gpushare: bad AdmissionReview: {exc}\n", status=400)
+    try:
+        doc, verdict = webhook.answer(parsed, facts=facts(), mutate=mutate)
+    except Exception as exc:
+        # Never leave the API server without an answer for a pod we were asked about.
+        log.exception("admission review failed", extra={"webhook": name})
+        metrics.webhook_requests.labels(name, "error").inc()
+        doc = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {
+                "uid": parsed.uid,
+                "allowed": False,
+                "status": {"code": 500, "message": f"gpushare: internal error: {exc}"},
+            },
+        }
+        return _json(doc)
+    outcome = "allowed" if verdict.allowed else "denied"
+    metrics.webhook_requests.labels(name, outcome).inc()
+    if not verdict.allowed:
+        log.info(
+            "pod refused",
+            extra={"webhook": name, "namespace": parsed.namespace, "why": verdict.message},
+        )
+    return _json(doc)
 
 
 class Listener:
