@@ -250,6 +250,39 @@ def _watches(ctx: ControllerContext, kube: Kube, extender: Extender) -> list[Dut
     view.agents.namespace = lease_namespace
     if settings.operator.enabled:
         ctx.share_handoff = watches.ShareHandoff(view)
+    duties = _dra_watches(ctx, kube, extender)
+    allocator, keeper, handoff = ctx.claim_allocator, ctx.template_keeper, ctx.share_handoff
+    return [
+        *duties,
+        Task("node watch", lambda: watches.feed_nodes(kube, view, resync_seconds=resync)),
+        Task(
+            "pod watch",
+            lambda: watches.feed_pods(
+                kube, view, resync_seconds=resync, allocator=allocator, keeper=keeper
+            ),
+        ),
+        # Ends, as expected, once the operator's Kopf watch feeds the view (ShareHandoff).
+        Task(
+            "GpuShare watch",
+            lambda: watches.feed_shares(kube, view, resync_seconds=resync, handoff=handoff),
+            may_finish=True,
+        ),
+        Task("namespace watch", lambda: watches.feed_namespaces(kube, view, resync_seconds=resync)),
+        Task(
+            "node agent Lease watch",
+            lambda: watches.feed_agent_leases(
+                kube, view, namespace=lease_namespace, resync_seconds=resync
+            ),
+        ),
+        Task("node agent Leases", lambda: watches.judge_agent_leases(view)),
+    ]
+
+
+def _dra_watches(ctx: ControllerContext, kube: Kube, extender: Extender) -> list[Duty]:
+    """DRA mode's parts and their watches: the claim templates of annotated pods, and the
+    devices and claims the claim allocator places from (none in device-plugin mode)."""
+    settings, view = ctx.settings, ctx.view
+    resync = settings.placement.resync_seconds
     duties: list[Duty] = []
     if settings.dra.annotates_claims:
         templates = ctx.claim_templates = ClaimTemplates(
@@ -283,31 +316,7 @@ def _watches(ctx: ControllerContext, kube: Kube, extender: Extender) -> list[Dut
         duties.append(
             Task("DRA watches", lambda: watches.feed_dra(kube, devices, resync_seconds=resync))
         )
-    allocator, keeper, handoff = ctx.claim_allocator, ctx.template_keeper, ctx.share_handoff
-    return [
-        *duties,
-        Task("node watch", lambda: watches.feed_nodes(kube, view, resync_seconds=resync)),
-        Task(
-            "pod watch",
-            lambda: watches.feed_pods(
-                kube, view, resync_seconds=resync, allocator=allocator, keeper=keeper
-            ),
-        ),
-        # Ends, as expected, once the operator's Kopf watch feeds the view (ShareHandoff).
-        Task(
-            "GpuShare watch",
-            lambda: watches.feed_shares(kube, view, resync_seconds=resync, handoff=handoff),
-            may_finish=True,
-        ),
-        Task("namespace watch", lambda: watches.feed_namespaces(kube, view, resync_seconds=resync)),
-        Task(
-            "node agent Lease watch",
-            lambda: watches.feed_agent_leases(
-                kube, view, namespace=lease_namespace, resync_seconds=resync
-            ),
-        ),
-        Task("node agent Leases", lambda: watches.judge_agent_leases(view)),
-    ]
+    return duties
 
 
 GC_THRESHOLDS = (20_000, 10, 100)
