@@ -226,6 +226,22 @@ class Metrics:
         # process_cpu_seconds_total, process_resident_memory_bytes, open fds, start time: what
         # a replica costs (the control-plane dashboard), every replica.
         ProcessCollector(registry=self.registry)
+        self._extender_metrics()
+        self._admission_metrics()
+        self._view = view
+        self._allocator: ClaimAllocator | None = None
+        self.registry.register(
+            _LeaderOnly(
+                _ViewCollector(
+                    lambda: self._view,
+                    gated=lambda: self._allocator.waiting_pods() if self._allocator else (),
+                ),
+                self._exports_state,
+            )
+        )
+
+    def _extender_metrics(self) -> None:
+        """kube-scheduler's calls: time and outcome per verb, the bind's stages and results."""
         self.extender_seconds = Histogram(
             f"{METRIC_PREFIX}extender_request_duration_seconds",
             "Time to answer one kube-scheduler extender call",
@@ -253,6 +269,9 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+
+    def _admission_metrics(self) -> None:
+        """Admission reviews, and what opportunistic placement did."""
         self.webhook_seconds = Histogram(
             f"{METRIC_PREFIX}webhook_request_duration_seconds",
             "Time to answer one admission review (the API server waits webhook.timeoutSeconds, "
@@ -276,17 +295,6 @@ class Metrics:
             "(preempted_by_measurement)",
             ["event"],
             registry=self.registry,
-        )
-        self._view = view
-        self._allocator: ClaimAllocator | None = None
-        self.registry.register(
-            _LeaderOnly(
-                _ViewCollector(
-                    lambda: self._view,
-                    gated=lambda: self._allocator.waiting_pods() if self._allocator else (),
-                ),
-                self._exports_state,
-            )
         )
 
     def _exports_state(self) -> bool:
