@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from gpushare.cluster.certificates import CREDENTIALS_ANNOTATION, RENEW_ANNOTATION
+from gpushare.cluster.certificates import CREDENTIALS_ANNOTATION
+from gpushare.cluster.issuing import RENEW_ANNOTATION
 from tests.fixtures.chart_release import (
     NAMESPACE,
     RELEASE,

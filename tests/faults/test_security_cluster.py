@@ -731,7 +731,7 @@ def extender_without_client_certificate(sec: Sec) -> Outcome:
     import ssl  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    from gpushare.cluster.certificates import Leaf, issue, make_ca  # noqa: PLC0415
+    from gpushare.cluster.issuing import Leaf, issue, make_ca  # noqa: PLC0415
 
     # The certificates the controller makes and keeps in its Secrets by default (the chart
     # renders none): a CA, the extender's serving certificate, gpushare-scheduler's client one.

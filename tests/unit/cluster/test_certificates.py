@@ -16,12 +16,12 @@ import pytest
 from gpushare.api.errors import InvalidInputError
 from gpushare.cluster.certificates import (
     CREDENTIALS_ANNOTATION,
-    RENEW_ANNOTATION,
     RESTARTED_AT,
     CertificateKeeper,
     CertificateSettings,
     leaves_for,
 )
+from gpushare.cluster.issuing import RENEW_ANNOTATION
 from gpushare.cluster.settings import parse_args
 from gpushare.cluster.tls import ReloadingServerTls, issued_by_one_of
 from tests.fixtures.secret_store import NS, PREFIX, Secrets
