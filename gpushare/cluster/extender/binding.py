@@ -72,36 +72,42 @@ class BindVerbs(ExtenderBase):
                 "still wait for their GPU allocation; the pod will be retried"
             }
         try:
-            seen = self.view.allocations_seen(args.node)
-            waiting = await self._wait_for_allocations(args.node, key, size, deadline)
-            if waiting and self.view.allocations_seen(args.node) == seen:
-                # Nothing on the node got its Allocate for the whole wait: its node agent (or
-                # kubelet) is not answering, and a pod bound now would be refused by the
-                # kubelet ("no healthy devices") and end Failed. Let the scheduler retry.
-                self._observe("gate", loop.time() - start)
-                log.warning(
-                    "not binding: no pod on the node got its allocation during the wait",
-                    extra={"pod": key, "node": args.node, "waiting": waiting[:5]},
-                )
-                return {
-                    "Error": scheduler_safe(
-                        f"gpushare: node {args.node}: {len(waiting)} pod(s) there have waited "
-                        f"{self.gate_seconds:.0f}s for their GPU allocation and none got it "
-                        "(is the gpushare node agent running there?); the pod will be retried"
-                    )
-                }
-            if waiting:
-                log.warning(
-                    "binding while other pods still wait for their allocation",
-                    extra={"pod": key, "node": args.node, "waiting": waiting[:5]},
-                )
+            refused = await self._gate(args.node, key, size, deadline)
             opened = loop.time()
             self._observe("gate", opened - start)
+            if refused is not None:
+                return refused
             result = await self._bind(args)
             self._observe("write", loop.time() - opened)
         finally:
             lock.release()
         return {"Error": scheduler_safe(result["Error"])}
+
+    async def _gate(self, node: str, key: str, size: int, deadline: float) -> dict[str, str] | None:
+        """Wait until no pod on ``node`` the node agent could mistake for this one waits for
+        its Allocate; the error to answer with when none got its allocation for the whole wait
+        (the node agent or kubelet is not answering, and a pod bound now would be refused by
+        the kubelet, "no healthy devices", and end Failed: let the scheduler retry)."""
+        seen = self.view.allocations_seen(node)
+        waiting = await self._wait_for_allocations(node, key, size, deadline)
+        if waiting and self.view.allocations_seen(node) == seen:
+            log.warning(
+                "not binding: no pod on the node got its allocation during the wait",
+                extra={"pod": key, "node": node, "waiting": waiting[:5]},
+            )
+            return {
+                "Error": scheduler_safe(
+                    f"gpushare: node {node}: {len(waiting)} pod(s) there have waited "
+                    f"{self.gate_seconds:.0f}s for their GPU allocation and none got it "
+                    "(is the gpushare node agent running there?); the pod will be retried"
+                )
+            }
+        if waiting:
+            log.warning(
+                "binding while other pods still wait for their allocation",
+                extra={"pod": key, "node": node, "waiting": waiting[:5]},
+            )
+        return None
 
     def _observe(self, stage: str, seconds: float) -> None:
         if self.bind_stage_observer is not None:
@@ -181,14 +187,15 @@ class BindVerbs(ExtenderBase):
         return pods.pod_uid(pod), pods.node_name(pod), demand, rules, pods.scheduler_name(pod)
 
     async def _bind(self, args: BindingArgs) -> dict[str, str]:
+        """Bind one pod whose turn it is (:meth:`bind` holds its gate): read it, check the
+        bind is ours to do, choose its GPUs and write the Binding; ``{"Error": ""}`` when
+        bound."""
         assert self.writer is not None
         ns, name, node_name = args.pod_namespace, args.pod_name, args.node
         key = f"{ns}/{name}"
         try:
             uid, bound_to, demand, rules, scheduler = await self._pod_facts(args)
-        except InvalidInputError as exc:
-            return {"Error": f"gpushare: {exc}"}
-        except Exception as exc:
+        except Exception as exc:  # InvalidInputError (its annotations) or the API's failure
             return {"Error": f"gpushare: {exc}"}
         if args.pod_uid and uid != args.pod_uid:
             return {"Error": f"gpushare: pod {key} was recreated (uid {uid}, asked {args.pod_uid})"}
@@ -202,30 +209,10 @@ class BindVerbs(ExtenderBase):
             return {"Error": f"gpushare: {refusal}"}
         if demand is None:
             return await self._plain_bind(ns, name, uid, node_name)
-        waits = self._hold_reason(rules)
-        if waits is not None:
-            return {"Error": f"gpushare: {waits}"}
         # From here to view.reserve() nothing awaits: no other bind can interleave.
-        node, refusal = self._node(node_name, key, rules)
-        if node is None or (not node.gpus and refusal is None):
-            return {"Error": f"gpushare: node {node_name} has no GPUs shared by gpushare"}
-        hold = self.view.reservation(key)
-        usable = {g.uuid for g in node.gpus}
-        if (
-            hold is not None
-            and hold.is_hold
-            and hold.node == node_name
-            and hold.uid == uid
-            and usable.issuperset(hold.assignment.gpu_uuids)
-        ):
-            assignment: Assignment | None = hold.assignment  # what filter promised
-        else:
-            assignment = self.placer.choose_gpus(node, demand) if node.gpus else None
-        if assignment is None:
-            reason = (self.placer.refusal(node, demand) if node.gpus else None) or refusal
-            return {
-                "Error": scheduler_safe(f"gpushare: node {node_name}: {reason or 'no GPU fits'}")
-            }
+        assignment = self._assignment(key, uid, node_name, demand, rules)
+        if isinstance(assignment, str):
+            return {"Error": assignment}
         bind_time = datetime.now(UTC)
         try:
             held = self.view.reserve(
@@ -247,6 +234,48 @@ class BindVerbs(ExtenderBase):
             request_percent=min(demand.percent, SLICES_PER_GPU),
             tier=TIER_OPPORTUNISTIC if assignment.opportunistic else TIER_GUARANTEED,
         )
+        return await self._write_binding(args, uid, held, placement, assignment)
+
+    def _assignment(
+        self, key: str, uid: str, node_name: str, demand: Demand, rules: ShareRules
+    ) -> Assignment | str:
+        """The GPU(s) for the pod on ``node_name``: what filter held for it when that still
+        holds, else the placer's choice; or the error to answer with. Never awaits."""
+        waits = self._hold_reason(rules)
+        if waits is not None:
+            return f"gpushare: {waits}"
+        node, refusal = self._node(node_name, key, rules)
+        if node is None or (not node.gpus and refusal is None):
+            return f"gpushare: node {node_name} has no GPUs shared by gpushare"
+        hold = self.view.reservation(key)
+        usable = {g.uuid for g in node.gpus}
+        if (
+            hold is not None
+            and hold.is_hold
+            and hold.node == node_name
+            and hold.uid == uid
+            and usable.issuperset(hold.assignment.gpu_uuids)
+        ):
+            return hold.assignment  # what filter promised
+        assignment = self.placer.choose_gpus(node, demand) if node.gpus else None
+        if assignment is None:
+            reason = (self.placer.refusal(node, demand) if node.gpus else None) or refusal
+            return scheduler_safe(f"gpushare: node {node_name}: {reason or 'no GPU fits'}")
+        return assignment
+
+    async def _write_binding(
+        self,
+        args: BindingArgs,
+        uid: str,
+        held: Reservation,
+        placement: Placement,
+        assignment: Assignment,
+    ) -> dict[str, str]:
+        """POST the Binding with the placement annotations; on failure release the share held
+        for it (unless the pod is bound anyway: a lost response). Tells the bound listeners."""
+        assert self.writer is not None
+        ns, name, node_name = args.pod_namespace, args.pod_name, args.node
+        key = f"{ns}/{name}"
         try:
             await self.writer.bind_pod(
                 namespace=ns,
