@@ -235,9 +235,39 @@ def build_view(
     """Join nodes' GPU inventories with the pods placed on them (and live readings if any);
     DRA-mode nodes' GPUs from ``slices``, their pods from ``claims``. ``namespace`` None and
     empty selectors keep every pod and node."""
-    pods = list(pods)
-    by_node_gpu: dict[tuple[str, str], list[PodRow]] = defaultdict(list)
     dra_gpus = _dra_gpus(slices)
+    by_node_gpu = _pods_by_gpu(
+        list(pods), claims, dra_gpus, namespace=namespace, pod_selector=pod_selector
+    )
+    dra_nodes: dict[str, list[DraGpu]] = defaultdict(list)
+    for gpu in dra_gpus.values():
+        dra_nodes[gpu.node].append(gpu)
+    result: list[NodeRow] = []
+    for node_obj in sorted(nodes, key=lambda n: str((n.get("metadata") or {}).get("name", ""))):
+        meta = node_obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        if node_filter is not None and name != node_filter:
+            continue
+        if not matches(node_selector, meta.get("labels")):
+            continue
+        claimed = sorted(dra_nodes.get(name, ()), key=lambda g: g.index)
+        row = _node_row(name, meta, claimed, by_node_gpu, live, asked=node_filter is not None)
+        if row is not None:
+            result.append(row)
+    return result
+
+
+def _pods_by_gpu(
+    pods: list[Mapping[str, Any]],
+    claims: Iterable[Mapping[str, Any]],
+    dra_gpus: Mapping[tuple[str, str], DraGpu],
+    *,
+    namespace: str | None,
+    pod_selector: tuple[Requirement, ...],
+) -> dict[tuple[str, str], list[PodRow]]:
+    """(node, GPU UUID) -> the pods on that GPU that the namespace and selector keep: DRA-mode
+    pods from their claims, device-plugin-mode pods from their placement annotations."""
+    by_node_gpu: dict[tuple[str, str], list[PodRow]] = defaultdict(list)
     by_name = {
         (
             str((p.get("metadata") or {}).get("namespace", "")),
@@ -251,9 +281,6 @@ def build_view(
         if not matches(pod_selector, (pod.get("metadata") or {}).get("labels")):
             continue
         by_node_gpu[(gpu.node, gpu.uuid)].append(pod_row)
-    dra_nodes: dict[str, list[DraGpu]] = defaultdict(list)
-    for gpu in dra_gpus.values():
-        dra_nodes[gpu.node].append(gpu)
     for pod in pods:
         if not matches(pod_selector, (pod.get("metadata") or {}).get("labels")):
             continue
@@ -266,41 +293,41 @@ def build_view(
         node = str((pod.get("spec") or {}).get("nodeName") or "")
         for uuid in uuids:
             by_node_gpu[(node, uuid)].append(replace(pod_row))
-    result: list[NodeRow] = []
-    for node_obj in sorted(nodes, key=lambda n: str((n.get("metadata") or {}).get("name", ""))):
-        meta = node_obj.get("metadata") or {}
-        name = str(meta.get("name", ""))
-        if node_filter is not None and name != node_filter:
-            continue
-        if not matches(node_selector, meta.get("labels")):
-            continue
-        text = (meta.get("annotations") or {}).get(ANN_NODE_GPUS)
-        claimed = sorted(dra_nodes.get(name, ()), key=lambda g: g.index)
-        if text is None and not claimed:
-            if node_filter is not None:
-                result.append(
-                    NodeRow(
-                        name,
-                        [],
-                        problem=f"no {ANN_NODE_GPUS} annotation and no gpushare ResourceSlice",
-                    )
-                )
-            continue
-        try:
-            inventory = load_inventory(text) if text is not None else []
-        except InvalidInputError as exc:
-            result.append(NodeRow(name, [], problem=str(exc)))
-            continue
-        gpus = []
-        for info in [*inventory, *(_gpu_info(g) for g in claimed)]:
-            row = GpuRow(info=info, pods=by_node_gpu.get((name, info.uuid), []))
-            row.simulated = info.simulated
-            if live is not None:
-                _apply_live(row, live)
-            row.pods.sort(key=lambda p: (p.namespace, p.name))
-            gpus.append(row)
-        result.append(NodeRow(name, gpus))
-    return result
+    return by_node_gpu
+
+
+def _node_row(
+    name: str,
+    meta: Mapping[str, Any],
+    claimed: list[DraGpu],
+    by_node_gpu: Mapping[tuple[str, str], list[PodRow]],
+    live: Live | None,
+    *,
+    asked: bool,
+) -> NodeRow | None:
+    """One node's row: its GPUs (inventory annotation, then ResourceSlice GPUs) with their
+    pods; a row naming the problem when its inventory is unreadable, or when it has none and
+    was ``asked`` for by name; None for a node without gpushare GPUs."""
+    text = (meta.get("annotations") or {}).get(ANN_NODE_GPUS)
+    if text is None and not claimed:
+        if not asked:
+            return None
+        return NodeRow(
+            name, [], problem=f"no {ANN_NODE_GPUS} annotation and no gpushare ResourceSlice"
+        )
+    try:
+        inventory = load_inventory(text) if text is not None else []
+    except InvalidInputError as exc:
+        return NodeRow(name, [], problem=str(exc))
+    gpus = []
+    for info in [*inventory, *(_gpu_info(g) for g in claimed)]:
+        row = GpuRow(info=info, pods=list(by_node_gpu.get((name, info.uuid), [])))
+        row.simulated = info.simulated
+        if live is not None:
+            _apply_live(row, live)
+        row.pods.sort(key=lambda p: (p.namespace, p.name))
+        gpus.append(row)
+    return NodeRow(name, gpus)
 
 
 def _apply_live(row: GpuRow, live: Live) -> None:
