@@ -91,34 +91,17 @@ def follow(
     err = err or sys.stderr
     redraw = out.isatty() and not separator
     inbox: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
-
-    def pump() -> None:
-        try:
-            for item in updates:
-                inbox.put(("item", item))
-        except InvalidInputError as exc:
-            inbox.put(("failed", exc))
-        except Exception as exc:  # the command reports it like any failed read
-            inbox.put(("failed", InvalidInputError("cluster", str(exc), "check the cluster")))
-        inbox.put(("ended", None))
-
-    threading.Thread(target=pump, name="watch-updates", daemon=True).start()
+    threading.Thread(target=_pump, args=(updates, inbox), name="watch-updates", daemon=True).start()
     deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
     last_text: str | None = None
     current: Any = None
     try:
         while True:
-            waits = [w for w in (refresh_s if current is not None else None,) if w]
-            if deadline is not None:
-                waits.append(max(0.0, deadline - time.monotonic()))
-            try:
-                what, item = inbox.get(timeout=min(waits) if waits else None)
-            except queue.Empty:
-                if deadline is not None and time.monotonic() >= deadline:
-                    return 0
-                what, item = "refresh", current
+            what, item = _next(inbox, refresh_s if current is not None else None, deadline)
             if what == "ended":
                 return 0
+            if what == "refresh":
+                item = current  # rendered again: a live source may read differently now
             if what == "failed" or isinstance(item, InvalidInputError):
                 if last_text is None:
                     raise item
@@ -133,14 +116,47 @@ def follow(
                 print(f"error: {printable(str(exc))}", file=err, flush=True)
                 continue
             if text != last_text:
-                if redraw:
-                    out.write(CLEAR)
-                elif last_text is not None:
-                    out.write(separator or "\n")
-                out.write(text)
-                out.flush()
+                _show(text, last_text, out, redraw=redraw, separator=separator)
                 last_text = text
     except KeyboardInterrupt:
         out.write("\n")
         out.flush()
         return 0
+
+
+def _pump(updates: Iterator[Any], inbox: "queue.Queue[tuple[str, Any]]") -> None:
+    """Move ``updates`` into ``inbox`` (on its own thread), then a failure, then the end."""
+    try:
+        for item in updates:
+            inbox.put(("item", item))
+    except InvalidInputError as exc:
+        inbox.put(("failed", exc))
+    except Exception as exc:  # the command reports it like any failed read
+        inbox.put(("failed", InvalidInputError("cluster", str(exc), "check the cluster")))
+    inbox.put(("ended", None))
+
+
+def _next(
+    inbox: "queue.Queue[tuple[str, Any]]", refresh_s: float | None, deadline: float | None
+) -> tuple[str, Any]:
+    """The next thing to do: an update, a failure or the end from ``inbox``; ``refresh``
+    after ``refresh_s`` without one; ``ended`` at ``deadline``."""
+    waits = [w for w in (refresh_s,) if w]
+    if deadline is not None:
+        waits.append(max(0.0, deadline - time.monotonic()))
+    try:
+        return inbox.get(timeout=min(waits) if waits else None)
+    except queue.Empty:
+        if deadline is not None and time.monotonic() >= deadline:
+            return "ended", None
+        return "refresh", None
+
+
+def _show(text: str, last_text: str | None, out: TextIO, *, redraw: bool, separator: str) -> None:
+    """Print a changed rendering: over the last one on a terminal, else after a separator."""
+    if redraw:
+        out.write(CLEAR)
+    elif last_text is not None:
+        out.write(separator or "\n")
+    out.write(text)
+    out.flush()
