@@ -356,6 +356,9 @@ class PodFacts:
     """``spec.schedulerName``: the extender binds only pods of gpushare-scheduler."""
     deleting: bool = False
     """``metadata.deletionTimestamp`` is set (scheduled or not)."""
+    gated: bool = False
+    """``spec.schedulingGates`` is not empty: kube-scheduler does not try the pod yet, whoever
+    holds it (a queue such as Kueue until it admits the pod, docs/queues.md)."""
     dra: bool = False
     """Holds the claim the webhook gives annotated pods in DRA mode (:func:`dra_claimed`): the
     claim allocator places it, and the view counts no GPU share for it. Kept when it links a
@@ -448,6 +451,12 @@ def _str_map(raw: object) -> dict[str, str]:
     return {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)}
 
 
+def scheduling_gated(pod: Pod) -> bool:
+    """The pod has scheduling gates left: no scheduler considers it until they are removed."""
+    gates = spec(pod).get("schedulingGates")
+    return isinstance(gates, list) and len(gates) > 0
+
+
 def dra_claimed(pod: Pod) -> bool:
     """The pod holds the claim the webhook gives annotated pods in DRA mode: kube-scheduler's
     DRA allocator places it, not the extender, and the view does not count it."""
@@ -502,6 +511,7 @@ def facts(pod: Pod) -> PodFacts:
         evict=evict,
         scheduler=scheduler,
         deleting=deleting,
+        gated=node is None and scheduling_gated(pod),
         dra=dra,
     )
     governed_dra = dra and bool(ann.get(ANN_SHARE))
