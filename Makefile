@@ -46,7 +46,7 @@ release: venv ## build every release artefact (OCI image archive, chart, wheels,
 prereqs: ## install the OS packages the local cluster and the tests need (Debian/Ubuntu, as root)
 	hack/install-prereqs.sh all
 
-tools: ## build and cache everything the tests run (Kubernetes for both modes, etcd, helm, kwok, the Prometheus Operator, Prometheus, containerd 2) from the Go module proxy
+tools: ## build and cache everything the tests run (Kubernetes for both modes, etcd, helm, kwok, the Prometheus Operator, Prometheus, containerd 2, Kueue) from the Go module proxy
 	hack/build-tools.sh all
 
 # The demo installs and builds only what it runs: no Prometheus package, no DRA-mode Kubernetes,

@@ -4,7 +4,8 @@
 #   hack/build-tools.sh [TARGET...]   (default: all)
 # Targets: kube (Kubernetes $KUBE_VERSION, the device-plugin mode's), kube-dra ($DRA_KUBE_VERSION,
 # the DRA mode's), etcd, helm, kwok, prometheus-operator (with Prometheus), containerd (the DRA
-# mode's); demo: what `make demo` runs (etcd, kube, helm); all: every one of them.
+# mode's), kueue (with its CRDs and webhook manifests); demo: what `make demo` runs (etcd, kube,
+# helm); all: every one of them.
 #
 # Go: hack/lib/go.sh puts a Go >= $GO_MIN_VERSION on PATH, fetching Go $GO_VERSION through the
 # module proxy when the one installed is older (Debian 12's golang-go is 1.19).
@@ -183,6 +184,29 @@ build_prometheus_operator() {
   rm -rf "$out/crds"; mv "$out/crds.partial" "$out/crds"
 }
 
+# Kueue's manager, for tests/cluster/test_kueue_cluster.py (docs/queues.md). Its module has no
+# relative replaces, so `go install` builds it. Its CRDs and webhook manifests ship inside the
+# module (config/components) and are copied next to the binary, so the test installs exactly
+# the version that runs.
+build_kueue() {
+  local v=$KUEUE_VERSION out="$GPUSHARE_CACHE_DIR/bin/kueue-$KUEUE_VERSION" module=sigs.k8s.io/kueue
+  if [[ -x $out/kueue && -d $out/crds && -f $out/webhooks.yaml ]]; then
+    log "kueue $v cached in $out"; return
+  fi
+  log "go install $module/cmd/kueue@$v"
+  rm -rf "$out.partial"; mkdir -p "$out.partial/crds"
+  GOBIN="$out.partial" go install -trimpath \
+    -ldflags "-s -w -X $module/pkg/version.GitVersion=$v" "$module/cmd/kueue@$v"
+  local src
+  src=$(GOFLAGS=-mod=mod go mod download -json "$module@$v" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [[ -d $src/config/components/crd/bases ]] || die "no CRDs in the $module@$v module ($src)"
+  cp "$src"/config/components/crd/bases/*.yaml "$out.partial/crds/"
+  cp "$src"/config/components/webhook/manifests.yaml "$out.partial/webhooks.yaml"
+  chmod -R u+w "$out.partial"
+  rm -rf "$out"; mv "$out.partial" "$out"
+}
+
 build_one() { # TARGET
   case $1 in
     kube) build_kube ;;
@@ -192,6 +216,7 @@ build_one() { # TARGET
     kwok) build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok ;;
     prometheus-operator) build_prometheus_operator; build_prometheus ;;
     containerd) build_containerd ;;
+    kueue) build_kueue ;;
     demo) build_one etcd; build_one kube; build_one helm ;;
     all)
       build_one demo
@@ -199,8 +224,9 @@ build_one() { # TARGET
       build_one kwok
       build_one prometheus-operator
       build_one containerd
+      build_one kueue
       ;;
-    *) die "unknown target '$1'; use any of: all demo kube kube-dra etcd helm kwok prometheus-operator containerd" ;;
+    *) die "unknown target '$1'; use any of: all demo kube kube-dra etcd helm kwok prometheus-operator containerd kueue" ;;
   esac
 }
 

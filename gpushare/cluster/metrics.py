@@ -125,14 +125,19 @@ def _quarantined(view: ClusterView) -> Iterator[GaugeMetricFamily | CounterMetri
 def _pending_pods(view: ClusterView, gated: Iterable[str] = ()) -> GaugeMetricFamily:
     """gpushare pods not yet bound to a node, per namespace: the queue a user waits in (the
     cluster dashboard's "Pending fractional pods"). ``gated``: DRA-mode pods waiting for the
-    claim allocator (keys), which the view does not keep."""
+    claim allocator (keys), which the view does not keep. Pods held by another scheduling gate
+    (a queue's, such as Kueue's) wait for that queue, not for a GPU: not counted."""
     family = GaugeMetricFamily(
         f"{METRIC_PREFIX}pending_pods",
         "gpushare pods not yet bound to a node",
         labels=["namespace"],
     )
     counts: dict[str, int] = {}
-    pending = (key for key, pod in view.pods().items() if pod.node is None and not pod.finished)
+    pending = (
+        key
+        for key, pod in view.pods().items()
+        if pod.node is None and not pod.finished and not pod.gated
+    )
     for key in {*pending, *gated}:
         namespace = key.split("/", 1)[0]
         counts[namespace] = counts.get(namespace, 0) + 1

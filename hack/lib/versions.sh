@@ -21,6 +21,9 @@ PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}"
 # Prometheus v3.5.0, published on the module proxy as github.com/prometheus/prometheus v0.305.0.
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v3.5.0}"
 PROMETHEUS_MODULE_VERSION="${PROMETHEUS_MODULE_VERSION:-v0.305.0}"
+# Kueue (its manager, CRDs and webhook manifests) for the queueing test (docs/queues.md). v0.17
+# is built on the Kubernetes v0.35 libraries, within client-go's one-minor skew of KUBE_VERSION.
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 # Go: the oldest release that builds every tool above (etcd's and helm's go.mod ask for 1.26),
 # and the release hack/lib/go.sh fetches when the Go on PATH is older.
 GO_MIN_VERSION=1.26.0

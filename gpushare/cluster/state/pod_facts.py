@@ -37,6 +37,7 @@ from gpushare.cluster.state.pods import (
     pod_key,
     pod_uid,
     scheduler_name,
+    scheduling_gated,
 )
 from gpushare.packing.model import Demand
 
@@ -95,6 +96,9 @@ class PodFacts:
     """``spec.schedulerName``: the extender binds only pods of gpushare-scheduler."""
     deleting: bool = False
     """``metadata.deletionTimestamp`` is set (scheduled or not)."""
+    gated: bool = False
+    """``spec.schedulingGates`` is not empty: kube-scheduler does not try the pod yet, whoever
+    holds it (a queue such as Kueue until it admits the pod, docs/queues.md)."""
     dra: bool = False
     """Holds the claim the webhook gives annotated pods in DRA mode (:func:`dra_claimed`): the
     claim allocator places it, and the view counts no GPU share for it. Kept when it links a
@@ -230,6 +234,7 @@ def facts(pod: Pod) -> PodFacts:
         evict=ann.get(ANN_EVICT),
         scheduler=scheduler,
         deleting=deleting,
+        gated=node is None and scheduling_gated(pod),
         dra=dra,
         workload=_workload(pod, meta, ann, scheduler, dra=dra) if is_kept else NO_WORKLOAD,
     )

@@ -146,6 +146,12 @@ def target_container(pod: Pod) -> int:
     )
 
 
+def scheduling_gated(pod: Pod) -> bool:
+    """The pod has scheduling gates left: no scheduler considers it until they are removed."""
+    gates = spec(pod).get("schedulingGates")
+    return isinstance(gates, list) and len(gates) > 0
+
+
 def dra_claimed(pod: Pod) -> bool:
     """The pod holds the claim the webhook gives annotated pods in DRA mode: kube-scheduler's
     DRA allocator places it, not the extender, and the view does not count it."""

@@ -59,6 +59,26 @@ def test_pending_pods_count_unbound_gpushare_pods_per_namespace() -> None:
     assert got == {(("namespace", "team-a"),): 2.0, (("namespace", "team-b"),): 1.0}
 
 
+def test_pods_a_queue_holds_gated_are_not_pending_for_gpushare() -> None:
+    """A pod Kueue has not admitted yet carries Kueue's scheduling gate: it waits for quota,
+    not for a GPU, and no FailedScheduling event would say why (docs/queues.md). Once the gate
+    is removed it is pending like any other until bound."""
+    view = ClusterView()
+    view.replace_nodes([node_json("n1", [gpu("G0")])])
+    kueue_gate = {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}
+    view.replace_pods(
+        [
+            pod_json("queued", namespace="team-a", fraction="0.6", extra_spec=kueue_gate),
+            pod_json("admitted", namespace="team-a", fraction="0.6"),
+        ]
+    )
+    got = samples(Metrics(view).registry, "gpushare_pending_pods")
+    assert got == {(("namespace", "team-a"),): 1.0}
+    view.upsert_pod(pod_json("queued", namespace="team-a", fraction="0.6"))  # ungated
+    got = samples(Metrics(view).registry, "gpushare_pending_pods")
+    assert got == {(("namespace", "team-a"),): 2.0}
+
+
 def test_share_profiles_are_exported_per_pipe_and_broken_ones_skipped() -> None:
     view = ClusterView()
     profile = GpuProfile(
