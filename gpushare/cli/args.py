@@ -45,6 +45,8 @@ def version() -> str:
 
 
 def _common(p: argparse.ArgumentParser, *, namespaced: bool, selects: str) -> None:
+    """The flags every view command takes: where the cluster is, what to show and how, and
+    (:func:`_live_and_watch`) live readings and ``-w``."""
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG)")
     p.add_argument("--context", help="kubeconfig context (default: the current one)")
     if namespaced:
@@ -76,6 +78,12 @@ def _common(p: argparse.ArgumentParser, *, namespaced: bool, selects: str) -> No
         metavar="JSONPATH",
         help="sort rows by this field of their -o json object, e.g. --sort-by=.request_percent",
     )
+    _live_and_watch(p)
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
+
+
+def _live_and_watch(p: argparse.ArgumentParser) -> None:
+    """Live readings (Prometheus or node agents' /metrics) and ``-w`` with its timings."""
     p.add_argument("--prometheus", metavar="URL", help="Prometheus base URL for live readings")
     p.add_argument(
         "--metrics-url",
@@ -104,7 +112,6 @@ def _common(p: argparse.ArgumentParser, *, namespaced: bool, selects: str) -> No
         metavar="SECONDS",
         help="stop watching after this long (default 0: until Ctrl-C)",
     )
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
