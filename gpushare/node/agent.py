@@ -77,9 +77,52 @@ class NodeAgent:
         self.kube = kube
         self.gpus = backend.inventory()
         self.health = DeviceHealth(g.uuid for g in self.gpus)
-        self.mps = MpsManager(
+        self.mps = self._new_mps()
+        self.dra: DraDriver | None = None
+        self.mps_limits = MpsLimitKeeper(
+            mps=self.mps,
+            gpu_memory=lambda: {g.uuid: g.memory_bytes for g in self.gpus},
+            claimed=lambda: self.dra.shares() if self.dra is not None else {},
+        )
+        self.allocator = self._new_allocator(device_nodes)
+        self.device_plugin, self.opportunistic_plugin = self._new_device_plugins()
+        self.slices: SlicePublisher | None = None
+        self.dra_plugin: DraPluginSockets | None = None
+        if settings.mode == "dra":
+            self._wire_dra(dra_kube if dra_kube is not None else kube.dra(), device_nodes)
+        # One restart loop serves the mode's kubelet plugins again together.
+        plugins: list[KubeletPlugin] = (
+            [self.dra_plugin]
+            if self.dra_plugin is not None
+            else [self.device_plugin, self.opportunistic_plugin]
+        )
+        self.plugins = RestartLoop(plugins)
+        self.faults = self._new_fault_monitor()
+        self.registry = registry_for("node-agent", simulated=backend.simulated)
+        self._servicers: list[DevicePluginServicer] = []
+        self._exporter: ExporterHandle | None = None
+        self.publisher = self._new_publisher()
+        self.lease = AgentLease(
+            node_name=settings.node_name, namespace=settings.lease_namespace, kube=kube
+        )
+        self.simulated_load = SimulatedLoadFeeder(
+            backend=backend,
+            gpus=self.gpus,
+            prepared=lambda: self.dra.prepared().values() if self.dra is not None else (),
+        )
+        self._pods_lock = threading.Lock()
+        self._pods: list[PodInfo] = []
+        self.metrics: MetricsServer | None = None
+
+    # --- construction --------------------------------------------------------------------
+
+    def _new_mps(self) -> MpsManager:
+        """The MPS daemon manager, set up from the settings; its changes and events come back
+        to this agent (GPU health, Node Events)."""
+        settings = self.settings
+        return MpsManager(
             root=settings.mps_root,
-            simulated=backend.simulated,
+            simulated=self.backend.simulated,
             shm_mode=settings.mps_shm,
             on_change=self._mps_changed,
             require_exclusive_process=settings.require_exclusive_process,
@@ -87,16 +130,16 @@ class NodeAgent:
             daemons=settings.mps_daemons,
             on_event=self._mps_event,
         )
-        self.dra: DraDriver | None = None
-        self.mps_limits = MpsLimitKeeper(
-            mps=self.mps,
-            gpu_memory=lambda: {g.uuid: g.memory_bytes for g in self.gpus},
-            claimed=lambda: self.dra.shares() if self.dra is not None else {},
-        )
-        pods: PodSource = kube
+
+    def _new_allocator(self, device_nodes: Callable[[str], list[DeviceNode]] | None) -> Allocator:
+        """The device plugin's Allocator: it asks the kubelet (its identity, and the pod
+        resources socket when set) what is held, and keeps its answers in the state file so a
+        restarted agent answers the kubelet the same."""
+        settings = self.settings
+        pods: PodSource = self.kube
         kubelet_socket = settings.device_plugin_dir / KUBELET_SOCKET
         pod_resources = settings.pod_resources_socket
-        self.allocator = Allocator(
+        return Allocator(
             kubelet=lambda: kubelet_identity(kubelet_socket),
             held=(lambda: kubelet_held(socket_path=pod_resources)) if pod_resources else None,
             running=pods_with_running_containers,
@@ -109,92 +152,88 @@ class NodeAgent:
             pods=pods,
             mps=self.mps,
             device_nodes=device_nodes,
-            nvidia_runtime_env=not backend.simulated,
+            nvidia_runtime_env=not self.backend.simulated,
             on_answer=self.mps_limits.raise_for,
         )
-        self.device_plugin = DevicePluginSockets(
+
+    def _new_device_plugins(self) -> tuple[DevicePluginSockets, DevicePluginSockets]:
+        """The device plugin sockets: the GPU slice resource and the opportunistic one."""
+        settings = self.settings
+        device_plugin = DevicePluginSockets(
             make_servicer=self._new_servicer,
             plugin_dir=settings.device_plugin_dir,
             endpoint=settings.plugin_endpoint,
         )
         # Opportunistic pods ask for their own resource (more of it than the GPU has), served
         # by the same Allocator: placements, not slice counts, set what a pod may use.
-        self.opportunistic_plugin = DevicePluginSockets(
+        opportunistic_plugin = DevicePluginSockets(
             make_servicer=lambda: self._new_servicer(opportunistic_slice_ids),
             plugin_dir=settings.device_plugin_dir,
             endpoint=settings.opportunistic_plugin_endpoint,
             resource_name=RESOURCE_GPU_OPPORTUNISTIC,
         )
-        self.slices: SlicePublisher | None = None
-        self.dra_plugin: DraPluginSockets | None = None
-        if settings.mode == "dra":
-            dra_api = dra_kube if dra_kube is not None else kube.dra()
-            driver = DraDriver(
-                node_name=settings.node_name,
-                gpus=self.inventory,
-                claims=dra_api,
-                checkpoint=Checkpoint(plugin_dir(settings.kubelet_root) / CHECKPOINT_FILE),
-                cdi_dir=CdiDir(settings.cdi_dir),
-                mps=self.mps,
-                limits=self.mps_limits,
-                on_release=self._resync_limits,
-                device_nodes=device_nodes,
-                nvidia_runtime_env=not backend.simulated,
-                pods=self.read_pods,
-                tenancy=settings.tenancy,
-                namespace_labels=dra_api.namespace_labels,
-                on_dropped=self._checkpoint_entry_dropped,
-            )
-            self.dra = driver
-            self.slices = SlicePublisher(
-                node_name=settings.node_name,
-                store=dra_api,
-                node_uid=getattr(dra_api, "node_uid", None),
-            )
-            self.dra_plugin = DraPluginSockets(
-                make_servicers=lambda: (DraPluginV1(driver), DraPluginV1beta1(driver)),
-                kubelet_root=settings.kubelet_root,
-            )
-        # One restart loop serves the mode's kubelet plugins again together.
-        plugins: list[KubeletPlugin] = (
-            [self.dra_plugin]
-            if self.dra_plugin is not None
-            else [self.device_plugin, self.opportunistic_plugin]
-        )
-        self.plugins = RestartLoop(plugins)
-        self.faults = FaultMonitor(
+        return device_plugin, opportunistic_plugin
+
+    def _new_publisher(self) -> NodePublisher:
+        """The node publisher: inventory, readiness and (DRA mode) ResourceSlices."""
+        settings = self.settings
+        return NodePublisher(
             node_name=settings.node_name,
+            mode=settings.mode,
+            simulated=self.backend.simulated,
+            kube=self.kube,
+            inventory=self.inventory,
+            not_ready_reason=self.not_ready_reason,
+            slices=self.slices,
+        )
+
+    def _wire_dra(
+        self, dra_api: Any, device_nodes: Callable[[str], list[DeviceNode]] | None
+    ) -> None:
+        """DRA mode: the driver (claims prepared from its checkpoint), the ResourceSlice
+        publisher and the kubelet plugin sockets serving the driver."""
+        settings = self.settings
+        driver = DraDriver(
+            node_name=settings.node_name,
+            gpus=self.inventory,
+            claims=dra_api,
+            checkpoint=Checkpoint(plugin_dir(settings.kubelet_root) / CHECKPOINT_FILE),
+            cdi_dir=CdiDir(settings.cdi_dir),
+            mps=self.mps,
+            limits=self.mps_limits,
+            on_release=self._resync_limits,
+            device_nodes=device_nodes,
+            nvidia_runtime_env=not self.backend.simulated,
+            pods=self.read_pods,
+            tenancy=settings.tenancy,
+            namespace_labels=dra_api.namespace_labels,
+            on_dropped=self._checkpoint_entry_dropped,
+        )
+        self.dra = driver
+        self.slices = SlicePublisher(
+            node_name=settings.node_name,
+            store=dra_api,
+            node_uid=getattr(dra_api, "node_uid", None),
+        )
+        self.dra_plugin = DraPluginSockets(
+            make_servicers=lambda: (DraPluginV1(driver), DraPluginV1beta1(driver)),
+            kubelet_root=settings.kubelet_root,
+        )
+
+    def _new_fault_monitor(self) -> FaultMonitor:
+        """The MPS fault monitor: it reads each GPU's MPS log, resolves client pids to pods and
+        separates a pod whose faults keep hitting a shared GPU."""
+        kube = self.kube
+        return FaultMonitor(
+            node_name=self.settings.node_name,
             log_dirs=lambda: {g.uuid: self.mps.paths(g.uuid).log for g in self.gpus},
             pods=self.pods,
             fresh_pods=self.read_pods if hasattr(kube, "raw_node_pods") else None,
             kube=kube,
             resolver=PodResolver(candidates=self._client_pids),
             mps_check=lambda uuid: self.mps.check_one(uuid).up,
-            exclusive_after=settings.exclusive_after_faults,
+            exclusive_after=self.settings.exclusive_after_faults,
         )
-        self.registry = registry_for("node-agent", simulated=backend.simulated)
-        self._servicers: list[DevicePluginServicer] = []
-        self._exporter: ExporterHandle | None = None
-        self.publisher = NodePublisher(
-            node_name=settings.node_name,
-            mode=settings.mode,
-            simulated=backend.simulated,
-            kube=kube,
-            inventory=self.inventory,
-            not_ready_reason=self.not_ready_reason,
-            slices=self.slices,
-        )
-        self.lease = AgentLease(
-            node_name=settings.node_name, namespace=settings.lease_namespace, kube=kube
-        )
-        self.simulated_load = SimulatedLoadFeeder(
-            backend=backend,
-            gpus=self.gpus,
-            prepared=lambda: self.dra.prepared().values() if self.dra is not None else (),
-        )
-        self._pods_lock = threading.Lock()
-        self._pods: list[PodInfo] = []
-        self.metrics: MetricsServer | None = None
 
     # --- state ---------------------------------------------------------------------------
 
@@ -397,6 +436,8 @@ class NodeAgent:
     # --- run -----------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
+        """Start the agent's parts in order (lease, MPS daemons and their limits, node
+        inventory, metrics, loops, then the kubelet plugins) and serve until ``stop``."""
         settings = self.settings
         log.info(
             "node agent starting on %s: backend %s, %d GPU(s), simulated=%s",
@@ -416,64 +457,79 @@ class NodeAgent:
             except Exception as exc:
                 log.warning("could not read this node's pods to set MPS limits: %s", exc)
             self.publisher.publish()
-            self.registry.register(
-                AgentCollector(
-                    node_name=settings.node_name,
-                    stats=self._stats,
-                    backend_name=self.backend.name,
-                )
-            )
-            self.registry.register(self.faults.collector())
-            self.metrics = MetricsServer(
-                registry=self.registry,
-                host=settings.metrics_host,
-                port=settings.metrics_port,
-                authorize=self._authorize,
-            )
-            if settings.exporter:
-                self._exporter = wire_exporter(
-                    registry=self.registry,
-                    server=self.metrics,
-                    backend=self.backend,
-                    node_name=settings.node_name,
-                    pods=self.pods,
-                    mps=self.mps,
-                    pod_resources_socket=settings.pod_resources_socket,
-                    claim_placements=self._claim_placements if self.dra is not None else None,
-                )
-            self.metrics.add_route("/readyz", self._readyz)
-            self.metrics.start()
-            log.info("metrics on http://%s:%d/metrics", settings.metrics_host, self.metrics.port)
-            threads.append(self._health_loop(stop))
-            threads.append(self._loop("mps-check", stop, settings.mps_check_s, self.mps.check))
-            threads.append(self._loop("pods", stop, settings.pod_refresh_s, self.refresh_pods))
-            threads.append(
-                self._loop("mps-faults", stop, settings.fault_check_s, self.faults.check)
-            )
-            threads.append(self._loop("publish", stop, 1.0, self.publisher.step))
-            slices = self.slices
-            if slices is not None:
-                threads.append(
-                    self._loop(
-                        "dra-slices",
-                        stop,
-                        settings.slice_resync_s,
-                        lambda: slices.publish(self.inventory()),
-                    )
-                )
+            self._start_metrics()
+            self._start_loops(stop, threads)
             self.plugins.run(stop)
         finally:
-            stop.set()
-            self.health.close()
-            for thread in threads:
-                thread.join(timeout=5)
-            if self._exporter is not None:
-                self._exporter.stop()
-            if self.metrics is not None:
-                self.metrics.stop()
-            if settings.stop_mps_on_exit:
-                self.mps.stop_all()
-            else:
-                log.info("leaving MPS daemons running; the next agent adopts them")
-            self.backend.close()
-            log.info("node agent stopped")
+            self._shut_down(stop, threads)
+
+    def _start_metrics(self) -> None:
+        """Register the agent's collectors (and the exporter's, when on) and serve /metrics
+        and /readyz."""
+        settings = self.settings
+        self.registry.register(
+            AgentCollector(
+                node_name=settings.node_name,
+                stats=self._stats,
+                backend_name=self.backend.name,
+            )
+        )
+        self.registry.register(self.faults.collector())
+        self.metrics = MetricsServer(
+            registry=self.registry,
+            host=settings.metrics_host,
+            port=settings.metrics_port,
+            authorize=self._authorize,
+        )
+        if settings.exporter:
+            self._exporter = wire_exporter(
+                registry=self.registry,
+                server=self.metrics,
+                backend=self.backend,
+                node_name=settings.node_name,
+                pods=self.pods,
+                mps=self.mps,
+                pod_resources_socket=settings.pod_resources_socket,
+                claim_placements=self._claim_placements if self.dra is not None else None,
+            )
+        self.metrics.add_route("/readyz", self._readyz)
+        self.metrics.start()
+        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, self.metrics.port)
+
+    def _start_loops(self, stop: threading.Event, threads: list[threading.Thread]) -> None:
+        """Start the periodic loops, each added to ``threads`` as it starts (so a failure
+        part way still joins those already running)."""
+        settings = self.settings
+        threads.append(self._health_loop(stop))
+        threads.append(self._loop("mps-check", stop, settings.mps_check_s, self.mps.check))
+        threads.append(self._loop("pods", stop, settings.pod_refresh_s, self.refresh_pods))
+        threads.append(self._loop("mps-faults", stop, settings.fault_check_s, self.faults.check))
+        threads.append(self._loop("publish", stop, 1.0, self.publisher.step))
+        slices = self.slices
+        if slices is not None:
+            threads.append(
+                self._loop(
+                    "dra-slices",
+                    stop,
+                    settings.slice_resync_s,
+                    lambda: slices.publish(self.inventory()),
+                )
+            )
+
+    def _shut_down(self, stop: threading.Event, threads: list[threading.Thread]) -> None:
+        """Stop everything started: loops, exporter, metrics, MPS daemons (unless they are
+        left for the next agent to adopt) and the backend."""
+        stop.set()
+        self.health.close()
+        for thread in threads:
+            thread.join(timeout=5)
+        if self._exporter is not None:
+            self._exporter.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
+        if self.settings.stop_mps_on_exit:
+            self.mps.stop_all()
+        else:
+            log.info("leaving MPS daemons running; the next agent adopts them")
+        self.backend.close()
+        log.info("node agent stopped")

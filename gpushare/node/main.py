@@ -78,6 +78,21 @@ def build_parser() -> argparse.ArgumentParser:
             "gpu.gpushare.io instead. Logs are JSON lines on stderr."
         ),
     )
+    _add_node_flags(parser)
+    for name, kwargs in AGENT_FLAGS.items():
+        flag(parser, AgentSettings, name, **kwargs)
+    _add_scope_flags(parser)
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="default: %(default)s",
+    )
+    return parser
+
+
+def _add_node_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags saying which GPUs' backend, which node and which cluster."""
     parser.add_argument(
         "--backend",
         default="nvml",
@@ -97,8 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG or "
         "~/.kube/config)",
     )
-    for name, kwargs in AGENT_FLAGS.items():
-        flag(parser, AgentSettings, name, **kwargs)
+
+
+def _add_scope_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags saying what the agent serves and which GPUs it leaves to others."""
     parser.add_argument(
         "--no-exporter",
         action="store_true",
@@ -120,13 +137,6 @@ def build_parser() -> argparse.ArgumentParser:
         "gpushare manages (it then stops offering it); 0 checks only at start "
         "(default: %(default)s)",
     )
-    parser.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="default: %(default)s",
-    )
-    return parser
 
 
 def _device_nodes(backend: GpuBackend) -> Callable[[str], list[DeviceNode]] | None:
@@ -193,6 +203,50 @@ def _report_selection(
         log.info("managing %d GPU(s): %s", len(managed), ", ".join(g.uuid for g in managed))
 
 
+def _settings(args: argparse.Namespace) -> AgentSettings:
+    """The agent's settings from its flags (a negative --exclusive-after-faults is 0)."""
+    flagged = {name: getattr(args, name) for name in AGENT_FLAGS}
+    flagged["exclusive_after_faults"] = max(0, args.exclusive_after_faults)
+    return AgentSettings(node_name=args.node_name, exporter=not args.no_exporter, **flagged)
+
+
+def _watch_other_plugins(
+    args: argparse.Namespace,
+    backend: GpuBackend,
+    agent: NodeAgent,
+    record: Callable[[str, str, bool], None],
+    stop: threading.Event,
+) -> None:
+    """When the kubelet's pod-resources socket is known and the check is on: watch for
+    another device plugin advertising a GPU gpushare manages (that GPU then has a problem)."""
+    if args.other_plugin_check_seconds > 0 and args.pod_resources_socket is not None:
+        OtherPluginWatch(
+            gpus=backend.inventory(),
+            socket_path=args.pod_resources_socket,
+            set_problem=lambda uuid, problem: agent.health.set_problem(
+                uuid, OTHER_PLUGIN_HEALTH, problem
+            ),
+            record=record,
+            interval_s=args.other_plugin_check_seconds,
+        ).start(stop)
+
+
+def _handle_signals(agent: NodeAgent, stop: threading.Event) -> None:
+    """SIGTERM and SIGINT stop the agent; SIGHUP serves its kubelet plugin again."""
+
+    def on_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %s: shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    def on_hup(_signum: int, _frame: FrameType | None) -> None:
+        log.info("SIGHUP: re-serving and re-registering the kubelet plugin")
+        agent.request_restart()
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGHUP, on_hup)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_json_logging(component="gpushare-node-agent", level=args.log_level)
@@ -222,9 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         other_plugins=startup_claims(found.inventory(), socket_path=args.pod_resources_socket),
     )
     _report_selection(found, backend, wanted, skipped, record)
-    flagged = {name: getattr(args, name) for name in AGENT_FLAGS}
-    flagged["exclusive_after_faults"] = max(0, args.exclusive_after_faults)
-    settings = AgentSettings(node_name=args.node_name, exporter=not args.no_exporter, **flagged)
+    settings = _settings(args)
     agent = NodeAgent(
         settings,
         backend=backend,
@@ -233,28 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         authorize=kube.access_reviewer().review if settings.metrics_auth != "none" else None,
     )
     stop = threading.Event()
-    if args.other_plugin_check_seconds > 0 and args.pod_resources_socket is not None:
-        OtherPluginWatch(
-            gpus=backend.inventory(),
-            socket_path=args.pod_resources_socket,
-            set_problem=lambda uuid, problem: agent.health.set_problem(
-                uuid, OTHER_PLUGIN_HEALTH, problem
-            ),
-            record=record,
-            interval_s=args.other_plugin_check_seconds,
-        ).start(stop)
-
-    def on_stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %s: shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    def on_hup(_signum: int, _frame: FrameType | None) -> None:
-        log.info("SIGHUP: re-serving and re-registering the kubelet plugin")
-        agent.request_restart()
-
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGHUP, on_hup)
+    _watch_other_plugins(args, backend, agent, record, stop)
+    _handle_signals(agent, stop)
     try:
         agent.run(stop)
     finally:

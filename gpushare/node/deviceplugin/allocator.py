@@ -19,6 +19,7 @@ from gpushare.api.names import (
     RESOURCE_GPU_OPPORTUNISTIC,
     STATE_ALLOCATED,
 )
+from gpushare.api.placement import Placement
 from gpushare.node.core.answer import (
     AllocationContext,
     AllocationError,
@@ -270,68 +271,16 @@ class Allocator:
         if not container_requests or not all(container_requests):
             raise AllocationError("Allocate named a container with no device IDs")
         ctx = self._context()
-        try:
-            groups = [group_by_gpu(ids) for ids in container_requests]
-        except InvalidInputError as exc:
-            raise AllocationError(str(exc)) from None
-        for group in groups:
-            for uuid in group:
-                if uuid not in ctx.gpus:
-                    raise AllocationError(
-                        f"device IDs name GPU {uuid}, which is not on node {self.node_name}"
-                    )
+        groups = self._requested_groups(ctx, container_requests)
         wanted = frozenset(u for g in groups for u in g)
         sizes = tuple(sum(len(s) for s in g.values()) for g in groups)
         devices = frozenset(d for ids in container_requests for d in ids)
         opportunistic = any(is_opportunistic(d) for d in devices)
         with self._lock:
             self._reconcile()
-            found = None
-            pods: list[PodInfo] = []
-            again: frozenset[str] = frozenset()
-            for delay in (0.0, *self.retry_delays_s):
-                time.sleep(delay)
-                pods = self.pods.list_node_pods()
-                again = self._forgotten(pods)
-                try:
-                    found = select_pod(
-                        pods,
-                        gpus=wanted,
-                        sizes=sizes,
-                        skip=set(self._handled),
-                        again=again,
-                        previous=self._previous(again),
-                        devices=devices,
-                        opportunistic=opportunistic,
-                    )
-                except MalformedPlacementError as exc:
-                    self._remember(exc.pod)
-                    raise
-                if found is not None:
-                    break
+            found, pods, again = self._find_pod(wanted, sizes, devices, opportunistic)
             if found is None:
-                if not unplaced_pods(
-                    pods, sizes=sizes, skip=set(self._handled), opportunistic=opportunistic
-                ):
-                    message = unplaced_refusal(self.node_name, groups[0])
-                    log.warning("%s", message)
-                    raise AllocationError(message)
-                if opportunistic:
-                    # Opportunistic slices are no share of the GPU: only a placement says
-                    # what such a pod may use.
-                    message = (
-                        f"Allocate found no pod on node {self.node_name} placed by gpushare "
-                        f"for {sizes[0]} {RESOURCE_GPU_OPPORTUNISTIC}; only gpushare's "
-                        "scheduler places pods asking for it (their placement sets the thread "
-                        "and memory caps); fix: leave the pod's schedulerName to gpushare's "
-                        "webhook"
-                    )
-                    log.warning("%s", message)
-                    raise AllocationError(message)
-                answers = [derived_allocation(ctx, group) for group in groups]
-                for _, message in answers[:1]:
-                    self._event(None, "GpushareAllocationDerived", message)
-                return self._announce([allocation for allocation, _ in answers])
+                return self._unplaced_answer(ctx, groups, pods, sizes, opportunistic)
             pod, placement = found
             repeated = pod.uid in again
             # With the kubelet's pod-resources API at hand every answer is checked against
@@ -360,15 +309,118 @@ class Allocator:
                 ),
                 live=[p.uid for p in pods],
             )
-            result = []
-            for _ in groups:
-                neighbours = allocated_neighbours(
-                    pod, placement.gpu_uuids[0], pods, also=set(self._handled)
+            result = self._pod_allocations(ctx, pod, placement, pods, len(groups))
+        self._after_answer(pod, placement, repeated)
+        return self._announce(result)
+
+    def _requested_groups(
+        self, ctx: AllocationContext, container_requests: Sequence[Sequence[str]]
+    ) -> list[dict[str, list[int]]]:
+        """Each container's device IDs grouped by GPU; malformed IDs or a GPU not on this node
+        refuse the call with a clear error."""
+        try:
+            groups = [group_by_gpu(ids) for ids in container_requests]
+        except InvalidInputError as exc:
+            raise AllocationError(str(exc)) from None
+        for group in groups:
+            for uuid in group:
+                if uuid not in ctx.gpus:
+                    raise AllocationError(
+                        f"device IDs name GPU {uuid}, which is not on node {self.node_name}"
+                    )
+        return groups
+
+    def _find_pod(
+        self,
+        wanted: frozenset[str],
+        sizes: tuple[int, ...],
+        devices: frozenset[str],
+        opportunistic: bool,
+    ) -> tuple[tuple[PodInfo, Placement] | None, list[PodInfo], frozenset[str]]:
+        """The pod these slices are for, with the pods listed and those asked for again; the
+        list is read again after each retry delay, as the pod's placement may be late. A
+        malformed placement is remembered (never matched again) and refuses the call."""
+        found = None
+        pods: list[PodInfo] = []
+        again: frozenset[str] = frozenset()
+        for delay in (0.0, *self.retry_delays_s):
+            time.sleep(delay)
+            pods = self.pods.list_node_pods()
+            again = self._forgotten(pods)
+            try:
+                found = select_pod(
+                    pods,
+                    gpus=wanted,
+                    sizes=sizes,
+                    skip=set(self._handled),
+                    again=again,
+                    previous=self._previous(again),
+                    devices=devices,
+                    opportunistic=opportunistic,
                 )
-                allocation, warning = allocation_for_pod(ctx, pod, placement, neighbours)
-                if warning:
-                    self._event(pod, "GpushareUidUnchecked", warning)
-                result.append(allocation)
+            except MalformedPlacementError as exc:
+                self._remember(exc.pod)
+                raise
+            if found is not None:
+                break
+        return found, pods, again
+
+    def _unplaced_answer(
+        self,
+        ctx: AllocationContext,
+        groups: list[dict[str, list[int]]],
+        pods: list[PodInfo],
+        sizes: tuple[int, ...],
+        opportunistic: bool,
+    ) -> list[ContainerAllocation]:
+        """No placed pod matches: refuse when no pod waits unplaced (or the slices are
+        opportunistic), else answer from the slices themselves and say so in an Event."""
+        if not unplaced_pods(
+            pods, sizes=sizes, skip=set(self._handled), opportunistic=opportunistic
+        ):
+            message = unplaced_refusal(self.node_name, groups[0])
+            log.warning("%s", message)
+            raise AllocationError(message)
+        if opportunistic:
+            # Opportunistic slices are no share of the GPU: only a placement says
+            # what such a pod may use.
+            message = (
+                f"Allocate found no pod on node {self.node_name} placed by gpushare "
+                f"for {sizes[0]} {RESOURCE_GPU_OPPORTUNISTIC}; only gpushare's "
+                "scheduler places pods asking for it (their placement sets the thread "
+                "and memory caps); fix: leave the pod's schedulerName to gpushare's "
+                "webhook"
+            )
+            log.warning("%s", message)
+            raise AllocationError(message)
+        answers = [derived_allocation(ctx, group) for group in groups]
+        for _, message in answers[:1]:
+            self._event(None, "GpushareAllocationDerived", message)
+        return self._announce([allocation for allocation, _ in answers])
+
+    def _pod_allocations(
+        self,
+        ctx: AllocationContext,
+        pod: PodInfo,
+        placement: Placement,
+        pods: list[PodInfo],
+        containers: int,
+    ) -> list[ContainerAllocation]:
+        """One answer per container from the pod's placement, its MPS neighbours counted."""
+        result = []
+        for _ in range(containers):
+            neighbours = allocated_neighbours(
+                pod, placement.gpu_uuids[0], pods, also=set(self._handled)
+            )
+            allocation, warning = allocation_for_pod(ctx, pod, placement, neighbours)
+            if warning:
+                self._event(pod, "GpushareUidUnchecked", warning)
+            result.append(allocation)
+        return result
+
+    def _after_answer(self, pod: PodInfo, placement: Placement, repeated: bool) -> None:
+        """Outside the lock: an Event for a pod asked for again, and the pod marked allocated
+        (a failure there is logged: the answer stands)."""
         if repeated:
             self.reallocations += 1
             message = (
@@ -385,7 +437,6 @@ class Allocator:
             log.error(
                 "pod %s allocated but marking it %s failed: %s", pod.key, STATE_ALLOCATED, exc
             )
-        return self._announce(result)
 
     def _announce(self, answers: list[ContainerAllocation]) -> list[ContainerAllocation]:
         """Tell ``on_answer`` the MPS limits each answer gives its container."""

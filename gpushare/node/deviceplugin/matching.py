@@ -90,6 +90,41 @@ def waiting_pods(
     return sorted(found, key=lambda c: (c.order, c.pod.key))
 
 
+def _matching(
+    waiting: list[WaitingPod], gpus: AbstractSet[str], sizes: tuple[int, ...]
+) -> list[WaitingPod]:
+    """The waiting pods an Allocate could be for, best tier first found: placed on ``gpus``,
+    else a single-GPU pod of exactly ``sizes`` elsewhere, else one of that size whose
+    placement does not parse. Empty when none is."""
+
+    def could_be(c: WaitingPod) -> bool:
+        asked = c.pod.requested_slices
+        return not asked or all(size in asked for size in sizes)
+
+    matching = [
+        c
+        for c in waiting
+        if could_be(c)
+        and (
+            (c.placement is not None and frozenset(c.placement.gpu_uuids) == gpus)
+            or (c.placement is None and annotated_gpus(c.pod) == gpus)
+        )
+    ]
+    if not matching:
+        matching = [
+            c
+            for c in waiting
+            if c.placement is not None
+            and len(c.placement.gpu_uuids) == 1
+            and c.pod.requested_slices == sizes
+        ]
+    if not matching:
+        # Last, a pod of that size with a malformed placement, whatever GPU the kubelet took
+        # the slices from: it must be refused, not served as if no pod were waiting.
+        matching = [c for c in waiting if c.placement is None and c.pod.requested_slices == sizes]
+    return matching
+
+
 def select_pod(
     pods: Iterable[PodInfo],
     *,
@@ -118,32 +153,7 @@ def select_pod(
     Raises MalformedPlacementError when the pod it lands on carries malformed annotations.
     """
     waiting = waiting_pods(pods, skip=skip, again=again, opportunistic=opportunistic)
-
-    def could_be(c: WaitingPod) -> bool:
-        asked = c.pod.requested_slices
-        return not asked or all(size in asked for size in sizes)
-
-    matching = [
-        c
-        for c in waiting
-        if could_be(c)
-        and (
-            (c.placement is not None and frozenset(c.placement.gpu_uuids) == gpus)
-            or (c.placement is None and annotated_gpus(c.pod) == gpus)
-        )
-    ]
-    if not matching:
-        matching = [
-            c
-            for c in waiting
-            if c.placement is not None
-            and len(c.placement.gpu_uuids) == 1
-            and c.pod.requested_slices == sizes
-        ]
-    if not matching:
-        # Last, a pod of that size with a malformed placement, whatever GPU the kubelet took
-        # the slices from: it must be refused, not served as if no pod were waiting.
-        matching = [c for c in waiting if c.placement is None and c.pod.requested_slices == sizes]
+    matching = _matching(waiting, gpus, sizes)
     if not matching:
         return None
     earlier = previous or {}

@@ -107,29 +107,9 @@ def reconcile(
     for a in (*answers, *others):
         latest[a.devices] = max(a.at, latest.get(a.devices, a.at))
     by_key = {p.key: p for p in pods}
-    by_uid = {p.uid: p for p in pods}
     holder_of = {tuple(sorted(devices)): key for key, devices in held.items() if devices}
-    current = {p.uid: placement_values(p) for p in pods}
+    view = _PodView(pods, held, running)
     plan = Reconciliation()
-
-    def waits(pod: PodInfo) -> bool:
-        return (
-            not held.get(pod.key)
-            and not pod.started
-            and pod.phase == "Pending"
-            and pod.uid not in running
-        )
-
-    def owner(answer: Answer, holder: PodInfo) -> PodInfo | None:
-        """The waiting pod that carries the answer's placement now, the one meant first."""
-        meant = by_uid.get(answer.uid)
-        candidates = [meant] if meant is not None else []
-        candidates += sorted((p for p in pods if p.uid != answer.uid), key=lambda p: p.key)
-        for pod in candidates:
-            if pod.uid != holder.uid and current[pod.uid] == answer.placement and waits(pod):
-                return pod
-        return None
-
     for answer in answers:
         key = holder_of.get(answer.devices)
         holder = by_key.get(key) if key is not None else None
@@ -139,17 +119,63 @@ def reconcile(
             plan.stale.append(answer)
             continue
         plan.settled.append((answer, holder))
-        if holder.uid == answer.uid or not answer.placement:
-            continue
-        vacated = current[holder.uid]
-        if vacated == answer.placement:
-            continue
-        giver = owner(answer, holder)
-        plan.patches[holder.uid] = {**dict(answer.placement), ANN_STATE: STATE_ALLOCATED}
-        plan.exchanged.append((holder, answer))
-        current[holder.uid] = answer.placement
-        if giver is not None and vacated:
-            plan.patches[giver.uid] = {**dict(vacated), ANN_STATE: STATE_ASSUMED}
-            plan.reopened.add(giver.uid)
-            current[giver.uid] = vacated
+        _exchange(plan, view, answer, holder)
     return plan
+
+
+class _PodView:
+    """The pods of one reconcile: what the kubelet holds for each, and the placement each
+    carries as exchanges so far rewrote it."""
+
+    def __init__(
+        self,
+        pods: Sequence[PodInfo],
+        held: Mapping[str, tuple[str, ...]],
+        running: AbstractSet[str],
+    ) -> None:
+        self.pods = pods
+        self.held = held
+        self.running = running
+        self.by_uid = {p.uid: p for p in pods}
+        self.current = {p.uid: placement_values(p) for p in pods}
+
+    def waits(self, pod: PodInfo) -> bool:
+        """The pod still waits for its Allocate: no slices held, no container started."""
+        return (
+            not self.held.get(pod.key)
+            and not pod.started
+            and pod.phase == "Pending"
+            and pod.uid not in self.running
+        )
+
+    def owner(self, answer: Answer, holder: PodInfo) -> PodInfo | None:
+        """The waiting pod that carries the answer's placement now, the one meant first."""
+        meant = self.by_uid.get(answer.uid)
+        candidates = [meant] if meant is not None else []
+        candidates += sorted((p for p in self.pods if p.uid != answer.uid), key=lambda p: p.key)
+        for pod in candidates:
+            if (
+                pod.uid != holder.uid
+                and self.current[pod.uid] == answer.placement
+                and self.waits(pod)
+            ):
+                return pod
+        return None
+
+
+def _exchange(plan: Reconciliation, view: _PodView, answer: Answer, holder: PodInfo) -> None:
+    """``holder`` got ``answer``, meant for another pod: its annotations get the answer's
+    placement, and the waiting pod carrying that placement gets the holder's vacated one."""
+    if holder.uid == answer.uid or not answer.placement:
+        return
+    vacated = view.current[holder.uid]
+    if vacated == answer.placement:
+        return
+    giver = view.owner(answer, holder)
+    plan.patches[holder.uid] = {**dict(answer.placement), ANN_STATE: STATE_ALLOCATED}
+    plan.exchanged.append((holder, answer))
+    view.current[holder.uid] = answer.placement
+    if giver is not None and vacated:
+        plan.patches[giver.uid] = {**dict(vacated), ANN_STATE: STATE_ASSUMED}
+        plan.reopened.add(giver.uid)
+        view.current[giver.uid] = vacated

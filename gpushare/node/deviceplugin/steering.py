@@ -66,6 +66,18 @@ def steer(
             break
     if target is None:
         target = _best_fit(free, size, capacity)
+    return _fill(must, target, free, available, size), steered
+
+
+def _fill(
+    must: list[str],
+    target: list[str],
+    free: Mapping[str, list[str]],
+    available: Sequence[str],
+    size: int,
+) -> list[str]:
+    """``size`` slice IDs: ``must`` first, then free slices of the ``target`` GPUs, topped
+    up from anything available when those cannot fill the request."""
     chosen = list(must)
     for uuid in target:
         for ident in free.get(uuid, []):
@@ -79,7 +91,7 @@ def steer(
             break
         if ident not in chosen:
             chosen.append(ident)
-    return chosen[:size], steered
+    return chosen[:size]
 
 
 def _best_fit(free: Mapping[str, list[str]], size: int, capacity: int) -> list[str]:

@@ -7,7 +7,7 @@ every refusal is an :class:`InvalidInputError` naming the claim field and the fi
 shows it on the pod and retries.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -130,6 +130,33 @@ def parse_claim(
     claim: Mapping[str, Any], *, ref: ClaimRef, pool: str, gpus: Mapping[str, GpuInfo]
 ) -> ClaimPlan:
     """Read ``claim`` for this node's ``pool``, whose devices are ``gpus`` (by device name)."""
+    devices, results = _allocation_results(claim, ref)
+    configs = allocation_configs(devices, field=_CONFIG)
+    ours: list[AllocatedGpu] = []
+    for i, result in enumerate(results):
+        if not isinstance(result, dict) or result.get("driver") != DRIVER:
+            continue
+        ours.append(_allocated_gpu(result, f"{_RESULTS}[{i}]", pool, gpus, configs))
+    if not ours:
+        raise InvalidInputError(
+            _RESULTS, f"allocates no device of driver {DRIVER}", _fix_allocation()
+        )
+    if len(ours) > 1 and any(g.percent < SLICES_PER_GPU for g in ours):
+        raise InvalidInputError(
+            _RESULTS,
+            f"allocates {len(ours)} {DRIVER} devices, some of them shared: a process can use "
+            "one GPU's MPS server only",
+            "ask for one device to share a GPU, or for whole GPUs (gpuPercent 100)",
+        )
+    pod, pod_uid = _reserved_pod(claim)
+    return ClaimPlan(ref=ref, pod=pod, pod_uid=pod_uid, gpus=tuple(ours))
+
+
+def _allocation_results(
+    claim: Mapping[str, Any], ref: ClaimRef
+) -> tuple[Mapping[str, Any], list[Any]]:
+    """The claim's ``status.allocation.devices`` and its results, refused when the claim is
+    not the one the kubelet asked for, not allocated, or lists too many devices."""
     uid = (claim.get("metadata") or {}).get("uid")
     if uid != ref.uid:
         raise InvalidInputError(
@@ -149,64 +176,55 @@ def parse_claim(
         raise InvalidInputError(_RESULTS, "is missing", _fix_allocation())
     if len(results) > MAX_RESULTS:
         raise InvalidInputError(_RESULTS, f"lists {len(results)} devices", _fix_allocation())
-    configs = allocation_configs(devices, field=_CONFIG)
-    ours: list[AllocatedGpu] = []
-    for i, result in enumerate(results):
-        where = f"{_RESULTS}[{i}]"
-        if not isinstance(result, dict) or result.get("driver") != DRIVER:
-            continue
-        if result.get("pool") != pool:
-            raise InvalidInputError(
-                f"{where}.pool",
-                f"{str(result.get('pool'))[:64]!r} is not this node's pool {pool!r}",
-                _fix_allocation(),
-            )
-        name = result.get("device")
-        gpu = gpus.get(name) if isinstance(name, str) else None
-        if gpu is None or not isinstance(name, str):
-            raise InvalidInputError(
-                f"{where}.device",
-                f"{str(name)[:64]!r} is not a GPU gpushare manages on this node",
-                _fix_allocation(),
-            )
-        consumed = result.get("consumedCapacity") or {}
-        if not isinstance(consumed, dict):
-            raise InvalidInputError(
-                f"{where}.consumedCapacity", "must be an object", _fix_allocation()
-            )
-        percent = SLICES_PER_GPU
-        if CAPACITY_GPU_PERCENT in consumed:
-            percent = _consumed_percent(
-                consumed[CAPACITY_GPU_PERCENT],
-                where=f"{where}.consumedCapacity.{CAPACITY_GPU_PERCENT}",
-            )
-        memory = 0
-        if CAPACITY_MEMORY in consumed:
-            memory = _consumed_memory(
-                consumed[CAPACITY_MEMORY],
-                where=f"{where}.consumedCapacity.{CAPACITY_MEMORY}",
-                gpu=gpu,
-            )
-        request = str(result.get("request", ""))
-        config = config_for(request, configs)
-        if config.limit is not None and config.limit < percent:
-            raise InvalidInputError(
-                f"{_CONFIG}.opaque.parameters.limit",
-                f"{config.limit} is below the {percent} {CAPACITY_GPU_PERCENT} request "
-                f"{request!r} consumes",
-                f"set limit to at least {percent}, or leave it out",
-            )
-        ours.append(AllocatedGpu(request, pool, name, gpu, percent, memory, config))
-    if not ours:
+    return devices, results
+
+
+def _allocated_gpu(
+    result: Mapping[str, Any],
+    where: str,
+    pool: str,
+    gpus: Mapping[str, GpuInfo],
+    configs: Sequence[tuple[list[str], MpsConfig]],
+) -> AllocatedGpu:
+    """One result of our driver: its GPU of this node's pool, the share and memory it
+    consumes and its MPS config; refused (naming the field) when any of them is wrong."""
+    if result.get("pool") != pool:
         raise InvalidInputError(
-            _RESULTS, f"allocates no device of driver {DRIVER}", _fix_allocation()
+            f"{where}.pool",
+            f"{str(result.get('pool'))[:64]!r} is not this node's pool {pool!r}",
+            _fix_allocation(),
         )
-    if len(ours) > 1 and any(g.percent < SLICES_PER_GPU for g in ours):
+    name = result.get("device")
+    gpu = gpus.get(name) if isinstance(name, str) else None
+    if gpu is None or not isinstance(name, str):
         raise InvalidInputError(
-            _RESULTS,
-            f"allocates {len(ours)} {DRIVER} devices, some of them shared: a process can use "
-            "one GPU's MPS server only",
-            "ask for one device to share a GPU, or for whole GPUs (gpuPercent 100)",
+            f"{where}.device",
+            f"{str(name)[:64]!r} is not a GPU gpushare manages on this node",
+            _fix_allocation(),
         )
-    pod, pod_uid = _reserved_pod(claim)
-    return ClaimPlan(ref=ref, pod=pod, pod_uid=pod_uid, gpus=tuple(ours))
+    consumed = result.get("consumedCapacity") or {}
+    if not isinstance(consumed, dict):
+        raise InvalidInputError(f"{where}.consumedCapacity", "must be an object", _fix_allocation())
+    percent = SLICES_PER_GPU
+    if CAPACITY_GPU_PERCENT in consumed:
+        percent = _consumed_percent(
+            consumed[CAPACITY_GPU_PERCENT],
+            where=f"{where}.consumedCapacity.{CAPACITY_GPU_PERCENT}",
+        )
+    memory = 0
+    if CAPACITY_MEMORY in consumed:
+        memory = _consumed_memory(
+            consumed[CAPACITY_MEMORY],
+            where=f"{where}.consumedCapacity.{CAPACITY_MEMORY}",
+            gpu=gpu,
+        )
+    request = str(result.get("request", ""))
+    config = config_for(request, configs)
+    if config.limit is not None and config.limit < percent:
+        raise InvalidInputError(
+            f"{_CONFIG}.opaque.parameters.limit",
+            f"{config.limit} is below the {percent} {CAPACITY_GPU_PERCENT} request "
+            f"{request!r} consumes",
+            f"set limit to at least {percent}, or leave it out",
+        )
+    return AllocatedGpu(request, pool, name, gpu, percent, memory, config)

@@ -25,6 +25,7 @@ from gpushare.node.core.allocations import PodAllocation
 from gpushare.node.exporter.health import HealthRecorder
 from gpushare.node.exporter.podresources import ContainerDevices
 from gpushare.node.exporter.sampler import GpmSampler, GpuReading, ProcessReading
+from gpushare.node.gpu.backend import GpuSample
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -120,106 +121,47 @@ class GpuShareCollector(Collector):
 
     # -- GPU counters ----------------------------------------------------------------------
     def _gpu_families(self, readings: list[GpuReading]) -> Iterator[Metric]:
-        info_f = GaugeMetricFamily(
-            "gpushare_gpu_info",
-            "A GPU of this node (value 1); backend is nvml or simulated.",
-            labels=[*GPU_LABELS, "compute_capability", "memory_bytes", "backend"],
-        )
-        pipe_f = GaugeMetricFamily(
-            "gpushare_gpu_pipe_utilization_ratio",
-            "Share of time the SMs issued work to this pipe (NVML GPM, Hopper and newer).",
-            labels=[*GPU_LABELS, "pipe"],
-        )
-        scalars = {
-            "gpushare_gpu_sm_utilization_ratio": GaugeMetricFamily(
-                "gpushare_gpu_sm_utilization_ratio",
-                "Share of SMs that were busy (NVML GPM).",
-                labels=GPU_LABELS,
-            ),
-            "gpushare_gpu_sm_occupancy_ratio": GaugeMetricFamily(
-                "gpushare_gpu_sm_occupancy_ratio",
-                "Active warps over the theoretical maximum (NVML GPM).",
-                labels=GPU_LABELS,
-            ),
-            "gpushare_gpu_dram_bandwidth_utilization_ratio": GaugeMetricFamily(
-                "gpushare_gpu_dram_bandwidth_utilization_ratio",
-                "DRAM bandwidth used over the peak (NVML GPM).",
-                labels=GPU_LABELS,
-            ),
-            "gpushare_gpu_utilization_ratio": GaugeMetricFamily(
-                "gpushare_gpu_utilization_ratio",
-                "NVML's coarse GPU utilization: share of time any kernel ran.",
-                labels=GPU_LABELS,
-            ),
-        }
-        mem_used = GaugeMetricFamily(
-            "gpushare_gpu_memory_used_bytes", "GPU memory in use.", labels=GPU_LABELS
-        )
-        mem_total = GaugeMetricFamily(
-            "gpushare_gpu_memory_total_bytes", "GPU memory installed.", labels=GPU_LABELS
-        )
-        available = GaugeMetricFamily(
-            "gpushare_gpu_metric_available",
-            "1 when the named series is exported for this GPU, 0 when it is unavailable "
-            "(no GPM before Hopper, or no fresh reading); unavailable series are omitted, "
-            "never reported as 0.",
-            labels=[*GPU_LABELS, "metric", "pipe"],
-        )
+        """Each GPU's info, counters and memory, and which optional series it has."""
+        families = _GpuFamilies.new()
         for r in readings:
-            labels = self._gpu_labels(r.info)
-            info_f.add_metric(
-                [
-                    *labels,
-                    r.info.compute_capability,
-                    str(r.info.memory_bytes),
-                    self.backend_name,
-                ],
-                1.0,
-            )
-            sample = r.latest.sample if r.latest is not None else None
-            total = (
-                sample.memory_total_bytes
-                if sample is not None and sample.memory_total_bytes is not None
-                else r.info.memory_bytes
-            )
-            mem_total.add_metric(labels, float(total))
-            for pipe in PIPES:
-                value = sample.pipes.get(pipe) if sample is not None else None
-                available.add_metric([*labels, AVAILABLE_PIPE, pipe], float(value is not None))
-                if value is not None:
-                    pipe_f.add_metric([*labels, pipe], value)
-            values: dict[str, float | int | None] = {
-                "gpushare_gpu_sm_utilization_ratio": None,
-                "gpushare_gpu_sm_occupancy_ratio": None,
-                "gpushare_gpu_dram_bandwidth_utilization_ratio": None,
-                "gpushare_gpu_utilization_ratio": None,
-                "gpushare_gpu_memory_used_bytes": None,
-            }
-            if sample is not None:
-                values = {
-                    "gpushare_gpu_sm_utilization_ratio": sample.sm_utilization_ratio,
-                    "gpushare_gpu_sm_occupancy_ratio": sample.sm_occupancy_ratio,
-                    "gpushare_gpu_dram_bandwidth_utilization_ratio": sample.dram_bandwidth_ratio,
-                    "gpushare_gpu_utilization_ratio": sample.utilization_ratio,
-                    "gpushare_gpu_memory_used_bytes": sample.memory_used_bytes,
-                }
-            for name, value in values.items():
-                available.add_metric([*labels, name, ""], float(value is not None))
-                if value is None:
-                    continue
-                if name == "gpushare_gpu_memory_used_bytes":
-                    mem_used.add_metric(labels, float(value))
-                else:
-                    scalars[name].add_metric(labels, float(value))
-            available.add_metric(
-                [*labels, "gpushare_pod_gpu_memory_used_bytes", ""], float(r.processes is not None)
-            )
-        yield info_f
-        yield pipe_f
-        yield from scalars.values()
-        yield mem_used
-        yield mem_total
-        yield available
+            self._add_gpu(families, r)
+        yield from families.all()
+
+    def _add_gpu(self, f: "_GpuFamilies", r: GpuReading) -> None:
+        """One GPU's series; a counter without a fresh reading is flagged unavailable."""
+        labels = self._gpu_labels(r.info)
+        f.info.add_metric(
+            [
+                *labels,
+                r.info.compute_capability,
+                str(r.info.memory_bytes),
+                self.backend_name,
+            ],
+            1.0,
+        )
+        sample = r.latest.sample if r.latest is not None else None
+        total = (
+            sample.memory_total_bytes
+            if sample is not None and sample.memory_total_bytes is not None
+            else r.info.memory_bytes
+        )
+        f.mem_total.add_metric(labels, float(total))
+        for pipe in PIPES:
+            value = sample.pipes.get(pipe) if sample is not None else None
+            f.available.add_metric([*labels, AVAILABLE_PIPE, pipe], float(value is not None))
+            if value is not None:
+                f.pipe.add_metric([*labels, pipe], value)
+        for name, value in _scalar_values(sample).items():
+            f.available.add_metric([*labels, name, ""], float(value is not None))
+            if value is None:
+                continue
+            if name == "gpushare_gpu_memory_used_bytes":
+                f.mem_used.add_metric(labels, float(value))
+            else:
+                f.scalars[name].add_metric(labels, float(value))
+        f.available.add_metric(
+            [*labels, "gpushare_pod_gpu_memory_used_bytes", ""], float(r.processes is not None)
+        )
 
     # -- allocations from placements ------------------------------------------------------
     def _allocation_families(
@@ -432,3 +374,94 @@ class GpuShareCollector(Collector):
         )
         interval.add_metric(node, self.sampler.settings.interval_s)
         yield from (age, errors, cpu, source, interval)
+
+
+def _scalar_values(sample: GpuSample | None) -> dict[str, float | int | None]:
+    """A GPU's scalar counters by series name; None for each without a reading."""
+    if sample is None:
+        return {
+            "gpushare_gpu_sm_utilization_ratio": None,
+            "gpushare_gpu_sm_occupancy_ratio": None,
+            "gpushare_gpu_dram_bandwidth_utilization_ratio": None,
+            "gpushare_gpu_utilization_ratio": None,
+            "gpushare_gpu_memory_used_bytes": None,
+        }
+    return {
+        "gpushare_gpu_sm_utilization_ratio": sample.sm_utilization_ratio,
+        "gpushare_gpu_sm_occupancy_ratio": sample.sm_occupancy_ratio,
+        "gpushare_gpu_dram_bandwidth_utilization_ratio": sample.dram_bandwidth_ratio,
+        "gpushare_gpu_utilization_ratio": sample.utilization_ratio,
+        "gpushare_gpu_memory_used_bytes": sample.memory_used_bytes,
+    }
+
+
+@dataclass(frozen=True)
+class _GpuFamilies:
+    """The per-GPU metric families of one scrape, filled GPU by GPU."""
+
+    info: GaugeMetricFamily
+    pipe: GaugeMetricFamily
+    scalars: dict[str, GaugeMetricFamily]
+    mem_used: GaugeMetricFamily
+    mem_total: GaugeMetricFamily
+    available: GaugeMetricFamily
+
+    @classmethod
+    def new(cls) -> "_GpuFamilies":
+        """Empty families, named and described as exported."""
+        return cls(
+            info=GaugeMetricFamily(
+                "gpushare_gpu_info",
+                "A GPU of this node (value 1); backend is nvml or simulated.",
+                labels=[*GPU_LABELS, "compute_capability", "memory_bytes", "backend"],
+            ),
+            pipe=GaugeMetricFamily(
+                "gpushare_gpu_pipe_utilization_ratio",
+                "Share of time the SMs issued work to this pipe (NVML GPM, Hopper and newer).",
+                labels=[*GPU_LABELS, "pipe"],
+            ),
+            scalars={
+                "gpushare_gpu_sm_utilization_ratio": GaugeMetricFamily(
+                    "gpushare_gpu_sm_utilization_ratio",
+                    "Share of SMs that were busy (NVML GPM).",
+                    labels=GPU_LABELS,
+                ),
+                "gpushare_gpu_sm_occupancy_ratio": GaugeMetricFamily(
+                    "gpushare_gpu_sm_occupancy_ratio",
+                    "Active warps over the theoretical maximum (NVML GPM).",
+                    labels=GPU_LABELS,
+                ),
+                "gpushare_gpu_dram_bandwidth_utilization_ratio": GaugeMetricFamily(
+                    "gpushare_gpu_dram_bandwidth_utilization_ratio",
+                    "DRAM bandwidth used over the peak (NVML GPM).",
+                    labels=GPU_LABELS,
+                ),
+                "gpushare_gpu_utilization_ratio": GaugeMetricFamily(
+                    "gpushare_gpu_utilization_ratio",
+                    "NVML's coarse GPU utilization: share of time any kernel ran.",
+                    labels=GPU_LABELS,
+                ),
+            },
+            mem_used=GaugeMetricFamily(
+                "gpushare_gpu_memory_used_bytes", "GPU memory in use.", labels=GPU_LABELS
+            ),
+            mem_total=GaugeMetricFamily(
+                "gpushare_gpu_memory_total_bytes", "GPU memory installed.", labels=GPU_LABELS
+            ),
+            available=GaugeMetricFamily(
+                "gpushare_gpu_metric_available",
+                "1 when the named series is exported for this GPU, 0 when it is unavailable "
+                "(no GPM before Hopper, or no fresh reading); unavailable series are omitted, "
+                "never reported as 0.",
+                labels=[*GPU_LABELS, "metric", "pipe"],
+            ),
+        )
+
+    def all(self) -> Iterator[Metric]:
+        """The families in the order they have always been exported."""
+        yield self.info
+        yield self.pipe
+        yield from self.scalars.values()
+        yield self.mem_used
+        yield self.mem_total
+        yield self.available

@@ -43,7 +43,14 @@ class FaultCollector(Collector):
         """Workload UID -> its mark for a GPU of its own (the monitor's, read at collect)."""
 
     def collect(self) -> Iterator[Metric]:
-        node = self.node_name
+        """Every ``gpushare_mps_fault_*`` series (and the exclusive workloads), built at
+        scrape time from the counters."""
+        yield from self._involvement_families(self.node_name)
+        yield from self._timing_families(self.node_name)
+        yield from self._node_families(self.node_name)
+
+    def _involvement_families(self, node: str) -> Iterator[Metric]:
+        """Fault incidents and the clients involved in them, per GPU."""
         incidents = CounterMetricFamily(
             "gpushare_mps_fault_incidents",
             "Fatal GPU faults of MPS clients seen in the MPS server logs; attributed=yes when "
@@ -64,6 +71,9 @@ class FaultCollector(Collector):
         for (uuid, role), value in sorted(self.stats.clients.items()):
             clients.add_metric([node, uuid, role], float(value))
         yield clients
+
+    def _timing_families(self, node: str) -> Iterator[Metric]:
+        """Seconds to detect a fault and to recover from it, per GPU."""
         detection = GaugeMetricFamily(
             "gpushare_mps_fault_detection_seconds",
             "Time from the last fault being logged by the MPS server to the node agent acting.",
@@ -81,6 +91,9 @@ class FaultCollector(Collector):
         for uuid, seconds in sorted(self.stats.recovery_s.items()):
             recovery.add_metric([node, uuid], seconds)
         yield recovery
+
+    def _node_families(self, node: str) -> Iterator[Metric]:
+        """The node's exclusive workloads and its eviction and lingering-client counters."""
         exclusive = GaugeMetricFamily(
             "gpushare_exclusive_workloads",
             "Workloads this node marked for a GPU of their own: each involved in repeated faults "

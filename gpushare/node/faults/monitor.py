@@ -190,6 +190,8 @@ class FaultMonitor:
         )
 
     def _handle(self, incident: FaultIncident) -> None:
+        """Count a fault, tell each pod involved and the node what happened, check the GPU's
+        MPS daemon and let the moves judge whether to separate workloads."""
         self.history.append(incident)
         stats = self.stats
         stats.incidents[(incident.gpu_uuid, "yes" if incident.attributed else "no")] += 1
@@ -217,9 +219,25 @@ class FaultMonitor:
                 "H200 with driver 580 it was the real faulter only about half the time. "
                 f"{plan} Server log: " + " | ".join(incident.evidence[:2]),
             )
+        self._warn_victims(incident, victims, by_server, plan)
+        warning_event(
+            self.kube,
+            None,
+            "GpuShareFault",
+            f"fatal GPU fault on {incident.gpu_uuid}: {involved} client(s) involved; "
+            f"the MPS server named {by_server}",
+        )
+        self._check_daemon(incident)
+        self.moves.judge(incident, [*named, *victims])
+
+    def _warn_victims(
+        self, incident: FaultIncident, victims: list[PodRef], by_server: str, plan: str
+    ) -> None:
+        """Count each client the fault tore down that the server did not name, and put a
+        Warning Event on its pod."""
         role = "victim" if incident.attributed else "unattributed"
         for ref in victims:
-            stats.clients[(incident.gpu_uuid, role)] += 1
+            self.stats.clients[(incident.gpu_uuid, role)] += 1
             lost = (
                 f"process {ref.pid} of this pod was involved in a fatal GPU fault on shared GPU "
                 f"{incident.gpu_uuid} and lost its CUDA context (restartPolicy restarts the "
@@ -237,13 +255,9 @@ class FaultMonitor:
                     + " | ".join(incident.evidence[:2])
                 )
             warning_event(self.kube, ref, "GpuShareFaultVictim", message)
-        warning_event(
-            self.kube,
-            None,
-            "GpuShareFault",
-            f"fatal GPU fault on {incident.gpu_uuid}: {involved} client(s) involved; "
-            f"the MPS server named {by_server}",
-        )
+
+    def _check_daemon(self, incident: FaultIncident) -> None:
+        """Log whether the GPU's MPS daemon survived the fault (a failed check counts as down)."""
         if self.mps_check is not None:
             try:
                 up = self.mps_check(incident.gpu_uuid)
@@ -253,7 +267,6 @@ class FaultMonitor:
             log.info(
                 "MPS daemon of %s after the fault: %s", incident.gpu_uuid, "up" if up else "down"
             )
-        self.moves.judge(incident, [*named, *victims])
 
     def _recovered(self, item: OpenIncident) -> None:
         incident = item.incident

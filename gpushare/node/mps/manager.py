@@ -278,6 +278,8 @@ class MpsManager:
                 log.exception("could not report %s for %s", reason, uuid)
 
     def _ensure_one(self, uuid: str) -> DaemonStatus:
+        """One GPU's daemon up: adopted when one answers, else started (unless simulated or
+        refused by the GPU's compute mode)."""
         paths = self.paths(uuid)
         self._make_dirs(paths)
         with self._lock:
@@ -309,6 +311,14 @@ class MpsManager:
             message = f"MPS daemon of GPU {uuid} adopted (pid {pid}, {len(servers)} servers)"
             self._event(uuid, "GpushareMpsDaemonAdopted", message, warning=False)
             return status
+        return self._start_new(uuid, paths, known, restarts, why)
+
+    def _start_new(
+        self, uuid: str, paths: MpsPaths, known: DaemonStatus | None, restarts: int, why: str
+    ) -> DaemonStatus:
+        """Start (or have started) a daemon for a GPU whose daemon did not answer (``why``),
+        replacing a stale one of ours; a Node Event says which, and a restarted daemon gets
+        the limits MPS forgot."""
         stale = self._read_pid(paths)
         if stale is not None and not (_pid_alive(stale) and CONTROL_BINARY in _cmdline(stale)):
             stale = None
