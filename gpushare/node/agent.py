@@ -18,20 +18,10 @@ from gpushare.api.names import RESOURCE_GPU_OPPORTUNISTIC
 from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN
 from gpushare.node.core.allocations import PodAllocation
 from gpushare.node.core.answer import DeviceNode
-from gpushare.node.core.cgroups import pods_with_running_containers
 from gpushare.node.core.health import DeviceHealth
-from gpushare.node.core.pods import PodInfo, PodSource, pod_info
+from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.core.serving import KubeletPlugin, RestartLoop
-from gpushare.node.deviceplugin.allocator import Allocator
-from gpushare.node.deviceplugin.devices import opportunistic_slice_ids, slice_ids
-from gpushare.node.deviceplugin.holdings import (
-    STATE_DIR,
-    STATE_FILE,
-    AnswerBook,
-    kubelet_held,
-    kubelet_identity,
-)
-from gpushare.node.deviceplugin.plugin import KUBELET_SOCKET, DevicePluginSockets
+from gpushare.node.deviceplugin.devices import slice_ids
 from gpushare.node.deviceplugin.server import DevicePluginServicer
 from gpushare.node.dra.allocations import claim_allocations
 from gpushare.node.dra.cdi import CdiDir
@@ -41,12 +31,10 @@ from gpushare.node.dra.plugin import DraPluginSockets, plugin_dir
 from gpushare.node.dra.server import DraPluginV1, DraPluginV1beta1
 from gpushare.node.dra.slices import SlicePublisher
 from gpushare.node.extension import ExporterHandle, wire_exporter
-from gpushare.node.faults.monitor import FaultMonitor
-from gpushare.node.faults.procfs import PodResolver
 from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.metrics import AgentCollector, Authorize, MetricsServer, Reply, registry_for
 from gpushare.node.mps.limits import MpsLimitKeeper
-from gpushare.node.mps.manager import MpsManager
+from gpushare.node.parts import new_allocator, new_device_plugins, new_fault_monitor, new_mps
 from gpushare.node.publishing import AgentLease, NodePublisher
 from gpushare.node.settings import AgentSettings
 from gpushare.node.simload import SimulatedLoadFeeder
@@ -77,15 +65,8 @@ class NodeAgent:
         self.kube = kube
         self.gpus = backend.inventory()
         self.health = DeviceHealth(g.uuid for g in self.gpus)
-        self.mps = self._new_mps()
         self.dra: DraDriver | None = None
-        self.mps_limits = MpsLimitKeeper(
-            mps=self.mps,
-            gpu_memory=lambda: {g.uuid: g.memory_bytes for g in self.gpus},
-            claimed=lambda: self.dra.shares() if self.dra is not None else {},
-        )
-        self.allocator = self._new_allocator(device_nodes)
-        self.device_plugin, self.opportunistic_plugin = self._new_device_plugins()
+        self._build_mps_and_device_plugins(device_nodes)
         self.slices: SlicePublisher | None = None
         self.dra_plugin: DraPluginSockets | None = None
         if settings.mode == "dra":
@@ -97,7 +78,15 @@ class NodeAgent:
             else [self.device_plugin, self.opportunistic_plugin]
         )
         self.plugins = RestartLoop(plugins)
-        self.faults = self._new_fault_monitor()
+        self.faults = new_fault_monitor(
+            settings,
+            kube=kube,
+            mps=self.mps,
+            gpus=lambda: self.gpus,
+            pods=self.pods,
+            fresh_pods=self.read_pods if hasattr(kube, "raw_node_pods") else None,
+            client_pids=self._client_pids,
+        )
         self.registry = registry_for("node-agent", simulated=backend.simulated)
         self._servicers: list[DevicePluginServicer] = []
         self._exporter: ExporterHandle | None = None
@@ -116,63 +105,35 @@ class NodeAgent:
 
     # --- construction --------------------------------------------------------------------
 
-    def _new_mps(self) -> MpsManager:
-        """The MPS daemon manager, set up from the settings; its changes and events come back
-        to this agent (GPU health, Node Events)."""
-        settings = self.settings
-        return MpsManager(
-            root=settings.mps_root,
-            simulated=self.backend.simulated,
-            shm_mode=settings.mps_shm,
+    def _build_mps_and_device_plugins(
+        self, device_nodes: Callable[[str], list[DeviceNode]] | None
+    ) -> None:
+        """The MPS daemons, the limits kept on them, and the device plugin's Allocator and
+        sockets (built in either mode; served in device-plugin mode only)."""
+        settings, backend, kube = self.settings, self.backend, self.kube
+        self.mps = new_mps(
+            settings,
+            simulated=backend.simulated,
             on_change=self._mps_changed,
-            require_exclusive_process=settings.require_exclusive_process,
-            set_exclusive_process=settings.set_exclusive_process,
-            daemons=settings.mps_daemons,
             on_event=self._mps_event,
         )
-
-    def _new_allocator(self, device_nodes: Callable[[str], list[DeviceNode]] | None) -> Allocator:
-        """The device plugin's Allocator: it asks the kubelet (its identity, and the pod
-        resources socket when set) what is held, and keeps its answers in the state file so a
-        restarted agent answers the kubelet the same."""
-        settings = self.settings
-        pods: PodSource = self.kube
-        kubelet_socket = settings.device_plugin_dir / KUBELET_SOCKET
-        pod_resources = settings.pod_resources_socket
-        return Allocator(
-            kubelet=lambda: kubelet_identity(kubelet_socket),
-            held=(lambda: kubelet_held(socket_path=pod_resources)) if pod_resources else None,
-            running=pods_with_running_containers,
-            answers=AnswerBook(
-                path=settings.allocation_state_file
-                or settings.device_plugin_dir / STATE_DIR / STATE_FILE
-            ),
-            node_name=settings.node_name,
+        self.mps_limits = MpsLimitKeeper(
+            mps=self.mps,
+            gpu_memory=lambda: {g.uuid: g.memory_bytes for g in self.gpus},
+            claimed=lambda: self.dra.shares() if self.dra is not None else {},
+        )
+        self.allocator = new_allocator(
+            settings,
+            pods=kube,
             gpus=self.inventory,
-            pods=pods,
             mps=self.mps,
             device_nodes=device_nodes,
-            nvidia_runtime_env=not self.backend.simulated,
+            simulated=backend.simulated,
             on_answer=self.mps_limits.raise_for,
         )
-
-    def _new_device_plugins(self) -> tuple[DevicePluginSockets, DevicePluginSockets]:
-        """The device plugin sockets: the GPU slice resource and the opportunistic one."""
-        settings = self.settings
-        device_plugin = DevicePluginSockets(
-            make_servicer=self._new_servicer,
-            plugin_dir=settings.device_plugin_dir,
-            endpoint=settings.plugin_endpoint,
+        self.device_plugin, self.opportunistic_plugin = new_device_plugins(
+            settings, self._new_servicer
         )
-        # Opportunistic pods ask for their own resource (more of it than the GPU has), served
-        # by the same Allocator: placements, not slice counts, set what a pod may use.
-        opportunistic_plugin = DevicePluginSockets(
-            make_servicer=lambda: self._new_servicer(opportunistic_slice_ids),
-            plugin_dir=settings.device_plugin_dir,
-            endpoint=settings.opportunistic_plugin_endpoint,
-            resource_name=RESOURCE_GPU_OPPORTUNISTIC,
-        )
-        return device_plugin, opportunistic_plugin
 
     def _new_publisher(self) -> NodePublisher:
         """The node publisher: inventory, readiness and (DRA mode) ResourceSlices."""
@@ -218,21 +179,6 @@ class NodeAgent:
         self.dra_plugin = DraPluginSockets(
             make_servicers=lambda: (DraPluginV1(driver), DraPluginV1beta1(driver)),
             kubelet_root=settings.kubelet_root,
-        )
-
-    def _new_fault_monitor(self) -> FaultMonitor:
-        """The MPS fault monitor: it reads each GPU's MPS log, resolves client pids to pods and
-        separates a pod whose faults keep hitting a shared GPU."""
-        kube = self.kube
-        return FaultMonitor(
-            node_name=self.settings.node_name,
-            log_dirs=lambda: {g.uuid: self.mps.paths(g.uuid).log for g in self.gpus},
-            pods=self.pods,
-            fresh_pods=self.read_pods if hasattr(kube, "raw_node_pods") else None,
-            kube=kube,
-            resolver=PodResolver(candidates=self._client_pids),
-            mps_check=lambda uuid: self.mps.check_one(uuid).up,
-            exclusive_after=self.settings.exclusive_after_faults,
         )
 
     # --- state ---------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from types import FrameType
 
 from gpushare.api.logs import setup_json_logging
 from gpushare.node.mps.launch import answer, pending_requests
-from gpushare.node.mps.manager import MpsError, MpsManager
+from gpushare.node.mps.manager import MpsManager
+from gpushare.node.mps.status import MpsError
 
 log = logging.getLogger("gpushare.node.mps.launcher")
 

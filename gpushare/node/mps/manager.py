@@ -28,7 +28,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -38,6 +38,7 @@ from gpushare.node.mps.limits import ServerLimits
 from gpushare.node.mps.procs import CONTROL_BINARY, control_daemons, end_process
 from gpushare.node.mps.procs import cmdline as _cmdline
 from gpushare.node.mps.procs import pid_alive as _pid_alive
+from gpushare.node.mps.status import DaemonStatus, MpsError, MpsPaths, parse_server_list
 
 log = logging.getLogger(__name__)
 
@@ -52,40 +53,6 @@ ChangeCallback = Callable[[str, bool, str], None]
 # Called with (gpu uuid, Event reason, message, warning?) when a daemon is adopted, started,
 # replaced or found down: the agent records them as Node Events.
 EventCallback = Callable[[str, str, str, bool], None]
-
-
-@dataclass(frozen=True)
-class MpsPaths:
-    """Host paths of one GPU's daemon."""
-
-    root: Path
-    pipe: Path
-    log: Path
-    shm: Path
-
-
-@dataclass(frozen=True)
-class DaemonStatus:
-    """What the manager knows about one GPU's control daemon."""
-
-    uuid: str
-    up: bool
-    pid: int | None = None
-    adopted: bool = False
-    restarts: int = 0
-    simulated: bool = False
-    reason: str = ""
-    server_pids: tuple[int, ...] = ()
-    """MPS server processes the control daemon reports (``get_server_list``)."""
-
-
-class MpsError(RuntimeError):
-    """A daemon could not be started or does not answer."""
-
-
-def parse_server_list(text: str) -> tuple[int, ...]:
-    """``get_server_list`` prints one server PID per line; anything else is ignored."""
-    return tuple(int(line) for line in (raw.strip() for raw in text.splitlines()) if line.isdigit())
 
 
 class MpsManager:

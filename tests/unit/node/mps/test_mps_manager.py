@@ -3,7 +3,8 @@
 import stat
 from pathlib import Path
 
-from gpushare.node.mps.manager import MpsManager, parse_server_list
+from gpushare.node.mps.manager import MpsManager
+from gpushare.node.mps.status import parse_server_list
 
 GPU = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 

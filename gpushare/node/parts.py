@@ -1,0 +1,130 @@
+"""How the node agent's parts are built from its settings: the MPS daemon manager, the device
+plugin's Allocator and sockets, and the MPS fault monitor. Each takes what it needs explicitly
+(settings, callbacks into the agent); :mod:`gpushare.node.agent` wires them together and runs
+them (docs/architecture.md).
+"""
+
+from collections.abc import Callable, Sequence
+
+from gpushare.api.inventory import GpuInfo
+from gpushare.api.names import RESOURCE_GPU_OPPORTUNISTIC
+from gpushare.node.core.answer import DeviceNode
+from gpushare.node.core.cgroups import pods_with_running_containers
+from gpushare.node.core.pods import PodInfo, PodSource
+from gpushare.node.deviceplugin.allocator import Allocator
+from gpushare.node.deviceplugin.devices import opportunistic_slice_ids, slice_ids
+from gpushare.node.deviceplugin.holdings import (
+    STATE_DIR,
+    STATE_FILE,
+    AnswerBook,
+    kubelet_held,
+    kubelet_identity,
+)
+from gpushare.node.deviceplugin.plugin import KUBELET_SOCKET, DevicePluginSockets
+from gpushare.node.deviceplugin.server import DevicePluginServicer
+from gpushare.node.faults.actions import FaultKube
+from gpushare.node.faults.monitor import FaultMonitor
+from gpushare.node.faults.procfs import PodResolver
+from gpushare.node.mps.manager import MpsManager
+from gpushare.node.settings import AgentSettings
+
+MakeServicer = Callable[[Callable[[str], list[str]]], DevicePluginServicer]
+"""The agent's servicer factory, given how a GPU's device IDs are named."""
+
+
+def new_mps(
+    settings: AgentSettings,
+    *,
+    simulated: bool,
+    on_change: Callable[[str, bool, str], None],
+    on_event: Callable[[str, str, str, bool], None],
+) -> MpsManager:
+    """The MPS daemon manager, set up from the settings; its changes and events go back to the
+    agent (GPU health, Node Events)."""
+    return MpsManager(
+        root=settings.mps_root,
+        simulated=simulated,
+        shm_mode=settings.mps_shm,
+        on_change=on_change,
+        require_exclusive_process=settings.require_exclusive_process,
+        set_exclusive_process=settings.set_exclusive_process,
+        daemons=settings.mps_daemons,
+        on_event=on_event,
+    )
+
+
+def new_allocator(
+    settings: AgentSettings,
+    *,
+    pods: PodSource,
+    gpus: Callable[[], Sequence[GpuInfo]],
+    mps: MpsManager,
+    device_nodes: Callable[[str], list[DeviceNode]] | None,
+    simulated: bool,
+    on_answer: Callable[[str, int, int], None] | None,
+) -> Allocator:
+    """The device plugin's Allocator: it asks the kubelet (its identity, and the pod resources
+    socket when set) what is held, and keeps its answers in the state file so a restarted
+    agent answers the kubelet the same."""
+    kubelet_socket = settings.device_plugin_dir / KUBELET_SOCKET
+    pod_resources = settings.pod_resources_socket
+    return Allocator(
+        kubelet=lambda: kubelet_identity(kubelet_socket),
+        held=(lambda: kubelet_held(socket_path=pod_resources)) if pod_resources else None,
+        running=pods_with_running_containers,
+        answers=AnswerBook(
+            path=settings.allocation_state_file
+            or settings.device_plugin_dir / STATE_DIR / STATE_FILE
+        ),
+        node_name=settings.node_name,
+        gpus=gpus,
+        pods=pods,
+        mps=mps,
+        device_nodes=device_nodes,
+        nvidia_runtime_env=not simulated,
+        on_answer=on_answer,
+    )
+
+
+def new_device_plugins(
+    settings: AgentSettings, make_servicer: MakeServicer
+) -> tuple[DevicePluginSockets, DevicePluginSockets]:
+    """The device plugin sockets: the GPU slice resource and the opportunistic one."""
+    device_plugin = DevicePluginSockets(
+        make_servicer=lambda: make_servicer(slice_ids),
+        plugin_dir=settings.device_plugin_dir,
+        endpoint=settings.plugin_endpoint,
+    )
+    # Opportunistic pods ask for their own resource (more of it than the GPU has), served by
+    # the same Allocator: placements, not slice counts, set what a pod may use.
+    opportunistic_plugin = DevicePluginSockets(
+        make_servicer=lambda: make_servicer(opportunistic_slice_ids),
+        plugin_dir=settings.device_plugin_dir,
+        endpoint=settings.opportunistic_plugin_endpoint,
+        resource_name=RESOURCE_GPU_OPPORTUNISTIC,
+    )
+    return device_plugin, opportunistic_plugin
+
+
+def new_fault_monitor(
+    settings: AgentSettings,
+    *,
+    kube: FaultKube | None,
+    mps: MpsManager,
+    gpus: Callable[[], Sequence[GpuInfo]],
+    pods: Callable[[], list[PodInfo]],
+    fresh_pods: Callable[[], list[PodInfo]] | None,
+    client_pids: Callable[[str], list[int]],
+) -> FaultMonitor:
+    """The MPS fault monitor: it reads each GPU's MPS log, resolves client pids to pods and
+    separates a pod whose faults keep hitting a shared GPU."""
+    return FaultMonitor(
+        node_name=settings.node_name,
+        log_dirs=lambda: {g.uuid: mps.paths(g.uuid).log for g in gpus()},
+        pods=pods,
+        fresh_pods=fresh_pods,
+        kube=kube,
+        resolver=PodResolver(candidates=client_pids),
+        mps_check=lambda uuid: mps.check_one(uuid).up,
+        exclusive_after=settings.exclusive_after_faults,
+    )
