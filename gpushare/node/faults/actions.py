@@ -268,6 +268,11 @@ class WorkloadMoves:
         moved = workload_of(chosen)
         self.apart[moved.uid] = _mark(moved, incident, count)
         self._publish()
+        self._ask_eviction(info, reason)
+
+    def _ask_eviction(self, info: PodInfo, reason: str) -> None:
+        """Mark the pod for the controller to evict (``gpushare.io/evict``); a mark that cannot
+        be written is forgotten, so the next fault tries again."""
         if self.kube is None:
             return
         try:
