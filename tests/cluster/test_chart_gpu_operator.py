@@ -31,6 +31,7 @@ from tests.fixtures.chart_release import (
     release_pods,
     remove_release,
     wait_for,
+    wait_ready_release_pods,
 )
 from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.helm_chart import CHART
@@ -72,8 +73,13 @@ def test_beside_nvidias_device_plugin_the_default_install_is_not_stuck(
             )  # fmt: skip
             status = agent_daemonset(cluster)
             assert status["desiredNumberScheduled"] == 0, status
-            pods = release_pods(cluster)
-            assert pods and all(ready(p) for p in pods), [p["status"] for p in pods]
+            # helm --wait counts a Deployment ready at its minimum available replicas: give the
+            # rest of the release's pods their first readiness probe (a stuck install never
+            # gets there).
+            pods = wait_ready_release_pods(cluster, timeout_s=60)
+            assert pods and all(ready(p) for p in pods), [
+                (p["metadata"]["name"], p["status"].get("conditions")) for p in pods
+            ]
             assert "node-agent" not in {component(p) for p in pods}
 
             # Opted in while NVIDIA's plugin still owns every GPU: inert, and Ready.
