@@ -105,10 +105,11 @@ class StaleExpiry(Duty):
     async def run(self) -> None:
         ctx = self.ctx
         period = max(1.0, min(5.0, ctx.settings.placement.stale_assume_seconds / 4))
-        agents_back = ctx.view.agents_back
+        seen = (ctx.view.agents_back, ctx.view.nodes_back)
         while True:
             await asyncio.sleep(period)
-            back, agents_back = ctx.view.agents_back != agents_back, ctx.view.agents_back
+            now = (ctx.view.agents_back, ctx.view.nodes_back)
+            back, seen = now != seen, now
             released = ctx.view.expire_stale()
             for key in released:
                 log.info("stale placement released (pod never bound)", extra={"pod": key})
@@ -116,7 +117,8 @@ class StaleExpiry(Duty):
             for key in lapsed:
                 log.info("filter-time hold lapsed (no bind came)", extra={"pod": key})
             refused = self.extender.refused
-            # A node's agent back (its Lease renewed) frees what was refused there too.
+            # A node placeable again (its agent back, its devices registered again) frees
+            # what was refused there too.
             freed = released or lapsed or back
             if freed and ctx.leading and ctx.kube is not None and len(refused):
                 touched = await requeue(refused, ctx.view.pods(), ctx.kube)

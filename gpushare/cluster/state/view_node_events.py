@@ -54,7 +54,8 @@ class NodeEvents(ViewParts):
             if problem is not None:
                 self._inventory.problems[name] = problem
             return
-        self._inventory.problems.pop(name, None)
+        if self._inventory.problems.pop(name, None) is not None:
+            self.nodes_back += 1
         changed = self._inventory.set_gpus(name, inventory, self._placements.by_gpu)
         self._hosts.sync(name)
         if changed:

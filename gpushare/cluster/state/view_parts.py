@@ -70,6 +70,11 @@ class ViewParts:
         self.agents_back = 0
         """Counts nodes whose agent came back (its Lease renewed again): pods refused there
         meanwhile are asked to be retried."""
+        self.nodes_back = 0
+        """Counts nodes placeable again after a refusal of the whole node (the kubelet has
+        the agent's devices again, the agent is ready again, its Lease renewed): kube-scheduler
+        may have retried a refused pod on the Node event before this view saw it, and no
+        event follows, so those pods are asked to be retried too."""
         self._read: dict[str, tuple[list[GpuInfo] | None, str | None]] = {}
         """Each node with gpushare GPUs: (its GPUs, or None and why not) as last read from it,
         before its agent's Lease is judged: what a node gets back once its agent is."""

@@ -207,3 +207,29 @@ def test_the_controller_never_reads_agent_leases_of_every_namespace() -> None:
         parse_args(["--agent-lease-namespace", "Not_A_Namespace"])
     settings = parse_args(["--agent-lease-namespace", "gpushare-system"])
     assert settings.placement.agent_lease_namespace == "gpushare-system"
+
+
+def test_a_node_whose_kubelet_has_the_devices_again_counts_as_back() -> None:
+    """A new agent renews its Lease before its device plugin is registered again: the node is
+    refused for a while on the kubelet's allocatable count. kube-scheduler retries a refused
+    pod on the Node event that restores the count, possibly before this view saw it, and no
+    event follows; the view counts the node as back so the controller asks for the retry."""
+    clock = Clock()
+    extender = cluster(clock)
+    lost = node_json("leased", [gpu("L0")]) | {
+        "status": {"allocatable": {RESOURCE_GPU_PERCENT: "0"}}
+    }
+    extender.view.upsert_node(lost)
+    names, refused = placeable(extender)
+    assert names == ["older"] and "no allocatable" in refused["leased"]
+    back = extender.view.nodes_back
+    extender.view.upsert_node(lost)  # the same refusal again is no change
+    assert extender.view.nodes_back == back
+    registered = node_json("leased", [gpu("L0")]) | {
+        "status": {"allocatable": {RESOURCE_GPU_PERCENT: "200"}}
+    }
+    extender.view.upsert_node(registered)
+    assert placeable(extender)[0] == ["leased", "older"]
+    assert extender.view.nodes_back == back + 1
+    extender.view.upsert_node(registered)  # an update of a placeable node is not a return
+    assert extender.view.nodes_back == back + 1
