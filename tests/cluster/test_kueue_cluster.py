@@ -22,7 +22,6 @@ import base64
 import contextlib
 import datetime as dt
 import json
-import re
 import shutil
 import signal
 import subprocess
@@ -50,9 +49,10 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
 )
 from gpushare.api.placement import parse_placement
-from gpushare.cluster.certificates import Leaf, issue, make_ca
+from gpushare.cluster.issuing import Leaf, issue, make_ca
+from tests.fixtures.built_tools import build, pinned
 from tests.fixtures.chart_release import kjson, wait_crds_established, wait_for
-from tests.fixtures.cluster import REPO, LocalCluster
+from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.controller import ControllerProcess, free_port
 from tests.fixtures.node_agent import NodeAgentProcess, scraper_token
 
@@ -91,27 +91,9 @@ class Kueue:
     workdir: Path
 
 
-def _pinned(name: str) -> str:
-    versions = (REPO / "hack" / "lib" / "versions.sh").read_text()
-    match = re.search(rf'{name}="\$\{{{name}:-([^}}]+)\}}"', versions)
-    assert match, f"{name} missing from hack/lib/versions.sh"
-    return match.group(1)
-
-
 def _kueue_dir(cluster: LocalCluster) -> Path:
     """Build (or find cached) Kueue: ``kueue``, ``crds/`` and ``webhooks.yaml``."""
-    proc = subprocess.run(
-        ["bash", str(REPO / "hack" / "build-tools.sh"), "kueue"],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=3000,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"hack/build-tools.sh kueue failed:\n{proc.stderr[-4000:]}")
-    home = Path(cluster.env.get("GPUSHARE_CACHE_DIR") or Path.home() / ".cache" / "gpushare")
-    out = home / "bin" / f"kueue-{_pinned('KUEUE_VERSION')}"
+    out = build(cluster, "kueue") / f"kueue-{pinned('KUEUE_VERSION')}"
     assert (out / "kueue").is_file() and (out / "crds").is_dir(), out
     return out
 

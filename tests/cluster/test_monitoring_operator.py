@@ -48,6 +48,7 @@ from prometheus_client.exposition import start_http_server as serve_registry
 from gpushare.api.inventory import load_inventory
 from gpushare.api.names import ANN_GPU_UUID, ANN_NODE_GPUS
 from gpushare.api.profile import GpuProfile
+from tests.fixtures.built_tools import build, pinned
 from tests.fixtures.chart_release import (
     NAMESPACE,
     RELEASE,
@@ -65,7 +66,7 @@ from tests.fixtures.chart_release import (
     wait_webhook_serving,
     workload_pod,
 )
-from tests.fixtures.cluster import REPO, LocalCluster
+from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.dcgm import dcgm_registry
 from tests.fixtures.helm_chart import CHART, LOCAL_VALUES
 from tests.fixtures.prometheus import (
@@ -106,29 +107,10 @@ class Tools:
 
 def _tools(cluster: LocalCluster) -> Tools:
     """Build (or find cached) the Prometheus Operator, its CRDs and Prometheus."""
-    proc = subprocess.run(
-        ["bash", str(REPO / "hack" / "build-tools.sh"), "prometheus-operator"],
-        capture_output=True,
-        text=True,
-        env=cluster.env,
-        timeout=3000,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"hack/build-tools.sh prometheus-operator failed:\n{proc.stderr[-4000:]}")
-    versions = (REPO / "hack" / "lib" / "versions.sh").read_text()
-
-    def pinned(name: str) -> str:
-        match = re.search(rf'{name}="\$\{{{name}:-([^}}]+)\}}"', versions)
-        assert match, f"{name} missing from hack/lib/versions.sh"
-        return match.group(1)
-
-    home = Path(cluster.env.get("GPUSHARE_CACHE_DIR") or Path.home() / ".cache" / "gpushare")
-    operator = home / "bin" / f"prometheus-operator-{pinned('PROMETHEUS_OPERATOR_VERSION')}"
+    bin_dir = build(cluster, "prometheus-operator")
+    operator = bin_dir / f"prometheus-operator-{pinned('PROMETHEUS_OPERATOR_VERSION')}"
     version = pinned("PROMETHEUS_VERSION")
-    tools = Tools(
-        operator / "operator", home / "bin" / f"prometheus-{version}" / "prometheus", version
-    )
+    tools = Tools(operator / "operator", bin_dir / f"prometheus-{version}" / "prometheus", version)
     assert tools.operator.is_file() and (operator / "crds").is_dir(), operator
     assert tools.prometheus.is_file(), tools.prometheus
     return tools
