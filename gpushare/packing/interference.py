@@ -8,12 +8,16 @@ because that, not SM occupancy, is what launch-bound jobs contend for:
 
 - ``time_share``: ``ln(max(1, busy of all))`` -- jobs that want more SMs than there are take
   turns;
-- ``dominance``: the same, times how much larger the busiest neighbour's share is than the
-  target's (up to 3x): a job with small kernels waits behind one with large kernels;
+- ``pair_dominance``: the turns the target takes with its busiest neighbour alone
+  (``ln(max(1, its busy + that neighbour's))``) times how much larger that neighbour's share is
+  than the target's (up to 3x): a job with small kernels waits behind one with large kernels.
+  It is the busiest neighbour's doing, so more small neighbours do not multiply it (they take
+  turns, which ``time_share`` counts);
 - ``starvation``: how nearly the neighbours saturate a compute pipe (``STARVATION_POWER``) x
   how little of its own the target has, where thread caps overlap
   (``max(0, its cap + theirs - 100) / its cap``);
-- ``neighbour_busy``: the neighbours' SM share itself;
+- ``neighbour_share``: the neighbours' SM share, up to the whole GPU (beyond it they take
+  turns: ``time_share``);
 - ``dram_contention``: product of DRAM bandwidth shares plus any oversubscription of it;
 - ``cap_relief``: ``-(1 - its cap) x time_share``: caps partition the SMs, so a capped job
   waits less for its neighbours' turns;
@@ -21,6 +25,12 @@ because that, not SM occupancy, is what launch-bound jobs contend for:
 
 A target that saturates a pipe itself is shielded from the first, second and fourth terms
 (``1 - min(1, its pipes)^4``), except by neighbours on the same pipe.
+
+Both neighbour terms were read over the busiest neighbour and the whole GPU until the model
+was checked against whole trace runs (stacks of five to ten jobs, where the packs it is fit on
+hold two to four): summed over every neighbour they predicted 4-8x for small jobs that ran
+1.2-1.7x slower, and held them back for nothing (docs/packing.md, "The interference model on
+whole traces").
 
 :meth:`InterferenceModel.predict` answers the colocation question: the slowdown relative to the
 same job alone at the same cap, never below 1.0; :meth:`InterferenceModel.cap_slowdown` is the
@@ -46,18 +56,15 @@ from gpushare.packing.threads import compute_demand
 
 FEATURE_NAMES: tuple[str, ...] = (
     "time_share",
-    "dominance",
+    "pair_dominance",
     "starvation",
-    "neighbour_busy",
+    "neighbour_share",
     "dram_contention",
     "cap_relief",
     "thread_cap",
 )
 COLOCATION_FEATURES = 6
 """The first six features describe the neighbours; the last one the target's own cap."""
-PREVIOUS_FEATURE_NAMES: tuple[str, ...] = tuple(n for n in FEATURE_NAMES if n != "cap_relief")
-"""The features before ``cap_relief``: a model file written with them still loads, with no
-relief (the model it was fit as)."""
 
 _MIN_OCCUPANCY = 0.05
 _MIN_BUSY = 0.01
@@ -152,6 +159,7 @@ def features_from(target: Load, neighbours: Load, cap_cost: float = 0.0) -> tupl
     )
     exposed = max(1.0 - min(1.0, pipes_t) ** SATURATION_POWER, min(1.0, same_pipe))
     turns = math.log(max(1.0, b_t + b_n))
+    pair_turns = math.log(max(1.0, b_t + b_max))
     bigger = max(0.0, min(DOMINANCE_CAP, b_max / max(b_t, _MIN_BUSY)) - 1.0)
     shared = min(1.0, max(0.0, c_t + c_n - 1.0) / c_t) if c_t > 0 else 0.0
     starve = shared * min(1.0, pipes_n) ** STARVATION_POWER * max(0.0, 1.0 - pipes_t)
@@ -159,9 +167,9 @@ def features_from(target: Load, neighbours: Load, cap_cost: float = 0.0) -> tupl
     time_share = exposed * turns
     return (
         time_share,
-        time_share * bigger,
+        exposed * pair_turns * bigger,
         starve,
-        exposed * b_n,
+        exposed * min(1.0, b_n),
         dram,
         -(1.0 - min(1.0, c_t)) * time_share,
         cap_cost,
@@ -272,11 +280,9 @@ class InterferenceModel:
             coefficients = tuple(float(c) for c in raw["coefficients"])
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInputError(origin, f"bad interference model ({exc})", fix) from None
-        if names == PREVIOUS_FEATURE_NAMES and len(coefficients) == len(names):
-            at = FEATURE_NAMES.index("cap_relief")
-            coefficients = (*coefficients[:at], 0.0, *coefficients[at:])
-            names = FEATURE_NAMES
         if names != FEATURE_NAMES:
+            # A file fit with other features (before cap_relief, or with dominance and
+            # neighbour_busy read over every neighbour) would be read with the wrong meaning.
             raise InvalidInputError(
                 f"{origin}.feature_names", f"{list(names)} are not this version's features", fix
             )

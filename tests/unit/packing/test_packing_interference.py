@@ -209,9 +209,14 @@ def test_launch_bound_jobs_stack_where_jobs_that_fill_their_caps_do_not() -> Non
     three = model.predict(LAUNCH_BOUND, 50, [(LAUNCH_BOUND, 50)] * 2)
     assert three < 1.6
     assert model.predict(RESNET18, 50, [(RESNET18, 50)] * 2) > three
-    # Stacking stops: with cap_relief (four at 50% measured 1.40x, predicted 1.42x) the 2.0x
-    # batch bound is crossed at seven.
-    assert model.predict(LAUNCH_BOUND, 50, [(LAUNCH_BOUND, 50)] * 6) > 2.0
+    # Stacking stops, later under caps that split the SMs (cap_relief: four at 50% measured
+    # 1.40x): uncapped, five cross the 2.0x batch bound; at 50% threads ten do. The light
+    # trace's ResNet-18 among six to seven tenants at 50% ran 1.1-1.3x, and ten uncapped jobs
+    # under MPS without limits 3.7-4.4x (docs/packing.md, "The interference model on whole
+    # traces").
+    assert model.predict(LAUNCH_BOUND, 100, [(LAUNCH_BOUND, 100)] * 4) > 2.0
+    assert model.predict(LAUNCH_BOUND, 50, [(LAUNCH_BOUND, 50)] * 6) < 2.0
+    assert model.predict(LAUNCH_BOUND, 50, [(LAUNCH_BOUND, 50)] * 9) > 2.0
 
 
 def test_small_kernels_wait_behind_large_ones_not_the_other_way_round() -> None:
@@ -269,35 +274,35 @@ def test_a_latency_pod_joins_uncapped_batch_neighbours_only_where_they_leave_hal
 def test_a_latency_tenant_weighs_its_reserved_share_on_its_neighbours() -> None:
     # H200 run 3: the service averaged 2% of the SMs busy, so small jobs at 50% threads were
     # admitted beside it as if it were not there and ran 2.2x their solo time. Counted at its
-    # 25% reservation it weighs on them; with the runs 5 + 7 fit (cap_relief: stacks of small
-    # jobs at 50% measured 1.1-1.5x) five fit beside it and a sixth waits; the service arriving
-    # last is held back beside six. (Counts under the same-cap bound; the whole-GPU bound,
-    # admission's default, is the next test.)
+    # 25% reservation it weighs on them. Stacks of small jobs at 50% measured 1.1-1.5x (packs)
+    # and 1.1-1.3x among six to seven tenants (the light trace's ResNet-18s): under the
+    # same-cap bound seven fit beside it and an eighth waits; the service arriving last is held
+    # back beside nine. (The whole-GPU bound, admission's default, is the next test.)
     service = Tenant("ns/web", 25, 20 << 30, gpu_class="latency", profile=SERVICE)
-    five = [_small(f"ns/{i}", LSTM if i % 3 == 1 else R18) for i in range(5)]
+    nine = [_small(f"ns/{i}", LSTM if i % 3 == 1 else R18) for i in range(9)]
     newcomer = Demand(percent=20, profile=R18)
     model = load_default()
-    neighbours = [(t.profile, 50) for t in five[:4] if t.profile is not None]
+    neighbours = [(t.profile, 50) for t in nine[:4] if t.profile is not None]
     assert model.predict(R18, 50, [*neighbours, (reserved(SERVICE), 25)]) > model.predict(
         R18, 50, [*neighbours, (SERVICE, 25)]
     )
     admit = functools.partial(admit_reason, model=model, bounds=BOUNDS, charge_cap=False)
-    assert admit(_gpu(*five[:4], service), newcomer) is None
-    reason = admit(_gpu(*five, service), newcomer)
+    assert admit(_gpu(*nine[:7], service), newcomer) is None
+    reason = admit(_gpu(*nine[:8], service), newcomer)
     assert reason is not None and "batch" in reason
     web = Demand(percent=25, gpu_class="latency", profile=SERVICE)
-    assert admit(_gpu(*five[:4]), web) is None
-    assert admit(_gpu(*five, _small("ns/5", R18)), web)
+    assert admit(_gpu(*nine[:4]), web) is None
+    assert admit(_gpu(*nine), web)
 
 
 def test_admission_bounds_a_batch_jobs_slowdown_against_the_whole_gpu() -> None:
     # H200 runs 5, 7, 8: bounded against the job alone at its own 50% cap, four small jobs
     # shared the GPU beside the inference service and an LSTM among them ran 2.04-2.20x its
     # whole-GPU time; with the cap's cost charged (the default) 1.66-1.91x. Here: beside the
-    # service and three small jobs, a fourth fits by the same-cap bound and not by the
+    # service and five small jobs, a sixth fits by the same-cap bound and not by the
     # whole-GPU one, which is the same-cap prediction x the cap's modelled cost.
     service = Tenant("ns/web", 25, 20 << 30, gpu_class="latency", profile=SERVICE)
-    three = [_small(f"ns/{i}", LSTM if i % 3 == 1 else R18) for i in range(3)]
+    three = [_small(f"ns/{i}", LSTM if i % 3 == 1 else R18) for i in range(5)]
     newcomer = Demand(percent=20, profile=R18)
     model = load_default()
     gpu = _gpu(*three, service)
@@ -366,9 +371,11 @@ def test_pair_throughput_says_which_saturating_pairs_gain_on_the_stored_h200_pac
     gain = pair_throughput(model, (profiles["resnet50"], 100), (profiles["transformer"], 100))
     assert measured[("resnet50", "transformer")] > 1.05
     assert gain > 1.0
-    # The fits with cap_relief weigh time_share more for uncapped jobs: 1.02 here with the fit
-    # on nine runs (1.05 on runs 5 + 7 + 8, 1.09 before the term), still above one job's work.
-    assert gain == pytest.approx(measured[("resnet50", "transformer")], rel=0.10)
+    # The fits with cap_relief weigh time_share more for uncapped jobs: 1.00 here with the fit
+    # on nine runs (1.05 on runs 5 + 7 + 8, 1.09 before the term), still above one job's work
+    # and on the cautious side of the measured 1.12.
+    assert gain < measured[("resnet50", "transformer")]
+    assert gain == pytest.approx(measured[("resnet50", "transformer")], rel=0.12)
     assert pair_throughput(model, (profiles["dgemm"], 100), (profiles["resnet50"], 100)) < 1.0
 
 
@@ -501,12 +508,37 @@ def test_a_fit_on_other_hosts_predicts_a_new_host_better_than_one_hosts_runs() -
             assert new_err < old_err, (held_out, new_err, old_err)
 
 
-def test_a_model_file_from_before_cap_relief_still_loads_without_relief() -> None:
-    old = {
-        "feature_names": [n for n in FEATURE_NAMES if n != "cap_relief"],
-        "coefficients": [0.41, 1.44, 3.86, 0.31, 0.49, 0.86],
-    }
-    model = InterferenceModel.from_dict(old)
-    assert model.feature_names == FEATURE_NAMES
-    assert model.coefficients == (0.41, 1.44, 3.86, 0.31, 0.49, 0.0, 0.86)
-    assert model.predict(RESNET18, 50, [(RESNET18, 50), (RESNET18, 50), (RESNET18, 50)]) > 1.0
+@pytest.mark.parametrize(
+    "names",
+    [
+        # Before cap_relief.
+        [
+            "time_share",
+            "dominance",
+            "starvation",
+            "neighbour_busy",
+            "dram_contention",
+            "thread_cap",
+        ],
+        # Before the neighbour terms were read pair-wise and up to the whole GPU.
+        [
+            "time_share",
+            "dominance",
+            "starvation",
+            "neighbour_busy",
+            "dram_contention",
+            "cap_relief",
+            "thread_cap",
+        ],
+    ],
+)
+def test_a_model_file_fit_with_earlier_features_is_refused_naming_the_refit(
+    names: list[str],
+) -> None:
+    # Its coefficients weigh features that no longer mean the same: read as today's, a
+    # calibrated file would predict silently wrong slowdowns.
+    old = {"feature_names": names, "coefficients": [0.5] * len(names)}
+    with pytest.raises(InvalidInputError, match="not this version's features") as err:
+        InterferenceModel.from_dict(old, origin="mine.json")
+    assert err.value.field == "mine.json.feature_names"
+    assert "fit_interference" in str(err.value)
