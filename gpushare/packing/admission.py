@@ -76,6 +76,7 @@ def admit_reason(
     model: InterferenceModel,
     bounds: Mapping[str, float],
     charge_cap: bool = True,
+    newcomer_bound: bool = True,
 ) -> str | None:
     """None when nobody on ``gpu`` (newcomer included) is predicted past its class bound.
 
@@ -90,6 +91,9 @@ def admit_reason(
     which is what its users see; without it, against the pod alone at its own cap (the
     same-cap bound let capped jobs run well past their bound against the whole GPU;
     docs/packing.md, "Admission").
+
+    ``newcomer_bound=False`` checks the tenants only: an opportunistic pod is not held to its
+    own class bound but to the gain it brings (:mod:`gpushare.packing.opportunistic`).
     """
     if not gpu.tenants:
         return None
@@ -97,16 +101,20 @@ def admit_reason(
     threads = assign_thread_percent(demand, gpu)
     loads = [tenant_load(t) for t in gpu.tenants]
     kept_out = [shielded(t.profile, t.gpu_class, tenant_threads(t)) for t in gpu.tenants]
-    reason = _newcomer_reason(
-        gpu,
-        demand,
-        newcomer=newcomer,
-        threads=threads,
-        loads=loads,
-        kept_out=kept_out,
-        model=model,
-        bounds=bounds,
-        charge_cap=charge_cap,
+    reason = (
+        _newcomer_reason(
+            gpu,
+            demand,
+            newcomer=newcomer,
+            threads=threads,
+            loads=loads,
+            kept_out=kept_out,
+            model=model,
+            bounds=bounds,
+            charge_cap=charge_cap,
+        )
+        if newcomer_bound
+        else None
     )
     if reason is not None:
         return reason

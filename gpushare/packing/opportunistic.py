@@ -8,9 +8,11 @@ free may still run on a GPU (:meth:`Opportunism.gpu_option`) where
 - the model, corrected by what GPUs measured of the same workloads (:class:`Corrections`),
   predicts the GPU does at least :data:`MIN_GAIN` more work per second with it (each batch
   tenant's rate over its rate alone on the whole GPU, summed: jobs' worth per second);
-- every tenant there stays within its class bound and the newcomer within the batch bound
-  (the admission rule, :func:`gpushare.packing.admission.admit_reason`, on corrected
-  predictions);
+- every tenant there stays within its class bound (the admission rule,
+  :func:`gpushare.packing.admission.admit_reason`, on corrected predictions). The newcomer
+  itself is held to the gain, not to the batch bound: running now, however slowly, beats
+  waiting with nothing done, and it is promoted or preempted later (docs/packing.md, "The
+  sharing contract");
 - its memory fits beside every tenant's, and the MPS server has a client left.
 
 It holds no guaranteed share and runs as a batch client (MPS priority 1, its limit as thread
@@ -217,7 +219,7 @@ class Opportunism:
         # pod); a request of a whole GPU is read as one share short of it, so the cap applies.
         trial = replace(demand, percent=min(demand.percent, SLICES_PER_GPU - 1))
         threads = assign_thread_percent(trial, gpu)
-        reason = admit_reason(gpu, trial, model=model, bounds=self.bounds)
+        reason = admit_reason(gpu, trial, model=model, bounds=self.bounds, newcomer_bound=False)
         if reason is not None:
             return reason
         before = work_rate([member(t) for t in gpu.tenants], model)

@@ -108,6 +108,26 @@ def test_no_opportunistic_tenant_where_a_neighbour_would_be_pushed_past_its_boun
     assert "bound" in refusal
 
 
+XL = PipeProfile(
+    fp32=0.03, tensor=0.11, sm_occupancy=0.53, dram_bandwidth=0.56, sm_utilization=0.90
+)  # ResNet-50 at batch 256 on the H100 (run 22): keeps 90% of the SMs busy alone
+
+
+def test_an_opportunistic_pod_is_held_to_the_gain_it_brings_not_to_its_own_bound() -> None:
+    # The sharing contract: running now, however slowly, beats waiting. An LSTM beside a
+    # saturating guaranteed job is predicted past the batch bound itself, but the GPU does
+    # more work with it and the guaranteed job stays within its bound, so it runs.
+    g = gpu(tenant("ns/xl", 95, XL, gib=20))
+    demand = opted(30, LSTM, peak_memory_bytes=4 * GIB)
+    own = Admission().gpu_reason(g, replace(demand, opportunistic=False))
+    assert own is not None and "for this batch pod" in own and "2.00x bound" in own
+    option = Opportunism().gpu_option(g, demand)
+    assert not isinstance(option, str) and option.gain >= MIN_GAIN
+    # What it brings still decides: a second saturating job there adds nothing.
+    refusal = Opportunism().gpu_option(g, opted(60, BIG, peak_memory_bytes=4 * GIB))
+    assert isinstance(refusal, str) and refusal.startswith("predicted gain")
+
+
 @pytest.mark.parametrize(
     ("demand", "why"),
     [
