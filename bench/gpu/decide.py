@@ -102,6 +102,10 @@ class ProductDecider:
     honour_opt_in: bool = True
     """False: the trace's opt-in column is ignored (the chart's default, no pod opts in) while
     the governor still learns (:meth:`review`)."""
+    peaks: Mapping[str, int] = field(default_factory=dict)
+    """Each kind's peak GPU memory (bytes) measured while it ran alone, as a GpuShare's profile
+    carries it (``memory_used_bytes_max``, read by the operator's profiler): opportunistic
+    placement may give a pod what it was seen to need (``opportunistic.memory_steps``)."""
 
     @property
     def placer(self) -> Placer:
@@ -121,6 +125,7 @@ class ProductDecider:
             profile=self.profiles.get(job.kind),
             opportunistic=job.opportunistic and self.honour_opt_in and self.opportunism is not None,
             workload=job.kind,
+            peak_memory_bytes=self.peaks.get(job.kind),
         )
 
     def priority(self, job: TraceJob) -> int:

@@ -27,6 +27,10 @@ class JobResult:
     peak_mib: int | None = None
     """GPU memory the job's process held at its peak (PyTorch's caching allocator, without the
     CUDA context): what a ``gpushare.io/gpu-memory`` for it must cover."""
+    process_mib: int | None = None
+    """GPU memory NVML listed for the job's process at its end, CUDA context included; under
+    exclusive FIFO the job ran alone, so this is what gpushare's profiler would have stored as
+    its peak (``decide.ProductDecider.peaks``)."""
     latencies_ms: list[float] = field(default_factory=list)
     first_start_s: float | None = None
     """When it first started (a preempted job starts again from the beginning)."""

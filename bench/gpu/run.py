@@ -237,7 +237,34 @@ def make_decider(
         gpu_memory_bytes=ctx.memory_bytes,
         opportunism=opportunism,
         honour_opt_in=honour_opt_in,
+        peaks=alone_peaks(st),
     )
+
+
+CONTEXT_ALLOWANCE_MIB = 1024
+"""Added to a job's allocator peak where NVML did not list its process: the CUDA context and
+libraries' workspaces a PyTorch process holds beyond its allocator (what NVML lists, and the
+operator's profiler reads, includes them)."""
+
+
+def alone_peaks(st: State) -> dict[str, int]:
+    """Each kind's peak GPU memory in bytes while it ran alone (exclusive FIFO, phase B): what
+    the operator's profile of it would carry. NVML's figure for its process where it has one,
+    else the allocator's peak plus :data:`CONTEXT_ALLOWANCE_MIB`; kinds not run alone yet have
+    none (their pods get no peak, as a GpuShare not profiled yet)."""
+    out: dict[str, int] = {}
+    for by_scheme in st.runs.values():
+        for job in by_scheme.get("exclusive", []):
+            if not job.ok:
+                continue
+            if job.process_mib is not None:
+                mib = job.process_mib
+            elif job.peak_mib is not None:
+                mib = job.peak_mib + CONTEXT_ALLOWANCE_MIB
+            else:
+                continue
+            out[job.kind] = max(out.get(job.kind, 0), mib * (1 << 20))
+    return out
 
 
 def choose_pack(

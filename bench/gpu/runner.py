@@ -260,6 +260,8 @@ def _drive(
             res.latencies_ms = list(ev.fields.get("latencies_ms", []))
             peak = ev.fields.get("peak_mib")
             res.peak_mib = int(peak) if isinstance(peak, int | float) else None
+            held = ev.fields.get("process_mib")
+            res.process_mib = int(held) if isinstance(held, int | float) else None
         elif ev.name in ("error", "exit"):
             res.error = f"{ev.name}: {ev.fields} {workers.workers[ev.label].tail(3)}"
             log.error("[%s] %s failed: %s", scheme.name, job_for.id, res.error)

@@ -95,6 +95,7 @@ class _Runner:
         device = self.torch.device(self.device_name)
         if self.device_name == "cuda":
             self.torch.cuda.init()
+            _nvml_process_mib(os.getpid())  # NVML opened before the clock, read after the work
         self.workload = build(kind, device=device, tiny=self.tiny)
         for _ in range(2):
             self.workload.step()
@@ -105,6 +106,15 @@ class _Runner:
         if self.device_name != "cuda" or self.torch is None:
             return None
         return int(self.torch.cuda.max_memory_reserved() // (1 << 20))
+
+    def process_mib(self) -> int | None:
+        """GPU memory NVML lists for this process, in MiB, its CUDA context included: what
+        gpushare's profiler reads of the job running alone (``memory_used_bytes_max``), and
+        its allocator never gives back what it reserved, so at the end it is the peak. None
+        off CUDA or where NVML cannot say."""
+        if self.device_name != "cuda":
+            return None
+        return _nvml_process_mib(os.getpid())
 
     def run_iterations(self, n: int) -> list[float]:
         for _ in range(n):
@@ -165,6 +175,28 @@ def settled_after(latencies: list[float]) -> int:
     return len(latencies) // 2
 
 
+def _nvml_process_mib(pid: int) -> int | None:
+    """``pid``'s GPU memory over every GPU NVML lists it on (compute processes and MPS
+    clients), in MiB; None where NVML is missing or does not list it."""
+    try:
+        import pynvml  # noqa: PLC0415  (optional: absent where there is no GPU)
+
+        pynvml.nvmlInit()
+        used = 0
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for name in (
+                "nvmlDeviceGetComputeRunningProcesses",
+                "nvmlDeviceGetMPSComputeRunningProcesses",
+            ):
+                for proc in getattr(pynvml, name)(handle):
+                    if int(proc.pid) == pid and proc.usedGpuMemory:
+                        used = max(used, int(proc.usedGpuMemory))
+        return used // (1 << 20) or None
+    except Exception:  # a reading, never a reason to fail the job
+        return None
+
+
 def _work_and_report(runner: _Runner, msg: dict[str, Any], *, t_go: float, t_ready: float) -> None:
     """Do the job's counted work from ``t_ready`` (requests for a service, iterations for any
     other kind) and emit ``done`` with its times, request latencies and peak GPU memory."""
@@ -174,14 +206,9 @@ def _work_and_report(runner: _Runner, msg: dict[str, Any], *, t_go: float, t_rea
         )
     else:
         lat = runner.run_iterations(int(msg["iterations"]))
-    emit(
-        "done",
-        t_go=t_go,
-        t_ready=t_ready,
-        t_end=time.time(),
-        latencies_ms=lat,
-        peak_mib=runner.peak_mib(),
-    )
+    t_end = time.time()
+    emit("done", t_go=t_go, t_ready=t_ready, t_end=t_end, latencies_ms=lat,
+         peak_mib=runner.peak_mib(), process_mib=runner.process_mib())  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@ Hopper) leaves jobs unprofiled, as gpushare's operator does, instead of reading 
 the balanced latency test rotates uncapped training with the reported settings."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,8 +16,11 @@ import pytest
 from bench.gpu import run, traces
 from bench.gpu.catalog import KINDS
 from bench.gpu.colocate import PackResult, Stage
+from bench.gpu.decide import ProductDecider
 from bench.gpu.gpm import PROFILE_KEYS
+from bench.gpu.metrics import JobResult
 from bench.gpu.schemes import Launch
+from gpushare.packing.opportunistic import PEAK_HEADROOM, memory_steps
 
 
 class NoGpmSampler:
@@ -195,6 +199,7 @@ def test_a_worker_reports_its_work_times_latencies_and_peak_memory_field() -> No
     done = warm[-1]
     assert done["event"] == "done" and done["t_ready"] == done["t_go"] <= done["t_end"]
     assert done["latencies_ms"] == [] and "peak_mib" in done  # no CUDA here: null
+    assert "process_mib" in done and done["process_mib"] is None  # NVML's figure: none here
     cold = _worker_events('{"cmd":"job","kind":"infer","iterations":4}\n')[-1]
     assert cold["event"] == "done" and cold["t_go"] <= cold["t_ready"] <= cold["t_end"]
     assert len(cold["latencies_ms"]) == 4  # a service answers requests, one latency each
@@ -215,3 +220,29 @@ def test_run_19_recorded_every_finished_jobs_peak_memory_the_same_on_both_gpus()
     # docs/benchmarks-gpu.md, "Memory each job used"
     assert peaks["h100"] == peaks["h200"]
     assert peaks["h100"]["resnet50_xl"] == 12002 and peaks["h100"]["infer"] == 204
+
+
+def test_opportunistic_placement_may_give_a_job_the_peak_it_showed_alone() -> None:
+    # A GpuShare's profile carries the peak memory its job used alone; the benchmark's stand-in
+    # is exclusive FIFO's run of the kind (NVML's figure for its process, else the allocator's
+    # peak plus the context allowance), and only the opportunistic memory steps read it.
+    st = run.State()
+    done = [
+        JobResult("a", "transformer", "batch", 0.0, 10, start_s=0.0, end_s=1.0, process_mib=4900),
+        JobResult("b", "transformer", "batch", 0.0, 10, start_s=1.0, end_s=2.0, process_mib=5000),
+        JobResult("c", "lstm", "batch", 0.0, 10, start_s=2.0, end_s=3.0, peak_mib=580),
+        JobResult("d", "vit", "batch", 0.0, 10, start_s=3.0, error="exit"),
+    ]
+    st.runs = {"light": {"exclusive": done, "gpushare": [done[0]]}}
+    peaks = run.alone_peaks(st)
+    assert peaks == {
+        "transformer": 5000 << 20,
+        "lstm": (580 + run.CONTEXT_ALLOWANCE_MIB) << 20,
+    }
+    decider = ProductDecider(profiles={}, gpu_model="H100", gpu_memory_bytes=80 << 30, peaks=peaks)
+    job = traces.TraceJob("t", "transformer", 0.0, 1.0, 0.65)
+    demand = decider.demand(job)
+    assert demand.peak_memory_bytes == 5000 << 20
+    steps = memory_steps(demand, 80 << 30)
+    assert steps[-1] == math.ceil((5000 << 20) * PEAK_HEADROOM)
+    assert decider.demand(traces.TraceJob("v", "vit", 0.0, 1.0, 0.3)).peak_memory_bytes is None
