@@ -56,12 +56,7 @@ def watch(
                 )
             else:
                 if text != last:
-                    if redraw:
-                        out.write(CLEAR)
-                    elif last is not None:
-                        out.write(separator or "\n")
-                    out.write(text)
-                    out.flush()
+                    _show(text, last, out, redraw=redraw, separator=separator)
                     last = text
             if deadline is not None and clock() + interval_s > deadline:
                 return 0

@@ -37,10 +37,16 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def make_ca(*, now: dt.datetime, days: int = CA_DAYS) -> dict[str, bytes]:
-    """A new CA: ``tls.crt`` (also as ``ca.crt``) and its ``tls.key``."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpushare CA")])
+def ca_builder(
+    key: ec.EllipticCurvePrivateKey,
+    common_name: str,
+    *,
+    not_before: dt.datetime,
+    not_after: dt.datetime,
+) -> x509.CertificateBuilder:
+    """A self-signed CA certificate of ``key``, to be signed with it: it signs certificates
+    and CRLs, and no CA below it (also the webhook's own CA, gpushare.cluster.tls)."""
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     usage = x509.KeyUsage(
         digital_signature=True,
         content_commitment=False,
@@ -52,19 +58,28 @@ def make_ca(*, now: dt.datetime, days: int = CA_DAYS) -> dict[str, bytes]:
         encipher_only=False,
         decipher_only=False,
     )
-    cert = (
+    return (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - BACKDATE)
-        .not_valid_after(now + dt.timedelta(days=days))
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(usage, critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-        .sign(key, hashes.SHA256())
     )
+
+
+def make_ca(*, now: dt.datetime, days: int = CA_DAYS) -> dict[str, bytes]:
+    """A new CA: ``tls.crt`` (also as ``ca.crt``) and its ``tls.key``."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = ca_builder(
+        key, "gpushare CA", not_before=now - BACKDATE, not_after=now + dt.timedelta(days=days)
+    )
+    cert = builder.add_extension(
+        x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False
+    ).sign(key, hashes.SHA256())
     pem = cert.public_bytes(serialization.Encoding.PEM)
     return {"ca.crt": pem, "tls.crt": pem, "tls.key": _pem_key(key)}
 

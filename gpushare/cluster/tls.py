@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.cluster.issuing import ca_builder
 from gpushare.cluster.settings import is_ip
 
 CERT_FILE = "tls.crt"
@@ -99,32 +100,12 @@ def ensure_certs(
 
 def _generate(files: CertFiles, hosts: list[str], now: dt.datetime) -> None:
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpushare webhook CA")])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_cert = ca_builder(
+        ca_key,
+        "gpushare webhook CA",
+        not_before=now - dt.timedelta(minutes=5),
+        not_after=now + VALIDITY,
+    ).sign(ca_key, hashes.SHA256())
     key = ec.generate_private_key(ec.SECP256R1())
     alt: list[x509.GeneralName] = []
     for host in hosts:
@@ -135,7 +116,7 @@ def _generate(files: CertFiles, hosts: list[str], now: dt.datetime) -> None:
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_name)
+        .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))

@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final, Generic, TypeVar, cast
 
 from lightkube import AsyncClient, Client
 from lightkube.resources.authentication_v1 import TokenReview
@@ -175,17 +175,21 @@ class AccessCache:
         return len(self._entries)
 
 
-class AsyncAccessReviewer:
-    """The controller's reviewer (lightkube's AsyncClient)."""
+_C = TypeVar("_C", AsyncClient, Client)
 
-    def __init__(
-        self, client: AsyncClient, *, audiences: Mapping[str, Sequence[str]] | None = None
-    ) -> None:
-        self._client = client
+
+class _Reviewer(Generic[_C]):
+    """What both reviewers share: the audiences by path, the cache, and each step of a review
+    that asks nothing of the API server; the two reviews ask it through their own client."""
+
+    def __init__(self, client: _C, *, audiences: Mapping[str, Sequence[str]] | None = None) -> None:
+        self._client: _C = client
         self._audiences = dict(audiences or {})
         self.cache = AccessCache()
 
-    async def review(self, authorization: str | None, path: str, verb: str = "get") -> Access:
+    def _known(self, authorization: str | None, path: str, verb: str) -> Access | tuple[str, str]:
+        """The answer when the API server need not be asked (no usable token, or cached); else
+        the cache key and the token, the review counted."""
         token = bearer_token(authorization)
         if token is None:
             return _missing(path)
@@ -194,50 +198,54 @@ class AsyncAccessReviewer:
         if cached is not None:
             return cached
         self.cache.reviews += 1
+        return key, token
+
+    def _token_review(self, token: str, path: str) -> TokenReview:
+        return token_review(token, self._audiences.get(path, ()))
+
+    def _answered(self, key: str, access: Access) -> Access:
+        self.cache.put(key, access)
+        return access
+
+
+def _failed(path: str, exc: Exception) -> Access:
+    log.warning("access review failed", extra={"path": path, "error": str(exc)})
+    return _unavailable(path, exc)
+
+
+class AsyncAccessReviewer(_Reviewer[AsyncClient]):
+    """The controller's reviewer (lightkube's AsyncClient)."""
+
+    async def review(self, authorization: str | None, path: str, verb: str = "get") -> Access:
+        known = self._known(authorization, path, verb)
+        if isinstance(known, Access):
+            return known
+        key, token = known
         try:
-            reviewed = await self._client.create(token_review(token, self._audiences.get(path, ())))
-            refusal, user = judge_token(path, reviewed.to_dict().get("status") or {})
-            if refusal is not None:
-                access = refusal
-            else:
+            reviewed = await self._client.create(self._token_review(token, path))
+            access, user = judge_token(path, reviewed.to_dict().get("status") or {})
+            if access is None:
                 answer = await self._client.create(access_review(user, path, verb))
                 access = judge_access(path, user, answer.to_dict().get("status") or {})
         except Exception as exc:
-            log.warning("access review failed", extra={"path": path, "error": str(exc)})
-            return _unavailable(path, exc)
-        self.cache.put(key, access)
-        return access
+            return _failed(path, exc)
+        return self._answered(key, access)
 
 
-class AccessReviewer:
+class AccessReviewer(_Reviewer[Client]):
     """The node agent's reviewer (lightkube's blocking Client, from its HTTP threads)."""
 
-    def __init__(
-        self, client: Client, *, audiences: Mapping[str, Sequence[str]] | None = None
-    ) -> None:
-        self._client = client
-        self._audiences = dict(audiences or {})
-        self.cache = AccessCache()
-
     def review(self, authorization: str | None, path: str, verb: str = "get") -> Access:
-        token = bearer_token(authorization)
-        if token is None:
-            return _missing(path)
-        key = AccessCache.key(token, path, verb)
-        cached = self.cache.get(key)
-        if cached is not None:
-            return cached
-        self.cache.reviews += 1
+        known = self._known(authorization, path, verb)
+        if isinstance(known, Access):
+            return known
+        key, token = known
         try:
-            reviewed = self._client.create(token_review(token, self._audiences.get(path, ())))
-            refusal, user = judge_token(path, reviewed.to_dict().get("status") or {})
-            if refusal is not None:
-                access = refusal
-            else:
+            reviewed = self._client.create(self._token_review(token, path))
+            access, user = judge_token(path, reviewed.to_dict().get("status") or {})
+            if access is None:
                 answer = self._client.create(access_review(user, path, verb))
                 access = judge_access(path, user, answer.to_dict().get("status") or {})
         except Exception as exc:
-            log.warning("access review failed", extra={"path": path, "error": str(exc)})
-            return _unavailable(path, exc)
-        self.cache.put(key, access)
-        return access
+            return _failed(path, exc)
+        return self._answered(key, access)

@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Secret
 from lightkube.types import PatchType
 
-from gpushare.kube.errors import wrap as _wrap
+from gpushare.kube.errors import ConflictError, NotFoundError, translated
 
 
 @dataclass(frozen=True)
@@ -48,13 +48,10 @@ class SecretStore:
     async def get(self, name: str) -> StoredSecret | None:
         """The Secret ``name``; None when there is none."""
         try:
-            obj = await self._client.get(Secret, name, namespace=self.namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise _wrap(exc, f"get Secret {self.namespace}/{name}") from exc
-        except Exception as exc:
-            raise _wrap(exc, f"get Secret {self.namespace}/{name}") from exc
+            with translated(f"get Secret {self.namespace}/{name}"):
+                obj = await self._client.get(Secret, name, namespace=self.namespace)
+        except NotFoundError:
+            return None
         meta = obj.metadata
         return StoredSecret(
             name=name,
@@ -103,16 +100,13 @@ class SecretStore:
     ) -> bool:
         """Create the Secret; False when one of that name exists already."""
         try:
-            await self._client.create(
-                self._body(name, data, labels=labels, owner=owner),
-                field_manager=self._field_manager,
-            )
-        except ApiError as exc:
-            if exc.status.code == 409:
-                return False
-            raise _wrap(exc, f"create Secret {self.namespace}/{name}") from exc
-        except Exception as exc:
-            raise _wrap(exc, f"create Secret {self.namespace}/{name}") from exc
+            with translated(f"create Secret {self.namespace}/{name}"):
+                await self._client.create(
+                    self._body(name, data, labels=labels, owner=owner),
+                    field_manager=self._field_manager,
+                )
+        except ConflictError:
+            return False
         return True
 
     async def replace(
@@ -128,25 +122,19 @@ class SecretStore:
             old.name, data, labels=labels, owner=owner, resource_version=old.resource_version
         )
         try:
-            await self._client.replace(body, field_manager=self._field_manager)
-        except ApiError as exc:
-            if exc.status.code in (409, 404):
-                return False
-            raise _wrap(exc, f"replace Secret {self.namespace}/{old.name}") from exc
-        except Exception as exc:
-            raise _wrap(exc, f"replace Secret {self.namespace}/{old.name}") from exc
+            with translated(f"replace Secret {self.namespace}/{old.name}"):
+                await self._client.replace(body, field_manager=self._field_manager)
+        except (ConflictError, NotFoundError):
+            return False
         return True
 
     async def deployment(self, name: str) -> tuple[Owner, dict[str, str]] | None:
         """Deployment ``name`` as an owner, and its own annotations; None if none."""
         try:
-            obj = await self._client.get(Deployment, name, namespace=self.namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise _wrap(exc, f"get Deployment {self.namespace}/{name}") from exc
-        except Exception as exc:
-            raise _wrap(exc, f"get Deployment {self.namespace}/{name}") from exc
+            with translated(f"get Deployment {self.namespace}/{name}"):
+                obj = await self._client.get(Deployment, name, namespace=self.namespace)
+        except NotFoundError:
+            return None
         annotations = dict((obj.metadata.annotations if obj.metadata else None) or {})
         uid = str((obj.metadata.uid if obj.metadata else None) or "")
         return Owner("apps/v1", "Deployment", name, uid), annotations
@@ -163,7 +151,7 @@ class SecretStore:
         patch: dict[str, Any] = {"metadata": {"annotations": dict(annotations)}}
         if pod_template:
             patch["spec"] = {"template": {"metadata": {"annotations": dict(pod_template)}}}
-        try:
+        with translated(f"restart Deployment {self.namespace}/{name}"):
             await self._client.patch(
                 Deployment,
                 name,
@@ -172,5 +160,3 @@ class SecretStore:
                 patch_type=PatchType.MERGE,
                 field_manager=self._field_manager,
             )
-        except Exception as exc:
-            raise _wrap(exc, f"restart Deployment {self.namespace}/{name}") from exc

@@ -50,6 +50,24 @@ class KubeApi:
         self._client = client
         self._instance = socket.gethostname()
 
+    async def _merge(
+        self, resource: Any, namespace: str, name: str, patch: dict[str, Any], *, what: str
+    ) -> bool:
+        """Merge-patch object ``namespace/name`` of ``resource``; False when there is none."""
+        try:
+            with translated(what):
+                await self._client.patch(
+                    resource,
+                    name,
+                    patch,
+                    namespace=namespace,
+                    patch_type=PatchType.MERGE,
+                    field_manager=FIELD_MANAGER,
+                )
+        except NotFoundError:
+            return False
+        return True
+
     async def list_pods(self, *, namespace: str | None) -> list[dict[str, Any]]:
         """Every pod of ``namespace`` (None: all namespaces), as API JSON."""
         with translated("list pods"):
@@ -103,36 +121,25 @@ class KubeApi:
     ) -> None:
         """Merge-patch fields of the share's status that are pure functions of the cluster
         (placements, pod count): writing them twice is harmless."""
-        try:
-            with translated(f"merge status of GpuShare {namespace}/{name}"):
-                await self._client.patch(
-                    GpuShareResource.Status,
-                    name,
-                    {"status": dict(status)},
-                    namespace=namespace,
-                    patch_type=PatchType.MERGE,
-                    field_manager=FIELD_MANAGER,
-                )
-        except NotFoundError:
-            pass
+        await self._merge(
+            GpuShareResource.Status,
+            namespace,
+            name,
+            {"status": dict(status)},
+            what=f"merge status of GpuShare {namespace}/{name}",
+        )
 
     async def annotate_pod(
         self, *, namespace: str, name: str, annotations: Mapping[str, str | None]
     ) -> bool:
         """Merge annotations into a pod (None removes one). False when the pod is gone."""
-        try:
-            with translated(f"annotate pod {namespace}/{name}"):
-                await self._client.patch(
-                    Pod,
-                    name,
-                    {"metadata": {"annotations": dict(annotations)}},
-                    namespace=namespace,
-                    patch_type=PatchType.MERGE,
-                    field_manager=FIELD_MANAGER,
-                )
-        except NotFoundError:
-            return False
-        return True
+        return await self._merge(
+            Pod,
+            namespace,
+            name,
+            {"metadata": {"annotations": dict(annotations)}},
+            what=f"annotate pod {namespace}/{name}",
+        )
 
     async def evict(self, *, namespace: str, name: str, uid: str | None = None) -> EvictionOutcome:
         """Evict through the Eviction API, so PodDisruptionBudgets are respected. With
@@ -178,19 +185,14 @@ class KubeApi:
         self, *, namespace: str, name: str, entries: Mapping[str, str | None]
     ) -> None:
         """Set (or, with None, delete) keys of a ConfigMap, creating it when absent."""
-        try:
-            with translated(f"patch ConfigMap {namespace}/{name}"):
-                await self._client.patch(
-                    ConfigMap,
-                    name,
-                    {"data": dict(entries)},
-                    namespace=namespace,
-                    patch_type=PatchType.MERGE,
-                    field_manager=FIELD_MANAGER,
-                )
+        if await self._merge(
+            ConfigMap,
+            namespace,
+            name,
+            {"data": dict(entries)},
+            what=f"patch ConfigMap {namespace}/{name}",
+        ):
             return
-        except NotFoundError:
-            pass
         data = {k: v for k, v in entries.items() if v is not None}
         cm = ConfigMap(
             metadata=ObjectMeta(

@@ -7,6 +7,7 @@ published, and only then is the kubelet plugin served and registered, so the kub
 advertises a GPU whose daemon is not there (it is advertised Unhealthy instead).
 """
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -187,16 +188,10 @@ class NodeAgent:
         """The backend's GPUs with current health and MPS readiness."""
         status = self.mps.status()
         return [
-            GpuInfo(
-                uuid=g.uuid,
-                index=g.index,
-                model=g.model,
-                memory_bytes=g.memory_bytes,
-                sm_count=g.sm_count,
-                compute_capability=g.compute_capability,
+            dataclasses.replace(
+                g,
                 healthy=self.health.healthy(g.uuid),
                 mps_ready=bool(status.get(g.uuid) and status[g.uuid].up),
-                simulated=g.simulated,
             )
             for g in self.gpus
         ]

@@ -30,6 +30,7 @@ from gpushare.api.placement import Placement
 from gpushare.cluster.state.claim_holders import ClaimHolder
 from gpushare.cluster.state.quarantine import Quarantine
 from gpushare.cluster.state.share_rules import NO_RULES, ShareRules
+from gpushare.cluster.state.shares import PodRules
 from gpushare.packing.model import GpuState, NodeState, Tenant
 from gpushare.packing.placer import gpu_signature
 from gpushare.packing.threads import thread_cap
@@ -112,10 +113,8 @@ class DraDevices:
         self._names: list[str] | None = None
         self._interned: dict[tuple[object, ...], tuple[object, ...]] = {}
         self._next_id = 0
-        self._rules: dict[str, ShareRules] = {}
+        self._rules = PodRules()
         """Claim key -> the GpuShare rules of the pod using it (claims of pods with rules)."""
-        self.blockers: set[str] = set()
-        """The claims whose pods' rules keep other pods off their GPU (profiling, exclusive)."""
         self.problems: dict[str, str] = {}
         """Object (``slice <name>`` / ``claim <ns/name>``) -> why it could not be read."""
         self.version = 0
@@ -196,7 +195,12 @@ class DraDevices:
     def tenant_rules(self) -> Mapping[str, ShareRules]:
         """Claim key -> the GpuShare rules of its pod, for the claims whose pods have any
         (:func:`gpushare.cluster.state.share_rules.permitted` reads them as tenant rules)."""
-        return self._rules
+        return self._rules.by_pod
+
+    @property
+    def blockers(self) -> set[str]:
+        """The claims whose pods' rules keep other pods off their GPU (profiling, exclusive)."""
+        return self._rules.blockers
 
     def set_claim_rules(self, key: str, rules: ShareRules) -> None:
         """The GpuShare rules of the pod using claim ``key`` (NO_RULES: none). Its tenant
@@ -204,16 +208,8 @@ class DraDevices:
         change."""
         if rules.share is None and rules.profile is None and not rules.constrains_gpus:
             rules = NO_RULES
-        if rules == self._rules.get(key, NO_RULES):
+        if not self._rules.put(key, rules):
             return
-        if rules == NO_RULES:
-            self._rules.pop(key, None)
-        else:
-            self._rules[key] = rules
-        if rules.blocks_others:
-            self.blockers.add(key)
-        else:
-            self.blockers.discard(key)
         for s in self._shares.get(key, ()):
             g = self._gpus.get((s.pool, s.device))
             if g is not None:
@@ -243,7 +239,7 @@ class DraDevices:
                     memory_bytes=s.memory_bytes or g.memory_bytes * s.percent // SLICES_PER_GPU,
                     gpu_class=s.gpu_class,
                     tenancy=tenancy_of(s.namespace),
-                    profile=self._rules.get(s.claim, NO_RULES).profile,
+                    profile=self._rules.by_pod.get(s.claim, NO_RULES).profile,
                     thread_percent=_driver_cap(s, latency=latency),
                 )
                 for s in shares

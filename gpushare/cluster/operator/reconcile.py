@@ -301,16 +301,36 @@ class ShareReconciler:
 
     async def _use_cached(self, share: ShareSummary, step: UseCached, *, now: datetime) -> None:
         profile = dataclasses.replace(step.profile, source="cache")
+        message = await self._packed(
+            share, profile, how="reused the cached profile", reason="CacheHit", now=now
+        )
+        if message is not None:
+            await self.event(share, "ProfileReused", message)
+
+    async def _packed(
+        self,
+        share: ShareSummary,
+        profile: GpuProfile,
+        *,
+        how: str,
+        reason: str,
+        now: datetime,
+        tests: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """To Packed with ``profile`` and the sizes it suggests; the message (``how``, the
+        profile, the sizes) when this call moved the share, None when it had moved already."""
         sized = sized_fields(share, profile)
-        message = f"reused the cached profile: {describe(step.profile)}{sized_note(sized)}"
-        if await self.transition(
+        message = f"{how}: {describe(profile)}{sized_note(sized)}"
+        if not await self.transition(
             share,
             to_phase=PHASE_PACKED,
             fields={"profile": profile.to_status(), **sized},
-            condition=(COND_PROFILED, True, "CacheHit", message),
+            tests=tests,
+            condition=(COND_PROFILED, True, reason, message),
             now=now,
         ):
-            await self.event(share, "ProfileReused", message)
+            return None
+        return message
 
     async def _start_clock(self, share: ShareSummary, step: StartClock) -> None:
         # Not an event: the clock start is bookkeeping inside the Profiling phase.
@@ -415,16 +435,15 @@ class ShareReconciler:
         key = cache.cache_key(image=pod.image, command=pod.command, gpu_model=profile.gpu_model)
         entry = cache.CacheEntry(pod.image, pod.command, profile.gpu_model, profile)
         await self._write_cache(key, cache.encode_entry(entry))
-        sized = sized_fields(share, profile)
-        message = f"profiled pod {pod.name}: {describe(profile)}{sized_note(sized)}"
-        if await self.transition(
+        message = await self._packed(
             share,
-            to_phase=PHASE_PACKED,
-            fields={"profile": profile.to_status(), **sized},
-            tests={"profilingPod": pod.name},
-            condition=(COND_PROFILED, True, "Measured", message),
+            profile,
+            how=f"profiled pod {pod.name}",
+            reason="Measured",
             now=now,
-        ):
+            tests={"profilingPod": pod.name},
+        )
+        if message is not None:
             await self.kube.annotate_pod(
                 namespace=pod.namespace, name=pod.name, annotations={ANN_PROFILING: PROFILING_DONE}
             )

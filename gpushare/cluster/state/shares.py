@@ -172,7 +172,8 @@ class ShareRegistry:
 
 class PodRules:
     """Pod key -> GpuShare rules, for the pods that have any, and which of them keep other
-    pods off their GPU."""
+    pods off their GPU (in DRA mode, claim key -> the rules of the pod using the claim:
+    gpushare.cluster.dra.devices)."""
 
     def __init__(self) -> None:
         self.by_pod: dict[str, ShareRules] = {}
@@ -183,6 +184,10 @@ class PodRules:
         """Remember a pod's rules (NO_RULES: it has none); True when they changed."""
         if rules.share is None and not rules.constrains_gpus:
             rules = NO_RULES
+        return self.put(key, rules)
+
+    def put(self, key: str, rules: ShareRules) -> bool:
+        """Remember ``rules`` as they are (NO_RULES: none); True when they changed."""
         if rules == self.by_pod.get(key, NO_RULES):
             return False
         if rules == NO_RULES:

@@ -9,7 +9,7 @@ import logging
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 
@@ -42,8 +42,8 @@ def _message(exc: Exception) -> str:
     return f"internal error in the {DRIVER} plugin: {type(exc).__name__}: {exc}"
 
 
-def _prepare(driver: DraDriver, claims: Iterable[Any], response: Any) -> None:
-    """Fill a NodePrepareResourcesResponse of either version."""
+def _prepare(driver: DraDriver, claims: Iterable[Any], response: Any) -> Any:
+    """Fill a NodePrepareResourcesResponse of either version; the response."""
     for claim in claims:
         ref = ClaimRef(namespace=claim.namespace, uid=claim.uid, name=claim.name)
         entry = response.claims[claim.uid]
@@ -64,10 +64,11 @@ def _prepare(driver: DraDriver, claims: Iterable[Any], response: Any) -> None:
                 device_name=device.device,
                 cdi_device_ids=list(record.cdi_ids),
             )
+    return response
 
 
-def _unprepare(driver: DraDriver, claims: Iterable[Any], response: Any) -> None:
-    """Fill a NodeUnprepareResourcesResponse of either version."""
+def _unprepare(driver: DraDriver, claims: Iterable[Any], response: Any) -> Any:
+    """Fill a NodeUnprepareResourcesResponse of either version; the response."""
     for claim in claims:
         entry = response.claims[claim.uid]
         try:
@@ -75,48 +76,38 @@ def _unprepare(driver: DraDriver, claims: Iterable[Any], response: Any) -> None:
         except Exception as exc:
             log.exception("unpreparing claim %s/%s failed", claim.namespace, claim.name)
             entry.error = _message(exc)
+    return response
 
 
-class DraPluginV1(v1_grpc.DRAPluginServicer):
+class _DraPlugin:
+    """DRAPlugin of either version: the same messages under another package (``_pb2``)."""
+
+    _pb2: ClassVar[Any]
+
+    def __init__(self, driver: DraDriver) -> None:
+        self.driver = driver
+
+    def NodePrepareResources(  # noqa: N802  (gRPC method name)
+        self, request: Any, context: grpc.ServicerContext
+    ) -> Any:
+        return _prepare(self.driver, request.claims, self._pb2.NodePrepareResourcesResponse())
+
+    def NodeUnprepareResources(  # noqa: N802  (gRPC method name)
+        self, request: Any, context: grpc.ServicerContext
+    ) -> Any:
+        return _unprepare(self.driver, request.claims, self._pb2.NodeUnprepareResourcesResponse())
+
+
+class DraPluginV1(_DraPlugin, v1_grpc.DRAPluginServicer):
     """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``."""
 
-    def __init__(self, driver: DraDriver) -> None:
-        self.driver = driver
-
-    def NodePrepareResources(  # noqa: N802  (gRPC method name)
-        self, request: v1_pb2.NodePrepareResourcesRequest, context: grpc.ServicerContext
-    ) -> v1_pb2.NodePrepareResourcesResponse:
-        response = v1_pb2.NodePrepareResourcesResponse()
-        _prepare(self.driver, request.claims, response)
-        return response
-
-    def NodeUnprepareResources(  # noqa: N802  (gRPC method name)
-        self, request: v1_pb2.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
-    ) -> v1_pb2.NodeUnprepareResourcesResponse:
-        response = v1_pb2.NodeUnprepareResourcesResponse()
-        _unprepare(self.driver, request.claims, response)
-        return response
+    _pb2: ClassVar[Any] = v1_pb2
 
 
-class DraPluginV1beta1(v1beta1_grpc.DRAPluginServicer):
+class DraPluginV1beta1(_DraPlugin, v1beta1_grpc.DRAPluginServicer):
     """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (kubelets before 1.34)."""
 
-    def __init__(self, driver: DraDriver) -> None:
-        self.driver = driver
-
-    def NodePrepareResources(  # noqa: N802  (gRPC method name)
-        self, request: v1beta1_pb2.NodePrepareResourcesRequest, context: grpc.ServicerContext
-    ) -> v1beta1_pb2.NodePrepareResourcesResponse:
-        response = v1beta1_pb2.NodePrepareResourcesResponse()
-        _prepare(self.driver, request.claims, response)
-        return response
-
-    def NodeUnprepareResources(  # noqa: N802  (gRPC method name)
-        self, request: v1beta1_pb2.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
-    ) -> v1beta1_pb2.NodeUnprepareResourcesResponse:
-        response = v1beta1_pb2.NodeUnprepareResourcesResponse()
-        _unprepare(self.driver, request.claims, response)
-        return response
+    _pb2: ClassVar[Any] = v1beta1_pb2
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):

@@ -114,6 +114,18 @@ def warning_event(kube: FaultKube | None, ref: PodRef | None, reason: str, messa
         log.warning("could not record event %s on %s: %s", reason, where, exc)
 
 
+def mark_for_eviction(kube: FaultKube, info: PodInfo, reason: str) -> bool:
+    """Annotate the pod for the controller to evict (``gpushare.io/evict``, the controller
+    holds the eviction right); False, logged, when the mark could not be written."""
+    try:
+        kube.annotate_pod(namespace=info.namespace, name=info.name, annotations={ANN_EVICT: reason})
+    except Exception as exc:
+        log.warning("could not mark %s for eviction: %s", info.key, exc)
+        return False
+    log.warning("asked the controller to evict %s: %s", info.key, reason)
+    return True
+
+
 class WorkloadMoves:
     """Moves workloads off shared GPUs after faults: the culprit the verdicts name gets a GPU
     of its own, one pod of workloads that keep faulting together is moved elsewhere; both are
@@ -275,15 +287,10 @@ class WorkloadMoves:
         be written is forgotten, so the next fault tries again."""
         if self.kube is None:
             return
-        try:
-            self.kube.annotate_pod(
-                namespace=info.namespace, name=info.name, annotations={ANN_EVICT: reason}
-            )
+        if mark_for_eviction(self.kube, info, reason):
             self.stats.separated += 1
-            log.warning("asked the controller to evict %s: %s", info.key, reason)
-        except Exception as exc:
+        else:
             self.separated.pop(info.uid, None)
-            log.warning("could not mark %s for eviction: %s", info.key, exc)
 
     def _publish(self) -> None:
         """Publish the exclusive and the separated workloads (marks older than

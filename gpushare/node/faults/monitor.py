@@ -12,9 +12,14 @@ from pathlib import Path
 from prometheus_client.registry import Collector
 
 from gpushare.api.exclusive import ExclusiveWorkload
-from gpushare.api.names import ANN_EVICT
 from gpushare.node.core.pods import PodInfo
-from gpushare.node.faults.actions import FaultKube, PodRef, WorkloadMoves, warning_event
+from gpushare.node.faults.actions import (
+    FaultKube,
+    PodRef,
+    WorkloadMoves,
+    mark_for_eviction,
+    warning_event,
+)
 from gpushare.node.faults.incidents import FaultDetector, FaultIncident, OpenIncident
 from gpushare.node.faults.metrics import FaultCollector, FaultStats
 from gpushare.node.faults.parsing import parse_log_line
@@ -329,14 +334,8 @@ class FaultMonitor:
                     f"process {ref.pid} kept a CUDA context a fatal GPU fault broke on "
                     f"{item.incident.gpu_uuid} for {age:.0f}s, blocking the GPU for new pods"
                 )
-                try:
-                    self.kube.annotate_pod(
-                        namespace=info.namespace, name=info.name, annotations={ANN_EVICT: reason}
-                    )
+                if mark_for_eviction(self.kube, info, reason):
                     self.stats.evicted_lingering += 1
-                    log.warning("asked the controller to evict %s: %s", info.key, reason)
-                except Exception as exc:
-                    log.warning("could not mark %s for eviction: %s", info.key, exc)
 
     # --- metrics -------------------------------------------------------------------------
 
