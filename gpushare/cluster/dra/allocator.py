@@ -34,7 +34,7 @@ from gpushare.cluster.dra import placement
 from gpushare.cluster.dra.decision import ClaimDecider
 from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.dra.pod_rules import PodRules, avoid_gpus
-from gpushare.cluster.dra.waiting import HostHolds, Waiting, gate_index, meta
+from gpushare.cluster.dra.waiting import HostHolds, Waiting, gate_index, meta, other_gates
 from gpushare.cluster.dra.writes import ClaimWriter, ClaimWrites
 from gpushare.cluster.state.share_rules import ShareRules
 from gpushare.cluster.state.view import ClusterView
@@ -117,8 +117,9 @@ class ClaimAllocator:
         self._wake.set()
 
     def waiting_pods(self) -> list[str]:
-        """Keys of the gated pods waiting for their claims to be placed (metrics: pending)."""
-        return [k for k, w in self._waiting.items() if not w.gone]
+        """Keys of the gated pods waiting for their claims to be placed (metrics: pending);
+        a pod another scheduling gate still holds waits for its queue, not for a GPU."""
+        return [k for k, w in self._waiting.items() if not w.gone and not other_gates(w.pod)]
 
     def pod_gone(self, key: str, *, deleted: bool = False) -> None:
         """Stop waiting for pod ``key`` (ungated, or ``deleted``: then it holds no host room)."""
@@ -221,9 +222,17 @@ class ClaimAllocator:
 
     def _admitted(self, key: str, waiting: Waiting) -> ShareRules | None:
         """The pod's GpuShare rules when it may be placed now (its GPUs to avoid read too);
-        None while it stays gated: its GpuShare holds it (electing or profiling another pod)
-        or an annotation cannot be read. Its event says why; looked at again after
+        None while it stays gated: another scheduling gate is still on (a queue has not
+        admitted it), its GpuShare holds it (electing or profiling another pod) or an
+        annotation cannot be read. Its event says why; looked at again after
         HOLD_RECHECK_S, since a share's status changes come through no pod event."""
+        others = other_gates(waiting.pod)
+        if others:
+            # Removing a gate is a pod update, which wakes the pod at once.
+            gates = ", ".join(others)
+            self._held(key, waiting, f"waits for its other scheduling gates to go: {gates}",
+                       warning=False)  # fmt: skip
+            return None
         rules = self._rules.of(key, waiting.pod)
         if isinstance(rules, str):
             self._held(key, waiting, rules, warning=True)

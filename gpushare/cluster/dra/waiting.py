@@ -51,6 +51,19 @@ def gate_index(pod: Mapping[str, Any]) -> int | None:
     return None
 
 
+def other_gates(pod: Mapping[str, Any]) -> list[str]:
+    """The pod's scheduling gates other than ``gpushare.io/placement`` (a queue's, such as
+    Kueue's ``kueue.x-k8s.io/admission``): while one is on, nothing may schedule the pod, so
+    its claims are not placed either (docs/queues.md, "DRA mode")."""
+    spec = pod.get("spec")
+    gates = spec.get("schedulingGates") if isinstance(spec, Mapping) else None
+    return [
+        str(gate.get("name"))
+        for gate in (gates if isinstance(gates, list) else ())
+        if isinstance(gate, Mapping) and gate.get("name") != PLACEMENT_GATE
+    ]
+
+
 class HostHolds:
     """Host room (milli-CPU, memory) of pods placed here and not yet bound: the view counts a
     pod's requests only once it is bound, so the search takes these off their nodes."""
@@ -85,4 +98,4 @@ class HostHolds:
             self.on[node] = (c - cpu, m - memory)
 
 
-__all__ = ["HostHolds", "Waiting", "gate_index", "meta"]
+__all__ = ["HostHolds", "Waiting", "gate_index", "meta", "other_gates"]

@@ -197,6 +197,16 @@ async def test_a_gated_pods_claim_is_allocated_and_the_pod_ungated() -> None:
     kube.create(share_claim("c1", percent="30", memory="4Gi"))
     allocator.pod_event(gated_pod("p1", claim="c1", gates=(OTHER_GATE, PLACEMENT_GATE)))
 
+    # Another gate (a queue's) is on: nothing may schedule the pod, so no GPU share is taken.
+    assert await place(allocator) == 1
+    assert kube.calls == [] and kube.placed_on("ns/c1") == []
+    ((reason, message, warning),) = kube.events
+    assert (reason, warning) == ("GpushareHeld", False)
+    assert OTHER_GATE in message and "other scheduling gates to go" in message
+    assert allocator.waiting_pods() == []  # it waits for its queue, not for a GPU
+
+    # The queue admits it: its gate goes, which is a pod update.
+    allocator.pod_event(gated_pod("p1", claim="c1", gates=(PLACEMENT_GATE,)))
     assert await place(allocator) == 1
 
     stored = kube.claims["ns/c1"]
@@ -206,7 +216,7 @@ async def test_a_gated_pods_claim_is_allocated_and_the_pod_ungated() -> None:
     assert result["consumedCapacity"]["memory"] == "4Gi"
     # Reserved for its pod in the same write, so kube-scheduler binds without another.
     assert stored["status"]["reservedFor"] == [{"resource": "pods", "name": "p1", "uid": "uid-p1"}]
-    assert kube.ungated == [("ns/p1", 1)]  # the gpushare gate, not the other one
+    assert kube.ungated == [("ns/p1", 0)]
     assert kube.calls == ["protect ns/c1", "allocate ns/c1", "ungate ns/p1"]
     assert allocator.placed == 1
     assert tenant_keys(devices) == ["ns/c1"]
