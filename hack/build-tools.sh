@@ -16,6 +16,8 @@
 # upstream module and pins every replaced sibling to its matching published release; the
 # replace list is generated from the downloaded go.mod, not hard-coded.
 #
+# Compiler flags: GO_BUILD_FLAGS (hack/lib/go.sh).
+#
 # Binaries land in $GPUSHARE_CACHE_DIR/bin/<tool>-<version>/ and are reused while the
 # version is unchanged. Set GOSUMDB=off only if checksum lookups fail on your network; the
 # module proxy still serves the same content (see docs/development.md).
@@ -76,7 +78,7 @@ build_from() {
   local tmp="$out.partial"
   rm -rf "$tmp"; mkdir -p "$tmp" "$out"
   log "go build $*"
-  (cd "$dir" && GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "$ldflags" -o "$tmp/" "$@")
+  (cd "$dir" && GOFLAGS="$GOFLAGS -mod=mod" go build "${GO_BUILD_FLAGS[@]}" -ldflags "$ldflags" -o "$tmp/" "$@")
   mv "$tmp"/* "$out/"
   rmdir "$tmp"
 }
@@ -123,7 +125,7 @@ build_go_install() { # NAME VERSION PKG
   if [[ -x $out/$name ]]; then log "$name $version cached in $out"; return; fi
   log "go install $pkg@$version"
   rm -rf "$out.partial"; mkdir -p "$out.partial"
-  GOBIN="$out.partial" go install -trimpath -ldflags "-s -w" "$pkg@$version"
+  GOBIN="$out.partial" go install "${GO_BUILD_FLAGS[@]}" -ldflags "-s -w" "$pkg@$version"
   rm -rf "$out"; mv "$out.partial" "$out"
 }
 
@@ -138,7 +140,7 @@ build_containerd() {
   fi
   log "go install $module/cmd/{containerd,containerd-shim-runc-v2,ctr}@$v"
   rm -rf "$out.partial"; mkdir -p "$out.partial"
-  GOBIN="$out.partial" go install -trimpath -tags "no_btrfs osusergo netgo" \
+  GOBIN="$out.partial" go install "${GO_BUILD_FLAGS[@]}" -tags "no_btrfs osusergo netgo" \
     -ldflags "-s -w -X $module/version.Version=$v -X $module/version.Package=$module" \
     "$module/cmd/containerd@$v" "$module/cmd/containerd-shim-runc-v2@$v" "$module/cmd/ctr@$v"
   rm -rf "$out"; mv "$out.partial" "$out"
@@ -195,7 +197,7 @@ build_kueue() {
   fi
   log "go install $module/cmd/kueue@$v"
   rm -rf "$out.partial"; mkdir -p "$out.partial/crds"
-  GOBIN="$out.partial" go install -trimpath \
+  GOBIN="$out.partial" go install "${GO_BUILD_FLAGS[@]}" \
     -ldflags "-s -w -X $module/pkg/version.GitVersion=$v" "$module/cmd/kueue@$v"
   local src
   src=$(GOFLAGS=-mod=mod go mod download -json "$module@$v" |
