@@ -16,8 +16,8 @@
 # upstream module and pins every replaced sibling to its matching published release; the
 # replace list is generated from the downloaded go.mod, not hard-coded.
 #
-# Several targets at once: while the first one compiles, the modules of the others download in
-# the background. Compiler flags: GO_BUILD_FLAGS (hack/lib/go.sh).
+# Several targets at once: while one compiles, the modules of the next download in the
+# background. Compiler flags: GO_BUILD_FLAGS (hack/lib/go.sh).
 #
 # Binaries land in $GPUSHARE_CACHE_DIR/bin/<tool>-<version>/ and are reused while the
 # version is unchanged. Set GOSUMDB=off only if checksum lookups fail on your network; the
@@ -249,9 +249,10 @@ targets_of() { # TARGET -> the single targets it stands for, in build order
 
 # Downloads overlap compiling. A cold `go build` first downloads the modules it lacks, leaving
 # the cores mostly idle, then compiles on all of them (about 30 s of downloads for Kubernetes and
-# helm in a cold `make demo`: docs/development.md, "How long"). So while the first target
-# builds, each later one runs in the background with PREFETCH=1: its go commands get -n, which
-# loads every package, downloading the modules it needs, and compiles, writes and moves nothing.
+# helm in a cold `make demo`: docs/development.md, "How long"). So while one target builds, the
+# next one runs in the background with PREFETCH=1: its go commands get -n, which loads every
+# package, downloading the modules it needs, and compiles, writes and moves nothing. One
+# download at a time, each shorter than the build it overlaps, keeps memory to two go commands.
 # A target's build waits for its download first; a download that failed is only logged, as the
 # build then downloads what is missing and reports any error itself.
 PREFETCH=0
@@ -282,6 +283,9 @@ for target in "${what[@]}"; do
   singles=$(targets_of "$target") || exit 1
   for single in $singles; do [[ " ${targets[*]} " == *" $single "* ]] || targets+=("$single"); done
 done
-for target in "${targets[@]:1}"; do prefetch "$target"; done
-for target in "${targets[@]}"; do await_prefetch "$target"; build_one "$target"; done
+for i in "${!targets[@]}"; do
+  await_prefetch "${targets[i]}"
+  if ((i + 1 < ${#targets[@]})); then prefetch "${targets[i + 1]}"; fi
+  build_one "${targets[i]}"
+done
 log "done: ${what[*]}"
