@@ -101,7 +101,7 @@ build_kube() {
   if ((${#missing[@]} == 0)); then log "kubernetes $KUBE_VERSION cached in $out"; return; fi
   local dir="$GPUSHARE_CACHE_DIR/src/kubernetes-$KUBE_VERSION"
   log "building kubernetes $KUBE_VERSION (staging modules at $KUBE_STAGING_VERSION): ${missing[*]##*/}"
-  log "a cold build takes ~6-30 min on 2 cores, depending on the module and build caches"
+  log "a cold build takes about 5-7 min on 2 cores, longer while other work shares them (docs/development.md, \"How long\")"
   wrapper_module "$dir" k8s.io/kubernetes "$KUBE_VERSION" "$KUBE_STAGING_VERSION"
   local minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
   local ld="-s -w" pkg
