@@ -16,6 +16,9 @@
 # upstream module and pins every replaced sibling to its matching published release; the
 # replace list is generated from the downloaded go.mod, not hard-coded.
 #
+# Several targets at once: while one compiles, the modules of the next download in the
+# background. Compiler flags: GO_BUILD_FLAGS (hack/lib/go.sh).
+#
 # Binaries land in $GPUSHARE_CACHE_DIR/bin/<tool>-<version>/ and are reused while the
 # version is unchanged. Set GOSUMDB=off only if checksum lookups fail on your network; the
 # module proxy still serves the same content (see docs/development.md).
@@ -74,9 +77,13 @@ wrapper_module() {
 build_from() {
   local dir=$1 out=$2 ldflags=$3; shift 3
   local tmp="$out.partial"
+  if ((PREFETCH)); then
+    (cd "$dir" && GOFLAGS="$GOFLAGS -mod=mod" go build -n "${GO_BUILD_FLAGS[@]}" -ldflags "$ldflags" -o "$tmp/" "$@")
+    return
+  fi
   rm -rf "$tmp"; mkdir -p "$tmp" "$out"
   log "go build $*"
-  (cd "$dir" && GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "$ldflags" -o "$tmp/" "$@")
+  (cd "$dir" && GOFLAGS="$GOFLAGS -mod=mod" go build "${GO_BUILD_FLAGS[@]}" -ldflags "$ldflags" -o "$tmp/" "$@")
   mv "$tmp"/* "$out/"
   rmdir "$tmp"
 }
@@ -94,7 +101,7 @@ build_kube() {
   if ((${#missing[@]} == 0)); then log "kubernetes $KUBE_VERSION cached in $out"; return; fi
   local dir="$GPUSHARE_CACHE_DIR/src/kubernetes-$KUBE_VERSION"
   log "building kubernetes $KUBE_VERSION (staging modules at $KUBE_STAGING_VERSION): ${missing[*]##*/}"
-  log "a cold build takes ~6-30 min on 2 cores, depending on the module and build caches"
+  log "a cold build takes about 5-7 min on 2 cores, longer while other work shares them (docs/development.md, \"How long\")"
   wrapper_module "$dir" k8s.io/kubernetes "$KUBE_VERSION" "$KUBE_STAGING_VERSION"
   local minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
   local ld="-s -w" pkg
@@ -112,18 +119,30 @@ build_etcd() {
   log "building etcd $ETCD_VERSION"
   wrapper_module "$dir" go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION"
   build_from "$dir" "$out" "-s -w" go.etcd.io/etcd/server/v3
+  ((PREFETCH == 0)) || return 0
   # The go command names the binary of a .../v3 package after the element before the suffix.
   local built
   for built in server v3; do [[ -x $out/$built ]] && mv "$out/$built" "$out/etcd"; done
   [[ -x $out/etcd ]] || die "the etcd build wrote no binary into $out"
 }
 
+# go_install OUTDIR ARG...: `go install ARG...` into the scratch directory OUTDIR.partial, which
+# the caller moves to OUTDIR once complete; in a prefetch, only its downloads (-n).
+go_install() {
+  local out=$1; shift
+  if ((PREFETCH)); then GOBIN="$out.partial" go install -n "${GO_BUILD_FLAGS[@]}" "$@"; return; fi
+  local pkgs=() arg
+  for arg in "$@"; do [[ $arg == *@* ]] && pkgs+=("$arg"); done
+  log "go install ${pkgs[*]}"
+  rm -rf "$out.partial"; mkdir -p "$out.partial"
+  GOBIN="$out.partial" go install "${GO_BUILD_FLAGS[@]}" "$@"
+}
+
 build_go_install() { # NAME VERSION PKG
   local name=$1 version=$2 pkg=$3 out="$GPUSHARE_CACHE_DIR/bin/$1-$2"
   if [[ -x $out/$name ]]; then log "$name $version cached in $out"; return; fi
-  log "go install $pkg@$version"
-  rm -rf "$out.partial"; mkdir -p "$out.partial"
-  GOBIN="$out.partial" go install -trimpath -ldflags "-s -w" "$pkg@$version"
+  go_install "$out" -ldflags "-s -w" "$pkg@$version"
+  ((PREFETCH == 0)) || return 0
   rm -rf "$out"; mv "$out.partial" "$out"
 }
 
@@ -136,11 +155,10 @@ build_containerd() {
   if [[ -x $out/containerd && -x $out/containerd-shim-runc-v2 && -x $out/ctr ]]; then
     log "containerd $v cached in $out"; return
   fi
-  log "go install $module/cmd/{containerd,containerd-shim-runc-v2,ctr}@$v"
-  rm -rf "$out.partial"; mkdir -p "$out.partial"
-  GOBIN="$out.partial" go install -trimpath -tags "no_btrfs osusergo netgo" \
+  go_install "$out" -tags "no_btrfs osusergo netgo" \
     -ldflags "-s -w -X $module/version.Version=$v -X $module/version.Package=$module" \
     "$module/cmd/containerd@$v" "$module/cmd/containerd-shim-runc-v2@$v" "$module/cmd/ctr@$v"
+  ((PREFETCH == 0)) || return 0
   rm -rf "$out"; mv "$out.partial" "$out"
 }
 
@@ -176,6 +194,7 @@ build_prometheus_operator() {
   wrapper_module "$dir" "$module" "$v" "$v"
   build_from "$dir" "$out" "-s -w -X github.com/prometheus/common/version.Version=${v#v}" \
     "$module/cmd/operator" "$module/cmd/prometheus-config-reloader"
+  ((PREFETCH == 0)) || return 0
   local src
   src=$(cd "$dir" && GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' "$module")
   rm -rf "$out/crds.partial"; mkdir -p "$out/crds.partial"
@@ -193,10 +212,9 @@ build_kueue() {
   if [[ -x $out/kueue && -d $out/crds && -f $out/webhooks.yaml ]]; then
     log "kueue $v cached in $out"; return
   fi
-  log "go install $module/cmd/kueue@$v"
-  rm -rf "$out.partial"; mkdir -p "$out.partial/crds"
-  GOBIN="$out.partial" go install -trimpath \
-    -ldflags "-s -w -X $module/pkg/version.GitVersion=$v" "$module/cmd/kueue@$v"
+  go_install "$out" -ldflags "-s -w -X $module/pkg/version.GitVersion=$v" "$module/cmd/kueue@$v"
+  ((PREFETCH == 0)) || return 0
+  mkdir -p "$out.partial/crds"
   local src
   src=$(GOFLAGS=-mod=mod go mod download -json "$module@$v" |
     sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
@@ -207,7 +225,7 @@ build_kueue() {
   rm -rf "$out"; mv "$out.partial" "$out"
 }
 
-build_one() { # TARGET
+build_one() { # TARGET (a single one, see targets_of)
   case $1 in
     kube) build_kube ;;
     kube-dra) build_kube_dra ;;
@@ -217,22 +235,57 @@ build_one() { # TARGET
     prometheus-operator) build_prometheus_operator; build_prometheus ;;
     containerd) build_containerd ;;
     kueue) build_kueue ;;
-    demo) build_one etcd; build_one kube; build_one helm ;;
-    all)
-      build_one demo
-      build_one kube-dra
-      build_one kwok
-      build_one prometheus-operator
-      build_one containerd
-      build_one kueue
-      ;;
+  esac
+}
+
+targets_of() { # TARGET -> the single targets it stands for, in build order
+  case $1 in
+    demo) echo etcd kube helm ;;
+    all) echo etcd kube helm kube-dra kwok prometheus-operator containerd kueue ;;
+    kube | kube-dra | etcd | helm | kwok | prometheus-operator | containerd | kueue) echo "$1" ;;
     *) die "unknown target '$1'; use any of: all demo kube kube-dra etcd helm kwok prometheus-operator containerd kueue" ;;
   esac
+}
+
+# Downloads overlap compiling. A cold `go build` first downloads the modules it lacks, leaving
+# the cores mostly idle, then compiles on all of them (about 30 s of downloads for Kubernetes and
+# helm in a cold `make demo`: docs/development.md, "How long"). So while one target builds, the
+# next one runs in the background with PREFETCH=1: its go commands get -n, which loads every
+# package, downloading the modules it needs, and compiles, writes and moves nothing. One
+# download at a time, each shorter than the build it overlaps, keeps memory to two go commands.
+# A target's build waits for its download first; a download that failed is only logged, as the
+# build then downloads what is missing and reports any error itself.
+PREFETCH=0
+declare -A prefetching=()  # target -> PID of its background download
+
+prefetch() { # TARGET
+  local log_file="$GPUSHARE_CACHE_DIR/src/prefetch-$1.log"
+  mkdir -p "$GPUSHARE_CACHE_DIR/src"
+  (PREFETCH=1 build_one "$1") >"$log_file" 2>&1 &
+  prefetching[$1]=$!
+}
+
+await_prefetch() { # TARGET
+  local pid=${prefetching[$1]:-}
+  [[ -n $pid ]] || return 0
+  unset "prefetching[$1]"
+  local log_file="$GPUSHARE_CACHE_DIR/src/prefetch-$1.log"
+  if wait "$pid"; then rm -f "$log_file"; return; fi
+  log "downloading the modules of $1 in the background failed; its build downloads them (see $log_file)"
 }
 
 case ${1:-} in
   -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 esac
 what=("${@:-all}")
-for target in "${what[@]}"; do build_one "$target"; done
+targets=()
+for target in "${what[@]}"; do
+  singles=$(targets_of "$target") || exit 1
+  for single in $singles; do [[ " ${targets[*]} " == *" $single "* ]] || targets+=("$single"); done
+done
+for i in "${!targets[@]}"; do
+  await_prefetch "${targets[i]}"
+  if ((i + 1 < ${#targets[@]})); then prefetch "${targets[i + 1]}"; fi
+  build_one "${targets[i]}"
+done
 log "done: ${what[*]}"

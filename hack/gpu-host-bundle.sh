@@ -34,6 +34,8 @@ source "$here/lib/versions.sh"
 
 log() { printf '%s gpu-host-bundle: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=hack/lib/go.sh
+source "$here/lib/go.sh"  # GO_BUILD_FLAGS, for the pause binary
 
 out="" chunk_mib=55 mode=deviceplugin
 while (($#)); do
@@ -131,7 +133,7 @@ log "images: pause, busybox, gpushare $VERSION"
 if [[ ! -x $IMAGES/pause ]]; then
   command -v go >/dev/null || die "the pause binary is not built and go is missing; run hack/local-cluster.sh up once"
   mkdir -p "$IMAGES"
-  (cd "$here/images/pause" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$IMAGES/pause" .)
+  (cd "$here/images/pause" && CGO_ENABLED=0 go build "${GO_BUILD_FLAGS[@]}" -ldflags "-s -w" -o "$IMAGES/pause" .)
 fi
 python3 "$here/lib/image_archive.py" --ref registry.k8s.io/pause:3.10.1 --out "$stage/images/pause.tar" \
   --add "$IMAGES/pause:/pause" --entrypoint /pause

@@ -283,7 +283,7 @@ import_images() {
     if [[ -n $IMAGE_ARCHIVES ]]; then
       cp "$IMAGE_ARCHIVES/pause.tar" "$img/pause.tar"
     elif [[ ! -x $build/pause ]]; then
-      (cd "$here/images/pause" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$build/pause" .)
+      (cd "$here/images/pause" && CGO_ENABLED=0 go build "${GO_BUILD_FLAGS[@]}" -ldflags "-s -w" -o "$build/pause" .)
     fi
     [[ -f $img/pause.tar ]] || python3 "$here/lib/image_archive.py" --ref "$PAUSE_IMAGE" \
       --out "$img/pause.tar" --add "$build/pause:/pause" --entrypoint /pause
