@@ -72,6 +72,12 @@ class Placer:
     def workload(self) -> Workload:
         return self.mix.workload
 
+    def forget(self) -> None:
+        """Forget every remembered cost and refusal (the extender benchmark's cold phase times
+        a pod shape never met; answers are worked out again as they are asked)."""
+        self._costs.clear()
+        self._reasons.clear()
+
     @property
     def version(self) -> int:
         """Changes whenever the same node and pod could get another cost (the mix was refit):
