@@ -43,7 +43,14 @@ from bench.scale.workload import (
     take,
 )
 from bench.sim.stock import NodeWindow
-from gpushare.api.names import STATE_ALLOCATED
+from gpushare.api.names import (
+    ANN_GPU_UUID,
+    ANN_MEMORY_LIMIT,
+    ANN_REQUEST_PERCENT,
+    ANN_THREAD_PERCENT,
+    ANN_TIER,
+    STATE_ALLOCATED,
+)
 from gpushare.api.placement import Placement
 from gpushare.cluster.extender.args import BindingArgs, ExtenderArgs
 from gpushare.cluster.extender.verbs import Extender
@@ -55,6 +62,8 @@ from gpushare.packing.opportunistic import Opportunism
 from gpushare.packing.policy import Policy
 
 NAMESPACE = "bench"
+DECIDED = (ANN_GPU_UUID, ANN_THREAD_PERCENT, ANN_MEMORY_LIMIT, ANN_REQUEST_PERCENT, ANN_TIER)
+"""What a decision is, of the placement a bind writes (its time aside)."""
 MIB = 1 << 20
 
 
@@ -326,8 +335,8 @@ async def place(
         watch += time.perf_counter() - w1
     cpu = (time.process_time() - c0) * 1e3
     if decisions is not None:
-        placement = flow.writer.bound.get(key, ("", {}))[1]
-        decisions.append(f"{node} {placement.get('gpushare.io/gpu-uuids', '')}")
+        written = flow.writer.bound.get(key, ("", {}))[1]
+        decisions.append(" ".join([node, *(written.get(k, "-") for k in DECIDED)]) if node else "")
     inside = flow.inside
     return PodTiming(
         filter_ms,
@@ -411,7 +420,7 @@ async def run(
                         )
                     )
                     at += 1
-                if phase != "warm":
+                if phase != "warm" and samples:
                     out[phase] = summary(samples)
     finally:
         await runner.cleanup()

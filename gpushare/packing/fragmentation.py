@@ -208,6 +208,13 @@ class Workload:
         self._cpu_points[model] = tuple(sorted({c for g in groups for c in g.cpus}))
         return table
 
+    def cpu_points(self, model: str) -> tuple[int, ...]:
+        """Every CPU demand of the task groups a GPU of ``model`` serves, ascending: where a
+        node's free CPU falls among them (``bisect_right``) is all :meth:`fragmentation` reads
+        of it."""
+        self._table(model)
+        return self._cpu_points[model]
+
     def fragmentation(self, free: tuple[int, ...], cpu_free: int | None, model: str) -> float:
         """Expected fragmented GPU-percent of a node whose GPUs have ``free`` shares (sorted
         ascending), with ``cpu_free`` milli-CPU (None = not tracked) and GPUs of ``model``."""
@@ -294,7 +301,8 @@ class Option:
     """Change of :meth:`Workload.waste_table` on the chosen GPU(s) (GPU-percent)."""
 
 
-def _replace(free: tuple[int, ...], old: int, new: int, count: int = 1) -> tuple[int, ...]:
+def moved_shares(free: tuple[int, ...], old: int, new: int, count: int = 1) -> tuple[int, ...]:
+    """``free`` (ascending) with ``count`` GPUs' free share ``old`` become ``new``."""
     items = list(free)
     for _ in range(count):
         items.remove(old)
@@ -345,7 +353,9 @@ def placement_options(
     waste = workload.waste_table(model)
     if demand.whole:
         chosen = fitting[:gpus]
-        after = workload.fragmentation(_replace(free, SLICES_PER_GPU, 0, gpus), cpu_after, model)
+        after = workload.fragmentation(
+            moved_shares(free, SLICES_PER_GPU, 0, gpus), cpu_after, model
+        )
         return [Option(tuple(chosen), after - before, 0, strand, -gpus * waste[SLICES_PER_GPU])]
     seen: set[int] = set()
     for i in fitting:
@@ -354,7 +364,7 @@ def placement_options(
         if key in seen:
             continue
         seen.add(key)
-        after = workload.fragmentation(_replace(free, f, f - percent), cpu_after, model)
+        after = workload.fragmentation(moved_shares(free, f, f - percent), cpu_after, model)
         wasted = waste[f - percent] - waste[f]
         options.append(Option((i,), after - before, f - percent, strand, wasted))
     return options

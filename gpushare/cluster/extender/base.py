@@ -23,6 +23,7 @@ from gpushare.packing.model import Assignment, Demand, NodeState
 from gpushare.packing.opportunistic import Opportunism
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
+from gpushare.packing.quick_costs import NodeFacts
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,8 @@ class ExtenderBase:
         """Costs and verdicts per pod shape and node state (shared by every node in it)."""
         self.shape_costs = ShapeCosts(view=view, placer=self.placer)
         """Per pod shape, each unchanged node's cost: the filter's common case."""
+        self._facts: dict[str, tuple[int, NodeFacts | None]] = {}
+        """Node -> (its version, what the placer's quick cost reads of it then)."""
         self._demands: dict[Demand, Demand] = {}
         self._cached = 0
         self.refused = RefusedPods()

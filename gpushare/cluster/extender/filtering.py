@@ -32,6 +32,10 @@ from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.model import Assignment, Demand, NodeState
 from gpushare.packing.placer import best_node, rank_scores
 from gpushare.packing.policy import Policy
+from gpushare.packing.quick_costs import NodeFacts
+
+FACTS_LIMIT = 100_000
+"""Nodes whose quick-cost facts are kept (all dropped beyond it: nodes come and go)."""
 
 Verdicts = tuple[list[str], dict[str, str], dict[str, str]]
 """Nodes that passed, and those that failed and cannot be helped, each with its reason."""
@@ -172,8 +176,14 @@ class FilterVerbs(ExtenderBase):
         if own or None in costs:
             mix = self.placer.version
             versions = self.view.node_versions
+            quick = self.placer.quick_reads(demand)
             for i, name in enumerate(names):
                 if costs[i] is not None and name not in own:
+                    continue
+                facts = self._node_facts(name, versions) if quick and name not in own else None
+                if facts is not None:
+                    cost = self.placer.quick_cost(facts, demand)
+                    costs[i] = known[name] = NO_FIT if cost is None else cost
                     continue
                 answer = self._fast_answer(name, demand, versions) if name not in own else None
                 if answer is None:
@@ -186,6 +196,24 @@ class FilterVerbs(ExtenderBase):
                 )
                 costs[i] = known[name] = NO_FIT if cost is None else cost
         return cast(list[float], costs)  # every None was replaced above
+
+    def _node_facts(self, name: str, versions: Mapping[str, int]) -> NodeFacts | None:
+        """What the placer's quick cost reads of node ``name`` (:mod:`gpushare.packing.
+        quick_costs`), kept while the node's version and the facts' epoch hold; None where
+        only the reference reads the node (no gpushare GPUs, profiled or opportunistic
+        tenants)."""
+        version = versions.get(name, 0)
+        hit = self._facts.get(name)
+        if hit is not None and hit[0] == version:
+            facts = hit[1]
+            if facts is None or facts.epoch == self.placer.quick.epoch:
+                return facts
+        node = self.view.node(name)
+        facts = self.placer.node_facts(node) if node is not None else None
+        if len(self._facts) >= FACTS_LIMIT:
+            self._facts.clear()
+        self._facts[name] = (version, facts)
+        return facts
 
     def _node_cost(
         self, name: str, key: str, demand: Demand, rules: ShareRules, *, shared: bool

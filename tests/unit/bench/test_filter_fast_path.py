@@ -1,23 +1,28 @@
-"""The filter's per-shape node costs (gpushare.cluster.extender.answers.ShapeCosts) against
-working every cost out afresh: the same node held for every pod, on a synthetic cluster and on
-every openb pod list when the traces are at hand (issue 47: the fast path and the reference
-never disagree silently)."""
+"""The filter's fast paths -- per-shape node costs (gpushare.cluster.extender.answers.ShapeCosts)
+and the placer's quick costs from facts kept per node state (gpushare.packing.quick_costs) --
+against the reference, every cost worked out afresh by Placer.node_cost: the same node held for
+every pod, and the same GPUs bound, on a synthetic cluster and on every openb pod list when the
+traces are at hand (issue 47: the fast path and the reference never disagree silently)."""
 
+import asyncio
 import random
 from pathlib import Path
 
 import pytest
 
-from bench.extender import openb_filter
+from bench.extender import openb_filter, scale_flow
 from bench.sim.trace import NodeSpec, PodSpec, load_nodes, load_pods, pod_lists
 from gpushare.cluster.extender import answers
+from gpushare.packing.placer import Placer
 
 TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "openb"
 
 
 def _without_shape_costs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every filter call starts from no remembered node cost (the reference path)."""
+    """Every filter call starts from no remembered node cost and asks Placer.node_cost (the
+    reference path)."""
     monkeypatch.setattr(answers.ShapeCosts, "costs", lambda self, demand: {})
+    monkeypatch.setattr(Placer, "quick_reads", lambda self, demand: False)
 
 
 def _replay(nodes: list[NodeSpec], pods: list[PodSpec], limit: int) -> tuple[list[str], float]:
@@ -78,3 +83,37 @@ def test_remembered_node_costs_agree_with_fresh_ones_on_openb_lists(
         _without_shape_costs(m)
         reference, reference_alloc = _replay(nodes, pods, 800)
     assert fast == reference and fast_alloc == reference_alloc
+
+
+def _scale_flow(traces: Path | None, nodes: int, fill: float, pods: int) -> list[str]:
+    """Each pod's node and GPUs ("" where refused) through the controller's whole placement
+    path: watch events, filter with its hold, the bind verb (bench.extender.scale_flow)."""
+    stream, _ = scale_flow.tasks(traces, pods, 11)
+    flow = scale_flow.build(nodes, 8, fill, stream[::-1], 11)
+    decisions: list[str] = []
+    asyncio.run(
+        scale_flow.run(flow, stream, warm=0, steady=pods - 40, cold=40, decisions=decisions)
+    )
+    return decisions
+
+
+@pytest.mark.parametrize(
+    ("source", "nodes", "fill"),
+    [("synthetic", 60, 0.0), ("synthetic", 30, 0.8), ("openb", 60, 0.0)],
+)
+def test_bound_gpus_are_the_reference_ones_through_filter_and_bind(
+    monkeypatch: pytest.MonkeyPatch, source: str, nodes: int, fill: float
+) -> None:
+    traces = None
+    if source == "openb":
+        if not (TRACES / "openb_pod_list_default.csv").is_file():
+            pytest.skip(f"openb traces not found at {TRACES} (they are not part of the repository)")
+        traces = TRACES
+    fast = _scale_flow(traces, nodes, fill, 500)
+    with monkeypatch.context() as m:
+        _without_shape_costs(m)
+        reference = _scale_flow(traces, nodes, fill, 500)
+    assert fast == reference
+    placed = [d for d in fast if d]
+    assert len(placed) > 200 and all(d.split()[1].startswith("GPU-") for d in placed)
+    assert fill == 0.0 or len(placed) < len(fast)  # refusals compared too
