@@ -179,3 +179,23 @@ def test_quick_costs_read_no_more_than_the_pod_shape_without_cpu_and_memory() ->
     mix = PodMix()
     costs = {quick.cost(facts, Demand(percent=30, cpu_milli=c), mix.workload) for c in (0, 1, 2)}
     assert len(quick._shapes) == 1 and None not in costs
+
+
+def test_fragmentation_is_the_group_sum_worked_out_afresh() -> None:
+    """Workload.fragmentation (terms kept per free-CPU rank, memoised) against
+    fragmentation_reference, on the prior and on mixes learned from random pods."""
+    rng = random.Random(4747)
+    workloads = [PodMix().workload]
+    for _ in range(3):
+        mix = PodMix()
+        mix.observe_all(_demand(rng) for _ in range(300))
+        mix.refit()
+        workloads.append(mix.workload)
+    for workload in workloads:
+        for _ in range(3000):
+            free = tuple(sorted(rng.choice((0, 0, 5, 19, 20, 50, 70, 95, 100)) for _ in range(8)))
+            cpu = rng.choice((None, rng.randrange(-2000, 96_000, 250)))
+            model = rng.choice(MODELS)
+            fast = workload.fragmentation(free, cpu, model)
+            assert fast == workload.fragmentation_reference(free, cpu, model)
+            assert workload.fragmentation(free, cpu, model) == fast  # from the memo
