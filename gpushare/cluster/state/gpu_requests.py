@@ -18,7 +18,10 @@ from gpushare.api.limit import check_limit
 from gpushare.api.names import (
     ANN_AVOID_GPUS,
     ANN_CLASS,
+    ANN_FRACTION,
+    ANN_LIMIT,
     ANN_MEMORY,
+    ANN_OPPORTUNISTIC,
     ANN_SHARE,
     RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
@@ -156,7 +159,7 @@ DEMANDS_KEPT = 4096
 """Pod inputs :func:`demand_of` keeps its answer for before all are dropped."""
 INPUTS_KEPT_BYTES = 4096
 """Longest inputs (encoded) an answer is kept for: at most 16 MiB kept, whatever pods carry
-(a pod's annotations may hold 256 KiB)."""
+(an annotation may hold 256 KiB)."""
 _demands: dict[bytes, Demand | None] = {}
 
 
@@ -185,15 +188,28 @@ def demand_of(pod: Pod, *, ann: Mapping[str, str] | None = None) -> Demand | Non
     return demand
 
 
+DEMAND_ANNOTATIONS = (
+    ANN_FRACTION,
+    ANN_SHARE,
+    ANN_LIMIT,
+    ANN_MEMORY,
+    ANN_CLASS,
+    ANN_OPPORTUNISTIC,
+    ANN_AVOID_GPUS,
+)
+"""The annotations :func:`read_demand` reads (a test holds it to this list): not the
+placement a bind writes, so a pod's events before and after its bind share one answer."""
+
+
 def _inputs(pod: Pod, ann: Mapping[str, str]) -> bytes | None:
-    """All :func:`read_demand` reads of the pod, as JSON: the annotations, each container's
-    and init container's resources, the overhead and the namespace. None when they are not
-    plain JSON (nothing is kept then)."""
+    """All :func:`read_demand` reads of the pod, as JSON: its :data:`DEMAND_ANNOTATIONS`, each
+    container's and init container's resources, the overhead and the namespace. None when
+    they are not plain JSON (nothing is kept then)."""
     spec = as_mapping(pod.get("spec"))
     try:
         return _encode(
             (
-                ann,
+                [ann.get(k) for k in DEMAND_ANNOTATIONS],
                 _resources(spec.get("containers")),
                 _resources(spec.get("initContainers")),
                 spec.get("overhead"),

@@ -75,8 +75,56 @@ def test_kept_demands_are_the_ones_read_afresh_for_every_pod() -> None:
 def test_long_or_unusual_inputs_are_read_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gpu_requests, "_demands", {})
     pod = _pod(random.Random(1), 0)
-    pod["metadata"]["annotations"] = {ANN_FRACTION: "0.25", "note": "x" * 10_000}
-    assert demand_of(pod) == read_demand(pod) and not gpu_requests._demands
     pod["metadata"]["annotations"] = {ANN_FRACTION: "0.25"}
+    pod["spec"]["overhead"] = {"example.com/thing": "x" * 10_000}
+    assert demand_of(pod) == read_demand(pod) and not gpu_requests._demands
     pod["spec"]["overhead"] = {"cpu": object()}  # not JSON: nothing kept
     assert demand_of(pod) == read_demand(pod) and not gpu_requests._demands
+    # Annotations it does not read (a bind's placement, a long note) do not matter.
+    del pod["spec"]["overhead"]
+    first = demand_of(pod)
+    pod["metadata"]["annotations"] |= {"note": "x" * 10_000, "gpushare.io/state": "assumed"}
+    assert demand_of(pod) is first and len(gpu_requests._demands) == 1
+
+
+class _Recording(dict[str, str]):
+    """Annotations that remember which keys were read."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.read: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> str:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(str(key))
+        return super().__contains__(key)
+
+    def __iter__(self) -> Any:
+        self.read.update(self.keys())
+        return super().__iter__()
+
+    def items(self) -> Any:
+        self.read.update(self.keys())
+        return super().items()
+
+    def values(self) -> Any:
+        self.read.update(self.keys())
+        return super().values()
+
+
+def test_the_demand_reads_only_the_annotations_it_is_kept_by() -> None:
+    rng = random.Random(12)
+    read: set[str] = set()
+    for i in range(2000):
+        pod = _pod(rng, i)
+        ann = _Recording(pod["metadata"]["annotations"])
+        _outcome(lambda p, a=ann: read_demand(p, ann=a), pod)
+        read |= ann.read
+    assert read == set(gpu_requests.DEMAND_ANNOTATIONS)
