@@ -157,14 +157,13 @@ class QuickCosts:
     def reads(demand: Demand) -> bool:
         """True when :meth:`cost` answers for ``demand`` (the caller has checked the policy is
         gpushare and the pod may not go beyond a GPU's guaranteed capacity): no profile, no
-        GPU avoided by name, whole GPUs or one GPU's fraction."""
-        return (
-            demand.profile is None
-            and not demand.avoid_gpus
-            and demand.percent > 0
-            and demand.gpus >= 1
-            and (demand.gpus == 1 or demand.whole)
-        )
+        GPU avoided by name; whole GPUs, one GPU's fraction, or no GPU at all (a pod placed
+        by its CPU and memory)."""
+        if demand.profile is not None or demand.avoid_gpus:
+            return False
+        if demand.percent == 0 and demand.gpus == 0:
+            return True
+        return demand.percent > 0 and (demand.gpus == 1 or (demand.gpus > 1 and demand.whole))
 
     def facts(self, node: NodeState) -> NodeFacts | None:
         """What :meth:`cost` reads of ``node`` now; None when it cannot read the node (no
@@ -269,6 +268,10 @@ class QuickCosts:
     ) -> Parts:
         """The options' terms as placement_options and base_cost work them out."""
         demand, percent = shape.demand, shape.percent
+        model, free, before = facts.model, facts.free, facts.before
+        if not demand.gpus:  # no GPU: only the node's free CPU (and memory) changes
+            after = workload.fragmentation(free, cpu_after, model)
+            return ((after - before, LOOKAHEAD_WEIGHT * 0.0, BEST_FIT_WEIGHT * 0),)
         fits = shape.fits
         whole = demand.whole
         fitting: list[int] = []  # free shares of the options, as placement_options finds them
@@ -285,7 +288,6 @@ class QuickCosts:
                 idle += count
             elif share not in fitting:
                 fitting.append(share)
-        model, free, before = facts.model, facts.free, facts.before
         waste = workload.waste_table(model)
         if whole:
             gpus = demand.gpus

@@ -342,14 +342,30 @@ class FilterVerbs(ExtenderBase):
         own = self._own_nodes(key) if fast else set()
         versions = self.view.node_versions
         mix = self.placer.version
+        # As in _fitting: a node unchanged since the shape last met it costs a dict read, one
+        # the placer's quick cost reads costs that, and only the others the reference.
+        known = self.shape_costs.costs(demand) if fast else {}
+        quick = fast and self.placer.quick_reads(demand)
         for name in names:
-            answer = self._fast_answer(name, demand, versions) if fast and name not in own else None
+            shared = fast and name not in own
+            if shared:
+                cost = known.get(name)
+                if cost is not None:
+                    out[name] = None if cost == NO_FIT else cost
+                    continue
+                facts = self._node_facts(name, versions) if quick else None
+                if facts is not None:
+                    out[name] = cost = self.placer.quick_cost(facts, demand)
+                    known[name] = NO_FIT if cost is None else cost
+                    continue
+            answer = self._fast_answer(name, demand, versions) if shared else None
             if answer is not None:
-                out[name] = (
+                out[name] = cost = (
                     answer.cost
                     if answer.cost_holds(mix)
                     else self.answers.cost(answer, name, demand)
                 )
+                known[name] = NO_FIT if cost is None else cost
             elif self.view.node(name) is None:
                 out[name] = 0.0
             else:

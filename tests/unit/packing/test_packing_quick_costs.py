@@ -65,6 +65,13 @@ def _node(rng: random.Random, name: str) -> NodeState:
 
 
 def _demand(rng: random.Random) -> Demand:
+    if rng.random() < 0.1:  # no GPU: placed by its CPU and memory
+        return Demand(
+            percent=0,
+            gpus=0,
+            cpu_milli=rng.choice((0, 1000, 8000, 32000)),
+            host_memory_bytes=rng.choice((0, 2 * GIB, 64 * GIB)),
+        )
     whole = rng.random() < 0.2
     return Demand(
         percent=100 if whole else rng.choice((5, 10, 15, 25, 30, 50, 70, 81, 99)),
@@ -133,7 +140,9 @@ def test_the_reference_keeps_what_the_quick_path_cannot_read() -> None:
     assert not placer.quick_reads(replace(plain, profile=PipeProfile(fp32=0.5)))
     assert not placer.quick_reads(replace(plain, avoid_gpus=frozenset({"g"})))
     assert not placer.quick_reads(replace(plain, opportunistic=True))
-    assert not placer.quick_reads(Demand(percent=0, gpus=0, cpu_milli=1000))
+    assert placer.quick_reads(Demand(percent=0, gpus=0, cpu_milli=1000))
+    assert not placer.quick_reads(Demand(percent=30, gpus=0))
+    assert not placer.quick_reads(Demand(percent=0, gpus=1))
     assert not placer.quick_reads(Demand(percent=50, gpus=2))
     assert not Placer(Policy.BINPACK, mix=mix).quick_reads(plain)
     assert Placer(Policy.GPUSHARE, mix=mix).quick_reads(replace(plain, opportunistic=True))
