@@ -143,6 +143,12 @@ class Placer:
         (:mod:`gpushare.packing.quick_costs`), for a pod :meth:`quick_reads` accepts."""
         return self.quick.cost(facts, demand, self.mix.workload)
 
+    def quick_refusal(self, facts: NodeFacts, node: NodeState, demand: Demand) -> str | None:
+        """:meth:`refusal` of ``demand`` on ``node`` (which ``facts`` are of, made while it is
+        as it is now), the same words, for a pod :meth:`quick_reads` accepts: its host's
+        shortfall, else why none of its GPUs fits, kept per pod shape and node signature."""
+        return host_reason(node, demand) or self.quick.gpu_reason(facts, node, demand)
+
     def _guaranteed_cost(
         self, node: NodeState, demand: Demand, signature: tuple[object, ...] | None
     ) -> float | None:

@@ -30,7 +30,7 @@ import bisect
 from dataclasses import replace
 
 from gpushare.api.names import SLICES_PER_GPU
-from gpushare.packing.fit import gpu_fit
+from gpushare.packing.fit import gpu_fit, gpus_fit_reason
 from gpushare.packing.fragmentation import Workload, moved_shares
 from gpushare.packing.model import Demand, GpuState, NodeState
 from gpushare.packing.policy import BEST_FIT_WEIGHT, LOOKAHEAD_WEIGHT, STRANDING_WEIGHT
@@ -110,7 +110,7 @@ class NodeFacts:
 class _Shape:
     """A pod shape's GPU part (the demand without CPU and memory) and what is kept for it."""
 
-    __slots__ = ("demand", "fits", "parts", "percent")
+    __slots__ = ("demand", "fits", "parts", "percent", "reasons")
 
     def __init__(self, demand: Demand) -> None:
         self.demand = demand
@@ -118,6 +118,8 @@ class _Shape:
         self.fits: dict[int, bool] = {}
         """GPU signature number -> whether the pod fits a GPU with it."""
         self.parts: dict[tuple[int, int | None, int | None], Parts] = {}
+        self.reasons: dict[int, str | None] = {}
+        """Node signature number -> why the pod fits none of its GPUs (None: one fits)."""
 
 
 class QuickCosts:
@@ -252,6 +254,22 @@ class QuickCosts:
         )
         # base_cost's order of operations: ((frag + strand) + waste) + best fit.
         return min(frag + strand + waste + fit for frag, waste, fit in parts)
+
+    def gpu_reason(self, facts: NodeFacts, node: NodeState, demand: Demand) -> str | None:
+        """:func:`~gpushare.packing.fit.gpus_fit_reason` of ``demand`` on ``node`` (which
+        ``facts`` are of), kept per pod shape without its CPU and memory and node GPU
+        signature: the words name no GPU and no number of one (the caller has checked
+        :meth:`reads`)."""
+        if facts.epoch != self.epoch:
+            raise ValueError("node facts of an earlier epoch: make them again (QuickCosts.facts)")
+        shape = self._by_demand.get(demand)
+        if shape is None:
+            shape = self._shape(demand)
+        reasons = shape.reasons
+        reason = reasons.get(facts.key)
+        if reason is None and facts.key not in reasons:
+            reason = reasons[facts.key] = gpus_fit_reason(node, demand)
+        return reason
 
     def _shape(self, demand: Demand) -> _Shape:
         gpu_part = replace(demand, cpu_milli=0, host_memory_bytes=0)

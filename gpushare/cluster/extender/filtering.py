@@ -17,7 +17,14 @@ from typing import Any, cast
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import SCHEDULER_NAME
 from gpushare.cluster.extender.answers import FAILED as _FAILED
-from gpushare.cluster.extender.answers import NO_FIT, Answer, prefixed, scheduler_safe
+from gpushare.cluster.extender.answers import (
+    NO_FIT,
+    SHAPES_KEPT,
+    Answer,
+    Verdict,
+    prefixed,
+    scheduler_safe,
+)
 from gpushare.cluster.extender.answers import PASS as _PASS
 from gpushare.cluster.extender.answers import UNRESOLVABLE as _UNRESOLVABLE
 from gpushare.cluster.extender.args import ExtenderArgs
@@ -125,9 +132,22 @@ class FilterVerbs(ExtenderBase):
         unresolvable: dict[str, str] = {}
         versions = self.view.node_versions
         constrained = rules.constrains_gpus
+        quick = fast and self.placer.quick_reads(demand)
+        kept = self._kept_verdicts(demand) if quick else {}
         for name in names:
-            answer = self._fast_answer(name, demand, versions) if fast and name not in own else None
-            if answer is None:
+            quick_verdict = (
+                self._kept_verdict(name, demand, versions, kept)
+                if quick and name not in own
+                else None
+            )
+            answer = (
+                self._fast_answer(name, demand, versions)
+                if fast and quick_verdict is None and name not in own
+                else None
+            )
+            if quick_verdict is not None:
+                verdict, message = quick_verdict
+            elif answer is None:
                 shared = not constrained and name not in own
                 verdict, message = self._verdict(name, key, demand, rules, shared=shared)
             else:
@@ -139,6 +159,65 @@ class FilterVerbs(ExtenderBase):
             else:
                 unresolvable[name] = message
         return passed, failed, unresolvable
+
+    def _kept_verdicts(self, demand: Demand) -> dict[str, tuple[int, Verdict]]:
+        """Node -> (its version, the verdict then) for ``demand``, as the quick refusals gave
+        them: a pod no node takes is asked about every node again and again (kube-scheduler
+        retries it), mostly unchanged ones."""
+        kept = self._verdicts_by_shape.pop(demand, None)
+        if kept is None:
+            kept = {}
+        self._verdicts_by_shape[demand] = kept  # most recently asked last
+        if len(self._verdicts_by_shape) > SHAPES_KEPT:
+            del self._verdicts_by_shape[next(iter(self._verdicts_by_shape))]
+        return kept
+
+    def _kept_verdict(
+        self,
+        name: str,
+        demand: Demand,
+        versions: Mapping[str, int],
+        kept: dict[str, tuple[int, Verdict]],
+    ) -> Verdict | None:
+        """The quick verdict on node ``name`` (kept in ``kept`` while the node's version
+        holds); None where only the reference reads the node."""
+        version = versions.get(name, 0)
+        hit = kept.get(name)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        facts = self._node_facts(name, versions)
+        if facts is None:
+            return None
+        verdict = self._quick_verdict(name, facts, demand)
+        kept[name] = (version, verdict)
+        return verdict
+
+    def _quick_verdict(self, name: str, facts: NodeFacts, demand: Demand) -> Verdict:
+        """:meth:`StateAnswers.verdict` of ``demand`` on node ``name`` from the placer's quick
+        refusals (the same words): fails with the node's refusal, unresolvable with the
+        refusal on its GPUs emptied when they would not take the pod either."""
+        node = self.view.node(name)
+        assert node is not None  # facts are made of nodes in the view
+        reason = self.placer.quick_refusal(facts, node, demand)
+        if reason is None:
+            return _PASS, ""
+        empty = self.view.empty_node(name)
+        if empty is None:
+            return _UNRESOLVABLE, prefixed(reason)
+        hit = self._empty_facts.get(name)
+        if hit is None or hit[0] is not empty or hit[1].epoch != self.placer.quick.epoch:
+            made = self.placer.node_facts(empty)
+            hit = (empty, made) if made is not None else None
+            if hit is not None:
+                self._empty_facts[name] = hit
+        empty_reason = (
+            self.placer.quick_refusal(hit[1], empty, demand)
+            if hit is not None
+            else self.placer.refusal(empty, demand)
+        )
+        if empty_reason is not None:
+            return _UNRESOLVABLE, prefixed(empty_reason)
+        return _FAILED, prefixed(reason)
 
     def _tell(self, args: ExtenderArgs, key: str, uid: str, verdicts: Verdicts) -> None:
         """Record the outcome: the nodes offered, or that none fits (logged with an example)."""
@@ -222,6 +301,7 @@ class FilterVerbs(ExtenderBase):
         facts = self.placer.node_facts(node) if node is not None else None
         if len(self._facts) >= FACTS_LIMIT:
             self._facts.clear()
+            self._empty_facts.clear()
         self._facts[name] = (version, facts)
         return facts
 

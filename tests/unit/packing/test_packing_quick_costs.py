@@ -114,6 +114,11 @@ def test_quick_costs_are_the_reference_costs_on_random_nodes_and_shapes() -> Non
                 quick = _quick(placer, node, demand)
                 ref = reference.node_cost(node, demand)
                 assert _same(quick, ref), (round_, node.name, demand, quick, ref)
+                facts = placer.node_facts(node)
+                assert facts is not None
+                words = placer.quick_refusal(facts, node, demand)
+                assert words == reference.refusal(node, demand), (node.name, demand)
+                assert (words is None) == (ref is not None) or not demand.gpus
                 compared += 1
                 fits += quick is not None
         # Nodes change (a tenant more or less, CPU taken), and the mix is refit.
