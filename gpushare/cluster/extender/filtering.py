@@ -253,7 +253,8 @@ class FilterVerbs(ExtenderBase):
         where it does not fit). This runs for every offered node of every filter call (about
         420 of 1,000 nodes, docs/scale.md): with ``fast``, costs of nodes unchanged since the
         pod shape last met them come from :class:`ShapeCosts` in one pass done in C, and only
-        the others are worked out here."""
+        the others are worked out here, by the placer's quick cost from facts kept per node
+        version where it reads the pod and the node, else by the reference."""
         if not fast:
             return [self._node_cost(n, key, demand, rules, shared=n not in own) for n in names]
         known = self.shape_costs.costs(demand)
