@@ -16,13 +16,18 @@ so each pod changes one node, the way scheduling does. Two phases are timed:
   with gpushare.packing.
 
 Latency is measured at the client (JSON encoding, HTTP, server work, decoding): the scheduler
-sees no less. Usage:
+sees no less. ``--flow scale`` instead runs each pod through the controller's whole placement
+path with its product defaults -- watch events, filter with kube-scheduler's window of nodes and
+a filter-time hold, the bind verb -- on the scale bench's nodes and the openb trace's pods
+(:mod:`bench.extender.scale_flow`; docs/scale.md). Usage:
 
     python bench/extender/bench_extender.py [--nodes 1000] [--gpus-per-node 8] [--pods 600]
+    python bench/extender/bench_extender.py --flow scale [--nodes 5000] [--profile FILE]
 """
 
 import argparse
 import asyncio
+import cProfile
 import gc
 import json
 import os
@@ -40,7 +45,9 @@ from aiohttp import ClientSession, web
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+DEFAULT_TRACES = REPO.parent / "shared" / "traces" / "openb"
 
+from bench.extender import scale_flow  # noqa: E402
 from gpushare.api.inventory import GpuInfo, dump_inventory  # noqa: E402
 from gpushare.api.names import (  # noqa: E402
     ANN_CLASS,
@@ -241,7 +248,58 @@ def machine() -> dict[str, Any]:
     }
 
 
+async def scale_async(args: argparse.Namespace) -> dict[str, Any]:
+    """``--flow scale``: the controller's placement path per pod (:mod:`scale_flow`)."""
+    total = args.warm_pods + args.pods + args.cold_pods
+    stream, source = scale_flow.tasks(args.traces, total, args.seed)
+    flow = scale_flow.build(
+        args.nodes,
+        args.gpus_per_node,
+        args.fill,
+        stream[::-1],
+        args.seed,
+        policy=args.policy,
+        nodes_percent=args.nodes_percent,
+    )
+    gpus = args.nodes * args.gpus_per_node
+    used = sum(g.used_percent for n in flow.view.nodes().values() for g in n.gpus)
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    load_start = os.getloadavg()[0]
+    profiler = None
+    if args.profile is not None:
+        profiler = cProfile.Profile()
+        profiler.enable()
+    try:
+        phases = await scale_flow.run(
+            flow, stream, warm=args.warm_pods, steady=args.pods, cold=args.cold_pods
+        )
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
+    return {
+        "benchmark": "controller placement path per pod (watch, filter, bind), in-process",
+        "flow": "scale",
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "tenants": len(flow.view.pods()),
+        "gpu_used_percent_at_start": round(used / gpus, 1),
+        "pods_from": source,
+        "policy": args.policy,
+        **phases,
+        "machine": {
+            **machine(),
+            "load_avg_1m_during": round((load_start + os.getloadavg()[0]) / 2, 2),
+        },
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    if getattr(args, "flow", "filter-prioritize") == "scale":
+        return await scale_async(args)
     rng = random.Random(args.seed)
     node_docs, pod_docs = synthetic_cluster(args.nodes, args.gpus_per_node, rng)
     view = ClusterView()
@@ -347,12 +405,35 @@ def main() -> int:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--pods", type=int, default=600, help="pods timed in the steady phase")
     p.add_argument("--cold-pods", type=int, default=150, help="pods timed in the cold phase")
-    p.add_argument("--policy", default="binpack", choices=[str(x) for x in Policy])
+    p.add_argument(
+        "--flow",
+        default="filter-prioritize",
+        choices=["filter-prioritize", "scale"],
+        help="scale: watch events, filter with a hold and bind per pod, product defaults",
+    )
+    p.add_argument("--policy", help="default: binpack, or gpushare with --flow scale")
+    p.add_argument("--warm-pods", type=int, default=200, help="--flow scale: untimed first pods")
+    p.add_argument(
+        "--fill",
+        type=float,
+        default=0.75,
+        help="--flow scale: chance each GPU takes one more tenant",
+    )
+    p.add_argument("--nodes-percent", type=int, help="--flow scale: percentageOfNodesToScore")
+    p.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="openb CSV directory")
+    p.add_argument("--profile", type=Path, help="--flow scale: write a cProfile of the phases")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "extender")
     args = p.parse_args()
+    if args.policy is None:
+        args.policy = "gpushare" if args.flow == "scale" else "binpack"
+    elif args.policy not in {str(x) for x in Policy}:
+        p.error(f"--policy: one of {', '.join(str(x) for x in Policy)}")
     result = asyncio.run(main_async(args))
+    if args.flow == "scale":
+        print(json.dumps(result, indent=2))
+        return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     write_md(result, args.out.with_suffix(".md"))

@@ -95,9 +95,11 @@ def run(
     ratio: float,
     limit: int | None,
     chosen_nodes: list[str] | None = None,
+    answers: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Replay the arrivals through the view and the extender's filter (module doc);
-    ``chosen_nodes`` gets the node filter held for each pod ("" where none), in order."""
+    ``chosen_nodes`` gets the node filter held for each pod ("" where none), in order, and
+    ``answers`` each filter answer (with the reasons given for every node where none fits)."""
     view = ClusterView()
     for spec in nodes:
         view.upsert_node(node_manifest(spec))
@@ -123,6 +125,8 @@ def run(
         start = time.perf_counter()
         result = extender.filter(args)
         seconds = time.perf_counter() - start
+        if answers is not None:
+            answers.append(result)
         chosen = result.get("NodeNames") or []
         key = f"{NAMESPACE}/p{k:06d}"
         held = view.reservation(key)

@@ -61,6 +61,10 @@ class _Group:
     total: float
 
 
+_Rows = tuple[float, tuple[tuple[int, int, float, float, float], ...]]
+"""(weight of the tasks no GPU of the model serves, per task group: its terms)."""
+
+
 class Workload:
     """The distribution of task demands fragmentation is measured against.
 
@@ -88,6 +92,8 @@ class Workload:
         """Fragmentation by (free shares, rank of the free CPU among the model's CPU demands,
         model): nodes whose free CPU differs but falls between the same two task demands get
         one evaluation (free CPU varies with every pod placed; its rank rarely does)."""
+        self._rows: dict[tuple[str, int | None], _Rows] = {}
+        """Per (model, free CPU rank): the task groups' terms (:meth:`_rows_for`)."""
         gpu_tasks = [t for t in self.tasks if t.gpus > 0 and t.percent > 0]
         share = sum(t.weight * t.percent * t.gpus for t in gpu_tasks)
         cpu = sum(t.weight * t.cpu_milli for t in gpu_tasks)
@@ -208,15 +214,76 @@ class Workload:
         self._cpu_points[model] = tuple(sorted({c for g in groups for c in g.cpus}))
         return table
 
+    def cpu_points(self, model: str) -> tuple[int, ...]:
+        """Every CPU demand of the task groups a GPU of ``model`` serves, ascending: where a
+        node's free CPU falls among them (``bisect_right``) is all :meth:`fragmentation` reads
+        of it."""
+        self._table(model)
+        return self._cpu_points[model]
+
     def fragmentation(self, free: tuple[int, ...], cpu_free: int | None, model: str) -> float:
         """Expected fragmented GPU-percent of a node whose GPUs have ``free`` shares (sorted
-        ascending), with ``cpu_free`` milli-CPU (None = not tracked) and GPUs of ``model``."""
-        constant, groups = self._table(model)
-        rank = None if cpu_free is None else bisect.bisect_right(self._cpu_points[model], cpu_free)
+        ascending), with ``cpu_free`` milli-CPU (None = not tracked) and GPUs of ``model``.
+
+        Worked out from the task groups' terms for the free CPU's rank (:meth:`_rows`), in
+        the order and with the float operations of :meth:`fragmentation_reference`, so the
+        result is its float (the filter meets new nodes and shapes mostly here: a node's free
+        shares after one more pod, at 5,000 nodes or after a refit; docs/scale.md)."""
+        points = self._cpu_points.get(model)
+        if points is None:
+            self._table(model)
+            points = self._cpu_points[model]
+        rank = None if cpu_free is None else bisect.bisect_right(points, cpu_free)
         key = (free, rank, model)
         cached = self._memo.get(key)
         if cached is not None:
             return cached
+        total = sum(free)
+        if total <= 0:
+            return 0.0
+        rows = self._rows.get((model, rank))
+        if rows is None:
+            rows = self._rows_for(model, rank, cpu_free)
+        frag = rows[0] * total
+        n = len(free)
+        idx = 0
+        below = 0  # sum of free shares below the current group's percent
+        for percent, gpus, fits_cpu, rest, whole in rows[1]:
+            while idx < n and free[idx] < percent:
+                below += free[idx]
+                idx += 1
+            if n - idx >= gpus:
+                frag += fits_cpu * below + rest * total
+            else:
+                frag += whole * total
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = frag
+        return frag
+
+    def _rows_for(self, model: str, rank: int | None, cpu_free: int | None) -> _Rows:
+        """Per task group of ``model``, for a free CPU of ``rank``: (percent, GPUs, weight of
+        the tasks whose CPU fits, weight of those whose CPU does not, all its weight) -- what
+        :meth:`fragmentation_reference` works out per group on every call (``cpu_free``: any
+        free CPU of that rank; the groups' CPU demands are among the rank's points)."""
+        constant, groups = self._table(model)
+        rows = []
+        for g in groups:
+            if cpu_free is None:
+                fits_cpu = g.total
+            else:
+                fits_cpu = g.cumulative[bisect.bisect_right(g.cpus, cpu_free)]
+            rows.append((g.percent, g.gpus, fits_cpu, g.total - fits_cpu, g.total))
+        out = (constant, tuple(rows))
+        self._rows[(model, rank)] = out
+        return out
+
+    def fragmentation_reference(
+        self, free: tuple[int, ...], cpu_free: int | None, model: str
+    ) -> float:
+        """:meth:`fragmentation` as the FGD sum over the task groups, worked out afresh (no
+        memo, no kept terms): the reference the tests hold it to."""
+        constant, groups = self._table(model)
         total = sum(free)
         if total <= 0:
             return 0.0
@@ -236,9 +303,6 @@ class Workload:
                 frag += fits_cpu * below + (g.total - fits_cpu) * total
             else:
                 frag += g.total * total
-        if len(self._memo) >= _MEMO_LIMIT:
-            self._memo.clear()
-        self._memo[key] = frag
         return frag
 
 
@@ -294,7 +358,8 @@ class Option:
     """Change of :meth:`Workload.waste_table` on the chosen GPU(s) (GPU-percent)."""
 
 
-def _replace(free: tuple[int, ...], old: int, new: int, count: int = 1) -> tuple[int, ...]:
+def moved_shares(free: tuple[int, ...], old: int, new: int, count: int = 1) -> tuple[int, ...]:
+    """``free`` (ascending) with ``count`` GPUs' free share ``old`` become ``new``."""
     items = list(free)
     for _ in range(count):
         items.remove(old)
@@ -345,7 +410,9 @@ def placement_options(
     waste = workload.waste_table(model)
     if demand.whole:
         chosen = fitting[:gpus]
-        after = workload.fragmentation(_replace(free, SLICES_PER_GPU, 0, gpus), cpu_after, model)
+        after = workload.fragmentation(
+            moved_shares(free, SLICES_PER_GPU, 0, gpus), cpu_after, model
+        )
         return [Option(tuple(chosen), after - before, 0, strand, -gpus * waste[SLICES_PER_GPU])]
     seen: set[int] = set()
     for i in fitting:
@@ -354,7 +421,7 @@ def placement_options(
         if key in seen:
             continue
         seen.add(key)
-        after = workload.fragmentation(_replace(free, f, f - percent), cpu_after, model)
+        after = workload.fragmentation(moved_shares(free, f, f - percent), cpu_after, model)
         wasted = waste[f - percent] - waste[f]
         options.append(Option((i,), after - before, f - percent, strand, wasted))
     return options

@@ -40,6 +40,7 @@ from gpushare.packing.opportunistic import (
     guaranteed_node,
 )
 from gpushare.packing.policy import DEFAULT_POLICY, Policy, choose_gpus, node_cost
+from gpushare.packing.quick_costs import NodeFacts, QuickCosts
 
 MAX_SCORE = 10
 """k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority."""
@@ -67,10 +68,21 @@ class Placer:
         self._costs: _Answers[float | None] = _Answers()
         self._costs_version = self.mix.generation
         self._reasons: _Answers[str | None] = _Answers()
+        self.quick = QuickCosts()
+        """:meth:`node_cost` from facts kept per node state, where it reads the pod and the
+        node (:meth:`quick_reads`, :meth:`node_facts`, :meth:`quick_cost`)."""
 
     @property
     def workload(self) -> Workload:
         return self.mix.workload
+
+    def forget(self) -> None:
+        """Forget every remembered cost and refusal (the extender benchmark's cold phase times
+        a pod shape never met; answers are worked out again as they are asked). What
+        :meth:`node_facts` made stays good: it is kept per node state, not per pod shape."""
+        self._costs.clear()
+        self._reasons.clear()
+        self.quick.forget_shapes()
 
     @property
     def version(self) -> int:
@@ -109,6 +121,33 @@ class Placer:
             return cost
         option = self._opportunistic(node, demand)
         return None if isinstance(option, str) else OPPORTUNISTIC_COST - 100.0 * option.gain
+
+    def quick_reads(self, demand: Demand) -> bool:
+        """True when :meth:`quick_cost` answers for ``demand`` on nodes it has facts of: the
+        gpushare policy, a pod without a profile that may not go beyond a GPU's guaranteed
+        capacity (:meth:`QuickCosts.reads`)."""
+        return (
+            self.policy is Policy.GPUSHARE
+            and not self._may_go_beyond(demand)
+            and QuickCosts.reads(demand)
+        )
+
+    def node_facts(self, node: NodeState) -> NodeFacts | None:
+        """What :meth:`quick_cost` reads of ``node`` as it is now (keep it while the node does
+        not change, and while its ``epoch`` is ``quick.epoch``); None where only
+        :meth:`node_cost` can answer (a tenant with a profile or running opportunistically)."""
+        return self.quick.facts(node)
+
+    def quick_cost(self, facts: NodeFacts, demand: Demand) -> float | None:
+        """:meth:`node_cost` of ``demand`` on the node ``facts`` are of, the same float
+        (:mod:`gpushare.packing.quick_costs`), for a pod :meth:`quick_reads` accepts."""
+        return self.quick.cost(facts, demand, self.mix.workload)
+
+    def quick_refusal(self, facts: NodeFacts, node: NodeState, demand: Demand) -> str | None:
+        """:meth:`refusal` of ``demand`` on ``node`` (which ``facts`` are of, made while it is
+        as it is now), the same words, for a pod :meth:`quick_reads` accepts: its host's
+        shortfall, else why none of its GPUs fits, kept per pod shape and node signature."""
+        return host_reason(node, demand) or self.quick.gpu_reason(facts, node, demand)
 
     def _guaranteed_cost(
         self, node: NodeState, demand: Demand, signature: tuple[object, ...] | None

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from gpushare.cluster.extender.answers import ShapeCosts, StateAnswers
+from gpushare.cluster.extender.answers import ShapeCosts, StateAnswers, Verdict
 from gpushare.cluster.extender.offers import Offers
 from gpushare.cluster.extender.requeue import RefusedPods
 from gpushare.cluster.state import gpu_requests, pods
@@ -23,6 +23,7 @@ from gpushare.packing.model import Assignment, Demand, NodeState
 from gpushare.packing.opportunistic import Opportunism
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
+from gpushare.packing.quick_costs import NodeFacts
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,12 @@ class ExtenderBase:
         """Costs and verdicts per pod shape and node state (shared by every node in it)."""
         self.shape_costs = ShapeCosts(view=view, placer=self.placer)
         """Per pod shape, each unchanged node's cost: the filter's common case."""
+        self._facts: dict[str, tuple[int, NodeFacts | None]] = {}
+        """Node -> (its version, what the placer's quick cost reads of it then)."""
+        self._verdicts_by_shape: dict[Demand, dict[str, tuple[int, Verdict]]] = {}
+        """Per pod shape, the verdicts the quick refusals gave (FilterVerbs._kept_verdicts)."""
+        self._empty_facts: dict[str, tuple[NodeState, NodeFacts]] = {}
+        """Node -> (its GPUs emptied, as the view has them, and their quick-cost facts)."""
         self._demands: dict[Demand, Demand] = {}
         self._cached = 0
         self.refused = RefusedPods()

@@ -10,12 +10,21 @@ cheapest, prioritize derives its scores from the same ranking (docs/scheduling.m
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from itertools import compress, count, repeat
+from operator import eq, is_
 from typing import Any, cast
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import SCHEDULER_NAME
 from gpushare.cluster.extender.answers import FAILED as _FAILED
-from gpushare.cluster.extender.answers import NO_FIT, Answer, prefixed, scheduler_safe
+from gpushare.cluster.extender.answers import (
+    NO_FIT,
+    SHAPES_KEPT,
+    Answer,
+    Verdict,
+    prefixed,
+    scheduler_safe,
+)
 from gpushare.cluster.extender.answers import PASS as _PASS
 from gpushare.cluster.extender.answers import UNRESOLVABLE as _UNRESOLVABLE
 from gpushare.cluster.extender.args import ExtenderArgs
@@ -32,6 +41,10 @@ from gpushare.packing.fit import node_fit_reason
 from gpushare.packing.model import Assignment, Demand, NodeState
 from gpushare.packing.placer import best_node, rank_scores
 from gpushare.packing.policy import Policy
+from gpushare.packing.quick_costs import NodeFacts
+
+FACTS_LIMIT = 100_000
+"""Nodes whose quick-cost facts are kept (all dropped beyond it: nodes come and go)."""
 
 Verdicts = tuple[list[str], dict[str, str], dict[str, str]]
 """Nodes that passed, and those that failed and cannot be helped, each with its reason."""
@@ -90,7 +103,11 @@ class FilterVerbs(ExtenderBase):
         if low >= NO_FIT:
             return None
         self.refused.placed(key)
-        ties = sorted(n for n, c in zip(args.node_names, costs, strict=True) if c == low)
+        # The nodes of exactly the lowest cost, by name; found in C (hundreds of nodes a call).
+        if costs.count(low) == 1:
+            ties = [args.node_names[costs.index(low)]]
+        else:
+            ties = sorted(compress(args.node_names, map(eq, costs, repeat(low))))
         best = self._hold_best(args, key, demand, rules, ties=ties)
         if best is None:
             return None
@@ -115,9 +132,22 @@ class FilterVerbs(ExtenderBase):
         unresolvable: dict[str, str] = {}
         versions = self.view.node_versions
         constrained = rules.constrains_gpus
+        quick = fast and self.placer.quick_reads(demand)
+        kept = self._kept_verdicts(demand) if quick else {}
         for name in names:
-            answer = self._fast_answer(name, demand, versions) if fast and name not in own else None
-            if answer is None:
+            quick_verdict = (
+                self._kept_verdict(name, demand, versions, kept)
+                if quick and name not in own
+                else None
+            )
+            answer = (
+                self._fast_answer(name, demand, versions)
+                if fast and quick_verdict is None and name not in own
+                else None
+            )
+            if quick_verdict is not None:
+                verdict, message = quick_verdict
+            elif answer is None:
                 shared = not constrained and name not in own
                 verdict, message = self._verdict(name, key, demand, rules, shared=shared)
             else:
@@ -129,6 +159,65 @@ class FilterVerbs(ExtenderBase):
             else:
                 unresolvable[name] = message
         return passed, failed, unresolvable
+
+    def _kept_verdicts(self, demand: Demand) -> dict[str, tuple[int, Verdict]]:
+        """Node -> (its version, the verdict then) for ``demand``, as the quick refusals gave
+        them: a pod no node takes is asked about every node again and again (kube-scheduler
+        retries it), mostly unchanged ones."""
+        kept = self._verdicts_by_shape.pop(demand, None)
+        if kept is None:
+            kept = {}
+        self._verdicts_by_shape[demand] = kept  # most recently asked last
+        if len(self._verdicts_by_shape) > SHAPES_KEPT:
+            del self._verdicts_by_shape[next(iter(self._verdicts_by_shape))]
+        return kept
+
+    def _kept_verdict(
+        self,
+        name: str,
+        demand: Demand,
+        versions: Mapping[str, int],
+        kept: dict[str, tuple[int, Verdict]],
+    ) -> Verdict | None:
+        """The quick verdict on node ``name`` (kept in ``kept`` while the node's version
+        holds); None where only the reference reads the node."""
+        version = versions.get(name, 0)
+        hit = kept.get(name)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        facts = self._node_facts(name, versions)
+        if facts is None:
+            return None
+        verdict = self._quick_verdict(name, facts, demand)
+        kept[name] = (version, verdict)
+        return verdict
+
+    def _quick_verdict(self, name: str, facts: NodeFacts, demand: Demand) -> Verdict:
+        """:meth:`StateAnswers.verdict` of ``demand`` on node ``name`` from the placer's quick
+        refusals (the same words): fails with the node's refusal, unresolvable with the
+        refusal on its GPUs emptied when they would not take the pod either."""
+        node = self.view.node(name)
+        assert node is not None  # facts are made of nodes in the view
+        reason = self.placer.quick_refusal(facts, node, demand)
+        if reason is None:
+            return _PASS, ""
+        empty = self.view.empty_node(name)
+        if empty is None:
+            return _UNRESOLVABLE, prefixed(reason)
+        hit = self._empty_facts.get(name)
+        if hit is None or hit[0] is not empty or hit[1].epoch != self.placer.quick.epoch:
+            made = self.placer.node_facts(empty)
+            hit = (empty, made) if made is not None else None
+            if hit is not None:
+                self._empty_facts[name] = hit
+        empty_reason = (
+            self.placer.quick_refusal(hit[1], empty, demand)
+            if hit is not None
+            else self.placer.refusal(empty, demand)
+        )
+        if empty_reason is not None:
+            return _UNRESOLVABLE, prefixed(empty_reason)
+        return _FAILED, prefixed(reason)
 
     def _tell(self, args: ExtenderArgs, key: str, uid: str, verdicts: Verdicts) -> None:
         """Record the outcome: the nodes offered, or that none fits (logged with an example)."""
@@ -164,7 +253,8 @@ class FilterVerbs(ExtenderBase):
         where it does not fit). This runs for every offered node of every filter call (about
         420 of 1,000 nodes, docs/scale.md): with ``fast``, costs of nodes unchanged since the
         pod shape last met them come from :class:`ShapeCosts` in one pass done in C, and only
-        the others are worked out here."""
+        the others are worked out here, by the placer's quick cost from facts kept per node
+        version where it reads the pod and the node, else by the reference."""
         if not fast:
             return [self._node_cost(n, key, demand, rules, shared=n not in own) for n in names]
         known = self.shape_costs.costs(demand)
@@ -172,8 +262,18 @@ class FilterVerbs(ExtenderBase):
         if own or None in costs:
             mix = self.placer.version
             versions = self.view.node_versions
-            for i, name in enumerate(names):
-                if costs[i] is not None and name not in own:
+            quick = self.placer.quick_reads(demand)
+            # The nodes to work out, in order: those the shape's costs lack (found in C), and
+            # those where the pod holds something itself.
+            todo = list(compress(count(), map(is_, costs, repeat(None))))
+            if own:
+                todo = sorted({*todo, *(i for i, n in enumerate(names) if n in own)})
+            for i in todo:
+                name = names[i]
+                facts = self._node_facts(name, versions) if quick and name not in own else None
+                if facts is not None:
+                    cost = self.placer.quick_cost(facts, demand)
+                    costs[i] = known[name] = NO_FIT if cost is None else cost
                     continue
                 answer = self._fast_answer(name, demand, versions) if name not in own else None
                 if answer is None:
@@ -186,6 +286,25 @@ class FilterVerbs(ExtenderBase):
                 )
                 costs[i] = known[name] = NO_FIT if cost is None else cost
         return cast(list[float], costs)  # every None was replaced above
+
+    def _node_facts(self, name: str, versions: Mapping[str, int]) -> NodeFacts | None:
+        """What the placer's quick cost reads of node ``name`` (:mod:`gpushare.packing.
+        quick_costs`), kept while the node's version and the facts' epoch hold; None where
+        only the reference reads the node (no gpushare GPUs, profiled or opportunistic
+        tenants)."""
+        version = versions.get(name, 0)
+        hit = self._facts.get(name)
+        if hit is not None and hit[0] == version:
+            facts = hit[1]
+            if facts is None or facts.epoch == self.placer.quick.epoch:
+                return facts
+        node = self.view.node(name)
+        facts = self.placer.node_facts(node) if node is not None else None
+        if len(self._facts) >= FACTS_LIMIT:
+            self._facts.clear()
+            self._empty_facts.clear()
+        self._facts[name] = (version, facts)
+        return facts
 
     def _node_cost(
         self, name: str, key: str, demand: Demand, rules: ShareRules, *, shared: bool
@@ -304,14 +423,30 @@ class FilterVerbs(ExtenderBase):
         own = self._own_nodes(key) if fast else set()
         versions = self.view.node_versions
         mix = self.placer.version
+        # As in _fitting: a node unchanged since the shape last met it costs a dict read, one
+        # the placer's quick cost reads costs that, and only the others the reference.
+        known = self.shape_costs.costs(demand) if fast else {}
+        quick = fast and self.placer.quick_reads(demand)
         for name in names:
-            answer = self._fast_answer(name, demand, versions) if fast and name not in own else None
+            shared = fast and name not in own
+            if shared:
+                cost = known.get(name)
+                if cost is not None:
+                    out[name] = None if cost == NO_FIT else cost
+                    continue
+                facts = self._node_facts(name, versions) if quick else None
+                if facts is not None:
+                    out[name] = cost = self.placer.quick_cost(facts, demand)
+                    known[name] = NO_FIT if cost is None else cost
+                    continue
+            answer = self._fast_answer(name, demand, versions) if shared else None
             if answer is not None:
-                out[name] = (
+                out[name] = cost = (
                     answer.cost
                     if answer.cost_holds(mix)
                     else self.answers.cost(answer, name, demand)
                 )
+                known[name] = NO_FIT if cost is None else cost
             elif self.view.node(name) is None:
                 out[name] = 0.0
             else:

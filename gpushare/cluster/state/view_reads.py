@@ -17,6 +17,10 @@ from gpushare.cluster.state.share_rules import ShareRules
 from gpushare.cluster.state.view_parts import ViewParts
 from gpushare.packing.model import Demand, GpuState, NodeState, Tenant
 
+TENANTED_KEPT = 4096
+"""Demands :meth:`ViewReads.with_tenancy` keeps with their tenancy before all are dropped."""
+_tenanted: dict[tuple[Demand, str | None], Demand] = {}
+
 
 class ViewReads(ViewParts):
     """The view's reads for placing pods (the extender) and admitting them (the webhook)."""
@@ -183,6 +187,16 @@ class ViewReads(ViewParts):
         return self._shares.skips_profiling(namespace, name)
 
     def with_tenancy(self, demand: Demand, namespace: str) -> Demand:
-        """The demand of a pod of ``namespace``, carrying its tenancy (the boundary fit checks)."""
+        """The demand of a pod of ``namespace``, carrying its tenancy (the boundary fit checks):
+        one object per (demand, tenancy), as :func:`gpu_requests.demand_of` keeps one per pod
+        shape (each pod event and filter call asks; docs/scale.md)."""
         tenancy = self.tenancies.tenancy(namespace)
-        return demand if demand.tenancy == tenancy else replace(demand, tenancy=tenancy)
+        if demand.tenancy == tenancy:
+            return demand
+        key = (demand, tenancy)
+        known = _tenanted.get(key)
+        if known is None:
+            if len(_tenanted) >= TENANTED_KEPT:
+                _tenanted.clear()
+            known = _tenanted[key] = replace(demand, tenancy=tenancy)
+        return known
