@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from gpushare.api.profile import RATIOS, WORK_PIPES  # noqa: E402
 from gpushare.node.exporter import PodAllocation, SamplerSettings, build_exporter  # noqa: E402
 from gpushare.node.gpu.nvml import NvmlBackend  # noqa: E402
 
@@ -189,11 +190,9 @@ def run_load(
     result["raw_gpm"] = raw.stop()
     window = time.monotonic() - t0
     profile = exporter.profiler.profile(gpu=uuid, window_s=window).to_json()
-    result["profile"] = {k: profile[k] for k in (
-        "fp16", "fp32", "fp64", "tensor", "tensor_hmma", "tensor_dmma", "tensor_imma",
-        "integer", "sm_utilization", "sm_occupancy", "dram_bandwidth", "utilization",
-        "sampled_seconds", "samples", "unavailable",
-    )}  # fmt: skip
+    result["profile"] = {
+        k: profile[k] for k in (*RATIOS, "sampled_seconds", "samples", "unavailable")
+    }
     before = process_memory(exporter, proc.pid)
     series = scrape(registry)
     pod_series = [
@@ -226,9 +225,7 @@ def verdicts(loads: dict[str, dict[str, Any]]) -> dict[str, bool]:
         return float(v) if v is not None else -1.0
 
     checks = {
-        "idle: every pipe under 5%": all(
-            val("idle", x) < 0.05 for x in ("fp16", "fp32", "fp64", "tensor")
-        ),
+        "idle: every pipe under 5%": all(val("idle", x) < 0.05 for x in WORK_PIPES),
         "bf16 GEMM: tensor_hmma > 30% and the busiest pipe": val("bf16", "tensor_hmma") > 0.3
         and val("bf16", "tensor_hmma") > max(val("bf16", "fp32"), val("bf16", "fp64")),
         "fp32 GEMM: fp32 > 30%, tensor_hmma < 10%": val("fp32", "fp32") > 0.3

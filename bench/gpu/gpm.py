@@ -23,21 +23,6 @@ PROFILE_KEYS = PLACEMENT_COUNTERS
 OPTIONAL_PROFILE_KEYS = ("sm_utilization",)
 """Recorded when measured: the interference model counts SM sharing with it."""
 
-# NVML GPM metric ids (nvml.h, NVML_GPM_METRIC_*), reported 0-100.
-_GPM_IDS = {
-    "fp16": 13,
-    "fp32": 12,
-    "fp64": 11,
-    "tensor": 5,
-    "tensor_hmma": 7,
-    "tensor_dmma": 8,
-    "tensor_imma": 9,
-    "integer": 4,
-    "sm_utilization": 2,
-    "sm_occupancy": 3,
-    "dram_bandwidth": 10,
-}
-
 
 @dataclass(frozen=True)
 class Reading:
@@ -54,6 +39,10 @@ class _LocalGpm:
     def __init__(self, index: int) -> None:
         import pynvml  # noqa: PLC0415  (optional: absent where there is no GPU)
 
+        # The product's GPM ids of the counters of record (imported here: needs pynvml).
+        from gpushare.node.gpu.nvml import GPM_METRIC_IDS  # noqa: PLC0415
+
+        self.ids = GPM_METRIC_IDS
         self.nv: Any = pynvml
         pynvml.nvmlInit()
         self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -69,18 +58,18 @@ class _LocalGpm:
         nv.nvmlGpmSampleGet(self.handle, self.cur)
         req = nv.c_nvmlGpmMetricsGet_t()
         req.version = nv.NVML_GPM_METRICS_GET_VERSION
-        req.numMetrics = len(_GPM_IDS)
+        req.numMetrics = len(self.ids)
         req.sample1 = self.prev
         req.sample2 = self.cur
-        for i, metric in enumerate(_GPM_IDS.values()):
+        for i, metric in enumerate(self.ids.values()):
             req.metrics[i].metricId = metric
         nv.nvmlGpmMetricsGet(req)
         out: dict[str, float] = {}
-        for i, key in enumerate(_GPM_IDS):
+        for i, key in enumerate(self.ids):
             if req.metrics[i].nvmlReturn == 0:
                 out[key] = max(0.0, min(1.0, req.metrics[i].value / 100.0))
         util = nv.nvmlDeviceGetUtilizationRates(self.handle)
-        out["nvml_utilization"] = util.gpu / 100.0
+        out["utilization"] = util.gpu / 100.0
         self.prev, self.cur = self.cur, self.prev
         return out
 

@@ -8,9 +8,17 @@ from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY, MPS_MAX_CLIENTS, SLIC
 @dataclass(frozen=True)
 class PipeProfile:
     """Per-pipe utilization (0-1) of a job measured while it ran alone on a GPU: the policy's
-    view of a measured profile (``api.profile.GpuProfile``), its counters those of
-    ``api.profile.PLACEMENT_COUNTERS`` with "not measured" read as idle; built from one by
-    ``packing.stored_profile``."""
+    view of the one profile record, ``api.profile.GpuProfile``, not a second record. Its
+    counters are those of ``api.profile.PLACEMENT_COUNTERS`` (and SM utilization) with "not
+    measured" read as idle, and it is built from a record by one function,
+    ``packing.stored_profile.pipe_profile``; it has no codec of its own.
+
+    It stays a type of its own because the placement path (interference model, quick costs,
+    fragmentation) does arithmetic on these few counters for every candidate GPU: plain floats
+    there, where the record's ``None`` ("not measured") would need a check in each loop, and a
+    small hashable value where the record carries the measurement's window, memory, time and
+    source. Policy constants and simulations write one directly (``admission``'s conservative
+    profile, the tests)."""
 
     fp16: float = 0.0
     fp32: float = 0.0

@@ -139,7 +139,7 @@ class GpuShareCollector(Collector):
             ],
             1.0,
         )
-        sample = r.latest.sample if r.latest is not None else None
+        sample = r.latest
         total = (
             sample.memory_total_bytes
             if sample is not None and sample.memory_total_bytes is not None

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpushare.api.profile import RATIOS, GpuProfile
-from gpushare.node.exporter.sampler import GpmSampler, TimedSample
+from gpushare.node.exporter.sampler import GpmSampler
+from gpushare.node.gpu.backend import GpuSample
 from gpushare.packing.model import PipeProfile
 from gpushare.packing.stored_profile import measured_pipe_profile
 
@@ -43,14 +44,14 @@ def _weighted(values: list[tuple[float, float | int | None]]) -> float | None:
 
 
 def average(
-    samples: list[TimedSample], *, uuid: str, model: str, simulated: bool, window_s: float
+    samples: list[GpuSample], *, uuid: str, model: str, simulated: bool, window_s: float
 ) -> GpuProfile:
     """Average readings, each weighted by the GPU time its rates cover."""
     fields: dict[str, Any] = {
-        c: _weighted([(t.span_s, t.sample.counter(c)) for t in samples]) for c in RATIOS
+        c: _weighted([(t.span_s, t.counter(c)) for t in samples]) for c in RATIOS
     }
-    memory = _weighted([(t.span_s, t.sample.memory_used_bytes) for t in samples])
-    mem_values = [t.sample.memory_used_bytes for t in samples if t.sample.memory_used_bytes]
+    memory = _weighted([(t.span_s, t.memory_used_bytes) for t in samples])
+    mem_values = [t.memory_used_bytes for t in samples if t.memory_used_bytes]
     unavailable = tuple(k for k, v in fields.items() if v is None)
     if memory is None:
         unavailable = (*unavailable, "memory_used_bytes")

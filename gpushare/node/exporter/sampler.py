@@ -93,20 +93,11 @@ class ProcessReading:
 
 
 @dataclass(frozen=True)
-class TimedSample:
-    at: float
-    """Monotonic time the reading returned."""
-    span_s: float
-    """Seconds of GPU time the reading's rates cover (gap since the previous reading)."""
-    sample: GpuSample
-
-
-@dataclass(frozen=True)
 class GpuReading:
     """The newest state of one GPU as the sampler last saw it."""
 
     info: GpuInfo
-    latest: TimedSample | None
+    latest: GpuSample | None
     processes: tuple[ProcessReading, ...] | None
     errors: int = 0
     last_error: str | None = None
@@ -115,7 +106,7 @@ class GpuReading:
 @dataclass
 class _GpuState:
     info: GpuInfo
-    history: deque[TimedSample]
+    history: deque[GpuSample]
     processes: tuple[ProcessReading, ...] | None = None
     errors: int = 0
     last_error: str | None = None
@@ -227,7 +218,7 @@ class GpmSampler:
                 span = at - state.last_at if state.last_at is not None else None
                 state.last_at = at
                 state.history.append(
-                    TimedSample(at=at, span_s=span or self.settings.interval_s, sample=sample)
+                    replace(sample, at=at, span_s=span or self.settings.interval_s)
                 )
                 state.processes = readings
         self._resolver.forget_except(live_pids)
@@ -290,7 +281,7 @@ class GpmSampler:
                 return None
             return self._clock() - st.history[-1].at
 
-    def history(self, uuid: str, *, window_s: float) -> list[TimedSample]:
+    def history(self, uuid: str, *, window_s: float) -> list[GpuSample]:
         """Readings of one GPU whose covered time falls in the last ``window_s`` seconds."""
         now = self._clock()
         with self._lock:

@@ -23,7 +23,14 @@ class GpuProcess:
 
 @dataclass(frozen=True)
 class GpuSample:
-    """One reading of a GPU's counters. None means "not available on this GPU", never 0."""
+    """One reading of a GPU's counters, with its time once the sampler keeps it. None means
+    "not available on this GPU", never 0.
+
+    A reading, not a second profile record: the node agent's profiler averages a window of
+    readings, counter by counter of ``api.profile.RATIOS`` (:meth:`counter`), into the one
+    record, ``api.profile.GpuProfile``. A reading keeps what the record has no place for (total
+    memory, the times the exporter's staleness and the profiler's weights need) in the shape
+    its backends read and the exporter exports (a pipe map and ``<counter>_ratio`` fields)."""
 
     uuid: str
     timestamp: float
@@ -37,6 +44,11 @@ class GpuSample:
     sm_utilization_ratio: float | None = None
     sm_occupancy_ratio: float | None = None
     dram_bandwidth_ratio: float | None = None
+    at: float = 0.0
+    """Monotonic time the reading returned, on the sampler's clock (0 before it keeps it)."""
+    span_s: float = 0.0
+    """Seconds of GPU time the reading's rates cover: the gap since the previous reading, set
+    by the sampler (0 before it keeps it)."""
 
     def counter(self, name: str) -> float | None:
         """One counter of ``api.profile.RATIOS`` by its name of record: a pipe, else the

@@ -16,6 +16,7 @@ from typing import Any
 import pynvml
 
 from gpushare.api.inventory import GpuInfo
+from gpushare.api.profile import PIPES
 from gpushare.node.gpu.backend import GpuProcess, GpuSample, HealthEvent
 
 log = logging.getLogger(__name__)
@@ -23,20 +24,21 @@ log = logging.getLogger(__name__)
 # GPM needs two samples at least this far apart.
 GPM_MIN_INTERVAL_S = 0.1
 
-# GPM metric id -> where it lands in GpuSample ("pipe:<name>" or a field name).
-_GPM_METRICS: dict[str, int] = {
-    "pipe:fp16": 13,  # NVML_GPM_METRIC_FP16_UTIL
-    "pipe:fp32": 12,  # NVML_GPM_METRIC_FP32_UTIL
-    "pipe:fp64": 11,  # NVML_GPM_METRIC_FP64_UTIL
-    "pipe:tensor": 5,  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
-    "pipe:tensor_hmma": 7,  # NVML_GPM_METRIC_HMMA_TENSOR_UTIL
-    "pipe:tensor_dmma": 6,  # NVML_GPM_METRIC_DFMA_TENSOR_UTIL
-    "pipe:tensor_imma": 9,  # NVML_GPM_METRIC_IMMA_TENSOR_UTIL
-    "pipe:integer": 4,  # NVML_GPM_METRIC_INTEGER_UTIL
-    "sm_utilization_ratio": 2,  # NVML_GPM_METRIC_SM_UTIL
-    "sm_occupancy_ratio": 3,  # NVML_GPM_METRIC_SM_OCCUPANCY
-    "dram_bandwidth_ratio": 10,  # NVML_GPM_METRIC_DRAM_BW_UTIL
+GPM_METRIC_IDS: dict[str, int] = {
+    "fp16": 13,  # NVML_GPM_METRIC_FP16_UTIL
+    "fp32": 12,  # NVML_GPM_METRIC_FP32_UTIL
+    "fp64": 11,  # NVML_GPM_METRIC_FP64_UTIL
+    "tensor": 5,  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    "tensor_hmma": 7,  # NVML_GPM_METRIC_HMMA_TENSOR_UTIL
+    "tensor_dmma": 6,  # NVML_GPM_METRIC_DFMA_TENSOR_UTIL (id 8, DMMA, reads 0)
+    "tensor_imma": 9,  # NVML_GPM_METRIC_IMMA_TENSOR_UTIL
+    "integer": 4,  # NVML_GPM_METRIC_INTEGER_UTIL
+    "sm_utilization": 2,  # NVML_GPM_METRIC_SM_UTIL
+    "sm_occupancy": 3,  # NVML_GPM_METRIC_SM_OCCUPANCY
+    "dram_bandwidth": 10,  # NVML_GPM_METRIC_DRAM_BW_UTIL
 }
+"""The NVML GPM metric id of each counter of ``api.profile.RATIOS`` but ``utilization`` (NVML's
+coarse utilization, no GPM metric), by its name of record."""
 
 # XIDs caused by an application, not the GPU (NVIDIA's device plugin skips the same set):
 # 13 graphics engine exception, 31 MMU fault, 43 GPU stopped processing, 45 preemptive
@@ -178,7 +180,7 @@ class NvmlBackend:
             except pynvml.NVMLError:
                 used = total = None
             gpm = self._gpm_read(uuid, handle)
-        pipes = {k.removeprefix("pipe:"): v for k, v in gpm.items() if k.startswith("pipe:")}
+        pipes = {k: v for k, v in gpm.items() if k in PIPES}
         return GpuSample(
             uuid=uuid,
             timestamp=time.time(),
@@ -186,9 +188,9 @@ class NvmlBackend:
             memory_used_bytes=used,
             memory_total_bytes=total,
             pipes=pipes,
-            sm_utilization_ratio=gpm.get("sm_utilization_ratio"),
-            sm_occupancy_ratio=gpm.get("sm_occupancy_ratio"),
-            dram_bandwidth_ratio=gpm.get("dram_bandwidth_ratio"),
+            sm_utilization_ratio=gpm.get("sm_utilization"),
+            sm_occupancy_ratio=gpm.get("sm_occupancy"),
+            dram_bandwidth_ratio=gpm.get("dram_bandwidth"),
         )
 
     # --- GPM -----------------------------------------------------------------------------
@@ -223,15 +225,15 @@ class NvmlBackend:
         now = time.monotonic()
         request = pynvml.c_nvmlGpmMetricsGet_t()
         request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(_GPM_METRICS)
+        request.numMetrics = len(GPM_METRIC_IDS)
         request.sample1 = state.previous
         request.sample2 = current
-        for i, metric_id in enumerate(_GPM_METRICS.values()):
+        for i, metric_id in enumerate(GPM_METRIC_IDS.values()):
             request.metrics[i].metricId = metric_id
         values: dict[str, float | None] = {}
         try:
             pynvml.nvmlGpmMetricsGet(request)
-            for i, key in enumerate(_GPM_METRICS):
+            for i, key in enumerate(GPM_METRIC_IDS):
                 metric = request.metrics[i]
                 ok = metric.nvmlReturn == pynvml.NVML_SUCCESS
                 values[key] = min(1.0, max(0.0, metric.value / 100.0)) if ok else None
