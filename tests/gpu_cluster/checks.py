@@ -1,6 +1,7 @@
 """Checks the device-plugin and DRA modules of tests/gpu_cluster share: GEMM rates against the
-pods' thread caps, and the agent-and-kubelet restart fault with the rates kept across it. Each
-records its figures with their targets (harness.GpuCluster.record) before asserting."""
+pods' thread caps, the agent-and-kubelet restart fault and the agent's roll (pod deletion,
+`helm upgrade`) with the rates kept across them. Each records its figures with their targets
+(harness.GpuCluster.record) before asserting."""
 
 import os
 import signal
@@ -8,7 +9,9 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+from gpushare.api.names import ANN_AGENT_READY
 from tests.fixtures.chart_release import agent_processes
 from tests.fixtures.cluster import HARNESS
 from tests.gpu_cluster.harness import GpuCluster, Obj, agent_pod, wait_for
@@ -85,6 +88,53 @@ def restarts(gc: GpuCluster, container: str = "agent") -> int:
     counts = [c["restartCount"] for c in statuses if c["name"] == container]
     assert counts, f"the node agent's pod has no container {container!r}"
     return int(counts[0])
+
+
+def new_agent_ready(gc: GpuCluster, old_uid: str) -> bool:
+    """An agent pod other than ``old_uid`` is Ready (the old one may still be terminating), and
+    the node says so (``gpushare.io/agent-ready``, published in both modes)."""
+    pods = gc.kjson(
+        "get", "pods", "-n", gc.release_namespace, "-l", "app.kubernetes.io/component=node-agent"
+    )["items"]
+    ready = [
+        p
+        for p in pods
+        if p["metadata"]["uid"] != old_uid
+        and not p["metadata"].get("deletionTimestamp")
+        and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in p["status"].get("conditions", [])
+        )
+    ]
+    node = gc.kjson("get", "nodes")["items"][0]
+    return bool(ready) and node["metadata"]["annotations"].get(ANN_AGENT_READY) == "true"
+
+
+def helm_upgrade(gc: GpuCluster, *settings: str) -> None:
+    """`helm upgrade` of the e2e script's release with its values and ``settings``."""
+    chart = Path(__file__).resolve().parents[2] / "helm" / "gpushare"
+    command = ["helm", "upgrade", "gpushare", str(chart), "-n", gc.release_namespace]
+    command += ["--reuse-values", "--wait", "--timeout", "5m"]
+    # Tests never change a real GPU's compute mode (the chart's default would).
+    command += ["--set", "node.setExclusiveProcess=false"]
+    for setting in settings:
+        command += ["--set", setting]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def roll_agent(gc: GpuCluster) -> tuple[float, float]:
+    """`kubectl delete pod` of the node agent, then `helm upgrade` with an agent setting (which
+    rolls the agent's DaemonSet; the MPS daemons' DaemonSet is OnDelete); returns (fault, back)
+    times, back once the upgraded agent is Ready. The caller sets the setting back."""
+    t_fault = time.time()
+    old = agent_pod(gc)["metadata"]["uid"]
+    gc.kubectl("delete", "pod", "-n", gc.release_namespace, agent_pod(gc)["metadata"]["name"])
+    wait_for(lambda: new_agent_ready(gc, old), timeout_s=150, what="a new agent pod Ready")
+    old = agent_pod(gc)["metadata"]["uid"]
+    helm_upgrade(gc, "node.logLevel=DEBUG")
+    wait_for(lambda: new_agent_ready(gc, old), timeout_s=150, what="the upgraded agent Ready")
+    return t_fault, time.time()
 
 
 def kill_agent_and_kubelet(gc: GpuCluster, ready: Callable[[int], bool]) -> tuple[float, float]:

@@ -4,18 +4,18 @@ must keep their GPU, their share and their rate; a pod created after the restart
 placed and get its own settings, nobody else's.
 """
 
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from gpushare.api.names import ANN_AGENT_READY, ANN_GPU_UUID, ANN_THREAD_PERCENT
 from tests.gpu_cluster.checks import (
     check_rates_kept,
+    helm_upgrade,
     kill_agent_and_kubelet,
     launcher_state,
     restarts,
+    roll_agent,
 )
 from tests.gpu_cluster.harness import GpuCluster, agent_pod, wait_for
 
@@ -123,39 +123,6 @@ def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuC
     check_rates_kept(gc, logs, list(running), t_fault=t_fault, t_back=t_back, until=new_start)
 
 
-def new_agent_ready(gc: GpuCluster, old_uid: str) -> bool:
-    """An agent pod other than ``old_uid`` is Ready (the old one may still be terminating), and
-    the node says so (``gpushare.io/agent-ready``)."""
-    pods = gc.kjson(
-        "get", "pods", "-n", gc.release_namespace, "-l", "app.kubernetes.io/component=node-agent"
-    )["items"]
-    ready = [
-        p
-        for p in pods
-        if p["metadata"]["uid"] != old_uid
-        and not p["metadata"].get("deletionTimestamp")
-        and any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in p["status"].get("conditions", [])
-        )
-    ]
-    node = gc.kjson("get", "nodes")["items"][0]
-    return bool(ready) and node["metadata"]["annotations"].get(ANN_AGENT_READY) == "true"
-
-
-def helm_upgrade(gc: GpuCluster, *settings: str) -> None:
-    """`helm upgrade` of the e2e script's release with its values and ``settings``."""
-    chart = Path(__file__).resolve().parents[2] / "helm" / "gpushare"
-    command = ["helm", "upgrade", "gpushare", str(chart), "-n", gc.release_namespace]
-    command += ["--reuse-values", "--wait", "--timeout", "5m"]
-    # Tests never change a real GPU's compute mode (the chart's default would).
-    command += ["--set", "node.setExclusiveProcess=false"]
-    for setting in settings:
-        command += ["--set", setting]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=400, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
 def test_running_pods_keep_running_across_agent_pod_deletion_and_helm_upgrade(
     gc: GpuCluster,
 ) -> None:
@@ -178,14 +145,7 @@ def test_running_pods_keep_running_across_agent_pod_deletion_and_helm_upgrade(
         )
         launcher_before = launcher_state(gc)
         assert launcher_before is not None or not gc.real_gpu, "no mps-launcher on a real GPU"
-        t_fault = time.time()
-        old = agent_pod(gc)["metadata"]["uid"]
-        gc.kubectl("delete", "pod", "-n", gc.release_namespace, agent_pod(gc)["metadata"]["name"])
-        wait_for(lambda: new_agent_ready(gc, old), timeout_s=150, what="a new agent pod Ready")
-        old = agent_pod(gc)["metadata"]["uid"]
-        helm_upgrade(gc, "node.logLevel=DEBUG")
-        wait_for(lambda: new_agent_ready(gc, old), timeout_s=150, what="the upgraded agent Ready")
-        t_back = time.time()
+        t_fault, t_back = roll_agent(gc)
         gc.record(
             "agent pod deleted, then helm upgrade (node.logLevel): seconds until both were done",
             round(t_back - t_fault, 1),

@@ -6,7 +6,8 @@ test_restart_faults.py), read from the claims instead of the pod annotations: th
 the GPU nvidia-smi lists; the webhook's claims are allocated by gpushare (not kube-scheduler),
 each container gets its own claim's MPS settings, GEMM rates follow the thread caps, the memory
 cap refuses an allocation over it, a latency claim keeps priority beside a batch one, and
-running pods keep their GPU and rate when the node agent and the kubelet are killed.
+running pods keep their GPU and rate when the node agent and the kubelet are killed, and when
+the agent's pod is deleted and rolled by `helm upgrade`.
 Results of a run: bench/results/gpu-cluster.md.
 """
 
@@ -23,9 +24,12 @@ from tests.gpu_cluster.checks import (
     check_rates_follow_caps,
     check_rates_kept,
     gemm_window,
+    helm_upgrade,
     kill_agent_and_kubelet,
+    launcher_state,
     mean_rate,
     restarts,
+    roll_agent,
 )
 from tests.gpu_cluster.harness import TEST_NAMESPACE, GpuCluster, Obj, agent_pod, wait_for
 
@@ -304,3 +308,93 @@ def test_running_claims_keep_gpu_and_rate_across_agent_and_kubelet_kills(gc: Gpu
     check_rates_kept(
         gc, logs, list(running), t_fault=t_fault, t_back=t_back, until=new_start, prefix="DRA "
     )
+
+
+def test_running_claims_keep_gpu_and_rate_across_agent_pod_deletion_and_helm_upgrade(
+    gc: GpuCluster,
+) -> None:
+    """`kubectl delete pod` of the agent, then `helm upgrade` with an agent setting (rolls the
+    agent's DaemonSet; the MPS daemons' DaemonSet is OnDelete) in DRA mode: the MPS daemons'
+    pod stays, running pods keep their claim's GPU, container and rate, and a pod created
+    afterwards is prepared by the new agent with its own claim's settings (docs/chart.md,
+    "Upgrade")."""
+    running = {"dra-roll-25": "0.25", "dra-roll-50": "0.5"}
+    new = "dra-after-roll"
+    gc.delete_pods(*running, new)
+    until = time.time() + 240
+    gc.create(
+        *(gc.cuda_pod(n, ["gemm", f"{until:.0f}"], fraction=f, limit=f) for n, f in running.items())
+    )
+    try:
+        before = gc.wait_phase(list(running), {"Running"}, timeout_s=180)
+        devices = slice_devices(gc)
+        where_before = {n: placed(gc, p, devices)["gpu"] for n, p in before.items()}
+        wait_for(
+            lambda: all(sum("t" in x for x in gc.logs(n)) >= 10 for n in running),
+            timeout_s=120,
+            what="10 s of rates from each pod",
+        )
+        launcher_before = launcher_state(gc)
+        assert launcher_before is not None or not gc.real_gpu, "no mps-launcher on a real GPU"
+        t_fault, t_back = roll_agent(gc)
+        gc.record(
+            "DRA: agent pod deleted, then helm upgrade (node.logLevel): seconds until both were "
+            "done",
+            round(t_back - t_fault, 1),
+            "recorded",
+            None,
+        )
+        gc.create(gc.cuda_pod(new, ["gemm", f"{until:.0f}"], fraction="0.25", limit="0.25"))
+        gc.wait_phase([new], {"Running"}, timeout_s=180)
+        wait_for(lambda: any("t" in x for x in gc.logs(new)), timeout_s=90, what="new pod rates")
+        after = {n: gc.pod(n) for n in running}
+        where_after = {n: placed(gc, p, slice_devices(gc))["gpu"] for n, p in after.items()}
+        new_gpu = placed(gc, gc.pod(new), slice_devices(gc))["gpu"]
+        launcher_after = launcher_state(gc) if launcher_before is not None else None
+        gc.wait_phase([*running, new], {"Succeeded"}, timeout_s=until - time.time() + 60)
+        logs = {n: gc.logs(n) for n in [*running, new]}
+    finally:
+        gc.delete_pods(*running, new)
+        helm_upgrade(gc, "node.logLevel=INFO")
+
+    what = "DRA: mps-launcher across agent pod deletion + helm upgrade: same pod, restarts"
+    if launcher_before is None or launcher_after is None:
+        gc.record(what, "no such container", "same, 0", None, f"backend {gc.backend}: no daemons")
+    else:
+        same_pod = launcher_after[0] == launcher_before[0]
+        ok_launcher = same_pod and launcher_after[1] == launcher_before[1]
+        gc.record(what, (same_pod, launcher_after[1] - launcher_before[1]), "same, 0", ok_launcher)
+        assert ok_launcher, (launcher_before, launcher_after)
+    kept = {
+        n: (
+            where_after[n] == where_before[n],
+            after[n]["status"]["containerStatuses"][0]["restartCount"],
+        )
+        for n in running
+    }
+    ok = all(same and count == 0 for same, count in kept.values())
+    gc.record(
+        "DRA: running pods after agent pod deletion + helm upgrade: (same GPU, restarts)",
+        kept,
+        "same, 0",
+        ok,
+    )
+    assert ok, kept
+    own = {**{n: str(int(float(f) * 100)) for n, f in running.items()}, new: "25"}
+    wrong = {
+        n: lines[0].get("env", {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+        for n, lines in logs.items()
+        if lines[0].get("env", {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") != own[n]
+    }
+    gc.record(
+        "DRA: pods with another claim's environment after agent pod deletion + helm upgrade",
+        len(wrong),
+        "0",
+        not wrong,
+        f"new pod prepared with thread 25% on {new_gpu}",
+    )
+    assert not wrong, wrong
+    gc.require_gpu()
+    new_start = min(x["t"] for x in logs[new] if "t" in x)
+    window = {"t_fault": t_fault, "t_back": t_back, "until": new_start}
+    check_rates_kept(gc, logs, list(running), **window, prefix="DRA roll: ")
