@@ -101,8 +101,8 @@ def admit_reason(
     threads = assign_thread_percent(demand, gpu)
     loads = [tenant_load(t) for t in gpu.tenants]
     kept_out = [shielded(t.profile, t.gpu_class, tenant_threads(t)) for t in gpu.tenants]
-    reason = (
-        _newcomer_reason(
+    if newcomer_bound:
+        reason = _newcomer_reason(
             gpu,
             demand,
             newcomer=newcomer,
@@ -113,11 +113,8 @@ def admit_reason(
             bounds=bounds,
             charge_cap=charge_cap,
         )
-        if newcomer_bound
-        else None
-    )
-    if reason is not None:
-        return reason
+        if reason is not None:
+            return reason
     new_kept_out = shielded(demand.profile, demand.gpu_class, threads)
     if demand.gpu_class == CLASS_LATENCY:
         threads = max(1, min(demand.percent, SLICES_PER_GPU))

@@ -13,6 +13,9 @@ from typing import Any
 from gpushare.api.bounds import format_rfc3339, parse_rfc3339
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.gpushare_crd import (
+    ANN_MAX_PODS_PER_GPU,
+    ANN_PACKING_POLICY,
+    ANN_PROFILE,
     ANN_PROFILING,
     PHASE_PENDING,
     PHASE_PROFILING,
@@ -22,6 +25,8 @@ from gpushare.api.gpushare_crd import (
     PROFILING_SKIP,
     GpuShareSpec,
     PlacementEntry,
+    missing_annotations,
+    profile_annotation,
 )
 from gpushare.api.profile import GpuProfile
 from gpushare.cluster.state.pod_facts import PodFacts
@@ -224,6 +229,28 @@ def _profiling_step(
             f"{int(measure_grace.total_seconds())} s after the window; check the node agent"
         )
     return Measure(pod, pod.node, uuid, spec.profiling.window_seconds)
+
+
+DRA_INHERITED = (ANN_PACKING_POLICY, ANN_MAX_PODS_PER_GPU)
+"""What a DRA-mode pod inherits of its GpuShare: the placement rules, not the request (its
+claim was made from the request when the pod was created)."""
+
+
+def inherited_annotations(share: ShareSummary, pod: PodFacts) -> dict[str, str]:
+    """The annotations governed pod ``pod`` lacks of ``share`` (none for an inactive pod or
+    an invalid share): an unscheduled pod its request and rules (a DRA-mode pod only the
+    rules), every active pod the share's profile once it is known."""
+    if share.spec is None or not pod.active:
+        return {}
+    wanted: dict[str, str] = {}
+    if pod.node is None:
+        wanted = missing_annotations(share.spec, share_name=share.name, annotations=pod.annotations)
+    if pod.dra:  # its request is its claim's, fixed at creation: only the rules
+        wanted = {k: v for k, v in wanted.items() if k in DRA_INHERITED}
+    profile = share.status.get("profile")
+    if isinstance(profile, Mapping) and ANN_PROFILE not in pod.annotations:
+        wanted[ANN_PROFILE] = profile_annotation(profile)
+    return wanted
 
 
 def stale_marks(share: ShareSummary, pods: Sequence[PodFacts]) -> list[PodFacts]:

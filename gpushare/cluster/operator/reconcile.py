@@ -15,9 +15,6 @@ from typing import Any
 
 from gpushare.api.bounds import format_rfc3339
 from gpushare.api.gpushare_crd import (
-    ANN_MAX_PODS_PER_GPU,
-    ANN_PACKING_POLICY,
-    ANN_PROFILE,
     ANN_PROFILING,
     ANN_PROFILING_WINDOW,
     PHASE_FAILED,
@@ -27,9 +24,7 @@ from gpushare.api.gpushare_crd import (
     PROFILING_ACTIVE,
     PROFILING_AUTO,
     PROFILING_DONE,
-    missing_annotations,
     placements_status,
-    profile_annotation,
 )
 from gpushare.api.profile import GpuProfile
 from gpushare.cluster.operator import cache
@@ -45,6 +40,7 @@ from gpushare.cluster.operator.profiling import (
     UseCached,
     Wait,
     attempts,
+    inherited_annotations,
     next_step,
     placement_entries,
     representative,
@@ -69,10 +65,6 @@ from gpushare.cluster.state.shares import ShareSummary, share_summary
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.events import ObjectRef
 from gpushare.kube.operator import KubeApi
-
-DRA_INHERITED = (ANN_PACKING_POLICY, ANN_MAX_PODS_PER_GPU)
-"""What a DRA-mode pod inherits of its GpuShare: the placement rules, not the request (its
-claim was made from the request when the pod was created)."""
 
 log = logging.getLogger(__name__)
 
@@ -185,21 +177,8 @@ class ShareReconciler:
         once known: the pod it profiled, and one placed before the share's status reached the
         webhook, would otherwise count as unprofiled (assumed heavy) for as long as they run,
         and keep opportunistic pods off their GPUs (docs/packing.md, "The sharing contract")."""
-        if share.spec is None:
-            return
-        profile = share.status.get("profile")
         for pod in pods:
-            if not pod.active:
-                continue
-            wanted: dict[str, str] = {}
-            if pod.node is None:
-                wanted = missing_annotations(
-                    share.spec, share_name=share.name, annotations=pod.annotations
-                )
-            if pod.dra:  # its request is its claim's, fixed at creation: only the rules
-                wanted = {k: v for k, v in wanted.items() if k in DRA_INHERITED}
-            if isinstance(profile, Mapping) and ANN_PROFILE not in pod.annotations:
-                wanted[ANN_PROFILE] = profile_annotation(profile)
+            wanted = inherited_annotations(share, pod)
             if wanted:
                 await self.kube.annotate_pod(
                     namespace=pod.namespace, name=pod.name, annotations=wanted
