@@ -11,7 +11,7 @@ sharing contract").
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.controller import Kube
 from gpushare.kube.events import ObjectRef
 from gpushare.packing.governor import review
-from gpushare.packing.model import Assignment, GpuState
+from gpushare.packing.model import Assignment
 from gpushare.packing.opportunistic import Opportunism
 from gpushare.packing.stored_profile import measured_pipe_profile
 
@@ -121,18 +121,11 @@ class OpportunisticDuties:
 
     # ---- the loops ---------------------------------------------------------------------------
 
-    def _gpus(self) -> Iterator[tuple[str, GpuState]]:
-        for name, node in self.view.nodes().items():
-            for gpu in node.gpus:
-                yield name, gpu
-
     async def promote_round(self) -> list[str]:
         """Promote every opportunistic pod whose request fits among its GPU's guaranteed
         shares now (oldest first); returns their keys."""
         promoted: list[str] = []
-        for _, gpu in list(self._gpus()):
-            if not gpu.has_opportunistic_tenant:
-                continue
+        for _, gpu in self.view.opportunistic_gpus():
             for key in self.opportunism.promotions(gpu):
                 if key in self._preempting:
                     continue
@@ -164,10 +157,7 @@ class OpportunisticDuties:
         preempted: list[str] = []
         now = self.clock()
         window = max(1, int(self.period_s))
-        for node, gpu in list(self._gpus()):
-            profiled = sum(1 for t in gpu.tenants if t.profile is not None)
-            if profiled < 2 and not gpu.has_opportunistic_tenant:
-                continue
+        for node, gpu in self.view.governed_gpus():
             info = self.view.node_info(node)
             try:
                 reading = await profiler.fetch(

@@ -42,6 +42,12 @@ class Placements:
         """Pods promoted from opportunistic to guaranteed by this process, counted so before
         their tier annotation comes back through the watch (no bind may take the share
         meanwhile)."""
+        self.opportunistic: set[str] = set()
+        """GPUs with an opportunistic tenant (what the promotion round reads), kept as tenants
+        change: scanning every GPU for them every few seconds took tens of milliseconds of the
+        event loop at 5,000 nodes (docs/scale.md)."""
+        self.governed: set[str] = set()
+        """GPUs the governor reads: an opportunistic tenant, or two profiled ones."""
 
     def update(
         self,
@@ -71,11 +77,26 @@ class Placements:
         else:
             self.by_pod.pop(key, None)
         for uuid in set(old) | set(new):
+            listed = list(self.by_gpu.get(uuid, {}).values())
+            self._index(uuid, listed)
             gpu = self._gpus.get(uuid)
             if gpu is not None:
-                gpu.tenants = list(self.by_gpu.get(uuid, {}).values())
+                gpu.tenants = listed
                 self._bump(self._gpu_node[uuid])
         return True
+
+    def _index(self, uuid: str, tenants: list[Tenant]) -> None:
+        """Keep :attr:`opportunistic` and :attr:`governed` true of GPU ``uuid``."""
+        opportunistic = any(t.opportunistic for t in tenants)
+        profiled = sum(1 for t in tenants if t.profile is not None)
+        for kept, member in (
+            (self.opportunistic, opportunistic),
+            (self.governed, opportunistic or profiled >= 2),
+        ):
+            if member:
+                kept.add(uuid)
+            else:
+                kept.discard(uuid)
 
     def _desired(
         self,

@@ -108,6 +108,25 @@ class ViewReads(ViewParts):
     def node_of_gpu(self, uuid: str) -> str | None:
         return self._gpu_node.get(uuid)
 
+    def opportunistic_gpus(self) -> list[tuple[str, GpuState]]:
+        """(node, GPU) of every known GPU with an opportunistic tenant, by node and GPU index:
+        the promotion round's GPUs, without a scan of every GPU."""
+        return self._indexed(self._placements.opportunistic)
+
+    def governed_gpus(self) -> list[tuple[str, GpuState]]:
+        """(node, GPU) of every known GPU with an opportunistic tenant or two profiled ones:
+        the governor's GPUs."""
+        return self._indexed(self._placements.governed)
+
+    def _indexed(self, uuids: set[str]) -> list[tuple[str, GpuState]]:
+        out = []
+        for uuid in uuids:
+            gpu, node = self._gpus.get(uuid), self._gpu_node.get(uuid)
+            if gpu is not None and node is not None:
+                out.append((node, gpu))
+        out.sort(key=lambda pair: (pair[0], pair[1].index))
+        return out
+
     def pod(self, key: str) -> PodFacts | None:
         return self._pods.get(key)
 
