@@ -17,6 +17,21 @@ from gpushare.cluster.state.view_parts import ViewParts
 log = logging.getLogger("gpushare.cluster.state.view")  # the name the view's messages have
 
 
+def _read_parts(ann: Mapping[str, Any], status: object) -> tuple[object, object, object]:
+    """Copies of what ``upsert_node`` reads of a node (its annotations, addresses and
+    allocatable): a caller that changes the node it passed in place and sends it again is
+    not mistaken for a heartbeat."""
+    addresses = status.get("addresses") if isinstance(status, Mapping) else None
+    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
+    return (
+        dict(ann),
+        [dict(a) if isinstance(a, Mapping) else a for a in addresses]
+        if isinstance(addresses, list)
+        else addresses,
+        dict(allocatable) if isinstance(allocatable, Mapping) else allocatable,
+    )
+
+
 class NodeEvents(ViewParts):
     """The view's entry points for the node and agent Lease watches."""
 
@@ -30,6 +45,12 @@ class NodeEvents(ViewParts):
             return
         ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
         assert isinstance(ann, Mapping)
+        inputs = _read_parts(ann, node.get("status"))
+        if self._node_inputs.get(name) == inputs and name in self._inventory.about:
+            # Nothing read below changed (a heartbeat: conditions and times); an agent's Lease
+            # moving is taken in by its own path (_agents_flipped).
+            return
+        self._node_inputs.pop(name, None)
         self._marks.read(name, ann)
         parsed, problem = parse_inventory(name, ann)
         self._inventory.about[name] = node_info(node, name, parsed)
@@ -41,6 +62,7 @@ class NodeEvents(ViewParts):
         else:
             self._read[name] = read
         self._take_gpus(name, *read)
+        self._node_inputs[name] = inputs
 
     def _take_gpus(self, name: str, inventory: list[GpuInfo] | None, problem: str | None) -> None:
         """The node's GPUs as read from it, unless its agent is gone (that reason first: the
@@ -62,6 +84,7 @@ class NodeEvents(ViewParts):
             self._changed("node", name)
 
     def delete_node(self, name: str) -> None:
+        self._node_inputs.pop(name, None)
         self._read.pop(name, None)
         self._inventory.about.pop(name, None)
         self._hosts.set_allocatable(name, None)

@@ -78,6 +78,9 @@ class ViewParts:
         self._read: dict[str, tuple[list[GpuInfo] | None, str | None]] = {}
         """Each node with gpushare GPUs: (its GPUs, or None and why not) as last read from it,
         before its agent's Lease is judged: what a node gets back once its agent is."""
+        self._node_inputs: dict[str, tuple[object, object, object]] = {}
+        """Each node's parts that ``upsert_node`` reads (annotations, addresses, allocatable)
+        as last taken in: a kubelet's heartbeat changes none of them (docs/scale.md)."""
         self._init_parts(clock)
         self._pods: dict[str, PodFacts] = {}
         """The gpushare pods as the watch last said, by key."""
