@@ -137,6 +137,37 @@ def roll_agent(gc: GpuCluster) -> tuple[float, float]:
     return t_fault, time.time()
 
 
+def check_launcher_kept(
+    gc: GpuCluster,
+    what: str,
+    before: tuple[str, int] | None,
+    after: tuple[str, int] | None,
+) -> None:
+    """The MPS daemons' container (``launcher_state`` before and after a fault) is the same
+    pod with no new restart; recorded as not applicable on backends without daemons."""
+    if before is None or after is None:
+        gc.record(what, "no such container", "same, 0", None, f"backend {gc.backend}: no daemons")
+        return
+    same_pod = after[0] == before[0]
+    ok = same_pod and after[1] == before[1]
+    gc.record(what, (same_pod, after[1] - before[1]), "same, 0", ok)
+    assert ok, (before, after)
+
+
+def check_own_env(
+    gc: GpuCluster, logs: dict[str, list[Obj]], own: dict[str, str], what: str, detail: str
+) -> None:
+    """Each pod's container started with its own thread cap (``own``: pod -> percent, as its
+    first log line's environment shows), none with another pod's."""
+    wrong = {
+        n: lines[0].get("env", {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+        for n, lines in logs.items()
+        if lines[0].get("env", {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") != own[n]
+    }
+    gc.record(what, len(wrong), "0", not wrong, detail)
+    assert not wrong, wrong
+
+
 def kill_agent_and_kubelet(gc: GpuCluster, ready: Callable[[int], bool]) -> tuple[float, float]:
     """SIGKILL every node-agent process on this host, then the kubelet (started again 3 s
     later); wait until ``ready(agent restarts before the kill)``. Returns (fault, back) times."""

@@ -10,6 +10,7 @@ import pytest
 
 from gpushare.api.names import ANN_AGENT_READY, ANN_GPU_UUID, ANN_THREAD_PERCENT
 from tests.gpu_cluster.checks import (
+    check_launcher_kept,
     check_rates_kept,
     helm_upgrade,
     kill_agent_and_kubelet,
@@ -76,15 +77,12 @@ def test_running_pods_keep_gpu_and_share_across_agent_and_kubelet_kills(gc: GpuC
 
     # The MPS daemons run in the mps-launcher container (its own pod by default), which the
     # agent's kill left alone: same pod, no restart.
-    what = "mps-launcher (the MPS daemons' container): same pod, restarts during the faults"
-    if launcher_before is None or launcher_after is None:
-        gc.record(what, "no such container", "same, 0", None, f"backend {gc.backend}: no daemons")
-    else:
-        kept_launcher = launcher_after[0] == launcher_before[0]
-        launcher_restarts = launcher_after[1] - launcher_before[1]
-        ok_launcher = kept_launcher and launcher_restarts == 0
-        gc.record(what, (kept_launcher, launcher_restarts), "same, 0", ok_launcher)
-        assert ok_launcher, (launcher_before, launcher_after)
+    check_launcher_kept(
+        gc,
+        "mps-launcher (the MPS daemons' container): same pod, restarts during the faults",
+        launcher_before,
+        launcher_after,
+    )
     # Running pods: same GPU and cap, never restarted.
     kept = {
         n: (
@@ -163,14 +161,12 @@ def test_running_pods_keep_running_across_agent_pod_deletion_and_helm_upgrade(
         gc.delete_pods(*running, new)
         helm_upgrade(gc, "node.logLevel=INFO")
 
-    what = "mps-launcher across agent pod deletion + helm upgrade: same pod, restarts"
-    if launcher_before is None or launcher_after is None:
-        gc.record(what, "no such container", "same, 0", None, f"backend {gc.backend}: no daemons")
-    else:
-        same_pod = launcher_after[0] == launcher_before[0]
-        ok_launcher = same_pod and launcher_after[1] == launcher_before[1]
-        gc.record(what, (same_pod, launcher_after[1] - launcher_before[1]), "same, 0", ok_launcher)
-        assert ok_launcher, (launcher_before, launcher_after)
+    check_launcher_kept(
+        gc,
+        "mps-launcher across agent pod deletion + helm upgrade: same pod, restarts",
+        launcher_before,
+        launcher_after,
+    )
     kept = {
         n: (
             after_pods[n]["metadata"]["annotations"][ANN_GPU_UUID]

@@ -20,7 +20,9 @@ import pytest
 from gpushare.api.dra import DRIVER
 from tests.gpu_cluster.checks import (
     check_latency_beside,
+    check_launcher_kept,
     check_memory_cap,
+    check_own_env,
     check_rates_follow_caps,
     check_rates_kept,
     gemm_window,
@@ -81,6 +83,24 @@ def placed(gc: GpuCluster, pod: Obj, devices: dict[str, Obj]) -> dict[str, Any]:
         "gpuPercent": result.get("consumedCapacity", {}).get("gpuPercent"),
         "allocated_by": managers,
     }
+
+
+def check_claims_kept(
+    gc: GpuCluster,
+    when: str,
+    where_before: dict[str, Any],
+    where_after: dict[str, Any],
+    after: dict[str, Obj],
+) -> None:
+    """Each running pod's claim is on the GPU it was on before, and its container was never
+    restarted."""
+    kept = {
+        n: (where_after[n] == where_before[n], p["status"]["containerStatuses"][0]["restartCount"])
+        for n, p in after.items()
+    }
+    ok = all(same and count == 0 for same, count in kept.values())
+    gc.record(f"DRA: running pods {when}: (same GPU, restarts)", kept, "same, 0", ok)
+    assert ok, kept
 
 
 def first_env(gc: GpuCluster, name: str) -> dict[str, str]:
@@ -279,30 +299,14 @@ def test_running_claims_keep_gpu_and_rate_across_agent_and_kubelet_kills(gc: Gpu
         logs = {n: gc.logs(n) for n in [*running, new]}
     finally:
         gc.delete_pods(*running, new)
-    kept = {
-        n: (
-            where_after[n] == where_before[n],
-            after[n]["status"]["containerStatuses"][0]["restartCount"],
-        )
-        for n in running
-    }
-    ok = all(same and count == 0 for same, count in kept.values())
-    gc.record("DRA: running pods after the faults: (same GPU, restarts)", kept, "same, 0", ok)
-    assert ok, kept
-    own = {**{n: str(int(float(f) * 100)) for n, f in running.items()}, new: "25"}
-    wrong = {
-        n: lines[0].get("env", {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-        for n, lines in logs.items()
-        if lines[0].get("env", {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") != own[n]
-    }
-    gc.record(
+    check_claims_kept(gc, "after the faults", where_before, where_after, after)
+    check_own_env(
+        gc,
+        logs,
+        {**{n: str(int(float(f) * 100)) for n, f in running.items()}, new: "25"},
         "DRA: pods with another claim's environment after the faults",
-        len(wrong),
-        "0",
-        not wrong,
         f"new pod prepared with thread 25% on {new_gpu}",
     )
-    assert not wrong, wrong
     gc.require_gpu()
     new_start = min(x["t"] for x in logs[new] if "t" in x)
     check_rates_kept(
@@ -357,43 +361,21 @@ def test_running_claims_keep_gpu_and_rate_across_agent_pod_deletion_and_helm_upg
         gc.delete_pods(*running, new)
         helm_upgrade(gc, "node.logLevel=INFO")
 
-    what = "DRA: mps-launcher across agent pod deletion + helm upgrade: same pod, restarts"
-    if launcher_before is None or launcher_after is None:
-        gc.record(what, "no such container", "same, 0", None, f"backend {gc.backend}: no daemons")
-    else:
-        same_pod = launcher_after[0] == launcher_before[0]
-        ok_launcher = same_pod and launcher_after[1] == launcher_before[1]
-        gc.record(what, (same_pod, launcher_after[1] - launcher_before[1]), "same, 0", ok_launcher)
-        assert ok_launcher, (launcher_before, launcher_after)
-    kept = {
-        n: (
-            where_after[n] == where_before[n],
-            after[n]["status"]["containerStatuses"][0]["restartCount"],
-        )
-        for n in running
-    }
-    ok = all(same and count == 0 for same, count in kept.values())
-    gc.record(
-        "DRA: running pods after agent pod deletion + helm upgrade: (same GPU, restarts)",
-        kept,
-        "same, 0",
-        ok,
+    check_launcher_kept(
+        gc,
+        "DRA: mps-launcher across agent pod deletion + helm upgrade: same pod, restarts",
+        launcher_before,
+        launcher_after,
     )
-    assert ok, kept
-    own = {**{n: str(int(float(f) * 100)) for n, f in running.items()}, new: "25"}
-    wrong = {
-        n: lines[0].get("env", {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-        for n, lines in logs.items()
-        if lines[0].get("env", {}).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") != own[n]
-    }
-    gc.record(
-        "DRA: pods with another claim's environment after agent pod deletion + helm upgrade",
-        len(wrong),
-        "0",
-        not wrong,
+    roll = "after agent pod deletion + helm upgrade"
+    check_claims_kept(gc, roll, where_before, where_after, after)
+    check_own_env(
+        gc,
+        logs,
+        {**{n: str(int(float(f) * 100)) for n, f in running.items()}, new: "25"},
+        f"DRA: pods with another claim's environment {roll}",
         f"new pod prepared with thread 25% on {new_gpu}",
     )
-    assert not wrong, wrong
     gc.require_gpu()
     new_start = min(x["t"] for x in logs[new] if "t" in x)
     window = {"t_fault": t_fault, "t_back": t_back, "until": new_start}
