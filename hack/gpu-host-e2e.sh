@@ -173,7 +173,8 @@ export GPUSHARE_POD_HOST_DIRS=$host_dirs GPUSHARE_POD_LD_LIBRARY_PATH=$pod_lib
 export GPUSHARE_GPU_CLUSTER_OUT=$out
 # Each mode's checks: the device plugin's in tests/gpu_cluster, the DRA driver's in its dra/.
 tests=(tests/gpu_cluster --ignore=tests/gpu_cluster/dra)
-[[ $mode == dra ]] && tests=(tests/gpu_cluster/dra)
+# The operator profiles the same way in both modes; its test runs in each.
+[[ $mode == dra ]] && tests=(tests/gpu_cluster/dra tests/gpu_cluster/test_operator_profiling.py)
 log "running pytest -m gpu_cluster ${tests[*]} (pods run $GPUSHARE_POD_PYTHON from $host_dirs)"
 set +e
 # shellcheck disable=SC2086

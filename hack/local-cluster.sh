@@ -43,6 +43,7 @@ RUN="$STATE/run"
 PKI="$STATE/pki"
 LOGS="$STATE/logs"
 NODE="${GPUSHARE_NODE_NAME:-gpushare-dev}"
+CNI_NETWORK=gpushare-dev  # the pods' CNI network (its NAT rules' comments name it)
 EXTENDER_URL="${GPUSHARE_EXTENDER_URL:-http://127.0.0.1:8888/scheduler}"
 KUBELET_ROOT=/var/lib/kubelet
 # The node's address lives on an empty bridge interface the harness creates (the kernel here
@@ -173,6 +174,7 @@ make_pki() {
 # Host network: an empty bridge holds the node address; the CNI bridge is made by the plugin.
 
 setup_network() {
+  drop_cni_rules  # left by a cluster that ended without `down` (no pod of this one runs yet)
   if ! ip link show "$NODE_IFACE" >/dev/null 2>&1; then
     ip link add "$NODE_IFACE" type bridge
     ip addr add "$NODE_IP/32" dev "$NODE_IFACE"
@@ -186,7 +188,7 @@ setup_network() {
   cat >"$STATE/cni/net.d/10-gpushare-bridge.conflist" <<EOF
 {
   "cniVersion": "0.4.0",
-  "name": "gpushare-dev",
+  "name": "$CNI_NETWORK",
   "plugins": [
     {"type": "bridge", "bridge": "gpushare-cni0", "isGateway": true, "ipMasq": true,
      "hairpinMode": true,
@@ -482,6 +484,39 @@ kill_leftover_containers() {
   for id in $(ctr_k8s containers ls -q 2>/dev/null); do ctr_k8s containers delete "$id" >/dev/null 2>&1 || true; done
 }
 
+drop_cni_rules() {
+  # NAT rules the bridge (masquerade) and portmap (hostPort) plugins added for this cluster's
+  # pods. A pod whose sandbox ends without a CNI DEL (`down` stops containerd under running
+  # DaemonSet and Deployment pods) leaves its rules behind, and portmap puts a new pod's rule
+  # after them: a hostPort of the next cluster here would lead to the old pod's address (the
+  # operator's http://<node>:9445/profile refused). Only rules whose comment names this
+  # cluster's CNI network go; chains they jump to are emptied and removed.
+  command -v iptables >/dev/null || return 0
+  python3 - "$CNI_NETWORK" <<'PY' || log "warning: could not remove stale CNI NAT rules"
+import shlex
+import subprocess
+import sys
+
+mark = f'name: "{sys.argv[1]}"'
+listed = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True, check=True)
+chains = set()
+for line in listed.stdout.splitlines():
+    args = shlex.split(line)
+    if args[:1] != ["-A"] or not any(mark in a for a in args):
+        continue
+    subprocess.run(["iptables", "-t", "nat", "-D", *args[1:]], check=False)
+    if "-j" in args and args[args.index("-j") + 1].startswith("CNI-"):
+        target = args[args.index("-j") + 1]
+        if not target.startswith("CNI-HOSTPORT-"):
+            chains.add(target)
+for chain in sorted(chains):
+    subprocess.run(["iptables", "-t", "nat", "-F", chain], check=False)
+    subprocess.run(["iptables", "-t", "nat", "-X", chain], check=False)
+if chains:
+    print(f"removed {len(chains)} stale CNI NAT chains of network {sys.argv[1]}", file=sys.stderr)
+PY
+}
+
 unmount_under() { # DIR
   local m
   [[ -d $1 ]] || return 0
@@ -506,6 +541,7 @@ cmd_down() {
   done
   kill_leftover_containers
   stop_component containerd
+  drop_cni_rules
   [[ -x $KUBE_BIN/kube-proxy ]] && "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
   ip link del gpushare-cni0 2>/dev/null || true
   ip link del "$NODE_IFACE" 2>/dev/null || true

@@ -3,7 +3,10 @@
 The chart's controller runs the operator; a GpuShare selects pods by label. Its first pod (a
 bf16 GEMM loop) is profiled through the node agent's /profile (NVML GPM per-pipe readings over
 the share's window), the share goes Packed with that measured profile, and the next pod of the
-share is placed with it (docs/operator.md).
+share is placed with it (docs/operator.md). The same in either mode: hack/gpu-host-e2e.sh runs it
+in DRA mode too, where the pods' shares are ResourceClaims and a GpuShare governs the pods that
+name it (``gpushare.io/share``; docs/dra.md, "GpuShares and profiles") rather than those its
+selector matches.
 """
 
 import json
@@ -13,11 +16,11 @@ import pytest
 
 from gpushare.api.gpushare_crd import ANN_PROFILING
 from gpushare.api.names import (
-    ANN_GPU_UUID,
     ANN_SHARE,
     LABEL_NEIGHBOUR_RULES,
     NEIGHBOUR_RULES_GRANTED,
 )
+from tests.gpu_cluster.claims import pod_gpu
 from tests.gpu_cluster.harness import TEST_NAMESPACE, GpuCluster, Obj, node_gpus, wait_for
 
 pytestmark = [pytest.mark.gpu_cluster]
@@ -25,13 +28,22 @@ pytestmark = [pytest.mark.gpu_cluster]
 WINDOW_S = 15
 
 
+@pytest.fixture
+def gc(gpu_cluster: GpuCluster) -> GpuCluster:
+    """The cluster in either mode: the operator profiles the same way under both."""
+    return gpu_cluster
+
+
 def share_status(gc: GpuCluster, name: str) -> Obj:
     share = gc.kjson("get", "gpushares", name, "-n", TEST_NAMESPACE)
     return dict(share.get("status") or {})
 
 
-def labelled(pod: Obj, **labels: str) -> Obj:
-    pod["metadata"]["labels"] = labels
+def of_share(gc: GpuCluster, pod: Obj, share: str) -> Obj:
+    """``pod`` in the share: labelled for its selector, and in DRA mode naming it too."""
+    pod["metadata"]["labels"] = {"app": share}
+    if gc.mode == "dra":
+        pod["metadata"]["annotations"][ANN_SHARE] = share
     return pod
 
 
@@ -56,7 +68,7 @@ def test_operator_profiles_a_gpushare_job_on_the_gpu_and_packs_it(gc: GpuCluster
     try:
         gc.create(share)
         gc.create(
-            labelled(gc.cuda_pod(first, ["gemm", f"{until:.0f}"], fraction="0.5"), app="train")
+            of_share(gc, gc.cuda_pod(first, ["gemm", f"{until:.0f}"], fraction="0.5"), "train")
         )
         profiling = wait_for(
             lambda: (s := share_status(gc, "train")).get("phase") == "Profiling" and s,
@@ -70,9 +82,10 @@ def test_operator_profiles_a_gpushare_job_on_the_gpu_and_packs_it(gc: GpuCluster
             on_timeout=lambda: json.dumps(share_status(gc, "train"), indent=1)[-2500:],
         )
         gc.create(
-            labelled(gc.cuda_pod(second, ["gemm", f"{until:.0f}"], fraction="0.5"), app="train")
+            of_share(gc, gc.cuda_pod(second, ["gemm", f"{until:.0f}"], fraction="0.5"), "train")
         )
         pods = gc.wait_phase([first, second], {"Running", "Succeeded"}, timeout_s=120)
+        gpus = {name: pod_gpu(gc, pod) for name, pod in pods.items()}  # claims go with the pods
     finally:
         gc.delete_pods(first, second)
         gc.kubectl("delete", "gpushare", "train", "-n", TEST_NAMESPACE, "--ignore-not-found")
@@ -115,15 +128,15 @@ def test_operator_profiles_a_gpushare_job_on_the_gpu_and_packs_it(gc: GpuCluster
     placed = {p["pod"]: p["gpuUuid"] for p in packed.get("placements", [])}
     second_ann = pods[second]["metadata"]["annotations"]
     packed_ok = (
-        placed.get(first) == ann.get(ANN_GPU_UUID)
+        placed.get(first) == gpus[first]
         and second_ann.get(ANN_SHARE) == "train"
         and json.loads(second_ann.get("gpushare.io/profile", "{}")).get("tensor")
         == profile["tensor"]
-        and second_ann.get(ANN_GPU_UUID) in node_gpus(gc)
+        and gpus[second] in node_gpus(gc)
     )
     gc.record(
         "operator: the share's next pod placed with the measured profile",
-        {"share": second_ann.get(ANN_SHARE), "gpu": second_ann.get(ANN_GPU_UUID)},
+        {"share": second_ann.get(ANN_SHARE), "gpu": gpus[second]},
         "share train, the profile's tensor reading, a GPU of the node",
         packed_ok,
     )

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from gpushare.api.dra import DRIVER
 from tests.gpu_cluster.checks import (
     check_latency_beside,
     check_launcher_kept,
@@ -33,56 +32,13 @@ from tests.gpu_cluster.checks import (
     restarts,
     roll_agent,
 )
-from tests.gpu_cluster.harness import TEST_NAMESPACE, GpuCluster, Obj, agent_pod, wait_for
+from tests.gpu_cluster.claims import attribute, placed, slice_devices
+from tests.gpu_cluster.harness import GpuCluster, Obj, agent_pod, wait_for
 
 pytestmark = [pytest.mark.gpu_cluster]
 
 SHARE_RUN_S = 60.0
 MIN_WINDOW_S = 15.0
-
-
-def slice_devices(gc: GpuCluster) -> dict[str, Obj]:
-    """The node agent's devices, by name, from its ResourceSlices."""
-    slices = gc.kjson("get", "resourceslices")["items"]
-    return {
-        d["name"]: d
-        for s in slices
-        if s["spec"].get("driver") == DRIVER
-        for d in s["spec"].get("devices", [])
-    }
-
-
-def attribute(device: Obj, name: str) -> Any:
-    value = device.get("attributes", {}).get(name, {})
-    return next(iter(value.values()), None) if isinstance(value, dict) else None
-
-
-def claim_of(gc: GpuCluster, pod: Obj) -> Obj:
-    """The ResourceClaim the webhook gave ``pod`` (its one claim status)."""
-    (status,) = pod["status"].get("resourceClaimStatuses", [])
-    return gc.kjson(  # type: ignore[no-any-return]
-        "get", "resourceclaim", "-n", TEST_NAMESPACE, status["resourceClaimName"],
-        "--show-managed-fields",
-    )  # fmt: skip
-
-
-def placed(gc: GpuCluster, pod: Obj, devices: dict[str, Obj]) -> dict[str, Any]:
-    """Where the pod's claim went and who allocated it: the GPU's UUID, the gpuPercent it
-    consumes and the manager of the claim's status (gpushare's controller, not kube-scheduler)."""
-    claim = claim_of(gc, pod)
-    (result,) = claim["status"]["allocation"]["devices"]["results"]
-    managers = sorted(
-        {
-            f["manager"]
-            for f in claim["metadata"].get("managedFields", [])
-            if f.get("subresource") == "status" and "allocation" in json.dumps(f.get("fieldsV1"))
-        }
-    )
-    return {
-        "gpu": attribute(devices[result["device"]], "uuid"),
-        "gpuPercent": result.get("consumedCapacity", {}).get("gpuPercent"),
-        "allocated_by": managers,
-    }
 
 
 def check_claims_kept(
