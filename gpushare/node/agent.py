@@ -91,6 +91,8 @@ class NodeAgent:
         self.registry = registry_for("node-agent", simulated=backend.simulated)
         self._servicers: list[DevicePluginServicer] = []
         self._exporter: ExporterHandle | None = None
+        self.stopping = threading.Event()
+        """Set when the agent begins to stop: it reads not ready from then on."""
         self.publisher = self._new_publisher()
         self.lease = AgentLease(
             node_name=settings.node_name, namespace=settings.lease_namespace, kube=kube
@@ -299,6 +301,8 @@ class NodeAgent:
         registered with the current kubelet, devices not yet listed to it, no healthy GPU);
         None when the kubelet has this agent's healthy devices. Published as the node's
         ``gpushare.io/agent-ready`` (the extender waits on it) and served as /readyz."""
+        if self.stopping.is_set():
+            return "the node agent is stopping"
         if self.dra_plugin is not None:
             registration = self.dra_plugin.registration
             if registration is None or not registration.registered.is_set():
@@ -461,6 +465,8 @@ class NodeAgent:
         """Stop everything started: loops, exporter, metrics, MPS daemons (unless they are
         left for the next agent to adopt) and the backend."""
         stop.set()
+        self.stopping.set()
+        self.publisher.publish_stopping()
         self.health.close()
         for thread in threads:
             thread.join(timeout=5)

@@ -126,7 +126,7 @@ def helm_upgrade(gc: GpuCluster, *settings: str) -> None:
 def roll_agent(gc: GpuCluster) -> tuple[float, float]:
     """`kubectl delete pod` of the node agent, then `helm upgrade` with an agent setting (which
     rolls the agent's DaemonSet; the MPS daemons' DaemonSet is OnDelete); returns (fault, back)
-    times, back once the upgraded agent is Ready. The caller sets the setting back."""
+    times, back once the upgraded agent is Ready. The caller sets it back (restore_agent)."""
     t_fault = time.time()
     old = agent_pod(gc)["metadata"]["uid"]
     gc.kubectl("delete", "pod", "-n", gc.release_namespace, agent_pod(gc)["metadata"]["name"])
@@ -135,6 +135,14 @@ def roll_agent(gc: GpuCluster) -> tuple[float, float]:
     helm_upgrade(gc, "node.logLevel=DEBUG")
     wait_for(lambda: new_agent_ready(gc, old), timeout_s=150, what="the upgraded agent Ready")
     return t_fault, time.time()
+
+
+def restore_agent(gc: GpuCluster) -> None:
+    """Set back what :func:`roll_agent` changed (one more roll) and wait until that agent is
+    Ready, so the next test does not start while the node's agent is being replaced."""
+    old = agent_pod(gc)["metadata"]["uid"]
+    helm_upgrade(gc, "node.logLevel=INFO")
+    wait_for(lambda: new_agent_ready(gc, old), timeout_s=150, what="the restored agent Ready")
 
 
 def check_launcher_kept(

@@ -64,7 +64,7 @@ def test_operator_profiles_a_gpushare_job_on_the_gpu_and_packs_it(gc: GpuCluster
             "profiling": {"mode": "always", "windowSeconds": WINDOW_S},
         },
     }
-    until = time.time() + 150
+    until = time.time() + 300  # the pods are deleted at the end
     try:
         gc.create(share)
         gc.create(

@@ -12,10 +12,10 @@ from gpushare.api.names import ANN_AGENT_READY, ANN_GPU_UUID, ANN_THREAD_PERCENT
 from tests.gpu_cluster.checks import (
     check_launcher_kept,
     check_rates_kept,
-    helm_upgrade,
     kill_agent_and_kubelet,
     launcher_state,
     restarts,
+    restore_agent,
     roll_agent,
 )
 from tests.gpu_cluster.harness import GpuCluster, agent_pod, wait_for
@@ -159,7 +159,7 @@ def test_running_pods_keep_running_across_agent_pod_deletion_and_helm_upgrade(
         logs = {n: gc.logs(n) for n in [*running, new]}
     finally:
         gc.delete_pods(*running, new)
-        helm_upgrade(gc, "node.logLevel=INFO")
+        restore_agent(gc)
 
     check_launcher_kept(
         gc,

@@ -25,11 +25,11 @@ from tests.gpu_cluster.checks import (
     check_rates_follow_caps,
     check_rates_kept,
     gemm_window,
-    helm_upgrade,
     kill_agent_and_kubelet,
     launcher_state,
     mean_rate,
     restarts,
+    restore_agent,
     roll_agent,
 )
 from tests.gpu_cluster.claims import attribute, placed, slice_devices
@@ -315,7 +315,7 @@ def test_running_claims_keep_gpu_and_rate_across_agent_pod_deletion_and_helm_upg
         logs = {n: gc.logs(n) for n in [*running, new]}
     finally:
         gc.delete_pods(*running, new)
-        helm_upgrade(gc, "node.logLevel=INFO")
+        restore_agent(gc)
 
     check_launcher_kept(
         gc,

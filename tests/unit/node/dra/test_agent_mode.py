@@ -1,7 +1,11 @@
 """The node agent's --mode dra: the flags, and an agent that publishes its ResourceSlice and
 serves the DRA plugin instead of the device plugin."""
 
+import socket
+import threading
+import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.api.dra import DRIVER
-from gpushare.api.names import AGENT_MODE_DRA, ANN_AGENT_MODE
+from gpushare.api.names import AGENT_MODE_DRA, ANN_AGENT_MODE, ANN_AGENT_READY
 from gpushare.node.agent import NodeAgent
 from gpushare.node.core.pods import pod_info
 from gpushare.node.dra.claims import ClaimRef
@@ -54,6 +58,12 @@ class FakeNodeKube:
     def raw_node_pods(self) -> list[dict[str, Any]]:
         """The node's pods, as the driver checks a claim's pod against them."""
         return self.node_pods
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def dra_settings(tmp_path: Path) -> AgentSettings:
@@ -171,3 +181,26 @@ def test_a_dra_agents_exporter_shows_pods_by_their_prepared_claims(tmp_path: Pat
     pod["status"]["phase"] = "Succeeded"
     agent.refresh_pods()
     assert agent._claim_placements() == []
+
+
+def test_a_stopping_agent_says_its_node_is_not_ready_before_it_exits(tmp_path: Path) -> None:
+    """An agent told to stop (SIGTERM: pod deleted, DaemonSet rolled by `helm upgrade`)
+    publishes ``gpushare.io/agent-ready: false`` on its way out, so no claim is allocated to its
+    node until the next agent has registered with the kubelet (docs/node-agent.md)."""
+    kube = FakeNodeKube()
+    settings = dra_settings(tmp_path)
+    settings = replace(settings, metrics_host="127.0.0.1", metrics_port=free_port())
+    agent = NodeAgent(settings, backend=backend(), kube=kube, dra_kube=FakeDraKube())
+    stop = threading.Event()
+    running = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    running.start()
+    deadline = time.monotonic() + 10
+    while not kube.published and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert kube.published, "the agent published its node at start"
+    assert agent.not_ready_reason() == "the DRA driver is not registered with the kubelet"
+    stop.set()
+    running.join(timeout=20)
+    assert not running.is_alive()
+    assert kube.published[-1] == {ANN_AGENT_READY: "false"}
+    assert agent.not_ready_reason() == "the node agent is stopping"
