@@ -38,9 +38,9 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
 )
 from gpushare.api.placement import format_time
+from gpushare.api.pod import pod_info
 from gpushare.kube.node import NodeKube
 from gpushare.node.core.health import DeviceHealth
-from gpushare.node.core.pods import pod_info
 from gpushare.node.core.serving import wait_until_accepting
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import device_id

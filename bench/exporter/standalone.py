@@ -26,9 +26,9 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.logs import setup_json_logging
 from gpushare.api.names import AGENT_METRICS_PORT
+from gpushare.api.pod import pod_info
 from gpushare.node.core.allocations import PodAllocation
 from gpushare.node.core.cgroups import parse_cgroup
-from gpushare.node.core.pods import pod_info
 from gpushare.node.exporter import Exporter, MpsDaemonStatus, build_exporter
 from gpushare.node.exporter.allocations import allocations_from_pods
 from gpushare.node.exporter.podresources import PodResourcesPoller

@@ -24,7 +24,7 @@ from gpushare.api.names import (
     SLICES_PER_GPU,
     TIER_GUARANTEED,
 )
-from gpushare.api.placement import parse_placement
+from gpushare.api.pod import pod_info
 from gpushare.api.profile import PIPES
 from gpushare.api.quantities import parse_fraction
 from gpushare.api.selector import Requirement, matches
@@ -120,12 +120,10 @@ LIVE_METRICS = (
 
 
 def _pod_row(pod: Mapping[str, Any]) -> tuple[PodRow, tuple[str, ...]] | None:
-    meta = pod.get("metadata") or {}
-    annotations: Mapping[str, str] = meta.get("annotations") or {}
-    try:
-        placement = parse_placement(annotations)
-    except InvalidInputError:
-        return None
+    """The row of a pod placed by its annotations (read as the node agent reads a pod), None
+    for one with no placement or an unreadable one."""
+    info = pod_info(pod)
+    placement, annotations = info.placement, info.annotations
     if placement is None:
         return None
     phase = str((pod.get("status") or {}).get("phase", ""))
@@ -139,8 +137,8 @@ def _pod_row(pod: Mapping[str, Any]) -> tuple[PodRow, tuple[str, ...]] | None:
         except InvalidInputError:
             fraction = placement.request_percent
     row = PodRow(
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
+        namespace=info.namespace,
+        name=info.name,
         gpu_class=annotations.get(ANN_CLASS, CLASS_BATCH) or CLASS_BATCH,
         fraction_percent=fraction,
         thread_percent=placement.thread_percent,

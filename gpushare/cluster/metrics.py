@@ -247,60 +247,61 @@ class Metrics:
 
     def _extender_metrics(self) -> None:
         """kube-scheduler's calls: time and outcome per verb, the bind's stages and results."""
-        self.extender_seconds = Histogram(
-            f"{METRIC_PREFIX}extender_request_duration_seconds",
+        self.extender_seconds = self._latency(
+            "extender_request_duration_seconds",
             "Time to answer one kube-scheduler extender call",
             ["verb"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
         )
-        self.extender_requests = Counter(
-            f"{METRIC_PREFIX}extender_requests",
+        self.extender_requests = self._counter(
+            "extender_requests",
             "Extender calls by verb and outcome (ok, error, bad_request)",
             ["verb", "outcome"],
-            registry=self.registry,
         )
-        self.bind_stage_seconds = Histogram(
-            f"{METRIC_PREFIX}extender_bind_stage_seconds",
+        self.bind_stage_seconds = self._latency(
+            "extender_bind_stage_seconds",
             "Time a bind spends per stage: gate (waiting until no pod of its size on the node "
             "still waits for its Allocate) and write (choosing GPUs and the Binding POST)",
             ["stage"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
         )
-        self.binds = Counter(
-            f"{METRIC_PREFIX}extender_binds",
-            "Bind attempts by result (bound, failed)",
-            ["result"],
-            registry=self.registry,
+        self.binds = self._counter(
+            "extender_binds", "Bind attempts by result (bound, failed)", ["result"]
         )
 
     def _admission_metrics(self) -> None:
         """Admission reviews, and what opportunistic placement did."""
-        self.webhook_seconds = Histogram(
-            f"{METRIC_PREFIX}webhook_request_duration_seconds",
+        self.webhook_seconds = self._latency(
+            "webhook_request_duration_seconds",
             "Time to answer one admission review (the API server waits webhook.timeoutSeconds, "
             "then refuses the pod: the webhook fails closed)",
             ["webhook"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
         )
-        self.webhook_requests = Counter(
-            f"{METRIC_PREFIX}webhook_requests",
+        self.webhook_requests = self._counter(
+            "webhook_requests",
             "Admission reviews by webhook (mutate, validate) and outcome (allowed, denied, "
             "bad_request)",
             ["webhook", "outcome"],
-            registry=self.registry,
         )
-        self.opportunistic_events = Counter(
-            f"{METRIC_PREFIX}opportunistic_events",
+        self.opportunistic_events = self._counter(
+            "opportunistic_events",
             "Opportunistic placement: pods placed beyond a GPU's guaranteed capacity (placed), "
             "promoted to guaranteed (promoted), preempted because a guaranteed pod needed the "
             "room (preempted_for_guaranteed) or the GPU measured less gain than predicted "
             "(preempted_by_measurement)",
             ["event"],
+        )
+
+    def _latency(self, name: str, help_text: str, labels: list[str]) -> Histogram:
+        """A time histogram of this registry, on the buckets every latency here shares."""
+        return Histogram(
+            f"{METRIC_PREFIX}{name}",
+            help_text,
+            labels,
+            buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+
+    def _counter(self, name: str, help_text: str, labels: list[str]) -> Counter:
+        return Counter(f"{METRIC_PREFIX}{name}", help_text, labels, registry=self.registry)
 
     def _exports_state(self) -> bool:
         return self.leading()  # read at scrape time: ``leading`` is replaced after __init__

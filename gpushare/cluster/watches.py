@@ -17,6 +17,7 @@ from typing import Any
 from gpushare.cluster.dra.allocator import ClaimAllocator
 from gpushare.cluster.dra.devices import DraDevices
 from gpushare.cluster.dra.templates import ClaimTemplates, TemplateKeeper
+from gpushare.cluster.state.pods import pod_key
 from gpushare.cluster.state.quarantine import Quarantine
 from gpushare.cluster.state.view import ClusterView
 from gpushare.kube.controller import Kube
@@ -25,26 +26,37 @@ from gpushare.kube.watching import Watched
 log = logging.getLogger(__name__)
 
 
-def _guarded(
-    quarantine: Quarantine, kind: str, take_in: Callable[[Mapping[str, Any]], object]
-) -> Callable[[Mapping[str, Any]], object]:
-    """A watch event's upsert through the quarantine: one object it cannot take is held out
-    (gpushare.cluster.state.quarantine), the watch goes on."""
+async def _watch(
+    kube: Kube,
+    what: Watched,
+    quarantine: Quarantine,
+    kind: str,
+    *,
+    replace: Callable[[Iterable[Mapping[str, Any]]], None],
+    upsert: Callable[[Mapping[str, Any]], object],
+    delete: Callable[[Mapping[str, Any]], None],
+    resync_seconds: float,
+    namespace: str | None = None,
+) -> None:
+    """``kube.inform`` for ``what``, each event through ``quarantine`` under ``kind``: one
+    object the view cannot take is held out (gpushare.cluster.state.quarantine) until it is
+    deleted, and the watch goes on."""
 
-    def upsert(data: Mapping[str, Any]) -> object:
-        return quarantine.take(kind, data, take_in)
+    def take(data: Mapping[str, Any]) -> object:
+        return quarantine.take(kind, data, upsert)
 
-    return upsert
-
-
-def _forgetting(
-    quarantine: Quarantine, kind: str, delete: Callable[[Mapping[str, Any]], None]
-) -> Callable[[Mapping[str, Any]], None]:
     def forget(data: Mapping[str, Any]) -> None:
         quarantine.forget(kind, data)
         delete(data)
 
-    return forget
+    await kube.inform(
+        what,
+        replace=replace,
+        upsert=take,
+        delete=forget,
+        resync_seconds=resync_seconds,
+        namespace=namespace,
+    )
 
 
 async def feed_nodes(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
@@ -52,11 +64,14 @@ async def feed_nodes(kube: Kube, view: ClusterView, *, resync_seconds: float) ->
         meta = data.get("metadata")
         view.delete_node(str(meta.get("name", "")) if isinstance(meta, Mapping) else "")
 
-    await kube.inform(
+    await _watch(
+        kube,
         Watched.NODES,
+        view.quarantine,
+        "Node",
         replace=view.replace_nodes,
-        upsert=_guarded(view.quarantine, "Node", view.upsert_node),
-        delete=_forgetting(view.quarantine, "Node", delete),
+        upsert=view.upsert_node,
+        delete=delete,
         resync_seconds=resync_seconds,
     )
 
@@ -95,9 +110,7 @@ async def feed_pods(
             keeper.pod_event(data)
 
     def delete(data: Mapping[str, Any]) -> None:
-        meta = data.get("metadata")
-        meta = meta if isinstance(meta, Mapping) else {}
-        key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+        key = pod_key(data)  # the key the view keeps the pod under
         view.delete_pod(key)
         if allocator is not None:
             allocator.pod_gone(key, deleted=True)
@@ -112,11 +125,14 @@ async def feed_pods(
         if keeper is not None:
             keeper.pods_listed(listed, take=view.quarantine.take)
 
-    await kube.inform(
+    await _watch(
+        kube,
         Watched.PODS,
+        view.quarantine,
+        "Pod",
         replace=replace,
-        upsert=_guarded(view.quarantine, "Pod", upsert),
-        delete=_forgetting(view.quarantine, "Pod", delete),
+        upsert=upsert,
+        delete=delete,
         resync_seconds=resync_seconds,
     )
 
@@ -161,11 +177,14 @@ async def feed_shares(
     """GpuShare statuses for the extender's hold rule (gpushare.cluster.state.share_rules),
     until ``handoff`` is done (then returns: the operator's Kopf watch feeds them)."""
     informer = asyncio.create_task(
-        kube.inform(
+        _watch(
+            kube,
             Watched.SHARES,
+            view.quarantine,
+            "GpuShare",
             replace=view.replace_shares,
-            upsert=_guarded(view.quarantine, "GpuShare", view.upsert_share),
-            delete=_forgetting(view.quarantine, "GpuShare", view.delete_share),
+            upsert=view.upsert_share,
+            delete=view.delete_share,
             resync_seconds=resync_seconds,
         )
     )
@@ -190,11 +209,14 @@ async def feed_shares(
 async def feed_namespaces(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
     """Namespace labels an admin sets: sharing groups and neighbour-rule grants
     (gpushare.cluster.state.tenancy)."""
-    await kube.inform(
+    await _watch(
+        kube,
         Watched.NAMESPACES,
+        view.quarantine,
+        "Namespace",
         replace=view.replace_namespaces,
-        upsert=_guarded(view.quarantine, "Namespace", view.upsert_namespace),
-        delete=_forgetting(view.quarantine, "Namespace", view.delete_namespace),
+        upsert=view.upsert_namespace,
+        delete=view.delete_namespace,
         resync_seconds=resync_seconds,
     )
 
@@ -205,11 +227,14 @@ async def feed_claim_templates(
     """ResourceClaimTemplates of gpushare's name form (``--annotation-mode=dra``): what the
     webhook checks a DRA-mode pod's template against and the keeper counts per namespace
     (gpushare.cluster.dra.templates)."""
-    await kube.inform(
+    await _watch(
+        kube,
         Watched.CLAIM_TEMPLATES,
+        templates.quarantine,
+        "ResourceClaimTemplate",
         replace=templates.replace,
-        upsert=_guarded(templates.quarantine, "ResourceClaimTemplate", templates.upsert),
-        delete=_forgetting(templates.quarantine, "ResourceClaimTemplate", templates.delete),
+        upsert=templates.upsert,
+        delete=templates.delete,
         resync_seconds=resync_seconds,
     )
 
@@ -218,18 +243,24 @@ async def feed_dra(kube: Kube, devices: DraDevices, *, resync_seconds: float) ->
     """ResourceSlices and ResourceClaims into the DRA ledger the claim allocator places by
     (gpushare.cluster.dra.devices)."""
     await asyncio.gather(
-        kube.inform(
+        _watch(
+            kube,
             Watched.RESOURCE_SLICES,
+            devices.quarantine,
+            "ResourceSlice",
             replace=devices.replace_slices,
-            upsert=_guarded(devices.quarantine, "ResourceSlice", devices.upsert_slice),
-            delete=_forgetting(devices.quarantine, "ResourceSlice", devices.delete_slice),
+            upsert=devices.upsert_slice,
+            delete=devices.delete_slice,
             resync_seconds=resync_seconds,
         ),
-        kube.inform(
+        _watch(
+            kube,
             Watched.RESOURCE_CLAIMS,
+            devices.quarantine,
+            "ResourceClaim",
             replace=devices.replace_claims,
-            upsert=_guarded(devices.quarantine, "ResourceClaim", devices.upsert_claim),
-            delete=_forgetting(devices.quarantine, "ResourceClaim", devices.delete_claim),
+            upsert=devices.upsert_claim,
+            delete=devices.delete_claim,
             resync_seconds=resync_seconds,
         ),
     )
@@ -240,13 +271,16 @@ async def feed_agent_leases(
 ) -> None:
     """The node agents' Leases of the release namespace: whose agent is alive
     (gpushare.cluster.state.agents). Other Leases there (leader election) are ignored."""
-    await kube.inform(
+    await _watch(
+        kube,
         Watched.LEASES,
-        namespace=namespace,
+        view.quarantine,
+        "Lease",
         replace=view.replace_agent_leases,
-        upsert=_guarded(view.quarantine, "Lease", view.upsert_agent_lease),
-        delete=_forgetting(view.quarantine, "Lease", view.delete_agent_lease),
+        upsert=view.upsert_agent_lease,
+        delete=view.delete_agent_lease,
         resync_seconds=resync_seconds,
+        namespace=namespace,
     )
 
 

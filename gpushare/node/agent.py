@@ -16,11 +16,11 @@ from typing import Any
 from gpushare.api.agent_lease import AGENT_LEASE_RENEW_S
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import RESOURCE_GPU_OPPORTUNISTIC
+from gpushare.api.pod import PodInfo, pod_info
 from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN
 from gpushare.node.core.allocations import PodAllocation
 from gpushare.node.core.answer import DeviceNode
 from gpushare.node.core.health import DeviceHealth
-from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.core.serving import KubeletPlugin, RestartLoop
 from gpushare.node.deviceplugin.devices import slice_ids
 from gpushare.node.deviceplugin.server import DevicePluginServicer

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from gpushare.api.pod import PodInfo
 from gpushare.node import exporter
-from gpushare.node.core.pods import PodInfo
 from gpushare.node.exporter.server import profile_reply
 from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.metrics import MetricsServer

@@ -35,8 +35,8 @@ from gpushare.node.settings import AgentSettings
 from gpushare.packing.tenancy import TENANCY_MODES
 
 if TYPE_CHECKING:
+    from gpushare.api.pod import PodInfo
     from gpushare.kube.node import NodeKube
-    from gpushare.node.core.pods import PodInfo
 
 log = logging.getLogger("gpushare.node")
 
@@ -259,8 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidInputError as exc:
         print(f"gpushare-node-agent: {exc}", file=sys.stderr)
         return 2
+    from gpushare.api.pod import pod_info  # noqa: PLC0415
     from gpushare.kube.node import NodeKube  # noqa: PLC0415  (keeps --help fast)
-    from gpushare.node.core.pods import pod_info  # noqa: PLC0415
 
     kube = NodeKube(node_name=args.node_name, project=pod_info, kubeconfig=args.kubeconfig)
     record = _node_events(kube)

@@ -8,9 +8,10 @@ from collections.abc import Callable, Sequence
 
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import RESOURCE_GPU_OPPORTUNISTIC
+from gpushare.api.pod import PodInfo
 from gpushare.node.core.answer import DeviceNode
 from gpushare.node.core.cgroups import pods_with_running_containers
-from gpushare.node.core.pods import PodInfo, PodSource
+from gpushare.node.core.pods import PodSource
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import opportunistic_slice_ids, slice_ids
 from gpushare.node.deviceplugin.holdings import (

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import RESOURCE_GPU_PERCENT, STATE_ALLOCATED
-from gpushare.node.core.pods import PodInfo
+from gpushare.api.pod import PodInfo
 from gpushare.node.gpu.backend import GpuBackend
 
 PIPE_WEIGHTS: dict[str, float] = {

@@ -11,7 +11,7 @@ import pytest
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import ExclusiveWorkload, dump_exclusive, load_exclusive
 from gpushare.api.names import ANN_GPU_UUID, ANN_THREAD_PERCENT
-from gpushare.node.core.pods import pod_info
+from gpushare.api.pod import pod_info
 from gpushare.node.faults.incidents import FaultDetector
 from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.faults.parsing import classify, is_fault_line, parse_log_line

@@ -43,6 +43,7 @@ from gpushare.api.names import (
     RESOURCE_GPU_PERCENT,
 )
 from gpushare.api.placement import Placement, parse_placement
+from gpushare.api.pod import PodInfo, pod_info
 from gpushare.api.quantities import kube_quantity
 from gpushare.api.request import parse_opportunistic, parse_request
 from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
@@ -55,7 +56,6 @@ from gpushare.cluster.webhook import review as webhook
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.kube import informer
 from gpushare.node.core.answer import AllocationError
-from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.deviceplugin import devices
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.mps.manager import MpsManager

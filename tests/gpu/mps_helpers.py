@@ -21,8 +21,8 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
 )
 from gpushare.api.placement import parse_placement
+from gpushare.api.pod import PodInfo
 from gpushare.node.core.answer import AllocationContext, ContainerAllocation
-from gpushare.node.core.pods import PodInfo
 from gpushare.node.deviceplugin.response import allocation_for_pod
 from gpushare.node.mps.manager import MpsManager
 

@@ -50,8 +50,8 @@ from typing import Any
 import pytest
 
 from gpushare.api.inventory import GpuInfo
+from gpushare.api.pod import PodInfo, pod_info
 from gpushare.node.core.answer import ContainerAllocation
-from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.faults.incidents import FaultIncident
 from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.gpu.nvml import NvmlBackend

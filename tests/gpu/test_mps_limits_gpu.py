@@ -44,8 +44,8 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
+from gpushare.api.pod import PodInfo, pod_info
 from gpushare.node.core.answer import AllocationContext, ContainerAllocation
-from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.deviceplugin.response import allocation_for_pod
 from gpushare.node.mps.limits import MpsLimitKeeper
 from gpushare.node.mps.manager import MpsManager

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
-from gpushare.node.core.pods import PodInfo
+from gpushare.api.pod import PodInfo
 from gpushare.node.mps.client import ClientLimits, client_limits
 
 # Where a container sees its GPU's MPS directories.

@@ -20,6 +20,7 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
 )
 from gpushare.api.placement import Placement
+from gpushare.api.pod import PodInfo
 from gpushare.node.core.answer import (
     AllocationContext,
     AllocationError,
@@ -27,7 +28,7 @@ from gpushare.node.core.answer import (
     DeviceNode,
     MpsLayout,
 )
-from gpushare.node.core.pods import PodInfo, PodSource, placement_values
+from gpushare.node.core.pods import PodSource, placement_values
 from gpushare.node.deviceplugin.devices import group_by_gpu, is_opportunistic
 from gpushare.node.deviceplugin.holdings import Answer, AnswerBook
 from gpushare.node.deviceplugin.matching import (

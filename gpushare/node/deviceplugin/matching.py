@@ -24,8 +24,9 @@ from datetime import UTC, datetime
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import ANN_GPU_UUID, ANN_STATE, STATE_ALLOCATED, STATE_ASSUMED
 from gpushare.api.placement import Placement
+from gpushare.api.pod import PodInfo
 from gpushare.node.core.answer import AllocationError
-from gpushare.node.core.pods import PodInfo, annotated_gpus, placement_values
+from gpushare.node.core.pods import annotated_gpus, placement_values
 
 
 class MalformedPlacementError(AllocationError):

@@ -17,7 +17,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from gpushare.api.names import ANN_GPU_UUID, ANN_STATE, STATE_ALLOCATED, STATE_ASSUMED
-from gpushare.node.core.pods import PodInfo, placement_values
+from gpushare.api.pod import PodInfo
+from gpushare.node.core.pods import placement_values
 from gpushare.node.deviceplugin.holdings import Answer
 
 UNVERIFIED_FOR_S = 120.0

@@ -11,6 +11,7 @@ from collections.abc import Set as AbstractSet
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import ANN_CLASS, ANN_STATE, CLASS_BATCH, SLICES_PER_GPU, STATE_ALLOCATED
 from gpushare.api.placement import Placement
+from gpushare.api.pod import PodInfo
 from gpushare.api.request import parse_class
 from gpushare.node.core.answer import (
     AllocationContext,
@@ -20,7 +21,7 @@ from gpushare.node.core.answer import (
     mps_allocation,
     whole_allocation,
 )
-from gpushare.node.core.pods import PodInfo, annotated_gpus
+from gpushare.node.core.pods import annotated_gpus
 from gpushare.node.mps.client import MiB, runs_under_mps
 
 

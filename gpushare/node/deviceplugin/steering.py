@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
 from gpushare.api.names import OPPORTUNISTIC_SLICES_PER_GPU
-from gpushare.node.core.pods import PodInfo, annotated_gpus
+from gpushare.api.pod import PodInfo
+from gpushare.node.core.pods import annotated_gpus
 from gpushare.node.deviceplugin.devices import capacity_of, ids_by_gpu
 from gpushare.node.deviceplugin.matching import waiting_pods
 

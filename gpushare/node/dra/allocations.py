@@ -6,8 +6,8 @@ annotated ones (docs/observability.md). A DRA-mode pod carries no placement anno
 from collections.abc import Iterable
 
 from gpushare.api.names import SLICES_PER_GPU, STATE_ALLOCATED
+from gpushare.api.pod import PodInfo
 from gpushare.node.core.allocations import PodAllocation, pod_containers
-from gpushare.node.core.pods import PodInfo
 from gpushare.node.dra.checkpoint import PreparedClaim
 
 

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from gpushare.api.dra import device_name
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
+from gpushare.api.pod import PodInfo
 from gpushare.node.core.answer import (
     AllocationContext,
     DeviceNode,
@@ -34,7 +35,6 @@ from gpushare.node.core.answer import (
     mps_allocation,
     whole_allocation,
 )
-from gpushare.node.core.pods import PodInfo
 from gpushare.node.dra import cdi
 from gpushare.node.dra.cdi import CdiDir
 from gpushare.node.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice

@@ -9,9 +9,9 @@ from collections.abc import Iterable
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import ANN_CLASS, SLICES_PER_GPU
+from gpushare.api.pod import PodInfo
 from gpushare.api.request import parse_class, parse_request
 from gpushare.node.core.allocations import PodAllocation, pod_containers
-from gpushare.node.core.pods import PodInfo
 
 
 def allocation_from_pod(pod: PodInfo) -> PodAllocation | None:

@@ -24,7 +24,7 @@ from gpushare.api.names import (
     SLICES_PER_GPU,
 )
 from gpushare.api.placement import format_time
-from gpushare.node.core.pods import PodInfo
+from gpushare.api.pod import PodInfo
 from gpushare.node.faults.incidents import FaultIncident
 from gpushare.node.faults.metrics import FaultStats
 from gpushare.node.faults.verdicts import (

@@ -51,46 +51,50 @@ class FaultCollector(Collector):
 
     def _involvement_families(self, node: str) -> Iterator[Metric]:
         """Fault incidents and the clients involved in them, per GPU."""
-        incidents = CounterMetricFamily(
-            "gpushare_mps_fault_incidents",
-            "Fatal GPU faults of MPS clients seen in the MPS server logs; attributed=yes when "
-            "the log named a client (evidence, not proof: on driver 580 the named client was "
-            "the real faulter about half the time).",
-            labels=["node", "gpu_uuid", "attributed"],
+        yield _per_gpu(
+            CounterMetricFamily(
+                "gpushare_mps_fault_incidents",
+                "Fatal GPU faults of MPS clients seen in the MPS server logs; attributed=yes when "
+                "the log named a client (evidence, not proof: on driver 580 the named client was "
+                "the real faulter about half the time).",
+                labels=["node", "gpu_uuid", "attributed"],
+            ),
+            node,
+            self.stats.incidents,
         )
-        for (uuid, attributed), value in sorted(self.stats.incidents.items()):
-            incidents.add_metric([node, uuid, attributed], float(value))
-        yield incidents
-        clients = CounterMetricFamily(
-            "gpushare_mps_fault_clients",
-            "MPS clients involved in fatal GPU faults (torn down by them), by role: faulting "
-            "(named by the MPS server, right about half the time on driver 580), victim "
-            "(another client torn down with it), unattributed (the log named no client).",
-            labels=["node", "gpu_uuid", "role"],
+        yield _per_gpu(
+            CounterMetricFamily(
+                "gpushare_mps_fault_clients",
+                "MPS clients involved in fatal GPU faults (torn down by them), by role: faulting "
+                "(named by the MPS server, right about half the time on driver 580), victim "
+                "(another client torn down with it), unattributed (the log named no client).",
+                labels=["node", "gpu_uuid", "role"],
+            ),
+            node,
+            self.stats.clients,
         )
-        for (uuid, role), value in sorted(self.stats.clients.items()):
-            clients.add_metric([node, uuid, role], float(value))
-        yield clients
 
     def _timing_families(self, node: str) -> Iterator[Metric]:
         """Seconds to detect a fault and to recover from it, per GPU."""
-        detection = GaugeMetricFamily(
-            "gpushare_mps_fault_detection_seconds",
-            "Time from the last fault being logged by the MPS server to the node agent acting.",
-            labels=["node", "gpu_uuid"],
+        yield _per_gpu(
+            GaugeMetricFamily(
+                "gpushare_mps_fault_detection_seconds",
+                "Time from the last fault being logged by the MPS server to the node agent acting.",
+                labels=["node", "gpu_uuid"],
+            ),
+            node,
+            self.stats.detection_s,
         )
-        for uuid, seconds in sorted(self.stats.detection_s.items()):
-            detection.add_metric([node, uuid], seconds)
-        yield detection
-        recovery = GaugeMetricFamily(
-            "gpushare_mps_fault_recovery_seconds",
-            "Time from the last fault to the last client it reached leaving the MPS server (the "
-            "server takes new clients again).",
-            labels=["node", "gpu_uuid"],
+        yield _per_gpu(
+            GaugeMetricFamily(
+                "gpushare_mps_fault_recovery_seconds",
+                "Time from the last fault to the last client it reached leaving the MPS server "
+                "(the server takes new clients again).",
+                labels=["node", "gpu_uuid"],
+            ),
+            node,
+            self.stats.recovery_s,
         )
-        for uuid, seconds in sorted(self.stats.recovery_s.items()):
-            recovery.add_metric([node, uuid], seconds)
-        yield recovery
 
     def _node_families(self, node: str) -> Iterator[Metric]:
         """The node's exclusive workloads and its eviction and lingering-client counters."""
@@ -129,3 +133,15 @@ class FaultCollector(Collector):
             counter = CounterMetricFamily(name, help_text, labels=["node"])
             counter.add_metric([node], float(value))
             yield counter
+
+
+def _per_gpu(
+    family: CounterMetricFamily | GaugeMetricFamily,
+    node: str,
+    values: Mapping[str, float] | Mapping[tuple[str, str], int],
+) -> Metric:
+    """``family`` with a sample per key of ``values``: a GPU UUID, or (GPU UUID, the family's
+    last label), in order."""
+    for key, value in sorted(values.items()):
+        family.add_metric([node, *((key,) if isinstance(key, str) else key)], float(value))
+    return family

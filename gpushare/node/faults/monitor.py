@@ -12,7 +12,7 @@ from pathlib import Path
 from prometheus_client.registry import Collector
 
 from gpushare.api.exclusive import ExclusiveWorkload
-from gpushare.node.core.pods import PodInfo
+from gpushare.api.pod import PodInfo
 from gpushare.node.faults.actions import (
     FaultKube,
     PodRef,

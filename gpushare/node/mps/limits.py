@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpushare.api.names import STATE_ALLOCATED, STATE_ASSUMED
-from gpushare.node.core.pods import PodInfo
+from gpushare.api.pod import PodInfo
 
 log = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ class Informers:
         upsert: Callable[[Mapping[str, Any]], object],
         delete: Callable[[Mapping[str, Any]], None],
         resync_seconds: float,
+        namespace: str | None = None,
     ) -> None:
         replace(self.listing.get(kind, []))
         for obj in self.changes.get(kind, []):

@@ -14,8 +14,8 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
+from gpushare.api.pod import pod_info
 from gpushare.kube.node import NodeKube
-from gpushare.node.core.pods import pod_info
 
 MINE = {
     "metadata": {"name": "mine", "namespace": "a", "uid": "u1"},

@@ -23,8 +23,8 @@ from gpushare.api.names import (
     LABEL_MPS_CAPABLE,
     LABEL_SIMULATED,
 )
+from gpushare.api.pod import pod_info
 from gpushare.node.agent import NodeAgent
-from gpushare.node.core.pods import pod_info
 from gpushare.node.gpu.simulated import SimulatedBackend
 from gpushare.node.settings import AgentSettings
 from gpushare.node.simload import Share, simulated_load

@@ -1,8 +1,8 @@
 """One pod projection per process: the controller reads a pod's placement annotations in
-``cluster.state.pod_facts`` (``PodFacts``), the node agent in ``node.core.pods`` (``PodInfo``), and
-every other reader of either process takes the placement from that projection. The CLI, a
-process of its own that may import neither (docs/cli.md), reads them once per pod in
-``cli.view``."""
+``cluster.state.pod_facts`` (``PodFacts``), the node agent in ``api.pod`` (``PodInfo``, a pod
+manifest read once), and every other reader of either process takes the placement from that
+projection. The CLI, a process of its own that may import neither program (docs/cli.md), reads
+each pod it lists into the same ``PodInfo``."""
 
 import ast
 from collections import Counter
@@ -11,8 +11,7 @@ from tests import REPO
 
 PROJECTIONS = {
     "gpushare/cluster/state/pod_facts.py": 1,
-    "gpushare/node/core/pods.py": 1,
-    "gpushare/cli/view.py": 1,
+    "gpushare/api/pod.py": 1,
 }
 
 

@@ -16,13 +16,13 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
 )
 from gpushare.api.placement import parse_placement
+from gpushare.api.pod import PodInfo
 from gpushare.node.core.answer import (
     CONTAINER_PIPE_DIR,
     AllocationContext,
     AllocationError,
     check_uid,
 )
-from gpushare.node.core.pods import PodInfo
 from gpushare.node.deviceplugin.devices import group_by_gpu, slice_ids
 from gpushare.node.deviceplugin.matching import MalformedPlacementError, select_pod
 from gpushare.node.deviceplugin.response import (

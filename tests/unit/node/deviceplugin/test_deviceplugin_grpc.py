@@ -8,8 +8,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gpushare.api.pod import PodInfo
 from gpushare.node.core.health import DeviceHealth
-from gpushare.node.core.pods import PodInfo
 from gpushare.node.core.serving import wait_until_accepting
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import HEALTHY, UNHEALTHY

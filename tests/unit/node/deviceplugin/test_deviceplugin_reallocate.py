@@ -19,8 +19,8 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
     STATE_ASSUMED,
 )
+from gpushare.api.pod import PodInfo, pod_info
 from gpushare.node.core.answer import AllocationError
-from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import device_id, slice_ids
 from gpushare.node.deviceplugin.holdings import Answer, AnswerBook

@@ -7,7 +7,7 @@ import pytest
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import ANN_BIND_TIME, ANN_GPU_UUID, ANN_STATE, ANN_THREAD_PERCENT
-from gpushare.node.core.pods import PodInfo
+from gpushare.api.pod import PodInfo
 from gpushare.node.deviceplugin.devices import group_by_gpu, parse_device_id, slice_ids
 from gpushare.node.deviceplugin.steering import steer
 

@@ -10,8 +10,8 @@ import pytest
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import ANN_TIER, RESOURCE_GPU_OPPORTUNISTIC, TIER_OPPORTUNISTIC
+from gpushare.api.pod import PodInfo, pod_info
 from gpushare.node.core.answer import AllocationError
-from gpushare.node.core.pods import PodInfo, pod_info
 from gpushare.node.deviceplugin.devices import (
     opportunistic_slice_ids,
     parse_device_id,

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from gpushare.api.dra import CONFIG_API_VERSION, CONFIG_KIND, DRIVER
-from gpushare.node.core.pods import PodInfo
+from gpushare.api.pod import PodInfo
 from gpushare.node.dra.cdi import CdiDir
 from gpushare.node.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from gpushare.node.dra.driver import DraDriver

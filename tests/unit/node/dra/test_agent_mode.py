@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.api.dra import DRIVER
 from gpushare.api.names import AGENT_MODE_DRA, ANN_AGENT_MODE, ANN_AGENT_READY
+from gpushare.api.pod import pod_info
 from gpushare.node.agent import NodeAgent
-from gpushare.node.core.pods import pod_info
 from gpushare.node.dra.claims import ClaimRef
 from gpushare.node.exporter import build_exporter
 from gpushare.node.main import build_parser

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.pod import PodInfo
 from gpushare.node.core.answer import AllocationError
-from gpushare.node.core.pods import PodInfo
 from gpushare.node.dra.cdi import CdiDir
 from gpushare.node.dra.claims import ClaimRef
 from gpushare.node.mps.limits import FLOOR, MpsLimitKeeper

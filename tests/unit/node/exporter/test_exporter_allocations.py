@@ -3,7 +3,7 @@
 
 from typing import Any
 
-from gpushare.node.core.pods import PodInfo, pod_info
+from gpushare.api.pod import PodInfo, pod_info
 from gpushare.node.exporter.allocations import allocation_from_pod, allocations_from_pods
 
 GPU_A = "GPU-11111111-2222-3333-4444-555555555555"

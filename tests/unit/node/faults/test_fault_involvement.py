@@ -14,7 +14,7 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
-from gpushare.node.core.pods import pod_info
+from gpushare.api.pod import pod_info
 from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.faults.verdicts import UNKNOWN_WORKLOAD, RepeatOffenders, pick_to_separate
 

@@ -11,7 +11,7 @@ from gpushare.api.names import (
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
-from gpushare.node.core.pods import PodInfo, pod_info
+from gpushare.api.pod import PodInfo, pod_info
 from gpushare.node.faults.tailing import MAX_LINE, LogTail
 from gpushare.node.mps.limits import (
     FLOOR,
