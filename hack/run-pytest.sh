@@ -19,7 +19,10 @@ bash hack/local-cluster.sh status >/dev/null 2>&1 && was_up=1
 # pytest's header; replay one with --test-order=shuffle:SEED). A caller's --test-order wins.
 order=(--test-order=shuffle)
 for arg in "$@"; do [[ $arg == --test-order* ]] && order=(); done
-.venv/bin/pytest "${order[@]}" "$@"
+# Each session ends with its slowest tests, so a log says where the suite's time goes.
+durations=(--durations=25 --durations-min=5)
+for arg in "$@"; do [[ $arg == --durations* ]] && durations=(); done
+.venv/bin/pytest "${order[@]}" "${durations[@]}" "$@"
 rc=$?
 is_root=0
 [[ $(id -u) -eq 0 ]] && is_root=1
@@ -40,7 +43,7 @@ if (($# == 0)) && [[ ${GPUSHARE_CLUSTER_MODE:-deviceplugin} != dra ]] && ((is_ro
   else
     echo "run-pytest: second session: tests/cluster/dra on a cluster in dra mode" >&2
     bash hack/local-cluster.sh down >/dev/null 2>&1 || true
-    GPUSHARE_CLUSTER_MODE=dra .venv/bin/pytest tests/cluster/dra
+    GPUSHARE_CLUSTER_MODE=dra .venv/bin/pytest "${durations[@]}" tests/cluster/dra
     dra_rc=$?
     ((rc == 0)) && rc=$dra_rc
   fi
