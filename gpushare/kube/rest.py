@@ -49,10 +49,48 @@ class UnreachableError(Exception):
     """No answer from the API server (connection, TLS, timeout)."""
 
 
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+"""Where a pod's service account token, CA and namespace are mounted."""
+
+
+def in_cluster_config(sa_dir: Path | None = None) -> dict[str, Any] | None:
+    """The kubeconfig a pod's service account makes (as client-go's in-cluster config): the
+    API server from KUBERNETES_SERVICE_HOST/PORT, the mounted CA and token (read at each
+    request, so a rotated token is used); None outside a pod."""
+    sa_dir = sa_dir or SERVICE_ACCOUNT_DIR
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT")
+    token, ca = sa_dir / "token", sa_dir / "ca.crt"
+    if not host or not port or not token.is_file() or not ca.is_file():
+        return None
+    host = f"[{host}]" if ":" in host else host
+    namespace_file = sa_dir / "namespace"
+    namespace = namespace_file.read_text().strip() if namespace_file.is_file() else None
+    cluster = {
+        "server": f"https://{host}:{port}",
+        "certificate-authority-data": base64.b64encode(ca.read_bytes()).decode(),
+    }
+    return {
+        "clusters": [{"name": "in-cluster", "cluster": cluster}],
+        "users": [{"name": "in-cluster", "user": {"tokenFile": str(token)}}],
+        "contexts": [
+            {
+                "name": "in-cluster",
+                "context": {"cluster": "in-cluster", "user": "in-cluster", "namespace": namespace},
+            }
+        ],
+    }
+
+
 def kubectl_config(kubeconfig: Path | None, context: str | None) -> dict[str, Any]:
     """The merged, minified kubeconfig of ``context`` (default: the current one), with every
-    file reference inlined, as kubectl sees it."""
+    file reference inlined, as kubectl sees it; in a pod without kubectl (and no kubeconfig or
+    context asked for), its service account's (:func:`in_cluster_config`)."""
     kubectl = os.environ.get(KUBECTL_ENV) or shutil.which("kubectl")
+    if kubectl is None and kubeconfig is None and not context and "KUBECONFIG" not in os.environ:
+        in_cluster = in_cluster_config()
+        if in_cluster is not None:
+            return in_cluster
     if kubectl is None:
         raise InvalidInputError(
             "KUBECONFIG",
