@@ -105,10 +105,10 @@ class StaleExpiry(Duty):
     async def run(self) -> None:
         ctx = self.ctx
         period = max(1.0, min(5.0, ctx.settings.placement.stale_assume_seconds / 4))
-        seen = (ctx.view.agents_back, ctx.view.nodes_back)
+        seen = self._changes()
         while True:
             await asyncio.sleep(period)
-            now = (ctx.view.agents_back, ctx.view.nodes_back)
+            now = self._changes()
             back, seen = now != seen, now
             released = ctx.view.expire_stale()
             for key in released:
@@ -117,8 +117,9 @@ class StaleExpiry(Duty):
             for key in lapsed:
                 log.info("filter-time hold lapsed (no bind came)", extra={"pod": key})
             refused = self.extender.refused
-            # A node placeable again (its agent back, its devices registered again) frees
-            # what was refused there too.
+            # A node placeable again (its agent back, its devices registered again), or a
+            # placed pod's rules changed (its profile known, its profiling ended), frees what
+            # was refused there too.
             freed = released or lapsed or back
             if freed and ctx.leading and ctx.kube is not None and len(refused):
                 touched = await requeue(refused, ctx.view.pods(), ctx.kube)
@@ -127,6 +128,10 @@ class StaleExpiry(Duty):
                         "asked the scheduler to retry pods refused before capacity was let go",
                         extra={"pods": len(touched), "example": touched[0]},
                     )
+
+    def _changes(self) -> tuple[int, int, int]:
+        view = self.ctx.view
+        return (view.agents_back, view.nodes_back, view.placed_rules_changed)
 
 
 class Evictions(Duty):

@@ -288,10 +288,12 @@ def kept(f: PodFacts) -> bool:
 
 
 def frozen_demand(old: PodFacts | None, f: PodFacts) -> PodFacts:
-    """``f``, the pod as the watch says it now, with the demand it was placed with (``old``:
+    """``f``, the pod as the watch says it now, with the request it was placed with (``old``:
     as the view kept it). Once bound, a pod holds what it was placed with: a later change of
     its request annotations (refused by the chart's admission policy; here if that is missing)
-    does not change what it counts for on its GPU (docs/security.md)."""
+    does not change what it counts for on its GPU (docs/security.md). Its GpuShare's measured
+    profile follows the pod: the operator writes it on running pods once it is known, and
+    what fits beside the pod depends on it, not what the pod counts for."""
     if (
         old is None
         or old.uid != f.uid
@@ -301,9 +303,23 @@ def frozen_demand(old: PodFacts | None, f: PodFacts) -> PodFacts:
         or f.demand == old.demand
     ):
         return f
-    if f.demand is None or replace(f.demand, tenancy=None) != replace(old.demand, tenancy=None):
+    if f.demand is None or _request(f.demand) != _request(old.demand):
         log.warning(
             "request annotations changed after bind; the pod keeps the share it was placed with",
             extra={"pod": f.key},
         )
-    return replace(f, demand=replace(old.demand, tenancy=f.demand.tenancy if f.demand else None))
+    if f.demand is None:
+        return replace(f, demand=replace(old.demand, tenancy=None))
+    new = f.demand
+    kept = replace(
+        old.demand,
+        tenancy=new.tenancy,
+        profile=new.profile,
+        peak_memory_bytes=new.peak_memory_bytes,
+    )
+    return replace(f, demand=kept)
+
+
+def _request(demand: Demand) -> Demand:
+    """What of a demand is the pod's request (not its tenancy, nor its share's profile)."""
+    return replace(demand, tenancy=None, profile=None, peak_memory_bytes=None)

@@ -75,6 +75,11 @@ class ViewParts:
         the agent's devices again, the agent is ready again, its Lease renewed): kube-scheduler
         may have retried a refused pod on the Node event before this view saw it, and no
         event follows, so those pods are asked to be retried too."""
+        self.placed_rules_changed = 0
+        """Counts rule changes of pods placed on GPUs (a GpuShare's profile written on its
+        running pods, a profiling mark ended): what fits beside them changes and kube-scheduler
+        sees no event of interest (an annotation of a bound pod), so pods refused meanwhile
+        are asked to be retried."""
         self._read: dict[str, tuple[list[GpuInfo] | None, str | None]] = {}
         """Each node with gpushare GPUs: (its GPUs, or None and why not) as last read from it,
         before its agent's Lease is judged: what a node gets back once its agent is."""
@@ -159,9 +164,12 @@ class ViewParts:
         """Remember a pod's GpuShare rules; a change of a placed pod's rules changes what
         fits its GPUs, so their nodes' versions move (cached answers there are dropped)."""
         if self._rules.set(key, rules):
-            for node in {self._gpu_node.get(u) for u in self._tenancy.get(key, {})}:
+            held = self._tenancy.get(key, {})
+            for node in {self._gpu_node.get(u) for u in held}:
                 if node is not None:
                     self._bump(node)
+            if held and key in self._pods:
+                self.placed_rules_changed += 1
 
     # ---- telling the listeners -----------------------------------------------------------
 
