@@ -93,6 +93,13 @@ def _live_and_watch(p: argparse.ArgumentParser) -> None:
         help="a node agent's /metrics URL for live readings (repeatable)",
     )
     p.add_argument(
+        "--bearer-token-file",
+        metavar="FILE",
+        help="a file holding the bearer token sent with live reads: a node agent's /metrics "
+        "answers only tokens allowed to get /metrics (the chart's monitoring.metricsReaders); "
+        "in a pod, its service account's /var/run/secrets/kubernetes.io/serviceaccount/token",
+    )
+    p.add_argument(
         "-w",
         "--watch",
         action="store_true",

@@ -23,7 +23,7 @@ from gpushare.cli.args import (
     with_default_command,
 )
 from gpushare.cli.completion import candidates, script
-from gpushare.cli.live import from_exporters, from_prometheus
+from gpushare.cli.live import TOKEN_FLAG, from_exporters, from_prometheus, read_token
 from gpushare.cli.outputs import (
     Output,
     custom_columns,
@@ -55,16 +55,28 @@ def _prog() -> str:
     return "kubectl gpushare" if name.startswith("kubectl") else "gpushare"
 
 
-def _live(args: argparse.Namespace) -> Live | None:
+def _check_live(args: argparse.Namespace) -> None:
+    """One live source at most, and a token file only with one (read once now, so a bad one
+    is refused before the cluster is read)."""
     if args.prometheus and args.metrics_url:
         raise InvalidInputError(
             "--prometheus", "is given together with --metrics-url", "use one of the two"
         )
+    if args.bearer_token_file is not None:
+        if not (args.prometheus or args.metrics_url):
+            raise InvalidInputError(
+                TOKEN_FLAG, "is given without a live source", "add --metrics-url or --prometheus"
+            )
+        read_token(args.bearer_token_file)
+
+
+def _live(args: argparse.Namespace) -> Live | None:
+    if not (args.prometheus or args.metrics_url):
+        return None
+    token = read_token(args.bearer_token_file)  # again at each read: tokens are rotated
     if args.prometheus:
-        return from_prometheus(args.prometheus, timeout_s=args.timeout)
-    if args.metrics_url:
-        return from_exporters(args.metrics_url, timeout_s=args.timeout)
-    return None
+        return from_prometheus(args.prometheus, timeout_s=args.timeout, token=token)
+    return from_exporters(args.metrics_url, timeout_s=args.timeout, token=token)
 
 
 def _query(args: argparse.Namespace) -> Query:
@@ -102,6 +114,7 @@ def _check(args: argparse.Namespace) -> None:
         )
     if args.watch_timeout < 0:
         raise InvalidInputError("--watch-timeout", "must not be negative", "give 0 or seconds")
+    _check_live(args)
     args.output = parse_output(args.output)
     if args.command == "top" and (args.output.format in ("name", "custom-columns") or args.sort_by):
         raise InvalidInputError(

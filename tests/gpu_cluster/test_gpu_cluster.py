@@ -198,17 +198,56 @@ def check_exporter(gc: GpuCluster, shares: dict[str, str]) -> None:
     assert ok, alloc
 
 
+SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+def _failure(gc: GpuCluster, command: tuple[str, ...]) -> str:
+    """What ``kubectl command`` says when it fails (its stderr), for a timeout's message."""
+    try:
+        return gc.kubectl(*command)
+    except AssertionError as exc:
+        return str(exc)
+
+
 def check_top(gc: GpuCluster, shares: dict[str, str], threads: dict[str, int]) -> None:
     """`kubectl gpushare top` run where its dependencies are (the gpushare image, in the
-    controller pod, with its service account), reading the agent's live metrics."""
+    controller pod, with its service account), reading the agent's live metrics as a platform
+    team would: the agent's /metrics answers only callers allowed to get it, so the
+    service account is bound to the chart's metrics-reader ClusterRole for the read (what
+    monitoring.metricsReaders does) and its token is sent with --bearer-token-file."""
     ip = agent_pod(gc)["status"]["podIP"]
-    controller = gc.kjson(
+    pod = gc.kjson(
         "get", "pods", "-n", gc.release_namespace, "-l", "app.kubernetes.io/component=controller"
-    )["items"][0]["metadata"]["name"]
-    text = gc.kubectl(
-        "exec", "-n", gc.release_namespace, controller, "--", "kubectl-gpushare", "top",
-        "--metrics-url", f"http://{ip}:{METRICS_PORT}/metrics", "-o", "json",
+    )["items"][0]
+    controller, account = pod["metadata"]["name"], pod["spec"]["serviceAccountName"]
+    reader = next(
+        r["metadata"]["name"]
+        for r in gc.kjson("get", "clusterroles", "-l", "app.kubernetes.io/instance=gpushare")[
+            "items"
+        ]
+        if r["metadata"]["name"].endswith("-metrics-reader")
+    )
+    binding = "gpushare-e2e-top-reader"
+    gc.kubectl(
+        "create", "clusterrolebinding", binding, f"--clusterrole={reader}",
+        f"--serviceaccount={gc.release_namespace}:{account}",
     )  # fmt: skip
+    command = (
+        "exec", "-n", gc.release_namespace, controller, "--", "kubectl-gpushare", "top",
+        "--metrics-url", f"http://{ip}:{METRICS_PORT}/metrics",
+        "--bearer-token-file", SA_TOKEN, "-o", "json",
+    )  # fmt: skip
+    try:
+        # The binding reaches the API server's authorizer within a moment; the agent keeps a
+        # refusal 10 s (gpushare.kube.access).
+        text = wait_for(
+            lambda: gc.kubectl(*command, check=False).strip(),
+            timeout_s=45,
+            what="kubectl gpushare top to read the agent's /metrics with the bound token",
+            on_timeout=lambda: _failure(gc, command),
+        )
+    finally:
+        gc.kubectl("delete", "clusterrolebinding", binding, "--ignore-not-found", check=False)
     (gc.out / "gpushare-top.json").write_text(text)
     view = json.loads(text)
     rows = {

@@ -10,14 +10,16 @@ from prometheus_client import CollectorRegistry
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
-from gpushare.cli.live import from_exporters, from_prometheus
+from gpushare.cli.live import from_exporters, from_prometheus, read_token
 from gpushare.cli.main import main
 from gpushare.cli.render import render_json, render_text
 from gpushare.cli.view import build_view
+from gpushare.kube.access import Access
 from gpushare.kube.cli import ALL_NAMESPACES, Snapshot
 from gpushare.node.exporter import SamplerSettings, build_exporter
 from gpushare.node.exporter.server import serve
 from gpushare.node.gpu.simulated import SimulatedBackend
+from gpushare.node.metrics import MetricsServer
 from tests.fixtures.builders import GPU_A, GPU_B, NODES
 from tests.fixtures.builders import cli_node as node
 from tests.fixtures.builders import placed_pod as pod
@@ -245,3 +247,72 @@ def test_help_lists_the_top_command(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--help"])
     assert done.value.code == 0
     assert "top" in capsys.readouterr().out
+
+
+def serve_guarded_exporter(token: str) -> tuple[str, MetricsServer]:
+    """A node agent's /metrics that answers only ``token``: the TokenReview the agent asks the
+    API server for (gpushare.kube.access, tested against a real API server in
+    tests/faults/test_security_cluster.py) is stood in by a comparison."""
+
+    def authorize(header: str | None, path: str) -> Access:
+        if header == f"Bearer {token}":
+            return Access(200, "allowed", "reader")
+        if header is None:
+            return Access(401, f"{path}: no bearer token; fix: send one", "")
+        return Access(403, f"{path}: stranger may not get it; fix: bind it a ClusterRole", "")
+
+    backend = SimulatedBackend("1xH100-80GB", node_name="node-a")
+    exporter = build_exporter(
+        backend=backend, node_name="node-a", placements=list, settings=SamplerSettings()
+    )
+    exporter.sampler.sample_once()
+    registry = CollectorRegistry()
+    registry.register(exporter.collector)
+    server = MetricsServer(registry=registry, host="127.0.0.1", port=0, authorize=authorize)
+    server.start()
+    return f"http://127.0.0.1:{server.port}/metrics", server
+
+
+def test_a_guarded_exporter_is_read_with_the_token_file_and_refusals_say_what_to_give(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, server = serve_guarded_exporter("s3cret")
+    good, wrong = tmp_path / "token", tmp_path / "wrong"
+    good.write_text("s3cret\n")
+    wrong.write_text("guess")
+    try:
+        with pytest.raises(InvalidInputError) as refused:
+            from_exporters([url])
+        assert refused.value.field == "--metrics-url"
+        assert "HTTP 401" in refused.value.problem and "no bearer token" in refused.value.problem
+        assert "--bearer-token-file" in refused.value.fix
+        with pytest.raises(InvalidInputError) as forbidden:
+            from_exporters([url], token=read_token(str(wrong)))
+        assert "HTTP 403" in forbidden.value.problem and "stranger" in forbidden.value.problem
+        live = from_exporters([url], token=read_token(str(good)))
+        assert live.source == url and live.scalars
+        # Through the command line: without a cluster to list, the token is read first.
+        code = main(["top", "--metrics-url", url, "--bearer-token-file", str(tmp_path / "no")])
+        assert code == 1
+        assert capsys.readouterr().err.startswith("error: --bearer-token-file: cannot read")
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("content", ["", "two tokens", "x" * (70 * 1024)])
+def test_a_token_file_without_one_token_is_refused_naming_the_flag(
+    tmp_path: Path, content: str
+) -> None:
+    path = tmp_path / "token"
+    path.write_text(content)
+    with pytest.raises(InvalidInputError) as err:
+        read_token(str(path))
+    assert err.value.field == "--bearer-token-file"
+    assert "does not hold one token" in err.value.problem
+
+
+def test_a_token_file_without_a_live_source_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["top", "--bearer-token-file", str(tmp_path / "t")]) == 1
+    assert "is given without a live source" in capsys.readouterr().err
