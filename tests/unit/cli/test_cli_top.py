@@ -166,15 +166,20 @@ def test_unreadable_dra_objects_are_skipped_not_fatal() -> None:
     assert view == []
 
 
-def serve_exporter(backend: SimulatedBackend) -> tuple[str, Any]:
-    """A node exporter over the backend, sampled once, as a running agent would serve it."""
+def exporter_registry(backend: SimulatedBackend) -> CollectorRegistry:
+    """A node exporter's series over the backend, sampled once."""
     exporter = build_exporter(
         backend=backend, node_name="node-a", placements=list, settings=SamplerSettings()
     )
     exporter.sampler.sample_once()
     registry = CollectorRegistry()
     registry.register(exporter.collector)
-    server = serve(registry=registry, profiler=None, host="127.0.0.1")
+    return registry
+
+
+def serve_exporter(backend: SimulatedBackend) -> tuple[str, Any]:
+    """A node exporter over the backend, sampled once, as a running agent would serve it."""
+    server = serve(registry=exporter_registry(backend), profiler=None, host="127.0.0.1")
     return f"http://127.0.0.1:{server.port}/metrics", server
 
 
@@ -261,13 +266,7 @@ def serve_guarded_exporter(token: str) -> tuple[str, MetricsServer]:
             return Access(401, f"{path}: no bearer token; fix: send one", "")
         return Access(403, f"{path}: stranger may not get it; fix: bind it a ClusterRole", "")
 
-    backend = SimulatedBackend("1xH100-80GB", node_name="node-a")
-    exporter = build_exporter(
-        backend=backend, node_name="node-a", placements=list, settings=SamplerSettings()
-    )
-    exporter.sampler.sample_once()
-    registry = CollectorRegistry()
-    registry.register(exporter.collector)
+    registry = exporter_registry(SimulatedBackend("1xH100-80GB", node_name="node-a"))
     server = MetricsServer(registry=registry, host="127.0.0.1", port=0, authorize=authorize)
     server.start()
     return f"http://127.0.0.1:{server.port}/metrics", server
