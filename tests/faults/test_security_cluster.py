@@ -1261,6 +1261,11 @@ def routes_around_gpushare_scheduler_with_the_default_scheduler(sec: Sec) -> Out
         sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
 
 
+WATCH_FREED_S = 20.0
+"""How long a pod patched to Succeeded is watched for its share being freed: a share freed at
+the patch (the fault found) lets the probe be bound in its first scheduling cycles."""
+
+
 def declares_its_running_pod_finished(sec: Sec) -> Outcome:
     """A share stops counting once its pod has finished, and a tenant may write pods/status:
     a running pod patched to phase Succeeded. The API server then refuses the kubelet's own
@@ -1305,7 +1310,7 @@ def declares_its_running_pod_finished(sec: Sec) -> Outcome:
     bound_at: float | None = None
     probe_gpu = None
     try:
-        while time.monotonic() - patched < 45 and bound_at is None:
+        while time.monotonic() - patched < WATCH_FREED_S and bound_at is None:
             ann = sec.pod(sec.attacker_ns, probe)["metadata"].get("annotations") or {}
             if ANN_BIND_TIME in ann:
                 stamp = ann[ANN_BIND_TIME].replace("Z", "+00:00")
@@ -1327,7 +1332,7 @@ def declares_its_running_pod_finished(sec: Sec) -> Outcome:
         if bound_at is not None and probe_gpu != gpu
         else "bound only after the patched pod stopped"
         if bound_at is not None
-        else "not bound for 45 s"
+        else f"not bound for {WATCH_FREED_S:.0f} s"
     )
     return True, (
         f"phase patched to Succeeded; the container kept running (heartbeats over {ran:.0f} s) "
