@@ -26,6 +26,7 @@ from pathlib import Path
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.logs import setup_json_logging
 from gpushare.cluster import watches
+from gpushare.cluster.agent_readiness import AgentReadiness
 from gpushare.cluster.certificates import CertificateKeeper, leaves_for
 from gpushare.cluster.context import ControllerContext, Hook
 from gpushare.cluster.dra.allocator import ClaimAllocator
@@ -174,6 +175,7 @@ def _extender(ctx: ControllerContext) -> Extender:
         gate_seconds=placement.bind_gate_seconds,
         hold_in_filter=placement.hold_in_filter,
         opportunism=ctx.opportunism,
+        agent_check=AgentReadiness(url_template=settings.operator.agent_url),
     )
 
 

@@ -57,6 +57,13 @@ class PodWriter(Protocol):
     ) -> None: ...
 
 
+class AgentCheck(Protocol):
+    """Whether a node's agent can take a pod now (gpushare.cluster.agent_readiness implements
+    it over HTTP; the extender does no I/O of its own)."""
+
+    async def not_ready(self, node: str, address: str | None) -> str | None: ...
+
+
 def pod_rules(pod: Mapping[str, Any], *, granted: bool = True) -> ShareRules:
     """The pod's GpuShare rules; raises InvalidInputError naming a bad annotation."""
     meta = pods.metadata(pod)
@@ -83,6 +90,7 @@ class ExtenderBase:
         hold_in_filter: bool = False,
         hold_seconds: float = HOLD_SECONDS,
         opportunism: Opportunism | None = None,
+        agent_check: AgentCheck | None = None,
     ) -> None:
         self.view = view
         self.writer = writer
@@ -91,6 +99,10 @@ class ExtenderBase:
         """Which node and which GPUs, measured against the pod mix the view learns; with
         ``admission``, never beside a neighbour predicted past its class bound; with
         ``opportunism``, opted-in pods may go beyond a GPU's guaranteed capacity."""
+        self.agent_check = agent_check
+        """Asked by bind, for nodes whose agent keeps a Lease, just before the Binding: a pod
+        the kubelet admits while the agent is gone fails for good (gpushare.cluster.
+        agent_readiness)."""
         self.gate_seconds = gate_seconds
         """Longest a bind waits for its node (queue + earlier pods' Allocate)."""
         self.hold_in_filter = hold_in_filter

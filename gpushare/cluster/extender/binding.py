@@ -209,6 +209,10 @@ class BindVerbs(ExtenderBase):
             return {"Error": f"gpushare: {refusal}"}
         if demand is None:
             return await self._plain_bind(ns, name, uid, node_name)
+        absent = await self._agent_absent(node_name)
+        if absent is not None:
+            log.warning("not binding: node agent not ready", extra={"pod": key, "why": absent})
+            return {"Error": f"gpushare: {absent}; the pod will be retried"}
         # From here to view.reserve() nothing awaits: no other bind can interleave.
         assignment = self._assignment(key, uid, node_name, demand, rules)
         if isinstance(assignment, str):
@@ -235,6 +239,14 @@ class BindVerbs(ExtenderBase):
             tier=TIER_OPPORTUNISTIC if assignment.opportunistic else TIER_GUARANTEED,
         )
         return await self._write_binding(args, uid, held, placement, assignment)
+
+    async def _agent_absent(self, node: str) -> str | None:
+        """Why ``node``'s agent cannot take a pod now (``agent_check``), asked only where an
+        agent keeps a Lease (a node of an older agent, or none, is judged as before)."""
+        if self.agent_check is None or not self.view.agents.leased(node):
+            return None
+        info = self.view.node_info(node)
+        return await self.agent_check.not_ready(node, info.address if info else None)
 
     def _assignment(
         self, key: str, uid: str, node_name: str, demand: Demand, rules: ShareRules

@@ -64,6 +64,10 @@ class AgentLeases:
         never had a Lease. Stable between ``check`` calls and Lease events."""
         return self._down.get(node)
 
+    def leased(self, node: str) -> bool:
+        """True when ``node``'s agent keeps a Lease (alive or not)."""
+        return node in self._seen
+
     @property
     def nodes_down(self) -> Mapping[str, str]:
         return self._down
