@@ -161,3 +161,57 @@ def test_a_sigkilled_agents_node_is_refused_within_10s_and_placed_again_with_a_n
     out = os.environ.get("GPUSHARE_DEAD_AGENT_OUT") or Path(cluster.state_dir, "dead-agent.json")
     Path(out).write_text(json.dumps(measured, indent=2))
     assert refused_after <= REFUSED_WITHIN_S, measured
+
+
+def test_a_pod_bound_right_after_the_agent_is_killed_waits_instead_of_failing(
+    cluster: Any, controller: ControllerProcess, node_agent: NodeAgentProcess, namespace: str
+) -> None:
+    """Before the Lease expires the filter still offers the node, and a pod the kubelet admitted
+    now would fail for good (UnexpectedAdmissionError: the killed agent's devices are
+    unhealthy). Bind asks the agent's /readyz first: nothing listens where it answered, so the
+    bind is refused, the pod waits Pending, and it runs once a new agent is up
+    (docs/node-agent.md, "Readiness")."""
+    node = cluster.node_name
+    wait_until(
+        lambda: node in (filter_answer(controller, cluster, namespace).get("NodeNames") or []),
+        timeout_s=60,
+        what="the extender to offer the node while its agent runs",
+    )
+    # A bind first, so the controller has seen this agent answer at its URL.
+    cluster.kubectl("create", "-f", "-", input=json.dumps(pod(cluster, "before", namespace)))
+
+    def phase(name: str) -> str:
+        return cluster.kubectl(
+            "get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.phase}"
+        ).strip()
+
+    wait_until(lambda: phase("before") == "Running", timeout_s=60, what="a pod before the kill")
+    found = find_agent(node)
+    assert found is not None, "no node agent runs"
+    sigkill(found[0])
+    killed = time.monotonic()
+    cluster.kubectl("create", "-f", "-", input=json.dumps(pod(cluster, "right-after", namespace)))
+
+    def bind_refused() -> str:
+        events = cluster.events(namespace, name="right-after", reason="FailedScheduling")
+        text = " ".join(e.get("message", "") for e in events)
+        return text if "does not answer" in text else ""
+
+    event = wait_until(bind_refused, timeout_s=30, what="the bind refused for the dead agent")
+    refused_after = time.monotonic() - killed
+    assert "connection refused" in event and node in event, event
+    assert phase("right-after") == "Pending", "the pod was not kept waiting"
+    bound = cluster.kubectl(
+        "get", "pod", "right-after", "-n", namespace, "-o", "jsonpath={.spec.nodeName}"
+    )
+    assert not bound.strip(), "the pod was bound to the node of a dead agent"
+    # The bind was refused before the Lease could say the agent was gone.
+    assert refused_after < 6.0, refused_after
+
+    node_agent.start()
+    wait_until(
+        lambda: phase("right-after") == "Running",
+        timeout_s=120,
+        what="the pod to run once a new agent runs",
+    )
+    assert phase("before") == "Running"
