@@ -80,6 +80,14 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
     """ThreadingHTTPServer with a bound on connections and a deadline per connection."""
 
     daemon_threads = True
+    request_queue_size = 1024
+    """The listen backlog (socketserver's default is 5; the kernel caps it at somaxconn): a
+    burst beyond it had its SYNs dropped and retried a second later, so 300 connections
+    opened at once took 42 s to connect, and a kubelet probe or the extender's bind check
+    queued behind them. The server sheds load itself (``max_connections``); the kernel's
+    queue only holds a burst until it is accepted, with room for the accept thread to be
+    late (128 still dropped some on a loaded 2-core VM; tests/unit/node/
+    test_metrics_server_bounds.py)."""
 
     def __init__(
         self, address: tuple[str, int], handler: Any, *, max_connections: int, deadline_s: float

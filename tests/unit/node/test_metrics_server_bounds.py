@@ -138,3 +138,21 @@ def test_the_agent_checks_tokens_unless_told_not_to() -> None:
     assert build_parser().parse_args(["--metrics-auth", "none"]).metrics_auth == "none"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--metrics-auth", "maybe"])
+
+
+def test_a_burst_of_connections_is_taken_without_dropping_any(served: MetricsServer) -> None:
+    """200 connections opened at once (a tenant's flood, or many scrapers) are each accepted
+    (and beyond the bound closed) at once: with socketserver's backlog of 5, the kernel
+    dropped the rest of the burst's SYNs and each waited for a retransmit, 1 s or more, and so
+    did a kubelet probe arriving meanwhile."""
+    held: list[socket.socket] = []
+    slowest = 0.0
+    try:
+        for _ in range(200):
+            start = time.monotonic()
+            held.append(socket.create_connection(("127.0.0.1", served.port), timeout=10))
+            slowest = max(slowest, time.monotonic() - start)
+    finally:
+        for s in held:
+            s.close()
+    assert slowest < 0.9, f"a connect waited {slowest:.2f} s: a dropped SYN's retransmit"
