@@ -250,6 +250,7 @@ def _watches(ctx: ControllerContext, kube: Kube, extender: Extender) -> list[Dut
     resync = settings.placement.resync_seconds
     lease_namespace = settings.placement.agent_lease_namespace or settings.leader.namespace
     view.agents.namespace = lease_namespace
+    view.agents.max_duration_s = settings.placement.agent_lease_max_seconds
     if settings.operator.enabled:
         ctx.share_handoff = watches.ShareHandoff(view)
     duties = _dra_watches(ctx, kube, extender)

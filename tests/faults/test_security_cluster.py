@@ -59,7 +59,7 @@ from gpushare.api.names import (
     SCHEDULER_NAME,
 )
 from tests.faults.cluster_checks import kubectl_json, sigkill, wait_until
-from tests.fixtures.controller import EXTENDER_PORT, ControllerProcess
+from tests.fixtures.controller import AGENT_LEASE_MAX_SECONDS, EXTENDER_PORT, ControllerProcess
 from tests.fixtures.helm_chart import CHART, KUBE_VERSION, helm_binary
 from tests.fixtures.node_agent import NodeAgentProcess, find_agent, scraper_token
 
@@ -1800,7 +1800,8 @@ def a_hostile_lease_spec_keeps_a_dead_agents_node_alive(sec: Sec) -> Outcome:
     that is the agent's own right. Wrong types never reach the controller (the API server
     refuses them); a huge leaseDurationSeconds with a renewTime in the year 9999, written once
     right after the agent is SIGKILLed, keeps its node for at most the controller's bound
-    (60 s on its own clock, renewTime never compared) after that write, not for 68 years.
+    (--agent-lease-max-seconds, 60 s by default and AGENT_LEASE_MAX_SECONDS here, on its own
+    clock, renewTime never compared) after that write, not for 68 years.
     Renewing on and on is the agent's right too: a token bound to the agent's pod stops
     working once the pod is gone (a_stolen_agent_token_after_its_pod_is_gone), and the
     kubelet's allocatable count still judges a node whose device plugin is gone."""
@@ -1834,7 +1835,7 @@ def a_hostile_lease_spec_keeps_a_dead_agents_node_alive(sec: Sec) -> Outcome:
             assert written.returncode == 0, f"the agent's token could not write: {written.stderr}"
             first_refusal: tuple[float, str] | None = None
             gone: tuple[float, str] | None = None
-            while time.monotonic() - wrote < 90 and gone is None:
+            while time.monotonic() - wrote < AGENT_LEASE_MAX_SECONDS + 30 and gone is None:
                 offered, why = node_verdict(sec)
                 at = time.monotonic() - wrote
                 if not offered and first_refusal is None:
@@ -1842,8 +1843,10 @@ def a_hostile_lease_spec_keeps_a_dead_agents_node_alive(sec: Sec) -> Outcome:
                 if AGENT_GONE in why:
                     gone = (at, why)
                 time.sleep(0.5)
-    bound = 60 + 6  # the controller's bound, and one agent duration for the watch and check
-    ok = not stored and gone is not None and gone[0] <= bound and "60 s" in gone[1]
+    # The controller's bound, and one agent duration for the watch and check.
+    bound = AGENT_LEASE_MAX_SECONDS + 6
+    said = f"{AGENT_LEASE_MAX_SECONDS} s"
+    ok = not stored and gone is not None and gone[0] <= bound and said in gone[1]
     types_why = "; ".join(
         f"{k}: {o.stderr.strip().rsplit(': ', 1)[-1][:60]}" for k, o in typed.items()
     )
@@ -1857,8 +1860,8 @@ def a_hostile_lease_spec_keeps_a_dead_agents_node_alive(sec: Sec) -> Outcome:
         f"{LEASE_NS}/{lease} given leaseDurationSeconds 2147483647 and renewTime 9999-12-31 "
         "with the agent's token right after the agent was killed: the controller judged the "
         "agent gone "
-        + (f"{gone[0]:.0f} s after that write" if gone else "never within 90 s")
-        + f" (bound {bound} s: durations bounded to 1..60 s, renewals timed on its own clock); "
+        + (f"{gone[0]:.0f} s after that write" if gone else f"never within {bound + 24} s")
+        + f" (bound {bound} s: durations bounded to 1..{said}, renewals timed on its own clock); "
         f"the node was first refused {first}. Wrong types refused by the API server, "
         f"stored: {len(stored)} ({types_why})"
     )

@@ -4,6 +4,7 @@ placement, DRA mode and the operator."""
 from dataclasses import dataclass
 from typing import ClassVar
 
+from gpushare.api.agent_lease import AGENT_LEASE_DURATION_S
 from gpushare.api.dra import DEVICE_CLASS
 from gpushare.api.endpoints import (
     DEFAULT_AGENT_URL,
@@ -25,6 +26,7 @@ from gpushare.cluster.settings.checks import (
     positive,
     within,
 )
+from gpushare.cluster.state.agents import MAX_DURATION_S
 from gpushare.cluster.state.tenancy import RULES_GRANTED, RULES_MODES
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
 from gpushare.packing.tenancy import TENANCY_MODES, TENANCY_NAMESPACE
@@ -68,6 +70,11 @@ class PlacementSettings:
     """Where the node agents renew their Leases (gpushare.api.agent_lease; the chart: the
     release namespace); a node whose agent's Lease expired gets no new pod. Empty: the
     leader-election Lease's namespace (``--leader-elect-namespace``)."""
+    agent_lease_max_seconds: float = MAX_DURATION_S
+    """The longest an agent's Lease counts as renewed without a renewal seen, whatever its
+    ``leaseDurationSeconds`` says: a Lease is written with the agent's token, and one written
+    once with a huge duration right after its agent died keeps the node for this long at most
+    (docs/security.md). At least the agents' own duration (6 s)."""
 
     def validate(self) -> None:
         positive(
@@ -75,6 +82,13 @@ class PlacementSettings:
             ("--resync-seconds", self.resync_seconds),
             ("--bind-gate-seconds", self.bind_gate_seconds),
         )
+        if not AGENT_LEASE_DURATION_S <= self.agent_lease_max_seconds <= 3600.0:
+            raise InvalidInputError(
+                "--agent-lease-max-seconds",
+                f"{self.agent_lease_max_seconds} is out of range",
+                f"use {AGENT_LEASE_DURATION_S}..3600 seconds (below the agents' own Lease "
+                "duration a live agent would be judged gone between its renewals)",
+            )
         if self.agent_lease_namespace:
             # Only the agents' namespace: a tenant's Lease named like an agent's elsewhere
             # must not count (gpushare.cluster.state.agents).

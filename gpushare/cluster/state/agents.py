@@ -3,7 +3,8 @@
 A node agent renews its Lease every few seconds. The controller does not compare the Lease's
 ``renewTime`` with its own clock (the two hosts' clocks may disagree): it notes, on its own
 monotonic clock, when it last saw ``renewTime`` change, and calls the agent dead once that is
-longer ago than the Lease's ``leaseDurationSeconds`` (bounded to 1..60 s: a Lease is input).
+longer ago than the Lease's ``leaseDurationSeconds`` (bounded to 1 s..``max_duration_s``, 60 s by
+default, the controller's ``--agent-lease-max-seconds``: a Lease is input).
 A Lease first seen counts as renewed then, so a restarted controller gives every agent one
 duration before judging it. A node with no Lease is not judged at all: its agent predates the
 rule or runs without one, and the node's annotations and allocatable count decide as before.
@@ -26,6 +27,8 @@ from gpushare.api.agent_lease import lease_node
 
 MIN_DURATION_S = 1.0
 MAX_DURATION_S = 60.0
+"""The default bound on a Lease's duration: the longest a Lease written once keeps a node whose
+agent is gone (docs/security.md, "A node agent reaches one node")."""
 
 
 @dataclass
@@ -36,11 +39,11 @@ class _Seen:
     duration_s: float
 
 
-def _duration(spec: Mapping[str, Any]) -> float:
+def _duration(spec: Mapping[str, Any], bound: float) -> float:
     written = spec.get("leaseDurationSeconds")
     if isinstance(written, bool) or not isinstance(written, int | float) or math.isnan(written):
-        return MAX_DURATION_S
-    return min(MAX_DURATION_S, max(MIN_DURATION_S, float(written)))
+        return bound
+    return min(bound, max(MIN_DURATION_S, float(written)))
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
@@ -50,10 +53,19 @@ def _mapping(value: object) -> Mapping[str, Any]:
 class AgentLeases:
     """Node agents' Leases in one namespace and the verdict on each node's agent."""
 
-    def __init__(self, *, namespace: str = "", clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        namespace: str = "",
+        clock: Callable[[], float] = time.monotonic,
+        max_duration_s: float = MAX_DURATION_S,
+    ) -> None:
         self.namespace = namespace
         """Where the agents' Leases live (the release namespace); named in refusals."""
         self.clock = clock
+        self.max_duration_s = max_duration_s
+        """The longest ``leaseDurationSeconds`` believed (a longer one, or none, counts as
+        this)."""
         self._seen: dict[str, _Seen] = {}
         self._down: dict[str, str] = {}
         self.generation = 0
@@ -91,9 +103,10 @@ class AgentLeases:
         renew = (spec.get("renewTime"), spec.get("holderIdentity"))
         old = self._seen.get(node)
         if old is None or old.renew != renew:
-            self._seen[node] = _Seen(name, renew, self.clock(), _duration(spec))
+            duration = _duration(spec, self.max_duration_s)
+            self._seen[node] = _Seen(name, renew, self.clock(), duration)
         else:
-            old.duration_s = _duration(spec)
+            old.duration_s = _duration(spec, self.max_duration_s)
         return self._judge({node})
 
     def delete(self, lease: Mapping[str, Any]) -> set[str]:

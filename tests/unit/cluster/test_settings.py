@@ -135,7 +135,8 @@ def test_an_unreadable_calibrated_model_stops_the_controller_naming_the_variable
 
 
 FLAGS = """
---agent-lease-namespace --agent-url --annotation-mode --bind-gate-seconds --cert-reload-seconds
+--agent-lease-max-seconds --agent-lease-namespace --agent-url --annotation-mode
+--bind-gate-seconds --cert-reload-seconds
 --certificate-days --certificate-secrets --dra-device-class
 --dra-placement --dra-template-idle-seconds --dra-templates-per-namespace --extender-client-ca
 --extender-host --extender-port --extender-tls-cert --extender-tls-host --extender-tls-key

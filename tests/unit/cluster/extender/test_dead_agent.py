@@ -143,6 +143,24 @@ def test_a_hostile_lease_duration_is_bounded() -> None:
     assert leases.check() == {"m"}
 
 
+def test_the_lease_bound_is_the_controllers_setting() -> None:
+    """--agent-lease-max-seconds bounds a Lease written once with a huge duration; below the
+    agents' own duration it is refused at start (live agents would be judged gone)."""
+    assert parse_args([]).placement.agent_lease_max_seconds == 60.0
+    settings = parse_args(["--agent-lease-max-seconds", "20"])
+    clock = Clock()
+    leases = AgentLeases(clock=clock, max_duration_s=settings.placement.agent_lease_max_seconds)
+    leases.upsert(lease("n", "t0", duration=10**9))
+    clock.now += 19
+    assert leases.check() == set()
+    clock.now += 2
+    assert leases.check() == {"n"}
+    assert "more than 20 s" in (leases.down("n") or "")
+    for bad in ("5", "3601"):
+        with pytest.raises(InvalidInputError, match="--agent-lease-max-seconds"):
+            parse_args(["--agent-lease-max-seconds", bad])
+
+
 def test_other_leases_of_the_namespace_are_not_agents() -> None:
     leases = AgentLeases(clock=Clock())
     assert leases.upsert({"metadata": {"name": "gpushare-controller"}, "spec": {}}) == set()
