@@ -196,14 +196,18 @@ def relative_errors(
     model: InterferenceModel, records: Sequence[ColocationRecord], *, same_cap: bool = False
 ) -> list[float]:
     """|predicted - measured| / measured slowdown of every job with both rates (``same_cap``:
-    the records' slowdowns are relative to the job alone at its cap)."""
+    the records' slowdowns are relative to the job alone at its cap). Each record is predicted
+    as one pack, as the product predicts a GPU's tenants
+    (:meth:`~gpushare.packing.interference.InterferenceModel.predict_pack`)."""
     errors: list[float] = []
-    for o in observations(records):
-        if same_cap:
-            predicted = model.predict(o.target, o.threads, o.neighbours)
-        else:
-            predicted = model.predict_vs_full_gpu(o.target, o.threads, o.neighbours)
-        errors.append(abs(predicted - o.slowdown) / o.slowdown)
+    for record in records:
+        pack = model.predict_pack([(j.profile, j.thread_percent) for j in record.jobs])
+        for job, colocated in zip(record.jobs, pack, strict=True):
+            measured = job.slowdown
+            if measured is None:
+                continue
+            cap = 1.0 if same_cap else model.cap_slowdown(job.profile, job.thread_percent)
+            errors.append(abs(colocated * cap - measured) / measured)
     return errors
 
 

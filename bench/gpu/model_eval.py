@@ -119,11 +119,7 @@ def leave_one_kind_out(data: Sequence[Record]) -> dict[str, Any]:
 def predict_retained(model: InterferenceModel, pack: Record) -> list[float]:
     """Predicted colocated rate / solo rate at the same cap of each job of a pack."""
     jobs = parse_records([pack], origin="colocations")[0].jobs
-    out = []
-    for i, job in enumerate(jobs):
-        others = [(o.profile, o.thread_percent) for k, o in enumerate(jobs) if k != i]
-        out.append(1.0 / model.predict(job.profile, job.thread_percent, others))
-    return out
+    return [1.0 / s for s in model.predict_pack([(j.profile, j.thread_percent) for j in jobs])]
 
 
 def fitter(train: list[Record]) -> Predictor:
@@ -143,7 +139,8 @@ def pair_throughput(
     whole GPU: ``1 / slowdown`` of each vs the whole GPU, summed (1.0 = no better than one
     after the other). On an H200, ResNet-50 and a transformer at 100/100 threads measured 1.10
     (predicted 1.09); an FP64 GEMM beside anything about 1.0 at best."""
-    a, b = first, second
-    return 1.0 / model.predict_vs_full_gpu(a[0], a[1], [b]) + 1.0 / model.predict_vs_full_gpu(
-        b[0], b[1], [a]
+    pack = model.predict_pack([first, second])
+    return sum(
+        1.0 / (s * model.cap_slowdown(profile, threads))
+        for s, (profile, threads) in zip(pack, (first, second), strict=True)
     )

@@ -36,16 +36,10 @@ TARGET_MAPE = 0.15
 """Issue 43: MAPE on unseen kinds with online correction."""
 
 
-def _neighbours(record: ColocationRecord, i: int) -> list[tuple[Any, int]]:
-    return [(o.profile, o.thread_percent) for k, o in enumerate(record.jobs) if k != i]
-
-
 def _predicted(model: InterferenceModel, record: ColocationRecord) -> list[float]:
-    """Each job's predicted slowdown against itself alone at the same cap."""
-    return [
-        model.predict(job.profile, job.thread_percent, _neighbours(record, i))
-        for i, job in enumerate(record.jobs)
-    ]
+    """Each job's predicted slowdown against itself alone at the same cap, the pack predicted
+    as the product predicts a GPU's tenants (``predict_pack``)."""
+    return model.predict_pack([(job.profile, job.thread_percent) for job in record.jobs])
 
 
 def explaining_k(base: Sequence[float], measured_work: float) -> float:

@@ -15,11 +15,11 @@ nobody profiled there is nothing to predict from and placement is fit and fragme
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpushare.api.names import CLASS_LATENCY, SLICES_PER_GPU
+from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY, SLICES_PER_GPU
 from gpushare.packing.interference import InterferenceModel, busy_share, load_default
 from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile, Tenant
 from gpushare.packing.threads import MIN_BATCH_THREADS, assign_thread_percent, tenant_threads
@@ -80,17 +80,14 @@ def admit_reason(
 ) -> str | None:
     """None when nobody on ``gpu`` (newcomer included) is predicted past its class bound.
 
-    ``bounds`` maps a class to the largest acceptable slowdown, e.g. ``{"latency": 1.15,
-    "batch": 2.0}``; a class without a bound is not checked. Pods without a profile are assumed
-    heavy (:data:`CONSERVATIVE_PROFILE`). A latency pod's slowdown leaves out its
-    :data:`SHIELDED` batch neighbours (MPS priority protects it from them). A latency pod counts
-    towards its neighbours as busy over its whole reserved share (:func:`reserved`).
+    ``bounds``: the largest acceptable slowdown by class (``{"latency": 1.15, "batch": 2.0}``);
+    a class without one is not checked. Pods without a profile count as heavy
+    (:data:`CONSERVATIVE_PROFILE`); a latency pod's slowdown leaves out its :data:`SHIELDED`
+    batch neighbours, and it weighs on them over its whole reserved share (:func:`reserved`).
 
-    ``charge_cap`` (default): a batch pod's slowdown is taken against the pod alone on the whole
-    GPU, the same-cap prediction x its thread cap's modelled cost (:func:`charged_cap_cost`),
-    which is what its users see; without it, against the pod alone at its own cap (the
-    same-cap bound let capped jobs run well past their bound against the whole GPU;
-    docs/packing.md, "Admission").
+    ``charge_cap`` (default): a batch pod's slowdown is against itself alone on the whole GPU
+    (x :func:`charged_cap_cost`), else at its own cap (docs/packing.md, "Admission"). Batch
+    pods alone are predicted as one pack (``InterferenceModel.predict_pack``).
 
     ``newcomer_bound=False`` checks the tenants only: an opportunistic pod is not held to its
     own class bound but to the gain it brings (:mod:`gpushare.packing.opportunistic`).
@@ -101,6 +98,7 @@ def admit_reason(
     threads = assign_thread_percent(demand, gpu)
     loads = [tenant_load(t) for t in gpu.tenants]
     kept_out = [shielded(t.profile, t.gpu_class, tenant_threads(t)) for t in gpu.tenants]
+    pack = _batch_pack(gpu, demand, newcomer=newcomer, threads=threads, loads=loads, model=model)
     if newcomer_bound:
         reason = _newcomer_reason(
             gpu,
@@ -112,6 +110,7 @@ def admit_reason(
             model=model,
             bounds=bounds,
             charge_cap=charge_cap,
+            predicted=None if pack is None else pack[-1],
         )
         if reason is not None:
             return reason
@@ -128,6 +127,7 @@ def admit_reason(
         model=model,
         bounds=bounds,
         charge_cap=charge_cap,
+        predicted=pack,
     )
 
 
@@ -145,6 +145,23 @@ def tenant_load(tenant: Tenant) -> Load:
     return profile, tenant_threads(tenant)
 
 
+def _batch_pack(
+    gpu: GpuState,
+    demand: Demand,
+    *,
+    newcomer: PipeProfile,
+    threads: int,
+    loads: list[Load],
+    model: InterferenceModel,
+) -> list[float] | None:
+    """Every tenant's predicted slowdown and the newcomer's last, as one pack
+    (:meth:`InterferenceModel.predict_pack`), where all of them are batch jobs; None where a
+    latency pod is among them (its neighbours are then read one by one: shielded, reserved)."""
+    if demand.gpu_class != CLASS_BATCH or any(t.gpu_class != CLASS_BATCH for t in gpu.tenants):
+        return None
+    return model.predict_pack([*loads, (newcomer, threads)])
+
+
 def _newcomer_reason(
     gpu: GpuState,
     demand: Demand,
@@ -156,15 +173,17 @@ def _newcomer_reason(
     model: InterferenceModel,
     bounds: Mapping[str, float],
     charge_cap: bool,
+    predicted: float | None,
 ) -> str | None:
-    """Why the newcomer itself would run past its class bound beside ``loads``, or None."""
+    """Why the newcomer itself would run past its class bound beside ``loads``, or None
+    (``predicted``: its slowdown from the pack's prediction, where there is one)."""
     bound = bounds.get(demand.gpu_class)
     if bound is None:
         return None
     seen = loads
     if demand.gpu_class == CLASS_LATENCY:
         seen = [load for load, s in zip(loads, kept_out, strict=True) if not s]
-    slowdown = model.predict(newcomer, threads, seen)
+    slowdown = model.predict(newcomer, threads, seen) if predicted is None else predicted
     if charge_cap and demand.gpu_class != CLASS_LATENCY:
         slowdown *= charged_cap_cost(model, newcomer, threads, bound)
     if slowdown <= bound:
@@ -186,9 +205,11 @@ def _tenants_reason(
     model: InterferenceModel,
     bounds: Mapping[str, float],
     charge_cap: bool,
+    predicted: Sequence[float] | None,
 ) -> str | None:
     """Why a tenant already on ``gpu`` would run past its class bound with the newcomer
-    (``newcomer``: as its neighbours feel it), or None."""
+    (``newcomer``: as its neighbours feel it), or None (``predicted``: the tenants'
+    slowdowns from the pack's prediction, where there is one)."""
     for i, tenant in enumerate(gpu.tenants):
         bound = bounds.get(tenant.gpu_class)
         if bound is None:
@@ -198,7 +219,7 @@ def _tenants_reason(
             flags = [s for k, s in enumerate(kept_out) if k != i] + [new_kept_out]
             others = [load for load, s in zip(others, flags, strict=True) if not s]
         own = tenant_threads(tenant)
-        slowdown = model.predict(loads[i][0], own, others)
+        slowdown = model.predict(loads[i][0], own, others) if predicted is None else predicted[i]
         if charge_cap and tenant.gpu_class != CLASS_LATENCY:
             slowdown *= charged_cap_cost(model, loads[i][0], own, bound)
         if slowdown > bound:

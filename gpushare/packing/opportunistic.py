@@ -123,7 +123,17 @@ def member(tenant: Tenant) -> Member:
 
 def rates(members: Sequence[Member], model: InterferenceModel) -> list[float]:
     """Each member's predicted rate over its rate alone on the whole GPU (latency members
-    included; they weigh on the others over their whole reserved share)."""
+    included; they weigh on the others over their whole reserved share). Batch members alone
+    are predicted as one pack (:meth:`InterferenceModel.predict_pack`: uncapped, they do at
+    least one job's work together)."""
+    if all(m.gpu_class != CLASS_LATENCY for m in members):
+        pack = model.predict_pack([(m.profile, m.threads) for m in members])
+        return [
+            1.0 / (s * model.cap_slowdown(m.profile, m.threads))
+            if m.profile.sm_utilization is not None
+            else 1.0 / s
+            for s, m in zip(pack, members, strict=True)
+        ]
     loads = [
         (reserved(m.profile), m.percent) if m.gpu_class == CLASS_LATENCY else (m.profile, m.threads)
         for m in members

@@ -1,6 +1,7 @@
 """Interference admission through the Placer: the GPUs a pod is kept off, and why."""
 
-from gpushare.packing.admission import Admission
+from gpushare.packing.admission import DEFAULT_BOUNDS, Admission
+from gpushare.packing.interference import load_default
 from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile, Tenant
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import Policy
@@ -86,3 +87,17 @@ def test_an_unprofiled_batch_pod_may_join_profiled_batch_pods() -> None:
     assert placer.refusal(n, Demand(percent=30)) is None
     # A latency newcomer without a profile is still kept from the measured heavy job.
     assert placer.choose_gpus(n, Demand(percent=30, gpu_class="latency")) is None
+
+
+def test_two_saturating_batch_pods_are_judged_by_the_work_they_do_together() -> None:
+    """Two FP64 GEMMs at 45 % each, uncapped: the model's terms alone predict each 2.37x
+    slower, past the batch bound, but together they keep the GPU busy (measured on an H200:
+    2.0x each, one job's work); the pack's prediction, held to one job's work, admits the
+    second at 2.00x."""
+    gemm = PipeProfile(tensor=0.97, sm_occupancy=0.12, dram_bandwidth=0.12, sm_utilization=0.98)
+    first = Tenant("ns/gemm-a", 45, 20 * GIB, profile=gemm, thread_percent=100)
+    second = Demand(percent=45, memory_bytes=20 * GIB, profile=gemm)
+    terms_alone = load_default().predict(gemm, 100, [(gemm, 100)])
+    assert terms_alone > DEFAULT_BOUNDS["batch"]
+    placer = Placer(Policy.GPUSHARE, admission=Admission())
+    assert placer.refusal(node(gpu("g0", first)), second) is None
