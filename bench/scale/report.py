@@ -22,14 +22,26 @@ def _within(s: dict[str, Any], limit_ms: float) -> bool:
     return p99 is not None and p99 <= limit_ms and not s.get("p99_beyond_last_bucket")
 
 
+def _stock_bind_row(r: dict[str, Any]) -> list[str]:
+    """The stock scheduler's own bind p99 in the same run: what the API server gives a
+    Binding POST at that load (the reference for the extender's bind target)."""
+    stock = r.get("phases", {}).get("stock", {}).get("scheduler", {}).get("bind_plugins", {})
+    if not stock.get("count"):
+        return []
+    return [f"| stock scheduler p99, its own bind | {_p99(stock)} | reference | |"]
+
+
 def _latency_rows(phase: dict[str, Any]) -> list[str]:
     rows = []
     sched = phase.get("scheduler", {})
     for label, key in (
         ("scheduler SLI (pod_scheduling_sli_duration)", "pod_scheduling_sli"),
         ("scheduler attempt, scheduled", "scheduling_attempt_scheduled"),
+        ("scheduler's own Bind (Binding POST; none where the extender binds)", "bind_plugins"),
     ):
         s = sched.get(key, {})
+        if key == "bind_plugins" and not s.get("count"):
+            continue
         rows.append(
             f"| {label} | {_fmt(s.get('count'))} | {_fmt(s.get('p50_ms'), ' ms')} | "
             f"{_p99(s)} | {_fmt(s.get('p99_bucket_ms'))} |"
@@ -207,6 +219,7 @@ def _render_run(r: dict[str, Any]) -> str:
             f"{'yes' if _within(summary, verb_limits.get(verb, 10.0)) else 'NO'} |"
             for verb, summary in (ext or {}).get("extender_latency", {}).items()
         ],
+        *_stock_bind_row(r),
         *rss_row,
         *[
             f"| extender p99, {verb} | no calls (filter offers one node; kube-scheduler scores "

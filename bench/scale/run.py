@@ -53,6 +53,10 @@ DEFAULT_TRACES = harness.REPO.parent / "shared" / "traces" / "openb"
 DEFAULT_OUT = harness.REPO / "bench" / "results" / "scale"
 SLI = "scheduler_pod_scheduling_sli_duration_seconds"
 ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
+EXTENSION_POINT = "scheduler_framework_extension_point_duration_seconds"
+"""Its ``Bind`` series is the stock scheduler's own binding (DefaultBinder's Binding POST):
+the reference for the extender's bind latency under the same API server. kube-scheduler skips
+its bind plugins when an extender binds, so gpushare-scheduler's series stays empty."""
 TARGETS = {
     "extender_pods_per_s": 100.0,
     "ratio_to_stock": 0.8,
@@ -370,9 +374,21 @@ def scheduler_summary(before: str, after: str, *, profile: str) -> dict[str, Any
             metrics.histogram(after, ATTEMPT, by_result).count
             - metrics.histogram(before, ATTEMPT, by_result).count
         )
+
+    def bound(labels: Any) -> bool:
+        return bool(
+            labels.get("profile") == profile
+            and labels.get("extension_point") == "Bind"
+            and labels.get("status") == "Success"
+        )
+
+    binding = metrics.histogram(after, EXTENSION_POINT, bound).minus(
+        metrics.histogram(before, EXTENSION_POINT, bound)
+    )
     return {
         "pod_scheduling_sli": metrics.summarize(sli),
         "scheduling_attempt_scheduled": metrics.summarize(attempt),
+        "bind_plugins": metrics.summarize(binding),
         "attempts_by_result": results,
     }
 
@@ -799,6 +815,7 @@ def assemble(
         dra_targets["dra violations == 0"] = (
             dra_alloc["violations"] == 0 and dra_alloc["claims_allocated"] == opts.pods
         )
+    stock_bind = phases.get("stock", {}).get("scheduler", {}).get("bind_plugins", {})
     modes = run_summary(
         opts, machine, ext_rate=ext_rate, stock_rate=stock_rate, p99=p99, rss=rss,
         violations=invariant["violations"], dra_rate=placed_rate, dra_alloc=placed_alloc,
@@ -812,6 +829,7 @@ def assemble(
         "pods_per_s": ext_rate,
         "filter_p99_ms": p99.get("filter"),
         "bind_p99_ms": p99.get("bind"),
+        "stock_bind_p99_ms": stock_bind.get("p99_ms"),
         "pods": opts.pods,
         "pods_bound": ext["bound"],
         "stock_pods": opts.stock_pods,

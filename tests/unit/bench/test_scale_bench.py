@@ -16,7 +16,7 @@ from bench.scale.harness import machine_description
 from bench.scale.invariant import check
 from bench.scale.phase import PhaseTiming, steady_rate
 from bench.scale.report import render_markdown
-from bench.scale.run import assemble, parse_args
+from bench.scale.run import assemble, parse_args, scheduler_summary
 from bench.scale.workload import (
     NodeShape,
     TracePod,
@@ -354,6 +354,33 @@ def test_gauges_and_label_values_are_read() -> None:
     assert metrics.counter(PAGE, "scheduler_cache_size", lambda lb: lb["type"] == "nodes") == 1000
     assert metrics.label_values(PAGE, "x_seconds", "verb") == ["filter", "bind"]
     assert metrics.histogram(PAGE, "absent_seconds").quantile(0.5) is None
+
+
+def _extension_point_page() -> str:
+    """kube-scheduler's extension-point histogram: the stock profile's Bind and Filter."""
+    name = "scheduler_framework_extension_point_duration_seconds"
+    lines = [f"# TYPE {name} histogram"]
+    for point, buckets, total in (
+        ("Bind", (("0.004", 80), ("0.016", 99), ("+Inf", 100)), 0.4),
+        ("Filter", (("+Inf", 500),), 0.1),
+    ):
+        labels = f'extension_point="{point}",profile="default-scheduler",status="Success"'
+        lines += [f'{name}_bucket{{{labels},le="{le}"}} {n}' for le, n in buckets]
+        lines += [f"{name}_sum{{{labels}}} {total}", f"{name}_count{{{labels}}} {buckets[-1][1]}"]
+    return "\n".join(lines) + "\n"
+
+
+SCHEDULER_PAGE = _extension_point_page()
+
+
+def test_the_stock_schedulers_own_binding_is_read_as_the_bind_reference() -> None:
+    """The stock scheduler's Bind extension point (its Binding POST) is what a bind costs at
+    that API server load; gpushare-scheduler has none (the extender binds)."""
+    stock = scheduler_summary("", SCHEDULER_PAGE, profile="default-scheduler")
+    assert stock["bind_plugins"]["count"] == 100
+    assert stock["bind_plugins"]["p99_bucket_ms"] == [4.0, 16.0]
+    gpushare = scheduler_summary("", SCHEDULER_PAGE, profile="gpushare-scheduler")
+    assert gpushare["bind_plugins"]["count"] == 0
 
 
 # ---- phase timing ---------------------------------------------------------------------------
