@@ -30,13 +30,14 @@ from typing import Any
 
 from bench.gpu.schemes import Launch, Running
 from bench.gpu.traces import TraceJob
+from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import (
     CLASS_LATENCY,
     MPS_PRIORITY_BY_CLASS,
     OPPORTUNISTIC_PRIORITY,
     SLICES_PER_GPU,
 )
-from gpushare.api.profile import PLACEMENT_COUNTERS
+from gpushare.api.profile import GpuProfile
 from gpushare.node.mps.client import MiB, client_limits_env, runs_under_mps
 from gpushare.packing.admission import DEFAULT_BOUNDS, Admission
 from gpushare.packing.fit import demand_memory
@@ -46,7 +47,7 @@ from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, Pipe
 from gpushare.packing.opportunistic import Opportunism, memory_steps
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import Policy
-from gpushare.packing.stored_profile import counters_pipe_profile
+from gpushare.packing.stored_profile import measured_pipe_profile
 from gpushare.packing.threads import assign_thread_percent
 
 MODEL_FILE = "gpushare/packing/data/interference.json"
@@ -226,7 +227,7 @@ class ProductDecider:
     def review(
         self,
         running: Sequence[Running],
-        measured: Mapping[str, float],
+        measured: GpuProfile,
         now: float,
         *,
         settle_s: float,
@@ -235,7 +236,10 @@ class ProductDecider:
         governor loop runs ``gpushare.packing.governor.review`` the same way)."""
         if self.opportunism is None:
             return None
-        reading = counters_pipe_profile({k: measured.get(k) for k in PLACEMENT_COUNTERS})
+        try:
+            reading = measured_pipe_profile(measured)  # as the controller's governor reads it
+        except InvalidInputError:
+            return None
         verdict = review(self.gpu(running), reading, self.opportunism, now=now, settle_s=settle_s)
         return (verdict.preempt, verdict.reason) if verdict.preempt else None
 

@@ -58,7 +58,7 @@ from bench.gpu.schemes import (
 )
 from bench.gpu.sizing import pipe_profile
 from gpushare.api.names import CLASS_LATENCY
-from gpushare.api.profile import PLACEMENT_COUNTERS
+from gpushare.api.profile import PLACEMENT_COUNTERS, GpuProfile
 from gpushare.packing.opportunistic import Opportunism
 
 log = logging.getLogger("bench.gpu")
@@ -315,19 +315,23 @@ def size_and_choose(ctx: Ctx, st: State) -> list[tuple[Member, ...]]:
     return extra
 
 
-def record_profile(st: State, kind: str, values: dict[str, float] | None) -> None:
+def record_profile(st: State, kind: str, profile: GpuProfile | None) -> None:
     """Keep ``kind``'s solo profile when every counter the product needs was measured. A GPU
     without NVML GPM (or a failed read) leaves the kind unprofiled, as gpushare's operator
     leaves a pod it cannot profile (``stored_profile.measured_pipe_profile`` refuses), never
     an all-zero profile that would read as an idle job asking 5% of the GPU."""
-    missing = [k for k in PLACEMENT_COUNTERS if not values or k not in values]
+    missing = [k for k in PLACEMENT_COUNTERS if profile is None or profile.ratio(k) is None]
     if missing:
         log.warning("%s: not profiled (%s not measured); it is placed by its request", kind,
                     ",".join(missing))  # fmt: skip
         return
-    assert values is not None
-    st.raw_profiles[kind] = {k: round(v, 4) for k, v in values.items()}
-    st.profiles[kind] = to_profile(values)
+    assert profile is not None
+    st.raw_profiles[kind] = {
+        k: round(float(v), 4)
+        for k, v in profile.to_json().items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    st.profiles[kind] = to_profile(profile)
 
 
 def trace_kinds(ctx: Ctx) -> list[str]:
@@ -363,7 +367,7 @@ def phase_a(ctx: Ctx, st: State) -> None:
         if sampler is not None:
             record_profile(st, m.kind, sampler.profile_last(max(0.3, end - start - 0.5)))
         else:
-            st.profiles[m.kind] = to_profile({"sm_occupancy": 0.2, "fp32": 0.2})
+            st.profiles[m.kind] = to_profile(GpuProfile(sm_occupancy=0.2, fp32=0.2))
 
     try:
         # The solo stage first (every trace needs its kinds' rates), then the packs.

@@ -16,6 +16,7 @@ from bench.gpu.mps import client_env
 from bench.gpu.procs import Worker, WorkerError, Workers, close_together
 from bench.gpu.schemes import Launch, Running, Scheme
 from bench.gpu.traces import TraceJob
+from gpushare.api.profile import GpuProfile
 
 log = logging.getLogger("bench.gpu")
 
@@ -44,8 +45,8 @@ class Governing:
     """The GPU's counters fed to the scheme's governor while a trace runs (the controller's
     governor loop reads the node agent's ``/profile`` the same way, every period)."""
 
-    profile_last: Callable[[float], dict[str, float] | None]
-    """Averages of the profiler's counters over the last so many seconds."""
+    profile_last: Callable[[float], GpuProfile | None]
+    """The product's profile of the GPU over the last so many seconds."""
     period_s: float
     window_s: float
 

@@ -5,6 +5,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bench.gpu.traces import TraceJob
+from gpushare.api.profile import GpuProfile
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,10 @@ class Scheme:
         return []
 
     def review(
-        self, running: Sequence[Running], measured: Mapping[str, float], now: float
+        self, running: Sequence[Running], measured: GpuProfile, now: float
     ) -> tuple[str, str] | None:
         """A running job (id) to preempt, and why, after the GPU's counters over the last
-        window (``measured``, averages of the profiler's counters) at trace time ``now``."""
+        window (``measured``, the product's profile of it) at trace time ``now``."""
         return None
 
 
@@ -139,7 +140,7 @@ Prepare = Callable[[TraceJob], list[Launch]]
 
 Promote = Callable[[Sequence[Running]], list[str]]
 """Opportunistic jobs the policy promotes to guaranteed now."""
-Review = Callable[[Sequence[Running], Mapping[str, float], float], tuple[str, str] | None]
+Review = Callable[[Sequence[Running], GpuProfile, float], tuple[str, str] | None]
 """The policy's governor: a job to preempt after a window of the GPU's counters, or None."""
 
 
@@ -181,7 +182,7 @@ class Gpushare(Scheme):
         return self._promote(running) if self._promote is not None else []
 
     def review(
-        self, running: Sequence[Running], measured: Mapping[str, float], now: float
+        self, running: Sequence[Running], measured: GpuProfile, now: float
     ) -> tuple[str, str] | None:
         return self._govern(running, measured, now) if self._govern is not None else None
 

@@ -20,6 +20,7 @@ from bench.gpu.decide import ProductDecider
 from bench.gpu.gpm import PROFILE_KEYS
 from bench.gpu.metrics import JobResult
 from bench.gpu.schemes import Launch
+from gpushare.api.profile import GpuProfile
 from gpushare.packing.opportunistic import PEAK_HEADROOM, memory_steps
 
 
@@ -31,7 +32,7 @@ class NoGpmSampler:
     def __init__(self, **_: Any) -> None:
         pass
 
-    def profile_last(self, window_s: float) -> dict[str, float] | None:
+    def profile_last(self, window_s: float) -> GpuProfile | None:
         return None
 
     def close(self) -> None:
@@ -88,10 +89,10 @@ def test_without_gpm_no_job_is_profiled_and_every_unsized_job_asks_for_the_whole
 def test_a_profile_missing_any_counter_the_product_needs_is_not_kept() -> None:
     st = run.State()
     full = dict.fromkeys(PROFILE_KEYS, 0.3) | {"sm_utilization": 0.5}
-    run.record_profile(st, "lstm", {k: v for k, v in full.items() if k != "tensor"})
+    run.record_profile(st, "lstm", GpuProfile(**{k: v for k, v in full.items() if k != "tensor"}))
     run.record_profile(st, "dgemm", None)
     assert st.profiles == {}
-    run.record_profile(st, "resnet18", full)
+    run.record_profile(st, "resnet18", GpuProfile(**full))
     assert st.profiles["resnet18"]["tensor"] == 0.3
     assert st.raw_profiles["resnet18"]["sm_utilization"] == 0.5
 
@@ -123,7 +124,9 @@ def test_the_balanced_latency_test_reports_uncapped_training_as_a_rotated_settin
     ctx = run.Ctx(args=run.parse_args(["--out", "x"]), t_start=0.0, tmp=Path("x"))
     st = run.State()
     for kind in ("infer", "resnet50"):
-        run.record_profile(st, kind, dict.fromkeys(PROFILE_KEYS, 0.3) | {"sm_utilization": 0.8})
+        run.record_profile(
+            st, kind, GpuProfile(**dict.fromkeys(PROFILE_KEYS, 0.3), sm_utilization=0.8)
+        )
     pool = WindowPool()
     out = latency.measure(
         pool=pool,  # type: ignore[arg-type]
@@ -173,7 +176,9 @@ def test_a_trace_with_more_jobs_than_one_mps_server_serves_is_refused_before_gpu
 def test_a_trace_without_a_latency_pod_warms_one_process_a_job_not_two(tmp_path: Path) -> None:
     ctx = run.Ctx(args=run.parse_args(["--out", str(tmp_path)]), t_start=0.0, tmp=tmp_path)
     st = run.State()
-    run.record_profile(st, "resnet18", dict.fromkeys(PROFILE_KEYS, 0.1) | {"sm_utilization": 0.3})
+    run.record_profile(
+        st, "resnet18", GpuProfile(**dict.fromkeys(PROFILE_KEYS, 0.1), sm_utilization=0.3)
+    )
     decider = run.make_decider(ctx, st)
     job = traces.TraceJob("a-resnet18", "resnet18", 0.0, 1.0, 0.1)
     # Beside a latency pod the product caps it at half the GPU; alone it runs uncapped.
