@@ -337,7 +337,7 @@ def test_the_readme_and_examples_run_as_written_on_the_demo_cluster(
                     assert command.where == "README, Quickstart", command
                     assert "gpushare-system" in command.text or "label node" in command.text
                     continue
-                if command.text == "kubectl delete pod train-small":
+                if command.text.startswith("kubectl delete pod train-small"):
                     env = check_placed_by_the_chart(cluster, "default", "train-small")
                     assert env[ANN_THREAD_PERCENT] == "100", "alone on its GPU: all of it"
                 if command.text == "kubectl delete -f examples/":
