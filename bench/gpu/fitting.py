@@ -163,7 +163,9 @@ def _least_squares(
     return solve(xtx, xty)
 
 
-def fit(records: Sequence[ColocationRecord], *, source: str = "") -> InterferenceModel:
+def fit(
+    records: Sequence[ColocationRecord], *, source: str = "", held_out: bool = True
+) -> InterferenceModel:
     """Least squares on ln(slowdown), no intercept, coefficients kept non-negative.
 
     Contention never speeds a job up, so a feature whose coefficient comes out negative is
@@ -171,6 +173,7 @@ def fit(records: Sequence[ColocationRecord], *, source: str = "") -> Interferenc
     solo rates are at the job's own cap (the GPU benchmark's) measure slowdown at the same cap:
     the colocation terms are fit on them alone and ``thread_cap`` on the solo rates at each cap
     (:func:`fit_cap_cost`); records relative to the full GPU fit all six together.
+    ``held_out=False`` leaves out the leave-one-record-out MAPE (a refit per record).
     """
     if not _observations(records):
         raise InvalidInputError(
@@ -186,7 +189,9 @@ def fit(records: Sequence[ColocationRecord], *, source: str = "") -> Interferenc
         coefficients=model.coefficients,
         source=source,
         mape_in_sample=mape(model, records, same_cap=same_cap),
-        mape_held_out=held_out_mape(records, same_cap=same_cap) if len(records) > 2 else None,
+        mape_held_out=held_out_mape(records, same_cap=same_cap)
+        if held_out and len(records) > 2
+        else None,
         records=len(records),
         jobs=len(_observations(records)),
     )
