@@ -422,6 +422,10 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 localStorageCapacityIsolation: false
 fileCheckFrequency: 5s
+# A device plugin's new device count reaches the Node's allocatable at the kubelet's next status
+# sync: every 2 s here instead of 10 (the tests restart node agents dozens of times and wait for
+# it); the status is still posted only when it changed, or every 10 s.
+nodeStatusUpdateFrequency: 2s
 nodeStatusReportFrequency: 10s
 EOF
 }
