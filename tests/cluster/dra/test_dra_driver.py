@@ -63,14 +63,10 @@ def test_a_claimed_share_starts_with_its_gpu_and_mps_limit(
                 }],
             },
         }  # fmt: skip
-        c.kubectl(
-            "apply",
-            "-n",
-            ns,
-            "-f",
-            "-",
-            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, pod]}),
-        )
+        # The claim first: a pod kube-scheduler sees before its claim waits for the scheduler's
+        # next flush of unschedulable pods (once 75 s of a 90 s wait, against 6 s).
+        for item in (claim, pod):
+            c.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(item))
 
         def running() -> bool:
             p = json.loads(c.kubectl("get", "pod", "job", "-n", ns, "-o", "json"))

@@ -50,12 +50,13 @@ def test_a_claim_of_another_namespace_waits_off_a_shared_gpu_until_grouped(
     c = dra_cluster
     a, b = namespaces
     for ns in (a, b):
-        items = [
+        # The claim before its pod: a pod kube-scheduler sees before its claim waits for the
+        # scheduler's next flush of unschedulable pods (tests/cluster/dra/test_dra_driver.py).
+        for item in (
             share_claim("share", device_class, {"gpuPercent": "20"}, selector=ON_GPU_0),
             show_env_pod("job", c.busybox_image, "share"),
-        ]
-        doc = {"apiVersion": "v1", "kind": "List", "items": items}
-        c.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(doc))
+        ):
+            c.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(item))
         if ns == a:
             wait_for(lambda: phase(c, a) == "Running", timeout_s=90, what=f"{a}/job Running")
 
