@@ -427,6 +427,10 @@ fileCheckFrequency: 5s
 # it); the status is still posted only when it changed, or every 10 s.
 nodeStatusUpdateFrequency: 2s
 nodeStatusReportFrequency: 10s
+# A pod whose DRA claim failed to prepare (driver not registered yet, a claim the agent refused)
+# is tried again only at the pod's next resync: this period plus up to half of it (60-90 s by
+# default; kuberuntime returns no error for it). 10 s here, for the DRA tests' retries.
+syncFrequency: 10s
 EOF
 }
 

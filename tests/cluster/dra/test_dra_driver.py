@@ -63,8 +63,9 @@ def test_a_claimed_share_starts_with_its_gpu_and_mps_limit(
                 }],
             },
         }  # fmt: skip
-        # The claim first, then its pod. In full runs this pod has taken 81-89 s to run (6 s
-        # alone), cause not found yet: the wait allows 180 s.
+        # The claim first, then its pod (a pod kube-scheduler saw before its claim waits for
+        # its next flush of unschedulable pods). dra_agent waited for the kubelet to register
+        # the driver: a pod bound before that would wait for its next resync.
         for item in (claim, pod):
             c.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(item))
 
@@ -73,7 +74,7 @@ def test_a_claimed_share_starts_with_its_gpu_and_mps_limit(
             return bool(p["status"].get("phase") == "Running")
 
         try:
-            wait_for(running, timeout_s=180, what="the pod Running", every_s=0.5)
+            wait_for(running, timeout_s=90, what="the pod Running", every_s=0.5)
         except AssertionError:
             events = c.kubectl("get", "events", "-n", ns)
             raise AssertionError(f"pod not Running:\n{events}") from None

@@ -75,7 +75,7 @@ def test_a_claim_of_another_namespace_waits_off_a_shared_gpu_until_grouped(
         c.kubectl("label", "namespace", ns, f"{LABEL_SHARING_GROUP}=ml", "--overwrite")
     wait_for(
         lambda: phase(c, b) == "Running",
-        timeout_s=300,  # the kubelet's next try: its back-off reached ~80 s here
+        timeout_s=120,  # the pod's next resync (syncFrequency 10 s here, 60-90 s by default)
         what=f"{b}/job Running once both namespaces share a group",
         every_s=1.0,
     )
