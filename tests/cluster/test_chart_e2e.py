@@ -239,7 +239,7 @@ def test_install_place_upgrade_uninstall(cluster: LocalCluster, images: None) ->
             assert sum(used.values()) == pytest.approx(2.0)
 
             # -- uninstall: nothing of gpushare left ----------------------------------------
-            cluster.kubectl("delete", "namespace", work, "--wait=true", "--timeout=120s")
+            cluster.remove_namespace(work)
             helm(
                 cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "5m"
             )

@@ -100,9 +100,7 @@ def placed(cluster: LocalCluster) -> Iterator[LocalCluster]:
         yield cluster
     finally:
         for team in TEAMS:
-            cluster.kubectl(
-                "delete", "namespace", team, "--wait=true", "--timeout=120s", check=False
-            )
+            cluster.remove_namespace(team)
         if added:
             cluster.kubectl("annotate", "node", cluster.node_name, f"{ANN_NODE_GPUS}-")
 

@@ -41,7 +41,7 @@ def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
     try:
         yield name
     finally:
-        cluster.kubectl("delete", "namespace", name, "--timeout=120s", check=False)
+        cluster.remove_namespace(name)
 
 
 def pod(cluster: Any, name: str, namespace: str) -> dict[str, Any]:

@@ -128,10 +128,8 @@ def placed_pods(cluster: LocalCluster) -> Iterator[list[dict[str, Any]]]:
 
         yield _wait("the test pods to run", running, timeout_s=120)
     finally:
-        # Wait: other tests must not see these placements on the node's GPUs afterwards.
-        cluster.kubectl(
-            "delete", "namespace", NAMESPACE, "--wait=true", "--timeout=120s", check=False
-        )
+        # Its pods waited for: other tests must not see these placements on the node's GPUs.
+        cluster.remove_namespace(NAMESPACE)
 
 
 @pytest.fixture(scope="module")

@@ -488,9 +488,7 @@ def monitored(
         else:
             shutil.rmtree(work, ignore_errors=True)
         finally:
-            cluster.kubectl(
-                "delete", "namespace", WORK, "--wait=true", "--timeout=120s", check=False
-            )
+            cluster.remove_namespace(WORK)
             cluster.kubectl(
                 "delete", "prometheus", "kps", "-n", MONITORING, "--ignore-not-found", check=False
             )

@@ -217,16 +217,21 @@ def cluster_events(cluster: LocalCluster) -> list[dict[str, Any]]:
 
 def remove_demo(cluster: LocalCluster) -> None:
     """What the README says removes the demo, then the examples and quickstart's leftovers."""
-    for ns in (EXAMPLES_NAMESPACE, DEMO_NAMESPACE):
-        cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=true", check=False)
+    # Both at once: kube-controller-manager starts on each only 5 s after its deletion.
+    cluster.kubectl(
+        "delete", "namespace", EXAMPLES_NAMESPACE, DEMO_NAMESPACE, "--ignore-not-found",
+        "--wait=true", check=False,
+    )  # fmt: skip
     cluster.kubectl("delete", "pod", "train-small", "--ignore-not-found", check=False)
     subprocess.run(
         ["helm", "uninstall", "gpushare", "-n", SYSTEM_NAMESPACE, "--wait", "--timeout", "5m"],
         capture_output=True, text=True, env=cluster.env, timeout=400, check=False,
     )  # fmt: skip
     remove_release(cluster)
+    # Not waited for: a chart test installing into it next waits until it is gone
+    # (remove_release).
     cluster.kubectl(
-        "delete", "namespace", SYSTEM_NAMESPACE, "--ignore-not-found", "--wait=true", check=False
+        "delete", "namespace", SYSTEM_NAMESPACE, "--ignore-not-found", "--wait=false", check=False
     )
 
 
@@ -236,6 +241,16 @@ def demo(cluster: LocalCluster) -> Iterator[str]:
     afterwards the demo removed and the harness's host gpushare-scheduler started again."""
     with exclusive_node(cluster):
         remove_release(cluster)
+        # An earlier run's demo namespace may still be terminating (remove_demo does not wait).
+        wait_for(
+            lambda: "Terminating"
+            not in cluster.kubectl(
+                "get", "namespace", SYSTEM_NAMESPACE, "--ignore-not-found",
+                "-o", "jsonpath={.status.phase}",
+            ),
+            timeout_s=120,
+            what=f"namespace {SYSTEM_NAMESPACE} to finish terminating",
+        )  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != HOST_SCHEDULER}
         try:
             proc = subprocess.run(

@@ -80,8 +80,8 @@ def namespace(cluster: LocalCluster, controller: ControllerProcess) -> Iterator[
     try:
         yield name
     finally:
-        # Wait, so the next test starts with this one's shares released.
-        cluster.kubectl("delete", "namespace", name, "--timeout=120s", check=False)
+        # Its pods waited for, so the next test starts with this one's shares released.
+        cluster.remove_namespace(name)
 
 
 def gpushare_pod(

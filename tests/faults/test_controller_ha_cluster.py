@@ -140,7 +140,7 @@ def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
     try:
         yield name
     finally:
-        cluster.kubectl("delete", "namespace", name, "--timeout=180s", check=False)
+        cluster.remove_namespace(name)
 
 
 def test_killing_the_leader_during_a_burst_loses_and_double_books_nothing(

@@ -112,7 +112,7 @@ def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
     try:
         yield name
     finally:
-        cluster.kubectl("delete", "namespace", name, "--timeout=180s", check=False)
+        cluster.remove_namespace(name)
 
 
 def component_fault(

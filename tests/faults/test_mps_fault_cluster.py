@@ -130,7 +130,7 @@ def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
     try:
         yield name
     finally:
-        cluster.kubectl("delete", "namespace", name, "--timeout=120s", check=False)
+        cluster.remove_namespace(name)
         cluster.kubectl(
             "annotate",
             "node",

@@ -117,7 +117,7 @@ def test_install_in_dra_mode_and_run_an_annotated_pod(
             assert (row["name"], row["request_percent"], row["limit_percent"]) == ("job", 25, 50)
             assert row["state"] == "claim" and row["gpus"][0]["uuid"] == uuid_
 
-            c.kubectl("delete", "namespace", work, "--wait=true", "--timeout=120s")
+            c.remove_namespace(work)
             helm(c, "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")
             check_nothing_left(c)
             # The agent's preStop emptied its kubelet plugin directory (socket, checkpoint)
