@@ -24,7 +24,7 @@ import pytest
 from gpushare.api.agent_lease import agent_lease_name
 from gpushare.api.names import ANN_FRACTION, RESOURCE_GPU_PERCENT
 from tests.faults.cluster_checks import sigkill
-from tests.fixtures.controller import ControllerProcess
+from tests.fixtures.controller import ControllerProcess, served_namespace
 from tests.fixtures.node_agent import NodeAgentProcess, find_agent, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -35,13 +35,8 @@ GONE = "is gone"
 
 @pytest.fixture
 def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
-    name = f"gs-lease-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, controller.namespace_label)
-    try:
+    with served_namespace(cluster, controller, "gs-lease") as name:
         yield name
-    finally:
-        cluster.remove_namespace(name)
 
 
 def pod(cluster: Any, name: str, namespace: str) -> dict[str, Any]:

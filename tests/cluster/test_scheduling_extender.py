@@ -7,7 +7,6 @@ import json
 import subprocess
 import time
 import urllib.request
-import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from gpushare.api.placement import parse_placement
 from gpushare.api.quantities import parse_fraction, parse_memory
 from gpushare.cluster.extender.base import HOLD_SECONDS
 from tests.fixtures.cluster import LocalCluster
-from tests.fixtures.controller import ControllerProcess
+from tests.fixtures.controller import ControllerProcess, served_namespace
 from tests.fixtures.node_agent import NodeAgentProcess
 
 pytestmark = pytest.mark.cluster
@@ -74,14 +73,8 @@ def gpu_node(cluster: LocalCluster, node_agent: NodeAgentProcess) -> GpuNode:
 
 @pytest.fixture
 def namespace(cluster: LocalCluster, controller: ControllerProcess) -> Iterator[str]:
-    name = f"gs-sched-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, controller.namespace_label)
-    try:
+    with served_namespace(cluster, controller, "gs-sched") as name:
         yield name
-    finally:
-        # Its pods waited for, so the next test starts with this one's shares released.
-        cluster.remove_namespace(name)
 
 
 def gpushare_pod(

@@ -43,7 +43,7 @@ from tests.faults.cluster_checks import (
     wait_quiet,
     wait_until,
 )
-from tests.fixtures.controller import EXTENDER_PORT, ControllerProcess, free_port
+from tests.fixtures.controller import EXTENDER_PORT, ControllerProcess, free_port, served_namespace
 from tests.fixtures.node_agent import NodeAgentProcess
 
 pytestmark = pytest.mark.cluster
@@ -134,13 +134,8 @@ def pair(
 
 @pytest.fixture
 def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
-    name = f"gs-ha-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, controller.namespace_label)
-    try:
+    with served_namespace(cluster, controller, "gs-ha") as name:
         yield name
-    finally:
-        cluster.remove_namespace(name)
 
 
 def test_killing_the_leader_during_a_burst_loses_and_double_books_nothing(

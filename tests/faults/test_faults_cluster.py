@@ -21,7 +21,6 @@ bench/results/reliability.json by bench/faults/summary.py.
 import json
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +44,7 @@ from tests.faults.cluster_checks import (
     wait_quiet,
     wait_until,
 )
-from tests.fixtures.controller import ControllerProcess
+from tests.fixtures.controller import ControllerProcess, served_namespace
 from tests.fixtures.node_agent import (
     DEVICE_PLUGIN_DIR,
     PLUGIN_SOCKET,
@@ -106,13 +105,14 @@ def rig(cluster: Any, controller: ControllerProcess, node_agent: NodeAgentProces
 
 @pytest.fixture
 def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
-    name = f"gs-fault-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, controller.namespace_label)
-    try:
+    with served_namespace(cluster, controller, "gs-fault") as name:
         yield name
-    finally:
-        cluster.remove_namespace(name)
+    # The namespace itself waited for too (its deletion starts 5 s late), so each fault starts
+    # from the settled cluster every run of this test had until 2026-11-26. In the one full run
+    # without that wait, a pod early in the gpushare-scheduler fault's burst, right after the
+    # node-agent fault, failed its Allocate ("found no pod ... waiting"); the cause is not
+    # known yet (docs/development.md, "How long make test takes").
+    cluster.kubectl("wait", "--for=delete", f"namespace/{name}", "--timeout=110s", check=False)
 
 
 def component_fault(

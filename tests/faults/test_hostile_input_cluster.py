@@ -29,7 +29,7 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
 )
 from tests.faults.cluster_checks import kubectl_json
-from tests.fixtures.controller import ControllerProcess
+from tests.fixtures.controller import ControllerProcess, served_namespace
 
 pytestmark = pytest.mark.cluster
 
@@ -52,18 +52,13 @@ def run_kubectl(cluster: Any, *args: str, input: str) -> subprocess.CompletedPro
 
 @pytest.fixture(scope="module")
 def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
-    name = f"gs-hostile-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, controller.namespace_label)
-    cluster.kubectl(
-        "create", "configmap", "cuda-overrides", "-n", name,
-        "--from-literal=CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=999999M",
-        "--from-literal=CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100",
-    )  # fmt: skip
-    try:
+    with served_namespace(cluster, controller, "gs-hostile") as name:
+        cluster.kubectl(
+            "create", "configmap", "cuda-overrides", "-n", name,
+            "--from-literal=CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=999999M",
+            "--from-literal=CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100",
+        )  # fmt: skip
         yield name
-    finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def hostile_pod(cluster: Any, name: str) -> dict[str, Any]:

@@ -15,7 +15,6 @@ faulted.
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -33,7 +32,7 @@ from gpushare.api.names import (
 )
 from gpushare.api.placement import parse_placement
 from tests.faults.cluster_checks import kubectl_json, wait_quiet, wait_until
-from tests.fixtures.controller import ControllerProcess
+from tests.fixtures.controller import ControllerProcess, served_namespace
 from tests.fixtures.node_agent import NodeAgentProcess
 
 pytestmark = pytest.mark.cluster
@@ -124,13 +123,10 @@ def agent(cluster: Any, node_agent: NodeAgentProcess) -> NodeAgentProcess:
 
 @pytest.fixture
 def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
-    name = f"gs-mpsfault-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, controller.namespace_label)
     try:
-        yield name
+        with served_namespace(cluster, controller, "gs-mpsfault") as name:
+            yield name
     finally:
-        cluster.remove_namespace(name)
         cluster.kubectl(
             "annotate",
             "node",
