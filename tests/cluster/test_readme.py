@@ -228,10 +228,8 @@ def remove_demo(cluster: LocalCluster) -> None:
         capture_output=True, text=True, env=cluster.env, timeout=400, check=False,
     )  # fmt: skip
     remove_release(cluster)
-    # Not waited for: a chart test installing into it next waits until it is gone
-    # (remove_release).
     cluster.kubectl(
-        "delete", "namespace", SYSTEM_NAMESPACE, "--ignore-not-found", "--wait=false", check=False
+        "delete", "namespace", SYSTEM_NAMESPACE, "--ignore-not-found", "--wait=true", check=False
     )
 
 

@@ -107,12 +107,6 @@ def rig(cluster: Any, controller: ControllerProcess, node_agent: NodeAgentProces
 def namespace(cluster: Any, controller: ControllerProcess) -> Iterator[str]:
     with served_namespace(cluster, controller, "gs-fault") as name:
         yield name
-    # The namespace itself waited for too (its deletion starts 5 s late), so each fault starts
-    # from the settled cluster every run of this test had until 2026-11-26. In the one full run
-    # without that wait, a pod early in the gpushare-scheduler fault's burst, right after the
-    # node-agent fault, failed its Allocate ("found no pod ... waiting"); the cause is not
-    # known yet (docs/development.md, "How long make test takes").
-    cluster.kubectl("wait", "--for=delete", f"namespace/{name}", "--timeout=110s", check=False)
 
 
 def component_fault(
