@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,11 @@ class Fate:
     """Pods Failed only because the runtime's container start failed (``StartError``): a kubelet
     killed mid-start leaves such a ``restartPolicy: Never`` pod Failed, with that reason on its
     container. Reported apart; only the kubelet fault may cause them."""
+    rejected_at_admission: dict[str, float | None] = field(default_factory=dict)
+    """Pods the kubelet failed at admission (``UnexpectedAdmissionError``, no container ever
+    started), each with when it was bound (epoch seconds, whole seconds as the API keeps them;
+    None when unknown). Reported apart: only a node agent killed while the kubelet was
+    admitting them may cause them (the kubelet does not retry a failed Allocate)."""
 
 
 class FateReader:
@@ -226,7 +232,12 @@ class FateReader:
                 start_error = (
                     phase == "Failed" and ended and all(": StartError exit" in e for e in ended)
                 )
-                (fate.failed_to_start if start_error else fate.violations).append(text)
+                if start_error:
+                    fate.failed_to_start.append(text)
+                elif rejected_at_admission(pod):
+                    fate.rejected_at_admission[text] = bound_at(pod)
+                else:
+                    fate.violations.append(text)
             elif uid in problems:
                 problem = problems[uid]
                 if problem is None:
@@ -246,6 +257,28 @@ class FateReader:
             else:
                 fate.unsettled[key] = "pending without a scheduling event yet"
         return fate
+
+
+def rejected_at_admission(pod: Pod) -> bool:
+    """The kubelet failed the pod before starting any container (its admission refused it)."""
+    status = pod["status"]
+    return (
+        status.get("phase") == "Failed"
+        and status.get("reason") == "UnexpectedAdmissionError"
+        and not any(
+            (c.get("state") or {}).get("terminated") for c in status.get("containerStatuses") or []
+        )
+    )
+
+
+def bound_at(pod: Pod) -> float | None:
+    """When the pod was bound (its PodScheduled condition turned True), in epoch seconds."""
+    for condition in pod["status"].get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
+            stamp = condition.get("lastTransitionTime")
+            if stamp:
+                return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return None
 
 
 # ---- pods of a burst -----------------------------------------------------------------------
@@ -503,6 +536,7 @@ def settle(
             "unsettled": dict(list(fate.unsettled.items())[:5]),
             "lost": fate.violations,
             "failed_to_start": fate.failed_to_start,
+            "rejected_at_admission": fate.rejected_at_admission,
             "invariants": invariants + duplicates,
             "pending_with_room": waiting_with_room[:5],
         }

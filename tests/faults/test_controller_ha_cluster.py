@@ -165,6 +165,7 @@ def test_killing_the_leader_during_a_burst_loses_and_double_books_nothing(
         *state.get("lost", []),
         *state.get("invariants", []),
         *state.get("failed_to_start", []),
+        *state.get("rejected_at_admission", {}),
     ]
     if settled_s is None and not violations:
         violations.append(f"did not converge in {CONVERGE_TIMEOUT_S:.0f}s: {state}")
