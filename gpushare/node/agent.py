@@ -23,6 +23,7 @@ from gpushare.node.core.answer import DeviceNode
 from gpushare.node.core.health import DeviceHealth
 from gpushare.node.core.serving import KubeletPlugin, RestartLoop
 from gpushare.node.deviceplugin.devices import slice_ids
+from gpushare.node.deviceplugin.kubelet_count import KubeletCount
 from gpushare.node.deviceplugin.server import DevicePluginServicer
 from gpushare.node.dra.allocations import claim_allocations
 from gpushare.node.dra.cdi import CdiDir
@@ -93,6 +94,8 @@ class NodeAgent:
         self._exporter: ExporterHandle | None = None
         self.stopping = threading.Event()
         """Set when the agent begins to stop: it reads not ready from then on."""
+        self.kubelet_count = KubeletCount(settings.pod_resources_socket)
+        """Readiness waits until the kubelet's admission counts the listed devices."""
         self.publisher = self._new_publisher()
         self.lease = AgentLease(
             node_name=settings.node_name, namespace=settings.lease_namespace, kube=kube
@@ -324,6 +327,13 @@ class NodeAgent:
         own = [ok for u, ok in healthy.items() if OTHER_PLUGIN not in self.health.problems(u)]
         if own and not any(own):
             return "no healthy GPU"
+        servicer = self.device_plugin.servicer if self.dra_plugin is None else None
+        if (
+            servicer is not None
+            and any(own)
+            and not self.kubelet_count.counted((id(servicer), servicer.listings))
+        ):
+            return "the kubelet has the device list but does not count the devices yet"
         return None
 
     def _readyz(self, _query: str) -> Reply:

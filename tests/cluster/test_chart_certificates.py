@@ -95,6 +95,21 @@ def state(cluster: LocalCluster) -> str:
     return "\n".join(lines)
 
 
+def controller_logs(cluster: LocalCluster) -> str:
+    return "".join(
+        cluster.kubectl("logs", "-n", NAMESPACE, p["metadata"]["name"], check=False)
+        for p in release_pods(cluster)
+        if component(p) == "controller"
+    )
+
+
+def reloaded(logs: str) -> bool:
+    """Both controller replicas reloaded the webhook's certificate, the leader the extender's."""
+    return logs.count("webhook certificate reloaded") >= 2 and (
+        "extender certificates reloaded" in logs
+    )
+
+
 def test_certificates_made_at_run_time_renew_without_a_failed_admission_or_bind(
     cluster: LocalCluster, images: None
 ) -> None:
@@ -133,12 +148,17 @@ def test_certificates_made_at_run_time_renew_without_a_failed_admission_or_bind(
 
             # -- renewed while pods are created and bound ------------------------------------
             cluster.kubectl("create", "namespace", work)
-            count, renew_after = 50, 8
+            # Pods keep coming until a few are created after gpushare-scheduler's restart (so
+            # both its pods place some), at most ``most``.
+            most, renew_after, after_restart = 80, 8, 4
             created: list[str] = []
             refused: list[str] = []
+            enough = threading.Event()
 
             def create_pods() -> None:
-                for i in range(count):
+                for i in range(most):
+                    if enough.is_set():
+                        return
                     name = f"cert-{i:02d}"
                     manifest = workload_pod(cluster, name, "0.02")
                     out = cluster.kubectl(
@@ -172,6 +192,20 @@ def test_certificates_made_at_run_time_renew_without_a_failed_admission_or_bind(
             except AssertionError:
                 print(state(cluster))
                 raise
+            # Every replica reloads the webhook's certificate, the leader the extender's,
+            # when the kubelet refreshes the mounted Secrets; pods keep coming meanwhile.
+            wait_for(
+                lambda: reloaded(controller_logs(cluster)),
+                timeout_s=180,
+                what="the controllers to reload their certificates",
+            )
+            so_far = len(created) + len(refused)
+            wait_for(
+                lambda: len(created) + len(refused) >= min(most, so_far + after_restart),
+                timeout_s=60,
+                what="pods created after the restart",
+            )
+            enough.set()
             creator.join(timeout=300)
 
             def all_running() -> bool:
@@ -202,19 +236,14 @@ def test_certificates_made_at_run_time_renew_without_a_failed_admission_or_bind(
             # The CA stayed: nothing that trusted the old certificates had to change.
             assert base64.b64decode(secret(cluster, "ca")["data"]["tls.crt"]) == ca_pem
             assert base64.b64decode(secret(cluster, "extender-tls")["data"]["ca.crt"]) == ca_pem
-            logs = "".join(
-                cluster.kubectl("logs", "-n", NAMESPACE, p["metadata"]["name"], check=False)
-                for p in release_pods(cluster)
-                if component(p) == "controller"
-            )
+            logs = controller_logs(cluster)
             assert restarted and running
             assert not refused, f"admissions refused during the renewal: {refused}"
             assert not failed_binds, failed_binds[:3]
             # Placed by the scheduler pod before the restart and by the one after it.
             assert len([i for i in scheduled_by if i.startswith(chart_scheduler)]) >= 2
             # Every replica serves the renewed webhook certificate; the leader the extender's.
-            assert logs.count("webhook certificate reloaded") >= 2, logs[-3000:]
-            assert "extender certificates reloaded" in logs, logs[-3000:]
+            assert reloaded(logs), logs[-3000:]
         finally:
             cluster.kubectl("delete", "namespace", work, "--wait=false", check=False)
             remove_release(cluster)

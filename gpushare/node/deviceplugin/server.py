@@ -66,7 +66,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self._stopped = threading.Event()
         self.listed = threading.Event()
         """Set when the kubelet's ListAndWatch stream is handed this server's first device list:
-        from then on its admission counts these devices."""
+        its admission counts these devices once the kubelet has applied it (KubeletCount)."""
+        self.listings = 0
+        """ListAndWatch streams opened so far (each one lists the devices anew)."""
         self.allocations = 0
         self.allocation_failures = 0
 
@@ -86,6 +88,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         version, _ = self.health.snapshot()
         response = device_list(self.health, self.ids)
         log.info("ListAndWatch: advertising %d slices", len(response.devices))
+        self.listings += 1
         self.listed.set()
         yield response
         while not self._stopped.is_set() and context.is_active() and not self.health.closed:
