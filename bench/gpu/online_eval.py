@@ -20,7 +20,6 @@ workload, as one GpuShare's pods do.
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 from bench.gpu.catalog import UNSEEN_KINDS
 from bench.gpu.fitting import ColocationRecord, parse_records
 from gpushare.api.errors import InvalidInputError
-from gpushare.packing.corrections import K_RANGE, Corrections, corrected
+from gpushare.packing.corrections import Corrections, corrected, fit_k
 from gpushare.packing.interference import InterferenceModel, load_default
 
 TARGET_MAPE = 0.15
@@ -45,23 +44,12 @@ def _predicted(model: InterferenceModel, record: ColocationRecord) -> list[float
 def explaining_k(base: Sequence[float], measured_work: float) -> float:
     """The one factor ``k`` (bounded to the product's ``K_RANGE``) under which slowdowns
     ``base ** k`` give the work the pack measured (sum of ``1 / slowdown``): bisection in
-    log k, as the governor's ``_fit_k``; work falls as ``k`` grows."""
+    log k with the product's ``fit_k`` (the governor's); work falls as ``k`` grows."""
 
     def work(k: float) -> float:
         return sum(1.0 / (b**k) if b > 1.0 else 1.0 for b in base)
 
-    low, high = math.log(K_RANGE[0]), math.log(K_RANGE[1])
-    if work(math.exp(low)) <= measured_work:
-        return K_RANGE[0]
-    if work(math.exp(high)) >= measured_work:
-        return K_RANGE[1]
-    for _ in range(40):
-        mid = (low + high) / 2
-        if work(math.exp(mid)) > measured_work:
-            low = mid
-        else:
-            high = mid
-    return math.exp((low + high) / 2)
+    return fit_k(work, measured_work, steps=40)
 
 
 def _mape(errors: Sequence[float]) -> float | None:

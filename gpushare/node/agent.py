@@ -94,8 +94,7 @@ class NodeAgent:
         self._exporter: ExporterHandle | None = None
         self.stopping = threading.Event()
         """Set when the agent begins to stop: it reads not ready from then on."""
-        self.kubelet_count = KubeletCount(settings.pod_resources_socket)
-        """Readiness waits until the kubelet's admission counts the listed devices."""
+        self.kubelet_count = KubeletCount(settings.pod_resources_socket)  # for readiness
         self.publisher = self._new_publisher()
         self.lease = AgentLease(
             node_name=settings.node_name, namespace=settings.lease_namespace, kube=kube

@@ -4,7 +4,7 @@ workload from each shared GPU's measured work rate, and admission and opportunis
 predict with the corrected model."""
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpushare.api.names import CLASS_LATENCY
@@ -13,6 +13,27 @@ from gpushare.packing.model import Demand, PipeProfile, Tenant
 
 K_RANGE = (0.5, 2.0)
 """Bounds of a workload's correction (see :class:`Corrections`)."""
+
+
+def fit_k(work: Callable[[float], float], target: float, *, steps: int = 24) -> float:
+    """The correction factor in :data:`K_RANGE` under which ``work(k)`` (a work rate that
+    falls as ``k`` grows) meets ``target``: bisection in log k, ``steps`` halvings; a range end
+    when ``target`` lies outside what the range gives. The governor fits its GPUs with it and
+    the bench's online evaluation its packs (bench/gpu/online_eval.py)."""
+    low, high = math.log(K_RANGE[0]), math.log(K_RANGE[1])
+    if work(math.exp(low)) <= target:
+        return K_RANGE[0]
+    if work(math.exp(high)) >= target:
+        return K_RANGE[1]
+    for _ in range(steps):
+        mid = (low + high) / 2
+        if work(math.exp(mid)) > target:
+            low = mid
+        else:
+            high = mid
+    return math.exp((low + high) / 2)
+
+
 K_WEIGHT = 0.2
 """Weight of a new measurement in a workload's correction (the rest is what it was)."""
 MIN_WINDOWS = 6

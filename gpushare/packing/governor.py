@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from gpushare.api.names import CLASS_LATENCY
 from gpushare.api.profile import ACTIVITY
-from gpushare.packing.corrections import K_RANGE, Corrections, corrected
+from gpushare.packing.corrections import Corrections, corrected, fit_k
 from gpushare.packing.model import GpuState, PipeProfile, Tenant
 from gpushare.packing.opportunistic import KEEP_FRACTION, Member, Opportunism, member, rates
 
@@ -105,18 +105,7 @@ def _fit_k(
         model = corrected(opportunism.model, [(m.profile, m.workload) for m in named], trial)
         return sum(r for r, b in zip(rates(named, model), batch, strict=True) if b)
 
-    low, high = math.log(K_RANGE[0]), math.log(K_RANGE[1])
-    if work(math.exp(low)) <= target:
-        return K_RANGE[0]
-    if work(math.exp(high)) >= target:
-        return K_RANGE[1]
-    for _ in range(24):
-        mid = (low + high) / 2
-        if work(math.exp(mid)) > target:
-            low = mid
-        else:
-            high = mid
-    return math.exp((low + high) / 2)
+    return fit_k(work, target)
 
 
 @dataclass(frozen=True)

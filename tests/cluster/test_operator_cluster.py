@@ -473,7 +473,7 @@ def test_operator_killed_mid_profiling_resumes_without_repeating_side_effects(
             "resume",
             namespace,
             fraction="0.4",
-            profiling={"mode": "always", "windowSeconds": 20},
+            profiling={"mode": "always", "windowSeconds": 15},
         ),
     )
     apply(
@@ -601,18 +601,19 @@ def test_an_opted_in_pod_runs_beyond_full_gpus_with_the_caps_its_placement_set(
             labels={"app": "train"},
         )
 
-    apply(cluster, train("train-0"))
-    # Opportunistic placement needs the job's measured profile.
-    wait_phase(cluster, "train", namespace, "Packed", timeout_s=150)
-    apply(cluster, train("train-1"))
-    first, _ = _gpu_and_threads(cluster, "train-0", namespace)
-    second, _ = _gpu_and_threads(cluster, "train-1", namespace)
-    assert first != second, "the two 60% pods should each hold a GPU's guaranteed 60%"
-
     # As the chart makes it: the webhook gives opted-in pods this lower priority, so that
-    # kube-scheduler's queue tries guaranteed pods first (the controller reads it every 15 s).
+    # kube-scheduler's queue tries guaranteed pods first (the controller reads it every 15 s,
+    # meanwhile the job is profiled).
     cluster.kubectl("apply", "-f", "-", input=json.dumps(PRIORITY_CLASS))
     try:
+        apply(cluster, train("train-0"))
+        # Opportunistic placement needs the job's measured profile.
+        wait_phase(cluster, "train", namespace, "Packed", timeout_s=150)
+        apply(cluster, train("train-1"))
+        first, _ = _gpu_and_threads(cluster, "train-0", namespace)
+        second, _ = _gpu_and_threads(cluster, "train-1", namespace)
+        assert first != second, "the two 60% pods should each hold a GPU's guaranteed 60%"
+
         opted_in = train("train-2", **{ANN_OPPORTUNISTIC: "true"})
 
         def given_priority() -> bool:

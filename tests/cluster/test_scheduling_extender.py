@@ -77,6 +77,14 @@ def namespace(cluster: LocalCluster, controller: ControllerProcess) -> Iterator[
         yield name
 
 
+@pytest.fixture(scope="module")
+def refusing_namespace(cluster: LocalCluster, controller: ControllerProcess) -> Iterator[str]:
+    """One namespace for the webhook's refusals: a refused pod is never created, so the cases
+    leave it as they found it (and it goes once, not once per case)."""
+    with served_namespace(cluster, controller, "gs-refuse") as name:
+        yield name
+
+
 def gpushare_pod(
     cluster: LocalCluster, name: str, fraction: str, *, memory: str | None = None, **spec: Any
 ) -> Pod:
@@ -337,10 +345,11 @@ def test_the_webhook_refuses_invalid_pods_with_the_field_and_fix(
     cluster: LocalCluster,
     controller: ControllerProcess,
     gpu_node: GpuNode,
-    namespace: str,
+    refusing_namespace: str,
     case: tuple[dict[str, str], str],
 ) -> None:
     overrides, expected = case
+    namespace = refusing_namespace
     pod = gpushare_pod(
         cluster, "bad", overrides.get("fraction", "0.5"), memory=overrides.get("memory")
     )
@@ -359,6 +368,8 @@ def test_the_webhook_refuses_invalid_pods_with_the_field_and_fix(
         env=cluster.env,
         check=False,
     )
+    if out.returncode == 0:  # leave the namespace as the next case expects it
+        cluster.kubectl("delete", "pod", "bad", "-n", namespace, "--wait=false", check=False)
     assert out.returncode != 0, "the API server accepted an invalid gpushare pod"
     assert "denied the request: gpushare:" in out.stderr
     assert expected in out.stderr, out.stderr
