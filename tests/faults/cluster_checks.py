@@ -161,8 +161,8 @@ class Fate:
     container. Reported apart; only the kubelet fault may cause them."""
     rejected_at_admission: dict[str, float | None] = field(default_factory=dict)
     """Pods the kubelet failed at admission (``UnexpectedAdmissionError``, no container ever
-    started), each with when it was bound (epoch seconds, whole seconds as the API keeps them;
-    None when unknown). Reported apart: only a node agent killed while the kubelet was
+    started), each with when it was bound (epoch seconds, :func:`bound_at`; None when
+    unknown). Reported apart: only a node agent killed while the kubelet was
     admitting them may cause them (the kubelet does not retry a failed Allocate)."""
 
 
@@ -272,7 +272,15 @@ def rejected_at_admission(pod: Pod) -> bool:
 
 
 def bound_at(pod: Pod) -> float | None:
-    """When the pod was bound (its PodScheduled condition turned True), in epoch seconds."""
+    """When the pod was bound, in epoch seconds: the placement's bind time the extender wrote
+    just before the Binding, else its PodScheduled condition (whole seconds; a pod the kubelet
+    rejects at admission may have lost its conditions)."""
+    try:
+        placement = parse_placement(pod["metadata"].get("annotations") or {})
+    except InvalidInputError:
+        placement = None
+    if placement is not None:
+        return placement.bind_time.timestamp()
     for condition in pod["status"].get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
             stamp = condition.get("lastTransitionTime")

@@ -254,9 +254,10 @@ def test_fault_during_a_burst_loses_and_double_books_nothing(
         violations.extend(failed_to_start)
     # A node agent killed while the kubelet waits on its Allocate (or with pods bound just before,
     # still queued for admission) makes the kubelet fail those pods for good: the kubelet's
-    # doing, the window docs/reliability.md names. The API keeps whole seconds, and bind's
-    # /readyz answer comes a moment before its Binding: up to KILL_MARGIN_S after the kill
-    # counts as before it. A pod bound later is a failure of the bind check or of readiness.
+    # doing, the window docs/reliability.md names. A pod's bind time is taken just after bind's
+    # /readyz answer, before its Binding; the kill follows killed_wall by the time it takes to
+    # find the agent: up to KILL_MARGIN_S after it counts as before the kill. A pod bound
+    # later is a failure of the bind check or of readiness.
     rejected: dict[str, float | None] = state.get("rejected_at_admission", {})
     cut_off, late = [], []
     for text, bound in rejected.items():
