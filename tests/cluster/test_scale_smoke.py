@@ -23,7 +23,7 @@ from bench.scale.harness import DEFAULT_STATE_DIR, REPO, control_plane_running
 from bench.scale.run import DEFAULT_TRACES
 from bench.scale.workload import DEFAULT_TRACE_FILE
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.own_control_plane]
 
 
 def traces_dir(tmp: Path) -> Path:
