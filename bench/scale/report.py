@@ -38,14 +38,19 @@ def _latency_rows(phase: dict[str, Any]) -> list[str]:
         ("scheduler SLI (pod_scheduling_sli_duration)", "pod_scheduling_sli"),
         ("scheduler attempt, scheduled", "scheduling_attempt_scheduled"),
         ("scheduler's own Bind (Binding POST; none where the extender binds)", "bind_plugins"),
+        ("scheduling algorithm (filters, extenders' filter, scores)", "scheduling_algorithm"),
     ):
         s = sched.get(key, {})
-        if key == "bind_plugins" and not s.get("count"):
+        if key in ("bind_plugins", "scheduling_algorithm") and not s.get("count"):
             continue
         rows.append(
             f"| {label} | {_fmt(s.get('count'))} | {_fmt(s.get('p50_ms'), ' ms')} | "
             f"{_p99(s)} | {_fmt(s.get('p99_bucket_ms'))} |"
         )
+    points = {k: v for k, v in sched.get("extension_points_mean_ms", {}).items() if v is not None}
+    if points:
+        text = ", ".join(f"{k} {v:.3f} ms" for k, v in points.items())
+        rows.append(f"| scheduler's own points, mean per pod | | {text} | | |")
     lat = phase.get("bind_latency_ms", {})
     rows.append(
         f"| bench: created -> bound | {_fmt(phase.get('bound'))} | {_fmt(lat.get('p50'), ' ms')} | "

@@ -54,6 +54,10 @@ DEFAULT_OUT = harness.REPO / "bench" / "results" / "scale"
 SLI = "scheduler_pod_scheduling_sli_duration_seconds"
 ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
 EXTENSION_POINT = "scheduler_framework_extension_point_duration_seconds"
+ALGORITHM = "scheduler_scheduling_algorithm_duration_seconds"
+"""schedulePod: the framework's filters, the extenders' filter calls, then scoring (one
+scheduler process per profile here, so it needs no profile label)."""
+CYCLE_POINTS = ("PreFilter", "Filter", "PreScore", "Score")
 """Its ``Bind`` series is the stock scheduler's own binding (DefaultBinder's Binding POST):
 the reference for the extender's bind latency under the same API server. kube-scheduler skips
 its bind plugins when an extender binds, so gpushare-scheduler's series stays empty."""
@@ -385,12 +389,32 @@ def scheduler_summary(before: str, after: str, *, profile: str) -> dict[str, Any
     binding = metrics.histogram(after, EXTENSION_POINT, bound).minus(
         metrics.histogram(before, EXTENSION_POINT, bound)
     )
+    algorithm = metrics.histogram(after, ALGORITHM).minus(metrics.histogram(before, ALGORITHM))
     return {
         "pod_scheduling_sli": metrics.summarize(sli),
         "scheduling_attempt_scheduled": metrics.summarize(attempt),
         "bind_plugins": metrics.summarize(binding),
+        "scheduling_algorithm": metrics.summarize(algorithm),
+        "extension_points_mean_ms": _point_means(before, after, profile=profile),
         "attempts_by_result": results,
     }
+
+
+def _point_means(before: str, after: str, *, profile: str) -> dict[str, float | None]:
+    """Mean time per call of the framework's own filter and score points: what of
+    ``scheduling_algorithm`` is not the extenders' filter calls (docs/scale.md)."""
+    out: dict[str, float | None] = {}
+    for point in CYCLE_POINTS:
+
+        def at(labels: Any, p: str = point) -> bool:
+            return bool(labels.get("profile") == profile and labels.get("extension_point") == p)
+
+        h = metrics.histogram(after, EXTENSION_POINT, at).minus(
+            metrics.histogram(before, EXTENSION_POINT, at)
+        )
+        mean = h.mean
+        out[point] = None if mean is None else round(mean * 1000.0, 3)
+    return out
 
 
 EXTENDER_VERBS = ("filter", "prioritize", "bind")

@@ -30,6 +30,11 @@ RELIST_BACKOFF = Backoff(first_s=0.5, most_s=10.0)
 """Waits before listing again after a failed list or watch (reset by a list that worked)."""
 REWATCH_PAUSE_S = 0.5
 """Wait before watching again after a watch that ended without an event (no busy loop)."""
+WATCH_SLICE_S = 0.0005
+"""Longest stretch of watch events applied before other work gets the event loop. A watch
+stream delivers events in bursts (all that arrived while the loop was busy), and the loop reads
+a burst without pausing: an extender filter call then waited behind the whole burst, and
+kube-scheduler's cycle with it (docs/scale.md)."""
 POISON_LOG_EVERY = 100
 """One warning per this many objects a watch could not take in (after the first)."""
 _poisoned: dict[str, int] = {}
@@ -110,10 +115,14 @@ async def inform(
                 while True:
                     events = 0
                     left = max(1, int(deadline - loop.time()))
+                    pause_at = loop.time() + WATCH_SLICE_S
                     async for event, data in watch(version, left):
                         apply_event(kind, event, data, upsert=upsert, delete=delete)
                         version = _version_of(data) or version
                         events += 1
+                        if loop.time() >= pause_at:
+                            await asyncio.sleep(0)  # requests waiting meanwhile go first
+                            pause_at = loop.time() + WATCH_SLICE_S
                     log.debug("watch ended; watching again", extra={"kind": kind, "rv": version})
                     if not events:
                         await asyncio.sleep(REWATCH_PAUSE_S)

@@ -3,6 +3,7 @@ from the last version it delivered (no relist, which costs a busy controller abo
 at 10,000 pods); a 410 Gone and the resync period list again."""
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -95,3 +96,38 @@ async def test_the_resync_period_lists_again_while_the_watch_is_open() -> None:
     await run(server, resync_seconds=0.05)
     assert server.lists == 2
     assert server.watched_from == ["10", "10"]
+
+
+async def test_a_burst_of_events_lets_other_work_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst the stream delivers at once is not applied in one go: work that became ready
+    meanwhile (an extender call) runs within a slice, not after the whole burst."""
+    monkeypatch.setattr(informer, "WATCH_SLICE_S", 0.002)
+    applied: list[str] = []
+    seen_by_other: list[int] = []
+
+    def slow_upsert(o: Mapping[str, Any]) -> None:
+        applied.append(o["metadata"]["name"])
+        time.sleep(0.001)  # a pod event taking 1 ms of the loop
+
+    async def other() -> None:
+        await asyncio.sleep(0)
+        seen_by_other.append(len(applied))
+
+    server = Server([([("ADDED", pod(f"p{i}", str(11 + i))) for i in range(50)], None)])
+    task = asyncio.create_task(
+        informer.inform(
+            "Pod",
+            list_all=server.list_all,
+            watch=server.watch,
+            replace=lambda objs: None,
+            upsert=slow_upsert,
+            delete=lambda o: None,
+            resync_seconds=60.0,
+        )
+    )
+    waiting = asyncio.create_task(other())
+    await asyncio.wait_for(server.done.wait(), timeout=5)
+    task.cancel()
+    await waiting
+    assert len(applied) == 50
+    assert seen_by_other and seen_by_other[0] < 10  # in after a slice, not after all 50
