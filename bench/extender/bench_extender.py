@@ -1,6 +1,6 @@
 """Extender latency: filter + prioritize for one pod against N nodes x G GPUs, over real HTTP.
 
-The real controller server (gpushare.cluster.server.extender_app over aiohttp) runs in this
+The real controller server (gpushare.cluster.server.extender_routes on lean_http) runs in this
 process with its view filled with synthetic but realistic state (every GPU holds 0-4 tenants of
 5-30%). A client in the same event loop then plays kube-scheduler for a stream of pods:
 
@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -59,7 +59,7 @@ from gpushare.api.names import (  # noqa: E402
 from gpushare.api.placement import Placement  # noqa: E402
 from gpushare.cluster.extender.verbs import Extender  # noqa: E402
 from gpushare.cluster.metrics import Metrics  # noqa: E402
-from gpushare.cluster.server import extender_app  # noqa: E402
+from gpushare.cluster.server import Listener, extender_routes  # noqa: E402
 from gpushare.cluster.state import gpu_requests  # noqa: E402
 from gpushare.cluster.state.view import ClusterView  # noqa: E402
 from gpushare.packing.policy import Policy, choose_gpus  # noqa: E402
@@ -309,12 +309,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if args.gc_freeze:
         gc.collect()
         gc.freeze()  # what the controller does after each full list
-    app = extender_app(extender, metrics=Metrics(view), ready=lambda: (True, "bench"))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    routes = extender_routes(extender, metrics=Metrics(view), ready=lambda: (True, "bench"))
+    listener = Listener(routes, host="127.0.0.1", port=0, ssl_context=None)
+    await listener.start()
+    port = listener.bound_port
     base = f"http://127.0.0.1:{port}"
     names = [d["metadata"]["name"] for d in node_docs]
     load_start = os.getloadavg()[0]
@@ -328,7 +326,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 session, base, extender, names, count=args.cold_pods, cold=True, rng=rng, tag="c"
             )
     finally:
-        await runner.cleanup()
+        await listener.stop()
     steady_summary = summary(steady)
     cold_summary = summary(cold)
     return {

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession
 
 from bench.scale.workload import (
     NodeShape,
@@ -55,7 +55,7 @@ from gpushare.api.placement import Placement
 from gpushare.cluster.extender.args import BindingArgs, ExtenderArgs
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.metrics import Metrics
-from gpushare.cluster.server import extender_app
+from gpushare.cluster.server import Listener, extender_routes
 from gpushare.cluster.state.view import ClusterView
 from gpushare.packing.admission import Admission
 from gpushare.packing.opportunistic import Opportunism
@@ -391,12 +391,12 @@ async def run(
 ) -> dict[str, Any]:
     """Warm-up pods (untimed), then the steady and cold phases, each on the next pods of
     ``stream``; ``decisions`` gets each pod's node and GPUs ("" where no node took it)."""
-    app = extender_app(flow.extender, metrics=Metrics(flow.view), ready=lambda: (True, "bench"))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    routes = extender_routes(
+        flow.extender, metrics=Metrics(flow.view), ready=lambda: (True, "bench")
+    )
+    listener = Listener(routes, host="127.0.0.1", port=0, ssl_context=None)
+    await listener.start()
+    port = listener.bound_port
     base = f"http://127.0.0.1:{port}"
     out: dict[str, Any] = {}
     at = 0
@@ -423,5 +423,5 @@ async def run(
                 if phase != "warm" and samples:
                     out[phase] = summary(samples)
     finally:
-        await runner.cleanup()
+        await listener.stop()
     return out

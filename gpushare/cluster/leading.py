@@ -17,7 +17,7 @@ from gpushare.cluster.leader import LeaderElector
 from gpushare.cluster.operator import runner as operator_runner
 from gpushare.cluster.operator.settings import OperatorConfig
 from gpushare.cluster.opportunistic import OpportunisticDuties
-from gpushare.cluster.server import Listener, extender_app
+from gpushare.cluster.server import Listener, extender_routes
 from gpushare.kube.retry import Backoff, keep_trying
 
 log = logging.getLogger("gpushare.cluster")
@@ -46,7 +46,9 @@ class Leadership(Duty):
         self.ctx, self.extender, self.elector, self.hooks = ctx, extender, elector, hooks
         settings = ctx.settings
         self.listener = Listener(
-            extender_app(extender, metrics=ctx.metrics, ready=ctx.ready, authorize=ctx.authorize),
+            extender_routes(
+                extender, metrics=ctx.metrics, ready=ctx.ready, authorize=ctx.authorize
+            ),
             host=settings.extender.host,
             port=settings.extender.port,
             ssl_context=ctx.extender_tls.context if ctx.extender_tls else None,

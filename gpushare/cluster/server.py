@@ -1,4 +1,5 @@
-"""HTTP layer: aiohttp applications for the extender (plus health and metrics) and the webhook.
+"""HTTP layer: the extender's port (verbs, health, metrics) on :mod:`gpushare.cluster.lean_http`,
+the webhook's on aiohttp.
 
 Handlers only parse, time and answer; the decisions live in extender.py and webhook.py. Any
 malformed body gets a 4xx with the reason, and no request can stop the server.
@@ -17,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gpushare.api.errors import InvalidInputError
 from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
 from gpushare.cluster.extender.verbs import Extender
+from gpushare.cluster.lean_http import Handler, LeanServer, Limits, Request, Response, Routes
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.webhook import review as webhook
 from gpushare.cluster.webhook.facts import ClusterFacts
@@ -42,6 +44,12 @@ WEBHOOK_DEADLINE_S = 30.0
 """The API server gives up on a webhook after at most 30 s: no review is worked on longer."""
 EXTENDER_DEADLINE_S = 60.0
 """Longest extender request (a bind waits at most the allocation gate, 5 s by default)."""
+EXTENDER_LIMITS = Limits(
+    max_connections=MAX_CONNECTIONS,
+    idle_timeout_s=IDLE_TIMEOUT_S,
+    deadline_s=EXTENDER_DEADLINE_S,
+    max_body_bytes=MAX_BODY_BYTES,
+)
 
 
 class _Refused(asyncio.Protocol):
@@ -108,14 +116,14 @@ _encode = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
 
 
-def _json(data: object, *, status: int = 200) -> web.Response:
+def _json(data: object, *, status: int = 200) -> Response:
     # msgspec: a filter call carries hundreds of node names each way; the stdlib json module
     # was a visible share of the controller's CPU per pod at 1000 nodes.
-    return web.Response(body=_encode.encode(data), status=status, content_type="application/json")
+    return Response(status, _encode.encode(data), content_type="application/json")
 
 
-async def _body_json(request: web.Request) -> Any:
-    return decode_body(await request.read())
+def _web_json(data: object) -> web.Response:
+    return web.Response(body=_encode.encode(data), content_type="application/json")
 
 
 def decode_body(raw: bytes) -> Any:
@@ -130,105 +138,140 @@ def decode_body(raw: bytes) -> Any:
         raise BadRequestError("body is nested too deeply") from None
 
 
-def refusal(access: Access) -> web.Response:
+def _refusal(access: Access) -> Response:
     """The answer to a caller ``authorize`` turned away."""
-    headers = {"WWW-Authenticate": 'Bearer realm="gpushare"'} if access.status == 401 else None
-    return web.Response(status=access.status, text=f"gpushare: {access.reason}\n", headers=headers)
+    headers = (("WWW-Authenticate", 'Bearer realm="gpushare"'),) if access.status == 401 else ()
+    return Response.text(access.status, f"gpushare: {access.reason}\n", headers=headers)
 
 
-def health_routes(
-    app: web.Application,
-    *,
-    ready: Readiness,
-    metrics: Metrics | None,
-    authorize: Authorize | None = None,
-) -> None:
-    """/healthz and /readyz (open: the kubelet probes them), /metrics (with ``authorize``,
+def health_handlers(
+    *, ready: Readiness, metrics: Metrics | None, authorize: Authorize | None = None
+) -> dict[tuple[str, str], Handler]:
+    """GET /healthz and /readyz (open: the kubelet probes them), /metrics (with ``authorize``,
     only for callers allowed to get it)."""
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+    def healthz(_: Request) -> Response:
+        return Response.text(200, "ok\n")
 
-    async def readyz(_: web.Request) -> web.Response:
+    def readyz(_: Request) -> Response:
         ok, why = ready()
-        return web.Response(text=f"{why}\n", status=200 if ok else 503)
+        return Response.text(200 if ok else 503, f"{why}\n")
 
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    handlers: dict[tuple[str, str], Handler] = {
+        ("GET", "/healthz"): healthz,
+        ("GET", "/readyz"): readyz,
+    }
     if metrics is not None:
         registry = metrics.registry
 
-        async def prometheus(request: web.Request) -> web.Response:
+        async def prometheus(request: Request) -> Response:
             if authorize is not None:
-                access = await authorize(request.headers.get("Authorization"), "/metrics")
+                access = await authorize(request.headers.get("authorization"), "/metrics")
                 if not access.allowed:
-                    return refusal(access)
-            body = generate_latest(registry)
-            resp = web.Response(body=body)
-            resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
-            return resp
+                    return _refusal(access)
+            return Response(200, generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
-        app.router.add_get("/metrics", prometheus)
+        handlers[("GET", "/metrics")] = prometheus
+    return handlers
 
 
-def extender_app(
+def _on_aiohttp(handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A lean handler served by an aiohttp application (the webhook port's health routes)."""
+
+    async def handle(request: web.Request) -> web.Response:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        result = handler(Request(request.method, request.path, headers, await request.read()))
+        answer = result if isinstance(result, Response) else await result
+        return web.Response(
+            status=answer.status,
+            body=answer.body,
+            headers={"Content-Type": answer.content_type, **dict(answer.headers)},
+        )
+
+    return handle
+
+
+def extender_routes(
     extender: Extender,
     *,
     metrics: Metrics,
-    ready: Readiness,
     prefix: str = "/scheduler",
+    ready: Readiness,
     authorize: Authorize | None = None,
-) -> web.Application:
-    """POST {prefix}/filter, {prefix}/prioritize, {prefix}/bind; GET /healthz /readyz /metrics."""
-    app = web.Application(
-        client_max_size=MAX_BODY_BYTES, middlewares=[deadline(EXTENDER_DEADLINE_S)]
-    )
+) -> Routes:
+    """POST {prefix}/filter, {prefix}/prioritize, {prefix}/bind; GET /healthz /readyz /metrics.
+    Filter and prioritize answer inside the call that read the request (lean_http)."""
     stages = metrics.bind_stage_seconds
     extender.bind_stage_observer = lambda stage, seconds: stages.labels(stage).observe(seconds)
 
-    def verb(
-        name: str, work: Callable[[Any], Awaitable[tuple[object, bool]]]
-    ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        latency = metrics.extender_seconds.labels(name)
-
-        async def handle(request: web.Request) -> web.Response:
-            start = time.perf_counter()
-            outcome = "ok"
-            try:
-                result, ok = await work(await _body_json(request))
-                if not ok:
-                    outcome = "error"
-                return _json(result)
-            except BadRequestError as exc:
-                outcome = "bad_request"
-                return _json({"Error": f"gpushare: bad {name} request: {exc}"}, status=400)
-            except Exception as exc:
-                outcome = "error"
-                log.exception("extender call failed", extra={"verb": name})
-                return _json({"Error": f"gpushare: internal error: {exc}"}, status=500)
-            finally:
-                latency.observe(time.perf_counter() - start)
-                metrics.extender_requests.labels(name, outcome).inc()
-
-        return handle
-
-    async def do_filter(doc: Any) -> tuple[object, bool]:
+    def filter_work(doc: Any) -> tuple[object, bool]:
         return extender.filter(parse_extender_args(doc)), True
 
-    async def do_prioritize(doc: Any) -> tuple[object, bool]:
+    def prioritize_work(doc: Any) -> tuple[object, bool]:
         return extender.prioritize(parse_extender_args(doc)), True
 
-    async def do_bind(doc: Any) -> tuple[object, bool]:
+    async def bind_work(doc: Any) -> tuple[object, bool]:
         result = await extender.bind(parse_binding_args(doc))
         ok = not result.get("Error")
         metrics.binds.labels("bound" if ok else "failed").inc()
         return result, ok
 
-    app.router.add_post(f"{prefix}/filter", verb("filter", do_filter))
-    app.router.add_post(f"{prefix}/prioritize", verb("prioritize", do_prioritize))
-    app.router.add_post(f"{prefix}/bind", verb("bind", do_bind))
-    health_routes(app, ready=ready, metrics=metrics, authorize=authorize)
-    return app
+    routes: dict[tuple[str, str], Handler] = {
+        ("POST", f"{prefix}/filter"): _Verb("filter", metrics).answer(filter_work),
+        ("POST", f"{prefix}/prioritize"): _Verb("prioritize", metrics).answer(prioritize_work),
+        ("POST", f"{prefix}/bind"): _Verb("bind", metrics).answer_later(bind_work),
+    }
+    routes.update(health_handlers(ready=ready, metrics=metrics, authorize=authorize))
+    return routes
+
+
+class _Verb:
+    """One extender verb's timing, outcome counting and error answers."""
+
+    def __init__(self, name: str, metrics: Metrics) -> None:
+        self.name = name
+        self.latency = metrics.extender_seconds.labels(name)
+        self.outcomes = {o: metrics.extender_requests.labels(name, o) for o in OUTCOMES}
+
+    def answer(self, work: Callable[[Any], tuple[object, bool]]) -> Handler:
+        def handle(request: Request) -> Response:
+            start = time.perf_counter()
+            try:
+                return self._done(*work(decode_body(request.body)), start=start)
+            except Exception as exc:
+                return self._failed(exc, start=start)
+
+        return handle
+
+    def answer_later(self, work: Callable[[Any], Awaitable[tuple[object, bool]]]) -> Handler:
+        async def handle(request: Request) -> Response:
+            start = time.perf_counter()
+            try:
+                return self._done(*await work(decode_body(request.body)), start=start)
+            except Exception as exc:
+                return self._failed(exc, start=start)
+
+        return handle
+
+    def _done(self, result: object, ok: bool, *, start: float) -> Response:
+        answer = _json(result)
+        self._count("ok" if ok else "error", start)
+        return answer
+
+    def _failed(self, exc: Exception, *, start: float) -> Response:
+        if isinstance(exc, BadRequestError):
+            self._count("bad_request", start)
+            return _json({"Error": f"gpushare: bad {self.name} request: {exc}"}, status=400)
+        log.exception("extender call failed", extra={"verb": self.name})
+        self._count("error", start)
+        return _json({"Error": f"gpushare: internal error: {exc}"}, status=500)
+
+    def _count(self, outcome: str, start: float) -> None:
+        self.latency.observe(time.perf_counter() - start)
+        self.outcomes[outcome].inc()
+
+
+OUTCOMES = ("ok", "error", "bad_request")
 
 
 def webhook_app(
@@ -248,7 +291,10 @@ def webhook_app(
     app.router.add_post("/validate", _review_handler("validate", facts, metrics, mutate=False))
     # /metrics here too: every replica serves this port, and it asks for no client certificate
     # (so a bearer token, checked by ``authorize``).
-    health_routes(app, ready=ready, metrics=metrics, authorize=authorize)
+    for (method, path), handler in health_handlers(
+        ready=ready, metrics=metrics, authorize=authorize
+    ).items():
+        app.router.add_route(method, path, _on_aiohttp(handler))
     return app
 
 
@@ -293,7 +339,7 @@ async def _answer_review(
                 "status": {"code": 500, "message": f"gpushare: internal error: {exc}"},
             },
         }
-        return _json(doc)
+        return _web_json(doc)
     outcome = "allowed" if verdict.allowed else "denied"
     metrics.webhook_requests.labels(name, outcome).inc()
     if not verdict.allowed:
@@ -301,57 +347,85 @@ async def _answer_review(
             "pod refused",
             extra={"webhook": name, "namespace": parsed.namespace, "why": verdict.message},
         )
-    return _json(doc)
+    return _web_json(doc)
 
 
 class Listener:
     """One of the process's HTTP servers as a component: :meth:`start` listens (with
     ``wait_s``, trying that long while the port is taken: on a takeover on one host the old
-    leader's socket may linger a moment), :meth:`stop` closes it."""
+    leader's socket may linger a moment), :meth:`stop` closes it. An aiohttp application (the
+    webhook's) or lean routes (the extender's, with ``limits``)."""
 
     def __init__(
         self,
-        app: web.Application,
+        app: web.Application | Routes,
         *,
         host: str,
         port: int,
         ssl_context: object | None,
         reuse_port: bool = False,
         wait_s: float = 0.0,
+        limits: Limits | None = None,
     ) -> None:
         self.app, self.host, self.port = app, host, port
         self.ssl_context, self.reuse_port, self.wait_s = ssl_context, reuse_port, wait_s
+        self.limits = limits or EXTENDER_LIMITS
         self._runner: BoundedRunner | None = None
+        self._lean: LeanServer | None = None
 
     async def start(self) -> None:
-        runner = BoundedRunner(self.app)
-        await runner.setup()
         deadline = time.monotonic() + self.wait_s
         while True:
-            site = web.TCPSite(
-                runner,
-                self.host,
-                self.port,
-                ssl_context=self.ssl_context,  # type: ignore[arg-type]
-                reuse_address=True,
-                reuse_port=self.reuse_port or None,
-            )
             try:
-                await site.start()
-                self._runner = runner
+                await self._open()
                 return
             except OSError as exc:
                 if time.monotonic() < deadline:
                     await asyncio.sleep(0.2)
                     continue
-                await runner.cleanup()
                 raise InvalidInputError(
                     f"{self.host}:{self.port}",
                     f"cannot listen ({exc.strerror})",
                     "free the port or pick another",
                 ) from None
 
+    async def _open(self) -> None:
+        if not isinstance(self.app, web.Application):
+            lean = LeanServer(self.app, self.limits)
+            await lean.start(
+                self.host, self.port, ssl_context=self.ssl_context, reuse_port=self.reuse_port
+            )
+            self._lean = lean
+            return
+        runner = BoundedRunner(self.app)
+        await runner.setup()
+        site = web.TCPSite(
+            runner,
+            self.host,
+            self.port,
+            ssl_context=self.ssl_context,  # type: ignore[arg-type]
+            reuse_address=True,
+            reuse_port=self.reuse_port or None,
+        )
+        try:
+            await site.start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+
+    @property
+    def bound_port(self) -> int:
+        """The port listened on (the one picked for port 0)."""
+        if self._lean is not None:
+            return self._lean.port
+        assert self._runner is not None
+        return int(self._runner.addresses[0][1])
+
     async def stop(self) -> None:
+        if self._lean is not None:
+            await self._lean.stop()
+            self._lean = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

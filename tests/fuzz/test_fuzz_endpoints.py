@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +26,7 @@ from gpushare.api.names import (
 )
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.metrics import Metrics
-from gpushare.cluster.server import extender_app, webhook_app
+from gpushare.cluster.server import Listener, extender_routes, webhook_app
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook.facts import ClusterFacts
 from tests.fixtures.builders import GIB, gpu, node_json, pod_json
@@ -52,27 +51,30 @@ def servers() -> Iterator[Servers]:
     metrics = Metrics(view)
     loop = asyncio.new_event_loop()
     ready = threading.Event()
-    ports: list[int] = []
-    runners: list[web.AppRunner] = []
-
-    async def start() -> None:
-        apps = [
-            extender_app(
+    listeners = [
+        Listener(
+            extender_routes(
                 Extender(view=view, writer=None), metrics=metrics, ready=lambda: (True, "")
             ),
+            host="127.0.0.1",
+            port=0,
+            ssl_context=None,
+        ),
+        Listener(
             webhook_app(
                 facts=lambda: ClusterFacts(max_gpu_memory=80 * GIB, max_gpus_per_node=2),
                 metrics=metrics,
                 ready=lambda: (True, ""),
             ),
-        ]
-        for app in apps:
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            runners.append(runner)
-            ports.append(runner.addresses[0][1])
+            host="127.0.0.1",
+            port=0,
+            ssl_context=None,
+        ),
+    ]
+
+    async def start() -> None:
+        for listener in listeners:
+            await listener.start()
         ready.set()
 
     def serve() -> None:
@@ -84,10 +86,11 @@ def servers() -> Iterator[Servers]:
     thread.start()
     assert ready.wait(10)
     try:
+        ports = [listener.bound_port for listener in listeners]
         yield Servers(f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}")
     finally:
-        for runner in runners:
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        for listener in listeners:
+            asyncio.run_coroutine_threadsafe(listener.stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
 

@@ -15,8 +15,9 @@ from aiohttp import web
 
 from gpushare.cluster import server
 from gpushare.cluster.extender.verbs import Extender
+from gpushare.cluster.lean_http import Limits, Routes
 from gpushare.cluster.metrics import Metrics
-from gpushare.cluster.server import BoundedRunner, extender_app, webhook_app
+from gpushare.cluster.server import Listener, extender_routes, webhook_app
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.kube.access import Access
@@ -32,26 +33,27 @@ async def authorize(header: str | None, path: str) -> Access:
 
 
 class Served:
-    def __init__(self, app: web.Application, **bounds: Any) -> None:
+    """A :class:`Listener` on a loopback port, served from a thread."""
+
+    def __init__(self, app: web.Application | Routes, **bounds: Any) -> None:
         self.loop = asyncio.new_event_loop()
-        self.runner = BoundedRunner(app, **bounds)
+        limits = Limits(**{**vars(server.EXTENDER_LIMITS), **bounds})
+        self.listener = Listener(app, host="127.0.0.1", port=0, ssl_context=None, limits=limits)
         started = threading.Event()
 
         def run() -> None:
             asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(self.runner.setup())
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            self.loop.run_until_complete(site.start())
+            self.loop.run_until_complete(self.listener.start())
             started.set()
             self.loop.run_forever()
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
         assert started.wait(10)
-        self.port = self.runner.addresses[0][1]
+        self.port = self.listener.bound_port
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        asyncio.run_coroutine_threadsafe(self.listener.stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 
@@ -85,13 +87,13 @@ def _view() -> ClusterView:
 @pytest.fixture
 def extender() -> Iterator[Served]:
     view = _view()
-    app = extender_app(
+    routes = extender_routes(
         Extender(view=view, writer=None),
         metrics=Metrics(view),
         ready=lambda: (True, ""),
         authorize=authorize,
     )
-    served = Served(app, max_connections=3, idle_timeout_s=0.5)
+    served = Served(routes, max_connections=3, idle_timeout_s=0.5)
     yield served
     served.close()
 
