@@ -1,5 +1,5 @@
-"""JSON over one aiohttp session, for the hot paths: the pod and node watches, Bindings, and the
-patches that place DRA claims.
+"""JSON for the hot paths: the pod and node watches (one aiohttp session), Bindings and the
+patches that place DRA claims (kept connections of their own, lean_client).
 
 At hundreds of pods a second, lightkube's stack (httpx, anyio TLS streams, h11, model objects
 turned back into dicts) cost the controller more CPU per pod than the extender's decisions; here
@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import msgspec
@@ -17,6 +18,7 @@ from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 
 from gpushare.kube.errors import KubeError, error_for
+from gpushare.kube.lean_client import ApiConnections
 
 TOKEN_REREAD_SECONDS = 60.0
 """A token file (in-cluster service account, rotated by the kubelet) is read again this often."""
@@ -53,6 +55,7 @@ class RawApi:
         self._token_file = token_file
         self._token_read = -1e9
         self._session: aiohttp.ClientSession | None = None
+        self._writes = ApiConnections(server, ssl)
 
     @classmethod
     def from_config(cls, config: SingleConfig) -> "RawApi | None":
@@ -91,12 +94,15 @@ class RawApi:
         return self._session
 
     async def close(self) -> None:
+        self._writes.close()
         if self._session is not None:
             await self._session.close()
 
     async def _error(self, resp: aiohttp.ClientResponse, what: str) -> "KubeError":
-        body = await resp.read()
-        if resp.status == 401:
+        return self._error_of(resp.status, await resp.read(), what)
+
+    def _error_of(self, status: int, body: bytes, what: str) -> "KubeError":
+        if status == 401:
             self._forget_token()
         message = body[:300].decode(errors="replace")
         try:
@@ -105,21 +111,18 @@ class RawApi:
                 message = doc["message"]
         except msgspec.DecodeError:
             pass
-        return error_for(resp.status, f"{what}: {message}")
+        return error_for(status, f"{what}: {message}")
 
     async def post(
         self, path: str, body: Mapping[str, Any], *, what: str, timeout: float = 15.0
     ) -> None:
-        """POST a JSON body; raises a typed KubeError with the API server's message on 4xx/5xx."""
-        async with self.session().post(
-            self._server + path,
-            data=_encode.encode(body),
-            headers=self._headers(),
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as resp:
-            if resp.status >= 400:
-                raise await self._error(resp, what)
-            await resp.read()
+        """POST a JSON body; raises a typed KubeError with the API server's message on 4xx/5xx
+        (on kept connections: lean_client)."""
+        status, answer = await self._writes.request(
+            "POST", path, _encode.encode(body), self._headers(), timeout=timeout
+        )
+        if status >= 400:
+            raise self._error_of(status, answer, what)
 
     async def patch(
         self,
@@ -138,16 +141,19 @@ class RawApi:
             raise ValueError(f"patch_type must be one of {sorted(PATCH_CONTENT_TYPES)}")
         headers = self._headers()
         headers["Content-Type"] = PATCH_CONTENT_TYPES[patch_type]
-        async with self.session().patch(
-            self._server + path,
-            data=_encode.encode(body),
-            params={"fieldManager": field_manager},
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as resp:
-            if resp.status >= 400:
-                raise await self._error(resp, what)
-            doc = _decode.decode(await resp.read())
+        status, answer = await self._writes.request(
+            "PATCH",
+            f"{path}?{urlencode({'fieldManager': field_manager})}",
+            _encode.encode(body),
+            headers,
+            timeout=timeout,
+        )
+        if status >= 400:
+            raise self._error_of(status, answer, what)
+        try:
+            doc = _decode.decode(answer)
+        except msgspec.DecodeError as exc:
+            raise KubeError(f"{what}: the answer is not JSON: {exc}") from None
         return doc if isinstance(doc, dict) else {}
 
     async def list(self, path: str, *, what: str) -> tuple[list[dict[str, Any]], str]:

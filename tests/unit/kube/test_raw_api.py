@@ -1,12 +1,15 @@
 """The controller's raw API path (watches and Bindings without lightkube's models): which
 kubeconfigs it serves and how it authenticates."""
 
+import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from lightkube.config.kubeconfig import KubeConfig
 
+from gpushare.kube.errors import ConflictError
 from gpushare.kube.raw import RawApi
 
 
@@ -110,3 +113,114 @@ async def test_listed_and_watched_objects_come_without_managed_fields() -> None:
         assert "managedFields" not in obj["metadata"]
         assert obj["metadata"]["annotations"] == {"gpushare.io/gpu-fraction": "0.5"}
         assert obj["spec"] == {"nodeName": "n1"}
+
+
+class ScriptedServer:
+    """A loopback HTTP server answering each request with the next scripted bytes (the API
+    server's framings: Content-Length, chunked, close-delimited), recording what it was sent
+    and on which connection."""
+
+    def __init__(self, answers: list[bytes]) -> None:
+        self.answers = answers
+        self.requests: list[tuple[int, bytes]] = []
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            conn = self.connections
+            try:
+                while self.answers:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = int(
+                        next(
+                            line.split(b":")[1]
+                            for line in head.split(b"\r\n")
+                            if line.lower().startswith(b"content-length")
+                        )
+                    )
+                    body = await reader.readexactly(length)
+                    self.requests.append((conn, head + body))
+                    answer = self.answers.pop(0)
+                    writer.write(answer)
+                    await writer.drain()
+                    if b"Connection: close" in answer or (
+                        b"Content-Length" not in answer and (b"chunked" not in answer)
+                    ):
+                        break
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            writer.close()
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/prefix"
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+CREATED = b'{"kind":"Status","status":"Success","code":201}'
+
+
+async def test_writes_reuse_one_connection_and_read_every_framing() -> None:
+    """Bindings and patches go over kept connections: one for consecutive writes, every answer
+    framing the API server uses is read, and a 409 comes back as the typed conflict."""
+    chunked = b'{"metadata":{"name":"c"}}'
+    server = ScriptedServer(
+        [
+            b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(CREATED) + CREATED,
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"%x\r\n" % 10
+            + chunked[:10]
+            + b"\r\n%x\r\n" % (len(chunked) - 10)
+            + chunked[10:]
+            + b"\r\n0\r\n\r\n",
+            b"HTTP/1.1 409 Conflict\r\nContent-Length: 40\r\n\r\n"
+            b'{"message":"pod p is already assigned"}\n',
+            b"HTTP/1.1 200 OK\r\n\r\n{}",  # close-delimited
+        ]
+    )
+    base = await server.start()
+    raw = RawApi(server=base, ssl=None, token="abc", token_file=None)
+    try:
+        await raw.post("/api/v1/namespaces/ns/pods/p/binding", {"kind": "Binding"}, what="bind")
+        patched = await raw.patch(
+            "/apis/x/v1/c", {"a": 1}, patch_type="merge", field_manager="gpushare", what="patch"
+        )
+        with pytest.raises(ConflictError, match="already assigned"):
+            await raw.post("/api/v1/namespaces/ns/pods/p/binding", {}, what="bind")
+        assert await raw.patch("/x", {}, patch_type="json", field_manager="m", what="p") == {}
+    finally:
+        await raw.close()
+        await server.stop()
+    assert patched == {"metadata": {"name": "c"}}
+    assert [conn for conn, _ in server.requests] == [1, 1, 1, 1]
+    first, second = server.requests[0][1], server.requests[1][1]
+    assert first.startswith(b"POST /prefix/api/v1/namespaces/ns/pods/p/binding HTTP/1.1\r\n")
+    assert b"Authorization: Bearer abc\r\n" in first and first.endswith(b'{"kind":"Binding"}')
+    assert second.startswith(b"PATCH /prefix/apis/x/v1/c?fieldManager=gpushare HTTP/1.1")
+    assert b"Content-Type: application/merge-patch+json" in second
+
+
+async def test_a_connection_the_server_closed_is_not_reused_and_bad_answers_fail_cleanly() -> None:
+    server = ScriptedServer(
+        [
+            b"HTTP/1.1 201 Created\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}",
+            b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}",
+            b"garbage\r\n\r\n",
+        ]
+    )
+    base = await server.start()
+    raw = RawApi(server=base, ssl=None, token=None, token_file=None)
+    try:
+        await raw.post("/a", {}, what="first")
+        await raw.post("/a", {}, what="second")  # a new connection: the first was closed
+        with pytest.raises(OSError, match=r"not an HTTP/1\.x answer"):
+            await raw.post("/a", {}, what="third")
+    finally:
+        await raw.close()
+        await server.stop()
+    assert [conn for conn, _ in server.requests] == [1, 2, 2]
