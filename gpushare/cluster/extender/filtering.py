@@ -89,11 +89,11 @@ class FilterVerbs(NodeAnswers):
         if low >= NO_FIT:
             return None
         self.refused.placed(key)
-        # The nodes of exactly the lowest cost, by name; found in C (hundreds of nodes a call).
+        # The nodes of exactly the lowest cost; found in C (hundreds of nodes a call).
         if costs.count(low) == 1:
             ties = [args.node_names[costs.index(low)]]
         else:
-            ties = sorted(compress(args.node_names, map(eq, costs, repeat(low))))
+            ties = list(compress(args.node_names, map(eq, costs, repeat(low))))
         best = self._hold_best(args, key, demand, rules, ties=ties)
         if best is None:
             return None
@@ -132,8 +132,8 @@ class FilterVerbs(NodeAnswers):
         ties: list[str],
     ) -> str | None:
         """Pick the placer's cheapest node (``ties``: the nodes of exactly the lowest cost,
-        sorted by name), hold the GPU(s) there for the pod now, and return it (None when
-        nothing could be held). Later pods are filtered against the hold,
+        the first by name taken), hold the GPU(s) there for the pod now, and return it (None
+        when nothing could be held). Later pods are filtered against the hold,
         so they do not collide with this one at bind time (kube-scheduler binds
         asynchronously). The price: the scheduler's own scores cannot pick among GPU-feasible
         nodes any more."""
@@ -141,7 +141,9 @@ class FilterVerbs(NodeAnswers):
         # allocation gate behind a pod of the same size (back-to-back pods of one shape often
         # go to one node). Only exact ties: the ranking itself is the placer's.
         size = demand.percent
-        best = next((n for n in ties if not self._pending_alike(n, key, size)), ties[0])
+        best = min(ties)  # often hundreds of ties (empty nodes): no sort unless this one waits
+        if len(ties) > 1 and self._pending_alike(best, key, size):
+            best = next((n for n in sorted(ties) if not self._pending_alike(n, key, size)), best)
         node, _ = self._node(best, key, rules)
         assignment = self.placer.choose_gpus(node, demand) if node else None
         if assignment is None:
