@@ -51,6 +51,12 @@ def _latency_rows(phase: dict[str, Any]) -> list[str]:
     if points:
         text = ", ".join(f"{k} {v:.3f} ms" for k, v in points.items())
         rows.append(f"| scheduler's own points, mean per pod | | {text} | | |")
+    outside = sched.get("algorithm_outside_points_mean_ms")
+    if outside is not None:
+        rows.append(
+            "| scheduling algorithm outside its own points (the extender's filter call), mean"
+            f" | | {outside:.3f} ms | | |"
+        )
     lat = phase.get("bind_latency_ms", {})
     rows.append(
         f"| bench: created -> bound | {_fmt(phase.get('bound'))} | {_fmt(lat.get('p50'), ' ms')} | "
