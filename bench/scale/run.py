@@ -157,7 +157,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "--sample-controller",
         type=Path,
         help="sample the controller with py-spy (when installed) during the extender phase and "
-        "write its stacks here (speedscope JSON): where its time goes, at full speed",
+        "write its stacks here (speedscope JSON): where its time goes, at full speed; with "
+        "--dra, the dra-gpushare phase's go beside it (NAME.dra-gpushare.json)",
     )
     p.add_argument(
         "--controller-source",
@@ -472,6 +473,19 @@ def bind_stage_summary(before: str, after: str) -> dict[str, Any]:
     return out
 
 
+def _sample_file(base: Path | None, phase: str) -> Path | None:
+    """Where ``--sample-controller`` writes this phase's samples: the extender phase to the
+    file given, the DRA phase the controller places (``dra-gpushare``) beside it with the
+    phase in its name; None for phases the controller does not place."""
+    if base is None:
+        return None
+    if phase == "extender":
+        return base
+    if phase == dra.GPUSHARE_PHASE:
+        return base.with_name(f"{base.stem}.{phase}{base.suffix}")
+    return None
+
+
 async def measure_phase(
     api: Api,
     scraper: Scraper,
@@ -491,8 +505,9 @@ async def measure_phase(
     pids = {**cp.pids(), **extra_pids, "bench": os.getpid()}
     cpu_before = harness.sample_cpu(pids)
     sampler = None
-    if opts.sample_controller is not None and phase == "extender" and "gpushare-controller" in pids:
-        sampler = harness.start_sampler(pids["gpushare-controller"], opts.sample_controller)
+    target = _sample_file(opts.sample_controller, phase)
+    if target is not None and "gpushare-controller" in pids:
+        sampler = harness.start_sampler(pids["gpushare-controller"], target)
     scheduler_pid = pids[
         "kube-scheduler" if profile == "default-scheduler" else "gpushare-scheduler"
     ]

@@ -16,7 +16,7 @@ from bench.scale.harness import machine_description
 from bench.scale.invariant import check
 from bench.scale.phase import PhaseTiming, steady_rate
 from bench.scale.report import render_markdown
-from bench.scale.run import assemble, parse_args, scheduler_summary
+from bench.scale.run import _sample_file, assemble, parse_args, scheduler_summary
 from bench.scale.workload import (
     NodeShape,
     TracePod,
@@ -500,3 +500,12 @@ def test_memory_of_a_process_is_read_from_proc_in_mib() -> None:
     mine = harness.memory_mib(os.getpid())
     assert mine is not None and 0 < mine["rss"] <= mine["peak"]
     assert harness.memory_mib(2**22 + 12345) is None  # no such process
+
+
+def test_controller_samples_go_to_one_file_per_phase_the_controller_places() -> None:
+    """--sample-controller FILE: the extender phase's samples in FILE, the DRA phase the
+    controller places beside it, no sampler for phases it does not place."""
+    base = Path("/out/ctl.speedscope.json")
+    assert _sample_file(base, "extender") == base
+    assert _sample_file(base, "dra-gpushare") == Path("/out/ctl.speedscope.dra-gpushare.json")
+    assert _sample_file(base, "stock") is None and _sample_file(None, "extender") is None
