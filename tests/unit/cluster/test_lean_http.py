@@ -5,13 +5,13 @@ the next connection after each."""
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from gpushare.cluster.lean_http import LeanServer, Limits, Request, Response, Routes
+from gpushare.cluster.lean_http import Limits, Request, Response, Routes
+from tests.fixtures.threaded_listener import ThreadedListener
 
 LIMITS = Limits(max_connections=8, idle_timeout_s=2.0, deadline_s=0.5, max_body_bytes=1000)
 
@@ -40,27 +40,9 @@ def _routes() -> Routes:
     }
 
 
-class Served:
+class Served(ThreadedListener):
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.server = LeanServer(_routes(), LIMITS)
-        started = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(self.server.start("127.0.0.1", 0))
-            started.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert started.wait(10)
-        self.port = self.server.port
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        super().__init__(_routes(), LIMITS)
 
     def exchange(self, data: bytes, *, wait_s: float = 5.0) -> bytes:
         """Send ``data`` and read until the server closes (or ``wait_s`` passes)."""

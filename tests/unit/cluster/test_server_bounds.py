@@ -3,9 +3,7 @@
 request answered within its deadline, and /metrics answered only to callers ``authorize``
 admits (gpushare.kube.access; the real API server: tests/faults/test_security_cluster.py)."""
 
-import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,11 +15,12 @@ from gpushare.cluster import server
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.lean_http import Limits, Routes
 from gpushare.cluster.metrics import Metrics
-from gpushare.cluster.server import Listener, extender_routes, webhook_app
+from gpushare.cluster.server import extender_routes, webhook_app
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.kube.access import Access
 from tests.fixtures.builders import gpu, node_json
+from tests.fixtures.threaded_listener import ThreadedListener
 
 TOKEN = "Bearer scraper-token"
 
@@ -32,30 +31,12 @@ async def authorize(header: str | None, path: str) -> Access:
     return Access(200, "ok") if header == TOKEN else Access(403, f"{path}: not you")
 
 
-class Served:
-    """A :class:`Listener` on a loopback port, served from a thread."""
+class Served(ThreadedListener):
+    """A :class:`Listener` on a loopback port, with the extender's limits changed by
+    ``bounds``."""
 
     def __init__(self, app: web.Application | Routes, **bounds: Any) -> None:
-        self.loop = asyncio.new_event_loop()
-        limits = Limits(**{**vars(server.EXTENDER_LIMITS), **bounds})
-        self.listener = Listener(app, host="127.0.0.1", port=0, ssl_context=None, limits=limits)
-        started = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(self.listener.start())
-            started.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert started.wait(10)
-        self.port = self.listener.bound_port
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.listener.stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        super().__init__(app, Limits(**{**vars(server.EXTENDER_LIMITS), **bounds}))
 
     def get(self, path: str, *, headers: str = "") -> bytes:
         with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
