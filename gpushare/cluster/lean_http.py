@@ -136,7 +136,6 @@ class _Connection(asyncio.Protocol):
         self.buffer = bytearray()
         self.busy = False
         self.head: _Head | None = None
-        self.continued = False
         self.loop = asyncio.get_running_loop()
         self.timer: asyncio.TimerHandle | None = None
         self.due = 0.0
@@ -200,7 +199,6 @@ class _Connection(asyncio.Protocol):
             if end > MAX_HEAD_BYTES:
                 raise _RefusedError(431, "request head too large")
             self.head = _parse_head(bytes(buf[:end]), end + 4, self.limits.max_body_bytes)
-            self.continued = False
             if len(buf) < self.head.end + self.head.length:
                 # The body follows: it must be complete within the deadline.
                 self._expect(self.limits.deadline_s)
