@@ -57,6 +57,7 @@ from gpushare.cluster.tls import (
     ReloadingServerTls,
     ensure_certs,
 )
+from gpushare.cluster.urgent_loop import UrgentLoop
 from gpushare.kube.controller import Kube
 from gpushare.packing.admission import Admission
 from gpushare.packing.interference import MODEL_ENV, load_default
@@ -367,7 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     gc.set_threshold(*GC_THRESHOLDS)
     try:
-        asyncio.run(_main())
+        # Extender calls first in each turn of the loop (gpushare.cluster.urgent_loop).
+        with asyncio.Runner(loop_factory=UrgentLoop) as runner:
+            runner.run(_main())
     except InvalidInputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
