@@ -454,6 +454,8 @@ def extender_summary(before: str, after: str) -> tuple[str | None, dict[str, Any
 
 
 BIND_STAGE_METRIC = "gpushare_extender_bind_stage_seconds"
+LOOP_TURN_METRIC = "gpushare_controller_loop_turn_seconds"
+LOOP_DELAY_METRIC = "gpushare_controller_loop_delay_seconds"
 
 
 def bind_stage_summary(before: str, after: str) -> dict[str, Any]:
@@ -471,6 +473,25 @@ def bind_stage_summary(before: str, after: str) -> dict[str, Any]:
         if h.count > 0:
             out[stage] = metrics.summarize(h)
     return out
+
+
+def loop_summary(before: str, after: str, wall_s: float) -> dict[str, Any]:
+    """The controller's event loop over a phase (``gpushare.cluster.event_loop``): its turns,
+    the share of the phase it was busy, and the mean wait of a request arriving at a random
+    moment for the turn in progress. Empty for a controller without the series."""
+    turns = metrics.histogram(after, LOOP_TURN_METRIC).minus(
+        metrics.histogram(before, LOOP_TURN_METRIC)
+    )
+    if turns.count <= 0 or wall_s <= 0:
+        return {}
+    delay = metrics.counter(after, LOOP_DELAY_METRIC) - metrics.counter(before, LOOP_DELAY_METRIC)
+    return {
+        "turns": int(turns.count),
+        "turns_per_s": round(turns.count / wall_s, 1),
+        "busy_share": round(turns.sum / wall_s, 3),
+        "turn": metrics.summarize(turns),
+        "mean_wait_for_turn_ms": round(1000 * delay / wall_s, 3),
+    }
 
 
 def _sample_file(base: Path | None, phase: str) -> Path | None:
@@ -502,6 +523,7 @@ async def measure_phase(
     log.info("phase %s: %d pods%s", phase, len(manifests), " (backlog)" if backlog else "")
     sched_before = await scraper.scheduler(scheduler_port)
     ctl_before = await scraper.controller() if profile == SCHEDULER_NAME else ""
+    scraped_at = time.monotonic()
     pids = {**cp.pids(), **extra_pids, "bench": os.getpid()}
     cpu_before = harness.sample_cpu(pids)
     sampler = None
@@ -536,6 +558,9 @@ async def measure_phase(
         result["extender_metric"] = name
         result["extender_latency"] = verbs
         result["bind_stages"] = bind_stage_summary(ctl_before, ctl_after)
+        result["controller_loop"] = loop_summary(
+            ctl_before, ctl_after, time.monotonic() - scraped_at
+        )
     log.info(
         "phase %s: %s/%s bound in %ss: %s pods/s (creation %s pods/s, drain %s pods/s)",
         phase,

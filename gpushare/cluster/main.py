@@ -42,6 +42,7 @@ from gpushare.cluster.duties import (
     WebhookRegistration,
     supervise,
 )
+from gpushare.cluster.event_loop import ControllerLoop
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.leader import LeaderElector
 from gpushare.cluster.leading import Leadership, run_operator
@@ -57,7 +58,6 @@ from gpushare.cluster.tls import (
     ReloadingServerTls,
     ensure_certs,
 )
-from gpushare.cluster.urgent_loop import UrgentLoop
 from gpushare.kube.controller import Kube
 from gpushare.packing.admission import Admission
 from gpushare.packing.interference import MODEL_ENV, load_default
@@ -362,14 +362,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             ) from None
         ctx = ControllerContext(settings=settings, view=view, metrics=Metrics(view), kube=kube)
         loop = asyncio.get_running_loop()
+        if isinstance(loop, ControllerLoop):
+            ctx.metrics.watch_loop(loop.turns)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, ctx.stopping.set)
         await serve(ctx)
 
     gc.set_threshold(*GC_THRESHOLDS)
     try:
-        # Extender calls first in each turn of the loop (gpushare.cluster.urgent_loop).
-        with asyncio.Runner(loop_factory=UrgentLoop) as runner:
+        # The loop's turns are timed (gpushare.cluster.event_loop; /metrics).
+        with asyncio.Runner(loop_factory=ControllerLoop) as runner:
             runner.run(_main())
     except InvalidInputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -10,7 +10,12 @@ every replica (docs/observability.md, "Series the controller exports").
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from gpushare.api.build import (
@@ -23,6 +28,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import METRIC_PREFIX
 from gpushare.api.profile import PIPES, STORED, GpuProfile
 from gpushare.cluster.dra.allocator import ClaimAllocator
+from gpushare.cluster.event_loop import TURN_BUCKETS, TurnStats
 from gpushare.cluster.state.view import ClusterView
 
 _LATENCY_BUCKETS = (
@@ -219,6 +225,33 @@ class _DraCollector(Collector):
             yield counter
 
 
+class _LoopCollector(Collector):
+    """The controller's event-loop turns (gpushare.cluster.event_loop), read at scrape time."""
+
+    def __init__(self, turns: TurnStats) -> None:
+        self._turns = turns
+
+    def collect(self) -> Iterator[Metric]:
+        t = self._turns
+        buckets, total = [], 0
+        for bound, count in zip((*map(str, TURN_BUCKETS), "+Inf"), t.counts, strict=True):
+            total += count
+            buckets.append((bound, float(total)))
+        yield HistogramMetricFamily(
+            f"{METRIC_PREFIX}controller_loop_turn_seconds",
+            "Time the controller's event loop ran callbacks between two polls (a request "
+            "arriving meanwhile waits for the turn to end)",
+            buckets=buckets,
+            sum_value=t.busy_s,
+        )
+        yield CounterMetricFamily(
+            f"{METRIC_PREFIX}controller_loop_delay_seconds",
+            "Sum over the loop's turns of T^2/2 (T: the turn's length): its rate is the mean "
+            "time a request arriving at a random moment waits for the turn in progress",
+            value=t.delay_s,
+        )
+
+
 class Metrics:
     def __init__(self, view: ClusterView | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -305,6 +338,10 @@ class Metrics:
 
     def _exports_state(self) -> bool:
         return self.leading()  # read at scrape time: ``leading`` is replaced after __init__
+
+    def watch_loop(self, turns: TurnStats) -> None:
+        """Report the event loop's turns (every replica: it is this process's own loop)."""
+        self.registry.register(_LoopCollector(turns))
 
     def watch_claims(self, allocator: ClaimAllocator) -> None:
         """Report DRA mode's GPUs, claims and placements (the controller places claims), and
