@@ -8,9 +8,11 @@ extender phase in turns of 0.5 ms on average, up to 4 ms at the 99th percentile,
 waited 0.8 ms for the turn in progress: most of what kube-scheduler saw beyond the handler's
 own 1.0 ms (docs/scale.md, "The controller's event loop").
 
-:class:`ControllerLoop` is asyncio's selector loop that runs one queued callback per turn, then
-polls again: readiness found by that poll (a request) and timers that fell due run next, ahead
-of the callbacks still queued, so a request waits for the callback in progress, not the turn.
+:class:`ControllerLoop` is asyncio's selector loop that runs one queued callback per turn, after
+what the turn's poll found ready (a request) and before the timers that fell due; the other
+queued callbacks wait for the next turns. A request so waits for the callback in progress, not
+for the turn; and long work (a watch burst) can ask :meth:`ControllerLoop.requests_waiting`
+between its steps and give way at once.
 Callbacks queued with ``call_soon`` or ``call_soon_threadsafe`` keep their order (each thread's
 among its own), and each turn still runs the oldest, so nothing starves. It does this by
 holding the rest of the loop's ready queue (``_ready``) aside around ``_run_once``, internals
@@ -25,7 +27,9 @@ the turn in progress (docs/observability.md, "The controller's event loop").
 import asyncio
 import bisect
 import collections
+import contextlib
 import logging
+import select
 import selectors
 import threading
 import time
@@ -88,8 +92,10 @@ class ControllerLoop(asyncio.SelectorEventLoop):
         self.turns = TurnStats()
         super().__init__(_TimedSelector(self.turns))
         ready = getattr(self, "_ready", None)
-        self.polls_between = isinstance(ready, collections.deque) and callable(
-            getattr(super(), "_run_once", None)
+        self.polls_between = (
+            isinstance(ready, collections.deque)
+            and callable(getattr(super(), "_run_once", None))
+            and callable(getattr(super(), "_process_events", None))
         )
         if not self.polls_between:
             log.warning("event loop: cannot poll between callbacks here; running them per turn")
@@ -98,6 +104,40 @@ class ControllerLoop(asyncio.SelectorEventLoop):
         self._owner = 0
         self._late: list[asyncio.Handle] = []
         """Other threads' callbacks added while a turn held the queue: queued after it."""
+        self._requests = select.epoll() if hasattr(select, "epoll") else None
+        """The request sockets (:meth:`watch_requests`), polled by :meth:`requests_waiting`."""
+
+    def watch_requests(self, fd: int) -> None:
+        """Count socket ``fd`` (a connection callers wait on) in :meth:`requests_waiting`."""
+        if self._requests is not None:
+            with contextlib.suppress(OSError):
+                self._requests.register(fd, select.EPOLLIN)
+
+    def unwatch_requests(self, fd: int) -> None:
+        if self._requests is not None:
+            with contextlib.suppress(OSError, KeyError):
+                self._requests.unregister(fd)
+
+    def requests_waiting(self) -> bool:
+        """Has a request socket unread bytes now (one system call, no wait)? Long-running work
+        (a watch burst) asks between its steps and gives way when so."""
+        return self._requests is not None and bool(self._requests.poll(0))
+
+    def _process_events(self, event_list: list[tuple[selectors.SelectorKey, int]]) -> None:
+        process: Callable[[list[tuple[selectors.SelectorKey, int]]], None]
+        process = super()._process_events  # type: ignore[misc]
+        if not self._holding or not event_list or not self._ready:
+            process(event_list)
+            return
+        # The turn's one queued callback goes after what the poll found ready.
+        first = self._ready.popleft()
+        process(event_list)
+        self._ready.append(first)
+
+    def close(self) -> None:
+        if self._requests is not None:
+            self._requests.close()
+        super().close()
 
     def call_soon_threadsafe(
         self,
@@ -139,3 +179,21 @@ class ControllerLoop(asyncio.SelectorEventLoop):
                 held.extend(self._late)
                 self._late = []
                 self._holding = False
+
+
+def watch_requests(transport: asyncio.BaseTransport) -> int | None:
+    """Mark ``transport``'s socket as one callers wait on, where the running loop is a
+    :class:`ControllerLoop`; the descriptor to give :func:`unwatch_requests` when it closes (a
+    closed socket's number is reused by the next one opened)."""
+    loop = asyncio.get_running_loop()
+    sock = transport.get_extra_info("socket")
+    if not isinstance(loop, ControllerLoop) or sock is None or sock.fileno() < 0:
+        return None
+    loop.watch_requests(sock.fileno())
+    return int(sock.fileno())
+
+
+def unwatch_requests(fd: int | None) -> None:
+    loop = asyncio.get_running_loop()
+    if fd is not None and isinstance(loop, ControllerLoop):
+        loop.unwatch_requests(fd)

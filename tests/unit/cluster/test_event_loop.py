@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.cluster.event_loop import ControllerLoop, TurnStats
+from gpushare.cluster.lean_http import LeanServer, Limits, Response
 from gpushare.cluster.metrics import Metrics
 
 
@@ -52,9 +53,9 @@ def _served_after(loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> list
     return order
 
 
-def test_a_request_waits_for_the_callback_in_progress_not_for_all_queued() -> None:
+def test_a_request_goes_before_the_callbacks_queued_when_it_arrived() -> None:
     order = _served_after(ControllerLoop)
-    assert order == ["queued 0", "request", "queued 1", "queued 2", "queued 3", "queued 4"]
+    assert order == ["request", "queued 0", "queued 1", "queued 2", "queued 3", "queued 4"]
 
 
 def test_asyncio_loop_serves_it_after_every_queued_callback() -> None:
@@ -122,3 +123,46 @@ def test_the_turns_are_exported_as_a_histogram_and_a_delay_counter() -> None:
     assert buckets["0.5"] == 3 and buckets["+Inf"] == 4
     delay = families["gpushare_controller_loop_delay_seconds"].samples[0].value
     assert abs(delay - sum(s * s / 2 for s in (0.00005, 0.0003, 0.004, 0.7))) < 1e-12
+
+
+def test_work_in_progress_can_see_a_request_waiting_on_the_extender_port() -> None:
+    """A watch burst asks ``requests_waiting`` between events (gpushare.kube.informer): true
+    while a request on a lean-server connection is unread, false once it is answered, and the
+    connection's socket is forgotten when it closes."""
+    seen: list[bool] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, ControllerLoop)
+        server = LeanServer(
+            {("POST", "/filter"): lambda r: Response(200, r.body)},
+            Limits(max_connections=4, idle_timeout_s=5, deadline_s=1, max_body_bytes=100),
+        )
+        await server.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        while not server.connections:
+            await asyncio.sleep(0.001)
+        seen.append(loop.requests_waiting())
+        done = loop.create_future()
+
+        def busy_until_request() -> None:  # one long callback, as a watch burst
+            writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            deadline = time.perf_counter() + 2
+            while not loop.requests_waiting() and time.perf_counter() < deadline:
+                pass
+            seen.append(loop.requests_waiting())
+            done.set_result(None)
+
+        loop.call_soon(busy_until_request)
+        await done
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        seen.append(loop.requests_waiting())
+        writer.close()
+        await writer.wait_closed()
+        while server.connections:
+            await asyncio.sleep(0.001)
+        await server.stop()
+
+    with asyncio.Runner(loop_factory=ControllerLoop) as runner:
+        runner.run(main())
+    assert seen == [False, True, False]
