@@ -7,9 +7,7 @@ response objects, routing and middleware were about 12 % of the controller's one
 as much as the filter's own loop over the offered nodes (docs/scale.md, "The extender's HTTP
 server"). Here a request is parsed with bytes methods (done in C) and a handler that answers at
 once (filter, prioritize, the probes) runs and is answered inside the callback that read the
-request: no task, no extra turn of the event loop for other work to get in first. Its
-connections are the controller loop's request sockets: a watch burst gives way as soon as one
-has bytes to read (gpushare.cluster.event_loop).
+request: no task, no extra turn of the event loop for other work to get in first.
 
 What it accepts: HTTP/1.0 and 1.1 requests with a Content-Length body (kube-scheduler, the
 kubelet, Prometheus and curl send those), keep-alive, one request at a time per connection.
@@ -27,8 +25,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
-
-from gpushare.cluster.event_loop import unwatch_requests, watch_requests
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +143,6 @@ class _Connection(asyncio.Protocol):
         the body of the head read (``head`` set). One timer per connection checks it, so a
         request costs no timer of its own."""
         self.task: asyncio.Future[None] | None = None
-        self.request_fd: int | None = None
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -162,13 +157,10 @@ class _Connection(asyncio.Protocol):
             self.transport = None
             return
         self.server.connections.add(self)
-        self.request_fd = watch_requests(transport)
         self._expect(self.limits.idle_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        unwatch_requests(self.request_fd)
-        self.request_fd = None
         self._stop_timer()
         self.transport = None
 

@@ -34,11 +34,7 @@ WATCH_SLICE_S = 0.0005
 """Longest stretch of watch events applied before other work gets the event loop. A watch
 stream delivers events in bursts (all that arrived while the loop was busy), and the loop reads
 a burst without pausing: an extender filter call then waited behind the whole burst, and
-kube-scheduler's cycle with it. Where the loop can tell that a request is waiting
-(``requests_waiting``, the controller's loop), the burst gives way after the event in hand
-instead: slices of 0.1 ms for everyone made the watch lag (a bind waiting for it reached 0.4 s
-at the 99th percentile) while these kept filter calls from waiting (docs/scale.md, "The
-controller's event loop")."""
+kube-scheduler's cycle with it (docs/scale.md)."""
 POISON_LOG_EVERY = 100
 """One warning per this many objects a watch could not take in (after the first)."""
 _poisoned: dict[str, int] = {}
@@ -102,7 +98,6 @@ async def inform(
     and every ``resync_seconds``. Never returns."""
     delays = RELIST_BACKOFF.delays()
     loop = asyncio.get_running_loop()
-    waiting: Callable[[], bool] | None = getattr(loop, "requests_waiting", None)
     while True:
         try:
             items, version = await list_all()
@@ -125,7 +120,7 @@ async def inform(
                         apply_event(kind, event, data, upsert=upsert, delete=delete)
                         version = _version_of(data) or version
                         events += 1
-                        if loop.time() >= pause_at or (waiting is not None and waiting()):
+                        if loop.time() >= pause_at:
                             await asyncio.sleep(0)  # requests waiting meanwhile go first
                             pause_at = loop.time() + WATCH_SLICE_S
                     log.debug("watch ended; watching again", extra={"kind": kind, "rv": version})
