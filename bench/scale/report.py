@@ -297,6 +297,24 @@ def _render_run(r: dict[str, Any]) -> str:
                 f"{_fmt(s['p50_ms'], ' ms')} | {_fmt(s['p90_ms'], ' ms')} | "
                 f"{_p99(s)} | {_fmt(s['p99_bucket_ms'])} |"
             )
+    loops = {n: p["controller_loop"] for n, p in r["phases"].items() if p.get("controller_loop")}
+    if loops:
+        lines += [
+            "",
+            "The controller's event loop (`gpushare_controller_loop_turn_seconds`, "
+            "`gpushare_controller_loop_delay_seconds_total`): busy = share of the phase it ran "
+            "callbacks; wait = mean time a request arriving at a random moment waits for the "
+            "turn in progress.",
+            "",
+            "| phase | turns/s | busy | mean turn | p99 turn | wait |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, loop in loops.items():
+            lines.append(
+                f"| {name} | {_fmt(loop['turns_per_s'])} | {_fmt(loop['busy_share'])} | "
+                f"{_fmt(loop['turn']['mean_ms'], ' ms')} | {_p99(loop['turn'])} | "
+                f"{_fmt(loop['mean_wait_for_turn_ms'], ' ms')} |"
+            )
     lines += ["", "## CPU (cores used on average during each phase)", ""]
     present = list(r["phases"].items())
     names = sorted({k for _, p in present for k in p["cpu_cores_used"]})

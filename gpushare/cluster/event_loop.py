@@ -7,7 +7,7 @@ kube-scheduler waits for each filter call inside its scheduling cycle. :class:`T
 counts the turns and the time they take; its ``delay_s`` grows by T**2 / 2 for a turn of T
 seconds, so its rate is the mean time a request arriving at a random moment waits for the turn
 in progress (docs/observability.md, "The controller's event loop"). At 5,000 nodes the loop was
-busy 83-86 % of the scale bench's extender phase and that wait was 0.7-0.9 ms, most of what
+busy 83-86 % of the scale bench's extender phase and that wait was 0.7-1.0 ms, most of what
 kube-scheduler saw of a filter call beyond the handler's own 1.0 ms; reordering the loop's work
 did not shorten it (docs/scale.md, "The controller's event loop").
 

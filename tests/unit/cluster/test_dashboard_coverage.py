@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpushare.cluster.event_loop import TurnStats
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.state.view import ClusterView
 from gpushare.node.faults.metrics import FaultCollector, FaultStats
@@ -83,6 +84,7 @@ def request_series_names() -> set[str]:
     metrics.webhook_seconds.labels("mutate").observe(0.01)
     metrics.webhook_requests.labels("mutate", "allowed").inc()
     metrics.opportunistic_events.labels("placed").inc()
+    metrics.watch_loop(TurnStats())
     return _names(metrics.registry) | _names(Metrics(controller_view()).registry)
 
 
