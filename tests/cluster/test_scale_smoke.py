@@ -125,6 +125,16 @@ def test_scheduler_sli_histograms_were_scraped(small_run: dict) -> None:  # type
         assert sli["p99_ms"] is not None
 
 
+def test_the_controllers_event_loop_is_measured(small_run: dict) -> None:  # type: ignore[type-arg]
+    """The real controller serves its loop's turns on /metrics and the bench reads them: how
+    busy its one thread was while it placed the phase's pods, and how long a request waited."""
+    loop = small_run["phases"]["extender"]["controller_loop"]
+    assert loop["turns"] > small_run["phases"]["extender"]["pods"]  # at least a turn per call
+    assert 0 < loop["busy_share"] <= 1.0
+    assert loop["mean_wait_for_turn_ms"] > 0
+    assert "The controller's event loop" in small_run["_markdown"]
+
+
 def test_results_are_written_for_people_too(small_run: dict) -> None:  # type: ignore[type-arg]
     md = small_run["_markdown"]
     assert "Scheduling throughput at scale" in md
