@@ -40,7 +40,7 @@ from gpushare.packing.opportunistic import (
     guaranteed_node,
 )
 from gpushare.packing.policy import DEFAULT_POLICY, Policy, choose_gpus, node_cost
-from gpushare.packing.quick_costs import NodeFacts, QuickCosts
+from gpushare.packing.quick_costs import NodeFacts, QuickCosts, State
 
 MAX_SCORE = 10
 """k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority."""
@@ -142,6 +142,11 @@ class Placer:
         """:meth:`node_cost` of ``demand`` on the node ``facts`` are of, the same float
         (:mod:`gpushare.packing.quick_costs`), for a pod :meth:`quick_reads` accepts."""
         return self.quick.cost(facts, demand, self.mix.workload)
+
+    def quick_costs_kept(self, demand: Demand) -> Mapping[State, float | None]:
+        """:meth:`quick_cost` of ``demand`` by node state, as kept so far (``UNKNOWN`` where
+        not: :meth:`QuickCosts.kept`)."""
+        return self.quick.kept(demand, self.mix.workload)
 
     def quick_refusal(self, facts: NodeFacts, node: NodeState, demand: Demand) -> str | None:
         """:meth:`refusal` of ``demand`` on ``node`` (which ``facts`` are of, made while it is

@@ -27,6 +27,7 @@ say so, and the caller asks the reference).
 """
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import replace
 
 from gpushare.api.names import SLICES_PER_GPU
@@ -40,7 +41,12 @@ INTERN_LIMIT = 200_000
 dropped and handed out afresh."""
 PARTS_LIMIT = 400_000
 """Kept option terms (pod shape x node signature x CPU ranks) before all are dropped."""
+STATE_COSTS_LIMIT = 400_000
+"""Kept costs (pod shape x node state) before all are dropped."""
 
+State = tuple[int, int, int | None, int | None]
+"""A node's state as a pod's cost reads it: (epoch, node signature number, free CPU, free
+memory)."""
 Parts = tuple[tuple[float, float, float], ...] | None
 """Per option of a node: (fragmentation change, weighted waste change, weighted free share
 after); None where the pod does not fit the node's GPUs."""
@@ -63,6 +69,7 @@ class NodeFacts:
         "model",
         "points",
         "rank",
+        "state",
         "strand",
         "total",
         "workload",
@@ -91,6 +98,9 @@ class NodeFacts:
         self.key = key
         """Number of the node's GPU model and GPU signatures (equal exactly when they are)."""
         self.epoch = epoch
+        self.state = (epoch, key, cpu, memory)
+        """Everything the cost of a pod on the node reads (:meth:`QuickCosts.cost`): nodes in
+        one state cost the same for every pod."""
         # Read from the workload on first use (and again after a refit changed it).
         self.workload: Workload | None = None
         self.points: tuple[int, ...] = ()
@@ -122,6 +132,21 @@ class _Shape:
         """Node signature number -> why the pod fits none of its GPUs (None: one fits)."""
 
 
+class _Asked:
+    """A pod shape with its CPU and memory: its GPU part and its cost by node state."""
+
+    __slots__ = ("costs", "shape")
+
+    def __init__(self, shape: _Shape) -> None:
+        self.shape = shape
+        self.costs: dict[State, float | None] = {}
+
+
+UNKNOWN = float("nan")
+"""Told apart by identity (``is``): no cost kept for the state yet (a kept one is a float or
+None)."""
+
+
 class QuickCosts:
     """Node costs of the gpushare policy from :class:`NodeFacts` (module doc), for one
     workload at a time: a refit's new workload drops what was kept for the old one."""
@@ -133,9 +158,10 @@ class QuickCosts:
         of; GPUs with one signature are interchangeable for the pods read here)."""
         self._node_ids: dict[tuple[object, ...], int] = {}
         self._shapes: dict[Demand, _Shape] = {}
-        self._by_demand: dict[Demand, _Shape] = {}
+        self._by_demand: dict[Demand, _Asked] = {}
         self._workload: Workload | None = None
         self._kept = 0
+        self._costs_kept = 0
         self.epoch = 0
         """Bumped when the signature numbers start over: facts of an older epoch are stale."""
 
@@ -144,6 +170,7 @@ class QuickCosts:
         self._shapes.clear()
         self._by_demand.clear()
         self._kept = 0
+        self._costs_kept = 0
 
     def clear(self) -> None:
         """Forget everything (numbers start over; facts made before are stale)."""
@@ -153,6 +180,7 @@ class QuickCosts:
         self._shapes.clear()
         self._by_demand.clear()
         self._kept = 0
+        self._costs_kept = 0
         self.epoch += 1
 
     @staticmethod
@@ -214,22 +242,50 @@ class QuickCosts:
     def cost(self, facts: NodeFacts, demand: Demand, workload: Workload) -> float | None:
         """The reference's cost of ``demand`` on the node ``facts`` were made of (None: it does
         not fit), under ``workload``. The caller has checked :meth:`reads` and that ``facts``
-        is of this epoch."""
+        is of this epoch. Kept per pod shape and node state (:attr:`NodeFacts.state`): a pod
+        shape first met is asked about hundreds of nodes per filter call, most of them in a
+        few states (empty, or holding the same few pods)."""
         if facts.epoch != self.epoch:
             raise ValueError("node facts of an earlier epoch: make them again (QuickCosts.facts)")
+        asked = self._asked_under(demand, workload)
+        costs = asked.costs
+        known = costs.get(facts.state, UNKNOWN)
+        if known is not UNKNOWN:
+            return known
+        value = self._cost(facts, demand, asked.shape, workload)
+        if self._costs_kept >= STATE_COSTS_LIMIT:
+            for other in self._by_demand.values():
+                other.costs.clear()
+            self._costs_kept = 0
+        costs[facts.state] = value
+        self._costs_kept += 1
+        return value
+
+    def kept(self, demand: Demand, workload: Workload) -> Mapping[State, float | None]:
+        """:meth:`cost` of ``demand`` by :attr:`NodeFacts.state` as kept so far (:data:`UNKNOWN`
+        where not): a caller asking about hundreds of nodes reads it once and each node's cost
+        with one dict lookup, asking :meth:`cost` only for states not in it."""
+        return self._asked_under(demand, workload).costs
+
+    def _asked_under(self, demand: Demand, workload: Workload) -> _Asked:
         if workload is not self._workload:
             self._workload = workload
             self._shapes.clear()
             self._by_demand.clear()
             self._kept = 0
+            self._costs_kept = 0
+        asked = self._by_demand.get(demand)
+        return asked if asked is not None else self._asked(demand)
+
+    def _cost(
+        self, facts: NodeFacts, demand: Demand, shape: _Shape, workload: Workload
+    ) -> float | None:
+        """:meth:`cost` worked out."""
         cpu, memory = facts.cpu, facts.memory
         if cpu is not None and demand.cpu_milli > cpu:
             return None
         if memory is not None and demand.host_memory_bytes > memory:
             return None
-        shape = self._by_demand.get(demand)
-        if shape is None:
-            shape = self._shape(demand)
         if facts.workload is not workload:
             facts.read(workload)
         cpu_after = None if cpu is None else cpu - demand.cpu_milli
@@ -262,24 +318,25 @@ class QuickCosts:
         :meth:`reads`)."""
         if facts.epoch != self.epoch:
             raise ValueError("node facts of an earlier epoch: make them again (QuickCosts.facts)")
-        shape = self._by_demand.get(demand)
-        if shape is None:
-            shape = self._shape(demand)
-        reasons = shape.reasons
+        asked = self._by_demand.get(demand)
+        if asked is None:
+            asked = self._asked(demand)
+        reasons = asked.shape.reasons
         reason = reasons.get(facts.key)
         if reason is None and facts.key not in reasons:
             reason = reasons[facts.key] = gpus_fit_reason(node, demand)
         return reason
 
-    def _shape(self, demand: Demand) -> _Shape:
+    def _asked(self, demand: Demand) -> _Asked:
         gpu_part = replace(demand, cpu_milli=0, host_memory_bytes=0)
         shape = self._shapes.get(gpu_part)
         if shape is None:
             shape = self._shapes[gpu_part] = _Shape(gpu_part)
         if len(self._by_demand) >= INTERN_LIMIT:
             self._by_demand.clear()
-        self._by_demand[demand] = shape
-        return shape
+            self._costs_kept = 0
+        asked = self._by_demand[demand] = _Asked(shape)
+        return asked
 
     def _parts(
         self, shape: _Shape, facts: NodeFacts, cpu_after: int | None, workload: Workload

@@ -24,7 +24,7 @@ from gpushare.cluster.extender.answers import UNRESOLVABLE as _UNRESOLVABLE
 from gpushare.cluster.extender.base import NO_INVENTORY, ExtenderBase
 from gpushare.cluster.state.share_rules import ShareRules
 from gpushare.packing.model import Demand, NodeState
-from gpushare.packing.quick_costs import NodeFacts
+from gpushare.packing.quick_costs import UNKNOWN, NodeFacts
 
 FACTS_LIMIT = 100_000
 """Nodes whose quick-cost facts are kept (all dropped beyond it: nodes come and go)."""
@@ -163,6 +163,8 @@ class NodeAnswers(ExtenderBase):
             mix = self.placer.version
             versions = self.view.node_versions
             quick = self.placer.quick_reads(demand)
+            # Nodes in one state cost the same: most of a new shape's nodes are a dict read.
+            by_state = self.placer.quick_costs_kept(demand) if quick else {}
             # The nodes to work out, in order: those the shape's costs lack (found in C), and
             # those where the pod holds something itself.
             todo = list(compress(count(), map(is_, costs, repeat(None))))
@@ -172,7 +174,9 @@ class NodeAnswers(ExtenderBase):
                 name = names[i]
                 facts = self._node_facts(name, versions) if quick and name not in own else None
                 if facts is not None:
-                    cost = self.placer.quick_cost(facts, demand)
+                    cost = by_state.get(facts.state, UNKNOWN)
+                    if cost is UNKNOWN:
+                        cost = self.placer.quick_cost(facts, demand)
                     costs[i] = known[name] = NO_FIT if cost is None else cost
                     continue
                 answer = self._fast_answer(name, demand, versions) if name not in own else None

@@ -15,7 +15,7 @@ from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile, Ten
 from gpushare.packing.opportunistic import Opportunism
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import Policy
-from gpushare.packing.quick_costs import QuickCosts
+from gpushare.packing.quick_costs import UNKNOWN, QuickCosts
 
 GIB = 1 << 30
 MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB")
@@ -171,12 +171,91 @@ def test_numbers_starting_over_leave_costs_unchanged(
     monkeypatch.setattr("gpushare.packing.quick_costs.PARTS_LIMIT", limit)
     rng = random.Random(limit)
     placer, reference = _placer(PodMix()), _placer(PodMix())
-    for _ in range(200):
+    for _ in range(400):
         node, demand = _node(rng, "n"), _demand(rng)
+        # As the filter reads them: the kept costs first, then the node's facts (which may
+        # start the numbers over).
+        kept = placer.quick_costs_kept(demand)
         facts = placer.node_facts(node)
         assert facts is not None and facts.epoch == placer.quick.epoch
-        assert _same(placer.quick_cost(facts, demand), reference.node_cost(node, demand))
+        cost = kept.get(facts.state, UNKNOWN)
+        ref = reference.node_cost(node, demand)
+        assert _same(cost if cost is not UNKNOWN else placer.quick_cost(facts, demand), ref)
+        assert _same(placer.quick_cost(facts, demand), ref)
     assert placer.quick.epoch > 0
+
+
+@pytest.mark.parametrize("limit", [5, 400_000])
+def test_nodes_in_one_state_share_a_cost_and_a_changed_node_gets_its_own(
+    monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    """Costs kept per node state (NodeFacts.state, read by the filter through
+    Placer.quick_costs_kept): many nodes copied from a few, as a fresh cluster's are, get the
+    reference's cost, before and after some of them change (a tenant, CPU taken) and the mix
+    is refit; with a small STATE_COSTS_LIMIT too (all dropped, worked out again)."""
+    monkeypatch.setattr("gpushare.packing.quick_costs.STATE_COSTS_LIMIT", limit)
+    rng = random.Random(limit)
+    mix = PodMix()
+    placer, reference = _placer(mix), _placer(mix)
+    templates = [_node(rng, f"t{i}") for i in range(5)]
+    nodes = [
+        replace(
+            t := templates[i % 5],
+            name=f"n{i}",
+            gpus=[replace(g, uuid=f"n{i}-{g.uuid}", tenants=list(g.tenants)) for g in t.gpus],
+        )
+        for i in range(60)
+    ]
+    demands = [_demand(rng) for _ in range(30)]
+    for round_ in range(3):
+        for demand in demands:
+            kept = placer.quick_costs_kept(demand)
+            for node in nodes:
+                facts = placer.node_facts(node)
+                assert facts is not None
+                cost = kept.get(facts.state, UNKNOWN)
+                if cost is UNKNOWN:
+                    cost = placer.quick_cost(facts, demand)
+                ref = reference.node_cost(node, demand)
+                assert _same(cost, ref), (round_, node.name, demand, cost, ref)
+        for k, node in enumerate(rng.sample(nodes, 30)):
+            if k % 3 == 0:  # a tenant more
+                gpu = rng.choice(node.gpus)
+                t = _tenant(rng, 99, gpu.free_percent)
+                if t is not None:
+                    gpu.tenants = [*gpu.tenants, t]
+            # Only host CPU, or only memory, taken: the same GPUs in another state.
+            elif k % 3 == 1 and node.cpu_milli_free is not None:
+                node.cpu_milli_free = max(0, node.cpu_milli_free - 4000)
+            elif node.memory_free_bytes is not None:
+                node.memory_free_bytes = max(0, node.memory_free_bytes - 8 * GIB)
+        mix.observe_all(rng.sample(demands, 10))
+        mix.refit()
+
+
+def test_costs_held_across_numbers_starting_over_do_not_answer_for_new_numbers() -> None:
+    """A caller holding the kept costs while a node's facts start the numbers over (the
+    filter's loop) reads no cost of the old numbers for a different node given the same one."""
+    placer, reference = _placer(PodMix()), _placer(PodMix())
+    demand = Demand(percent=60)
+    empty = NodeState(
+        name="a",
+        gpus=[GpuState(uuid="a0", memory_bytes=80 * GIB)],
+        cpu_milli_free=8000,
+        memory_free_bytes=64 * GIB,
+    )
+    busy = Tenant(key="ns/t", percent=50, memory_bytes=GIB)
+    full = replace(
+        empty, name="b", gpus=[GpuState(uuid="b0", memory_bytes=80 * GIB, tenants=[busy])]
+    )
+    kept = placer.quick_costs_kept(demand)
+    facts = placer.node_facts(empty)
+    assert facts is not None and placer.quick_cost(facts, demand) is not None
+    placer.quick.clear()  # what node_facts does past INTERN_LIMIT signatures
+    facts = placer.node_facts(full)
+    assert facts is not None and facts.key == 0  # the number the empty node had
+    cost = kept.get(facts.state, UNKNOWN)
+    assert cost is UNKNOWN and reference.node_cost(full, demand) is None
 
 
 def test_quick_costs_read_no_more_than_the_pod_shape_without_cpu_and_memory() -> None:
