@@ -143,9 +143,9 @@ class Placer:
         (:mod:`gpushare.packing.quick_costs`), for a pod :meth:`quick_reads` accepts."""
         return self.quick.cost(facts, demand, self.mix.workload)
 
-    def quick_costs_kept(self, demand: Demand) -> Mapping[State, float]:
-        """:meth:`quick_cost` of ``demand`` by node state as kept so far, ``NO_FIT`` where it
-        does not fit (:meth:`QuickCosts.kept`)."""
+    def quick_costs_kept(self, demand: Demand) -> Mapping[State, float | None]:
+        """:meth:`quick_cost` of ``demand`` by node state, as kept so far (``UNKNOWN`` where
+        not: :meth:`QuickCosts.kept`)."""
         return self.quick.kept(demand, self.mix.workload)
 
     def quick_refusal(self, facts: NodeFacts, node: NodeState, demand: Demand) -> str | None:

@@ -27,7 +27,6 @@ say so, and the caller asks the reference).
 """
 
 import bisect
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -140,12 +139,9 @@ class _Asked:
 
     def __init__(self, shape: _Shape) -> None:
         self.shape = shape
-        self.costs: dict[State, float] = {}
-        """:data:`NO_FIT` where the pod does not fit."""
+        self.costs: dict[State, float | None] = {}
 
 
-NO_FIT = math.inf
-"""A kept cost (:meth:`QuickCosts.kept`) where the pod does not fit the node."""
 UNKNOWN = float("nan")
 """Told apart by identity (``is``): no cost kept for the state yet (a kept one is a float or
 None)."""
@@ -255,21 +251,20 @@ class QuickCosts:
         costs = asked.costs
         known = costs.get(facts.state, UNKNOWN)
         if known is not UNKNOWN:
-            return None if known == NO_FIT else known
+            return known
         value = self._cost(facts, demand, asked.shape, workload)
         if self._costs_kept >= STATE_COSTS_LIMIT:
             for other in self._by_demand.values():
                 other.costs.clear()
             self._costs_kept = 0
-        costs[facts.state] = NO_FIT if value is None else value
+        costs[facts.state] = value
         self._costs_kept += 1
         return value
 
-    def kept(self, demand: Demand, workload: Workload) -> Mapping[State, float]:
-        """:meth:`cost` of ``demand`` by :attr:`NodeFacts.state` as kept so far, :data:`NO_FIT`
-        where the pod does not fit (a state not in it: not worked out yet): a caller asking
-        about hundreds of nodes reads it once and each node's cost with one dict lookup done
-        in C, asking :meth:`cost` only for states not in it."""
+    def kept(self, demand: Demand, workload: Workload) -> Mapping[State, float | None]:
+        """:meth:`cost` of ``demand`` by :attr:`NodeFacts.state` as kept so far (:data:`UNKNOWN`
+        where not): a caller asking about hundreds of nodes reads it once and each node's cost
+        with one dict lookup, asking :meth:`cost` only for states not in it."""
         return self._asked_under(demand, workload).costs
 
     def _asked_under(self, demand: Demand, workload: Workload) -> _Asked:

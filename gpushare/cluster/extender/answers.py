@@ -13,12 +13,12 @@ A cost holds until the pod mix is refit; "does not fit" and the verdict until th
 changes (neither depends on the mix).
 """
 
+import math
 from collections.abc import Mapping
 from functools import lru_cache
 from types import MappingProxyType
 
 from gpushare.cluster.state.view import ClusterView
-from gpushare.packing import quick_costs
 from gpushare.packing.model import Demand
 from gpushare.packing.placer import Placer, gpu_signature
 
@@ -168,9 +168,8 @@ class StateAnswers:
         return verdict
 
 
-NO_FIT = quick_costs.NO_FIT
-"""A node's cost in :class:`ShapeCosts` (and the placer's quick costs kept per node state)
-where the pod does not fit."""
+NO_FIT = math.inf
+"""A node's cost in :class:`ShapeCosts` where the pod does not fit."""
 SHAPES_KEPT = 256
 """Pod shapes :class:`ShapeCosts` keeps node costs for, the least recently asked dropped
 first (at 5,000 nodes at most about 1.3 million costs)."""

@@ -23,7 +23,7 @@ from gpushare.packing.model import Assignment, Demand, NodeState
 from gpushare.packing.opportunistic import Opportunism
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import DEFAULT_POLICY, Policy
-from gpushare.packing.quick_costs import NodeFacts, State
+from gpushare.packing.quick_costs import NodeFacts
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +117,6 @@ class ExtenderBase:
         """Per pod shape, each unchanged node's cost: the filter's common case."""
         self._facts: dict[str, tuple[int, NodeFacts | None]] = {}
         """Node -> (its version, what the placer's quick cost reads of it then)."""
-        self._states: dict[str, State] = {}
-        """Node -> :attr:`NodeFacts.state` of its kept facts, for nodes unchanged since
-        (:meth:`NodeAnswers._node_states`)."""
-        self._states_seq = view.change_seq
         self._verdicts_by_shape: dict[Demand, dict[str, tuple[int, Verdict]]] = {}
         """Per pod shape, the verdicts the quick refusals gave (FilterVerbs._kept_verdicts)."""
         self._empty_facts: dict[str, tuple[NodeState, NodeFacts]] = {}

@@ -5,7 +5,7 @@ else worked out for this pod. :class:`~gpushare.cluster.extender.filtering.Filte
 on it; docs/scale.md says why each answer is kept the way it is.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from itertools import compress, count, repeat
 from operator import is_
 from typing import cast
@@ -24,7 +24,7 @@ from gpushare.cluster.extender.answers import UNRESOLVABLE as _UNRESOLVABLE
 from gpushare.cluster.extender.base import NO_INVENTORY, ExtenderBase
 from gpushare.cluster.state.share_rules import ShareRules
 from gpushare.packing.model import Demand, NodeState
-from gpushare.packing.quick_costs import UNKNOWN, NodeFacts, State
+from gpushare.packing.quick_costs import UNKNOWN, NodeFacts
 
 FACTS_LIMIT = 100_000
 """Nodes whose quick-cost facts are kept (all dropped beyond it: nodes come and go)."""
@@ -151,79 +151,45 @@ class NodeAnswers(ExtenderBase):
     ) -> list[float]:
         """The placer's cost of ``demand`` on each node of ``names``, in order (:data:`NO_FIT`
         where it does not fit). This runs for every offered node of every filter call (about
-        420 of 1,000 nodes, 500 of 5,000: docs/scale.md), so with ``fast`` the common case is
-        two passes done in C: where the placer's quick cost reads the pod, each node's state
-        (kept per node while it does not change) and the shape's cost in that state (kept per
-        state: most nodes share a few); else, each node's cost as the shape last met it
-        (:class:`ShapeCosts`). Only the others are worked out here: by the quick cost from
-        facts kept per node version, else by the reference."""
+        420 of 1,000 nodes, docs/scale.md): with ``fast``, costs of nodes unchanged since the
+        pod shape last met them come from :class:`ShapeCosts` in one pass done in C, and only
+        the others are worked out here, by the placer's quick cost from facts kept per node
+        version where it reads the pod and the node, else by the reference."""
         if not fast:
             return [self._node_cost(n, key, demand, rules, shared=n not in own) for n in names]
         known = self.shape_costs.costs(demand)
-        quick = self.placer.quick_reads(demand)
-        by_state = self.placer.quick_costs_kept(demand) if quick else {}
-        costs: list[float]
-        if quick:
-            states = self._node_states()
-            # A node without a state yet reads None, which no kept cost has: UNKNOWN.
-            state_cost = cast(Callable[[State | None, float], float], by_state.get)
-            costs = list(map(state_cost, map(states.get, names), repeat(UNKNOWN)))
-        else:
-            states = {}
-            node_cost = cast(Callable[[str, float], float], known.get)
-            costs = list(map(node_cost, names, repeat(UNKNOWN)))
-        if not own and UNKNOWN not in costs:  # `in` matches the very object first
-            return costs
-        mix = self.placer.version
-        versions = self.view.node_versions
-        # The nodes to work out, in order: those not known yet (found in C), and those where
-        # the pod holds something itself.
-        todo = list(compress(count(), map(is_, costs, repeat(UNKNOWN))))
-        if own:
-            todo = sorted({*todo, *(i for i, n in enumerate(names) if n in own)})
-        for i in todo:
-            name = names[i]
-            shared = name not in own
-            facts = self._node_facts(name, versions) if quick and shared else None
-            if facts is not None:
-                states[name] = facts.state
-                cost = by_state.get(facts.state, UNKNOWN)
-                if cost is UNKNOWN:
-                    quick_cost = self.placer.quick_cost(facts, demand)
-                    cost = NO_FIT if quick_cost is None else quick_cost
-                costs[i] = cost
-                continue
-            kept = known.get(name) if shared else None
-            if kept is not None:
-                costs[i] = kept
-                continue
-            answer = self._fast_answer(name, demand, versions) if shared else None
-            if answer is None:
-                costs[i] = self._node_cost(name, key, demand, rules, shared=shared)
-                continue
-            cost_or_none = (
-                answer.cost if answer.cost_holds(mix) else self.answers.cost(answer, name, demand)
-            )
-            costs[i] = known[name] = NO_FIT if cost_or_none is None else cost_or_none
-        return costs
-
-    def _node_states(self) -> dict[str, State]:
-        """Node -> the state its kept facts were in, for every node unchanged since (the
-        view's change log drops the others; :meth:`_fitting` adds them back as it works them
-        out). A state of an earlier epoch matches no kept cost, so is worked out again."""
-        seq = self.view.change_seq
-        if seq != self._states_seq:
-            changed = self.view.changed_since(self._states_seq)
-            if changed is None or len(changed) >= len(self._states):
-                self._states.clear()
-            else:
-                drop = self._states.pop
-                for name in changed:
-                    drop(name, None)
-            self._states_seq = seq
-        if len(self._states) >= FACTS_LIMIT:
-            self._states.clear()
-        return self._states
+        costs: list[float | None] = list(map(known.get, names))
+        if own or None in costs:
+            mix = self.placer.version
+            versions = self.view.node_versions
+            quick = self.placer.quick_reads(demand)
+            # Nodes in one state cost the same: most of a new shape's nodes are a dict read.
+            by_state = self.placer.quick_costs_kept(demand) if quick else {}
+            # The nodes to work out, in order: those the shape's costs lack (found in C), and
+            # those where the pod holds something itself.
+            todo = list(compress(count(), map(is_, costs, repeat(None))))
+            if own:
+                todo = sorted({*todo, *(i for i, n in enumerate(names) if n in own)})
+            for i in todo:
+                name = names[i]
+                facts = self._node_facts(name, versions) if quick and name not in own else None
+                if facts is not None:
+                    cost = by_state.get(facts.state, UNKNOWN)
+                    if cost is UNKNOWN:
+                        cost = self.placer.quick_cost(facts, demand)
+                    costs[i] = known[name] = NO_FIT if cost is None else cost
+                    continue
+                answer = self._fast_answer(name, demand, versions) if name not in own else None
+                if answer is None:
+                    costs[i] = self._node_cost(name, key, demand, rules, shared=name not in own)
+                    continue
+                cost = (
+                    answer.cost
+                    if answer.cost_holds(mix)
+                    else self.answers.cost(answer, name, demand)
+                )
+                costs[i] = known[name] = NO_FIT if cost is None else cost
+        return cast(list[float], costs)  # every None was replaced above
 
     def _node_facts(self, name: str, versions: Mapping[str, int]) -> NodeFacts | None:
         """What the placer's quick cost reads of node ``name`` (:mod:`gpushare.packing.
