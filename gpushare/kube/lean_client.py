@@ -20,6 +20,12 @@ from urllib.parse import urlsplit
 
 MAX_ANSWER_BYTES = 64 * 2**20
 USER_AGENT = "gpushare-controller"
+KEEP_CONNECTIONS = 64
+"""Idle connections kept: as many as the controller has writes in flight at once (the DRA
+allocator's MAX_WRITES pods). With 16 kept, every burst past 16 closed its extra connections
+and the next burst opened them again: TLS handshakes were 10 % of the controller's thread in
+the scale bench's DRA phase (docs/scale.md). A connection is opened only for a request that
+finds none idle, so a quiet controller holds few."""
 
 
 class AnswerError(ConnectionError):
@@ -31,7 +37,12 @@ class ApiConnections:
     """Kept connections to one API server (``server``: its URL, path prefix included)."""
 
     def __init__(
-        self, server: str, tls: ssl.SSLContext | None, *, keep: int = 16, idle_s: float = 20.0
+        self,
+        server: str,
+        tls: ssl.SSLContext | None,
+        *,
+        keep: int = KEEP_CONNECTIONS,
+        idle_s: float = 20.0,
     ) -> None:
         url = urlsplit(server)
         if url.scheme not in ("http", "https") or not url.hostname:

@@ -9,7 +9,9 @@ import pytest
 from aiohttp import web
 from lightkube.config.kubeconfig import KubeConfig
 
+from gpushare.cluster.dra.writes import MAX_WRITES
 from gpushare.kube.errors import ConflictError
+from gpushare.kube.lean_client import KEEP_CONNECTIONS
 from gpushare.kube.raw import RawApi
 
 
@@ -224,3 +226,52 @@ async def test_a_connection_the_server_closed_is_not_reused_and_bad_answers_fail
         await raw.close()
         await server.stop()
     assert [conn for conn, _ in server.requests] == [1, 2, 2]
+
+
+async def test_a_burst_of_writes_keeps_its_connections_for_the_next_burst() -> None:
+    """Writes in flight at once each take a connection (HTTP/1.1, as the DRA allocator's
+    placements do, up to its MAX_WRITES pods); the ones a burst opened are kept for the next
+    burst instead of closed and opened again, a TLS handshake each against a real API server
+    (KEEP_CONNECTIONS: docs/scale.md)."""
+    burst = MAX_WRITES
+    assert burst <= KEEP_CONNECTIONS
+    opened = 0
+    waiting = 0
+    release = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal opened, waiting
+        opened += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                waiting += 1
+                if waiting == burst:  # every write of the burst is in flight: answer them
+                    release.set()
+                await release.wait()
+                writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    raw = RawApi(server=base, ssl=None, token=None, token_file=None)
+    try:
+        for _ in range(2):
+            waiting, release = 0, asyncio.Event()
+            await asyncio.wait_for(
+                asyncio.gather(*(raw.post(f"/b/{i}", {}, what="bind") for i in range(burst))),
+                timeout=10,
+            )
+    finally:
+        await raw.close()
+        server.close()
+    assert opened == burst  # the second burst opened none
