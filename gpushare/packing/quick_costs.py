@@ -20,10 +20,14 @@ option's :func:`~gpushare.packing.policy.base_cost`) depends only on
 So the options' other terms are kept per (pod shape without its CPU and memory, node GPU
 signature, the two CPU ranks) and the stranded term is added per call, in the reference's
 order of operations: every cost is the reference's float, bit for bit (tests compare them on
-synthetic nodes and the openb traces). Whatever this module cannot read -- a profile, GPUs the
-pod avoids, opportunistic tenants or pods that may go beyond a GPU, multi-GPU fractions, other
-policies -- is left to the reference (:meth:`QuickCosts.reads` and :meth:`QuickCosts.facts`
-say so, and the caller asks the reference).
+synthetic nodes and the openb traces). The whole cost is also kept per pod shape and node state
+(:attr:`NodeFacts.state`): nodes in one state -- a fresh cluster's empty nodes, nodes holding the
+same pods -- cost one computation per shape (docs/scale.md, "Costs kept per node state").
+
+Whatever this module cannot read -- a profile, GPUs the pod avoids, opportunistic tenants or
+pods that may go beyond a GPU, multi-GPU fractions, other policies -- is left to the reference
+(:meth:`QuickCosts.reads` and :meth:`QuickCosts.facts` say so, and the caller asks the
+reference).
 """
 
 import bisect
