@@ -25,7 +25,7 @@ KEEP_CONNECTIONS = 64
 allocator's MAX_WRITES pods). With 16 kept, every burst past 16 closed its extra connections
 and the next burst opened them again: TLS handshakes were 10 % of the controller's thread in
 the scale bench's DRA phase (docs/scale.md). A connection is opened only for a request that
-finds none idle, so a quiet controller holds few."""
+finds none idle; one idle past ``idle_s`` is closed when next taken."""
 
 
 class AnswerError(ConnectionError):
