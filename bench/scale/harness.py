@@ -157,13 +157,15 @@ async def start_controller(
     profile_to: Path | None = None,
     source: Path | None = None,
     webhook_port: int | None = None,
+    module: str = "gpushare.cluster",
 ) -> Controller:
     """Run ``python -m gpushare.cluster`` against the bench's API server, serving the
     extender (and, with ``webhook_port``, the admission webhook, registered with the API server
     as the chart does); returns once its /readyz answers 200 (view synced, webhook registered).
     With ``profile_to`` it runs under cProfile and writes the profile there when stopped.
     ``source`` is a directory holding a ``gpushare`` package to run instead of this checkout's
-    (to try a patch on a copy)."""
+    (to try a patch on a copy). ``module``: what ``python -m`` runs, the controller itself or
+    ``bench.scale.floor`` (the same controller without its placement)."""
     profiler = ["-m", "cProfile", "-o", str(profile_to)] if profile_to is not None else []
     webhook = (
         ["--no-webhook"]
@@ -182,7 +184,7 @@ async def start_controller(
         sys.executable,
         *profiler,
         "-m",
-        "gpushare.cluster",
+        module,
         "--kubeconfig",
         str(kubeconfig),
         "--extender-host",

@@ -98,6 +98,7 @@ class Options:
     require_extender: bool = True
     profile_controller: Path | None = None
     controller_source: Path | None = None
+    protocol_floor: bool = False
     logs: Path | None = None
     backlog_pods: int = 0
     dedicated_host: bool = False
@@ -167,6 +168,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "checkout's (measure a patch on a copy without touching the tree)",
     )
     p.add_argument(
+        "--protocol-floor",
+        action="store_true",
+        help="run the controller without its placement (bench.scale.floor: filter offers the "
+        "first node, bind only writes the Binding): what an extender costs before it decides "
+        "anything; its pods get no GPUs, so each counts as a violation",
+    )
+    p.add_argument(
         "--backlog-pods",
         type=int,
         default=None,
@@ -227,6 +235,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
             f"{ns.gpushare_nodes_percent} is not a percentage",
             "give 1-100, or leave it out for kube-scheduler's adaptive share",
         )
+    if ns.protocol_floor and (ns.controller_source or ns.dra or ns.stock_only):
+        other = (
+            "--controller-source" if ns.controller_source else "--dra" if ns.dra else "--stock-only"
+        )
+        raise InvalidInputError(
+            "--protocol-floor",
+            f"cannot be combined with {other}",
+            "the floor is this checkout's extender path without placement; run it on its own",
+        )
     if stock > 8 * nodes:
         raise InvalidInputError(
             "--stock-pods",
@@ -251,6 +268,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         profile_controller=ns.profile_controller,
         sample_controller=ns.sample_controller,
         controller_source=ns.controller_source,
+        protocol_floor=ns.protocol_floor,
         logs=ns.logs,
         backlog_pods=ns.backlog_pods if ns.backlog_pods is not None else min(pods, 2000),
         dedicated_host=ns.dedicated_host,
@@ -715,6 +733,7 @@ async def run(opts: Options) -> dict[str, Any]:
                 ready_timeout=180,
                 profile_to=opts.profile_controller,
                 source=opts.controller_source,
+                module="bench.scale.floor" if opts.protocol_floor else "gpushare.cluster",
             )
             extra["gpushare-controller"] = controller.proc.pid
         phases: dict[str, Any] = {}
@@ -949,9 +968,13 @@ def assemble(
             "concurrency": opts.concurrency,
             "backlog_pods": opts.backlog_pods,
             "controller_args": opts.controller_args,
-            "controller_source": "copy (--controller-source)"
-            if opts.controller_source
-            else "checkout",
+            "controller_source": (
+                "protocol floor (bench.scale.floor: no placement)"
+                if opts.protocol_floor
+                else "copy (--controller-source)"
+                if opts.controller_source
+                else "checkout"
+            ),
             **source,
             "kubernetes": version.get("gitVersion"),
             "scheduler_client_qps": int(os.environ.get("GPUSHARE_SCALE_SCHEDULER_QPS", "5000")),

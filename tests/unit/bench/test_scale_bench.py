@@ -1,6 +1,7 @@
 """The scale bench's pure parts: what it submits, how it checks the packing, how it reads
 /metrics. (The end-to-end run is tests/cluster/test_scale_smoke.py.)"""
 
+import asyncio
 import copy
 import json
 import os
@@ -10,8 +11,10 @@ from typing import Any
 
 import pytest
 
+from bench.extender import scale_flow
 from bench.scale import dra, harness, metrics
 from bench.scale.combine import combine, label_of
+from bench.scale.floor import FloorExtender
 from bench.scale.harness import machine_description
 from bench.scale.invariant import check
 from bench.scale.phase import PhaseTiming, steady_rate
@@ -44,6 +47,7 @@ from gpushare.api.names import (
 )
 from gpushare.api.placement import Placement
 from gpushare.api.request import parse_request
+from gpushare.cluster.extender.args import parse_binding_args, parse_extender_args
 from gpushare.cluster.webhook.claims import claim_template
 from tests import REPO
 
@@ -405,9 +409,11 @@ def test_steady_rate_ignores_start_and_tail() -> None:
 # ---- several runs in one results file ------------------------------------------------------
 
 
-def _run_result(*, label: str | None, seconds_per_pod: float, dedicated: bool = False) -> Any:
+def _run_result(
+    *, label: str | None, seconds_per_pod: float, dedicated: bool = False, options: Any = None
+) -> Any:
     """A result as bench.scale.run assembles it: two pods per phase bound at the given pace."""
-    opts = parse_args(["--nodes", "2", "--pods", "2", "--stock-pods", "2"])
+    opts = options or parse_args(["--nodes", "2", "--pods", "2", "--stock-pods", "2"])
     filter_page = PAGE
 
     def phase(extender: bool) -> dict[str, Any]:
@@ -509,3 +515,46 @@ def test_controller_samples_go_to_one_file_per_phase_the_controller_places() -> 
     assert _sample_file(base, "extender") == base
     assert _sample_file(base, "dra-gpushare") == Path("/out/ctl.speedscope.dra-gpushare.json")
     assert _sample_file(base, "stock") is None and _sample_file(None, "extender") is None
+
+
+# ---- the protocol floor ----------------------------------------------------------------------
+
+
+def test_protocol_floor_offers_the_first_node_holds_nothing_and_binds_without_gpus() -> None:
+    flow = scale_flow.build(3, 8, 0.0, scale_flow.synthetic_tasks(4, 1), 1)
+    floor = FloorExtender(view=flow.view, writer=flow.writer, policy=flow.extender.policy)
+    pod = scale_flow._stamp(
+        fractional_pod(0, scale_flow.synthetic_tasks(1, 2)[0], namespace="bench"), "uid-f0"
+    )
+    pod["status"] = {"phase": "Pending"}
+    flow.view.upsert_pod(pod)
+    name = pod["metadata"]["name"]
+    offered = list(reversed(flow.names))
+    answer = floor.filter(parse_extender_args({"Pod": pod, "NodeNames": offered}))
+    assert answer["NodeNames"] == [offered[0]]
+    assert answer["FailedNodes"] == {} and answer["Error"] == ""
+    assert flow.view.reservation(f"bench/{name}") is None  # nothing held
+    bound = asyncio.run(
+        floor.bind(
+            parse_binding_args(
+                {"PodName": name, "PodNamespace": "bench", "PodUID": "uid-f0", "Node": offered[0]}
+            )
+        )
+    )
+    assert bound == {"Error": ""}
+    assert flow.writer.bound[f"bench/{name}"] == (offered[0], {})  # no GPU, no annotation
+    assert flow.view.reservation(f"bench/{name}") is None
+
+
+@pytest.mark.parametrize("other", [["--dra"], ["--stock-only"], ["--controller-source", "x"]])
+def test_protocol_floor_is_refused_beside_options_it_cannot_mean(other: list[str]) -> None:
+    with pytest.raises(InvalidInputError, match="--protocol-floor") as err:
+        parse_args(["--nodes", "2", "--pods", "2", "--protocol-floor", *other])
+    assert other[0] in str(err.value)
+
+
+def test_protocol_floor_runs_are_labelled_as_such() -> None:
+    opts = parse_args(["--nodes", "2", "--pods", "2", "--stock-pods", "2", "--protocol-floor"])
+    assert opts.protocol_floor
+    result = _run_result(label=None, seconds_per_pod=0.01, options=opts)
+    assert result["setup"]["controller_source"].startswith("protocol floor")
