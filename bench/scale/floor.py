@@ -36,9 +36,19 @@ class FloorExtender(Extender):
         return await self._plain_bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
 
 
+def install() -> None:
+    """Make the controller build :class:`FloorExtender` (``gpushare.cluster.main._extender``
+    builds the class its module calls ``Extender``); refuses when that is no longer so, rather
+    than measure the real extender under the floor's name."""
+    names = vars(controller)
+    if names.get("Extender") is not Extender and names.get("Extender") is not FloorExtender:
+        raise RuntimeError("gpushare.cluster.main no longer builds Extender: update the floor")
+    names["Extender"] = FloorExtender
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the controller with :class:`FloorExtender` in place of its extender."""
-    vars(controller)["Extender"] = FloorExtender  # what main._extender builds
+    install()
     return controller.main(argv)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bench.extender import scale_flow
-from bench.scale import dra, harness, metrics
+from bench.scale import dra, floor, harness, metrics
 from bench.scale.combine import combine, label_of
 from bench.scale.floor import FloorExtender
 from bench.scale.harness import machine_description
@@ -47,6 +47,7 @@ from gpushare.api.names import (
 )
 from gpushare.api.placement import Placement
 from gpushare.api.request import parse_request
+from gpushare.cluster import main as controller
 from gpushare.cluster.extender.args import parse_binding_args, parse_extender_args
 from gpushare.cluster.webhook.claims import claim_template
 from tests import REPO
@@ -544,6 +545,14 @@ def test_protocol_floor_offers_the_first_node_holds_nothing_and_binds_without_gp
     assert bound == {"Error": ""}
     assert flow.writer.bound[f"bench/{name}"] == (offered[0], {})  # no GPU, no annotation
     assert flow.view.reservation(f"bench/{name}") is None
+
+
+def test_protocol_floor_takes_the_place_of_the_extender_the_controller_builds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(vars(controller), "Extender", vars(controller)["Extender"])
+    floor.install()
+    assert controller._extender.__globals__["Extender"] is FloorExtender
 
 
 @pytest.mark.parametrize("other", [["--dra"], ["--stock-only"], ["--controller-source", "x"]])
