@@ -523,7 +523,7 @@ def test_controller_samples_go_to_one_file_per_phase_the_controller_places() -> 
 
 def test_protocol_floor_offers_the_first_node_holds_nothing_and_binds_without_gpus() -> None:
     flow = scale_flow.build(3, 8, 0.0, scale_flow.synthetic_tasks(4, 1), 1)
-    floor = FloorExtender(view=flow.view, writer=flow.writer, policy=flow.extender.policy)
+    floored = FloorExtender(view=flow.view, writer=flow.writer, policy=flow.extender.policy)
     pod = scale_flow._stamp(
         fractional_pod(0, scale_flow.synthetic_tasks(1, 2)[0], namespace="bench"), "uid-f0"
     )
@@ -531,12 +531,12 @@ def test_protocol_floor_offers_the_first_node_holds_nothing_and_binds_without_gp
     flow.view.upsert_pod(pod)
     name = pod["metadata"]["name"]
     offered = list(reversed(flow.names))
-    answer = floor.filter(parse_extender_args({"Pod": pod, "NodeNames": offered}))
+    answer = floored.filter(parse_extender_args({"Pod": pod, "NodeNames": offered}))
     assert answer["NodeNames"] == [offered[0]]
     assert answer["FailedNodes"] == {} and answer["Error"] == ""
     assert flow.view.reservation(f"bench/{name}") is None  # nothing held
     bound = asyncio.run(
-        floor.bind(
+        floored.bind(
             parse_binding_args(
                 {"PodName": name, "PodNamespace": "bench", "PodUID": "uid-f0", "Node": offered[0]}
             )
