@@ -12,6 +12,7 @@ against exclusive FIFO and against the best other scheme measured on it.
 """
 
 import argparse
+import heapq
 import json
 import math
 import sys
@@ -204,6 +205,54 @@ def stretch_floor(
     return round(floor, 3)
 
 
+def mean_jct_floor(
+    jobs: Sequence[dict[str, Any]], solo_run_s: dict[str, float], rate: float
+) -> float | None:
+    """The smallest mean JCT any scheme could reach on these jobs if the GPU does at most
+    ``rate`` jobs' worth of exclusive work per second (the best throughput measured on the
+    trace), as :func:`stretch_floor` assumes. Such a GPU is at best one server of speed
+    ``rate``, and there serving the least remaining work first finishes, at every moment, at
+    least as many jobs as any other order (Schrage, 1968): its k-th completion is a floor on
+    any scheme's k-th, and so is the k-th smallest arrival + solo time (no job runs faster
+    than alone). The sum of JCTs is the sum of completions less the sum of arrivals,
+    whoever finishes when. None without arrivals, solo times or a rate."""
+    timed = sorted(
+        (float(j["arrival_s"]), solo_run_s[str(j.get("id"))])
+        for j in jobs
+        if j.get("arrival_s") is not None and solo_run_s.get(str(j.get("id")))
+    )
+    if not timed or rate <= 0:
+        return None
+    served = _least_work_first(timed, rate)
+    alone = sorted(arrival + solo for arrival, solo in timed)
+    completions = sum(max(a, b) for a, b in zip(served, alone, strict=True))
+    return round((completions - sum(a for a, _ in timed)) / len(timed), 3)
+
+
+def _least_work_first(timed: Sequence[tuple[float, float]], rate: float) -> list[float]:
+    """Completion times, in order, of ``(arrival, work)`` jobs (sorted by arrival) on one
+    server doing ``rate`` work per second, the least remaining work served first."""
+    done: list[float] = []
+    waiting: list[float] = []  # remaining work of the jobs that have arrived
+    now, nxt = 0.0, 0
+    while nxt < len(timed) or waiting:
+        if not waiting:
+            now = max(now, timed[nxt][0])
+        while nxt < len(timed) and timed[nxt][0] <= now:
+            heapq.heappush(waiting, timed[nxt][1])
+            nxt += 1
+        least = heapq.heappop(waiting)
+        until = timed[nxt][0] if nxt < len(timed) else math.inf
+        finish = now + least / rate
+        if finish <= until:
+            now = finish
+            done.append(now)
+        else:
+            heapq.heappush(waiting, least - (until - now) * rate)
+            now = until
+    return done
+
+
 def _solo_run(by_scheme: dict[str, Any]) -> dict[str, float]:
     return {
         str(j["id"]): float(j["end_s"]) - float(j["start_s"])
@@ -248,6 +297,12 @@ def comparisons(results: dict[str, Any], *, scheme: str = "gpushare") -> list[di
         entry["schemes"] = sorted(values)
         best_rate = max((float(r.get("throughput") or 0.0) for r in rows.values()), default=0.0)
         entry["max_stretch_floor"] = stretch_floor(by_scheme["exclusive"], solo, best_rate)
+        floor = mean_jct_floor(by_scheme["exclusive"], solo, best_rate)
+        best_jct = entry.get("mean_jct_s_best_other")
+        entry["mean_jct_floor_s"] = floor
+        entry["mean_jct_floor_vs_best_other"] = (
+            ratio(floor, values[best_jct]["mean_jct_s"]) if best_jct else None
+        )
         # A job that failed finishes no work: a scheme's makespan and JCT cover only the
         # jobs that finished, so the failures are listed beside them.
         entry["failed"] = {
@@ -311,6 +366,7 @@ def by_trace(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "max_stretch": c["gpushare"].get("max_stretch"),
                 "mps_unlimited_max_stretch": None,
                 "max_stretch_floor": c.get("max_stretch_floor"),
+                "jct_floor_vs_best_other": c.get("mean_jct_floor_vs_best_other"),
                 "preemptions": c.get("preemptions", 0),
                 "promotions": c.get("promotions", 0),
             }
@@ -345,9 +401,9 @@ def comparison_table(
 
 
 BY_TRACE_HEADER = [
-    "| GPU | trace | run | makespan / MPS without limits | mean JCT / best other | slowest job's "
-    "stretch (MPS without limits') | floor of any scheme's slowest stretch | preemptions | "
-    "promotions |",
+    "| GPU | trace | run | makespan / MPS without limits | mean JCT / best other (floor of any "
+    "scheme) | slowest job's stretch (MPS without limits') | floor of any scheme's slowest "
+    "stretch | preemptions | promotions |",
     "|---|---|---|---|---|---|---|---|---|",
 ]
 
@@ -355,7 +411,8 @@ BY_TRACE_HEADER = [
 def by_trace_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     return [
         f"| {r['gpu']} | {r['trace']} | {r['scheme']} | {_fmt(r['makespan_vs_mps_unlimited'])} | "
-        f"{_fmt(r['jct_vs_best_other'])} | {_fmt(r['max_stretch'])} "
+        f"{_fmt(r['jct_vs_best_other'])} ({_fmt(r.get('jct_floor_vs_best_other'))}) | "
+        f"{_fmt(r['max_stretch'])} "
         f"({_fmt(r['mps_unlimited_max_stretch'])}) | {_fmt(r.get('max_stretch_floor'))} | "
         f"{r['preemptions']} | {r['promotions']} |"
         for r in rows

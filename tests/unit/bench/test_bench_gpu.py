@@ -623,3 +623,27 @@ def test_the_stretch_floor_is_what_no_scheme_at_the_best_rate_can_beat() -> None
     late = [*jobs, {"id": "c", "arrival_s": 10.0}]
     assert report.stretch_floor(late, {**solo, "c": 1.0}, 1.0) == 2.0
     assert report.stretch_floor([], solo, 1.0) is None
+
+
+def test_the_mean_jct_floor_is_what_no_scheme_at_the_best_rate_can_beat() -> None:
+    jobs = [{"id": "a", "arrival_s": 0.0}, {"id": "b", "arrival_s": 0.0}]
+    solo = {"a": 1.0, "b": 2.0}
+    # One job's worth per second: shortest first (1 s, then 3 s) is the best any order does.
+    assert report.mean_jct_floor(jobs, solo, 1.0) == 2.0
+    # A faster GPU shortens it (both done by 3 s / 1.2), but no job finishes sooner than it
+    # would alone (1 s and 2 s).
+    assert report.mean_jct_floor(jobs, solo, 1.2) == 1.75
+    assert report.mean_jct_floor(jobs, solo, 10.0) == 1.5
+    # A job arriving after the others are done waits for nobody: its own 1 s.
+    late = [*jobs, {"id": "c", "arrival_s": 10.0}]
+    assert report.mean_jct_floor(late, {**solo, "c": 1.0}, 1.0) == 1.667
+    # A short job arriving while a long one runs is best served first (done at 1.5, the long
+    # one at 4.5: JCTs 1 and 4.5), which no order of whole jobs reaches.
+    short_late = [{"id": "long", "arrival_s": 0.0}, {"id": "short", "arrival_s": 0.5}]
+    assert report.mean_jct_floor(short_late, {"long": 3.5, "short": 1.0}, 1.0) == 2.75
+    # Work arriving later cannot be done before it arrives: two 1-s jobs at 0 and 0.5 on one
+    # job's worth per second finish at 1 and 2 at the earliest (JCTs 1 and 1.5).
+    staggered = [{"id": "a", "arrival_s": 0.0}, {"id": "b", "arrival_s": 0.5}]
+    assert report.mean_jct_floor(staggered, {"a": 1.0, "b": 1.0}, 1.0) == 1.25
+    assert report.mean_jct_floor([], solo, 1.0) is None
+    assert report.mean_jct_floor(jobs, solo, 0.0) is None
