@@ -8,8 +8,13 @@ ways round and at equal priority, next to each job's solo rate (MPS, priority 0)
 ``--window-s`` long, two per setting, after each worker's warm-up.
 
     python3 -m bench.gpu.priority_pairs --out DIR [--gpu 0]
+    python3 -m bench.gpu.priority_pairs --out DIR --sets resnet50_xl+transformer_xl,...
 
-Writes DIR/priority-pairs.json. Results: bench/results/gpu-packing.md ("Heavy makespan").
+Writes DIR/priority-pairs.json. Results: docs/benchmarks-gpu.md ("Run 12"). ``--sets`` instead
+runs each named set of kinds together, every job uncapped at priority 1 (a batch pod's), beside
+each kind's solo rate, and records how many jobs' worth of work the set did per second (the sum
+of its members' rates over their solo rates): how much overlapping them can gain at most
+(docs/benchmarks-gpu.md, "Run 26").
 """
 
 import argparse
@@ -18,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.gpu.catalog import KINDS
 from bench.gpu.mps import MpsDaemon, client_env
 from bench.gpu.procs import Workers
 
@@ -49,11 +55,68 @@ def measure(
     return rates
 
 
+def parse_sets(text: str) -> list[tuple[str, ...]]:
+    """``a+b,a+b+c`` -> [(a, b), (a, b, c)]; every kind must be in the catalog."""
+    sets = [tuple(k.strip() for k in part.split("+")) for part in text.split(",") if part.strip()]
+    for members in sets:
+        unknown = [k for k in members if k not in KINDS]
+        if unknown or len(members) < 2:
+            raise argparse.ArgumentTypeError(
+                f"{'+'.join(members)!r}: "
+                + (f"unknown kind {unknown[0]!r}" if unknown else "a set needs two kinds or more")
+                + f"; kinds: {', '.join(sorted(KINDS))}"
+            )
+    return sets
+
+
+def jobs_worth(rates: list[float], kinds: tuple[str, ...], solo: dict[str, float]) -> float:
+    """Jobs' worth of work per second: each member's rate over its kind's solo rate, summed."""
+    return round(sum(r / solo[k] for r, k in zip(rates, kinds, strict=True)), 3)
+
+
+def measure_sets(
+    workers: Workers, mps: MpsDaemon, sets: list[tuple[str, ...]], *, out: Path, window_s: float
+) -> None:
+    """Each kind alone (priority 0), then each set together at priority 1, written as they
+    come to ``out``/priority-pairs.json."""
+    results: list[dict[str, Any]] = []
+    solo: dict[str, float] = {}
+
+    def record(entry: dict[str, Any]) -> None:
+        results.append(entry)
+        print(json.dumps(entry), flush=True)
+        (out / "priority-pairs.json").write_text(json.dumps(results, indent=1) + "\n")
+
+    for kind in sorted({k for members in sets for k in members}):
+        rates = measure(workers, mps, [(kind, 0)], label=f"solo_{kind}", window_s=window_s)
+        solo[kind] = sum(w[0] for w in rates) / len(rates)
+        record({"setting": f"solo {kind}", "members": [(kind, 0)], "rates": rates})
+    for members in sets:
+        label = " + ".join(members)
+        rates = measure(
+            workers, mps, [(k, 1) for k in members], label=label.replace(" ", ""), window_s=window_s
+        )
+        worth = [jobs_worth(w, members, solo) for w in rates]
+        record(
+            {
+                "setting": label,
+                "members": [(k, 1) for k in members],
+                "rates": rates,
+                "jobs_worth": worth,
+            }
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for results and logs")
     parser.add_argument("--gpu", default="0", help="GPU index (default 0)")
     parser.add_argument("--window-s", type=float, default=4.0, help="seconds per window")
+    parser.add_argument(
+        "--sets",
+        type=parse_sets,
+        help="instead of the priority pairs: sets of kinds run together, e.g. a+b,a+b+c",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
@@ -61,6 +124,9 @@ def main() -> None:
         workers = Workers(
             device="cuda", tiny=False, log_dir=args.out, base_env={"CUDA_VISIBLE_DEVICES": args.gpu}
         )
+        if args.sets:
+            measure_sets(workers, mps, args.sets, out=args.out, window_s=args.window_s)
+            return
         for a, b in PAIRS:
             settings = {
                 f"solo {a}": [(a, 0)],

@@ -1,6 +1,7 @@
 """The GPU benchmark's harness without a GPU: traces, who decides, schemes, latency windows,
 colocation data, model evaluation, targets and the merged record."""
 
+import argparse
 import json
 import math
 from dataclasses import replace
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.gpu import colocate, latency, model_eval, report, run, traces
+from bench.gpu import colocate, latency, model_eval, priority_pairs, report, run, traces
 from bench.gpu.catalog import KINDS, TRAINING_KINDS, UNSEEN_KINDS
 from bench.gpu.colocate import Member, PackResult
 from bench.gpu.decide import ProductDecider, model_identity
@@ -647,3 +648,15 @@ def test_the_mean_jct_floor_is_what_no_scheme_at_the_best_rate_can_beat() -> Non
     assert report.mean_jct_floor(staggered, {"a": 1.0, "b": 1.0}, 1.0) == 1.25
     assert report.mean_jct_floor([], solo, 1.0) is None
     assert report.mean_jct_floor(jobs, solo, 0.0) is None
+
+
+def test_overlap_sets_are_read_and_scored_in_jobs_worth() -> None:
+    sets = priority_pairs.parse_sets("resnet50_xl+transformer_xl, resnet50_xl+resnet50_xl+dgemm")
+    assert sets == [("resnet50_xl", "transformer_xl"), ("resnet50_xl", "resnet50_xl", "dgemm")]
+    for bad, words in (("resnet50_xl+nope", "unknown kind 'nope'"), ("dgemm", "two kinds")):
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            priority_pairs.parse_sets(bad)
+    # Run 12's pair at equal priority: 7.09 and 11.33 it/s against 15.3 and 18.27 alone.
+    solo = {"resnet50_xl": 15.3, "transformer_xl": 18.27}
+    worth = priority_pairs.jobs_worth([7.09, 11.33], ("resnet50_xl", "transformer_xl"), solo)
+    assert worth == pytest.approx(1.084, abs=0.001)
