@@ -178,6 +178,17 @@ def stretches(jobs: Sequence[dict[str, Any]], solo_run_s: dict[str, float]) -> l
     return out
 
 
+def _arrivals(
+    jobs: Sequence[dict[str, Any]], solo_run_s: dict[str, float]
+) -> list[tuple[float, float]]:
+    """(arrival, solo run time) of each job that has both, by arrival."""
+    return sorted(
+        (float(j["arrival_s"]), solo_run_s[str(j.get("id"))])
+        for j in jobs
+        if j.get("arrival_s") is not None and solo_run_s.get(str(j.get("id")))
+    )
+
+
 def stretch_floor(
     jobs: Sequence[dict[str, Any]], solo_run_s: dict[str, float], rate: float
 ) -> float | None:
@@ -188,11 +199,7 @@ def stretch_floor(
     most the window's longest solo time: its stretch is at least
     (a_i + work / rate - a_j) / longest. The largest such figure over the windows is the
     floor. None without arrivals, solo times or a rate."""
-    timed = sorted(
-        (float(j["arrival_s"]), solo_run_s[str(j.get("id"))])
-        for j in jobs
-        if j.get("arrival_s") is not None and solo_run_s.get(str(j.get("id")))
-    )
+    timed = _arrivals(jobs, solo_run_s)
     if not timed or rate <= 0:
         return None
     floor = 1.0
@@ -216,11 +223,7 @@ def mean_jct_floor(
     any scheme's k-th, and so is the k-th smallest arrival + solo time (no job runs faster
     than alone). The sum of JCTs is the sum of completions less the sum of arrivals,
     whoever finishes when. None without arrivals, solo times or a rate."""
-    timed = sorted(
-        (float(j["arrival_s"]), solo_run_s[str(j.get("id"))])
-        for j in jobs
-        if j.get("arrival_s") is not None and solo_run_s.get(str(j.get("id")))
-    )
+    timed = _arrivals(jobs, solo_run_s)
     if not timed or rate <= 0:
         return None
     served = _least_work_first(timed, rate)
