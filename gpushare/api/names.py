@@ -129,3 +129,11 @@ LABEL_SHARING_GROUP: Final = f"{GROUP}/sharing-group"
 # profiling alone).
 LABEL_NEIGHBOUR_RULES: Final = f"{GROUP}/neighbour-rules"
 NEIGHBOUR_RULES_GRANTED: Final = "granted"
+
+# Pausing opportunistic pods (docs/packing.md, "The sharing contract"; gpushare.api.pause).
+# Pod annotation (controller, JSON PauseRequest): the pod's containers are to be frozen, and why.
+# Absent: the pod runs. Only the controller writes it; the node agent carries it out.
+ANN_PAUSE: Final = f"{GROUP}/pause"
+# Pod annotation (node agent, JSON PauseState): the freeze in effect on the node, since when,
+# for which request; absent while the pod runs.
+ANN_PAUSED: Final = f"{GROUP}/paused"
