@@ -202,8 +202,8 @@ class ProductDecider:
         note = f"request {request}%, limit {limit}" + ("" if mps else ", whole GPU, no MPS")
         if assignment.opportunistic:
             note += f", opportunistic (predicted gain {assignment.predicted_gain:.2f} jobs/s)"
-        if assignment.preempt:
-            note += f", preempts {', '.join(assignment.preempt)}"
+        if assignment.displaces:
+            note += f", preempts {', '.join(assignment.displaces)}"
         return Launch(
             job,
             thread_percent=assignment.thread_percent if mps else None,
@@ -213,7 +213,7 @@ class ProductDecider:
             env=env,
             mps=mps,
             opportunistic=assignment.opportunistic,
-            preempt=assignment.preempt,
+            preempt=assignment.displaces,
             gain=assignment.predicted_gain,
         )
 
@@ -241,7 +241,7 @@ class ProductDecider:
         except InvalidInputError:
             return None
         verdict = review(self.gpu(running), reading, self.opportunism, now=now, settle_s=settle_s)
-        return (verdict.preempt, verdict.reason) if verdict.preempt else None
+        return (verdict.pause, verdict.reason) if verdict.pause else None
 
     def variants(self, job: TraceJob, *, beside_latency: bool = True) -> list[Launch]:
         """Every launch ``job`` may get: on an idle GPU and, unless ``beside_latency`` is False

@@ -32,6 +32,9 @@ REASON_HARM: Final = "harm"
 REASONS: Final = (REASON_GUARANTEED, REASON_HARM)
 
 _MAX_MESSAGE: Final = 1024
+_MAX_PODS: Final = 64
+_MAX_KEY: Final = 317
+"""A namespace (63), a slash and a pod name (253)."""
 
 
 @dataclass(frozen=True)
@@ -44,13 +47,20 @@ class PauseRequest:
     """What a user reads: who needs the room, or what harm was measured."""
     since: str
     """RFC 3339 time the controller asked."""
+    for_pods: tuple[str, ...] = ()
+    """The pods (``namespace/name``) it was paused for: the guaranteed pod that needed the
+    room, or the neighbours the governor judged it beside. A pod paused for harm runs again
+    only once they have left its GPU (``gpushare.packing.opportunistic``). Optional."""
 
     def dump(self) -> str:
-        return json.dumps(
-            {"reason": self.reason, "message": self.message, "since": self.since},
-            separators=(",", ":"),
-            sort_keys=True,
-        )
+        out: dict[str, object] = {
+            "reason": self.reason,
+            "message": self.message,
+            "since": self.since,
+        }
+        if self.for_pods:
+            out["forPods"] = list(self.for_pods)
+        return json.dumps(out, separators=(",", ":"), sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -84,10 +94,18 @@ def load_pause_request(text: str) -> PauseRequest:
     reason = _string(raw, "reason", field=ANN_PAUSE, fix=fix)
     if reason not in REASONS:
         raise InvalidInputError(f"{ANN_PAUSE}.reason", f"must be one of {', '.join(REASONS)}", fix)
+    pods = raw.get("forPods", [])
+    if not isinstance(pods, list) or len(pods) > _MAX_PODS or not all(
+        isinstance(p, str) and 0 < len(p) <= _MAX_KEY for p in pods
+    ):
+        raise InvalidInputError(
+            f"{ANN_PAUSE}.forPods", f"must be a list of at most {_MAX_PODS} pod keys", fix
+        )
     return PauseRequest(
         reason=reason,
         message=_string(raw, "message", field=ANN_PAUSE, fix=fix),
         since=_string(raw, "since", field=ANN_PAUSE, fix=fix),
+        for_pods=tuple(pods),
     )
 
 

@@ -69,7 +69,7 @@ class OpportunisticDuties:
                     warning=False,
                 )
             )
-        for victim in assignment.preempt:
+        for victim in assignment.displaces:
             self.preempt(
                 victim,
                 f"a guaranteed pod ({key}) needs the room on GPU {assignment.gpu_uuids[0]}",
@@ -184,9 +184,9 @@ class OpportunisticDuties:
                         "verdict": verdict.reason,
                     },
                 )
-            if verdict.preempt is not None:
-                self.preempt(verdict.preempt, verdict.reason, event="preempted_by_measurement")
-                preempted.append(verdict.preempt)
+            if verdict.pause is not None:
+                self.preempt(verdict.pause, verdict.reason, event="preempted_by_measurement")
+                preempted.append(verdict.pause)
         return preempted
 
     async def run(self) -> None:

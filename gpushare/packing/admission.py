@@ -77,6 +77,7 @@ def admit_reason(
     bounds: Mapping[str, float],
     charge_cap: bool = True,
     newcomer_bound: bool = True,
+    equals_bound: bool = True,
 ) -> str | None:
     """None when nobody on ``gpu`` (newcomer included) is predicted past its class bound.
 
@@ -91,7 +92,13 @@ def admit_reason(
 
     ``newcomer_bound=False`` checks the tenants only: an opportunistic pod is not held to its
     own class bound but to the gain it brings (:mod:`gpushare.packing.opportunistic`).
+    ``equals_bound=False`` leaves out the bounds of tenants that opted in to opportunistic
+    placement (``Tenant.equal``): what a pause or a resumption is held to, since an opted-in pod
+    never pauses another (docs/packing.md, "The sharing contract").
+
+    Paused tenants are left out: frozen, they use no compute (``GpuState.running``).
     """
+    gpu = gpu.running()
     if not gpu.tenants:
         return None
     newcomer = demand.profile or CONSERVATIVE_PROFILE
@@ -128,6 +135,7 @@ def admit_reason(
         bounds=bounds,
         charge_cap=charge_cap,
         predicted=pack,
+        equals_bound=equals_bound,
     )
 
 
@@ -206,13 +214,15 @@ def _tenants_reason(
     bounds: Mapping[str, float],
     charge_cap: bool,
     predicted: Sequence[float] | None,
+    equals_bound: bool = True,
 ) -> str | None:
     """Why a tenant already on ``gpu`` would run past its class bound with the newcomer
     (``newcomer``: as its neighbours feel it), or None (``predicted``: the tenants'
-    slowdowns from the pack's prediction, where there is one)."""
+    slowdowns from the pack's prediction, where there is one; ``equals_bound``: see
+    :func:`admit_reason`)."""
     for i, tenant in enumerate(gpu.tenants):
         bound = bounds.get(tenant.gpu_class)
-        if bound is None:
+        if bound is None or (not equals_bound and tenant.equal):
             continue
         others = [load for k, load in enumerate(loads) if k != i] + [newcomer]
         if tenant.gpu_class == CLASS_LATENCY:

@@ -8,17 +8,20 @@ model predicts, ``E = sum r^_i d_i``, the least-squares scale ``s = (a . E) / (E
 how far reality is from the prediction, and ``s x sum r^_i`` is the work the GPU does per
 second (:func:`estimate`).
 
-:func:`review` holds the newest opportunistic tenant of a GPU to what it was placed for: the
-GPU measured with it must do at least the predicted work without it plus
-:data:`~gpushare.packing.opportunistic.KEEP_FRACTION` of the predicted gain, and no tenant may
-be measured past its class bound; otherwise it is preempted. Every estimate also teaches the
+:func:`review` holds the newest running opportunistic tenant of a GPU to what it was placed
+for: no tenant that did not opt in may be measured past its class bound, and where such a tenant
+is on the GPU, the GPU measured with it must do at least the predicted work without it plus
+:data:`~gpushare.packing.opportunistic.KEEP_FRACTION` of the predicted gain; otherwise it is
+paused (it keeps its memory and loses no work; docs/packing.md, "The sharing contract"). No
+preemption among equals: among pods that all opted in, nobody is paused for anybody. Paused
+tenants drive no counters and count in no prediction. Every estimate also teaches the
 corrections (:class:`~gpushare.packing.opportunistic.Corrections`) what the model got wrong
 about the workloads on the GPU, which the next opportunistic decisions use (docs/packing.md,
 "Cautious by measurement").
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpushare.api.names import CLASS_LATENCY
@@ -112,10 +115,14 @@ def _fit_k(
 class Verdict:
     """What the governor decided for one GPU."""
 
-    preempt: str | None
-    """The opportunistic tenant (pod key) to preempt, or None to keep everyone."""
+    pause: str | None
+    """The opportunistic tenant (pod key) to pause, or None to keep everyone running."""
     reason: str
     estimate: Estimate | None
+    beside: tuple[str, ...] = ()
+    """The tenants (pod keys) it was judged beside: the one measured past its bound, else
+    those that did not opt in. The paused tenant runs again once they have left the GPU
+    (``Opportunism.resumptions``)."""
 
 
 def review(
@@ -126,14 +133,21 @@ def review(
     now: float,
     settle_s: float = SETTLE_S,
     learn: bool = True,
+    resumed: Mapping[str, float] | None = None,
 ) -> Verdict:
-    """Judge ``gpu``'s newest opportunistic tenant by the GPU's measured activity over a
-    window that is all after it settled (module doc). Every GPU shared by profiled tenants
-    also teaches the corrections (``learn``), opportunistic tenants or not: that is how the
-    next opportunistic decision knows what the model gets wrong about the workloads."""
+    """Judge ``gpu``'s newest running opportunistic tenant by the GPU's measured activity over
+    a window that is all after it settled (module doc): ``settle_s`` after it was placed, or
+    after it was last resumed (``resumed``: seconds since the epoch by pod key; a window with
+    it paused would read as harm). Every GPU shared by profiled running tenants also teaches
+    the corrections (``learn``), opportunistic tenants or not: that is how the next
+    opportunistic decision knows what the model gets wrong about the workloads."""
+    gpu = gpu.running()  # a paused tenant drives no counter
     opportunistic = [t for t in gpu.tenants if t.opportunistic]
     newest = max(opportunistic, key=lambda t: t.placed_at) if opportunistic else None
-    settled = newest is None or now - newest.placed_at >= settle_s
+    started = 0.0
+    if newest is not None:
+        started = max(newest.placed_at, (resumed or {}).get(newest.key, 0.0))
+    settled = newest is None or now - started >= settle_s
     shared = sum(1 for t in gpu.tenants if t.profile is not None) >= 2
     if not settled or not (shared or newest is not None):
         return Verdict(None, "nothing to judge yet", None)
@@ -151,8 +165,13 @@ def review(
 
 
 def _judge(gpu: GpuState, newest: Tenant, found: Estimate, opportunism: Opportunism) -> Verdict:
+    protected = [t.key for t in gpu.tenants if not t.equal]
+    if not protected:
+        return Verdict(
+            None, "every tenant opted in: no preemption among equals, everyone kept", found
+        )
     for tenant, rate in zip(gpu.tenants, found.rates, strict=True):
-        if tenant.opportunistic:
+        if tenant.equal:
             continue
         bound = opportunism.bounds.get(tenant.gpu_class)
         if bound is not None and rate > 0 and 1.0 / rate > bound:
@@ -161,6 +180,7 @@ def _judge(gpu: GpuState, newest: Tenant, found: Estimate, opportunism: Opportun
                 f"{tenant.gpu_class} pod {tenant.key} measured at {1.0 / rate:.2f}x its speed "
                 f"alone, over its {bound:.2f}x bound",
                 found,
+                beside=(tenant.key,),
             )
     without = [member(t) for t in gpu.tenants if t is not newest]
     model = corrected(
@@ -180,6 +200,7 @@ def _judge(gpu: GpuState, newest: Tenant, found: Estimate, opportunism: Opportun
             f"(predicted {before:.2f} without it plus half the predicted gain "
             f"{predicted_gain:.2f})",
             found,
+            beside=tuple(protected),
         )
     return Verdict(
         None, f"measured {found.work_rate:.2f} jobs/s, at least {wanted:.2f}: kept", found

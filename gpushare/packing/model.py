@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY, MPS_MAX_CLIENTS, SLICES_PER_GPU
+from gpushare.api.pause import REASON_HARM
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,27 @@ _DEMAND_FIELDS = tuple(Demand.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
+class Pause:
+    """Why and since when an opportunistic tenant is paused (the pod's ``gpushare.io/pause``,
+    ``api.pause.PauseRequest``): its processes are frozen, so it keeps its GPU memory and MPS
+    client but uses no compute (docs/packing.md, "The sharing contract")."""
+
+    reason: str
+    """``api.pause.REASON_GUARANTEED`` (a guaranteed pod needed the compute) or
+    ``REASON_HARM`` (the governor measured it harming a neighbour that did not opt in)."""
+    since: float = 0.0
+    """When it was asked (seconds since the epoch; 0 unknown)."""
+    beside: frozenset[str] = frozenset()
+    """The pods (keys) it was paused for: the guaranteed pod that needed the room, or the
+    neighbours the governor judged it by; a pod paused for harm runs again only once they
+    have left its GPU."""
+
+    @property
+    def for_harm(self) -> bool:
+        return self.reason == REASON_HARM
+
+
+@dataclass(frozen=True)
 class Tenant:
     """A pod already placed on a GPU."""
 
@@ -121,6 +143,24 @@ class Tenant:
     placed_at: float = 0.0
     """When it was placed (seconds since the epoch; 0 unknown): the newest opportunistic
     tenant is preempted first, the oldest promoted first."""
+    opted_in: bool = False
+    """The pod opted in to opportunistic placement (``Demand.opportunistic``), whatever its
+    tier now: no preemption among equals, so an opted-in pod never pauses or evicts another
+    opted-in pod, nor is one paused on its behalf (an opportunistic tenant is always opted
+    in: :attr:`equal`)."""
+    pause: Pause | None = None
+    """Set while the tenant is paused (only an opportunistic tenant is): its memory and MPS
+    client count, its compute counts nowhere (:meth:`GpuState.running`)."""
+
+    @property
+    def paused(self) -> bool:
+        return self.pause is not None
+
+    @property
+    def equal(self) -> bool:
+        """Opted in (opportunistic, or holding a share it opted in for): one of the equals no
+        other opted-in pod may preempt, and whose class bound does not make one pause."""
+        return self.opted_in or self.opportunistic
 
 
 @dataclass
@@ -141,6 +181,8 @@ class GpuState:
         self._totals = (0, 0, 0, 0)
         self._measured = (0, 0)
         self._signature: tuple[object, ...] | None = None
+        self._paused = 0
+        self._running: GpuState | None = None
 
     def totals(self) -> tuple[int, int, int, int]:
         """(allocated percent, memory, MPS client processes, latency-class tenants) over the
@@ -171,9 +213,36 @@ class GpuState:
             self._recount()
         return self._signature
 
+    def running(self) -> "GpuState":
+        """This GPU as its compute sees it: without its paused tenants (their memory and MPS
+        clients still count, in :meth:`totals`; their load counts in no prediction). The same
+        object when none is paused; kept like :meth:`totals`."""
+        if self._totals_of is not self.tenants or self._totals_len != len(self.tenants):
+            self._recount()
+        if not self._paused:
+            return self
+        if self._running is None:
+            self._running = GpuState(
+                uuid=self.uuid,
+                memory_bytes=self.memory_bytes,
+                model=self.model,
+                index=self.index,
+                healthy=self.healthy,
+                tenants=[t for t in self.tenants if t.pause is None],
+                max_clients=self.max_clients,
+            )
+        return self._running
+
+    @property
+    def paused_tenants(self) -> int:
+        """How many tenants are paused (kept like :meth:`totals`)."""
+        if self._totals_of is not self.tenants or self._totals_len != len(self.tenants):
+            self._recount()
+        return self._paused
+
     def _recount(self) -> None:
         tenants = self.tenants
-        used = memory = clients = latency = profiled = profiled_latency = 0
+        used = memory = clients = latency = profiled = profiled_latency = paused = 0
         tenancies: set[str | None] = set()
         opportunistic = False
         for t in tenants:
@@ -181,6 +250,8 @@ class GpuState:
                 opportunistic = True
             else:
                 used += t.percent
+            if t.pause is not None:
+                paused += 1
             memory += t.memory_bytes
             clients += t.processes
             is_latency = t.gpu_class == CLASS_LATENCY
@@ -193,9 +264,12 @@ class GpuState:
             tenancies.add(t.tenancy)
         self._totals = (used, memory, clients, latency)
         self._measured = (profiled, profiled_latency)
+        self._paused, self._running = paused, None
         self._signature = (
             None
-            if profiled or opportunistic  # who may be preempted matters: no shared answers
+            if profiled
+            or opportunistic
+            or paused  # who may be preempted matters: no shared answers
             else (
                 used,
                 self.healthy,
@@ -269,9 +343,21 @@ class Assignment:
     opportunistic: bool = False
     """Placed beyond the GPU's guaranteed capacity (the pod holds no guaranteed share there
     until it is promoted; docs/packing.md, "The sharing contract")."""
-    preempt: tuple[str, ...] = ()
-    """Opportunistic tenants (pod keys) that must leave the GPU for this guaranteed placement:
-    their memory, MPS clients or load stand in its way."""
+    pause: tuple[str, ...] = ()
+    """Opportunistic tenants (pod keys) to pause for this guaranteed placement: their compute
+    would put a guaranteed pod past its class bound. They keep their GPU memory and MPS
+    client, lose no work, and run again when room frees (``Opportunism.resumptions``)."""
+    evict: tuple[str, ...] = ()
+    """Opportunistic tenants (pod keys) to evict for this guaranteed placement: it needs GPU
+    memory (or MPS clients) they hold, which no pause frees. Their work is lost."""
+    evict_reason: str = ""
+    """Why :attr:`evict` is not empty: ``opportunistic.EVICT_MEMORY`` or
+    ``EVICT_CLIENTS``."""
     predicted_gain: float = 0.0
     """For an opportunistic placement: work per second the GPU is predicted to gain with the
     pod (jobs' worth), what the governor later holds the measurement to."""
+
+    @property
+    def displaces(self) -> tuple[str, ...]:
+        """Every tenant this placement pauses or evicts."""
+        return self.pause + self.evict

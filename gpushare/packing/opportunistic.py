@@ -18,16 +18,26 @@ free may still run on a GPU (:meth:`Opportunism.gpu_option`) where
 It holds no guaranteed share and runs as a batch client (MPS priority 1, its limit as thread
 cap: MPS has two client priorities, and latency pods hold the higher one). It is promoted
 (:meth:`Opportunism.promotions`) without a restart once its request fits among the guaranteed
-shares, and preempted, newest first, when a guaranteed pod needs its memory, its MPS client or
-its load gone (:meth:`Opportunism.preemptions`), or when the GPU measures less gain than was
-predicted (:func:`review`, the controller's governor).
+shares. When a guaranteed pod that did not opt in needs the room
+(:meth:`Opportunism.preemptions`), the newest opportunistic tenants in its way are **paused**
+where their compute is what stands in the way (a frozen MPS client gives its SMs back at once,
+keeps its GPU memory and loses no work) and **evicted** only where the pod needs GPU memory or
+MPS clients that they hold, which no pause frees. The governor
+(:func:`gpushare.packing.governor.review`) pauses the newest one when the GPU measures less than
+was predicted. A paused tenant runs again (:meth:`Opportunism.resumptions`) once it is
+predicted to keep every guaranteed neighbour within its class bound and to add work, and, if it
+was paused for measured harm, once the pods it was judged beside have left.
+
+No preemption among equals: a pod that opted in (``Tenant.equal``) never pauses or evicts an
+opportunistic tenant, and no tenant is paused for an opted-in neighbour's class bound.
 """
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY, SLICES_PER_GPU
+from gpushare.api.pause import REASON_GUARANTEED
 from gpushare.packing.admission import (
     CONSERVATIVE_PROFILE,
     DEFAULT_BOUNDS,
@@ -35,9 +45,17 @@ from gpushare.packing.admission import (
     reserved,
 )
 from gpushare.packing.corrections import Corrections, corrected, members
-from gpushare.packing.fit import fit_reason, gpu_fit, host_reason
+from gpushare.packing.fit import Refusal, fit_reason, gpu_fit, host_reason
 from gpushare.packing.interference import InterferenceModel, load_default
-from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
+from gpushare.packing.model import (
+    Assignment,
+    Demand,
+    GpuState,
+    NodeState,
+    Pause,
+    PipeProfile,
+    Tenant,
+)
 from gpushare.packing.threads import assign_thread_percent, tenant_threads
 
 MIN_GAIN = 0.10
@@ -63,8 +81,17 @@ what its compute share would have given it."""
 OPPORTUNISTIC_COST = 1.0e6
 """Placement cost of an opportunistic option, less 100 x its predicted gain: any guaranteed
 option (costs in GPU-percent, a few hundred at most) is preferred."""
-PREEMPTION_COST = 50.0
-"""Extra cost (GPU-percent) of each opportunistic tenant a guaranteed placement preempts."""
+PAUSE_COST = 10.0
+"""Extra cost (GPU-percent) of each opportunistic tenant a guaranteed placement pauses: no
+work is lost, but the tenant stops until room frees."""
+EVICTION_COST = 50.0
+"""Extra cost (GPU-percent) of each opportunistic tenant a guaranteed placement evicts: its
+work so far is lost, so a GPU where pauses do is preferred."""
+EVICT_MEMORY = "memory"
+"""``Assignment.evict_reason``: the guaranteed pod needs GPU memory the evicted pods hold."""
+EVICT_CLIENTS = "mps-clients"
+"""``Assignment.evict_reason``: the guaranteed pod needs MPS client slots they hold (a frozen
+client keeps its connection to the server)."""
 
 
 # ---- what the guaranteed shares see -----------------------------------------------------------
@@ -90,14 +117,57 @@ def guaranteed_node(node: NodeState) -> NodeState:
 def reservation_reason(gpu: GpuState, demand: Demand, assignment: Assignment) -> str | None:
     """Why ``assignment`` cannot be held on ``gpu`` now, or None: an opportunistic one needs
     its memory and an MPS client beside every tenant (not a free guaranteed share); a
-    guaranteed one fits once the tenants it preempts are gone."""
+    guaranteed one fits once the tenants it evicts are gone (those it pauses keep their
+    memory and clients)."""
     if assignment.opportunistic:
         probe = replace(demand, percent=1, memory_bytes=assignment.memory_limit_bytes)
         return fit_reason(gpu, probe)
-    if assignment.preempt:
-        leaving = set(assignment.preempt)
+    if assignment.evict:
+        leaving = set(assignment.evict)
         gpu = replace(gpu, tenants=[t for t in gpu.tenants if t.key not in leaving])
     return fit_reason(gpu, demand)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """What a guaranteed placement does to the opportunistic tenants of one GPU."""
+
+    pause: tuple[str, ...] = ()
+    """Tenants (pod keys) to pause: their compute stands in the way."""
+    evict: tuple[str, ...] = ()
+    """Tenants (pod keys) to evict: the newcomer needs memory or MPS clients they hold."""
+    evict_reason: str = ""
+    """:data:`EVICT_MEMORY` or :data:`EVICT_CLIENTS` when :attr:`evict` is not empty."""
+
+
+NO_PREEMPTION = Preemption()
+
+
+def _without(gpu: GpuState, leaving: Sequence[Tenant], pausing: Sequence[Tenant] = ()) -> GpuState:
+    """``gpu`` with the ``leaving`` tenants gone and the ``pausing`` ones paused."""
+    if not leaving and not pausing:
+        return gpu
+    gone = {t.key for t in leaving}
+    paused = {t.key for t in pausing}
+    return replace(
+        gpu,
+        tenants=[
+            replace(t, pause=Pause(REASON_GUARANTEED)) if t.key in paused else t
+            for t in gpu.tenants
+            if t.key not in gone
+        ],
+    )
+
+
+def _fewest(chosen: list[Tenant], enough: Callable[[list[Tenant]], bool]) -> list[Tenant]:
+    """``chosen`` (newest first, ``enough`` of it) less every tenant, oldest first, that it is
+    still enough without: a preemption goes no further than the newcomer needs."""
+    out = list(chosen)
+    for tenant in reversed(chosen):
+        trial = [t for t in out if t is not tenant]
+        if enough(trial):
+            out = trial
+    return out
 
 
 @dataclass(frozen=True)
@@ -224,7 +294,8 @@ class Opportunism:
         refusal = gpu_fit(gpu, probe)[0]
         if refusal is not None:
             return f"does not fit ({refusal.name.lower()})"
-        model = self._model(members([*gpu.tenants, demand]))
+        running = gpu.running()  # a paused tenant's compute counts nowhere
+        model = self._model(members([*running.tenants, demand]))
         # Its own thread cap (its limit, or the rule's: the whole GPU, half beside a latency
         # pod); a request of a whole GPU is read as one share short of it, so the cap applies.
         trial = replace(demand, percent=min(demand.percent, SLICES_PER_GPU - 1))
@@ -232,9 +303,9 @@ class Opportunism:
         reason = admit_reason(gpu, trial, model=model, bounds=self.bounds, newcomer_bound=False)
         if reason is not None:
             return reason
-        before = work_rate([member(t) for t in gpu.tenants], model)
+        before = work_rate([member(t) for t in running.tenants], model)
         newcomer = Member(demand.profile, threads, CLASS_BATCH, demand.percent, demand.workload)
-        gain = work_rate([*(member(t) for t in gpu.tenants), newcomer], model) - before
+        gain = work_rate([*(member(t) for t in running.tenants), newcomer], model) - before
         if gain < self.min_gain:
             return f"predicted gain {gain:.2f} jobs/s, below {self.min_gain:.2f}"
         return Option(gpu, threads, memory, gain, before)
@@ -256,46 +327,143 @@ class Opportunism:
 
     def preemptions(
         self, gpu: GpuState, demand: Demand, *, admit: bool = True
-    ) -> tuple[str, ...] | None:
-        """The opportunistic tenants of ``gpu`` (newest first) that must leave for
-        ``demand``, placed by its guaranteed share, to fit: memory, MPS clients and, with
-        ``admit``, every class bound with the tenants that stay. None when it does not fit even
-        with all of them gone (it is then not placed on ``gpu``)."""
-        opportunistic = sorted(
-            (t for t in gpu.tenants if t.opportunistic), key=lambda t: -t.placed_at
-        )
-        staying = list(gpu.tenants)
-        out: list[str] = []
-        while True:
-            trial = gpu if not out else replace(gpu, tenants=staying)
-            if gpu_fit(trial, demand)[0] is None and (
-                not admit
-                or demand.whole
-                or not trial.has_opportunistic_tenant
-                or admit_reason(
-                    trial,
-                    demand,
-                    model=self._model(members(trial.tenants)),
-                    bounds=self.bounds,
-                )
-                is None
-            ):
-                return tuple(out)
-            if not opportunistic:
+    ) -> Preemption | None:
+        """What ``demand``, placed by its guaranteed share, does to ``gpu``'s opportunistic
+        tenants to fit: the newest ones whose memory or MPS clients it needs are evicted (a
+        pause frees neither), then, with ``admit``, the newest running ones are paused until
+        the newcomer and every tenant that did not opt in are predicted within their class
+        bounds; no further than needed either way. None when it does not fit even so (it is
+        then not placed on ``gpu``). A pod that opted in preempts nobody (no preemption among
+        equals): it fits beside everyone or not at all."""
+        if demand.opportunistic:
+            fits = gpu_fit(gpu, demand)[0] is None and (
+                not admit or demand.whole or self._admits(gpu, demand)
+            )
+            return NO_PREEMPTION if fits else None
+        newest = sorted((t for t in gpu.tenants if t.opportunistic), key=lambda t: -t.placed_at)
+        refusal = gpu_fit(gpu, demand)[0]
+        evict: list[Tenant] = []
+        reason = ""
+        while refusal in (Refusal.MEMORY, Refusal.CLIENTS):
+            if len(evict) == len(newest):
                 return None
-            victim = opportunistic.pop(0)
-            staying = [t for t in staying if t is not victim]
-            out.append(victim.key)
+            reason = reason or (EVICT_MEMORY if refusal is Refusal.MEMORY else EVICT_CLIENTS)
+            evict.append(newest[len(evict)])
+            refusal = gpu_fit(_without(gpu, evict), demand)[0]
+        if refusal is not None:
+            return None
+        evict = _fewest(evict, lambda kept: gpu_fit(_without(gpu, kept), demand)[0] is None)
+        staying = _without(gpu, evict)
+        if not admit or demand.whole:
+            return Preemption((), tuple(t.key for t in evict), reason if evict else "")
+        running = [t for t in newest if t not in evict and t.pause is None]
+        pause: list[Tenant] = []
+
+        def admitted(pausing: list[Tenant]) -> bool:
+            trial = _without(staying, (), pausing)
+            return not any(t.opportunistic for t in trial.running().tenants) or self._admits(
+                trial, demand
+            )
+
+        while not admitted(pause):
+            if len(pause) == len(running):
+                return None
+            pause.append(running[len(pause)])
+        pause = _fewest(pause, admitted)
+        return Preemption(
+            tuple(t.key for t in pause), tuple(t.key for t in evict), reason if evict else ""
+        )
+
+    def _admits(self, gpu: GpuState, demand: Demand) -> bool:
+        """``demand`` joins ``gpu`` with it and every tenant that did not opt in predicted
+        within their class bounds (paused tenants count for nothing)."""
+        running = gpu.running()
+        return (
+            admit_reason(
+                running,
+                demand,
+                model=self._model(members([*running.tenants, demand])),
+                bounds=self.bounds,
+                equals_bound=False,
+            )
+            is None
+        )
 
     def promotions(self, gpu: GpuState) -> list[str]:
-        """Opportunistic tenants of ``gpu`` whose request now fits among the guaranteed
-        shares, oldest first (each promotion takes its share before the next is tried)."""
+        """Running opportunistic tenants of ``gpu`` whose request now fits among the
+        guaranteed shares, oldest first (each promotion takes its share before the next is
+        tried). A paused one is resumed first (:meth:`resumptions`)."""
         free = SLICES_PER_GPU - gpu.used_percent
         out: list[str] = []
         for tenant in sorted(
-            (t for t in gpu.tenants if t.opportunistic), key=lambda t: t.placed_at
+            (t for t in gpu.tenants if t.opportunistic and t.pause is None),
+            key=lambda t: t.placed_at,
         ):
             if tenant.percent <= free:
                 free -= tenant.percent
                 out.append(tenant.key)
         return out
+
+    def resumptions(self, gpu: GpuState) -> list[str]:
+        """Paused tenants of ``gpu`` to run again now, oldest first, each counted as running
+        before the next is tried: one whose pause was for measured harm once none of the pods
+        it was judged beside is on the GPU any more; then any whose running is predicted to
+        keep every tenant that did not opt in within its class bound and to add work
+        (:meth:`resume_reason`). A tenant holding a guaranteed share is never left paused."""
+        paused = sorted((t for t in gpu.tenants if t.pause is not None), key=lambda t: t.placed_at)
+        if not paused:
+            return []
+        present = {t.key for t in gpu.tenants}
+        out: list[str] = []
+        trial = gpu
+        for tenant in paused:
+            if tenant.opportunistic and self.resume_reason(trial, tenant, present) is not None:
+                continue
+            out.append(tenant.key)
+            trial = replace(
+                trial,
+                tenants=[
+                    replace(t, pause=None) if t.key == tenant.key else t for t in trial.tenants
+                ],
+            )
+        return out
+
+    def resume_reason(
+        self, gpu: GpuState, tenant: Tenant, present: frozenset[str] | set[str] | None = None
+    ) -> str | None:
+        """Why paused ``tenant`` of ``gpu`` stays paused, or None (:meth:`resumptions`).
+        ``present``: the pods on the GPU (its tenants' keys when None)."""
+        pause = tenant.pause
+        if pause is None:
+            return None
+        on_gpu = present if present is not None else {t.key for t in gpu.tenants}
+        if pause.for_harm:
+            still = sorted(pause.beside & on_gpu)
+            if still:
+                return f"paused for measured harm beside {', '.join(still)}, still there"
+        running = gpu.running()
+        trial = Demand(
+            percent=min(tenant.percent, SLICES_PER_GPU - 1),
+            limit_percent=tenant_threads(tenant),
+            memory_bytes=tenant.memory_bytes,
+            profile=tenant.profile,
+            tenancy=tenant.tenancy,
+            opportunistic=True,
+            workload=tenant.workload,
+        )
+        model = self._model(members([*running.tenants, trial]))
+        reason = admit_reason(
+            running,
+            trial,
+            model=model,
+            bounds=self.bounds,
+            newcomer_bound=False,
+            equals_bound=False,
+        )
+        if reason is not None:
+            return reason
+        before = work_rate([member(t) for t in running.tenants], model)
+        after = work_rate([*(member(t) for t in running.tenants), member(tenant)], model)
+        if after <= before:
+            return f"predicted to add no work ({after:.2f} jobs/s with it, {before:.2f} without)"
+        return None

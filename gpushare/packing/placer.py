@@ -15,7 +15,9 @@ ask a :class:`Placer`, so what the simulator reports is what the installed exten
   would be predicted past its class bound are left out of all of these, and
   :meth:`Placer.refusal` says why a node has no room;
 - a pod is placed by its guaranteed share against the guaranteed tenants only: opportunistic
-  tenants in its way are named in ``Assignment.preempt``; with an
+  tenants in its way are named in ``Assignment.pause`` (their compute) and
+  ``Assignment.evict`` (memory or MPS clients it needs); a pod that opted in is placed beside
+  every tenant and preempts nobody (no preemption among equals); with an
   :class:`~gpushare.packing.opportunistic.Opportunism`, an opted-in pod no node has room for
   may go beyond a GPU's guaranteed capacity (``Assignment.opportunistic``), ranked after every
   guaranteed option (docs/packing.md, "The sharing contract").
@@ -33,8 +35,9 @@ from gpushare.packing.interference import InterferenceModel
 from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Assignment, Demand, NodeState
 from gpushare.packing.opportunistic import (
+    EVICTION_COST,
     OPPORTUNISTIC_COST,
-    PREEMPTION_COST,
+    PAUSE_COST,
     Opportunism,
     Option,
     guaranteed_node,
@@ -105,9 +108,10 @@ class Placer:
         hash is not cached, and hashing a node's signature for every node of every decision
         costs more than the rest, gpushare.cluster.dra.devices); None when it is None.
 
-        Opportunistic tenants in the way add :data:`PREEMPTION_COST` each; an opted-in pod
-        without a guaranteed option costs :data:`OPPORTUNISTIC_COST` less its gain."""
-        guaranteed = guaranteed_node(node)
+        Opportunistic tenants in the way add :data:`PAUSE_COST` each it pauses and
+        :data:`EVICTION_COST` each it evicts; an opted-in pod without a guaranteed option costs
+        :data:`OPPORTUNISTIC_COST` less its gain."""
+        guaranteed = self._seen_by(node, demand)
         if guaranteed is node:
             cost = self._guaranteed_cost(node, demand, signature)
         else:
@@ -116,7 +120,11 @@ class Placer:
             if assignment is not None:
                 base = self._node_cost(guaranteed, demand)
                 if base is not None:
-                    cost = base + PREEMPTION_COST * len(assignment.preempt)
+                    cost = (
+                        base
+                        + PAUSE_COST * len(assignment.pause)
+                        + EVICTION_COST * len(assignment.evict)
+                    )
         if cost is not None or not self._may_go_beyond(demand):
             return cost
         option = self._opportunistic(node, demand)
@@ -170,6 +178,13 @@ class Placer:
         state = (node.cpu_milli_free, node.memory_free_bytes, gpus)
         return self._costs.answer(demand, state, lambda: self._node_cost(node, demand))
 
+    @staticmethod
+    def _seen_by(node: NodeState, demand: Demand) -> NodeState:
+        """The node a pod's guaranteed share is placed against: its guaranteed tenants only
+        (:func:`guaranteed_node`, the opportunistic ones make room), or, for a pod that opted
+        in, everyone on it (no preemption among equals)."""
+        return node if demand.opportunistic else guaranteed_node(node)
+
     def _may_go_beyond(self, demand: Demand) -> bool:
         return self.opportunism is not None and demand.opportunistic
 
@@ -188,9 +203,10 @@ class Placer:
 
     def choose_gpus(self, node: NodeState, demand: Demand) -> Assignment | None:
         """The GPU(s), thread cap and memory limit ``demand`` gets on ``node``: by its
-        guaranteed share when one fits (naming the opportunistic tenants it preempts), else,
-        for an opted-in pod, beyond a GPU's guaranteed capacity where that pays."""
-        assignment = self._choose_guaranteed(node, guaranteed_node(node), demand)
+        guaranteed share when one fits (naming the opportunistic tenants it pauses and
+        evicts), else, for an opted-in pod, beyond a GPU's guaranteed capacity where that
+        pays."""
+        assignment = self._choose_guaranteed(node, self._seen_by(node, demand), demand)
         if assignment is not None or not self._may_go_beyond(demand):
             return assignment
         option = self._opportunistic(node, demand)
@@ -217,7 +233,9 @@ class Placer:
         )
         if assignment is None or guaranteed is node:
             return assignment
-        preempt: list[str] = []
+        pause: list[str] = []
+        evict: list[str] = []
+        reasons: list[str] = []
         rules = self.opportunism or Opportunism(model=self.model or Opportunism().model)
         for uuid in assignment.gpu_uuids:
             gpu = node.gpu(uuid)
@@ -226,8 +244,17 @@ class Placer:
             out = rules.preemptions(gpu, demand, admit=self.admission is not None)
             if out is None:
                 return None
-            preempt.extend(out)
-        return replace(assignment, preempt=tuple(preempt)) if preempt else assignment
+            pause.extend(out.pause)
+            evict.extend(out.evict)
+            reasons.append(out.evict_reason)
+        if not pause and not evict:
+            return assignment
+        return replace(
+            assignment,
+            pause=tuple(pause),
+            evict=tuple(evict),
+            evict_reason=next((r for r in reasons if r), ""),
+        )
 
     def refusal(
         self, node: NodeState, demand: Demand, *, signature: tuple[object, ...] | None = None
@@ -235,7 +262,7 @@ class Placer:
         """Why ``demand`` has no room on ``node`` (fit first, then admission, then for an
         opted-in pod why it may not go beyond either), or None; remembered like
         :meth:`node_cost` (the words name no GPU, so nodes in one state give one answer)."""
-        guaranteed = guaranteed_node(node)
+        guaranteed = self._seen_by(node, demand)
         reason = self._guaranteed_refusal(
             guaranteed, demand, signature if guaranteed is node else None
         )

@@ -124,7 +124,7 @@ def interference_delta(
     before = [
         (float(t.percent), t.profile, tenant_threads(t))
         for t in gpu.tenants
-        if t.profile is not None
+        if t.profile is not None and t.pause is None  # a paused tenant uses no compute
     ]
     if not before:
         return 0.0

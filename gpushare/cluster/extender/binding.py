@@ -321,7 +321,8 @@ class BindVerbs(ExtenderBase):
                 "request_percent": placement.request_percent,
                 "memory_limit": assignment.memory_limit_bytes,
                 "tier": placement.tier,
-                "preempts": list(assignment.preempt),
+                "pauses": list(assignment.pause),
+                "evicts": list(assignment.evict),
             },
         )
         for listener in self.bound_listeners:

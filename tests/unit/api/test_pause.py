@@ -45,3 +45,15 @@ def test_a_malformed_state_is_refused_naming_the_annotation() -> None:
     with pytest.raises(InvalidInputError) as refused:
         load_pause_state('{"since": "x" }')
     assert ANN_PAUSED in str(refused.value)
+
+
+def test_the_pods_a_request_was_made_for_round_trip_and_are_optional() -> None:
+    request = PauseRequest(
+        reason="harm", message="m", since="2026-11-27T15:00:00Z", for_pods=("ns/a", "ns/b")
+    )
+    assert load_pause_request(request.dump()) == request
+    plain = PauseRequest(reason="harm", message="m", since="2026-11-27T15:00:00Z")
+    assert "forPods" not in plain.dump()
+    with pytest.raises(InvalidInputError) as refused:
+        load_pause_request('{"reason": "harm", "message": "", "since": "", "forPods": [1]}')
+    assert f"{ANN_PAUSE}.forPods" in str(refused.value)

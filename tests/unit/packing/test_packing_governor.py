@@ -1,14 +1,15 @@
 """Cautious by measurement: the governor reads a shared GPU's counters against the tenants'
-solo profiles, keeps an opportunistic tenant that delivers, preempts one that does not, and
-teaches the corrections what the model got wrong."""
+solo profiles, keeps an opportunistic tenant that delivers, pauses one that does not (never for
+a neighbour that opted in too), and teaches the corrections what the model got wrong."""
 
 from dataclasses import replace
 
 import pytest
 
+from gpushare.api.pause import REASON_GUARANTEED
 from gpushare.packing.corrections import MIN_WINDOWS
 from gpushare.packing.governor import activity, estimate, review
-from gpushare.packing.model import GpuState, PipeProfile, Tenant
+from gpushare.packing.model import GpuState, Pause, PipeProfile, Tenant
 from gpushare.packing.opportunistic import Member, Opportunism, member, rates
 
 GIB = 2**30
@@ -58,13 +59,13 @@ def test_counters_as_the_model_predicts_read_as_a_scale_of_one() -> None:
 def test_a_tenant_that_delivers_what_was_predicted_is_kept() -> None:
     rules = Opportunism()
     verdict = review(shared(), as_predicted(shared(), rules), rules, now=200.0, settle_s=30.0)
-    assert verdict.preempt is None and "kept" in verdict.reason
+    assert verdict.pause is None and "kept" in verdict.reason
 
 
 def test_a_gpu_doing_less_than_its_tenants_without_the_newcomer_preempts_the_newcomer() -> None:
     rules = Opportunism()
     verdict = review(shared(), as_predicted(shared(), rules, 0.85), rules, now=200.0, settle_s=30.0)
-    assert verdict.preempt == "ns/opp"
+    assert verdict.pause == "ns/opp"
     assert "below" in verdict.reason and "jobs/s" in verdict.reason
     # ... and the model learns it was optimistic about both workloads there; predictions use
     # it once each has been measured over MIN_WINDOWS windows (one GPU's window says little
@@ -80,21 +81,21 @@ def test_a_gpu_doing_less_than_its_tenants_without_the_newcomer_preempts_the_new
 def test_nothing_is_judged_before_the_newcomer_settled() -> None:
     rules = Opportunism()
     verdict = review(shared(), as_predicted(shared(), rules, 0.1), rules, now=110.0, settle_s=30.0)
-    assert verdict.preempt is None and verdict.estimate is None
+    assert verdict.pause is None and verdict.estimate is None
     assert rules.corrections.factors == {}
 
 
 def test_a_guaranteed_tenant_measured_past_its_bound_preempts_the_newcomer() -> None:
     rules = Opportunism(bounds={"batch": 1.2, "latency": 1.15})
     verdict = review(shared(), as_predicted(shared(), rules, 0.9), rules, now=200.0, settle_s=30.0)
-    assert verdict.preempt == "ns/opp" and "ns/big" in verdict.reason and "bound" in verdict.reason
+    assert verdict.pause == "ns/opp" and "ns/big" in verdict.reason and "bound" in verdict.reason
 
 
 def test_a_gpu_shared_by_guaranteed_tenants_only_teaches_the_corrections() -> None:
     rules = Opportunism()
     both = gpu(*(replace(t, opportunistic=False) for t in shared().tenants))
     verdict = review(both, as_predicted(both, rules, 1.3), rules, now=200.0)
-    assert verdict.preempt is None and verdict.estimate is not None
+    assert verdict.pause is None and verdict.estimate is not None
     assert rules.corrections.factors["ns/big"] < 1.0  # the model was pessimistic about them
 
 
@@ -105,7 +106,7 @@ def test_counters_too_faint_to_read_decide_nothing() -> None:
         Tenant("ns/b", 10, GIB, profile=TINY, workload="b", opportunistic=True),
     )
     verdict = review(faint, PipeProfile(), rules, now=1e9, settle_s=0.0)
-    assert verdict.preempt is None and "too little" in verdict.reason
+    assert verdict.pause is None and "too little" in verdict.reason
 
 
 def test_a_latency_service_counts_as_load_but_not_as_work() -> None:
@@ -121,3 +122,43 @@ def test_a_latency_service_counts_as_load_but_not_as_work() -> None:
     )
     assert found is not None
     assert found.predicted == pytest.approx(rates(members, rules.model)[0])
+
+
+def test_a_harm_verdict_names_who_was_harmed_so_the_pause_lasts_while_they_stay() -> None:
+    rules = Opportunism(bounds={"batch": 1.2, "latency": 1.15})
+    verdict = review(shared(), as_predicted(shared(), rules, 0.9), rules, now=200.0, settle_s=30.0)
+    assert verdict.pause == "ns/opp" and verdict.beside == ("ns/big",)
+    rules = Opportunism()
+    verdict = review(shared(), as_predicted(shared(), rules, 0.85), rules, now=200.0, settle_s=30.0)
+    assert verdict.pause == "ns/opp" and verdict.beside == ("ns/big",)
+
+
+def test_among_pods_that_all_opted_in_the_governor_pauses_nobody() -> None:
+    rules = Opportunism(bounds={"batch": 1.2, "latency": 1.15})
+    equals = gpu(replace(shared().tenants[0], opted_in=True), shared().tenants[1])
+    verdict = review(equals, as_predicted(equals, rules, 0.5), rules, now=200.0, settle_s=30.0)
+    assert verdict.pause is None and "equals" in verdict.reason
+    assert verdict.estimate is not None  # still measured, still teaching the corrections
+
+
+def test_a_paused_tenant_is_neither_judged_nor_counted_in_the_prediction() -> None:
+    rules = Opportunism()
+    running = shared()
+    paused = gpu(
+        running.tenants[0],
+        replace(running.tenants[1], pause=Pause(REASON_GUARANTEED, 150.0)),
+    )
+    alone = gpu(running.tenants[0])
+    verdict = review(paused, as_predicted(alone, rules), rules, now=200.0, settle_s=30.0)
+    assert verdict.pause is None and verdict.estimate is None  # nobody to judge, nothing shared
+    found = estimate(paused.running().tenants, as_predicted(alone, rules), rules)
+    assert found is not None and found.scale == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_resumed_tenant_settles_again_before_it_is_judged() -> None:
+    rules = Opportunism()
+    low = as_predicted(shared(), rules, 0.5)
+    verdict = review(shared(), low, rules, now=200.0, settle_s=30.0, resumed={"ns/opp": 190.0})
+    assert verdict.pause is None and "nothing to judge" in verdict.reason
+    verdict = review(shared(), low, rules, now=230.0, settle_s=30.0, resumed={"ns/opp": 190.0})
+    assert verdict.pause == "ns/opp"

@@ -1,6 +1,7 @@
 """Opportunistic placement (the sharing contract): an opted-in batch pod beyond a GPU's
 guaranteed capacity only where that is predicted to pay and keeps everyone within bound; a
-guaranteed pod preempts what stands in its way; promotion once the request fits."""
+guaranteed pod makes room (pausing and evicting: tests/unit/packing/test_packing_pausing.py);
+promotion once the request fits."""
 
 import math
 from dataclasses import replace
@@ -20,6 +21,8 @@ from gpushare.packing.corrections import (
 from gpushare.packing.interference import load_default
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
 from gpushare.packing.opportunistic import (
+    EVICT_CLIENTS,
+    EVICT_MEMORY,
     MIN_GAIN,
     OPPORTUNISTIC_COST,
     Member,
@@ -151,29 +154,51 @@ def test_a_pod_with_its_own_memory_cap_runs_only_where_that_cap_fits() -> None:
     assert not isinstance(option, str) and option.memory_bytes == 4 * GIB
 
 
-def test_a_guaranteed_pod_preempts_the_newest_opportunistic_tenants_in_its_way() -> None:
+def test_a_guaranteed_pod_short_of_memory_evicts_the_newest_opportunistic_tenants_for_it() -> None:
     g = gpu(
         tenant("ns/a", 30, SMALL),
         tenant("ns/old", 50, SMALL, gib=20, opportunistic=True, placed_at=1.0),
         tenant("ns/new", 50, SMALL, gib=20, opportunistic=True, placed_at=2.0),
     )
     # 24 GiB held by a, 20 + 20 by the two opportunistic tenants: 48 for a 60% pod needs both
-    # gone, 8 for a 10% pod fits beside them.
+    # gone (a pause frees no memory), 8 for a 10% pod fits beside them.
     assignment = placer().choose_gpus(NodeState("n", [g]), Demand(percent=60, profile=SMALL))
     assert assignment is not None and not assignment.opportunistic
-    assert assignment.preempt == ("ns/new", "ns/old")
+    assert assignment.evict == ("ns/new", "ns/old")
+    assert assignment.evict_reason == EVICT_MEMORY
+    assert assignment.pause == ()
     small = placer().choose_gpus(NodeState("n", [g]), Demand(percent=10, profile=SMALL))
-    assert small is not None and small.preempt == ()
+    assert small is not None and small.displaces == ()
 
 
-def test_preemption_goes_no_further_than_the_newcomer_needs() -> None:
+def test_eviction_goes_no_further_than_the_newcomer_needs() -> None:
     g = gpu(
         tenant("ns/a", 30, SMALL),
         tenant("ns/old", 20, SMALL, opportunistic=True, placed_at=1.0),
         tenant("ns/new", 40, SMALL, opportunistic=True, placed_at=2.0),
     )
     out = Opportunism().preemptions(g, Demand(percent=40, profile=SMALL))
-    assert out == ("ns/new",)
+    assert out is not None and out.evict == ("ns/new",) and out.pause == ()
+    # Newest first, but an older tenant whose memory alone is enough spares the newer ones.
+    g = gpu(
+        tenant("ns/a", 30, SMALL),
+        tenant("ns/big", 40, SMALL, opportunistic=True, placed_at=1.0),
+        tenant("ns/small", 10, SMALL, opportunistic=True, placed_at=2.0),
+    )
+    out = Opportunism().preemptions(g, Demand(percent=40, profile=SMALL))
+    assert out is not None and out.evict == ("ns/big",)
+
+
+def test_a_pod_short_of_mps_clients_evicts_for_them_a_pause_keeps_its_client() -> None:
+    g = replace(
+        gpu(
+            tenant("ns/a", 30, SMALL, gib=8),
+            tenant("ns/o", 20, SMALL, gib=8, opportunistic=True, processes=4),
+        ),
+        max_clients=6,
+    )
+    out = Opportunism().preemptions(g, Demand(percent=20, profile=SMALL, processes=2))
+    assert out is not None and out.evict == ("ns/o",) and out.evict_reason == EVICT_CLIENTS
 
 
 def test_promotion_takes_the_oldest_first_and_only_what_fits() -> None:
@@ -198,7 +223,10 @@ def test_holding_an_assignment_checks_what_its_tier_needs() -> None:
         tenant("ns/a", 90, SMALL), tenant("ns/o", 40, SMALL, gib=8, opportunistic=True)
     )
     assert reservation_reason(memory_hog, Demand(percent=10), guaranteed) is not None
-    freed = replace(guaranteed, preempt=("ns/o",))
+    # A pause keeps the tenant's memory: only its eviction makes room.
+    paused = replace(guaranteed, pause=("ns/o",))
+    assert reservation_reason(memory_hog, Demand(percent=10), paused) is not None
+    freed = replace(guaranteed, evict=("ns/o",))
     assert reservation_reason(memory_hog, Demand(percent=10), freed) is None
 
 
