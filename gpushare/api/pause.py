@@ -95,8 +95,10 @@ def load_pause_request(text: str) -> PauseRequest:
     if reason not in REASONS:
         raise InvalidInputError(f"{ANN_PAUSE}.reason", f"must be one of {', '.join(REASONS)}", fix)
     pods = raw.get("forPods", [])
-    if not isinstance(pods, list) or len(pods) > _MAX_PODS or not all(
-        isinstance(p, str) and 0 < len(p) <= _MAX_KEY for p in pods
+    if (
+        not isinstance(pods, list)
+        or len(pods) > _MAX_PODS
+        or not all(isinstance(p, str) and 0 < len(p) <= _MAX_KEY for p in pods)
     ):
         raise InvalidInputError(
             f"{ANN_PAUSE}.forPods", f"must be a list of at most {_MAX_PODS} pod keys", fix

@@ -94,6 +94,7 @@ class Leadership(Duty):
                 agent_url=settings.operator.agent_url,
             )
             self.extender.bound_listeners.append(governor.bound)
+            self.extender.pauser = governor.pause_for
             duties += [
                 Evictions(ctx, kube),
                 Task(

@@ -89,22 +89,25 @@ class _ViewCollector(Collector):
 
 
 def _opportunistic_pods(view: ClusterView) -> GaugeMetricFamily:
-    """Pods running beyond their GPU's guaranteed capacity now, per namespace."""
+    """Pods running beyond their GPU's guaranteed capacity now, per namespace and state."""
     family = GaugeMetricFamily(
         f"{METRIC_PREFIX}opportunistic_pods",
         "gpushare pods placed beyond their GPU's guaranteed capacity (preemptible), not yet "
-        "promoted",
-        labels=["namespace"],
+        "promoted, by state: running, pausing (asked to pause, the node agent has not "
+        "reported the freeze yet) or paused (frozen, holding its GPU memory)",
+        labels=["namespace", "state"],
     )
-    counts: dict[str, int] = {}
-    for node in view.nodes().values():
-        for gpu in node.gpus:
-            for tenant in gpu.tenants:
-                if tenant.opportunistic:
-                    namespace = tenant.key.split("/", 1)[0]
-                    counts[namespace] = counts.get(namespace, 0) + 1
-    for namespace, count in sorted(counts.items()):
-        family.add_metric([namespace], count)
+    counts: dict[tuple[str, str], int] = {}
+    for key in view.opportunistic_pods():
+        facts = view.pod(key)
+        state = "running"
+        if facts is not None and facts.pause is not None:
+            frozen = facts.paused is not None and facts.paused.request_since == facts.pause.since
+            state = "paused" if frozen else "pausing"
+        label = (key.split("/", 1)[0], state)
+        counts[label] = counts.get(label, 0) + 1
+    for label, count in sorted(counts.items()):
+        family.add_metric(list(label), count)
     return family
 
 
@@ -317,10 +320,11 @@ class Metrics:
         self.opportunistic_events = self._counter(
             "opportunistic_events",
             "Opportunistic placement: pods placed beyond a GPU's guaranteed capacity (placed), "
-            "promoted to guaranteed (promoted), preempted because a guaranteed pod needed the "
-            "room (preempted_for_guaranteed) or the GPU measured less gain than predicted "
-            "(preempted_by_measurement)",
-            ["event"],
+            "promoted to guaranteed (promoted), paused (reason guaranteed-needs-room: a "
+            "guaranteed pod needed the compute; harm: the governor measured harm to a "
+            "neighbour), resumed, and evicted (reason memory or mps-clients: what a guaranteed "
+            "pod needed and no pause frees)",
+            ["event", "reason"],
         )
 
     def _latency(self, name: str, help_text: str, labels: list[str]) -> Histogram:

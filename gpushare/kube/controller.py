@@ -24,6 +24,8 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.scheduling_v1 import PriorityClass
 from lightkube.types import PatchType
 
+from gpushare.api.names import ANN_PAUSE
+from gpushare.api.pause import PauseRequest
 from gpushare.kube.access import AsyncAccessReviewer
 from gpushare.kube.certificates import SecretStore
 from gpushare.kube.config import load_config
@@ -174,6 +176,22 @@ class Kube:
         with translated(f"patch {part} of pod {namespace}/{name}"):
             await self._client.patch(
                 Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE
+            )
+
+    async def request_pause(
+        self, *, namespace: str, name: str, uid: str, request: PauseRequest | None
+    ) -> None:
+        """Write (``request``) or remove (None) the pod's ``gpushare.io/pause`` with one merge
+        patch; ``uid`` (when not empty) makes it a precondition, so a pod recreated under the
+        same name is never paused by mistake (ConflictError). NotFoundError when it is gone."""
+        metadata: dict[str, Any] = {
+            "annotations": {ANN_PAUSE: request.dump() if request is not None else None}
+        }
+        if uid:
+            metadata["uid"] = uid
+        with translated(f"patch the pause request of pod {namespace}/{name}"):
+            await self._client.patch(
+                Pod, name, {"metadata": metadata}, namespace=namespace, patch_type=PatchType.MERGE
             )
 
     async def evict_pod(self, *, namespace: str, name: str) -> bool:

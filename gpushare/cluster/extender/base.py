@@ -3,7 +3,7 @@ the offers filter made and the pods it refused, and reading a pod's demand and r
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from gpushare.cluster.extender.answers import ShapeCosts, StateAnswers, Verdict
@@ -131,6 +131,11 @@ class ExtenderBase:
         """Told (pod key, assignment) after each bind that placed a pod on GPUs: the
         controller's opportunistic duties preempt what the assignment names and record
         Events."""
+        self.pauser: Callable[[str, Assignment], Awaitable[str | None]] | None = None
+        """Asked by bind, once the pod's share is held and before its Binding, to pause the
+        opportunistic tenants its assignment names (the controller's opportunistic duties):
+        the pod never starts beside compute it needs. A reason when not None: the bind does
+        not go ahead (docs/scheduling.md, "Bind protocol")."""
         self.bind_stage_observer: Callable[[str, float], None] | None = None
         """Told (stage, seconds) for each bind: ``gate`` (waiting for the node's earlier pods'
         Allocate) and ``write`` (choosing GPUs and the Binding POST)."""

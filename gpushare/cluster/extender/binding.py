@@ -238,6 +238,13 @@ class BindVerbs(ExtenderBase):
             request_percent=min(demand.percent, SLICES_PER_GPU),
             tier=TIER_OPPORTUNISTIC if assignment.opportunistic else TIER_GUARANTEED,
         )
+        if assignment.pause and self.pauser is not None:
+            # Paused before the Binding: the kubelet cannot start the pod before it is bound,
+            # and the node agent freezes on the request's watch event (docs/scheduling.md).
+            refused = await self.pauser(key, assignment)
+            if refused is not None:
+                self.view.release(held)
+                return {"Error": f"gpushare: {refused}; the pod will be retried"}
         return await self._write_binding(args, uid, held, placement, assignment)
 
     async def _agent_absent(self, node: str) -> str | None:

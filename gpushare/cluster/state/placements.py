@@ -10,11 +10,23 @@ packing's kept totals rely on a new list) and moves their nodes' versions.
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
-from gpushare.api.names import SLICES_PER_GPU
+from gpushare.api.bounds import parse_rfc3339
+from gpushare.api.errors import InvalidInputError
+from gpushare.api.names import ANN_PAUSE, SLICES_PER_GPU
+from gpushare.api.pause import PauseRequest
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.reservations import Reservation, per_gpu_demand
 from gpushare.cluster.state.tenancy import Tenancies
-from gpushare.packing.model import Demand, GpuState, Tenant
+from gpushare.packing.model import Demand, GpuState, Pause, Tenant
+
+
+def pause_of(request: PauseRequest) -> Pause:
+    """The policy's view of a pod's ``gpushare.io/pause`` (an unreadable time reads as 0)."""
+    try:
+        since = parse_rfc3339(request.since, field=ANN_PAUSE).timestamp()
+    except InvalidInputError:
+        since = 0.0
+    return Pause(request.reason, since, frozenset(request.for_pods))
 
 
 class Placements:
@@ -42,10 +54,14 @@ class Placements:
         """Pods promoted from opportunistic to guaranteed by this process, counted so before
         their tier annotation comes back through the watch (no bind may take the share
         meanwhile)."""
+        self.pausing: dict[str, Pause | None] = {}
+        """Pods this process asked to pause (a :class:`Pause`) or to run again (None), counted
+        so before their ``gpushare.io/pause`` comes back through the watch (no filter counts
+        a paused pod's compute, no resumption round resumes it twice)."""
         self.opportunistic: set[str] = set()
-        """GPUs with an opportunistic tenant (what the promotion round reads), kept as tenants
-        change: scanning every GPU for them every few seconds took tens of milliseconds of the
-        event loop at 5,000 nodes (docs/scale.md)."""
+        """GPUs with an opportunistic or a paused tenant (what the promotion and resumption
+        rounds read), kept as tenants change: scanning every GPU for them every few seconds
+        took tens of milliseconds of the event loop at 5,000 nodes (docs/scale.md)."""
         self.governed: set[str] = set()
         """GPUs the governor reads: an opportunistic tenant, or two profiled ones."""
 
@@ -87,7 +103,7 @@ class Placements:
 
     def _index(self, uuid: str, tenants: list[Tenant]) -> None:
         """Keep :attr:`opportunistic` and :attr:`governed` true of GPU ``uuid``."""
-        opportunistic = any(t.opportunistic for t in tenants)
+        opportunistic = any(t.opportunistic or t.pause is not None for t in tenants)
         profiled = sum(1 for t in tenants if t.profile is not None)
         for kept, member in (
             (self.opportunistic, opportunistic),
@@ -137,7 +153,23 @@ class Placements:
             f.placement.thread_percent,
             opportunistic=f.placement.opportunistic and key not in self.promoted,
             placed_at=f.placement.bind_time.timestamp(),
+            pause=self._pause(key, f),
         )
+
+    def _pause(self, key: str, f: PodFacts) -> Pause | None:
+        """The pod's pause as this process asked it, else as its annotation says."""
+        if key in self.pausing:
+            return self.pausing[key]
+        return None if f.pause is None else pause_of(f.pause)
+
+    def seen(self, key: str, f: PodFacts) -> None:
+        """The watch shows pod ``key`` as ``f``: a pause or resumption this process asked for
+        that the pod now carries is the annotation's to tell from here on."""
+        if key not in self.pausing:
+            return
+        asked = self.pausing[key]
+        if (None if f.pause is None else pause_of(f.pause)) == asked:
+            del self.pausing[key]
 
     def _tenants(
         self,
@@ -149,6 +181,7 @@ class Placements:
         *,
         opportunistic: bool = False,
         placed_at: float = 0.0,
+        pause: Pause | None = None,
     ) -> dict[str, Tenant]:
         """The pod as a tenant of each of its GPUs, with the MPS thread cap it was given (a
         batch pod alone may run uncapped: its neighbours feel all of it, docs/packing.md),
@@ -172,5 +205,7 @@ class Placements:
                 opportunistic=opportunistic,
                 workload=demand.workload,
                 placed_at=placed_at,
+                opted_in=demand.opportunistic,
+                pause=pause,
             )
         return out

@@ -15,12 +15,15 @@ from gpushare.api.names import (
     ANN_CLASS,
     ANN_CONTAINER,
     ANN_EVICT,
+    ANN_PAUSE,
+    ANN_PAUSED,
     ANN_SHARE,
     CLASS_BATCH,
     GPU_RESOURCES,
     SCHEDULER_NAME,
     STATE_ASSUMED,
 )
+from gpushare.api.pause import PauseRequest, PauseState, load_pause_request, load_pause_state
 from gpushare.api.placement import Placement, parse_placement
 from gpushare.api.request import parse_class
 from gpushare.cluster.state.gpu_requests import demand_of
@@ -92,6 +95,12 @@ class PodFacts:
     phase: str = ""
     evict: str | None = None
     """Why the node agent asks for the pod to be evicted (``gpushare.io/evict``), if it does."""
+    pause: PauseRequest | None = None
+    """The controller's request that the pod be paused (``gpushare.io/pause``), if any: the
+    state of record a new leader resumes from. An unreadable one reads as a request with
+    reason "" (the pod counts as paused until the controller resumes it)."""
+    paused: PauseState | None = None
+    """The freeze the node agent reports in effect (``gpushare.io/paused``), if any."""
     scheduler: str = ""
     """``spec.schedulerName``: the extender binds only pods of gpushare-scheduler."""
     deleting: bool = False
@@ -232,12 +241,37 @@ def facts(pod: Pod) -> PodFacts:
         problem=problem,
         phase=str(as_mapping(pod.get("status")).get("phase") or ""),
         evict=ann.get(ANN_EVICT),
+        pause=_pause(pod, ann.get(ANN_PAUSE)),
+        paused=_paused(ann.get(ANN_PAUSED)),
         scheduler=scheduler,
         deleting=deleting,
         gated=node is None and scheduling_gated(pod),
         dra=dra,
         workload=_workload(pod, meta, ann, scheduler, dra=dra) if is_kept else NO_WORKLOAD,
     )
+
+
+def _pause(pod: Pod, text: str | None) -> PauseRequest | None:
+    """``gpushare.io/pause`` read once; an unreadable value (only the controller writes it)
+    still marks the pod as asked to pause, with reason "", and is logged."""
+    if text is None:
+        return None
+    try:
+        return load_pause_request(text)
+    except Exception as exc:  # InvalidInputError, or a bound missed: never the watch's problem
+        log.warning("unreadable pause request", extra={"pod": pod_key(pod), "error": str(exc)})
+        return PauseRequest(reason="", message=str(exc)[:200], since="")
+
+
+def _paused(text: str | None) -> PauseState | None:
+    """``gpushare.io/paused`` read once; None when absent or unreadable (the node agent
+    rewrites it)."""
+    if text is None:
+        return None
+    try:
+        return load_pause_state(text)
+    except Exception:
+        return None
 
 
 def _workload(

@@ -64,6 +64,7 @@ class PodEvents(ViewReads):
         ):
             # Bound with our annotations (or gone): the annotations are the record now.
             self._reservations.drop(f.key)
+        self._placements.seen(f.key, f)
         self._apply(f.key)
         self._pod_event(f)
         return f
@@ -82,6 +83,7 @@ class PodEvents(ViewReads):
         had = key in self._pods or key in self._reserved
         self._pods.pop(key, None)
         self._placements.promoted.discard(key)
+        self._placements.pausing.pop(key, None)
         self._set_rules(key, NO_RULES)
         self._reservations.track_awaiting(key, None)
         self._reservations.drop(key)

@@ -109,9 +109,16 @@ class ViewReads(ViewParts):
         return self._gpu_node.get(uuid)
 
     def opportunistic_gpus(self) -> list[tuple[str, GpuState]]:
-        """(node, GPU) of every known GPU with an opportunistic tenant, by node and GPU index:
-        the promotion round's GPUs, without a scan of every GPU."""
+        """(node, GPU) of every known GPU with an opportunistic or a paused tenant, by node
+        and GPU index: the promotion and resumption rounds' GPUs, without a scan of every
+        GPU."""
         return self._indexed(self._placements.opportunistic)
+
+    def opportunistic_pods(self) -> list[str]:
+        """Keys of the pods placed beyond their GPU's guaranteed capacity, paused or not."""
+        return sorted(
+            {t.key for _, g in self.opportunistic_gpus() for t in g.tenants if t.opportunistic}
+        )
 
     def governed_gpus(self) -> list[tuple[str, GpuState]]:
         """(node, GPU) of every known GPU with an opportunistic tenant or two profiled ones:

@@ -1,8 +1,9 @@
 """Binds in progress in the view: :class:`Reserving`.
 
 The extender holds a pod's share before it awaits any API write (``reserve``; a filter-time
-hold with ``hold_seconds``), promotes a share to guaranteed before its annotation is written,
-and lets go of what a failed bind or a lapsed hold held (``reservations``).
+hold with ``hold_seconds``), promotes a share to guaranteed and pauses or resumes an
+opportunistic pod before its annotation is written, and lets go of what a failed bind or a
+lapsed hold held (``reservations``).
 """
 
 import time
@@ -10,7 +11,7 @@ from datetime import datetime
 
 from gpushare.cluster.state.reservations import Reservation, ReservationError, per_gpu_demand
 from gpushare.cluster.state.view_reads import ViewReads
-from gpushare.packing.model import Assignment, Demand
+from gpushare.packing.model import Assignment, Demand, Pause
 from gpushare.packing.opportunistic import reservation_reason
 
 
@@ -58,6 +59,18 @@ class Reserving(ViewReads):
         """Undo :meth:`promote` (the annotation could not be written)."""
         if key in self._placements.promoted:
             self._placements.promoted.discard(key)
+            self._apply(key)
+
+    def mark_pause(self, key: str, pause: Pause | None) -> None:
+        """Count pod ``key`` as paused (``pause``) or running (None) from now on: its
+        ``gpushare.io/pause`` is being written, and follows through the watch."""
+        self._placements.pausing[key] = pause
+        self._apply(key)
+
+    def unmark_pause(self, key: str) -> None:
+        """Undo :meth:`mark_pause` (the annotation could not be written)."""
+        if key in self._placements.pausing:
+            del self._placements.pausing[key]
             self._apply(key)
 
     def expire_holds(self, now: float | None = None) -> list[str]:

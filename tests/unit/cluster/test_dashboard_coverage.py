@@ -83,7 +83,7 @@ def request_series_names() -> set[str]:
     metrics.binds.labels("bound").inc()
     metrics.webhook_seconds.labels("mutate").observe(0.01)
     metrics.webhook_requests.labels("mutate", "allowed").inc()
-    metrics.opportunistic_events.labels("placed").inc()
+    metrics.opportunistic_events.labels("placed", "").inc()
     metrics.watch_loop(TurnStats())
     return _names(metrics.registry) | _names(Metrics(controller_view()).registry)
 
