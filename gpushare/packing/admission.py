@@ -85,19 +85,11 @@ def admit_reason(
     a class without one is not checked. Pods without a profile count as heavy
     (:data:`CONSERVATIVE_PROFILE`); a latency pod's slowdown leaves out its :data:`SHIELDED`
     batch neighbours, and it weighs on them over its whole reserved share (:func:`reserved`).
-
-    ``charge_cap`` (default): a batch pod's slowdown is against itself alone on the whole GPU
-    (x :func:`charged_cap_cost`), else at its own cap (docs/packing.md, "Admission"). Batch
-    pods alone are predicted as one pack (``InterferenceModel.predict_pack``).
-
-    ``newcomer_bound=False`` checks the tenants only: an opportunistic pod is not held to its
-    own class bound but to the gain it brings (:mod:`gpushare.packing.opportunistic`).
-    ``equals_bound=False`` leaves out the bounds of tenants that opted in to opportunistic
-    placement (``Tenant.equal``): what a pause or a resumption is held to, since an opted-in pod
-    never pauses another (docs/packing.md, "The sharing contract").
-
-    Paused tenants are left out: frozen, they use no compute (``GpuState.running``).
-    """
+    ``charge_cap``: a batch pod's slowdown is against itself alone on the whole GPU (x
+    :func:`charged_cap_cost`), else at its own cap (docs/packing.md, "Admission"); batch pods
+    alone are predicted as one pack. ``newcomer_bound=False``: the tenants only (an
+    opportunistic pod is held to its gain); ``equals_bound=False``: not those that opted in
+    (``Tenant.equal``). Paused tenants use no compute (``GpuState.running``)."""
     gpu = gpu.running()
     if not gpu.tenants:
         return None
