@@ -38,6 +38,10 @@ class GpuRequest:
     opportunistic: bool | None = None
     """``gpushare.io/opportunistic`` as the pod states it; None when it does not (its
     GpuShare's ``spec.opportunistic``, else the cluster's default, decides)."""
+    sized: bool = False
+    """gpushare chose the request (a GpuShare's ``fraction: auto``), not the user: the
+    cluster's opportunistic default applies only to such pods (docs/packing.md, "The sharing
+    contract")."""
 
     @property
     def whole_gpus(self) -> int:

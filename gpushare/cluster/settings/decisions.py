@@ -113,11 +113,13 @@ class OpportunisticSettings:
     it right after. Read from the API server every 15 s; while it does not exist no priority is
     given. Empty gives none."""
     default: bool = False
-    """Batch pods of one GPU or less opt in to opportunistic placement unless they (or their
-    GpuShare) say otherwise: where no GPU has their request free, they may run preemptible
-    beyond a GPU's guaranteed capacity when gpushare predicts it pays (docs/packing.md, "The
-    sharing contract"). Off: only pods that opt in (gpushare.io/opportunistic: "true", a
-    GpuShare's spec.opportunistic) do."""
+    """Opportunistic by default where the user left the choice to gpushare: batch pods of one
+    GPU or less whose request gpushare sizes (a GpuShare's fraction: auto) opt in unless they
+    or their GpuShare say otherwise (gpushare.io/opportunistic: "false"); a pod or GpuShare
+    that writes its fraction keeps a guarantee. Where no GPU has their request free, they may
+    run beyond a GPU's guaranteed capacity when gpushare predicts it pays, paused when a
+    guaranteed pod needs the compute (docs/packing.md, "The sharing contract"). Off until the
+    GPU benchmark shows its targets hold: only pods that opt in do."""
     governor_period_seconds: float = option(30.0, flat="governor_period_seconds")
     """How often the leader judges GPUs with opportunistic tenants by their measured counters
     (the node agent's /profile), and learns its interference corrections from every shared

@@ -60,6 +60,7 @@ class ShareSummary:
             gpu_class=self.spec.gpu_class,
             share=self.name,
             opportunistic=self.spec.opportunistic,
+            sized=self.spec.auto,
         )
 
 

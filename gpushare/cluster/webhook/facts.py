@@ -50,9 +50,9 @@ class ClusterFacts:
     """Opt-ins to opportunistic placement are honoured (``--opportunistic-placement``); off,
     an explicit opt-in is refused and the default applies to no pod."""
     opportunistic_default: bool = False
-    """Batch pods of one GPU or less that state no opt-in (nor their GpuShare) opt in to
-    opportunistic placement (``--opportunistic-default``, chart
-    ``controller.opportunistic.default``)."""
+    """Batch pods of one GPU or less whose request gpushare sized (a GpuShare's ``fraction:
+    auto``) and that state no opt-in (nor their GpuShare) opt in to opportunistic placement
+    (``--opportunistic-default``, chart ``controller.opportunistic.default``)."""
     pod_tolerations: tuple[Mapping[str, str], ...] = ()
     """Tolerations added to gpushare pods that lack them (``--pod-toleration``)."""
     pod_runtime_class: str = ""

@@ -111,6 +111,7 @@ def _from_share(
         opportunistic=(
             request.opportunistic if request.opportunistic is not None else shared.opportunistic
         ),
+        sized=shared.sized,
     )
 
 
@@ -155,9 +156,12 @@ def resolve_opt_in(
 ) -> tuple[GpuRequest, list[InvalidInputError]]:
     """The pod's opt-in to opportunistic placement: its own ``gpushare.io/opportunistic``, else
     its GpuShare's ``spec.opportunistic``, else the cluster's default, which applies only where
-    it can (batch pods of one GPU or less, device-plugin mode). A stated opt-in gpushare cannot
-    honour is refused naming the field and the fix."""
-    eligible = request.gpu_class == CLASS_BATCH and request.percent <= SLICES_PER_GPU
+    the user left the request to gpushare (a GpuShare's ``fraction: auto``: a fraction the user
+    wrote keeps its guarantee) and where it can (batch pods of one GPU or less, device-plugin
+    mode). A stated opt-in gpushare cannot honour is refused naming the field and the fix."""
+    eligible = (
+        request.sized and request.gpu_class == CLASS_BATCH and request.percent <= SLICES_PER_GPU
+    )
     dra = facts.dra_device_class is not None
     if request.opportunistic is None:
         default = facts.opportunistic_placement and facts.opportunistic_default

@@ -21,11 +21,22 @@ from tests.fixtures.builders import apply_patch, pod_json, webhook_facts
 
 GIB = 1 << 30
 FACTS = replace(webhook_facts(), opportunistic_placement=True)
-DEFAULT_ON = replace(FACTS, opportunistic_default=True)
+SIZED = GpuRequest(percent=60, memory_bytes=None, share="auto", sized=True)
+"""A GpuShare with ``fraction: auto``, sized to 60 % from its profile."""
+STATED = GpuRequest(percent=40, memory_bytes=None, share="stated")
+"""A GpuShare whose user wrote ``fraction: "0.4"``."""
 
 
-def with_shares(**shares: GpuRequest) -> ClusterFacts:
-    return replace(FACTS, share_lookup=lambda ns, name: shares.get(name))
+def with_shares(facts: ClusterFacts = FACTS, **shares: GpuRequest) -> ClusterFacts:
+    return replace(facts, share_lookup=lambda ns, name: shares.get(name))
+
+
+DEFAULT_ON = with_shares(
+    replace(FACTS, opportunistic_default=True),
+    auto=SIZED,
+    stated=STATED,
+    latency=replace(SIZED, gpu_class="latency"),
+)
 
 
 def mutated(pod: dict[str, Any], facts: ClusterFacts = FACTS) -> dict[str, Any]:
@@ -56,20 +67,32 @@ def test_without_an_opt_in_nothing_changes() -> None:
 
 def test_an_explicit_opt_out_wins_over_the_cluster_default() -> None:
     pod = mutated(
-        pod_json("p", fraction="0.3", annotations={ANN_OPPORTUNISTIC: "false"}), DEFAULT_ON
+        pod_json("p", annotations={ANN_SHARE: "auto", ANN_OPPORTUNISTIC: "false"}), DEFAULT_ON
     )
-    assert limits(pod) == {RESOURCE_GPU_PERCENT: "30"}
+    assert limits(pod) == {RESOURCE_GPU_PERCENT: "60"}
+    opted_out = with_shares(DEFAULT_ON, auto=replace(SIZED, opportunistic=False))
+    assert limits(mutated(pod_json("q", annotations={ANN_SHARE: "auto"}), opted_out)) == {
+        RESOURCE_GPU_PERCENT: "60"
+    }
 
 
-def test_the_cluster_default_opts_in_batch_pods_of_one_gpu_or_less_only() -> None:
-    batch = mutated(pod_json("b", fraction="0.3"), DEFAULT_ON)
-    assert limits(batch) == {RESOURCE_GPU_OPPORTUNISTIC: "30"}
-    # Where the default came from is written on the pod.
-    assert batch["metadata"]["annotations"][ANN_OPPORTUNISTIC] == "true"
-    latency = mutated(pod_json("l", fraction="0.3", annotations={ANN_CLASS: "latency"}), DEFAULT_ON)
-    assert limits(latency) == {RESOURCE_GPU_PERCENT: "30"}
-    two = mutated(pod_json("t", fraction="2"), DEFAULT_ON)
-    assert limits(two) == {RESOURCE_GPU_PERCENT: "200"}
+def test_the_cluster_default_opts_in_pods_whose_request_gpushare_sizes() -> None:
+    """Opportunistic by default where the user left the choice to gpushare (issue 65): a pod
+    of a GpuShare with fraction: auto; a fraction the user wrote keeps its guarantee."""
+    sized = mutated(pod_json("s", annotations={ANN_SHARE: "auto"}), DEFAULT_ON)
+    assert limits(sized) == {RESOURCE_GPU_OPPORTUNISTIC: "60"}
+    # Where the opt-in came from is written on the pod.
+    assert sized["metadata"]["annotations"][ANN_OPPORTUNISTIC] == "true"
+    own = mutated(pod_json("f", fraction="0.3"), DEFAULT_ON)
+    assert limits(own) == {RESOURCE_GPU_PERCENT: "30"}
+    stated = mutated(pod_json("g", annotations={ANN_SHARE: "stated"}), DEFAULT_ON)
+    assert limits(stated) == {RESOURCE_GPU_PERCENT: "40"}
+    latency = mutated(pod_json("l", annotations={ANN_SHARE: "latency"}), DEFAULT_ON)
+    assert limits(latency) == {RESOURCE_GPU_PERCENT: "60"}
+    # Without the default, the same sized pod keeps a guarantee.
+    assert limits(
+        mutated(pod_json("s", annotations={ANN_SHARE: "auto"}), with_shares(auto=SIZED))
+    ) == {RESOURCE_GPU_PERCENT: "60"}
 
 
 def test_a_gpushare_opt_in_carries_to_its_pods_and_the_pod_may_opt_out() -> None:
@@ -120,7 +143,12 @@ def test_dra_mode_refuses_an_explicit_opt_in_and_ignores_the_default() -> None:
     )
     assert not refused.allowed
     assert "DRA" in refused.message
-    plain = review(pod_json("q", fraction="0.3"), namespace="default", facts=dra, mutate=True)
+    plain = review(
+        pod_json("q", annotations={ANN_SHARE: "auto"}),
+        namespace="default",
+        facts=with_shares(dra, auto=SIZED),
+        mutate=True,
+    )
     assert plain.allowed, plain.message
     assert RESOURCE_GPU_OPPORTUNISTIC not in str(plain.patch)
 
@@ -155,8 +183,9 @@ def test_where_opportunistic_placement_is_not_enabled_an_opt_in_is_refused_with_
     assert not verdict.allowed
     assert "--opportunistic-placement" in verdict.message
     # The cluster default alone opts no pod in while the feature is off.
-    plain = mutated(pod_json("q", fraction="0.3"), replace(off, opportunistic_default=True))
-    assert limits(plain) == {RESOURCE_GPU_PERCENT: "30"}
+    sized = replace(DEFAULT_ON, opportunistic_placement=False)
+    plain = mutated(pod_json("q", annotations={ANN_SHARE: "auto"}), sized)
+    assert limits(plain) == {RESOURCE_GPU_PERCENT: "60"}
 
 
 def test_an_opted_in_pod_gets_the_lower_priority_class_unless_it_names_one() -> None:
