@@ -20,13 +20,16 @@ from typing import Any
 
 import pytest
 
+from gpushare.api.bounds import parse_rfc3339
 from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILING
 from gpushare.api.names import (
+    ANN_BIND_TIME,
     ANN_CLASS,
     ANN_FRACTION,
     ANN_GPU_UUID,
     ANN_MEMORY_LIMIT,
     ANN_OPPORTUNISTIC,
+    ANN_PAUSE,
     ANN_REQUEST_PERCENT,
     ANN_SHARE,
     ANN_STATE,
@@ -39,6 +42,7 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
     TIER_OPPORTUNISTIC,
 )
+from gpushare.api.pause import REASON_GUARANTEED, load_pause_request
 from gpushare.api.profile import GpuProfile
 from gpushare.node.simload import PIPE_WEIGHTS
 from gpushare.packing.sizing import as_fraction, suggested_percent
@@ -653,6 +657,82 @@ def test_an_opted_in_pod_runs_beyond_full_gpus_with_the_caps_its_placement_set(
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=16384M"
     node = json.loads(cluster.kubectl("get", "node", cluster.node_name, "-o", "json"))
     assert node["status"]["allocatable"][RESOURCE_GPU_OPPORTUNISTIC] == "600"
+
+
+def test_an_opportunistic_pod_is_paused_for_a_guaranteed_pod_and_resumed_when_it_leaves(
+    cluster: Any, controller: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    """Pause, don't kill (issue 65), the controller's part on the real API server: a guaranteed
+    pod whose class bound the running opportunistic pod would break (the simulated profiles are
+    a saturating mix) is bound beside it after the controller wrote gpushare.io/pause on it,
+    naming the guaranteed pod, with a Paused Event; the opportunistic pod is not evicted. Once
+    the guaranteed pod is deleted, the request is removed and a Resumed Event says so. (The
+    node agent's freeze, gpushare.io/paused, is the node side's test.)"""
+    image = cluster.busybox_image
+    # One GPU held whole, so the rest of the test shares the other.
+    apply(cluster, pod_manifest("blocker", namespace, image=image, annotations={ANN_FRACTION: "1"}))
+    blocked, _ = _gpu_and_threads(cluster, "blocker", namespace)
+    apply(
+        cluster,
+        share_manifest(
+            "train",
+            namespace,
+            fraction="0.6",
+            memory="16Gi",
+            selector={"matchLabels": {"app": "train"}},
+            profiling={"windowSeconds": 15},
+        ),
+    )
+
+    def train(name: str, fraction: str = "0.6", **ann: str) -> dict[str, Any]:
+        return pod_manifest(
+            name,
+            namespace,
+            image=image,
+            annotations={ANN_FRACTION: fraction, **ann},
+            labels={"app": "train"},
+        )
+
+    apply(cluster, train("train-0"))
+    wait_phase(cluster, "train", namespace, "Packed", timeout_s=150)
+    apply(cluster, train("train-1", **{ANN_OPPORTUNISTIC: "true"}))
+    opportunistic = wait_pod_running(cluster, "train-1", namespace, timeout_s=120)
+    shared = opportunistic["metadata"]["annotations"][ANN_GPU_UUID]
+    assert opportunistic["metadata"]["annotations"][ANN_TIER] == TIER_OPPORTUNISTIC
+    assert shared != blocked
+
+    apply(cluster, train("needs-room", "0.4"))
+    guaranteed = wait_pod_running(cluster, "needs-room", namespace, timeout_s=120)
+    assert guaranteed["metadata"]["annotations"][ANN_GPU_UUID] == shared
+    paused = get(cluster, "pod", "train-1", namespace)
+    request = load_pause_request(paused["metadata"]["annotations"][ANN_PAUSE])
+    assert request.reason == REASON_GUARANTEED
+    assert request.for_pods == (f"{namespace}/needs-room",)
+    # Asked before the guaranteed pod was bound (the request's time is whole seconds).
+    bound_at = parse_rfc3339(guaranteed["metadata"]["annotations"][ANN_BIND_TIME], field="t")
+    assert parse_rfc3339(request.since, field="t") <= bound_at
+    wait_until(
+        lambda: events(cluster, namespace, name="train-1", reason="Paused") >= 1,
+        timeout_s=30,
+        what="the Paused Event",
+    )
+    assert paused["status"]["phase"] == "Running"
+    assert events(cluster, namespace, name="train-1", reason="Preempted") == 0
+
+    cluster.kubectl("delete", "pod", "needs-room", "-n", namespace, "--wait=true")
+    wait_until(
+        lambda: (
+            ANN_PAUSE not in get(cluster, "pod", "train-1", namespace)["metadata"]["annotations"]
+        ),
+        timeout_s=30,
+        what="the pause request to be removed",
+    )
+    wait_until(
+        lambda: events(cluster, namespace, name="train-1", reason="Resumed") >= 1,
+        timeout_s=30,
+        what="the Resumed Event",
+    )
+    assert get(cluster, "pod", "train-1", namespace)["status"]["phase"] == "Running"
 
 
 def _gpu_and_threads(cluster: Any, name: str, namespace: str) -> tuple[str, int]:
