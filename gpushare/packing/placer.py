@@ -111,7 +111,8 @@ class Placer:
         Opportunistic tenants in the way add :data:`PAUSE_COST` each it pauses and
         :data:`EVICTION_COST` each it evicts; an opted-in pod without a guaranteed option costs
         :data:`OPPORTUNISTIC_COST` less its gain."""
-        guaranteed = self._seen_by(node, demand)
+        # Inlined _seen_by: this runs for every candidate node.
+        guaranteed = node if demand.opportunistic else guaranteed_node(node)
         if guaranteed is node:
             cost = self._guaranteed_cost(node, demand, signature)
         else:

@@ -241,8 +241,8 @@ def facts(pod: Pod) -> PodFacts:
         problem=problem,
         phase=str(as_mapping(pod.get("status")).get("phase") or ""),
         evict=ann.get(ANN_EVICT),
-        pause=_pause(pod, ann.get(ANN_PAUSE)),
-        paused=_paused(ann.get(ANN_PAUSED)),
+        pause=None if (asked := ann.get(ANN_PAUSE)) is None else _pause(pod, asked),
+        paused=None if (frozen := ann.get(ANN_PAUSED)) is None else _paused(frozen),
         scheduler=scheduler,
         deleting=deleting,
         gated=node is None and scheduling_gated(pod),
@@ -251,11 +251,9 @@ def facts(pod: Pod) -> PodFacts:
     )
 
 
-def _pause(pod: Pod, text: str | None) -> PauseRequest | None:
+def _pause(pod: Pod, text: str) -> PauseRequest:
     """``gpushare.io/pause`` read once; an unreadable value (only the controller writes it)
     still marks the pod as asked to pause, with reason "", and is logged."""
-    if text is None:
-        return None
     try:
         return load_pause_request(text)
     except Exception as exc:  # InvalidInputError, or a bound missed: never the watch's problem
@@ -263,11 +261,8 @@ def _pause(pod: Pod, text: str | None) -> PauseRequest | None:
         return PauseRequest(reason="", message=str(exc)[:200], since="")
 
 
-def _paused(text: str | None) -> PauseState | None:
-    """``gpushare.io/paused`` read once; None when absent or unreadable (the node agent
-    rewrites it)."""
-    if text is None:
-        return None
+def _paused(text: str) -> PauseState | None:
+    """``gpushare.io/paused`` read once; None when unreadable (the node agent rewrites it)."""
     try:
         return load_pause_state(text)
     except Exception:
