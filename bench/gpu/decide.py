@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
-from bench.gpu.schemes import Launch, Running
+from bench.gpu.schemes import Launch, Running, Verdict
 from bench.gpu.traces import TraceJob
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import (
@@ -152,6 +152,8 @@ class ProductDecider:
                     opportunistic=r.opportunistic,
                     workload=r.job.kind,
                     placed_at=r.start_s if r.start_s is not None else float("inf"),
+                    opted_in=d.opportunistic,
+                    pause=r.pause,
                 )
             )
         gpu.tenants.extend(extra)
@@ -202,8 +204,10 @@ class ProductDecider:
         note = f"request {request}%, limit {limit}" + ("" if mps else ", whole GPU, no MPS")
         if assignment.opportunistic:
             note += f", opportunistic (predicted gain {assignment.predicted_gain:.2f} jobs/s)"
-        if assignment.displaces:
-            note += f", preempts {', '.join(assignment.displaces)}"
+        if assignment.pause:
+            note += f", pauses {', '.join(assignment.pause)}"
+        if assignment.evict:
+            note += f", evicts {', '.join(assignment.evict)} ({assignment.evict_reason})"
         return Launch(
             job,
             thread_percent=assignment.thread_percent if mps else None,
@@ -213,7 +217,8 @@ class ProductDecider:
             env=env,
             mps=mps,
             opportunistic=assignment.opportunistic,
-            preempt=assignment.displaces,
+            pause=assignment.pause,
+            evict=assignment.evict,
             gain=assignment.predicted_gain,
         )
 
@@ -224,6 +229,13 @@ class ProductDecider:
             return []
         return self.opportunism.promotions(self.gpu(running))
 
+    def resumptions(self, running: Sequence[Running]) -> list[str]:
+        """Paused jobs the GPU has room for again (the controller's resumption round runs the
+        same function)."""
+        if self.opportunism is None or not self.honour_opt_in:
+            return []
+        return self.opportunism.resumptions(self.gpu(running))
+
     def review(
         self,
         running: Sequence[Running],
@@ -231,17 +243,27 @@ class ProductDecider:
         now: float,
         *,
         settle_s: float,
-    ) -> tuple[str, str] | None:
+    ) -> Verdict | None:
         """The governor's verdict on the GPU after a window of its counters (the controller's
-        governor loop runs ``gpushare.packing.governor.review`` the same way)."""
+        governor loop runs ``gpushare.packing.governor.review`` the same way): a job to pause."""
         if self.opportunism is None:
             return None
         try:
             reading = measured_pipe_profile(measured)  # as the controller's governor reads it
         except InvalidInputError:
             return None
-        verdict = review(self.gpu(running), reading, self.opportunism, now=now, settle_s=settle_s)
-        return (verdict.pause, verdict.reason) if verdict.pause else None
+        resumed = {r.job.id: r.resumed_s for r in running if r.resumed_s is not None}
+        verdict = review(
+            self.gpu(running),
+            reading,
+            self.opportunism,
+            now=now,
+            settle_s=settle_s,
+            resumed=resumed,
+        )
+        if verdict.pause is None:
+            return None
+        return Verdict(verdict.pause, verdict.reason, verdict.beside)
 
     def variants(self, job: TraceJob, *, beside_latency: bool = True) -> list[Launch]:
         """Every launch ``job`` may get: on an idle GPU and, unless ``beside_latency`` is False

@@ -39,7 +39,14 @@ class JobResult:
     promoted_s: float | None = None
     """When gpushare promoted it to guaranteed."""
     preemptions: list[str] = field(default_factory=list)
-    """Why it was preempted, each time (it then waited and started again from scratch)."""
+    """Why it was evicted, each time (it then waited and started again from scratch)."""
+    pauses: int = 0
+    """How many times gpushare paused it (its process stopped, its GPU memory kept)."""
+    paused_s: float = 0.0
+    """Seconds it spent paused."""
+    discarded_gpu_s: float = 0.0
+    """Seconds it had run on the GPU (paused time left out) before evictions threw that work
+    away: the GPU-seconds of work discarded by kills."""
 
     @property
     def ok(self) -> bool:
@@ -94,6 +101,9 @@ def summarize(jobs: Sequence[JobResult], *, solo_run_s: dict[str, float]) -> dic
         "slowest_job": max(slowdowns, key=lambda k: slowdowns[k]) if slowdowns else None,
         "failed": failed,
         "preemptions": sum(len(j.preemptions) for j in jobs),
+        "pauses": sum(j.pauses for j in jobs),
+        "paused_s": round(sum(j.paused_s for j in jobs), 3),
+        "discarded_gpu_s": round(sum(j.discarded_gpu_s for j in jobs), 3),
         "promotions": sum(1 for j in jobs if j.promoted_s is not None),
         "opportunistic_starts": sum(1 for j in jobs if j.opportunistic),
     }

@@ -649,6 +649,7 @@ def run(ctx: Ctx) -> dict[str, Any]:
                     source="gpushare (product)",
                     name=OPPORTUNISTIC,
                     promote=chosen.promotions,
+                    resume=chosen.resumptions,
                     priority=chosen.priority,
                     govern=lambda running, measured, now: chosen.review(
                         running, measured, now, settle_s=GOVERNOR_SETTLE_S

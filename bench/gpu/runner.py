@@ -1,7 +1,9 @@
 """Executes schemes and colocation stages on the GPU with worker processes."""
 
 import logging
+import os
 import queue
+import signal
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -16,7 +18,9 @@ from bench.gpu.mps import client_env
 from bench.gpu.procs import Worker, WorkerError, Workers, close_together
 from bench.gpu.schemes import Launch, Running, Scheme
 from bench.gpu.traces import TraceJob
+from gpushare.api.pause import REASON_GUARANTEED, REASON_HARM
 from gpushare.api.profile import GpuProfile
+from gpushare.packing.model import Pause
 
 log = logging.getLogger("bench.gpu")
 
@@ -160,9 +164,12 @@ def _drive(
     timeout_s: float,
     governing: Governing | None = None,
 ) -> None:
-    """The trace's clock: arrivals, the scheme's promotions, launches and preemptions (a
-    preempted job's process is ended and the job waits again, to start from scratch),
-    completions. A job that crashes is recorded as failed; the others go on."""
+    """The trace's clock: arrivals, the scheme's resumptions, promotions, launches, pauses and
+    evictions, completions. A paused job's process is stopped (SIGSTOP: as the node agent's
+    cgroup freeze, its MPS client gives its SMs back and keeps its memory; measured alike in
+    issue 65) and continued when the scheme resumes it; an evicted job's process is ended and
+    the job waits again, to start from scratch (its run so far counted in
+    ``discarded_gpu_s``). A job that crashes is recorded as failed; the others go on."""
     arrivals = sorted(jobs, key=lambda j: j.arrival_s)
     pending: list[TraceJob] = []
     running: dict[str, Running] = {}
@@ -172,23 +179,60 @@ def _drive(
     deadline = t0 + timeout_s
     next_review = t0 + (governing.period_s if governing else 0.0)
 
-    def preempt(job_id: str, reason: str) -> None:
+    paused_in_run: dict[str, float] = {}
+    """Seconds each running job spent paused since it last started."""
+
+    def signal_worker(job_id: str, sig: signal.Signals) -> None:
+        proc = worker_of[job_id].proc
+        if proc.poll() is None:
+            os.kill(proc.pid, sig)
+
+    def pause(job_id: str, reason: str, why: str, beside: tuple[str, ...] = ()) -> None:
+        r = running.get(job_id)
+        if r is None or r.pause is not None:
+            return
+        signal_worker(job_id, signal.SIGSTOP)
+        now = time.time() - t0
+        r.pause = Pause(reason, now, frozenset(beside))
+        results[job_id].pauses += 1
+        log.info("[%s] t=%6.2fs pause %s: %s", scheme.name, now, job_id, why)
+
+    def resume(job_id: str) -> None:
+        r = running.get(job_id)
+        if r is None or r.pause is None:
+            return
+        signal_worker(job_id, signal.SIGCONT)
+        now = time.time() - t0
+        results[job_id].paused_s += now - r.pause.since
+        paused_in_run[job_id] = paused_in_run.get(job_id, 0.0) + now - r.pause.since
+        r.pause, r.resumed_s = None, now
+        log.info("[%s] t=%6.2fs resume %s", scheme.name, now, job_id)
+
+    def evict(job_id: str, reason: str) -> None:
+        resume(job_id)  # a stopped process takes its SIGTERM only once continued
         r = running.pop(job_id, None)
         if r is None:
             return
-        results[job_id].preemptions.append(reason)
+        res = results[job_id]
+        res.preemptions.append(reason)
+        if r.start_s is not None:
+            ran = time.time() - t0 - r.start_s - paused_in_run.get(job_id, 0.0)
+            res.discarded_gpu_s += max(0.0, ran)
+        paused_in_run.pop(job_id, None)
         worker = worker_of.pop(job_id)
         label_job.pop(worker.label, None)
         if worker.proc.poll() is None:
             worker.proc.terminate()  # an eviction's SIGTERM
         pending.append(r.job)
         pending.sort(key=lambda j: j.arrival_s)
-        log.info("[%s] t=%6.2fs preempt %s: %s", scheme.name, time.time() - t0, job_id, reason)
+        log.info("[%s] t=%6.2fs evict %s: %s", scheme.name, time.time() - t0, job_id, reason)
 
     while arrivals or pending or running:
         now = time.time()
         while arrivals and arrivals[0].arrival_s <= now - t0:
             pending.append(arrivals.pop(0))
+        for job_id in scheme.resumptions(list(running.values())):
+            resume(job_id)
         for job_id in scheme.promotions(list(running.values())):
             if job_id in running and not running[job_id].promoted:
                 running[job_id].promoted = True
@@ -197,8 +241,12 @@ def _drive(
         for launch in scheme.select(list(pending), list(running.values())):
             job = launch.job
             res = results[job.id]
-            for victim in launch.preempt:
-                preempt(victim, f"{job.id} (guaranteed) needs the room")
+            for victim in launch.evict:
+                evict(victim, f"{job.id} (guaranteed) needs the GPU memory it holds")
+            for victim in launch.pause:
+                pause(
+                    victim, REASON_GUARANTEED, f"{job.id} (guaranteed) needs the compute", (job.id,)
+                )
             pending.remove(job)
             try:
                 worker, note = _pick(scheme, launch, warm[job.id], workers, pipe_dir)
@@ -225,6 +273,7 @@ def _drive(
                 scheme.finished(job)
                 continue
             running[job.id] = Running(job, launch, res.start_s)
+            paused_in_run[job.id] = 0.0
             log.info(
                 "[%s] t=%6.2fs start %s threads=%s prio=%s%s",
                 scheme.name,
@@ -240,10 +289,12 @@ def _drive(
             if measured is not None:
                 verdict = scheme.review(list(running.values()), measured, time.time() - t0)
                 if verdict is not None:
-                    preempt(*verdict)
+                    pause(verdict.job, REASON_HARM, verdict.reason, verdict.beside)
         if time.time() > deadline:
             for jid in list(running) + [j.id for j in pending + arrivals]:
                 results[jid].error = f"not finished within {timeout_s:.0f}s"
+            for jid in list(running):
+                resume(jid)  # never leave a stopped process behind
             return
         wait = 0.25 if governing is None else min(0.25, governing.period_s)
         if arrivals:
@@ -269,6 +320,7 @@ def _drive(
         else:
             continue
         del running[job_for.id]
+        paused_in_run.pop(job_for.id, None)
         worker_of.pop(job_for.id, None)
         scheme.finished(job_for)
         if res.ok:

@@ -2,10 +2,12 @@
 which MPS settings. The runner executes the decisions on the real GPU."""
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench.gpu.traces import TraceJob
+from gpushare.api.pause import REASON_GUARANTEED
 from gpushare.api.profile import GpuProfile
+from gpushare.packing.model import Pause
 
 
 @dataclass(frozen=True)
@@ -26,8 +28,12 @@ class Launch:
     None: as its scheme says."""
     opportunistic: bool = False
     """gpushare placed it beyond the GPU's guaranteed capacity (preemptible until promoted)."""
-    preempt: tuple[str, ...] = ()
-    """Jobs (ids) gpushare preempts to start this one: opportunistic ones in its way."""
+    pause: tuple[str, ...] = ()
+    """Jobs (ids) gpushare pauses to start this one: opportunistic ones whose compute is in its
+    way (frozen, they keep their GPU memory and lose no work: ``Assignment.pause``)."""
+    evict: tuple[str, ...] = ()
+    """Jobs (ids) gpushare evicts to start this one: it needs GPU memory they hold, which no
+    pause frees (``Assignment.evict``); they start again from scratch."""
     gain: float = 0.0
     """For an opportunistic launch: the work per second the GPU was predicted to gain."""
 
@@ -48,10 +54,24 @@ class Running:
     job now waiting arrived)."""
     promoted: bool = False
     """An opportunistic launch gpushare has since promoted to guaranteed."""
+    pause: Pause | None = None
+    """Set while gpushare has it paused (its process stopped; trace time in ``since``)."""
+    resumed_s: float | None = None
+    """Trace time gpushare last resumed it (the governor lets it settle again)."""
 
     @property
     def opportunistic(self) -> bool:
         return self.launch.opportunistic and not self.promoted
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The governor's decision for the GPU: pause ``job``."""
+
+    job: str
+    reason: str
+    beside: tuple[str, ...] = ()
+    """The jobs it was judged beside: it is resumed once they are gone (``Pause.beside``)."""
 
 
 class Scheme:
@@ -76,11 +96,16 @@ class Scheme:
         """Opportunistic jobs (ids) to promote to guaranteed now (gpushare's accounting)."""
         return []
 
+    def resumptions(self, running: Sequence[Running]) -> list[str]:
+        """Paused jobs (ids) to resume now (``Opportunism.resumptions``)."""
+        return []
+
     def review(
         self, running: Sequence[Running], measured: GpuProfile, now: float
-    ) -> tuple[str, str] | None:
-        """A running job (id) to preempt, and why, after the GPU's counters over the last
-        window (``measured``, the product's profile of it) at trace time ``now``."""
+    ) -> Verdict | None:
+        """A running job to pause, why, and the jobs it was judged beside, after the GPU's
+        counters over the last window (``measured``, the product's profile of it) at trace
+        time ``now``."""
         return None
 
 
@@ -139,16 +164,16 @@ Prepare = Callable[[TraceJob], list[Launch]]
 
 
 Promote = Callable[[Sequence[Running]], list[str]]
-"""Opportunistic jobs the policy promotes to guaranteed now."""
-Review = Callable[[Sequence[Running], GpuProfile, float], tuple[str, str] | None]
-"""The policy's governor: a job to preempt after a window of the GPU's counters, or None."""
+"""Opportunistic jobs the policy promotes to guaranteed now; also the paused jobs it resumes."""
+Review = Callable[[Sequence[Running], GpuProfile, float], Verdict | None]
+"""The policy's governor: a job to pause after a window of the GPU's counters, or None."""
 
 
 class Gpushare(Scheme):
     """gpushare's placement: in queue order with backfilling (as kube-scheduler retries
     pending pods), the product admits or holds each job and sets its cap and priority; with
-    ``promote`` and ``govern`` (the opt-in run) it also promotes and preempts opportunistic
-    jobs as the controller does."""
+    ``promote``, ``resume`` and ``govern`` (the opt-in run) it also promotes, pauses, resumes
+    and evicts opportunistic jobs as the controller does."""
 
     name = "gpushare"
     mps = True
@@ -161,6 +186,7 @@ class Gpushare(Scheme):
         source: str,
         name: str = "gpushare",
         promote: Promote | None = None,
+        resume: Promote | None = None,
         govern: Review | None = None,
         priority: Callable[[TraceJob], int] | None = None,
     ) -> None:
@@ -171,6 +197,7 @@ class Gpushare(Scheme):
         self.source = source
         self.name = name
         self._promote = promote
+        self._resume = resume
         self._govern = govern
         self._priority = priority
         self.holds: list[str] = []
@@ -181,9 +208,12 @@ class Gpushare(Scheme):
     def promotions(self, running: Sequence[Running]) -> list[str]:
         return self._promote(running) if self._promote is not None else []
 
+    def resumptions(self, running: Sequence[Running]) -> list[str]:
+        return self._resume(running) if self._resume is not None else []
+
     def review(
         self, running: Sequence[Running], measured: GpuProfile, now: float
-    ) -> tuple[str, str] | None:
+    ) -> Verdict | None:
         return self._govern(running, measured, now) if self._govern is not None else None
 
     def prepare(self, job: TraceJob) -> list[Launch]:
@@ -200,7 +230,11 @@ class Gpushare(Scheme):
             verdict = self.decide(job, live)
             if isinstance(verdict, Launch):
                 out.append(verdict)
-                live = [r for r in live if r.job.id not in verdict.preempt]
+                live = [
+                    replace(r, pause=Pause(REASON_GUARANTEED)) if r.job.id in verdict.pause else r
+                    for r in live
+                    if r.job.id not in verdict.evict
+                ]
                 live.append(Running(job, verdict))
             else:
                 note = f"{job.id}: {verdict}"
