@@ -38,6 +38,9 @@ from gpushare.api.names import (
     SLICES_PER_GPU,
 )
 from gpushare.api.profile import GpuProfile
+from gpushare.api.request import GpuRequest
+from gpushare.cluster.webhook.facts import ClusterFacts
+from gpushare.cluster.webhook.review import resolve_opt_in
 from gpushare.node.mps.client import MiB, client_limits_env, runs_under_mps
 from gpushare.packing.admission import DEFAULT_BOUNDS, Admission
 from gpushare.packing.fit import demand_memory
@@ -103,6 +106,10 @@ class ProductDecider:
     honour_opt_in: bool = True
     """False: the trace's opt-in column is ignored (the chart's default, no pod opts in) while
     the governor still learns (:meth:`review`)."""
+    opportunistic_default: bool = False
+    """The chart's ``controller.opportunistic.default``: a row that leaves its fraction to
+    gpushare (``fraction: auto``) and states no opt-in opts in, as the webhook decides it
+    (``gpushare.cluster.webhook.review.resolve_opt_in``)."""
     peaks: Mapping[str, int] = field(default_factory=dict)
     """Each kind's peak GPU memory (bytes) measured while it ran alone, as a GpuShare's profile
     carries it (``memory_used_bytes_max``, read by the operator's profiler): opportunistic
@@ -124,10 +131,26 @@ class ProductDecider:
             memory_bytes=job.memory_bytes,
             gpu_class=job.gpu_class,
             profile=self.profiles.get(job.kind),
-            opportunistic=job.opportunistic and self.honour_opt_in and self.opportunism is not None,
+            opportunistic=self.opted_in(job) and self.opportunism is not None,
             workload=job.kind,
             peak_memory_bytes=self.peaks.get(job.kind),
         )
+
+    def opted_in(self, job: TraceJob) -> bool:
+        """The row's opt-in (when honoured), else the cluster's default as the webhook applies
+        it to a pod whose request gpushare sized."""
+        if job.opportunistic and self.honour_opt_in:
+            return True
+        if not self.opportunistic_default:
+            return False
+        asked = GpuRequest(
+            percent=job.percent,
+            memory_bytes=job.memory_bytes,
+            gpu_class=job.gpu_class,
+            sized=not job.fixed_request,
+        )
+        resolved, _ = resolve_opt_in(asked, facts=ClusterFacts(opportunistic_default=True))
+        return bool(resolved.opportunistic)
 
     def priority(self, job: TraceJob) -> int:
         """The pod priority the webhook gives ``job``: the chart's opportunistic PriorityClass

@@ -174,3 +174,13 @@ def test_the_decider_counts_a_paused_job_as_the_product_counts_a_paused_pod() ->
     # Nothing in its way any more: the product's resumption rule lets it run.
     assert d.resumptions([paused]) == ["o"]
     assert d.resumptions([replace(paused, pause=None)]) == []
+
+
+def test_with_the_chart_default_rows_gpushare_sizes_opt_in_and_rows_with_a_fraction_do_not() -> (
+    None
+):
+    d = replace(decider(), opportunism=Opportunism(), opportunistic_default=True)
+    sized = job("s", "resnet18", 0.15)
+    stated = replace(job("f", "resnet18", 0.15), fixed_request=True)
+    assert d.demand(sized).opportunistic and not d.demand(stated).opportunistic
+    assert not replace(d, opportunistic_default=False).demand(sized).opportunistic
