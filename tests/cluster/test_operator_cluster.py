@@ -27,6 +27,7 @@ from gpushare.api.names import (
     ANN_CLASS,
     ANN_FRACTION,
     ANN_GPU_UUID,
+    ANN_MEMORY,
     ANN_MEMORY_LIMIT,
     ANN_OPPORTUNISTIC,
     ANN_PAUSE,
@@ -685,11 +686,13 @@ def test_an_opportunistic_pod_is_paused_for_a_guaranteed_pod_and_resumed_when_it
     )
 
     def train(name: str, fraction: str = "0.6", **ann: str) -> dict[str, Any]:
+        # Memory caps of their own, so that memory never stands in the way: only compute does
+        # (what needs memory is evicted: tests/unit/cluster/test_opportunistic_pausing.py).
         return pod_manifest(
             name,
             namespace,
             image=image,
-            annotations={ANN_FRACTION: fraction, **ann},
+            annotations={ANN_FRACTION: fraction, ANN_MEMORY: "8Gi", **ann},
             labels={"app": "train"},
         )
 
