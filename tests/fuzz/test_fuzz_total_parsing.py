@@ -36,6 +36,8 @@ from gpushare.api.names import (
     ANN_GPU_UUID,
     ANN_MEMORY_LIMIT,
     ANN_OPPORTUNISTIC,
+    ANN_PAUSE,
+    ANN_PAUSED,
     ANN_STATE,
     ANN_THREAD_PERCENT,
     ANN_TIER,
@@ -555,6 +557,12 @@ def _fields_input(hostile: Hostile) -> tuple[str, Callable[[], object]]:
         return "pod_requests", lambda: pod_requests(pod)
     if which == 7:
         pod = hostile.pod()
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        if isinstance(meta, dict) and isinstance(meta.get("annotations"), dict):
+            # The pause request and state: only gpushare writes them, and a watch never fails.
+            for key in (ANN_PAUSE, ANN_PAUSED):
+                if rng.random() < 0.5:
+                    meta["annotations"][key] = hostile.text()
         return "pod_facts", lambda: (
             pod_facts.facts(pod),
             gpu_requests.gpu_resource(pod),

@@ -314,3 +314,21 @@ def test_paused_pods_are_counted_as_pausing_until_the_node_agent_reports_the_fre
         assert states() == {"paused": 1.0}
 
     asyncio.run(scenario())
+
+
+def test_an_unreadable_pause_request_counts_as_paused_and_the_leader_clears_it() -> None:
+    """Only the controller writes gpushare.io/pause; a value it cannot read never fails the
+    watch: the pod counts as paused (the node agent may have frozen it) until the next
+    resumption round finds room and removes the request."""
+
+    async def scenario() -> None:
+        gemm = placed("gemm", 60, GEMM, tier=TIER_OPPORTUNISTIC, threads=60)
+        gemm["metadata"]["annotations"][ANN_PAUSE] = "{not json"
+        c = Cluster(placed("a", 20, SMALL), gemm)
+        facts = c.view.pod("default/gemm")
+        assert facts is not None and facts.pause is not None and facts.pause.reason == ""
+        assert c.tenant("default/gemm").paused
+        assert await c.duties.resume_round() == ["default/gemm"]
+        assert ANN_PAUSE not in c.annotations("default/gemm")
+
+    asyncio.run(scenario())
