@@ -1,0 +1,162 @@
+"""The GPU benchmark's trace clock and its starts, without a GPU (issue 65, "A fair harness"):
+a slow start never delays another job, and every job starts warm or cold the same way under
+every scheme."""
+
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.gpu.metrics import JobResult, summarize
+from bench.gpu.procs import Event, Workers
+from bench.gpu.runner import Attempt, drive, run_trace
+from bench.gpu.schemes import ExclusiveFifo, Launch, TimeSlice
+from bench.gpu.traces import TraceJob
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+class FakeStarter:
+    """Starts each job after ``start_s[kind]`` seconds of start-up and finishes it
+    ``work_s[kind]`` seconds later, reporting as a worker process would; ``start`` itself
+    returns at once, as the real starter's does."""
+
+    def __init__(self, start_s: Mapping[str, float], work_s: Mapping[str, float]) -> None:
+        self.start_s = start_s
+        self.work_s = work_s
+        self._events: queue.Queue[Event] = queue.Queue()
+        self.stopped: list[str] = []
+        self.calls: list[tuple[str, float]] = []
+        self.timers: list[threading.Timer] = []
+
+    @property
+    def events(self) -> "queue.Queue[Event]":
+        return self._events
+
+    def start(self, launch: Launch, *, iterations: int, seed: int) -> Attempt:
+        job = launch.job
+        label = f"{job.id}.{len(self.calls)}"
+        self.calls.append((job.id, time.time()))
+        begin = self.start_s.get(job.kind, 0.0)
+        end = begin + self.work_s.get(job.kind, 0.1)
+
+        def started() -> None:
+            self._events.put(Event(label, "started", {"t_ready": time.time()}))
+
+        def done() -> None:
+            if label not in self.stopped:
+                self._events.put(Event(label, "done", {"t_end": time.time()}))
+
+        for delay, fn in ((begin, started), (end, done)):
+            timer = threading.Timer(delay, fn)
+            timer.daemon = True
+            timer.start()
+            self.timers.append(timer)
+        return Attempt(label, cold=begin > 0)
+
+    def stop(self, label: str) -> None:
+        self.stopped.append(label)
+
+    def tail(self, label: str) -> str:
+        return ""
+
+
+def _job(job_id: str, kind: str, arrival: float) -> TraceJob:
+    return TraceJob(job_id, kind, arrival, 1.0, 0.5)
+
+
+def _results(jobs: list[TraceJob]) -> dict[str, JobResult]:
+    return {j.id: JobResult(j.id, j.kind, j.gpu_class, j.arrival_s, 10) for j in jobs}
+
+
+def test_a_slow_start_never_delays_another_jobs_arrival_or_launch() -> None:
+    # A takes 2 s to start; B and C arrive while it starts. With every start made on the
+    # clock's thread, B and C would wait those 2 s.
+    jobs = [_job("a", "transformer", 0.0), _job("b", "resnet18", 0.3), _job("c", "lstm", 0.6)]
+    results = _results(jobs)
+    starter = FakeStarter({"transformer": 2.0}, {"transformer": 0.2, "resnet18": 0.2, "lstm": 0.2})
+    drive(scheme=TimeSlice(), jobs=jobs, results=results, starter=starter, timeout_s=30)
+    a, b, c = (results[j] for j in "abc")
+    assert all(r.ok for r in (a, b, c))
+    assert b.launched_s is not None and b.launched_s < 0.3 + 0.3
+    assert c.launched_s is not None and c.launched_s < 0.6 + 0.3
+    assert b.end_s is not None and a.start_s is not None and b.end_s < a.start_s
+    # A's JCT carries its start-up inside the clock; its run time does not.
+    assert a.start_s - (a.launched_s or 0) == pytest.approx(2.0, abs=0.3)
+    assert a.run_s == pytest.approx(0.2, abs=0.2) and a.jct_s > 2.0
+    assert a.cold_starts == 1 and a.startup_in_clock_s == pytest.approx(2.0, abs=0.3)
+    assert b.cold_starts == 0 and b.startup_in_clock_s == 0.0
+    summary = summarize(list(results.values()), solo_run_s={})
+    assert summary["cold_starts"] == 1 and summary["discarded_gpu_s"] == 0.0
+
+
+def test_a_job_holds_its_place_while_it_starts() -> None:
+    # One job at a time: the second waits for the first, its start-up included.
+    jobs = [_job("a", "transformer", 0.0), _job("b", "resnet18", 0.1)]
+    results = _results(jobs)
+    starter = FakeStarter({"transformer": 0.8}, {"transformer": 0.2, "resnet18": 0.2})
+    drive(scheme=ExclusiveFifo(), jobs=jobs, results=results, starter=starter, timeout_s=30)
+    a, b = results["a"], results["b"]
+    assert a.end_s is not None and b.launched_s is not None and b.launched_s >= a.end_s
+
+
+class Preempting(TimeSlice):
+    """Starts every job on arrival; the job ``victim`` is preempted by the one after it."""
+
+    def __init__(self, victim: str, by: str) -> None:
+        self.victim, self.by = victim, by
+
+    def select(self, pending: Any, running: Any) -> list[Launch]:
+        return [
+            Launch(j, preempt=(self.victim,) if j.id == self.by and any(
+                r.job.id == self.victim for r in running) else ())
+            for j in pending
+        ]  # fmt: skip
+
+
+def test_a_killed_job_counts_the_work_it_had_done_as_discarded() -> None:
+    jobs = [_job("a", "transformer", 0.0), _job("b", "resnet18", 0.5)]
+    results = _results(jobs)
+    starter = FakeStarter({}, {"transformer": 0.6, "resnet18": 0.2})
+    drive(scheme=Preempting("a", "b"), jobs=jobs, results=results, starter=starter,
+          timeout_s=30)  # fmt: skip
+    a = results["a"]
+    assert a.ok and len(a.preemptions) == 1
+    # It had worked about 0.5 s when b's launch killed it; that work was thrown away.
+    assert a.discarded_s == pytest.approx(0.5, abs=0.2)
+    assert starter.stopped == ["a.0"]
+    assert summarize(list(results.values()), solo_run_s={})["discarded_gpu_s"] == pytest.approx(
+        0.5, abs=0.2
+    )
+
+
+def _workers(tmp_path: Path) -> Workers:
+    os.environ.setdefault("PYTHONPATH", str(REPO))
+    return Workers(device="sleep", tiny=False, log_dir=tmp_path, base_env={})
+
+
+def test_real_worker_processes_start_warm_and_cold_without_a_gpu(tmp_path: Path) -> None:
+    # The process starter with the dry-run stand-in: "a" warmed up before the clock, "b" cold
+    # (imported before the clock, its start-up inside it).
+    jobs = [_job("a", "resnet18", 0.0), _job("b", "lstm", 0.1)]
+    out = run_trace(
+        scheme=TimeSlice(),
+        jobs=jobs,
+        iterations={"a": 5, "b": 5},
+        workers=_workers(tmp_path),
+        pipe_dir=None,
+        timeout_s=60,
+        warm_ids={"a"},
+    )
+    a, b = out
+    assert a.ok and b.ok, (a.error, b.error)
+    assert (a.cold_starts, b.cold_starts) == (0, 1)
+    assert a.init_s is not None and b.init_s is None
+    assert b.launched_s is not None and b.start_s is not None and b.start_s >= b.launched_s
+    assert json.dumps(b.to_json())  # the results record it
