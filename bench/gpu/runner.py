@@ -1,10 +1,11 @@
 """Executes schemes and colocation stages on the GPU with worker processes."""
 
 import logging
+import math
 import queue
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,39 @@ class Governing:
     """The product's profile of the GPU over the last so many seconds."""
     period_s: float
     window_s: float
+
+
+PINNED_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+
+def _but_memory(launch: Launch) -> tuple[object, ...]:
+    """A launch's settings less its MPS memory limit."""
+    env = None
+    if launch.env is not None:
+        env = tuple(sorted((k, v) for k, v in launch.env.items() if k != PINNED_MEMORY))
+    return (launch.thread_percent, launch.priority, env, launch.mps)
+
+
+def _limit(launch: Launch) -> float:
+    return math.inf if launch.memory_limit_mib is None else float(launch.memory_limit_mib)
+
+
+def warm_launches(launches: Sequence[Launch], *, memory_mib: int | None) -> list[Launch]:
+    """The processes warmed for a job that may start with any of ``launches``: one for each
+    setting but its MPS memory limit, with the smallest of those limits that holds the job's
+    ``memory_mib`` (else the largest). MPS's pinned-memory limit only caps what a client may
+    allocate, so a job that runs within the smaller limit runs the same under a larger one:
+    that process stands in for the larger limits of its setting (:meth:`ProcessStarter.start`;
+    the product's own choice is what its accounting and the results record). Without this, an
+    opted-in job was warmed once per memory step (issue 65's warm-up storm)."""
+    groups: dict[tuple[object, ...], list[Launch]] = {}
+    for launch in launches:
+        groups.setdefault(_but_memory(launch), []).append(launch)
+    out = []
+    for group in groups.values():
+        holds = [x for x in group if memory_mib is None or _limit(x) >= memory_mib]
+        out.append(min(holds, key=_limit) if holds else max(group, key=_limit))
+    return out
 
 
 @dataclass
@@ -105,6 +139,17 @@ class ProcessStarter:
         job = launch.job
         warm = self.warm.get(job.id, [])
         chosen = next((w for settings, w in warm if launch.same_settings(settings)), None)
+        stand_in = None
+        if chosen is None:  # the same setting with a smaller memory limit (warm_launches)
+            stand_in = next(
+                (
+                    (s, w)
+                    for s, w in warm
+                    if _but_memory(s) == _but_memory(launch) and _limit(s) <= _limit(launch)
+                ),
+                None,
+            )
+            chosen = stand_in[1] if stand_in is not None else None
         for _, w in warm:
             if w is not chosen:
                 w.ask_to_quit()
@@ -112,7 +157,13 @@ class ProcessStarter:
         warm.clear()  # used or let go: a preempted job starts again cold, as a new pod would
         if chosen is not None:
             chosen.send({"cmd": "run", "iterations": iterations, "seed": seed})
-            return Attempt(chosen.label, cold=False)
+            note = None
+            if stand_in is not None:
+                note = (
+                    f"warm process with a memory limit of {stand_in[0].memory_limit_mib} MiB "
+                    f"for the {launch.memory_limit_mib} MiB chosen, otherwise the same settings"
+                )
+            return Attempt(chosen.label, cold=False, note=note)
         note = None
         failed = [why for s, why in self.failed.get(job.id, []) if launch.same_settings(s)]
         if failed:
@@ -152,20 +203,23 @@ def run_trace(
     pipe_dir: Path | None,
     timeout_s: float,
     warm_ids: AbstractSet[str],
+    memory_mib: Mapping[str, int] | None = None,
     governing: Governing | None = None,
 ) -> list[JobResult]:
     """Run one trace under one scheme; every job is its own process. The jobs in
     ``warm_ids`` (``warmup.plan``, the same for every scheme) are started and warmed up (CUDA
     context, model, two iterations) before the clock starts, once for each setting the scheme
-    may give them (``Scheme.prepare``); the others start cold when launched, inside the clock,
-    from a process that imported its libraries before it. No start makes the clock wait."""
+    may give them (``Scheme.prepare``, :func:`warm_launches` with the job's ``memory_mib``);
+    the others start cold when launched, inside the clock, from a process that imported its
+    libraries before it. No start makes the clock wait."""
     if scheme.mps and pipe_dir is None:
         raise ValueError(f"scheme {scheme.name} needs the MPS daemon's pipe directory")
     results = {
         j.id: JobResult(j.id, j.kind, j.gpu_class, j.arrival_s, iterations[j.id]) for j in jobs
     }
     try:
-        starter = _warm_up(scheme, jobs, warm_ids=warm_ids, workers=workers, pipe_dir=pipe_dir)
+        starter = _warm_up(scheme, jobs, warm_ids=warm_ids, workers=workers, pipe_dir=pipe_dir,
+                           memory_mib=memory_mib or {})  # fmt: skip
         for job_id, seconds in starter.init_s.items():
             results[job_id].init_s = seconds
         drive(
@@ -188,11 +242,17 @@ def _warm_up(
     warm_ids: AbstractSet[str],
     workers: Workers,
     pipe_dir: Path | None,
+    memory_mib: Mapping[str, int],
 ) -> ProcessStarter:
     """Before the clock: a process per setting of every warm job, initialised with it, and an
     imported process for every cold job. Every process is spawned at once and an init waits
     in its pipe for the import, so no barrier separates the two."""
-    planned = [(j, launch) for j in jobs if j.id in warm_ids for launch in scheme.prepare(j)]
+    planned = [
+        (j, launch)
+        for j in jobs
+        if j.id in warm_ids
+        for launch in warm_launches(scheme.prepare(j), memory_mib=memory_mib.get(j.id))
+    ]
     starter = ProcessStarter(
         scheme, workers, pipe_dir, warm={j.id: [] for j in jobs}, spare={}, failed={}
     )
@@ -285,20 +345,20 @@ def drive(
                 preempt(victim, f"{job.id} (guaranteed) needs the room")
             pending.remove(job)
             seed = zlib.crc32(job.id.encode()) % 10_000
+            launched = time.time() - t0
             try:
                 attempt = starter.start(launch, iterations=res.iterations, seed=seed)
             except WorkerError as exc:
                 res.error = f"start failed: {exc}"
                 scheme.finished(job)
                 continue
-            launched = time.time() - t0
             if res.launched_s is None:
                 res.launched_s = launched
             res.cold_starts += int(attempt.cold)
             res.thread_percent = launch.thread_percent
             res.priority = launch.priority
             res.opportunistic = launch.opportunistic
-            res.note = attempt.note or launch.note or None
+            res.note = "; ".join(x for x in (launch.note, attempt.note) if x) or None
             if attempt.note:
                 log.warning("[%s] %s: %s", scheme.name, job.id, attempt.note)
             label_job[attempt.label] = job
@@ -447,12 +507,13 @@ def measure_stages(
     pool: Pool,
     stages: Sequence[Stage],
     deadline: float,
-    on_solo: Callable[[Member, float, float, float], None],
+    on_solo: Callable[..., None],
 ) -> list[PackResult]:
     """Measure every pack of every stage until ``deadline`` (then the rest is skipped).
 
-    ``on_solo(member, start, end, rate)`` is called after each single-job window at 100%
-    threads, while the GPU still holds only that job's recent history (for its profile).
+    ``on_solo(member, start, end, rate, report)`` is called after each single-job window at
+    100% threads, while the GPU still holds only that job's recent history (for its profile);
+    ``report`` is the worker's, its memory included.
     """
     results: list[PackResult] = []
     for stage in stages:
@@ -473,7 +534,7 @@ def measure_stages(
             rates = tuple(float(r["rate"]) for r in reports)
             results.append(PackResult(pack, rates))
             if len(pack) == 1 and pack[0].thread_percent == 100:
-                on_solo(pack[0], t_start, time.time(), rates[0])
+                on_solo(pack[0], t_start, time.time(), rates[0], reports[0])
             log.info(
                 "pack %-60s rates %s",
                 "+".join(m.label for m in pack),

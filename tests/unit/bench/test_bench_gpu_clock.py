@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from bench.gpu import warmup
 from bench.gpu.metrics import JobResult, summarize
 from bench.gpu.procs import Event, Workers
-from bench.gpu.runner import Attempt, drive, run_trace
+from bench.gpu.runner import Attempt, drive, run_trace, warm_launches
 from bench.gpu.schemes import ExclusiveFifo, Launch, TimeSlice
 from bench.gpu.traces import TraceJob
+from bench.gpu.warmup import SchemeNeed, WarmPlan
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -160,3 +162,117 @@ def test_real_worker_processes_start_warm_and_cold_without_a_gpu(tmp_path: Path)
     assert a.init_s is not None and b.init_s is None
     assert b.launched_s is not None and b.start_s is not None and b.start_s >= b.launched_s
     assert json.dumps(b.to_json())  # the results record it
+
+
+# --- warm or cold, decided once per trace --------------------------------------------------
+
+
+def _need(name: str, limits: dict[str, list[int | None]], *, mps: bool = True) -> SchemeNeed:
+    return SchemeNeed(name, mps, limits)
+
+
+def _plan(jobs: list[TraceJob], needs: list[SchemeNeed], memory: dict[str, int],
+          gpu_mib: int = 10_000) -> WarmPlan:  # fmt: skip
+    return warmup.plan(jobs, needs=needs, memory_mib=memory, memory_source={},
+                       gpu_memory_mib=gpu_mib)  # fmt: skip
+
+
+def test_jobs_are_warm_in_arrival_order_while_every_schemes_warm_ups_fit_the_gpu() -> None:
+    jobs = [_job("a", "resnet50", 0.0), _job("b", "resnet50", 1.0), _job("c", "lstm", 2.0)]
+    memory = {"a": 2000, "b": 2000, "c": 500}
+    once = {j.id: [None] for j in jobs}
+    # gpushare warms a and b three times each (three settings), c once.
+    gpushare = _need("gpushare", {"a": [None, None, None], "b": [None, None, None], "c": [None]})
+    plan = _plan(jobs, [_need("exclusive", once, mps=False), gpushare], memory)
+    # Usable: 8500 MiB. a warm: 6000 + b, c cold 2500 = 8500; b warm too would be 12500.
+    assert plan.usable_mib == 8500
+    assert plan.warm == ("a", "c") and plan.cold == ("b",)
+    assert "gpushare would hold" in plan.why_cold["b"]
+    assert plan.worst_mib == {"exclusive": 4500, "gpushare": 8500}
+    # The same decision holds for every scheme: exclusive FIFO alone would have warmed all.
+    assert _plan(jobs, [_need("exclusive", once, mps=False)], memory).cold == ()
+
+
+def test_a_memory_limit_caps_what_a_warm_process_is_counted_for() -> None:
+    jobs = [_job("a", "resnet50", 0.0)]
+    # Three settings capped at 1000 MiB each hold 3000, not 3 x 4000.
+    plan = _plan(jobs, [_need("gpushare", {"a": [1000, 1000, 1000]})], {"a": 4000})
+    assert plan.warm == ("a",) and plan.worst_mib["gpushare"] == 3000
+
+
+def test_a_trace_whose_jobs_together_do_not_fit_starts_every_job_cold() -> None:
+    jobs = [_job(x, "resnet50_xl", i) for i, x in enumerate("abc")]
+    plan = _plan(jobs, [_need("mps_unlimited", {j.id: [None] for j in jobs})],
+                 {"a": 4000, "b": 4000, "c": 4000})  # fmt: skip
+    assert plan.warm == () and plan.cold == ("a", "b", "c")
+    assert all("do not fit" in why for why in plan.why_cold.values())
+
+
+def test_warm_processes_stay_within_one_mps_servers_clients() -> None:
+    jobs = [_job(f"j{i:02d}", "resnet18", i * 0.1) for i in range(20)]
+    three = _need("gpushare", {j.id: [None, None, None] for j in jobs})
+    plan = _plan(jobs, [three], {j.id: 1 for j in jobs})
+    # Each warm job is 3 clients, each cold one 1: 14 warm + 6 cold = 48.
+    assert len(plan.warm) == 14 and "48 MPS clients" not in plan.why_cold[plan.cold[0]]
+    assert "49 MPS clients" not in plan.to_json()["why_cold"].values()
+    assert plan.why_cold[plan.cold[0]].endswith("(at most 48)")
+
+
+def test_a_kind_without_any_memory_figure_is_refused() -> None:
+    jobs = [_job("a", "notebook", 0.0)]
+    memory, source = warmup.job_memory(jobs, measured={"notebook": 900}, declared={})
+    assert memory == {"a": 900} and source == {"notebook": "measured"}
+    memory, source = warmup.job_memory(jobs, measured={}, declared={"notebook": 1160})
+    assert source == {"notebook": "declared"}
+    with pytest.raises(ValueError, match="no memory figure for kind 'notebook'"):
+        warmup.job_memory(jobs, measured={}, declared={})
+
+
+def test_one_warm_process_stands_in_for_the_larger_memory_limits_of_its_setting() -> None:
+    job = _job("a", "transformer", 0.0)
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}
+
+    def launch(threads: int, memory: int) -> Launch:
+        pinned = {**env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory}M"}
+        return Launch(job, thread_percent=threads, memory_limit_mib=memory, env=pinned)
+
+    variants = [launch(100, 40_000), launch(100, 20_000), launch(100, 7_000), launch(50, 40_000)]
+    # The 5000-MiB job: the 7000-MiB limit holds it and stands in for 20000 and 40000.
+    warmed = warm_launches(variants, memory_mib=5000)
+    assert [(x.thread_percent, x.memory_limit_mib) for x in warmed] == [(100, 7000), (50, 40000)]
+    # A job no limit of the setting holds gets the largest (its launch fails as it would).
+    assert warm_launches(variants[:3], memory_mib=50_000)[0].memory_limit_mib == 40_000
+
+
+class TwoLimits(TimeSlice):
+    """Prepares two memory limits per job and launches each with the larger."""
+
+    mps = True
+
+    def _launch(self, job: TraceJob, memory: int) -> Launch:
+        env = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory}M"}
+        return Launch(job, thread_percent=100, memory_limit_mib=memory, env=env)
+
+    def prepare(self, job: TraceJob) -> list[Launch]:
+        return [self._launch(job, 4000), self._launch(job, 2000)]
+
+    def select(self, pending: Any, running: Any) -> list[Launch]:
+        return [self._launch(j, 4000) for j in pending]
+
+
+def test_a_launch_with_a_larger_memory_limit_runs_in_the_warm_process_of_its_setting(
+    tmp_path: Path,
+) -> None:
+    out = run_trace(
+        scheme=TwoLimits(),
+        jobs=[_job("a", "resnet18", 0.0)],
+        iterations={"a": 5},
+        workers=_workers(tmp_path),
+        pipe_dir=tmp_path,
+        timeout_s=60,
+        warm_ids={"a"},
+        memory_mib={"a": 1000},
+    )
+    (a,) = out
+    assert a.ok and a.cold_starts == 0, (a.error, a.note)
+    assert a.note is not None and "memory limit of 2000 MiB for the 4000 MiB chosen" in a.note

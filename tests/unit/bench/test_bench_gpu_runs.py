@@ -18,7 +18,6 @@ from bench.gpu.catalog import KINDS
 from bench.gpu.colocate import PackResult, Stage
 from bench.gpu.decide import ProductDecider
 from bench.gpu.gpm import PROFILE_KEYS
-from bench.gpu.metrics import JobResult
 from bench.gpu.schemes import Launch
 from gpushare.api.profile import GpuProfile
 from gpushare.packing.opportunistic import PEAK_HEADROOM, memory_steps
@@ -147,18 +146,51 @@ def test_the_balanced_latency_test_reports_uncapped_training_as_a_rotated_settin
 
 
 def test_a_budget_too_short_for_the_traces_is_named_before_any_gpu_work(tmp_path: Path) -> None:
-    assert run.budget_warning(run.parse_args(["--out", str(tmp_path)])) is None  # the default
+    # Without --budget-s a run gets what its comparisons need.
+    assert run.budget_warning(run.parse_args(["--out", str(tmp_path)])) is None
     long = tmp_path / "long.json"
     long.write_text('[{"arrival_s": 0, "kind": "resnet50", "work_s": 300}]')
-    args = run.parse_args(["--out", str(tmp_path), "--trace", str(long)])
+    argv = ["--out", str(tmp_path), "--trace", str(long)]
+    args = run.parse_args([*argv, "--budget-s", "700"])
     warning = run.budget_warning(args)
     assert warning is not None
-    # Exclusive FIFO alone takes 330 s of 300 s of work, gpushare at least 240 s.
-    assert run.budget_needed(args) > 570 + 0.28 * 700
-    assert "--budget-s 700 is short" in warning and "--resume" in warning
+    # Exclusive FIFO alone takes 330 s of 300 s of work; MPS without limits and gpushare with
+    # the defaults and with every batch row opted in 240 s each (no row is marked).
+    assert run.budget_needed(args) > 330 + 3 * 240 + 0.28 * 700
+    assert "--budget-s 700 is short" in warning and "--traces" in warning
     suggested = int(warning.split("Give --budget-s ")[1].split()[0])
-    assert run.budget_warning(run.parse_args([*map(str, ["--out", tmp_path, "--trace", long]),
-                                              "--budget-s", str(suggested)])) is None  # fmt: skip
+    assert run.budget_warning(run.parse_args([*argv, "--budget-s", str(suggested)])) is None
+
+
+def test_the_plan_lists_every_run_and_says_whether_the_budget_holds_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The batch commands of docs/benchmarks-gpu.md: each half of the shipped traces, resumed.
+    common = ["--out", str(tmp_path), "--resume", "auto", "--latency-rounds", "0",
+              "--budget-s", "540", "--plan"]  # fmt: skip
+    assert run.main([*common, "--traces", "light,heavy,mixed"]) == 0
+    first = capsys.readouterr().out
+    assert run.main([*common, "--traces", "bursty,long-short,notebooks"]) == 0
+    second = capsys.readouterr().out
+    for text in (first, second):
+        assert "of a 540-s budget: fits" in text
+        assert "gpushare_opportunistic_all" in text and "mps_unlimited" in text
+    assert "comparisons: 504 s" in first
+    # The notebook kind is in no stored phase A: it is measured alone first.
+    assert "phase A: 0 s" in first and "phase A: 17 s" in second
+    assert not (tmp_path / "run.log").exists()  # --plan touches nothing
+    assert run.main([*common[:-1], "--plan"]) == 0
+    assert "does NOT fit" in capsys.readouterr().out  # all six in one call: no
+
+
+def test_shipped_traces_are_chosen_by_name_and_an_unknown_name_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = run.parse_args(["--out", str(tmp_path), "--traces", "notebooks,bursty"])
+    assert [t.name for t in args.traces] == ["notebooks", "bursty"]
+    with pytest.raises(SystemExit):
+        run.parse_args(["--out", str(tmp_path), "--traces", "lihgt"])
+    assert "'lihgt' is not a shipped trace" in capsys.readouterr().err
 
 
 def test_a_trace_with_more_jobs_than_one_mps_server_serves_is_refused_before_gpu_work(
@@ -229,25 +261,19 @@ def test_run_19_recorded_every_finished_jobs_peak_memory_the_same_on_both_gpus()
 
 def test_opportunistic_placement_may_give_a_job_the_peak_it_showed_alone() -> None:
     # A GpuShare's profile carries the peak memory its job used alone; the benchmark's stand-in
-    # is exclusive FIFO's run of the kind (NVML's figure for its process, else the allocator's
-    # peak plus the context allowance), and only the opportunistic memory steps read it.
-    st = run.State()
-    done = [
-        JobResult("a", "transformer", "batch", 0.0, 10, start_s=0.0, end_s=1.0, process_mib=4900),
-        JobResult("b", "transformer", "batch", 0.0, 10, start_s=1.0, end_s=2.0, process_mib=5000),
-        JobResult("c", "lstm", "batch", 0.0, 10, start_s=2.0, end_s=3.0, peak_mib=580),
-        JobResult("d", "vit", "batch", 0.0, 10, start_s=3.0, error="exit"),
-    ]
-    st.runs = {"light": {"exclusive": done, "gpushare": [done[0]]}}
+    # is the kind's process after its solo window in phase A (NVML's figure, else the
+    # allocator's peak plus the context allowance), else the catalogue's declared figure, and
+    # only the opportunistic memory steps read it.
+    assert run.memory_of({"process_mib": 5000, "peak_mib": 4000}) == 5000
+    assert run.memory_of({"process_mib": None, "peak_mib": 580}) == 580 + run.CONTEXT_ALLOWANCE_MIB
+    assert run.memory_of({"process_mib": None, "peak_mib": None}) is None  # a dry run
+    st = run.State(memory={"transformer": 5000})
     peaks = run.alone_peaks(st)
-    assert peaks == {
-        "transformer": 5000 << 20,
-        "lstm": (580 + run.CONTEXT_ALLOWANCE_MIB) << 20,
-    }
+    assert peaks["transformer"] == 5000 << 20
+    assert peaks["lstm"] == KINDS["lstm"].memory_mib << 20  # declared: not measured in this run
     decider = ProductDecider(profiles={}, gpu_model="H100", gpu_memory_bytes=80 << 30, peaks=peaks)
     job = traces.TraceJob("t", "transformer", 0.0, 1.0, 0.65)
     demand = decider.demand(job)
     assert demand.peak_memory_bytes == 5000 << 20
     steps = memory_steps(demand, 80 << 30)
     assert steps[-1] == math.ceil((5000 << 20) * PEAK_HEADROOM)
-    assert decider.demand(traces.TraceJob("v", "vit", 0.0, 1.0, 0.3)).peak_memory_bytes is None
