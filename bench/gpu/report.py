@@ -655,7 +655,10 @@ def short_name(gpu: str) -> str:
 
 
 def merge(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One record for runs on several GPUs: each run's targets, labelled by its GPU."""
+    """One record for runs on several GPUs: each run's targets, labelled by its GPU. The
+    targets are checked again by this code (:func:`check_targets`), so a record merged from
+    runs stored before a target changed reads them against today's targets."""
+    runs = [{**r, "targets": check_targets(r)} for r in runs]
     labels: list[str] = []
     for r in runs:
         label = short_name(str(r.get("gpu", "")))

@@ -1050,7 +1050,7 @@ def scheme_need_s(scheme: str, work_s: float) -> float:
 def latency_plan(args: argparse.Namespace) -> tuple[float, int, float]:
     """The latency stage's window (s), rounds, and the seconds it needs (none at 0 rounds)."""
     window = 3.0 if args.quick else 4.0
-    rounds = 3 if args.quick else int(args.latency_rounds)
+    rounds = 3 if args.quick and args.latency_rounds else int(args.latency_rounds)
     return window, rounds, (window * (3 * rounds + 2) * 1.1 + 20) if rounds else 0.0
 
 

@@ -3,7 +3,6 @@ a slow start never delays another job, and every job starts warm or cold the sam
 every scheme."""
 
 import json
-import os
 import queue
 import threading
 import time
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench.gpu import warmup
+from bench.gpu import report, run, warmup
 from bench.gpu.metrics import JobResult, summarize
 from bench.gpu.procs import Event, Workers
 from bench.gpu.runner import Attempt, drive, run_trace, warm_launches
@@ -139,8 +138,9 @@ def test_a_killed_job_counts_the_work_it_had_done_as_discarded() -> None:
 
 
 def _workers(tmp_path: Path) -> Workers:
-    os.environ.setdefault("PYTHONPATH", str(REPO))
-    return Workers(device="sleep", tiny=False, log_dir=tmp_path, base_env={})
+    """Dry-run workers (no torch: each step sleeps), started from this checkout."""
+    return Workers(device="sleep", tiny=False, log_dir=tmp_path,
+                   base_env={"PYTHONPATH": str(REPO)})  # fmt: skip
 
 
 def test_real_worker_processes_start_warm_and_cold_without_a_gpu(tmp_path: Path) -> None:
@@ -276,3 +276,51 @@ def test_a_launch_with_a_larger_memory_limit_runs_in_the_warm_process_of_its_set
     (a,) = out
     assert a.ok and a.cold_starts == 0, (a.error, a.note)
     assert a.note is not None and "memory limit of 2000 MiB for the 4000 MiB chosen" in a.note
+
+
+# --- the whole run without a GPU ------------------------------------------------------------
+
+BY_TRACE_FIELDS = {
+    "makespan_vs_mps_unlimited",
+    "makespan_vs_exclusive",
+    "jct_vs_best_other",
+    "jct_floor_vs_best_other",
+    "pauses",
+    "paused_s",
+    "discarded_gpu_s",
+    "cold_starts",
+}
+
+
+def test_a_dry_run_runs_every_scheme_and_way_and_records_how_each_job_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The CPU-only check of the harness (docs/benchmarks-gpu.md): workers sleep for work.
+    trace = tmp_path / "tiny.json"
+    trace.write_text(json.dumps([
+        {"arrival_s": 0.0, "kind": "resnet18", "work_s": 0.4},
+        {"arrival_s": 0.1, "kind": "notebook", "work_s": 1.2, "opportunistic": True},
+        {"arrival_s": 0.2, "kind": "lstm", "work_s": 0.4},
+    ]))  # fmt: skip
+    out = tmp_path / "out"
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the workers import bench from this checkout
+    argv = ["--out", str(out), "--dry", "--quick", "--resume", "auto", "--latency-rounds", "0",
+            "--trace", str(trace), "--budget-s", "200"]  # fmt: skip
+    assert run.main(argv) == 0
+    results = json.loads((out / "gpu-packing.json").read_text())
+    assert set(results["traces"]["tiny"]) == set(report.SCHEMES)
+    for scheme, row in results["traces"]["tiny"].items():
+        assert row["makespan_s"] is not None, scheme
+        assert {"cold_starts", "pauses", "paused_s", "discarded_gpu_s"} <= set(row)
+        assert results["details"]["schemes"]["tiny"][scheme]["failed"] == []
+    plan = results["details"]["warm_plans"]["tiny"]
+    assert sorted(plan["warm"] + plan["cold"]) == ["tiny00-resnet18", "tiny01-notebook",
+                                                   "tiny02-lstm"]  # fmt: skip
+    ways = [(r["way"], r["scheme"]) for r in results["by_trace"]]
+    assert ways == [("defaults", "gpushare"), ("marked", "gpushare_opportunistic"),
+                    ("every batch row", "gpushare_opportunistic_all")]  # fmt: skip
+    assert all(set(r) >= BY_TRACE_FIELDS for r in results["by_trace"])
+    assert any(t["target"].startswith("tiny, every batch row: makespan / MPS without limits")
+               for t in results["targets"])  # fmt: skip
+    assert "memory_mib" in json.loads((out / "phase-a.json").read_text())
+    assert "## Per trace and way" in (out / "gpu-packing.md").read_text()
