@@ -304,12 +304,14 @@ def memory_of(report: Mapping[str, Any]) -> int | None:
 
 def alone_peaks(st: State) -> dict[str, int]:
     """Each kind's peak GPU memory in bytes while it ran alone, what the operator's profile of
-    it would carry: its process after its solo window in phase A (the profiling window,
-    :attr:`State.memory`), else the catalogue's declared figure (what NVML listed for it alone
-    in runs 24 and 25). Fixed before any trace runs, so every run of a trace sees the same."""
+    it would carry: the larger of its process after its solo window in phase A (the profiling
+    window, :attr:`State.memory`) and the catalogue's declared figure (what NVML listed for it
+    alone outside MPS in runs 24 and 25, which gave the peaks then), as the warm-up plan counts
+    it (``warmup.job_memory``). Fixed before any trace runs, so every run of a trace sees the
+    same."""
     out: dict[str, int] = {}
     for kind, spec in KINDS.items():
-        mib = st.memory.get(kind) or spec.memory_mib
+        mib = max(st.memory.get(kind, 0), spec.memory_mib)
         if mib:
             out[kind] = mib * (1 << 20)
     return out

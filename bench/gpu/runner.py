@@ -137,7 +137,8 @@ class ProcessStarter:
 
     def start(self, launch: Launch, *, iterations: int, seed: int) -> Attempt:
         job = launch.job
-        warm = self.warm.get(job.id, [])
+        warm = [(s, w) for s, w in self.warm.get(job.id, []) if w.proc.poll() is None]
+        self.warm[job.id] = warm  # a warm process that died before its launch is no choice
         chosen = next((w for settings, w in warm if launch.same_settings(settings)), None)
         stand_in = None
         if chosen is None:  # the same setting with a smaller memory limit (warm_launches)

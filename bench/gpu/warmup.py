@@ -9,8 +9,9 @@ processes a job. Each of them holds the job's GPU memory until the job starts. W
 job that way ran an 80-GB GPU out of memory (issue 65), and the jobs whose warm-up failed
 started cold under one scheme only. Here a job is warm for every scheme or for none:
 
-- every job's process holds ``memory_mib`` of its kind (measured alone in the run, else the
-  catalogue's declared figure), or its setting's MPS memory limit when that is smaller;
+- every job's process holds the memory of its kind (the larger of the run's measurement
+  alone and the catalogue's declared figure: :func:`job_memory`), or its setting's MPS
+  memory limit when that is smaller;
 - under each scheme, the warm jobs' processes, plus every cold job running at once (the worst
   any scheme does: MPS without limits starts every job on arrival), must fit
   :data:`WARM_MEMORY_SHARE` of the GPU's memory, and under an MPS scheme be at most
@@ -82,22 +83,22 @@ class WarmPlan:
 def job_memory(
     jobs: Sequence[TraceJob], *, measured: Mapping[str, int], declared: Mapping[str, int]
 ) -> tuple[dict[str, int], dict[str, str]]:
-    """Each job's process memory (MiB) and, per kind, where the figure came from. A kind with
-    neither a measurement nor a declared figure is refused: the plan cannot bound it."""
+    """Each job's process memory (MiB) and, per kind, where the figure came from: the larger
+    of the run's measurement alone (phase A) and the catalogue's declared figure. The run
+    measures an MPS client, whose CUDA context the MPS server holds; a process outside MPS
+    holds its own, as the declared figures (measured outside MPS) do. A kind with neither is
+    refused: the plan cannot bound it."""
     memory: dict[str, int] = {}
     source: dict[str, str] = {}
     for job in jobs:
-        if measured.get(job.kind):
-            memory[job.id] = int(measured[job.kind])
-            source[job.kind] = "measured"
-        elif declared.get(job.kind):
-            memory[job.id] = int(declared[job.kind])
-            source[job.kind] = "declared"
-        else:
+        mine, listed = int(measured.get(job.kind) or 0), int(declared.get(job.kind) or 0)
+        if not mine and not listed:
             raise ValueError(
                 f"{job.id}: no memory figure for kind {job.kind!r}; measure it alone (phase A) "
                 "or declare memory_mib in bench/gpu/catalog.py"
             )
+        memory[job.id] = max(mine, listed)
+        source[job.kind] = "measured" if mine >= listed else "declared"
     return memory, source
 
 

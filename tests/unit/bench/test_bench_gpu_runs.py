@@ -261,19 +261,20 @@ def test_run_19_recorded_every_finished_jobs_peak_memory_the_same_on_both_gpus()
 
 def test_opportunistic_placement_may_give_a_job_the_peak_it_showed_alone() -> None:
     # A GpuShare's profile carries the peak memory its job used alone; the benchmark's stand-in
-    # is the kind's process after its solo window in phase A (NVML's figure, else the
-    # allocator's peak plus the context allowance), else the catalogue's declared figure, and
-    # only the opportunistic memory steps read it.
+    # is the larger of the kind's process after its solo window in phase A (NVML's figure,
+    # else the allocator's peak plus the context allowance) and the catalogue's declared
+    # figure, and only the opportunistic memory steps read it.
     assert run.memory_of({"process_mib": 5000, "peak_mib": 4000}) == 5000
     assert run.memory_of({"process_mib": None, "peak_mib": 580}) == 580 + run.CONTEXT_ALLOWANCE_MIB
     assert run.memory_of({"process_mib": None, "peak_mib": None}) is None  # a dry run
-    st = run.State(memory={"transformer": 5000})
+    st = run.State(memory={"transformer": 6000, "lstm": 900})
     peaks = run.alone_peaks(st)
-    assert peaks["transformer"] == 5000 << 20
-    assert peaks["lstm"] == KINDS["lstm"].memory_mib << 20  # declared: not measured in this run
+    assert peaks["transformer"] == 6000 << 20  # measured, above the declared 5148
+    assert peaks["lstm"] == KINDS["lstm"].memory_mib << 20  # declared 1338, above 900
+    assert peaks["vit"] == KINDS["vit"].memory_mib << 20  # not measured in this run
     decider = ProductDecider(profiles={}, gpu_model="H100", gpu_memory_bytes=80 << 30, peaks=peaks)
     job = traces.TraceJob("t", "transformer", 0.0, 1.0, 0.65)
     demand = decider.demand(job)
-    assert demand.peak_memory_bytes == 5000 << 20
+    assert demand.peak_memory_bytes == 6000 << 20
     steps = memory_steps(demand, 80 << 30)
-    assert steps[-1] == math.ceil((5000 << 20) * PEAK_HEADROOM)
+    assert steps[-1] == math.ceil((6000 << 20) * PEAK_HEADROOM)
