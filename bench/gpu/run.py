@@ -89,7 +89,8 @@ GOVERNOR_SETTLE_S = 1.0
 of tens of seconds. The rule is the product's (``gpushare.packing.governor.review``)."""
 STARTUP_S = 15.0
 """Seconds a trace run spends starting and warming up its processes, before its clock, and
-closing them after it (runs 24 and 25: about 15 s a run beyond its makespan)."""
+closing them after it: with it the expected seconds of run 25's runs add up to 581 s, where
+run 25 took 569 s (docs/benchmarks-gpu.md, "The batch run")."""
 SOLO_WINDOW_S = 2.0
 """Each kind alone in phase A: its rate, its profile and its memory."""
 

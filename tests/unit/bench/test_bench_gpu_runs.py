@@ -18,9 +18,12 @@ from bench.gpu.catalog import KINDS
 from bench.gpu.colocate import PackResult, Stage
 from bench.gpu.decide import ProductDecider
 from bench.gpu.gpm import PROFILE_KEYS
+from bench.gpu.runner import warm_launches
 from bench.gpu.schemes import Launch
 from gpushare.api.profile import GpuProfile
-from gpushare.packing.opportunistic import PEAK_HEADROOM, memory_steps
+from gpushare.packing.opportunistic import PEAK_HEADROOM, Opportunism, memory_steps
+
+DATA = Path(__file__).resolve().parents[3] / "bench" / "gpu" / "data"
 
 
 class NoGpmSampler:
@@ -175,12 +178,13 @@ def test_the_plan_lists_every_run_and_says_whether_the_budget_holds_them(
     for text in (first, second):
         assert "of a 540-s budget: fits" in text
         assert "gpushare_opportunistic_all" in text and "mps_unlimited" in text
-    assert "comparisons: 504 s" in first
+    assert "comparisons: 504 s" in first and "comparisons: 515 s" in second
     # The notebook kind is in no stored phase A: it is measured alone first.
     assert "phase A: 0 s" in first and "phase A: 17 s" in second
     assert not (tmp_path / "run.log").exists()  # --plan touches nothing
     assert run.main([*common[:-1], "--plan"]) == 0
-    assert "does NOT fit" in capsys.readouterr().out  # all six in one call: no
+    every = capsys.readouterr().out
+    assert "comparisons: 1020 s" in every and "does NOT fit" in every  # all six in one call: no
 
 
 def test_shipped_traces_are_chosen_by_name_and_an_unknown_name_is_refused(
@@ -278,3 +282,48 @@ def test_opportunistic_placement_may_give_a_job_the_peak_it_showed_alone() -> No
     assert demand.peak_memory_bytes == 6000 << 20
     steps = memory_steps(demand, 80 << 30)
     assert steps[-1] == math.ceil((6000 << 20) * PEAK_HEADROOM)
+
+
+def test_the_expected_seconds_add_up_to_about_what_run_25_took(tmp_path: Path) -> None:
+    # docs/benchmarks-gpu.md, "The batch run": run 25's H100 call, resumed, latency stage on.
+    stored = json.loads((DATA / "run25-h100-results.json").read_text())
+    args = run.parse_args(["--out", str(tmp_path), "--resume", "auto"])
+    by_name = {t.name: t for t in args.traces}
+    expected = sum(
+        run.scheme_need_s(scheme, by_name[trace].work_s)
+        for trace, schemes in stored["traces"].items()
+        for scheme in schemes
+    )
+    expected += run.latency_plan(args)[2]
+    assert expected == pytest.approx(581, abs=1)
+    assert stored["details"]["run_s"] == pytest.approx(569, abs=1)
+
+
+def test_on_run_16s_h100_profiles_every_job_is_warm(tmp_path: Path) -> None:
+    # docs/benchmarks-gpu.md, "A fair harness": the warm-up plan from the stored H100 phase A
+    # and the declared memory, on the traces whose kinds it profiled.
+    names = ["light", "heavy", "mixed", "bursty", "long-short"]
+    args = run.parse_args(["--out", str(tmp_path), "--traces", ",".join(names),
+                           "--resume", str(DATA / "run16-h100-phase-a.json")])  # fmt: skip
+    ctx = run.Ctx(args=args, t_start=0.0, tmp=tmp_path, gpu_name="NVIDIA H100 80GB HBM3",
+                  memory_bytes=81559 << 20)  # fmt: skip
+    st = run.State()
+    run.load_state(st, args.resume)
+    run.size_and_choose(ctx, st)
+    run.prepare_jobs(ctx, st)
+    opportunism = Opportunism()
+    opt_in = run.make_decider(ctx, st, opportunism=opportunism)
+    learning = run.make_decider(ctx, st, opportunism=opportunism, honour_opt_in=False)
+    warmed: dict[str, int] = {}
+    for name in names:
+        ways = run.trace_ways(ctx, st, name, learning=learning, opt_in=opt_in)
+        plan = run.plan_warm_up(ctx, st, name, ways)
+        assert plan.cold == (), (name, plan.why_cold)
+        assert max(plan.worst_mib.values()) <= 46_400
+        every = ways[run.OPPORTUNISTIC_ALL]
+        scheme = every.make()
+        warmed[name] = sum(
+            len(warm_launches(scheme.prepare(j), memory_mib=plan.memory_mib[j.id]))
+            for j in every.jobs
+        )
+    assert warmed == {"light": 19, "heavy": 6, "mixed": 10, "bursty": 13, "long-short": 12}
