@@ -360,8 +360,9 @@ def drive(
             res.priority = launch.priority
             res.opportunistic = launch.opportunistic
             res.note = "; ".join(x for x in (launch.note, attempt.note) if x) or None
-            if attempt.note:
-                log.warning("[%s] %s: %s", scheme.name, job.id, attempt.note)
+            if attempt.note:  # a cold start nobody planned is worth a warning, a stand-in not
+                level = logging.WARNING if attempt.cold else logging.INFO
+                log.log(level, "[%s] %s: %s", scheme.name, job.id, attempt.note)
             label_job[attempt.label] = job
             attempt_of[job.id] = attempt
             running[job.id] = Running(job, launch, launched)

@@ -3,9 +3,10 @@
 The coordinator starts the process early so that ``import torch`` is paid before the clock
 starts; CUDA is first touched only when a command arrives, after the command's environment
 (MPS pipe directory, active-thread percentage, client priority) has been applied, because the
-CUDA driver reads those variables when it initialises. Trace jobs are initialised and warmed
-up before the trace's clock starts (with the MPS settings their scheme will give them), so
-completion times measure GPU sharing, not process start-up (reported separately).
+CUDA driver reads those variables when it initialises. A warm trace job is initialised and
+warmed up before the trace's clock starts (with the MPS settings their scheme will give them),
+so its completion time measures GPU sharing, not process start-up (reported separately); a
+cold one (``warmup.plan``: the same jobs under every scheme) initialises when it is launched.
 
 Protocol: JSON commands on stdin, one per line; JSON events on stdout, prefixed ``@@ ``.
 

@@ -327,3 +327,23 @@ def test_on_run_16s_h100_profiles_every_job_is_warm(tmp_path: Path) -> None:
             for j in every.jobs
         )
     assert warmed == {"light": 19, "heavy": 6, "mixed": 10, "bursty": 13, "long-short": 12}
+
+
+def test_each_way_names_the_run_that_answers_it() -> None:
+    def job(i: int, kind: str, marked: bool) -> traces.TraceJob:
+        return traces.TraceJob(f"j{i}", kind, float(i), 1.0, 0.2, opportunistic=marked)
+
+    some = [job(0, "resnet18", True), job(1, "lstm", False), job(2, "infer", False)]
+    assert run.way_names("t", some) == {
+        "defaults": "gpushare",
+        "marked": "gpushare_opportunistic",
+        "every batch row": "gpushare_opportunistic_all",
+    }
+    # Every batch row already marked: the third way is the marked run, not run twice.
+    every = [job(0, "resnet18", True), job(1, "lstm", True), job(2, "infer", False)]
+    assert run.way_names("t", every)["every batch row"] == "gpushare_opportunistic"
+    assert run.OPPORTUNISTIC_ALL not in run.planned_schemes("t", every)
+    # Nothing marked: no marked run.
+    none = [job(0, "resnet18", False)]
+    assert "marked" not in run.way_names("t", none)
+    assert run.OPPORTUNISTIC not in run.planned_schemes("t", none)
