@@ -467,16 +467,16 @@ def phase_a(ctx: Ctx, st: State, *, solo_only: Sequence[str] | None = None) -> N
             daemon.stop()
 
 
-def stored_phase_a(gpu_name: str) -> Path | None:
+def stored_phase_a(gpu_name: str | None) -> Path | None:
     """The newest phase A stored in ``bench/gpu/data`` for this GPU model (``run16-h100-...``
-    for an H100), or None."""
-    short = report.short_name(gpu_name).lower()
-    found: list[tuple[int, Path]] = []
+    for an H100; None: for any GPU), by run number, or None."""
+    short = report.short_name(gpu_name).lower() if gpu_name is not None else "*"
+    found: list[tuple[int, str, Path]] = []
     for path in DATA_DIR.glob(f"run*-{short}-phase-a.json"):
         digits = "".join(c for c in path.name.split("-")[0] if c.isdigit())
         if digits:
-            found.append((int(digits), path))
-    return max(found)[1] if found else None
+            found.append((int(digits), path.name, path))
+    return max(found)[2] if found else None
 
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -1033,9 +1033,8 @@ def phase_a_need_s(args: argparse.Namespace) -> float:
     if args.resume is None:
         return PHASE_A_SHARE * float(args.budget_s)
     path = args.resume
-    if str(path) == "auto":
-        stored = sorted(DATA_DIR.glob("run*-phase-a.json"), key=lambda p: p.stat().st_mtime)
-        path = stored[-1] if stored else None
+    if str(path) == "auto":  # the GPU is not known yet: judged from the newest of any GPU
+        path = stored_phase_a(None)
     try:
         known = set(json.loads(path.read_text())["solo"]) if path is not None else set()
     except (OSError, ValueError, KeyError):

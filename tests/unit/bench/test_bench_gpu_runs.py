@@ -347,3 +347,10 @@ def test_each_way_names_the_run_that_answers_it() -> None:
     none = [job(0, "resnet18", False)]
     assert "marked" not in run.way_names("t", none)
     assert run.OPPORTUNISTIC not in run.planned_schemes("t", none)
+
+
+def test_resume_auto_takes_the_newest_phase_a_stored_for_the_gpu_model() -> None:
+    assert run.stored_phase_a("NVIDIA H100 80GB HBM3") == DATA / "run16-h100-phase-a.json"
+    assert run.stored_phase_a("NVIDIA H200") == DATA / "run16-h200-phase-a.json"
+    # None stored for this model: the run measures each kind alone instead.
+    assert run.stored_phase_a("NVIDIA A100-SXM4-80GB") is None
