@@ -6,9 +6,10 @@ writes ``DIR/gpu-packing.json`` (``decided_by``, ``targets`` of every run, ``com
 every trace, each run in full under ``runs``) and ``DIR/gpu-packing.md``; ``--name`` renames
 both (the drawn mixes' record is ``gpu-mixes``).
 
-The targets name the shipped traces (light, heavy, mixed). Any trace, a shipped one or your
-own (``run --trace FILE``), also gets a comparison: gpushare's makespan, mean JCT and stretch
-against exclusive FIFO and against the best other scheme measured on it.
+Every trace, a shipped one or your own (``run --trace FILE``), gets a comparison for each way
+gpushare ran it (defaults, marked rows, every batch row opted in): its makespan, mean JCT and
+stretch against exclusive FIFO and against the best other scheme measured on it, a ``by_trace``
+row and issue 65's targets (:func:`check_targets`).
 """
 
 import argparse
