@@ -1045,7 +1045,7 @@ def phase_a_need_s(args: argparse.Namespace) -> float:
 
 def scheme_need_s(scheme: str, work_s: float) -> float:
     """Seconds a trace of ``work_s`` solo seconds takes under ``scheme``, its processes' start
-    and end included. Runs 24 and 25 took 2-3 % less than these figures summed."""
+    and end included: run 25's H100 call took 569 s where these figures summed to 581 s."""
     return (1.1 if scheme == "exclusive" else 0.8) * work_s + STARTUP_S
 
 
