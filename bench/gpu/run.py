@@ -39,6 +39,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -832,9 +833,9 @@ def run(ctx: Ctx) -> dict[str, Any]:
     ways = {n: trace_ways(ctx, st, n, learning=learning, opt_in=opt_in) for n in names}
     for n in names:
         st.ways[n] = way_names(n, st.jobs[n])
-        plan = safe(lambda n=n: plan_warm_up(ctx, st, n, ways[n]), f"warm-up plan of {n}",
+        plan = safe(partial(plan_warm_up, ctx, st, n, ways[n]), f"warm-up plan of {n}",
                     ctx.errors)  # fmt: skip
-        if plan is not None:
+        if plan is not None:  # else every job of the trace starts cold
             st.warm_plans[n] = plan
     checkpoint()
     if args.phase == "colocations":

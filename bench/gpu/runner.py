@@ -405,8 +405,9 @@ def drive(
             if res.first_start_s is None:
                 res.first_start_s = res.start_s
             working_since[job_for.id] = res.start_s
-            if attempt_of[job_for.id].cold:
-                res.startup_in_clock_s += max(0.0, res.start_s - running[job_for.id].start_s)
+            launched_at = running[job_for.id].start_s
+            if attempt_of[job_for.id].cold and launched_at is not None:
+                res.startup_in_clock_s += max(0.0, res.start_s - launched_at)
             log.info("[%s] t=%6.2fs start  %s", scheme.name, res.start_s, job_for.id)
             continue
         if ev.name == "done":
