@@ -290,3 +290,27 @@ def test_a_paused_pod_with_an_http_liveness_probe_is_restarted_by_the_kubelet(
         what="the kubelet to restart the paused container",
     )
     withdraw(cluster, namespace, name)
+
+
+def test_a_paused_pod_with_a_tcp_liveness_probe_is_not_restarted(
+    cluster: Any, node_agent: NodeAgentProcess, namespace: str
+) -> None:
+    """A tcpSocket probe of a frozen server passes: the kernel completes the handshake from the
+    listening socket's backlog (so the webhook admits it in an opted-in pod)."""
+    name = f"tcp-{uuid.uuid4().hex[:5]}"
+    manifest = counter_pod(cluster, name, probe={"tcpSocket": {"port": 8080}})
+    manifest["spec"]["containers"][0]["command"] = [
+        "sh", "-c", f"mkdir -p /tmp/www && httpd -p 8080 -h /tmp/www && {COUNTER}",
+    ]  # fmt: skip
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
+    wait_until(lambda: last(cluster, namespace, name) >= 5, timeout_s=120, what="it to count")
+    ask_pause(cluster, namespace, name)
+    wait_until(
+        lambda: paused_record(cluster, namespace, name), timeout_s=30, what="gpushare.io/paused"
+    )
+    before, after = still(cluster, namespace, name, PAUSED_FOR_S)
+    assert after == before
+    assert restarts(get_pod(cluster, namespace, name)) == 0
+    withdraw(cluster, namespace, name)
+    wait_until(lambda: last(cluster, namespace, name) > after, timeout_s=30, what="it to go on")
+    assert restarts(get_pod(cluster, namespace, name)) == 0
