@@ -90,7 +90,7 @@ def kube(tmp_path: Path) -> Iterator[NodeKube[Any]]:
         server.shutdown()
 
 
-def test_the_agent_lists_only_its_nodes_pods_and_never_gets_or_watches_one(
+def test_the_agent_lists_only_its_nodes_pods_and_never_gets_one(
     kube: NodeKube[Any],
 ) -> None:
     assert [p["metadata"]["name"] for p in kube.raw_node_pods()] == ["mine"]
