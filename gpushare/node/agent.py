@@ -430,10 +430,7 @@ class NodeAgent:
             )
         )
         self.registry.register(self.faults.collector())
-        # The pause loop (gpushare.node.pausing): its series here, its loop in _start_loops.
-        self.pausing = pause_loop(
-            self.kube, settings.cgroup_root, settings.pause_resync_s, claimed=self._claim_placements
-        )
+        self.pausing = pause_loop(self.kube, settings, dra=lambda: self.dra)  # started below
         self.registry.register(self.pausing.collector(settings.node_name))
         self.metrics = MetricsServer(
             registry=self.registry,

@@ -9,13 +9,12 @@ refusing it, a lost connection being reopened) the loop still runs every ``resyn
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from gpushare.api.names import ANN_PAUSE
 from gpushare.api.pod import PodInfo, pod_info
-from gpushare.node.core.allocations import PodAllocation
 from gpushare.node.pausing.freezer import Freezer
 from gpushare.node.pausing.metrics import PauseCollector
 from gpushare.node.pausing.pauser import Pauser, container_ids
@@ -118,29 +117,50 @@ class PauseLoop:
             wait = min(most, wait * 2)
 
 
+class PauseSettings(Protocol):
+    """What the pause loop takes of the agent's settings (gpushare.node.settings)."""
+
+    @property
+    def cgroup_root(self) -> Path: ...
+
+    @property
+    def pause_resync_s(self) -> float: ...
+
+
+class ClaimHolder(Protocol):
+    @property
+    def pod(self) -> str: ...
+
+
+class PreparedClaims(Protocol):
+    """The DRA driver's prepared claims (gpushare.node.dra.driver.DraDriver)."""
+
+    def prepared(self) -> Mapping[str, ClaimHolder]: ...
+
+
 def pause_loop(
-    kube: Any,
-    cgroup_root: Path,
-    resync_s: float,
-    *,
-    claimed: Callable[[], Iterable[PodAllocation]],
+    kube: Any, settings: PauseSettings, *, dra: Callable[[], PreparedClaims | None]
 ) -> PauseLoop:
     """The node agent's pause loop: it freezes and thaws the pods gpushare placed on this node
-    (placement annotations in device-plugin mode; in DRA mode the pods ``claimed`` lists, those
-    holding claims the agent prepared) through the host's cgroup freezer under
-    ``cgroup_root``. ``kube`` is the agent's gpushare.kube.node.NodeKube: it reads the node's
-    pods and, with its watch, wakes the loop; without a way to read pods, passes see none."""
+    (placement annotations in device-plugin mode; in DRA mode those holding a claim the driver
+    ``dra`` returns prepared) through the host's cgroup freezer under
+    ``settings.cgroup_root``. ``kube`` is the agent's gpushare.kube.node.NodeKube: it reads the
+    node's pods and, with its watch, wakes the loop; without a way to read pods, passes see
+    none."""
     raw_pods = getattr(kube, "raw_node_pods", None)
 
     def read_pods() -> list[PodInfo]:
         return [pod_info(m) for m in raw_pods()] if raw_pods is not None else []
 
     def placed(pod: PodInfo) -> bool:
-        return pod.placement is not None or pod.uid in {a.uid for a in claimed()}
+        driver = dra()
+        if pod.placement is not None:
+            return True
+        return driver is not None and any(c.pod == pod.key for c in driver.prepared().values())
 
     return PauseLoop(
-        pauser=Pauser(freezer=Freezer(cgroup_root), kube=kube, placed=placed),
+        pauser=Pauser(freezer=Freezer(settings.cgroup_root), kube=kube, placed=placed),
         read_pods=read_pods,
         watch=getattr(kube, "watch_node_pods", None),
-        resync_s=resync_s,
+        resync_s=settings.pause_resync_s,
     )
