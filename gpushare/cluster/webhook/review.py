@@ -38,6 +38,7 @@ from gpushare.cluster.webhook.checks import (
     check_annotations,
     check_containers,
     check_node_name,
+    check_pausable,
     check_scheduler,
     check_volumes,
     resource_errors,
@@ -84,7 +85,15 @@ def resolve_request(
     if request is None:
         return None, []
     errors = _size_errors(request, facts)
+    stated = request.opportunistic is not None
     request, opt_errors = resolve_opt_in(request, facts=facts)
+    if request.opportunistic and (unpausable := check_pausable(pod)):
+        # An opportunistic pod is paused, never restarted for it: a stated opt-in is refused,
+        # the cluster's default leaves such a pod guaranteed.
+        if stated:
+            opt_errors += unpausable
+        else:
+            request = replace(request, opportunistic=False)
     return request, errors + opt_errors
 
 

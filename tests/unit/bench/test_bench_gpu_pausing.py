@@ -1,30 +1,22 @@
-"""The GPU benchmark carries out the product's pauses (issue 65): the trace's clock stops a
-paused job's process (SIGSTOP, as the node agent's freeze stops its cgroup) and continues it
+"""The GPU benchmark carries out the product's pauses (issue 65): the trace's clock freezes a
+paused job's process (SIGSTOP, as the node agent's freeze stops its cgroup) and lets it go on
 when the scheme resumes it, counting pauses and paused seconds; an eviction ends the process
-and counts the GPU-seconds of work it threw away. Real processes stand in for the GPU jobs."""
+and counts the work it threw away. Real worker processes, the dry-run stand-in (no GPU)."""
 
-import queue
-import subprocess
-import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-
 from bench.gpu.metrics import JobResult, summarize
-from bench.gpu.procs import Event, Worker
-from bench.gpu.runner import _drive
+from bench.gpu.procs import Workers
+from bench.gpu.runner import run_trace
 from bench.gpu.schemes import Launch, Running, Scheme
 from bench.gpu.traces import TraceJob
 from gpushare.api.pause import REASON_GUARANTEED
 from gpushare.packing.model import Pause
 from gpushare.packing.opportunistic import Opportunism
+from tests import REPO
 from tests.unit.bench.test_bench_gpu import decider, job
-
-RUN_S = 0.6
-"""How long the guaranteed job runs before it reports done."""
 
 
 def state(pid: int) -> str:
@@ -32,74 +24,30 @@ def state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
-class StandIns:
-    """What ``_drive`` reads of ``bench.gpu.procs.Workers``, over processes that only sleep."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.all_events: queue.Queue[Event] = queue.Queue()
-        self.workers: dict[str, Worker] = {}
-        self.tmp = tmp
-
-    def worker(self, label: str) -> Worker:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "import time\nwhile True: time.sleep(0.02)"],
-            stdin=subprocess.PIPE,
-            text=True,
-        )
-        w = Worker(label=label, proc=proc, stderr_path=self.tmp / f"{label}.stderr")
-        self.workers[label] = w
-        return w
-
-    def start_many(self, labels: Sequence[str], *, timeout_s: float) -> list[Worker]:
-        """A job started again after an eviction (cold: no warmed-up process left)."""
-        return [self.worker(label) for label in labels]
-
-    def expect(self, worker: Worker, name: str, *, timeout_s: float) -> dict[str, object]:
-        return {}
-
-    def done(self, label: str) -> None:
-        self.all_events.put(Event(label, "done", {"t_end": time.time()}))
-
-    def close(self) -> None:
-        for w in self.workers.values():
-            w.proc.kill()
-            w.proc.wait()
-
-
 class Script(Scheme):
-    """Starts the opted-in job at once; the guaranteed one, when it arrives, ``evict``s or
-    pauses it; the paused job is resumed once the guaranteed one is gone. Reports each job
-    done as the real worker would, and what state the first job's process was in meanwhile."""
+    """Starts the opted-in job at once; the guaranteed one, when it arrives, evicts or pauses
+    it (as ``Assignment.evict`` / ``pause`` say); the paused job is resumed once the guaranteed
+    one is gone, an evicted one started again. Records the first job's process state."""
 
     name = "script"
 
-    def __init__(self, workers: StandIns, *, evict: bool) -> None:
+    def __init__(self, workers: Workers, *, evict: bool) -> None:
         self.workers, self.evict = workers, evict
-        self.reported: set[str] = set()
         self.seen: list[str] = []
-        self.started: dict[str, float] = {}
 
     def select(self, pending: Sequence[TraceJob], running: Sequence[Running]) -> list[Launch]:
-        now = time.time()
         ids = {r.job.id for r in running}
-        for r in running:
-            self.started.setdefault(r.job.id, now)
-            if r.job.id == "opp" and "opp" in self.workers.workers:
-                self.seen.append(state(self.workers.workers["opp"].proc.pid))
-            if r.job.id == "g" and now - self.started["g"] > RUN_S:
-                self._done("g")
-            if r.job.id == "opp" and "g" in self.reported and "g" not in ids and r.pause is None:
-                self._done("opp")
+        for w in self.workers.workers.values():
+            if ".opp." in w.label and w.proc.poll() is None and "opp" in ids:
+                self.seen.append(state(w.proc.pid))
         out = []
         for waiting in pending:
             if waiting.id == "opp" and "g" not in ids:
-                self.started.pop("opp", None)
                 out.append(Launch(waiting, opportunistic=True))
             if waiting.id == "g":
+                victims = ("opp",) if "opp" in ids else ()
                 out.append(
-                    Launch(waiting, evict=("opp",))
-                    if self.evict
-                    else Launch(waiting, pause=("opp",))
+                    Launch(waiting, evict=victims) if self.evict else Launch(waiting, pause=victims)
                 )
         return out
 
@@ -107,61 +55,47 @@ class Script(Scheme):
         ids = {r.job.id for r in running}
         return [r.job.id for r in running if r.pause is not None and "g" not in ids]
 
-    def _done(self, job: str) -> None:
-        if job not in self.reported:
-            self.reported.add(job)
-            cold = f"{self.name}.{job}.cold"  # started again after an eviction
-            self.workers.done(cold if cold in self.workers.workers else job)
 
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[StandIns]:
-    stand_ins = StandIns(tmp_path)
-    yield stand_ins
-    stand_ins.close()
-
-
-def drive(workers: StandIns, scheme: Script) -> dict[str, JobResult]:
-    jobs = [TraceJob("opp", "lstm", 0.0, 1.0), TraceJob("g", "lstm", 0.4, 1.0)]
-    results = {j.id: JobResult(j.id, j.kind, "batch", j.arrival_s, 1) for j in jobs}
-    warm = {j.id: [(Launch(j), workers.worker(j.id))] for j in jobs}
-    _drive(
+def trace(tmp_path: Path, *, evict: bool) -> tuple[Script, dict[str, JobResult]]:
+    workers = Workers(device="sleep", tiny=False, log_dir=tmp_path,
+                      base_env={"PYTHONPATH": str(REPO)})  # fmt: skip
+    scheme = Script(workers, evict=evict)
+    # opp: 60 steps of 20 ms; g arrives at 0.4 s and runs 100 steps of 4 ms.
+    jobs = [TraceJob("opp", "resnet50", 0.0, 1.0), TraceJob("g", "resnet18", 0.4, 1.0)]
+    out = run_trace(
         scheme=scheme,
         jobs=jobs,
-        results=results,
-        warm=warm,
-        workers=workers,  # type: ignore[arg-type]
+        iterations={"opp": 60, "g": 100},
+        workers=workers,
         pipe_dir=None,
-        timeout_s=20.0,
+        timeout_s=60,
+        warm_ids={"opp", "g"},
     )
-    return results
+    return scheme, {r.id: r for r in out}
 
 
-def test_a_paused_job_is_stopped_while_the_guaranteed_job_runs_then_finishes_its_work(
-    workers: StandIns,
+def test_a_paused_job_is_frozen_while_the_guaranteed_job_runs_then_finishes_its_work(
+    tmp_path: Path,
 ) -> None:
-    scheme = Script(workers, evict=False)
-    results = drive(workers, scheme)
-    opp = results["opp"]
-    assert opp.ok and results["g"].ok
-    assert "T" in scheme.seen and scheme.seen[-1] != "T"  # stopped, then running again
-    assert opp.pauses == 1 and RUN_S * 0.8 < opp.paused_s < RUN_S + 2.0
-    assert opp.discarded_gpu_s == 0.0 and opp.preemptions == []
+    scheme, results = trace(tmp_path, evict=False)
+    opp, g = results["opp"], results["g"]
+    assert opp.ok and g.ok, (opp.error, g.error)
+    assert "T" in scheme.seen and scheme.seen[-1] != "T"  # frozen, then going on
+    assert opp.pauses == 1 and 0.2 < opp.paused_s < 5.0
+    assert opp.discarded_s == 0.0 and opp.preemptions == []
     assert opp.first_start_s == opp.start_s  # never started over
+    assert opp.end_s is not None and g.end_s is not None and opp.end_s > g.end_s
     summary = summarize(list(results.values()), solo_run_s={})
     assert summary["pauses"] == 1 and summary["discarded_gpu_s"] == 0.0
 
 
-def test_an_evicted_job_starts_over_and_its_lost_gpu_seconds_are_counted(
-    workers: StandIns,
-) -> None:
-    results = drive(workers, Script(workers, evict=True))
+def test_an_evicted_job_starts_over_and_the_work_it_lost_is_counted(tmp_path: Path) -> None:
+    scheme, results = trace(tmp_path, evict=True)
     opp = results["opp"]
-    assert opp.ok and results["g"].ok
-    assert opp.pauses == 0 and len(opp.preemptions) == 1
-    assert 0.2 < opp.discarded_gpu_s < 2.0  # it ran from 0 until g arrived at 0.4 s
-    assert opp.first_start_s is not None and opp.start_s is not None
-    assert opp.start_s > opp.first_start_s
+    assert opp.ok and results["g"].ok, (opp.error, results["g"].error)
+    assert opp.pauses == 0 and len(opp.preemptions) == 1 and "T" not in scheme.seen
+    assert 0.1 < opp.discarded_s < 2.0  # it had worked from its start until g arrived
+    assert opp.cold_starts == 1  # its restart, as a new pod's
 
 
 def test_the_decider_counts_a_paused_job_as_the_product_counts_a_paused_pod() -> None:
