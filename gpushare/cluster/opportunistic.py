@@ -136,9 +136,10 @@ class OpportunisticDuties:
     # ---- the writes ----------------------------------------------------------------------
 
     def _running(self, key: str) -> bool:
-        """Pod ``key`` is in the view and not paused."""
+        """Pod ``key`` is in the view, opportunistic (not promoted meanwhile: a pod holding a
+        guaranteed share is never paused) and not paused."""
         return any(
-            t.key == key and t.pause is None
+            t.key == key and t.opportunistic and t.pause is None
             for _, gpu in self.view.opportunistic_gpus()
             for t in gpu.tenants
         )

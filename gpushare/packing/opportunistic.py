@@ -405,19 +405,24 @@ class Opportunism:
         return out
 
     def resumptions(self, gpu: GpuState) -> list[str]:
-        """Paused tenants of ``gpu`` to run again now, oldest first, each counted as running
-        before the next is tried: one whose pause was for measured harm once none of the pods
-        it was judged beside is on the GPU any more; then any whose running is predicted to
-        keep every tenant that did not opt in within its class bound and to add work
-        (:meth:`resume_reason`). A tenant holding a guaranteed share is never left paused."""
-        paused = sorted((t for t in gpu.tenants if t.pause is not None), key=lambda t: t.placed_at)
+        """Paused opportunistic tenants of ``gpu`` to run again now, oldest first, each counted
+        as running before the next is tried: one whose pause was for measured harm once none
+        of the pods it was judged beside is on the GPU any more; then any whose running is
+        predicted to keep every tenant that did not opt in within its class bound and to add
+        work (:meth:`resume_reason`). Only opportunistic tenants are ever paused by gpushare; a
+        pause on a pod holding a guaranteed share was written by someone else (an admin) and
+        is theirs to lift."""
+        paused = sorted(
+            (t for t in gpu.tenants if t.pause is not None and t.opportunistic),
+            key=lambda t: t.placed_at,
+        )
         if not paused:
             return []
         present = {t.key for t in gpu.tenants}
         out: list[str] = []
         trial = gpu
         for tenant in paused:
-            if tenant.opportunistic and self.resume_reason(trial, tenant, present) is not None:
+            if self.resume_reason(trial, tenant, present) is not None:
                 continue
             out.append(tenant.key)
             trial = replace(

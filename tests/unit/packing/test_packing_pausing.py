@@ -154,10 +154,13 @@ def test_no_opportunistic_pod_is_paused_for_an_opted_in_neighbours_bound() -> No
     assert out is not None and out.pause == ("ns/gemm",)
 
 
-def test_a_guaranteed_tenant_left_paused_is_always_resumed() -> None:
-    stale = tenant("ns/g", 40, BIG, gib=10, pause=Pause(REASON_HARM, 1.0, frozenset({"ns/a"})))
-    g = gpu(tenant("ns/a", 20, SMALL, gib=10), stale)
-    assert Opportunism().resumptions(g) == ["ns/g"]
+def test_a_pause_on_a_pod_holding_a_guaranteed_share_is_left_to_whoever_wrote_it() -> None:
+    # gpushare pauses only opportunistic pods; an admin's pause of a guaranteed one stands,
+    # and counts as paused (it uses no compute).
+    held = tenant("ns/g", 40, BIG, gib=10, pause=Pause(REASON_GUARANTEED, 1.0))
+    g = gpu(tenant("ns/a", 20, SMALL, gib=10), held)
+    assert Opportunism().resumptions(g) == []
+    assert [t.key for t in g.running().tenants] == ["ns/a"]
 
 
 def test_a_paused_pod_is_not_promoted_until_it_runs_again() -> None:
