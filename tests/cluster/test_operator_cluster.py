@@ -33,6 +33,7 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
     ANN_TIER,
     LABEL_NEIGHBOUR_RULES,
+    LABEL_SHARE_SELECTORS,
     OPPORTUNISTIC_PRIORITY,
     RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
@@ -242,6 +243,8 @@ def namespace(cluster: Any, crd: None, request: pytest.FixtureRequest) -> Iterat
         cluster.kubectl("label", "namespace", name, label)
     # An admin's grant: the operator's profiling pods run alone on their GPU here.
     cluster.kubectl("label", "namespace", name, f"{LABEL_NEIGHBOUR_RULES}=granted")
+    # And consent to GpuShare selectors: they link the new pods whose labels they match.
+    cluster.kubectl("label", "namespace", name, f"{LABEL_SHARE_SELECTORS}=enabled")
     yield name
     drop_share_finalizers(cluster, name)
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -60,6 +60,7 @@ from gpushare.cluster.operator.share_status import (
     transition_ops,
     utcnow,
 )
+from gpushare.cluster.operator.unlinked import UnlinkedReporter
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.shares import ShareSummary, share_summary
 from gpushare.cluster.state.view import ClusterView
@@ -88,6 +89,7 @@ class ShareReconciler:
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
         self._kicks: dict[str, asyncio.Task[None]] = {}
+        self.unlinked = UnlinkedReporter(kube)
         self.synced = asyncio.Event()
         """Set once the view holds a full listing of pods and nodes. Until then nothing acts:
         after a restart, a pod not yet seen again must not read as a deleted one."""
@@ -149,11 +151,14 @@ class ShareReconciler:
         async with lock:
             share = self.view.share(key)
             if share is None or (share.body.get("metadata") or {}).get("deletionTimestamp"):
+                self.unlinked.forget(key)
                 return None
             pods = self.view.governed_pods(share)
             await self._inherit(share, pods)
             await self._release(share, pods)
             await self._sync_placements(share, pods)
+            if "phase" in share.status:  # accepted: report the pods its selector misses
+                await self.unlinked.check(share)
             cached = await self._cached(share, pods)
             now = self.clock()
             step = next_step(

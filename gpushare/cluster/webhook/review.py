@@ -51,6 +51,7 @@ from gpushare.cluster.webhook.patch import (
     separation,
 )
 from gpushare.cluster.webhook.scheduling import scheduling_ops
+from gpushare.cluster.webhook.share_match import NO_LINK, selector_link
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def resolve_request(
     ann = pods.annotations(pod)
     try:
         request = parse_request(ann)
-        if request is not None and request.percent == 0 and request.share is not None:
+        if request is not None and request.share is not None:
             request = _from_share(request, ann, facts=facts, namespace=namespace)
         if request is None:
             # No annotation: a pod asking for the gpu-percent resource directly.
@@ -91,8 +92,9 @@ def resolve_request(
 def _from_share(
     request: GpuRequest, ann: Mapping[str, str], *, facts: ClusterFacts, namespace: str
 ) -> GpuRequest:
-    """A pod linked to a GpuShare by name asks for the share's request; its own memory, class,
-    limit and opt-in annotations win. Raises InvalidInputError for a share that is not there."""
+    """A pod linked to a GpuShare asks for the share's request; its own fraction, memory,
+    class, limit and opt-in annotations win (docs/operator.md). Raises InvalidInputError for a
+    share that is not there."""
     assert request.share is not None
     shared = facts.share_lookup(namespace, request.share) if facts.share_lookup else None
     if shared is None:
@@ -101,10 +103,15 @@ def _from_share(
             f"no GpuShare {request.share!r} in namespace {namespace!r}",
             "create the GpuShare first, or set gpushare.io/gpu-fraction on the pod",
         )
-    check_limit(request.limit_percent, shared.percent)
+    percent = request.percent if ANN_FRACTION in ann else shared.percent
+    check_limit(request.limit_percent, percent)
     return GpuRequest(
-        percent=shared.percent,
-        memory_bytes=request.memory_bytes if ANN_MEMORY in ann else shared.memory_bytes,
+        percent=percent,
+        memory_bytes=(
+            request.memory_bytes
+            if ANN_MEMORY in ann or percent > SLICES_PER_GPU  # whole GPUs take all their memory
+            else shared.memory_bytes
+        ),
         gpu_class=request.gpu_class if ANN_CLASS in ann else shared.gpu_class,
         share=request.share,
         limit_percent=request.limit_percent,
@@ -194,7 +201,21 @@ def resolve_opt_in(
 
 def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) -> Verdict:
     """Check a pod being created; with ``mutate`` also build the JSON patch that makes it a
-    gpushare pod. Without it (validation, after every mutation) the pod must already be one."""
+    gpushare pod. Without it (validation, after every mutation) the pod must already be one.
+    A new pod a GpuShare's selector links is reviewed as if it named the share itself
+    (gpushare.cluster.webhook.share_match), and the patch writes that link on it."""
+    link = selector_link(pod, namespace=namespace, facts=facts) if mutate else NO_LINK
+    if link.errors:
+        return Verdict(allowed=False, errors=link.errors)
+    verdict = _review(link.pod or pod, namespace=namespace, facts=facts, mutate=mutate)
+    if not verdict.allowed:
+        return verdict
+    patch = [*link.ops, *verdict.patch] if verdict.patch or link.ops else []
+    return replace(verdict, patch=patch, warnings=link.warnings + verdict.warnings)
+
+
+def _review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) -> Verdict:
+    """:func:`review` of the pod as linked."""
     if not pods.has_gpushare_annotations(pod) and not pods.wants_gpushare(pod):
         return Verdict(allowed=True)
     checked = _check(pod, namespace=namespace, facts=facts, mutate=mutate)
