@@ -104,6 +104,13 @@ FRACTION_AUTO: Final = "auto"
 GPU (docs/operator.md, "fraction: auto")."""
 
 
+FRACTION_REQUIRED_FIX: Final = (
+    'write the share of one GPU each pod is guaranteed, a fraction like "0.25" or a percent '
+    'like "25%", or "auto" to size it from the job\'s profile'
+)
+"""What a GpuShare without ``spec.fraction`` is told, here and by the CRD's first rule."""
+
+
 @dataclass(frozen=True)
 class ProfilingSpec:
     mode: str = PROFILING_AUTO
@@ -178,10 +185,12 @@ def _fraction_percent(raw: object) -> int:
     """``spec.fraction`` in GPU-percent (``auto``: the whole GPU until the share is sized)."""
     if raw == FRACTION_AUTO:
         return SLICES_PER_GPU
+    if raw is None:
+        raise InvalidInputError("spec.fraction", "is required", FRACTION_REQUIRED_FIX)
     if not isinstance(raw, str):
         raise InvalidInputError(
             "spec.fraction",
-            "is missing or not a string",
+            "is not a string",
             'write a quoted fraction like "0.25", or "auto" to size it from the profile',
         )
     if not re.fullmatch(FRACTION_PATTERN, raw):

@@ -32,6 +32,7 @@ from gpushare.api.quantities import format_memory
 from gpushare.api.request import GpuRequest, check_opportunistic, parse_request
 from gpushare.cluster.state import gpu_requests, pods
 from gpushare.cluster.webhook import claims
+from gpushare.cluster.webhook.annotation_keys import no_request_errors, unknown_key_errors
 from gpushare.cluster.webhook.checks import (
     asks_opportunistic,
     asks_resource,
@@ -241,8 +242,12 @@ class _Checked:
 def _check(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) -> _Checked:
     """Every check of a gpushare pod, each error kept (a user fixes them all in one go)."""
     errors: list[InvalidInputError] = check_annotations(pod)
+    errors += unknown_key_errors(pods.annotations(pod))
     request, request_errors = resolve_request(pod, facts=facts, namespace=namespace)
     errors += request_errors
+    places = request is not None or asks_resource(pod)
+    if not places and not request_errors:
+        errors += no_request_errors(pods.annotations(pod))
     errors += check_containers(pod, facts=facts)
     errors += check_volumes(pod, facts=facts)
     errors += check_node_name(pod)
@@ -260,7 +265,7 @@ def _check(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
             errors += _resource_errors(pod, request, target=target, facts=facts, mutate=mutate)
         elif not annotated:
             errors += single_resource_errors(pod)
-    if not dra:  # a claim is allocated by any DRA-enabled scheduler
+    if not dra and places:  # a claim is allocated by any DRA-enabled scheduler
         errors += check_scheduler(pod, final=not mutate)
     return _Checked(request, target, dra, errors)
 

@@ -49,7 +49,7 @@ def test_full_spec_parses_with_units_and_defaults() -> None:
 @pytest.mark.parametrize(
     ("spec", "field", "words"),
     [
-        ({}, "spec.fraction", "missing"),
+        ({}, "spec.fraction", "is required"),
         ({"fraction": "1.5"}, "spec.fraction", "more than one GPU"),
         ({"fraction": "2"}, "spec.fraction", "at most two decimals"),
         ({"fraction": "0.125"}, "spec.fraction", "at most two decimals"),
