@@ -26,6 +26,7 @@ from gpushare.api.gpushare_crd import (
     PROFILING_DONE,
     placements_status,
 )
+from gpushare.api.names import LABEL_NEIGHBOUR_RULES, NEIGHBOUR_RULES_GRANTED
 from gpushare.api.profile import GpuProfile
 from gpushare.cluster.operator import cache
 from gpushare.cluster.operator.profiler_client import ProfilerClient
@@ -55,6 +56,7 @@ from gpushare.cluster.operator.share_status import (
     Condition,
     describe,
     no_profiling_pod,
+    profiling_place,
     sized_fields,
     sized_note,
     transition_ops,
@@ -64,6 +66,7 @@ from gpushare.cluster.operator.unlinked import UnlinkedReporter
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.shares import ShareSummary, share_summary
 from gpushare.cluster.state.view import ClusterView
+from gpushare.kube.errors import KubeError
 from gpushare.kube.events import ObjectRef
 from gpushare.kube.operator import KubeApi
 
@@ -366,10 +369,11 @@ class ShareReconciler:
             )
             if not marked:
                 return  # the pod went away; the next tick elects another
-        where = (
-            f"alone on a GPU (policy {share.spec.packing.policy})"
-            if step.mark or pod.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE
-            else f"where it already runs (on {pod.node}; neighbours may skew the profile)"
+        where = profiling_place(
+            policy=share.spec.packing.policy,
+            granted=await self._neighbour_rules(pod.namespace),
+            marked=step.mark or pod.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE,
+            node=pod.node,
         )
         message = f"profiling pod {pod.name} {where} for {window} s"
         if await self.transition(
@@ -384,6 +388,19 @@ class ShareReconciler:
             now=now,
         ):
             await self.event(share, "ProfilingStarted", message)
+
+    async def _neighbour_rules(self, namespace: str) -> bool:
+        """May the namespace's pods keep others off their GPU (a profiling pod alone)? From
+        the view's namespace watch; the standalone operator, which has none, reads the
+        Namespace (``--neighbour-rules everyone`` is the controller's)."""
+        tenancies = self.view.tenancies
+        if tenancies.synced:
+            return tenancies.neighbour_rules(namespace)
+        try:
+            labels = await self.kube.namespace_labels(namespace)
+        except KubeError:
+            return False  # the words then promise less than may happen, never more
+        return labels.get(LABEL_NEIGHBOUR_RULES) == NEIGHBOUR_RULES_GRANTED
 
     async def _measure(self, share: ShareSummary, step: Measure, *, now: datetime) -> None:
         node = self.view.node_info(step.node)
