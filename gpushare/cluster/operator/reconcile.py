@@ -375,7 +375,7 @@ class ShareReconciler:
             marked=step.mark or pod.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE,
             node=pod.node,
         )
-        message = f"profiling pod {pod.name} {where} for {window} s"
+        message = f"profiling pod {pod.name} for {window} s {where}"
         if await self.transition(
             share,
             to_phase=PHASE_PROFILING,
