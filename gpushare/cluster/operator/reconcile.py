@@ -26,9 +26,9 @@ from gpushare.api.gpushare_crd import (
     PROFILING_DONE,
     placements_status,
 )
-from gpushare.api.names import LABEL_NEIGHBOUR_RULES, NEIGHBOUR_RULES_GRANTED
 from gpushare.api.profile import GpuProfile
 from gpushare.cluster.operator import cache
+from gpushare.cluster.operator.grants import neighbour_rules
 from gpushare.cluster.operator.profiler_client import ProfilerClient
 from gpushare.cluster.operator.profiling import (
     Abandon,
@@ -66,7 +66,6 @@ from gpushare.cluster.operator.unlinked import UnlinkedReporter
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.shares import ShareSummary, share_summary
 from gpushare.cluster.state.view import ClusterView
-from gpushare.kube.errors import KubeError
 from gpushare.kube.events import ObjectRef
 from gpushare.kube.operator import KubeApi
 
@@ -154,14 +153,12 @@ class ShareReconciler:
         async with lock:
             share = self.view.share(key)
             if share is None or (share.body.get("metadata") or {}).get("deletionTimestamp"):
-                self.unlinked.forget(key)
                 return None
             pods = self.view.governed_pods(share)
             await self._inherit(share, pods)
             await self._release(share, pods)
             await self._sync_placements(share, pods)
-            if "phase" in share.status:  # accepted: report the pods its selector misses
-                await self.unlinked.check(share)
+            await self.unlinked.check(share)
             cached = await self._cached(share, pods)
             now = self.clock()
             step = next_step(
@@ -369,12 +366,10 @@ class ShareReconciler:
             )
             if not marked:
                 return  # the pod went away; the next tick elects another
-        where = profiling_place(
-            policy=share.spec.packing.policy,
-            granted=await self._neighbour_rules(pod.namespace),
-            marked=step.mark or pod.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE,
-            node=pod.node,
-        )
+        marked = step.mark or pod.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE
+        granted = await neighbour_rules(self.view, self.kube, pod.namespace)
+        policy = share.spec.packing.policy
+        where = profiling_place(policy=policy, granted=granted, marked=marked, node=pod.node)
         message = f"profiling pod {pod.name} for {window} s {where}"
         if await self.transition(
             share,
@@ -388,19 +383,6 @@ class ShareReconciler:
             now=now,
         ):
             await self.event(share, "ProfilingStarted", message)
-
-    async def _neighbour_rules(self, namespace: str) -> bool:
-        """May the namespace's pods keep others off their GPU (a profiling pod alone)? From
-        the view's namespace watch; the standalone operator, which has none, reads the
-        Namespace (``--neighbour-rules everyone`` is the controller's)."""
-        tenancies = self.view.tenancies
-        if tenancies.synced:
-            return tenancies.neighbour_rules(namespace)
-        try:
-            labels = await self.kube.namespace_labels(namespace)
-        except KubeError:
-            return False  # the words then promise less than may happen, never more
-        return labels.get(LABEL_NEIGHBOUR_RULES) == NEIGHBOUR_RULES_GRANTED
 
     async def _measure(self, share: ShareSummary, step: Measure, *, now: datetime) -> None:
         node = self.view.node_info(step.node)

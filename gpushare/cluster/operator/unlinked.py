@@ -31,6 +31,8 @@ REASON_NOT_ENABLED = "SelectorNotEnabled"
 REASON_OVERLAP = "SelectorOverlap"
 """A pod matches, but belongs to another GpuShare."""
 ENABLE = f"{LABEL_SHARE_SELECTORS}={SHARE_SELECTORS_ENABLED}"
+CHECKED_KEPT = 4096
+"""Share generations remembered as checked before all are forgotten."""
 
 
 @dataclass(frozen=True)
@@ -106,14 +108,16 @@ class UnlinkedReporter:
         """Share key -> (uid, generation) already checked."""
 
     async def check(self, share: ShareSummary) -> list[Unlinked]:
-        """Report what ``share``'s selector matches but the share does not govern; the pods
-        reported (none when this generation was checked already)."""
+        """Report what ``share``'s selector matches but the share does not govern, once it is
+        accepted; the pods reported (none when this generation was checked already)."""
         spec = share.spec
         meta = share.body.get("metadata")
         generation = meta.get("generation") if isinstance(meta, Mapping) else None
         seen = (share.uid, generation if isinstance(generation, int) else 0)
         if spec is None or spec.selector is None or self._checked.get(share.key) == seen:
             return []
+        if "phase" not in share.status:
+            return []  # not accepted yet
         try:
             labels = await self.kube.namespace_labels(share.namespace)
             pods = await self.kube.list_labelled_pods(
@@ -124,6 +128,8 @@ class UnlinkedReporter:
                 "GpuShare %s: could not list the pods its selector matches: %s", share.key, exc
             )
             return []  # tried again on the next pass
+        if len(self._checked) >= CHECKED_KEPT:
+            self._checked.clear()  # shares long gone among them: at worst a repeated report
         self._checked[share.key] = seen
         found = unlinked_pods(
             share, pods, enabled=labels.get(LABEL_SHARE_SELECTORS) == SHARE_SELECTORS_ENABLED
@@ -137,7 +143,3 @@ class UnlinkedReporter:
                     about=about, reason=item.reason, message=item.message, warning=True
                 )
         return found
-
-    def forget(self, key: str) -> None:
-        """A deleted share: a new one of the same name is checked afresh."""
-        self._checked.pop(key, None)

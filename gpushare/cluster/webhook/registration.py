@@ -11,9 +11,33 @@ admin enabled GpuShare selectors (:func:`_selector_hook`).
 import base64
 from typing import Any
 
-from gpushare.api.names import GROUP, LABEL_SHARE_SELECTORS, SHARE_SELECTORS_ENABLED
+from gpushare.api.names import (
+    GPU_RESOURCES,
+    GROUP,
+    LABEL_SHARE_SELECTORS,
+    SHARE_SELECTORS_ENABLED,
+)
 from gpushare.cluster.settings import Settings, parse_service
-from gpushare.cluster.webhook.review import match_condition_expression
+
+
+def match_condition_expression() -> str:
+    """CEL the API server evaluates before calling us: only gpushare pods are ever sent, so an
+    outage of the controller cannot block any other pod (see docs/scheduling.md)."""
+    gpushare_ann = (
+        "has(object.metadata.annotations) && "
+        "object.metadata.annotations.exists(k, k.startsWith('gpushare.io/'))"
+    )
+    # Both GPU resources: a pod asking for gpushare.io/opportunistic-gpu-percent directly, with
+    # no gpushare annotation, was never sent, so the webhook could not refuse it (#45).
+    held = " || ".join(
+        f"(has(c.resources.{part}) && '{r}' in c.resources.{part})"
+        for r in GPU_RESOURCES
+        for part in ("limits", "requests")
+    )
+    asks = f"exists(c, has(c.resources) && ({held}))"
+    resource = f"object.spec.containers.{asks}"
+    init = f"has(object.spec.initContainers) && object.spec.initContainers.{asks}"
+    return f"({gpushare_ann}) || ({resource}) || ({init})"
 
 
 def _client_config(settings: Settings, ca_pem: bytes, path: str) -> dict[str, Any]:

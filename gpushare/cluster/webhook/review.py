@@ -24,7 +24,6 @@ from gpushare.api.names import (
     ANN_OPPORTUNISTIC,
     ANN_SHARE,
     CLASS_BATCH,
-    GPU_RESOURCES,
     RESOURCE_GPU_PERCENT,
     SLICES_PER_GPU,
 )
@@ -491,23 +490,3 @@ def response_doc(req: ReviewRequest, verdict: Verdict) -> dict[str, Any]:
     if verdict.warnings:
         response["warnings"] = list(verdict.warnings)
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
-
-
-def match_condition_expression() -> str:
-    """CEL the API server evaluates before calling us: only gpushare pods are ever sent, so an
-    outage of the controller cannot block any other pod (see docs/scheduling.md)."""
-    gpushare_ann = (
-        "has(object.metadata.annotations) && "
-        "object.metadata.annotations.exists(k, k.startsWith('gpushare.io/'))"
-    )
-    # Both GPU resources: a pod asking for gpushare.io/opportunistic-gpu-percent directly, with
-    # no gpushare annotation, was never sent, so the webhook could not refuse it (#45).
-    held = " || ".join(
-        f"(has(c.resources.{part}) && '{r}' in c.resources.{part})"
-        for r in GPU_RESOURCES
-        for part in ("limits", "requests")
-    )
-    asks = f"exists(c, has(c.resources) && ({held}))"
-    resource = f"object.spec.containers.{asks}"
-    init = f"has(object.spec.initContainers) && object.spec.initContainers.{asks}"
-    return f"({gpushare_ann}) || ({resource}) || ({init})"

@@ -97,3 +97,10 @@ def test_reported_on_the_share_and_the_pod_once_per_generation() -> None:
     assert asyncio.run(reporter.check(SHARE)) == []  # the same generation: once
     changed = share_summary({**SHARE.body, "metadata": {**SHARE.body["metadata"], "generation": 2}})
     assert [u.pod for u in asyncio.run(reporter.check(changed))] == ["early"]
+
+
+def test_a_share_not_yet_accepted_is_not_looked_at() -> None:
+    kube = Kube([pod("early")], {"gpushare.io/share-selectors": "enabled"})
+    fresh = share_summary({**SHARE.body, "status": {}})
+    assert asyncio.run(UnlinkedReporter(kube).check(fresh)) == []  # type: ignore[arg-type]
+    assert kube.listed == [] and kube.events == []
