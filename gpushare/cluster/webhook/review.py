@@ -45,12 +45,7 @@ from gpushare.cluster.webhook.checks import (
     single_resource_errors,
 )
 from gpushare.cluster.webhook.facts import ClusterFacts
-from gpushare.cluster.webhook.patch import (
-    annotation_ops,
-    exclusive_reason,
-    pod_patch,
-    separation,
-)
+from gpushare.cluster.webhook.patch import annotation_ops, exclusive_reason, pod_patch, separation
 from gpushare.cluster.webhook.scheduling import scheduling_ops
 from gpushare.cluster.webhook.share_match import NO_LINK, selector_link
 
