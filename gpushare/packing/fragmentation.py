@@ -21,8 +21,9 @@ stays a dictionary lookup most of the time.
 """
 
 import bisect
+import copy
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -73,7 +74,9 @@ class Workload:
     prior for a cluster that has not observed anything yet.
     """
 
-    def __init__(self, tasks: Sequence[TaskClass]) -> None:
+    def __init__(
+        self, tasks: Sequence[TaskClass], *, prices: Mapping[str, float] | None = None
+    ) -> None:
         total = sum(t.weight for t in tasks)
         if not tasks or total <= 0:
             raise ValueError("a workload needs at least one task class with positive weight")
@@ -83,6 +86,13 @@ class Workload:
             )
             for t in tasks
         )
+        self.basis: Workload = self
+        """The workload this one shares everything but :attr:`prices` with (itself, unless
+        made by :meth:`with_prices`): what is worked out from the tasks is kept by it."""
+        self.prices: Mapping[str, float] = dict(prices or {})
+        """Cost per GPU-percent a placement takes on a GPU of each model: what the pods that
+        may use only some models would lose (:mod:`gpushare.packing.scarcity`); 0 for a model
+        not named."""
         self._tables: dict[str, tuple[float, tuple[_Group, ...]]] = {}
         self._cpu_points: dict[str, tuple[int, ...]] = {}
         """Per GPU model, every CPU demand of its groups, sorted: a node's free CPU matters to
@@ -103,8 +113,21 @@ class Workload:
         self.memory_per_percent: float | None = memory / share if share > 0 and memory > 0 else None
         """Mean host memory bytes GPU tasks bring per GPU-percent (None: not known)."""
 
+    def with_prices(self, prices: Mapping[str, float]) -> "Workload":
+        """The same workload with other :attr:`prices` (what it worked out is shared: none of
+        it reads the prices)."""
+        other = copy.copy(self)
+        other.prices = dict(prices)
+        return other
+
     @classmethod
-    def typical(cls, tasks: Iterable[TaskClass], *, coverage: float = 0.95) -> "Workload":
+    def typical(
+        cls,
+        tasks: Iterable[TaskClass],
+        *,
+        coverage: float = 0.95,
+        prices: Mapping[str, float] | None = None,
+    ) -> "Workload":
         """The most popular task shapes covering ``coverage`` of ``tasks`` (each counted with
         its weight), weighted by popularity: the FGD paper's "typical pods" at 0.95; 1.0 keeps
         every shape, rare multi-GPU and model-restricted ones included."""
@@ -127,7 +150,7 @@ class Workload:
             covered += count
             if covered >= coverage * n - 1e-9:
                 break
-        return cls(chosen)
+        return cls(chosen, prices=prices)
 
     def stranded(self, free: int, cpu_free: int | None, memory_free: int | None) -> float:
         """GPU-percent of ``free`` that the node's CPU and memory cannot feed, at the workload's
@@ -356,6 +379,9 @@ class Option:
     """Change of :meth:`Workload.stranded` on the node (GPU-percent)."""
     waste_delta: float = 0.0
     """Change of :meth:`Workload.waste_table` on the chosen GPU(s) (GPU-percent)."""
+    price: float = 0.0
+    """What taking the GPU share costs the pods limited to the node's model
+    (:attr:`Workload.prices` x GPU-percent taken)."""
 
 
 def moved_shares(free: tuple[int, ...], old: int, new: int, count: int = 1) -> tuple[int, ...]:
@@ -404,6 +430,7 @@ def placement_options(
         workload.stranded(total, node.cpu_milli_free, memory)
     )
     options: list[Option] = []
+    price = workload.prices.get(model, 0.0) * (percent * gpus)
     if gpus == 0:  # CPU-only: only the node's free CPU and memory change
         after = workload.fragmentation(free, cpu_after, model)
         return [Option((), after - before, 0, strand)]
@@ -413,7 +440,9 @@ def placement_options(
         after = workload.fragmentation(
             moved_shares(free, SLICES_PER_GPU, 0, gpus), cpu_after, model
         )
-        return [Option(tuple(chosen), after - before, 0, strand, -gpus * waste[SLICES_PER_GPU])]
+        return [
+            Option(tuple(chosen), after - before, 0, strand, -gpus * waste[SLICES_PER_GPU], price)
+        ]
     seen: set[int] = set()
     for i in fitting:
         f = SLICES_PER_GPU - used[i]
@@ -423,7 +452,7 @@ def placement_options(
         seen.add(key)
         after = workload.fragmentation(moved_shares(free, f, f - percent), cpu_after, model)
         wasted = waste[f - percent] - waste[f]
-        options.append(Option((i,), after - before, f - percent, strand, wasted))
+        options.append(Option((i,), after - before, f - percent, strand, wasted, price))
     return options
 
 

@@ -1,11 +1,15 @@
 """Which pods the view counts in the pod mix the gpushare policy measures against
 (:class:`gpushare.packing.mix.PodMix`), and when: each pod once, as it arrives (docs/packing.md,
-"The pod mix learned online")."""
+"The pod mix learned online"), with the GPU models its node constraints admit
+(:mod:`~gpushare.cluster.state.allowed_models`)."""
 
 from collections.abc import Container, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gpushare.api.names import SCHEDULER_NAME
+from gpushare.cluster.state.allowed_models import AllowedModels
+from gpushare.cluster.state.nodes import NodeInfo
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.pods import spec
 from gpushare.packing.mix import PodMix
@@ -18,6 +22,15 @@ class MixCounter:
     def __init__(self) -> None:
         self.counted: dict[str, str] = {}
         """Pod key -> UID of the pod counted (at most one entry per live pod)."""
+        self.models = AllowedModels()
+        """The GPU models each pod's node constraints admit, counted with its shape."""
+
+    def node(self, name: str, labels: object, info: NodeInfo | None) -> None:
+        """A node as the view last took it in: its labels and its GPUs' model."""
+        models = info.gpu_models.values() if info is not None else ()
+        self.models.node(
+            name, labels if isinstance(labels, Mapping) else None, next(iter(models), None)
+        )
 
     def count(
         self,
@@ -40,6 +53,9 @@ class MixCounter:
             if f.demand is None:
                 return
             demand = f.demand
+            allowed = self.models.of(spec(pod)) if demand.gpus > 0 else None
+            if allowed is not None:
+                demand = replace(demand, gpu_model=allowed)
         elif spec(pod).get("schedulerName") == SCHEDULER_NAME or (
             f.node is not None and f.node in gpu_nodes
         ):

@@ -27,6 +27,7 @@ from gpushare.cluster.state.shares import PodRules, ShareRegistry
 from gpushare.cluster.state.tenancy import Tenancies
 from gpushare.cluster.state.workload_marks import WorkloadMarks
 from gpushare.packing.mix import PodMix
+from gpushare.packing.scarcity import free_by_model
 
 log = logging.getLogger("gpushare.cluster.state.view")  # the name the view's messages have
 
@@ -94,6 +95,8 @@ class ViewParts:
         GpuShare's selector may govern them, and the operator gives them its request."""
         self._listing = False
         self._bind_indexes()
+        if self.mix.free_capacity is None:
+            self.mix.free_capacity = self._free_by_model
 
     def _init_listeners(self) -> None:
         """Who is told of changes: empty lists the controller's parts append to."""
@@ -128,6 +131,10 @@ class ViewParts:
             bump=self._inventory.bump,
             clock=clock,
         )
+
+    def _free_by_model(self) -> dict[str, int]:
+        """Free GPU-percent by GPU model: what the mix prices scarce models against."""
+        return free_by_model(self._nodes.values())
 
     def _bind_indexes(self) -> None:
         """The parts' indexes the hot paths read, bound once (the parts never replace them)."""
