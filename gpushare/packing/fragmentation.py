@@ -74,9 +74,7 @@ class Workload:
     prior for a cluster that has not observed anything yet.
     """
 
-    def __init__(
-        self, tasks: Sequence[TaskClass], *, prices: Mapping[str, float] | None = None
-    ) -> None:
+    def __init__(self, tasks: Sequence[TaskClass]) -> None:
         total = sum(t.weight for t in tasks)
         if not tasks or total <= 0:
             raise ValueError("a workload needs at least one task class with positive weight")
@@ -87,9 +85,10 @@ class Workload:
             for t in tasks
         )
         self.basis: Workload = self
-        """The workload this one shares everything but :attr:`prices` with (itself, unless
-        made by :meth:`with_prices`): what is worked out from the tasks is kept by it."""
-        self.prices: Mapping[str, float] = dict(prices or {})
+        """The workload without prices this one shares everything else with (itself, unless
+        made by :meth:`with_prices`): what is worked out from the tasks is kept by it, and
+        costs under it stay good when only the prices move."""
+        self.prices: Mapping[str, float] = {}
         """Cost per GPU-percent a placement takes on a GPU of each model: what the pods that
         may use only some models would lose (:mod:`gpushare.packing.scarcity`); 0 for a model
         not named."""
@@ -115,19 +114,15 @@ class Workload:
 
     def with_prices(self, prices: Mapping[str, float]) -> "Workload":
         """The same workload with other :attr:`prices` (what it worked out is shared: none of
-        it reads the prices)."""
-        other = copy.copy(self)
+        it reads the prices); its :attr:`basis` when ``prices`` is empty."""
+        if not prices:
+            return self.basis
+        other = copy.copy(self.basis)
         other.prices = dict(prices)
         return other
 
     @classmethod
-    def typical(
-        cls,
-        tasks: Iterable[TaskClass],
-        *,
-        coverage: float = 0.95,
-        prices: Mapping[str, float] | None = None,
-    ) -> "Workload":
+    def typical(cls, tasks: Iterable[TaskClass], *, coverage: float = 0.95) -> "Workload":
         """The most popular task shapes covering ``coverage`` of ``tasks`` (each counted with
         its weight), weighted by popularity: the FGD paper's "typical pods" at 0.95; 1.0 keeps
         every shape, rare multi-GPU and model-restricted ones included."""
@@ -150,7 +145,7 @@ class Workload:
             covered += count
             if covered >= coverage * n - 1e-9:
                 break
-        return cls(chosen, prices=prices)
+        return cls(chosen)
 
     def stranded(self, free: int, cpu_free: int | None, memory_free: int | None) -> float:
         """GPU-percent of ``free`` that the node's CPU and memory cannot feed, at the workload's

@@ -120,8 +120,8 @@ class PodMix:
         """The prices of scarce GPU models (:mod:`gpushare.packing.scarcity`) for the mix as of
         the last refit against the free capacity now; True when they changed (the generation
         moves, as after a refit)."""
-        if self.free_capacity is None or not self._demands:
-            return False
+        if self.free_capacity is None or not any(d[3] for d in self._demands):
+            return False  # no pod limited to some models: nothing to price
         prices = model_prices(self._demands, self.free_capacity())
         if prices == self._workload.prices:
             return False
@@ -148,12 +148,11 @@ class PodMix:
                 for (percent, gpus, cpu, model, memory), count in counts
             ),
             coverage=1.0,
-            prices=(
-                model_prices(self._demands, self.free_capacity())
-                if self.free_capacity is not None
-                else None
-            ),
         )
+        if self.free_capacity is not None and any(d[3] for d in self._demands):
+            self._workload = self._workload.with_prices(
+                model_prices(self._demands, self.free_capacity())
+            )
         self.generation += 1
 
     def shapes(self) -> dict[Shape, float]:

@@ -65,13 +65,13 @@ def model_prices(
         captive[models] = captive.get(models, 0.0) + share
     if total <= 0 or not captive:
         return {}
-    prices: dict[str, float] = {}
+    pressures: dict[str, float] = {}
     for models, share in sorted(captive.items(), key=lambda kv: sorted(kv[0])):
         room = sum(capacity[m] for m in models)
         pressure = (share / total) * total_capacity / room
         for m in sorted(models):
-            prices[m] = prices.get(m, 0.0) + weight * pressure
-    return prices
+            pressures[m] = pressures.get(m, 0.0) + pressure
+    return {m: weight * p for m, p in pressures.items()}
 
 
 def free_by_model(nodes: Iterable[NodeState]) -> dict[str, int]:

@@ -19,7 +19,7 @@ from gpushare.cluster.state.hosts import HostUsage
 from gpushare.cluster.state.nodes import NodeInventory
 from gpushare.cluster.state.placements import Placements
 from gpushare.cluster.state.pod_facts import PodFacts
-from gpushare.cluster.state.pod_mix import MixCounter
+from gpushare.cluster.state.pod_mix import FreeByModel, MixCounter
 from gpushare.cluster.state.quarantine import Quarantine
 from gpushare.cluster.state.reservations import Reservations
 from gpushare.cluster.state.share_rules import ShareRules
@@ -27,7 +27,6 @@ from gpushare.cluster.state.shares import PodRules, ShareRegistry
 from gpushare.cluster.state.tenancy import Tenancies
 from gpushare.cluster.state.workload_marks import WorkloadMarks
 from gpushare.packing.mix import PodMix
-from gpushare.packing.scarcity import free_by_model
 
 log = logging.getLogger("gpushare.cluster.state.view")  # the name the view's messages have
 
@@ -96,7 +95,7 @@ class ViewParts:
         self._listing = False
         self._bind_indexes()
         if self.mix.free_capacity is None:
-            self.mix.free_capacity = self._free_by_model
+            self.mix.free_capacity = FreeByModel(self._nodes, self._node_versions)
 
     def _init_listeners(self) -> None:
         """Who is told of changes: empty lists the controller's parts append to."""
@@ -131,10 +130,6 @@ class ViewParts:
             bump=self._inventory.bump,
             clock=clock,
         )
-
-    def _free_by_model(self) -> dict[str, int]:
-        """Free GPU-percent by GPU model: what the mix prices scarce models against."""
-        return free_by_model(self._nodes.values())
 
     def _bind_indexes(self) -> None:
         """The parts' indexes the hot paths read, bound once (the parts never replace them)."""

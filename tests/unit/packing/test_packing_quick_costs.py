@@ -14,7 +14,7 @@ from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile, Tenant
 from gpushare.packing.opportunistic import Opportunism
 from gpushare.packing.placer import Placer
-from gpushare.packing.policy import Policy
+from gpushare.packing.policy import Policy, node_cost
 from gpushare.packing.quick_costs import UNKNOWN, QuickCosts
 
 GIB = 1 << 30
@@ -313,6 +313,15 @@ def test_quick_costs_are_the_reference_costs_with_scarce_models_priced() -> None
             for node in nodes:
                 quick = _quick(placer, node, demand)
                 assert _same(quick, reference.node_cost(node, demand)), (round_, node.name)
+                # ... and the policy's cost afresh, the price added to every option.
+                afresh = node_cost(
+                    reference._admitted(node, demand),
+                    demand,
+                    policy=Policy.GPUSHARE,
+                    workload=mix.workload,
+                    model=reference.model,
+                )
+                assert _same(quick, afresh), (round_, node.name)
                 priced += quick is not None and node.gpus[0].model == MODELS[1]
         parts = sum(len(s.parts) for s in placer.quick._shapes.values())
         free[MODELS[1]] //= 2

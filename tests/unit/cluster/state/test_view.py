@@ -379,11 +379,19 @@ def test_the_mix_counts_the_gpu_models_a_pods_node_constraints_admit() -> None:
     }
     assert view.mix.free_capacity is not None
     assert view.mix.free_capacity() == {"Tesla T4": 200, "NVIDIA H100 80GB HBM3": 100}
+    # A pod bound to a T4 takes its share of the free capacity; a node gone takes all of its.
+    view.upsert_pod(
+        pod_json("bound", fraction="0.3", node="t4-a", placement=placed("t4-a-GPU", 30))
+    )
+    assert view.mix.free_capacity() == {"Tesla T4": 170, "NVIDIA H100 80GB HBM3": 100}
+    view.delete_node("h100")
+    assert view.mix.free_capacity() == {"Tesla T4": 170}
+    view.upsert_node(_labelled("h100", "NVIDIA-H100", "NVIDIA H100 80GB HBM3"))
     # Relabelled, the T4 nodes admit nothing the pod asks for: it no longer counts a limit.
     view.upsert_node(_labelled("t4-a", "T4", "Tesla T4"))
     view.upsert_node(_labelled("t4-b", "T4", "Tesla T4"))
     view.upsert_pod(
         pod_json("t4", fraction="0.5", uid="new", extra_spec=_affinity(product, "In", ["Tesla-T4"]))
     )
-    assert view.mix.observed == len(pods) + 1
+    assert view.mix.observed == len(pods) + 2
     assert sum(n for s, n in view.mix.shapes().items() if s[:2] == (50, 1) and s[3] is None) == 2
