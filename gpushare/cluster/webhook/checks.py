@@ -208,6 +208,16 @@ def check_scheduler(pod: pods.Pod, *, final: bool) -> list[InvalidInputError]:
     allowed = (SCHEDULER_NAME,) if final else DEFAULT_SCHEDULERS
     if name in allowed:
         return []
+    if final and name in DEFAULT_SCHEDULERS:  # the API server's default: nobody wrote it
+        return [
+            InvalidInputError(
+                "spec.schedulerName",
+                f"is {name or 'unset'!r}: the pod did not pass gpushare's mutating webhook, "
+                f"which sets {SCHEDULER_NAME}",
+                "make sure the MutatingWebhookConfiguration 'gpushare' is registered, then "
+                "recreate the pod",
+            )
+        ]
     return [
         InvalidInputError(
             "spec.schedulerName",
