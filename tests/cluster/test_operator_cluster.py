@@ -31,6 +31,7 @@ from gpushare.api.names import (
     ANN_MEMORY_LIMIT,
     ANN_OPPORTUNISTIC,
     ANN_PAUSE,
+    ANN_PAUSED,
     ANN_REQUEST_PERCENT,
     ANN_SHARE,
     ANN_STATE,
@@ -44,7 +45,7 @@ from gpushare.api.names import (
     STATE_ALLOCATED,
     TIER_OPPORTUNISTIC,
 )
-from gpushare.api.pause import REASON_GUARANTEED, load_pause_request
+from gpushare.api.pause import REASON_GUARANTEED, load_pause_request, load_pause_state
 from gpushare.api.profile import GpuProfile
 from gpushare.node.simload import PIPE_WEIGHTS
 from gpushare.packing.sizing import as_fraction, suggested_percent
@@ -756,14 +757,19 @@ def test_an_opted_in_pod_runs_beyond_full_gpus_with_the_caps_its_placement_set(
 
 
 def test_an_opportunistic_pod_is_paused_for_a_guaranteed_pod_and_resumed_when_it_leaves(
-    cluster: Any, controller: Any, operator: OperatorProcess, namespace: str
+    cluster: Any,
+    controller: Any,
+    operator: OperatorProcess,
+    node_agent: NodeAgentProcess,
+    namespace: str,
 ) -> None:
-    """Pause, don't kill (issue 65), the controller's part on the real API server: a guaranteed
-    pod whose class bound the running opportunistic pod would break (the simulated profiles are
-    a saturating mix) is bound beside it after the controller wrote gpushare.io/pause on it,
-    naming the guaranteed pod, with a Paused Event; the opportunistic pod is not evicted. Once
-    the guaranteed pod is deleted, the request is removed and a Resumed Event says so. (The
-    node agent's freeze, gpushare.io/paused, is the node side's test.)"""
+    """Pause, don't kill (issue 65), end to end on the local cluster: a guaranteed pod whose
+    class bound the running opportunistic pod would break (the simulated profiles are a
+    saturating mix) is bound beside it after the controller wrote gpushare.io/pause on it,
+    naming the guaranteed pod, with a Paused Event; the node agent freezes it
+    (gpushare.io/paused for that request); it is not evicted. Once the guaranteed pod is
+    deleted, the controller removes the request (a Resumed Event) and the agent thaws it.
+    (How a frozen pod's work and probes fare: tests/cluster/test_pause_cluster.py.)"""
     image = cluster.busybox_image
     # One GPU held whole, so the rest of the test shares the other.
     apply(cluster, pod_manifest("blocker", namespace, image=image, annotations={ANN_FRACTION: "1"}))
@@ -814,6 +820,14 @@ def test_an_opportunistic_pod_is_paused_for_a_guaranteed_pod_and_resumed_when_it
         timeout_s=30,
         what="the Paused Event",
     )
+    frozen = wait_until(
+        lambda: get(cluster, "pod", "train-1", namespace)["metadata"]["annotations"].get(
+            ANN_PAUSED
+        ),
+        timeout_s=30,
+        what="the node agent to report the freeze",
+    )
+    assert load_pause_state(frozen).request_since == request.since
     assert paused["status"]["phase"] == "Running"
     assert events(cluster, namespace, name="train-1", reason="Preempted") == 0
 
@@ -830,7 +844,16 @@ def test_an_opportunistic_pod_is_paused_for_a_guaranteed_pod_and_resumed_when_it
         timeout_s=30,
         what="the Resumed Event",
     )
-    assert get(cluster, "pod", "train-1", namespace)["status"]["phase"] == "Running"
+    wait_until(
+        lambda: (
+            ANN_PAUSED not in get(cluster, "pod", "train-1", namespace)["metadata"]["annotations"]
+        ),
+        timeout_s=30,
+        what="the node agent to thaw it",
+    )
+    after = get(cluster, "pod", "train-1", namespace)
+    assert after["status"]["phase"] == "Running"
+    assert all(s.get("restartCount", 0) == 0 for s in after["status"]["containerStatuses"])
 
 
 def _gpu_and_threads(cluster: Any, name: str, namespace: str) -> tuple[str, int]:
