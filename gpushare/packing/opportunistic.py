@@ -258,10 +258,17 @@ def memory_steps(demand: Demand, gpu_memory_bytes: int) -> list[int]:
 
 
 def memory_for(demand: Demand, gpu: GpuState) -> int | None:
-    """The largest of :func:`memory_steps` that fits beside every tenant's memory cap on
-    ``gpu`` and leaves :data:`GUARANTEED_ROOM` free; None when none does."""
+    """The memory cap an opportunistic pod gets on ``gpu``, beside every tenant's cap and
+    leaving :data:`GUARANTEED_ROOM` free; None when it does not fit. Where its profile measured
+    its peak, that peak with :data:`PEAK_HEADROOM` (the last of :func:`memory_steps`): the least
+    it is seen to need, since memory is what a paused pod keeps and the one thing a guaranteed
+    pod evicts it for (run 27: a ViT given the largest step that fitted was evicted by the next
+    15% pod). Otherwise the largest step that fits."""
     free = gpu.free_memory - int(gpu.memory_bytes * GUARANTEED_ROOM)
-    return next((m for m in memory_steps(demand, gpu.memory_bytes) if 0 < m <= free), None)
+    steps = memory_steps(demand, gpu.memory_bytes)
+    if demand.memory_bytes is None and demand.peak_memory_bytes is not None:
+        steps = steps[-1:]
+    return next((m for m in steps if 0 < m <= free), None)
 
 
 @dataclass

@@ -273,6 +273,10 @@ def test_a_measured_peak_lets_an_opportunistic_pod_take_what_it_was_seen_to_need
     assert assignment is not None and assignment.opportunistic
     assert assignment.memory_limit_bytes == steps[-1]
     assert placer().choose_gpus(node, opted(60, SMALL)) is None
+    # On a GPU with room for its whole share it still takes only what it was seen to need,
+    # so the next guaranteed pod finds the rest free instead of evicting it.
+    roomy = gpu(tenant("ns/a", 70, SMALL, gib=20))
+    assert memory_for(demand, roomy) == steps[-1]
 
 
 def test_an_opportunistic_pod_leaves_room_for_a_small_guaranteed_one() -> None:
