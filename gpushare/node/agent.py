@@ -36,7 +36,13 @@ from gpushare.node.extension import ExporterHandle, wire_exporter
 from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.metrics import AgentCollector, Authorize, MetricsServer, Reply, registry_for
 from gpushare.node.mps.limits import MpsLimitKeeper
-from gpushare.node.parts import new_allocator, new_device_plugins, new_fault_monitor, new_mps
+from gpushare.node.parts import (
+    new_allocator,
+    new_device_plugins,
+    new_fault_monitor,
+    new_mps,
+    new_vendor_cdi,
+)
 from gpushare.node.publishing import AgentLease, NodePublisher
 from gpushare.node.settings import AgentSettings
 from gpushare.node.simload import SimulatedLoadFeeder
@@ -170,6 +176,7 @@ class NodeAgent:
             on_release=self._resync_limits,
             device_nodes=device_nodes,
             nvidia_runtime_env=not self.backend.simulated,
+            vendor_cdi=new_vendor_cdi(settings),
             pods=self.read_pods,
             tenancy=settings.tenancy,
             namespace_labels=dra_api.namespace_labels,

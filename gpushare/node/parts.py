@@ -12,6 +12,7 @@ from gpushare.api.pod import PodInfo
 from gpushare.node.core.answer import DeviceNode
 from gpushare.node.core.cgroups import pods_with_running_containers
 from gpushare.node.core.pods import PodSource
+from gpushare.node.core.vendor_cdi import SPEC_DIRS, VendorCdi
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import opportunistic_slice_ids, slice_ids
 from gpushare.node.deviceplugin.holdings import (
@@ -83,8 +84,16 @@ def new_allocator(
         mps=mps,
         device_nodes=device_nodes,
         nvidia_runtime_env=not simulated,
+        vendor_cdi=new_vendor_cdi(settings),
         on_answer=on_answer,
     )
+
+
+def new_vendor_cdi(settings: AgentSettings) -> VendorCdi:
+    """The GPUs' CDI device names on CDI nodes, read from the runtime's spec directories (and
+    the DRA mode's, when the chart moved it)."""
+    dirs = [*SPEC_DIRS, *([settings.cdi_dir] if settings.cdi_dir not in SPEC_DIRS else [])]
+    return VendorCdi(settings.vendor_cdi, dirs=dirs)
 
 
 def new_device_plugins(

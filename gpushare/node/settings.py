@@ -31,6 +31,12 @@ class AgentSettings:
     and registers through <kubelet-root>/plugins_registry/."""
     cdi_dir: Path = DEFAULT_CDI_DIR
     """dra mode: where a CDI spec per prepared claim is written for the container runtime."""
+    vendor_cdi: str = "auto"
+    """How containers get the GPU itself on nodes whose runtime injects GPUs from CDI specs (GPU
+    Operator >= v25.10): auto, name each GPU's device of kind nvidia.com/gpu from the specs in
+    /etc/cdi and /var/run/cdi (by UUID, else index; none found: no name); off; or a CDI kind,
+    always <kind>=<UUID>. The names go into Allocate's answer and each prepared claim's CDI IDs
+    (docs/coexistence.md, "CDI nodes")."""
     slice_resync_s: float = 30.0
     """dra mode: how often the node's ResourceSlice is checked (and written again if it was
     deleted, e.g. by a kubelet that saw the plugin gone)."""

@@ -73,7 +73,27 @@ def test_host_directories_are_mounted_at_their_host_paths(chart: Chart) -> None:
         "/var/lib/k0s/kubelet/device-plugins",
         "/var/lib/k0s/kubelet/pod-resources",
         "/run/gs",
+        # Read only: the NVIDIA CDI specs (node.vendorCdi auto).
+        "/etc/cdi",
+        "/var/run/cdi",
     }
+
+
+def test_the_agent_reads_the_nvidia_cdi_specs_only_in_auto_mode(chart: Chart) -> None:
+    """Issue #66, CDI nodes: auto reads the specs (read-only mounts), a named kind needs none."""
+    for mode, dirs in (
+        ("auto", {"/etc/cdi", "/var/run/cdi"}),
+        ("nvidia.com/gpu", set()),
+        ("off", set()),
+    ):
+        ds = _ds(chart, {"node": {"vendorCdi": mode}})
+        volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+        mounts = [m for m in _agent(ds)["volumeMounts"] if m["name"].startswith("vendor-cdi")]
+        assert {m["mountPath"] for m in mounts} == dirs
+        assert all(m["readOnly"] for m in mounts)
+        assert {volumes[m["name"]]["hostPath"]["path"] for m in mounts} == dirs
+        assert build_parser().parse_args(_agent(ds)["args"]).vendor_cdi == mode
+    assert "vendorCdi" in chart.fails({"node": {"vendorCdi": "yes please"}})
 
 
 def test_simulated_gpus_run_without_privilege_or_host_pids(chart: Chart) -> None:
@@ -257,6 +277,7 @@ def test_dra_mode_serves_the_kubelet_plugin_api_instead_of_a_device_plugin(chart
         "/var/run/cdi",
         "/var/lib/kubelet/pod-resources",
         "/run/gpushare/node",
+        "/etc/cdi",  # read only: the NVIDIA CDI specs (node.vendorCdi auto)
     }
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["PLUGIN_SOCKET"] == "/var/lib/kubelet/plugins_registry/gpu.gpushare.io-reg.sock"
