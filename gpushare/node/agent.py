@@ -17,6 +17,7 @@ from gpushare.api.agent_lease import AGENT_LEASE_RENEW_S
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import RESOURCE_GPU_OPPORTUNISTIC
 from gpushare.api.pod import PodInfo, pod_info
+from gpushare.node import parts
 from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN
 from gpushare.node.core.allocations import PodAllocation
 from gpushare.node.core.answer import DeviceNode
@@ -36,13 +37,7 @@ from gpushare.node.extension import ExporterHandle, wire_exporter
 from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.metrics import AgentCollector, Authorize, MetricsServer, Reply, registry_for
 from gpushare.node.mps.limits import MpsLimitKeeper
-from gpushare.node.parts import (
-    new_allocator,
-    new_device_plugins,
-    new_fault_monitor,
-    new_mps,
-    new_vendor_cdi,
-)
+from gpushare.node.parts import new_allocator, new_device_plugins, new_fault_monitor, new_mps
 from gpushare.node.publishing import AgentLease, NodePublisher
 from gpushare.node.settings import AgentSettings
 from gpushare.node.simload import SimulatedLoadFeeder
@@ -52,6 +47,8 @@ log = logging.getLogger(__name__)
 
 class NodeAgent:
     """One node's agent. ``run(stop)`` blocks until ``stop`` is set (SIGTERM)."""
+
+    operator_drain: Any = None  # drains for GPU Operator driver upgrades and MIG changes
 
     def __init__(
         self,
@@ -176,7 +173,7 @@ class NodeAgent:
             on_release=self._resync_limits,
             device_nodes=device_nodes,
             nvidia_runtime_env=not self.backend.simulated,
-            vendor_cdi=new_vendor_cdi(settings),
+            vendor_cdi=self.allocator.vendor_cdi,
             pods=self.read_pods,
             tenancy=settings.tenancy,
             namespace_labels=dra_api.namespace_labels,
@@ -312,6 +309,8 @@ class NodeAgent:
         ``gpushare.io/agent-ready`` (the extender waits on it) and served as /readyz."""
         if self.stopping.is_set():
             return "the node agent is stopping"
+        if self.operator_drain and (why := self.operator_drain.not_ready_reason()):
+            return str(why)
         if self.dra_plugin is not None:
             registration = self.dra_plugin.registration
             if registration is None or not registration.registered.is_set():
@@ -466,6 +465,9 @@ class NodeAgent:
         threads.append(self._loop("pods", stop, settings.pod_refresh_s, self.refresh_pods))
         threads.append(self._loop("mps-faults", stop, settings.fault_check_s, self.faults.check))
         threads.append(self._loop("publish", stop, 1.0, self.publisher.step))
+        if drain := parts.new_gpu_operator_drain(settings, kube=self.kube, agent=self):
+            self.operator_drain = drain
+            threads.append(self._loop("gpu-operator", stop, drain.every_s, drain.step))
         slices = self.slices
         if slices is not None:
             threads.append(

@@ -5,9 +5,10 @@ them (docs/architecture.md).
 """
 
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from gpushare.api.inventory import GpuInfo
-from gpushare.api.names import RESOURCE_GPU_OPPORTUNISTIC
+from gpushare.api.names import ANN_EVICT, RESOURCE_GPU_OPPORTUNISTIC
 from gpushare.api.pod import PodInfo
 from gpushare.node.core.answer import DeviceNode
 from gpushare.node.core.cgroups import pods_with_running_containers
@@ -24,10 +25,13 @@ from gpushare.node.deviceplugin.holdings import (
 )
 from gpushare.node.deviceplugin.plugin import KUBELET_SOCKET, DevicePluginSockets
 from gpushare.node.deviceplugin.server import DevicePluginServicer
+from gpushare.node.dra.driver import DraDriver
 from gpushare.node.faults.actions import FaultKube
 from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.faults.procfs import PodResolver
+from gpushare.node.gpu_operator import GpuOperatorDrain, gpu_pods
 from gpushare.node.mps.manager import MpsManager
+from gpushare.node.publishing import NodePublisher
 from gpushare.node.settings import AgentSettings
 
 MakeServicer = Callable[[Callable[[str], list[str]]], DevicePluginServicer]
@@ -137,4 +141,46 @@ def new_fault_monitor(
         resolver=PodResolver(candidates=client_pids),
         mps_check=lambda uuid: mps.check_one(uuid).up,
         exclusive_after=settings.exclusive_after_faults,
+    )
+
+
+class DrainHost(Protocol):
+    """What draining for the GPU Operator reads of the node agent."""
+
+    gpus: list[GpuInfo]
+    mps: MpsManager
+    dra: DraDriver | None
+    publisher: NodePublisher
+
+    def read_pods(self) -> list[PodInfo]: ...
+
+
+def new_gpu_operator_drain(
+    settings: AgentSettings, *, kube: Any, agent: DrainHost
+) -> GpuOperatorDrain | None:
+    """Draining for the GPU Operator's driver upgrades and MIG changes (None when off, or
+    without a Kubernetes client that reads the node): the node's labels read through ``kube``,
+    the agent's gpushare pods (placed here, or holding a claim it prepared) marked for the
+    controller to evict, its MPS daemons stopped and started, its node published again."""
+    if not hasattr(kube, "node_labels") or settings.gpu_operator_check_s <= 0:
+        return None
+
+    def claimed() -> list[str]:
+        prepared = agent.dra.prepared().values() if agent.dra is not None else ()
+        return [f"{c.namespace}/{c.pod}" for c in prepared if c.pod]
+
+    return GpuOperatorDrain(
+        node_labels=kube.node_labels,
+        gpu_pods=lambda: gpu_pods(agent.read_pods(), claimed()),
+        mark_for_eviction=lambda pod, why: kube.annotate_pod(
+            namespace=pod.namespace, name=pod.name, annotations={ANN_EVICT: why}
+        ),
+        event=lambda pod, reason, message, warning: kube.record_event(
+            pod=pod, reason=reason, message=message, warning=warning
+        ),
+        stop_mps=agent.mps.stop_all,
+        start_mps=lambda: agent.mps.ensure(g.uuid for g in agent.gpus),
+        changed=agent.publisher.request,
+        marker_dir=settings.mps_root,
+        every_s=settings.gpu_operator_check_s,
     )

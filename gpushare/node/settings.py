@@ -108,3 +108,7 @@ class AgentSettings:
     exclusive_after_faults: int = 2
     """Fatal GPU faults a workload may be involved in, beside neighbours with none in common,
     within an hour before it is moved to a GPU of its own (0: never)."""
+    gpu_operator_check_s: float = 2.0
+    """How often the node's labels are read for the GPU Operator's driver upgrades and MIG
+    changes, which drain gpushare's pods and MPS daemons off the node (gpushare.node.gpu_operator;
+    0: never)."""

@@ -2,6 +2,14 @@
 
 from typing import Any
 
+from gpushare.api.gpu_operator import (
+    DEPLOY_CLIENT,
+    DEPLOY_DEVICE_PLUGIN,
+    MIG_CONFIG_STATE,
+    MIG_DRAIN_STATES,
+    UPGRADE_DRAIN_STATES,
+    UPGRADE_STATE,
+)
 from gpushare.api.names import LABEL_MPS_CAPABLE
 from gpushare.node.main import build_parser
 from tests.fixtures.helm_chart import LOCAL_VALUES, Chart, container
@@ -373,20 +381,21 @@ def test_a_dra_agent_holds_the_controllers_tenancy_boundary_between_claims(chart
     assert build_parser().parse_args(_agent(shared)["args"]).tenancy == "cluster"
 
 
-def test_no_agent_or_mps_daemon_while_the_gpu_operator_changes_mig(chart: Chart) -> None:
-    """The mig-manager's protocol: pending/rebooting state or the plugin paused; a user's own
-    required node affinity keeps its expressions and gets these added."""
+def test_no_agent_while_the_gpu_operator_upgrades_the_driver_or_changes_mig(chart: Chart) -> None:
+    """The GPU Operator's labels (gpushare.api.gpu_operator): a driver upgrade from pod
+    deletion to the driver pod's restart, the mig-manager's pending/rebooting state, an operand
+    label paused; a user's own required node affinity keeps its expressions and gets these
+    added. The MPS daemons stay (the agent stops them once the node is drained)."""
+    paused = ["paused-for-mig-change", "paused-for-driver-upgrade"]
     pause = [
         {
-            "key": "nvidia.com/mig.config.state",
+            "key": UPGRADE_STATE,
             "operator": "NotIn",
-            "values": ["pending", "rebooting"],
+            "values": list(UPGRADE_DRAIN_STATES),
         },
-        {
-            "key": "nvidia.com/gpu.deploy.device-plugin",
-            "operator": "NotIn",
-            "values": ["paused-for-mig-change"],
-        },
+        {"key": MIG_CONFIG_STATE, "operator": "NotIn", "values": list(MIG_DRAIN_STATES)},
+        {"key": DEPLOY_DEVICE_PLUGIN, "operator": "NotIn", "values": paused},
+        {"key": DEPLOY_CLIENT, "operator": "NotIn", "values": paused},
     ]
     own = {"key": "zone", "operator": "In", "values": ["a"]}
     values = {
@@ -402,14 +411,32 @@ def test_no_agent_or_mps_daemon_while_the_gpu_operator_changes_mig(chart: Chart)
     }
     for given, expected in (({}, pause), (values, [own, *pause])):
         rendered = chart.render(given)
-        for kind, name in (
-            ("DaemonSet", "gpushare-node-agent"),
-            ("DaemonSet", "gpushare-mps-daemons"),
-        ):
-            spec = rendered.get(kind, name)["spec"]["template"]["spec"]
-            terms = spec["affinity"]["nodeAffinity"][
-                "requiredDuringSchedulingIgnoredDuringExecution"
-            ]
-            assert terms["nodeSelectorTerms"] == [{"matchExpressions": expected}], name
+        spec = rendered.get("DaemonSet", "gpushare-node-agent")["spec"]["template"]["spec"]
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"] == [{"matchExpressions": expected}]
+        daemons = rendered.get("DaemonSet", "gpushare-mps-daemons")["spec"]["template"]["spec"]
+        assert daemons.get("affinity", {}) == ({} if not given else values["node"]["affinity"])
     off = chart.render({"node": {"pauseForGpuOperator": False}})
     assert "affinity" not in off.get("DaemonSet", "gpushare-node-agent")["spec"]["template"]["spec"]
+
+
+def test_the_agents_pod_waits_for_the_drain_and_can_be_a_gpu_operator_client(
+    chart: Chart,
+) -> None:
+    ds = chart.render().get("DaemonSet", "gpushare-node-agent")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == 270
+    env = {e["name"]: e.get("value") for e in _agent(ds)["env"]}
+    assert env["DRAIN_TIMEOUT_SECONDS"] == "240"
+    assert "nvidia.com/gpu.deploy.client" not in spec["nodeSelector"]
+    client = chart.render({"node": {"gpuOperatorClient": True}})
+    for name in ("gpushare-node-agent",):
+        selector = client.get("DaemonSet", name)["spec"]["template"]["spec"]["nodeSelector"]
+        assert selector == {"gpushare.io/enabled": "true", "nvidia.com/gpu.deploy.client": "true"}
+    # The MPS daemons do not select it: the operator would remove them with the agent, before
+    # the drain is done.
+    daemons = client.get("DaemonSet", "gpushare-mps-daemons")["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu.deploy.client" not in daemons.get("nodeSelector", {})
+    unpaused = chart.render({"node": {"pauseForGpuOperator": False}})
+    agent = unpaused.get("DaemonSet", "gpushare-node-agent")
+    assert agent["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30
