@@ -122,8 +122,9 @@ def uninstalling() -> bool:
         return False
     if status == 200:
         return bool(body.get("metadata", {}).get("deletionTimestamp"))
-    # 404: deleted. 401: our ServiceAccount is gone with the release.
-    return status in (401, 404)
+    # 404: deleted. 401: our ServiceAccount is gone with the release; 403: its binding is (Argo
+    # CD, kubectl delete -f: the release's objects go together, with no pre-delete hook first).
+    return status in (401, 403, 404)
 
 
 def agent_pids() -> list[int]:
