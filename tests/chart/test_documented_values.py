@@ -61,3 +61,18 @@ def test_each_documented_set_renders(chart: Chart, where: str, args: list[str]) 
 def test_a_boolean_node_selector_value_is_refused_naming_it(chart: Chart) -> None:
     err = chart.fails({"node": {"nodeSelector": {"nvidia.com/gpu.present": True}}})
     assert "nodeSelector" in err and "nvidia.com~1gpu.present" in err
+
+
+def test_a_numeric_dashboard_label_value_set_on_the_command_line_is_a_string_label(
+    chart: Chart,
+) -> None:
+    """`--set dashboards.labelValue=1` (what kube-prometheus-stack's sidecar looks for) gives
+    the number 1: taken, and rendered as the label string "1"."""
+    proc = subprocess.run(
+        [chart.helm, "template", "gpushare", str(CHART), "--kube-version", KUBE_VERSION,
+         "--set", "dashboards.labelValue=1", "--show-only", "templates/dashboards-configmap.yaml"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    maps = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert maps and {m["metadata"]["labels"]["grafana_dashboard"] for m in maps} == {"1"}
