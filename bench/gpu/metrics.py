@@ -40,6 +40,21 @@ class JobResult:
     """When gpushare promoted it to guaranteed."""
     preemptions: list[str] = field(default_factory=list)
     """Why it was preempted, each time (it then waited and started again from scratch)."""
+    launched_s: float | None = None
+    """When its scheme first launched it: its process started then (cold) or was told to
+    work (warm); ``start_s`` is when its work began."""
+    cold_starts: int = 0
+    """Starts with CUDA, the model and the warm-up steps inside the clock: planned for every
+    scheme (``warmup.plan``), a setting no warm process had, or a restart after a kill."""
+    startup_in_clock_s: float = 0.0
+    """Seconds from its cold launches to their work's start, summed."""
+    discarded_s: float = 0.0
+    """Seconds of work thrown away: for each time its process was killed (preempted and
+    started again from scratch), the time that attempt had been working."""
+    pauses: int = 0
+    """Times its process was paused (frozen) in place of a kill."""
+    paused_s: float = 0.0
+    """Seconds it spent paused, summed."""
 
     @property
     def ok(self) -> bool:
@@ -72,7 +87,8 @@ class JobResult:
 
 
 def summarize(jobs: Sequence[JobResult], *, solo_run_s: dict[str, float]) -> dict[str, Any]:
-    """Makespan, mean JCT and throughput of one scheme on one trace.
+    """Makespan, mean JCT and throughput of one scheme on one trace; its cold starts, pauses,
+    paused seconds and the seconds of work its kills threw away (``discarded_gpu_s``).
 
     throughput: solo-seconds of work finished per second of makespan (each job's solo run
     time is its run time under exclusive FIFO), so 1.0 means "as if one job at a time ran
@@ -80,8 +96,16 @@ def summarize(jobs: Sequence[JobResult], *, solo_run_s: dict[str, float]) -> dic
     """
     done = [j for j in jobs if j.ok]
     failed = [j.id for j in jobs if not j.ok]
+    starts = {
+        "cold_starts": sum(j.cold_starts for j in jobs),
+        "startup_in_clock_s": round(sum(j.startup_in_clock_s for j in jobs), 3),
+        "pauses": sum(j.pauses for j in jobs),
+        "paused_s": round(sum(j.paused_s for j in jobs), 3),
+        "discarded_gpu_s": round(sum(j.discarded_s for j in jobs), 3),
+    }
     if not done:
-        return {"makespan_s": None, "mean_jct_s": None, "throughput": None, "failed": failed}
+        return {"makespan_s": None, "mean_jct_s": None, "throughput": None, "failed": failed,
+                **starts}  # fmt: skip
     start = min(j.arrival_s for j in jobs)
     makespan = max(j.end_s for j in done if j.end_s is not None) - start
     work = sum(solo_run_s.get(j.id, 0.0) for j in done)
@@ -96,6 +120,7 @@ def summarize(jobs: Sequence[JobResult], *, solo_run_s: dict[str, float]) -> dic
         "preemptions": sum(len(j.preemptions) for j in jobs),
         "promotions": sum(1 for j in jobs if j.promoted_s is not None),
         "opportunistic_starts": sum(1 for j in jobs if j.opportunistic),
+        **starts,
     }
     lat = [x for j in done for x in j.latencies_ms]
     if lat:

@@ -78,7 +78,10 @@ class Workers:
         self.all_events: queue.Queue[Event] = queue.Queue()
         self.workers: dict[str, Worker] = {}
 
-    def spawn(self, label: str) -> Worker:
+    def spawn(self, label: str, *, preload: str = "") -> Worker:
+        """Start a worker process; it imports torch (and what kind ``preload`` is built from)
+        and then reads commands: a command sent now waits in its pipe, so nothing here waits
+        for the import."""
         env = {**os.environ, **self.base_env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         # MPS settings are applied per command by the worker, never inherited by accident.
         for key in list(env):
@@ -87,6 +90,8 @@ class Workers:
         cmd = [sys.executable, "-m", "bench.gpu.worker", "--device", self.device, "--label", label]
         if self.tiny:
             cmd.append("--tiny")
+        if preload:
+            cmd += ["--preload", preload]
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
         stderr_path = self.log_dir / f"{safe}.stderr"
         with stderr_path.open("w") as err:

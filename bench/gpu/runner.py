@@ -1,19 +1,20 @@
 """Executes schemes and colocation stages on the GPU with worker processes."""
 
 import logging
+import math
 import queue
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bench.gpu.colocate import Member, PackResult, Stage
 from bench.gpu.metrics import JobResult
 from bench.gpu.mps import client_env
-from bench.gpu.procs import Worker, WorkerError, Workers, close_together
+from bench.gpu.procs import Event, Worker, WorkerError, Workers, close_together
 from bench.gpu.schemes import Launch, Running, Scheme
 from bench.gpu.traces import TraceJob
 from gpushare.api.profile import GpuProfile
@@ -51,6 +52,149 @@ class Governing:
     window_s: float
 
 
+PINNED_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+
+def _but_memory(launch: Launch) -> tuple[object, ...]:
+    """A launch's settings less its MPS memory limit."""
+    env = None
+    if launch.env is not None:
+        env = tuple(sorted((k, v) for k, v in launch.env.items() if k != PINNED_MEMORY))
+    return (launch.thread_percent, launch.priority, env, launch.mps)
+
+
+def _limit(launch: Launch) -> float:
+    return math.inf if launch.memory_limit_mib is None else float(launch.memory_limit_mib)
+
+
+def warm_launches(launches: Sequence[Launch], *, memory_mib: int | None) -> list[Launch]:
+    """The processes warmed for a job that may start with any of ``launches``: one for each
+    setting but its MPS memory limit, with the smallest of those limits that holds the job's
+    ``memory_mib`` (else the largest). MPS's pinned-memory limit only caps what a client may
+    allocate, so a job that runs within the smaller limit runs the same under a larger one:
+    that process stands in for the larger limits of its setting (:meth:`ProcessStarter.start`;
+    the product's own choice is what its accounting and the results record). Without this, an
+    opted-in job was warmed once per memory step (issue 65's warm-up storm)."""
+    groups: dict[tuple[object, ...], list[Launch]] = {}
+    for launch in launches:
+        groups.setdefault(_but_memory(launch), []).append(launch)
+    out = []
+    for group in groups.values():
+        holds = [x for x in group if memory_mib is None or _limit(x) >= memory_mib]
+        out.append(min(holds, key=_limit) if holds else max(group, key=_limit))
+    return out
+
+
+@dataclass
+class Attempt:
+    """One start of a job: the process doing it, and whether it started cold."""
+
+    label: str
+    cold: bool
+    note: str | None = None
+
+
+class Starter(Protocol):
+    """Starts jobs for the trace's clock without making it wait: :meth:`start` returns at once
+    and the process reports on :attr:`events` (``started`` when its work begins, then ``done``,
+    or ``error``/``exit``)."""
+
+    @property
+    def events(self) -> "queue.Queue[Event]": ...
+
+    def start(self, launch: Launch, *, iterations: int, seed: int) -> Attempt: ...
+
+    def stop(self, label: str) -> None:
+        """End an attempt's process now (an eviction's SIGTERM); returns at once."""
+
+    def tail(self, label: str) -> str:
+        """The end of an attempt's stderr, for a failure's record."""
+
+
+@dataclass
+class ProcessStarter:
+    """The real :class:`Starter`: a warm job's process matching the launch gets its work; any
+    other start is cold, its CUDA context, model and warm-up inside the clock, in a process
+    that imported its libraries before the clock (``spare``) or, for a restart, a new one.
+    Nothing here waits for a process."""
+
+    scheme: Scheme
+    workers: Workers
+    pipe_dir: Path | None
+    warm: dict[str, list[tuple[Launch, Worker]]]
+    """Job id -> its warmed-up processes, one per setting (emptied when the job starts)."""
+    spare: dict[str, Worker]
+    """Job id -> a process that has imported torch, for the job's cold start."""
+    failed: dict[str, list[tuple[Launch, str]]] = field(default_factory=dict)
+    """Job id -> settings whose warm-up failed, and why."""
+    init_s: dict[str, float] = field(default_factory=dict)
+    """Job id -> the longest warm-up of its processes (paid before the clock)."""
+    starts: int = 0
+
+    @property
+    def events(self) -> "queue.Queue[Event]":
+        return self.workers.all_events
+
+    def start(self, launch: Launch, *, iterations: int, seed: int) -> Attempt:
+        job = launch.job
+        warm = [(s, w) for s, w in self.warm.get(job.id, []) if w.proc.poll() is None]
+        self.warm[job.id] = warm  # a warm process that died before its launch is no choice
+        chosen = next((w for settings, w in warm if launch.same_settings(settings)), None)
+        stand_in = None
+        if chosen is None:  # the same setting with a smaller memory limit (warm_launches)
+            stand_in = next(
+                (
+                    (s, w)
+                    for s, w in warm
+                    if _but_memory(s) == _but_memory(launch) and _limit(s) <= _limit(launch)
+                ),
+                None,
+            )
+            chosen = stand_in[1] if stand_in is not None else None
+        for _, w in warm:
+            if w is not chosen:
+                w.ask_to_quit()
+        offered = [s.settings() for s, _ in warm]
+        warm.clear()  # used or let go: a preempted job starts again cold, as a new pod would
+        if chosen is not None:
+            chosen.send({"cmd": "run", "iterations": iterations, "seed": seed})
+            note = None
+            if stand_in is not None:
+                note = (
+                    f"warm process with a memory limit of {stand_in[0].memory_limit_mib} MiB "
+                    f"for the {launch.memory_limit_mib} MiB chosen, otherwise the same settings"
+                )
+            return Attempt(chosen.label, cold=False, note=note)
+        note = None
+        failed = [why for s, why in self.failed.get(job.id, []) if launch.same_settings(s)]
+        if failed:
+            note = f"its warm-up with these settings failed ({failed[0][:200]}): started cold"
+        elif offered:
+            note = (
+                f"{self.scheme.name} chose {launch.settings()}, which no warmed-up process had "
+                f"({offered}): started cold"
+            )
+        worker = self.spare.pop(job.id, None)
+        if worker is None or worker.proc.poll() is not None:
+            self.starts += 1
+            label = f"{self.scheme.name}.{job.id}.cold{self.starts}"
+            worker = self.workers.spawn(label, preload=job.kind)
+        env = _env(self.scheme, launch, self.pipe_dir)
+        worker.send(
+            {"cmd": "job", "kind": job.kind, "env": env, "iterations": iterations, "seed": seed}
+        )
+        return Attempt(worker.label, cold=True, note=note)
+
+    def stop(self, label: str) -> None:
+        worker = self.workers.workers.get(label)
+        if worker is not None and worker.proc.poll() is None:
+            worker.proc.terminate()
+
+    def tail(self, label: str) -> str:
+        worker = self.workers.workers.get(label)
+        return worker.tail(3) if worker is not None else ""
+
+
 def run_trace(
     *,
     scheme: Scheme,
@@ -59,35 +203,31 @@ def run_trace(
     workers: Workers,
     pipe_dir: Path | None,
     timeout_s: float,
+    warm_ids: AbstractSet[str],
+    memory_mib: Mapping[str, int] | None = None,
     governing: Governing | None = None,
 ) -> list[JobResult]:
-    """Run one trace under one scheme; every job is its own process, started and warmed up
-    (CUDA context, model, two iterations) before the clock starts, once for each setting its
-    scheme may give it (``Scheme.prepare``). A job whose process fails to start is recorded as
-    failed and the trace goes on without it."""
+    """Run one trace under one scheme; every job is its own process. The jobs in
+    ``warm_ids`` (``warmup.plan``, the same for every scheme) are started and warmed up (CUDA
+    context, model, two iterations) before the clock starts, once for each setting the scheme
+    may give them (``Scheme.prepare``, :func:`warm_launches` with the job's ``memory_mib``);
+    the others start cold when launched, inside the clock, from a process that imported its
+    libraries before it. No start makes the clock wait."""
     if scheme.mps and pipe_dir is None:
         raise ValueError(f"scheme {scheme.name} needs the MPS daemon's pipe directory")
     results = {
         j.id: JobResult(j.id, j.kind, j.gpu_class, j.arrival_s, iterations[j.id]) for j in jobs
     }
-    warm: dict[str, list[tuple[Launch, Worker]]] = {j.id: [] for j in jobs}
     try:
-        planned = [(j, i, launch) for j in jobs for i, launch in enumerate(scheme.prepare(j))]
-        # Two waves: every job's first setting, then the others. Warm processes hold GPU
-        # memory; a later setting that no longer fits is left cold (started when chosen)
-        # instead of crowding out a job's first one.
-        for wave in ([p for p in planned if p[1] == 0], [p for p in planned if p[1] > 0]):
-            _warm_up(scheme, wave, results=results, warm=warm, workers=workers, pipe_dir=pipe_dir)
-        for j in jobs:
-            if warm[j.id]:
-                results[j.id].error = None
-        _drive(
+        starter = _warm_up(scheme, jobs, warm_ids=warm_ids, workers=workers, pipe_dir=pipe_dir,
+                           memory_mib=memory_mib or {})  # fmt: skip
+        for job_id, seconds in starter.init_s.items():
+            results[job_id].init_s = seconds
+        drive(
             scheme=scheme,
-            jobs=[j for j in jobs if warm[j.id]],
+            jobs=jobs,
             results=results,
-            warm=warm,
-            workers=workers,
-            pipe_dir=pipe_dir,
+            starter=starter,
             timeout_s=timeout_s,
             governing=governing,
         )
@@ -98,76 +238,79 @@ def run_trace(
 
 def _warm_up(
     scheme: Scheme,
-    planned: Sequence[tuple[TraceJob, int, Launch]],
+    jobs: Sequence[TraceJob],
     *,
-    results: dict[str, JobResult],
-    warm: dict[str, list[tuple[Launch, Worker]]],
+    warm_ids: AbstractSet[str],
     workers: Workers,
     pipe_dir: Path | None,
-) -> None:
-    if not planned:
-        return
-    labels = [f"{scheme.name}.{j.id}.{i}" for j, i, _ in planned]
-    started = workers.start_many(labels, timeout_s=SPAWN_TIMEOUT_S)
-    for (j, _, launch), w in zip(planned, started, strict=True):
-        w.send({"cmd": "init", "kind": j.kind, "env": _env(scheme, launch, pipe_dir)})
-    for (j, i, launch), w in zip(planned, started, strict=True):
-        try:
-            ready = workers.expect(w, "ready", timeout_s=INIT_TIMEOUT_S)
-        except WorkerError as exc:
-            if i > 0:
-                log.warning("[%s] %s: setting %d left cold: %s", scheme.name, j.id, i, exc)
-                w.ask_to_quit()
-                continue
-            results[j.id].error = f"start-up failed: {exc}"
-            log.error("[%s] %s: %s", scheme.name, j.id, results[j.id].error)
-            continue
-        results[j.id].init_s = results[j.id].init_s or float(ready["init_s"])
-        warm[j.id].append((launch, w))
-
-
-def _pick(
-    scheme: Scheme, launch: Launch, warm: list[tuple[Launch, Worker]], workers: Workers,
-    pipe_dir: Path | None,
-) -> tuple[Worker, str | None]:  # fmt: skip
-    """The warmed-up process started with ``launch``'s settings; the others are let go. With
-    none, a new process starts now, inside the clock (noted on the job)."""
-    chosen = next((w for settings, w in warm if launch.same_settings(settings)), None)
-    for _, w in warm:
-        if w is not chosen:
-            w.ask_to_quit()
-    warm.clear()  # used or let go: a preempted job starts again cold, as a new pod would
-    if chosen is not None:
-        return chosen, None
-    note = (
-        f"{scheme.name} chose {launch.settings()}, which no warmed-up process had "
-        f"({[s.settings() for s, _ in warm]}): started cold, start-up inside the clock"
+    memory_mib: Mapping[str, int],
+) -> ProcessStarter:
+    """Before the clock: a process per setting of every warm job, initialised with it, and an
+    imported process for every cold job. Every process is spawned at once and an init waits
+    in its pipe for the import, so no barrier separates the two."""
+    planned = [
+        (j, launch)
+        for j in jobs
+        if j.id in warm_ids
+        for launch in warm_launches(scheme.prepare(j), memory_mib=memory_mib.get(j.id))
+    ]
+    starter = ProcessStarter(
+        scheme, workers, pipe_dir, warm={j.id: [] for j in jobs}, spare={}, failed={}
     )
-    w = workers.start_many([f"{scheme.name}.{launch.job.id}.cold"], timeout_s=SPAWN_TIMEOUT_S)[0]
-    w.send({"cmd": "init", "kind": launch.job.kind, "env": _env(scheme, launch, pipe_dir)})
-    workers.expect(w, "ready", timeout_s=INIT_TIMEOUT_S)
-    return w, note
+    started: list[tuple[TraceJob, Launch, Worker]] = []
+    for i, (j, launch) in enumerate(planned):
+        w = workers.spawn(f"{scheme.name}.{j.id}.warm{i}", preload=j.kind)
+        w.send({"cmd": "init", "kind": j.kind, "env": _env(scheme, launch, pipe_dir)})
+        started.append((j, launch, w))
+    for j in jobs:
+        if j.id not in warm_ids:
+            starter.spare[j.id] = workers.spawn(f"{scheme.name}.{j.id}.cold0", preload=j.kind)
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S + INIT_TIMEOUT_S
+    for j, launch, w in started:
+        try:
+            ready = workers.expect(w, "ready", timeout_s=max(1.0, deadline - time.monotonic()))
+        except WorkerError as exc:
+            log.warning("[%s] %s: warm-up with %s failed: %s", scheme.name, j.id,
+                        launch.settings(), exc)  # fmt: skip
+            starter.failed.setdefault(j.id, []).append((launch, str(exc)))
+            w.ask_to_quit()
+            continue
+        seconds = float(ready.get("init_s", 0.0))
+        starter.init_s[j.id] = max(seconds, starter.init_s.get(j.id, 0.0))
+        starter.warm[j.id].append((launch, w))
+    for job_id, w in list(starter.spare.items()):
+        try:
+            workers.expect(w, "imported", timeout_s=max(1.0, deadline - time.monotonic()))
+        except WorkerError as exc:
+            log.warning("[%s] %s: no process imported for its cold start (%s); one is started "
+                        "when it launches", scheme.name, job_id, exc)  # fmt: skip
+            del starter.spare[job_id]
+    while not workers.all_events.empty():  # the warm-up's events are not the clock's
+        workers.all_events.get_nowait()
+    return starter
 
 
-def _drive(
+def drive(
     *,
     scheme: Scheme,
     jobs: Sequence[TraceJob],
     results: dict[str, JobResult],
-    warm: dict[str, list[tuple[Launch, Worker]]],
-    workers: Workers,
-    pipe_dir: Path | None,
+    starter: Starter,
     timeout_s: float,
     governing: Governing | None = None,
 ) -> None:
     """The trace's clock: arrivals, the scheme's promotions, launches and preemptions (a
-    preempted job's process is ended and the job waits again, to start from scratch),
-    completions. A job that crashes is recorded as failed; the others go on."""
+    preempted job's process is ended and the job waits again, to start from scratch; the work
+    it had done is counted as discarded), completions. A launch only asks ``starter`` to start
+    the job and goes on: the job holds its place from the launch, and its work begins when its
+    process says ``started``, so a slow start never delays another arrival or launch. A job
+    that crashes is recorded as failed; the others go on."""
     arrivals = sorted(jobs, key=lambda j: j.arrival_s)
     pending: list[TraceJob] = []
     running: dict[str, Running] = {}
     label_job: dict[str, TraceJob] = {}
-    worker_of: dict[str, Worker] = {}
+    attempt_of: dict[str, Attempt] = {}
+    working_since: dict[str, float] = {}
     t0 = time.time() + 0.2
     deadline = t0 + timeout_s
     next_review = t0 + (governing.period_s if governing else 0.0)
@@ -177,10 +320,12 @@ def _drive(
         if r is None:
             return
         results[job_id].preemptions.append(reason)
-        worker = worker_of.pop(job_id)
-        label_job.pop(worker.label, None)
-        if worker.proc.poll() is None:
-            worker.proc.terminate()  # an eviction's SIGTERM
+        attempt = attempt_of.pop(job_id)
+        label_job.pop(attempt.label, None)
+        since = working_since.pop(job_id, None)
+        if since is not None:  # its work so far is lost: it starts again from scratch
+            results[job_id].discarded_s += max(0.0, time.time() - t0 - since)
+        starter.stop(attempt.label)
         pending.append(r.job)
         pending.sort(key=lambda j: j.arrival_s)
         log.info("[%s] t=%6.2fs preempt %s: %s", scheme.name, time.time() - t0, job_id, reason)
@@ -200,36 +345,33 @@ def _drive(
             for victim in launch.preempt:
                 preempt(victim, f"{job.id} (guaranteed) needs the room")
             pending.remove(job)
+            seed = zlib.crc32(job.id.encode()) % 10_000
+            launched = time.time() - t0
             try:
-                worker, note = _pick(scheme, launch, warm[job.id], workers, pipe_dir)
+                attempt = starter.start(launch, iterations=res.iterations, seed=seed)
             except WorkerError as exc:
-                res.error = f"cold start failed: {exc}"
+                res.error = f"start failed: {exc}"
                 scheme.finished(job)
                 continue
-            res.start_s = time.time() - t0
-            if res.first_start_s is None:
-                res.first_start_s = res.start_s
+            if res.launched_s is None:
+                res.launched_s = launched
+            res.cold_starts += int(attempt.cold)
             res.thread_percent = launch.thread_percent
             res.priority = launch.priority
             res.opportunistic = launch.opportunistic
-            res.note = note or launch.note or None
-            if note:
-                log.warning("[%s] %s: %s", scheme.name, job.id, note)
-            seed = zlib.crc32(job.id.encode()) % 10_000
-            label_job[worker.label] = job
-            worker_of[job.id] = worker
-            try:
-                worker.send({"cmd": "run", "iterations": res.iterations, "seed": seed})
-            except WorkerError as exc:
-                res.error = str(exc)
-                scheme.finished(job)
-                continue
-            running[job.id] = Running(job, launch, res.start_s)
+            res.note = "; ".join(x for x in (launch.note, attempt.note) if x) or None
+            if attempt.note:  # a cold start nobody planned is worth a warning, a stand-in not
+                level = logging.WARNING if attempt.cold else logging.INFO
+                log.log(level, "[%s] %s: %s", scheme.name, job.id, attempt.note)
+            label_job[attempt.label] = job
+            attempt_of[job.id] = attempt
+            running[job.id] = Running(job, launch, launched)
             log.info(
-                "[%s] t=%6.2fs start %s threads=%s prio=%s%s",
+                "[%s] t=%6.2fs launch %s%s threads=%s prio=%s%s",
                 scheme.name,
-                res.start_s,
+                launched,
                 job.id,
+                " (cold)" if attempt.cold else "",
                 launch.thread_percent,
                 launch.priority,
                 f" ({launch.note})" if launch.note else "",
@@ -244,32 +386,48 @@ def _drive(
         if time.time() > deadline:
             for jid in list(running) + [j.id for j in pending + arrivals]:
                 results[jid].error = f"not finished within {timeout_s:.0f}s"
+            for attempt in attempt_of.values():
+                starter.stop(attempt.label)
             return
         wait = 0.25 if governing is None else min(0.25, governing.period_s)
         if arrivals:
             wait = max(0.0, min(wait, t0 + arrivals[0].arrival_s - time.time()))
         try:
-            ev = workers.all_events.get(timeout=wait)
+            ev = starter.events.get(timeout=wait)
         except queue.Empty:
             continue
         job_for = label_job.get(ev.label)
         if job_for is None or job_for.id not in running:
             continue
         res = results[job_for.id]
+        if ev.name == "started":
+            res.start_s = float(ev.fields.get("t_ready", time.time())) - t0
+            if res.first_start_s is None:
+                res.first_start_s = res.start_s
+            working_since[job_for.id] = res.start_s
+            launched_at = running[job_for.id].start_s
+            if attempt_of[job_for.id].cold and launched_at is not None:
+                res.startup_in_clock_s += max(0.0, res.start_s - launched_at)
+            log.info("[%s] t=%6.2fs start  %s", scheme.name, res.start_s, job_for.id)
+            continue
         if ev.name == "done":
             res.end_s = ev.fields["t_end"] - t0
+            if res.start_s is None:  # no "started" seen: its work began when it was told
+                res.start_s = float(ev.fields.get("t_ready", ev.fields["t_end"])) - t0
+                res.first_start_s = res.first_start_s or res.start_s
             res.latencies_ms = list(ev.fields.get("latencies_ms", []))
             peak = ev.fields.get("peak_mib")
             res.peak_mib = int(peak) if isinstance(peak, int | float) else None
             held = ev.fields.get("process_mib")
             res.process_mib = int(held) if isinstance(held, int | float) else None
         elif ev.name in ("error", "exit"):
-            res.error = f"{ev.name}: {ev.fields} {workers.workers[ev.label].tail(3)}"
+            res.error = f"{ev.name}: {ev.fields} {starter.tail(ev.label)}"
             log.error("[%s] %s failed: %s", scheme.name, job_for.id, res.error)
         else:
             continue
         del running[job_for.id]
-        worker_of.pop(job_for.id, None)
+        attempt_of.pop(job_for.id, None)
+        working_since.pop(job_for.id, None)
         scheme.finished(job_for)
         if res.ok:
             log.info(
@@ -352,12 +510,13 @@ def measure_stages(
     pool: Pool,
     stages: Sequence[Stage],
     deadline: float,
-    on_solo: Callable[[Member, float, float, float], None],
+    on_solo: Callable[..., None],
 ) -> list[PackResult]:
     """Measure every pack of every stage until ``deadline`` (then the rest is skipped).
 
-    ``on_solo(member, start, end, rate)`` is called after each single-job window at 100%
-    threads, while the GPU still holds only that job's recent history (for its profile).
+    ``on_solo(member, start, end, rate, report)`` is called after each single-job window at
+    100% threads, while the GPU still holds only that job's recent history (for its profile);
+    ``report`` is the worker's, its memory included.
     """
     results: list[PackResult] = []
     for stage in stages:
@@ -378,7 +537,7 @@ def measure_stages(
             rates = tuple(float(r["rate"]) for r in reports)
             results.append(PackResult(pack, rates))
             if len(pack) == 1 and pack[0].thread_percent == 100:
-                on_solo(pack[0], t_start, time.time(), rates[0])
+                on_solo(pack[0], t_start, time.time(), rates[0], reports[0])
             log.info(
                 "pack %-60s rates %s",
                 "+".join(m.label for m in pack),

@@ -23,11 +23,12 @@ writes them; without a fraction the job asks what the product sizes from its mea
 without a memory the share of the GPU's memory its fraction is (on a GPU with little memory,
 give small-fraction jobs a ``memory`` their model fits in: the results' ``peak_mib`` per job
 says how much each used). Optional ``opportunistic`` (``true``/``false``) is the job's
-``gpushare.io/opportunistic``: each trace with such rows is run twice under gpushare, with the
-chart's default (no opt-in) and with the opt-in on those rows (``gpushare_opportunistic``;
-docs/packing.md, "The sharing contract"). Mark at most half of a trace's jobs: a real queue
-mixes jobs that may be preempted with jobs that may not.
-The shipped traces are ``bench/gpu/data/traces/{light,heavy,mixed}.json``.
+``gpushare.io/opportunistic``. Every trace is run three ways under gpushare (issue 65): with
+the chart's defaults (no pod opts in, ``gpushare``), with the opt-in on the rows the trace marks
+(``gpushare_opportunistic``, where it marks any) and with every batch row opted in
+(``gpushare_opportunistic_all``; docs/packing.md, "The sharing contract"). Mark about a third
+of a trace's jobs: a real queue mixes jobs that may be preempted with jobs that may not.
+The shipped traces are ``bench/gpu/data/traces/*.json`` (:data:`SHIPPED`).
 
 A bad file fails before any GPU work, naming the file, the row and the field. A trace holds at
 most ``MAX_ROWS`` jobs (every job's process is warmed up before the clock).
@@ -46,20 +47,20 @@ from bench.gpu.catalog import KINDS
 from bench.gpu.catalog import kind as job_kind
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.limit import check_limit, parse_limit
-from gpushare.api.names import ANN_FRACTION, ANN_OPPORTUNISTIC, SLICES_PER_GPU
+from gpushare.api.names import ANN_FRACTION, ANN_OPPORTUNISTIC, CLASS_BATCH, SLICES_PER_GPU
 from gpushare.api.quantities import parse_fraction, parse_memory
 from gpushare.api.request import check_opportunistic, parse_opportunistic
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "traces"
-SHIPPED = ("light", "heavy", "mixed")
+SHIPPED = ("light", "heavy", "mixed", "bursty", "long-short", "notebooks")
+"""The shipped traces: issue 8's three, then issue 65's (bursty arrivals, long jobs beside
+short ones, notebooks that sit mostly idle beside batch jobs)."""
 MAX_BYTES = 1 << 20
 MAX_ROWS = 24
-"""Jobs in one trace. Every job's process is started and warmed up before the trace's clock
-(``runner.run_trace``), all at once, under gpushare once for each setting it may get (idle GPU,
-beside a latency pod: two processes a job at most), and each is a client of one MPS server,
-which serves at most 48 (CUDA's limit for Volta and newer). Their memory must fit too: a job
-whose process cannot start is recorded as failed (the results' ``failed``), so split a longer
-trace, or one with many whole-GPU jobs, into several files."""
+"""Jobs in one trace: each is a process and, under MPS, a client of one MPS server, which
+serves at most 48 (CUDA's limit for Volta and newer). Which jobs are warmed up before the clock
+is decided within that and the GPU's memory (``warmup.plan``); the others start cold, so a long
+trace is not refused for memory, but split one that should run warm."""
 MAX_ARRIVAL_S = 3600.0
 MAX_WORK_S = 600.0
 _ALIASES = {"arrival": "arrival_s", "work": "work_s"}
@@ -270,9 +271,15 @@ def shipped(name: str) -> Trace:
     return replace(trace, source=f"bench/gpu/data/traces/{name}.json")
 
 
-def load_all(paths: Sequence[Path]) -> list[Trace]:
-    """The traces to run: the given files, else the shipped ones; names must differ."""
-    found = [load_trace(p) for p in paths] if paths else [shipped(n) for n in SHIPPED]
+def load_all(paths: Sequence[Path], names: Sequence[str] = ()) -> list[Trace]:
+    """The traces to run: the given files and shipped traces by name, else every shipped one;
+    names must differ."""
+    unknown = [n for n in names if n not in SHIPPED]
+    if unknown:
+        raise TraceError(f"{unknown[0]!r} is not a shipped trace; use {', '.join(SHIPPED)}")
+    if not paths and not names:
+        names = SHIPPED
+    found = [shipped(n) for n in names] + [load_trace(p) for p in paths]
     seen: dict[str, str] = {}
     for t in found:
         if t.name in seen:
@@ -303,3 +310,17 @@ def iterations_for(job: TraceJob, *, solo_rate: float) -> int:
     if rate <= 0:
         raise ValueError(f"{job.id}: solo rate of {job.kind} is {rate}; cannot size the job")
     return max(3, round(job.work_s * rate))
+
+
+def every_batch_row_opted_in(jobs: Sequence[TraceJob]) -> list[TraceJob]:
+    """The jobs with ``gpushare.io/opportunistic: "true"`` on every batch pod (a latency pod
+    cannot opt in: ``check_opportunistic``), the trace's third way."""
+    out = []
+    for j in jobs:
+        if j.gpu_class != CLASS_BATCH or j.opportunistic:
+            out.append(j)
+            continue
+        check_opportunistic(True, percent=round((j.fraction or 0) * SLICES_PER_GPU),
+                            gpu_class=j.gpu_class, field="opportunistic")  # fmt: skip
+        out.append(replace(j, opportunistic=True))
+    return out

@@ -3,16 +3,19 @@
 The coordinator starts the process early so that ``import torch`` is paid before the clock
 starts; CUDA is first touched only when a command arrives, after the command's environment
 (MPS pipe directory, active-thread percentage, client priority) has been applied, because the
-CUDA driver reads those variables when it initialises. Trace jobs are initialised and warmed
-up before the trace's clock starts (with the MPS settings their scheme will give them), so
-completion times measure GPU sharing, not process start-up (reported separately).
+CUDA driver reads those variables when it initialises. A warm trace job is initialised and
+warmed up before the trace's clock starts (with the MPS settings their scheme will give them),
+so its completion time measures GPU sharing, not process start-up (reported separately); a
+cold one (``warmup.plan``: the same jobs under every scheme) initialises when it is launched.
 
 Protocol: JSON commands on stdin, one per line; JSON events on stdout, prefixed ``@@ ``.
 
 - ``{"cmd": "init", "kind", "env"}`` then ``{"cmd": "run", "iterations"}``: a trace job,
-  warmed up before the trace starts, then a fixed amount of work; reports ``done`` with
-  ``t_go``, ``t_end`` (wall clock) and request latencies, and exits.
-- ``{"cmd": "job", "kind", "env", "iterations"}``: the same with start-up inside the clock.
+  warmed up before the trace starts, then a fixed amount of work; reports ``started`` when
+  the work begins, then ``done`` with ``t_go``, ``t_end`` (wall clock), request latencies and
+  memory, and exits.
+- ``{"cmd": "job", "kind", "env", "iterations"}``: the same started cold, inside the clock:
+  ``started`` comes once CUDA, the model and its two warm-up steps are ready.
 - ``{"cmd": "init", "kind", "env"}`` then any number of
   ``{"cmd": "window", "start", "end"}``: run back to back (or serve Poisson requests) inside
   the window and report the rate; used for solo profiles and colocation packs.
@@ -20,6 +23,7 @@ Protocol: JSON commands on stdin, one per line; JSON events on stdout, prefixed 
 """
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -57,14 +61,30 @@ _DRY_STEP_S = {
     "vit": 0.02,
     "bgemm": 0.02,
 }
+_DRY_STEP_S["notebook"] = job_kind("notebook").burst * _DRY_STEP_S["resnet18"]
 
 
 class _DryWorkload:
     def __init__(self, kind: str) -> None:
-        self.seconds = _DRY_STEP_S[kind]
+        self.seconds = _DRY_STEP_S[kind] + job_kind(kind).idle_s
 
     def step(self) -> None:
         time.sleep(self.seconds)
+
+
+PRELOADS: dict[str, tuple[str, ...]] = {
+    "gpt2": ("transformers",),
+    "bert": ("transformers",),
+    "vit": ("torchvision",),
+}
+"""Modules a kind's model is built from beyond torch: a process started for that kind imports
+them with torch, before the trace's clock (``--preload``), so a start inside the clock pays
+only CUDA, the model and its warm-up steps."""
+
+
+def preload(kind: str) -> None:
+    for module in PRELOADS.get(kind, ()):
+        importlib.import_module(module)
 
 
 class _Runner:
@@ -221,8 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tiny", action="store_true", help="tiny models (CPU smoke test)")
     parser.add_argument("--label", default="", help="name shown in the coordinator's logs")
+    parser.add_argument(
+        "--preload", default="", metavar="KIND", help="import what KIND is built from, now"
+    )
     args = parser.parse_args(argv)
     runner = _Runner(device_name=args.device, tiny=args.tiny)
+    if args.preload and args.device != "sleep":
+        preload(args.preload)
     torch = runner.torch
     emit(
         "imported",
@@ -249,15 +274,20 @@ def main(argv: list[str] | None = None) -> int:
                         seed=msg.get("seed", 0),
                         settle=bool(msg.get("settle", False)),
                     ),
+                    peak_mib=runner.peak_mib(),
+                    process_mib=runner.process_mib(),
                 )
             elif cmd == "run":
                 t_go = time.time()
+                emit("started", t_ready=t_go)
                 _work_and_report(runner, msg, t_go=t_go, t_ready=t_go)
                 break
             elif cmd == "job":
                 t_go = time.time()
-                runner.init(msg["kind"], msg.get("env", {}))
-                _work_and_report(runner, msg, t_go=t_go, t_ready=time.time())
+                init_s = runner.init(msg["kind"], msg.get("env", {}))
+                t_ready = time.time()
+                emit("started", t_ready=t_ready, init_s=init_s)
+                _work_and_report(runner, msg, t_go=t_go, t_ready=t_ready)
                 break
             else:
                 raise ValueError(f"unknown command {cmd!r}")

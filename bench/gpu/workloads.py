@@ -11,12 +11,15 @@ tiny models are never benchmark results.
 # torch has no complete type stubs for every call used here; keep mypy out of this file.
 # mypy: ignore-errors
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
+
+from bench.gpu.catalog import KINDS, JobKind
 
 
 class _Basic(nn.Module):
@@ -148,6 +151,21 @@ def _training(
     return step
 
 
+def _mostly_idle(
+    train: Callable[[], None], *, sync: Callable[[], None], spec: JobKind
+) -> Callable[[], None]:
+    """One step of a job that sits mostly idle, as a notebook does: a burst of ``spec.burst``
+    training steps, waited for, then ``spec.idle_s`` with nothing on the GPU."""
+
+    def step() -> None:
+        for _ in range(spec.burst):
+            train()
+        sync()
+        time.sleep(spec.idle_s)
+
+    return step
+
+
 def build(name: str, *, device: torch.device, tiny: bool = False) -> Workload:
     """Build a job kind's model and synthetic batch on ``device``."""
     torch.manual_seed(0)
@@ -166,11 +184,13 @@ def build(name: str, *, device: torch.device, tiny: bool = False) -> Workload:
 
         return make
 
-    if name == "resnet18":
+    if name in ("resnet18", "notebook"):
         model = ResNet(_Basic, [2, 2, 2, 2], classes=10, small_input=True).to(device)
         step = _training(
             model, batch((4 if tiny else 32, 3, 32, 32), 10), device=device, bf16=False
         )
+        if name == "notebook":
+            step = _mostly_idle(step, sync=sync, spec=KINDS[name])
     elif name in ("resnet50", "resnet50_xl", "infer"):
         model = ResNet(_Bottleneck, [3, 4, 6, 3], classes=1000, small_input=False)
         model = model.to(device).to(memory_format=torch.channels_last)

@@ -28,14 +28,15 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "their placement annotations, when arrived GPU demand reaches 100% and 130% of "
         f"capacity. Controller flags: {setup.get('controller_args')}.",
         "",
-        "| pod list | alloc @100% | alloc @130% (std) | simulator @130% | FGD published @130% "
-        "| failed pods | pods/s (stock) | seeds |",
-        "|---|---|---|---|---|---|---|---|",
+        "| pod list | alloc @100% | simulator @100% | alloc @130% (std) | simulator @130% "
+        "| FGD published @130% | failed pods | pods/s (stock) | seeds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for trace, row in doc["traces"].items():
         more = doc.get("trace_details", {}).get(trace, {})
         lines.append(
-            f"| {trace} | {_f(row['alloc_100'])} | {_f(row['alloc_130'])} "
+            f"| {trace} | {_f(row['alloc_100'])} | {_f(row.get('sim_alloc_100'))} "
+            f"| {_f(row['alloc_130'])} "
             f"({_f(more.get('alloc_130_std'))}) | {_f(row.get('sim_alloc_130'))} "
             f"| {_f(more.get('published_fgd_130'))} | {_f(row['failed_pods'], 0)} "
             f"| {_f(more.get('pods_per_s'), 1)} ({_f(more.get('stock_pods_per_s'), 1)}) "

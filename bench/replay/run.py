@@ -67,7 +67,13 @@ FILTER_METRIC = "gpushare_extender_request_duration_seconds"
 DEFAULT_WEBHOOK_PORT = 19443
 WEBHOOK_CONFIG_NAME = "gpushare"
 """The controller's default ``--webhook-config-name``."""
-TARGETS = {"alloc_130_default": 96.0, "above_fgd": 0.5, "sim_gap": 0.5, "filter_p99_ms": 10.0}
+TARGETS = {
+    "alloc_130_default": 96.0,
+    "above_fgd": 0.5,
+    "sim_gap": 0.5,
+    "sim_gap_gpuspec": 0.2,
+    "filter_p99_ms": 10.0,
+}
 
 
 @dataclass(frozen=True)
@@ -510,16 +516,30 @@ def pooled_filter_p99(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return metrics.summarize(h)
 
 
-def simulated(inputs: Inputs, trace: str, seeds: list[int]) -> list[float]:
-    """The simulator's gpushare (the product's rule) on the same arrivals."""
+def simulated(inputs: Inputs, trace: str, seeds: list[int]) -> list[tuple[float, float]]:
+    """The simulator's gpushare (the product's rule) on the same arrivals: (allocation at 100%,
+    at 130%) per seed."""
     out = []
     for seed in seeds:
         r = simulate(
             inputs.nodes, inputs.pods[trace], policy="gpushare", seed=seed, model=load_default()
         )
-        out.append(r.alloc_130)
-        log.info("simulator %s seed %d: %.2f%%", trace, seed, r.alloc_130)
+        out.append((r.alloc_100, r.alloc_130))
+        log.info("simulator %s seed %d: %.2f%% / %.2f%%", trace, seed, r.alloc_100, r.alloc_130)
     return out
+
+
+def _simulate_into(
+    inputs: Inputs, seeds: list[int], sims: dict[str, dict[int, float]], setup: dict[str, Any]
+) -> None:
+    """The simulator's 130% figures into ``sims``, its 100% ones into ``setup``."""
+    at_100 = setup.setdefault("simulator_100", {})
+    for trace in inputs.pods:
+        values = simulated(inputs, trace, seeds)
+        sims.setdefault(trace, {}).update({s: v[1] for s, v in zip(seeds, values, strict=True)})
+        at_100.setdefault(trace, {}).update(
+            {str(s): v[0] for s, v in zip(seeds, values, strict=True)}
+        )
 
 
 def assemble(
@@ -550,6 +570,10 @@ def assemble(
             "sim_alloc_130": round(statistics.fmean(sim_values), 2) if sim_values else None,
             "failed_pods": round(statistics.fmean(r["failed"] for r in mine), 1),
         }
+        at_100 = setup.get("simulator_100", {}).get(trace, {})
+        sim_100 = [at_100[str(s)] for s in seeds if at_100.get(str(s)) is not None]
+        if len(sim_100) == len(seeds):
+            traces[trace]["sim_alloc_100"] = round(statistics.fmean(sim_100), 2)
         rates = [r["pods_per_s_to_checkpoint"] for r in mine if r.get("pods_per_s_to_checkpoint")]
         stock_rates = [
             s["pods_per_s_to_checkpoint"]
@@ -657,6 +681,16 @@ def targets(doc: dict[str, Any]) -> list[str]:
             notes.append(
                 f"simulator vs replay on {trace}: {row['sim_alloc_130']:.2f} vs "
                 f"{row['alloc_130']:.2f} ({gap:+.2f}) -- {verdict} (target within 0.5)"
+            )
+        for level in ("100", "130"):
+            sim = row.get(f"sim_alloc_{level}")
+            if sim is None or not trace.startswith("gpuspec"):
+                continue
+            gap = row[f"alloc_{level}"] - sim
+            verdict = "met" if round(abs(gap), 2) <= TARGETS["sim_gap_gpuspec"] else "MISSED"
+            notes.append(
+                f"simulator vs replay on {trace} at {level}%: {sim:.2f} vs "
+                f"{row[f'alloc_{level}']:.2f} ({gap:+.2f}) -- {verdict} (target within 0.2)"
             )
     p99 = doc.get("filter_p99_ms")
     if p99 is not None:
@@ -798,9 +832,7 @@ async def run(opts: Options, inputs: Inputs) -> dict[str, Any]:
         if not opts.keep:
             cp.script("down")
     if opts.sim:
-        for trace in inputs.pods:
-            values = simulated(inputs, trace, opts.seeds)
-            sims.setdefault(trace, {}).update(dict(zip(opts.seeds, values, strict=True)))
+        _simulate_into(inputs, opts.seeds, sims, setup)
     setup["simulator"] = {t: {str(s): v for s, v in by.items()} for t, by in sims.items()}
     return assemble(earlier_runs + runs, earlier_stock + stock, sims, machine=machine, setup=setup)
 
@@ -809,10 +841,8 @@ def simulate_only(opts: Options, inputs: Inputs) -> dict[str, Any]:
     """The simulator's references for the pod lists and seeds asked, added to --out's."""
     doc = json.loads(opts.out.with_suffix(".json").read_text())
     runs, stock, sims = _earlier(opts.out, set())
-    for trace in inputs.pods:
-        values = simulated(inputs, trace, opts.seeds)
-        sims.setdefault(trace, {}).update(dict(zip(opts.seeds, values, strict=True)))
     setup = dict(doc.get("setup", {}))
+    _simulate_into(inputs, opts.seeds, sims, setup)
     setup["simulator"] = {t: {str(s): v for s, v in by.items()} for t, by in sims.items()}
     return assemble(
         runs,

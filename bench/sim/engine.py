@@ -44,6 +44,7 @@ from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Demand, GpuState, NodeState, Tenant
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import Policy
+from gpushare.packing.scarcity import free_by_model
 from gpushare.packing.threads import assign_thread_percent, tenant_threads
 
 MIB = 1 << 20
@@ -60,6 +61,8 @@ PRODUCT: dict[str, Policy] = {
 }
 """Simulator policy -> the product policy the placer runs."""
 POLICIES = (*BASELINES, *PRODUCT)
+LEVELS = tuple(range(10, 131, 10))
+"""Arrived GPU demand (percent of capacity) at which a run records the allocation."""
 
 
 # --- cluster -------------------------------------------------------------------------------
@@ -414,6 +417,9 @@ class RunResult:
     pods: int
     placed: int
     failed: int
+    curve: list[float] = field(default_factory=list)
+    """Allocation when arrived GPU demand first reaches each of :data:`LEVELS` percent of
+    capacity (the run's last allocation for a level it never reaches)."""
     seconds: float = 0.0
     violations: list[str] = field(default_factory=list)
 
@@ -442,6 +448,7 @@ def simulate(
     placer = Placer(
         PRODUCT.get(policy, Policy.GPUSHARE), mix=PodMix(), model=model, admission=Admission(model)
     )
+    placer.mix.free_capacity = lambda: free_by_model(cluster.nodes)
     placer_places_cpu_pods = policy == "gpushare"
     # gpushare-scheduler offers the extender the nodes its own filters pass, as many as the
     # chart's percentageOfNodesToScore says; the stock default-scheduler keeps its default.
@@ -453,7 +460,7 @@ def simulate(
         window=None if policy == "gpushare-cpu-default" else window,
     )
     arrived = 0
-    alloc_100: float | None = None
+    curve: list[float] = []
     placed = failed = 0
     for pod in queue:
         arrived += pod.gpu_percent_total
@@ -463,10 +470,9 @@ def simulate(
             assignment = None
             if pod.num_gpu or placer_places_cpu_pods:
                 # The controller counts a pod for gpushare-scheduler when its watch first
-                # shows it, before the scheduler asks the extender where it goes. A pod states
-                # its GPU models by node affinity (the replay's pods do), which the controller
-                # does not read.
-                placer.mix.observe(replace(demand, gpu_model=None))
+                # shows it, before the scheduler asks the extender where it goes, with the GPU
+                # models its node affinity admits (the replay's pods state them so).
+                placer.mix.observe(demand)
                 index = costs.get(shape)
                 if index is None:
                     index = costs[shape] = PlacerIndex(cluster, placer, demand)
@@ -521,15 +527,17 @@ def simulate(
                 )
                 cluster.place(i_or_none, gpus, pod, demand, threads)
                 placed += 1
-        if alloc_100 is None and arrived >= cluster.capacity:
-            alloc_100 = 100.0 * cluster.allocated / cluster.capacity
+        while len(curve) < len(LEVELS) and 100 * arrived >= LEVELS[len(curve)] * cluster.capacity:
+            curve.append(100.0 * cluster.allocated / cluster.capacity)
     alloc_130 = 100.0 * cluster.allocated / cluster.capacity
+    curve += [alloc_130] * (len(LEVELS) - len(curve))
     return RunResult(
         trace=trace,
         policy=policy,
         seed=seed,
-        alloc_100=alloc_100 if alloc_100 is not None else alloc_130,
+        alloc_100=curve[LEVELS.index(100)],
         alloc_130=alloc_130,
+        curve=curve,
         effective_throughput_130=effective_throughput(cluster, model),
         effective_throughput_130_uncapped=effective_throughput(
             cluster, model, uncapped=policy not in PRODUCT

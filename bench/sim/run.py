@@ -19,8 +19,10 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from bench.sim.engine import POLICIES, RunResult, simulate
+from bench.sim.engine import LEVELS, POLICIES, RunResult, simulate
+from bench.sim.plot import plot_curves
 from bench.sim.trace import NodeSpec, PodSpec, load_nodes, load_pods, pod_lists
 from gpushare.api.errors import InvalidInputError
 from gpushare.packing.interference import load_default
@@ -80,6 +82,11 @@ def summarize(results: list[RunResult]) -> dict[str, dict[str, dict[str, float]]
             values = [float(getattr(r, metric)) for r in runs]
             row[metric] = round(statistics.fmean(values), 2)
             row[f"{metric}_std"] = round(statistics.pstdev(values), 2)
+        curves = [r.curve for r in runs if len(r.curve) == len(LEVELS)]
+        if curves:
+            row["curve"] = [  # type: ignore[assignment]
+                round(statistics.fmean(c[i] for c in curves), 2) for i in range(len(LEVELS))
+            ]
         row["runs"] = len(runs)
         row["failed_pods"] = round(statistics.fmean(r.failed for r in runs), 1)
         row["seconds_per_run"] = round(statistics.fmean(r.seconds for r in runs), 1)
@@ -133,15 +140,64 @@ def markdown(doc: dict[str, object]) -> str:
                 f"| {r['failed_pods']:.0f} | {r['seconds_per_run']:.1f} |"
             )
         lines.append("")
+        lines += curve_table(rows)
     notes = doc.get("notes")
     if isinstance(notes, list) and notes:
         lines += ["## Against the targets", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
 
 
+def curve_table(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """Allocation at every arrival level recorded, one row per policy, and gpushare less FGD."""
+    curves = {p: r["curve"] for p, r in rows.items() if isinstance(r.get("curve"), list)}
+    if not curves:
+        return []
+    lines = [
+        "Allocation (%) when arrived GPU demand reaches each level (% of capacity), mean of "
+        "the seeds:",
+        "",
+        "| policy | " + " | ".join(f"{level}%" for level in LEVELS) + " |",
+        "|---|" + "---|" * len(LEVELS),
+    ]
+    for policy in POLICIES:
+        if policy in curves:
+            cells = " | ".join(f"{v:.2f}" for v in curves[policy])
+            name = f"**{policy}**" if policy in ("gpushare", "fgd") else policy
+            lines.append(f"| {name} | {cells} |")
+    if "gpushare" in curves and "fgd" in curves:
+        gaps = [g - f for g, f in zip(curves["gpushare"], curves["fgd"], strict=True)]
+        lines.append("| gpushare - fgd | " + " | ".join(f"{d:+.2f}" for d in gaps) + " |")
+    return [*lines, ""]
+
+
+def curve_targets(table: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """Issue 69: gpushare at least FGD at every level recorded, and FGD + 1 point at 130%."""
+    notes: list[str] = []
+    for trace, rows in table.items():
+        g, f = rows.get("gpushare", {}).get("curve"), rows.get("fgd", {}).get("curve")
+        if not isinstance(g, list) or not isinstance(f, list):
+            continue
+        below = [
+            f"{level}% ({a - b:+.2f})"
+            for level, a, b in zip(LEVELS, g, f, strict=True)
+            if round(a - b, 2) < 0
+        ]
+        notes.append(
+            f"gpushare >= FGD at every level {LEVELS[0]}-{LEVELS[-1]}% on {trace}: "
+            + ("met" if not below else "MISSED at " + ", ".join(below))
+        )
+        gap = rows["gpushare"]["alloc_130"] - rows["fgd"]["alloc_130"]
+        notes.append(
+            f"gpushare at 130% on {trace}: {rows['gpushare']['alloc_130']:.2f} vs FGD "
+            f"{rows['fgd']['alloc_130']:.2f} ({gap:+.2f}) -- "
+            f"{'met' if round(gap, 2) >= 1.0 else 'MISSED'} (target >= FGD + 1)"
+        )
+    return notes
+
+
 def targets(table: dict[str, dict[str, dict[str, float]]]) -> list[str]:
     """The issue's targets, each marked met or missed."""
-    notes: list[str] = []
+    notes: list[str] = curve_targets(table)
     for trace, published in PUBLISHED_130.items():
         if trace not in table or "fgd" not in table[trace]:
             continue
@@ -278,7 +334,14 @@ def main(argv: list[str] | None = None) -> int:
         args.output.write_text(json.dumps(doc, indent=1) + "\n")
         args.output.with_suffix(".md").write_text(text)
         print(f"wrote {args.output} and {args.output.with_suffix('.md')}")
+        png = plot_file(args.output)
+        plot_curves(doc, png)
+        print(f"wrote {png}")
     return 0
+
+
+def plot_file(output: Path) -> Path:
+    return output.with_name(output.stem + "-curves.png")
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -104,6 +104,13 @@ FRACTION_AUTO: Final = "auto"
 GPU (docs/operator.md, "fraction: auto")."""
 
 
+FRACTION_REQUIRED_FIX: Final = (
+    'write the share of one GPU each pod is guaranteed, a fraction like "0.25" or a percent '
+    'like "25%", or "auto" to size it from the job\'s profile'
+)
+"""What a GpuShare without ``spec.fraction`` is told, here and by the CRD's first rule."""
+
+
 @dataclass(frozen=True)
 class ProfilingSpec:
     mode: str = PROFILING_AUTO
@@ -178,10 +185,12 @@ def _fraction_percent(raw: object) -> int:
     """``spec.fraction`` in GPU-percent (``auto``: the whole GPU until the share is sized)."""
     if raw == FRACTION_AUTO:
         return SLICES_PER_GPU
+    if raw is None:
+        raise InvalidInputError("spec.fraction", "is required", FRACTION_REQUIRED_FIX)
     if not isinstance(raw, str):
         raise InvalidInputError(
             "spec.fraction",
-            "is missing or not a string",
+            "is not a string",
             'write a quoted fraction like "0.25", or "auto" to size it from the profile',
         )
     if not re.fullmatch(FRACTION_PATTERN, raw):
@@ -350,26 +359,23 @@ def missing_annotations(
     return {k: v for k, v in wanted.items() if k not in annotations}
 
 
-def governing_share(
-    shares: Iterable[tuple[str, GpuShareSpec | None]],
-    *,
-    labels: Mapping[str, str],
-    annotations: Mapping[str, str],
-) -> str | None:
-    """Name of the GpuShare (of the pod's namespace) that governs a pod, or None.
+def linked_share(annotations: Mapping[str, str]) -> str | None:
+    """Name of the GpuShare (of the pod's namespace) that governs a pod, or None: the one its
+    ``gpushare.io/share`` annotation names. A share's selector links a pod only when the pod is
+    created (the webhook writes the annotation then), so a label added later moves nothing
+    (docs/operator.md, "Which pods a share governs")."""
+    return annotations.get(ANN_SHARE, "").strip() or None
 
-    The ``gpushare.io/share`` annotation wins; otherwise the alphabetically first share whose
-    selector matches the pod's labels (deterministic when selectors overlap).
-    """
-    linked = annotations.get(ANN_SHARE, "").strip()
-    if linked:
-        return linked
-    matching = sorted(
+
+def selector_matches(
+    shares: Iterable[tuple[str, GpuShareSpec | None]], *, labels: Mapping[str, str]
+) -> list[str]:
+    """Names of the GpuShares whose ``spec.selector`` matches ``labels``, sorted."""
+    return sorted(
         name
         for name, spec in shares
         if spec is not None and spec.selector is not None and spec.selector.matches(labels)
     )
-    return matching[0] if matching else None
 
 
 @dataclass(frozen=True)

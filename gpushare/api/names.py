@@ -129,6 +129,10 @@ LABEL_SHARING_GROUP: Final = f"{GROUP}/sharing-group"
 # profiling alone).
 LABEL_NEIGHBOUR_RULES: Final = f"{GROUP}/neighbour-rules"
 NEIGHBOUR_RULES_GRANTED: Final = "granted"
+# A GpuShare's spec.selector links new pods of a namespace labelled so (an admin's consent: a
+# pod's label alone is not its owner's); elsewhere pods join a share by gpushare.io/share.
+LABEL_SHARE_SELECTORS: Final = f"{GROUP}/share-selectors"
+SHARE_SELECTORS_ENABLED: Final = "enabled"
 
 # Pausing opportunistic pods (docs/packing.md, "The sharing contract"; gpushare.api.pause).
 # Pod annotation (controller, JSON PauseRequest): the pod's containers are to be frozen, and why.

@@ -77,15 +77,25 @@ def _get(url: str, *, flag: str, timeout_s: float, token: str | None = None) -> 
         ) from None
 
 
+ANSWER_SHOWN_CHARS = 600
+"""How much of a server's error line is shown: a node agent's 401 names the caller, the URL to
+grant and the fix in about 300 characters, which must come through whole."""
+
+
 def _first_line(exc: urllib.error.HTTPError) -> str:
-    """The first line of an error answer, printable and short (a node agent names the caller
-    and the fix there)."""
+    """The first line of an error answer, printable and bounded; a longer one is cut at a word
+    boundary and says so, never in the middle of a word (a node agent names the caller and the
+    fix there)."""
     try:
-        raw = exc.read(512)
+        raw = exc.read(4 * ANSWER_SHOWN_CHARS)
     except OSError:
         return ""
     line = raw.decode("utf-8", "replace").strip().splitlines()[:1]
-    return "".join(c for c in (line[0] if line else "") if c.isprintable())[:200]
+    text = "".join(c for c in (line[0] if line else "") if c.isprintable())
+    if len(text) <= ANSWER_SHOWN_CHARS:
+        return text
+    cut = text[: ANSWER_SHOWN_CHARS - 4].rsplit(" ", 1)[0]
+    return f"{cut} ..."
 
 
 def from_exporters(urls: list[str], *, timeout_s: float = 5.0, token: str | None = None) -> Live:

@@ -5,7 +5,6 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from gpushare.api.quantities import format_memory
 from gpushare.cli.view import PIPE_ORDER, GpuRow, NodeRow, PodRow
 from gpushare.cli.yaml_out import dump_yaml
 
@@ -32,7 +31,9 @@ def gib(value: float | None) -> str:
 
 
 def memory_limit(value: int) -> str:
-    return "-" if not value else format_memory(value)
+    """A pod's memory cap in the unit of every memory column (``gib``): a cap of 25% of an
+    80 GB GPU reads 19.9Gi beside a stated 10.0Gi, not 20879104Ki beside 10Gi."""
+    return "-" if not value else gib(value)
 
 
 def request(pod: PodRow) -> str:

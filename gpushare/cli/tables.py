@@ -49,11 +49,11 @@ def render_pods(
     if not lines:
         where = "any namespace" if all_namespaces else f"{namespace} namespace"
         return f"No gpushare pods found in {where}.\n"
-    header = ["NAME", "NODE", "GPU", "REQUEST", "LIMIT", "MEM-LIMIT", "STATE"]
+    header = ["NAME", "NODE", "GPU", "REQUEST", "LIMIT", "MEM-LIMIT", "STATE", "PAUSED"]
     if all_namespaces:
         header.insert(0, "NAMESPACE")
     if wide:
-        header += ["CLASS", "TIER", "PHASE", "MEM-USED", "GPU-UUID"]
+        header += ["CLASS", "TIER", "PHASE", "MEM-USED", "GPU-UUID", "PAUSE-REASON"]
     rows = [tuple(header)]
     for line in lines:
         p = line.pod
@@ -65,6 +65,7 @@ def render_pods(
             f"{p.thread_percent}%",
             memory_limit(p.memory_limit_bytes),
             p.state or "-",
+            p.paused,
         ]
         if all_namespaces:
             row.insert(0, p.namespace)
@@ -75,6 +76,7 @@ def render_pods(
                 p.phase or "-",
                 _pod_memory_used(line, live=live),
                 ",".join(g.info.uuid for g in line.gpus),
+                p.pause_reason or "-",
             ]
         rows.append(tuple(row))
     return "\n".join(table(rows)) + "\n"
@@ -124,6 +126,9 @@ def pods_document(nodes: list[NodeRow]) -> dict[str, Any]:
                 "memory_limit_bytes": line.pod.memory_limit_bytes,
                 "state": line.pod.state,
                 "phase": line.pod.phase,
+                "paused": line.pod.paused,
+                "pause_reason": line.pod.pause_reason,
+                "pause_message": line.pod.pause_message,
             }
             for line in pod_lines(nodes)
         ]

@@ -10,7 +10,7 @@ docs/cli.md)."""
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from gpushare.api.dra_objects import DraGpu, read_allocation, read_slice, reserved_pods
 from gpushare.api.errors import InvalidInputError
@@ -19,11 +19,14 @@ from gpushare.api.names import (
     ANN_CLASS,
     ANN_FRACTION,
     ANN_NODE_GPUS,
+    ANN_PAUSE,
+    ANN_PAUSED,
     ANN_STATE,
     CLASS_BATCH,
     SLICES_PER_GPU,
     TIER_GUARANTEED,
 )
+from gpushare.api.pause import load_pause_request
 from gpushare.api.pod import pod_info
 from gpushare.api.profile import PIPES
 from gpushare.api.quantities import parse_fraction
@@ -50,6 +53,37 @@ class PodRow:
     tier: str = TIER_GUARANTEED
     """``opportunistic``: running beyond its GPU's guaranteed capacity, preemptible, until
     promoted (docs/packing.md, "The sharing contract")."""
+    paused: str = "-"
+    """``yes`` (its containers frozen), ``asked`` (gpushare asked, the node agent has not
+    frozen it yet), ``resuming`` (the request withdrawn, still frozen), ``-`` (running)."""
+    pause_reason: str = ""
+    """The pause request's reason (``guaranteed-needs-room`` | ``harm``), ``malformed`` for one
+    the node agent cannot read (it keeps the pod running)."""
+    pause_message: str = ""
+    """The pause request's message: who needs the room, or what harm was measured."""
+
+
+class PauseFields(TypedDict, total=False):
+    paused: str
+    pause_reason: str
+    pause_message: str
+
+
+def pause_columns(annotations: Mapping[str, str]) -> PauseFields:
+    """A pod's PodRow pause fields, from the controller's request (``gpushare.io/pause``) and
+    the node agent's record of the freeze (``gpushare.io/paused``; docs/node-agent.md)."""
+    asked, frozen = annotations.get(ANN_PAUSE), ANN_PAUSED in annotations
+    if asked is None:
+        return {"paused": "resuming" if frozen else "-"}
+    try:
+        request = load_pause_request(asked)
+    except InvalidInputError:
+        return {"paused": "resuming" if frozen else "-", "pause_reason": "malformed"}
+    return {
+        "paused": "yes" if frozen else "asked",
+        "pause_reason": request.reason,
+        "pause_message": request.message,
+    }
 
 
 @dataclass
@@ -146,6 +180,7 @@ def _pod_row(pod: Mapping[str, Any]) -> tuple[PodRow, tuple[str, ...]] | None:
         state=annotations.get(ANN_STATE, placement.state),
         phase=phase,
         tier=placement.tier,
+        **pause_columns(annotations),
     )
     return row, placement.gpu_uuids
 
@@ -201,6 +236,7 @@ def _claim_rows(
                     or gpu.memory_bytes * share.percent // SLICES_PER_GPU,
                     state=CLAIM_STATE,
                     phase=phase,
+                    **pause_columns((pod.get("metadata") or {}).get("annotations") or {}),
                 )
                 out.append((pod, row, gpu))
     return out

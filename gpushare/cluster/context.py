@@ -101,6 +101,8 @@ class ControllerContext:
             pod_runtime_class=self.settings.pods.pod_runtime_class,
             opportunistic_priority=self.opportunistic_priority,
             template_check=self._template_check if self.claim_templates is not None else None,
+            selector_lookup=self.view.share_selectors,
+            selectors_enabled=self.view.share_selectors_enabled,
         )
 
     def _template_check(self, namespace: str, name: str) -> InvalidInputError | None:

@@ -207,8 +207,8 @@ async def feed_shares(
 
 
 async def feed_namespaces(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
-    """Namespace labels an admin sets: sharing groups and neighbour-rule grants
-    (gpushare.cluster.state.tenancy)."""
+    """Namespace labels an admin sets: sharing groups, neighbour-rule grants and consent to
+    GpuShare selectors (gpushare.cluster.state.tenancy)."""
     await _watch(
         kube,
         Watched.NAMESPACES,

@@ -7,7 +7,7 @@ a manifest -> the agent's pod type), so this layer knows no node-side type.
 
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, cast
@@ -99,6 +99,34 @@ class NodeKube(Generic[P]):
                     {"metadata": {"annotations": {ANN_STATE: STATE_ALLOCATED}}},
                     namespace=pod.namespace,
                     patch_type=PatchType.MERGE,
+                ),
+                what=what,
+            )
+
+    def watch_node_pods(self, *, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(event type, manifest) of every change to the pods bound to this node, forever: a
+        watch with the field selector spec.nodeName=<node>, opened again where it stopped each
+        ``timeout_s``. It starts with every current pod as ADDED (no resourceVersion given).
+        The pause loop wakes on it (gpushare.node.pausing.loop)."""
+        with translated(f"watch the pods of node {self.node_name}"):
+            for event, pod in self.client.watch(
+                Pod,
+                namespace="*",
+                fields={"spec.nodeName": self.node_name},
+                server_timeout=timeout_s,
+            ):
+                yield event, pod.to_dict()
+
+    def set_pod_annotation(self, *, pod: PodRef, key: str, value: str | None) -> None:
+        """Set one annotation of the pod, or remove it (``value`` None), if the pod is still
+        the one read (its UID in the patch: a pod of the same name created since is refused
+        by the API server, the UID being immutable)."""
+        what = f"{'set' if value is not None else 'remove'} {key} of pod {pod.namespace}/{pod.name}"
+        body = {"metadata": {"uid": pod.uid, "annotations": {key: value}}}
+        with translated(what):
+            retry_transient(
+                lambda: self.client.patch(
+                    Pod, pod.name, body, namespace=pod.namespace, patch_type=PatchType.MERGE
                 ),
                 what=what,
             )

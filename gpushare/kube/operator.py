@@ -13,7 +13,7 @@ from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.models.meta_v1 import DeleteOptions, ObjectMeta, Preconditions
-from lightkube.resources.core_v1 import ConfigMap, Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod
 from lightkube.types import PatchType
 
 from gpushare.api.names import GROUP
@@ -73,6 +73,26 @@ class KubeApi:
         with translated("list pods"):
             found = self._client.list(Pod, namespace=namespace or "*", chunk_size=500)
             return [dict(pod.to_dict()) async for pod in found]
+
+    async def list_labelled_pods(
+        self, *, namespace: str, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """The pods of ``namespace`` carrying every label of ``labels`` (the server filters;
+        empty: every pod of the namespace), as API JSON."""
+        with translated("list pods"):
+            found = self._client.list(
+                Pod, namespace=namespace, labels=dict(labels) or None, chunk_size=500
+            )
+            return [dict(pod.to_dict()) async for pod in found]
+
+    async def namespace_labels(self, name: str) -> dict[str, str]:
+        """The labels of Namespace ``name`` ({} when it is gone)."""
+        try:
+            with translated(f"get Namespace {name}"):
+                found = await self._client.get(Namespace, name)
+        except NotFoundError:
+            return {}
+        return dict((found.metadata.labels if found.metadata else None) or {})
 
     async def list_nodes(self) -> list[dict[str, Any]]:
         with translated("list nodes"):

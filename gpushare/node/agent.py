@@ -1,5 +1,5 @@
 """The node agent: wires the GPU backend, MPS daemons, the kubelet plugin of its mode, node
-publishing, the fault monitor and metrics together and runs them until stopped. Each part
+publishing, the fault monitor, pausing and metrics together and runs them until stopped. Each part
 lives in its own package (docs/architecture.md); this module only builds and starts them.
 
 Start order matters: MPS daemons are adopted or started first, the node inventory is
@@ -38,6 +38,7 @@ from gpushare.node.gpu.backend import GpuBackend, HealthEvent
 from gpushare.node.metrics import AgentCollector, Authorize, MetricsServer, Reply, registry_for
 from gpushare.node.mps.limits import MpsLimitKeeper
 from gpushare.node.parts import new_allocator, new_device_plugins, new_fault_monitor, new_mps
+from gpushare.node.pausing.loop import pause_loop
 from gpushare.node.publishing import AgentLease, NodePublisher
 from gpushare.node.settings import AgentSettings
 from gpushare.node.simload import SimulatedLoadFeeder
@@ -47,8 +48,6 @@ log = logging.getLogger(__name__)
 
 class NodeAgent:
     """One node's agent. ``run(stop)`` blocks until ``stop`` is set (SIGTERM)."""
-
-    operator_drain: Any = None  # drains for GPU Operator driver upgrades and MIG changes
 
     def __init__(
         self,
@@ -309,8 +308,6 @@ class NodeAgent:
         ``gpushare.io/agent-ready`` (the extender waits on it) and served as /readyz."""
         if self.stopping.is_set():
             return "the node agent is stopping"
-        if self.operator_drain and (why := self.operator_drain.not_ready_reason()):
-            return str(why)
         if self.dra_plugin is not None:
             registration = self.dra_plugin.registration
             if registration is None or not registration.registered.is_set():
@@ -435,6 +432,8 @@ class NodeAgent:
             )
         )
         self.registry.register(self.faults.collector())
+        self.pausing = pause_loop(self.kube, settings, dra=lambda: self.dra)  # started below
+        self.registry.register(self.pausing.collector(settings.node_name))
         self.metrics = MetricsServer(
             registry=self.registry,
             host=settings.metrics_host,
@@ -465,8 +464,8 @@ class NodeAgent:
         threads.append(self._loop("pods", stop, settings.pod_refresh_s, self.refresh_pods))
         threads.append(self._loop("mps-faults", stop, settings.fault_check_s, self.faults.check))
         threads.append(self._loop("publish", stop, 1.0, self.publisher.step))
+        threads.append(self.pausing.start(stop))
         if drain := parts.new_gpu_operator_drain(settings, kube=self.kube, agent=self):
-            self.operator_drain = drain
             threads.append(self._loop("gpu-operator", stop, drain.every_s, drain.step))
         slices = self.slices
         if slices is not None:

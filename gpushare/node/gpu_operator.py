@@ -8,8 +8,9 @@ requests), and mig-manager waits only for its own operands and for DaemonSets se
 driver gpu.gpushare.io) and its MPS daemons would keep the driver busy. So, while
 :func:`gpushare.api.gpu_operator.read_labels` finds a pause on the node:
 
-1. the agent reads not ready (the node's ``gpushare.io/agent-ready`` goes false: nothing new is
-   placed here);
+1. every GPU of the agent is unhealthy, for the source ``gpu-operator`` (the kubelet stops
+   handing out its devices, and the agent reads not ready: the node's ``gpushare.io/agent-ready``
+   goes false, so nothing new is placed here);
 2. each gpushare pod on the node is marked ``gpushare.io/evict`` (the controller evicts it
    through the Eviction API, PodDisruptionBudgets respected) and gets a Warning Event
    ``GpushareDrainedForGpuOperator`` naming the label: no running pod goes without one;
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from gpushare.api.gpu_operator import OperatorPause, read_labels
 from gpushare.api.pod import PodInfo
+from gpushare.node.core.health import DeviceHealth
 from gpushare.node.core.pods import annotated_gpus
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,8 @@ hook, helm/gpushare/files/lifecycle.py, reads it); absent otherwise."""
 REASON_DRAINED = "GpushareDrainedForGpuOperator"
 REASON_PAUSED = "GpusharePausedForGpuOperator"
 REASON_RESUMED = "GpushareResumedAfterGpuOperator"
+HEALTH_SOURCE = "gpu-operator"
+"""The GPU health source (gpushare.node.core.health) a pause marks every GPU unhealthy with."""
 
 Event = Callable[[PodInfo | None, str, str, bool], None]
 """(pod or None for the node, reason, message, warning)."""
@@ -70,6 +74,7 @@ class GpuOperatorDrain:
         changed: Callable[[], None],
         marker_dir: Path | None = None,
         every_s: float = 2.0,
+        health: DeviceHealth | None = None,
     ) -> None:
         self._labels = node_labels
         self._gpu_pods = gpu_pods
@@ -80,6 +85,7 @@ class GpuOperatorDrain:
         self._changed = changed
         self.every_s = every_s
         """How often :meth:`step` is to run."""
+        self._health = health
         self.marker = marker_dir / DRAIN_MARKER if marker_dir is not None else None
         self.pause: OperatorPause | None = None
         """The pause in effect; None when the agent works as usual."""
@@ -121,6 +127,7 @@ class GpuOperatorDrain:
         log.warning("paused for %s: draining gpushare's pods and MPS daemons", pause.describe())
         self.pause, self.drained = pause, False
         self._write_marker("draining")
+        self._mark_gpus(f"paused for {pause.describe()}")
         self._changed()
         self._tell(
             None,
@@ -179,9 +186,15 @@ class GpuOperatorDrain:
         self.pause, self.drained = None, False
         self._marked.clear()
         self._write_marker(None)
+        self._mark_gpus(None)
         self._changed()
         log.info("%s is over: serving again", was.describe())
         self._tell(None, REASON_RESUMED, f"{was.describe()} is over: gpushare serves again", False)
+
+    def _mark_gpus(self, problem: str | None) -> None:
+        if self._health is not None:
+            for uuid in self._health.uuids:
+                self._health.set_problem(uuid, HEALTH_SOURCE, problem)
 
     def _tell(self, pod: PodInfo | None, reason: str, message: str, warning: bool) -> None:
         try:

@@ -63,6 +63,7 @@ AGENT_FLAGS: dict[str, dict[str, Any]] = {
     "metrics_auth": {"choices": ("tokenreview", "none")},
     "pod_resources_socket": {"type": Path},
     "exclusive_after_faults": {"type": int},
+    "cgroup_root": {"type": Path},
 }
 """AgentSettings fields set by a flag of the same name (gpushare.api.flags: default and --help
 from the field)."""

@@ -12,6 +12,7 @@ from gpushare.api.names import ANN_EVICT, RESOURCE_GPU_OPPORTUNISTIC
 from gpushare.api.pod import PodInfo
 from gpushare.node.core.answer import DeviceNode
 from gpushare.node.core.cgroups import pods_with_running_containers
+from gpushare.node.core.health import DeviceHealth
 from gpushare.node.core.pods import PodSource
 from gpushare.node.core.vendor_cdi import SPEC_DIRS, VendorCdi
 from gpushare.node.deviceplugin.allocator import Allocator
@@ -148,6 +149,7 @@ class DrainHost(Protocol):
     """What draining for the GPU Operator reads of the node agent."""
 
     gpus: list[GpuInfo]
+    health: DeviceHealth
     mps: MpsManager
     dra: DraDriver | None
     publisher: NodePublisher
@@ -161,7 +163,8 @@ def new_gpu_operator_drain(
     """Draining for the GPU Operator's driver upgrades and MIG changes (None when off, or
     without a Kubernetes client that reads the node): the node's labels read through ``kube``,
     the agent's gpushare pods (placed here, or holding a claim it prepared) marked for the
-    controller to evict, its MPS daemons stopped and started, its node published again."""
+    controller to evict, its GPUs marked unhealthy meanwhile (so it reads not ready), its MPS
+    daemons stopped and started, its node published again."""
     if not hasattr(kube, "node_labels") or settings.gpu_operator_check_s <= 0:
         return None
 
@@ -183,4 +186,5 @@ def new_gpu_operator_drain(
         changed=agent.publisher.request,
         marker_dir=settings.mps_root,
         every_s=settings.gpu_operator_check_s,
+        health=agent.health,
     )

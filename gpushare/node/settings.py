@@ -108,6 +108,13 @@ class AgentSettings:
     exclusive_after_faults: int = 2
     """Fatal GPU faults a workload may be involved in, beside neighbours with none in common,
     within an hour before it is moved to a GPU of its own (0: never)."""
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    """Where the host's cgroup fs is mounted (the chart mounts it at /host/sys/fs/cgroup): the
+    agent pauses a pod by freezing its containers' cgroups there, through cgroup v2's
+    cgroup.freeze or cgroup v1's freezer (docs/node-agent.md, "Pausing a pod")."""
+    pause_resync_s: float = 10.0
+    """How often every pod's pause is checked against its cgroups without a change to react
+    to (a watch of this node's pods wakes the pause loop at once)."""
     gpu_operator_check_s: float = 2.0
     """How often the node's labels are read for the GPU Operator's driver upgrades and MIG
     changes, which drain gpushare's pods and MPS daemons off the node (gpushare.node.gpu_operator;

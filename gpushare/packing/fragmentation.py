@@ -21,8 +21,9 @@ stays a dictionary lookup most of the time.
 """
 
 import bisect
+import copy
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -83,6 +84,14 @@ class Workload:
             )
             for t in tasks
         )
+        self.basis: Workload = self
+        """The workload without prices this one shares everything else with (itself, unless
+        made by :meth:`with_prices`): what is worked out from the tasks is kept by it, and
+        costs under it stay good when only the prices move."""
+        self.prices: Mapping[str, float] = {}
+        """Cost per GPU-percent a placement takes on a GPU of each model: what the pods that
+        may use only some models would lose (:mod:`gpushare.packing.scarcity`); 0 for a model
+        not named."""
         self._tables: dict[str, tuple[float, tuple[_Group, ...]]] = {}
         self._cpu_points: dict[str, tuple[int, ...]] = {}
         """Per GPU model, every CPU demand of its groups, sorted: a node's free CPU matters to
@@ -102,6 +111,15 @@ class Workload:
         """Mean milli-CPU GPU tasks bring per GPU-percent (None: the workload has no CPU)."""
         self.memory_per_percent: float | None = memory / share if share > 0 and memory > 0 else None
         """Mean host memory bytes GPU tasks bring per GPU-percent (None: not known)."""
+
+    def with_prices(self, prices: Mapping[str, float]) -> "Workload":
+        """The same workload with other :attr:`prices` (what it worked out is shared: none of
+        it reads the prices); its :attr:`basis` when ``prices`` is empty."""
+        if not prices:
+            return self.basis
+        other = copy.copy(self.basis)
+        other.prices = dict(prices)
+        return other
 
     @classmethod
     def typical(cls, tasks: Iterable[TaskClass], *, coverage: float = 0.95) -> "Workload":
@@ -356,6 +374,9 @@ class Option:
     """Change of :meth:`Workload.stranded` on the node (GPU-percent)."""
     waste_delta: float = 0.0
     """Change of :meth:`Workload.waste_table` on the chosen GPU(s) (GPU-percent)."""
+    price: float = 0.0
+    """What taking the GPU share costs the pods limited to the node's model
+    (:attr:`Workload.prices` x GPU-percent taken)."""
 
 
 def moved_shares(free: tuple[int, ...], old: int, new: int, count: int = 1) -> tuple[int, ...]:
@@ -404,6 +425,7 @@ def placement_options(
         workload.stranded(total, node.cpu_milli_free, memory)
     )
     options: list[Option] = []
+    price = workload.prices.get(model, 0.0) * (percent * gpus)
     if gpus == 0:  # CPU-only: only the node's free CPU and memory change
         after = workload.fragmentation(free, cpu_after, model)
         return [Option((), after - before, 0, strand)]
@@ -413,7 +435,9 @@ def placement_options(
         after = workload.fragmentation(
             moved_shares(free, SLICES_PER_GPU, 0, gpus), cpu_after, model
         )
-        return [Option(tuple(chosen), after - before, 0, strand, -gpus * waste[SLICES_PER_GPU])]
+        return [
+            Option(tuple(chosen), after - before, 0, strand, -gpus * waste[SLICES_PER_GPU], price)
+        ]
     seen: set[int] = set()
     for i in fitting:
         f = SLICES_PER_GPU - used[i]
@@ -423,7 +447,7 @@ def placement_options(
         seen.add(key)
         after = workload.fragmentation(moved_shares(free, f, f - percent), cpu_after, model)
         wasted = waste[f - percent] - waste[f]
-        options.append(Option((i,), after - before, f - percent, strand, wasted))
+        options.append(Option((i,), after - before, f - percent, strand, wasted, price))
     return options
 
 

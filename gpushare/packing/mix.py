@@ -22,11 +22,12 @@ A restarted controller rebuilds the mix from the pods its first list returns. Th
 (``bench/sim``) feeds the same class in arrival order, exactly as the controller's watch does.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from gpushare.api.names import SLICES_PER_GPU
 from gpushare.packing.fragmentation import TaskClass, Workload
 from gpushare.packing.model import Demand
+from gpushare.packing.scarcity import model_prices
 
 REFIT_EVERY = 200
 """Fewest pods counted between two refits of the mix."""
@@ -35,6 +36,8 @@ REFIT_GROWTH = 0.5
 counted: 0.5 refits whenever the count doubles (docs/packing.md: on openb default and
 gpushare40 the same allocation as refitting every 200 pods, with an eighth of the refits; each
 refit makes the extender cost every node afresh)."""
+REPRICE_EVERY = 50
+"""Pods counted between two pricings of scarce GPU models against the free capacity."""
 MAX_SHAPES = 2048
 """Distinct pod shapes remembered; beyond it the rarest are forgotten."""
 HORIZON = 20_000
@@ -68,6 +71,7 @@ class PodMix:
         max_shapes: int = MAX_SHAPES,
         horizon: int = HORIZON,
         prior: Workload | None = None,
+        free_capacity: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         if refit_every < 1 or max_shapes < 1 or horizon < 1 or refit_growth < 0:
             raise ValueError("refit_every, max_shapes and horizon must be positive")
@@ -79,6 +83,10 @@ class PodMix:
         self._total = 0.0
         self._since_refit = 0
         self._workload = prior or Workload.default()
+        self.free_capacity = free_capacity
+        """The cluster's free GPU-percent by GPU model, which the prices of scarce models are
+        measured against (:mod:`gpushare.packing.scarcity`); None: no prices."""
+        self._demands: list[tuple[float, int, int, str | None]] = []
         self.observed = 0
         """Pods counted since this mix was made (not decayed)."""
         self.generation = 0
@@ -104,7 +112,22 @@ class PodMix:
         if self._since_refit >= max(self.refit_every, self.refit_growth * self._total):
             self.refit()
             return True
+        if self.observed % REPRICE_EVERY == 0:
+            self.reprice()
         return False
+
+    def reprice(self) -> bool:
+        """The prices of scarce GPU models (:mod:`gpushare.packing.scarcity`) for the mix as of
+        the last refit against the free capacity now; True when they changed (the generation
+        moves, as after a refit)."""
+        if self.free_capacity is None or not any(d[3] for d in self._demands):
+            return False  # no pod limited to some models: nothing to price
+        prices = model_prices(self._demands, self.free_capacity())
+        if prices == self._workload.prices:
+            return False
+        self._workload = self._workload.with_prices(prices)
+        self.generation += 1
+        return True
 
     def observe_all(self, demands: Iterable[Demand]) -> None:
         for demand in demands:
@@ -115,13 +138,21 @@ class PodMix:
         self._since_refit = 0
         if not self._counts:
             return
+        counts = self._counts.items()
+        self._demands = [
+            (count, percent, gpus, model) for (percent, gpus, _, model, _), count in counts
+        ]
         self._workload = Workload.typical(
             (
                 TaskClass(count, percent, gpus, cpu, model, memory)
-                for (percent, gpus, cpu, model, memory), count in self._counts.items()
+                for (percent, gpus, cpu, model, memory), count in counts
             ),
             coverage=1.0,
         )
+        if self.free_capacity is not None and any(d[3] for d in self._demands):
+            self._workload = self._workload.with_prices(
+                model_prices(self._demands, self.free_capacity())
+            )
         self.generation += 1
 
     def shapes(self) -> dict[Shape, float]:

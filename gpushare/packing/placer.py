@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Generic, TypeVar
 
+from gpushare.api.names import SLICES_PER_GPU
 from gpushare.packing.admission import Admission
 from gpushare.packing.fit import gpus_fit_reason, host_reason, node_fit_reason
 from gpushare.packing.fragmentation import Workload
@@ -66,7 +67,9 @@ class Placer:
         self.admission = admission
         self.opportunism = opportunism
         self._costs: _Answers[float | None] = _Answers()
-        self._costs_version = self.mix.generation
+        """Costs without the prices of scarce models (:mod:`gpushare.packing.scarcity`),
+        kept while the mix's :attr:`Workload.basis` holds: a reprice adds the new price."""
+        self._costs_basis = self.mix.workload.basis
         self._reasons: _Answers[str | None] = _Answers()
         self.quick = QuickCosts()
         """:meth:`node_cost` from facts kept per node state, where it reads the pod and the
@@ -164,11 +167,22 @@ class Placer:
             return None
         if self.policy is not Policy.GPUSHARE:
             return self._node_cost(node, demand)
-        if self._costs_version != self.mix.generation:
+        workload = self.mix.workload
+        if self._costs_basis is not workload.basis:
             self._costs.clear()
-            self._costs_version = self.mix.generation
+            self._costs_basis = workload.basis
         state = (node.cpu_milli_free, node.memory_free_bytes, gpus)
-        return self._costs.answer(demand, state, lambda: self._node_cost(node, demand))
+        cost = self._costs.answer(
+            demand, state, lambda: self._node_cost(node, demand, workload.basis)
+        )
+        if cost is None or not workload.prices or not node.gpus:
+            return cost
+        # The price is the same for every option of the node, and adding it after the cheapest
+        # gives the float adding it to each does (rounding keeps order): the reference's cost.
+        taken = min(demand.percent, SLICES_PER_GPU) * max(demand.gpus, 0)
+        return cost + workload.prices.get(node.gpus[0].model, 0.0) * (
+            taken if demand.percent > 0 else 0
+        )
 
     def _may_go_beyond(self, demand: Demand) -> bool:
         return self.opportunism is not None and demand.opportunistic
@@ -177,12 +191,14 @@ class Placer:
         assert self.opportunism is not None
         return self.opportunism.node_option(node, demand)
 
-    def _node_cost(self, node: NodeState, demand: Demand) -> float | None:
+    def _node_cost(
+        self, node: NodeState, demand: Demand, workload: Workload | None = None
+    ) -> float | None:
         return node_cost(
             self._admitted(node, demand),
             demand,
             policy=self.policy,
-            workload=self.mix.workload,
+            workload=workload or self.mix.workload,
             model=self.model,
         )
 

@@ -140,6 +140,7 @@ def base_cost(option: Option) -> float:
         + STRANDING_WEIGHT * option.strand_delta
         + LOOKAHEAD_WEIGHT * option.waste_delta
         + BEST_FIT_WEIGHT * option.free_after
+        + option.price
     )
 
 

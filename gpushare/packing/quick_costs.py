@@ -273,10 +273,15 @@ class QuickCosts:
 
     def _asked_under(self, demand: Demand, workload: Workload) -> _Asked:
         if workload is not self._workload:
+            if self._workload is not None and workload.basis is self._workload.basis:
+                # Only the prices moved: the options' terms stay, the costs go.
+                for other in self._by_demand.values():
+                    other.costs.clear()
+            else:
+                self._shapes.clear()
+                self._by_demand.clear()
+                self._kept = 0
             self._workload = workload
-            self._shapes.clear()
-            self._by_demand.clear()
-            self._kept = 0
             self._costs_kept = 0
         asked = self._by_demand.get(demand)
         return asked if asked is not None else self._asked(demand)
@@ -312,8 +317,9 @@ class QuickCosts:
             workload.stranded(facts.total - shape.percent * demand.gpus, cpu_after, memory_after)
             - facts.strand
         )
-        # base_cost's order of operations: ((frag + strand) + waste) + best fit.
-        return min(frag + strand + waste + fit for frag, waste, fit in parts)
+        # base_cost's order of operations: (((frag + strand) + waste) + best fit) + price.
+        price = workload.prices.get(facts.model, 0.0) * (shape.percent * demand.gpus)
+        return min(frag + strand + waste + fit + price for frag, waste, fit in parts)
 
     def gpu_reason(self, facts: NodeFacts, node: NodeState, demand: Demand) -> str | None:
         """:func:`~gpushare.packing.fit.gpus_fit_reason` of ``demand`` on ``node`` (which

@@ -83,3 +83,35 @@ def test_the_prestop_hook_waits_for_the_agents_drain(
     started = time.monotonic()
     hook.wait_drained()
     assert time.monotonic() - started < 1
+
+
+APP, SANDBOX, OTHER = "a" * 64, "c" * 64, "d" * 64
+
+
+def _pod(cid: str, annotations: dict[str, str]) -> dict[str, object]:
+    return {
+        "metadata": {"annotations": annotations},
+        "status": {"containerStatuses": [{"containerID": f"containerd://{cid}"}]},
+    }
+
+
+def test_uninstall_thaws_the_pods_the_agent_paused_and_no_other(tmp_path: Path) -> None:
+    """With the release gone nobody withdraws a pause: the clean-up thaws the containers of
+    paused pods (cgroup v2 systemd layout here) and leaves other frozen cgroups alone."""
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    pod_dir = (
+        tmp_path / "kubepods.slice" / "kubepods-besteffort.slice" / "kubepods-besteffort-pod1.slice"
+    )
+    cgroups = {}
+    for cid in (APP, SANDBOX, OTHER):
+        d = pod_dir / f"cri-containerd-{cid}.scope"
+        d.mkdir(parents=True)
+        (d / "cgroup.freeze").write_text("1\n")
+        cgroups[cid] = d / "cgroup.freeze"
+    pods = [
+        _pod(APP, {"gpushare.io/paused": "{}", "gpushare.io/pause": "{}"}),
+        _pod(OTHER, {}),  # frozen by someone else: not gpushare's to thaw
+    ]
+    assert _lifecycle().thaw_paused(pods, tmp_path) == [APP]
+    assert cgroups[APP].read_text() == "0"
+    assert cgroups[SANDBOX].read_text() == "1\n" and cgroups[OTHER].read_text() == "1\n"

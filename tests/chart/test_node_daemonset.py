@@ -71,7 +71,7 @@ def test_host_directories_are_mounted_at_their_host_paths(chart: Chart) -> None:
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     for mount in _agent(ds)["volumeMounts"]:
         host = volumes[mount["name"]].get("hostPath")
-        if host:
+        if host and mount["name"] != CGROUP_VOLUME:
             assert host["path"] == mount["mountPath"], mount
     args = build_parser().parse_args(_agent(ds)["args"])
     assert str(args.device_plugin_dir) == "/var/lib/k0s/kubelet/device-plugins"
@@ -81,6 +81,7 @@ def test_host_directories_are_mounted_at_their_host_paths(chart: Chart) -> None:
         "/var/lib/k0s/kubelet/device-plugins",
         "/var/lib/k0s/kubelet/pod-resources",
         "/run/gs",
+        "/sys/fs/cgroup",
         # Read only: the NVIDIA CDI specs (node.vendorCdi auto).
         "/etc/cdi",
         "/var/run/cdi",
@@ -102,6 +103,24 @@ def test_the_agent_reads_the_nvidia_cdi_specs_only_in_auto_mode(chart: Chart) ->
         assert {volumes[m["name"]]["hostPath"]["path"] for m in mounts} == dirs
         assert build_parser().parse_args(_agent(ds)["args"]).vendor_cdi == mode
     assert "vendorCdi" in chart.fails({"node": {"vendorCdi": "yes please"}})
+
+
+CGROUP_VOLUME = "host-cgroup"
+
+
+def test_the_hosts_cgroup_fs_is_writable_beside_the_containers_own(chart: Chart) -> None:
+    """Pausing a pod writes its containers' freezer files (cgroup v2 cgroup.freeze, v1
+    freezer.state) in the host's cgroup fs: mounted writable, in both modes, at the path the
+    agent's --cgroup-root names, and not over the container's own /sys/fs/cgroup."""
+    for values in ({}, {"mode": "dra"}):
+        ds = _ds(chart, values)
+        volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+        assert volumes[CGROUP_VOLUME]["hostPath"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
+        mount = next(m for m in _agent(ds)["volumeMounts"] if m["name"] == CGROUP_VOLUME)
+        assert not mount.get("readOnly")
+        assert mount["mountPath"] != "/sys/fs/cgroup"
+        args = build_parser().parse_args(_agent(ds)["args"])
+        assert str(args.cgroup_root) == mount["mountPath"]
 
 
 def test_simulated_gpus_run_without_privilege_or_host_pids(chart: Chart) -> None:
@@ -253,7 +272,7 @@ def _host_paths(ds: dict[str, Any]) -> dict[str, str]:
     out = {}
     for mount in _agent(ds)["volumeMounts"]:
         host = volumes[mount["name"]].get("hostPath")
-        if host:
+        if host and mount["name"] != CGROUP_VOLUME:
             out[mount["mountPath"]] = host["path"]
     return out
 

@@ -416,6 +416,7 @@ def test_service_accounts_can_do_exactly_what_they_need(cluster: LocalCluster) -
             (sch, "patch", "gpushares.gpushare.io", "default", False),
             # node agent: pods on its node, its node's metadata, events, its DaemonSet
             (agent, "list", "pods", None, True),
+            (agent, "watch", "pods", None, True),  # of its node: the pause loop's wake-up
             (agent, "patch", "pods", "default", True),
             (agent, "patch", "nodes", None, True),
             (agent, "create", "events", "default", True),

@@ -23,9 +23,12 @@ from gpushare.api.names import (
     ANN_BIND_TIME,
     ANN_FRACTION,
     ANN_GPU_UUID,
+    ANN_PAUSE,
+    ANN_PAUSED,
     ANN_STATE,
     ANN_THREAD_PERCENT,
 )
+from gpushare.api.pause import PauseRequest
 from tests.fixtures.helm_chart import CHART, KUBE_VERSION, helm_binary
 
 pytestmark = pytest.mark.cluster
@@ -235,3 +238,32 @@ def test_a_user_cannot_shrink_its_request_or_claim_neighbour_rules_even_through_
     assert through_status.returncode != 0, "a user changed gpu-fraction through pods/status"
     assert f"metadata.annotations[{ANN_FRACTION}]" in through_status.stderr
     assert annotations(cluster, guarded)[ANN_FRACTION] == "0.9"
+
+
+def test_a_user_can_neither_pause_nor_resume_a_pod(cluster: Any, guarded: dict[str, str]) -> None:
+    """gpushare.io/pause (the controller's request) and gpushare.io/paused (the node agent's
+    record) are gpushare's like the placement (issue 65): a tenant who could write them would
+    pause pods of its namespace as it likes, or resume its own pod that gpushare paused for a
+    guaranteed one. The node agent's ServiceAccount writes its record."""
+    deadline = time.monotonic() + 60
+    while annotate(cluster, guarded, "user", f"{ANN_THREAD_PERCENT}=99").returncode == 0:
+        annotate(cluster, guarded, "agent", f"{ANN_THREAD_PERCENT}=25")  # undo
+        assert time.monotonic() < deadline, "the policy never took effect"
+        time.sleep(1)
+    request = PauseRequest(reason="harm", message="measured", since="2026-11-27T10:00:00Z")
+    asked = annotate(cluster, guarded, "user", f"{ANN_PAUSE}={request.dump()}")
+    assert asked.returncode != 0, "a user paused a pod"
+    assert f"metadata.annotations[{ANN_PAUSE}]" in asked.stderr, asked.stderr
+    # Paused by gpushare (written here as the agent's ServiceAccount, which the policy lets
+    # through like the controller's): the tenant can take away neither.
+    record = '{"requestSince":"2026-11-27T10:00:00Z","since":"2026-11-27T10:00:01Z"}'
+    written = annotate(
+        cluster, guarded, "agent", f"{ANN_PAUSE}={request.dump()}", f"{ANN_PAUSED}={record}"
+    )
+    assert written.returncode == 0, written.stderr
+    for change in (f"{ANN_PAUSE}-", f"{ANN_PAUSED}-"):
+        answer = annotate(cluster, guarded, "user", change)
+        assert answer.returncode != 0, f"a user resumed a pod ({change})"
+        assert "metadata.annotations[gpushare.io/paus" in answer.stderr, answer.stderr
+    now = annotations(cluster, guarded)
+    assert (now[ANN_PAUSE], now[ANN_PAUSED]) == (request.dump(), record)

@@ -25,6 +25,7 @@ from gpushare.api.names import (
     ANN_CLASS,
     ANN_FRACTION,
     ANN_GPU_UUID,
+    ANN_MEMORY,
     ANN_MEMORY_LIMIT,
     ANN_OPPORTUNISTIC,
     ANN_REQUEST_PERCENT,
@@ -33,6 +34,7 @@ from gpushare.api.names import (
     ANN_THREAD_PERCENT,
     ANN_TIER,
     LABEL_NEIGHBOUR_RULES,
+    LABEL_SHARE_SELECTORS,
     OPPORTUNISTIC_PRIORITY,
     RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
@@ -242,6 +244,8 @@ def namespace(cluster: Any, crd: None, request: pytest.FixtureRequest) -> Iterat
         cluster.kubectl("label", "namespace", name, label)
     # An admin's grant: the operator's profiling pods run alone on their GPU here.
     cluster.kubectl("label", "namespace", name, f"{LABEL_NEIGHBOUR_RULES}=granted")
+    # And consent to GpuShare selectors: they link the new pods whose labels they match.
+    cluster.kubectl("label", "namespace", name, f"{LABEL_SHARE_SELECTORS}=enabled")
     yield name
     drop_share_finalizers(cluster, name)
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
@@ -297,7 +301,7 @@ def operator(
             {"fraction": "0.5", "packing": {"maxPodsPerGpu": 64}},
             "spec.packing.maxPodsPerGpu in body should be less than or equal to 48",
         ),
-        ({"memory": "1Gi"}, "spec.fraction: Required value"),
+        ({"memory": "1Gi"}, "spec.fraction is required: write the share of one GPU each pod"),
         ({"fraction": "Auto"}, 'a whole percent like "25%", or "auto"'),
         ({"fraction": "auto", "limit": "0.5"}, "spec.limit cannot be set with fraction auto"),
         (
@@ -320,6 +324,8 @@ def test_api_server_refuses_bad_specs_with_a_message_naming_the_field(
     )
     assert proc.returncode != 0, f"accepted: {spec}"
     assert message in proc.stderr, proc.stderr
+    if "fraction" not in spec:  # in the project's words alone (issue 68)
+        assert "validation rules were not checked" not in proc.stderr, proc.stderr
 
 
 def test_api_server_accepts_a_good_spec_and_fills_defaults(cluster: Any, crd: None) -> None:
@@ -420,6 +426,96 @@ def test_share_goes_pending_profiling_packed_with_the_simulated_profile(
         assert events(cluster, namespace, name="train", reason=reason) == 1, reason
     out = cluster.kubectl("get", "gpushares", "-n", namespace)
     assert out.split()[:7] == ["NAME", "PHASE", "FRACTION", "REQUEST", "CLASS", "POLICY", "PODS"]
+
+
+def _env(cluster: Any, namespace: str, name: str) -> dict[str, str]:
+    out = cluster.kubectl("exec", "-n", namespace, name, "--", "env")
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_a_selector_links_new_labelled_pods_with_the_shares_memory_and_reports_the_rest(
+    cluster: Any, controller: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    """Issue 68: the documented selector governs new pods whatever else they carry (a plain
+    pod with the label only, a pod with its own fraction), and each runs with the share's
+    memory, the same in its limit annotation, its MPS pinned limit and the CLI. A pod made
+    before the share is reported on both; a label added to a running pod moves nothing; a pod
+    two selectors match is refused naming both shares."""
+    image = cluster.busybox_image
+    labels = {"app": "sel"}
+    apply(cluster, pod_manifest("early", namespace, image=image, annotations={}, labels=labels))
+    apply(cluster, pod_manifest("own", namespace, image=image, annotations={ANN_FRACTION: "0.5"}))
+    wait_pod_running(cluster, "early", namespace)
+    own_before = wait_pod_running(cluster, "own", namespace)["metadata"]["annotations"]
+    selector = {"matchLabels": labels}
+    skip = {"mode": "skip"}
+    apply(
+        cluster,
+        share_manifest(
+            "sel", namespace, fraction="0.25", memory="6Gi", selector=selector, profiling=skip
+        ),
+    )
+    wait_phase(cluster, "sel", namespace, "Packed", timeout_s=60)
+    wait_until(
+        lambda: (
+            events(cluster, namespace, name="early", reason="SelectorNotLinked") >= 1
+            and events(cluster, namespace, name="sel", reason="SelectorNotLinked") >= 1
+        ),
+        timeout_s=30,
+        what="the pod made before the share to be reported on both",
+    )
+    (said,) = cluster.events(namespace, name="early", reason="SelectorNotLinked")
+    assert "Delete the pod so that its controller makes it again" in said["message"]
+    cluster.kubectl("label", "pod", "own", "-n", namespace, "app=sel")
+
+    apply(cluster, pod_manifest("plain", namespace, image=image, annotations={}, labels=labels))
+    named = {ANN_SHARE: "sel", ANN_FRACTION: "0.5"}
+    apply(cluster, pod_manifest("named", namespace, image=image, annotations=named))
+    for name, percent in (("plain", "25"), ("named", "50")):
+        pod = wait_pod_running(cluster, name, namespace)
+        ann = pod["metadata"]["annotations"]
+        assert (ann[ANN_SHARE], ann[ANN_MEMORY]) == ("sel", "6Gi"), ann
+        assert pod["spec"]["schedulerName"] == "gpushare-scheduler"
+        assert pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE_GPU_PERCENT] == percent
+        assert int(ann[ANN_MEMORY_LIMIT]) == 6 * 2**30
+        assert _env(cluster, namespace, name)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6144M"
+    table = subprocess.run(
+        [sys.executable, "-m", "gpushare.cli.main", "get", "pods", "-n", namespace],
+        capture_output=True, text=True, env=cluster.env, cwd=REPO, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:] if line.strip()}
+    assert rows["plain"][5] == rows["named"][5] == "6.0Gi", table
+
+    # Labelled while running: the same placement and limits, linked to nothing.
+    own = get(cluster, "pod", "own", namespace)["metadata"]["annotations"]
+    assert ANN_SHARE not in own
+    assert {k: own[k] for k in (ANN_GPU_UUID, ANN_MEMORY_LIMIT, ANN_THREAD_PERCENT)} == {
+        k: own_before[k] for k in (ANN_GPU_UUID, ANN_MEMORY_LIMIT, ANN_THREAD_PERCENT)
+    }
+    assert "own" not in [p["pod"] for p in share_status(cluster, "sel", namespace)["placements"]]
+
+    also = {"matchExpressions": [{"key": "app", "operator": "In", "values": ["sel"]}]}
+    apply(
+        cluster,
+        share_manifest("sel-too", namespace, fraction="0.25", selector=also, profiling=skip),
+    )
+    wait_phase(cluster, "sel-too", namespace, "Packed", timeout_s=60)
+    overlap = wait_until(
+        lambda: cluster.events(namespace, name="sel-too", reason="SelectorOverlap"),
+        timeout_s=30,
+        what="the second share to report the first share's pod its selector matches",
+    )
+    assert [e["message"].split()[1] for e in overlap] == ["plain"]  # named has no label
+    time.sleep(2)  # the controller's GpuShare watch brings sel-too to its webhook
+    both = pod_manifest("both", namespace, image=image, annotations={}, labels=labels)
+    proc = subprocess.run(
+        ["kubectl", "create", "-f", "-"],
+        input=json.dumps(both), capture_output=True, text=True, env=cluster.env, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "metadata.labels: match spec.selector of GpuShare sel and GpuShare sel-too" in (
+        proc.stderr
+    )
 
 
 def test_fraction_auto_sizes_the_pods_created_once_the_job_is_profiled(

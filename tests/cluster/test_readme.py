@@ -20,11 +20,9 @@ demo's stand-ins (hack/images/stand-in), which say so in their logs.
 
 import os
 import re
-import selectors
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,15 @@ from tests.fixtures.chart_release import (
     wait_for,
 )
 from tests.fixtures.cluster import REPO, LocalCluster
+from tests.fixtures.doc_commands import (
+    Command,
+    claims,
+    commands,
+    excerpt_pattern,
+    section,
+    sh_blocks,
+)
+from tests.fixtures.doc_commands import Shell as DocShell
 
 # The demo installs the chart and takes the node over: run before host agents and controllers.
 pytestmark = [pytest.mark.cluster, pytest.mark.whole_node]
@@ -49,73 +56,11 @@ EXAMPLES_README = REPO / "examples" / "README.md"
 DEMO_NAMESPACE = "gpushare-demo"
 SYSTEM_NAMESPACE = "gpushare-system"
 EXAMPLES_NAMESPACE = "gpushare-examples"
-COMMAND_TIMEOUT_S = 420
 HOST_SCHEDULER = "GPUSHARE_HOST_SCHEDULER"
 PLACEHOLDER = re.compile(r"<[a-z][a-z -]*>")
 
 
 # ---- reading the docs --------------------------------------------------------------------------
-
-
-@dataclass
-class Command:
-    """One command of a doc, as written, and what the comment lines under it say it shows."""
-
-    text: str
-    where: str
-    shows: list[str] = field(default_factory=list)
-
-
-def section(text: str, heading: str) -> str:
-    """The text under ``heading`` up to the next heading of the same or a higher level (lines
-    in fenced blocks are no headings: a shell comment starts with # too)."""
-    level = len(heading.split(" ", 1)[0])
-    lines = text.splitlines()
-    start = lines.index(heading) + 1
-    fenced = False
-    for i in range(start, len(lines)):
-        if lines[i].lstrip().startswith("```"):
-            fenced = not fenced
-        elif not fenced and re.match(rf"#{{1,{level}}} ", lines[i]):
-            return "\n".join(lines[start:i])
-    return "\n".join(lines[start:])
-
-
-def sh_blocks(text: str) -> list[str]:
-    """The bodies of the ```sh blocks, dedented by the fence's indentation."""
-    blocks = []
-    for m in re.finditer(r"^( *)```sh\n(.*?)^\1```", text, re.MULTILINE | re.DOTALL):
-        indent = len(m.group(1))
-        blocks.append("\n".join(line[indent:] for line in m.group(2).splitlines()))
-    return blocks
-
-
-def commands(block: str, where: str) -> list[Command]:
-    """Split a block into commands: continuations and heredocs stay with their command."""
-    out: list[Command] = []
-    lines = block.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        i += 1
-        if not line.strip():
-            continue
-        if line.startswith("#"):
-            assert out, f"{where}: a comment before any command: {line!r}"
-            out[-1].shows.append(line[1:].strip())
-            continue
-        text = [line]
-        while text[-1].endswith("\\") and i < len(lines):
-            text.append(lines[i])
-            i += 1
-        heredoc = re.search(r"<<-?'?([A-Z]+)'?", text[0])
-        if heredoc:
-            while i < len(lines) and lines[i - 1].strip() != heredoc.group(1):
-                text.append(lines[i])
-                i += 1
-            assert text[-1].strip() == heredoc.group(1), f"{where}: heredoc never ends"
-        out.append(Command("\n".join(text), where))
-    return out
 
 
 def doc_commands() -> list[Command]:
@@ -130,21 +75,6 @@ def doc_commands() -> list[Command]:
     ]
     assert len(found) > 10, f"too few commands found in the docs: {found}"
     return found
-
-
-def without_asides(line: str) -> str:
-    return re.sub(r"\s*\([^)]*\)", "", line).strip()
-
-
-def excerpt_pattern(excerpt: str) -> re.Pattern[str]:
-    """``...`` is anything on the line, a space any run of blanks."""
-    parts = excerpt.strip().split("...")
-    return re.compile(".*?".join(r"[ \t]+".join(map(re.escape, p.split())) for p in parts))
-
-
-def claims(command: Command) -> list[str]:
-    """The excerpts the comment lines under a command say it shows; (words) only explain."""
-    return [e for line in command.shows for e in without_asides(line).split(", ") if e.strip(" .")]
 
 
 def test_doc_commands_are_read_as_written() -> None:
@@ -167,45 +97,15 @@ def test_doc_commands_are_read_as_written() -> None:
 # ---- a user's shell ----------------------------------------------------------------------------
 
 
-class Shell:
-    """One bash in the checkout, fed one command at a time; each command's output is kept."""
+class Shell(DocShell):
+    """One bash in the checkout, as a user's: no KUBECONFIG, and the README's lines put kubectl,
+    helm and the plugin on PATH (the Makefile puts .venv/bin there for the tests)."""
 
     def __init__(self, workdir: Path) -> None:
-        # A user's shell: no KUBECONFIG, and the README's lines put kubectl, helm and the plugin
-        # on PATH (the Makefile puts .venv/bin there for the tests).
         env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", HOST_SCHEDULER)}
         venv = str(REPO / ".venv" / "bin")
         env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p and p != venv)
-        self.workdir = workdir
-        self.proc = subprocess.Popen(
-            ["bash", "--noprofile", "--norc"],
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.count = 0
-
-    def run(self, command: str, timeout_s: float = COMMAND_TIMEOUT_S) -> tuple[int, str]:
-        self.count += 1
-        out = self.workdir / f"{self.count}.out"
-        marker = f"--- done {self.count}"
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f'{{\n{command}\n}} >{out} 2>&1 </dev/null\necho "{marker} $?"\n')
-        self.proc.stdin.flush()
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            if not sel.select(timeout_s):
-                raise AssertionError(f"still running after {timeout_s:.0f}s:\n{command}")
-        line = self.proc.stdout.readline()
-        assert line.startswith(marker), f"the shell said {line!r} (did it exit?)"
-        return int(line.split()[-1]), out.read_text()
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        super().__init__(workdir, cwd=REPO, env=env)
 
 
 # ---- the demo ----------------------------------------------------------------------------------

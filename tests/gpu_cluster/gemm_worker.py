@@ -9,6 +9,9 @@ Modes (argv[1]):
                with that second's median and 99th-percentile time per GEMM in ms.
   devices      the GPUs the container sees: their count and NVML UUIDs (``GPU-...``), after a
                GEMM on each, so a device that is visible but unusable shows as an error.
+  checked UNTIL  bf16 GEMMs of fixed inputs until UNTIL, each second's result compared with
+               the one computed first (``"same"``), ending with ``{"result_same": ...}``: work
+               paused and resumed must give the result it would have given.
 
 The first line names the CUDA_MPS_* settings the device plugin gave the container. Without
 CUDA (a rehearsal on the simulated backend) the same loops run on the CPU and every line says
@@ -42,6 +45,8 @@ def main() -> int:
     until = float(sys.argv[2])
     if mode == "gemm":
         return gemm(until, torch, device)
+    if mode == "checked":
+        return checked(until, torch, device)
     if mode == "latency":
         return latency(until, torch, device)
     emit(error=f"unknown mode {mode!r}")
@@ -70,6 +75,34 @@ def gemm(until: float, torch, device: str) -> int:
             count += 4
         dt = time.perf_counter() - t0
         emit(t=time.time(), tflops=count * flop / dt / 1e12, device=device)
+    return 0
+
+
+def checked(until: float, torch, device: str) -> int:
+    if torch is None:
+        pure_python(until)
+        emit(finished=time.time(), result_same=True, device="cpu")
+        return 0
+    n = 8192 if device == "cuda" else 256
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    gen = torch.Generator(device=device).manual_seed(65)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    reference = (a @ b).float().sum().item()
+    sync(torch, device)
+    emit(ready=time.time(), device=device, n=n, reference=reference)
+    flop, all_same = 2.0 * n**3, True
+    while time.time() < until:
+        t0 = time.perf_counter()
+        count = 0
+        while time.perf_counter() - t0 < 1.0:
+            c = a @ b
+            count += 1
+        same = (c.float().sum().item()) == reference  # also waits for the GEMMs
+        all_same = all_same and same
+        dt = time.perf_counter() - t0
+        emit(t=time.time(), tflops=count * flop / dt / 1e12, same=same, device=device)
+    emit(finished=time.time(), result_same=all_same, device=device)
     return 0
 
 

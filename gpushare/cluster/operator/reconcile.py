@@ -28,6 +28,7 @@ from gpushare.api.gpushare_crd import (
 )
 from gpushare.api.profile import GpuProfile
 from gpushare.cluster.operator import cache
+from gpushare.cluster.operator.grants import neighbour_rules
 from gpushare.cluster.operator.profiler_client import ProfilerClient
 from gpushare.cluster.operator.profiling import (
     Abandon,
@@ -55,11 +56,13 @@ from gpushare.cluster.operator.share_status import (
     Condition,
     describe,
     no_profiling_pod,
+    profiling_place,
     sized_fields,
     sized_note,
     transition_ops,
     utcnow,
 )
+from gpushare.cluster.operator.unlinked import UnlinkedReporter
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.shares import ShareSummary, share_summary
 from gpushare.cluster.state.view import ClusterView
@@ -88,6 +91,7 @@ class ShareReconciler:
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
         self._kicks: dict[str, asyncio.Task[None]] = {}
+        self.unlinked = UnlinkedReporter(kube)
         self.synced = asyncio.Event()
         """Set once the view holds a full listing of pods and nodes. Until then nothing acts:
         after a restart, a pod not yet seen again must not read as a deleted one."""
@@ -154,6 +158,7 @@ class ShareReconciler:
             await self._inherit(share, pods)
             await self._release(share, pods)
             await self._sync_placements(share, pods)
+            await self.unlinked.check(share)
             cached = await self._cached(share, pods)
             now = self.clock()
             step = next_step(
@@ -361,12 +366,11 @@ class ShareReconciler:
             )
             if not marked:
                 return  # the pod went away; the next tick elects another
-        where = (
-            f"alone on a GPU (policy {share.spec.packing.policy})"
-            if step.mark or pod.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE
-            else f"where it already runs (on {pod.node}; neighbours may skew the profile)"
-        )
-        message = f"profiling pod {pod.name} {where} for {window} s"
+        marked = step.mark or pod.annotations.get(ANN_PROFILING) == PROFILING_ACTIVE
+        granted = await neighbour_rules(self.view, self.kube, pod.namespace)
+        policy = share.spec.packing.policy
+        where = profiling_place(policy=policy, granted=granted, marked=marked, node=pod.node)
+        message = f"profiling pod {pod.name} for {window} s {where}"
         if await self.transition(
             share,
             to_phase=PHASE_PROFILING,

@@ -10,8 +10,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from gpushare.api.gpushare_crd import LIGHTLY_LOADED_PERCENT, POLICY_AGGRESSIVE
 from gpushare.api.profile import WORK_PIPES, GpuProfile
 from gpushare.cluster.operator.profiling import with_condition
+from gpushare.cluster.state.share_rules import GRANT_LABEL
 from gpushare.cluster.state.shares import ShareSummary, sized_percent
 from gpushare.packing.sizing import as_fraction
 
@@ -36,6 +38,25 @@ def describe(profile: GpuProfile) -> str:
     ]
     sim = " (simulated GPU)" if profile.simulated else ""
     return f"{', '.join(parts)} on {profile.gpu_model}{sim} over {profile.sampled_seconds:g} s"
+
+
+def profiling_place(*, policy: str, granted: bool, marked: bool, node: str | None) -> str:
+    """Where the elected pod is profiled, as far as it is known at the election: what the
+    ``ProfilingStarted`` event promises, and no more (gpushare.cluster.state.share_rules)."""
+    if not marked:
+        return f"where it already runs (on {node}; neighbours may skew the profile)"
+    if not granted:
+        return (
+            f"on a GPU it may share with others (policy {policy}): its namespace lacks the "
+            f"admin's label {GRANT_LABEL}, so it cannot keep other pods off its GPU and "
+            "neighbours may skew the profile"
+        )
+    if policy == POLICY_AGGRESSIVE:
+        return (
+            f"on a lightly loaded GPU (at most {LIGHTLY_LOADED_PERCENT}% allocated, policy "
+            "aggressive; neighbours may skew the profile)"
+        )
+    return f"alone on a GPU (policy {policy})"
 
 
 def sized_fields(share: ShareSummary, profile: GpuProfile) -> dict[str, Any]:

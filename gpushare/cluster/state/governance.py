@@ -6,19 +6,15 @@ Pure functions over the view's one pod projection (:class:`~.pods.PodFacts`) and
 
 from collections.abc import Callable, Iterable, Mapping
 
-from gpushare.api.gpushare_crd import governing_share
+from gpushare.api.gpushare_crd import linked_share
 from gpushare.cluster.state.claim_holders import ClaimHolder, claim_tenants
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.shares import ShareRegistry, ShareSummary
 
 
 def share_of(shares: ShareRegistry, pod: PodFacts) -> ShareSummary | None:
-    """The GpuShare governing a pod, if the view knows it."""
-    name = governing_share(
-        ((s.name, s.spec) for s in shares.in_namespace(pod.namespace)),
-        labels=pod.labels,
-        annotations=pod.annotations,
-    )
+    """The GpuShare governing a pod (its ``gpushare.io/share``), if the view knows it."""
+    name = linked_share(pod.annotations)
     return shares.by_key.get(f"{pod.namespace}/{name}") if name else None
 
 

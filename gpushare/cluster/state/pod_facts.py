@@ -282,8 +282,8 @@ def ours(f: PodFacts) -> bool:
 
 def kept(f: PodFacts) -> bool:
     """A pod the view keeps: one gpushare places, one naming gpushare-scheduler without a
-    request, which a GpuShare's selector may govern (the operator gives it the request), or a
-    DRA-mode pod linking a GpuShare (``PodFacts.dra``)."""
+    request (linked to a GpuShare, it is governed and reported by the operator), or a DRA-mode
+    pod linking a GpuShare (``PodFacts.dra``)."""
     return ours(f) or f.scheduler == SCHEDULER_NAME or (f.dra and f.gpu_pod)
 
 

@@ -1,15 +1,20 @@
 """Which pods the view counts in the pod mix the gpushare policy measures against
 (:class:`gpushare.packing.mix.PodMix`), and when: each pod once, as it arrives (docs/packing.md,
-"The pod mix learned online")."""
+"The pod mix learned online"), with the GPU models its node constraints admit
+(:mod:`~gpushare.cluster.state.allowed_models`)."""
 
 from collections.abc import Container, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gpushare.api.names import SCHEDULER_NAME
+from gpushare.cluster.state.allowed_models import AllowedModels
+from gpushare.cluster.state.nodes import NodeInfo
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.pods import spec
 from gpushare.packing.mix import PodMix
-from gpushare.packing.model import Demand
+from gpushare.packing.model import Demand, NodeState
+from gpushare.packing.scarcity import free_by_model
 
 
 class MixCounter:
@@ -18,6 +23,15 @@ class MixCounter:
     def __init__(self) -> None:
         self.counted: dict[str, str] = {}
         """Pod key -> UID of the pod counted (at most one entry per live pod)."""
+        self.models = AllowedModels()
+        """The GPU models each pod's node constraints admit, counted with its shape."""
+
+    def node(self, name: str, labels: object, info: NodeInfo | None) -> None:
+        """A node as the view last took it in: its labels and its GPUs' model."""
+        models = info.gpu_models.values() if info is not None else ()
+        self.models.node(
+            name, labels if isinstance(labels, Mapping) else None, next(iter(models), None)
+        )
 
     def count(
         self,
@@ -40,6 +54,9 @@ class MixCounter:
             if f.demand is None:
                 return
             demand = f.demand
+            allowed = self.models.of(spec(pod)) if demand.gpus > 0 else None
+            if allowed is not None:
+                demand = replace(demand, gpu_model=allowed)
         elif spec(pod).get("schedulerName") == SCHEDULER_NAME or (
             f.node is not None and f.node in gpu_nodes
         ):
@@ -52,3 +69,29 @@ class MixCounter:
     def forget(self, key: str) -> None:
         """The pod is gone: seen again, it counts again."""
         self.counted.pop(key, None)
+
+
+class FreeByModel:
+    """Free GPU-percent by GPU model over the view's nodes, what the mix prices scarce models
+    against (:func:`gpushare.packing.scarcity.free_by_model`), worked out again only for the
+    nodes whose version moved since the last read: the mix asks every 50 pods, and at 5,000
+    nodes walking every GPU each time cost more than the pods' own filter calls."""
+
+    def __init__(self, nodes: Mapping[str, NodeState], versions: Mapping[str, int]) -> None:
+        self._nodes = nodes
+        self._versions = versions
+        self._kept: dict[str, tuple[int, dict[str, int]]] = {}
+
+    def __call__(self) -> dict[str, int]:
+        kept, versions = self._kept, self._versions
+        for name in [n for n in kept if n not in self._nodes]:
+            del kept[name]
+        out: dict[str, int] = {}
+        for name, node in self._nodes.items():
+            version = versions.get(name, 0)
+            hit = kept.get(name)
+            if hit is None or hit[0] != version:
+                hit = kept[name] = (version, free_by_model((node,)))
+            for model, free in hit[1].items():
+                out[model] = out.get(model, 0) + free
+        return out

@@ -8,6 +8,7 @@ from typing import Any
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.gpushare_crd import PROFILING_SKIP, GpuShareSpec, parse_spec
+from gpushare.api.label_selector import LabelSelector
 from gpushare.api.profile import GpuProfile
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.state.pods import annotations, metadata
@@ -168,6 +169,15 @@ class ShareRegistry:
 
     def in_namespace(self, namespace: str) -> Iterator[ShareSummary]:
         return (s for s in self.by_key.values() if s.namespace == namespace)
+
+    def selectors(self, namespace: str) -> list[tuple[str, LabelSelector]]:
+        """(name, spec.selector) of the valid GpuShares of ``namespace`` that have a selector,
+        by name: what the webhook links a new pod by (gpushare.cluster.webhook.share_match)."""
+        return sorted(
+            (s.name, s.spec.selector)
+            for s in self.in_namespace(namespace)
+            if s.spec is not None and s.spec.selector is not None
+        )
 
 
 class PodRules:

@@ -9,6 +9,9 @@ cluster admins can set (tenants cannot update their own Namespace object).
   ``gpushare.io/profiling: "true"`` keep other pods off its GPU; they take effect only in
   namespaces an admin labelled ``gpushare.io/neighbour-rules=granted`` (or everywhere with
   ``--neighbour-rules everyone``).
+- **Share selectors**: a GpuShare's ``spec.selector`` links new pods to the share only in
+  namespaces an admin labelled ``gpushare.io/share-selectors=enabled`` (docs/operator.md,
+  "Which pods a share governs").
 
 See docs/security.md for the trust model.
 """
@@ -17,7 +20,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpushare.api.names import LABEL_NEIGHBOUR_RULES, NEIGHBOUR_RULES_GRANTED
+from gpushare.api.names import (
+    LABEL_NEIGHBOUR_RULES,
+    LABEL_SHARE_SELECTORS,
+    NEIGHBOUR_RULES_GRANTED,
+    SHARE_SELECTORS_ENABLED,
+)
 from gpushare.cluster.state.quarantine import Take, take_plainly
 from gpushare.packing.tenancy import TENANCY_NAMESPACE, sharing_group, tenancy_key
 
@@ -34,6 +42,8 @@ class NamespaceGrants:
     """Sharing group (label ``gpushare.io/sharing-group``); None: the namespace is its own."""
     neighbour_rules: bool = False
     """Label ``gpushare.io/neighbour-rules=granted``."""
+    share_selectors: bool = False
+    """Label ``gpushare.io/share-selectors=enabled``: GpuShare selectors link new pods."""
 
 
 def grants_of(namespace: Mapping[str, Any]) -> tuple[str, NamespaceGrants] | None:
@@ -46,6 +56,7 @@ def grants_of(namespace: Mapping[str, Any]) -> tuple[str, NamespaceGrants] | Non
     return meta["name"], NamespaceGrants(
         group=sharing_group(labels),
         neighbour_rules=labels.get(LABEL_NEIGHBOUR_RULES) == NEIGHBOUR_RULES_GRANTED,
+        share_selectors=labels.get(LABEL_SHARE_SELECTORS) == SHARE_SELECTORS_ENABLED,
     )
 
 
@@ -69,6 +80,11 @@ class Tenancies:
             return True
         grants = self._grants.get(namespace)
         return grants is not None and grants.neighbour_rules
+
+    def share_selectors(self, namespace: str) -> bool:
+        """Do GpuShare selectors link new pods of ``namespace`` (an admin labelled it)?"""
+        grants = self._grants.get(namespace)
+        return grants is not None and grants.share_selectors
 
     def upsert(self, namespace: Mapping[str, Any]) -> str | None:
         """Take a watched Namespace in; returns its name when its grants changed."""

@@ -46,6 +46,7 @@ class NodeEvents(ViewParts):
         ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
         assert isinstance(ann, Mapping)
         inputs = _read_parts(ann, node.get("status"))
+        self._mix_count.node(name, meta.get("labels"), self._inventory.about.get(name))
         if self._node_inputs.get(name) == inputs and name in self._inventory.about:
             # Nothing read below changed (a heartbeat: conditions and times); an agent's Lease
             # moving is taken in by its own path (_agents_flipped).
@@ -54,6 +55,7 @@ class NodeEvents(ViewParts):
         self._marks.read(name, ann)
         parsed, problem = parse_inventory(name, ann)
         self._inventory.about[name] = node_info(node, name, parsed)
+        self._mix_count.node(name, meta.get("labels"), self._inventory.about[name])
         self._hosts.set_allocatable(name, node_allocatable(node))
         inventory, unusable = read_gpus(node, parsed)
         read = (inventory, problem or unusable)
@@ -84,6 +86,7 @@ class NodeEvents(ViewParts):
             self._changed("node", name)
 
     def delete_node(self, name: str) -> None:
+        self._mix_count.models.drop(name)
         self._node_inputs.pop(name, None)
         self._read.pop(name, None)
         self._inventory.about.pop(name, None)

@@ -19,7 +19,7 @@ from gpushare.cluster.state.hosts import HostUsage
 from gpushare.cluster.state.nodes import NodeInventory
 from gpushare.cluster.state.placements import Placements
 from gpushare.cluster.state.pod_facts import PodFacts
-from gpushare.cluster.state.pod_mix import MixCounter
+from gpushare.cluster.state.pod_mix import FreeByModel, MixCounter
 from gpushare.cluster.state.quarantine import Quarantine
 from gpushare.cluster.state.reservations import Reservations
 from gpushare.cluster.state.share_rules import ShareRules
@@ -94,6 +94,8 @@ class ViewParts:
         GpuShare's selector may govern them, and the operator gives them its request."""
         self._listing = False
         self._bind_indexes()
+        if self.mix.free_capacity is None:
+            self.mix.free_capacity = FreeByModel(self._nodes, self._node_versions)
 
     def _init_listeners(self) -> None:
         """Who is told of changes: empty lists the controller's parts append to."""

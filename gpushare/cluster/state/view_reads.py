@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
+from gpushare.api.label_selector import LabelSelector
 from gpushare.api.request import GpuRequest
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.reservations import Reservation
@@ -200,6 +201,14 @@ class ViewReads(ViewParts):
     def share_request(self, namespace: str, name: str) -> GpuRequest | None:
         """The request a GpuShare stands for (``ShareRegistry.request``)."""
         return self._shares.request(namespace, name)
+
+    def share_selectors(self, namespace: str) -> list[tuple[str, LabelSelector]]:
+        """(name, selector) of the valid GpuShares of ``namespace`` that have a selector."""
+        return self._shares.selectors(namespace)
+
+    def share_selectors_enabled(self, namespace: str) -> bool:
+        """Do selectors link new pods of ``namespace`` (``Tenancies.share_selectors``)?"""
+        return self.tenancies.share_selectors(namespace)
 
     def share_skips_profiling(self, namespace: str, name: str) -> bool:
         """The GpuShare asks for no profiling (``spec.profiling.mode: skip``)."""

@@ -14,6 +14,8 @@ from gpushare.api.names import (
     ANN_BIND_TIME,
     ANN_GPU_UUID,
     ANN_MEMORY_LIMIT,
+    ANN_PAUSE,
+    ANN_PAUSED,
     ANN_REQUEST_PERCENT,
     ANN_STATE,
     ANN_THREAD_PERCENT,
@@ -42,6 +44,12 @@ PLACEMENT_ANNOTATIONS = (
 """Written by the extender at bind (the Binding's annotations merge into the pod's, so one
 written at creation would stay): a forged ``tier: opportunistic`` on a pod placed guaranteed
 kept its share out of the GPU's guaranteed capacity."""
+
+
+PAUSE_ANNOTATIONS = (ANN_PAUSE, ANN_PAUSED)
+"""The controller's request to pause a pod and the node agent's record of the freeze
+(gpushare.api.pause): a pod created with either would be frozen by its own word, or counted as
+paused while it runs."""
 
 
 OPERATOR_ANNOTATIONS = (ANN_PROFILING, ANN_PROFILE)
@@ -178,6 +186,16 @@ def check_annotations(pod: pods.Pod) -> list[InvalidInputError]:
         for key in OPERATOR_ANNOTATIONS
         if key in ann
     ]
+    errors += [
+        InvalidInputError(
+            key,
+            "is written by gpushare when it pauses or resumes the pod",
+            "remove it from the pod; gpushare pauses opportunistic pods when guaranteed ones "
+            "need the GPU",
+        )
+        for key in PAUSE_ANNOTATIONS
+        if key in ann
+    ]
     try:
         parse_avoid_gpus(ann.get(ANN_AVOID_GPUS))
     except InvalidInputError as exc:
@@ -190,6 +208,16 @@ def check_scheduler(pod: pods.Pod, *, final: bool) -> list[InvalidInputError]:
     allowed = (SCHEDULER_NAME,) if final else DEFAULT_SCHEDULERS
     if name in allowed:
         return []
+    if final and name in DEFAULT_SCHEDULERS:  # the API server's default: nobody wrote it
+        return [
+            InvalidInputError(
+                "spec.schedulerName",
+                f"is {name or 'unset'!r}: the pod did not pass gpushare's mutating webhook, "
+                f"which sets {SCHEDULER_NAME}",
+                "make sure the MutatingWebhookConfiguration 'gpushare' is registered, then "
+                "recreate the pod",
+            )
+        ]
     return [
         InvalidInputError(
             "spec.schedulerName",
@@ -275,6 +303,47 @@ def resource_errors(
                             + ("on this container" if i == target else "on another container"),
                             "remove it; the webhook sets it from gpushare.io/gpu-fraction "
                             "(and gpushare.io/opportunistic)",
+                        )
+                    )
+    return errors
+
+
+RESTARTING_PROBES = ("livenessProbe", "startupProbe")
+"""Probes whose failures restart a container. An opportunistic pod may be paused at any time
+(its containers frozen, docs/node-agent.md "Pausing a pod"), and measured on the local cluster
+(runc, cgroup freezer): a frozen container's ``exec`` probe errors and is not counted (no
+restart), a ``tcpSocket`` probe passes (the kernel answers the handshake), an ``httpGet``
+probe times out and the kubelet restarted the container after its failure threshold; a
+``grpc`` probe waits on the frozen server the same way."""
+UNPAUSABLE_HANDLERS = ("httpGet", "grpc")
+
+
+def check_pausable(pod: pods.Pod) -> list[InvalidInputError]:
+    """An opportunistic pod is paused, not evicted, when a guaranteed pod needs its compute:
+    refuse one whose containers (and sidecars: init containers that keep running) have a
+    liveness or startup probe that a pause would fail, so the kubelet would restart the
+    container and throw its work away (docs/packing.md, "The sharing contract")."""
+    errors: list[InvalidInputError] = []
+    for kind, i, c in pods.all_containers(pod):
+        if kind == "ephemeralContainers" or (
+            kind == "initContainers" and c.get("restartPolicy") != "Always"
+        ):
+            continue  # no probes, or done before the pod runs
+        for probe_name in RESTARTING_PROBES:
+            probe = c.get(probe_name)
+            if not isinstance(probe, Mapping):
+                continue
+            for handler in UNPAUSABLE_HANDLERS:
+                if handler in probe:
+                    errors.append(
+                        InvalidInputError(
+                            f"spec.{kind}[{i}].{probe_name}.{handler}",
+                            "would fail while the pod is paused (an opportunistic pod is "
+                            "paused, its containers frozen, when a guaranteed pod needs the "
+                            "GPU), and the kubelet would restart the container, losing its work",
+                            f"use an exec or tcpSocket {probe_name} (a paused container's exec "
+                            "probe is not counted, a tcpSocket probe passes), move the check to "
+                            "a readinessProbe, or remove gpushare.io/opportunistic",
                         )
                     )
     return errors

@@ -1,9 +1,10 @@
 """What the webhook knows of the cluster: a few facts from the view, read per request."""
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpushare.api.errors import InvalidInputError
+from gpushare.api.label_selector import LabelSelector
 from gpushare.api.request import GpuRequest
 
 ShareLookup = Callable[[str, str], GpuRequest | None]
@@ -12,6 +13,8 @@ ExclusiveLookup = Callable[[str, str], str | None]
 SeparationLookup = Callable[[str, str], tuple[frozenset[str], str] | None]
 """(workload UID, namespace) -> (GPUs its new pods keep off, why), for workloads separated
 after faults."""
+SelectorLookup = Callable[[str], Sequence[tuple[str, LabelSelector]]]
+"""namespace -> (name, spec.selector) of its GpuShares that have a selector, by name."""
 TemplateCheck = Callable[[str, str], InvalidInputError | None]
 """(namespace, template name) -> why a DRA-mode pod asking for it is refused, or None."""
 
@@ -63,3 +66,9 @@ class ClusterFacts:
     template_check: TemplateCheck | None = None
     """DRA mode: a template of that name with another spec, or one template more than the
     namespace's bound, refuses the pod (gpushare.cluster.dra.templates, from its watch)."""
+    selector_lookup: SelectorLookup | None = None
+    """The GpuShares whose ``spec.selector`` may link a new pod (gpushare.cluster.webhook.
+    share_match); None: selectors link nothing."""
+    selectors_enabled: Callable[[str], bool] | None = None
+    """namespace -> an admin labelled it ``gpushare.io/share-selectors=enabled``, so selectors
+    link its new pods (a pod's label alone is not its owner's consent)."""

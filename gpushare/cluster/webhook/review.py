@@ -24,7 +24,6 @@ from gpushare.api.names import (
     ANN_OPPORTUNISTIC,
     ANN_SHARE,
     CLASS_BATCH,
-    GPU_RESOURCES,
     RESOURCE_GPU_PERCENT,
     SLICES_PER_GPU,
 )
@@ -32,25 +31,23 @@ from gpushare.api.quantities import format_memory
 from gpushare.api.request import GpuRequest, check_opportunistic, parse_request
 from gpushare.cluster.state import gpu_requests, pods
 from gpushare.cluster.webhook import claims
+from gpushare.cluster.webhook.annotation_keys import no_request_errors, unknown_key_errors
 from gpushare.cluster.webhook.checks import (
     asks_opportunistic,
     asks_resource,
     check_annotations,
     check_containers,
     check_node_name,
+    check_pausable,
     check_scheduler,
     check_volumes,
     resource_errors,
     single_resource_errors,
 )
 from gpushare.cluster.webhook.facts import ClusterFacts
-from gpushare.cluster.webhook.patch import (
-    annotation_ops,
-    exclusive_reason,
-    pod_patch,
-    separation,
-)
+from gpushare.cluster.webhook.patch import annotation_ops, exclusive_reason, pod_patch, separation
 from gpushare.cluster.webhook.scheduling import scheduling_ops
+from gpushare.cluster.webhook.share_match import NO_LINK, selector_link
 
 
 @dataclass(frozen=True)
@@ -74,7 +71,7 @@ def resolve_request(
     ann = pods.annotations(pod)
     try:
         request = parse_request(ann)
-        if request is not None and request.percent == 0 and request.share is not None:
+        if request is not None and request.share is not None:
             request = _from_share(request, ann, facts=facts, namespace=namespace)
         if request is None:
             # No annotation: a pod asking for the gpu-percent resource directly.
@@ -84,15 +81,24 @@ def resolve_request(
     if request is None:
         return None, []
     errors = _size_errors(request, facts)
+    stated = request.opportunistic is not None
     request, opt_errors = resolve_opt_in(request, facts=facts)
+    if request.opportunistic and (unpausable := check_pausable(pod)):
+        # An opportunistic pod is paused, never restarted for it: a stated opt-in is refused,
+        # the cluster's default leaves such a pod guaranteed.
+        if stated:
+            opt_errors += unpausable
+        else:
+            request = replace(request, opportunistic=False)
     return request, errors + opt_errors
 
 
 def _from_share(
     request: GpuRequest, ann: Mapping[str, str], *, facts: ClusterFacts, namespace: str
 ) -> GpuRequest:
-    """A pod linked to a GpuShare by name asks for the share's request; its own memory, class,
-    limit and opt-in annotations win. Raises InvalidInputError for a share that is not there."""
+    """A pod linked to a GpuShare asks for the share's request; its own fraction, memory,
+    class, limit and opt-in annotations win (docs/operator.md). Raises InvalidInputError for a
+    share that is not there."""
     assert request.share is not None
     shared = facts.share_lookup(namespace, request.share) if facts.share_lookup else None
     if shared is None:
@@ -101,10 +107,15 @@ def _from_share(
             f"no GpuShare {request.share!r} in namespace {namespace!r}",
             "create the GpuShare first, or set gpushare.io/gpu-fraction on the pod",
         )
-    check_limit(request.limit_percent, shared.percent)
+    percent = request.percent if ANN_FRACTION in ann else shared.percent
+    check_limit(request.limit_percent, percent)
     return GpuRequest(
-        percent=shared.percent,
-        memory_bytes=request.memory_bytes if ANN_MEMORY in ann else shared.memory_bytes,
+        percent=percent,
+        memory_bytes=(
+            request.memory_bytes
+            if ANN_MEMORY in ann or percent > SLICES_PER_GPU  # whole GPUs take all their memory
+            else shared.memory_bytes
+        ),
         gpu_class=request.gpu_class if ANN_CLASS in ann else shared.gpu_class,
         share=request.share,
         limit_percent=request.limit_percent,
@@ -194,7 +205,21 @@ def resolve_opt_in(
 
 def review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) -> Verdict:
     """Check a pod being created; with ``mutate`` also build the JSON patch that makes it a
-    gpushare pod. Without it (validation, after every mutation) the pod must already be one."""
+    gpushare pod. Without it (validation, after every mutation) the pod must already be one.
+    A new pod a GpuShare's selector links is reviewed as if it named the share itself
+    (gpushare.cluster.webhook.share_match), and the patch writes that link on it."""
+    link = selector_link(pod, namespace=namespace, facts=facts) if mutate else NO_LINK
+    if link.errors:
+        return Verdict(allowed=False, errors=link.errors)
+    verdict = _review(link.pod or pod, namespace=namespace, facts=facts, mutate=mutate)
+    if not verdict.allowed:
+        return verdict
+    patch = [*link.ops, *verdict.patch] if verdict.patch or link.ops else []
+    return replace(verdict, patch=patch, warnings=link.warnings + verdict.warnings)
+
+
+def _review(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) -> Verdict:
+    """:func:`review` of the pod as linked."""
     if not pods.has_gpushare_annotations(pod) and not pods.wants_gpushare(pod):
         return Verdict(allowed=True)
     checked = _check(pod, namespace=namespace, facts=facts, mutate=mutate)
@@ -220,8 +245,12 @@ class _Checked:
 def _check(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) -> _Checked:
     """Every check of a gpushare pod, each error kept (a user fixes them all in one go)."""
     errors: list[InvalidInputError] = check_annotations(pod)
+    errors += unknown_key_errors(pods.annotations(pod))
     request, request_errors = resolve_request(pod, facts=facts, namespace=namespace)
     errors += request_errors
+    places = request is not None or asks_resource(pod)
+    if not places and not request_errors:
+        errors += no_request_errors(pods.annotations(pod))
     errors += check_containers(pod, facts=facts)
     errors += check_volumes(pod, facts=facts)
     errors += check_node_name(pod)
@@ -239,7 +268,7 @@ def _check(pod: pods.Pod, *, namespace: str, facts: ClusterFacts, mutate: bool) 
             errors += _resource_errors(pod, request, target=target, facts=facts, mutate=mutate)
         elif not annotated:
             errors += single_resource_errors(pod)
-    if not dra:  # a claim is allocated by any DRA-enabled scheduler
+    if not dra and places:  # a claim is allocated by any DRA-enabled scheduler
         errors += check_scheduler(pod, final=not mutate)
     return _Checked(request, target, dra, errors)
 
@@ -465,23 +494,3 @@ def response_doc(req: ReviewRequest, verdict: Verdict) -> dict[str, Any]:
     if verdict.warnings:
         response["warnings"] = list(verdict.warnings)
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
-
-
-def match_condition_expression() -> str:
-    """CEL the API server evaluates before calling us: only gpushare pods are ever sent, so an
-    outage of the controller cannot block any other pod (see docs/scheduling.md)."""
-    gpushare_ann = (
-        "has(object.metadata.annotations) && "
-        "object.metadata.annotations.exists(k, k.startsWith('gpushare.io/'))"
-    )
-    # Both GPU resources: a pod asking for gpushare.io/opportunistic-gpu-percent directly, with
-    # no gpushare annotation, was never sent, so the webhook could not refuse it (#45).
-    held = " || ".join(
-        f"(has(c.resources.{part}) && '{r}' in c.resources.{part})"
-        for r in GPU_RESOURCES
-        for part in ("limits", "requests")
-    )
-    asks = f"exists(c, has(c.resources) && ({held}))"
-    resource = f"object.spec.containers.{asks}"
-    init = f"has(object.spec.initContainers) && object.spec.initContainers.{asks}"
-    return f"({gpushare_ann}) || ({resource}) || ({init})"

@@ -9,12 +9,18 @@ UID under both cgroup drivers:
 - cgroupfs: ``/kubepods/burstable/pod<uid>/<container-id>``
 - systemd:  ``/kubepods.slice/.../kubepods-burstable-pod<uid_with_underscores>.slice/
   cri-containerd-<container-id>.scope``
+
+The other way round, :func:`pod_cgroup_dirs` names the directories a pod's cgroup may have
+under a hierarchy's mount (both drivers, every QoS class) and :func:`container_cgroup_id`
+reads the container ID in a container cgroup's name: how the node agent finds the cgroups to
+freeze when it pauses a pod (gpushare.node.pausing).
 """
 
 import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +36,48 @@ class CgroupOwner:
 
     pod_uid: str
     container_id: str | None
+
+
+QOS_DIRS: Final = {"Guaranteed": "", "Burstable": "burstable", "BestEffort": "besteffort"}
+"""The kubelet's QoS class (``status.qosClass``) -> its level under ``kubepods`` (Guaranteed
+pods sit directly under it)."""
+
+
+def pod_cgroup_dirs(uid: str, qos: str | None = None) -> list[str]:
+    """Where the kubelet puts pod ``uid``'s cgroup, relative to a hierarchy's mount, for the
+    cgroupfs driver (``kubepods/<qos>/pod<uid>``) and the systemd driver
+    (``kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid_with_underscores>.slice``),
+    at its QoS class when known, else at each."""
+    levels = [QOS_DIRS[qos]] if qos in QOS_DIRS else list(QOS_DIRS.values())
+    under = uid.replace("-", "_")
+    out: list[str] = []
+    for level in levels:
+        if level:
+            out.append(f"kubepods/{level}/pod{uid}")
+            out.append(f"kubepods.slice/kubepods-{level}.slice/kubepods-{level}-pod{under}.slice")
+        else:
+            out.append(f"kubepods/pod{uid}")
+            out.append(f"kubepods.slice/kubepods-pod{under}.slice")
+    return out
+
+
+def is_pod_cgroup_name(name: str, uid: str) -> bool:
+    """Whether a directory named ``name`` is pod ``uid``'s cgroup, whichever driver and root
+    the kubelet runs with (``pod<uid>``, or a slice ending ``-pod<uid_with_underscores>``)."""
+    return name == f"pod{uid}" or name.endswith(f"-pod{uid.replace('-', '_')}.slice")
+
+
+def names_a_pod(name: str) -> bool:
+    """Whether a cgroup directory named ``name`` is some pod's (``pod<uid>`` or
+    ``...-pod<uid_with_underscores>.slice``)."""
+    return _POD_UID.search(name) is not None
+
+
+def container_cgroup_id(name: str) -> str | None:
+    """The container ID a container cgroup's directory name holds (``<id>`` under cgroupfs,
+    ``cri-containerd-<id>.scope`` and the like under systemd); None for any other name."""
+    found = _CONTAINER_ID.search(name)
+    return found.group(1) if found else None
 
 
 def parse_cgroup(text: str) -> CgroupOwner | None:

@@ -7,19 +7,19 @@ Two entry points, both run from the chart's own image with the standard library 
                 while the release's RBAC still exists.
 ``node-cleanup`` preStop hook of each node agent. Does nothing on an ordinary restart (rolling
                 update, eviction, crash): running pods keep their MPS daemons. When the
-                DaemonSet is being deleted (or is gone), it freezes the agent, stops the MPS
-                control daemons, removes the MPS directories and the plugin sockets (in DRA
-                mode also the claims' CDI specs and the plugin's directory: its socket and
-                checkpoint), and removes the gpushare annotation and labels from the node;
-                then lets the agent exit.
+                DaemonSet is being deleted (or is gone), it freezes the agent, thaws the
+                pods the agent paused, stops the MPS control daemons, removes the MPS
+                directories and the plugin sockets (in DRA mode also the claims' CDI specs
+                and the plugin's directory: its socket and checkpoint), and removes the
+                gpushare annotation and labels from the node; then lets the agent exit.
 
 A node agent stopped because the GPU Operator upgrades the driver or changes the node's MIG
 layout (node.pauseForGpuOperator) marks its node not ready for gpushare pods and waits until its
 agent has drained the node (gpushare.node.gpu_operator) before it goes.
 
 Settings come from the environment the chart sets: POD_NAMESPACE, DAEMONSET_NAME, NODE_NAME,
-MPS_ROOT, PLUGIN_SOCKET, OPPORTUNISTIC_PLUGIN_SOCKET, TIMEOUT_SECONDS, DRAIN_TIMEOUT_SECONDS; in
-DRA mode CDI_DIR and DRA_PLUGIN_DIR.
+MPS_ROOT, PLUGIN_SOCKET, OPPORTUNISTIC_PLUGIN_SOCKET, TIMEOUT_SECONDS, DRAIN_TIMEOUT_SECONDS,
+CGROUP_ROOT; in DRA mode CDI_DIR and DRA_PLUGIN_DIR.
 """
 
 import contextlib
@@ -42,6 +42,7 @@ NODE_LABELS = ("gpushare.io/mps-capable", "gpushare.io/simulated")
 CDI_SPEC_GLOBS = ("gpushare.io-gpu_claim-*.json", ".gpushare.io-gpu_claim-*.json.tmp")
 """The agent's CDI spec files of prepared claims, and their half-written temporaries (named by
 gpushare.node.dra.cdi.CdiDir.path); other vendors' specs in the same directory stay."""
+PAUSE_ANNOTATIONS = ("gpushare.io/pause", "gpushare.io/paused")
 MPS_CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 
@@ -227,6 +228,37 @@ DRAIN_MARKER = ".gpu-operator-drain"
 """Written in the MPS root by the agent while it drains: draining, then drained."""
 
 
+def thaw_paused(pods: list[dict[str, Any]], cgroup_root: Path) -> list[str]:
+    """Thaw the containers of the pods the agent paused (``gpushare.io/paused`` or a standing
+    ``gpushare.io/pause``): with the release gone nobody withdraws their requests, and a frozen
+    pod would wait forever (docs/node-agent.md, "Pausing a pod"). Each container cgroup named
+    after a container ID of such a pod is thawed (cgroup v2 ``cgroup.freeze``, v1
+    ``freezer.state``); the IDs thawed are returned."""
+    ids: set[str] = set()
+    for pod in pods:
+        annotations = pod.get("metadata", {}).get("annotations") or {}
+        if not any(k in annotations for k in PAUSE_ANNOTATIONS):
+            continue
+        for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+            for cs in pod.get("status", {}).get(key) or []:
+                raw = cs.get("containerID") or ""
+                if raw:
+                    ids.add(raw.split("://", 1)[-1])
+    v2 = (cgroup_root / "cgroup.controllers").is_file()
+    top = cgroup_root if v2 else cgroup_root / "freezer"
+    name, value = ("cgroup.freeze", "0") if v2 else ("freezer.state", "THAWED")
+    thawed = []
+    for parent in [p for p in (top / "kubepods", top / "kubepods.slice") if p.is_dir()]:
+        for dirpath, dirnames, _ in os.walk(parent):
+            for d in dirnames:
+                cid = next((i for i in ids if i in d), None)
+                if cid is not None:
+                    with contextlib.suppress(OSError):
+                        (Path(dirpath) / d / name).write_text(value)
+                        thawed.append(cid)
+    return thawed
+
+
 def paused_for_gpu_operator(node: str) -> bool:
     status, body = api("GET", f"/api/v1/nodes/{node}")
     if status != 200:
@@ -272,6 +304,12 @@ def node_cleanup() -> int:
     # Frozen, the agent cannot restart a daemon or recreate a directory behind our back.
     signal_all(agents, signal.SIGSTOP)
     try:
+        node = os.environ.get("NODE_NAME", "")
+        status, body = api("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}")
+        if node and status == 200:
+            root = Path(os.environ.get("CGROUP_ROOT", "/host/sys/fs/cgroup"))
+            thawed = thaw_paused(body.get("items") or [], root)
+            log(f"thawed {len(thawed)} container(s) of paused pods")
         root = Path(os.environ.get("MPS_ROOT", "/run/gpushare/node/mps"))
         if root.is_dir():
             for gpu_dir in sorted(p for p in root.iterdir() if p.is_dir()):

@@ -10,6 +10,8 @@ latency protection evicts a DRA batch pod from a saturated GPU holding a DRA lat
 """
 
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +22,13 @@ import pytest
 
 from gpushare.api.dra import ANN_DRA_GPU, PLACEMENT_GATE
 from gpushare.api.gpushare_crd import ANN_PACKING_POLICY, ANN_PROFILE, ANN_PROFILING
-from gpushare.api.names import ANN_CLASS, ANN_FRACTION, ANN_SHARE, LABEL_NEIGHBOUR_RULES
+from gpushare.api.names import (
+    ANN_CLASS,
+    ANN_FRACTION,
+    ANN_SHARE,
+    LABEL_NEIGHBOUR_RULES,
+    LABEL_SHARE_SELECTORS,
+)
 from gpushare.node.simload import PIPE_WEIGHTS
 from tests.cluster.dra.test_dra_annotations import annotated_pod
 from tests.cluster.dra.test_dra_placement import claim_of, device_of, pod, wait_running
@@ -37,9 +45,9 @@ from tests.cluster.test_operator_cluster import (
     wait_phase,
 )
 from tests.fixtures.chart_release import wait_for
-from tests.fixtures.cluster import LocalCluster
+from tests.fixtures.cluster import REPO, LocalCluster
 from tests.fixtures.controller import ControllerProcess
-from tests.fixtures.dra import METRICS_PORT, release_pods
+from tests.fixtures.dra import METRICS_PORT, container_env, release_pods
 
 pytestmark = pytest.mark.cluster
 
@@ -62,6 +70,7 @@ def namespace(
     c.kubectl("create", "namespace", ns)
     c.kubectl("label", "namespace", ns, dra_controller.namespace_label)
     c.kubectl("label", "namespace", ns, f"{LABEL_NEIGHBOUR_RULES}=granted")
+    c.kubectl("label", "namespace", ns, f"{LABEL_SHARE_SELECTORS}=enabled")
     yield ns
     release_pods(c, ns)
     drop_share_finalizers(c, ns)
@@ -168,6 +177,45 @@ def test_a_share_profiles_its_first_dra_pod_alone_then_places_the_next_with_the_
     assert {p["node"] for p in placements} == {second["spec"]["nodeName"]}
     # A batch claim without a limit runs uncapped.
     assert {p["threadPercent"] for p in placements} == {100}
+
+
+def test_a_selector_gives_a_dra_pod_the_shares_memory_in_its_claim_its_mps_limit_and_the_cli(
+    dra_cluster: LocalCluster,
+    dra_agent: list[Obj],
+    dra_controller: ControllerProcess,
+    namespace: str,
+    operator: OperatorProcess,
+) -> None:
+    """Issue 68, DRA mode: a pod with only the share's label is linked at admission and gets a
+    claim of the share's request and memory, which the driver pins for its MPS clients and the
+    CLI shows."""
+    c, ns = dra_cluster, namespace
+    apply(
+        c,
+        share_manifest(
+            "mem",
+            ns,
+            fraction="0.25",
+            memory="6Gi",
+            selector={"matchLabels": {"app": "mem"}},
+            profiling={"mode": "skip"},
+        ),
+    )
+    wait_phase(c, "mem", ns, "Packed", timeout_s=60)
+    body = annotated_pod(c, "mem-0", {})
+    body["metadata"]["labels"] = {"app": "mem"}
+    c.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(body))
+    running = wait_running(c, ns, "mem-0")
+    assert running["metadata"]["annotations"][ANN_SHARE] == "mem"
+    (entry,) = running["spec"]["resourceClaims"]
+    assert entry["resourceClaimTemplateName"] == "gpushare-25pct-6gi"
+    assert container_env(c, ns, "mem-0")["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6144M"
+    table = subprocess.run(
+        [sys.executable, "-m", "gpushare.cli.main", "get", "pods", "-n", ns],
+        capture_output=True, text=True, env=c.env, cwd=REPO, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    (row,) = [line.split() for line in table.splitlines() if line.startswith("mem-0 ")]
+    assert row[5] == "6.0Gi", table
 
 
 def evicted(c: LocalCluster, ns: str, name: str) -> bool:

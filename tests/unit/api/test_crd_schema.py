@@ -19,6 +19,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.gpushare_crd import (
     CRD_NAME,
     FRACTION_PATTERN,
+    FRACTION_REQUIRED_FIX,
     KIND,
     LIMIT_PATTERN,
     MEMORY_PATTERN,
@@ -228,3 +229,22 @@ def test_fraction_auto_refuses_a_limit_and_skipped_profiling_in_the_crd_and_the_
         parse_spec({"fraction": "auto", "profiling": {"mode": "skip"}})
     # a latency share is sized without a profile, so it may skip profiling
     assert parse_spec({"fraction": "auto", "class": "latency", "profiling": {"mode": "skip"}}).auto
+
+
+def test_a_missing_fraction_is_told_in_the_projects_words_by_the_crd_and_the_parser() -> None:
+    """Not by `required`: the API server would word it "Required value" and skip every rule
+    ("some validation rules were not checked"). Every other spec rule reading self.fraction
+    first checks it is there, so none fails to evaluate."""
+    spec = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert "fraction" not in spec.get("required", [])
+    first, *others = spec["x-kubernetes-validations"]
+    assert first["rule"] == "has(self.fraction)" and first["fieldPath"] == ".fraction"
+    assert (
+        " ".join(first["message"].split()) == f"spec.fraction is required: {FRACTION_REQUIRED_FIX}"
+    )
+    for rule in others:
+        if "self.fraction" in rule["rule"]:
+            assert "!has(self.fraction) ||" in rule["rule"], rule["rule"]
+    with pytest.raises(InvalidInputError) as caught:
+        parse_spec({"memory": "1Gi"})
+    assert str(caught.value) == f"spec.fraction: is required; {FRACTION_REQUIRED_FIX}"

@@ -14,13 +14,14 @@ from gpushare.api.gpushare_crd import (
     PHASE_PACKED,
     PHASE_PENDING,
     PHASE_PROFILING,
-    governing_share,
     inherited_annotations,
+    linked_share,
     missing_annotations,
     parse_profile_annotation,
     parse_spec,
     profile_annotation,
     scheduling_hold,
+    selector_matches,
 )
 from gpushare.api.names import ANN_CLASS, ANN_FRACTION, ANN_MEMORY, ANN_SHARE
 from gpushare.api.profile import GpuProfile
@@ -48,7 +49,7 @@ def test_full_spec_parses_with_units_and_defaults() -> None:
 @pytest.mark.parametrize(
     ("spec", "field", "words"),
     [
-        ({}, "spec.fraction", "missing"),
+        ({}, "spec.fraction", "is required"),
         ({"fraction": "1.5"}, "spec.fraction", "more than one GPU"),
         ({"fraction": "2"}, "spec.fraction", "at most two decimals"),
         ({"fraction": "0.125"}, "spec.fraction", "at most two decimals"),
@@ -109,15 +110,16 @@ def test_selector_matches_like_kubernetes_but_empty_matches_nothing() -> None:
     assert not spec.selector.matches({"app": "infer", "team": "a"})
 
 
-def test_annotation_link_wins_then_first_matching_selector() -> None:
+def test_only_the_annotation_links_and_selectors_are_listed_as_matches() -> None:
+    """A share's selector links a pod only at creation (the webhook writes the annotation):
+    governance reads the annotation alone, so a label added later moves nothing."""
     train = parse_spec({"fraction": "0.5", "selector": {"matchLabels": {"app": "train"}}})
     also = parse_spec({"fraction": "0.3", "selector": {"matchLabels": {"app": "train"}}})
     shares = [("zeta", train), ("alpha", also), ("broken", None)]
-    assert governing_share(shares, labels={"app": "train"}, annotations={}) == "alpha"
-    assert (
-        governing_share(shares, labels={"app": "train"}, annotations={ANN_SHARE: "mine"}) == "mine"
-    )
-    assert governing_share(shares, labels={"app": "web"}, annotations={}) is None
+    assert linked_share({}) is None
+    assert linked_share({ANN_SHARE: " mine "}) == "mine"
+    assert selector_matches(shares, labels={"app": "train"}) == ["alpha", "zeta"]
+    assert selector_matches(shares, labels={"app": "web"}) == []
 
 
 def test_governed_pod_inherits_the_request_but_keeps_its_own_values() -> None:

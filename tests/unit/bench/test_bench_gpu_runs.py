@@ -18,10 +18,12 @@ from bench.gpu.catalog import KINDS
 from bench.gpu.colocate import PackResult, Stage
 from bench.gpu.decide import ProductDecider
 from bench.gpu.gpm import PROFILE_KEYS
-from bench.gpu.metrics import JobResult
+from bench.gpu.runner import warm_launches
 from bench.gpu.schemes import Launch
 from gpushare.api.profile import GpuProfile
-from gpushare.packing.opportunistic import PEAK_HEADROOM, memory_steps
+from gpushare.packing.opportunistic import PEAK_HEADROOM, Opportunism, memory_steps
+
+DATA = Path(__file__).resolve().parents[3] / "bench" / "gpu" / "data"
 
 
 class NoGpmSampler:
@@ -147,18 +149,52 @@ def test_the_balanced_latency_test_reports_uncapped_training_as_a_rotated_settin
 
 
 def test_a_budget_too_short_for_the_traces_is_named_before_any_gpu_work(tmp_path: Path) -> None:
-    assert run.budget_warning(run.parse_args(["--out", str(tmp_path)])) is None  # the default
+    # Without --budget-s a run gets what its comparisons need.
+    assert run.budget_warning(run.parse_args(["--out", str(tmp_path)])) is None
     long = tmp_path / "long.json"
     long.write_text('[{"arrival_s": 0, "kind": "resnet50", "work_s": 300}]')
-    args = run.parse_args(["--out", str(tmp_path), "--trace", str(long)])
+    argv = ["--out", str(tmp_path), "--trace", str(long)]
+    args = run.parse_args([*argv, "--budget-s", "700"])
     warning = run.budget_warning(args)
     assert warning is not None
-    # Exclusive FIFO alone takes 330 s of 300 s of work, gpushare at least 240 s.
-    assert run.budget_needed(args) > 570 + 0.28 * 700
-    assert "--budget-s 700 is short" in warning and "--resume" in warning
+    # Exclusive FIFO alone takes 330 s of 300 s of work; MPS without limits and gpushare with
+    # the defaults and with every batch row opted in 240 s each (no row is marked).
+    assert run.budget_needed(args) > 330 + 3 * 240 + 0.28 * 700
+    assert "--budget-s 700 is short" in warning and "--traces" in warning
     suggested = int(warning.split("Give --budget-s ")[1].split()[0])
-    assert run.budget_warning(run.parse_args([*map(str, ["--out", tmp_path, "--trace", long]),
-                                              "--budget-s", str(suggested)])) is None  # fmt: skip
+    assert run.budget_warning(run.parse_args([*argv, "--budget-s", str(suggested)])) is None
+
+
+def test_the_plan_lists_every_run_and_says_whether_the_budget_holds_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The batch commands of docs/benchmarks-gpu.md: each half of the shipped traces, resumed.
+    common = ["--out", str(tmp_path), "--resume", "auto", "--latency-rounds", "0",
+              "--budget-s", "540", "--plan"]  # fmt: skip
+    assert run.main([*common, "--traces", "light,heavy,mixed"]) == 0
+    first = capsys.readouterr().out
+    assert run.main([*common, "--traces", "bursty,long-short,notebooks"]) == 0
+    second = capsys.readouterr().out
+    for text in (first, second):
+        assert "of a 540-s budget: fits" in text
+        assert "gpushare_opportunistic_all" in text and "mps_unlimited" in text
+    assert "comparisons: 504 s" in first and "comparisons: 515 s" in second
+    # The notebook kind is in no stored phase A: it is measured alone first.
+    assert "phase A: 0 s" in first and "phase A: 17 s" in second
+    assert not (tmp_path / "run.log").exists()  # --plan touches nothing
+    assert run.main([*common[:-1], "--plan"]) == 0
+    every = capsys.readouterr().out
+    assert "comparisons: 1020 s" in every and "does NOT fit" in every  # all six in one call: no
+
+
+def test_shipped_traces_are_chosen_by_name_and_an_unknown_name_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = run.parse_args(["--out", str(tmp_path), "--traces", "notebooks,bursty"])
+    assert [t.name for t in args.traces] == ["notebooks", "bursty"]
+    with pytest.raises(SystemExit):
+        run.parse_args(["--out", str(tmp_path), "--traces", "lihgt"])
+    assert "'lihgt' is not a shipped trace" in capsys.readouterr().err
 
 
 def test_a_trace_with_more_jobs_than_one_mps_server_serves_is_refused_before_gpu_work(
@@ -229,25 +265,92 @@ def test_run_19_recorded_every_finished_jobs_peak_memory_the_same_on_both_gpus()
 
 def test_opportunistic_placement_may_give_a_job_the_peak_it_showed_alone() -> None:
     # A GpuShare's profile carries the peak memory its job used alone; the benchmark's stand-in
-    # is exclusive FIFO's run of the kind (NVML's figure for its process, else the allocator's
-    # peak plus the context allowance), and only the opportunistic memory steps read it.
-    st = run.State()
-    done = [
-        JobResult("a", "transformer", "batch", 0.0, 10, start_s=0.0, end_s=1.0, process_mib=4900),
-        JobResult("b", "transformer", "batch", 0.0, 10, start_s=1.0, end_s=2.0, process_mib=5000),
-        JobResult("c", "lstm", "batch", 0.0, 10, start_s=2.0, end_s=3.0, peak_mib=580),
-        JobResult("d", "vit", "batch", 0.0, 10, start_s=3.0, error="exit"),
-    ]
-    st.runs = {"light": {"exclusive": done, "gpushare": [done[0]]}}
+    # is the larger of the kind's process after its solo window in phase A (NVML's figure,
+    # else the allocator's peak plus the context allowance) and the catalogue's declared
+    # figure, and only the opportunistic memory steps read it.
+    assert run.memory_of({"process_mib": 5000, "peak_mib": 4000}) == 5000
+    assert run.memory_of({"process_mib": None, "peak_mib": 580}) == 580 + run.CONTEXT_ALLOWANCE_MIB
+    assert run.memory_of({"process_mib": None, "peak_mib": None}) is None  # a dry run
+    st = run.State(memory={"transformer": 6000, "lstm": 900})
     peaks = run.alone_peaks(st)
-    assert peaks == {
-        "transformer": 5000 << 20,
-        "lstm": (580 + run.CONTEXT_ALLOWANCE_MIB) << 20,
-    }
+    assert peaks["transformer"] == 6000 << 20  # measured, above the declared 5148
+    assert peaks["lstm"] == KINDS["lstm"].memory_mib << 20  # declared 1338, above 900
+    assert peaks["vit"] == KINDS["vit"].memory_mib << 20  # not measured in this run
     decider = ProductDecider(profiles={}, gpu_model="H100", gpu_memory_bytes=80 << 30, peaks=peaks)
     job = traces.TraceJob("t", "transformer", 0.0, 1.0, 0.65)
     demand = decider.demand(job)
-    assert demand.peak_memory_bytes == 5000 << 20
+    assert demand.peak_memory_bytes == 6000 << 20
     steps = memory_steps(demand, 80 << 30)
-    assert steps[-1] == math.ceil((5000 << 20) * PEAK_HEADROOM)
-    assert decider.demand(traces.TraceJob("v", "vit", 0.0, 1.0, 0.3)).peak_memory_bytes is None
+    assert steps[-1] == math.ceil((6000 << 20) * PEAK_HEADROOM)
+
+
+def test_the_expected_seconds_add_up_to_about_what_run_25_took(tmp_path: Path) -> None:
+    # docs/benchmarks-gpu.md, "The batch run": run 25's H100 call, resumed, latency stage on.
+    stored = json.loads((DATA / "run25-h100-results.json").read_text())
+    args = run.parse_args(["--out", str(tmp_path), "--resume", "auto"])
+    by_name = {t.name: t for t in args.traces}
+    expected = sum(
+        run.scheme_need_s(scheme, by_name[trace].work_s)
+        for trace, schemes in stored["traces"].items()
+        for scheme in schemes
+    )
+    expected += run.latency_plan(args)[2]
+    assert expected == pytest.approx(581, abs=1)
+    assert stored["details"]["run_s"] == pytest.approx(569, abs=1)
+
+
+def test_on_run_16s_h100_profiles_every_job_is_warm(tmp_path: Path) -> None:
+    # docs/benchmarks-gpu.md, "A fair harness": the warm-up plan from the stored H100 phase A
+    # and the declared memory, on the traces whose kinds it profiled.
+    names = ["light", "heavy", "mixed", "bursty", "long-short"]
+    args = run.parse_args(["--out", str(tmp_path), "--traces", ",".join(names),
+                           "--resume", str(DATA / "run16-h100-phase-a.json")])  # fmt: skip
+    ctx = run.Ctx(args=args, t_start=0.0, tmp=tmp_path, gpu_name="NVIDIA H100 80GB HBM3",
+                  memory_bytes=81559 << 20)  # fmt: skip
+    st = run.State()
+    run.load_state(st, args.resume)
+    run.size_and_choose(ctx, st)
+    run.prepare_jobs(ctx, st)
+    opportunism = Opportunism()
+    opt_in = run.make_decider(ctx, st, opportunism=opportunism)
+    learning = run.make_decider(ctx, st, opportunism=opportunism, honour_opt_in=False)
+    warmed: dict[str, int] = {}
+    for name in names:
+        ways = run.trace_ways(ctx, st, name, learning=learning, opt_in=opt_in)
+        plan = run.plan_warm_up(ctx, st, name, ways)
+        assert plan.cold == (), (name, plan.why_cold)
+        assert max(plan.worst_mib.values()) <= 46_400
+        every = ways[run.OPPORTUNISTIC_ALL]
+        scheme = every.make()
+        warmed[name] = sum(
+            len(warm_launches(scheme.prepare(j), memory_mib=plan.memory_mib[j.id]))
+            for j in every.jobs
+        )
+    assert warmed == {"light": 19, "heavy": 6, "mixed": 10, "bursty": 13, "long-short": 12}
+
+
+def test_each_way_names_the_run_that_answers_it() -> None:
+    def job(i: int, kind: str, marked: bool) -> traces.TraceJob:
+        return traces.TraceJob(f"j{i}", kind, float(i), 1.0, 0.2, opportunistic=marked)
+
+    some = [job(0, "resnet18", True), job(1, "lstm", False), job(2, "infer", False)]
+    assert run.way_names("t", some) == {
+        "defaults": "gpushare",
+        "marked": "gpushare_opportunistic",
+        "every batch row": "gpushare_opportunistic_all",
+    }
+    # Every batch row already marked: the third way is the marked run, not run twice.
+    every = [job(0, "resnet18", True), job(1, "lstm", True), job(2, "infer", False)]
+    assert run.way_names("t", every)["every batch row"] == "gpushare_opportunistic"
+    assert run.OPPORTUNISTIC_ALL not in run.planned_schemes("t", every)
+    # Nothing marked: no marked run.
+    none = [job(0, "resnet18", False)]
+    assert "marked" not in run.way_names("t", none)
+    assert run.OPPORTUNISTIC not in run.planned_schemes("t", none)
+
+
+def test_resume_auto_takes_the_newest_phase_a_stored_for_the_gpu_model() -> None:
+    assert run.stored_phase_a("NVIDIA H100 80GB HBM3") == DATA / "run16-h100-phase-a.json"
+    assert run.stored_phase_a("NVIDIA H200") == DATA / "run16-h200-phase-a.json"
+    # None stored for this model: the run measures each kind alone instead.
+    assert run.stored_phase_a("NVIDIA A100-SXM4-80GB") is None

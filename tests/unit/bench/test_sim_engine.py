@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.sim import run
-from bench.sim.engine import POLICIES, PRODUCT, arrivals, simulate
+from bench.sim.engine import LEVELS, POLICIES, PRODUCT, arrivals, simulate
 from bench.sim.profiles import ARCHETYPES, archetype, profile_of
 from bench.sim.stock import NodeWindow, chart_nodes_percent, feasible_nodes_to_find
 from bench.sim.trace import PodSpec, load_nodes, load_pods
@@ -85,13 +85,20 @@ def test_fgd_packs_more_than_random(trace: Path) -> None:
 def test_cli_writes_json_and_markdown_per_trace_and_policy(trace: Path, tmp_path: Path) -> None:
     out = tmp_path / "openb-sim.json"
     args = ["--traces", str(trace), "--seeds", "1,2", "--workers", "1", "--output", str(out)]
-    code = run.main([*args, "--policy", "random", "--policy", "fgd"])
+    code = run.main([*args, "--policy", "random", "--policy", "fgd", "--policy", "gpushare"])
     assert code == 0
     doc = json.loads(out.read_text())
     assert doc["seeds"] == [1, 2] and doc["runtime_s"] >= 0 and doc["machine"] and doc["date"]
     row = doc["traces"]["tiny"]["fgd"]
     assert {"alloc_100", "alloc_130", "effective_throughput_130"} <= set(row)
-    assert "| fgd |" in out.with_suffix(".md").read_text()
+    text = out.with_suffix(".md").read_text()
+    assert "| fgd |" in text
+    # Issue 69: the allocation at every arrival level, gpushare beside FGD, and a plot.
+    assert len(row["curve"]) == len(LEVELS) and row["curve"][LEVELS.index(100)] == row["alloc_100"]
+    assert all(a <= b + 1e-9 for a, b in zip(row["curve"], row["curve"][1:], strict=False))
+    assert "| gpushare - fgd |" in text and "at every level 10-130% on tiny" in text
+    png = out.with_name("openb-sim-curves.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
 
 def test_cli_names_the_flag_when_the_trace_directory_is_wrong(

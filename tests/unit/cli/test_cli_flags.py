@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.api.names import ANN_TIER, TIER_OPPORTUNISTIC
+from gpushare.api.names import ANN_PAUSE, ANN_PAUSED, ANN_TIER, TIER_OPPORTUNISTIC
+from gpushare.api.pause import PauseRequest
 from gpushare.cli.main import complete_main, main
 from gpushare.cli.watch import watch
 from gpushare.kube.cli import ALL_NAMESPACES, Query, Snapshot
@@ -78,11 +79,36 @@ def test_get_pods_lists_the_context_namespace_like_kubectl(
     code, out, _ = run(cluster, capsys, "get", "pods")
     assert code == 0
     assert out.splitlines()[0].split() == [
-        "NAME", "NODE", "GPU", "REQUEST", "LIMIT", "MEM-LIMIT", "STATE",
+        "NAME", "NODE", "GPU", "REQUEST", "LIMIT", "MEM-LIMIT", "STATE", "PAUSED",
     ]  # fmt: skip
     assert column(out, "NAME") == ["big", "small"]
     assert column(out, "GPU") == ["0,1", "0"]
     assert cluster.queries[-1].namespace is None  # the context's namespace
+
+
+def test_get_pods_shows_paused_pods_and_why(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PAUSED: yes once the node agent froze the pod (gpushare.io/paused), asked while only the
+    controller's request is there; -o wide names the reason, -o json the message too."""
+    request = PauseRequest(
+        reason="guaranteed-needs-room", message="web/infer needs GPU 0", since="t1"
+    ).dump()
+    small, big = cluster.pods[0], cluster.pods[2]
+    small["metadata"]["annotations"][ANN_PAUSE] = request
+    small["metadata"]["annotations"][ANN_PAUSED] = '{"requestSince":"t1","since":"t2"}'
+    big["metadata"]["annotations"][ANN_PAUSE] = request
+    code, out, _ = run(cluster, capsys, "get", "pods")
+    assert code == 0
+    assert column(out, "PAUSED") == ["asked", "yes"]  # big, small
+    _, wide, _ = run(cluster, capsys, "get", "pods", "-o", "wide")
+    assert column(wide, "PAUSE-REASON") == ["guaranteed-needs-room"] * 2
+    _, doc, _ = run(cluster, capsys, "get", "pods", "-o", "json")
+    items = {i["name"]: i for i in json.loads(doc)["items"]}
+    assert items["small"]["paused"] == "yes"
+    assert items["small"]["pause_message"] == "web/infer needs GPU 0"
+    _, web, _ = run(cluster, capsys, "get", "pods", "-n", "web", "-o", "wide")
+    assert (column(web, "PAUSED"), column(web, "PAUSE-REASON")) == (["-"], ["-"])
 
 
 def test_all_namespaces_adds_the_namespace_column(

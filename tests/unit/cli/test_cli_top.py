@@ -12,9 +12,10 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
 from gpushare.cli.live import from_exporters, from_prometheus, read_token
 from gpushare.cli.main import main
-from gpushare.cli.render import render_json, render_text
+from gpushare.cli.render import GiB, memory_limit, render_json, render_text
 from gpushare.cli.view import build_view
 from gpushare.kube.access import Access
+from gpushare.kube.access import _missing as missing_token
 from gpushare.kube.cli import ALL_NAMESPACES, Snapshot
 from gpushare.node.exporter import SamplerSettings, build_exporter
 from gpushare.node.exporter.server import serve
@@ -50,7 +51,9 @@ def test_pods_are_listed_under_the_gpus_they_share() -> None:
     assert "GPU 0  NVIDIA H100 80GB HBM3" in text
     assert "allocated 175%  limits 195%" in text
     assert "REQUEST" in text and "LIMIT" in text
-    assert "infer" in text and "70%" in text and "20Gi" in text
+    assert "infer" in text and "70%" in text and "20.0Gi" in text
+    # One unit for every memory cap, whether stated or a share of the GPU (issue 68).
+    assert memory_limit(20 * GiB) == "20.0Gi" and memory_limit(20879104 * 1024) == "19.9Gi"
     assert "add --prometheus URL or --metrics-url URL" in text
 
 
@@ -263,7 +266,7 @@ def serve_guarded_exporter(token: str) -> tuple[str, MetricsServer]:
         if header == f"Bearer {token}":
             return Access(200, "allowed", "reader")
         if header is None:
-            return Access(401, f"{path}: no bearer token; fix: send one", "")
+            return missing_token(path)  # the node agent's own words
         return Access(403, f"{path}: stranger may not get it; fix: bind it a ClusterRole", "")
 
     registry = exporter_registry(SimulatedBackend("1xH100-80GB", node_name="node-a"))
@@ -283,7 +286,9 @@ def test_a_guarded_exporter_is_read_with_the_token_file_and_refusals_say_what_to
         with pytest.raises(InvalidInputError) as refused:
             from_exporters([url])
         assert refused.value.field == "--metrics-url"
-        assert "HTTP 401" in refused.value.problem and "no bearer token" in refused.value.problem
+        assert "HTTP 401" in refused.value.problem
+        # The agent's whole explanation, never cut mid-word (issue 68).
+        assert refused.value.problem.endswith(f"{missing_token('/metrics').reason})")
         assert "--bearer-token-file" in refused.value.fix
         with pytest.raises(InvalidInputError) as forbidden:
             from_exporters([url], token=read_token(str(wrong)))

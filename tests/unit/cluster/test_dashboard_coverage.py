@@ -157,3 +157,14 @@ def test_each_controller_replica_exports_what_its_process_costs() -> None:
     """process_* from every replica (the control-plane dashboard's CPU and memory panel)."""
     names = _names(Metrics().registry)
     assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= names
+
+
+def test_the_observability_doc_names_every_dashboard_the_chart_ships_and_counts_them() -> None:
+    """docs/observability.md said three dashboards while the chart shipped four (issue 68)."""
+    text = (REPO / "docs" / "observability.md").read_text()
+    section = text.split("## Dashboards", 1)[1].split("\n## ", 1)[0]
+    files = sorted(p.name for p in DASHBOARDS.glob("*.json"))
+    words = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+    assert f"holds {words[len(files)]} Grafana dashboards" in section
+    for name in files:
+        assert f"(`{name}`" in section, name

@@ -1,7 +1,8 @@
 """The node agent reads only its own node's pods (issue #45: its ServiceAccount read every pod
-spec in the cluster): every pod read is a list with the field selector spec.nodeName=<node>,
-and it neither gets nor watches a pod (the chart's role grants pods list and patch only,
-tests/chart/test_node_rbac.py). Requests as the API server receives them (a loopback server)."""
+spec in the cluster): every pod read is a list or a watch (the pause loop's wake-up, issue 65)
+with the field selector spec.nodeName=<node>, and it never gets a pod (the chart's role grants
+pods list, watch and patch only, tests/chart/test_node_rbac.py). Requests as the API server
+receives them (a loopback server)."""
 
 import json
 import threading
@@ -25,6 +26,7 @@ MINE = {
 
 class ApiServer(BaseHTTPRequestHandler):
     requests: list[tuple[str, str, dict[str, list[str]]]] = []
+    bodies: list[bytes] = []
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -41,11 +43,20 @@ class ApiServer(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         self.requests.append((self.command, url.path, parse_qs(url.query)))
         length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
+        self.bodies.append(self.rfile.read(length))
         return url.path
 
     def do_GET(self) -> None:
         self._record()
+        if "watch=true" in self.path:
+            pod = {"kind": "Pod", "apiVersion": "v1", **MINE}
+            line = json.dumps({"type": "ADDED", "object": pod}).encode() + b"\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(line)))
+            self.end_headers()
+            self.wfile.write(line)
+            return
         self._answer({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [MINE]})
 
     def do_PATCH(self) -> None:
@@ -56,6 +67,7 @@ class ApiServer(BaseHTTPRequestHandler):
 @pytest.fixture
 def kube(tmp_path: Path) -> Iterator[NodeKube[Any]]:
     ApiServer.requests = []
+    ApiServer.bodies = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), ApiServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     config = {
@@ -78,7 +90,7 @@ def kube(tmp_path: Path) -> Iterator[NodeKube[Any]]:
         server.shutdown()
 
 
-def test_the_agent_lists_only_its_nodes_pods_and_never_gets_or_watches_one(
+def test_the_agent_lists_only_its_nodes_pods_and_never_gets_one(
     kube: NodeKube[Any],
 ) -> None:
     assert [p["metadata"]["name"] for p in kube.raw_node_pods()] == ["mine"]
@@ -94,3 +106,26 @@ def test_the_agent_lists_only_its_nodes_pods_and_never_gets_or_watches_one(
         assert "watch" not in query
     patch = [(m, path) for m, path, _ in ApiServer.requests if m == "PATCH"]
     assert patch == [("PATCH", "/api/v1/namespaces/a/pods/mine")]
+
+
+def test_the_pause_loops_watch_and_annotation_stay_on_its_own_nodes_pods(
+    kube: NodeKube[Any],
+) -> None:
+    """The watch that wakes the pause loop carries the same field selector as the lists; the
+    pause record is a patch that names the pod's UID (a pod of the same name created since is
+    left alone: the API server refuses a patch that changes a UID)."""
+    watch = kube.watch_node_pods(timeout_s=5)
+    event, manifest = next(watch)
+    watch.close()
+    assert (event, manifest["metadata"]["name"]) == ("ADDED", "mine")
+    watches = [q for m, path, q in ApiServer.requests if m == "GET" and "watch" in q]
+    assert watches and all(path == "/api/v1/pods" for m, path, q in ApiServer.requests)
+    assert watches[0]["fieldSelector"] == ["spec.nodeName=n1"]
+    pod = kube.list_node_pods()[0]
+    kube.set_pod_annotation(pod=pod, key="gpushare.io/paused", value=None)
+    assert json.loads(ApiServer.bodies[-1]) == {
+        "metadata": {"uid": "u1", "annotations": {"gpushare.io/paused": None}}
+    }
+    assert [(m, path) for m, path, _ in ApiServer.requests if m == "PATCH"] == [
+        ("PATCH", "/api/v1/namespaces/a/pods/mine")
+    ]

@@ -11,8 +11,10 @@ import pytest
 from gpushare.api.gpu_operator import MIG_CONFIG_STATE, UPGRADE_STATE
 from gpushare.api.names import ANN_GPU_UUID
 from gpushare.api.pod import PodInfo
+from gpushare.node.core.health import DeviceHealth
 from gpushare.node.gpu_operator import (
     DRAIN_MARKER,
+    HEALTH_SOURCE,
     REASON_DRAINED,
     REASON_PAUSED,
     REASON_RESUMED,
@@ -39,6 +41,7 @@ class Node:
         self.mps: list[str] = []
         self.changes = 0
         self.fail_labels = False
+        self.health = DeviceHealth([GPU])
         self.drain = GpuOperatorDrain(
             node_labels=self.read_labels,
             gpu_pods=lambda: gpu_pods(self.pods),
@@ -50,6 +53,7 @@ class Node:
             start_mps=lambda: self.mps.append("start"),
             changed=self.changed,
             marker_dir=tmp_path,
+            health=self.health,
         )
         self.marker = tmp_path / DRAIN_MARKER
 
@@ -76,6 +80,9 @@ def test_a_driver_upgrade_evicts_gpushares_pods_then_stops_the_mps_daemons(node:
     assert reason is not None and "driver upgrade" in reason and "draining" in reason
     assert [k for k, _ in node.marked] == ["team/a", "team/b"]  # not the plain or done pod
     assert "pod-deletion-required" in node.marked[0][1]
+    # Its GPUs unhealthy meanwhile: the kubelet hands out none, the agent reads not ready.
+    problem = node.health.problems(GPU)[HEALTH_SOURCE]
+    assert "driver upgrade" in problem and node.health.snapshot()[1] == {GPU: False}
     assert (None, REASON_PAUSED, True) in node.events
     assert ("team/a", REASON_DRAINED, True) in node.events
     assert node.mps == [] and node.marker.read_text() == "draining\n"
@@ -92,6 +99,7 @@ def test_a_driver_upgrade_evicts_gpushares_pods_then_stops_the_mps_daemons(node:
     node.labels[UPGRADE_STATE] = "validation-required"
     node.drain.step()
     assert node.mps == ["stop", "start"] and node.drain.pause is None
+    assert node.health.snapshot()[1] == {GPU: True}
     assert not node.marker.exists()
     assert (None, REASON_RESUMED, False) in node.events
     assert node.changes >= 3

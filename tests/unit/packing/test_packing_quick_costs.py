@@ -14,7 +14,7 @@ from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile, Tenant
 from gpushare.packing.opportunistic import Opportunism
 from gpushare.packing.placer import Placer
-from gpushare.packing.policy import Policy
+from gpushare.packing.policy import Policy, node_cost
 from gpushare.packing.quick_costs import UNKNOWN, QuickCosts
 
 GIB = 1 << 30
@@ -292,3 +292,41 @@ def test_fragmentation_is_the_group_sum_worked_out_afresh() -> None:
             fast = workload.fragmentation(free, cpu, model)
             assert fast == workload.fragmentation_reference(free, cpu, model)
             assert workload.fragmentation(free, cpu, model) == fast  # from the memo
+
+
+def test_quick_costs_are_the_reference_costs_with_scarce_models_priced() -> None:
+    """Issue 69: with GPU models priced (pods limited to one model in the mix, prices moved by
+    the free capacity between refits) the quick path still gives the reference's float; a
+    reprice keeps the options' terms and drops the costs."""
+    rng = random.Random(69)
+    nodes = [_node(rng, f"n{i}") for i in range(80)]
+    free = {MODELS[0]: 4000, MODELS[1]: 300}
+    mix = PodMix(refit_every=10, free_capacity=lambda: free)
+    placer, reference = _placer(mix), _placer(mix)
+    demands = [_demand(rng) for _ in range(40)]
+    mix.observe_all(replace(d, gpu_model=MODELS[1]) for d in demands[:10] if d.gpus)
+    mix.observe_all(demands[10:])
+    assert mix.workload.prices.get(MODELS[1], 0.0) > 0
+    priced = 0
+    for round_ in range(3):
+        for demand in demands:
+            for node in nodes:
+                quick = _quick(placer, node, demand)
+                assert _same(quick, reference.node_cost(node, demand)), (round_, node.name)
+                # ... and the policy's cost afresh, the price added to every option.
+                afresh = node_cost(
+                    reference._admitted(node, demand),
+                    demand,
+                    policy=Policy.GPUSHARE,
+                    workload=mix.workload,
+                    model=reference.model,
+                )
+                assert _same(quick, afresh), (round_, node.name)
+                priced += quick is not None and node.gpus[0].model == MODELS[1]
+        parts = sum(len(s.parts) for s in placer.quick._shapes.values())
+        free[MODELS[1]] //= 2
+        assert mix.reprice()
+        _quick(placer, nodes[0], demands[0])  # under the new prices: terms kept, costs not
+        assert sum(len(s.parts) for s in placer.quick._shapes.values()) == parts
+        assert sum(len(a.costs) for a in placer.quick._by_demand.values()) == 1
+    assert priced > 100

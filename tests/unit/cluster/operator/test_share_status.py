@@ -5,7 +5,7 @@ phase (and the fields) the operator read, so two racing ticks or a restart chang
 from datetime import UTC, datetime
 from typing import Any
 
-from gpushare.cluster.operator.share_status import transition_ops
+from gpushare.cluster.operator.share_status import profiling_place, transition_ops
 from gpushare.cluster.state.shares import share_summary
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -53,3 +53,17 @@ def test_a_transition_tests_the_phase_and_fields_it_read_and_sets_the_condition(
         "Measured",
     )
     assert condition["observedGeneration"] == 3
+
+
+def test_profiling_started_promises_only_the_place_the_pod_will_get() -> None:
+    """ "Alone on a GPU" only where the extender keeps others off it: a marked pod, a policy
+    other than aggressive, and the namespace's grant (issue 68: the event said alone when the
+    pod shared a GPU)."""
+    alone = profiling_place(policy="cautious", granted=True, marked=True, node=None)
+    assert alone == "alone on a GPU (policy cautious)"
+    light = profiling_place(policy="aggressive", granted=True, marked=True, node=None)
+    assert light.startswith("on a lightly loaded GPU (at most 25% allocated")
+    shared = profiling_place(policy="exclusive", granted=False, marked=True, node=None)
+    assert "alone" not in shared and "gpushare.io/neighbour-rules=granted" in shared
+    running = profiling_place(policy="cautious", granted=True, marked=False, node="n1")
+    assert running == "where it already runs (on n1; neighbours may skew the profile)"

@@ -52,19 +52,21 @@ def test_gpu_container_named_by_annotation_gives_image_and_command() -> None:
     assert pod.gpu_pod
 
 
-def test_selector_governs_only_gpu_pods_and_annotation_links_any() -> None:
+def test_the_annotation_links_a_pod_and_a_matching_label_alone_links_none() -> None:
+    """A selector links a pod only when it is created (the webhook writes gpushare.io/share):
+    a pod that only carries a matching label, or got it later, is not governed."""
     view = ClusterView()
     view.upsert_share(share_body("train", selector={"matchLabels": {"app": "train"}}))
-    view.upsert_pod(pod_body("gpu", labels={"app": "train"}))
+    view.upsert_pod(pod_body("labelled", labels={"app": "train"}))
     view.upsert_pod(pod_body("cpu-only", labels={"app": "train"}, gpu=False))
     view.upsert_pod(pod_body("linked", gpu=False, **{ANN_SHARE: "train"}))
-    view.upsert_pod(pod_body("other", labels={"app": "web"}))
+    view.upsert_pod(pod_body("other", labels={"app": "web"}, **{ANN_SHARE: "infer"}))
     share = view.share("ml/train")
     assert share is not None
-    assert sorted(p.name for p in view.governed_pods(share)) == ["gpu", "linked"]
+    assert [p.name for p in view.governed_pods(share)] == ["linked"]
 
 
-def test_a_pod_naming_gpushare_scheduler_without_a_request_is_governed_not_placed() -> None:
+def test_a_pod_naming_gpushare_scheduler_without_a_request_is_neither_governed_nor_placed() -> None:
     view = ClusterView()
     view.upsert_share(share_body("train", selector={"matchLabels": {"app": "train"}}))
     body = scheduled_pod("bare")
@@ -72,8 +74,8 @@ def test_a_pod_naming_gpushare_scheduler_without_a_request_is_governed_not_place
     view.upsert_pod(body)
     share = view.share("ml/train")
     assert share is not None
-    assert [p.name for p in view.governed_pods(share)] == ["bare"]  # the operator annotates it
-    assert view.pod("ml/bare") is None  # ... but it is nothing the extender places
+    assert view.governed_pods(share) == []  # the operator reports it (operator.unlinked)
+    assert view.pod("ml/bare") is None
 
 
 def test_deleted_objects_leave_the_view() -> None:

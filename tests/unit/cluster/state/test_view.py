@@ -1,6 +1,7 @@
 """The controller's view: rebuilt from pod annotations alone, freed by finished or deleted pods,
 and never oversubscribed by reservations."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -327,3 +328,70 @@ def test_the_mix_counts_each_pod_once_as_it_arrives() -> None:
     restarted.replace_nodes([node_json("n1", [gpu("GPU-1")])])
     restarted.replace_pods([gpu_pod, routed])
     assert restarted.mix.observed == 2
+
+
+def _labelled(name: str, product: str, model: str) -> dict[str, object]:
+    node = node_json(name, [replace(gpu(f"{name}-GPU"), model=model)])
+    node["metadata"]["labels"] = {"nvidia.com/gpu.product": product}  # type: ignore[index]
+    return node
+
+
+def _affinity(key: str, operator: str, values: list[str]) -> dict[str, object]:
+    term = {"matchExpressions": [{"key": key, "operator": operator, "values": values}]}
+    return {
+        "affinity": {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [term]
+            }}
+        }
+    }  # fmt: skip
+
+
+def test_the_mix_counts_the_gpu_models_a_pods_node_constraints_admit() -> None:
+    """Issue 69: a pod limited to some GPU models by node affinity or node selector is counted
+    with those models (read through the nodes' labels, whatever label it is), a pod every
+    model admits without any; the mix prices models against the view's free capacity."""
+    view = ClusterView(clock=lambda: NOW)
+    view.replace_nodes(
+        [
+            _labelled("t4-a", "Tesla-T4", "Tesla T4"),
+            _labelled("t4-b", "Tesla-T4", "Tesla T4"),
+            _labelled("h100", "NVIDIA-H100", "NVIDIA H100 80GB HBM3"),
+        ]
+    )
+    product = "nvidia.com/gpu.product"
+    pods = [
+        pod_json("t4", fraction="0.5", extra_spec=_affinity(product, "In", ["Tesla-T4"])),
+        pod_json("not-t4", fraction="0.5", extra_spec=_affinity(product, "NotIn", ["Tesla-T4"])),
+        pod_json("either", fraction="0.5", extra_spec=_affinity(product, "Exists", [])),
+        pod_json("selector", fraction="1", extra_spec={"nodeSelector": {product: "NVIDIA-H100"}}),
+        pod_json("free", fraction="0.25"),
+        pod_json("nowhere", fraction="0.25", extra_spec={"nodeSelector": {product: "A100"}}),
+    ]
+    view.replace_pods(pods)
+    models = {(s[0], s[3]) for s in view.mix.shapes()}
+    assert models == {
+        (50, "Tesla T4"),
+        (50, "NVIDIA H100 80GB HBM3"),
+        (50, None),
+        (100, "NVIDIA H100 80GB HBM3"),
+        (25, None),
+    }
+    assert view.mix.free_capacity is not None
+    assert view.mix.free_capacity() == {"Tesla T4": 200, "NVIDIA H100 80GB HBM3": 100}
+    # A pod bound to a T4 takes its share of the free capacity; a node gone takes all of its.
+    view.upsert_pod(
+        pod_json("bound", fraction="0.3", node="t4-a", placement=placed("t4-a-GPU", 30))
+    )
+    assert view.mix.free_capacity() == {"Tesla T4": 170, "NVIDIA H100 80GB HBM3": 100}
+    view.delete_node("h100")
+    assert view.mix.free_capacity() == {"Tesla T4": 170}
+    view.upsert_node(_labelled("h100", "NVIDIA-H100", "NVIDIA H100 80GB HBM3"))
+    # Relabelled, the T4 nodes admit nothing the pod asks for: it no longer counts a limit.
+    view.upsert_node(_labelled("t4-a", "T4", "Tesla T4"))
+    view.upsert_node(_labelled("t4-b", "T4", "Tesla T4"))
+    view.upsert_pod(
+        pod_json("t4", fraction="0.5", uid="new", extra_spec=_affinity(product, "In", ["Tesla-T4"]))
+    )
+    assert view.mix.observed == len(pods) + 2
+    assert sum(n for s, n in view.mix.shapes().items() if s[:2] == (50, 1) and s[3] is None) == 2

@@ -22,10 +22,10 @@ from gpushare.api.names import (
     SCHEDULER_NAME,
 )
 from gpushare.cluster.webhook.facts import ClusterFacts
+from gpushare.cluster.webhook.registration import match_condition_expression
 from gpushare.cluster.webhook.review import (
     BadReviewError,
     answer,
-    match_condition_expression,
     parse_review,
     review,
 )

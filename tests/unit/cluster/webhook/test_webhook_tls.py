@@ -45,7 +45,7 @@ def test_registered_webhooks_fail_closed_only_for_gpushare_pods() -> None:
     settings = parse_args(["--register-webhooks", "--webhook-url", "https://127.0.0.1:9443"])
     mutating, validating = webhook_configurations(settings, b"PEM")
     for doc, path in ((mutating, "/mutate"), (validating, "/validate")):
-        (hook,) = doc["webhooks"]
+        hook = doc["webhooks"][0]
         assert hook["clientConfig"]["url"] == f"https://127.0.0.1:9443{path}"
         assert hook["failurePolicy"] == "Fail"
         # Mutation may create a DRA-mode pod's ResourceClaimTemplate, never on a dry run.
@@ -54,6 +54,26 @@ def test_registered_webhooks_fail_closed_only_for_gpushare_pods() -> None:
         assert "gpushare.io/" in hook["matchConditions"][0]["expression"]
         assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system"]
         assert 1 <= hook["timeoutSeconds"] <= 30
+
+
+def test_the_selector_webhook_sees_labelled_pods_of_consenting_namespaces_and_fails_open() -> None:
+    """The second mutating webhook: pods the first is not sent, with labels, in namespaces an
+    admin labelled gpushare.io/share-selectors=enabled; an outage must not block them."""
+    settings = parse_args(["--register-webhooks", "--webhook-url", "https://127.0.0.1:9443"])
+    mutating, validating = webhook_configurations(settings, b"PEM")
+    assert len(validating["webhooks"]) == 1
+    first, selector = mutating["webhooks"]
+    assert selector["name"] == "selector.pods.gpushare.io"
+    assert selector["failurePolicy"] == "Ignore"
+    assert selector["clientConfig"]["url"] == "https://127.0.0.1:9443/mutate"
+    expression = selector["matchConditions"][0]["expression"]
+    assert expression == (
+        f"has(object.metadata.labels) && !({first['matchConditions'][0]['expression']})"
+    )
+    assert selector["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]},
+        {"key": "gpushare.io/share-selectors", "operator": "In", "values": ["enabled"]},
+    ]
 
 
 def test_in_cluster_registration_points_at_the_service() -> None:

@@ -1,0 +1,106 @@
+"""Scarce GPU models (gpushare.packing.scarcity, issue 69): a pod that could go anywhere pays
+for taking a model the pods limited to it need, priced from the measured mix and the free
+capacity, and the placer keeps that model for them."""
+
+import pytest
+
+from gpushare.packing.fragmentation import Workload
+from gpushare.packing.mix import PodMix
+from gpushare.packing.model import Demand, GpuState, NodeState, Tenant
+from gpushare.packing.placer import Placer, best_node
+from gpushare.packing.scarcity import free_by_model, model_prices
+
+GIB = 1 << 30
+
+
+def _node(name: str, model: str, used: int = 0, gpus: int = 2) -> NodeState:
+    tenants = [Tenant(key=f"{name}/t", percent=used, memory_bytes=GIB)] if used else []
+    return NodeState(
+        name=name,
+        gpus=[
+            GpuState(
+                uuid=f"{name}-{i}",
+                memory_bytes=16 * GIB,
+                model=model,
+                index=i,
+                tenants=list(tenants) if i == 0 else [],
+            )
+            for i in range(gpus)
+        ],
+        cpu_milli_free=64_000,
+        memory_free_bytes=256 * GIB,
+    )
+
+
+def test_a_model_the_limited_pods_need_more_of_costs_more() -> None:
+    # 30 % of the GPU demand can only use T4, which is 10 % of the capacity; 10 % can only
+    # use G2 (90 %); the rest goes anywhere.
+    demands = [(3, 100, 1, "T4"), (1, 100, 1, "G2"), (6, 100, 1, None)]
+    prices = model_prices(demands, {"T4": 100, "G2": 900})
+    assert prices == {"T4": pytest.approx(3.0), "G2": pytest.approx(1 / 9)}
+    # Nothing limited, or limited to every model there is: nothing is priced.
+    assert model_prices([(1, 100, 1, None)], {"T4": 100, "G2": 900}) == {}
+    assert model_prices([(1, 50, 1, "G2|T4")], {"T4": 100, "G2": 900}) == {}
+    assert model_prices(demands, {}) == {}
+    # A model with no capacity left prices nothing: pods limited to it fit nowhere.
+    assert set(model_prices(demands, {"T4": 0, "G2": 900})) == set()
+
+
+def test_free_capacity_counts_healthy_gpus_by_model() -> None:
+    nodes = [_node("a", "T4", used=40), _node("b", "G2", gpus=1)]
+    nodes[1].gpus.append(
+        GpuState(uuid="sick", memory_bytes=GIB, model="G2", index=1, healthy=False)
+    )
+    assert free_by_model(nodes) == {"T4": 160, "G2": 100}
+
+
+def test_a_pod_that_may_go_anywhere_keeps_off_the_scarce_model() -> None:
+    # Without prices the pod fills the half-used T4 (a hole the whole-GPU pods cannot use,
+    # FGD's choice); with T4-only pods needing more of the T4 left than there is, it goes to
+    # G2 and the T4's hole stays for them.
+    nodes = [_node("a-t4", "T4", used=50), _node("b-g2", "G2")]
+    free = {"T4": 100, "G2": 1800}
+    mix = PodMix(refit_every=10, free_capacity=lambda: free)
+    plain = PodMix(refit_every=10)
+    for m in (mix, plain):
+        for _ in range(4):
+            m.observe(Demand(percent=100, gpu_model="T4"))
+        for _ in range(6):
+            m.observe(Demand(percent=100))
+    assert mix.workload.prices["T4"] > mix.workload.prices.get("G2", 0.0)
+    assert plain.workload.prices == {}
+    pod = Demand(percent=50)
+    for placer, where in ((Placer(mix=plain), "a-t4"), (Placer(mix=mix), "b-g2")):
+        costs = [(n.name, placer.node_cost(n, pod)) for n in nodes]
+        assert best_node((n, c) for n, c in costs if c is not None) == where
+    # A T4-only pod still goes to the T4 node (kube-scheduler offers it no other).
+    only = Demand(percent=50, gpu_model="T4")
+    assert Placer(mix=mix).node_cost(nodes[1], only) is None
+    assert Placer(mix=mix).node_cost(nodes[0], only) is not None
+
+
+def test_prices_follow_the_free_capacity_between_refits() -> None:
+    free = {"T4": 200, "G2": 1800}
+    mix = PodMix(refit_every=10, free_capacity=lambda: free)
+    for _ in range(5):
+        mix.observe(Demand(percent=100, gpu_model="T4"))
+    for _ in range(5):
+        mix.observe(Demand(percent=100))
+    before, generation = mix.workload, mix.generation
+    assert not mix.reprice()  # nothing changed: the costs cached stay valid
+    free["T4"] = 50  # others took T4 capacity: what is left is worth more to the T4 pods
+    assert mix.reprice() and mix.generation == generation + 1
+    assert mix.workload.prices["T4"] > before.prices["T4"]
+    assert mix.workload.tasks == before.tasks and mix.workload.basis is before.basis
+    # Repriced on its own every REPRICE_EVERY pods counted.
+    free["T4"] = 20
+    count = 0
+    while mix.generation == generation + 1:
+        mix.observe(Demand(percent=100))
+        count += 1
+    assert count <= 50
+
+
+def test_a_workload_without_prices_costs_as_before() -> None:
+    workload = Workload.default()
+    assert workload.prices == {} and workload.with_prices({"T4": 1.0}).basis is workload
