@@ -11,7 +11,13 @@
 # org.opencontainers.image.version label cannot lie; REVISION is the source commit.
 # hack/build-image.sh builds this same file offline with buildah (see docs/chart.md).
 
-FROM python:3.11-slim-bookworm AS build
+# The base, pinned by digest: the OCI index (every platform) of python:3.11-slim-bookworm,
+# CPython 3.11.16 on Debian 12, as published in September 2026. A rebuild gets exactly these
+# bytes; bump it deliberately, with the digest `docker buildx imagetools inspect
+# python:3.11-slim-bookworm` prints. hack/build-image.sh passes a local stand-in instead.
+ARG BASE_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
+
+FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY requirements.lock pyproject.toml README.md LICENSE ./
 # The build backend at its locked version; setuptools builds wheels by itself, so no build
@@ -20,7 +26,7 @@ RUN pip install --no-cache-dir --root-user-action=ignore -c requirements.lock se
 COPY gpushare ./gpushare
 RUN pip wheel --no-cache-dir --no-build-isolation -c requirements.lock --wheel-dir /wheels .
 
-FROM python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 ARG VERSION=""
 ARG REVISION=""
 LABEL org.opencontainers.image.title="gpushare" \

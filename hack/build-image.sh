@@ -15,8 +15,9 @@
 # There is no Docker engine and no registry here. The SAME Dockerfile a user builds with
 # `docker build .` is built with `buildah bud --isolation chroot` inside a network namespace
 # of its own (no network at all), with two differences, both outside the Dockerfile:
-#   1. its FROM image (python:3.11-slim-bookworm) is a local stand-in assembled from this
-#      Debian 12 host's packages and the CPython that built .venv (hack/lib/python_base.py);
+#   1. its base image (BASE_IMAGE, python:3.11-slim-bookworm pinned by digest) is a local
+#      stand-in assembled from this Debian 12 host's packages and the CPython that built .venv
+#      (hack/lib/python_base.py), passed as --build-arg BASE_IMAGE;
 #   2. pip reads wheels from a wheelhouse repacked from .venv's installed distributions
 #      (hack/lib/wheelhouse.py), bind-mounted into the build with an /etc/pip.conf saying
 #      no-index + find-links. Neither lands in the image.
@@ -113,10 +114,14 @@ build_gpushare() {
   version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/pyproject.toml" | head -1)
   tag=${tag:-gpushare/gpushare:$version}
   out=${out:-$CACHE/gpushare-$version.tar}
-  # The base image is whatever the Dockerfile's FROM lines name (all stages use the same one).
+  # The base image is the Dockerfile's BASE_IMAGE (every stage is FROM it), pinned by digest
+  # there; the stand-in takes its name without the digest (no local image can have the
+  # registry's digest) and is passed as BASE_IMAGE.
   bases=$(awk 'toupper($1) == "FROM" {print $2}' "$repo/Dockerfile" | sort -u)
-  [[ $(wc -l <<<"$bases") -eq 1 ]] || die "the Dockerfile's stages use several bases ($bases); expected one"
-  base=$bases
+  [[ $bases == '${BASE_IMAGE}' ]] || die "the Dockerfile's stages are not all FROM \${BASE_IMAGE} ($bases)"
+  base=$(sed -n 's/^ARG BASE_IMAGE=//p' "$repo/Dockerfile")
+  [[ $base == *@sha256:* ]] || die "the Dockerfile's BASE_IMAGE is not pinned by digest ($base)"
+  base=${base%@*}
 
   # Rebuild only when an input changed: the Dockerfile, the package, the wheelhouse's source.
   local stamp="$CACHE/gpushare.stamp" digest
@@ -162,7 +167,7 @@ build_gpushare() {
   # unshare --net: the build runs in an empty network namespace, so nothing can be fetched.
   unshare --net "${bud[@]}" bud --isolation chroot --pull-never --layers=false \
     -v "$work/wheelhouse:/wheelhouse:ro" -v "$work/pip.conf:/etc/pip.conf:ro" \
-    --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
+    --build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "BASE_IMAGE=$base" \
     -f "$repo/Dockerfile" -t "$(normalize "$tag")" "$repo" >"$work/bud.log" 2>&1 ||
     { tail -40 "$work/bud.log" >&2; die "buildah bud failed (full log above)"; }
   rm -f "$out"

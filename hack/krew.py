@@ -1,10 +1,12 @@
 """Build the krew plugin archive and write its manifest from it (``make krew``).
 
-The archive holds the launcher (deploy/krew/kubectl-gpushare) and the LICENSE; it is a zip of
-stored (uncompressed) entries with fixed timestamps and modes, so the same sources give the
-same bytes on every machine and the manifest's sha256 can be checked against a fresh build
-(tests/unit/cli/test_krew_manifest.py). One archive serves every platform: the launcher is a POSIX
-shell script that runs the Python package kubectl-gpushare (or kube-gpushare).
+The archive holds the plugin's executable ``kubectl-gpushare`` and the LICENSE. The executable
+is a Python zip application: a ``#!/usr/bin/env python3`` line, then a zip of the CLI-only
+distribution's modules (``kubectl_gpushare``, standard library only: hack/cli_wheel.py) and
+deploy/krew/main.py as its ``__main__``. So the plugin needs a python3 >= 3.11 and nothing to
+install with pip. Both zips are of stored entries with fixed timestamps and modes, so the same
+sources give the same bytes on every machine and the manifest's sha256 can be checked against a
+fresh build (tests/unit/cli/test_krew_manifest.py). One archive serves every platform.
 
 Release step: ``make krew`` (or ``python hack/krew.py``), attach dist/<archive> to the GitHub
 release ``v<version>``, commit deploy/krew/gpushare.yaml, and submit it to krew-index.
@@ -12,6 +14,8 @@ release ``v<version>``, commit deploy/krew/gpushare.yaml, and submit it to krew-
 
 import argparse
 import hashlib
+import importlib.util
+import io
 import sys
 import tomllib
 import zipfile
@@ -19,7 +23,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT_URL = "https://github.com/kube-gpushare/kube-gpushare"
-LAUNCHER = REPO / "deploy" / "krew" / "kubectl-gpushare"
+MAIN = REPO / "deploy" / "krew" / "main.py"
+SHEBANG = b"#!/usr/bin/env python3\n"
 MANIFEST = REPO / "deploy" / "krew" / "gpushare.yaml"
 PLATFORMS = (("linux", "amd64"), ("linux", "arm64"), ("darwin", "amd64"), ("darwin", "arm64"))
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
@@ -41,10 +46,9 @@ spec:
     and `get gpus` list one row each; -o wide|json|yaml|name|jsonpath|custom-columns,
     --no-headers, --sort-by, -A, -l and --watch work as in kubectl get.
   caveats: |
-    The plugin runs the gpushare CLI of the Python package kubectl-gpushare (Python >= 3.11,
-    no dependency), or of kube-gpushare (all of gpushare) when that one is installed:
-      pip install kubectl-gpushare=={package_version}
-    Set GPUSHARE_PYTHON to use an interpreter other than python3.
+    The plugin is the gpushare CLI {package_version} as one Python zip application: it needs
+    python3 >= 3.11 on PATH and nothing else to install. Set GPUSHARE_PYTHON to use
+    another interpreter.
   platforms:
 {platforms}"""
 
@@ -74,17 +78,48 @@ def archive_name(version: str) -> str:
     return f"kubectl-gpushare_v{version}.zip"
 
 
+def _cli_wheel() -> object:
+    spec = importlib.util.spec_from_file_location("cli_wheel", REPO / "hack" / "cli_wheel.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _zip(entries: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        for name in sorted(entries):
+            info = zipfile.ZipInfo(name, date_time=FIXED_TIME)
+            info.external_attr = (0o100000 | 0o644) << 16
+            info.create_system = 3
+            archive.writestr(info, entries[name])
+    return buffer.getvalue()
+
+
+def plugin_executable(version: str) -> bytes:
+    """The zip application krew runs: the CLI's modules and deploy/krew/main.py."""
+    wheel: object = _cli_wheel()
+    contents: dict[str, bytes] = wheel.files(version)  # type: ignore[attr-defined]
+    modules = {n: d for n, d in contents.items() if n.startswith("kubectl_gpushare/")}
+    modules["__main__.py"] = MAIN.read_bytes()
+    return SHEBANG + _zip(modules)
+
+
 def build_archive(out_dir: Path, *, version: str) -> Path:
     """The plugin archive, byte for byte the same from the same sources."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / archive_name(version)
-    entries = ((LAUNCHER, "kubectl-gpushare", 0o755), (REPO / "LICENSE", "LICENSE", 0o644))
+    entries = (
+        ("kubectl-gpushare", plugin_executable(version), 0o755),
+        ("LICENSE", (REPO / "LICENSE").read_bytes(), 0o644),
+    )
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
-        for source, name, mode in entries:
+        for name, data, mode in entries:
             info = zipfile.ZipInfo(name, date_time=FIXED_TIME)
             info.external_attr = (0o100000 | mode) << 16
             info.create_system = 3  # Unix, so the mode is honoured when unpacked
-            archive.writestr(info, source.read_bytes())
+            archive.writestr(info, data)
     return path
 
 

@@ -5,7 +5,10 @@
 #   gpushare-v<version>.oci.tar              the image, from the Dockerfile (hack/build-image.sh
 #                                            --oci: buildah, no network), an OCI archive to push
 #                                            with `skopeo copy oci-archive:... docker://...`
-#   gpushare-<version>.tgz                   the Helm chart (helm package)
+#   gpushare-v<version>.spdx.json            the image's SBOM (SPDX 2.3: its Debian packages and
+#                                            Python distributions, hack/sbom.py)
+#   gpushare-<version>.tgz                   the Helm chart (helm package, made reproducible by
+#                                            hack/chart_package.py: same sources, same bytes)
 #   kube_gpushare-<version>-py3-none-any.whl the whole package (pip wheel)
 #   kubectl_gpushare-<version>-py3-none-any.whl  the CLI alone (hack/cli_wheel.py)
 #   kubectl-gpushare_v<version>.zip          the krew plugin archive (hack/krew.py; the
@@ -38,8 +41,11 @@ rm -rf "$out"; mkdir -p "$out"
 log "image -> gpushare-v$version.oci.tar"
 hack/build-image.sh gpushare --oci --no-import --force --tag "gpushare/gpushare:$version" \
   --out "$out/gpushare-v$version.oci.tar"
+log "image SBOM -> gpushare-v$version.spdx.json"
+"$py" hack/sbom.py --image "$out/gpushare-v$version.oci.tar" --version "$version" \
+  --out "$out/gpushare-v$version.spdx.json" >/dev/null
 log "chart"
-"$helm" package helm/gpushare --destination "$out" >/dev/null
+"$py" hack/chart_package.py --helm "$helm" --out "$out" >/dev/null
 log "wheels"
 "$py" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$out" .
 "$py" hack/cli_wheel.py --out "$out" >/dev/null

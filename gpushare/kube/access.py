@@ -72,8 +72,8 @@ def _missing(path: str) -> Access:
     return Access(
         401,
         f"{path} needs a bearer token (Authorization: Bearer <token>) of a ServiceAccount allowed "
-        f"to get the non-resource URL {path}; fix: scrape with the ServiceAccount token "
-        "(ServiceMonitor bearerTokenFile, as the chart's does) and grant it "
+        f"to get the non-resource URL {path}; fix: scrape with a ServiceAccount token (the "
+        "chart's ServiceMonitors send its metrics-scraper's through authorization) and grant it "
         f'nonResourceURLs: ["{path}"], verbs: [get]',
     )
 

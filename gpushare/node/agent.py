@@ -17,6 +17,7 @@ from gpushare.api.agent_lease import AGENT_LEASE_RENEW_S
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.names import RESOURCE_GPU_OPPORTUNISTIC
 from gpushare.api.pod import PodInfo, pod_info
+from gpushare.node import parts
 from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN
 from gpushare.node.core.allocations import PodAllocation
 from gpushare.node.core.answer import DeviceNode
@@ -171,6 +172,7 @@ class NodeAgent:
             on_release=self._resync_limits,
             device_nodes=device_nodes,
             nvidia_runtime_env=not self.backend.simulated,
+            vendor_cdi=self.allocator.vendor_cdi,
             pods=self.read_pods,
             tenancy=settings.tenancy,
             namespace_labels=dra_api.namespace_labels,
@@ -463,6 +465,8 @@ class NodeAgent:
         threads.append(self._loop("mps-faults", stop, settings.fault_check_s, self.faults.check))
         threads.append(self._loop("publish", stop, 1.0, self.publisher.step))
         threads.append(self.pausing.start(stop))
+        if drain := parts.new_gpu_operator_drain(settings, kube=self.kube, agent=self):
+            threads.append(self._loop("gpu-operator", stop, drain.every_s, drain.step))
         slices = self.slices
         if slices is not None:
             threads.append(

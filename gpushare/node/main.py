@@ -21,6 +21,7 @@ from gpushare.node.agent import NodeAgent
 from gpushare.node.coexistence import HEALTH_SOURCE as OTHER_PLUGIN_HEALTH
 from gpushare.node.coexistence import OtherPluginWatch, startup_claims
 from gpushare.node.core.answer import DeviceNode
+from gpushare.node.core.vendor_cdi import parse_mode as parse_vendor_cdi
 from gpushare.node.gpu.backend import GpuBackend
 from gpushare.node.gpu.factory import open_backend
 from gpushare.node.gpu.selection import (
@@ -45,6 +46,7 @@ AGENT_FLAGS: dict[str, dict[str, Any]] = {
     "mode": {"choices": ("deviceplugin", "dra")},
     "kubelet_root": {"type": Path},
     "cdi_dir": {"type": Path},
+    "vendor_cdi": {"type": parse_vendor_cdi},
     "device_plugin_dir": {"type": Path},
     "plugin_endpoint": {},
     "opportunistic_plugin_endpoint": {},

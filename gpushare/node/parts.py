@@ -5,13 +5,16 @@ them (docs/architecture.md).
 """
 
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from gpushare.api.inventory import GpuInfo
-from gpushare.api.names import RESOURCE_GPU_OPPORTUNISTIC
+from gpushare.api.names import ANN_EVICT, RESOURCE_GPU_OPPORTUNISTIC
 from gpushare.api.pod import PodInfo
 from gpushare.node.core.answer import DeviceNode
 from gpushare.node.core.cgroups import pods_with_running_containers
+from gpushare.node.core.health import DeviceHealth
 from gpushare.node.core.pods import PodSource
+from gpushare.node.core.vendor_cdi import SPEC_DIRS, VendorCdi
 from gpushare.node.deviceplugin.allocator import Allocator
 from gpushare.node.deviceplugin.devices import opportunistic_slice_ids, slice_ids
 from gpushare.node.deviceplugin.holdings import (
@@ -23,10 +26,13 @@ from gpushare.node.deviceplugin.holdings import (
 )
 from gpushare.node.deviceplugin.plugin import KUBELET_SOCKET, DevicePluginSockets
 from gpushare.node.deviceplugin.server import DevicePluginServicer
+from gpushare.node.dra.driver import DraDriver
 from gpushare.node.faults.actions import FaultKube
 from gpushare.node.faults.monitor import FaultMonitor
 from gpushare.node.faults.procfs import PodResolver
+from gpushare.node.gpu_operator import GpuOperatorDrain, gpu_pods
 from gpushare.node.mps.manager import MpsManager
+from gpushare.node.publishing import NodePublisher
 from gpushare.node.settings import AgentSettings
 
 MakeServicer = Callable[[Callable[[str], list[str]]], DevicePluginServicer]
@@ -83,8 +89,16 @@ def new_allocator(
         mps=mps,
         device_nodes=device_nodes,
         nvidia_runtime_env=not simulated,
+        vendor_cdi=new_vendor_cdi(settings),
         on_answer=on_answer,
     )
+
+
+def new_vendor_cdi(settings: AgentSettings) -> VendorCdi:
+    """The GPUs' CDI device names on CDI nodes, read from the runtime's spec directories (and
+    the DRA mode's, when the chart moved it)."""
+    dirs = [*SPEC_DIRS, *([settings.cdi_dir] if settings.cdi_dir not in SPEC_DIRS else [])]
+    return VendorCdi(settings.vendor_cdi, dirs=dirs)
 
 
 def new_device_plugins(
@@ -128,4 +142,49 @@ def new_fault_monitor(
         resolver=PodResolver(candidates=client_pids),
         mps_check=lambda uuid: mps.check_one(uuid).up,
         exclusive_after=settings.exclusive_after_faults,
+    )
+
+
+class DrainHost(Protocol):
+    """What draining for the GPU Operator reads of the node agent."""
+
+    gpus: list[GpuInfo]
+    health: DeviceHealth
+    mps: MpsManager
+    dra: DraDriver | None
+    publisher: NodePublisher
+
+    def read_pods(self) -> list[PodInfo]: ...
+
+
+def new_gpu_operator_drain(
+    settings: AgentSettings, *, kube: Any, agent: DrainHost
+) -> GpuOperatorDrain | None:
+    """Draining for the GPU Operator's driver upgrades and MIG changes (None when off, or
+    without a Kubernetes client that reads the node): the node's labels read through ``kube``,
+    the agent's gpushare pods (placed here, or holding a claim it prepared) marked for the
+    controller to evict, its GPUs marked unhealthy meanwhile (so it reads not ready), its MPS
+    daemons stopped and started, its node published again."""
+    if not hasattr(kube, "node_labels") or settings.gpu_operator_check_s <= 0:
+        return None
+
+    def claimed() -> list[str]:
+        prepared = agent.dra.prepared().values() if agent.dra is not None else ()
+        return [f"{c.namespace}/{c.pod}" for c in prepared if c.pod]
+
+    return GpuOperatorDrain(
+        node_labels=kube.node_labels,
+        gpu_pods=lambda: gpu_pods(agent.read_pods(), claimed()),
+        mark_for_eviction=lambda pod, why: kube.annotate_pod(
+            namespace=pod.namespace, name=pod.name, annotations={ANN_EVICT: why}
+        ),
+        event=lambda pod, reason, message, warning: kube.record_event(
+            pod=pod, reason=reason, message=message, warning=warning
+        ),
+        stop_mps=agent.mps.stop_all,
+        start_mps=lambda: agent.mps.ensure(g.uuid for g in agent.gpus),
+        changed=agent.publisher.request,
+        marker_dir=settings.mps_root,
+        every_s=settings.gpu_operator_check_s,
+        health=agent.health,
     )

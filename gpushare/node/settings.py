@@ -31,6 +31,12 @@ class AgentSettings:
     and registers through <kubelet-root>/plugins_registry/."""
     cdi_dir: Path = DEFAULT_CDI_DIR
     """dra mode: where a CDI spec per prepared claim is written for the container runtime."""
+    vendor_cdi: str = "auto"
+    """How containers get the GPU itself on nodes whose runtime injects GPUs from CDI specs (GPU
+    Operator >= v25.10): auto, name each GPU's device of kind nvidia.com/gpu from the specs in
+    /etc/cdi and /var/run/cdi (by UUID, else index; none found: no name); off; or a CDI kind,
+    always <kind>=<UUID>. The names go into Allocate's answer and each prepared claim's CDI IDs
+    (docs/coexistence.md, "CDI nodes")."""
     slice_resync_s: float = 30.0
     """dra mode: how often the node's ResourceSlice is checked (and written again if it was
     deleted, e.g. by a kubelet that saw the plugin gone)."""
@@ -109,3 +115,7 @@ class AgentSettings:
     pause_resync_s: float = 10.0
     """How often every pod's pause is checked against its cgroups without a change to react
     to (a watch of this node's pods wakes the pause loop at once)."""
+    gpu_operator_check_s: float = 2.0
+    """How often the node's labels are read for the GPU Operator's driver upgrades and MIG
+    changes, which drain gpushare's pods and MPS daemons off the node (gpushare.node.gpu_operator;
+    0: never)."""

@@ -58,6 +58,7 @@ def test_plain_helm_template_keeps_every_admission_policy(chart: Chart) -> None:
     expected = {
         "gpushare-placement-annotations",
         "gpushare-host-paths",
+        "gpushare-host-paths-others",
         "gpushare-node-agent-scope",
     }
     for kube_version in (None, "1.30.0", "1.34.4"):

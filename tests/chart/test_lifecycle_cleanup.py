@@ -1,12 +1,25 @@
 """What the node agent's preStop clean-up removes on uninstall in DRA mode: the claims' CDI specs
 the agent wrote (named as the agent names them) and the plugin's socket and checkpoint; another
-vendor's specs in the same directory stay."""
+vendor's specs in the same directory stay. And its wait, before a GPU Operator driver upgrade or
+MIG change, for the agent's drain (issue #66)."""
 
 import json
+import time
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
+from gpushare.api.gpu_operator import (
+    DEPLOY_LABELS,
+    MIG_CONFIG_STATE,
+    MIG_DRAIN_STATES,
+    PAUSED_VALUES,
+    UPGRADE_DRAIN_STATES,
+    UPGRADE_STATE,
+)
 from gpushare.node.dra.cdi import CdiDir
+from gpushare.node.gpu_operator import DRAIN_MARKER
 from tests.fixtures.helm_chart import CHART
 from tests.fixtures.scripts import load_script
 
@@ -41,6 +54,35 @@ def test_without_dra_settings_nothing_is_touched(tmp_path: Path) -> None:
     ours = cdi.write(UID, {"env": []})
     _lifecycle().remove_dra_files(None, None)
     assert ours.exists()
+
+
+def test_the_prestop_hook_knows_the_gpu_operator_labels_the_agent_reads() -> None:
+    """The hook (standard library only) keeps its own copy of gpushare.api.gpu_operator's
+    pause values: held together here."""
+    hook = _lifecycle()
+    assert hook.PAUSE_LABELS == {
+        UPGRADE_STATE: UPGRADE_DRAIN_STATES,
+        MIG_CONFIG_STATE: MIG_DRAIN_STATES,
+    }
+    assert hook.PAUSED_DEPLOY_LABELS == DEPLOY_LABELS
+    assert tuple(PAUSED_VALUES) == hook.PAUSED_VALUES
+    assert hook.DRAIN_MARKER == DRAIN_MARKER
+
+
+def test_the_prestop_hook_waits_for_the_agents_drain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook = _lifecycle()
+    monkeypatch.setenv("MPS_ROOT", str(tmp_path))
+    monkeypatch.setenv("DRAIN_TIMEOUT_SECONDS", "2")
+    (tmp_path / DRAIN_MARKER).write_text("draining\n")
+    started = time.monotonic()
+    hook.wait_drained()
+    assert time.monotonic() - started >= 2  # never drained: waits its timeout, then goes
+    (tmp_path / DRAIN_MARKER).write_text("drained\n")
+    started = time.monotonic()
+    hook.wait_drained()
+    assert time.monotonic() - started < 1
 
 
 APP, SANDBOX, OTHER = "a" * 64, "c" * 64, "d" * 64

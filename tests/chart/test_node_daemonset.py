@@ -2,6 +2,14 @@
 
 from typing import Any
 
+from gpushare.api.gpu_operator import (
+    DEPLOY_CLIENT,
+    DEPLOY_DEVICE_PLUGIN,
+    MIG_CONFIG_STATE,
+    MIG_DRAIN_STATES,
+    UPGRADE_DRAIN_STATES,
+    UPGRADE_STATE,
+)
 from gpushare.api.names import LABEL_MPS_CAPABLE
 from gpushare.node.main import build_parser
 from tests.fixtures.helm_chart import LOCAL_VALUES, Chart, container
@@ -74,7 +82,27 @@ def test_host_directories_are_mounted_at_their_host_paths(chart: Chart) -> None:
         "/var/lib/k0s/kubelet/pod-resources",
         "/run/gs",
         "/sys/fs/cgroup",
+        # Read only: the NVIDIA CDI specs (node.vendorCdi auto).
+        "/etc/cdi",
+        "/var/run/cdi",
     }
+
+
+def test_the_agent_reads_the_nvidia_cdi_specs_only_in_auto_mode(chart: Chart) -> None:
+    """Issue #66, CDI nodes: auto reads the specs (read-only mounts), a named kind needs none."""
+    for mode, dirs in (
+        ("auto", {"/etc/cdi", "/var/run/cdi"}),
+        ("nvidia.com/gpu", set()),
+        ("off", set()),
+    ):
+        ds = _ds(chart, {"node": {"vendorCdi": mode}})
+        volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+        mounts = [m for m in _agent(ds)["volumeMounts"] if m["name"].startswith("vendor-cdi")]
+        assert {m["mountPath"] for m in mounts} == dirs
+        assert all(m["readOnly"] for m in mounts)
+        assert {volumes[m["name"]]["hostPath"]["path"] for m in mounts} == dirs
+        assert build_parser().parse_args(_agent(ds)["args"]).vendor_cdi == mode
+    assert "vendorCdi" in chart.fails({"node": {"vendorCdi": "yes please"}})
 
 
 CGROUP_VOLUME = "host-cgroup"
@@ -276,6 +304,7 @@ def test_dra_mode_serves_the_kubelet_plugin_api_instead_of_a_device_plugin(chart
         "/var/run/cdi",
         "/var/lib/kubelet/pod-resources",
         "/run/gpushare/node",
+        "/etc/cdi",  # read only: the NVIDIA CDI specs (node.vendorCdi auto)
     }
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["PLUGIN_SOCKET"] == "/var/lib/kubelet/plugins_registry/gpu.gpushare.io-reg.sock"
@@ -371,20 +400,21 @@ def test_a_dra_agent_holds_the_controllers_tenancy_boundary_between_claims(chart
     assert build_parser().parse_args(_agent(shared)["args"]).tenancy == "cluster"
 
 
-def test_no_agent_or_mps_daemon_while_the_gpu_operator_changes_mig(chart: Chart) -> None:
-    """The mig-manager's protocol: pending/rebooting state or the plugin paused; a user's own
-    required node affinity keeps its expressions and gets these added."""
+def test_no_agent_while_the_gpu_operator_upgrades_the_driver_or_changes_mig(chart: Chart) -> None:
+    """The GPU Operator's labels (gpushare.api.gpu_operator): a driver upgrade from pod
+    deletion to the driver pod's restart, the mig-manager's pending/rebooting state, an operand
+    label paused; a user's own required node affinity keeps its expressions and gets these
+    added. The MPS daemons stay (the agent stops them once the node is drained)."""
+    paused = ["paused-for-mig-change", "paused-for-driver-upgrade"]
     pause = [
         {
-            "key": "nvidia.com/mig.config.state",
+            "key": UPGRADE_STATE,
             "operator": "NotIn",
-            "values": ["pending", "rebooting"],
+            "values": list(UPGRADE_DRAIN_STATES),
         },
-        {
-            "key": "nvidia.com/gpu.deploy.device-plugin",
-            "operator": "NotIn",
-            "values": ["paused-for-mig-change"],
-        },
+        {"key": MIG_CONFIG_STATE, "operator": "NotIn", "values": list(MIG_DRAIN_STATES)},
+        {"key": DEPLOY_DEVICE_PLUGIN, "operator": "NotIn", "values": paused},
+        {"key": DEPLOY_CLIENT, "operator": "NotIn", "values": paused},
     ]
     own = {"key": "zone", "operator": "In", "values": ["a"]}
     values = {
@@ -400,14 +430,32 @@ def test_no_agent_or_mps_daemon_while_the_gpu_operator_changes_mig(chart: Chart)
     }
     for given, expected in (({}, pause), (values, [own, *pause])):
         rendered = chart.render(given)
-        for kind, name in (
-            ("DaemonSet", "gpushare-node-agent"),
-            ("DaemonSet", "gpushare-mps-daemons"),
-        ):
-            spec = rendered.get(kind, name)["spec"]["template"]["spec"]
-            terms = spec["affinity"]["nodeAffinity"][
-                "requiredDuringSchedulingIgnoredDuringExecution"
-            ]
-            assert terms["nodeSelectorTerms"] == [{"matchExpressions": expected}], name
+        spec = rendered.get("DaemonSet", "gpushare-node-agent")["spec"]["template"]["spec"]
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"] == [{"matchExpressions": expected}]
+        daemons = rendered.get("DaemonSet", "gpushare-mps-daemons")["spec"]["template"]["spec"]
+        assert daemons.get("affinity", {}) == ({} if not given else values["node"]["affinity"])
     off = chart.render({"node": {"pauseForGpuOperator": False}})
     assert "affinity" not in off.get("DaemonSet", "gpushare-node-agent")["spec"]["template"]["spec"]
+
+
+def test_the_agents_pod_waits_for_the_drain_and_can_be_a_gpu_operator_client(
+    chart: Chart,
+) -> None:
+    ds = chart.render().get("DaemonSet", "gpushare-node-agent")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == 270
+    env = {e["name"]: e.get("value") for e in _agent(ds)["env"]}
+    assert env["DRAIN_TIMEOUT_SECONDS"] == "240"
+    assert "nvidia.com/gpu.deploy.client" not in spec["nodeSelector"]
+    client = chart.render({"node": {"gpuOperatorClient": True}})
+    for name in ("gpushare-node-agent",):
+        selector = client.get("DaemonSet", name)["spec"]["template"]["spec"]["nodeSelector"]
+        assert selector == {"gpushare.io/enabled": "true", "nvidia.com/gpu.deploy.client": "true"}
+    # The MPS daemons do not select it: the operator would remove them with the agent, before
+    # the drain is done.
+    daemons = client.get("DaemonSet", "gpushare-mps-daemons")["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu.deploy.client" not in daemons.get("nodeSelector", {})
+    unpaused = chart.render({"node": {"pauseForGpuOperator": False}})
+    agent = unpaused.get("DaemonSet", "gpushare-node-agent")
+    assert agent["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30

@@ -84,12 +84,41 @@ def test_misspelt_relabeling_key_is_refused(chart: Chart) -> None:
     assert "honourLabels" in err
 
 
-def test_scrapes_send_prometheus_token_where_metrics_are_authenticated(chart: Chart) -> None:
+def test_scrapes_send_a_scraper_token_where_metrics_are_authenticated(chart: Chart) -> None:
     """monitoring.auth tokenreview (default): gpushare answers /metrics only to a token the API
-    server vouches for, so both endpoints send Prometheus's ServiceAccount token; none: no
-    token is sent."""
-    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    for values, sent in (({}, True), ({"monitoring": {"auth": "none"}}, False)):
-        for monitor in chart.render(values, api_versions=[MONITORING]).all("ServiceMonitor"):
-            (endpoint,) = monitor["spec"]["endpoints"]
-            assert (endpoint.get("bearerTokenFile") == token) is sent, monitor["metadata"]
+    server vouches for, so both endpoints send the token of the chart's metrics-scraper
+    ServiceAccount (allowed to get /metrics), through `authorization` from a token Secret the
+    API server fills (never the deprecated bearerTokenFile; no credential in the render);
+    with a scrape class, the class authenticates; with auth none, no token is sent."""
+    rendered = chart.render({}, api_versions=[MONITORING])
+    for monitor in rendered.all("ServiceMonitor"):
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert "bearerTokenFile" not in endpoint and "bearerTokenSecret" not in endpoint
+        assert endpoint["authorization"] == {
+            "type": "Bearer",
+            "credentials": {"name": "gpushare-metrics-scraper-token", "key": "token"},
+        }
+    secret = rendered.get("Secret", "gpushare-metrics-scraper-token")
+    assert secret["type"] == "kubernetes.io/service-account-token" and "data" not in secret
+    assert secret["metadata"]["annotations"] == {
+        "kubernetes.io/service-account.name": "gpushare-metrics-scraper"
+    }
+    assert rendered.has("ServiceAccount", "gpushare-metrics-scraper")
+    binding = rendered.get("ClusterRoleBinding", "gpushare-metrics-scraper")
+    assert binding["roleRef"]["name"] == "gpushare-metrics-reader"
+    reader = rendered.get("ClusterRole", "gpushare-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    for values in (
+        {"monitoring": {"serviceMonitor": {"scrapeClass": "own-token"}}},
+        {"monitoring": {"auth": "none"}},
+    ):
+        other = chart.render(values, api_versions=[MONITORING])
+        assert not other.has("Secret", "gpushare-metrics-scraper-token")
+        for monitor in other.all("ServiceMonitor"):
+            assert "authorization" not in monitor["spec"]["endpoints"][0]
+    classed = chart.render(
+        {"monitoring": {"serviceMonitor": {"scrapeClass": "own-token"}}}, api_versions=[MONITORING]
+    )
+    assert {m["spec"]["scrapeClass"] for m in classed.all("ServiceMonitor")} == {"own-token"}
+    # Without the Prometheus Operator's API: no ServiceMonitor, no scraper either.
+    assert not chart.render({}).has("ServiceAccount", "gpushare-metrics-scraper")

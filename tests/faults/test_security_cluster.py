@@ -194,6 +194,9 @@ def sec(cluster: Any, controller: ControllerProcess, node_agent: NodeAgentProces
             "templates/host-path-policy.yaml",
             "--set-string",
             f"hostPathGuard.namespaceSelector.matchLabels.gs-sec={sfx}",
+            # An admin's strict choice (NOTES warns about it): other pods refused too.
+            "--set",
+            "hostPathGuard.otherPods=deny",
             "--set-string",
             f"placementGuard.namespaceSelector.matchLabels.gs-sec={sfx}",
             "--set-string",
@@ -502,8 +505,10 @@ def mounts_the_mps_directories(sec: Sec) -> Outcome:
 def a_plain_pod_mounts_the_kubelet_plugin_and_cdi_directories(sec: Sec) -> Outcome:
     """Issue #45: a pod that is no gpushare pod (the webhook never sees it) mounted the MPS,
     kubelet-plugin and CDI host directories, and the protected list missed the last two. Now
-    the chart's ValidatingAdmissionPolicy refuses each, for every pod, also when written as
-    a parent directory or with "//" and "/./"."""
+    the chart's ValidatingAdmissionPolicy refuses each, also when written as a parent directory
+    or with "//" and "/./": for gpushare's pods always, for every other pod under
+    ``hostPathGuard.otherPods: deny`` (set here; the default only warns, issue #66,
+    tests/cluster/test_host_path_neighbours.py)."""
     reasons = []
     for path in (
         "/var/lib/kubelet/plugins_registry",
@@ -524,7 +529,7 @@ def a_plain_pod_mounts_the_kubelet_plugin_and_cdi_directories(sec: Sec) -> Outco
         if not refused:
             sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
             return False, f"a plain pod mounting {path} was created"
-        if "protected host directory" not in why:
+        if "host directory gpushare protects" not in why:  # the other-pods policy
             return False, f"{path}: refused for another reason: {why}"
         reasons.append(why)
     return True, reasons[0]

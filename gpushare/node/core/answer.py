@@ -1,6 +1,7 @@
 """The container's answer, whichever plugin gives it: the environment (CUDA_VISIBLE_DEVICES,
 the MPS client limits), mounts (the GPU's MPS pipe and shared-memory directories) and device
-nodes for one container (``ContainerAllocation``), or the refusal (``AllocationError``) the
+nodes for one container (``ContainerAllocation``), with the GPU's CDI device names on CDI
+nodes (gpushare.node.core.vendor_cdi), or the refusal (``AllocationError``) the
 kubelet shows on the pod.
 
 A shared GPU goes through its MPS daemon (``mps_allocation``), whole GPUs without MPS
@@ -17,6 +18,7 @@ from typing import Protocol
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.inventory import GpuInfo
 from gpushare.api.pod import PodInfo
+from gpushare.node.core.vendor_cdi import VendorCdi, names_for
 from gpushare.node.mps.client import ClientLimits, client_limits
 
 # Where a container sees its GPU's MPS directories.
@@ -71,6 +73,10 @@ class ContainerAllocation:
     numbers: what the GPU's MPS server must allow."""
     gpu_uuid: str | None = None
     """The GPU of an MPS answer."""
+    cdi_devices: tuple[str, ...] = ()
+    """Fully qualified CDI device names the runtime injects too (the GPU's device nodes and
+    driver libraries on CDI nodes: gpushare.node.core.vendor_cdi); not part of gpushare's own
+    CDI edits."""
 
 
 class AllocationError(Exception):
@@ -87,6 +93,8 @@ class AllocationContext:
     device_nodes: Callable[[str], list[DeviceNode]] | None = None
     nvidia_runtime_env: bool = False
     """Also set NVIDIA_VISIBLE_DEVICES, for nodes whose runtime injects the driver from it."""
+    vendor_cdi: VendorCdi | None = None
+    """The GPUs' CDI device names, for nodes whose runtime injects GPUs from CDI specs."""
 
 
 def check_uid(pod: PodInfo, neighbours: Sequence[PodInfo], gpu: str) -> str | None:
@@ -137,7 +145,12 @@ def whole_allocation(
     envs = {"CUDA_VISIBLE_DEVICES": ",".join(uuids)}
     if ctx.nvidia_runtime_env:
         envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
-    return ContainerAllocation(envs=envs, devices=_devices(ctx, uuids), pod=pod)
+    return ContainerAllocation(
+        envs=envs,
+        devices=_devices(ctx, uuids),
+        pod=pod,
+        cdi_devices=names_for(ctx.vendor_cdi, ctx.gpus, uuids),
+    )
 
 
 def mps_allocation(
@@ -181,4 +194,5 @@ def mps_allocation(
         pod=pod,
         limits=limits,
         gpu_uuid=uuid,
+        cdi_devices=names_for(ctx.vendor_cdi, ctx.gpus, [uuid]),
     )

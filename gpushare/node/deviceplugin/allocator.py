@@ -29,6 +29,7 @@ from gpushare.node.core.answer import (
     MpsLayout,
 )
 from gpushare.node.core.pods import PodSource, placement_values
+from gpushare.node.core.vendor_cdi import VendorCdi
 from gpushare.node.deviceplugin.devices import group_by_gpu, is_opportunistic
 from gpushare.node.deviceplugin.holdings import Answer, AnswerBook
 from gpushare.node.deviceplugin.matching import (
@@ -69,6 +70,7 @@ class Allocator:
         mps: MpsLayout,
         device_nodes: Callable[[str], list[DeviceNode]] | None = None,
         nvidia_runtime_env: bool = False,
+        vendor_cdi: VendorCdi | None = None,
         retry_delays_s: Sequence[float] = (0.2, 0.5),
         kubelet: Callable[[], str | None] | None = None,
         held: Callable[[], Mapping[str, tuple[str, ...]]] | None = None,
@@ -89,6 +91,8 @@ class Allocator:
         self.mps = mps
         self.device_nodes = device_nodes
         self.nvidia_runtime_env = nvidia_runtime_env
+        self.vendor_cdi = vendor_cdi
+        """The GPUs' CDI device names, added to each answer on CDI nodes."""
         self.retry_delays_s = tuple(retry_delays_s)
         """Waits before listing pods again when none waits (annotations may trail the bind)."""
         self._lock = threading.Lock()
@@ -119,6 +123,7 @@ class Allocator:
             mps=self.mps,
             device_nodes=self.device_nodes,
             nvidia_runtime_env=self.nvidia_runtime_env,
+            vendor_cdi=self.vendor_cdi,
         )
 
     def _remember(self, pod: PodInfo) -> None:

@@ -46,6 +46,7 @@ def to_proto(allocation: ContainerAllocation) -> api_pb2.ContainerAllocateRespon
             )
             for d in allocation.devices
         ],
+        cdi_devices=[api_pb2.CDIDevice(name=name) for name in allocation.cdi_devices],
     )
 
 

@@ -35,6 +35,7 @@ from gpushare.node.core.answer import (
     mps_allocation,
     whole_allocation,
 )
+from gpushare.node.core.vendor_cdi import VendorCdi, names_for
 from gpushare.node.dra import cdi
 from gpushare.node.dra.cdi import CdiDir
 from gpushare.node.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
@@ -75,6 +76,7 @@ class DraDriver:
         on_release: Callable[[], None] | None = None,
         device_nodes: Callable[[str], list[DeviceNode]] | None = None,
         nvidia_runtime_env: bool = False,
+        vendor_cdi: VendorCdi | None = None,
         pods: Callable[[], Iterable[PodInfo]] | None = None,
         tenancy: str = TENANCY_NAMESPACE,
         namespace_labels: Callable[[str], Mapping[str, str] | None] | None = None,
@@ -100,6 +102,7 @@ class DraDriver:
         self.on_release = on_release
         self.device_nodes = device_nodes
         self.nvidia_runtime_env = nvidia_runtime_env
+        self.vendor_cdi = vendor_cdi
         self.pods = pods
         self._lock = threading.Lock()
         self._on_dropped = on_dropped
@@ -169,6 +172,14 @@ class DraDriver:
         else:
             allocation = whole_allocation(ctx, [d.gpu_uuid for d in claim.devices], pod=claim.pod)
         return cdi.container_edits(allocation)
+
+    def cdi_ids(self, claim: PreparedClaim) -> list[str]:
+        """The CDI device IDs the kubelet hands the runtime for a prepared claim: its own spec's
+        device, then the NVIDIA devices of its GPUs on CDI nodes (gpushare.node.core.vendor_cdi;
+        worked out afresh, never kept in the checkpoint)."""
+        gpus = {g.uuid: g for g in self.gpus()}
+        vendor = names_for(self.vendor_cdi, gpus, [d.gpu_uuid for d in claim.devices])
+        return [*claim.cdi_ids, *vendor]
 
     def prepared(self) -> dict[str, PreparedClaim]:
         with self._lock:

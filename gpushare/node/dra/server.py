@@ -62,7 +62,7 @@ def _prepare(driver: DraDriver, claims: Iterable[Any], response: Any) -> Any:
                 request_names=[device.request] if device.request else [],
                 pool_name=device.pool,
                 device_name=device.device,
-                cdi_device_ids=list(record.cdi_ids),
+                cdi_device_ids=driver.cdi_ids(record),
             )
     return response
 

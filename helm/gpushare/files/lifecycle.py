@@ -13,12 +13,13 @@ Two entry points, both run from the chart's own image with the standard library 
                 and the plugin's directory: its socket and checkpoint), and removes the
                 gpushare annotation and labels from the node; then lets the agent exit.
 
-A node agent stopped because the GPU Operator's mig-manager changes the node's MIG layout
-(node.pauseForGpuOperator) marks its node not ready for gpushare pods before it goes.
+A node agent stopped because the GPU Operator upgrades the driver or changes the node's MIG
+layout (node.pauseForGpuOperator) marks its node not ready for gpushare pods and waits until its
+agent has drained the node (gpushare.node.gpu_operator) before it goes.
 
 Settings come from the environment the chart sets: POD_NAMESPACE, DAEMONSET_NAME, NODE_NAME,
-MPS_ROOT, PLUGIN_SOCKET, OPPORTUNISTIC_PLUGIN_SOCKET, TIMEOUT_SECONDS, CGROUP_ROOT; in DRA
-mode CDI_DIR and DRA_PLUGIN_DIR.
+MPS_ROOT, PLUGIN_SOCKET, OPPORTUNISTIC_PLUGIN_SOCKET, TIMEOUT_SECONDS, DRAIN_TIMEOUT_SECONDS,
+CGROUP_ROOT; in DRA mode CDI_DIR and DRA_PLUGIN_DIR.
 """
 
 import contextlib
@@ -122,8 +123,9 @@ def uninstalling() -> bool:
         return False
     if status == 200:
         return bool(body.get("metadata", {}).get("deletionTimestamp"))
-    # 404: deleted. 401: our ServiceAccount is gone with the release.
-    return status in (401, 404)
+    # 404: deleted. 401: our ServiceAccount is gone with the release; 403: its binding is (Argo
+    # CD, kubectl delete -f: the release's objects go together, with no pre-delete hook first).
+    return status in (401, 403, 404)
 
 
 def agent_pids() -> list[int]:
@@ -207,12 +209,23 @@ def remove_dra_files(cdi_dir: str | None, plugin_dir: str | None) -> None:
 
 
 PAUSE_LABELS = {
+    "nvidia.com/gpu-driver-upgrade-state": (
+        "pod-deletion-required",
+        "drain-required",
+        "node-maintenance-required",
+        "post-maintenance-required",
+        "pod-restart-required",
+    ),
     "nvidia.com/mig.config.state": ("pending", "rebooting"),
-    "nvidia.com/gpu.deploy.device-plugin": ("paused-for-mig-change",),
 }
-"""The GPU Operator's mig-manager changing the node's MIG layout (the chart keeps no agent there
-meanwhile: node.pauseForGpuOperator)."""
+PAUSED_DEPLOY_LABELS = ("nvidia.com/gpu.deploy.client", "nvidia.com/gpu.deploy.device-plugin")
+PAUSED_VALUES = ("paused-for-mig-change", "paused-for-driver-upgrade")
+"""The GPU Operator upgrading the driver or changing the MIG layout (the chart keeps no agent
+there meanwhile: node.pauseForGpuOperator); the same as gpushare.api.gpu_operator, which the
+agent reads (a test holds the two together)."""
 AGENT_READY = "gpushare.io/agent-ready"
+DRAIN_MARKER = ".gpu-operator-drain"
+"""Written in the MPS root by the agent while it drains: draining, then drained."""
 
 
 def thaw_paused(pods: list[dict[str, Any]], cgroup_root: Path) -> list[str]:
@@ -251,18 +264,39 @@ def paused_for_gpu_operator(node: str) -> bool:
     if status != 200:
         return False
     labels = body.get("metadata", {}).get("labels") or {}
-    return any(labels.get(key) in values for key, values in PAUSE_LABELS.items())
+    if any(labels.get(key) in values for key, values in PAUSE_LABELS.items()):
+        return True
+    values = [labels.get(key) or "" for key in PAUSED_DEPLOY_LABELS]
+    return any(paused in value for value in values for paused in PAUSED_VALUES)
+
+
+def wait_drained() -> None:
+    """Keep this container (and its agent, which evicts gpushare's pods and stops the MPS
+    daemons) until the agent says drained, at most DRAIN_TIMEOUT_SECONDS: the GPU Operator
+    waits for this pod, so it touches the GPUs only after."""
+    marker = Path(os.environ.get("MPS_ROOT", "/run/gpushare/node/mps")) / DRAIN_MARKER
+    timeout = float(os.environ.get("DRAIN_TIMEOUT_SECONDS", "240"))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if marker.read_text().strip() == "drained":
+                log("drained: no gpushare pod or MPS daemon left on this node")
+                return
+        time.sleep(1)
+    log(f"not drained after {timeout:.0f}s; stopping anyway")
 
 
 def node_cleanup() -> int:
     if not uninstalling():
         node = os.environ.get("NODE_NAME", "")
         if node and paused_for_gpu_operator(node):
-            # Stopped for a MIG change: nothing is placed here until an agent is back (it
-            # publishes itself ready again when it has started on the new layout).
+            # Stopped for a driver upgrade or a MIG change: nothing is placed here until an agent
+            # is back (it publishes itself ready again when it has started on the new driver or
+            # layout), and the agent gets to drain the node first.
             patch = {"metadata": {"annotations": {AGENT_READY: "false"}}}
             status, _ = api("PATCH", f"/api/v1/nodes/{node}", patch, "application/merge-patch+json")
             log(f"paused by the GPU Operator: node {node} {AGENT_READY}=false (HTTP {status})")
+            wait_drained()
         log("DaemonSet still present: a restart, leaving MPS daemons and directories in place")
         return 0
     log("uninstall: cleaning this node")

@@ -114,20 +114,28 @@ address at node.metrics.port (published as a host port). */}}
 
 {{/* Node agent: privileged / hostPID default to "only with real GPUs". */}}
 {{/*
-The node agents' and MPS daemons' affinity: node.affinity, and, with node.pauseForGpuOperator,
-no pod while the GPU Operator changes the node's MIG layout. Its mig-manager marks that with
-nvidia.com/mig.config.state=pending|rebooting and sets the operands it pauses (those labelled
-nvidia.com/gpu.deploy.<operand>=true) to paused-for-mig-change; the DaemonSet controller then
-deletes the daemon pods there (MPS servers hold the GPUs), and starts them again once the
-labels are back, when the agent reads the GPUs' MIG modes anew. Added to every required node
-selector term (terms are ORed, their expressions ANDed).
+The node agents' and MPS daemons' affinity: node.affinity, and, for the agents
+(.pause) with node.pauseForGpuOperator, no agent while the GPU Operator upgrades the driver or
+changes the MIG layout: nvidia.com/gpu-driver-upgrade-state from pod-deletion-required to
+pod-restart-required, nvidia.com/mig.config.state pending|rebooting, or an operand label
+nvidia.com/gpu.deploy.client|device-plugin paused-for-mig-change|paused-for-driver-upgrade (the
+values of gpushare.api.gpu_operator). The DaemonSet controller then deletes the agent there; its
+preStop hook waits until the agent has drained the node (gpushare's pods evicted, MPS daemons
+stopped: gpushare.node.gpu_operator), and the agent starts again once the labels are back,
+reading the GPUs' MIG modes and driver anew. The MPS daemons' pods stay: the agent stops their
+daemons after the drain (gone at once, they would fail the pods still draining). Added to every
+required node selector term (terms are ORed, their expressions ANDed).
 */}}
 {{- define "gpushare.node.affinity" -}}
-{{- $affinity := deepCopy (.Values.node.affinity | default dict) }}
-{{- if .Values.node.pauseForGpuOperator }}
+{{- $root := .root }}
+{{- $affinity := deepCopy ($root.Values.node.affinity | default dict) }}
+{{- if and .pause $root.Values.node.pauseForGpuOperator }}
+{{- $paused := list "paused-for-mig-change" "paused-for-driver-upgrade" }}
 {{- $pause := list
+      (dict "key" "nvidia.com/gpu-driver-upgrade-state" "operator" "NotIn" "values" (list "pod-deletion-required" "drain-required" "node-maintenance-required" "post-maintenance-required" "pod-restart-required"))
       (dict "key" "nvidia.com/mig.config.state" "operator" "NotIn" "values" (list "pending" "rebooting"))
-      (dict "key" "nvidia.com/gpu.deploy.device-plugin" "operator" "NotIn" "values" (list "paused-for-mig-change")) }}
+      (dict "key" "nvidia.com/gpu.deploy.device-plugin" "operator" "NotIn" "values" $paused)
+      (dict "key" "nvidia.com/gpu.deploy.client" "operator" "NotIn" "values" $paused) }}
 {{- $node := $affinity.nodeAffinity | default dict }}
 {{- $required := $node.requiredDuringSchedulingIgnoredDuringExecution | default dict }}
 {{- $terms := list }}

@@ -1,6 +1,6 @@
 """The krew manifest (deploy/krew/gpushare.yaml): generated from the archive the repository
-builds (its sha256 is that archive's), shaped as krew reads it, and the launcher inside runs
-the CLI or says what to install."""
+builds (its sha256 is that archive's), shaped as krew reads it, and the executable inside is
+the CLI itself (a Python zip application: nothing to pip install, issue #66)."""
 
 import hashlib
 import os
@@ -48,7 +48,7 @@ def test_the_manifest_has_the_fields_krew_requires() -> None:
     assert spec["version"] == f"v{gpushare.__version__}"
     assert spec["homepage"] == "https://github.com/kube-gpushare/kube-gpushare"
     assert spec["shortDescription"] and spec["description"] and spec["caveats"]
-    assert f"kubectl-gpushare=={gpushare.__version__}" in spec["caveats"]
+    assert "python3 >= 3.11" in spec["caveats"] and "pip install" not in spec["caveats"]
     seen = set()
     for platform in spec["platforms"]:
         labels = platform["selector"]["matchLabels"]
@@ -72,11 +72,30 @@ def test_the_archive_holds_an_executable_launcher(tmp_path: Path) -> None:
     assert modes == {"kubectl-gpushare": 0o755, "LICENSE": 0o644}
 
 
-def test_the_launcher_runs_the_cli_or_says_what_to_install(tmp_path: Path) -> None:
-    launcher = REPO / "deploy" / "krew" / "kubectl-gpushare"
-    env = {**os.environ, "GPUSHARE_PYTHON": sys.executable}
+def _unpacked(tmp_path: Path) -> Path:
+    archive = krew_script().build_archive(tmp_path, version=gpushare.__version__)
+    with zipfile.ZipFile(archive) as z:
+        z.extractall(tmp_path / "x")
+    plugin = tmp_path / "x" / "kubectl-gpushare"
+    plugin.chmod(0o755)
+    return plugin
+
+
+def test_the_plugin_runs_the_cli_with_a_bare_python(tmp_path: Path) -> None:
+    """No package installed: Python's isolated mode (no site-packages, no PYTHONPATH), from
+    an empty directory, runs the CLI out of the zip application."""
+    plugin = _unpacked(tmp_path)
+    assert plugin.read_bytes().startswith(b"#!/usr/bin/env python3\n")
+    with zipfile.ZipFile(plugin) as z:
+        names = z.namelist()
+    assert "__main__.py" in names and "kubectl_gpushare/cli/main.py" in names
+    assert not [n for n in names if not n.startswith("kubectl_gpushare/") and n != "__main__.py"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(empty)}
     ran = subprocess.run(
-        ["/bin/sh", str(launcher), "--version"],
+        [sys.executable, "-I", str(plugin), "--version"],
+        cwd=empty,
         env=env,
         capture_output=True,
         text=True,
@@ -85,16 +104,32 @@ def test_the_launcher_runs_the_cli_or_says_what_to_install(tmp_path: Path) -> No
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == f"kubectl gpushare {gpushare.__version__}"
-    bare = tmp_path / "bin"
-    bare.mkdir()
-    (bare / "python3").symlink_to("/bin/false")
-    missing = subprocess.run(
-        ["/bin/sh", str(launcher), "top"],
-        env={"PATH": str(bare)},  # its only python3 lacks the package
+    # As krew runs it: by its shebang, with python3 from PATH.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    direct = subprocess.run(
+        [str(plugin), "--version"],
+        cwd=empty,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(empty)},
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert missing.returncode == 1
-    assert "pip install kubectl-gpushare" in missing.stderr
+    assert direct.returncode == 0 and gpushare.__version__ in direct.stdout, direct.stderr
+
+
+def test_a_python_that_cannot_run_it_is_named(tmp_path: Path) -> None:
+    plugin = _unpacked(tmp_path)
+    env = {"PATH": os.environ["PATH"], "GPUSHARE_PYTHON": str(tmp_path / "no-such-python")}
+    ran = subprocess.run(
+        [sys.executable, "-I", str(plugin), "top"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 1
+    assert "GPUSHARE_PYTHON" in ran.stderr and "no-such-python" in ran.stderr

@@ -84,7 +84,7 @@ def test_a_scraper_allowed_to_get_metrics_reads_them_and_a_tenant_does_not() -> 
     reviewer = AccessReviewer(api)  # type: ignore[arg-type]
     assert reviewer.review(tok(PROMETHEUS), "/metrics").allowed
     missing = reviewer.review(None, "/metrics")
-    assert missing.status == 401 and "bearerTokenFile" in missing.reason
+    assert missing.status == 401 and "authorization" in missing.reason
     forged = reviewer.review("Bearer made-up", "/metrics")
     assert forged.status == 401 and "does not accept this token" in forged.reason
     tenant = reviewer.review(tok(TENANT), "/metrics")

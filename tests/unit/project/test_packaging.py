@@ -147,3 +147,15 @@ def test_distribution_name_license_and_entry_points() -> None:
     dist = metadata.distribution("kube-gpushare")
     assert dist.metadata["License-Expression"] == "Apache-2.0"
     assert {ep.name for ep in dist.entry_points} >= set(PROJECT["scripts"])
+
+
+def test_the_image_base_is_pinned_by_digest_in_every_stage() -> None:
+    """Issue #66: a tag moves; the digest names one set of bytes (an OCI index: every
+    platform). The offline build passes its stand-in as BASE_IMAGE."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    (base,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, flags=re.M)
+    assert re.fullmatch(r"python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", base), base
+    stages = re.findall(r"^FROM (\S+)", dockerfile, flags=re.M)
+    assert stages == ["${BASE_IMAGE}", "${BASE_IMAGE}"], stages
+    build = (REPO / "hack" / "build-image.sh").read_text()
+    assert '--build-arg "BASE_IMAGE=$base"' in build
