@@ -13,10 +13,22 @@ What it accepts: HTTP/1.0 and 1.1 requests with a Content-Length body (kube-sche
 kubelet, Prometheus and curl send those), keep-alive, one request at a time per connection.
 What it refuses, with the status and a reason: a malformed request line or header (400), a
 chunked body (411), a head over MAX_HEAD_BYTES (431), a body over the server's limit (413),
-an unknown path (404) or method (405). Bounds: at most ``max_connections`` connections (one
-more is closed at once), a connection that sends no complete request for ``idle_timeout_s`` is
-closed, a body not complete within ``deadline_s`` of its head gets 503, and so does a handler
-that has not answered by then.
+an unknown path (404) or method (405), a body in a ``Content-Encoding`` other than identity
+(415: nobody that calls gpushare compresses what it sends). Bounds: at most ``max_connections``
+connections (one more is closed at once), a connection that sends no complete request for
+``idle_timeout_s`` is closed, a body not complete within ``body_deadline_s`` (default
+``deadline_s``) of its head gets 503, and so does a handler that has not answered by then.
+
+Bounds per client (its address), for a port any pod can reach (the admission webhook's,
+docs/security.md, "Every HTTP server is bounded"): with ``per_client_connections`` no client
+holds more connections than that (its own oldest idle connection is closed for a new one, else
+the new one is refused), and a new connection over ``max_connections`` closes the oldest idle
+connection of the client holding the most, so a client filling the server pays with its own
+connections; the check runs before the TLS handshake (``tls_after_accept``), so a refused
+connection costs no handshake. With ``body_budget_bytes`` the bodies being received at once
+(counted by their Content-Length when the head arrives) stay within that many bytes, and a
+client's within ``per_client_body_bytes``: a head whose body would go over gets 503 at once,
+before any of its body is read.
 """
 
 import asyncio
@@ -43,6 +55,8 @@ class Request:
     headers: Mapping[str, str]
     """Lower-case names; a header sent twice keeps its last value."""
     body: bytes
+    client: str = ""
+    """The client's address (its IP), as the per-client bounds count it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +100,16 @@ class Limits:
     idle_timeout_s: float
     deadline_s: float
     max_body_bytes: int
+    per_client_connections: int = 0
+    """Most connections one client address holds (0: no per-client bound)."""
+    body_budget_bytes: int = 0
+    """Most body bytes being received at once over every connection (0: no bound)."""
+    per_client_body_bytes: int = 0
+    """Most body bytes one client has being received at once (0: no bound)."""
+    body_deadline_s: float = 0.0
+    """A body must be complete this long after its head (0: ``deadline_s``)."""
+    tls_handshake_s: float = 10.0
+    """A TLS handshake begun after the per-client check must end within this."""
 
 
 @dataclass
@@ -95,12 +119,32 @@ class LeanServer:
     routes: Routes
     limits: Limits
     connections: set["_Connection"] = field(default_factory=set)
+    clients: dict[str, list["_Connection"]] = field(default_factory=dict)
+    """Per client address, its connections in the order they opened (with per-client
+    bounds only)."""
+    receiving: dict[str, int] = field(default_factory=dict)
+    """Per client address, the body bytes it has announced and not finished sending."""
+    receiving_total: int = 0
+    tls: Any = None
+    """The SSL context TLS is started with after the per-client check (``tls_after_accept``)."""
+    refused: int = 0
+    """Connections refused or closed by a bound, and heads refused by the body budget."""
     _server: asyncio.Server | None = None
 
     async def start(
-        self, host: str, port: int, *, ssl_context: Any = None, reuse_port: bool = False
+        self,
+        host: str,
+        port: int,
+        *,
+        ssl_context: Any = None,
+        reuse_port: bool = False,
+        tls_after_accept: bool = False,
     ) -> None:
+        """Listen. With ``tls_after_accept`` (and ``ssl_context``) connections are accepted as
+        plain TCP, checked against the per-client bounds, and only then start TLS."""
         loop = asyncio.get_running_loop()
+        if tls_after_accept and ssl_context is not None:
+            self.tls, ssl_context = ssl_context, None
         self._server = await loop.create_server(
             lambda: _Connection(self),
             host,
@@ -143,26 +187,125 @@ class _Connection(asyncio.Protocol):
         the body of the head read (``head`` set). One timer per connection checks it, so a
         request costs no timer of its own."""
         self.task: asyncio.Future[None] | None = None
+        self.client = ""
+        self.announced = 0
+        """Body bytes of the current head counted against the body budgets."""
+        self.handshaking = False
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        if len(self.server.connections) >= self.limits.max_connections:
-            log.warning(
-                "connection refused: too many open", extra={"open": self.limits.max_connections}
-            )
+        server, limits = self.server, self.limits
+        if limits.per_client_connections:
+            peer = transport.get_extra_info("peername")
+            self.client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+            if not self._make_room():
+                server.refused += 1
+                transport.abort()
+                self.transport = None
+                return
+            server.clients.setdefault(self.client, []).append(self)
+        elif len(server.connections) >= limits.max_connections:
+            log.warning("connection refused: too many open", extra={"open": limits.max_connections})
+            server.refused += 1
             transport.close()
             self.transport = None
             return
-        self.server.connections.add(self)
+        server.connections.add(self)
+        if server.tls is not None:
+            # The bounds are checked; only now the handshake (its CPU) is spent.
+            transport.pause_reading()
+            self.handshaking = True
+            self._expect(limits.tls_handshake_s)
+            self.task = asyncio.ensure_future(self._start_tls(transport))
+            return
+        self._expect(limits.idle_timeout_s)
+
+    async def _start_tls(self, raw: asyncio.Transport) -> None:
+        try:
+            secure = await self.loop.start_tls(
+                raw,
+                self,
+                self.server.tls,
+                server_side=True,
+                ssl_handshake_timeout=self.limits.tls_handshake_s,
+            )
+        except (OSError, TimeoutError, ValueError, asyncio.CancelledError):
+            # ssl.SSLError is an OSError: a client that is no TLS client, or went away.
+            raw.abort()
+            self._forget()
+            return
+        self.task, self.handshaking = None, False
+        if self.transport is None or secure is None:  # closed by a bound meanwhile
+            if secure is not None:
+                secure.close()
+            return
+        self.transport = secure
         self._expect(self.limits.idle_timeout_s)
 
+    def _make_room(self) -> bool:
+        """Room for this connection under the per-client and total bounds: closes the client's
+        own oldest idle connection at its bound, and at the total bound the oldest idle
+        connection of the client holding the most. False: nothing could be closed."""
+        server, limits = self.server, self.limits
+        mine = server.clients.get(self.client, [])
+        if len(mine) >= limits.per_client_connections:
+            return _close_oldest_idle(mine)
+        if len(server.connections) >= limits.max_connections:
+            biggest = max(server.clients.values(), key=len, default=[])
+            return _close_oldest_idle(biggest)
+        return True
+
     def connection_lost(self, exc: Exception | None) -> None:
-        self.server.connections.discard(self)
+        self._forget()
+
+    def _forget(self) -> None:
+        """The connection is gone: its slot, its body budget and its timer are freed."""
+        server = self.server
+        server.connections.discard(self)
+        if self.client or self.limits.per_client_connections:
+            mine = server.clients.get(self.client)
+            if mine is not None and self in mine:
+                mine.remove(self)
+                if not mine:
+                    del server.clients[self.client]
+        self._release_body()
         self._stop_timer()
         self.transport = None
+
+    @property
+    def idle(self) -> bool:
+        """Between requests: nothing received of the next one, none being answered."""
+        return not (self.busy or self.buffer or self.head is not None or self.handshaking)
+
+    def _reserve_body(self, length: int) -> None:
+        """Count ``length`` body bytes against the budgets; _RefusedError (503) over them."""
+        limits, server = self.limits, self.server
+        if not limits.body_budget_bytes:
+            return
+        mine = server.receiving.get(self.client, 0)
+        if (limits.per_client_body_bytes and mine + length > limits.per_client_body_bytes) or (
+            server.receiving_total + length > limits.body_budget_bytes
+        ):
+            server.refused += 1
+            raise _RefusedError(503, "too many request bodies in flight; retry")
+        server.receiving[self.client] = mine + length
+        server.receiving_total += length
+        self.announced = length
+
+    def _release_body(self) -> None:
+        if not self.announced:
+            return
+        server = self.server
+        left = server.receiving.get(self.client, 0) - self.announced
+        if left > 0:
+            server.receiving[self.client] = left
+        else:
+            server.receiving.pop(self.client, None)
+        server.receiving_total -= self.announced
+        self.announced = 0
 
     def data_received(self, data: bytes) -> None:
         if self.transport is None:
@@ -198,12 +341,14 @@ class _Connection(asyncio.Protocol):
                 return None, True
             if end > MAX_HEAD_BYTES:
                 raise _RefusedError(431, "request head too large")
-            self.head = _parse_head(bytes(buf[:end]), end + 4, self.limits.max_body_bytes)
-            if len(buf) < self.head.end + self.head.length:
-                # The body follows: it must be complete within the deadline.
-                self._expect(self.limits.deadline_s)
-                if self.head.headers.get("expect", "").lower() == "100-continue":
+            head = _parse_head(bytes(buf[:end]), end + 4, self.limits.max_body_bytes)
+            if len(buf) < head.end + head.length:
+                # The body follows: it must be complete within the deadline, and fit the budget.
+                self._reserve_body(head.length)
+                self._expect(self.limits.body_deadline_s or self.limits.deadline_s)
+                if head.headers.get("expect", "").lower() == "100-continue":
                     self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.head = head
         head = self.head
         stop = head.end + head.length
         if len(buf) < stop:
@@ -211,7 +356,8 @@ class _Connection(asyncio.Protocol):
         body = bytes(buf[head.end : stop])
         del buf[:stop]
         self.head = None
-        return Request(head.method, head.path, head.headers, body), head.keep_alive
+        self._release_body()
+        return Request(head.method, head.path, head.headers, body, self.client), head.keep_alive
 
     def _dispatch(self, request: Request, keep_alive: bool) -> None:
         routes = self.server.routes
@@ -306,11 +452,22 @@ class _Connection(asyncio.Protocol):
         self.close()
 
     def close(self) -> None:
-        self._stop_timer()
-        if self.transport is not None:
-            self.transport.close()
-            self.transport = None
-        self.server.connections.discard(self)
+        transport = self.transport
+        self._forget()
+        if transport is not None:
+            transport.close()
+        if self.task is not None and self.handshaking:
+            self.task.cancel()
+
+
+def _close_oldest_idle(connections: list[_Connection]) -> bool:
+    """Close the oldest idle connection of ``connections``; False when none is idle."""
+    for conn in connections:
+        if conn.idle:
+            conn.server.refused += 1
+            conn.close()
+            return True
+    return False
 
 
 def _parse_head(raw: bytes, end: int, max_body: int) -> _Head:
@@ -337,6 +494,11 @@ def _parse_head(raw: bytes, end: int, max_body: int) -> _Head:
         headers[key] = text.decode("latin-1")
     if "transfer-encoding" in headers:
         raise _RefusedError(411, "chunked bodies are not accepted: send Content-Length")
+    encoding = headers.get("content-encoding")
+    if encoding is not None and encoding.lower() not in ("", "identity"):
+        raise _RefusedError(
+            415, f"Content-Encoding {encoding[:40]!r} is not accepted: send the body as is"
+        )
     length = 0
     if lengths:
         (text,) = lengths if len(lengths) == 1 else (b"",)
