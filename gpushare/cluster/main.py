@@ -272,6 +272,7 @@ def _watches(ctx: ControllerContext, kube: Kube, extender: Extender) -> list[Dut
             may_finish=True,
         ),
         Task("namespace watch", lambda: watches.feed_namespaces(kube, view, resync_seconds=resync)),
+        Task("ResourceQuota watch", lambda: watches.feed_quotas(kube, view, resync_seconds=resync)),
         Task(
             "node agent Lease watch",
             lambda: watches.feed_agent_leases(

@@ -48,6 +48,14 @@ MEMO_LIMIT = 400_000
 """Costs a placer remembers (pod shape x node signature) before it starts over."""
 
 
+NO_GUARANTEE = (
+    "its namespace's ResourceQuota on gpushare.io/gpu-percent has no room for it as a "
+    "guaranteed share (it asks for gpushare.io/opportunistic-gpu-percent, which the quota did "
+    "not count), so it runs only opportunistically"
+)
+"""Why a pod that may hold no guaranteed share (``Demand.guarantee``) got none."""
+
+
 class Placer:
     """A policy plus the pod mix it measures against (the mix only matters to ``gpushare``)."""
 
@@ -108,7 +116,9 @@ class Placer:
         Opportunistic tenants in the way add :data:`PREEMPTION_COST` each; an opted-in pod
         without a guaranteed option costs :data:`OPPORTUNISTIC_COST` less its gain."""
         guaranteed = guaranteed_node(node)
-        if guaranteed is node:
+        if not demand.guarantee:
+            cost = None
+        elif guaranteed is node:
             cost = self._guaranteed_cost(node, demand, signature)
         else:
             assignment = self._choose_guaranteed(node, guaranteed, demand)
@@ -128,6 +138,7 @@ class Placer:
         capacity (:meth:`QuickCosts.reads`)."""
         return (
             self.policy is Policy.GPUSHARE
+            and demand.guarantee
             and not self._may_go_beyond(demand)
             and QuickCosts.reads(demand)
         )
@@ -190,7 +201,11 @@ class Placer:
         """The GPU(s), thread cap and memory limit ``demand`` gets on ``node``: by its
         guaranteed share when one fits (naming the opportunistic tenants it preempts), else,
         for an opted-in pod, beyond a GPU's guaranteed capacity where that pays."""
-        assignment = self._choose_guaranteed(node, guaranteed_node(node), demand)
+        assignment = (
+            self._choose_guaranteed(node, guaranteed_node(node), demand)
+            if demand.guarantee
+            else None
+        )
         if assignment is not None or not self._may_go_beyond(demand):
             return assignment
         option = self._opportunistic(node, demand)
@@ -236,8 +251,10 @@ class Placer:
         opted-in pod why it may not go beyond either), or None; remembered like
         :meth:`node_cost` (the words name no GPU, so nodes in one state give one answer)."""
         guaranteed = guaranteed_node(node)
-        reason = self._guaranteed_refusal(
-            guaranteed, demand, signature if guaranteed is node else None
+        reason = (
+            self._guaranteed_refusal(guaranteed, demand, signature if guaranteed is node else None)
+            if demand.guarantee
+            else NO_GUARANTEE
         )
         if reason is None or not self._may_go_beyond(demand):
             return reason

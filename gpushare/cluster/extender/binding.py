@@ -214,6 +214,7 @@ class BindVerbs(ExtenderBase):
             log.warning("not binding: node agent not ready", extra={"pod": key, "why": absent})
             return {"Error": f"gpushare: {absent}; the pod will be retried"}
         # From here to view.reserve() nothing awaits: no other bind can interleave.
+        demand = self._within_quota(key, demand)
         assignment = self._assignment(key, uid, node_name, demand, rules)
         if isinstance(assignment, str):
             return {"Error": assignment}
@@ -229,6 +230,7 @@ class BindVerbs(ExtenderBase):
             )
         except ReservationError as exc:
             return {"Error": f"gpushare: {exc}"}
+        assignment = held.assignment  # opportunistic when its quota did not count it (#67)
         placement = Placement(
             gpu_uuids=assignment.gpu_uuids,
             thread_percent=assignment.thread_percent,

@@ -21,6 +21,7 @@ from gpushare.cluster.state.placements import Placements
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.pod_mix import MixCounter
 from gpushare.cluster.state.quarantine import Quarantine
+from gpushare.cluster.state.quotas import GuaranteeQuotas
 from gpushare.cluster.state.reservations import Reservations
 from gpushare.cluster.state.share_rules import ShareRules
 from gpushare.cluster.state.shares import PodRules, ShareRegistry
@@ -54,6 +55,9 @@ class ViewParts:
         self.pods_synced = False
         self.tenancies = Tenancies()
         """Namespace grants: the tenancy boundary and who may keep others off a GPU."""
+        self.quotas = GuaranteeQuotas()
+        """ResourceQuotas' bounds on guaranteed GPU share by namespace (their watch): an
+        opted-in pod holds a guaranteed share only within them (``may_guarantee``)."""
         self.quarantine = Quarantine()
         """Watched objects the view could not take in, held out one by one (a full list
         never fails as a whole; the watches' events go through it too)."""

@@ -6,8 +6,10 @@ and lets go of what a failed bind or a lapsed hold held (``reservations``).
 """
 
 import time
+from dataclasses import replace
 from datetime import datetime
 
+from gpushare.cluster.state.quotas import KUEUE_QUEUE_LABEL
 from gpushare.cluster.state.reservations import Reservation, ReservationError, per_gpu_demand
 from gpushare.cluster.state.view_reads import ViewReads
 from gpushare.packing.model import Assignment, Demand
@@ -34,6 +36,14 @@ class Reserving(ViewReads):
         current = self.node_for(node, key)
         if current is None:
             raise ReservationError(f"node {node!r} has no GPUs shared by gpushare")
+        if (
+            demand.opportunistic
+            and not assignment.opportunistic
+            and not self.may_guarantee(key, demand)
+        ):
+            # Its quota did not count it (a quota written since its filter): it holds no
+            # guaranteed share.
+            assignment = replace(assignment, opportunistic=True)
         per_gpu = per_gpu_demand(demand)
         for uuid in assignment.gpu_uuids:
             gpu = next((g for g in current.gpus if g.uuid == uuid), None)
@@ -47,6 +57,50 @@ class Reserving(ViewReads):
         self._reservations.keep(res)
         self._apply(key)
         return res
+
+    def may_guarantee(self, key: str, demand: Demand | None = None) -> bool:
+        """May pod ``key``, which asks for the opportunistic resource, hold ``demand`` (else
+        its own) as a guaranteed share: its namespace's guaranteed shares stay within every
+        ResourceQuota on gpu-percent there, and no queue (Kueue) admitted it by the
+        opportunistic resource's quota (gpushare.cluster.state.quotas)."""
+        known = self._pods.get(key)
+        if known is not None and KUEUE_QUEUE_LABEL in known.labels:
+            return False
+        namespace = key.partition("/")[0]
+        hard = self.quotas.hard(namespace)
+        if hard is None:
+            return True
+        demand = demand or (known.demand if known is not None else None)
+        if demand is None:
+            return False
+        return self.guaranteed_in(namespace, besides=key) + _share(demand) <= hard
+
+    def guaranteed_in(self, namespace: str, *, besides: str = "") -> int:
+        """GPU-percent the namespace's live pods hold or ask for as guaranteed shares: every
+        pod asking for gpu-percent (a quota counted it at creation), and every pod asking for
+        the opportunistic resource that holds its share as guaranteed (bound so, promoted, or
+        reserved so), but ``besides``. Walks the view's pods: read only for a namespace with
+        a quota on gpu-percent."""
+        prefix = namespace + "/"
+        promoted = self._placements.promoted
+        total = 0
+        for key, f in self._pods.items():
+            if key == besides or not key.startswith(prefix) or f.demand is None:
+                continue
+            if f.finished or not f.active:
+                continue
+            demand = f.demand
+            if not demand.opportunistic:
+                total += _share(demand)
+                continue
+            held = self._reserved.get(key)
+            if (
+                key in promoted
+                or (f.placement is not None and not f.placement.opportunistic)
+                or (held is not None and not held.assignment.opportunistic)
+            ):
+                total += _share(demand)
+        return total
 
     def promote(self, key: str) -> None:
         """Count pod ``key``'s share as guaranteed from now on (its tier annotation follows
@@ -73,3 +127,8 @@ class Reserving(ViewReads):
         if self._reserved.get(res.key) is res:
             self._reservations.drop(res.key)
             self._apply(res.key)
+
+
+def _share(demand: Demand) -> int:
+    """GPU-percent a demand asks for (whole GPUs: 100 each), as a quota counts it."""
+    return demand.percent * demand.gpus if demand.whole else demand.percent
