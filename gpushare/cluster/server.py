@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -27,8 +27,16 @@ MAX_BODY_BYTES = 64 * 2**20
 """Enough for a NodeList of thousands of nodes (schedulers that are not nodeCacheCapable)."""
 
 Readiness = Callable[[], tuple[bool, str]]
-Authorize = Callable[[str | None, str], Awaitable[Access]]
-"""(the Authorization header, the path) -> may the caller read it (gpushare.kube.access)."""
+
+
+class Authorize(Protocol):
+    """(the Authorization header, the path, the caller's address) -> may the caller read it
+    (gpushare.kube.access)."""
+
+    def __call__(
+        self, authorization: str | None, path: str, *, client: str = ""
+    ) -> Awaitable[Access]: ...
+
 
 MAX_CONNECTIONS = 256
 """Open connections per server; one more is closed at once (the API server and kube-scheduler
@@ -96,7 +104,9 @@ def health_handlers(
 
         async def prometheus(request: Request) -> Response:
             if authorize is not None:
-                access = await authorize(request.headers.get("authorization"), "/metrics")
+                access = await authorize(
+                    request.headers.get("authorization"), "/metrics", client=request.client
+                )
                 if not access.allowed:
                     return _refusal(access)
             return Response(200, generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

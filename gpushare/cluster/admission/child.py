@@ -165,11 +165,11 @@ class Link:
         finally:
             self.asked.pop(ask_id, None)
 
-    async def fetch_metrics(self, authorization: str | None) -> Response:
+    async def fetch_metrics(self, authorization: str | None, client: str) -> Response:
         metrics_id = next(self.ids)
         future: asyncio.Future[Response] = self.loop.create_future()
         self.metrics[metrics_id] = future
-        self.send("metrics", metrics_id, authorization)
+        self.send("metrics", metrics_id, authorization, client)
         try:
             async with asyncio.timeout(LOOKUP_TIMEOUT_S * 2):
                 return await future
@@ -287,7 +287,7 @@ def routes(channel: Link, queue: FairQueue) -> dict[tuple[str, str], Any]:
             return Response.text(503, "gpushare: /metrics is busy; retry\n")
         in_flight[request.client] = 1
         try:
-            return await channel.fetch_metrics(request.headers.get("authorization"))
+            return await channel.fetch_metrics(request.headers.get("authorization"), request.client)
         finally:
             in_flight.pop(request.client, None)
 

@@ -171,8 +171,8 @@ class AdmissionProcess:
                 self._answer(message[1], message[2], message[3])
             elif kind == "done" and len(message) == 4:
                 self._count(message[1], message[2], message[3])
-            elif kind == "metrics" and len(message) == 3:
-                task = asyncio.create_task(self._metrics(message[1], message[2]))
+            elif kind == "metrics" and len(message) == 4:
+                task = asyncio.create_task(self._metrics(message[1], message[2], message[3]))
                 self._tasks.append(task)
                 task.add_done_callback(self._tasks.remove)
             else:
@@ -197,9 +197,10 @@ class AdmissionProcess:
             metrics.webhook_seconds.labels(hook).observe(seconds)
         metrics.webhook_requests.labels(hook, outcome).inc()
 
-    async def _metrics(self, metrics_id: object, authorization: object) -> None:
+    async def _metrics(self, metrics_id: object, authorization: object, client: object) -> None:
         header = authorization if isinstance(authorization, str) else None
-        access = await self.ctx.authorize(header, "/metrics")
+        address = client[:64] if isinstance(client, str) else ""
+        access = await self.ctx.authorize(header, "/metrics", client=address)
         if not access.allowed:
             headers = (
                 [("WWW-Authenticate", 'Bearer realm="gpushare"')] if access.status == 401 else []

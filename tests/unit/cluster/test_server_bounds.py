@@ -28,7 +28,7 @@ from tests.fixtures.threaded_listener import ThreadedListener
 TOKEN = "Bearer scraper-token"
 
 
-async def authorize(header: str | None, path: str) -> Access:
+async def authorize(header: str | None, path: str, *, client: str = "") -> Access:
     if header is None:
         return Access(401, f"{path} needs a bearer token")
     return Access(200, "ok") if header == TOKEN else Access(403, f"{path}: not you")
