@@ -218,7 +218,18 @@ class ShareReconciler:
         data = await self.kube.read_configmap(
             namespace=self.config.namespace, name=self.config.cache_configmap
         )
-        return cache.lookup(data, image=pod.image, command=pod.command, gpu_models=models)
+        return cache.lookup(
+            data,
+            image=pod.image,
+            command=pod.command,
+            gpu_models=models,
+            tenancy=self._tenancy(share.namespace),
+        )
+
+    def _tenancy(self, namespace: str) -> str:
+        """Whose profiles a share of ``namespace`` reads and writes: its sharing group's, else
+        its own (also when the tenancy boundary is off: sizing is a tenant's own)."""
+        return self.view.tenancies.tenancy(namespace) or namespace
 
     # ---- steps -----------------------------------------------------------------------------
 
@@ -411,9 +422,15 @@ class ShareReconciler:
             return
         profile = reading.stored(now=now)
         pod = step.pod
-        key = cache.cache_key(image=pod.image, command=pod.command, gpu_model=profile.gpu_model)
-        entry = cache.CacheEntry(pod.image, pod.command, profile.gpu_model, profile)
-        await self._write_cache(key, cache.encode_entry(entry))
+        tenancy = self._tenancy(share.namespace)
+        key = cache.cache_key(
+            image=pod.image, command=pod.command, gpu_model=profile.gpu_model, tenancy=tenancy
+        )
+        entry = cache.CacheEntry(pod.image, pod.command, profile.gpu_model, profile, tenancy)
+        try:
+            await self._write_cache(key, cache.encode_entry(entry))
+        except Exception as exc:  # the share's own profile is kept whatever the cache does
+            log.warning("profile cache not written", extra={"share": share.key, "error": str(exc)})
         message = await self._packed(
             share,
             profile,
@@ -433,7 +450,11 @@ class ShareReconciler:
         data = await self.kube.read_configmap(namespace=ns, name=name)
         entries: dict[str, str | None] = {key: value}
         after = {**data, key: value}
-        for old in cache.evictable_keys(after, keep=self.config.cache_max_entries):
+        for old in cache.evictable_keys(
+            after,
+            keep=self.config.cache_max_entries,
+            per_tenancy=self.config.cache_per_tenancy,
+        ):
             entries[old] = None
         await self.kube.put_configmap_entries(namespace=ns, name=name, entries=entries)
 
