@@ -60,6 +60,7 @@ from gpushare.cluster.operator.share_status import (
     transition_ops,
     utcnow,
 )
+from gpushare.cluster.state.governance import MAX_SHARES_PER_NAMESPACE
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.shares import ShareSummary, share_summary
 from gpushare.cluster.state.view import ClusterView
@@ -88,6 +89,7 @@ class ShareReconciler:
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
         self._kicks: dict[str, asyncio.Task[None]] = {}
+        self._told_over_limit: set[str] = set()
         self.synced = asyncio.Event()
         """Set once the view holds a full listing of pods and nodes. Until then nothing acts:
         after a restart, a pod not yet seen again must not read as a deleted one."""
@@ -150,6 +152,9 @@ class ShareReconciler:
             share = self.view.share(key)
             if share is None or (share.body.get("metadata") or {}).get("deletionTimestamp"):
                 return None
+            if not self.view.governs(share):
+                await self._over_limit(share)
+                return None
             pods = self.view.governed_pods(share)
             await self._inherit(share, pods)
             await self._release(share, pods)
@@ -169,6 +174,21 @@ class ShareReconciler:
                 log.info("GpuShare %s: %s", key, type(step).__name__)
             await self._take(share, step, now=now)
             return step
+
+    async def _over_limit(self, share: ShareSummary) -> None:
+        """Say once (a Warning event) that a share past its namespace's bound governs nothing
+        and is not reconciled (gpushare.cluster.state.governance)."""
+        if share.key in self._told_over_limit:
+            return
+        self._told_over_limit.add(share.key)
+        await self.event(
+            share,
+            "TooManyShares",
+            f"namespace {share.namespace} holds more than {MAX_SHARES_PER_NAMESPACE} GpuShares; "
+            "only the first by name govern pods, and this one governs none: delete unused "
+            "GpuShares, or link pods to one of the first with the gpushare.io/share annotation",
+            warning=True,
+        )
 
     # ---- idempotent housekeeping -----------------------------------------------------------
 

@@ -33,12 +33,17 @@ class OperatorReads(ViewParts):
 
     def share_of(self, pod: PodFacts) -> ShareSummary | None:
         """The GpuShare governing a pod (``governance.share_of``)."""
-        return governance.share_of(self._shares, pod)
+        return governance.share_of(self._shares, pod, self._governing)
+
+    def governs(self, share: ShareSummary) -> bool:
+        """The share is among the first ``MAX_SHARES_PER_NAMESPACE`` of its namespace (by
+        name): it governs pods and is reconciled (``governance``)."""
+        return self._governing.allowed(self._shares, share)
 
     def governed_pods(self, share: ShareSummary) -> list[PodFacts]:
         """GPU pods of the share's namespace that it governs, oldest first; a DRA-mode pod
         with its claim's placement."""
-        pods = governance.governed_pods(self._shares, self.kept_pods(), share)
+        pods = governance.governed_pods(self._shares, self.kept_pods(), share, self._governing)
         holders = self.claim_holders() if self.claim_holders is not None else None
         return with_claim_placements(pods, holders) if holders else pods
 

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from gpushare.api.inventory import GpuInfo
 from gpushare.cluster.state.agents import AgentLeases
 from gpushare.cluster.state.claim_holders import ClaimHolder
+from gpushare.cluster.state.governance import GoverningIndex
 from gpushare.cluster.state.hosts import HostUsage
 from gpushare.cluster.state.nodes import NodeInventory
 from gpushare.cluster.state.placements import Placements
@@ -124,6 +125,7 @@ class ViewParts:
             reservations=self._reservations.by_key,
         )
         self._shares = ShareRegistry()
+        self._governing = GoverningIndex()
         self._rules = PodRules()
         self._mix_count = MixCounter()
         self._placements = Placements(
