@@ -56,6 +56,8 @@ class ViewParts:
         self.pods_synced = False
         self.tenancies = Tenancies()
         """Namespace grants: the tenancy boundary and who may keep others off a GPU."""
+        self.lapsed_holds: dict[str, tuple[str, int]] = {}
+        """Pod key -> (its UID, filter-time holds of it that lapsed without a bind)."""
         self.quotas = GuaranteeQuotas()
         """ResourceQuotas' bounds on guaranteed GPU share by namespace (their watch): an
         opted-in pod holds a guaranteed share only within them (``may_guarantee``)."""

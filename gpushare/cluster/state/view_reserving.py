@@ -15,6 +15,11 @@ from gpushare.cluster.state.view_reads import ViewReads
 from gpushare.packing.model import Assignment, Demand
 from gpushare.packing.opportunistic import reservation_reason
 
+MAX_LAPSED_HOLDS = 2
+"""Filter-time holds a pod may let lapse before filter holds nothing more for it."""
+MAX_LAPSED_KEPT = 100_000
+"""Pods whose lapsed holds are counted before the count starts over (a bound on memory)."""
+
 
 class Reserving(ViewReads):
     """The view's reservations, promotions and releases for the extender's binds."""
@@ -115,12 +120,26 @@ class Reserving(ViewReads):
             self._apply(key)
 
     def expire_holds(self, now: float | None = None) -> list[str]:
-        """Let go of filter-time holds whose bind never came; returns their pod keys."""
+        """Let go of filter-time holds whose bind never came; returns their pod keys. Each
+        pod's lapsed holds are counted (``may_hold_again``)."""
         moment = time.monotonic() if now is None else now
         lapsed = self._reservations.lapsed(moment)
         for res in lapsed:
             self.release(res)
+            if len(self.lapsed_holds) >= MAX_LAPSED_KEPT:
+                self.lapsed_holds.clear()
+            uid_count = self.lapsed_holds.get(res.key)
+            count = uid_count[1] if uid_count is not None and uid_count[0] == res.uid else 0
+            self.lapsed_holds[res.key] = (res.uid, count + 1)
         return [r.key for r in lapsed]
+
+    def may_hold_again(self, key: str, uid: str) -> bool:
+        """Filter may hold a share for the pod: fewer than MAX_LAPSED_HOLDS of its holds
+        lapsed without a bind. A pod that passes filter and never binds (a volume that cannot
+        bind, a plugin that rejects it later) renewed its hold on every retry and kept GPUs
+        from other tenants (issue 67); it is filtered and bound as before, without a hold."""
+        found = self.lapsed_holds.get(key)
+        return found is None or found[0] != uid or found[1] < MAX_LAPSED_HOLDS
 
     def release(self, res: Reservation) -> None:
         """Undo a reservation (bind failed); a later reservation of the pod is left alone."""
