@@ -178,7 +178,7 @@ class AccessCache:
 
     @staticmethod
     def key(token: str, path: str, verb: str) -> str:
-        return hashlib.sha256(f"{verb} {path} {token}".encode()).hexdigest()
+        return hashlib.sha256(f"{verb} {path} {token}".encode(errors="replace")).hexdigest()
 
     def get(self, key: str) -> Access | None:
         with self._lock:

@@ -169,7 +169,8 @@ def _allocation_results(
 ) -> tuple[Mapping[str, Any], list[Any]]:
     """The claim's ``status.allocation.devices`` and its results, refused when the claim is
     not the one the kubelet asked for, not allocated, or lists too many devices."""
-    uid = (claim.get("metadata") or {}).get("uid")
+    meta, status = claim.get("metadata"), claim.get("status")
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
     if uid != ref.uid:
         raise InvalidInputError(
             "metadata.uid",
@@ -177,7 +178,7 @@ def _allocation_results(
             "was deleted and created again)",
             "the kubelet retries with the current claim; delete the pod if it does not",
         )
-    allocation = (claim.get("status") or {}).get("allocation")
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
     if not isinstance(allocation, dict):
         raise InvalidInputError(
             "status.allocation", f"claim {ref.key} is not allocated", _fix_allocation()
