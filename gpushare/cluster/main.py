@@ -201,6 +201,8 @@ def _webhook(
         key=ctx.certs.key,
         # Replicas on one host (tests) share the port; the kernel spreads the calls.
         reuse_port=ctx.settings.leader.enabled,
+        # A restarted controller's port may be held a moment by the last admission process.
+        wait_s=ADMISSION_PORT_WAIT_S,
     )
 
 
@@ -323,6 +325,9 @@ def _dra_watches(ctx: ControllerContext, kube: Kube, extender: Extender) -> list
         )
     return duties
 
+
+ADMISSION_PORT_WAIT_S = 10.0
+"""How long a starting controller tries the webhook's port while it is taken."""
 
 GC_THRESHOLDS = (20_000, 10, 100)
 """The cyclic GC's thresholds in this process (Python's defaults: 700, 10, 10). The controller
