@@ -1,0 +1,281 @@
+"""A flood from one pod on every port it can reach, while kube-scheduler places pods (issue
+67): on 6842a8c idle connections held by one pod left 1-2 of 60 admissions answered, 64
+unfinished 8 MiB bodies took the controller from 61 to 648 MiB, one 4-million-integer review
+moved the extender's filter p50 from 0.8 ms to over a second, and 64 connections to a node
+agent failed its liveness probe 0/9.
+
+The attacker (tests/faults/flood_attacker.py) is one process of one client address
+(127.0.0.2: another address than the API server's, kube-scheduler's and the kubelet's, as a
+pod's is), flooding the webhook's, the node agent's and the extender's ports for 60 s. Before
+it and during it, 60 s each: a probe posts a filter call to the extender ten times a second,
+as kube-scheduler does (its latency is what kube-scheduler sees: the loop's wait included);
+one gpushare pod is created every second (its admission: the API server's call of both
+webhooks), and kube-scheduler places it; the node agent's /healthz is probed every second
+with a 1 s timeout (restarts counted as the kubelet's liveness probe would: 3 failures in a
+row, 10 s apart). Targets: filter p99 <= 2x quiet, 60/60 admissions answered within 2 s, no
+agent restart. Results go to ``$GPUSHARE_SECURITY_OUT/flood.json``
+(bench/results/security.json's ``flood``)."""
+
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import Client, KubeConfig
+from lightkube.resources.core_v1 import Pod
+
+from gpushare.api.names import ANN_FRACTION
+from tests.fixtures.controller import EXTENDER_PORT, ControllerProcess, served_namespace
+from tests.fixtures.node_agent import NodeAgentProcess
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+PHASE_S = float(os.environ.get("GPUSHARE_FLOOD_SECONDS", "60"))
+ATTACKER = "127.0.0.2"
+ADMISSION_LIMIT_S = 2.0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def _rss_mib(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+    out = found.stdout
+    return [int(p) for p in out.split()]
+
+
+def _memory(pid: int) -> dict[str, float | None]:
+    """Resident memory of the controller and of its admission process (its child)."""
+    return {"controller": _rss_mib(pid), "admission": _rss_mib(next(iter(_children(pid)), None))}
+
+
+class Phase:
+    """One measured minute: filter latencies, admissions and agent probes."""
+
+    def __init__(self, cluster: Any, namespace: str, agent_port: int) -> None:
+        self.cluster, self.namespace, self.agent_port = cluster, namespace, agent_port
+        self.filter_ms: list[float] = []
+        self.filter_errors = 0
+        self.admissions: list[float | None] = []
+        self.admission_errors: list[str] = []
+        self.probes: list[bool] = []
+        self.client = Client(config=KubeConfig.from_file(cluster.kubeconfig))
+
+    def run(self, seconds: float) -> None:
+        stop = threading.Event()
+        threads = [
+            threading.Thread(target=self._filters, args=(stop,), daemon=True),
+            threading.Thread(target=self._probes, args=(stop,), daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        self._admissions(seconds)
+        stop.set()
+        for t in threads:
+            t.join(10)
+
+    def _filters(self, stop: threading.Event) -> None:
+        pod = {
+            "metadata": {
+                "name": "filter-probe",
+                "namespace": "flood-probe",
+                "uid": str(uuid.uuid4()),
+                "annotations": {ANN_FRACTION: "0.05"},
+            },
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        }
+        body = json.dumps({"Pod": pod, "NodeNames": [self.cluster.node_name]}).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", EXTENDER_PORT, timeout=10)
+        while not stop.is_set():
+            started = time.perf_counter()
+            try:
+                conn.request("POST", "/scheduler/filter", body)
+                reply = conn.getresponse()
+                reply.read()
+                if reply.status != 200:
+                    self.filter_errors += 1
+                else:
+                    self.filter_ms.append((time.perf_counter() - started) * 1000)
+            except (OSError, http.client.HTTPException):
+                self.filter_errors += 1
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", EXTENDER_PORT, timeout=10)
+            stop.wait(max(0.0, 0.1 - (time.perf_counter() - started)))
+        conn.close()
+
+    def _probes(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            ok = False
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.agent_port, timeout=1.0)
+                conn.request("GET", "/healthz")
+                ok = conn.getresponse().status == 200
+                conn.close()
+            except (OSError, http.client.HTTPException):
+                ok = False
+            self.probes.append(ok)
+            stop.wait(max(0.0, 1.0 - (time.monotonic() - started)))
+
+    def _admissions(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        made: list[str] = []
+        while time.monotonic() < end:
+            started = time.monotonic()
+            name = f"flood-{uuid.uuid4().hex[:8]}"
+            doc = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": self.namespace,
+                    "annotations": {ANN_FRACTION: "0.01"},
+                },
+                "spec": {
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": self.cluster.busybox_image,
+                            "command": ["sleep", "600"],
+                        }
+                    ],
+                },
+            }
+            try:
+                self.client.create(Pod.from_dict(doc))
+                took = time.monotonic() - started
+                self.admissions.append(took)
+                made.append(name)
+            except Exception as exc:
+                self.admissions.append(None)
+                self.admission_errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+            if len(made) > 5:  # keep the GPUs from filling: the oldest goes
+                old = made.pop(0)
+                try:
+                    self.client.delete(Pod, old, namespace=self.namespace, grace_period=0)
+                except Exception as exc:
+                    self.admission_errors.append(f"delete {old}: {str(exc)[:100]}")
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+
+    def restarts(self) -> int:
+        """Liveness restarts the kubelet would have made: 3 failed probes 10 s apart, at
+        whichever phase of its period (the worst)."""
+        worst = 0
+        for offset in range(10):
+            samples = self.probes[offset::10]
+            restarts = failed = 0
+            for ok in samples:
+                failed = 0 if ok else failed + 1
+                if failed >= 3:
+                    restarts, failed = restarts + 1, 0
+            worst = max(worst, restarts)
+        return worst
+
+    def summary(self) -> dict[str, Any]:
+        answered = [a for a in self.admissions if a is not None and a <= ADMISSION_LIMIT_S]
+        return {
+            "filter_calls": len(self.filter_ms),
+            "filter_errors": self.filter_errors,
+            "filter_p50_ms": round(_percentile(self.filter_ms, 0.5), 2),
+            "filter_p99_ms": round(_percentile(self.filter_ms, 0.99), 2),
+            "filter_mean_ms": round(statistics.fmean(self.filter_ms), 2)
+            if self.filter_ms
+            else None,
+            "admissions_tried": len(self.admissions),
+            "admissions_answered": len(answered),
+            "admission_slowest_s": round(max((a for a in self.admissions if a), default=0), 2),
+            "admission_errors": self.admission_errors[:5],
+            "agent_probes": len(self.probes),
+            "agent_probe_failures": self.probes.count(False),
+            "agent_restarts": self.restarts(),
+        }
+
+
+def test_a_flood_from_one_pod_leaves_scheduling_admissions_and_agents_alone(
+    cluster: Any, controller: ControllerProcess, node_agent: NodeAgentProcess
+) -> None:
+    assert controller.proc is not None
+    pid = controller.proc.pid
+    with served_namespace(cluster, controller, "gs-flood") as namespace:
+        quiet = Phase(cluster, namespace, node_agent.metrics_port)
+        quiet.run(PHASE_S)
+        rss_before = {
+            "controller": _rss_mib(pid),
+            "admission": _rss_mib(next(iter(_children(pid)), None)),
+        }
+        attacker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.faults.flood_attacker",
+                "--source",
+                ATTACKER,
+                "--webhook",
+                str(controller.webhook_port),
+                "--agent",
+                str(node_agent.metrics_port),
+                "--extender",
+                str(EXTENDER_PORT),
+                "--seconds",
+                str(PHASE_S + 10),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            time.sleep(5)  # the flood builds up
+            flood = Phase(cluster, namespace, node_agent.metrics_port)
+            flood.run(PHASE_S)
+            rss_during = _memory(pid)
+            out, _ = attacker.communicate(timeout=120)
+        finally:
+            if attacker.poll() is None:
+                attacker.kill()
+    q, f = quiet.summary(), flood.summary()
+    attack = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+    result = {
+        "filter_p99_quiet_ms": q["filter_p99_ms"],
+        "filter_p99_flood_ms": f["filter_p99_ms"],
+        "admissions_answered": f["admissions_answered"],
+        "admissions_tried": f["admissions_tried"],
+        "agent_restarts": f["agent_restarts"],
+        "quiet": q,
+        "flood": f,
+        "rss_mib_before_flood": rss_before,
+        "rss_mib_during_flood": rss_during,
+        "attacker": attack,
+        "phase_s": PHASE_S,
+    }
+    out_dir = os.environ.get("GPUSHARE_SECURITY_OUT")
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "flood.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    assert f["admissions_answered"] == f["admissions_tried"] > 0, f
+    assert f["agent_restarts"] == 0, f
+    assert f["filter_p99_ms"] <= 2 * q["filter_p99_ms"], (q, f)
