@@ -5,15 +5,18 @@ Inputs, from a directory (``--from``, default $GPUSHARE_SECURITY_OUT) the tests 
 - ``fuzz.json``: tests/fuzz/test_fuzz_total_parsing.py (inputs and uncaught exceptions);
 - ``attacks.json``: tests/faults/test_security_cluster.py (each attack, refused or not);
 - ``ha.json``: tests/faults/test_controller_ha_cluster.py (leader takeover, rotation, poison);
+- ``flood.json``: tests/faults/test_flood_cluster.py (one address flooding every port while
+  kube-scheduler places pods: filter p99 quiet and flooded, admissions, agent restarts);
 - ``--gpu FILE``: mps_limits_gpu.json from tests/gpu/test_mps_limits_gpu.py on a real GPU.
 
-Sections not given keep their previous value. Run the tests, then:
+Sections not given keep their previous value; attacks run again replace their own result (each
+dated), the others keep theirs. Run the tests, then:
 
-    GPUSHARE_SECURITY_OUT=/tmp/sec GPUSHARE_FUZZ_INPUTS=200000 \\
+    GPUSHARE_SECURITY_OUT=/tmp/sec GPUSHARE_FUZZ_INPUTS=250000 \\
         .venv/bin/pytest tests/fuzz/test_fuzz_total_parsing.py
     GPUSHARE_SECURITY_OUT=/tmp/sec GPUSHARE_HA_PODS=200 \\
         hack/run-pytest.sh tests/faults/test_security_cluster.py \\
-        tests/faults/test_controller_ha_cluster.py
+        tests/faults/test_controller_ha_cluster.py tests/faults/test_flood_cluster.py
     .venv/bin/python -m bench.faults.security --from /tmp/sec --gpu mps_limits_gpu.json
 """
 
@@ -44,8 +47,13 @@ def merge(previous: dict[str, Any], source: Path, gpu: Path | None) -> dict[str,
         doc["fuzz"]["machine"] = machine()
     attacks = _load(source / "attacks.json")
     if attacks is not None:
-        doc["attacks"] = attacks
+        today = datetime.now(UTC).strftime("%Y-%m-%d")
+        fresh = {name: {**result, "date": today} for name, result in attacks.items()}
+        doc["attacks"] = {**(doc.get("attacks") or {}), **fresh}
         doc["attacks_machine"] = machine()
+    flood = _load(source / "flood.json")
+    if flood is not None:
+        doc["flood"] = {**flood, "machine": machine()}
     ha = _load(source / "ha.json")
     if ha is not None:
         doc["ha"] = {**doc.get("ha", {}), **ha}
@@ -74,6 +82,17 @@ def merge(previous: dict[str, Any], source: Path, gpu: Path | None) -> dict[str,
     doc["gpu_escape_bounded"] = (doc.get("gpu") or {}).get("bounded_by_server")
     doc["date"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return doc
+
+
+def _flood_row(flood: dict[str, Any]) -> str:
+    return (
+        "| one address floods every port for 60 s while kube-scheduler places pods: filter "
+        "p99 <= 2x quiet, 60/60 admissions within 2 s, 0 agent restarts | "
+        f"filter p99 {flood.get('filter_p99_quiet_ms')} ms quiet, "
+        f"{flood.get('filter_p99_flood_ms')} ms flooded; "
+        f"{flood.get('admissions_answered')}/{flood.get('admissions_tried')} admissions; "
+        f"{flood.get('agent_restarts')} agent restarts |"
+    )
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -105,6 +124,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"| certificate rotation: 0 failed admissions or binds | "
         f"{rotation.get('failed_admissions')} failed admissions of {rotation.get('admissions')}, "
         f"{rotation.get('failed_binds')} failed binds |",
+        _flood_row(doc.get("flood") or {}),
         f"| poison pod: restarted controller ready, pods placed | "
         f"placed after poison: {poison.get('pod_scheduled_after_poison')}, watch failures "
         f"{poison.get('watch_failures')} |",
@@ -155,6 +175,18 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "```",
         json.dumps(kill, indent=2, sort_keys=True),
+        "```",
+        "",
+    ]
+    flood = doc.get("flood") or {}
+    lines += [
+        "## Flood (issue 67)",
+        "",
+        f"Machine: {flood.get('machine', 'unknown')}; the local cluster of `hack/` with",
+        "simulated GPUs; the attacker is one process of one client address.",
+        "",
+        "```",
+        json.dumps(flood, indent=2, sort_keys=True),
         "```",
         "",
     ]
