@@ -38,11 +38,10 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
+from gpushare.cluster.http_head import MAX_HEAD_BYTES, Head, RefusedError, parse_head
+
 log = logging.getLogger(__name__)
 
-MAX_HEAD_BYTES = 16 * 1024
-"""Request line and headers together (aiohttp allows 8190 bytes a line)."""
-MAX_HEADERS = 100
 TEXT = "text/plain; charset=utf-8"
 _REASONS = {int(s): s.phrase for s in HTTPStatus}
 
@@ -57,6 +56,9 @@ class Request:
     body: bytes
     client: str = ""
     """The client's address (its IP), as the per-client bounds count it."""
+    certified: bool = False
+    """The client presented a certificate the server's client CA signed (TLS started after
+    accept, ``LeanServer.start(tls_after_accept=True)``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,23 +77,6 @@ Handler = Callable[[Request], "Response | Awaitable[Response]"]
 Routes = Mapping[tuple[str, str], Handler]
 """(method, path) -> handler. A handler returning a Response is answered at once; one
 returning an awaitable is awaited (reading from its connection pauses meanwhile)."""
-
-
-class _RefusedError(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.reason = status, reason
-
-
-@dataclass
-class _Head:
-    method: str
-    path: str
-    headers: dict[str, str]
-    length: int
-    keep_alive: bool
-    end: int
-    """Where the body starts in the buffer."""
 
 
 @dataclass
@@ -154,6 +139,17 @@ class LeanServer:
             reuse_port=reuse_port or None,
         )
 
+    def refuse(self) -> None:
+        """Count a connection or body a bound refused; logged at the 1st, 10th, 100th and
+        every 1000th, so that a flood of them costs no log line each (a flooder made the
+        controller write 6,470 in a minute on its loop)."""
+        self.refused += 1
+        if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
+            log.warning(
+                "connections refused by a bound",
+                extra={"refused": self.refused, "open": len(self.connections)},
+            )
+
     @property
     def port(self) -> int:
         """The port listened on (the one picked when started with port 0)."""
@@ -179,7 +175,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.busy = False
-        self.head: _Head | None = None
+        self.head: Head | None = None
         self.loop = asyncio.get_running_loop()
         self.timer: asyncio.TimerHandle | None = None
         self.due = 0.0
@@ -191,6 +187,7 @@ class _Connection(asyncio.Protocol):
         self.announced = 0
         """Body bytes of the current head counted against the body budgets."""
         self.handshaking = False
+        self.certified = False
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -202,14 +199,13 @@ class _Connection(asyncio.Protocol):
             peer = transport.get_extra_info("peername")
             self.client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
             if not self._make_room():
-                server.refused += 1
+                server.refuse()
                 transport.abort()
                 self.transport = None
                 return
             server.clients.setdefault(self.client, []).append(self)
         elif len(server.connections) >= limits.max_connections:
-            log.warning("connection refused: too many open", extra={"open": limits.max_connections})
-            server.refused += 1
+            server.refuse()
             transport.close()
             self.transport = None
             return
@@ -243,7 +239,10 @@ class _Connection(asyncio.Protocol):
                 secure.close()
             return
         self.transport = secure
+        self.certified = bool(secure.get_extra_info("peercert"))
         self._expect(self.limits.idle_timeout_s)
+        if self.buffer:
+            self._serve()
 
     def _make_room(self) -> bool:
         """Room for this connection under the per-client and total bounds: closes the client's
@@ -281,7 +280,7 @@ class _Connection(asyncio.Protocol):
         return not (self.busy or self.buffer or self.head is not None or self.handshaking)
 
     def _reserve_body(self, length: int) -> None:
-        """Count ``length`` body bytes against the budgets; _RefusedError (503) over them."""
+        """Count ``length`` body bytes against the budgets; RefusedError (503) over them."""
         limits, server = self.limits, self.server
         if not limits.body_budget_bytes:
             return
@@ -289,8 +288,8 @@ class _Connection(asyncio.Protocol):
         if (limits.per_client_body_bytes and mine + length > limits.per_client_body_bytes) or (
             server.receiving_total + length > limits.body_budget_bytes
         ):
-            server.refused += 1
-            raise _RefusedError(503, "too many request bodies in flight; retry")
+            server.refuse()
+            raise RefusedError(503, "too many request bodies in flight; retry")
         server.receiving[self.client] = mine + length
         server.receiving_total += length
         self.announced = length
@@ -311,7 +310,9 @@ class _Connection(asyncio.Protocol):
         if self.transport is None:
             return
         self.buffer += data
-        if not self.busy:
+        # During start_tls the TLS layer may hand over the first request before start_tls
+        # returns the TLS transport: answered on the raw one it went out unencrypted.
+        if not self.busy and not self.handshaking:
             self._serve()
 
     # ---- requests ------------------------------------------------------------------------
@@ -321,7 +322,7 @@ class _Connection(asyncio.Protocol):
         while self.transport is not None and not self.busy:
             try:
                 request, keep_alive = self._next_request()
-            except _RefusedError as refusal:
+            except RefusedError as refusal:
                 self._answer(Response.text(refusal.status, f"gpushare: {refusal.reason}\n"))
                 self.close()
                 return
@@ -331,17 +332,17 @@ class _Connection(asyncio.Protocol):
 
     def _next_request(self) -> tuple[Request | None, bool]:
         """The next complete request (None: not all here yet) and whether to keep the
-        connection; raises _RefusedError for one that cannot be served."""
+        connection; raises RefusedError for one that cannot be served."""
         buf = self.buffer
         if self.head is None:
             end = buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(buf) > MAX_HEAD_BYTES:
-                    raise _RefusedError(431, "request head too large")
+                    raise RefusedError(431, "request head too large")
                 return None, True
             if end > MAX_HEAD_BYTES:
-                raise _RefusedError(431, "request head too large")
-            head = _parse_head(bytes(buf[:end]), end + 4, self.limits.max_body_bytes)
+                raise RefusedError(431, "request head too large")
+            head = parse_head(bytes(buf[:end]), end + 4, self.limits.max_body_bytes)
             if len(buf) < head.end + head.length:
                 # The body follows: it must be complete within the deadline, and fit the budget.
                 self._reserve_body(head.length)
@@ -357,7 +358,8 @@ class _Connection(asyncio.Protocol):
         del buf[:stop]
         self.head = None
         self._release_body()
-        return Request(head.method, head.path, head.headers, body, self.client), head.keep_alive
+        request = Request(head.method, head.path, head.headers, body, self.client, self.certified)
+        return request, head.keep_alive
 
     def _dispatch(self, request: Request, keep_alive: bool) -> None:
         routes = self.server.routes
@@ -464,50 +466,7 @@ def _close_oldest_idle(connections: list[_Connection]) -> bool:
     """Close the oldest idle connection of ``connections``; False when none is idle."""
     for conn in connections:
         if conn.idle:
-            conn.server.refused += 1
+            conn.server.refuse()
             conn.close()
             return True
     return False
-
-
-def _parse_head(raw: bytes, end: int, max_body: int) -> _Head:
-    """The request line and headers of ``raw`` (without the blank line)."""
-    lines = raw.split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not parts[0].isalpha() or not parts[1].startswith(b"/"):
-        raise _RefusedError(400, "malformed request line")
-    version = parts[2]
-    if version not in (b"HTTP/1.1", b"HTTP/1.0"):
-        raise _RefusedError(505, "HTTP/1.0 or HTTP/1.1 only")
-    if len(lines) - 1 > MAX_HEADERS:
-        raise _RefusedError(431, f"more than {MAX_HEADERS} headers")
-    headers: dict[str, str] = {}
-    lengths: set[bytes] = set()
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip() or b" " in name:
-            raise _RefusedError(400, "malformed header line")
-        key = name.decode("latin-1").lower()
-        text = value.strip()
-        if key == "content-length":
-            lengths.add(text)
-        headers[key] = text.decode("latin-1")
-    if "transfer-encoding" in headers:
-        raise _RefusedError(411, "chunked bodies are not accepted: send Content-Length")
-    encoding = headers.get("content-encoding")
-    if encoding is not None and encoding.lower() not in ("", "identity"):
-        raise _RefusedError(
-            415, f"Content-Encoding {encoding[:40]!r} is not accepted: send the body as is"
-        )
-    length = 0
-    if lengths:
-        (text,) = lengths if len(lengths) == 1 else (b"",)
-        if not text.isdigit() or len(text) > 12:
-            raise _RefusedError(400, "Content-Length must be one non-negative integer")
-        length = int(text)
-    if length > max_body:
-        raise _RefusedError(413, f"body over {max_body} bytes")
-    connection = headers.get("connection", "").lower()
-    keep = connection != "close" if version == b"HTTP/1.1" else connection == "keep-alive"
-    target = parts[1].decode("latin-1")
-    return _Head(parts[0].decode("ascii"), target.partition("?")[0], headers, length, keep, end)

@@ -203,6 +203,7 @@ def _webhook(
         reuse_port=ctx.settings.leader.enabled,
         # A restarted controller's port may be held a moment by the last admission process.
         wait_s=ADMISSION_PORT_WAIT_S,
+        client_ca=web.client_ca,
     )
 
 

@@ -46,11 +46,15 @@ IDLE_TIMEOUT_S = 30.0
 its headers a byte at a time)."""
 EXTENDER_DEADLINE_S = 60.0
 """Longest extender request (a bind waits at most the allocation gate, 5 s by default)."""
+PER_CLIENT_CONNECTIONS = 64
+"""Connections of one client address (kube-scheduler keeps a few, more while binds run in
+parallel): a client holding every connection no longer shuts kube-scheduler out (issue 67)."""
 EXTENDER_LIMITS = Limits(
     max_connections=MAX_CONNECTIONS,
     idle_timeout_s=IDLE_TIMEOUT_S,
     deadline_s=EXTENDER_DEADLINE_S,
     max_body_bytes=MAX_BODY_BYTES,
+    per_client_connections=PER_CLIENT_CONNECTIONS,
 )
 
 

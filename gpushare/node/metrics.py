@@ -189,6 +189,54 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
             self._forget(str(client_address[0]) if client_address else "", request)
 
 
+def _handler(
+    routes: Mapping[str, RouteHandler],
+    authorize: Authorize | None,
+    guarded: frozenset[str],
+    idle_timeout_s: float,
+) -> type[BaseHTTPRequestHandler]:
+    """The request handler: each GET routed, ``guarded`` paths only for callers ``authorize``
+    admits (told the caller's address)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = idle_timeout_s
+
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            handler = routes.get(url.path)
+            access = (
+                authorize(
+                    self.headers.get("Authorization"),
+                    url.path,
+                    client=str(self.client_address[0]),
+                )
+                if authorize is not None and url.path in guarded
+                else None
+            )
+            if access is not None and not access.allowed:
+                reply = refusal(access)
+            elif handler is None:
+                reply = Reply(404, "text/plain", f"no route {url.path}\n".encode())
+            else:
+                try:
+                    reply = handler(url.query)
+                except Exception as exc:
+                    log.exception("route %s failed", url.path)
+                    reply = Reply(500, "text/plain", f"{exc}\n".encode())
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
+            self.send_header("Content-Length", str(len(reply.body)))
+            for name, value in reply.headers:
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(reply.body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return None
+
+    return Handler
+
+
 class MetricsServer:
     """A small threaded HTTP server on ``host:port`` (port 0 picks a free one), bounded (see
     the module's docstring); with ``authorize``, ``protected`` routes answer only the callers
@@ -212,48 +260,11 @@ class MetricsServer:
             "/metrics": self._metrics,
             "/healthz": lambda _q: Reply(200, "text/plain", b"ok\n"),
         }
-        routes = self._routes
         guarded = frozenset(protected) if authorize is not None else frozenset()
-
-        class Handler(BaseHTTPRequestHandler):
-            timeout = idle_timeout_s
-
-            def do_GET(self) -> None:
-                url = urlsplit(self.path)
-                handler = routes.get(url.path)
-                access = (
-                    authorize(
-                        self.headers.get("Authorization"),
-                        url.path,
-                        client=str(self.client_address[0]),
-                    )
-                    if authorize is not None and url.path in guarded
-                    else None
-                )
-                if access is not None and not access.allowed:
-                    reply = refusal(access)
-                elif handler is None:
-                    reply = Reply(404, "text/plain", f"no route {url.path}\n".encode())
-                else:
-                    try:
-                        reply = handler(url.query)
-                    except Exception as exc:
-                        log.exception("route %s failed", url.path)
-                        reply = Reply(500, "text/plain", f"{exc}\n".encode())
-                self.send_response(reply.status)
-                self.send_header("Content-Type", reply.content_type)
-                self.send_header("Content-Length", str(len(reply.body)))
-                for name, value in reply.headers:
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(reply.body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                return None
-
+        handler = _handler(self._routes, authorize, guarded, idle_timeout_s)
         self._httpd = _BoundedHTTPServer(
             (host, port),
-            Handler,
+            handler,
             max_connections=max_connections,
             deadline_s=deadline_s,
             per_client=per_client,

@@ -6,7 +6,9 @@ agent failed its liveness probe 0/9.
 
 The attacker (tests/faults/flood_attacker.py) is one process of one client address
 (127.0.0.2: another address than the API server's, kube-scheduler's and the kubelet's, as a
-pod's is), flooding the webhook's, the node agent's and the extender's ports for 60 s. Before
+pod's is), flooding the webhook's, the node agent's and the extender's ports for 60 s. It runs
+in a tenant pod's CPU cgroup (a BestEffort busybox pod's: the CPU share a pod without requests
+gets), so that it competes for the CPU as a pod would; where that cannot be done, at nice 19. Before
 it and during it, 60 s each: a probe posts a filter call to the extender ten times a second,
 as kube-scheduler does (its latency is what kube-scheduler sees: the loop's wait included);
 one gpushare pod is created every second (its admission: the API server's call of both
@@ -65,6 +67,57 @@ def _children(pid: int) -> list[int]:
     found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
     out = found.stdout
     return [int(p) for p in out.split()]
+
+
+def _pod_cpu_cgroup(cluster: Any, namespace: str) -> Path | None:
+    """The CPU cgroup (its cgroup.procs) of a BestEffort busybox pod's container, made in
+    ``namespace``; None when it cannot be found (no ctr, another cgroup layout)."""
+    image = f"--image={cluster.busybox_image}"
+    cluster.kubectl(
+        "run", "attacker", "-n", namespace, image, "--restart=Never", "--", "sleep", "3600"
+    )
+    cluster.kubectl(
+        "wait", "--for=condition=Ready", "pod/attacker", "-n", namespace, "--timeout=90s"
+    )
+    status = json.loads(cluster.kubectl("get", "pod", "attacker", "-n", namespace, "-o", "json"))
+    container = status["status"]["containerStatuses"][0]["containerID"].rpartition("/")[2]
+    socket_path = cluster.env.get("GPUSHARE_CONTAINERD_SOCKET", "")
+    tasks = subprocess.run(
+        ["ctr", "--address", socket_path, "-n", "k8s.io", "tasks", "ls"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    pid = next(
+        (line.split()[1] for line in tasks.stdout.splitlines() if line.startswith(container)), None
+    )
+    if pid is None:
+        return None
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            candidate = Path("/sys/fs/cgroup") / path.lstrip("/") / "cgroup.procs"
+        elif "cpu" in controllers.split(","):
+            candidate = Path("/sys/fs/cgroup") / controllers / path.lstrip("/") / "cgroup.procs"
+        else:
+            continue
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _start_attacker(argv: list[str], cgroup: Path | None) -> tuple[subprocess.Popen[str], str]:
+    """The attacker process, in the pod's CPU cgroup (else at nice 19); and which it got."""
+    if cgroup is not None:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True)
+        try:
+            cgroup.write_text(str(proc.pid))
+            return proc, f"the CPU cgroup of a BestEffort pod ({cgroup.parent})"
+        except OSError:
+            proc.kill()
+            proc.wait()
+    proc = subprocess.Popen(
+        ["nice", "-n", "19", *argv], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    return proc, "nice 19 (no pod cgroup could be joined)"
 
 
 def _memory(pid: int) -> dict[str, float | None]:
@@ -227,7 +280,13 @@ def test_a_flood_from_one_pod_leaves_scheduling_admissions_and_agents_alone(
             "controller": _rss_mib(pid),
             "admission": _rss_mib(next(iter(_children(pid)), None)),
         }
-        attacker = subprocess.Popen(
+        attacker_ns = f"gs-flood-pod-{uuid.uuid4().hex[:6]}"
+        cluster.kubectl("create", "namespace", attacker_ns)
+        try:
+            cgroup = _pod_cpu_cgroup(cluster, attacker_ns)
+        except (AssertionError, OSError, KeyError, IndexError, ValueError):
+            cgroup = None
+        attacker, placed = _start_attacker(
             [
                 sys.executable,
                 "-m",
@@ -243,9 +302,7 @@ def test_a_flood_from_one_pod_leaves_scheduling_admissions_and_agents_alone(
                 "--seconds",
                 str(PHASE_S + 10),
             ],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            text=True,
+            cgroup,
         )
         try:
             time.sleep(5)  # the flood builds up
@@ -256,6 +313,7 @@ def test_a_flood_from_one_pod_leaves_scheduling_admissions_and_agents_alone(
         finally:
             if attacker.poll() is None:
                 attacker.kill()
+            cluster.remove_namespace(attacker_ns)
     q, f = quiet.summary(), flood.summary()
     attack = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
     result = {
@@ -269,6 +327,7 @@ def test_a_flood_from_one_pod_leaves_scheduling_admissions_and_agents_alone(
         "rss_mib_before_flood": rss_before,
         "rss_mib_during_flood": rss_during,
         "attacker": attack,
+        "attacker_cpu": placed,
         "phase_s": PHASE_S,
     }
     out_dir = os.environ.get("GPUSHARE_SECURITY_OUT")

@@ -51,7 +51,7 @@ from gpushare.api.placement import Placement, parse_placement
 from gpushare.api.pod import PodInfo, pod_info
 from gpushare.api.quantities import kube_quantity
 from gpushare.api.request import parse_opportunistic, parse_request
-from gpushare.cluster import lean_http
+from gpushare.cluster import http_head
 from gpushare.cluster.admission import link
 from gpushare.cluster.admission.child import too_many_values
 from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
@@ -650,7 +650,7 @@ def _round_three_input(hostile: Hostile) -> tuple[str, Callable[[], object]]:
     which = rng.randrange(9)
     if which == 0:
         raw = _head(hostile)
-        return "http_head", lambda: lean_http._parse_head(raw, len(raw) + 4, 4 * 2**20)
+        return "http_head", lambda: http_head.parse_head(raw, len(raw) + 4, 4 * 2**20)
     if which == 1:
         body = hostile.body(lambda: json.loads(webhook_body()))
         return "admission_review", lambda: (
@@ -743,7 +743,7 @@ def test_issue_67_entry_points_are_total() -> None:
         InvalidInputError,
         webhook.BadReviewError,
         link.LinkError,
-        lean_http._RefusedError,
+        http_head.RefusedError,
     )
     for _ in range(PER_SURFACE):
         name, call = _round_three_input(hostile)

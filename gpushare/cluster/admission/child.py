@@ -77,6 +77,28 @@ METRICS_IN_FLIGHT = 2
 
 
 @dataclass
+class LogBudget:
+    """At most ``per_second`` log lines a second (a bucket of that many): a flood of forged
+    reviews wrote one line each, 12,662 in a minute; the counters in /metrics count them all."""
+
+    per_second: float
+    tokens: float = 0.0
+    last: float = field(default_factory=time.monotonic)
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.per_second, self.tokens + (now - self.last) * self.per_second)
+        self.last = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+REFUSALS_LOGGED = LogBudget(per_second=5.0, tokens=5.0)
+
+
+@dataclass
 class FairQueue:
     """Reviews worked one at a time on one thread, taking each client's next in turn."""
 
@@ -141,6 +163,9 @@ class Link:
     ids: "itertools.count[int]" = field(default_factory=itertools.count)
     """Message ids (taken from both threads: ``next`` of a count is atomic)."""
     tls: ReloadingServerTls | None = None
+    clients_certified: bool = False
+    """Reviews are answered only to callers presenting a client certificate of the webhook's
+    client CA (the API server's, ``--webhook-client-ca``)."""
 
     def send(self, *values: object) -> None:
         self.writer.write(link.child_frame(*values))
@@ -233,7 +258,7 @@ def _answer(body: bytes, hook: str, channel: Link) -> tuple[Response, str]:
             },
         }
         return _json(doc), "error"
-    if not verdict.allowed:
+    if not verdict.allowed and REFUSALS_LOGGED.take():
         log.info(
             "pod refused",
             extra={"webhook": hook, "namespace": parsed.namespace, "why": verdict.message},
@@ -243,6 +268,14 @@ def _answer(body: bytes, hook: str, channel: Link) -> tuple[Response, str]:
 
 def _json(doc: object) -> Response:
     return Response(200, json.dumps(doc).encode(), content_type="application/json")
+
+
+NOT_THE_API_SERVER = Response.text(
+    403,
+    "gpushare: this webhook answers only the API server, which presents a client certificate "
+    "of the webhook's client CA (--webhook-client-ca); fix: configure the API server's "
+    "AdmissionConfiguration with that certificate for this webhook\n",
+)
 
 
 def too_many_values(body: bytes) -> Response | None:
@@ -262,6 +295,9 @@ def routes(channel: Link, queue: FairQueue) -> dict[tuple[str, str], Any]:
 
     def reviewer(hook: str) -> Callable[[Request], Any]:
         async def handle(request: Request) -> Response:
+            if channel.clients_certified and not request.certified:
+                channel.loop.call_soon(channel.send, "done", hook, "bad_request", 0.0)
+                return NOT_THE_API_SERVER
             refusal = too_many_values(request.body)
             if refusal is not None:
                 channel.loop.call_soon(channel.send, "done", hook, "bad_request", 0.0)
@@ -308,9 +344,16 @@ async def serve(config: dict[str, Any]) -> None:
     sock = socket.socket(fileno=int(config["fd"]))
     reader, writer = await asyncio.open_connection(sock=sock, limit=2**16)
     channel = Link(writer=writer, loop=loop)
+    client_ca = Path(config["client_ca"]) if config.get("client_ca") else None
+    channel.clients_certified = client_ca is not None
     if config["cert"]:
         try:
-            channel.tls = ReloadingServerTls(cert=Path(config["cert"]), key=Path(config["key"]))
+            channel.tls = ReloadingServerTls(
+                cert=Path(config["cert"]),
+                key=Path(config["key"]),
+                client_ca=client_ca,
+                client_optional=True,
+            )
         except Exception as exc:
             channel.send("failed", f"cannot load the webhook certificate ({exc})")
             await writer.drain()
@@ -333,6 +376,8 @@ async def serve(config: dict[str, Any]) -> None:
     try:
         while (message := await link.read_from_parent(reader)) is not None:
             channel.take(message)
+    except ConnectionError:
+        pass  # the controller ended
     finally:
         await server.stop()
 

@@ -65,6 +65,7 @@ class AdmissionProcess:
         reuse_port: bool = False,
         wait_s: float = 0.0,
         limits: Limits = LIMITS,
+        client_ca: Path | None = None,
     ) -> None:
         self.ctx = ctx
         self.config: dict[str, Any] = {
@@ -75,6 +76,7 @@ class AdmissionProcess:
             "reuse_port": reuse_port,
             "log_level": ctx.settings.process.log_level,
             "limits": dataclasses.asdict(limits),
+            "client_ca": str(client_ca) if client_ca is not None else "",
         }
         self.wait_s = wait_s
         self.port = port

@@ -27,7 +27,7 @@ from gpushare.api.gpushare_crd import (
     placements_status,
 )
 from gpushare.api.profile import GpuProfile
-from gpushare.cluster.operator import cache
+from gpushare.cluster.operator.cache_store import ProfileCacheStore
 from gpushare.cluster.operator.profiler_client import ProfilerClient
 from gpushare.cluster.operator.profiling import (
     Abandon,
@@ -90,6 +90,7 @@ class ShareReconciler:
         self._locks: dict[str, asyncio.Lock] = {}
         self._kicks: dict[str, asyncio.Task[None]] = {}
         self._told_over_limit: set[str] = set()
+        self.profiles = ProfileCacheStore(config=config, kube=kube, view=view)
         self.synced = asyncio.Event()
         """Set once the view holds a full listing of pods and nodes. Until then nothing acts:
         after a restart, a pod not yet seen again must not read as a deleted one."""
@@ -176,8 +177,7 @@ class ShareReconciler:
             return step
 
     async def _over_limit(self, share: ShareSummary) -> None:
-        """Say once (a Warning event) that a share past its namespace's bound governs nothing
-        and is not reconciled (gpushare.cluster.state.governance)."""
+        """Say once that a share past its namespace's bound governs nothing (governance)."""
         if share.key in self._told_over_limit:
             return
         self._told_over_limit.add(share.key)
@@ -232,24 +232,7 @@ class ShareReconciler:
         if spec.profiling.mode != PROFILING_AUTO:
             return None
         pod = representative(pods)
-        models = self.view.gpu_models()
-        if pod is None or not models:
-            return None
-        data = await self.kube.read_configmap(
-            namespace=self.config.namespace, name=self.config.cache_configmap
-        )
-        return cache.lookup(
-            data,
-            image=pod.image,
-            command=pod.command,
-            gpu_models=models,
-            tenancy=self._tenancy(share.namespace),
-        )
-
-    def _tenancy(self, namespace: str) -> str:
-        """Whose profiles a share of ``namespace`` reads and writes: its sharing group's, else
-        its own (also when the tenancy boundary is off: sizing is a tenant's own)."""
-        return self.view.tenancies.tenancy(namespace) or namespace
+        return await self.profiles.lookup(share, pod) if pod is not None else None
 
     # ---- steps -----------------------------------------------------------------------------
 
@@ -442,15 +425,7 @@ class ShareReconciler:
             return
         profile = reading.stored(now=now)
         pod = step.pod
-        tenancy = self._tenancy(share.namespace)
-        key = cache.cache_key(
-            image=pod.image, command=pod.command, gpu_model=profile.gpu_model, tenancy=tenancy
-        )
-        entry = cache.CacheEntry(pod.image, pod.command, profile.gpu_model, profile, tenancy)
-        try:
-            await self._write_cache(key, cache.encode_entry(entry))
-        except Exception as exc:  # the share's own profile is kept whatever the cache does
-            log.warning("profile cache not written", extra={"share": share.key, "error": str(exc)})
+        await self.profiles.remember(share, pod, profile)
         message = await self._packed(
             share,
             profile,
@@ -464,19 +439,6 @@ class ShareReconciler:
                 namespace=pod.namespace, name=pod.name, annotations={ANN_PROFILING: PROFILING_DONE}
             )
             await self.event(share, "Profiled", message)
-
-    async def _write_cache(self, key: str, value: str) -> None:
-        ns, name = self.config.namespace, self.config.cache_configmap
-        data = await self.kube.read_configmap(namespace=ns, name=name)
-        entries: dict[str, str | None] = {key: value}
-        after = {**data, key: value}
-        for old in cache.evictable_keys(
-            after,
-            keep=self.config.cache_max_entries,
-            per_tenancy=self.config.cache_per_tenancy,
-        ):
-            entries[old] = None
-        await self.kube.put_configmap_entries(namespace=ns, name=name, entries=entries)
 
     # ---- validation (create / spec update) -------------------------------------------------
 

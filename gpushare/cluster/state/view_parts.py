@@ -56,11 +56,6 @@ class ViewParts:
         self.pods_synced = False
         self.tenancies = Tenancies()
         """Namespace grants: the tenancy boundary and who may keep others off a GPU."""
-        self.lapsed_holds: dict[str, tuple[str, int]] = {}
-        """Pod key -> (its UID, filter-time holds of it that lapsed without a bind)."""
-        self.quotas = GuaranteeQuotas()
-        """ResourceQuotas' bounds on guaranteed GPU share by namespace (their watch): an
-        opted-in pod holds a guaranteed share only within them (``may_guarantee``)."""
         self.quarantine = Quarantine()
         """Watched objects the view could not take in, held out one by one (a full list
         never fails as a whole; the watches' events go through it too)."""
@@ -128,6 +123,11 @@ class ViewParts:
         )
         self._shares = ShareRegistry()
         self._governing = GoverningIndex()
+        self.lapsed_holds: dict[str, tuple[str, int]] = {}
+        """Pod key -> (its UID, filter-time holds of it that lapsed without a bind)."""
+        self.quotas = GuaranteeQuotas()
+        """ResourceQuotas' bounds on guaranteed GPU share by namespace (their watch): an
+        opted-in pod holds a guaranteed share only within them (``may_guarantee``)."""
         self._rules = PodRules()
         self._mix_count = MixCounter()
         self._placements = Placements(

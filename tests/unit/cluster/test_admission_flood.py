@@ -10,7 +10,10 @@ import base64
 import contextlib
 import json
 import socket
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -223,3 +226,26 @@ def test_a_pod_linked_to_a_gpushare_gets_its_request_through_the_controller(
     missing = pod_json("q", annotations={"gpushare.io/share": "nope"})
     refused = served.request("POST", "/mutate", review_body(missing))
     assert b'"allowed": false' in refused and b"no GpuShare 'nope'" in refused
+
+
+def test_a_request_sent_with_the_end_of_the_handshake_is_answered_encrypted(
+    served: ServedAdmission,
+) -> None:
+    """TLS starts after the per-client check (start_tls); a request that arrived with the end
+    of the handshake and was answered at once (the kubelet's probes, a refusal of its head)
+    was answered before start_tls returned, on the raw transport: unencrypted, which the
+    client could not read (WRONG_VERSION_NUMBER). Two in three such first requests failed so
+    before the fix."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    base = f"https://127.0.0.1:{served.port}"
+    for _ in range(20):
+        with urllib.request.urlopen(f"{base}/healthz", timeout=10, context=context) as reply:
+            assert reply.status == 200
+        gzip = urllib.request.Request(
+            f"{base}/mutate", data=b"x", headers={"Content-Encoding": "gzip"}, method="POST"
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(gzip, timeout=10, context=context)
+        assert refused.value.code == 415

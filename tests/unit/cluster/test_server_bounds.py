@@ -77,7 +77,8 @@ def extender() -> Iterator[Served]:
         ready=lambda: (True, ""),
         authorize=authorize,
     )
-    served = Served(routes, max_connections=3, idle_timeout_s=0.5)
+    # The total bound alone (the per-client one: test_lean_http, test_admission_flood).
+    served = Served(routes, max_connections=3, idle_timeout_s=0.5, per_client_connections=0)
     yield served
     served.close()
 
@@ -125,4 +126,29 @@ def test_a_review_whose_body_never_finishes_is_cut_at_its_deadline() -> None:
             assert answer.startswith(b"HTTP/1.1 503") and b"no answer within" in answer
             assert time.monotonic() - started < 3
     finally:
+        served.close()
+
+
+def test_one_client_holding_connections_does_not_shut_kube_scheduler_out() -> None:
+    """Issue 67: one pod could hold every one of the extender's 256 connections (nothing but
+    the total bound). Now one address holds at most 64; kube-scheduler's (another address)
+    are served."""
+    view = _view()
+    routes = extender_routes(
+        Extender(view=view, writer=None), metrics=Metrics(view), ready=lambda: (True, "")
+    )
+    served = Served(routes, idle_timeout_s=30.0)
+    held = []
+    try:
+        for _ in range(300):
+            held.append(
+                socket.create_connection(
+                    ("127.0.0.1", served.port), timeout=5, source_address=("127.0.0.2", 0)
+                )
+            )
+        time.sleep(0.3)
+        assert served.get("/healthz").startswith(b"HTTP/1.1 200")
+    finally:
+        for s in held:
+            s.close()
         served.close()
