@@ -225,7 +225,8 @@ class Phase:
                 made.append(name)
             except Exception as exc:
                 self.admissions.append(None)
-                self.admission_errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+                at = f"{time.monotonic() - end + seconds:.1f}s"
+                self.admission_errors.append(f"at {at}: {type(exc).__name__}: {str(exc)[:200]}")
             if len(made) > 5:  # keep the GPUs from filling: the oldest goes
                 old = made.pop(0)
                 try:
