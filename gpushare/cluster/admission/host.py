@@ -32,6 +32,8 @@ log = logging.getLogger("gpushare.cluster.admission")
 START_TIMEOUT_S = 60.0
 """How long the admission process may take to import and listen."""
 RESTART_DELAY_S = 1.0
+YIELD_AFTER_S = 0.0005
+"""Longest the controller's loop answers the admission process's messages in one go."""
 
 
 class ForwardingTls(ReloadingServerTls):
@@ -167,7 +169,12 @@ class AdmissionProcess:
                 log.error("admission process could not start", extra={"error": why})
 
     async def _serve(self, reader: asyncio.StreamReader) -> None:
+        turn = time.perf_counter()
         while (message := await link.read_from_child(reader)) is not None:
+            if time.perf_counter() - turn > YIELD_AFTER_S:
+                # Messages already buffered are read without a pause: let the extender in.
+                await asyncio.sleep(0)
+                turn = time.perf_counter()
             kind = message[0]
             if kind == "ask" and len(message) == 4:
                 self._answer(message[1], message[2], message[3])
