@@ -9,14 +9,14 @@ The attacker (tests/faults/flood_attacker.py) is one process of one client addre
 pod's is), flooding the webhook's, the node agent's and the extender's ports. It runs in a
 tenant pod's CPU cgroup (a BestEffort busybox pod's: the CPU share a pod without requests
 gets), so that it competes for the CPU as a pod would; where that cannot be done, at nice 19.
-Quiet and flooded phases alternate (ROUNDS of PHASE_S each, 2 x 30 s by default: 60 s flooded
+Quiet and flooded phases alternate (ROUNDS of PHASE_S each, 3 x 30 s by default: 90 s flooded
 in all), so that the host's other load weighs on both alike. In each, a probe posts a filter
 call to the extender ten times a second, as kube-scheduler does (its latency is what
 kube-scheduler sees: the loop's wait included); one gpushare pod is created every second (its
 admission: the API server's call of both webhooks), and kube-scheduler places it; the node
 agent's /healthz is probed every second with a 1 s timeout (restarts counted as the kubelet's
-liveness probe would: 3 failures in a row, 10 s apart). Targets: filter p99 <= 2x quiet, 60/60
-admissions answered within 2 s, no agent restart. Results go to
+liveness probe would: 3 failures in a row, 10 s apart). Targets: filter p99 <= 2x quiet, every
+admission answered within 2 s, no agent restart. Results go to
 ``$GPUSHARE_SECURITY_OUT/flood.json`` (bench/results/security.json's ``flood``)."""
 
 import http.client
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 PHASE_S = float(os.environ.get("GPUSHARE_FLOOD_SECONDS", "30"))
-ROUNDS = int(os.environ.get("GPUSHARE_FLOOD_ROUNDS", "2"))
+ROUNDS = int(os.environ.get("GPUSHARE_FLOOD_ROUNDS", "3"))
 ATTACKER = "127.0.0.2"
 ADMISSION_LIMIT_S = 2.0
 
@@ -120,6 +120,17 @@ def _start_attacker(argv: list[str], cgroup: Path | None) -> tuple[subprocess.Po
         ["nice", "-n", "19", *argv], cwd=REPO, stdout=subprocess.PIPE, text=True
     )
     return proc, "nice 19 (no pod cgroup could be joined)"
+
+
+def _cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) the process has used, children waited for excluded."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _memory(pid: int) -> dict[str, float | None]:
@@ -292,8 +303,14 @@ def test_a_flood_from_one_pod_leaves_scheduling_admissions_and_agents_alone(
             memory["before"] = _memory(pid)
             # Quiet and flooded minutes interleaved, so that the host's other load weighs on
             # both alike.
+            child = next(iter(_children(pid)), None)
+            cpu: dict[str, float] = {"quiet_controller": 0.0, "quiet_admission": 0.0}
+            cpu.update(flood_controller=0.0, flood_admission=0.0)
             for _ in range(ROUNDS):
+                before = _cpu_s(pid), _cpu_s(child)
                 quiet.run(PHASE_S)
+                cpu["quiet_controller"] += _cpu_s(pid) - before[0]
+                cpu["quiet_admission"] += _cpu_s(child) - before[1]
                 attacker, placed = _start_attacker(
                     [
                         sys.executable,
@@ -314,7 +331,10 @@ def test_a_flood_from_one_pod_leaves_scheduling_admissions_and_agents_alone(
                 )
                 try:
                     time.sleep(3)  # the flood builds up
+                    before = _cpu_s(pid), _cpu_s(child)
                     flood.run(PHASE_S)
+                    cpu["flood_controller"] += _cpu_s(pid) - before[0]
+                    cpu["flood_admission"] += _cpu_s(child) - before[1]
                     memory["during"] = _memory(pid)
                     out, _ = attacker.communicate(timeout=120)
                     attacks.append(json.loads(out.strip().splitlines()[-1]) if out.strip() else {})
@@ -333,6 +353,7 @@ def test_a_flood_from_one_pod_leaves_scheduling_admissions_and_agents_alone(
         "quiet": q,
         "flood": f,
         "rss_mib": memory,
+        "cpu_s_per_s": {k: round(v / (ROUNDS * PHASE_S), 3) for k, v in cpu.items()},
         "attacker": attacks,
         "attacker_cpu": placed,
         "rounds": ROUNDS,
