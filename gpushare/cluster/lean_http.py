@@ -21,11 +21,11 @@ connections (one more is closed at once), a connection that sends no complete re
 
 Bounds per client (its address), for a port any pod can reach (the admission webhook's,
 docs/security.md, "Every HTTP server is bounded"): with ``per_client_connections`` no client
-holds more connections than that (its own oldest idle connection is closed for a new one, else
-the new one is refused), and a new connection over ``max_connections`` closes the oldest idle
+holds more connections than that (one more is closed as it is accepted, before any transport
+is made for it), and a new connection over ``max_connections`` closes the oldest idle
 connection of the client holding the most, so a client filling the server pays with its own
-connections; the check runs before the TLS handshake (``tls_after_accept``), so a refused
-connection costs no handshake. With ``body_budget_bytes`` the bodies being received at once
+connections; the check runs before the TLS handshake, so a refused connection costs no
+handshake. With ``body_budget_bytes`` the bodies being received at once
 (counted by their Content-Length when the head arrives) stay within that many bytes, and a
 client's within ``per_client_body_bytes``: a head whose body would go over gets 503 at once,
 before any of its body is read.
@@ -33,6 +33,7 @@ before any of its body is read.
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -41,6 +42,12 @@ from typing import Any
 from gpushare.cluster.http_head import MAX_HEAD_BYTES, Head, RefusedError, parse_head
 
 log = logging.getLogger(__name__)
+
+BACKLOG = 1024
+"""The listen queue: a burst of connections waits there to be accepted."""
+ACCEPTS_PER_TURN = 16
+"""Connections taken per turn of the loop: a burst is accepted in short turns, between which
+a filter call already read is answered."""
 
 TEXT = "text/plain; charset=utf-8"
 _REASONS = {int(s): s.phrase for s in HTTPStatus}
@@ -114,7 +121,11 @@ class LeanServer:
     """The SSL context TLS is started with after the per-client check (``tls_after_accept``)."""
     refused: int = 0
     """Connections refused or closed by a bound, and heads refused by the body budget."""
-    _server: asyncio.Server | None = None
+    accepting: dict[str, int] = field(default_factory=dict)
+    """Per client address, connections accepted and not yet made (a TLS handshake runs)."""
+    _sockets: list[socket.socket] = field(default_factory=list)
+    _ssl: Any = None
+    _tasks: set["asyncio.Task[None]"] = field(default_factory=set)
 
     async def start(
         self,
@@ -126,18 +137,81 @@ class LeanServer:
         tls_after_accept: bool = False,
     ) -> None:
         """Listen. With ``tls_after_accept`` (and ``ssl_context``) connections are accepted as
-        plain TCP, checked against the per-client bounds, and only then start TLS."""
+        plain TCP, checked against the per-client bounds, and only then start TLS. Accepting
+        is this server's own (:meth:`_accept`): a client at its bound is refused before any
+        transport is made for it, and at most ACCEPTS_PER_TURN connections are taken per turn
+        of the loop, so a flood of connections costs the loop a few microseconds each, in
+        short turns."""
         loop = asyncio.get_running_loop()
         if tls_after_accept and ssl_context is not None:
             self.tls, ssl_context = ssl_context, None
-        self._server = await loop.create_server(
-            lambda: _Connection(self),
-            host,
-            port,
-            ssl=ssl_context,
-            reuse_address=True,
-            reuse_port=reuse_port or None,
+        self._ssl = ssl_context
+        infos = await loop.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )
+        sockets: list[socket.socket] = []
+        try:
+            for family, kind, proto, _, address in dict.fromkeys(infos):
+                sock = socket.socket(family, kind, proto)
+                sockets.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if reuse_port:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(address)
+                sock.listen(BACKLOG)
+                sock.setblocking(False)
+        except OSError:
+            for sock in sockets:
+                sock.close()
+            raise
+        self._sockets = sockets
+        for sock in sockets:
+            loop.add_reader(sock.fileno(), self._accept, sock)
+
+    def _accept(self, sock: socket.socket) -> None:
+        """Take the connections waiting (at most ACCEPTS_PER_TURN): one of a client at its
+        bound is closed at once, the others made into connections."""
+        loop = asyncio.get_running_loop()
+        bound = self.limits.per_client_connections
+        for _ in range(ACCEPTS_PER_TURN):
+            try:
+                conn, address = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of file descriptors, and the like
+                log.warning("accept failed", extra={"error": str(exc)})
+                return
+            client = str(address[0]) if isinstance(address, tuple) and address else ""
+            pending = self.accepting.get(client, 0)
+            if bound and len(self.clients.get(client, ())) + pending >= bound:
+                conn.close()
+                self.refuse()
+                continue
+            conn.setblocking(False)
+            self.accepting[client] = pending + 1
+            task = loop.create_task(self._made(conn, client))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _made(self, conn: socket.socket, client: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(
+                lambda: _Connection(self),
+                conn,
+                ssl=self._ssl,
+                ssl_handshake_timeout=self.limits.tls_handshake_s if self._ssl else None,
+            )
+        except (OSError, TimeoutError, ValueError, asyncio.CancelledError):
+            conn.close()  # a handshake that failed or took too long
+        finally:
+            left = self.accepting.get(client, 1) - 1
+            if left > 0:
+                self.accepting[client] = left
+            else:
+                self.accepting.pop(client, None)
 
     def refuse(self) -> None:
         """Count a connection or body a bound refused; logged at the 1st, 10th, 100th and
@@ -153,17 +227,21 @@ class LeanServer:
     @property
     def port(self) -> int:
         """The port listened on (the one picked when started with port 0)."""
-        assert self._server is not None and self._server.sockets
-        return int(self._server.sockets[0].getsockname()[1])
+        assert self._sockets
+        return int(self._sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
-        if self._server is None:
+        if not self._sockets:
             return
-        self._server.close()
+        loop = asyncio.get_running_loop()
+        for sock in self._sockets:
+            loop.remove_reader(sock.fileno())
+            sock.close()
+        self._sockets = []
+        for task in list(self._tasks):
+            task.cancel()
         for conn in list(self.connections):
             conn.close()
-        await self._server.wait_closed()
-        self._server = None
 
 
 class _Connection(asyncio.Protocol):
@@ -245,13 +323,12 @@ class _Connection(asyncio.Protocol):
             self._serve()
 
     def _make_room(self) -> bool:
-        """Room for this connection under the per-client and total bounds: closes the client's
-        own oldest idle connection at its bound, and at the total bound the oldest idle
-        connection of the client holding the most. False: nothing could be closed."""
+        """Room for this connection under the per-client and total bounds: none at the
+        client's own bound; at the total bound, the oldest idle connection of the client
+        holding the most is closed for it. False: no room."""
         server, limits = self.server, self.limits
-        mine = server.clients.get(self.client, [])
-        if len(mine) >= limits.per_client_connections:
-            return _close_oldest_idle(mine)
+        if len(server.clients.get(self.client, ())) >= limits.per_client_connections:
+            return False
         if len(server.connections) >= limits.max_connections:
             biggest = max(server.clients.values(), key=len, default=[])
             return _close_oldest_idle(biggest)
