@@ -72,8 +72,24 @@ LOOKUP_TIMEOUT_S = 5.0
 NICENESS = 10
 """Added to the process's nice value: under a flood the kernel gives the controller (and the
 API server, kube-scheduler) the CPU first."""
+LOOKUP_TTL_S = 0.5
+"""How long a lookup's answer is kept (the facts' values are as old: FACTS_PERIOD_S)."""
+LOOKUPS_PER_CLIENT_S = 100.0
+"""Lookups the cache could not answer, per client address and second (a bucket of as many):
+a flooder naming a new share in every review asks the controller at most this often; the API
+server asks once per distinct share or workload per LOOKUP_TTL_S."""
+MAX_ANSWERS_KEPT = 4096
+MAX_CLIENTS_KEPT = 4096
+REPORT_PERIOD_S = 0.25
+"""How often reviews done are reported to the controller (its metrics)."""
+MAX_REPORTED = 4096
+"""Reviews a report carries one by one (the rest only counted by their number)."""
 METRICS_IN_FLIGHT = 2
 """/metrics requests forwarded to the controller at once (each may render every series)."""
+
+
+class LookupBudgetError(Exception):
+    """A client asked for more lookups than its budget (the review is refused: 429-like)."""
 
 
 @dataclass
@@ -163,12 +179,33 @@ class Link:
     ids: "itertools.count[int]" = field(default_factory=itertools.count)
     """Message ids (taken from both threads: ``next`` of a count is atomic)."""
     tls: ReloadingServerTls | None = None
+    answers: dict[tuple[str, tuple[object, ...]], tuple[float, Any]] = field(default_factory=dict)
+    """Lookup answers by (lookup, arguments), kept LOOKUP_TTL_S: a flood of reviews naming the
+    same share asks the controller once per period."""
+    budgets: dict[str, "LogBudget"] = field(default_factory=dict)
+    """Per client address, its budget of lookups the cache could not answer."""
+    counted: list[tuple[str, str, float]] = field(default_factory=list)
+    """Reviews done since the last report to the controller (webhook, outcome, seconds)."""
+    client: str = ""
+    """The client address of the review being worked (one at a time, on the review thread)."""
     clients_certified: bool = False
     """Reviews are answered only to callers presenting a client certificate of the webhook's
     client CA (the API server's, ``--webhook-client-ca``)."""
 
     def send(self, *values: object) -> None:
         self.writer.write(link.child_frame(*values))
+
+    def count(self, hook: str, outcome: str, seconds: float) -> None:
+        """Remember one review done; the controller gets them in one message a period
+        (``report``), not one each (a flood of reviews was a flood of messages on its loop)."""
+        self.counted.append((hook, outcome, seconds))
+
+    async def report(self) -> None:
+        while True:
+            await asyncio.sleep(REPORT_PERIOD_S)
+            if self.counted:
+                done, self.counted = self.counted, []
+                self.send("done", [list(d) for d in done[:MAX_REPORTED]], len(done))
 
     def facts(self) -> ClusterFacts:
         """The facts as the controller last sent them, each lookup a question to it."""
@@ -182,7 +219,33 @@ class Link:
         return ask
 
     def ask(self, name: str, args: tuple[object, ...]) -> Any:
-        """Ask the controller (from the review thread); raises when it cannot answer."""
+        """Ask the controller (from the review thread), unless a recent answer is kept;
+        raises when it cannot answer, or when the client of the review at work has asked
+        more than its budget of lookups that were not kept (LOOKUPS_PER_CLIENT_S)."""
+        key = (name, args)
+        now = time.monotonic()
+        kept = self.answers.get(key)
+        if kept is not None and now - kept[0] < LOOKUP_TTL_S:
+            return kept[1]
+        budget = self.budgets.get(self.client)
+        if budget is None:
+            if len(self.budgets) >= MAX_CLIENTS_KEPT:
+                self.budgets.clear()
+            budget = self.budgets[self.client] = LogBudget(
+                per_second=LOOKUPS_PER_CLIENT_S, tokens=LOOKUPS_PER_CLIENT_S
+            )
+        if not budget.take():
+            raise LookupBudgetError(
+                f"client {self.client} asked for more than {LOOKUPS_PER_CLIENT_S:g} lookups a "
+                "second; retry"
+            )
+        value = self._ask(name, args)
+        if len(self.answers) >= MAX_ANSWERS_KEPT:
+            self.answers.clear()
+        self.answers[key] = (now, value)
+        return value
+
+    def _ask(self, name: str, args: tuple[object, ...]) -> Any:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         ask_id = next(self.ids)
         self.asked[ask_id] = future
@@ -226,16 +289,16 @@ class Link:
             log.info("webhook certificate reloaded", extra={"reloads": self.tls.reloads})
 
 
-def review_work(body: bytes, hook: str, channel: Link) -> Response:
+def review_work(body: bytes, hook: str, channel: Link, client: str = "") -> Response:
     """One review, on the review thread: parsed, answered; counted by the controller."""
     start = time.perf_counter()
     outcome = "error"
+    channel.client = client
     try:
         response, outcome = _answer(body, hook, channel)
         return response
     finally:
-        seconds = time.perf_counter() - start
-        channel.loop.call_soon_threadsafe(channel.send, "done", hook, outcome, seconds)
+        channel.count(hook, outcome, time.perf_counter() - start)
 
 
 def _answer(body: bytes, hook: str, channel: Link) -> tuple[Response, str]:
@@ -245,6 +308,8 @@ def _answer(body: bytes, hook: str, channel: Link) -> tuple[Response, str]:
         return Response.text(400, f"gpushare: bad AdmissionReview: {exc}\n"), "bad_request"
     try:
         doc, verdict = webhook.answer(parsed, facts=channel.facts(), mutate=hook == "mutate")
+    except LookupBudgetError as exc:
+        return Response.text(429, f"gpushare: {exc}\n"), "bad_request"
     except Exception as exc:
         # Never leave the API server without an answer for a pod we were asked about.
         log.exception("admission review failed", extra={"webhook": hook})
@@ -296,14 +361,15 @@ def routes(channel: Link, queue: FairQueue) -> dict[tuple[str, str], Any]:
     def reviewer(hook: str) -> Callable[[Request], Any]:
         async def handle(request: Request) -> Response:
             if channel.clients_certified and not request.certified:
-                channel.loop.call_soon(channel.send, "done", hook, "bad_request", 0.0)
+                channel.count(hook, "bad_request", 0.0)
                 return NOT_THE_API_SERVER
             refusal = too_many_values(request.body)
             if refusal is not None:
-                channel.loop.call_soon(channel.send, "done", hook, "bad_request", 0.0)
+                channel.count(hook, "bad_request", 0.0)
                 return refusal
             body = request.body
-            return await queue.submit(request.client, lambda: review_work(body, hook, channel))
+            client = request.client
+            return await queue.submit(client, lambda: review_work(body, hook, channel, client))
 
         return handle
 
@@ -373,12 +439,14 @@ async def serve(config: dict[str, Any]) -> None:
         await writer.drain()
         return
     channel.send("listening", server.port)
+    reporting = asyncio.create_task(channel.report())
     try:
         while (message := await link.read_from_parent(reader)) is not None:
             channel.take(message)
     except ConnectionError:
         pass  # the controller ended
     finally:
+        reporting.cancel()
         await server.stop()
 
 

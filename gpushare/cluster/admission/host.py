@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.cluster.admission import link
-from gpushare.cluster.admission.child import FACTS_PERIOD_S, LIMITS
+from gpushare.cluster.admission.child import FACTS_PERIOD_S, LIMITS, MAX_REPORTED
 from gpushare.cluster.context import ControllerContext
 from gpushare.cluster.lean_http import Limits
 from gpushare.cluster.tls import ReloadingServerTls
@@ -88,6 +88,8 @@ class AdmissionProcess:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._facts: ClusterFacts | None = None
+        self.lookups_answered = 0
+        """Lookups the admission process asked the controller for (tests, diagnostics)."""
         self._lookups: tuple[str, ...] = ()
         if isinstance(ctx.webhook_tls, ForwardingTls):
             ctx.webhook_tls.process = self
@@ -178,8 +180,10 @@ class AdmissionProcess:
             kind = message[0]
             if kind == "ask" and len(message) == 4:
                 self._answer(message[1], message[2], message[3])
-            elif kind == "done" and len(message) == 4:
-                self._count(message[1], message[2], message[3])
+            elif kind == "done" and len(message) == 3 and isinstance(message[1], list):
+                for entry in message[1][:MAX_REPORTED]:
+                    if isinstance(entry, list) and len(entry) == 3:
+                        self._count(*entry)
             elif kind == "metrics" and len(message) == 4:
                 task = asyncio.create_task(self._metrics(message[1], message[2], message[3]))
                 self._tasks.append(task)
@@ -188,6 +192,7 @@ class AdmissionProcess:
                 raise link.LinkError(f"unknown message {kind!r}")
 
     def _answer(self, ask_id: object, name: object, args: object) -> None:
+        self.lookups_answered += 1
         try:
             if name not in self._lookups or not isinstance(ask_id, int):
                 raise link.LinkError(f"no lookup {name!r}")

@@ -208,7 +208,7 @@ async def _review_and_scrape(ctx: ControllerContext) -> str:
             body = review_body(pod_json("p", fraction="0.5"))
             async with client.post(f"{base}/validate", data=body) as reply:
                 assert reply.status == 200
-            await asyncio.sleep(0.1)  # the review is counted once its "done" message is read
+            await asyncio.sleep(0.6)  # reviews done are reported to the controller every 0.25 s
             async with client.get(f"{base}/metrics") as scrape:
                 assert scrape.status == 200
                 return await scrape.text()
