@@ -69,7 +69,7 @@ STALE_ALIVE_S = 30.0
 """/healthz fails when the controller has sent nothing for this long (the kubelet restarts
 the controller's container: its loop is stuck)."""
 LOOKUP_TIMEOUT_S = 5.0
-NICENESS = 10
+NICENESS = 19
 """Added to the process's nice value: under a flood the kernel gives the controller (and the
 API server, kube-scheduler) the CPU first."""
 LOOKUP_TTL_S = 0.5
