@@ -305,12 +305,15 @@ def test_a_flood_from_one_pod_leaves_scheduling_admissions_and_agents_alone(
             # both alike.
             child = next(iter(_children(pid)), None)
             cpu: dict[str, float] = {"quiet_controller": 0.0, "quiet_admission": 0.0}
-            cpu.update(flood_controller=0.0, flood_admission=0.0)
+            cpu.update(flood_controller=0.0, flood_admission=0.0, flood_agent=0.0)
+            cpu.update(quiet_agent=0.0, flood_attacker=0.0)
+            agent = node_agent.pid
             for _ in range(ROUNDS):
-                before = _cpu_s(pid), _cpu_s(child)
+                before = _cpu_s(pid), _cpu_s(child), _cpu_s(agent)
                 quiet.run(PHASE_S)
                 cpu["quiet_controller"] += _cpu_s(pid) - before[0]
                 cpu["quiet_admission"] += _cpu_s(child) - before[1]
+                cpu["quiet_agent"] += _cpu_s(agent) - before[2]
                 attacker, placed = _start_attacker(
                     [
                         sys.executable,
@@ -331,10 +334,12 @@ def test_a_flood_from_one_pod_leaves_scheduling_admissions_and_agents_alone(
                 )
                 try:
                     time.sleep(3)  # the flood builds up
-                    before = _cpu_s(pid), _cpu_s(child)
+                    before = _cpu_s(pid), _cpu_s(child), _cpu_s(agent), _cpu_s(attacker.pid)
                     flood.run(PHASE_S)
                     cpu["flood_controller"] += _cpu_s(pid) - before[0]
                     cpu["flood_admission"] += _cpu_s(child) - before[1]
+                    cpu["flood_agent"] += _cpu_s(agent) - before[2]
+                    cpu["flood_attacker"] += _cpu_s(attacker.pid) - before[3]
                     memory["during"] = _memory(pid)
                     out, _ = attacker.communicate(timeout=120)
                     attacks.append(json.loads(out.strip().splitlines()[-1]) if out.strip() else {})

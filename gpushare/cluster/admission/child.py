@@ -72,6 +72,10 @@ LOOKUP_TIMEOUT_S = 5.0
 NICENESS = 19
 """Added to the process's nice value: under a flood the kernel gives the controller (and the
 API server, kube-scheduler) the CPU first."""
+MAX_DUTY = 0.25
+"""Share of the time the review thread works (the rest it waits): a quarter of a core at most
+for reviews, whatever a flood sends (issue 67: a third of a core, and the extender's filter
+p99 grew with it). About 300 real reviews a second still fit."""
 LOOKUP_TTL_S = 0.5
 """How long a lookup's answer is kept (the facts' values are as old: FACTS_PERIOD_S)."""
 LOOKUPS_PER_CLIENT_S = 100.0
@@ -116,7 +120,11 @@ REFUSALS_LOGGED = LogBudget(per_second=5.0, tokens=5.0)
 
 @dataclass
 class FairQueue:
-    """Reviews worked one at a time on one thread, taking each client's next in turn."""
+    """Reviews worked one at a time on one thread, taking each client's next in turn, and
+    for at most MAX_DUTY of the time: after a review of T seconds the next starts no sooner
+    than T * (1 / MAX_DUTY - 1) later, so a flood of reviews keeps this process at a quarter
+    of a core whatever it sends (its reviews wait behind their own, the API server's get
+    their turn)."""
 
     worker: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, "review")
@@ -126,6 +134,10 @@ class FairQueue:
     )
     turn: deque[str] = field(default_factory=deque)
     running: bool = False
+    rested_until: float = 0.0
+    """When the worker may start the next review (its duty cycle)."""
+    duty: float = 0.25
+    started: float = 0.0
 
     def submit(self, client: str, work: Callable[[], Response]) -> asyncio.Future[Response]:
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
@@ -138,6 +150,12 @@ class FairQueue:
         return future
 
     def _next(self) -> None:
+        loop = asyncio.get_running_loop()
+        wait = self.rested_until - loop.time()
+        if wait > 0 and not self.running and self.turn:
+            self.running = True  # resting: the next review starts when the rest ends
+            loop.call_later(wait, self._rested)
+            return
         while not self.running and self.turn:
             client = self.turn.popleft()
             queue = self.waiting[client]
@@ -149,13 +167,21 @@ class FairQueue:
             if future.done():  # its connection gave up (deadline)
                 continue
             self.running = True
+            self.started = loop.time()
             done = asyncio.wrap_future(self.worker.submit(work))
             done.add_done_callback(functools.partial(self._finished, future=future))
+
+    def _rested(self) -> None:
+        self.running = False
+        self.rested_until = 0.0
+        self._next()
 
     def _finished(
         self, done: "asyncio.Future[Response]", *, future: asyncio.Future[Response]
     ) -> None:
         self.running = False
+        now = asyncio.get_running_loop().time()
+        self.rested_until = now + (now - self.started) * (1 / self.duty - 1)
         if not future.done():
             if done.exception() is not None:
                 future.set_exception(done.exception())  # type: ignore[arg-type]
@@ -425,7 +451,7 @@ async def serve(config: dict[str, Any]) -> None:
             await writer.drain()
             return
     limits = Limits(**config["limits"]) if "limits" in config else LIMITS
-    server = LeanServer(routes(channel, FairQueue()), limits)
+    server = LeanServer(routes(channel, FairQueue(duty=MAX_DUTY)), limits)
     try:
         await server.start(
             config["host"],
