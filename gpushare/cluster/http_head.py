@@ -1,14 +1,71 @@
-"""The head of an HTTP/1.1 request (its request line and headers) as :mod:`gpushare.cluster.
-lean_http` reads it: parsed with bytes methods (done in C), and refused, with the status and a
+"""What :mod:`gpushare.cluster.lean_http` serves, in its own words: a request, a response, the
+server's bounds, and the head of an HTTP/1.1 request (its request line and headers) as it reads
+it: parsed with bytes methods (done in C), and refused, with the status and a
 reason, when it is malformed (400), names another version (505), holds too many headers (431),
 asks for a chunked body (411), a body in a Content-Encoding but identity (415) or one over the
 server's limit (413), before any of the body is read."""
 
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 MAX_HEAD_BYTES = 16 * 1024
 """Request line and headers together (aiohttp allows 8190 bytes a line)."""
 MAX_HEADERS = 100
+
+
+TEXT = "text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str
+    """The target without its query."""
+    headers: Mapping[str, str]
+    """Lower-case names; a header sent twice keeps its last value."""
+    body: bytes
+    client: str = ""
+    """The client's address (its IP), as the per-client bounds count it."""
+    certified: bool = False
+    """The client presented a certificate the server's client CA signed (TLS started after
+    accept, ``LeanServer.start(tls_after_accept=True)``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = TEXT
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def text(cls, status: int, text: str, **kw: Any) -> "Response":
+        return cls(status, text.encode(), **kw)
+
+
+Handler = Callable[[Request], "Response | Awaitable[Response]"]
+Routes = Mapping[tuple[str, str], Handler]
+"""(method, path) -> handler. A handler returning a Response is answered at once; one
+returning an awaitable is awaited (reading from its connection pauses meanwhile)."""
+
+
+@dataclass
+class Limits:
+    max_connections: int
+    idle_timeout_s: float
+    deadline_s: float
+    max_body_bytes: int
+    per_client_connections: int = 0
+    """Most connections one client address holds (0: no per-client bound)."""
+    body_budget_bytes: int = 0
+    """Most body bytes being received at once over every connection (0: no bound)."""
+    per_client_body_bytes: int = 0
+    """Most body bytes one client has being received at once (0: no bound)."""
+    body_deadline_s: float = 0.0
+    """A body must be complete this long after its head (0: ``deadline_s``)."""
+    tls_handshake_s: float = 10.0
+    """A TLS handshake begun after the per-client check must end within this."""
 
 
 class RefusedError(Exception):

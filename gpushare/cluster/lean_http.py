@@ -1,45 +1,50 @@
-"""A small HTTP/1.1 server for the extender's port: kube-scheduler's filter, prioritize and bind
-calls, the kubelet's probes and Prometheus' scrapes.
+"""A small HTTP/1.1 server for the extender's port (kube-scheduler's filter, prioritize and
+bind calls, the kubelet's probes, Prometheus' scrapes) and the admission webhook's.
 
-Why not aiohttp's web server, as the webhook port uses: kube-scheduler waits for each filter
-call inside its scheduling cycle, one pod at a time, and at 5,000 nodes aiohttp's request and
-response objects, routing and middleware were about 12 % of the controller's one busy thread,
-as much as the filter's own loop over the offered nodes (docs/scale.md, "The extender's HTTP
-server"). Here a request is parsed with bytes methods (done in C) and a handler that answers at
-once (filter, prioritize, the probes) runs and is answered inside the callback that read the
-request: no task, no extra turn of the event loop for other work to get in first.
+Why not aiohttp's web server: kube-scheduler waits for each filter call inside its scheduling
+cycle, one pod at a time, and at 5,000 nodes aiohttp's request and response objects, routing
+and middleware were about 12 % of the controller's one busy thread (docs/scale.md, "The
+extender's HTTP server"). Here a request is parsed with bytes methods and a handler that
+answers at once (filter, prioritize, the probes) runs and is answered inside the callback that
+read the request: no task, no extra turn of the event loop for other work to get in first.
 
-What it accepts: HTTP/1.0 and 1.1 requests with a Content-Length body (kube-scheduler, the
-kubelet, Prometheus and curl send those), keep-alive, one request at a time per connection.
-What it refuses, with the status and a reason: a malformed request line or header (400), a
-chunked body (411), a head over MAX_HEAD_BYTES (431), a body over the server's limit (413),
-an unknown path (404) or method (405), a body in a ``Content-Encoding`` other than identity
-(415: nobody that calls gpushare compresses what it sends). Bounds: at most ``max_connections``
-connections (one more is closed at once), a connection that sends no complete request for
-``idle_timeout_s`` is closed, a body not complete within ``body_deadline_s`` (default
-``deadline_s``) of its head gets 503, and so does a handler that has not answered by then.
-
-Bounds per client (its address), for a port any pod can reach (the admission webhook's,
-docs/security.md, "Every HTTP server is bounded"): with ``per_client_connections`` no client
-holds more connections than that (one more is closed as it is accepted, before any transport
-is made for it), and a new connection over ``max_connections`` closes the oldest idle
-connection of the client holding the most, so a client filling the server pays with its own
-connections; the check runs before the TLS handshake, so a refused connection costs no
-handshake. With ``body_budget_bytes`` the bodies being received at once
-(counted by their Content-Length when the head arrives) stay within that many bytes, and a
-client's within ``per_client_body_bytes``: a head whose body would go over gets 503 at once,
-before any of its body is read.
+It takes HTTP/1.0 and 1.1 requests with a Content-Length body, keep-alive, one request at a
+time per connection, and refuses, with the status and a reason, what
+:mod:`gpushare.cluster.http_head` refuses of a head, an unknown path (404) or method (405).
+Bounds: at most ``max_connections`` connections, one idle for ``idle_timeout_s`` closed, a
+body not complete within ``body_deadline_s`` (default ``deadline_s``) of its head and a
+handler that has not answered by then get 503. Per client (its address), for a port any pod
+can reach (docs/security.md, "Every HTTP server is bounded"): with ``per_client_connections``
+one more connection of a client at its bound is closed as it is accepted, before any
+transport or TLS handshake is made for it; over ``max_connections`` the oldest idle
+connection of the client holding the most is closed; with ``body_budget_bytes`` the bodies
+being received (counted by their Content-Length when the head arrives) stay within that many
+bytes, a client's within ``per_client_body_bytes``, or the head gets 503 before any of its
+body is read.
 """
 
 import asyncio
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-from gpushare.cluster.http_head import MAX_HEAD_BYTES, Head, RefusedError, parse_head
+from gpushare.cluster.http_head import (
+    MAX_HEAD_BYTES,
+    TEXT,
+    Handler,
+    Head,
+    Limits,
+    RefusedError,
+    Request,
+    Response,
+    Routes,
+    parse_head,
+)
+
+__all__ = ["TEXT", "Handler", "LeanServer", "Limits", "Request", "Response", "Routes"]
 
 log = logging.getLogger(__name__)
 
@@ -49,59 +54,7 @@ ACCEPTS_PER_TURN = 16
 """Connections taken per turn of the loop: a burst is accepted in short turns, between which
 a filter call already read is answered."""
 
-TEXT = "text/plain; charset=utf-8"
 _REASONS = {int(s): s.phrase for s in HTTPStatus}
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    method: str
-    path: str
-    """The target without its query."""
-    headers: Mapping[str, str]
-    """Lower-case names; a header sent twice keeps its last value."""
-    body: bytes
-    client: str = ""
-    """The client's address (its IP), as the per-client bounds count it."""
-    certified: bool = False
-    """The client presented a certificate the server's client CA signed (TLS started after
-    accept, ``LeanServer.start(tls_after_accept=True)``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Response:
-    status: int
-    body: bytes
-    content_type: str = TEXT
-    headers: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def text(cls, status: int, text: str, **kw: Any) -> "Response":
-        return cls(status, text.encode(), **kw)
-
-
-Handler = Callable[[Request], "Response | Awaitable[Response]"]
-Routes = Mapping[tuple[str, str], Handler]
-"""(method, path) -> handler. A handler returning a Response is answered at once; one
-returning an awaitable is awaited (reading from its connection pauses meanwhile)."""
-
-
-@dataclass
-class Limits:
-    max_connections: int
-    idle_timeout_s: float
-    deadline_s: float
-    max_body_bytes: int
-    per_client_connections: int = 0
-    """Most connections one client address holds (0: no per-client bound)."""
-    body_budget_bytes: int = 0
-    """Most body bytes being received at once over every connection (0: no bound)."""
-    per_client_body_bytes: int = 0
-    """Most body bytes one client has being received at once (0: no bound)."""
-    body_deadline_s: float = 0.0
-    """A body must be complete this long after its head (0: ``deadline_s``)."""
-    tls_handshake_s: float = 10.0
-    """A TLS handshake begun after the per-client check must end within this."""
 
 
 @dataclass
@@ -331,7 +284,11 @@ class _Connection(asyncio.Protocol):
             return False
         if len(server.connections) >= limits.max_connections:
             biggest = max(server.clients.values(), key=len, default=[])
-            return _close_oldest_idle(biggest)
+            idle = next((c for c in biggest if c.idle), None)
+            if idle is None:
+                return False
+            server.refuse()
+            idle.close()
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -537,13 +494,3 @@ class _Connection(asyncio.Protocol):
             transport.close()
         if self.task is not None and self.handshaking:
             self.task.cancel()
-
-
-def _close_oldest_idle(connections: list[_Connection]) -> bool:
-    """Close the oldest idle connection of ``connections``; False when none is idle."""
-    for conn in connections:
-        if conn.idle:
-            conn.server.refuse()
-            conn.close()
-            return True
-    return False
