@@ -5,15 +5,18 @@ Inputs, from a directory (``--from``, default $GPUSHARE_SECURITY_OUT) the tests 
 - ``fuzz.json``: tests/fuzz/test_fuzz_total_parsing.py (inputs and uncaught exceptions);
 - ``attacks.json``: tests/faults/test_security_cluster.py (each attack, refused or not);
 - ``ha.json``: tests/faults/test_controller_ha_cluster.py (leader takeover, rotation, poison);
+- ``flood.json``: tests/faults/test_flood_cluster.py (one address flooding every port while
+  kube-scheduler places pods: filter p99 quiet and flooded, admissions, agent restarts);
 - ``--gpu FILE``: mps_limits_gpu.json from tests/gpu/test_mps_limits_gpu.py on a real GPU.
 
-Sections not given keep their previous value. Run the tests, then:
+Sections not given keep their previous value; attacks run again replace their own result (each
+dated), the others keep theirs. Run the tests, then:
 
-    GPUSHARE_SECURITY_OUT=/tmp/sec GPUSHARE_FUZZ_INPUTS=200000 \\
+    GPUSHARE_SECURITY_OUT=/tmp/sec GPUSHARE_FUZZ_INPUTS=250000 \\
         .venv/bin/pytest tests/fuzz/test_fuzz_total_parsing.py
     GPUSHARE_SECURITY_OUT=/tmp/sec GPUSHARE_HA_PODS=200 \\
         hack/run-pytest.sh tests/faults/test_security_cluster.py \\
-        tests/faults/test_controller_ha_cluster.py
+        tests/faults/test_controller_ha_cluster.py tests/faults/test_flood_cluster.py
     .venv/bin/python -m bench.faults.security --from /tmp/sec --gpu mps_limits_gpu.json
 """
 
@@ -44,8 +47,13 @@ def merge(previous: dict[str, Any], source: Path, gpu: Path | None) -> dict[str,
         doc["fuzz"]["machine"] = machine()
     attacks = _load(source / "attacks.json")
     if attacks is not None:
-        doc["attacks"] = attacks
+        today = datetime.now(UTC).strftime("%Y-%m-%d")
+        fresh = {name: {**result, "date": today} for name, result in attacks.items()}
+        doc["attacks"] = {**(doc.get("attacks") or {}), **fresh}
         doc["attacks_machine"] = machine()
+    flood = _load(source / "flood.json")
+    if flood is not None:
+        doc["flood"] = {**flood, "machine": machine()}
     ha = _load(source / "ha.json")
     if ha is not None:
         doc["ha"] = {**doc.get("ha", {}), **ha}
@@ -76,6 +84,21 @@ def merge(previous: dict[str, Any], source: Path, gpu: Path | None) -> dict[str,
     return doc
 
 
+def _flood_row(flood: dict[str, Any]) -> str:
+    quiet, flooded = flood.get("filter_p99_quiet_ms"), flood.get("filter_p99_flood_ms")
+    missed = isinstance(quiet, int | float) and isinstance(flooded, int | float)
+    missed = missed and flooded > 2 * quiet
+    return (
+        "| one address floods every port while kube-scheduler places pods (quiet and flooded "
+        "phases interleaved, this 2-core VM): filter p99 <= 2x quiet, every admission within "
+        "2 s, 0 agent restarts | "
+        f"filter p99 {quiet} ms quiet, {flooded} ms flooded"
+        f"{' (**missed**)' if missed else ''}; "
+        f"{flood.get('admissions_answered')}/{flood.get('admissions_tried')} admissions; "
+        f"{flood.get('agent_restarts')} agent restarts |"
+    )
+
+
 def markdown(doc: dict[str, Any]) -> str:
     kill = (doc.get("ha") or {}).get("leader_kill") or {}
     rotation = (doc.get("ha") or {}).get("certificate_rotation") or {}
@@ -93,7 +116,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"| hostile-tenant attacks: >= 40 classes, 0 succeed, 0 disturb another pod | "
         f"{doc.get('attacks_tried')} tried, {doc.get('attacks_succeeded')} succeeded, "
         f"{doc.get('attacks_disturbing_others')} disturbed another pod |",
-        f"| fuzz: >= 200,000 hostile inputs, 0 uncaught, none over 1 s, none growing memory "
+        f"| fuzz: >= 250,000 hostile inputs, 0 uncaught, none over 1 s, none growing memory "
         f"past 64 MiB | {doc.get('fuzz_inputs')} inputs, {doc.get('fuzz_uncaught')} uncaught; "
         f"slowest {doc.get('fuzz_slowest_input_s')} s ({doc.get('fuzz_inputs_over_1s')} over "
         f"1 s); largest growth {doc.get('fuzz_max_input_growth_mib')} MiB "
@@ -105,6 +128,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"| certificate rotation: 0 failed admissions or binds | "
         f"{rotation.get('failed_admissions')} failed admissions of {rotation.get('admissions')}, "
         f"{rotation.get('failed_binds')} failed binds |",
+        _flood_row(doc.get("flood") or {}),
         f"| poison pod: restarted controller ready, pods placed | "
         f"placed after poison: {poison.get('pod_scheduled_after_poison')}, watch failures "
         f"{poison.get('watch_failures')} |",
@@ -155,6 +179,18 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "```",
         json.dumps(kill, indent=2, sort_keys=True),
+        "```",
+        "",
+    ]
+    flood = doc.get("flood") or {}
+    lines += [
+        "## Flood (issue 67)",
+        "",
+        f"Machine: {flood.get('machine', 'unknown')}; the local cluster of `hack/` with",
+        "simulated GPUs; the attacker is one process of one client address.",
+        "",
+        "```",
+        json.dumps(flood, indent=2, sort_keys=True),
         "```",
         "",
     ]

@@ -12,3 +12,8 @@ class InvalidInputError(ValueError):
         self.problem = problem
         self.fix = fix
         super().__init__(f"{field}: {problem}; {fix}")
+
+    def __reduce__(self) -> tuple[type["InvalidInputError"], tuple[str, str, str]]:
+        # Pickled as its three parts (the admission process receives refusals from the
+        # controller: gpushare.cluster.admission.link).
+        return (type(self), (self.field, self.problem, self.fix))

@@ -212,8 +212,13 @@ def evaluate(path: str, data: Any) -> list[Any]:
 
 
 def show(value: Any) -> str:
+    """A value as printed: strings as they are, but with every character a terminal would act
+    on or hide escaped (``\x1b``, ``\u202e``: values come from objects others write; issue
+    67), other values as compact JSON (non-ASCII escaped)."""
     if isinstance(value, str):
-        return value
+        if value.isprintable():
+            return value
+        return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in value)
     if value is None:
         return ""
     return json.dumps(value, separators=(",", ":"))

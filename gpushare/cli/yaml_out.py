@@ -21,7 +21,11 @@ def _scalar(value: Any) -> str:
     text = str(value)
     if _PLAIN.match(text) and text.lower() not in _RESERVED:
         return text
-    return json.dumps(text, ensure_ascii=False)
+    if text.isprintable():
+        return json.dumps(text, ensure_ascii=False)
+    # Escaped, every character a terminal would act on or hide (C1 controls, bidi overrides,
+    # DEL): values come from objects others write (issue 67; docs/security.md).
+    return json.dumps(text, ensure_ascii=True)
 
 
 def _inline(value: Any) -> str:

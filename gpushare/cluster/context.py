@@ -60,8 +60,9 @@ class ControllerContext:
         # replicas are summed); a standby exports its own requests and build_info.
         self.metrics.leading = lambda: self.leading
 
-    async def authorize(self, authorization: str | None, path: str) -> Access:
-        """May the caller read ``path`` (/metrics): ``--metrics-auth`` (gpushare.kube.access)."""
+    async def authorize(self, authorization: str | None, path: str, *, client: str = "") -> Access:
+        """May the caller (its address: ``client``) read ``path`` (/metrics):
+        ``--metrics-auth`` (gpushare.kube.access)."""
         if self.settings.process.metrics_auth == "none":
             return Access(200, "allowed (--metrics-auth none)")
         if self.kube is None:
@@ -72,7 +73,7 @@ class ControllerContext:
             )
         if self._reviewer is None:
             self._reviewer = self.kube.access_reviewer()
-        return await self._reviewer.review(authorization, path)
+        return await self._reviewer.review(authorization, path, client=client)
 
     def ready(self) -> tuple[bool, str]:
         if not self.view.synced:

@@ -26,6 +26,7 @@ from pathlib import Path
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.logs import setup_json_logging
 from gpushare.cluster import watches
+from gpushare.cluster.admission.host import AdmissionProcess, ForwardingTls
 from gpushare.cluster.agent_readiness import AgentReadiness
 from gpushare.cluster.certificates import CertificateKeeper, leaves_for
 from gpushare.cluster.context import ControllerContext, Hook
@@ -47,7 +48,6 @@ from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.leader import LeaderElector
 from gpushare.cluster.leading import Leadership, run_operator
 from gpushare.cluster.metrics import Metrics
-from gpushare.cluster.server import Listener, webhook_app
 from gpushare.cluster.settings import PROG, Settings, parse_args
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.tls import (
@@ -93,7 +93,7 @@ async def serve(ctx: ControllerContext, *, hooks: Sequence[Hook] = ()) -> None:
     that dies stops it with exit status 1."""
     ctx.view.tenancies.mode = ctx.settings.placement.tenancy
     ctx.view.tenancies.rules = ctx.settings.placement.neighbour_rules
-    listeners: list[Listener] = []
+    listeners: list[AdmissionProcess] = []
     elector: LeaderElector | None = None
     with tempfile.TemporaryDirectory(prefix="gpushare-webhook-") as scratch:
         try:
@@ -182,25 +182,28 @@ def _extender(ctx: ControllerContext) -> Extender:
 
 def _webhook(
     ctx: ControllerContext, *, cert_dir: Path, keeper: CertificateKeeper | None
-) -> Listener:
-    """The webhook's listener, serving what the certificate keeper wrote from the Secret every
-    replica serves, else certificates made in ``cert_dir`` where missing."""
+) -> AdmissionProcess:
+    """The webhook's port, served by the admission process (gpushare.cluster.admission) with
+    what the certificate keeper wrote from the Secret every replica serves, else certificates
+    made in ``cert_dir`` where missing."""
     web = ctx.settings.webhook
     if keeper is not None and keeper.settings.issue:
         ctx.certs = CertFiles(cert_dir / CERT_FILE, cert_dir / KEY_FILE, cert_dir / CA_FILE)
     else:
         ctx.certs = ensure_certs(cert_dir, hosts=web.hosts(), required=web.required_hosts() or None)
     ctx.ca_bundle = ctx.certs.ca_pem()
-    ctx.webhook_tls = ReloadingServerTls(cert=ctx.certs.cert, key=ctx.certs.key)
-    return Listener(
-        webhook_app(
-            facts=ctx.cluster_facts, metrics=ctx.metrics, ready=ctx.ready, authorize=ctx.authorize
-        ),
+    ctx.webhook_tls = ForwardingTls(cert=ctx.certs.cert, key=ctx.certs.key)
+    return AdmissionProcess(
+        ctx,
         host=web.host,
         port=web.port,
-        ssl_context=ctx.webhook_tls.context,
+        cert=ctx.certs.cert,
+        key=ctx.certs.key,
         # Replicas on one host (tests) share the port; the kernel spreads the calls.
         reuse_port=ctx.settings.leader.enabled,
+        # A restarted controller's port may be held a moment by the last admission process.
+        wait_s=ADMISSION_PORT_WAIT_S,
+        client_ca=web.client_ca,
     )
 
 
@@ -272,6 +275,7 @@ def _watches(ctx: ControllerContext, kube: Kube, extender: Extender) -> list[Dut
             may_finish=True,
         ),
         Task("namespace watch", lambda: watches.feed_namespaces(kube, view, resync_seconds=resync)),
+        Task("ResourceQuota watch", lambda: watches.feed_quotas(kube, view, resync_seconds=resync)),
         Task(
             "node agent Lease watch",
             lambda: watches.feed_agent_leases(
@@ -322,6 +326,9 @@ def _dra_watches(ctx: ControllerContext, kube: Kube, extender: Extender) -> list
         )
     return duties
 
+
+ADMISSION_PORT_WAIT_S = 10.0
+"""How long a starting controller tries the webhook's port while it is taken."""
 
 GC_THRESHOLDS = (20_000, 10, 100)
 """The cyclic GC's thresholds in this process (Python's defaults: 700, 10, 10). The controller

@@ -249,8 +249,8 @@ class OpportunisticDuties:
         promoted: list[str] = []
         for _, gpu in self.view.opportunistic_gpus():
             for key in self.opportunism.promotions(gpu):
-                if key in self._evicting:
-                    continue
+                if key in self._evicting or not self.view.may_guarantee(key):
+                    continue  # (or its namespace's quota on gpu-percent would be exceeded)
                 self.view.promote(key)  # counted before any await: no bind takes the share
                 namespace, _, name = key.partition("/")
                 try:

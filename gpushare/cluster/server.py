@@ -1,18 +1,17 @@
-"""HTTP layer: the extender's port (verbs, health, metrics) on :mod:`gpushare.cluster.lean_http`,
-the webhook's on aiohttp.
+"""HTTP layer: the extender's port (verbs, health, metrics) on :mod:`gpushare.cluster.lean_http`.
+The webhook's port is served by the admission process (:mod:`gpushare.cluster.admission`).
 
-Handlers only parse, time and answer; the decisions live in extender.py and webhook.py. Any
-malformed body gets a 4xx with the reason, and no request can stop the server.
+Handlers only parse, time and answer; the decisions live in the extender. Any malformed body
+gets a 4xx with the reason, and no request can stop the server.
 """
 
 import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpushare.api.errors import InvalidInputError
@@ -20,8 +19,6 @@ from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, 
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.lean_http import Handler, LeanServer, Limits, Request, Response, Routes
 from gpushare.cluster.metrics import Metrics
-from gpushare.cluster.webhook import review as webhook
-from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.kube.access import Access
 
 log = logging.getLogger(__name__)
@@ -30,9 +27,16 @@ MAX_BODY_BYTES = 64 * 2**20
 """Enough for a NodeList of thousands of nodes (schedulers that are not nodeCacheCapable)."""
 
 Readiness = Callable[[], tuple[bool, str]]
-FactsSource = Callable[[], ClusterFacts]
-Authorize = Callable[[str | None, str], Awaitable[Access]]
-"""(the Authorization header, the path) -> may the caller read it (gpushare.kube.access)."""
+
+
+class Authorize(Protocol):
+    """(the Authorization header, the path, the caller's address) -> may the caller read it
+    (gpushare.kube.access)."""
+
+    def __call__(
+        self, authorization: str | None, path: str, *, client: str = ""
+    ) -> Awaitable[Access]: ...
+
 
 MAX_CONNECTIONS = 256
 """Open connections per server; one more is closed at once (the API server and kube-scheduler
@@ -40,76 +44,18 @@ keep a few each)."""
 IDLE_TIMEOUT_S = 30.0
 """A connection that sends no complete request for this long is closed (also one that sends
 its headers a byte at a time)."""
-WEBHOOK_DEADLINE_S = 30.0
-"""The API server gives up on a webhook after at most 30 s: no review is worked on longer."""
 EXTENDER_DEADLINE_S = 60.0
 """Longest extender request (a bind waits at most the allocation gate, 5 s by default)."""
+PER_CLIENT_CONNECTIONS = 64
+"""Connections of one client address (kube-scheduler keeps a few, more while binds run in
+parallel): a client holding every connection no longer shuts kube-scheduler out (issue 67)."""
 EXTENDER_LIMITS = Limits(
     max_connections=MAX_CONNECTIONS,
     idle_timeout_s=IDLE_TIMEOUT_S,
     deadline_s=EXTENDER_DEADLINE_S,
     max_body_bytes=MAX_BODY_BYTES,
+    per_client_connections=PER_CLIENT_CONNECTIONS,
 )
-
-
-class _Refused(asyncio.Protocol):
-    """The protocol of a connection over the bound: closed at once."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.close()
-
-
-class _BoundedServer(web.Server):
-    max_connections = MAX_CONNECTIONS
-
-    def __call__(self) -> Any:
-        if len(self.connections) >= self.max_connections:
-            log.warning("connection refused: too many open", extra={"open": self.max_connections})
-            return _Refused()
-        return super().__call__()
-
-
-class BoundedRunner(web.AppRunner):
-    """An AppRunner whose server keeps at most ``max_connections`` connections (TLS handshakes
-    in flight are bounded by asyncio's 60 s handshake timeout) and closes idle ones after
-    ``idle_timeout_s``."""
-
-    def __init__(
-        self,
-        app: web.Application,
-        *,
-        max_connections: int = MAX_CONNECTIONS,
-        idle_timeout_s: float = IDLE_TIMEOUT_S,
-    ) -> None:
-        super().__init__(
-            app, access_log=None, handle_signals=False, keepalive_timeout=idle_timeout_s
-        )
-        self._max_connections = max_connections
-
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        server.__class__ = _BoundedServer
-        server.max_connections = self._max_connections  # type: ignore[attr-defined]
-        return server
-
-
-def deadline(seconds: float) -> Any:
-    """Middleware: a request not answered within ``seconds`` (a body sent slowly, a stuck
-    call) gets 503 and its work is cancelled."""
-
-    @web.middleware
-    async def within(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        try:
-            async with asyncio.timeout(seconds):
-                return await handler(request)
-        except TimeoutError:
-            return web.Response(
-                status=503, text=f"gpushare: no answer within {seconds:g}s; retry\n"
-            )
-
-    return within
 
 
 _encode = msgspec.json.Encoder()
@@ -120,10 +66,6 @@ def _json(data: object, *, status: int = 200) -> Response:
     # msgspec: a filter call carries hundreds of node names each way; the stdlib json module
     # was a visible share of the controller's CPU per pod at 1000 nodes.
     return Response(status, _encode.encode(data), content_type="application/json")
-
-
-def _web_json(data: object) -> web.Response:
-    return web.Response(body=_encode.encode(data), content_type="application/json")
 
 
 def decode_body(raw: bytes) -> Any:
@@ -166,29 +108,15 @@ def health_handlers(
 
         async def prometheus(request: Request) -> Response:
             if authorize is not None:
-                access = await authorize(request.headers.get("authorization"), "/metrics")
+                access = await authorize(
+                    request.headers.get("authorization"), "/metrics", client=request.client
+                )
                 if not access.allowed:
                     return _refusal(access)
             return Response(200, generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
         handlers[("GET", "/metrics")] = prometheus
     return handlers
-
-
-def _on_aiohttp(handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """A lean handler served by an aiohttp application (the webhook port's health routes)."""
-
-    async def handle(request: web.Request) -> web.Response:
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        result = handler(Request(request.method, request.path, headers, await request.read()))
-        answer = result if isinstance(result, Response) else await result
-        return web.Response(
-            status=answer.status,
-            body=answer.body,
-            headers={"Content-Type": answer.content_type, **dict(answer.headers)},
-        )
-
-    return handle
 
 
 def extender_routes(
@@ -274,91 +202,15 @@ class _Verb:
 OUTCOMES = ("ok", "error", "bad_request")
 
 
-def webhook_app(
-    *,
-    facts: FactsSource,
-    metrics: Metrics,
-    ready: Readiness,
-    authorize: Authorize | None = None,
-) -> web.Application:
-    """POST /mutate and /validate (AdmissionReview v1); GET /healthz /readyz /metrics.
-
-    An answer has no side effect: anyone who reaches this port can post a review (the API
-    server proves nothing to a webhook), so a review only reads the view (docs/security.md,
-    "Nothing with side effects on an unauthenticated request")."""
-    app = web.Application(client_max_size=8 * 2**20, middlewares=[deadline(WEBHOOK_DEADLINE_S)])
-    app.router.add_post("/mutate", _review_handler("mutate", facts, metrics, mutate=True))
-    app.router.add_post("/validate", _review_handler("validate", facts, metrics, mutate=False))
-    # /metrics here too: every replica serves this port, and it asks for no client certificate
-    # (so a bearer token, checked by ``authorize``).
-    for (method, path), handler in health_handlers(
-        ready=ready, metrics=metrics, authorize=authorize
-    ).items():
-        app.router.add_route(method, path, _on_aiohttp(handler))
-    return app
-
-
-def _review_handler(
-    name: str, facts: FactsSource, metrics: Metrics, *, mutate: bool
-) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """The handler of one webhook (``mutate`` or ``validate``), timed and counted by outcome."""
-    latency = metrics.webhook_seconds.labels(name)
-
-    async def handle(request: web.Request) -> web.Response:
-        start = time.perf_counter()
-        try:
-            return await _answer_review(request, name, facts, metrics, mutate=mutate)
-        finally:
-            latency.observe(time.perf_counter() - start)
-
-    return handle
-
-
-async def _answer_review(
-    request: web.Request, name: str, facts: FactsSource, metrics: Metrics, *, mutate: bool
-) -> web.Response:
-    """One AdmissionReview answered: 400 for one that is not, a refusal (never no answer) when
-    reviewing fails, else the verdict."""
-    try:
-        parsed = webhook.parse_review(await request.read())
-    except webhook.BadReviewError as exc:
-        metrics.webhook_requests.labels(name, "bad_request").inc()
-        return web.Response(text=f"gpushare: bad AdmissionReview: {exc}\n", status=400)
-    try:
-        doc, verdict = webhook.answer(parsed, facts=facts(), mutate=mutate)
-    except Exception as exc:
-        # Never leave the API server without an answer for a pod we were asked about.
-        log.exception("admission review failed", extra={"webhook": name})
-        metrics.webhook_requests.labels(name, "error").inc()
-        doc = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "response": {
-                "uid": parsed.uid,
-                "allowed": False,
-                "status": {"code": 500, "message": f"gpushare: internal error: {exc}"},
-            },
-        }
-        return _web_json(doc)
-    outcome = "allowed" if verdict.allowed else "denied"
-    metrics.webhook_requests.labels(name, outcome).inc()
-    if not verdict.allowed:
-        log.info(
-            "pod refused",
-            extra={"webhook": name, "namespace": parsed.namespace, "why": verdict.message},
-        )
-    return _web_json(doc)
-
-
 class Listener:
     """One of the process's HTTP servers as a component: :meth:`start` listens (with
     ``wait_s``, trying that long while the port is taken: on a takeover on one host the old
-    leader's socket may linger a moment), :meth:`stop` closes it. An aiohttp application (the
-    webhook's) or lean routes (the extender's, with ``limits``)."""
+    leader's socket may linger a moment), :meth:`stop` closes it. Lean routes (the
+    extender's, with ``limits``)."""
 
     def __init__(
         self,
-        app: web.Application | Routes,
+        app: Routes,
         *,
         host: str,
         port: int,
@@ -370,7 +222,6 @@ class Listener:
         self.app, self.host, self.port = app, host, port
         self.ssl_context, self.reuse_port, self.wait_s = ssl_context, reuse_port, wait_s
         self.limits = limits or EXTENDER_LIMITS
-        self._runner: BoundedRunner | None = None
         self._lean: LeanServer | None = None
 
     async def start(self) -> None:
@@ -390,42 +241,19 @@ class Listener:
                 ) from None
 
     async def _open(self) -> None:
-        if not isinstance(self.app, web.Application):
-            lean = LeanServer(self.app, self.limits)
-            await lean.start(
-                self.host, self.port, ssl_context=self.ssl_context, reuse_port=self.reuse_port
-            )
-            self._lean = lean
-            return
-        runner = BoundedRunner(self.app)
-        await runner.setup()
-        site = web.TCPSite(
-            runner,
-            self.host,
-            self.port,
-            ssl_context=self.ssl_context,  # type: ignore[arg-type]
-            reuse_address=True,
-            reuse_port=self.reuse_port or None,
+        lean = LeanServer(self.app, self.limits)
+        await lean.start(
+            self.host, self.port, ssl_context=self.ssl_context, reuse_port=self.reuse_port
         )
-        try:
-            await site.start()
-        except OSError:
-            await runner.cleanup()
-            raise
-        self._runner = runner
+        self._lean = lean
 
     @property
     def bound_port(self) -> int:
         """The port listened on (the one picked for port 0)."""
-        if self._lean is not None:
-            return self._lean.port
-        assert self._runner is not None
-        return int(self._runner.addresses[0][1])
+        assert self._lean is not None
+        return self._lean.port
 
     async def stop(self) -> None:
         if self._lean is not None:
             await self._lean.stop()
             self._lean = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None

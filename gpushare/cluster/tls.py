@@ -144,10 +144,20 @@ class ReloadingServerTls:
     alongside the previous one, so clients holding certificates of either work during the
     change."""
 
-    def __init__(self, *, cert: Path, key: Path, client_ca: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        cert: Path,
+        key: Path,
+        client_ca: Path | None = None,
+        client_optional: bool = False,
+    ) -> None:
         self.cert = cert
         self.key = key
         self.client_ca = client_ca
+        self.client_optional = client_optional
+        """With ``client_ca``: a client may present no certificate (one it presents must be
+        signed by the CA); the server then decides per request (the webhook's probes)."""
         self._previous_ca = b""
         self._seen = self.fingerprint()
         self.context = self._build()
@@ -172,7 +182,7 @@ class ReloadingServerTls:
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(self.cert, self.key)
         if self.client_ca is not None:
-            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.verify_mode = ssl.CERT_OPTIONAL if self.client_optional else ssl.CERT_REQUIRED
             bundle = self.client_ca.read_bytes() + b"\n" + self._previous_ca
             ctx.load_verify_locations(cadata=bundle.decode())
         return ctx

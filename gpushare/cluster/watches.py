@@ -221,6 +221,21 @@ async def feed_namespaces(kube: Kube, view: ClusterView, *, resync_seconds: floa
     )
 
 
+async def feed_quotas(kube: Kube, view: ClusterView, *, resync_seconds: float) -> None:
+    """ResourceQuotas' bounds on guaranteed GPU share: an opted-in pod holds a guaranteed
+    share only within them (gpushare.cluster.state.quotas)."""
+    await _watch(
+        kube,
+        Watched.RESOURCE_QUOTAS,
+        view.quarantine,
+        "ResourceQuota",
+        replace=lambda quotas: view.quotas.replace(quotas, take=view.quarantine.take),
+        upsert=view.quotas.upsert,
+        delete=view.quotas.delete,
+        resync_seconds=resync_seconds,
+    )
+
+
 async def feed_claim_templates(
     kube: Kube, templates: ClaimTemplates, *, resync_seconds: float
 ) -> None:

@@ -10,9 +10,13 @@ Prometheus has it). A path may ask for its own token audience: the operator pres
 a token bound to :data:`PROFILE_AUDIENCE`, which the API server itself refuses, so a token read
 off the node network opens nothing but profiles (docs/security.md, "Metrics and profiles").
 
-Answers are cached by a hash of the token (allowed 60 s, refused 10 s; 4096 entries at most,
-so a flood of made-up tokens costs bounded memory and one review per token); an API server
-that cannot be asked refuses (503), never admits.
+Answers are cached by a hash of the token (allowed 60 s, refused 10 s), the allowed and the
+refused apart (4096 entries each), so made-up tokens never push a scraper's grant out. Each
+client address may have at most :data:`REVIEWS_PER_CLIENT` tokens not known to be good
+reviewed per :data:`REVIEW_WINDOW_S` (and all clients together :data:`REVIEWS_TOTAL`): past
+that a made-up token gets 429 without a review, so a flood of them costs the API server a
+bounded number of TokenReviews (issue 67). A token allowed before is re-reviewed when its answer
+expires whatever the budget. An API server that cannot be asked refuses (503), never admits.
 """
 
 import hashlib
@@ -39,6 +43,13 @@ MAX_TOKEN_CHARS: Final = 16 * 1024
 ALLOWED_TTL_S: Final = 60.0
 REFUSED_TTL_S: Final = 10.0
 MAX_CACHED: Final = 4096
+REVIEW_WINDOW_S: Final = 60.0
+REVIEWS_PER_CLIENT: Final = 10
+"""TokenReviews one client address may cause per window for tokens not known to be good (a
+scraper has one token per path; its restarts and rotations take a few)."""
+REVIEWS_TOTAL: Final = 600
+"""TokenReviews all clients together may cause per window for such tokens."""
+MAX_CLIENTS: Final = 4096
 _TOKEN = re.compile(r"[A-Za-z0-9._~+/=-]+")
 
 
@@ -94,6 +105,15 @@ def _forbidden(path: str, user: str, why: str) -> Access:
     )
 
 
+def _over_budget(path: str, client: str) -> Access:
+    return Access(
+        429,
+        f"{path}: too many unknown tokens from {client or 'this client'} lately (at most "
+        f"{REVIEWS_PER_CLIENT} a minute are checked with the API server); fix: send a current "
+        "ServiceAccount token, and retry in a minute",
+    )
+
+
 def _unavailable(path: str, exc: Exception) -> Access:
     return Access(503, f"{path}: the token cannot be checked now ({exc}); retry shortly")
 
@@ -138,41 +158,79 @@ def judge_access(path: str, user: Mapping[str, Any], status: Mapping[str, Any]) 
 
 
 class AccessCache:
-    """Answers by (token hash, path, verb), expiring; bounded in entries."""
+    """Answers by (token hash, path, verb), expiring; the allowed and the refused apart, each
+    bounded in entries; and each client's budget of reviews of tokens not known to be good."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._entries: OrderedDict[str, tuple[float, Access]] = OrderedDict()
+        self._allowed: OrderedDict[str, tuple[float, Access]] = OrderedDict()
+        self._refused: OrderedDict[str, tuple[float, Access]] = OrderedDict()
+        self._good: OrderedDict[str, None] = OrderedDict()
+        """Keys once allowed (their answer may have expired): re-reviewed whatever the budget."""
+        self._spent: dict[str, list[float]] = {}
+        """Per client address, when it caused reviews of unknown tokens (this window)."""
+        self._spent_total: list[float] = []
         self._lock = threading.Lock()  # the agent answers from several threads
         self.reviews = 0
         """Answers that had to ask the API server (a counter, for tests and metrics)."""
+        self.over_budget = 0
+        """Unknown tokens refused without a review (a client past its budget)."""
 
     @staticmethod
     def key(token: str, path: str, verb: str) -> str:
-        return hashlib.sha256(f"{verb} {path} {token}".encode()).hexdigest()
+        return hashlib.sha256(f"{verb} {path} {token}".encode(errors="replace")).hexdigest()
 
     def get(self, key: str) -> Access | None:
         with self._lock:
-            found = self._entries.get(key)
-            if found is None:
-                return None
-            if found[0] < self.clock():
-                del self._entries[key]
-                return None
-            return found[1]
+            for entries in (self._allowed, self._refused):
+                found = entries.get(key)
+                if found is None:
+                    continue
+                if found[0] < self.clock():
+                    del entries[key]
+                    return None
+                return found[1]
+            return None
+
+    def spend(self, key: str, client: str) -> bool:
+        """May ``client`` have the token of ``key`` reviewed now: it was allowed before, or the
+        client (and all clients together) have budget left this window; counts it."""
+        with self._lock:
+            if key in self._good:
+                return True
+            now = self.clock()
+            start = now - REVIEW_WINDOW_S
+            mine = [t for t in self._spent.get(client, ()) if t > start]
+            self._spent_total = [t for t in self._spent_total if t > start]
+            if len(mine) >= REVIEWS_PER_CLIENT or len(self._spent_total) >= REVIEWS_TOTAL:
+                self._spent[client] = mine
+                self.over_budget += 1
+                return False
+            mine.append(now)
+            self._spent_total.append(now)
+            self._spent[client] = mine
+            if len(self._spent) > MAX_CLIENTS:
+                self._spent = {c: t for c, t in self._spent.items() if t and t[-1] > start}
+            return True
 
     def put(self, key: str, access: Access) -> None:
-        if access.status == 503:
-            return  # the API server's trouble: ask again next time
+        if access.status in (429, 503):
+            return  # not the token's answer: ask again next time
+        entries = self._allowed if access.allowed else self._refused
         ttl = ALLOWED_TTL_S if access.allowed else REFUSED_TTL_S
         with self._lock:
-            self._entries[key] = (self.clock() + ttl, access)
-            self._entries.move_to_end(key)
-            while len(self._entries) > MAX_CACHED:
-                self._entries.popitem(last=False)
+            entries[key] = (self.clock() + ttl, access)
+            entries.move_to_end(key)
+            while len(entries) > MAX_CACHED:
+                entries.popitem(last=False)
+            if access.allowed:
+                self._good[key] = None
+                self._good.move_to_end(key)
+                while len(self._good) > MAX_CACHED:
+                    self._good.popitem(last=False)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._allowed) + len(self._refused)
 
 
 _C = TypeVar("_C", AsyncClient, Client)
@@ -187,9 +245,12 @@ class _Reviewer(Generic[_C]):
         self._audiences = dict(audiences or {})
         self.cache = AccessCache()
 
-    def _known(self, authorization: str | None, path: str, verb: str) -> Access | tuple[str, str]:
-        """The answer when the API server need not be asked (no usable token, or cached); else
-        the cache key and the token, the review counted."""
+    def _known(
+        self, authorization: str | None, path: str, verb: str, client: str
+    ) -> Access | tuple[str, str]:
+        """The answer when the API server need not be asked (no usable token, cached, or the
+        client past its budget of unknown tokens); else the cache key and the token, the
+        review counted."""
         token = bearer_token(authorization)
         if token is None:
             return _missing(path)
@@ -197,6 +258,8 @@ class _Reviewer(Generic[_C]):
         cached = self.cache.get(key)
         if cached is not None:
             return cached
+        if not self.cache.spend(key, client):
+            return _over_budget(path, client)
         self.cache.reviews += 1
         return key, token
 
@@ -216,8 +279,10 @@ def _failed(path: str, exc: Exception) -> Access:
 class AsyncAccessReviewer(_Reviewer[AsyncClient]):
     """The controller's reviewer (lightkube's AsyncClient)."""
 
-    async def review(self, authorization: str | None, path: str, verb: str = "get") -> Access:
-        known = self._known(authorization, path, verb)
+    async def review(
+        self, authorization: str | None, path: str, verb: str = "get", *, client: str = ""
+    ) -> Access:
+        known = self._known(authorization, path, verb, client)
         if isinstance(known, Access):
             return known
         key, token = known
@@ -235,8 +300,11 @@ class AsyncAccessReviewer(_Reviewer[AsyncClient]):
 class AccessReviewer(_Reviewer[Client]):
     """The node agent's reviewer (lightkube's blocking Client, from its HTTP threads)."""
 
-    def review(self, authorization: str | None, path: str, verb: str = "get") -> Access:
-        known = self._known(authorization, path, verb)
+    def review(
+        self, authorization: str | None, path: str, verb: str = "get", *, client: str = ""
+    ) -> Access:
+        """``client``: the caller's address, whose budget of unknown tokens is counted."""
+        known = self._known(authorization, path, verb, client)
         if isinstance(known, Access):
             return known
         key, token = known

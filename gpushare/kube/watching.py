@@ -8,7 +8,7 @@ from typing import Any
 
 from lightkube import ALL_NS, AsyncClient
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.core_v1 import Namespace, Node, Pod, ResourceQuota
 
 from gpushare.kube.errors import translated
 from gpushare.kube.informer import Objects, inform
@@ -33,6 +33,8 @@ class Watched(enum.Enum):
     CLAIM_TEMPLATES = "resourceclaimtemplates"
     LEASES = "leases"
     """Of one namespace (the release's): the node agents' Leases (gpushare.api.agent_lease)."""
+    RESOURCE_QUOTAS = "resourcequotas"
+    """Their bounds on guaranteed GPU share (gpushare.cluster.state.quotas)."""
 
 
 _WATCHED: dict[Watched, tuple[Any, bool, str | None]] = {
@@ -56,6 +58,7 @@ _WATCHED: dict[Watched, tuple[Any, bool, str | None]] = {
         "/apis/resource.k8s.io/v1/resourceclaimtemplates",
     ),
     Watched.LEASES: (Lease, True, None),
+    Watched.RESOURCE_QUOTAS: (ResourceQuota, True, "/api/v1/resourcequotas"),
 }
 """Each kind: lightkube resource, namespaced, path for the raw (msgspec) watch."""
 

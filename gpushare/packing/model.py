@@ -76,6 +76,9 @@ class Demand:
     """Peak GPU memory its profile measured (a GpuShare's ``status.profile.memoryBytes``): an
     opportunistic pod's memory cap may come down to it, with headroom, never below
     (:func:`gpushare.packing.opportunistic.memory_steps`)."""
+    guarantee: bool = True
+    """It may hold a guaranteed share. False for an opted-in pod its namespace's quota did not
+    count (gpushare.cluster.state.quotas): it is placed only as an opportunistic tenant."""
 
     @property
     def whole(self) -> bool:

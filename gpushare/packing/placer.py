@@ -52,6 +52,14 @@ MEMO_LIMIT = 400_000
 """Costs a placer remembers (pod shape x node signature) before it starts over."""
 
 
+NO_GUARANTEE = (
+    "its namespace's ResourceQuota on gpushare.io/gpu-percent has no room for it as a "
+    "guaranteed share (it asks for gpushare.io/opportunistic-gpu-percent, which the quota did "
+    "not count), so it runs only opportunistically"
+)
+"""Why a pod that may hold no guaranteed share (``Demand.guarantee``) got none."""
+
+
 class Placer:
     """A policy plus the pod mix it measures against (the mix only matters to ``gpushare``)."""
 
@@ -113,10 +121,13 @@ class Placer:
 
         Opportunistic tenants in the way add :data:`PAUSE_COST` each it pauses and
         :data:`EVICTION_COST` each it evicts; an opted-in pod without a guaranteed option costs
-        :data:`OPPORTUNISTIC_COST` less its gain."""
+        :data:`OPPORTUNISTIC_COST` less its gain; one its quota did not count
+        (``Demand.guarantee`` false) has only that option."""
         # Inlined _seen_by: this runs for every candidate node.
         guaranteed = node if demand.opportunistic else guaranteed_node(node)
-        if guaranteed is node:
+        if not demand.guarantee:
+            cost = None
+        elif guaranteed is node:
             cost = self._guaranteed_cost(node, demand, signature)
         else:
             assignment = self._choose_guaranteed(node, guaranteed, demand)
@@ -140,6 +151,7 @@ class Placer:
         capacity (:meth:`QuickCosts.reads`)."""
         return (
             self.policy is Policy.GPUSHARE
+            and demand.guarantee
             and not self._may_go_beyond(demand)
             and QuickCosts.reads(demand)
         )
@@ -221,9 +233,13 @@ class Placer:
     def choose_gpus(self, node: NodeState, demand: Demand) -> Assignment | None:
         """The GPU(s), thread cap and memory limit ``demand`` gets on ``node``: by its
         guaranteed share when one fits (naming the opportunistic tenants it pauses and
-        evicts), else, for an opted-in pod, beyond a GPU's guaranteed capacity where that
-        pays."""
-        assignment = self._choose_guaranteed(node, self._seen_by(node, demand), demand)
+        evicts) and its quota counted it, else, for an opted-in pod, beyond a GPU's guaranteed
+        capacity where that pays."""
+        assignment = (
+            self._choose_guaranteed(node, self._seen_by(node, demand), demand)
+            if demand.guarantee
+            else None
+        )
         if assignment is not None or not self._may_go_beyond(demand):
             return assignment
         option = self._opportunistic(node, demand)
@@ -280,8 +296,10 @@ class Placer:
         opted-in pod why it may not go beyond either), or None; remembered like
         :meth:`node_cost` (the words name no GPU, so nodes in one state give one answer)."""
         guaranteed = self._seen_by(node, demand)
-        reason = self._guaranteed_refusal(
-            guaranteed, demand, signature if guaranteed is node else None
+        reason = (
+            self._guaranteed_refusal(guaranteed, demand, signature if guaranteed is node else None)
+            if demand.guarantee
+            else NO_GUARANTEE
         )
         if reason is None or not self._may_go_beyond(demand):
             return reason

@@ -27,6 +27,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -1982,6 +1983,168 @@ def tenant_running_pod(sec: Sec, fraction: str) -> str:
     return name
 
 
+# ---- issue 67: quota, /proc paths, the webhook's and the agents' ports ------------------
+
+
+def opts_in_past_its_quota(sec: Sec) -> Outcome:
+    """Issue 67: opted-in pods ask for the opportunistic resource, which a ResourceQuota on
+    gpu-percent does not count, yet one that fitted was bound as a guaranteed share: a tenant
+    at its quota held more guaranteed share than it. Now, under a quota of 50, three opted-in
+    pods of 0.5 hold at most 50 guaranteed; the others wait, saying why."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "gpus", "namespace": sec.attacker_ns},
+        "spec": {"hard": {"requests.gpushare.io/gpu-percent": "50"}},
+    }
+    sec.kubectl("apply", "-f", "-", stdin=json.dumps(quota))
+    names = [f"optq-{uuid.uuid4().hex[:4]}" for _ in range(3)]
+    try:
+        for name in names:
+            refused, why = create(
+                sec,
+                pod_doc(
+                    name,
+                    sec.cluster.busybox_image,
+                    annotations={ANN_FRACTION: "0.5", ANN_OPPORTUNISTIC: "true"},
+                ),
+            )
+            if refused:
+                return False, f"{name} refused at creation: {why}"
+
+        def settled() -> list[dict[str, Any]] | None:
+            pods = [sec.pod(sec.attacker_ns, n) for n in names]
+            bound = [p for p in pods if p["spec"].get("nodeName")]
+            return pods if len(bound) >= 1 else None
+
+        wait_until(settled, timeout_s=60)
+        time.sleep(10)  # the others' filter rounds
+        pods = [sec.pod(sec.attacker_ns, n) for n in names]
+        guaranteed = [
+            p["metadata"]["name"]
+            for p in pods
+            if p["spec"].get("nodeName")
+            and p["metadata"].get("annotations", {}).get(ANN_TIER) != "opportunistic"
+        ]
+        waiting = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
+        message = scheduling_message(sec, sec.attacker_ns, waiting[0]) if waiting else ""
+        ok = len(guaranteed) * 50 <= 50 and (not waiting or "ResourceQuota" in message)
+        return ok, (
+            f"quota 50: {len(guaranteed)} opted-in pods of 0.5 bound guaranteed "
+            f"({', '.join(guaranteed)}); waiting: {len(waiting)} ({message[:200]})"
+        )
+    finally:
+        for name in names:
+            sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
+        sec.kubectl("delete", "resourcequota", "gpus", "-n", sec.attacker_ns)
+
+
+def a_plain_pod_mounts_the_host_through_proc(sec: Sec) -> Outcome:
+    """Issue 67: /proc/1/root/... passed the host-path guard (a process's root is the host's
+    file system). Now the policy refuses /proc, /proc/<pid> and every path through a
+    process's root or working directory."""
+    reasons = []
+    for path in ("/proc/1/root/var/lib/kubelet/device-plugins", "/proc/self/root", "/proc/1"):
+        name = f"proc-mount-{uuid.uuid4().hex[:4]}"
+        doc = pod_doc(
+            name,
+            sec.cluster.busybox_image,
+            container={"volumeMounts": [{"name": "h", "mountPath": "/h"}]},
+            spec={"volumes": [{"name": "h", "hostPath": {"path": path}}]},
+        )
+        refused, why = create(sec, doc)
+        if not refused:
+            sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
+            return False, f"a plain pod mounting {path} was created"
+        if "protected host directory" not in why:
+            return False, f"{path}: refused for another reason: {why}"
+        reasons.append(why)
+    return True, reasons[0]
+
+
+def _webhook_post(sec: Sec, body: bytes, headers: dict[str, str] | None = None) -> int:
+    """POST /mutate to the controller's webhook port as any pod could (no client proof)."""
+    import ssl  # noqa: PLC0415
+
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{sec.controller.webhook_port}/mutate",
+        data=body,
+        headers=headers or {},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=15, context=context) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def sends_the_webhook_bodies_it_cannot_parse_cheaply(sec: Sec) -> Outcome:
+    """Issue 67: an undecodable Content-Encoding gave 500 (228 of the last fuzz's uncaught
+    inputs), and one review of 4 million integers held the controller's loop for over a
+    second. Now: 415 for a Content-Encoding, 413 for a review of over 200,000 values (before
+    parsing) or over 4 MiB (before reading), each at once, and the extender answers
+    meanwhile."""
+    gzip = _webhook_post(sec, b"\x1f\x8bnot gzip", {"Content-Encoding": "gzip"})
+    ints = b"1," * 1_900_000
+    started = time.monotonic()
+    many = _webhook_post(sec, b'{"kind":"AdmissionReview","x":[' + ints + b"1]}")
+    many_s = time.monotonic() - started
+    status, _ = post("filter", {"Pod": pod_doc("probe", "busybox"), "NodeNames": []})
+    ok = gzip == 415 and many == 413 and many_s < 5 and status == 200
+    return ok, (
+        f"gzip body: HTTP {gzip}; review of 1.9 million integers: HTTP {many} after "
+        f"{many_s:.2f} s; the extender's filter meanwhile: HTTP {status}"
+    )
+
+
+def holds_every_agent_connection_from_one_pod(sec: Sec) -> Outcome:
+    """Issue 67: one pod holding the agent's 64 connections failed its liveness probe 0/9
+    (the agent restarted over and over) and left the bind check without a verdict. Now one
+    address holds at most 8: the probes of another are answered throughout."""
+    import socket  # noqa: PLC0415
+
+    port = sec.agent.metrics_port
+    held = []
+    try:
+        for _ in range(200):
+            try:
+                held.append(
+                    socket.create_connection(
+                        ("127.0.0.1", port), timeout=2, source_address=("127.0.0.2", 0)
+                    )
+                )
+            except OSError:
+                break
+        answered = 0
+        for _ in range(9):
+            try:
+                status, _ = _get(f"http://127.0.0.1:{port}/healthz", None)
+                answered += status == 200
+            except OSError:
+                pass
+            time.sleep(0.2)
+    finally:
+        for s in held:
+            s.close()
+    return answered == 9, f"/healthz answered {answered}/9 while one address held 200 connections"
+
+
+def floods_the_agent_with_made_up_tokens(sec: Sec) -> Outcome:
+    """Issue 67: every made-up bearer token cost a TokenReview (unbounded API-server load).
+    Now one address gets at most 10 unknown tokens reviewed a minute; the rest get 429 without
+    a review."""
+    port = sec.agent.metrics_port
+    statuses = Counter(
+        _get(f"http://127.0.0.1:{port}/metrics", f"made-up-{uuid.uuid4().hex}")[0]
+        for _ in range(60)
+    )
+    return statuses[429] >= 45 and statuses[200] == 0, f"60 made-up tokens: {dict(statuses)}"
+
+
 ATTACKS: dict[str, Callable[[Sec], Outcome]] = {
     f.__name__: f
     for f in (
@@ -2036,6 +2199,11 @@ ATTACKS: dict[str, Callable[[Sec], Outcome]] = {
         a_hostile_lease_spec_keeps_a_dead_agents_node_alive,
         a_tenant_service_account_named_like_the_node_agent,
         a_stolen_agent_token_after_its_pod_is_gone,
+        opts_in_past_its_quota,
+        a_plain_pod_mounts_the_host_through_proc,
+        sends_the_webhook_bodies_it_cannot_parse_cheaply,
+        holds_every_agent_connection_from_one_pod,
+        floods_the_agent_with_made_up_tokens,
         declares_its_running_pod_finished,  # last: it ends the tenant's running pod
     )
 }

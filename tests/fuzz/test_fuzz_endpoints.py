@@ -2,9 +2,7 @@
 body, the answer is a 2xx in the exact shape or a 4xx with a reason, and the server keeps
 serving."""
 
-import asyncio
 import json
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,12 +22,15 @@ from gpushare.api.names import (
     ANN_SHARE,
     RESOURCE_GPU_PERCENT,
 )
+from gpushare.cluster.context import ControllerContext
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.metrics import Metrics
-from gpushare.cluster.server import Listener, extender_routes, webhook_app
+from gpushare.cluster.server import extender_routes
+from gpushare.cluster.settings import Settings
 from gpushare.cluster.state.view import ClusterView
-from gpushare.cluster.webhook.facts import ClusterFacts
-from tests.fixtures.builders import GIB, gpu, node_json, pod_json
+from tests.fixtures.admission import ServedAdmission
+from tests.fixtures.builders import gpu, node_json, pod_json
+from tests.fixtures.threaded_listener import ThreadedListener
 
 NODES = ["n0", "n1", "n2"]
 
@@ -49,50 +50,17 @@ def servers() -> Iterator[Servers]:
     )
     view.replace_pods([pod_json("t", fraction="0.5", node="n0")])
     metrics = Metrics(view)
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    listeners = [
-        Listener(
-            extender_routes(
-                Extender(view=view, writer=None), metrics=metrics, ready=lambda: (True, "")
-            ),
-            host="127.0.0.1",
-            port=0,
-            ssl_context=None,
-        ),
-        Listener(
-            webhook_app(
-                facts=lambda: ClusterFacts(max_gpu_memory=80 * GIB, max_gpus_per_node=2),
-                metrics=metrics,
-                ready=lambda: (True, ""),
-            ),
-            host="127.0.0.1",
-            port=0,
-            ssl_context=None,
-        ),
-    ]
-
-    async def start() -> None:
-        for listener in listeners:
-            await listener.start()
-        ready.set()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(10)
+    view.mark_synced()
+    ctx = ControllerContext(settings=Settings(), view=view, metrics=metrics, kube=None)
+    admission = ServedAdmission(ctx)
+    extender = ThreadedListener(
+        extender_routes(Extender(view=view, writer=None), metrics=metrics, ready=lambda: (True, ""))
+    )
     try:
-        ports = [listener.bound_port for listener in listeners]
-        yield Servers(f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}")
+        yield Servers(f"http://127.0.0.1:{extender.port}", f"http://127.0.0.1:{admission.port}")
     finally:
-        for listener in listeners:
-            asyncio.run_coroutine_threadsafe(listener.stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+        extender.close()
+        admission.close()
 
 
 def post(url: str, body: bytes) -> tuple[int, bytes]:

@@ -6,8 +6,12 @@ watch. Each input is timed (none may take 1 s) and its peak memory above the res
 before it is measured (none may grow it past 64 MiB; Linux's VmHWM, reset per input).
 
 In process and deterministic (``tests/fuzz/hostile.py``): ``GPUSHARE_FUZZ_INPUTS`` inputs in all
-(default 20,000 so that ``make test`` stays quick; the benchmark runs 200,000), a fifth per
-surface, seed ``GPUSHARE_FUZZ_SEED``. The counts go to ``$GPUSHARE_SECURITY_OUT/fuzz.json``
+(default 20,000 so that ``make test`` stays quick; the benchmark runs 250,000), a sixth per
+surface, seed ``GPUSHARE_FUZZ_SEED``. The sixth surface holds issue 67's entry points: HTTP
+heads of the extender's and the webhook's server (Content-Encoding, lengths), the admission
+process's value count and review parse, the socket pair's arguments, bearer tokens and the
+per-client review budget, ResourceQuotas, GpuShare selectors, profile cache entries and DRA
+claims as a node agent reads them. The counts go to ``$GPUSHARE_SECURITY_OUT/fuzz.json``
 when set (bench/results/security.json).
 """
 
@@ -28,6 +32,7 @@ from gpushare.api.errors import InvalidInputError
 from gpushare.api.exclusive import parse_avoid_gpus
 from gpushare.api.gpushare_crd import parse_spec
 from gpushare.api.inventory import GpuInfo
+from gpushare.api.label_selector import parse_label_selector
 from gpushare.api.limit import parse_limit
 from gpushare.api.names import (
     ANN_BIND_TIME,
@@ -48,28 +53,39 @@ from gpushare.api.placement import Placement, parse_placement
 from gpushare.api.pod import PodInfo, pod_info
 from gpushare.api.quantities import kube_quantity
 from gpushare.api.request import parse_opportunistic, parse_request
+from gpushare.cluster import http_head
+from gpushare.cluster.admission import link
+from gpushare.cluster.admission.child import too_many_values
 from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
 from gpushare.cluster.extender.verbs import Extender
+from gpushare.cluster.operator.cache import cache_key, decode_entry, evictable_keys, lookup
 from gpushare.cluster.server import decode_body
 from gpushare.cluster.state import gpu_requests, pod_facts
 from gpushare.cluster.state.host_resources import pod_requests
+from gpushare.cluster.state.quotas import GuaranteeQuotas
 from gpushare.cluster.state.view import ClusterView
 from gpushare.cluster.webhook import review as webhook
 from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.kube import informer
+from gpushare.kube.access import AccessCache, bearer_token
 from gpushare.node.core.answer import AllocationError
 from gpushare.node.deviceplugin import devices
 from gpushare.node.deviceplugin.allocator import Allocator
+from gpushare.node.dra.claims import ClaimRef, parse_claim
 from gpushare.node.mps.manager import MpsManager
 from tests.fixtures.builders import GIB, gpu, node_json, pod_json
 from tests.fuzz.hostile import GPU_UUIDS, NODES, QUANTITIES, Hostile
+from tests.unit.cluster.webhook.test_webhook_review import review_body
+from tests.unit.node.dra.helpers import NODE, claim
+from tests.unit.node.dra.test_claims import GPUS as CLAIM_GPUS
 
 TOTAL = int(os.environ.get("GPUSHARE_FUZZ_INPUTS", "20000"))
-SURFACES = 5
-PER_SURFACE = max(1, TOTAL // SURFACES)
+SURFACES = 6
+PER_SURFACE = max(1, -(-TOTAL // SURFACES))
 SEED = int(os.environ.get("GPUSHARE_FUZZ_SEED", "19"))
 STATS: dict[str, dict[str, Any]] = {}
 CONTROL_GPU = "GPU-control-0000"
+CLAIM_REF = ClaimRef(namespace="ns", uid="0b1c2d3e-0000-4000-8000-000000000001", name="c1")
 SLOW_S = 1.0
 """No input may take this long (issue #45's target)."""
 GROWTH_LIMIT_BYTES = 64 * 2**20
@@ -615,6 +631,135 @@ def test_each_tenant_reachable_field_parser_is_total() -> None:
                 tally.outcomes[f"{name}_answered"] += 1
             except InvalidInputError as exc:
                 assert exc.field, name
+                tally.outcomes[f"{name}_refused"] += 1
+            except Exception as exc:
+                tally.crash(exc, name)
+    tally.done()
+
+
+# ---- issue 67's entry points -----------------------------------------------------------
+
+
+def _head(hostile: Hostile) -> bytes:
+    """An HTTP request head: mostly well formed, with hostile lengths and encodings."""
+    rng = hostile.rng
+    lines = [rng.choice(["POST /mutate HTTP/1.1", "GET /metrics HTTP/1.0", hostile.text()])]
+    for _ in range(rng.randint(0, 6)):
+        name = rng.choice(
+            ["Content-Length", "Content-Encoding", "Transfer-Encoding", "Connection", "Expect"]
+        )
+        value = rng.choice(["gzip", "identity", "0", "4194305", "-1", "close", hostile.text()])
+        lines.append(f"{name}: {value}" if rng.random() < 0.9 else hostile.text())
+    return "\r\n".join(lines).encode("utf-8", "surrogatepass")
+
+
+def _round_three_input(hostile: Hostile) -> tuple[str, Callable[[], object]]:
+    rng = hostile.rng
+    which = rng.randrange(9)
+    if which == 0:
+        raw = _head(hostile)
+        return "http_head", lambda: http_head.parse_head(raw, len(raw) + 4, 4 * 2**20)
+    if which == 1:
+        body = hostile.body(lambda: json.loads(webhook_body()))
+        return "admission_review", lambda: (
+            too_many_values(body),
+            webhook.parse_review(body) if too_many_values(body) is None else None,
+        )
+    if which == 2:
+        args = hostile.value() if rng.random() < 0.5 else [hostile.value() for _ in range(3)]
+        return "link_args", lambda: link.plain_args(args)
+    if which == 3:
+        header = rng.choice([f"Bearer {hostile.text()}", hostile.text(), None, "Bearer a.b.c"])
+        cache = AccessCache()
+        return "bearer_token", lambda: (
+            bearer_token(header),
+            cache.spend(AccessCache.key(str(header), "/metrics", "get"), hostile.text()),
+        )
+    if which == 4:
+        quota = {
+            "metadata": rng.choice(
+                [{"name": "q", "namespace": "t"}, hostile.value(), {"name": hostile.value()}]
+            ),
+            "spec": rng.choice(
+                [
+                    {"hard": {"requests.gpushare.io/gpu-percent": hostile.quantity()}},
+                    hostile.value(),
+                ]
+            ),
+        }
+        quotas = GuaranteeQuotas()
+        return "resource_quota", lambda: (quotas.upsert(quota), quotas.replace([quota, quota]))
+    if which == 5:
+        selector = rng.choice(
+            [
+                hostile.value(),
+                {"matchLabels": hostile.value()},
+                {
+                    "matchExpressions": [
+                        {"key": hostile.text(), "operator": "In", "values": hostile.value()}
+                    ]
+                },
+                {"matchExpressions": hostile.value()},
+            ]
+        )
+        return "label_selector", lambda: parse_label_selector(selector)
+    if which == 6:
+        text = rng.choice([hostile.text(), _as_json(hostile.value()), "[" * 50_000])
+        key = cache_key(image="i", command=["c"], gpu_model="m", tenancy="t")
+        return "profile_cache", lambda: (
+            decode_entry(text),
+            lookup({key: text}, image="i", command=["c"], gpu_models=["m"], tenancy="t"),
+            evictable_keys({key: text, "profile-x": text}, keep=1, per_tenancy=1),
+        )
+    manifest = claim(consumed={"gpuPercent": "10"})
+    for _ in range(rng.randint(1, 3)):
+        where = rng.choice(["status", "metadata", "allocation", "results", "reservedFor"])
+        if where in ("status", "metadata"):
+            manifest[where] = hostile.value()
+        elif isinstance(manifest.get("status"), dict):
+            status = manifest["status"]
+            if where == "reservedFor":
+                status["reservedFor"] = rng.choice(
+                    [hostile.value(), [hostile.value()], [{"resource": "pods"}] * 8]
+                )
+            elif where == "allocation":
+                status["allocation"] = hostile.value()
+            elif isinstance(status.get("allocation"), dict):
+                status["allocation"]["devices"] = {"results": [hostile.value()]}
+    return "dra_claim", lambda: parse_claim(manifest, ref=CLAIM_REF, pool=NODE, gpus=CLAIM_GPUS)
+
+
+def _as_json(value: object) -> str:
+    try:
+        return json.dumps(value, default=str)
+    except (RecursionError, ValueError):
+        return "[" * 5000  # nested past what the encoder takes: as deep as a text
+
+
+def webhook_body() -> bytes:
+    return review_body(pod_json("p", fraction="0.5"))
+
+
+def test_issue_67_entry_points_are_total() -> None:
+    """Each of issue 67's entry points returns or refuses naming the field (a 4xx answer,
+    InvalidInputError, BadReviewError, LinkError), never an uncaught exception: 228 of the
+    last round's uncaught inputs were an undecodable Content-Encoding, 98 DRA claim shapes,
+    38 a deeply nested profile cache value."""
+    tally = Tally("issue67")
+    hostile = Hostile(SEED + 5)
+    refusals = (
+        InvalidInputError,
+        webhook.BadReviewError,
+        link.LinkError,
+        http_head.RefusedError,
+    )
+    for _ in range(PER_SURFACE):
+        name, call = _round_three_input(hostile)
+        with tally.input(lambda name=name: name):
+            try:
+                call()
+                tally.outcomes[f"{name}_answered"] += 1
+            except refusals:
                 tally.outcomes[f"{name}_refused"] += 1
             except Exception as exc:
                 tally.crash(exc, name)

@@ -31,10 +31,18 @@ class BindingArgs:
     node: str
 
 
+MAX_NODES = 20_000
+"""Most nodes one call may name (Kubernetes supports 5,000 per cluster): a longer list (issue
+67: 45 MiB of names from the holder of the scheduler's client certificate) is refused before
+any of it is filtered."""
+
+
 def _str_list(value: object, where: str) -> list[str]:
     """The names, each once, in order: a node named twice gets one answer (kube-scheduler never
     sends one twice; a forged call that does must not get it passed twice or both passed and
     failed). set(map(type, ...)) and dict.fromkeys run in C: hundreds of names per call."""
+    if isinstance(value, list) and len(value) > MAX_NODES:
+        raise BadRequestError(f"{where} names {len(value)} nodes (at most {MAX_NODES})")
     if not isinstance(value, list) or not set(map(type, value)) <= {str}:
         raise BadRequestError(f"{where} must be a list of strings")
     return list(dict.fromkeys(value))
@@ -63,6 +71,8 @@ def parse_extender_args(doc: object) -> ExtenderArgs:
         items = nodes_doc.get("items") if isinstance(nodes_doc, dict) else None
         if not isinstance(items, list):
             raise BadRequestError("Nodes must be a v1.NodeList object with items")
+        if len(items) > MAX_NODES:
+            raise BadRequestError(f"Nodes holds {len(items)} nodes (at most {MAX_NODES})")
         kept: dict[str, Mapping[str, Any]] = {}
         for i, node in enumerate(items):
             node_meta = node.get("metadata") if isinstance(node, dict) else None

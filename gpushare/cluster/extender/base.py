@@ -4,12 +4,14 @@ the offers filter made and the pods it refused, and reading a pod's demand and r
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from gpushare.cluster.extender.answers import ShapeCosts, StateAnswers, Verdict
 from gpushare.cluster.extender.offers import Offers
 from gpushare.cluster.extender.requeue import RefusedPods
 from gpushare.cluster.state import gpu_requests, pods
+from gpushare.cluster.state.quotas import KUEUE_QUEUE_LABEL
 from gpushare.cluster.state.share_rules import (
     NO_RULES,
     ShareRules,
@@ -148,7 +150,17 @@ class ExtenderBase:
             return None, NO_RULES
         namespace = str(pods.metadata(pod).get("namespace") or "default")
         rules = pod_rules(pod, granted=self.view.tenancies.neighbour_rules(namespace))
+        if demand.opportunistic:
+            demand = self._within_quota(pods.pod_key(pod), demand, queued=_queued(pod))
         return self.view.with_tenancy(demand, namespace), rules
+
+    def _within_quota(self, key: str, demand: Demand, *, queued: bool = False) -> Demand:
+        """An opted-in pod's demand as its quota lets it be placed: one its namespace's quota
+        has no room for as a guaranteed share, or a queue admitted by the opportunistic
+        resource (``queued``), may hold none (gpushare.cluster.state.quotas)."""
+        if not demand.opportunistic or (not queued and self.view.may_guarantee(key, demand)):
+            return demand
+        return replace(demand, guarantee=False)
 
     def _own_nodes(self, key: str) -> set[str]:
         """Nodes where the pod itself already holds a share or host resources (a stale or
@@ -188,3 +200,9 @@ class ExtenderBase:
 
     def _wake(self, node: str) -> None:
         """Wake the binds waiting on ``node`` (a pod there got its Allocate): bind's to do."""
+
+
+def _queued(pod: Mapping[str, Any]) -> bool:
+    """The pod is Kueue's (its queue label), admitted by the quota of what it asks for."""
+    labels = pods.metadata(pod).get("labels")
+    return isinstance(labels, Mapping) and KUEUE_QUEUE_LABEL in labels

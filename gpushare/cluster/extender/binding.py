@@ -214,6 +214,7 @@ class BindVerbs(ExtenderBase):
             log.warning("not binding: node agent not ready", extra={"pod": key, "why": absent})
             return {"Error": f"gpushare: {absent}; the pod will be retried"}
         # From here to view.reserve() nothing awaits: no other bind can interleave.
+        demand = self._within_quota(key, demand)
         assignment = self._assignment(key, uid, node_name, demand, rules)
         if isinstance(assignment, str):
             return {"Error": assignment}
@@ -229,15 +230,8 @@ class BindVerbs(ExtenderBase):
             )
         except ReservationError as exc:
             return {"Error": f"gpushare: {exc}"}
-        placement = Placement(
-            gpu_uuids=assignment.gpu_uuids,
-            thread_percent=assignment.thread_percent,
-            memory_limit_bytes=assignment.memory_limit_bytes,
-            bind_time=bind_time,
-            state=STATE_ASSUMED,
-            request_percent=min(demand.percent, SLICES_PER_GPU),
-            tier=TIER_OPPORTUNISTIC if assignment.opportunistic else TIER_GUARANTEED,
-        )
+        assignment = held.assignment  # opportunistic when its quota did not count it (#67)
+        placement = _placement(assignment, demand, bind_time)
         if assignment.pause and self.pauser is not None:
             # Paused before the Binding: the kubelet cannot start the pod before it is bound,
             # and the node agent freezes on the request's watch event (docs/scheduling.md).
@@ -395,3 +389,16 @@ class BindVerbs(ExtenderBase):
         if facts.node is None:
             return None
         return facts.node, facts.placement
+
+
+def _placement(assignment: Assignment, demand: Demand, bind_time: datetime) -> Placement:
+    """The placement annotations a bind writes for ``assignment`` (state ``assumed``)."""
+    return Placement(
+        gpu_uuids=assignment.gpu_uuids,
+        thread_percent=assignment.thread_percent,
+        memory_limit_bytes=assignment.memory_limit_bytes,
+        bind_time=bind_time,
+        state=STATE_ASSUMED,
+        request_percent=min(demand.percent, SLICES_PER_GPU),
+        tier=TIER_OPPORTUNISTIC if assignment.opportunistic else TIER_GUARANTEED,
+    )

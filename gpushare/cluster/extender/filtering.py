@@ -166,7 +166,8 @@ class FilterVerbs(NodeAnswers):
         """Filter holds a share only for a real pod waiting for gpushare-scheduler, as the
         view knows it from its watch (same UID, not bound): a forged filter call for a pod
         that does not exist holds nothing, and each pod holds at most one share (a later hold
-        replaces it) that lapses after ``hold_seconds``."""
+        replaces it) that lapses after ``hold_seconds``; a pod whose holds lapsed twice
+        without a bind gets none more (``ClusterView.may_hold_again``)."""
         known = self.view.pod(key)
         return (
             known is not None
@@ -175,6 +176,7 @@ class FilterVerbs(NodeAnswers):
             and known.node is None
             and not known.finished
             and known.scheduler == SCHEDULER_NAME
+            and self.view.may_hold_again(key, uid)
         )
 
     def _filter_without_gpus(self, args: ExtenderArgs) -> dict[str, Any]:
@@ -206,7 +208,12 @@ class FilterVerbs(NodeAnswers):
             return self._filter_result(args, [], failed(), {})
         self.refused.placed(key)
         uid = pods.pod_uid(args.pod)
-        if not self.hold_in_filter or not uid or pods.scheduler_name(args.pod) != SCHEDULER_NAME:
+        if (
+            not self.hold_in_filter
+            or not uid
+            or pods.scheduler_name(args.pod) != SCHEDULER_NAME
+            or not self.view.may_hold_again(key, uid)
+        ):
             self.offers.offer(key, uid, passed)
             return self._filter_result(args, passed, failed(), {})
         best = best_node((name, cost) for name, cost in costs.items() if cost is not None)

@@ -27,7 +27,7 @@ from gpushare.api.gpushare_crd import (
     placements_status,
 )
 from gpushare.api.profile import GpuProfile
-from gpushare.cluster.operator import cache
+from gpushare.cluster.operator.cache_store import ProfileCacheStore
 from gpushare.cluster.operator.grants import neighbour_rules
 from gpushare.cluster.operator.profiler_client import ProfilerClient
 from gpushare.cluster.operator.profiling import (
@@ -63,6 +63,7 @@ from gpushare.cluster.operator.share_status import (
     utcnow,
 )
 from gpushare.cluster.operator.unlinked import UnlinkedReporter
+from gpushare.cluster.state.governance import MAX_SHARES_PER_NAMESPACE
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.shares import ShareSummary, share_summary
 from gpushare.cluster.state.view import ClusterView
@@ -92,6 +93,8 @@ class ShareReconciler:
         self._locks: dict[str, asyncio.Lock] = {}
         self._kicks: dict[str, asyncio.Task[None]] = {}
         self.unlinked = UnlinkedReporter(kube)
+        self._told_over_limit: set[str] = set()
+        self.profiles = ProfileCacheStore(config=config, kube=kube, view=view)
         self.synced = asyncio.Event()
         """Set once the view holds a full listing of pods and nodes. Until then nothing acts:
         after a restart, a pod not yet seen again must not read as a deleted one."""
@@ -154,6 +157,9 @@ class ShareReconciler:
             share = self.view.share(key)
             if share is None or (share.body.get("metadata") or {}).get("deletionTimestamp"):
                 return None
+            if not self.view.governs(share):
+                await self._over_limit(share)
+                return None
             pods = self.view.governed_pods(share)
             await self._inherit(share, pods)
             await self._release(share, pods)
@@ -174,6 +180,17 @@ class ShareReconciler:
                 log.info("GpuShare %s: %s", key, type(step).__name__)
             await self._take(share, step, now=now)
             return step
+
+    async def _over_limit(self, share: ShareSummary) -> None:
+        """Say once that a share past its namespace's bound governs nothing (governance)."""
+        if share.key in self._told_over_limit:
+            return
+        self._told_over_limit.add(share.key)
+        why = (
+            f"namespace {share.namespace} holds more than {MAX_SHARES_PER_NAMESPACE} GpuShares; "
+            "only the first by name govern pods, and this one governs none: delete unused ones"
+        )
+        await self.event(share, "TooManyShares", why, warning=True)
 
     # ---- idempotent housekeeping -----------------------------------------------------------
 
@@ -217,13 +234,7 @@ class ShareReconciler:
         if spec.profiling.mode != PROFILING_AUTO:
             return None
         pod = representative(pods)
-        models = self.view.gpu_models()
-        if pod is None or not models:
-            return None
-        data = await self.kube.read_configmap(
-            namespace=self.config.namespace, name=self.config.cache_configmap
-        )
-        return cache.lookup(data, image=pod.image, command=pod.command, gpu_models=models)
+        return await self.profiles.lookup(share, pod) if pod is not None else None
 
     # ---- steps -----------------------------------------------------------------------------
 
@@ -415,9 +426,7 @@ class ShareReconciler:
             return
         profile = reading.stored(now=now)
         pod = step.pod
-        key = cache.cache_key(image=pod.image, command=pod.command, gpu_model=profile.gpu_model)
-        entry = cache.CacheEntry(pod.image, pod.command, profile.gpu_model, profile)
-        await self._write_cache(key, cache.encode_entry(entry))
+        await self.profiles.remember(share, pod, profile)
         message = await self._packed(
             share,
             profile,
@@ -431,15 +440,6 @@ class ShareReconciler:
                 namespace=pod.namespace, name=pod.name, annotations={ANN_PROFILING: PROFILING_DONE}
             )
             await self.event(share, "Profiled", message)
-
-    async def _write_cache(self, key: str, value: str) -> None:
-        ns, name = self.config.namespace, self.config.cache_configmap
-        data = await self.kube.read_configmap(namespace=ns, name=name)
-        entries: dict[str, str | None] = {key: value}
-        after = {**data, key: value}
-        for old in cache.evictable_keys(after, keep=self.config.cache_max_entries):
-            entries[old] = None
-        await self.kube.put_configmap_entries(namespace=ns, name=name, entries=entries)
 
     # ---- validation (create / spec update) -------------------------------------------------
 

@@ -21,6 +21,9 @@ class OperatorConfig:
     """Name of the profile cache ConfigMap (the controller's ``--profile-cache-name``)."""
     cache_max_entries: int = 512
     """Oldest cache entries are dropped beyond this (a ConfigMap holds at most 1 MiB)."""
+    cache_per_tenancy: int = 32
+    """A tenancy's oldest cache entries are dropped beyond this, so one tenant cannot push
+    every other tenant's profiles out."""
     agent_url: str = DEFAULT_AGENT_URL
     """Base URL of a node agent's metrics server; ``{node}`` and ``{node_ip}`` (the node's
     InternalIP) are substituted. The profiler lives at ``<agent_url>/profile``. The

@@ -138,9 +138,15 @@ class WebhookSettings:
     namespace_label: str | None = None
     """``key=value``: only namespaces with this label are sent to the webhook (e.g. to confine
     a test controller in a shared cluster); None sends every namespace but the excluded ones."""
+    client_ca: Path | None = None
+    """PEM CA bundle of the client certificate the API server presents to the webhook (its
+    AdmissionConfiguration's kubeconfig for the webhook's host): /mutate and /validate then
+    answer only a caller presenting one it signed, so no pod can forge a review to read other
+    namespaces' GpuShares; the probes and /metrics stay open to callers without one."""
 
     def validate(self) -> None:
         port("--webhook-port", self.port)
+        readable(("--webhook-client-ca", self.client_ca))
         if self.cert_dir is not None and self.cert_dir.exists() and not self.cert_dir.is_dir():
             raise InvalidInputError(
                 "--webhook-cert-dir",

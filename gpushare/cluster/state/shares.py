@@ -114,6 +114,9 @@ class ShareRegistry:
         self.by_key: dict[str, ShareSummary] = {}
         self.statuses: dict[str, Mapping[str, Any]] = {}
         self._without_profiling: set[str] = set()
+        self.version = 0
+        """Bumped when a share comes, goes or its spec changes (not its status): what
+        governs which pod is cached by it (gpushare.cluster.state.governance)."""
 
     def upsert(self, share: Mapping[str, Any]) -> ShareSummary | None:
         """Take a watched GpuShare in; None (nothing kept) for an object without a name."""
@@ -122,6 +125,9 @@ class ShareRegistry:
             return None
         summary = share_summary(share)
         key = summary.key
+        before = self.by_key.get(key)
+        if before is None or before.spec != summary.spec:
+            self.version += 1
         self.by_key[key] = summary
         status = share.get("status")
         self.statuses[key] = dict(status) if isinstance(status, Mapping) else {}
@@ -138,6 +144,7 @@ class ShareRegistry:
         meta = share.get("metadata")
         if isinstance(meta, Mapping):
             key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            self.version += 1
             self.by_key.pop(key, None)
             self.statuses.pop(key, None)
             self._without_profiling.discard(key)
@@ -152,6 +159,7 @@ class ShareRegistry:
                 seen.add(f"{meta.get('namespace') or 'default'}/{meta.get('name')}")
             take("GpuShare", share, self.upsert)
         for key in [k for k in self.by_key if k not in seen]:
+            self.version += 1
             self.by_key.pop(key, None)
             self.statuses.pop(key, None)
             self._without_profiling.discard(key)

@@ -32,12 +32,21 @@ class OperatorReads(ViewParts):
         return self._shares.by_key.get(key)
 
     def share_of(self, pod: PodFacts) -> ShareSummary | None:
-        """The GpuShare governing a pod (``governance.share_of``)."""
-        return governance.share_of(self._shares, pod)
+        """The GpuShare governing a pod (``governance.share_of``), if that share governs at all
+        (:meth:`governs`)."""
+        share = governance.share_of(self._shares, pod)
+        return share if share is not None and self.governs(share) else None
+
+    def governs(self, share: ShareSummary) -> bool:
+        """The share is among the first ``MAX_SHARES_PER_NAMESPACE`` of its namespace (by
+        name): it governs pods and is reconciled (``governance``)."""
+        return self._governing.allowed(self._shares, share)
 
     def governed_pods(self, share: ShareSummary) -> list[PodFacts]:
         """GPU pods of the share's namespace that it governs, oldest first; a DRA-mode pod
         with its claim's placement."""
+        if not self.governs(share):
+            return []
         pods = governance.governed_pods(self._shares, self.kept_pods(), share)
         holders = self.claim_holders() if self.claim_holders is not None else None
         return with_claim_placements(pods, holders) if holders else pods

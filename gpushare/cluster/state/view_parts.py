@@ -15,12 +15,14 @@ from datetime import UTC, datetime
 from gpushare.api.inventory import GpuInfo
 from gpushare.cluster.state.agents import AgentLeases
 from gpushare.cluster.state.claim_holders import ClaimHolder
+from gpushare.cluster.state.governance import GoverningIndex
 from gpushare.cluster.state.hosts import HostUsage
 from gpushare.cluster.state.nodes import NodeInventory
 from gpushare.cluster.state.placements import Placements
 from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.pod_mix import FreeByModel, MixCounter
 from gpushare.cluster.state.quarantine import Quarantine
+from gpushare.cluster.state.quotas import GuaranteeQuotas
 from gpushare.cluster.state.reservations import Reservations
 from gpushare.cluster.state.share_rules import ShareRules
 from gpushare.cluster.state.shares import PodRules, ShareRegistry
@@ -122,6 +124,12 @@ class ViewParts:
             reservations=self._reservations.by_key,
         )
         self._shares = ShareRegistry()
+        self._governing = GoverningIndex()
+        self.lapsed_holds: dict[str, tuple[str, int]] = {}
+        """Pod key -> (its UID, filter-time holds of it that lapsed without a bind)."""
+        self.quotas = GuaranteeQuotas()
+        """ResourceQuotas' bounds on guaranteed GPU share by namespace (their watch): an
+        opted-in pod holds a guaranteed share only within them (``may_guarantee``)."""
         self._rules = PodRules()
         self._mix_count = MixCounter()
         self._placements = Placements(

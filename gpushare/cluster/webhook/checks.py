@@ -3,6 +3,7 @@
 annotations set by hand, the scheduler, and the GPU resources themselves (docs/security.md)."""
 
 import posixpath
+import re
 from collections.abc import Mapping
 
 from gpushare.api.dra import ANN_DRA_GPU
@@ -138,6 +139,19 @@ def check_node_name(pod: pods.Pod) -> list[InvalidInputError]:
     ]
 
 
+PROC_ROOT = re.compile(
+    r"/proc(?:/(?:self|thread-self|[0-9]+)(?:/task(?:/[0-9]+)?)?(?:/(?:root|cwd)(?:/.*)?)?)?"
+)
+"""A host path into a process's view of the file system (``/proc/1/root/...``, ``/proc``,
+``/proc/<pid>``) reaches the whole host, so it is judged as ``/``, as the chart's policy does
+(issue 67: ``/proc/1/root/var/lib/kubelet/device-plugins`` passed the guard)."""
+
+
+def through_proc(norm: str) -> str:
+    """The host path a normalized hostPath stands for: ``/`` for one through /proc."""
+    return "/" if PROC_ROOT.fullmatch(norm) else norm
+
+
 def check_volumes(pod: pods.Pod, *, facts: ClusterFacts) -> list[InvalidInputError]:
     errors: list[InvalidInputError] = []
     volumes = pods.spec(pod).get("volumes")
@@ -146,7 +160,7 @@ def check_volumes(pod: pods.Pod, *, facts: ClusterFacts) -> list[InvalidInputErr
         path = host.get("path") if isinstance(host, Mapping) else None
         if not isinstance(path, str) or not path:
             continue
-        norm = posixpath.normpath("/" + path.lstrip("/"))
+        norm = through_proc(posixpath.normpath("/" + path.lstrip("/")))
         for protected in facts.protected_host_paths:
             if (
                 norm == protected

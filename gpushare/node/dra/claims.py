@@ -111,14 +111,26 @@ def _consumed_memory(value: Any, *, where: str, gpu: GpuInfo) -> int:
 
 
 def _reserved_pod(claim: Mapping[str, Any]) -> tuple[str, str]:
-    namespace = str((claim.get("metadata") or {}).get("namespace") or "")
-    for entry in (claim.get("status") or {}).get("reservedFor") or []:
-        if (
-            isinstance(entry, dict)
-            and entry.get("resource") == "pods"
-            and not entry.get("apiGroup")
-        ):
-            return f"{namespace}/{entry.get('name', '')}", str(entry.get("uid", ""))
+    """The one pod the claim is reserved for. A claim on gpushare's GPUs is one pod's share:
+    one reserved for several pods is refused (issue 67: a claim shared by 8 pods was prepared
+    and accounted once; the chart's claim-sharing policy refuses the reservation itself)."""
+    meta, status = claim.get("metadata"), claim.get("status")
+    namespace = str(meta.get("namespace") or "") if isinstance(meta, Mapping) else ""
+    reserved = status.get("reservedFor") if isinstance(status, Mapping) else None
+    found = [
+        (f"{namespace}/{entry.get('name', '')}", str(entry.get("uid", "")))
+        for entry in (reserved if isinstance(reserved, list) else [])
+        if isinstance(entry, dict) and entry.get("resource") == "pods" and not entry.get("apiGroup")
+    ]
+    if len(found) > 1:
+        raise InvalidInputError(
+            "status.reservedFor",
+            f"reserves this claim on gpushare GPUs for {len(found)} pods; a claim is the share "
+            "of one pod",
+            "give each pod a claim of its own (a ResourceClaimTemplate)",
+        )
+    if found:
+        return found[0]
     raise InvalidInputError(
         "status.reservedFor",
         "names no pod",
@@ -157,7 +169,8 @@ def _allocation_results(
 ) -> tuple[Mapping[str, Any], list[Any]]:
     """The claim's ``status.allocation.devices`` and its results, refused when the claim is
     not the one the kubelet asked for, not allocated, or lists too many devices."""
-    uid = (claim.get("metadata") or {}).get("uid")
+    meta, status = claim.get("metadata"), claim.get("status")
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
     if uid != ref.uid:
         raise InvalidInputError(
             "metadata.uid",
@@ -165,7 +178,7 @@ def _allocation_results(
             "was deleted and created again)",
             "the kubelet retries with the current claim; delete the pod if it does not",
         )
-    allocation = (claim.get("status") or {}).get("allocation")
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
     if not isinstance(allocation, dict):
         raise InvalidInputError(
             "status.allocation", f"claim {ref.key} is not allocated", _fix_allocation()

@@ -262,7 +262,7 @@ def serve_guarded_exporter(token: str) -> tuple[str, MetricsServer]:
     API server for (gpushare.kube.access, tested against a real API server in
     tests/faults/test_security_cluster.py) is stood in by a comparison."""
 
-    def authorize(header: str | None, path: str) -> Access:
+    def authorize(header: str | None, path: str, *, client: str = "") -> Access:
         if header == f"Bearer {token}":
             return Access(200, "allowed", "reader")
         if header is None:

@@ -5,18 +5,19 @@ before the first eviction."""
 import asyncio
 from datetime import UTC, datetime
 
-from aiohttp.test_utils import TestClient, TestServer
+import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import gpushare
 from gpushare.api.profile import GpuProfile
+from gpushare.cluster.admission.host import AdmissionProcess
 from gpushare.cluster.main import ControllerContext
 from gpushare.cluster.metrics import Metrics
 from gpushare.cluster.operator.guard import LatencyGuard
 from gpushare.cluster.operator.settings import OperatorConfig
-from gpushare.cluster.server import webhook_app
 from gpushare.cluster.settings import Settings
+from gpushare.cluster.settings.serving import ProcessSettings
 from gpushare.cluster.state.view import ClusterView
 from tests.fixtures.builders import gpu, node_json, pod_json
 from tests.unit.cluster.dra.helpers import allocated_claim, gated_pod, node_slice, share_claim
@@ -192,19 +193,27 @@ def _replica() -> ControllerContext:
     view.replace_nodes([node_json("n1", [gpu("G0")])])
     view.replace_pods([pod_json("waiting", namespace="team-a", fraction="0.25")])
     view.mark_synced()
-    return ControllerContext(settings=Settings(), view=view, metrics=Metrics(view), kube=None)
+    settings = Settings(process=ProcessSettings(metrics_auth="none"))
+    return ControllerContext(settings=settings, view=view, metrics=Metrics(view), kube=None)
 
 
 async def _review_and_scrape(ctx: ControllerContext) -> str:
-    """One admission review through the replica's webhook server, then its /metrics (the
-    port the ServiceMonitor scrapes on every replica)."""
-    app = webhook_app(facts=ctx.cluster_facts, metrics=ctx.metrics, ready=lambda: (True, ""))
-    async with TestClient(TestServer(app)) as client:
-        reply = await client.post("/validate", data=review_body(pod_json("p", fraction="0.5")))
-        assert reply.status == 200
-        scrape = await client.get("/metrics")
-        assert scrape.status == 200
-        return await scrape.text()
+    """One admission review through the replica's webhook server (the admission process),
+    then its /metrics (the port the ServiceMonitor scrapes on every replica)."""
+    process = AdmissionProcess(ctx, host="127.0.0.1", port=0, cert=None, key=None)
+    await process.start()
+    try:
+        base = f"http://127.0.0.1:{process.bound_port}"
+        async with aiohttp.ClientSession() as client:
+            body = review_body(pod_json("p", fraction="0.5"))
+            async with client.post(f"{base}/validate", data=body) as reply:
+                assert reply.status == 200
+            await asyncio.sleep(0.6)  # reviews done are reported to the controller every 0.25 s
+            async with client.get(f"{base}/metrics") as scrape:
+                assert scrape.status == 200
+                return await scrape.text()
+    finally:
+        await process.stop()
 
 
 def _series(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

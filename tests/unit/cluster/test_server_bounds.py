@@ -6,26 +6,29 @@ admits (gpushare.kube.access; the real API server: tests/faults/test_security_cl
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from gpushare.cluster import server
+from gpushare.cluster.admission.child import LIMITS
+from gpushare.cluster.context import ControllerContext
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.lean_http import Limits, Routes
 from gpushare.cluster.metrics import Metrics
-from gpushare.cluster.server import extender_routes, webhook_app
+from gpushare.cluster.server import extender_routes
+from gpushare.cluster.settings import Settings
 from gpushare.cluster.state.view import ClusterView
-from gpushare.cluster.webhook.facts import ClusterFacts
 from gpushare.kube.access import Access
+from tests.fixtures.admission import ServedAdmission
 from tests.fixtures.builders import gpu, node_json
 from tests.fixtures.threaded_listener import ThreadedListener
 
 TOKEN = "Bearer scraper-token"
 
 
-async def authorize(header: str | None, path: str) -> Access:
+async def authorize(header: str | None, path: str, *, client: str = "") -> Access:
     if header is None:
         return Access(401, f"{path} needs a bearer token")
     return Access(200, "ok") if header == TOKEN else Access(403, f"{path}: not you")
@@ -35,7 +38,7 @@ class Served(ThreadedListener):
     """A :class:`Listener` on a loopback port, with the extender's limits changed by
     ``bounds``."""
 
-    def __init__(self, app: web.Application | Routes, **bounds: Any) -> None:
+    def __init__(self, app: Routes, **bounds: Any) -> None:
         super().__init__(app, Limits(**{**vars(server.EXTENDER_LIMITS), **bounds}))
 
     def get(self, path: str, *, headers: str = "") -> bytes:
@@ -74,7 +77,8 @@ def extender() -> Iterator[Served]:
         ready=lambda: (True, ""),
         authorize=authorize,
     )
-    served = Served(routes, max_connections=3, idle_timeout_s=0.5)
+    # The total bound alone (the per-client one: test_lean_http, test_admission_flood).
+    served = Served(routes, max_connections=3, idle_timeout_s=0.5, per_client_connections=0)
     yield served
     served.close()
 
@@ -111,19 +115,40 @@ def test_connections_beyond_the_bound_are_closed_and_idle_ones_do_not_hold_the_s
     assert extender.get("/healthz").startswith(b"HTTP/1.1 200")
 
 
-def test_a_review_whose_body_never_finishes_is_cut_at_its_deadline(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(server, "WEBHOOK_DEADLINE_S", 0.5)
-    view = _view()
-    app = webhook_app(facts=ClusterFacts, metrics=Metrics(view), ready=lambda: (True, ""))
-    served = Served(app)
+def test_a_review_whose_body_never_finishes_is_cut_at_its_deadline() -> None:
+    ctx = ControllerContext(settings=Settings(), view=_view(), metrics=Metrics(_view()), kube=None)
+    served = ServedAdmission(ctx, limits=replace(LIMITS, body_deadline_s=0.5))
     try:
-        with socket.create_connection(("127.0.0.1", served.port), timeout=5) as s:
+        with served.connect() as s:
             s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
             started = time.monotonic()
             answer = s.recv(65536)
-            assert answer.startswith(b"HTTP/1.1 503") and b"no answer within 0.5s" in answer
+            assert answer.startswith(b"HTTP/1.1 503") and b"no answer within" in answer
             assert time.monotonic() - started < 3
     finally:
+        served.close()
+
+
+def test_one_client_holding_connections_does_not_shut_kube_scheduler_out() -> None:
+    """Issue 67: one pod could hold every one of the extender's 256 connections (nothing but
+    the total bound). Now one address holds at most 64; kube-scheduler's (another address)
+    are served."""
+    view = _view()
+    routes = extender_routes(
+        Extender(view=view, writer=None), metrics=Metrics(view), ready=lambda: (True, "")
+    )
+    served = Served(routes, idle_timeout_s=30.0)
+    held = []
+    try:
+        for _ in range(300):
+            held.append(
+                socket.create_connection(
+                    ("127.0.0.1", served.port), timeout=5, source_address=("127.0.0.2", 0)
+                )
+            )
+        time.sleep(0.3)
+        assert served.get("/healthz").startswith(b"HTTP/1.1 200")
+    finally:
+        for s in held:
+            s.close()
         served.close()

@@ -150,7 +150,7 @@ FLAGS = """
 --opportunistic-placement --opportunistic-priority-class --pod-runtime-class --pod-toleration
 --policy --profile-cache-name --protected-host-path --register-webhooks
 --restart-on-certificate-change --resync-seconds --set
---stale-assume-seconds --tenancy --webhook-cert-dir --webhook-config-name
+--stale-assume-seconds --tenancy --webhook-cert-dir --webhook-client-ca --webhook-config-name
 --webhook-exclude-namespace --webhook-host --webhook-namespace-label --webhook-port
 --webhook-service --webhook-timeout-seconds --webhook-url -h
 """

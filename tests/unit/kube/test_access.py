@@ -13,6 +13,8 @@ import pytest
 from gpushare.kube.access import (
     MAX_CACHED,
     PROFILE_AUDIENCE,
+    REVIEWS_PER_CLIENT,
+    REVIEWS_TOTAL,
     AccessReviewer,
     AsyncAccessReviewer,
     bearer_token,
@@ -116,8 +118,34 @@ def test_answers_are_cached_by_token_and_a_flood_of_tokens_stays_bounded() -> No
     reviewer.review(tok(PROMETHEUS), "/metrics")
     assert len(api.calls) == 4
     for n in range(MAX_CACHED + 500):
-        reviewer.review(f"Bearer junk{n}", "/metrics")
-    assert len(reviewer.cache) == MAX_CACHED
+        reviewer.review(f"Bearer junk{n}", "/metrics", client=f"10.0.{n // 250}.{n % 250}")
+    assert len(reviewer.cache) <= MAX_CACHED + 1
+    assert len(api.calls) <= 4 + REVIEWS_TOTAL  # one TokenReview each, up to the total budget
+
+
+def test_made_up_tokens_cost_one_client_a_few_reviews_and_never_evict_a_grant() -> None:
+    """Issue 67: every made-up bearer token cost a TokenReview (unbounded API-server load) and
+    a flood of them pushed Prometheus's cached grant out. Now one client gets at most
+    REVIEWS_PER_CLIENT unknown tokens reviewed a minute (429 after, without a review), and
+    allowed answers are kept apart from refused ones."""
+    now = [0.0]
+    api = ApiServer({(PROMETHEUS, "/metrics")})
+    reviewer = AccessReviewer(api)  # type: ignore[arg-type]
+    reviewer.cache.clock = lambda: now[0]
+    assert reviewer.review(tok(PROMETHEUS), "/metrics", client="prometheus").allowed
+    answers = [
+        reviewer.review(f"Bearer made-up-{n}", "/metrics", client="10.244.0.9")
+        for n in range(MAX_CACHED + 100)
+    ]
+    reviews = api.calls.count("TokenReview")
+    assert reviews == 1 + REVIEWS_PER_CLIENT
+    assert answers[-1].status == 429 and "too many unknown tokens" in answers[-1].reason
+    assert reviewer.review(tok(PROMETHEUS), "/metrics", client="prometheus").allowed
+    assert api.calls.count("TokenReview") == reviews  # still cached: no review
+    now[0] = 61  # the grant expired; the flooder's budget too, but a known token is re-checked
+    for n in range(REVIEWS_PER_CLIENT):
+        reviewer.review(f"Bearer again-{n}", "/metrics", client="10.244.0.9")
+    assert reviewer.review(tok(PROMETHEUS), "/metrics", client="10.244.0.9").allowed
 
 
 def test_an_api_server_that_cannot_be_asked_refuses_and_is_asked_again() -> None:

@@ -23,7 +23,7 @@ SCRAPER = "Bearer scraper"
 OPERATOR = "Bearer operator-audience-token"
 
 
-def authorize(header: str | None, path: str) -> Access:
+def authorize(header: str | None, path: str, *, client: str = "") -> Access:
     if header is None:
         return Access(401, f"{path} needs a bearer token")
     allowed = {"/metrics": SCRAPER, "/profile": OPERATOR}
@@ -156,3 +156,60 @@ def test_a_burst_of_connections_is_taken_without_dropping_any(served: MetricsSer
         for s in held:
             s.close()
     assert slowest < 0.9, f"a connect waited {slowest:.2f} s: a dropped SYN's retransmit"
+
+
+def _hold(port: int, source: str, count: int) -> list[socket.socket]:
+    held = []
+    for _ in range(count):
+        try:
+            held.append(
+                socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+            )
+        except OSError:
+            break
+    return held
+
+
+def _probe(port: int, source: str = "127.0.0.1") -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        return _read_all(s)
+
+
+def test_one_pod_holding_every_connection_no_longer_starves_the_probes() -> None:
+    """Issue 67: one pod holding the agent's 64 connections failed its liveness probes 0/9
+    (restarted over and over), blinded Prometheus and left the bind check without a verdict.
+    Now one client address holds at most PER_CLIENT connections; the kubelet's probes (another
+    address) are answered throughout, with the default bounds and a long idle timeout."""
+    server = MetricsServer(
+        registry=CollectorRegistry(), host="127.0.0.1", port=0, idle_timeout_s=30.0
+    )
+    server.start()
+    held = _hold(server.port, "127.0.0.2", 200)
+    try:
+        time.sleep(0.3)
+        answers = [_probe(server.port) for _ in range(9)]
+        assert all(a.startswith(b"HTTP/1.0 200") for a in answers), answers
+        assert server.refused_connections >= 200 - 8
+    finally:
+        for s in held:
+            s.close()
+        server.stop()
+
+
+def test_many_clients_filling_the_server_make_room_for_a_new_one() -> None:
+    """Over the total, the oldest connection of the client holding the most is cut: a new
+    client (the kubelet) gets in even when several pods fill every slot."""
+    server = MetricsServer(
+        registry=CollectorRegistry(), host="127.0.0.1", port=0, idle_timeout_s=30.0
+    )
+    server.start()
+    held = [s for n in range(2, 10) for s in _hold(server.port, f"127.0.0.{n}", 8)]
+    try:
+        time.sleep(0.3)
+        assert len(held) == 64
+        assert _probe(server.port).startswith(b"HTTP/1.0 200")
+    finally:
+        for s in held:
+            s.close()
+        server.stop()

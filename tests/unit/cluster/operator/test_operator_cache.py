@@ -13,6 +13,7 @@ from gpushare.cluster.operator.cache import (
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 IMAGE = "registry.local/train:1"
+H200 = "NVIDIA H200"
 
 
 def profile(model: str, tensor: float, *, minutes: int = 0) -> GpuProfile:
@@ -81,4 +82,68 @@ def test_oldest_and_damaged_entries_are_dropped_first() -> None:
         "profile-broken",
         cache_key(image=IMAGE, command=("job0",), gpu_model="NVIDIA H200"),
     ]
-    assert evictable_keys(data, keep=10) == []
+    assert evictable_keys(data, keep=10) == ["profile-broken"]  # damage goes whatever the room
+
+
+def test_a_profile_sizes_only_the_tenancy_that_measured_it() -> None:
+    """Issue 67: the cache was keyed by image, command and GPU model: another tenant's
+    ``fraction: auto`` share was sized to 5% from the attacker's idle run."""
+    cmd = ("python", "train.py")
+    idle = CacheEntry(IMAGE, cmd, "NVIDIA H200", profile("NVIDIA H200", 0.01), "attacker")
+    data = {
+        cache_key(image=IMAGE, command=cmd, gpu_model="NVIDIA H200", tenancy="attacker"): (
+            encode_entry(idle)
+        )
+    }
+    models = {"NVIDIA H200"}
+    assert lookup(data, image=IMAGE, command=cmd, gpu_models=models, tenancy="victim") is None
+    mine = lookup(data, image=IMAGE, command=cmd, gpu_models=models, tenancy="attacker")
+    assert mine is not None and mine.tensor == 0.01
+    # An entry copied under the victim's key still names the attacker's tenancy: no match.
+    forged = {
+        cache_key(image=IMAGE, command=cmd, gpu_model="NVIDIA H200", tenancy="victim"): (
+            encode_entry(idle)
+        )
+    }
+    assert lookup(forged, image=IMAGE, command=cmd, gpu_models=models, tenancy="victim") is None
+
+
+def test_one_tenancy_filling_the_cache_never_stops_another_ones_entries() -> None:
+    """Long command lines of one tenant filled the single 1 MiB ConfigMap and every later write
+    failed for everyone: entries are shortened, each tenancy keeps at most ``per_tenancy``, and
+    the whole cache stays under ``max_bytes``."""
+    huge = ("x" * 200_000,)
+    flood = [
+        CacheEntry(
+            IMAGE, (*huge, str(i)), "NVIDIA H200", profile("NVIDIA H200", 0.1, minutes=i), "a"
+        )
+        for i in range(100)
+    ]
+    data = {
+        cache_key(image=e.image, command=e.command, gpu_model=e.gpu_model, tenancy="a"): (
+            encode_entry(e)
+        )
+        for e in flood
+    }
+    assert max(len(v) for v in data.values()) < 4096
+    victim = CacheEntry(
+        IMAGE, ("train",), "NVIDIA H200", profile("NVIDIA H200", 0.7, minutes=-5), "b"
+    )
+    victim_key = cache_key(image=IMAGE, command=("train",), gpu_model="NVIDIA H200", tenancy="b")
+    data[victim_key] = encode_entry(victim)
+    dropped = set(evictable_keys(data, keep=512, per_tenancy=32, max_bytes=64 * 1024))
+    kept = {k: v for k, v in data.items() if k not in dropped}
+    assert victim_key in kept  # the oldest entry, but its tenancy's only one
+    assert sum(1 for k in kept if k != victim_key) == 32
+    assert sum(len(k) + len(v) for k, v in kept.items()) <= 64 * 1024
+    found = lookup(kept, image=IMAGE, command=("train",), gpu_models={"NVIDIA H200"}, tenancy="b")
+    assert found is not None and found.tensor == 0.7
+
+
+def test_a_deeply_nested_cache_value_is_a_damaged_entry_not_a_recursion_error() -> None:
+    """38 of the last fuzz's uncaught inputs: a nested value raised RecursionError."""
+    cmd = ("python", "train.py")
+    key = cache_key(image=IMAGE, command=cmd, gpu_model="NVIDIA H200")
+    for text in ("[" * 100_000, '{"profile":' * 5000, '{"a":' + "[" * 3000):
+        assert lookup({key: text}, image=IMAGE, command=cmd, gpu_models={"NVIDIA H200"}) is None
+        assert evictable_keys({key: text}, keep=10) == [key]
