@@ -10,7 +10,6 @@ import difflib
 from collections.abc import Mapping
 from typing import Final
 
-from gpushare.api.dra import ANN_DRA_GPU
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.gpushare_crd import (
     ANN_MAX_PODS_PER_GPU,
@@ -21,27 +20,21 @@ from gpushare.api.gpushare_crd import (
 )
 from gpushare.api.names import (
     ANN_AVOID_GPUS,
-    ANN_BIND_TIME,
     ANN_CLASS,
     ANN_CONTAINER,
     ANN_EVICT,
     ANN_EXCLUSIVE,
     ANN_FRACTION,
-    ANN_GPU_UUID,
     ANN_LIMIT,
     ANN_MEMORY,
-    ANN_MEMORY_LIMIT,
     ANN_OPPORTUNISTIC,
     ANN_PAUSE,
     ANN_PAUSED,
-    ANN_REQUEST_PERCENT,
     ANN_REQUEUED_AT,
     ANN_SHARE,
-    ANN_STATE,
-    ANN_THREAD_PERCENT,
-    ANN_TIER,
     GROUP,
 )
+from gpushare.cluster.webhook.checks import PLACEMENT_ANNOTATIONS
 
 USER_KEYS: Final = (
     ANN_FRACTION,
@@ -57,14 +50,7 @@ USER_KEYS: Final = (
 ASKING_KEYS: Final = (ANN_FRACTION, ANN_SHARE)
 """The keys that ask for a GPU; the other user keys only qualify such a request."""
 WRITTEN_KEYS: Final = (
-    ANN_GPU_UUID,
-    ANN_DRA_GPU,
-    ANN_THREAD_PERCENT,
-    ANN_REQUEST_PERCENT,
-    ANN_MEMORY_LIMIT,
-    ANN_BIND_TIME,
-    ANN_STATE,
-    ANN_TIER,
+    *PLACEMENT_ANNOTATIONS,
     ANN_EXCLUSIVE,
     ANN_EVICT,
     ANN_REQUEUED_AT,
