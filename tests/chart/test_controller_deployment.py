@@ -207,3 +207,30 @@ def test_pod_tolerations_and_runtime_class_reach_the_webhook(chart: Chart) -> No
     settings = parse_args(parseable(args))
     assert settings.pod_tolerations == ()
     assert settings.pod_runtime_class == "nvidia"
+
+
+def test_the_webhook_answers_only_the_api_servers_certificate_when_given_its_ca(
+    chart: Chart,
+) -> None:
+    """Forged reviews (issue 67): with webhook.clientCA.configMap the controller gets
+    --webhook-client-ca naming the ConfigMap's key, mounted read-only; unset, no flag (any
+    caller is answered, as before) and no volume."""
+    plain = container(_controller(chart), "controller")
+    assert parse_args(parseable(plain["args"])).webhook.client_ca is None
+    assert "webhook-client-ca" not in {m["name"] for m in plain["volumeMounts"]}
+    values = {"webhook": {"clientCA": {"configMap": "apiserver-webhook-client", "key": "ca.pem"}}}
+    deploy = _controller(chart, values)
+    c = container(deploy, "controller")
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "webhook-client-ca")
+    volume = next(
+        v for v in deploy["spec"]["template"]["spec"]["volumes"] if v["name"] == "webhook-client-ca"
+    )
+    assert volume["configMap"] == {
+        "name": "apiserver-webhook-client",
+        "items": [{"key": "ca.pem", "path": "ca.pem"}],
+    }
+    assert mount["readOnly"] is True
+    # (parse_args would refuse the path here: the file exists only in the pod.)
+    assert f"--webhook-client-ca={mount['mountPath']}/ca.pem" in c["args"]
+    refused = chart.fails({"webhook": {"clientCA": {"configMap": "Bad Name"}}})
+    assert "configMap" in refused
