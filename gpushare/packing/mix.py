@@ -38,6 +38,12 @@ gpushare40 the same allocation as refitting every 200 pods, with an eighth of th
 refit makes the extender cost every node afresh)."""
 REPRICE_EVERY = 50
 """Pods counted between two pricings of scarce GPU models against the free capacity."""
+PRICE_TOLERANCE = 0.25
+"""A pricing between refits keeps the prices in force while every model's new price is within
+this share of its old one: the free capacity moves with every placement, and each change of
+price drops the extender's kept answers (issue 69: 197 generations instead of 6 on
+``gpuspec33`` doubled the filter's mean; at 0.25, 20 generations, the filter's cost before
+any pricing and the placement within 0.11 points: bench/results/scale-flow-scarcity.md)."""
 MAX_SHAPES = 2048
 """Distinct pod shapes remembered; beyond it the rarest are forgotten."""
 HORIZON = 20_000
@@ -58,6 +64,16 @@ def shape_of(demand: Demand) -> Shape:
         (demand.gpu_model or None) if gpus else None,
         max(demand.host_memory_bytes, 0),
     )
+
+
+def prices_close(new: Mapping[str, float], old: Mapping[str, float], tolerance: float) -> bool:
+    """Every model's price in ``new`` within ``tolerance`` of its share of the one in ``old``
+    (a model missing from one is priced 0 there: a price appearing or going is a change)."""
+    for model in new.keys() | old.keys():
+        a, b = new.get(model, 0.0), old.get(model, 0.0)
+        if abs(a - b) > tolerance * max(abs(a), abs(b)):
+            return False
+    return True
 
 
 class PodMix:
@@ -123,7 +139,7 @@ class PodMix:
         if self.free_capacity is None or not any(d[3] for d in self._demands):
             return False  # no pod limited to some models: nothing to price
         prices = model_prices(self._demands, self.free_capacity())
-        if prices == self._workload.prices:
+        if prices_close(prices, self._workload.prices, PRICE_TOLERANCE):
             return False
         self._workload = self._workload.with_prices(prices)
         self.generation += 1

@@ -5,7 +5,7 @@ capacity, and the placer keeps that model for them."""
 import pytest
 
 from gpushare.packing.fragmentation import Workload
-from gpushare.packing.mix import PodMix
+from gpushare.packing.mix import PRICE_TOLERANCE, PodMix
 from gpushare.packing.model import Demand, GpuState, NodeState, Tenant
 from gpushare.packing.placer import Placer, best_node
 from gpushare.packing.scarcity import free_by_model, model_prices
@@ -99,6 +99,26 @@ def test_prices_follow_the_free_capacity_between_refits() -> None:
         mix.observe(Demand(percent=100))
         count += 1
     assert count <= 50
+
+
+def test_a_small_move_of_the_free_capacity_keeps_the_prices_and_the_cached_costs() -> None:
+    """Every placement moves the free capacity; a reprice that moved no price by more than
+    PRICE_TOLERANCE keeps the prices in force and the generation (the extender's kept answers
+    stay valid), so that pricing does not slow the filter (issue 69: 197 generations on
+    gpuspec33 doubled its mean)."""
+    free = {"T4": 1000, "G2": 1800}
+    mix = PodMix(refit_every=10, free_capacity=lambda: free)
+    for _ in range(5):
+        mix.observe(Demand(percent=100, gpu_model="T4"))
+    for _ in range(5):
+        mix.observe(Demand(percent=100))
+    prices, generation = dict(mix.workload.prices), mix.generation
+    free["T4"] = 960  # one T4 pod placed: T4's price moves by about 3%
+    assert not mix.reprice()
+    assert mix.workload.prices == prices and mix.generation == generation
+    free["T4"] = 500  # half the T4 capacity gone since the prices were set
+    assert mix.reprice() and mix.generation == generation + 1
+    assert mix.workload.prices["T4"] > prices["T4"] * (1 + PRICE_TOLERANCE)
 
 
 def test_a_workload_without_prices_costs_as_before() -> None:
