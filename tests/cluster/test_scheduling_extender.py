@@ -5,6 +5,7 @@ a controller killed mid-burst loses and double-books nothing."""
 
 import json
 import subprocess
+import threading
 import time
 import urllib.request
 from collections import defaultdict
@@ -375,18 +376,41 @@ def test_the_webhook_refuses_invalid_pods_with_the_field_and_fix(
     assert expected in out.stderr, out.stderr
 
 
+def _binds(controller: ControllerProcess) -> int:
+    """Binds the controller logged (``bound`` records) so far."""
+    return sum(1 for r in controller.log_records() if r.get("msg") == "bound")
+
+
+def _release(cluster: LocalCluster, namespace: str, burst: list[Pod]) -> None:
+    """Remove the scheduling gate of each pod of ``burst``, one after the other."""
+    for pod in burst:
+        cluster.kubectl(
+            "patch", "pod", pod["metadata"]["name"], "-n", namespace, "--type", "json",
+            "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]',
+        )  # fmt: skip
+
+
 def test_killing_the_controller_mid_burst_loses_and_double_books_nothing(
     cluster: LocalCluster, controller: ControllerProcess, gpu_node: GpuNode, namespace: str
 ) -> None:
-    create(cluster, namespace, mixed_pods(cluster, 40, "burst"))
+    # The burst is created held back (a scheduling gate) and released pod by pod behind the
+    # test's back; the controller is killed at its fifth bind, read from its log (a kubectl
+    # poll was slower than the binds: the whole burst could be bound before it looked).
+    burst = mixed_pods(cluster, 40, "burst")
+    for pod in burst:
+        pod["spec"]["schedulingGates"] = [{"name": "gpushare.io/test-burst"}]
+    create(cluster, namespace, burst)
+    binds_before = _binds(controller)
+    releasing = threading.Thread(target=_release, args=(cluster, namespace, burst), daemon=True)
+    releasing.start()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        bound = [p for p in list_pods(cluster, "-n", namespace) if p["spec"].get("nodeName")]
-        if len(bound) >= 5:
-            break
-        time.sleep(0.2)
+    while time.monotonic() < deadline and _binds(controller) - binds_before < 5:
+        time.sleep(0.02)
     controller.kill()
+    releasing.join(timeout=120)
+    bound = [p for p in list_pods(cluster, "-n", namespace) if p["spec"].get("nodeName")]
     try:
+        assert len(bound) >= 5, "the burst did not start binding; nothing was tested"
         assert len(bound) < 40, "burst finished before the kill; nothing was tested"
         assert_no_gpu_oversubscribed(cluster, gpu_node)
         # While it is down, pods gpushare does not own are admitted as usual ...

@@ -2056,7 +2056,9 @@ def a_plain_pod_mounts_the_host_through_proc(sec: Sec) -> Outcome:
         if not refused:
             sec.kubectl("delete", "pod", name, "-n", sec.attacker_ns, "--wait=false")
             return False, f"a plain pod mounting {path} was created"
-        if "protected host directory" not in why:
+        # The policy for gpushare's pods says "a protected host directory", the one for other
+        # pods (otherPods: deny here) "a host directory gpushare protects".
+        if "host directory" not in why or "protect" not in why:
             return False, f"{path}: refused for another reason: {why}"
         reasons.append(why)
     return True, reasons[0]
