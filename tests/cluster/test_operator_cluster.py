@@ -433,6 +433,40 @@ def test_share_goes_pending_profiling_packed_with_the_simulated_profile(
     assert out.split()[:7] == ["NAME", "PHASE", "FRACTION", "REQUEST", "CLASS", "POLICY", "PODS"]
 
 
+def test_deleting_a_namespace_with_a_profiling_share_completes(
+    cluster: Any, controller: Any, operator: OperatorProcess, namespace: str
+) -> None:
+    """A platform engineer deletes a tenant's namespace, GpuShares and all, while the operator
+    runs: the operator releases each share (its finalizer) and the namespace goes, even with a
+    share mid-profiling whose pod goes at the same time."""
+    apply(
+        cluster,
+        share_manifest(
+            "going",
+            namespace,
+            fraction="0.5",
+            selector={"matchLabels": {"app": "going"}},
+            profiling={"windowSeconds": 600},
+        ),
+    )
+    apply(
+        cluster,
+        pod_manifest(
+            "going-0",
+            namespace,
+            image=cluster.busybox_image,
+            annotations={ANN_FRACTION: "0.5"},
+            labels={"app": "going"},
+        ),
+    )
+    wait_phase(cluster, "going", namespace, "Profiling", timeout_s=60)
+    started = time.monotonic()
+    cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=90s")
+    gone = cluster.kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name")
+    assert gone.strip() == "", operator.log_text()[-4000:]
+    assert time.monotonic() - started < 90
+
+
 def _env(cluster: Any, namespace: str, name: str) -> dict[str, str]:
     out = cluster.kubectl("exec", "-n", namespace, name, "--", "env")
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)

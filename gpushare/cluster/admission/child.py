@@ -75,6 +75,9 @@ MAX_DUTY = 0.25
 """Share of the time the review thread works (the rest it waits): a quarter of a core at most
 for reviews, whatever a flood sends (issue 67: a third of a core, and the extender's filter
 p99 grew with it). About 300 real reviews a second still fit."""
+FORGET_CHECK_S = 0.05
+"""How often the controller looks for a changed GpuShare or namespace and then tells the
+process to forget the lookup answers it keeps (``forget``)."""
 LOOKUP_TTL_S = 0.5
 """How long a lookup's answer is kept (the facts' values are as old: FACTS_PERIOD_S)."""
 LOOKUPS_PER_CLIENT_S = 100.0
@@ -202,6 +205,8 @@ class Link:
         kind = message[0]
         if kind == "facts":
             _, self.values, self.lookups, self.ready = message
+        elif kind == "forget":
+            self.answers.clear()  # a share or namespace changed: ask again
         elif kind == "answer":
             _, ask_id, ok, value = message
             future = self.asked.get(ask_id)

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpushare.api.errors import InvalidInputError
 from gpushare.cluster.admission import link
-from gpushare.cluster.admission.child import FACTS_PERIOD_S, LIMITS, MAX_REPORTED
+from gpushare.cluster.admission.child import FACTS_PERIOD_S, FORGET_CHECK_S, LIMITS, MAX_REPORTED
 from gpushare.cluster.context import ControllerContext
 from gpushare.cluster.lean_http import Limits
 from gpushare.cluster.tls import ReloadingServerTls
@@ -228,9 +228,20 @@ class AdmissionProcess:
         self.send("metrics", metrics_id, 200, body, CONTENT_TYPE_LATEST, [])
 
     async def _push_facts(self) -> None:
+        """The facts every FACTS_PERIOD_S; ``forget`` within FORGET_CHECK_S of a GpuShare or
+        namespace change, so that the answers the process keeps (LOOKUP_TTL_S) are never
+        older than the view: a pod created right after a share is linked to it."""
+        sent = time.monotonic()
+        seen = self.ctx.view.lookups_version
         while True:
-            await asyncio.sleep(FACTS_PERIOD_S)
-            self._send_facts()
+            await asyncio.sleep(FORGET_CHECK_S)
+            version = self.ctx.view.lookups_version
+            if version != seen:
+                seen = version
+                self.send("forget")
+            if time.monotonic() - sent >= FACTS_PERIOD_S:
+                sent = time.monotonic()
+                self._send_facts()
 
     def _send_facts(self) -> None:
         """The facts' values and lookup names, and the controller's readiness."""

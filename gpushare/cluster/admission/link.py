@@ -6,7 +6,7 @@ answers), which only the child reads. Kinds, child to controller: ``listening`` 
 ``failed`` (reason), ``ask`` (id, lookup name, arguments), ``metrics`` (id, Authorization
 header), ``done`` (webhook, outcome, seconds); controller to child: ``facts`` (values, lookup
 names, readiness), ``answer`` (id, ok, value), ``metrics`` (id, status, body, content type,
-headers), ``reload_tls``.
+headers), ``reload_tls``, ``forget`` (the kept lookup answers: a GpuShare or namespace changed).
 """
 
 import asyncio

@@ -68,6 +68,9 @@ class Tenancies:
         self.rules = rules
         self._grants: dict[str, NamespaceGrants] = {}
         self.synced = False
+        self.version = 0
+        """Moves whenever a namespace's grants change (the admission process's kept lookup
+        answers are forgotten then: gpushare.cluster.admission.host)."""
 
     def tenancy(self, namespace: str) -> str | None:
         """The tenancy a pod of ``namespace`` belongs to; None without a boundary."""
@@ -96,10 +99,14 @@ class Tenancies:
             self._grants.setdefault(name, grants)
             return None
         self._grants[name] = grants
+        self.version += 1
         return name
 
     def delete(self, name: str) -> bool:
-        return self._grants.pop(name, None) is not None
+        gone = self._grants.pop(name, None) is not None
+        if gone:
+            self.version += 1
+        return gone
 
     def replace(
         self, namespaces: Iterable[Mapping[str, Any]], *, take: Take = take_plainly
@@ -123,4 +130,7 @@ class Tenancies:
         self._grants = grants
         self.synced = True
         names = set(before) | set(self._grants)
-        return {n for n in names if before.get(n) != self._grants.get(n)}
+        changed = {n for n in names if before.get(n) != self._grants.get(n)}
+        if changed:
+            self.version += 1
+        return changed

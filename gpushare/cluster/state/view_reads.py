@@ -209,6 +209,12 @@ class ViewReads(ViewParts):
         """The request a GpuShare stands for (``ShareRegistry.request``)."""
         return self._shares.request(namespace, name)
 
+    @property
+    def lookups_version(self) -> tuple[int, int]:
+        """Moves whenever a GpuShare or a namespace's grants change: what the webhook's
+        lookups read (the admission process forgets the answers it kept then)."""
+        return self._shares.version, self.tenancies.version
+
     def share_selectors(self, namespace: str) -> list[tuple[str, LabelSelector]]:
         """(name, selector) of the valid GpuShares of ``namespace`` that have a selector."""
         return self._shares.selectors(namespace)

@@ -17,9 +17,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpushare.api.names import LABEL_SHARE_SELECTORS
 from gpushare.cluster.admission.child import (
     LOOKUPS_PER_CLIENT_S,
     MAX_REVIEW_BYTES,
@@ -231,6 +233,41 @@ def test_a_pod_linked_to_a_gpushare_gets_its_request_through_the_controller(
     missing = pod_json("q", annotations={"gpushare.io/share": "nope"})
     refused = served.request("POST", "/mutate", review_body(missing))
     assert b'"allowed": false' in refused and b"no GpuShare 'nope'" in refused
+
+
+def test_a_share_created_right_after_a_review_links_the_next_pod(
+    served: ServedAdmission,
+) -> None:
+    """The answers the admission process keeps (LOOKUP_TTL_S) are forgotten as soon as a
+    GpuShare changes: docs/operator.md's pod created the moment after a second share was
+    admitted on the first share's answer, kept from the review just before (issue 68)."""
+    namespace = "default"  # the namespace review_body names
+    view = served.ctx.view
+    labelled = {"metadata": {"name": namespace, "labels": {LABEL_SHARE_SELECTORS: "enabled"}}}
+    served.loop.call_soon_threadsafe(view.upsert_namespace, labelled)
+
+    def share(name: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "gpushare.io/v1alpha1",
+            "kind": "GpuShare",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"u-{name}"},
+            "spec": {"fraction": "0.25", "selector": {"matchLabels": {"app": "x"}}},
+        }
+
+    served.loop.call_soon_threadsafe(view.upsert_share, share("first"))
+    time.sleep(0.3)
+
+    def review(name: str) -> bytes:
+        pod = pod_json(name, namespace=namespace)
+        pod["metadata"]["labels"] = {"app": "x"}
+        return served.request("POST", "/mutate", review_body(pod))
+
+    assert b'"allowed": true' in review("p0")  # linked to the one share: its answer is kept
+    served.loop.call_soon_threadsafe(view.upsert_share, share("second"))
+    time.sleep(0.15)  # the watch event and FORGET_CHECK_S; less than LOOKUP_TTL_S
+    refused = review("p1")
+    assert b'"allowed": false' in refused, refused[-300:]
+    assert b"GpuShare first and GpuShare second" in refused
 
 
 def test_a_request_sent_with_the_end_of_the_handshake_is_answered_encrypted(
