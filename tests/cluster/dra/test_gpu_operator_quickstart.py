@@ -15,6 +15,7 @@ device injects for its own GPU, so the kubelet passed on the CDI name of the dev
 Allocate answer and containerd applied it.
 """
 
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,33 @@ def operator_node(dra_cluster: LocalCluster) -> Iterator[dict[str, str]]:
             c.kubectl("label", "node", c.node_name, f"{key}-", check=False)
 
 
+def doc_release() -> tuple[str, str]:
+    """(release, namespace) the quickstart's ``helm install`` names."""
+    install = next(c.text for c in quickstart() if c.text.startswith("helm install"))
+    found = re.match(r"helm install (\S+) .*?--namespace (\S+)", " ".join(install.split()))
+    assert found, install
+    return found[1], found[2]
+
+
+def remove_doc_release(c: LocalCluster, helm: str, env: dict[str, str]) -> None:
+    """Uninstall the quickstart's release (another release and namespace than the chart
+    tests'): left behind, its cluster-wide objects (PriorityClass, admission policies) would
+    refuse the next chart test's install and its pods' pause requests."""
+    release, namespace = doc_release()
+    subprocess.run(
+        [helm, "uninstall", release, "--namespace", namespace, "--wait", "--timeout", "5m"],
+        env=env, capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    c.kubectl(
+        "delete", "mutatingwebhookconfigurations,validatingwebhookconfigurations", "-l",
+        f"app.kubernetes.io/instance={release}", "--ignore-not-found", check=False,
+    )  # fmt: skip
+    c.kubectl(
+        "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=180s",
+        check=False,
+    )  # fmt: skip
+
+
 def filled(text: str, node: str, image: str) -> str:
     text = text.replace("<gpu-node>", node).replace("<registry>", "gpushare")
     text = text.replace("<your CUDA image>", image)
@@ -99,6 +127,7 @@ def test_the_gpu_operator_quickstart_runs_as_written_on_a_cdi_node(
     shell_env = {**c.env, "PATH": f"{Path(helm).parent}:{c.env.get('PATH', '')}"}
     with exclusive_node(c):
         remove_release(c)
+        remove_doc_release(c, helm, shell_env)
         try:
             for command in quickstart():
                 text = filled(command.text, c.node_name, c.busybox_image)
@@ -129,4 +158,5 @@ def test_the_gpu_operator_quickstart_runs_as_written_on_a_cdi_node(
             assert env.get("STANDIN_NVIDIA_GPU") == operator_node[gpu], env
         finally:
             c.kubectl("delete", "pod", "cuda-share", "-n", "default", "--now", check=False)
+            remove_doc_release(c, helm, shell_env)
             remove_release(c)
