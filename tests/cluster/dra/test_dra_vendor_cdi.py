@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.fixtures.chart_release import wait_for
 from tests.fixtures.cluster import LocalCluster
-from tests.fixtures.dra import release_pods
+from tests.fixtures.dra import release_pods, write_standin_nvidia_spec
 
 pytestmark = pytest.mark.cluster
 
@@ -34,17 +33,7 @@ SHOW = 'env | grep -E "^(CUDA_VISIBLE_DEVICES|STANDIN_NVIDIA_GPU)=" | sort; echo
 def toolkit_spec(dra_agent: list[Obj]) -> Iterator[dict[str, str]]:
     """The stand-in NVIDIA spec for the node's GPUs; GPU UUID -> what it injects."""
     uuids = [d["attributes"]["uuid"]["string"] for s in dra_agent for d in s["spec"]["devices"]]
-    marks = {u: f"injected-{u}" for u in uuids}
-    spec = {
-        "cdiVersion": "0.5.0",
-        "kind": "nvidia.com/gpu",
-        "devices": [
-            {"name": u, "containerEdits": {"env": [f"STANDIN_NVIDIA_GPU={marks[u]}"]}}
-            for u in uuids
-        ],
-    }
-    SPEC.parent.mkdir(parents=True, exist_ok=True)
-    SPEC.write_text(yaml.safe_dump(spec))
+    marks = write_standin_nvidia_spec(SPEC, uuids, "injected")
     try:
         yield marks
     finally:

@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gpushare.node.gpu.simulated import simulated_uuid
 from tests.cluster.test_readme import (
@@ -34,6 +33,7 @@ from tests.cluster.test_readme import (
 )
 from tests.fixtures.chart_release import exclusive_node, kjson, remove_release
 from tests.fixtures.cluster import REPO, LocalCluster
+from tests.fixtures.dra import write_standin_nvidia_spec
 from tests.fixtures.helm_chart import LOCAL_VALUES, helm_binary
 
 pytestmark = [pytest.mark.cluster, pytest.mark.whole_node]
@@ -60,17 +60,7 @@ def operator_node(dra_cluster: LocalCluster) -> Iterator[dict[str, str]]:
     CDI spec; GPU UUID -> what its CDI device injects."""
     c = dra_cluster
     uuids = [simulated_uuid(c.node_name, i) for i in range(2)]
-    marks = {u: f"toolkit-{u}" for u in uuids}
-    spec = {
-        "cdiVersion": "0.5.0",
-        "kind": "nvidia.com/gpu",
-        "devices": [
-            {"name": u, "containerEdits": {"env": [f"STANDIN_NVIDIA_GPU={marks[u]}"]}}
-            for u in uuids
-        ],
-    }
-    SPEC.parent.mkdir(parents=True, exist_ok=True)
-    SPEC.write_text(yaml.safe_dump(spec))
+    marks = write_standin_nvidia_spec(SPEC, uuids, "toolkit")
     c.kubectl("label", "node", c.node_name, f"{CLIENT}=true", "--overwrite")
     try:
         yield marks
