@@ -29,6 +29,8 @@ source "$here/lib/versions.sh"
 
 log() { printf '%s gpu-host-e2e: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=hack/lib/bundle.sh
+source "$here/lib/bundle.sh"
 
 bundle="" out="$PWD/gpu-cluster-out" backend=nvml keep=0 pytest_args="" mode=deviceplugin
 while (($#)); do
@@ -63,26 +65,8 @@ fi
 
 # ---- unpack -----------------------------------------------------------------------------
 work=${GPUSHARE_GPU_HOST_WORK:-/var/tmp/gpushare-gpu-host}
-if [[ -f $work/bundle/BUNDLE && -f $work/bundle/SHA256SUMS ]] && cmp -s "$bundle/SHA256SUMS" "$work/bundle/SHA256SUMS"; then
-  log "bundle already unpacked in $work/bundle"
-else
-  [[ -f $bundle/SHA256SUMS ]] || die "$bundle/SHA256SUMS missing; copy every part and SHA256SUMS from hack/gpu-host-bundle.sh"
-  (cd "$bundle" && sha256sum --quiet -c SHA256SUMS) || die "a bundle part is missing or damaged (sha256sum -c failed in $bundle)"
-  rm -rf "$work/bundle"; mkdir -p "$work/bundle"
-  log "unpacking the bundle into $work/bundle"
-  cat "$bundle"/gpu-host-bundle.tar.xz.part-* | xz -d | tar -x -C "$work/bundle"
-  cp "$bundle/SHA256SUMS" "$work/bundle/SHA256SUMS"
-fi
-B=$work/bundle
-log "bundle: $(tr '\n' ' ' <"$B/BUNDLE")"
-bundle_mode=$(sed -n 's/^mode=\([a-z]*\) .*/\1/p' "$B/BUNDLE")
-[[ ${bundle_mode:-deviceplugin} == "$mode" ]] ||
-  die "the bundle was made for mode ${bundle_mode:-deviceplugin}, not $mode: hack/gpu-host-bundle.sh --mode $mode"
-export GPUSHARE_CLUSTER_MODE=$mode
-[[ $mode == dra ]] && export GPUSHARE_CONTAINERD_BIN=$B/bin
-export PATH="$B/bin:$PATH"
-export GPUSHARE_KUBE_BIN=$B/bin GPUSHARE_ETCD_BIN=$B/bin GPUSHARE_CNI_BIN_DIR=$B/cni
-export GPUSHARE_IMAGE_ARCHIVES=$B/images
+B=$(bundle_unpack "$bundle" "$work")
+bundle_env "$B" "$mode"
 
 state=${GPUSHARE_STATE_DIR:-/var/lib/gpushare-dev}
 cleanup() {

@@ -1,6 +1,8 @@
 """Pausing an opportunistic GEMM on a real GPU, through the chart (issue 65; docs/node-agent.md,
 "Pausing a pod"): the node agent freezes the pod's containers when ``gpushare.io/pause`` is
-written (here by the test, as the controller writes it), and thaws them when it goes.
+written (here by the test, as the controller's service account: the chart's placement policy
+refuses it from anyone else; the controller's own decision to pause is tested on the local
+cluster, tests/cluster/test_operator_cluster.py), and thaws them when it goes.
 
 A guaranteed GEMM pod and an opted-in GEMM pod with an ``exec`` liveness probe share one GPU.
 Measured and recorded: the guaranteed pod's rate alone, beside its running neighbour, and while
@@ -42,6 +44,15 @@ def mean(values: list[float]) -> float:
 
 def annotations(gc: GpuCluster, name: str) -> dict[str, str]:
     return dict(gc.pod(name)["metadata"].get("annotations") or {})
+
+
+def as_controller(gc: GpuCluster) -> str:
+    """kubectl's flag to act as the controller's service account: the chart's placement policy
+    refuses ``gpushare.io/pause`` from anyone else (a tenant must not pause a neighbour)."""
+    pod = gc.kjson(
+        "get", "pods", "-n", gc.release_namespace, "-l", "app.kubernetes.io/component=controller"
+    )["items"][0]
+    return f"--as=system:serviceaccount:{gc.release_namespace}:{pod['spec']['serviceAccountName']}"
 
 
 def test_an_opportunistic_gemm_paused_and_resumed_gives_its_result_with_0_restarts(
@@ -87,15 +98,17 @@ def test_an_opportunistic_gemm_paused_and_resumed_gives_its_result_with_0_restar
             message=f"{TEST_NAMESPACE}/{guaranteed} needs the GPU (gpu_cluster test)",
             since=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         )
-        gc.kubectl("annotate", "--overwrite", "pod", "-n", TEST_NAMESPACE, opportunistic,
-                   f"{ANN_PAUSE}={request.dump()}")  # fmt: skip
+        controller = as_controller(gc)
+        gc.kubectl(controller, "annotate", "--overwrite", "pod", "-n", TEST_NAMESPACE,
+                   opportunistic, f"{ANN_PAUSE}={request.dump()}")  # fmt: skip
         wait_for(lambda: ANN_PAUSED in annotations(gc, opportunistic), timeout_s=30,
                  what="gpushare.io/paused")  # fmt: skip
         paused_at = time.time()
         time.sleep(PAUSED_S)
         paused_to = time.time()
         withdrawn = time.time()
-        gc.kubectl("annotate", "pod", "-n", TEST_NAMESPACE, opportunistic, f"{ANN_PAUSE}-")
+        gc.kubectl(controller, "annotate", "pod", "-n", TEST_NAMESPACE, opportunistic,
+                   f"{ANN_PAUSE}-")  # fmt: skip
         wait_for(lambda: ANN_PAUSED not in annotations(gc, opportunistic), timeout_s=30,
                  what="gpushare.io/paused to go")  # fmt: skip
         thawed_at = time.time()
