@@ -7,7 +7,10 @@ Inputs, from a directory (``--from``, default $GPUSHARE_SECURITY_OUT) the tests 
 - ``ha.json``: tests/faults/test_controller_ha_cluster.py (leader takeover, rotation, poison);
 - ``flood.json``: tests/faults/test_flood_cluster.py (one address flooding every port while
   kube-scheduler places pods: filter p99 quiet and flooded, admissions, agent restarts);
-- ``--gpu FILE``: mps_limits_gpu.json from tests/gpu/test_mps_limits_gpu.py on a real GPU.
+- ``--gpu FILE``: mps_limits_gpu.json from tests/gpu/test_mps_limits_gpu.py on a real GPU;
+- ``--flood-elsewhere FILE --elsewhere MACHINE``: flood.json from the same test run on a machine
+  with more cores (hack/bundle-host-pytest.sh), kept apart as ``flood_elsewhere``: the 2-core
+  development VM's attacker and controller share its two cores (docs/security.md).
 
 Sections not given keep their previous value; attacks run again replace their own result (each
 dated), the others keep theirs. Run the tests, then:
@@ -39,7 +42,13 @@ def _load(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def merge(previous: dict[str, Any], source: Path, gpu: Path | None) -> dict[str, Any]:
+def merge(
+    previous: dict[str, Any],
+    source: Path,
+    gpu: Path | None,
+    flood_elsewhere: Path | None = None,
+    elsewhere: str = "",
+) -> dict[str, Any]:
     doc = dict(previous)
     fuzz = _load(source / "fuzz.json")
     if fuzz is not None:
@@ -54,6 +63,8 @@ def merge(previous: dict[str, Any], source: Path, gpu: Path | None) -> dict[str,
     flood = _load(source / "flood.json")
     if flood is not None:
         doc["flood"] = {**flood, "machine": machine()}
+    if flood_elsewhere is not None:
+        doc["flood_elsewhere"] = {**json.loads(flood_elsewhere.read_text()), "machine": elsewhere}
     ha = _load(source / "ha.json")
     if ha is not None:
         doc["ha"] = {**doc.get("ha", {}), **ha}
@@ -84,13 +95,13 @@ def merge(previous: dict[str, Any], source: Path, gpu: Path | None) -> dict[str,
     return doc
 
 
-def _flood_row(flood: dict[str, Any]) -> str:
+def _flood_row(flood: dict[str, Any], where: str) -> str:
     quiet, flooded = flood.get("filter_p99_quiet_ms"), flood.get("filter_p99_flood_ms")
     missed = isinstance(quiet, int | float) and isinstance(flooded, int | float)
     missed = missed and flooded > 2 * quiet
     return (
         "| one address floods every port while kube-scheduler places pods (quiet and flooded "
-        "phases interleaved, this 2-core VM): filter p99 <= 2x quiet, every admission within "
+        f"phases interleaved, {where}): filter p99 <= 2x quiet, every admission within "
         "2 s, 0 agent restarts | "
         f"filter p99 {quiet} ms quiet, {flooded} ms flooded"
         f"{' (**missed**)' if missed else ''}; "
@@ -128,7 +139,12 @@ def markdown(doc: dict[str, Any]) -> str:
         f"| certificate rotation: 0 failed admissions or binds | "
         f"{rotation.get('failed_admissions')} failed admissions of {rotation.get('admissions')}, "
         f"{rotation.get('failed_binds')} failed binds |",
-        _flood_row(doc.get("flood") or {}),
+        _flood_row(doc.get("flood") or {}, "this 2-core VM"),
+        *(
+            [_flood_row(doc["flood_elsewhere"], doc["flood_elsewhere"].get("machine", "elsewhere"))]
+            if doc.get("flood_elsewhere")
+            else []
+        ),
         f"| poison pod: restarted controller ready, pods placed | "
         f"placed after poison: {poison.get('pod_scheduled_after_poison')}, watch failures "
         f"{poison.get('watch_failures')} |",
@@ -194,6 +210,19 @@ def markdown(doc: dict[str, Any]) -> str:
         "```",
         "",
     ]
+    elsewhere = doc.get("flood_elsewhere") or {}
+    if elsewhere:
+        lines += [
+            "### The same flood on a larger machine",
+            "",
+            f"Machine: {elsewhere.get('machine', 'unknown')}; the local cluster from the GPU-host",
+            "bundle's binaries (`hack/bundle-host-pytest.sh`), the same test.",
+            "",
+            "```",
+            json.dumps(elsewhere, indent=2, sort_keys=True),
+            "```",
+            "",
+        ]
     fuzz = doc.get("fuzz") or {}
     lines += [
         "## Fuzz",
@@ -223,9 +252,24 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(os.environ.get("GPUSHARE_SECURITY_OUT") or "."),
     )
     parser.add_argument("--gpu", type=Path, default=None)
+    parser.add_argument(
+        "--flood-elsewhere",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="flood.json of tests/faults/test_flood_cluster.py run on another machine",
+    )
+    parser.add_argument(
+        "--elsewhere",
+        default="",
+        metavar="MACHINE",
+        help="that machine, in words (cores, memory, Python): required with --flood-elsewhere",
+    )
     args = parser.parse_args(argv)
+    if args.flood_elsewhere is not None and not args.elsewhere.strip():
+        parser.error("--flood-elsewhere needs --elsewhere MACHINE (its cores, memory, Python)")
     previous = _load(OUT.with_suffix(".json")) or {}
-    doc = merge(previous, args.source, args.gpu)
+    doc = merge(previous, args.source, args.gpu, args.flood_elsewhere, args.elsewhere.strip())
     OUT.with_suffix(".json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     OUT.with_suffix(".md").write_text(markdown(doc))
     print(OUT.with_suffix(".md").read_text())
