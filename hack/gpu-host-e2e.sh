@@ -6,6 +6,7 @@
 #
 #   hack/gpu-host-e2e.sh --bundle DIR [--mode deviceplugin|dra] [--out DIR]
 #                        [--backend nvml|simulated:1xH100-80GB] [--keep] [--pytest-args "ARGS"]
+#                        [-- PYTEST_ARGS...]
 #
 #   --bundle DIR   where the gpu-host-bundle.tar.xz.part-* files and SHA256SUMS are
 #   --mode M       the chart's mode (default deviceplugin): dra installs `mode: dra` on the
@@ -16,6 +17,8 @@
 #   --backend B    the node agent's backend (default nvml). A simulated backend rehearses the
 #                  whole path on a machine without a GPU: every step runs, the GPU checks skip.
 #   --keep         leave the cluster and the release running (default: take both down)
+#   --pytest-args  more arguments for pytest, split at spaces (no quoting)
+#   -- ARGS...     more arguments for pytest, each as given: -- -k 'pause or gemm_rates'
 #
 # What the pods run: the tests' CUDA pods use a tiny image (directories and the usr-merge
 # symlinks, nothing else) and mount the host's /usr and the host Python environment that
@@ -33,6 +36,7 @@ die() { log "error: $*"; exit 1; }
 source "$here/lib/bundle.sh"
 
 bundle="" out="$PWD/gpu-cluster-out" backend=nvml keep=0 pytest_args="" mode=deviceplugin
+extra=()
 while (($#)); do
   case $1 in
     --bundle) bundle=$2; shift ;;
@@ -41,6 +45,7 @@ while (($#)); do
     --backend) backend=$2; shift ;;
     --keep) keep=1 ;;
     --pytest-args) pytest_args=$2; shift ;;
+    --) shift; extra=("$@"); break ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -163,7 +168,7 @@ log "running pytest -m gpu_cluster ${tests[*]} (pods run $GPUSHARE_POD_PYTHON fr
 set +e
 # shellcheck disable=SC2086
 (cd "$repo" && "$PYTHON" -m pytest -m gpu_cluster "${tests[@]}" -p no:cacheprovider -v -rA \
-  --junitxml "$out/junit.xml" $pytest_args) 2>&1 | tee "$out/pytest.log"
+  --junitxml "$out/junit.xml" $pytest_args "${extra[@]}") 2>&1 | tee "$out/pytest.log"
 rc=${PIPESTATUS[0]}
 set -e
 log "pytest exit code $rc; results in $out"

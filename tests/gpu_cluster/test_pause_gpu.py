@@ -10,7 +10,7 @@ the neighbour is paused (target >= 0.95 of alone: a paused MPS client gives its 
 paused pod's rate while paused (none); how long the freeze and the thaw took from the request;
 and that the paused pod finishes with the result it computed before the pause, 0 restarts.
 
-Run on a GPU host: ``hack/gpu-host-e2e.sh --pytest-args "-k pause"`` (docs/gpu-cluster.md).
+Run on a GPU host: ``hack/gpu-host-e2e.sh --bundle DIR -- -k pause`` (docs/gpu-cluster.md).
 """
 
 import statistics
