@@ -107,6 +107,9 @@ class PodMix:
         """Pods counted since this mix was made (not decayed)."""
         self.generation = 0
         """Bumped whenever :attr:`workload` changes: a cache key for costs computed from it."""
+        self.halvings = 0
+        """How many times every count was halved: a pod counted at ``h`` weighs
+        ``0.5 ** (halvings - h)`` now (:meth:`unobserve`)."""
 
     @property
     def workload(self) -> Workload:
@@ -130,6 +133,28 @@ class PodMix:
             return True
         if self.observed % REPRICE_EVERY == 0:
             self.reprice()
+        return False
+
+    def unobserve(self, demand: Demand, halvings: int) -> bool:
+        """Take back a pod counted when :attr:`halvings` was ``halvings``: one deleted before it
+        was ever bound was no demand to come (a tenant's throw-away pending pods would
+        otherwise skew the mix; issue 67, docs/security.md). A shape forgotten since is left
+        alone. It counts towards the next refit as an arrival does, so the mix goes back once
+        such pods are gone. Returns True when this call refitted the mix."""
+        shape = shape_of(demand)
+        have = self._counts.get(shape)
+        if have is None:
+            return False
+        weight = min(have, 0.5 ** max(0, self.halvings - halvings))
+        if have - weight <= 1e-9:
+            del self._counts[shape]
+        else:
+            self._counts[shape] = have - weight
+        self._total = max(0.0, self._total - weight)
+        self._since_refit += 1
+        if self._since_refit >= max(self.refit_every, self.refit_growth * self._total):
+            self.refit()
+            return True
         return False
 
     def reprice(self) -> bool:
@@ -182,5 +207,6 @@ class PodMix:
         self._total = sum(self._counts.values())
 
     def _halve(self) -> None:
+        self.halvings += 1
         self._counts = {k: v / 2 for k, v in self._counts.items() if v / 2 >= 0.25}
         self._total = sum(self._counts.values())

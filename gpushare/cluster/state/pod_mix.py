@@ -1,7 +1,8 @@
 """Which pods the view counts in the pod mix the gpushare policy measures against
 (:class:`gpushare.packing.mix.PodMix`), and when: each pod once, as it arrives (docs/packing.md,
 "The pod mix learned online"), with the GPU models its node constraints admit
-(:mod:`~gpushare.cluster.state.allowed_models`)."""
+(:mod:`~gpushare.cluster.state.allowed_models`); and taken back out if it is deleted before it
+was ever bound (throw-away pending pods: docs/security.md, issue 67)."""
 
 from collections.abc import Container, Mapping
 from dataclasses import replace
@@ -25,6 +26,9 @@ class MixCounter:
         """Pod key -> UID of the pod counted (at most one entry per live pod)."""
         self.models = AllowedModels()
         """The GPU models each pod's node constraints admit, counted with its shape."""
+        self.unbound: dict[str, tuple[str, Demand, int]] = {}
+        """Pod key -> (UID, the demand counted, the mix's halvings then) of the pods counted
+        while pending and not yet seen bound: deleted before they are, they are taken back."""
 
     def node(self, name: str, labels: object, info: NodeInfo | None) -> None:
         """A node as the view last took it in: its labels and its GPUs' model."""
@@ -47,7 +51,11 @@ class MixCounter:
         """Count a pod in ``mix`` the first time the view sees it (per UID), as it arrives: a
         gpushare pod or a pod for the gpushare-scheduler at once (pending), any other pod once
         bound to a node with gpushare GPUs (``gpu_nodes``: its CPU and memory compete with them
-        there). Finished pods are not counted (a restart's first list holds old ones)."""
+        there). Finished pods are not counted (a restart's first list holds old ones). A pod
+        seen bound counts for good; one replaced by a pod of the same name before it was bound
+        is taken back first (its deletion was not seen)."""
+        if f.node is not None and self.unbound.get(f.key, ("",))[0] == f.uid:
+            del self.unbound[f.key]
         if f.finished or self.counted.get(f.key) == f.uid:
             return
         if ours:
@@ -63,12 +71,22 @@ class MixCounter:
             demand = Demand(percent=0, gpus=0, cpu_milli=cpu, host_memory_bytes=memory)
         else:
             return
+        self._take_back(mix, f.key)
         self.counted[f.key] = f.uid
         mix.observe(demand)
+        if f.node is None:
+            self.unbound[f.key] = (f.uid, demand, mix.halvings)
 
-    def forget(self, key: str) -> None:
-        """The pod is gone: seen again, it counts again."""
+    def forget(self, key: str, mix: PodMix) -> None:
+        """The pod is gone: seen again, it counts again. Never bound, it is taken out of
+        ``mix`` (it was no demand to come)."""
         self.counted.pop(key, None)
+        self._take_back(mix, key)
+
+    def _take_back(self, mix: PodMix, key: str) -> None:
+        held = self.unbound.pop(key, None)
+        if held is not None:
+            mix.unobserve(held[1], held[2])
 
 
 class FreeByModel:

@@ -72,7 +72,7 @@ class PodEvents(ViewReads):
     def delete_pod(self, key: str) -> None:
         last = self._pods.get(key) or self._governable.pop(key, None)
         self._hosts.unbind(key)
-        self._mix_count.forget(key)
+        self._mix_count.forget(key, self.mix)
         self._forget(key)
         if last is not None:
             self._pod_event(last)

@@ -86,3 +86,47 @@ def test_a_mix_that_changes_is_followed() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="positive"):
         PodMix(refit_every=0)
+
+
+def test_a_pod_taken_back_leaves_the_mix_as_if_it_never_came() -> None:
+    """Issue 67: a pod deleted before it was bound is taken back (``unobserve``): the counts
+    are the pods that stayed at once; the removals count towards refits as arrivals do (the
+    refits stay as far apart, so a churning tenant cannot make the extender drop its kept
+    answers any faster), and by the next refit the fitted mix is theirs alone."""
+
+    def odd_weight() -> float:
+        return sum(t.weight for t in mix.workload.tasks if t.percent == 7)
+
+    mix = PodMix(refit_every=10, refit_growth=0.5)
+    for _ in range(20):
+        mix.observe(quarter())
+    odd = Demand(percent=7, gpus=1, cpu_milli=1000, host_memory_bytes=GIB)
+    for _ in range(40):
+        mix.observe(odd)
+    skewed = odd_weight()
+    assert skewed >= 0.5
+    generation = mix.generation
+    refits = sum(mix.unobserve(odd, mix.halvings) for _ in range(40))
+    assert mix.shapes() == {shape_of(quarter()): 20.0}
+    assert 1 <= refits <= 4 and mix.generation == generation + refits
+    assert odd_weight() < skewed
+    arrivals = next(n for n in range(1, 100) if mix.observe(quarter()))
+    assert arrivals <= 20
+    assert [t.percent for t in mix.workload.tasks] == [25]
+    # A shape already forgotten is left alone.
+    before = mix.shapes()
+    mix.unobserve(odd, mix.halvings)
+    assert mix.shapes() == before
+
+
+def test_a_pod_counted_before_a_halving_is_taken_back_at_its_weight_now() -> None:
+    mix = PodMix(horizon=4, refit_every=100)
+    then = mix.halvings
+    for _ in range(3):
+        mix.observe(quarter())
+    mix.observe(quarter(cpu=8000))
+    mix.observe(quarter(cpu=8000))  # the fifth pod passes the horizon: every count halves
+    assert mix.halvings == then + 1
+    assert mix.shapes()[shape_of(quarter())] == 1.5
+    mix.unobserve(quarter(), then)
+    assert mix.shapes()[shape_of(quarter())] == 1.0

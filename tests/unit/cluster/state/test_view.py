@@ -330,6 +330,42 @@ def test_the_mix_counts_each_pod_once_as_it_arrives() -> None:
     assert restarted.mix.observed == 2
 
 
+def test_throw_away_pending_pods_leave_the_mix_as_it_was() -> None:
+    """Issue 67: a tenant creating and deleting pending pods of an odd shape skewed the mix the
+    gpushare policy measures against (openb allocation 95.50 -> 93.59%). A pod deleted before it
+    was ever bound is taken back out of the mix; one seen bound keeps counting after it goes
+    (it was demand that came); a pod replaced under the same name before it was bound counts
+    once."""
+    view = ClusterView(clock=lambda: NOW)
+    view.replace_nodes([node_json("n1", [gpu("GPU-1")])])
+    view.replace_pods([pod_json(f"job-{i}", fraction="0.5") for i in range(30)])
+    honest = view.mix.shapes()
+    for i in range(300):
+        view.upsert_pod(pod_json(f"junk-{i}", namespace="tenant", fraction="0.07"))
+    assert view.mix.shapes() != honest
+    for i in range(300):
+        view.delete_pod(f"tenant/junk-{i}")
+    assert view.mix.shapes() == honest
+    # The removals count towards the refits as arrivals do (as far apart: a churning tenant
+    # cannot make the extender drop its kept answers any faster); by the next one the fitted
+    # mix is the honest pods' alone.
+    generation = view.mix.generation
+    for i in range(30, 230):
+        view.upsert_pod(pod_json(f"job-{i}", fraction="0.5"))
+    assert view.mix.generation > generation
+    assert {t.percent for t in view.mix.workload.tasks} == {50}
+
+    # Bound before it went: it keeps counting.
+    view.upsert_pod(pod_json("ran", fraction="0.25"))
+    view.upsert_pod(pod_json("ran", fraction="0.25", node="n1", placement=placed("GPU-1", 25)))
+    view.delete_pod("default/ran")
+    assert sum(n for s, n in view.mix.shapes().items() if s[0] == 25) == 1
+    # Replaced under the same name while pending (the deletion not seen): counted once.
+    view.upsert_pod(pod_json("again", fraction="0.1", uid="first"))
+    view.upsert_pod(pod_json("again", fraction="0.1", uid="second"))
+    assert sum(n for s, n in view.mix.shapes().items() if s[0] == 10) == 1
+
+
 def _labelled(name: str, product: str, model: str) -> dict[str, object]:
     node = node_json(name, [replace(gpu(f"{name}-GPU"), model=model)])
     node["metadata"]["labels"] = {"nvidia.com/gpu.product": product}  # type: ignore[index]
