@@ -433,8 +433,11 @@ def simulate(
     model: InterferenceModel,
     ratio: float = 1.3,
     trace: str = "",
+    watch: Callable[[PodMix], None] | None = None,
 ) -> RunResult:
-    """One run of the experiment; see the module docstring."""
+    """One run of the experiment; see the module docstring. ``watch``, for the product's
+    policies, is called with the controller's pod mix before each arrival: what else its watch
+    would count there (``bench.sim.throwaway``: a tenant's throw-away pending pods)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
     rng = random.Random(seed)
@@ -465,6 +468,8 @@ def simulate(
     for pod in queue:
         arrived += pod.gpu_percent_total
         shape = pod.shape
+        if watch is not None and policy in PRODUCT:
+            watch(placer.mix)
         if policy in PRODUCT:
             demand = demand_of(pod)
             assignment = None
