@@ -6,10 +6,11 @@ The add-ons' pods are their real pod specs (tests/fixtures/neighbour_pods.yaml: 
 Operator's device plugin, dcgm-exporter and container toolkit, kube-prometheus-stack's
 node-exporter, fluent-bit), each mounting a protected directory or a parent of one (/ or
 /var/log). Every ValidatingAdmissionPolicy of the default render is applied (host paths,
-placement annotations, node-agent scope), nothing else of the release: a gpushare pod reaches
-the policy without the webhook, which refuses such mounts too. Server-side dry runs: no pod is
-created. ``otherPods: deny`` is what NOTES warns about: there the add-ons are refused outside
-the exempt namespaces.
+placement annotations, node-agent scope), bound to this module's namespaces (their
+``namespaceSelector``) so that other tests never meet them; nothing else of the release. A
+gpushare pod reaches the policy without the webhook, which refuses such mounts too.
+Server-side dry runs: no pod is created. ``otherPods: deny`` is what NOTES warns about: there
+the add-ons are refused outside the exempt namespaces.
 """
 
 import json
@@ -75,7 +76,19 @@ def addon_pods(image: str) -> dict[str, dict[str, Any]]:
     return pods
 
 
-def policies(chart: Chart, release: str, namespace: str, values: dict[str, Any]) -> str:
+SCOPE_LABEL = "gpushare-neighbours-test"
+
+
+def policies(chart: Chart, release: str, namespace: str, values: dict[str, Any], scope: str) -> str:
+    """The chart's admission policies with ``values``, bound to the namespaces labelled
+    ``SCOPE_LABEL=scope`` only: cluster-wide, the placement guard refused another module's pod
+    update in the moment between their deletion here and the API server dropping them."""
+    selector = {"matchLabels": {SCOPE_LABEL: scope}}
+    values = {
+        **values,
+        "placementGuard": {"namespaceSelector": selector},
+        "hostPathGuard": {**values.get("hostPathGuard", {}), "namespaceSelector": selector},
+    }
     rendered = chart.render(values, release=release, namespace=namespace)
     docs = [o for o in rendered.objects if o["kind"] in POLICY_KINDS]
     assert docs, "the render has no admission policy"
@@ -103,10 +116,11 @@ def hood(cluster: LocalCluster, chart: Chart) -> Iterator[Neighbourhood]:
     kinds = ("gpushare", "gpu-operator", "monitoring", "logging", "tenant")
     namespaces = {kind: f"gs-nb-{sfx}-{kind}" for kind in kinds}
     hood = Neighbourhood(cluster, chart, sfx, namespaces)
-    # The chart's defaults: no value changed.
-    applied = policies(chart, f"gsnb{sfx}", namespaces["gpushare"], {})
+    # The chart's defaults, bound to this module's namespaces only (policies()).
+    applied = policies(chart, f"gsnb{sfx}", namespaces["gpushare"], {}, sfx)
     for name in namespaces.values():
         cluster.kubectl("create", "namespace", name)
+        cluster.kubectl("label", "namespace", name, f"{SCOPE_LABEL}={sfx}")
     try:
         cluster.kubectl("apply", "-f", "-", input=applied)
         # A policy takes effect once the API server has read it: wait for the first refusal.
@@ -178,7 +192,7 @@ def test_other_pods_deny_refuses_the_add_ons_outside_the_exempt_namespaces(
     monitoring and logging not."""
     cluster, ns = hood.cluster, hood.namespaces
     values = {"hostPathGuard": {"otherPods": "deny", "exemptNamespaces": [ns["gpu-operator"]]}}
-    strict = policies(hood.chart, f"gsnbdeny{hood.sfx}", ns["gpushare"], values)
+    strict = policies(hood.chart, f"gsnbdeny{hood.sfx}", ns["gpushare"], values, hood.sfx)
     pods = addon_pods(cluster.busybox_image)
     cluster.kubectl("apply", "-f", "-", input=strict)
     try:
