@@ -345,11 +345,16 @@ class PlacerIndex:
 
 
 def scheduler_passes(node: NodeState, demand: Demand) -> bool:
-    """kube-scheduler's own filters before the extender: CPU and memory (NodeResourcesFit, the
-    GPU share left to the extender) and the GPU models allowed (required node affinity)."""
+    """kube-scheduler's own filters before the extender: CPU, memory and the node's total
+    ``gpushare.io/gpu-percent`` (NodeResourcesFit, as the chart configures it; which GPU has
+    room is the extender's) and the GPU models allowed (required node affinity)."""
     if node.cpu_milli_free is not None and demand.cpu_milli > node.cpu_milli_free:
         return False
     if node.memory_free_bytes is not None and demand.host_memory_bytes > node.memory_free_bytes:
+        return False
+    if demand.percent > 0 and demand.percent * demand.gpus > sum(
+        g.free_percent for g in node.gpus if g.healthy
+    ):
         return False
     return (
         not demand.gpu_model or not node.gpus or model_allows(demand.gpu_model, node.gpus[0].model)

@@ -15,7 +15,12 @@ import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpushare.api.errors import InvalidInputError
-from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
+from gpushare.cluster.extender.args import (
+    BadRequestError,
+    parse_binding_args,
+    parse_extender_args,
+    parse_preemption_args,
+)
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.lean_http import Handler, LeanServer, Limits, Request, Response, Routes
 from gpushare.cluster.metrics import Metrics
@@ -127,7 +132,8 @@ def extender_routes(
     ready: Readiness,
     authorize: Authorize | None = None,
 ) -> Routes:
-    """POST {prefix}/filter, {prefix}/prioritize, {prefix}/bind; GET /healthz /readyz /metrics.
+    """POST {prefix}/filter, {prefix}/prioritize, {prefix}/preempt, {prefix}/bind; GET /healthz
+    /readyz /metrics.
     Filter and prioritize answer inside the call that read the request (lean_http)."""
     stages = metrics.bind_stage_seconds
     extender.bind_stage_observer = lambda stage, seconds: stages.labels(stage).observe(seconds)
@@ -138,6 +144,9 @@ def extender_routes(
     def prioritize_work(doc: Any) -> tuple[object, bool]:
         return extender.prioritize(parse_extender_args(doc)), True
 
+    def preempt_work(doc: Any) -> tuple[object, bool]:
+        return extender.preempt(parse_preemption_args(doc)), True
+
     async def bind_work(doc: Any) -> tuple[object, bool]:
         result = await extender.bind(parse_binding_args(doc))
         ok = not result.get("Error")
@@ -147,6 +156,7 @@ def extender_routes(
     routes: dict[tuple[str, str], Handler] = {
         ("POST", f"{prefix}/filter"): _Verb("filter", metrics).answer(filter_work),
         ("POST", f"{prefix}/prioritize"): _Verb("prioritize", metrics).answer(prioritize_work),
+        ("POST", f"{prefix}/preempt"): _Verb("preempt", metrics).answer(preempt_work),
         ("POST", f"{prefix}/bind"): _Verb("bind", metrics).answer_later(bind_work),
     }
     routes.update(health_handlers(ready=ready, metrics=metrics, authorize=authorize))

@@ -92,9 +92,9 @@ KUBECONFIG
 # write_scheduler_configs_with QPS BURST [NODES_PERCENT] : $STATE/kube-scheduler.yaml (the
 # default profile) and $STATE/gpushare-scheduler.yaml: the stock kube-scheduler whose only
 # profile is gpushare-scheduler and which asks the extender at $EXTENDER_URL to filter, score
-# and bind every pod of that profile, its own resource fit ignoring gpushare.io/gpu-percent (as
-# the chart configures it). NODES_PERCENT sets that profile's percentageOfNodesToScore (empty:
-# kube-scheduler's adaptive default).
+# and bind every pod of that profile, its own resource fit counting gpushare.io/gpu-percent per
+# node and the extender vetting its preemptions (as the chart configures it). NODES_PERCENT sets
+# that profile's percentageOfNodesToScore (empty: kube-scheduler's adaptive default).
 write_scheduler_configs_with() {
   local qps=$1 burst=$2 percent=""
   [[ -n ${3:-} ]] && percent="  percentageOfNodesToScore: $3"
@@ -114,14 +114,11 @@ leaderElection: {leaderElect: false}
 profiles:
 - schedulerName: gpushare-scheduler
 $percent
-  pluginConfig:
-  - name: NodeResourcesFit
-    args:
-      ignoredResources: [gpushare.io/gpu-percent]
 extenders:
 - urlPrefix: "$EXTENDER_URL"
   filterVerb: filter
   prioritizeVerb: prioritize
+  preemptVerb: preempt
   bindVerb: bind
   weight: 5
   nodeCacheCapable: true

@@ -94,3 +94,63 @@ def parse_binding_args(doc: object) -> BindingArgs:
             raise BadRequestError(f"{key} must be a non-empty string")
         values[key] = value
     return BindingArgs(values["PodName"], values["PodNamespace"], values["PodUID"], values["Node"])
+
+
+@dataclass(frozen=True)
+class PreemptionArgs:
+    """``ExtenderPreemptionArgs``: the pod kube-scheduler would preempt for and, per candidate
+    node, the UIDs of the pods it chose to evict there with its PDB violation count."""
+
+    pod: Mapping[str, Any]
+    victims: dict[str, tuple[list[str], int]]
+    """Node -> (victim pod UIDs, NumPDBViolations)."""
+
+
+def _victims(value: object, where: str, *, meta: bool) -> dict[str, tuple[list[str], int]]:
+    """``NodeNameToMetaVictims`` (``{"Pods": [{"UID": ...}]}``) or ``NodeNameToVictims``
+    (``{"Pods": [v1.Pod]}``, whose UIDs are read)."""
+    if not isinstance(value, dict):
+        raise BadRequestError(f"{where} must be an object of node name -> victims")
+    if len(value) > MAX_NODES:
+        raise BadRequestError(f"{where} names {len(value)} nodes (at most {MAX_NODES})")
+    out: dict[str, tuple[list[str], int]] = {}
+    for node, victims in value.items():
+        pods = victims.get("Pods") if isinstance(victims, dict) else None
+        if not isinstance(pods, list):
+            raise BadRequestError(f"{where}[{node!r}].Pods must be a list")
+        violations = victims.get("NumPDBViolations", 0) if isinstance(victims, dict) else 0
+        if not isinstance(violations, int) or isinstance(violations, bool) or violations < 0:
+            raise BadRequestError(f"{where}[{node!r}].NumPDBViolations must be a count")
+        uids: list[str] = []
+        for i, pod in enumerate(pods):
+            uid = None
+            if isinstance(pod, dict):
+                if meta:
+                    uid = pod.get("UID")
+                else:
+                    metadata = pod.get("metadata")
+                    uid = metadata.get("uid") if isinstance(metadata, dict) else None
+            if not isinstance(uid, str) or not uid:
+                field = "UID" if meta else "metadata.uid"
+                raise BadRequestError(f"{where}[{node!r}].Pods[{i}].{field} must be a string")
+            uids.append(uid)
+        out[str(node)] = (uids, violations)
+    return out
+
+
+def parse_preemption_args(doc: object) -> PreemptionArgs:
+    """Validate an ExtenderPreemptionArgs document; raises BadRequestError naming the bad key.
+    kube-scheduler sends ``NodeNameToMetaVictims`` to a node-cache-capable extender, else
+    ``NodeNameToVictims``."""
+    if not isinstance(doc, dict):
+        raise BadRequestError(
+            "body must be an ExtenderPreemptionArgs object with keys Pod and NodeNameToMetaVictims"
+        )
+    pod = parse_extender_args({"Pod": doc.get("Pod"), "NodeNames": []}).pod
+    meta = doc.get("NodeNameToMetaVictims")
+    if meta is not None:
+        return PreemptionArgs(pod, _victims(meta, "NodeNameToMetaVictims", meta=True))
+    full = doc.get("NodeNameToVictims")
+    if full is not None:
+        return PreemptionArgs(pod, _victims(full, "NodeNameToVictims", meta=False))
+    raise BadRequestError("one of NodeNameToMetaVictims or NodeNameToVictims is required")
