@@ -5,7 +5,7 @@ The agent renews its Lease ``gpushare-agent-<node>`` every 2 s (duration 6 s); t
 judges the Leases every second. Killed with SIGKILL, the agent writes nothing: before the
 Lease, its node read ready until a new agent said otherwise. Measured here: from the kill to the
 first filter answer of the extender that refuses the node (what kube-scheduler asks before it
-binds), a real pod's FailedScheduling event naming the node agent, and that pod running once a
+binds), a real pod's FailedScheduling event saying why it waits, and that pod running once a
 new agent is up. The numbers are printed and written to ``$GPUSHARE_DEAD_AGENT_OUT`` (default
 ``<state dir>/dead-agent.json``).
 """
@@ -119,18 +119,22 @@ def test_a_sigkilled_agents_node_is_refused_within_10s_and_placed_again_with_a_n
     refused_after = time.monotonic() - killed
     assert f"node agent of node {node} is gone" in reason and "fix:" in reason
 
-    # A real pod now: Pending, its event naming the dead agent.
+    # A real pod now: Pending, its event saying why. kube-scheduler counts the node's
+    # gpushare.io/gpu-percent itself, which the kubelet empties once the plugin's socket
+    # closed (its next status sync, 2 s here): then its own fit refuses the node before the
+    # extender, which names the dead agent, is asked (docs/scheduling.md, "Scheduler extender").
     created = time.monotonic()
     cluster.kubectl("create", "-f", "-", input=json.dumps(pod(cluster, "after-kill", namespace)))
+    insufficient = f"Insufficient {RESOURCE_GPU_PERCENT}"
 
-    def event_says_gone() -> str:
+    def event_says_why() -> str:
         events = cluster.events(namespace, name="after-kill", reason="FailedScheduling")
         text = " ".join(e.get("message", "") for e in events)
-        return text if GONE in text else ""
+        return text if GONE in text or insufficient in text else ""
 
-    event = wait_until(event_says_gone, timeout_s=60, what="the pod's FailedScheduling event")
+    event = wait_until(event_says_why, timeout_s=60, what="the pod's FailedScheduling event")
     event_after = time.monotonic() - created
-    assert node in event
+    assert node in event or insufficient in event, event
     bound = cluster.kubectl(
         "get", "pod", "after-kill", "-n", namespace, "-o", "jsonpath={.spec.nodeName}"
     )

@@ -56,7 +56,12 @@ from gpushare.api.request import parse_opportunistic, parse_request
 from gpushare.cluster import http_head
 from gpushare.cluster.admission import link
 from gpushare.cluster.admission.child import too_many_values
-from gpushare.cluster.extender.args import BadRequestError, parse_binding_args, parse_extender_args
+from gpushare.cluster.extender.args import (
+    BadRequestError,
+    parse_binding_args,
+    parse_extender_args,
+    parse_preemption_args,
+)
 from gpushare.cluster.extender.verbs import Extender
 from gpushare.cluster.operator.cache import cache_key, decode_entry, evictable_keys, lookup
 from gpushare.cluster.server import decode_body
@@ -391,18 +396,30 @@ def test_extender_answers_every_hostile_call_or_refuses_it() -> None:
             "Node": rng.choice([*NODES, hostile.text()]),
         }
 
+    def preemption_doc() -> Any:
+        victims = {
+            rng.choice([*NODES, hostile.text()]): {
+                "Pods": [{"UID": rng.choice(["uid-default-t", hostile.text()])}],
+                "NumPDBViolations": rng.randint(0, 2),
+            }
+            for _ in range(rng.randint(0, 3))
+        }
+        return {"Pod": hostile.pod(), "NodeNameToMetaVictims": victims}
+
+    docs = {"bind": binding_doc, "preempt": preemption_doc}
     loop = asyncio.new_event_loop()
     try:
         for _ in range(PER_SURFACE):
             with tally.input():
-                verb = rng.choice(["filter", "prioritize", "filter", "bind"])
-                body = _safe_body(hostile, binding_doc if verb == "bind" else args_doc)
+                verb = rng.choice(["filter", "prioritize", "filter", "bind", "preempt"])
+                body = _safe_body(hostile, docs.get(verb, args_doc))
                 try:
                     doc = decode_body(body)
-                    if verb == "bind":
-                        result: Any = loop.run_until_complete(
-                            extender.bind(parse_binding_args(doc))
-                        )
+                    if verb == "preempt":
+                        result: Any = extender.preempt(parse_preemption_args(doc))
+                        assert set(result) == {"NodeNameToMetaVictims"}
+                    elif verb == "bind":
+                        result = loop.run_until_complete(extender.bind(parse_binding_args(doc)))
                         assert set(result) == {"Error"}
                     elif verb == "filter":
                         result = extender.filter(parse_extender_args(doc))
