@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from bench.sim import run
-from bench.sim.engine import LEVELS, POLICIES, PRODUCT, arrivals, simulate
+from bench.sim.engine import LEVELS, POLICIES, PRODUCT, arrivals, scheduler_passes, simulate
 from bench.sim.profiles import ARCHETYPES, archetype, profile_of
 from bench.sim.stock import NodeWindow, chart_nodes_percent, feasible_nodes_to_find
 from bench.sim.trace import PodSpec, load_nodes, load_pods
 from gpushare.api.errors import InvalidInputError
 from gpushare.packing.interference import load_default
+from gpushare.packing.model import Demand, GpuState, NodeState, Tenant
 
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model\n"
 POD_HEADER = (
@@ -165,6 +166,29 @@ def test_kube_scheduler_offers_a_rotating_share_of_the_feasible_nodes() -> None:
     assert first == list(range(0, 200, 2))  # 100 feasible found after scanning 199 nodes
     second = window.candidates(lambda i: True)
     assert second[0] == 199 and len(second) == 100
+
+
+def test_kube_scheduler_offers_only_nodes_with_the_gpu_share_in_total() -> None:
+    """As the chart configures it, kube-scheduler's own fit counts gpushare.io/gpu-percent per
+    node (tests/chart/test_scheduler_configmap.py): a node whose healthy GPUs have less free
+    share in total than the pod asks is never offered to the extender; which GPU has room is
+    the extender's to say."""
+    gib = 2**30
+
+    def busy(uuid: str, used: int, *, healthy: bool = True) -> GpuState:
+        return GpuState(uuid, 80 * gib, healthy=healthy, tenants=[Tenant(f"ns/{uuid}", used, gib)])
+
+    node = NodeState("n", [busy("g0", 60), busy("g1", 60)], 64_000, 256 * gib)
+    assert scheduler_passes(node, Demand(percent=50))  # 80% free in total, 40% on each GPU
+    assert not scheduler_passes(node, Demand(percent=90))
+    assert not scheduler_passes(
+        NodeState("n", [busy("g0", 0), busy("g1", 60)]), Demand(100, gpus=2)
+    )
+    assert scheduler_passes(NodeState("n", [busy("g0", 0), busy("g1", 0)]), Demand(100, gpus=2))
+    # The kubelet advertises no share for an unhealthy GPU.
+    sick = NodeState("n", [busy("g0", 0, healthy=False), busy("g1", 60)])
+    assert not scheduler_passes(sick, Demand(percent=50))
+    assert scheduler_passes(node, Demand(percent=0, cpu_milli=1000))  # a pod without GPUs
 
 
 def test_the_product_rows_are_the_placer_and_the_chart_sets_how_many_nodes_it_sees(
