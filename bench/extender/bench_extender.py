@@ -260,6 +260,7 @@ async def scale_async(args: argparse.Namespace) -> dict[str, Any]:
         args.seed,
         policy=args.policy,
         nodes_percent=args.nodes_percent,
+        counts_share=args.counts_share,
     )
     gpus = args.nodes * args.gpus_per_node
     used = sum(g.used_percent for n in flow.view.nodes().values() for g in n.gpus)
@@ -288,6 +289,7 @@ async def scale_async(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_used_percent_at_start": round(used / gpus, 1),
         "pods_from": source,
         "policy": args.policy,
+        "scheduler_counts_share": args.counts_share,
         **phases,
         "machine": {
             **machine(),
@@ -418,6 +420,13 @@ def main() -> int:
         help="--flow scale: chance each GPU takes one more tenant",
     )
     p.add_argument("--nodes-percent", type=int, help="--flow scale: percentageOfNodesToScore")
+    p.add_argument(
+        "--scheduler-ignores-share",
+        dest="counts_share",
+        action="store_false",
+        help="--flow scale: kube-scheduler's window ignores each node's gpushare.io/gpu-percent "
+        "(the chart before 2026-11-28) instead of counting it",
+    )
     p.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="openb CSV directory")
     p.add_argument("--profile", type=Path, help="--flow scale: write a cProfile of the phases")
     p.add_argument("--seed", type=int, default=7)

@@ -8,7 +8,8 @@ admission, filter-time holds, opportunism):
 1. the pod watch's ADDED event (``ClusterView.upsert_pod``, the pod as the webhook left it);
 2. ``POST /scheduler/filter`` over real HTTP to the controller's aiohttp app, with the nodes
    kube-scheduler's ``numFeasibleNodesToFind`` window sends (about 420 of 1,000 nodes, 500 of
-   5,000; :class:`bench.sim.stock.NodeWindow`, its own CPU and memory filter applied);
+   5,000; :class:`bench.sim.stock.NodeWindow`, its own CPU, memory and node-total GPU-share
+   filter applied, as the chart configures it);
 3. ``POST /scheduler/bind`` to the node filter held (the Binding write is a no-op that
    records the placement annotations);
 4. the watch's MODIFIED events the Binding and KWOK cause: bound with the annotations, then
@@ -190,6 +191,9 @@ class Flow:
     names: list[str]
     window: NodeWindow
     inside: dict[str, list[float]] = field(default_factory=lambda: {"filter": [], "bind": []})
+    counts_share: bool = True
+    """kube-scheduler's own fit counts each node's gpushare.io/gpu-percent (the chart since
+    2026-11-28); False: it ignores the share (``ignoredResources``, the chart before)."""
 
 
 def build(
@@ -201,6 +205,7 @@ def build(
     *,
     policy: str = "gpushare",
     nodes_percent: int | None = None,
+    counts_share: bool = True,
 ) -> Flow:
     """The view filled as :func:`prefilled_cluster` says, and the extender the controller
     builds with its defaults (gpushare.cluster.main._extender)."""
@@ -219,7 +224,14 @@ def build(
         opportunism=Opportunism(),
     )
     names = [d["metadata"]["name"] for d in node_docs]
-    flow = Flow(view, extender, writer, names, NodeWindow(len(names), nodes_percent))
+    flow = Flow(
+        view,
+        extender,
+        writer,
+        names,
+        NodeWindow(len(names), nodes_percent),
+        counts_share=counts_share,
+    )
     _time_inside(flow)
     return flow
 
@@ -275,10 +287,16 @@ async def place(
     if cold:
         forget_answers(flow.extender)
     host_free = view.host_free
+    node_of = view.node
 
     def feasible(i: int) -> bool:
         free = host_free(flow.names[i])
-        return free is None or (free[0] >= task.cpu_milli and free[1] >= task.memory_mib * MIB)
+        if free is not None and (free[0] < task.cpu_milli or free[1] < task.memory_mib * MIB):
+            return False
+        if not flow.counts_share:
+            return True
+        node = node_of(flow.names[i])
+        return node is None or task.percent <= sum(g.free_percent for g in node.gpus if g.healthy)
 
     offered = [flow.names[i] for i in flow.window.candidates(feasible)]
     c0 = time.process_time()
