@@ -23,7 +23,7 @@ def test_steady_and_cold_phases_time_every_pod_and_pass_nodes(tmp_path: Path) ->
 def test_scale_flow_places_each_pod_through_filter_and_bind(tmp_path: Path) -> None:
     args = argparse.Namespace(
         flow="scale", nodes=12, gpus_per_node=4, pods=10, cold_pods=4, warm_pods=3,
-        fill=0.6, policy="gpushare", seed=3, gc_freeze=False, nodes_percent=None,
+        fill=0.6, policy="gpushare", seed=3, gc_freeze=False, nodes_percent=None, counts_share=True,
         traces=tmp_path / "absent", profile=None, out=tmp_path,
     )  # fmt: skip
     result = asyncio.run(main_async(args))
