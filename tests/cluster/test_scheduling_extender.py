@@ -32,7 +32,7 @@ from gpushare.api.quantities import parse_fraction, parse_memory
 from gpushare.cluster.extender.base import HOLD_SECONDS
 from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.controller import ControllerProcess, served_namespace
-from tests.fixtures.node_agent import NodeAgentProcess
+from tests.fixtures.node_agent import NodeAgentProcess, scraper_token
 
 pytestmark = pytest.mark.cluster
 
@@ -329,6 +329,90 @@ def test_a_pod_that_fits_no_single_gpu_stays_pending_with_the_reason(
     assert "MISSING" not in message
     pod = json.loads(cluster.kubectl("get", "pod", "-n", namespace, "too-big", "-o", "json"))
     assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+
+
+def _requests_total(
+    cluster: LocalCluster, controller: ControllerProcess, verb: str, outcome: str
+) -> float:
+    """gpushare_extender_requests_total{verb, outcome} from the controller's /metrics, read with
+    a token allowed to get it, as Prometheus reads it."""
+    request = urllib.request.Request(
+        f"{controller.extender_url}/metrics",
+        headers={"Authorization": f"Bearer {scraper_token(cluster)}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
+        if (
+            line.startswith("gpushare_extender_requests_total{")
+            and f'verb="{verb}"' in line
+            and f'outcome="{outcome}"' in line
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_higher_priority_pod_preempts_a_pod_whose_gpu_it_then_fits(
+    cluster: LocalCluster, controller: ControllerProcess, gpu_node: GpuNode, namespace: str
+) -> None:
+    """kube-scheduler counts the node's gpushare.io/gpu-percent itself (the scheduler config
+    hack/ writes, as the chart does): with a 60% pod of low priority on each GPU, a 90% pod of
+    higher priority fits nowhere (80% free in total). kube-scheduler picks one 60% pod to evict,
+    asks the extender's preempt verb, which keeps it because that GPU then has room (unit tests:
+    the victims it refuses), evicts it, and the 90% pod runs on that GPU; the other low pod
+    keeps running (docs/scheduling.md, "preempt")."""
+    assert len(gpu_node.gpus) == 2, gpu_node
+    assert not assert_no_gpu_oversubscribed(cluster, gpu_node), "GPUs not empty at the start"
+    classes = {f"{namespace}-low": 100, f"{namespace}-high": 1000}
+    for name, value in classes.items():
+        doc = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+        }
+        cluster.kubectl("create", "-f", "-", input=json.dumps(doc))
+    try:
+        low = f"{namespace}-low"
+        create(
+            cluster,
+            namespace,
+            [
+                gpushare_pod(cluster, "low-a", "0.6", priorityClassName=low),
+                gpushare_pod(cluster, "low-b", "0.6", priorityClassName=low),
+            ],
+        )
+        bound = wait_bound(cluster, namespace, 2)
+        gpus = {p["metadata"]["annotations"][ANN_GPU_UUID] for p in bound}
+        assert len(gpus) == 2, "60% + 60% must take one GPU each"
+        before = _requests_total(cluster, controller, "preempt", "ok")
+        high = gpushare_pod(cluster, "high", "0.9", priorityClassName=f"{namespace}-high")
+        create(cluster, namespace, [high])
+
+        def placed() -> list[Pod] | None:
+            pods = {p["metadata"]["name"]: p for p in list_pods(cluster, "-n", namespace)}
+            top = pods.get("high")
+            if top is None or ANN_GPU_UUID not in top["metadata"].get("annotations", {}):
+                return None
+            return list(pods.values())
+
+        deadline = time.monotonic() + 120
+        pods = placed()
+        while pods is None and time.monotonic() < deadline:
+            time.sleep(1)
+            pods = placed()
+        assert pods is not None, (
+            f"the 90% pod was not placed: {list_pods(cluster, '-n', namespace)}"
+        )
+        names = {p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+        assert "high" in names and len(names & {"low-a", "low-b"}) == 1, names
+        assert _requests_total(cluster, controller, "preempt", "ok") > before, (
+            "the preempt verb was not asked"
+        )
+        assert_no_gpu_oversubscribed(cluster, gpu_node)
+    finally:
+        for name in classes:
+            cluster.kubectl("delete", "priorityclass", name, "--ignore-not-found", check=False)
 
 
 @pytest.mark.parametrize(
