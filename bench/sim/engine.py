@@ -44,7 +44,7 @@ from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Demand, GpuState, NodeState, Tenant
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import Policy
-from gpushare.packing.scarcity import free_by_model
+from gpushare.packing.scarcity import free_by_model, host_shapes
 from gpushare.packing.threads import assign_thread_percent, tenant_threads
 
 MIB = 1 << 20
@@ -457,6 +457,8 @@ def simulate(
         PRODUCT.get(policy, Policy.GPUSHARE), mix=PodMix(), model=model, admission=Admission(model)
     )
     placer.mix.free_capacity = lambda: free_by_model(cluster.nodes)
+    shapes = host_shapes((s.model, (s.gpus, s.cpu_milli, s.memory_mib * MIB)) for s in nodes)
+    placer.mix.host_shapes = lambda: shapes
     placer_places_cpu_pods = policy == "gpushare"
     # gpushare-scheduler offers the extender the nodes its own filters pass, as many as the
     # chart's percentageOfNodesToScore says; the stock default-scheduler keeps its default.

@@ -22,12 +22,12 @@ A restarted controller rebuilds the mix from the pods its first list returns. Th
 (``bench/sim``) feeds the same class in arrival order, exactly as the controller's watch does.
 """
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from gpushare.api.names import SLICES_PER_GPU
 from gpushare.packing.fragmentation import TaskClass, Workload
 from gpushare.packing.model import Demand
-from gpushare.packing.scarcity import model_prices
+from gpushare.packing.scarcity import DemandClass, HostShape, model_prices
 
 REFIT_EVERY = 200
 """Fewest pods counted between two refits of the mix."""
@@ -88,6 +88,7 @@ class PodMix:
         horizon: int = HORIZON,
         prior: Workload | None = None,
         free_capacity: Callable[[], Mapping[str, int]] | None = None,
+        host_shapes: Callable[[], Mapping[str, Collection[HostShape]]] | None = None,
     ) -> None:
         if refit_every < 1 or max_shapes < 1 or horizon < 1 or refit_growth < 0:
             raise ValueError("refit_every, max_shapes and horizon must be positive")
@@ -102,7 +103,11 @@ class PodMix:
         self.free_capacity = free_capacity
         """The cluster's free GPU-percent by GPU model, which the prices of scarce models are
         measured against (:mod:`gpushare.packing.scarcity`); None: no prices."""
-        self._demands: list[tuple[float, int, int, str | None]] = []
+        self.host_shapes = host_shapes
+        """The kinds of node of each GPU model (GPUs, allocatable CPU and memory): a pod that
+        only some models' nodes can hold is limited to them (:mod:`gpushare.packing.scarcity`);
+        None: pods are limited by their node constraints only."""
+        self._demands: list[DemandClass] = []
         self.observed = 0
         """Pods counted since this mix was made (not decayed)."""
         self.generation = 0
@@ -161,9 +166,9 @@ class PodMix:
         """The prices of scarce GPU models (:mod:`gpushare.packing.scarcity`) for the mix as of
         the last refit against the free capacity now; True when they changed (the generation
         moves, as after a refit)."""
-        if self.free_capacity is None or not any(d[3] for d in self._demands):
+        if not self._may_price():
             return False  # no pod limited to some models: nothing to price
-        prices = model_prices(self._demands, self.free_capacity())
+        prices = self._prices()
         if prices_close(prices, self._workload.prices, PRICE_TOLERANCE):
             return False
         self._workload = self._workload.with_prices(prices)
@@ -181,7 +186,8 @@ class PodMix:
             return
         counts = self._counts.items()
         self._demands = [
-            (count, percent, gpus, model) for (percent, gpus, _, model, _), count in counts
+            (count, percent, gpus, model, cpu, memory)
+            for (percent, gpus, cpu, model, memory), count in counts
         ]
         self._workload = Workload.typical(
             (
@@ -190,11 +196,21 @@ class PodMix:
             ),
             coverage=1.0,
         )
-        if self.free_capacity is not None and any(d[3] for d in self._demands):
-            self._workload = self._workload.with_prices(
-                model_prices(self._demands, self.free_capacity())
-            )
+        if self._may_price():
+            self._workload = self._workload.with_prices(self._prices())
         self.generation += 1
+
+    def _may_price(self) -> bool:
+        """Some class may be limited to some models: by its node constraints, or, where the
+        node kinds are known, by its size."""
+        return self.free_capacity is not None and (
+            self.host_shapes is not None or any(d[3] for d in self._demands)
+        )
+
+    def _prices(self) -> dict[str, float]:
+        assert self.free_capacity is not None
+        shapes = self.host_shapes() if self.host_shapes is not None else None
+        return model_prices(self._demands, self.free_capacity(), shapes=shapes)
 
     def shapes(self) -> dict[Shape, float]:
         """A copy of the (decayed) counts, for reports and tests."""

@@ -44,6 +44,11 @@ class HostUsage:
             self._allocatable[name] = allocatable
         self._count_free(name)
 
+    @property
+    def allocatable(self) -> Mapping[str, tuple[int, int]]:
+        """Node -> (milli-CPU, memory bytes) it offers pods, where its status says (read-only)."""
+        return self._allocatable
+
     def free(self, name: str) -> tuple[int, int] | None:
         """(milli-CPU, memory bytes) node ``name`` has left for pods, whether or not it has a
         GPU inventory (DRA-mode nodes have none); None when its status does not say."""

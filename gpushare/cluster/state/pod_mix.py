@@ -15,7 +15,7 @@ from gpushare.cluster.state.pod_facts import PodFacts
 from gpushare.cluster.state.pods import spec
 from gpushare.packing.mix import PodMix
 from gpushare.packing.model import Demand, NodeState
-from gpushare.packing.scarcity import free_by_model
+from gpushare.packing.scarcity import HostShape, free_by_model, host_shapes
 
 
 class MixCounter:
@@ -113,3 +113,31 @@ class FreeByModel:
             for model, free in hit[1].items():
                 out[model] = out.get(model, 0) + free
         return out
+
+
+class HostShapes:
+    """The kinds of node of each GPU model over the view's nodes -- (GPUs, allocatable milli-CPU,
+    allocatable memory bytes) -- which limit a pod to the models whose nodes can hold it
+    (:mod:`gpushare.packing.scarcity`). Worked out again only when a node came, went or
+    changed its GPU count or allocatable: the mix asks every 50 pods."""
+
+    def __init__(
+        self, nodes: Mapping[str, NodeState], allocatable: Mapping[str, tuple[int, int]]
+    ) -> None:
+        self._nodes = nodes
+        self._allocatable = allocatable
+        self._seen: dict[str, tuple[str, HostShape]] = {}
+        self._shapes: dict[str, frozenset[HostShape]] = {}
+
+    def __call__(self) -> dict[str, frozenset[HostShape]]:
+        seen: dict[str, tuple[str, HostShape]] = {}
+        for name, node in self._nodes.items():
+            if not node.gpus:
+                continue
+            host = self._allocatable.get(name)
+            cpu, memory = host if host is not None else (None, None)
+            seen[name] = (node.gpus[0].model, (len(node.gpus), cpu, memory))
+        if seen != self._seen:
+            self._seen = seen
+            self._shapes = host_shapes(seen.values())
+        return self._shapes

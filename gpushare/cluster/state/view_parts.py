@@ -20,7 +20,7 @@ from gpushare.cluster.state.hosts import HostUsage
 from gpushare.cluster.state.nodes import NodeInventory
 from gpushare.cluster.state.placements import Placements
 from gpushare.cluster.state.pod_facts import PodFacts
-from gpushare.cluster.state.pod_mix import FreeByModel, MixCounter
+from gpushare.cluster.state.pod_mix import FreeByModel, HostShapes, MixCounter
 from gpushare.cluster.state.quarantine import Quarantine
 from gpushare.cluster.state.quotas import GuaranteeQuotas
 from gpushare.cluster.state.reservations import Reservations
@@ -98,6 +98,8 @@ class ViewParts:
         self._bind_indexes()
         if self.mix.free_capacity is None:
             self.mix.free_capacity = FreeByModel(self._nodes, self._node_versions)
+        if self.mix.host_shapes is None:
+            self.mix.host_shapes = HostShapes(self._nodes, self._hosts.allocatable)
 
     def _init_listeners(self) -> None:
         """Who is told of changes: empty lists the controller's parts append to."""

@@ -35,15 +35,45 @@ def _node(name: str, model: str, used: int = 0, gpus: int = 2) -> NodeState:
 def test_a_model_the_limited_pods_need_more_of_costs_more() -> None:
     # 30 % of the GPU demand can only use T4, which is 10 % of the capacity; 10 % can only
     # use G2 (90 %); the rest goes anywhere.
-    demands = [(3, 100, 1, "T4"), (1, 100, 1, "G2"), (6, 100, 1, None)]
+    demands = [(3, 100, 1, "T4", 0, 0), (1, 100, 1, "G2", 0, 0), (6, 100, 1, None, 0, 0)]
     prices = model_prices(demands, {"T4": 100, "G2": 900})
     assert prices == {"T4": pytest.approx(3.0), "G2": pytest.approx(1 / 9)}
     # Nothing limited, or limited to every model there is: nothing is priced.
-    assert model_prices([(1, 100, 1, None)], {"T4": 100, "G2": 900}) == {}
-    assert model_prices([(1, 50, 1, "G2|T4")], {"T4": 100, "G2": 900}) == {}
+    assert model_prices([(1, 100, 1, None, 0, 0)], {"T4": 100, "G2": 900}) == {}
+    assert model_prices([(1, 50, 1, "G2|T4", 0, 0)], {"T4": 100, "G2": 900}) == {}
     assert model_prices(demands, {}) == {}
     # A model with no capacity left prices nothing: pods limited to it fit nowhere.
     assert set(model_prices(demands, {"T4": 0, "G2": 900})) == set()
+
+
+def test_a_pod_only_some_models_nodes_can_hold_is_limited_to_them() -> None:
+    """openb's 8-GPU pods asking for 120 CPUs fit only the G3 nodes (128 CPUs), not the G2
+    ones (96): limited to G3 by their size, as a node constraint would limit them."""
+    shapes = {
+        "G2": {(8, 96_000, 384 * GIB)},
+        "G3": {(8, 128_000, 768 * GIB)},
+        "T4": {(2, 104_000, 512 * GIB)},
+    }
+    capacity = {"G2": 4400, "G3": 300, "T4": 800}
+    big = (1, 100, 8, None, 120_000, 720 * GIB)
+    small = (100, 50, 1, None, 8_000, 32 * GIB)
+    prices = model_prices([big, small], capacity, shapes=shapes)
+    assert set(prices) == {"G3"} and prices["G3"] > 0
+    # Without the node kinds only node constraints limit a pod.
+    assert model_prices([big, small], capacity) == {}
+    # A pod of 8 GPUs that every 8-GPU node holds is not limited: which nodes stay whole for
+    # it is the fragmentation term's to say.
+    assert (
+        model_prices([(1, 100, 8, None, 64_000, 256 * GIB), small], capacity, shapes=shapes) == {}
+    )
+    # A model whose nodes are not known is taken to hold anything; a pod no node holds limits
+    # nothing (kube-scheduler refuses it).
+    assert set(model_prices([big, small], capacity, shapes={"G2": shapes["G2"]})) == {"G3", "T4"}
+    assert model_prices([(1, 100, 8, None, 200_000, 0), small], capacity, shapes=shapes) == {}
+    # Node constraints and size together.
+    assert set(
+        model_prices([(1, 100, 1, "G2|G3", 100_000, 0), small], capacity, shapes=shapes)
+    ) == {"G3"}
 
 
 def test_free_capacity_counts_healthy_gpus_by_model() -> None:
