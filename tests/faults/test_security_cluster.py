@@ -1792,7 +1792,11 @@ def a_tenant_lease_named_like_an_agents_keeps_a_dead_agents_node(sec: Sec) -> Ou
         ran = running(sec, sec.victim_ns, name)["spec"].get("nodeName")
     finally:
         sec.cluster.kubectl("delete", "pod", name, "-n", sec.victim_ns, "--wait=false")
-    ok = bool(refusal) and AGENT_GONE in message and not bound and bool(ran)
+    # The pod's event names the dead agent (the extender), or, once the kubelet emptied the
+    # node's allocatable, kube-scheduler's own fit refuses the node first (docs/node-agent.md,
+    # "A dead agent").
+    said_why = AGENT_GONE in message or f"Insufficient {RESOURCE_GPU_PERCENT}" in message
+    ok = bool(refusal) and said_why and not bound and bool(ran)
     return ok, (
         f"{renewals.count(0)} renewals of {sec.attacker_ns}/gpushare-agent-"
         f"{sec.cluster.node_name} ignored; the node was refused {refused_after:.1f} s after the "
