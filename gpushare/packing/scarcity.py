@@ -26,7 +26,7 @@ A pod is limited to models by its node constraints, and also by its size: where 
 nodes are known (:data:`HostShape`, by model), a pod may use only the models with a node whose
 GPU count, allocatable CPU and allocatable memory hold it. On openb's lists, 8-GPU pods asking
 for 120 CPUs and 640-720 GiB fit only the 39 G3 nodes of 1,213 (128 CPUs, 768 GiB); smaller
-CPU-hungry pods took those nodes first and such a pod failed at 67-73% arrived demand, where
+CPU-hungry pods took those nodes first and such a pod failed at 62-84% arrived demand, where
 FGD placed it (docs/packing.md, "Results"). The set a pod's size leaves is compared with the
 set its GPU count alone leaves: pods of 8 GPUs that fit every 8-GPU node are not limited here
 (whole idle nodes for them are FGD's fragmentation term's to keep).

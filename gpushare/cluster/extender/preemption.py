@@ -9,7 +9,7 @@ node, with the victims kube-scheduler chose, only when the pod then fits one of 
 its whole GPUs), and drops it otherwise. An opted-in pod evicts no other opted-in pod there
 (no preemption among equals: docs/packing.md, "The sharing contract"). Pods without GPUs and
 their victims are kept as given: kube-scheduler's own fit is exact for CPU and memory.
-docs/scheduling.md, "Preemption".
+docs/scheduling.md, "Scheduler extender" (**preempt**).
 """
 
 import logging
