@@ -750,3 +750,25 @@ def test_overlap_sets_are_read_and_scored_in_jobs_worth() -> None:
     solo = {"resnet50_xl": 15.3, "transformer_xl": 18.27}
     worth = priority_pairs.jobs_worth([7.09, 11.33], ("resnet50_xl", "transformer_xl"), solo)
     assert worth == pytest.approx(1.084, abs=0.001)
+
+
+def test_an_opted_in_job_placed_beside_a_latency_pod_starts_with_a_warmed_up_setting() -> None:
+    # Run 31 (H200, light trace, every batch row): opted-in ResNet-18s placed beyond the
+    # guaranteed shares beside the latency pod got its half-GPU cap, which no warmed-up process
+    # had, and started cold under that scheme alone (docs/benchmarks-gpu.md, "Run 31").
+    # Its peak alone is known, so it is given that peak (x 1.25) as its memory cap.
+    d = replace(decider(), opportunism=Opportunism(), peaks={"resnet18": 1160 << 20})
+    svc = d(job("s", "infer", 0.25), [])
+    assert isinstance(svc, Launch)
+    running = [Running(svc.job, svc)]
+    for i in range(4):  # guaranteed 15% pods: 85% of the GPU is guaranteed
+        small = d(job(f"g{i}", "resnet18", 0.15, memory_bytes=2 << 30), running)
+        assert isinstance(small, Launch) and not small.opportunistic
+        running.append(Running(small.job, small))
+    opted = job("o", "resnet18", 0.2, opportunistic=True)
+    chosen = d(opted, running)
+    assert isinstance(chosen, Launch) and chosen.opportunistic
+    assert chosen.thread_percent == 50  # the cap beside a latency pod
+    assert any(chosen.same_settings(v) for v in d.variants(opted))
+    # A trace without a latency pod warms no setting beside one.
+    assert all(v.thread_percent == 100 for v in d.variants(opted, beside_latency=False))

@@ -319,14 +319,16 @@ def test_on_run_16s_h100_profiles_every_job_is_warm(tmp_path: Path) -> None:
         ways = run.trace_ways(ctx, st, name, learning=learning, opt_in=opt_in)
         plan = run.plan_warm_up(ctx, st, name, ways)
         assert plan.cold == (), (name, plan.why_cold)
-        assert max(plan.worst_mib.values()) <= 46_400
+        assert max(plan.worst_mib.values()) <= 48_700  # of 69,325 usable
         every = ways[run.OPPORTUNISTIC_ALL]
         scheme = every.make()
         warmed[name] = sum(
             len(warm_launches(scheme.prepare(j), memory_mib=plan.memory_mib[j.id]))
             for j in every.jobs
         )
-    assert warmed == {"light": 19, "heavy": 6, "mixed": 10, "bursty": 13, "long-short": 12}
+    # light holds the latency pod: its opted-in jobs also warm the cap they get beside it
+    # (run 31 started three of them cold without it).
+    assert warmed == {"light": 22, "heavy": 6, "mixed": 10, "bursty": 13, "long-short": 12}
 
 
 def test_each_way_names_the_run_that_answers_it() -> None:
@@ -354,3 +356,12 @@ def test_resume_auto_takes_the_newest_phase_a_stored_for_the_gpu_model() -> None
     assert run.stored_phase_a("NVIDIA H200") == DATA / "run16-h200-phase-a.json"
     # None stored for this model: the run measures each kind alone instead.
     assert run.stored_phase_a("NVIDIA A100-SXM4-80GB") is None
+
+
+def test_a_stored_phase_a_is_recorded_by_its_path_in_the_repository(tmp_path: Path) -> None:
+    # Results are committed: they name the stored file, not the directory a machine holds it in.
+    stored = run.stored_phase_a("NVIDIA H200")
+    assert stored is not None and stored.is_absolute()
+    assert run.recorded_path(stored) == f"bench/gpu/data/{stored.name}"
+    elsewhere = tmp_path / "phase-a.json"
+    assert run.recorded_path(elsewhere) == str(elsewhere)  # a user's own file, as given
