@@ -481,6 +481,16 @@ def stored_phase_a(gpu_name: str | None) -> Path | None:
 
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
+REPO_DIR = DATA_DIR.parents[2]
+
+
+def recorded_path(path: Path) -> str:
+    """``path`` as the results record it: relative to the repository where it lies inside it
+    (a stored phase A), so a committed record names no machine's directories."""
+    resolved = path.resolve()
+    if resolved.is_relative_to(REPO_DIR):
+        return str(resolved.relative_to(REPO_DIR))
+    return str(path)
 
 
 def evaluate_model(ctx: Ctx, st: State) -> None:
@@ -786,7 +796,7 @@ def load_phase_a(ctx: Ctx, st: State) -> None:
         ctx.phase_a_from = "this invocation (each kind alone, no packs)"
         return
     load_state(st, path)
-    ctx.phase_a_from = str(path)
+    ctx.phase_a_from = recorded_path(path)
     log.info("phase A from %s: %d packs", path, len(st.results))
     missing = [k for k in trace_kinds(ctx) if k not in st.solo]
     if missing:
