@@ -12,7 +12,9 @@ counts the pods it sees, in the order it sees them, and refits the
   ``refit_growth`` of all counted (by default: whenever the count doubled; an estimate from n
   pods moves by about 1/n per pod, so the refits thin out as the mix settles; the mix stays
   the same between refits, so answers the extender cached stay valid; a refit bumps
-  :attr:`PodMix.generation`);
+  :attr:`PodMix.generation`); and at once when the first pod arrives that only some GPU
+  models' nodes can hold by its size (:meth:`PodMix._newly_limited`): waiting for the count to
+  double left those models unpriced while smaller pods took them (issue 69);
 - memory is bounded: at most ``max_shapes`` distinct shapes are kept (the rarest go first) and
   once more than ``horizon`` pods were counted every count is halved, so the mix follows a
   cluster whose pods change;
@@ -129,6 +131,7 @@ class PodMix:
         """Count one pod; refit when due (see the module docstring). Returns True when this
         call refitted the mix."""
         shape = shape_of(demand)
+        novel = shape not in self._counts
         self._counts[shape] = self._counts.get(shape, 0.0) + 1.0
         self._total += 1.0
         self.observed += 1
@@ -137,7 +140,8 @@ class PodMix:
         if self._total > self.horizon:
             self._halve()
         self._since_refit += 1
-        if self._since_refit >= max(self.refit_every, self.refit_growth * self._total):
+        due = self._since_refit >= max(self.refit_every, self.refit_growth * self._total)
+        if due or (novel and self._newly_limited(shape)):
             self.refit()
             return True
         if self.observed % REPRICE_EVERY == 0:
@@ -207,6 +211,16 @@ class PodMix:
         if self._may_price():
             self._workload = self._workload.with_prices(self._prices())
         self.generation += 1
+
+    def _newly_limited(self, shape: Shape) -> bool:
+        """A shape first seen now that only some GPU models' nodes can hold by its size, in a
+        mix whose last refit had none: refitting at once prices those models before the pods
+        that could go anywhere take them (issue 69)."""
+        if self._shapes is None or self._size_limited:
+            return False
+        percent, gpus, cpu, _, memory = shape
+        one: DemandClass = (1.0, percent, gpus, None, cpu, memory)
+        return bool(model_prices([one], dict.fromkeys(self._shapes, 1), shapes=self._shapes))
 
     def _may_price(self) -> bool:
         """Some class is limited to some models: by its node constraints, or by its size. Else

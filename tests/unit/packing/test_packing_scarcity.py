@@ -154,3 +154,26 @@ def test_a_small_move_of_the_free_capacity_keeps_the_prices_and_the_cached_costs
 def test_a_workload_without_prices_costs_as_before() -> None:
     workload = Workload.default()
     assert workload.prices == {} and workload.with_prices({"T4": 1.0}).basis is workload
+
+
+def test_the_first_pod_only_some_models_can_hold_by_its_size_refits_the_mix_at_once() -> None:
+    # cpu050, seed 42: the first 8-GPU pod asking for 120 CPUs came at 41.8% arrived demand;
+    # refitting only once the count doubled left the G3 nodes unpriced until smaller pods had
+    # taken them (issue 69, docs/packing.md, "Limited by size").
+    shapes = {"G2": {(8, 96_000, 384 * GIB)}, "G3": {(8, 128_000, 768 * GIB)}}
+    free = {"G2": 4400, "G3": 300}
+    mix = PodMix(refit_every=10, free_capacity=lambda: free, host_shapes=lambda: shapes)
+    small = Demand(percent=50, cpu_milli=8_000, host_memory_bytes=32 * GIB)
+    for _ in range(40):
+        mix.observe(small)
+    assert mix.workload.prices == {}
+    anywhere = Demand(percent=100, gpus=8, cpu_milli=64_000, host_memory_bytes=256 * GIB)
+    assert not mix.observe(anywhere)  # every 8-GPU node holds it: no refit before its time
+    big = Demand(percent=100, gpus=8, cpu_milli=120_000, host_memory_bytes=720 * GIB)
+    generation = mix.generation
+    assert mix.observe(big)
+    assert mix.generation == generation + 1
+    assert set(mix.workload.prices) == {"G3"}
+    # Once the mix holds such a class, the next new one waits for the refit that is due.
+    bigger = Demand(percent=100, gpus=8, cpu_milli=124_000, host_memory_bytes=720 * GIB)
+    assert not mix.observe(bigger)
