@@ -205,9 +205,7 @@ class PodMix:
             coverage=1.0,
         )
         self._shapes = self.host_shapes() if self.host_shapes is not None else None
-        self._size_limited = self._shapes is not None and bool(
-            model_prices(self._demands, dict.fromkeys(self._shapes, 1), shapes=self._shapes)
-        )
+        self._size_limited = self._limits(self._demands)
         if self._may_price():
             self._workload = self._workload.with_prices(self._prices())
         self.generation += 1
@@ -216,11 +214,18 @@ class PodMix:
         """A shape first seen now that only some GPU models' nodes can hold by its size, in a
         mix whose last refit had none: refitting at once prices those models before the pods
         that could go anywhere take them (issue 69)."""
-        if self._shapes is None or self._size_limited:
+        if self._size_limited:
             return False
         percent, gpus, cpu, _, memory = shape
-        one: DemandClass = (1.0, percent, gpus, None, cpu, memory)
-        return bool(model_prices([one], dict.fromkeys(self._shapes, 1), shapes=self._shapes))
+        return self._limits([(1.0, percent, gpus, None, cpu, memory)])
+
+    def _limits(self, demands: list[DemandClass]) -> bool:
+        """Some of ``demands`` is limited to some GPU models by the node kinds of the last
+        refit (by its size, or by its node constraints); False while those are not known."""
+        shapes = self._shapes
+        return shapes is not None and bool(
+            model_prices(demands, dict.fromkeys(shapes, 1), shapes=shapes)
+        )
 
     def _may_price(self) -> bool:
         """Some class is limited to some models: by its node constraints, or by its size. Else
