@@ -18,7 +18,9 @@ from gpushare.api.gpushare_crd import ANN_PROFILING
 from gpushare.api.names import (
     ANN_SHARE,
     LABEL_NEIGHBOUR_RULES,
+    LABEL_SHARE_SELECTORS,
     NEIGHBOUR_RULES_GRANTED,
+    SHARE_SELECTORS_ENABLED,
 )
 from tests.gpu_cluster.claims import pod_gpu
 from tests.gpu_cluster.harness import TEST_NAMESPACE, GpuCluster, Obj, node_gpus, wait_for
@@ -51,9 +53,11 @@ def test_operator_profiles_a_gpushare_job_on_the_gpu_and_packs_it(gc: GpuCluster
     first, second = "train-0", "train-1"
     gc.delete_pods(first, second)
     gc.kubectl("delete", "gpushare", "train", "-n", TEST_NAMESPACE, "--ignore-not-found")
-    # An admin's grant: the operator's profiling pod may have its GPU to itself here.
+    # An admin's grants: the operator's profiling pod may have its GPU to itself here, and
+    # the share's selector may link the namespace's new pods (docs/operator.md).
     grant = f"{LABEL_NEIGHBOUR_RULES}={NEIGHBOUR_RULES_GRANTED}"
-    gc.kubectl("label", "namespace", TEST_NAMESPACE, grant, "--overwrite")
+    selectors = f"{LABEL_SHARE_SELECTORS}={SHARE_SELECTORS_ENABLED}"
+    gc.kubectl("label", "namespace", TEST_NAMESPACE, grant, selectors, "--overwrite")
     share = {
         "apiVersion": "gpushare.io/v1alpha1",
         "kind": "GpuShare",
