@@ -1,8 +1,8 @@
 """Pausing an opportunistic GEMM on a real GPU, through the chart (issue 65; docs/node-agent.md,
 "Pausing a pod"): the node agent freezes the pod's containers when ``gpushare.io/pause`` is
-written (here by the test, as the controller's service account: the chart's placement policy
-refuses it from anyone else; the controller's own decision to pause is tested on the local
-cluster, tests/cluster/test_operator_cluster.py), and thaws them when it goes.
+written, and thaws them when it goes. The first test writes it itself, as the controller's
+service account (the chart's placement policy refuses it from anyone else); the second leaves
+the decision to the controller, for a guaranteed pod that needs the compute.
 
 A guaranteed GEMM pod and an opted-in GEMM pod with an ``exec`` liveness probe share one GPU.
 Measured and recorded: the guaranteed pod's rate alone, beside its running neighbour, and while
