@@ -837,9 +837,22 @@ async def run(opts: Options, inputs: Inputs) -> dict[str, Any]:
     return assemble(earlier_runs + runs, earlier_stock + stock, sims, machine=machine, setup=setup)
 
 
+def _existing_result(out: Path, flag: str) -> dict[str, Any]:
+    """The result JSON of ``--out`` that ``flag`` works on, or a refusal saying it is missing."""
+    path = out.with_suffix(".json")
+    if not path.is_file():
+        raise InvalidInputError(
+            flag,
+            f"works on an existing result and {path} does not exist",
+            "give --out the prefix of a replay's results (its .json), or run the replay first",
+        )
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
+
+
 def simulate_only(opts: Options, inputs: Inputs) -> dict[str, Any]:
     """The simulator's references for the pod lists and seeds asked, added to --out's."""
-    doc = json.loads(opts.out.with_suffix(".json").read_text())
+    doc = _existing_result(opts.out, "--sim-only")
     runs, stock, sims = _earlier(opts.out, set())
     setup = dict(doc.get("setup", {}))
     _simulate_into(inputs, opts.seeds, sims, setup)
@@ -857,7 +870,7 @@ def simulate_only(opts: Options, inputs: Inputs) -> dict[str, Any]:
 def rerender(out: Path, timing_from: Path | None = None) -> dict[str, Any]:
     """The summary and markdown of an existing result, rebuilt from the runs it holds; with
     ``timing_from``, its timing of record taken from that result (else the one it had)."""
-    doc = json.loads(out.with_suffix(".json").read_text())
+    doc = _existing_result(out, "--rerender")
     runs, stock, sims = _earlier(out, set())
     setup = doc.get("setup", {})
     timing = (

@@ -157,6 +157,21 @@ def test_a_hostile_row_stops_the_replay_before_anything_is_created(
     assert started == []
 
 
+def test_sim_only_and_rerender_without_a_result_say_so_instead_of_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    traces = _lists(tmp_path, "p1,8000,1024,1,500,,LS\n")
+    out = tmp_path / "nowhere" / "replay"
+    for flag in ("--sim-only", "--rerender"):
+        assert (
+            replay_run.main(["--traces", str(traces), "--seeds", "1", flag, "--out", str(out)]) == 2
+        )
+        err = capsys.readouterr().err
+        assert f"{flag}: works on an existing result and {out}.json does not exist" in err
+        assert "run the replay first" in err
+    assert not out.parent.exists()
+
+
 def test_own_lists_are_named_by_their_files_and_models_nobody_has_are_refused(
     tmp_path: Path,
 ) -> None:
