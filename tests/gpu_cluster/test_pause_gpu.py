@@ -17,7 +17,6 @@ import json
 import statistics
 import time
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 
@@ -72,6 +71,30 @@ def as_controller(gc: GpuCluster) -> str:
         "get", "pods", "-n", gc.release_namespace, "-l", "app.kubernetes.io/component=controller"
     )["items"][0]
     return f"--as=system:serviceaccount:{gc.release_namespace}:{pod['spec']['serviceAccountName']}"
+
+
+def record_end(gc: GpuCluster, label: str, pod: Obj, lines: list[Obj]) -> bool:
+    """Record the paused pod's end (its phase, whether every result matched the one it computed
+    before the pause, its restarts) under ``label``; True when it ended as it would have
+    without the pause: Succeeded, the same result, 0 restarts."""
+    finished = next((x for x in lines if "result_same" in x), {})
+    status: Obj = pod["status"]
+    restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses", []))
+    ok = (
+        status.get("phase") == "Succeeded"
+        and finished.get("result_same") is True
+        and all(x.get("same", True) for x in lines)
+        and restarts == 0
+    )
+    gc.record(
+        f"{label}: the paused pod's phase, result and restarts",
+        {"phase": status.get("phase"), "result_same": finished.get("result_same"),
+         "restarts": restarts},
+        "Succeeded, the result computed before the pause, 0 restarts",
+        ok,
+        detail="" if ok else json.dumps({"status": status, "finished": finished})[:500],
+    )  # fmt: skip
+    return ok
 
 
 def test_an_opportunistic_gemm_paused_and_resumed_gives_its_result_with_0_restarts(
@@ -161,23 +184,8 @@ def test_an_opportunistic_gemm_paused_and_resumed_gives_its_result_with_0_restar
         "thaw within 2 s",
         (thawed_at - withdrawn) <= 2.0,
     )  # fmt: skip
-    finished = next((x for x in o_lines if "result_same" in x), {})
-    status: dict[str, Any] = ended[opportunistic]["status"]
-    pod_restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses", []))
-    ok = (
-        status.get("phase") == "Succeeded"
-        and finished.get("result_same") is True
-        and all(x.get("same", True) for x in o_lines)
-        and pod_restarts == 0
-    )
-    gc.record(
-        "pause: the paused pod's phase, result and restarts",
-        {"phase": status.get("phase"), "result_same": finished.get("result_same"),
-         "restarts": pod_restarts},
-        "Succeeded, the result computed before the pause, 0 restarts",
-        ok,
-    )  # fmt: skip
-    assert ok, (status, finished)
+    ok = record_end(gc, "pause", ended[opportunistic], o_lines)
+    assert ok, gc.checks[-1]
     assert not during, during
     if real:
         assert kept >= KEPT, (solo, shared, beside_paused)
@@ -348,23 +356,8 @@ def test_the_controller_pauses_an_opportunistic_gemm_for_a_guaranteed_pod_and_re
         "its first GEMM window ends within 2 s of the room freeing; a Resumed Event",
         bool(after) and after[0] - left <= 2.0 and bool(resumed_events),
     )  # fmt: skip
-    finished = next((x for x in o_lines if "result_same" in x), {})
-    status: Obj = ended[opportunistic]["status"]
-    restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses", []))
-    ok = (
-        status.get("phase") == "Succeeded"
-        and finished.get("result_same") is True
-        and all(x.get("same", True) for x in o_lines)
-        and restarts == 0
-    )
-    gc.record(
-        "pause decided: the paused pod's phase, result and restarts",
-        {"phase": status.get("phase"), "result_same": finished.get("result_same"),
-         "restarts": restarts},
-        "Succeeded, the result computed before the pause, 0 restarts",
-        ok,
-    )  # fmt: skip
+    ok = record_end(gc, "pause decided", ended[opportunistic], o_lines)
     assert decided, (o_ann, request, paused_events, preempted)
     assert not during, during
-    assert ok, (status, finished)
+    assert ok, gc.checks[-1]
     assert resumed_events, "no Resumed Event"
