@@ -131,6 +131,12 @@ def hood(cluster: LocalCluster, chart: Chart) -> Iterator[Neighbourhood]:
         ).admitted:
             assert time.monotonic() < deadline, "the host-path policy never took effect"
             time.sleep(1)
+        # The audit (warning) binding is read on its own: wait for its first warning too, or
+        # the tests race it (seen once: admitted with no warning right after the refusal).
+        plain = gpushare_pod(cluster.busybox_image, "/var/lib/kubelet/device-plugins")
+        while "Warning" not in hood.dry_run("probe-plain", namespaces["tenant"], plain).stderr:
+            assert time.monotonic() < deadline, "the host-path audit policy never took effect"
+            time.sleep(1)
         yield hood
     finally:
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=applied, check=False)
