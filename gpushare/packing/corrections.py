@@ -4,7 +4,7 @@ workload from each shared GPU's measured work rate, and admission and opportunis
 predict with the corrected model."""
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpushare.api.names import CLASS_LATENCY
@@ -57,8 +57,8 @@ class Corrections:
     made apply at once (a trial, or a restored state)."""
 
     factors: dict[str, float] = field(default_factory=dict)
-    windows: dict[str, int] = field(default_factory=dict)
-    """Windows each workload's factor was learned from."""
+    windows: dict[str, float] = field(default_factory=dict)
+    """Windows each workload's factor was learned from, each counted by its weight (``learn``)."""
     min_windows: int = MIN_WINDOWS
 
     def __post_init__(self) -> None:
@@ -66,18 +66,32 @@ class Corrections:
             self.windows.setdefault(w, self.min_windows)
 
     def k(self, workload: str) -> float:
-        if not workload or self.windows.get(workload, 0) < self.min_windows:
+        if not workload or self.windows.get(workload, 0.0) < self.min_windows - 1e-9:
             return 1.0
         return self.factors.get(workload, 1.0)
 
-    def learn(self, workloads: Iterable[str], k: float) -> None:
-        """Move each workload's factor towards ``k`` (bounded to :data:`K_RANGE`)."""
+    def learn(
+        self, workloads: Iterable[str], k: float, *, weights: Mapping[str, float] | None = None
+    ) -> None:
+        """Move each workload's factor towards ``k`` (bounded to :data:`K_RANGE`).
+
+        ``weights`` (0..1 by workload, 1 where absent) says how much the measurement speaks of
+        each: the governor passes each workload's share of the activity it measured, relative
+        to the largest share (:func:`gpushare.packing.governor.estimate`). A workload that
+        drove almost none of the counters (a notebook between its bursts) moves by that much
+        less and counts that much less of a window towards :data:`MIN_WINDOWS`, so its
+        neighbours' error is not taken for its own (docs/packing.md, "Cautious by
+        measurement")."""
         k = min(max(k, K_RANGE[0]), K_RANGE[1])
         for w in set(workloads):
-            if w:
-                old = self.factors.get(w, 1.0)
-                self.factors[w] = (1 - K_WEIGHT) * old + K_WEIGHT * k
-                self.windows[w] = self.windows.get(w, 0) + 1
+            if not w:
+                continue
+            weight = 1.0 if weights is None else min(max(weights.get(w, 1.0), 0.0), 1.0)
+            if weight <= 0.0:
+                continue
+            old = self.factors.get(w, 1.0)
+            self.factors[w] = (1 - K_WEIGHT * weight) * old + K_WEIGHT * weight * k
+            self.windows[w] = self.windows.get(w, 0.0) + weight
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ paused (it keeps its memory and loses no work; docs/packing.md, "The sharing con
 preemption among equals: among pods that all opted in, nobody is paused for anybody. Paused
 tenants drive no counters and count in no prediction. Every estimate also teaches the
 corrections (:class:`~gpushare.packing.opportunistic.Corrections`) what the model got wrong
-about the workloads on the GPU, which the next opportunistic decisions use (docs/packing.md,
-"Cautious by measurement").
-"""
+about the workloads on the GPU, each in proportion to how much of the counters it drove
+(``Estimate.shares``), which the next opportunistic decisions use (docs/packing.md, "Cautious
+by measurement")."""
 
 import math
 from collections.abc import Mapping, Sequence
@@ -55,17 +55,28 @@ class Estimate:
     """Each tenant's estimated rate (the prediction x ``scale``, at most 1)."""
     k: float
     """The correction factor that explains the measurement (see ``Corrections``)."""
+    shares: tuple[float, ...] = ()
+    """How much of the measurement speaks of each tenant: its part of the predicted activity
+    along the prediction (``r_i d_i . E / E . E``, summing to 1), over the largest part. The
+    corrections learn each workload's factor by it (``Corrections.learn``): a tenant that
+    drives next to none of the counters (a notebook that sleeps between bursts) is barely
+    measured, whatever the scale says of its neighbours."""
 
 
-def _predicted_activity(members: Sequence[Member], predicted: Sequence[float]) -> list[float]:
-    """``sum r_i d_i``; a latency service serves its requests whatever its slowdown (its
-    latency grows, not its work), so it drives what it drove alone."""
-    out = [0.0] * len(ACTIVITY)
-    for m, r in zip(members, predicted, strict=True):
-        rate = 1.0 if m.gpu_class == CLASS_LATENCY else r
-        for i, v in enumerate(activity(m.profile)):
-            out[i] += rate * v
-    return out
+def _member_activity(members: Sequence[Member], predicted: Sequence[float]) -> list[list[float]]:
+    """Each member's ``r_i d_i``; a latency service serves its requests whatever its slowdown
+    (its latency grows, not its work), so it drives what it drove alone."""
+    return [
+        [(1.0 if m.gpu_class == CLASS_LATENCY else r) * v for v in activity(m.profile)]
+        for m, r in zip(members, predicted, strict=True)
+    ]
+
+
+def _shares(parts: Sequence[Sequence[float]], expected: Sequence[float]) -> tuple[float, ...]:
+    """Each part's projection on ``expected`` over the largest one's (see ``Estimate.shares``)."""
+    raw = [max(0.0, sum(a * e for a, e in zip(p, expected, strict=True))) for p in parts]
+    top = max(raw, default=0.0)
+    return tuple(r / top if top > 0.0 else 1.0 for r in raw)
 
 
 def estimate(
@@ -78,7 +89,8 @@ def estimate(
         opportunism.model, [(t.profile, t.workload) for t in tenants], opportunism.corrections
     )
     predicted = rates(members, model)
-    expected = _predicted_activity(members, predicted)
+    parts = _member_activity(members, predicted)
+    expected = [sum(column) for column in zip(*parts, strict=True)]
     norm = math.sqrt(sum(v * v for v in expected))
     if norm < MIN_SIGNAL:
         return None
@@ -93,6 +105,7 @@ def estimate(
         predicted=predicted_work,
         rates=tuple(min(1.0, r * scale) for r in predicted),
         k=_fit_k(members, batch, opportunism, measured_work),
+        shares=_shares(parts, expected),
     )
 
 
@@ -160,7 +173,10 @@ def review(
         else Verdict(None, f"measured {found.work_rate:.2f} jobs/s", found)
     )
     if learn and shared:
-        opportunism.corrections.learn((t.workload for t in gpu.tenants), found.k)
+        weights: dict[str, float] = {}
+        for tenant, share in zip(gpu.tenants, found.shares, strict=True):
+            weights[tenant.workload] = max(weights.get(tenant.workload, 0.0), share)
+        opportunism.corrections.learn(weights, found.k, weights=weights)
     return verdict
 
 
