@@ -9,6 +9,7 @@ the product's operator cannot profile one there.
 """
 
 import logging
+from collections.abc import Mapping
 
 from gpushare.api.profile import PLACEMENT_COUNTERS, GpuProfile
 
@@ -16,8 +17,9 @@ log = logging.getLogger("bench.gpu")
 
 PROFILE_KEYS = PLACEMENT_COUNTERS
 """The counters of record a job's profile needs (``gpushare.api.profile``)."""
-OPTIONAL_PROFILE_KEYS = ("sm_utilization",)
-"""Recorded when measured: the interference model counts SM sharing with it."""
+OPTIONAL_PROFILE_KEYS = ("sm_utilization", "utilization")
+"""Recorded when measured: the interference model counts SM sharing with the first, and a job
+that sleeps between bursts by the second (its kernel time, ``interference.while_running``)."""
 
 
 class _GpushareProfiler:
@@ -95,3 +97,14 @@ def to_profile(profile: GpuProfile | None) -> dict[str, float]:
     out = {k: round(values.get(k) or 0.0, 4) for k in PROFILE_KEYS}
     out.update({k: round(v, 4) for k in OPTIONAL_PROFILE_KEYS if (v := values.get(k)) is not None})
     return out
+
+
+def with_kernel_time(
+    values: Mapping[str, float], raw: Mapping[str, float] | None
+) -> Mapping[str, float]:
+    """A kept profile with the kernel time (NVML utilization) of its raw measurement, where
+    the profile was kept before the benchmark recorded it (a stored phase A), as the product
+    stores it with every profile."""
+    if "utilization" in values or not raw or raw.get("utilization") is None:
+        return values
+    return {**values, "utilization": raw["utilization"]}

@@ -56,7 +56,7 @@ from bench.gpu import (
 from bench.gpu.catalog import KINDS, SOLO_ONLY_KINDS, TRAINING_KINDS, UNSEEN_KINDS
 from bench.gpu.colocate import Member, PackResult, Stage
 from bench.gpu.decide import DECIDED_BY, DEFAULT_BOUNDS, ProductDecider, model_identity
-from bench.gpu.gpm import Sampler, to_profile
+from bench.gpu.gpm import Sampler, to_profile, with_kernel_time
 from bench.gpu.metrics import JobResult, summarize
 from bench.gpu.mps import MpsDaemon
 from bench.gpu.procs import Workers
@@ -276,7 +276,10 @@ def _members(key: colocate.PackKey) -> tuple[Member, ...]:
 def make_decider(
     ctx: Ctx, st: State, *, opportunism: Opportunism | None = None, honour_opt_in: bool = True
 ) -> ProductDecider:
-    profiles = {k: pipe_profile(v, gpu_model=ctx.gpu_name) for k, v in st.profiles.items()}
+    profiles = {
+        k: pipe_profile(with_kernel_time(v, st.raw_profiles.get(k)), gpu_model=ctx.gpu_name)
+        for k, v in st.profiles.items()
+    }
     return ProductDecider(
         profiles=profiles,
         gpu_model=ctx.gpu_name,

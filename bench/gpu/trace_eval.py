@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.gpu.gpm import with_kernel_time
 from gpushare.api.errors import InvalidInputError
 from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY, SLICES_PER_GPU
 from gpushare.packing.interference import InterferenceModel, load_default
@@ -72,7 +73,11 @@ def run_stretches(
     """Every batch job of every shared scheme of one results file (``details.jobs``)."""
     try:
         details = results["details"]
-        profiles = {k: counters_pipe_profile(v) for k, v in details["profiles"].items()}
+        raw = details.get("raw_profiles") or {}
+        profiles = {
+            k: counters_pipe_profile(with_kernel_time(v, raw.get(k)))
+            for k, v in details["profiles"].items()
+        }
         solo = details["solo_rates_mps"]
         fractions = details.get("requested_fractions", {})
         by_trace = details["jobs"]

@@ -37,8 +37,11 @@ ACTIVITY = (*WORK_PIPES, "dram_bandwidth")
 progress: a stalled warp is resident); a GPU is saturated when one of them is near 1."""
 PLACEMENT_COUNTERS = (*WORK_PIPES, "sm_occupancy", "dram_bandwidth")
 """The counters a measurement must have to place a job by it: the policy's ``PipeProfile``."""
-STORED = tuple(r for r in RATIOS if r not in ("integer", "utilization"))
-"""The counters a stored profile keeps (GpuShare status, the cache, the pod annotation)."""
+STORED = tuple(r for r in RATIOS if r != "integer")
+"""The counters a stored profile keeps (GpuShare status, the cache, the pod annotation). NVML's
+utilization is among them: alone, it is the share of its time a job has a kernel on the GPU,
+which tells a job that sleeps between bursts from one of small kernels (the interference
+model's ``kernel_time``; docs/packing.md, "Jobs that sleep")."""
 
 
 def status_key(counter: str) -> str:
@@ -76,6 +79,8 @@ class GpuProfile:
     sm_occupancy: float | None = None
     dram_bandwidth: float | None = None
     utilization: float | None = None
+    """NVML's coarse utilization: the share of the time at least one kernel ran. For a job
+    alone, the share of its time it has work on the GPU (a notebook between cells: near 0)."""
     memory_used_bytes: float | None = None
     """Average memory in use over the window."""
     memory_used_bytes_max: int | None = None

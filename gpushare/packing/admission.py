@@ -20,7 +20,12 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from gpushare.api.names import CLASS_BATCH, CLASS_LATENCY, SLICES_PER_GPU
-from gpushare.packing.interference import InterferenceModel, busy_share, load_default
+from gpushare.packing.interference import (
+    InterferenceModel,
+    busy_share,
+    load_default,
+    while_running,
+)
 from gpushare.packing.model import Demand, GpuState, NodeState, PipeProfile, Tenant
 from gpushare.packing.threads import MIN_BATCH_THREADS, assign_thread_percent, tenant_threads
 
@@ -184,8 +189,10 @@ def _newcomer_reason(
     if demand.gpu_class == CLASS_LATENCY:
         seen = [load for load, s in zip(loads, kept_out, strict=True) if not s]
     slowdown = model.predict(newcomer, threads, seen) if predicted is None else predicted
-    if charge_cap and demand.gpu_class != CLASS_LATENCY:
-        slowdown *= charged_cap_cost(model, newcomer, threads, bound)
+    if demand.gpu_class != CLASS_LATENCY:
+        slowdown = while_running(slowdown, newcomer)
+        if charge_cap:
+            slowdown *= charged_cap_cost(model, newcomer, threads, bound)
     if slowdown <= bound:
         return None
     unknown = "" if demand.profile else " (pod has no profile: assumed heavy)"
@@ -222,8 +229,10 @@ def _tenants_reason(
             others = [load for load, s in zip(others, flags, strict=True) if not s]
         own = tenant_threads(tenant)
         slowdown = model.predict(loads[i][0], own, others) if predicted is None else predicted[i]
-        if charge_cap and tenant.gpu_class != CLASS_LATENCY:
-            slowdown *= charged_cap_cost(model, loads[i][0], own, bound)
+        if tenant.gpu_class != CLASS_LATENCY:
+            slowdown = while_running(slowdown, loads[i][0])
+            if charge_cap:
+                slowdown *= charged_cap_cost(model, loads[i][0], own, bound)
         if slowdown > bound:
             return (
                 f"would slow {tenant.gpu_class} pod {tenant.key} to {slowdown:.2f}x, "

@@ -97,6 +97,26 @@ single job's)."""
 _ZERO: Load = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
+KERNEL_TIME_FIT = 0.3
+"""The least share of its time with a kernel running (NVML utilization alone) among the batch
+kinds the shipped model is fit on: ResNet-18, 0.32-0.61 on the H100s and H200s of runs 10-16;
+the LSTM 0.52-0.77, the others 0.90-1.0 (``bench/gpu/data/run*-results.json``, raw profiles).
+The model's slowdowns are those of jobs that keep a kernel on the GPU at least this much."""
+
+
+def while_running(slowdown: float, profile: PipeProfile) -> float:
+    """A batch job's slowdown over its run time from the model's ``slowdown``: a job whose
+    kernels run less of its time than :data:`KERNEL_TIME_FIT` (one that sleeps between bursts,
+    as a notebook does between cells) is slowed only while they run, in proportion:
+    ``1 + (slowdown - 1) x kernel_time / KERNEL_TIME_FIT``. Unchanged without a measured
+    kernel time. Not for a latency pod: each of its requests is slowed whole
+    (docs/packing.md, "Jobs that sleep")."""
+    if profile.kernel_time is None or slowdown <= 1.0:
+        return slowdown
+    running = min(1.0, max(profile.kernel_time, 0.0) / KERNEL_TIME_FIT)
+    return 1.0 + (slowdown - 1.0) * running
+
+
 def busy_share(profile: PipeProfile, threads: int) -> float:
     """Share of the SMs the job keeps busy at ``threads``: its SM utilization alone, no more
     than its cap; without a measured SM utilization, the whole cap."""

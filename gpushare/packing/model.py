@@ -33,6 +33,10 @@ class PipeProfile:
     measured. Launch-bound jobs keep far more SMs busy than their occupancy suggests
     (docs/packing.md, "Where the constants come from"), and the interference model counts SM
     sharing with it; without it a job is assumed to fill its thread cap."""
+    kernel_time: float | None = None
+    """Share of its time the job had a kernel running (NVML utilization, 0-1) while it ran
+    alone; None when not measured. A job that sleeps between bursts (a notebook) is slowed by
+    its neighbours only while its kernels run (``interference.while_running``)."""
 
 
 @dataclass(frozen=True)

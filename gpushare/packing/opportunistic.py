@@ -46,7 +46,7 @@ from gpushare.packing.admission import (
 )
 from gpushare.packing.corrections import Corrections, corrected, members
 from gpushare.packing.fit import Refusal, fit_reason, gpu_fit, host_reason
-from gpushare.packing.interference import InterferenceModel, load_default
+from gpushare.packing.interference import InterferenceModel, load_default, while_running
 from gpushare.packing.model import (
     Assignment,
     Demand,
@@ -199,9 +199,9 @@ def rates(members: Sequence[Member], model: InterferenceModel) -> list[float]:
     if all(m.gpu_class != CLASS_LATENCY for m in members):
         pack = model.predict_pack([(m.profile, m.threads) for m in members])
         return [
-            1.0 / (s * model.cap_slowdown(m.profile, m.threads))
+            1.0 / (while_running(s, m.profile) * model.cap_slowdown(m.profile, m.threads))
             if m.profile.sm_utilization is not None
-            else 1.0 / s
+            else 1.0 / while_running(s, m.profile)
             for s, m in zip(pack, members, strict=True)
         ]
     loads = [
@@ -212,8 +212,10 @@ def rates(members: Sequence[Member], model: InterferenceModel) -> list[float]:
     for i, m in enumerate(members):
         others = loads[:i] + loads[i + 1 :]
         slowdown = model.predict(m.profile, m.threads, others)
-        if m.gpu_class != CLASS_LATENCY and m.profile.sm_utilization is not None:
-            slowdown *= model.cap_slowdown(m.profile, m.threads)
+        if m.gpu_class != CLASS_LATENCY:
+            slowdown = while_running(slowdown, m.profile)
+            if m.profile.sm_utilization is not None:
+                slowdown *= model.cap_slowdown(m.profile, m.threads)
         out.append(1.0 / slowdown)
     return out
 

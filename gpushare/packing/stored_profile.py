@@ -13,12 +13,14 @@ from gpushare.packing.model import PipeProfile
 
 
 def pipe_profile(stored: GpuProfile) -> PipeProfile:
-    """Counters the GPU could not measure count as idle; SM utilization stays unknown (None),
-    which the interference model reads as "fills its thread cap"."""
+    """Counters the GPU could not measure count as idle; SM utilization and kernel time stay
+    unknown (None), which the interference model reads as "fills its thread cap" and "always
+    has a kernel running"."""
     return PipeProfile(
         **{counter: stored.ratio(counter) or 0.0 for counter in PLACEMENT_COUNTERS},
         gpu_model=stored.gpu_model,
         sm_utilization=stored.sm_utilization,
+        kernel_time=stored.utilization,
     )
 
 

@@ -101,8 +101,9 @@ def test_a_stored_profile_keeps_its_status_keys_and_reads_back_as_stored() -> No
         "smUtilization",
         "smOccupancy",
         "dramBandwidth",
+        "utilization",
         "memoryBytes",
-    }  # fp64 was not measured; integer and NVML's utilization are not stored
+    }  # fp64 was not measured; integer work is not stored
     assert status["memoryBytes"] == 23_000_000_000  # the peak: what a memory cap must allow
     assert GpuProfile.from_status(status) == stored
 
