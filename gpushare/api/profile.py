@@ -41,7 +41,7 @@ STORED = tuple(r for r in RATIOS if r != "integer")
 """The counters a stored profile keeps (GpuShare status, the cache, the pod annotation). NVML's
 utilization is among them: alone, it is the share of its time a job has a kernel on the GPU,
 which tells a job that sleeps between bursts from one of small kernels (the interference
-model's ``kernel_time``; docs/packing.md, "Jobs that sleep")."""
+model's ``PipeProfile.utilization``; docs/packing.md, "Jobs that sleep")."""
 
 
 def status_key(counter: str) -> str:

@@ -108,12 +108,12 @@ def while_running(slowdown: float, profile: PipeProfile) -> float:
     """A batch job's slowdown over its run time from the model's ``slowdown``: a job whose
     kernels run less of its time than :data:`KERNEL_TIME_FIT` (one that sleeps between bursts,
     as a notebook does between cells) is slowed only while they run, in proportion:
-    ``1 + (slowdown - 1) x kernel_time / KERNEL_TIME_FIT``. Unchanged without a measured
+    ``1 + (slowdown - 1) x utilization / KERNEL_TIME_FIT``. Unchanged without a measured
     kernel time. Not for a latency pod: each of its requests is slowed whole
     (docs/packing.md, "Jobs that sleep")."""
-    if profile.kernel_time is None or slowdown <= 1.0:
+    if profile.utilization is None or slowdown <= 1.0:
         return slowdown
-    running = min(1.0, max(profile.kernel_time, 0.0) / KERNEL_TIME_FIT)
+    running = min(1.0, max(profile.utilization, 0.0) / KERNEL_TIME_FIT)
     return 1.0 + (slowdown - 1.0) * running
 
 

@@ -33,10 +33,11 @@ class PipeProfile:
     measured. Launch-bound jobs keep far more SMs busy than their occupancy suggests
     (docs/packing.md, "Where the constants come from"), and the interference model counts SM
     sharing with it; without it a job is assumed to fill its thread cap."""
-    kernel_time: float | None = None
-    """Share of its time the job had a kernel running (NVML utilization, 0-1) while it ran
-    alone; None when not measured. A job that sleeps between bursts (a notebook) is slowed by
-    its neighbours only while its kernels run (``interference.while_running``)."""
+    utilization: float | None = None
+    """NVML utilization (0-1) while the job ran alone: the share of its time it had a kernel
+    running, its kernel time; None when not measured. A job that sleeps between bursts (a
+    notebook) is slowed by its neighbours only while its kernels run
+    (``interference.while_running``)."""
 
 
 @dataclass(frozen=True)

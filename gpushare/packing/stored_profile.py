@@ -20,7 +20,7 @@ def pipe_profile(stored: GpuProfile) -> PipeProfile:
         **{counter: stored.ratio(counter) or 0.0 for counter in PLACEMENT_COUNTERS},
         gpu_model=stored.gpu_model,
         sm_utilization=stored.sm_utilization,
-        kernel_time=stored.utilization,
+        utilization=stored.utilization,
     )
 
 

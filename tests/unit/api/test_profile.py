@@ -120,4 +120,5 @@ def test_the_policy_reads_the_counters_of_record() -> None:
         dram_bandwidth=0.33,
         gpu_model="NVIDIA H100 80GB HBM3",
         sm_utilization=0.9,
+        utilization=0.97,
     )

@@ -19,21 +19,21 @@ GIB = 2**30
 # steps, then sleeps 0.5 s; NVML saw a kernel running 7% of its time (ResNet-18 alone: 51%).
 NOTEBOOK = PipeProfile(
     fp32=0.0009, tensor=0.0029, sm_occupancy=0.0072, dram_bandwidth=0.0043,
-    sm_utilization=0.0227, kernel_time=0.071,
+    sm_utilization=0.0227, utilization=0.071,
 )  # fmt: skip
 RESNET18 = PipeProfile(
     fp32=0.0103, tensor=0.0332, sm_occupancy=0.082, dram_bandwidth=0.0484,
-    sm_utilization=0.2593, kernel_time=0.51,
+    sm_utilization=0.2593, utilization=0.51,
 )  # fmt: skip
 RESNET50 = PipeProfile(
     fp32=0.0319, tensor=0.1241, sm_occupancy=0.4724, dram_bandwidth=0.4135,
-    sm_utilization=0.839, kernel_time=0.98,
+    sm_utilization=0.839, utilization=0.98,
 )  # fmt: skip
 GPT2 = PipeProfile(
     fp16=0.0004, fp32=0.0192, tensor=0.105, sm_occupancy=0.4436, dram_bandwidth=0.4126,
-    sm_utilization=0.7303, kernel_time=0.92,
+    sm_utilization=0.7303, utilization=0.92,
 )  # fmt: skip
-UNMEASURED = replace(NOTEBOOK, kernel_time=None)
+UNMEASURED = replace(NOTEBOOK, utilization=None)
 
 
 def gpu(*tenants: Tenant) -> GpuState:
@@ -65,7 +65,7 @@ def test_a_notebook_is_predicted_slowed_only_while_its_kernels_run() -> None:
 def test_a_latency_pod_is_held_to_its_bound_whole_however_little_it_runs() -> None:
     # Each request of a service is slowed whole; its idle time between requests is no excuse.
     model = load_default()
-    service = replace(NOTEBOOK, kernel_time=0.05)
+    service = replace(NOTEBOOK, utilization=0.05)
     beside = [Member(RESNET50, 100)]
     with_time = rates([Member(service, 100, gpu_class=CLASS_LATENCY, percent=25), *beside], model)
     without = rates([Member(UNMEASURED, 100, gpu_class=CLASS_LATENCY, percent=25), *beside], model)
@@ -93,6 +93,6 @@ def test_the_stored_profile_keeps_the_kernel_time_and_an_older_one_has_none() ->
     )  # fmt: skip
     status = measured.stored(now=datetime(2026, 11, 28, tzinfo=UTC)).to_status()
     assert status["utilization"] == 0.071
-    assert pipe_profile(GpuProfile.from_status(status)).kernel_time == 0.071
+    assert pipe_profile(GpuProfile.from_status(status)).utilization == 0.071
     older = {k: v for k, v in status.items() if k != "utilization"}
-    assert pipe_profile(GpuProfile.from_status(older)).kernel_time is None
+    assert pipe_profile(GpuProfile.from_status(older)).utilization is None

@@ -95,8 +95,9 @@ def test_profile_answer_becomes_the_policys_pipe_profile(
         sm_occupancy=0.2,
         dram_bandwidth=pytest.approx(0.25),
         gpu_model=gpu.model,
-        # The simulated backend's SM utilization: 1.2 x the busiest pipe.
+        # The simulated backend's SM utilization: 1.2 x the busiest pipe; NVML's: 1.5 x.
         sm_utilization=pytest.approx(0.6),
+        utilization=pytest.approx(0.75),
     )
 
 
