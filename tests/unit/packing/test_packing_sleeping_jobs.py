@@ -9,6 +9,7 @@ import pytest
 
 from gpushare.api.names import CLASS_LATENCY
 from gpushare.api.profile import GpuProfile
+from gpushare.packing.admission import Admission
 from gpushare.packing.interference import KERNEL_TIME_FIT, load_default, while_running
 from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
 from gpushare.packing.opportunistic import Member, Opportunism, rates
@@ -96,3 +97,17 @@ def test_the_stored_profile_keeps_the_kernel_time_and_an_older_one_has_none() ->
     assert pipe_profile(GpuProfile.from_status(status)).utilization == 0.071
     older = {k: v for k, v in status.items() if k != "utilization"}
     assert pipe_profile(GpuProfile.from_status(older)).utilization is None
+
+
+def test_guaranteed_admission_does_not_refuse_a_pod_for_a_sleeping_notebook() -> None:
+    # Two ResNet-50s beside a notebook: read as a job of tiny kernels, the notebook would be
+    # pushed past the batch bound and the second ResNet-50 refused; it is not, since the
+    # notebook is slowed only while its kernels run.
+    def with_notebook(profile: PipeProfile) -> GpuState:
+        resnet = Tenant("ns/r50", 20, 10 * GIB, profile=RESNET50, thread_percent=100)
+        return gpu(notebooks(profile)[0], resnet)
+
+    demand = Demand(percent=20, profile=RESNET50)
+    refusal = Admission().gpu_reason(with_notebook(UNMEASURED), demand)
+    assert refusal is not None and "ns/nb0" in refusal and "2.00x bound" in refusal
+    assert Admission().gpu_reason(with_notebook(NOTEBOOK), demand) is None
