@@ -33,6 +33,7 @@ def describe(profile: GpuProfile) -> str:
             ("SM occupancy", profile.sm_occupancy),
             ("SM busy", profile.sm_utilization),
             ("DRAM", profile.dram_bandwidth),
+            ("kernel time", profile.utilization),
         )
         if value is not None
     ]

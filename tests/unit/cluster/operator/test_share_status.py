@@ -5,7 +5,8 @@ phase (and the fields) the operator read, so two racing ticks or a restart chang
 from datetime import UTC, datetime
 from typing import Any
 
-from gpushare.cluster.operator.share_status import profiling_place, transition_ops
+from gpushare.api.profile import GpuProfile
+from gpushare.cluster.operator.share_status import describe, profiling_place, transition_ops
 from gpushare.cluster.state.shares import share_summary
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -67,3 +68,13 @@ def test_profiling_started_promises_only_the_place_the_pod_will_get() -> None:
     assert "alone" not in shared and "gpushare.io/neighbour-rules=granted" in shared
     running = profiling_place(policy="cautious", granted=True, marked=False, node="n1")
     assert running == "where it already runs (on n1; neighbours may skew the profile)"
+
+
+def test_the_profiled_event_says_how_much_of_its_time_the_job_ran_kernels() -> None:
+    # A notebook between cells: next to no work, and a kernel on the GPU 7% of the time.
+    notebook = GpuProfile.from_counters(
+        {"fp32": 0.001, "tensor": 0.003, "sm_occupancy": 0.007, "dram_bandwidth": 0.004,
+         "sm_utilization": 0.023, "utilization": 0.07},
+        gpu_model="NVIDIA H200",
+    )  # fmt: skip
+    assert "kernel time 7%" in describe(notebook)
