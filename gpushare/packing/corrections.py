@@ -133,6 +133,27 @@ def corrected(
     )
 
 
+def cautious(corrections: Corrections | None, workloads: Iterable[str]) -> Corrections | None:
+    """``corrections`` with the factors of ``workloads`` never below 1: for the bounds of pods
+    that did not opt in, a correction may make the model more careful, never less. A GPU's
+    measurement is its tenants' work together, and a small tenant drives little of it: a
+    factor below 1 learned there says its neighbours did better than predicted, not that it
+    did. On an H200 (run 35, light trace, marked rows) a guaranteed LSTM whose workload had
+    learned a factor below 1 (0.52 by the run's end) ran 2.46x its solo time beside a
+    transformer the raw model puts it 2.4x slower beside (docs/packing.md, "Cautious by
+    measurement"). Guaranteed admission uses no corrections at all."""
+    if corrections is None:
+        return None
+    guarded = {w for w in workloads if w and corrections.factors.get(w, 1.0) < 1.0}
+    if not guarded:
+        return corrections
+    return Corrections(
+        factors={w: (1.0 if w in guarded else k) for w, k in corrections.factors.items()},
+        windows=dict(corrections.windows),
+        min_windows=corrections.min_windows,
+    )
+
+
 def members(parties: Iterable[Tenant | Demand]) -> list[tuple[PipeProfile | None, str]]:
     """The ``(profile, workload)`` of each tenant or newcomer for :func:`corrected`. A latency
     pod is predicted by the model alone: its bound is the tight one, and a correction learned

@@ -44,7 +44,7 @@ from gpushare.packing.admission import (
     admit_reason,
     reserved,
 )
-from gpushare.packing.corrections import Corrections, corrected, members
+from gpushare.packing.corrections import Corrections, cautious, corrected, members
 from gpushare.packing.fit import Refusal, fit_reason, gpu_fit, host_reason
 from gpushare.packing.interference import InterferenceModel, load_default, while_running
 from gpushare.packing.model import (
@@ -191,6 +191,11 @@ def member(tenant: Tenant) -> Member:
     )
 
 
+def _opted_in(party: Tenant | Demand) -> bool:
+    """One of the equals: a tenant that opted in (``Tenant.equal``), or an opted-in newcomer."""
+    return party.equal if isinstance(party, Tenant) else party.opportunistic
+
+
 def rates(members: Sequence[Member], model: InterferenceModel) -> list[float]:
     """Each member's predicted rate over its rate alone on the whole GPU (latency members
     included; they weigh on the others over their whole reserved share). Batch members alone
@@ -285,6 +290,12 @@ class Opportunism:
     def _model(self, parties: Iterable[tuple[PipeProfile | None, str]]) -> InterferenceModel:
         return corrected(self.model, parties, self.corrections)
 
+    def _guard(self, parties: Sequence[Tenant | Demand]) -> InterferenceModel:
+        """The model that holds ``parties`` to their class bounds: corrected, but never less
+        careful about a pod that did not opt in (:func:`corrections.cautious`)."""
+        protected = [p.workload for p in parties if not _opted_in(p)]
+        return corrected(self.model, members(parties), cautious(self.corrections, protected))
+
     def gpu_option(self, gpu: GpuState, demand: Demand) -> Option | str:
         """The opportunistic option for ``demand`` on ``gpu``, or why there is none."""
         if not demand.opportunistic or demand.gpu_class != CLASS_BATCH or demand.gpus != 1:
@@ -305,11 +316,12 @@ class Opportunism:
             return f"does not fit ({refusal.name.lower()})"
         running = gpu.running()  # a paused tenant's compute counts nowhere
         model = self._model(members([*running.tenants, demand]))
+        guard = self._guard([*running.tenants, demand])
         # Its own thread cap (its limit, or the rule's: the whole GPU, half beside a latency
         # pod); a request of a whole GPU is read as one share short of it, so the cap applies.
         trial = replace(demand, percent=min(demand.percent, SLICES_PER_GPU - 1))
         threads = assign_thread_percent(trial, gpu)
-        reason = admit_reason(gpu, trial, model=model, bounds=self.bounds, newcomer_bound=False)
+        reason = admit_reason(gpu, trial, model=guard, bounds=self.bounds, newcomer_bound=False)
         if reason is not None:
             return reason
         before = work_rate([member(t) for t in running.tenants], model)
@@ -391,7 +403,7 @@ class Opportunism:
             admit_reason(
                 running,
                 demand,
-                model=self._model(members([*running.tenants, demand])),
+                model=self._guard([*running.tenants, demand]),
                 bounds=self.bounds,
                 equals_bound=False,
             )
@@ -469,7 +481,7 @@ class Opportunism:
         reason = admit_reason(
             running,
             trial,
-            model=model,
+            model=self._guard([*running.tenants, trial]),
             bounds=self.bounds,
             newcomer_bound=False,
             equals_bound=False,
