@@ -34,6 +34,7 @@ from gpushare.packing.opportunistic import (
     reservation_reason,
 )
 from gpushare.packing.placer import Placer
+from tests.unit.packing import h200_profiles as h200
 
 GIB = 2**30
 # Solo profiles measured on an H100 by the GPU benchmark (run 20).
@@ -296,29 +297,17 @@ def test_a_learned_correction_never_makes_the_model_less_careful_about_a_guarant
     # 0.57 by the run's end). Used as they are, such factors let an opted-in transformer in
     # beside them; the LSTM ran 2.46x its solo time. For the bounds of pods that did not opt
     # in, factors below 1 count as 1.
-    lstm = PipeProfile(
-        fp32=0.0027, tensor=0.0804, sm_occupancy=0.0423, dram_bandwidth=0.0726,
-        sm_utilization=0.3198, utilization=0.7171,
-    )  # fmt: skip
-    resnet18 = PipeProfile(
-        fp32=0.0103, tensor=0.0332, sm_occupancy=0.082, dram_bandwidth=0.0484,
-        sm_utilization=0.2593, utilization=0.5114,
-    )  # fmt: skip
-    transformer = PipeProfile(
-        fp32=0.0238, tensor=0.3091, sm_occupancy=0.4122, dram_bandwidth=0.4057,
-        sm_utilization=0.8558, utilization=0.9757,
-    )  # fmt: skip
     learned = Corrections({"lstm": 0.52, "r18": 0.57})
 
     def guaranteed(opted_in: bool) -> GpuState:
         return gpu(
-            tenant("ns/lstm", 15, lstm, gib=4, thread_percent=50, workload="lstm",
+            tenant("ns/lstm", 15, h200.LSTM, gib=4, thread_percent=50, workload="lstm",
                    opportunistic=opted_in),
-            tenant("ns/r18", 15, resnet18, gib=4, thread_percent=50, workload="r18",
+            tenant("ns/r18", 15, h200.RESNET18, gib=4, thread_percent=50, workload="r18",
                    opportunistic=opted_in),
         )  # fmt: skip
 
-    demand = opted(55, transformer, peak_memory_bytes=8 * GIB)
+    demand = opted(55, h200.TRANSFORMER, peak_memory_bytes=8 * GIB)
     refusal = Opportunism(corrections=learned).gpu_option(guaranteed(False), demand)
     assert isinstance(refusal, str) and "ns/lstm to 2.41x" in refusal
     # The corrections still count where they may: beside pods that opted in themselves

@@ -14,26 +14,15 @@ from gpushare.packing.interference import KERNEL_TIME_FIT, load_default, while_r
 from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
 from gpushare.packing.opportunistic import Member, Opportunism, rates
 from gpushare.packing.stored_profile import pipe_profile
+from tests.unit.packing.h200_profiles import (
+    GPT2,
+    NOTEBOOK,
+    NOTEBOOK_COUNTERS,
+    RESNET18,
+    RESNET50,
+)
 
 GIB = 2**30
-# Solo profiles the GPU benchmark measured on an H200 (run 33): the notebook runs 8 ResNet-18
-# steps, then sleeps 0.5 s; NVML saw a kernel running 7% of its time (ResNet-18 alone: 51%).
-NOTEBOOK = PipeProfile(
-    fp32=0.0009, tensor=0.0029, sm_occupancy=0.0072, dram_bandwidth=0.0043,
-    sm_utilization=0.0227, utilization=0.071,
-)  # fmt: skip
-RESNET18 = PipeProfile(
-    fp32=0.0103, tensor=0.0332, sm_occupancy=0.082, dram_bandwidth=0.0484,
-    sm_utilization=0.2593, utilization=0.51,
-)  # fmt: skip
-RESNET50 = PipeProfile(
-    fp32=0.0319, tensor=0.1241, sm_occupancy=0.4724, dram_bandwidth=0.4135,
-    sm_utilization=0.839, utilization=0.98,
-)  # fmt: skip
-GPT2 = PipeProfile(
-    fp16=0.0004, fp32=0.0192, tensor=0.105, sm_occupancy=0.4436, dram_bandwidth=0.4126,
-    sm_utilization=0.7303, utilization=0.92,
-)  # fmt: skip
 UNMEASURED = replace(NOTEBOOK, utilization=None)
 
 
@@ -57,7 +46,7 @@ def test_a_notebook_is_predicted_slowed_only_while_its_kernels_run() -> None:
     raw = 1.0 / rates([Member(UNMEASURED, 100), *beside], model)[0]
     sleeping = 1.0 / rates([Member(NOTEBOOK, 100), *beside], model)[0]
     assert raw > 1.9  # read as a job of tiny kernels behind large ones: at the batch bound
-    assert sleeping == pytest.approx(1.0 + (raw - 1.0) * 0.071 / KERNEL_TIME_FIT)
+    assert sleeping == pytest.approx(1.0 + (raw - 1.0) * NOTEBOOK.utilization / KERNEL_TIME_FIT)
     assert sleeping < 1.5
     # A job that keeps a kernel running as much as the jobs the model is fit on is unchanged.
     assert while_running(2.4, RESNET18) == 2.4 and while_running(2.4, UNMEASURED) == 2.4
@@ -87,11 +76,7 @@ def test_an_opted_in_job_may_join_sleeping_notebooks() -> None:
 
 
 def test_the_stored_profile_keeps_the_kernel_time_and_an_older_one_has_none() -> None:
-    measured = GpuProfile.from_counters(
-        {"fp32": 0.001, "tensor": 0.003, "sm_occupancy": 0.007, "dram_bandwidth": 0.004,
-         "sm_utilization": 0.023, "utilization": 0.071},
-        gpu_model="NVIDIA H200",
-    )  # fmt: skip
+    measured = GpuProfile.from_counters(NOTEBOOK_COUNTERS, gpu_model="NVIDIA H200")
     status = measured.stored(now=datetime(2026, 11, 28, tzinfo=UTC)).to_status()
     assert status["utilization"] == 0.071
     assert pipe_profile(GpuProfile.from_status(status)).utilization == 0.071

@@ -8,6 +8,7 @@ from typing import Any
 from gpushare.api.profile import GpuProfile
 from gpushare.cluster.operator.share_status import describe, profiling_place, transition_ops
 from gpushare.cluster.state.shares import share_summary
+from tests.unit.packing.h200_profiles import NOTEBOOK_COUNTERS
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 
@@ -72,9 +73,5 @@ def test_profiling_started_promises_only_the_place_the_pod_will_get() -> None:
 
 def test_the_profiled_event_says_how_much_of_its_time_the_job_ran_kernels() -> None:
     # A notebook between cells: next to no work, and a kernel on the GPU 7% of the time.
-    notebook = GpuProfile.from_counters(
-        {"fp32": 0.001, "tensor": 0.003, "sm_occupancy": 0.007, "dram_bandwidth": 0.004,
-         "sm_utilization": 0.023, "utilization": 0.07},
-        gpu_model="NVIDIA H200",
-    )  # fmt: skip
+    notebook = GpuProfile.from_counters(NOTEBOOK_COUNTERS, gpu_model="NVIDIA H200")
     assert "kernel time 7%" in describe(notebook)
