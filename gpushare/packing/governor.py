@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from gpushare.api.names import CLASS_LATENCY
 from gpushare.api.profile import ACTIVITY
-from gpushare.packing.corrections import Corrections, corrected, fit_k
+from gpushare.packing.corrections import Corrections, cautious, corrected, fit_k
 from gpushare.packing.model import GpuState, PipeProfile, Tenant
 from gpushare.packing.opportunistic import KEEP_FRACTION, Member, Opportunism, member, rates
 
@@ -84,10 +84,17 @@ def estimate(
 ) -> Estimate | None:
     """The GPU's measured work rate with ``tenants`` on it (module doc); None when the
     prediction drives the counters too little to tell (small launch-bound jobs only)."""
+    return _estimate(tenants, measured, opportunism, opportunism.corrections)
+
+
+def _estimate(
+    tenants: Sequence[Tenant],
+    measured: PipeProfile,
+    opportunism: Opportunism,
+    corrections: Corrections | None,
+) -> Estimate | None:
     members = [member(t) for t in tenants]
-    model = corrected(
-        opportunism.model, [(t.profile, t.workload) for t in tenants], opportunism.corrections
-    )
+    model = corrected(opportunism.model, [(t.profile, t.workload) for t in tenants], corrections)
     predicted = rates(members, model)
     parts = _member_activity(members, predicted)
     expected = [sum(column) for column in zip(*parts, strict=True)]
@@ -168,7 +175,7 @@ def review(
     if found is None:
         return Verdict(None, "too little activity to judge", None)
     verdict = (
-        _judge(gpu, newest, found, opportunism)
+        _judge(gpu, newest, found, measured, opportunism)
         if newest is not None
         else Verdict(None, f"measured {found.work_rate:.2f} jobs/s", found)
     )
@@ -180,13 +187,30 @@ def review(
     return verdict
 
 
-def _judge(gpu: GpuState, newest: Tenant, found: Estimate, opportunism: Opportunism) -> Verdict:
+def _judge(
+    gpu: GpuState,
+    newest: Tenant,
+    found: Estimate,
+    measured: PipeProfile,
+    opportunism: Opportunism,
+) -> Verdict:
+    """Pause ``newest`` if a tenant that did not opt in is measured past its bound, or the GPU
+    does less than the prediction without it plus part of its gain (module doc). The bounds
+    are read through :func:`~gpushare.packing.corrections.cautious` corrections, as where the
+    newcomer was placed: a factor below 1 that a protected tenant learned from its neighbours'
+    work never makes its measured slowdown look smaller."""
     protected = [t.key for t in gpu.tenants if not t.equal]
     if not protected:
         return Verdict(
             None, "every tenant opted in: no preemption among equals, everyone kept", found
         )
-    for tenant, rate in zip(gpu.tenants, found.rates, strict=True):
+    guarded = cautious(opportunism.corrections, [t.workload for t in gpu.tenants if not t.equal])
+    held = (
+        found
+        if guarded is opportunism.corrections
+        else _estimate(gpu.tenants, measured, opportunism, guarded)
+    )
+    for tenant, rate in zip(gpu.tenants, (held or found).rates, strict=True):
         if tenant.equal:
             continue
         bound = opportunism.bounds.get(tenant.gpu_class)
