@@ -240,6 +240,7 @@ class ProductDecider:
             env=env,
             mps=mps,
             opportunistic=assignment.opportunistic,
+            opted_in=demand.opportunistic,
             pause=assignment.pause,
             evict=assignment.evict,
             gain=assignment.predicted_gain,

@@ -36,6 +36,9 @@ class JobResult:
     """When it first started (a preempted job starts again from the beginning)."""
     opportunistic: bool = False
     """gpushare started it beyond the GPU's guaranteed capacity (its last start)."""
+    opted_in: bool = False
+    """It opted in (``schemes.Launch.opted_in``): its class bound does not hold beside other
+    opted-in jobs, wherever it was placed."""
     promoted_s: float | None = None
     """When gpushare promoted it to guaranteed."""
     preemptions: list[str] = field(default_factory=list)

@@ -297,8 +297,11 @@ def guaranteed_beside_opportunistic(
     jobs: Sequence[dict[str, Any]], solo_run_s: dict[str, float]
 ) -> float | None:
     """The largest run-time slowdown (run time over its solo run time) of a guaranteed batch
-    job that ran while an opportunistic one did: what its class bound holds it to, measured.
-    None when no guaranteed job overlapped an opportunistic one."""
+    job that did not opt in and ran while an opportunistic one did: what its class bound holds
+    it to, measured. A job that opted in and was placed in a guaranteed share is one of the
+    equals (no preemption among equals; docs/packing.md) and is not counted; records from
+    before runs kept ``opted_in`` count every guaranteed job. None when no such job overlapped
+    an opportunistic one."""
     opportunistic = [
         (float(j["start_s"]), float(j["end_s"]))
         for j in jobs
@@ -306,7 +309,9 @@ def guaranteed_beside_opportunistic(
     ]
     worst: float | None = None
     for j in jobs:
-        if j.get("opportunistic") or j.get("error") is not None or j.get("end_s") is None:
+        if j.get("opportunistic") or j.get("opted_in") or j.get("error") is not None:
+            continue
+        if j.get("end_s") is None:
             continue
         spec = KINDS.get(str(j.get("kind")))
         if spec is None or spec.gpu_class != CLASS_BATCH:

@@ -415,6 +415,7 @@ def drive(
             res.thread_percent = launch.thread_percent
             res.priority = launch.priority
             res.opportunistic = launch.opportunistic
+            res.opted_in = launch.opted_in
             res.note = "; ".join(x for x in (launch.note, attempt.note) if x) or None
             if attempt.note:  # a cold start nobody planned is worth a warning, a stand-in not
                 level = logging.WARNING if attempt.cold else logging.INFO

@@ -28,6 +28,9 @@ class Launch:
     None: as its scheme says."""
     opportunistic: bool = False
     """gpushare placed it beyond the GPU's guaranteed capacity (preemptible until promoted)."""
+    opted_in: bool = False
+    """The pod opted in (``gpushare.io/opportunistic``), wherever it was placed: one of the
+    equals, not held to its class bound beside other opted-in pods (``Tenant.equal``)."""
     pause: tuple[str, ...] = ()
     """Jobs (ids) gpushare pauses to start this one: opportunistic ones whose compute is in its
     way (frozen, they keep their GPU memory and lose no work: ``Assignment.pause``)."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from bench.gpu import report
 from bench.gpu.metrics import JobResult, summarize
 from bench.gpu.procs import Workers
 from bench.gpu.runner import run_trace
@@ -118,3 +119,25 @@ def test_with_the_chart_default_rows_gpushare_sizes_opt_in_and_rows_with_a_fract
     stated = replace(job("f", "resnet18", 0.15), fixed_request=True)
     assert d.demand(sized).opportunistic and not d.demand(stated).opportunistic
     assert not replace(d, opportunistic_default=False).demand(sized).opportunistic
+
+
+def test_a_job_that_opted_in_is_not_held_to_its_bound_when_placed_in_a_share() -> None:
+    # With every batch row opted in, a job whose request fits is placed in a guaranteed share,
+    # but it is one of the equals (no preemption among equals): issue 65's bound for
+    # guaranteed jobs beside opportunistic ones is about jobs that did not opt in.
+    d = replace(decider(), opportunism=Opportunism())
+    opted = job("o", "resnet18", 0.3, opportunistic=True)
+    launch = d(opted, [])
+    assert isinstance(launch, Launch)
+    assert launch.opted_in and not launch.opportunistic
+    assert not d(job("g", "resnet18", 0.3), []).opted_in  # type: ignore[union-attr]
+
+    def record(job_id: str, **kw: object) -> dict[str, object]:
+        return {"id": job_id, "kind": "resnet18", "start_s": 0.0, "end_s": 3.0, **kw}
+
+    beside = record("opp", opportunistic=True, opted_in=True)
+    solo = {"g": 1.0, "opp": 1.0}
+    assert report.guaranteed_beside_opportunistic([beside, record("g")], solo) == 3.0
+    assert (
+        report.guaranteed_beside_opportunistic([beside, record("g", opted_in=True)], solo) is None
+    )
