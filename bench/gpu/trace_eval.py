@@ -34,8 +34,16 @@ from gpushare.packing.model import PipeProfile
 from gpushare.packing.opportunistic import Member, rates
 from gpushare.packing.stored_profile import counters_pipe_profile
 
-SHARED_SCHEMES = ("gpushare", "gpushare_opportunistic", "mps_unlimited")
+SHARED_SCHEMES = (
+    "gpushare",
+    "gpushare_opportunistic",
+    "gpushare_opportunistic_all",
+    "mps_unlimited",
+)
 """Schemes whose jobs share the GPU (exclusive FIFO runs one at a time: nothing to predict)."""
+STACK_BINS = (1, 2, 3, 4, 5)
+"""Upper ends (exclusive) of the stack sizes ``summary`` breaks the error down by: a job's mean
+number of running neighbours over its run time; the last bin holds the rest."""
 _REQUEST = re.compile(r"request (\d+)%")
 
 
@@ -50,6 +58,9 @@ class Stretch:
     kind: str
     measured: float
     predicted: float
+    neighbours: float = 0.0
+    """Running neighbours over its run time, on average (the stack it was predicted in)."""
+    gpu: str = ""
 
 
 def _member(
@@ -87,6 +98,7 @@ def run_stretches(
             f"not a GPU benchmark results file ({exc})",
             "give a run*-results.json the GPU benchmark wrote",
         ) from None
+    gpu = str(results.get("gpu", ""))
     out: list[Stretch] = []
     for trace, schemes in by_trace.items():
         for scheme in SHARED_SCHEMES:
@@ -108,9 +120,31 @@ def run_stretches(
                 run_s = job["end_s"] - job["start_s"]
                 if predicted is None or work_s <= 0 or run_s <= 0:
                     continue
+                beside = _neighbours(job, jobs)
                 out.append(Stretch(source, trace, scheme, job["id"], job["kind"],
-                                   run_s / work_s, run_s / predicted))  # fmt: skip
+                                   run_s / work_s, run_s / predicted, beside, gpu))  # fmt: skip
     return out
+
+
+def _neighbours(job: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]]) -> float:
+    """The mean number of ``jobs`` running beside ``job`` over its run time."""
+    start, end = job["start_s"], job["end_s"]
+    if end <= start:
+        return 0.0
+    beside = sum(
+        max(0.0, min(end, o["end_s"]) - max(start, o["start_s"])) for o in jobs if o is not job
+    )
+    return beside / (end - start)
+
+
+def _stack(neighbours: float) -> str:
+    """The :data:`STACK_BINS` label of a mean neighbour count."""
+    low = 0
+    for high in STACK_BINS:
+        if neighbours < high:
+            return f"{low}-{high - 1}" if high - 1 > low else str(low)
+        low = high
+    return f"{low}+"
 
 
 def _predicted_run_s(
@@ -135,7 +169,10 @@ def _predicted_run_s(
 def summary(stretches: Iterable[Stretch], *, bound: float = 2.0) -> dict[str, Any]:
     """Per scheme: how many jobs, the mean log error (> 0: the model was pessimistic), MAPE of
     the stretch, the same for jobs measured past 1.5x, and at ``bound`` (the batch bound) the
-    jobs measured past it but predicted within (missed) and the other way round (false alarms)."""
+    jobs measured past it but predicted within (missed) and the other way round (false alarms);
+    ``by_stack``: jobs and mean log error by GPU and by how many neighbours ran beside the job
+    on average (:data:`STACK_BINS`), where the model's error on stacks larger than the packs it
+    is fit on shows."""
     out: dict[str, Any] = {}
     rows = list(stretches)
     for scheme in SHARED_SCHEMES:
@@ -151,8 +188,22 @@ def summary(stretches: Iterable[Stretch], *, bound: float = 2.0) -> dict[str, An
             "slow_mape": _mean(abs(s.predicted - s.measured) / s.measured for s in slow),
             "missed_at_bound": sum(s.measured > bound >= s.predicted for s in sub),
             "false_alarms_at_bound": sum(s.predicted > bound >= s.measured for s in sub),
+            "by_stack": _by_stack(sub),
         }
     return out
+
+
+def _by_stack(rows: Sequence[Stretch]) -> dict[str, dict[str, Any]]:
+    groups: dict[str, list[Stretch]] = {}
+    for s in rows:
+        groups.setdefault(f"{s.gpu or '?'} {_stack(s.neighbours)}", []).append(s)
+    return {
+        key: {
+            "jobs": len(group),
+            "mean_log_error": _mean(math.log(s.predicted / s.measured) for s in group),
+        }
+        for key, group in sorted(groups.items())
+    }
 
 
 def _mean(values: Iterable[float]) -> float | None:

@@ -41,6 +41,18 @@ def test_stacks_of_many_jobs_are_predicted_within_half_a_log_unit_on_average() -
     assert result["gpushare"]["false_alarms_at_bound"] <= result["gpushare"]["missed_at_bound"]
 
 
+def test_the_error_is_broken_down_by_gpu_and_stack_size_for_every_shared_way() -> None:
+    # Run 36 ran every batch row opted in too: that way is evaluated like the others, and
+    # each job is filed under its GPU and how many neighbours ran beside it on average.
+    rows = _stretches("run36-h200-light-mixed-results.json")
+    result = summary(rows)
+    every = result["gpushare_opportunistic_all"]
+    assert every["jobs"] == sum(b["jobs"] for b in every["by_stack"].values()) > 10
+    assert all(key.startswith("NVIDIA H200 ") for key in every["by_stack"])
+    # MPS without limits starts every job at once: no job of its runs ran alone.
+    assert not any(key.endswith(" 0") for key in result["mps_unlimited"]["by_stack"])
+
+
 def test_a_file_that_is_not_a_results_file_is_refused_naming_it(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="not a GPU benchmark results file"):
         run_stretches({"details": {}}, model=load_default(), source="x.json")
