@@ -92,7 +92,11 @@ def _estimate(
     measured: PipeProfile,
     opportunism: Opportunism,
     corrections: Corrections | None,
+    *,
+    fit: bool = True,
 ) -> Estimate | None:
+    """:func:`estimate` through ``corrections``; ``fit=False`` leaves ``k`` at 1 (a reading of
+    the rates only: the bisection is the estimate's costliest part)."""
     members = [member(t) for t in tenants]
     model = corrected(opportunism.model, [(t.profile, t.workload) for t in tenants], corrections)
     predicted = rates(members, model)
@@ -111,7 +115,7 @@ def _estimate(
         work_rate=measured_work,
         predicted=predicted_work,
         rates=tuple(min(1.0, r * scale) for r in predicted),
-        k=_fit_k(members, batch, opportunism, measured_work),
+        k=_fit_k(members, batch, opportunism, measured_work) if fit else 1.0,
         shares=_shares(parts, expected),
     )
 
@@ -208,7 +212,7 @@ def _judge(
     held = (
         found
         if guarded is opportunism.corrections
-        else _estimate(gpu.tenants, measured, opportunism, guarded)
+        else _estimate(gpu.tenants, measured, opportunism, guarded, fit=False)
     )
     for tenant, rate in zip(gpu.tenants, (held or found).rates, strict=True):
         if tenant.equal:
