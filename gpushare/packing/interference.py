@@ -75,6 +75,14 @@ total never fell below 0.97, while the model alone predicted less than one job's
 of them (saturating jobs: two FP64 GEMMs, two batch-256 ResNet-50s); with this floor the same-cap
 MAPE on those jobs fell from 0.179 to 0.164 (kinds the model never saw: 0.222 to 0.207;
 docs/packing.md, "Work conservation")."""
+IDLE_FILLED = 0.5
+"""Share of the SM time a job alone leaves idle that uncapped neighbours are predicted to fill,
+at least (:func:`idle_bound`): two training jobs each 90% SM-busy alone did 1.05-1.10 jobs'
+worth together (run 26's overlap sets), where one job's work is all :data:`WORK_CONSERVED`
+promises. Over the 461 uncapped packs stored from the H100 and H200 runs, 0.5 brings the
+predicted work of a pack within 0.045 of the measured on average (0.058 with the one-job floor
+alone) and overshoots it in 60, by 0.010 on average and 0.038 at most; 0.75 overshoots 236
+packs, by up to 0.41 (docs/packing.md, "Work conservation")."""
 
 _MIN_OCCUPANCY = 0.05
 _MIN_BUSY = 0.01
@@ -216,18 +224,42 @@ def features(
     )
 
 
-def conserve_work(slowdowns: Sequence[float], threads: Sequence[int]) -> list[float]:
-    """The same-cap slowdowns of the jobs sharing one GPU (``threads``: their MPS thread caps),
-    lowered together in proportion where the jobs all run uncapped and were predicted to do
-    less than :data:`WORK_CONSERVED` jobs' worth of work together. Capped jobs keep the
-    model's slowdowns: alone at their caps they are slower than alone on the whole GPU, so
-    the floor does not hold for them."""
+def idle_bound(busy: Sequence[float | None]) -> float:
+    """Jobs' worth of work jobs whose SMs are ``busy`` that share alone (SM utilization alone,
+    0-1) would do together if SM time were all they shared and went to the busiest first: each
+    in turn runs at its full rate on the SM time left, until none is left. None anywhere (not
+    measured): :data:`WORK_CONSERVED`. Two jobs 90% busy: 1.11; two 20% busy: 2."""
+    if any(b is None for b in busy):
+        return WORK_CONSERVED
+    left, work = 1.0, 0.0
+    for b in sorted((max(float(b or 0.0), _MIN_BUSY) for b in busy), reverse=True):
+        used = min(b, left)
+        work += used / b
+        left -= used
+    return max(work, WORK_CONSERVED)
+
+
+def conserve_work(
+    slowdowns: Sequence[float],
+    threads: Sequence[int],
+    busy: Sequence[float | None] | None = None,
+) -> list[float]:
+    """The same-cap slowdowns of the jobs sharing one GPU (``threads``: their MPS thread caps;
+    ``busy``: their SM utilization alone, None where not measured), lowered together in
+    proportion where the jobs all run uncapped and were predicted to do less work together
+    than :data:`WORK_CONSERVED` jobs' worth plus :data:`IDLE_FILLED` of what the SM time they
+    leave idle would add (:func:`idle_bound`). Capped jobs keep the model's slowdowns: alone
+    at their caps they are slower than alone on the whole GPU, so the floor does not hold for
+    them."""
     if len(slowdowns) < 2 or any(t < SLICES_PER_GPU for t in threads):
         return list(slowdowns)
+    floor = WORK_CONSERVED
+    if busy is not None:
+        floor += IDLE_FILLED * (idle_bound(busy) - WORK_CONSERVED)
     total = sum(1.0 / s for s in slowdowns)
-    if total >= WORK_CONSERVED:
+    if total >= floor:
         return list(slowdowns)
-    scale = total / WORK_CONSERVED
+    scale = total / floor
     return [max(1.0, s * scale) for s in slowdowns]
 
 
@@ -274,7 +306,11 @@ class InterferenceModel:
             self.predict(profile, threads, [*members[:i], *members[i + 1 :]])
             for i, (profile, threads) in enumerate(members)
         ]
-        return conserve_work(raw, [threads for _, threads in members])
+        return conserve_work(
+            raw,
+            [threads for _, threads in members],
+            [profile.sm_utilization for profile, _ in members],
+        )
 
     def predict_load(self, target: Load, neighbours: Load) -> float:
         """:meth:`predict` from precomputed loads (``neighbours`` summed)."""

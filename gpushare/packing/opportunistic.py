@@ -58,7 +58,7 @@ from gpushare.packing.model import (
 )
 from gpushare.packing.threads import assign_thread_percent, tenant_threads
 
-MIN_GAIN = 0.10
+MIN_GAIN = 0.05
 """Work per second (jobs' worth) a GPU must be predicted to gain with an opportunistic tenant.
 Where gpushare decided, the model errs by about a tenth of each tenant's rate (MAPE 0.10-0.11
 over the stored trace runs, ``bench.gpu.trace_eval``): a smaller gain is within its error, and
