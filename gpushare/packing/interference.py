@@ -79,10 +79,11 @@ IDLE_FILLED = 0.5
 """Share of the SM time a job alone leaves idle that uncapped neighbours are predicted to fill,
 at least (:func:`idle_bound`): two training jobs each 90% SM-busy alone did 1.05-1.10 jobs'
 worth together (run 26's overlap sets), where one job's work is all :data:`WORK_CONSERVED`
-promises. Over the 461 uncapped packs stored from the H100 and H200 runs, 0.5 brings the
-predicted work of a pack within 0.045 of the measured on average (0.058 with the one-job floor
-alone) and overshoots it in 60, by 0.010 on average and 0.038 at most; 0.75 overshoots 236
-packs, by up to 0.41 (docs/packing.md, "Work conservation")."""
+promises. Over the 461 uncapped packs stored from the H100 and H200 runs, the predicted work
+of a pack is off the measured by 5.8% on average with the one-job floor alone, 4.7% with 0.5
+(of the 197 packs it moves, 43 end above the measured: by 0.011 jobs' worth on average, 0.038
+at most), 4.5% with 0.75 (but 239 packs above the measured, against 140) and 8.5% with 1
+(docs/packing.md, "Work conservation")."""
 
 _MIN_OCCUPANCY = 0.05
 _MIN_BUSY = 0.01

@@ -357,7 +357,8 @@ def test_a_gemm_left_out_is_predicted_from_packs_without_any_pipe_saturating_kin
 ) -> None:
     # Four H200 runs, the bf16 GEMM's packs dropped: leaving the FP64 GEMM out leaves no kind
     # that saturates a pipe, and the fit must still not predict its neighbours wildly slow.
-    # At the fifth power it errs by < 0.25 on each; at the fourth it erred by 0.96-2.02.
+    # At the fifth power it errs by < 0.25 on each; at the fourth by 0.85-1.88 (0.96-2.02
+    # before the work-conservation floor counted the SM time jobs leave idle).
     def dgemm_left_out(run: str) -> float:
         raw = json.loads((REPO / f"bench/gpu/data/{run}-colocations.json").read_text())
         without = [p for p in raw if "bgemm" not in {j["name"] for j in p["jobs"]}]
@@ -369,7 +370,7 @@ def test_a_gemm_left_out_is_predicted_from_packs_without_any_pipe_saturating_kin
     assert interference.STARVATION_POWER == 5
     assert all(dgemm_left_out(run) < 0.25 for run in runs)
     monkeypatch.setattr(interference, "STARVATION_POWER", 4)
-    assert all(dgemm_left_out(run) > 0.9 for run in runs)
+    assert all(dgemm_left_out(run) > 0.8 for run in runs)
 
 
 # --- MPS environment ----------------------------------------------------------------------
