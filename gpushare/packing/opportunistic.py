@@ -65,7 +65,7 @@ the measured on average over the 461 uncapped packs stored from the H100 and H20
 the floor of :data:`~gpushare.packing.interference.IDLE_FILLED`): a smaller gain is within
 its error, and a pod placed for nothing holds its GPU memory and MPS client. Two saturating
 training jobs gain 0.06 predicted, 0.08 measured: at 0.10 the heavy trace ran them one by one
-(1.07x MPS without limits), at 0.05 together (1.005x; docs/benchmarks-gpu.md, "Run 41")."""
+(1.07x MPS without limits), at 0.05 together (1.005x; docs/benchmarks-gpu.md, "Runs 41 and 42")."""
 KEEP_FRACTION = 0.5
 """The governor keeps an opportunistic tenant while the GPU's measured gain is at least this
 share of the gain predicted when it was placed."""
