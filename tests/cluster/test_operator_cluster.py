@@ -27,6 +27,7 @@ from gpushare.api.names import (
     ANN_CLASS,
     ANN_FRACTION,
     ANN_GPU_UUID,
+    ANN_LIMIT,
     ANN_MEMORY,
     ANN_MEMORY_LIMIT,
     ANN_OPPORTUNISTIC,
@@ -799,7 +800,9 @@ def test_an_opportunistic_pod_is_paused_for_a_guaranteed_pod_and_resumed_when_it
 ) -> None:
     """Pause, don't kill (issue 65), end to end on the local cluster: a guaranteed pod whose
     class bound the running opportunistic pod would break (the simulated profiles are a
-    saturating mix) is bound beside it after the controller wrote gpushare.io/pause on it,
+    saturating mix, every pod capped at its share: uncapped, the model would hold the three
+    to the work the SM time they leave idle allows, 1.7x each, docs/packing.md "Work
+    conservation") is bound beside it after the controller wrote gpushare.io/pause on it,
     naming the guaranteed pod, with a Paused Event; the node agent freezes it
     (gpushare.io/paused for that request); it is not evicted. Once the guaranteed pod is
     deleted, the controller removes the request (a Resumed Event) and the agent thaws it.
@@ -822,12 +825,13 @@ def test_an_opportunistic_pod_is_paused_for_a_guaranteed_pod_and_resumed_when_it
 
     def train(name: str, fraction: str = "0.6", **ann: str) -> dict[str, Any]:
         # Memory caps of their own, so that memory never stands in the way: only compute does
-        # (what needs memory is evicted: tests/unit/cluster/test_opportunistic_pausing.py).
+        # (what needs memory is evicted: tests/unit/cluster/test_opportunistic_pausing.py);
+        # thread caps at their shares, so that the three are predicted past the batch bound.
         return pod_manifest(
             name,
             namespace,
             image=image,
-            annotations={ANN_FRACTION: fraction, ANN_MEMORY: "8Gi", **ann},
+            annotations={ANN_FRACTION: fraction, ANN_LIMIT: fraction, ANN_MEMORY: "8Gi", **ann},
             labels={"app": "train"},
         )
 

@@ -271,7 +271,8 @@ def test_the_controller_pauses_an_opportunistic_gemm_for_a_guaranteed_pod_and_re
         # Capped at its share (its limit): beside an uncapped job two uncapped GEMMs are
         # predicted to do one job's work together, so nothing would be gained. The simulated
         # backend profiles the GEMM as a lighter, mixed job (tensor 0.28), beside which the
-        # model predicts less gain than the 0.10 asked unless the holder keeps to 50 %.
+        # model predicted less gain than MIN_GAIN asked (0.10 then) unless the holder kept to
+        # 50 %.
         held = 0.6 if gc.real_gpu else 0.5
         gc.create(pod(holder, "gemm", f"{held}", until, **{ANN_LIMIT: f"{held}"}))
         gc.wait_phase([holder], {"Running"}, timeout_s=120)
