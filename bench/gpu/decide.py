@@ -47,7 +47,7 @@ from gpushare.packing.fit import demand_memory
 from gpushare.packing.governor import review
 from gpushare.packing.interference import InterferenceModel, load_default
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
-from gpushare.packing.opportunistic import Opportunism, memory_steps
+from gpushare.packing.opportunistic import Opportunism, Waiting, memory_steps
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import Policy
 from gpushare.packing.stored_profile import measured_pipe_profile
@@ -246,12 +246,14 @@ class ProductDecider:
             gain=assignment.predicted_gain,
         )
 
-    def promotions(self, running: Sequence[Running]) -> list[str]:
-        """Opportunistic jobs whose request now fits among the guaranteed shares (the
-        controller's promotion loop runs the same function)."""
+    def promotions(self, running: Sequence[Running], pending: Sequence[TraceJob] = ()) -> list[str]:
+        """Opportunistic jobs whose request now fits among the guaranteed shares and that no
+        job ``pending`` since before them needs the room of (the controller's promotion loop
+        runs the same function, with the pods its filter found no room for)."""
         if self.opportunism is None or not self.honour_opt_in:
             return []
-        return self.opportunism.promotions(self.gpu(running))
+        waiting = [Waiting(j.id, self.demand(j), j.arrival_s) for j in pending]
+        return self.opportunism.promotions(self.gpu(running), waiting)
 
     def resumptions(self, running: Sequence[Running]) -> list[str]:
         """Paused jobs the GPU has room for again (the controller's resumption round runs the

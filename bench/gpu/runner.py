@@ -383,11 +383,12 @@ def drive(
 
     while arrivals or pending or running:
         now = time.time()
+        refused = list(pending)  # tried by the last round and not started, as the filter's
         while arrivals and arrivals[0].arrival_s <= now - t0:
             pending.append(arrivals.pop(0))
         for job_id in scheme.resumptions(list(running.values())):
             resume(job_id)
-        for job_id in scheme.promotions(list(running.values())):
+        for job_id in scheme.promotions(list(running.values()), refused):
             if job_id in running and not running[job_id].promoted:
                 running[job_id].promoted = True
                 results[job_id].promoted_s = now - t0

@@ -95,8 +95,9 @@ class Scheme:
     def finished(self, job: TraceJob) -> None:
         """Called when ``job`` ends (successfully or not)."""
 
-    def promotions(self, running: Sequence[Running]) -> list[str]:
-        """Opportunistic jobs (ids) to promote to guaranteed now (gpushare's accounting)."""
+    def promotions(self, running: Sequence[Running], pending: Sequence[TraceJob] = ()) -> list[str]:
+        """Opportunistic jobs (ids) to promote to guaranteed now (gpushare's accounting), with
+        the jobs still waiting to start."""
         return []
 
     def resumptions(self, running: Sequence[Running]) -> list[str]:
@@ -166,8 +167,10 @@ Prepare = Callable[[TraceJob], list[Launch]]
 """The settings a policy may give a job, before knowing its neighbours."""
 
 
-Promote = Callable[[Sequence[Running]], list[str]]
-"""Opportunistic jobs the policy promotes to guaranteed now; also the paused jobs it resumes."""
+Promote = Callable[[Sequence[Running], Sequence[TraceJob]], list[str]]
+"""Opportunistic jobs the policy promotes to guaranteed now, given the jobs waiting to start."""
+Resume = Callable[[Sequence[Running]], list[str]]
+"""Paused jobs the policy resumes now."""
 Review = Callable[[Sequence[Running], GpuProfile, float], Verdict | None]
 """The policy's governor: a job to pause after a window of the GPU's counters, or None."""
 
@@ -189,7 +192,7 @@ class Gpushare(Scheme):
         source: str,
         name: str = "gpushare",
         promote: Promote | None = None,
-        resume: Promote | None = None,
+        resume: Resume | None = None,
         govern: Review | None = None,
         priority: Callable[[TraceJob], int] | None = None,
     ) -> None:
@@ -208,8 +211,8 @@ class Gpushare(Scheme):
         if promote is not None:
             self.description += "; opportunistic placement on the rows the trace opts in"
 
-    def promotions(self, running: Sequence[Running]) -> list[str]:
-        return self._promote(running) if self._promote is not None else []
+    def promotions(self, running: Sequence[Running], pending: Sequence[TraceJob] = ()) -> list[str]:
+        return self._promote(running, pending) if self._promote is not None else []
 
     def resumptions(self, running: Sequence[Running]) -> list[str]:
         return self._resume(running) if self._resume is not None else []

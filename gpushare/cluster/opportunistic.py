@@ -24,7 +24,7 @@ finds room for it.
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -42,7 +42,7 @@ from gpushare.kube.controller import Kube
 from gpushare.kube.events import ObjectRef
 from gpushare.packing.governor import review
 from gpushare.packing.model import Assignment
-from gpushare.packing.opportunistic import EVICT_CLIENTS, Opportunism
+from gpushare.packing.opportunistic import EVICT_CLIENTS, Opportunism, Waiting
 from gpushare.packing.stored_profile import measured_pipe_profile
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,9 @@ class OpportunisticDuties:
     settle_s: float
     agent_url: str
     clock: Callable[[], float] = time.time
+    waiting: Callable[[str], Sequence[Waiting]] = lambda node: ()
+    """The pods waiting for a guaranteed share that may go on a node, by node name (the
+    extender's refusals, ``RefusedPods.waiting``): promotion leaves them their room."""
     _evicting: dict[str, str] = field(default_factory=dict)
     """Pod key -> why, for evictions under way (one a budget blocks is retried)."""
     _resumed_at: dict[str, float] = field(default_factory=dict)
@@ -245,10 +248,12 @@ class OpportunisticDuties:
 
     async def promote_round(self) -> list[str]:
         """Promote every running opportunistic pod whose request fits among its GPU's
-        guaranteed shares now (oldest first); returns their keys."""
+        guaranteed shares now (oldest first), leaving the room a pod waiting for its
+        guaranteed share since before it was placed needs (:attr:`waiting`); returns their
+        keys."""
         promoted: list[str] = []
-        for _, gpu in self.view.opportunistic_gpus():
-            for key in self.opportunism.promotions(gpu):
+        for node, gpu in self.view.opportunistic_gpus():
+            for key in self.opportunism.promotions(gpu, self.waiting(node)):
                 if key in self._evicting or not self.view.may_guarantee(key):
                     continue  # (or its namespace's quota on gpu-percent would be exceeded)
                 self.view.promote(key)  # counted before any await: no bind takes the share

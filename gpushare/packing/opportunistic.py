@@ -18,11 +18,12 @@ free may still run on a GPU (:meth:`Opportunism.gpu_option`) where
 It holds no guaranteed share and runs as a batch client (MPS priority 1, its limit as thread
 cap: MPS has two client priorities, and latency pods hold the higher one). It is promoted
 (:meth:`Opportunism.promotions`) without a restart once its request fits among the guaranteed
-shares. When a guaranteed pod that did not opt in needs the room
-(:meth:`Opportunism.preemptions`), the newest opportunistic tenants in its way are **paused**
-where their compute is what stands in the way (a frozen MPS client gives its SMs back at once,
-keeps its GPU memory and loses no work) and **evicted** only where the pod needs GPU memory or
-MPS clients that they hold, which no pause frees. The governor
+shares and no pod that has waited longer for its guaranteed share needs that room. When a
+guaranteed pod that did not opt in needs the room (:meth:`Opportunism.preemptions`), the
+newest opportunistic tenants in its way are **paused** where their compute is what stands in
+the way (a frozen MPS client gives its SMs back at once, keeps its GPU memory and loses no
+work) and **evicted** only where the pod needs GPU memory or MPS clients that they hold, which
+no pause frees. The governor
 (:func:`gpushare.packing.governor.review`) pauses the newest one when the GPU measures less than
 was predicted. A paused tenant runs again (:meth:`Opportunism.resumptions`) once it is
 predicted to keep every guaranteed neighbour within its class bound and to add work, and, if it
@@ -283,6 +284,17 @@ def memory_for(demand: Demand, gpu: GpuState) -> int | None:
     return next((m for m in steps if 0 < m <= free), None)
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """A pod waiting for a GPU by its guaranteed share: the scheduler tried it and no GPU had
+    the room (:meth:`Opportunism.promotions`)."""
+
+    key: str
+    demand: Demand
+    since: float
+    """When it started waiting (its creation), on the clock of ``Tenant.placed_at``."""
+
+
 @dataclass
 class Opportunism:
     """The opportunistic rules (module doc) with the admission bounds and the corrections."""
@@ -415,20 +427,36 @@ class Opportunism:
             is None
         )
 
-    def promotions(self, gpu: GpuState) -> list[str]:
+    def promotions(self, gpu: GpuState, waiting: Sequence[Waiting] = ()) -> list[str]:
         """Running opportunistic tenants of ``gpu`` whose request now fits among the
         guaranteed shares, oldest first (each promotion takes its share before the next is
-        tried). A paused one is resumed first (:meth:`resumptions`)."""
+        tried). A paused one is resumed first (:meth:`resumptions`).
+
+        Room that frees goes first come, first served: a pod ``waiting`` for a guaranteed
+        share since before a tenant was placed, which its guaranteed share would put on
+        ``gpu`` now without evicting anyone (:meth:`preemptions`; pausing is allowed), keeps
+        its share of the room from that tenant's promotion. Opting in never makes a pod that
+        waits for its guarantee wait longer (docs/packing.md, "The sharing contract")."""
         free = SLICES_PER_GPU - gpu.used_percent
+        tenants = [t for t in gpu.tenants if t.opportunistic and t.pause is None]
+        queue: list[tuple[float, int, Tenant | Waiting]] = [(t.placed_at, 1, t) for t in tenants]
+        if tenants:
+            queue += [(w.since, 0, w) for w in waiting if w.demand.gpus == 1]
         out: list[str] = []
-        for tenant in sorted(
-            (t for t in gpu.tenants if t.opportunistic and t.pause is None),
-            key=lambda t: t.placed_at,
-        ):
-            if tenant.percent <= free:
-                free -= tenant.percent
-                out.append(tenant.key)
+        for _, _, party in sorted(queue, key=lambda q: (q[0], q[1])):
+            if isinstance(party, Waiting):
+                if party.demand.percent <= free and self._placeable(gpu, party.demand):
+                    free -= party.demand.percent
+            elif party.percent <= free:
+                free -= party.percent
+                out.append(party.key)
         return out
+
+    def _placeable(self, gpu: GpuState, demand: Demand) -> bool:
+        """``demand`` goes on ``gpu`` now by its guaranteed share, pausing tenants if need
+        be, evicting none."""
+        preemption = self.preemptions(gpu, demand)
+        return preemption is not None and not preemption.evict
 
     def resumptions(self, gpu: GpuState) -> list[str]:
         """Paused opportunistic tenants of ``gpu`` to run again now, oldest first, each counted

@@ -67,7 +67,7 @@ class FilterVerbs(NodeAnswers):
             if held is not None:
                 return held
         verdicts = self._verdicts(args.node_names, key, demand, rules, fast=fast, own=own)
-        self._tell(args, key, uid, verdicts)
+        self._tell(args, key, uid, demand, verdicts)
         return self._filter_result(args, *verdicts)
 
     def _held(
@@ -102,8 +102,13 @@ class FilterVerbs(NodeAnswers):
         self.offers.offer(key, uid, (best,))
         return self._filter_result(args, [best], {}, {})
 
-    def _tell(self, args: ExtenderArgs, key: str, uid: str, verdicts: Verdicts) -> None:
-        """Record the outcome: the nodes offered, or that none fits (logged with an example)."""
+    def _tell(
+        self, args: ExtenderArgs, key: str, uid: str, demand: Demand, verdicts: Verdicts
+    ) -> None:
+        """Record the outcome: the nodes offered, or that none fits (logged with an example).
+        Where only room stood in its way (``failed``: the node emptied would take it), the
+        pod waits for a guaranteed share there, which the promotion round leaves it
+        (``RefusedPods.waiting``)."""
         passed, failed, unresolvable = verdicts
         if passed:
             self.refused.placed(key)
@@ -111,7 +116,7 @@ class FilterVerbs(NodeAnswers):
             return
         if not args.node_names:
             return
-        self.refused.refused(key)
+        self.refused.refused(key, demand=demand if failed else None, nodes=list(failed))
         first = args.node_names[0]
         log.info(
             "no node fits",
