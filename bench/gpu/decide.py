@@ -47,9 +47,10 @@ from gpushare.packing.fit import demand_memory
 from gpushare.packing.governor import review
 from gpushare.packing.interference import InterferenceModel, load_default
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
-from gpushare.packing.opportunistic import Opportunism, Waiting, memory_steps
+from gpushare.packing.opportunistic import Opportunism, memory_steps
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import Policy
+from gpushare.packing.promotion import Waiting
 from gpushare.packing.stored_profile import measured_pipe_profile
 from gpushare.packing.threads import assign_thread_percent
 

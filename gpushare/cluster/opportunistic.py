@@ -42,7 +42,8 @@ from gpushare.kube.controller import Kube
 from gpushare.kube.events import ObjectRef
 from gpushare.packing.governor import review
 from gpushare.packing.model import Assignment
-from gpushare.packing.opportunistic import EVICT_CLIENTS, Opportunism, Waiting
+from gpushare.packing.opportunistic import EVICT_CLIENTS, Opportunism
+from gpushare.packing.promotion import Waiting
 from gpushare.packing.stored_profile import measured_pipe_profile
 
 log = logging.getLogger(__name__)

@@ -57,6 +57,7 @@ from gpushare.packing.model import (
     PipeProfile,
     Tenant,
 )
+from gpushare.packing.promotion import Waiting, promoted
 from gpushare.packing.threads import assign_thread_percent, tenant_threads
 
 MIN_GAIN = 0.05
@@ -284,17 +285,6 @@ def memory_for(demand: Demand, gpu: GpuState) -> int | None:
     return next((m for m in steps if 0 < m <= free), None)
 
 
-@dataclass(frozen=True)
-class Waiting:
-    """A pod waiting for a GPU by its guaranteed share: the scheduler tried it and no GPU had
-    the room (:meth:`Opportunism.promotions`)."""
-
-    key: str
-    demand: Demand
-    since: float
-    """When it started waiting (its creation), on the clock of ``Tenant.placed_at``."""
-
-
 @dataclass
 class Opportunism:
     """The opportunistic rules (module doc) with the admission bounds and the corrections."""
@@ -429,28 +419,10 @@ class Opportunism:
 
     def promotions(self, gpu: GpuState, waiting: Sequence[Waiting] = ()) -> list[str]:
         """Running opportunistic tenants of ``gpu`` whose request now fits among the
-        guaranteed shares, oldest first (each promotion takes its share before the next is
-        tried). A paused one is resumed first (:meth:`resumptions`).
-
-        Room that frees goes first come, first served: a pod ``waiting`` for a guaranteed
-        share since before a tenant was placed, which its guaranteed share would put on
-        ``gpu`` now without evicting anyone (:meth:`preemptions`; pausing is allowed), keeps
-        its share of the room from that tenant's promotion. Opting in never makes a pod that
-        waits for its guarantee wait longer (docs/packing.md, "The sharing contract")."""
-        free = SLICES_PER_GPU - gpu.used_percent
-        tenants = [t for t in gpu.tenants if t.opportunistic and t.pause is None]
-        queue: list[tuple[float, int, Tenant | Waiting]] = [(t.placed_at, 1, t) for t in tenants]
-        if tenants:
-            queue += [(w.since, 0, w) for w in waiting if w.demand.gpus == 1]
-        out: list[str] = []
-        for _, _, party in sorted(queue, key=lambda q: (q[0], q[1])):
-            if isinstance(party, Waiting):
-                if party.demand.percent <= free and self._placeable(gpu, party.demand):
-                    free -= party.demand.percent
-            elif party.percent <= free:
-                free -= party.percent
-                out.append(party.key)
-        return out
+        guaranteed shares, oldest first, leaving their share to the pods ``waiting`` since
+        before them that would go there without an eviction (:func:`promotion.promoted`). A
+        paused one is resumed first (:meth:`resumptions`)."""
+        return promoted(gpu, waiting, lambda demand: self._placeable(gpu, demand))
 
     def _placeable(self, gpu: GpuState, demand: Demand) -> bool:
         """``demand`` goes on ``gpu`` now by its guaranteed share, pausing tenants if need

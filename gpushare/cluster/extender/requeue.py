@@ -22,7 +22,7 @@ from typing import Protocol
 from gpushare.api.names import ANN_REQUEUED_AT
 from gpushare.cluster.state.pod_facts import EPOCH, PodFacts
 from gpushare.packing.model import Demand
-from gpushare.packing.opportunistic import Waiting
+from gpushare.packing.promotion import Waiting
 
 log = logging.getLogger(__name__)
 

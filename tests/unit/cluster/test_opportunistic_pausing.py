@@ -123,6 +123,7 @@ class Cluster:
             settle_s=60.0,
             agent_url="http://{node_ip}:9400",
             clock=lambda: self.now,
+            waiting=lambda node: self.extender.refused.waiting(self.view.pods(), node),
         )
         self.extender = Extender(
             view=self.view,
@@ -132,6 +133,15 @@ class Cluster:
         )
         self.extender.pauser = self.duties.pause_for
         self.extender.bound_listeners.append(self.duties.bound)
+
+    def refuse(self, pod: dict[str, Any]) -> list[str]:
+        """The scheduler's filter alone for ``pod`` (created a minute before NOW); the nodes
+        it passed."""
+        pod["metadata"]["creationTimestamp"] = "2026-01-01T11:59:00Z"
+        self.store.add(pod)
+        self.view.upsert_pod(pod)
+        result = self.extender.filter(parse_extender_args({"Pod": pod, "NodeNames": ["n"]}))
+        return list(result.get("NodeNames") or [])
 
     async def schedule(self, pod: dict[str, Any]) -> str:
         """The scheduler's filter then bind for ``pod`` on node n; the bind's error."""
@@ -330,5 +340,45 @@ def test_an_unreadable_pause_request_counts_as_paused_and_the_leader_clears_it()
         assert c.tenant("default/gemm").paused
         assert await c.duties.resume_round() == ["default/gemm"]
         assert ANN_PAUSE not in c.annotations("default/gemm")
+
+    asyncio.run(scenario())
+
+
+def test_promotion_leaves_a_pod_refused_earlier_the_room_it_waits_for() -> None:
+    """Opting in never jumps the queue: a guaranteed pod the filter found no room for, created
+    before the opportunistic pod was placed, gets the room its neighbour leaves; the
+    opportunistic pod is promoted only once that pod no longer needs it."""
+
+    async def scenario() -> None:
+        c = Cluster(
+            placed("a", 60, SMALL), placed("o", 60, SMALL, tier=TIER_OPPORTUNISTIC, threads=100)
+        )
+        waiting = pending("g", 50, SMALL)
+        assert c.refuse(waiting) == []
+        c.delete("default/a")
+        # 100% free now: without the waiting pod, the opportunistic one would take 60 of it.
+        assert await c.duties.promote_round() == []
+        assert c.tenant("default/o").opportunistic
+        assert await c.schedule(waiting) == ""
+        assert c.tenant("default/g").percent == 50
+        assert await c.duties.promote_round() == []  # 50 free, it asks for 60
+        c.delete("default/g")
+        assert await c.duties.promote_round() == ["default/o"]
+        assert [e[0] for e in c.store.events if e[1] == "Promoted"] == ["default/o"]
+
+    asyncio.run(scenario())
+
+
+def test_a_pod_created_after_the_opportunistic_one_was_placed_does_not_hold_it_back() -> None:
+    async def scenario() -> None:
+        c = Cluster(
+            placed("a", 60, SMALL), placed("o", 60, SMALL, tier=TIER_OPPORTUNISTIC, threads=100)
+        )
+        later = pending("g", 50, SMALL)
+        assert c.refuse(later) == []
+        later["metadata"]["creationTimestamp"] = "2026-01-01T12:01:00Z"
+        c.view.upsert_pod(later)
+        c.delete("default/a")
+        assert await c.duties.promote_round() == ["default/o"]
 
     asyncio.run(scenario())

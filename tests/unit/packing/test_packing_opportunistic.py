@@ -34,6 +34,7 @@ from gpushare.packing.opportunistic import (
     reservation_reason,
 )
 from gpushare.packing.placer import Placer
+from gpushare.packing.promotion import Waiting
 from tests.unit.packing import h200_profiles as h200
 
 GIB = 2**30
@@ -210,6 +211,36 @@ def test_promotion_takes_the_oldest_first_and_only_what_fits() -> None:
         tenant("ns/third", 10, SMALL, opportunistic=True, placed_at=3.0),
     )
     assert Opportunism().promotions(g) == ["ns/first", "ns/third"]
+
+
+def test_promotion_leaves_the_room_to_a_pod_that_waited_longer_for_its_guarantee() -> None:
+    """First come, first served: a guaranteed pod refused for room since t=1 keeps the room
+    that frees from an opportunistic tenant placed at t=2; one that came later does not."""
+    g = gpu(
+        tenant("ns/a", 30, SMALL, gib=8),
+        tenant("ns/o", 60, SMALL, gib=8, opportunistic=True, placed_at=2.0),
+    )
+    older = Waiting("ns/g", Demand(percent=50, profile=SMALL, memory_bytes=8 * GIB), since=1.0)
+    assert Opportunism().promotions(g) == ["ns/o"]
+    assert Opportunism().promotions(g, [older]) == []
+    assert Opportunism().promotions(g, [replace(older, since=3.0)]) == ["ns/o"]
+    # It asks for more than is free: the room goes to the tenant as before.
+    too_big = replace(older, demand=replace(older.demand, percent=80))
+    assert Opportunism().promotions(g, [too_big]) == ["ns/o"]
+    # What is left after the waiting pod's share still promotes a smaller tenant.
+    small = tenant("ns/s", 20, SMALL, gib=8, opportunistic=True, placed_at=2.5)
+    assert Opportunism().promotions(gpu(*g.tenants, small), [older]) == ["ns/s"]
+
+
+def test_a_waiting_pod_that_would_evict_does_not_hold_back_a_promotion() -> None:
+    """Its share would have to evict the tenant (it needs memory the tenant holds): the tenant
+    is promoted, and keeps its work, rather than be thrown away for an older pod."""
+    g = gpu(
+        tenant("ns/a", 30, SMALL, gib=30), tenant("ns/o", 60, SMALL, gib=40, opportunistic=True)
+    )
+    g = replace(g, tenants=[g.tenants[0], replace(g.tenants[1], placed_at=2.0)])
+    needs_memory = Waiting("ns/g", Demand(percent=50, profile=SMALL, memory_bytes=20 * GIB), 1.0)
+    assert Opportunism().promotions(g, [needs_memory]) == ["ns/o"]
 
 
 def test_holding_an_assignment_checks_what_its_tier_needs() -> None:

@@ -1,7 +1,12 @@
-"""Which refused pods the controller sends back to kube-scheduler's queue."""
+"""Which refused pods the controller sends back to kube-scheduler's queue, and which wait
+for room the promotion round leaves them."""
 
-from gpushare.cluster.extender.requeue import RefusedPods
-from gpushare.cluster.state.pod_facts import PodFacts
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from gpushare.cluster.extender.requeue import MAX_WAITING_NODES, RefusedPods
+from gpushare.cluster.state.pod_facts import PodFacts, Workload
+from gpushare.packing.model import Demand
 
 
 def facts(key: str, *, node: str | None = None, finished: bool = False) -> PodFacts:
@@ -32,3 +37,32 @@ def test_the_oldest_refusals_are_forgotten_beyond_the_limit() -> None:
     refused.refused("ns/b", now=3.0)  # refused again: now the newest
     assert len(refused) == 2
     assert refused.take({k: facts(k) for k in ("ns/a", "ns/b", "ns/c")}) == ["ns/c", "ns/b"]
+
+
+def test_pods_refused_for_room_wait_on_the_nodes_that_lacked_it_until_bound() -> None:
+    """What the promotion round leaves room for (``RefusedPods.waiting``): pods refused where
+    room alone stood in the way, on those nodes, since their creation; kept across a retry
+    nudge, forgotten once bound, finished, gone or placed."""
+    refused = RefusedPods()
+    ask = Demand(percent=50)
+    refused.refused("ns/here", demand=ask, nodes=["n1"])
+    refused.refused(
+        "ns/anywhere", demand=ask, nodes=[f"n{i}" for i in range(MAX_WAITING_NODES + 1)]
+    )
+    refused.refused("ns/rules", demand=None)  # refused for what no room cures
+    refused.refused("ns/bound", demand=ask, nodes=["n1"])
+    refused.refused("ns/placed", demand=ask, nodes=["n1"])
+    refused.placed("ns/placed")
+    created = datetime(2026, 1, 1, tzinfo=UTC)
+    pods = {
+        k: replace(facts(k), workload=Workload(created=created))
+        for k in ("ns/here", "ns/anywhere", "ns/rules", "ns/placed")
+    }
+    pods["ns/bound"] = facts("ns/bound", node="n1")
+    refused.take(pods)  # the nudge does not end the wait
+    waiting = refused.waiting(pods, "n1")
+    assert [w.key for w in waiting] == ["ns/here", "ns/anywhere"]
+    assert {w.since for w in waiting} == {created.timestamp()}
+    assert [w.key for w in refused.waiting(pods, "n2")] == ["ns/anywhere"]
+    pods["ns/here"] = facts("ns/here", node="n1")
+    assert [w.key for w in refused.waiting(pods, "n1")] == ["ns/anywhere"]
