@@ -44,6 +44,7 @@ from gpushare.api.names import (
     RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
     STATE_ALLOCATED,
+    TIER_GUARANTEED,
     TIER_OPPORTUNISTIC,
 )
 from gpushare.api.pause import REASON_GUARANTEED, load_pause_request, load_pause_state
@@ -890,6 +891,73 @@ def test_an_opportunistic_pod_is_paused_for_a_guaranteed_pod_and_resumed_when_it
         what="the node agent to thaw it",
     )
     after = get(cluster, "pod", "train-1", namespace)
+    assert after["status"]["phase"] == "Running"
+    assert all(s.get("restartCount", 0) == 0 for s in after["status"]["containerStatuses"])
+
+
+def test_a_guaranteed_pod_that_waited_longer_gets_the_room_before_an_opted_in_one_is_promoted(
+    cluster: Any,
+    controller: Any,
+    operator: OperatorProcess,
+    node_agent: NodeAgentProcess,
+    namespace: str,
+) -> None:
+    """Opting in never jumps the queue (docs/packing.md, "The sharing contract"), end to end
+    with the real kube-scheduler retrying the pod: a guaranteed pod refused for room before an
+    opted-in pod was placed beside the GPU's guaranteed tenant gets that tenant's room when it
+    leaves; the opted-in pod is not promoted into it and runs on beside it, or paused, never
+    evicted or restarted. On this quiet cluster the scheduler's retry mostly comes before the
+    leader's promotion round anyway; the rule that decides the race when it does not is pinned
+    by tests/unit/cluster/test_opportunistic_pausing.py."""
+    image = cluster.busybox_image
+    apply(cluster, pod_manifest("blocker", namespace, image=image, annotations={ANN_FRACTION: "1"}))
+    blocked, _ = _gpu_and_threads(cluster, "blocker", namespace)
+    apply(
+        cluster,
+        share_manifest(
+            "train",
+            namespace,
+            fraction="0.6",
+            memory="16Gi",
+            selector={"matchLabels": {"app": "train"}},
+            profiling={"windowSeconds": 15},
+        ),
+    )
+
+    def train(name: str, fraction: str = "0.6", **ann: str) -> dict[str, Any]:
+        # As in the pause test above: memory never stands in the way, caps at the shares.
+        return pod_manifest(
+            name,
+            namespace,
+            image=image,
+            annotations={ANN_FRACTION: fraction, ANN_LIMIT: fraction, ANN_MEMORY: "8Gi", **ann},
+            labels={"app": "train"},
+        )
+
+    apply(cluster, train("train-0"))
+    wait_phase(cluster, "train", namespace, "Packed", timeout_s=150)
+    shared, _ = _gpu_and_threads(cluster, "train-0", namespace)
+    assert shared != blocked
+    # 50% does not fit beside 60%: the filter refuses it, and it waits.
+    apply(cluster, train("waits", "0.5"))
+    wait_until(
+        lambda: events(cluster, namespace, name="waits", reason="FailedScheduling") >= 1,
+        timeout_s=60,
+        what="the waiting pod to be refused for room",
+    )
+    apply(cluster, train("opted-in", **{ANN_OPPORTUNISTIC: "true"}))
+    opted = wait_pod_running(cluster, "opted-in", namespace, timeout_s=120)
+    assert opted["metadata"]["annotations"][ANN_TIER] == TIER_OPPORTUNISTIC
+    assert opted["metadata"]["annotations"][ANN_GPU_UUID] == shared
+
+    cluster.kubectl("delete", "pod", "train-0", "-n", namespace, "--wait=true")
+    placed = wait_pod_running(cluster, "waits", namespace, timeout_s=120)
+    assert placed["metadata"]["annotations"][ANN_GPU_UUID] == shared
+    assert placed["metadata"]["annotations"].get(ANN_TIER, TIER_GUARANTEED) == TIER_GUARANTEED
+    after = get(cluster, "pod", "opted-in", namespace)
+    assert after["metadata"]["annotations"][ANN_TIER] == TIER_OPPORTUNISTIC
+    assert events(cluster, namespace, name="opted-in", reason="Promoted") == 0
+    assert events(cluster, namespace, name="opted-in", reason="Preempted") == 0
     assert after["status"]["phase"] == "Running"
     assert all(s.get("restartCount", 0) == 0 for s in after["status"]["containerStatuses"])
 

@@ -116,7 +116,7 @@ class FilterVerbs(NodeAnswers):
             return
         if not args.node_names:
             return
-        self.refused.refused(key, demand=demand if failed else None, nodes=list(failed))
+        self.refused.refused(key, demand=demand if failed else None, nodes=failed.keys())
         first = args.node_names[0]
         log.info(
             "no node fits",

@@ -15,7 +15,7 @@ after such a pod was created is not promoted into the room that pod waits for.
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -65,7 +65,7 @@ class RefusedPods:
         *,
         now: float | None = None,
         demand: Demand | None = None,
-        nodes: Sequence[str] = (),
+        nodes: Collection[str] = (),
     ) -> None:
         self._refused.pop(key, None)
         self._refused[key] = time.monotonic() if now is None else now
