@@ -92,7 +92,7 @@ class Leadership(Duty):
                 period_s=settings.opportunistic.governor_period_seconds,
                 settle_s=settings.opportunistic.governor_settle_seconds,
                 agent_url=settings.operator.agent_url,
-                waiting=lambda node: self.extender.refused.waiting(ctx.view.pods(), node),
+                waiting=lambda: self.extender.refused.waiting(ctx.view.pods()),
             )
             self.extender.bound_listeners.append(governor.bound)
             self.extender.pauser = governor.pause_for

@@ -24,7 +24,7 @@ finds room for it.
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -43,7 +43,7 @@ from gpushare.kube.events import ObjectRef
 from gpushare.packing.governor import review
 from gpushare.packing.model import Assignment
 from gpushare.packing.opportunistic import EVICT_CLIENTS, Opportunism
-from gpushare.packing.promotion import Waiting
+from gpushare.packing.promotion import NO_WAITING, WaitingPods
 from gpushare.packing.stored_profile import measured_pipe_profile
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,8 @@ class OpportunisticDuties:
     settle_s: float
     agent_url: str
     clock: Callable[[], float] = time.time
-    waiting: Callable[[str], Sequence[Waiting]] = lambda node: ()
-    """The pods waiting for a guaranteed share that may go on a node, by node name (the
+    waiting: Callable[[], WaitingPods] = lambda: NO_WAITING
+    """The pods waiting for a guaranteed share, by the node they wait for room on (the
     extender's refusals, ``RefusedPods.waiting``): promotion leaves them their room."""
     _evicting: dict[str, str] = field(default_factory=dict)
     """Pod key -> why, for evictions under way (one a budget blocks is retried)."""
@@ -253,8 +253,10 @@ class OpportunisticDuties:
         guaranteed share since before it was placed needs (:attr:`waiting`); returns their
         keys."""
         promoted: list[str] = []
-        for node, gpu in self.view.opportunistic_gpus():
-            for key in self.opportunism.promotions(gpu, self.waiting(node)):
+        gpus = self.view.opportunistic_gpus()
+        waiting = self.waiting() if gpus else NO_WAITING
+        for node, gpu in gpus:
+            for key in self.opportunism.promotions(gpu, waiting.on(node)):
                 if key in self._evicting or not self.view.may_guarantee(key):
                     continue  # (or its namespace's quota on gpu-percent would be exceeded)
                 self.view.promote(key)  # counted before any await: no bind takes the share

@@ -22,7 +22,7 @@ from typing import Protocol
 from gpushare.api.names import ANN_REQUEUED_AT
 from gpushare.cluster.state.pod_facts import EPOCH, PodFacts
 from gpushare.packing.model import Demand
-from gpushare.packing.promotion import Waiting
+from gpushare.packing.promotion import Waiting, WaitingPods
 
 log = logging.getLogger(__name__)
 
@@ -82,20 +82,24 @@ class RefusedPods:
         self._refused.pop(key, None)
         self._asked.pop(key, None)
 
-    def waiting(self, pods: Mapping[str, PodFacts], node: str) -> list[Waiting]:
-        """The pods refused that still wait for a node and may go on ``node``, each since its
-        creation (pods bound, finished or gone since are forgotten)."""
-        out: list[Waiting] = []
+    def waiting(self, pods: Mapping[str, PodFacts]) -> WaitingPods:
+        """The pods refused that still wait for a node, by the nodes they wait for room on,
+        each since its creation (pods bound, finished or gone since are forgotten)."""
+        anywhere: list[Waiting] = []
+        by_node: dict[str, list[Waiting]] = {}
         for key, asked in list(self._asked.items()):
             f = pods.get(key)
             if f is None or f.node is not None or not f.active:
                 del self._asked[key]
                 continue
-            if asked.nodes is not None and node not in asked.nodes:
-                continue
             since = f.created.timestamp() if f.created > EPOCH else 0.0
-            out.append(Waiting(key, asked.demand, since))
-        return out
+            one = Waiting(key, asked.demand, since)
+            if asked.nodes is None:
+                anywhere.append(one)
+            else:
+                for node in asked.nodes:
+                    by_node.setdefault(node, []).append(one)
+        return WaitingPods(tuple(anywhere), {n: tuple(w) for n, w in by_node.items()})
 
     def __len__(self) -> int:
         return len(self._refused)

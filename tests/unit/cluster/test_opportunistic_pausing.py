@@ -123,7 +123,7 @@ class Cluster:
             settle_s=60.0,
             agent_url="http://{node_ip}:9400",
             clock=lambda: self.now,
-            waiting=lambda node: self.extender.refused.waiting(self.view.pods(), node),
+            waiting=lambda: self.extender.refused.waiting(self.view.pods()),
         )
         self.extender = Extender(
             view=self.view,

@@ -34,7 +34,7 @@ from gpushare.packing.opportunistic import (
     reservation_reason,
 )
 from gpushare.packing.placer import Placer
-from gpushare.packing.promotion import Waiting
+from gpushare.packing.promotion import MAX_CHECKS, Waiting, promoted
 from tests.unit.packing import h200_profiles as h200
 
 GIB = 2**30
@@ -345,3 +345,21 @@ def test_a_learned_correction_never_makes_the_model_less_careful_about_a_guarant
     # (equals, not held to a bound) it goes in.
     option = Opportunism(corrections=learned).gpu_option(guaranteed(True), demand)
     assert not isinstance(option, str)
+
+
+def test_pending_pods_any_tenant_can_create_never_set_the_promotion_rounds_work() -> None:
+    """At most MAX_CHECKS waiting pods are asked about per GPU and round (each ask is an
+    admission check), none when no tenant fits anyway; past them the tenant is promoted."""
+    asked: list[Demand] = []
+
+    def never(demand: Demand) -> bool:
+        asked.append(demand)
+        return False
+
+    g = gpu(tenant("ns/a", 30, SMALL), tenant("ns/o", 60, SMALL, opportunistic=True, placed_at=9.0))
+    crowd = [Waiting(f"ns/w{i}", Demand(percent=50), since=float(i) / 1000) for i in range(500)]
+    assert promoted(g, crowd, never) == ["ns/o"]
+    assert len(asked) == MAX_CHECKS
+    asked.clear()
+    full = gpu(tenant("ns/a", 50, SMALL), *g.tenants[1:])
+    assert promoted(full, crowd, never) == [] and asked == []

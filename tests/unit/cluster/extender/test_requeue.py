@@ -60,9 +60,9 @@ def test_pods_refused_for_room_wait_on_the_nodes_that_lacked_it_until_bound() ->
     }
     pods["ns/bound"] = facts("ns/bound", node="n1")
     refused.take(pods)  # the nudge does not end the wait
-    waiting = refused.waiting(pods, "n1")
-    assert [w.key for w in waiting] == ["ns/here", "ns/anywhere"]
+    waiting = refused.waiting(pods).on("n1")
+    assert sorted(w.key for w in waiting) == ["ns/anywhere", "ns/here"]
     assert {w.since for w in waiting} == {created.timestamp()}
-    assert [w.key for w in refused.waiting(pods, "n2")] == ["ns/anywhere"]
+    assert [w.key for w in refused.waiting(pods).on("n2")] == ["ns/anywhere"]
     pods["ns/here"] = facts("ns/here", node="n1")
-    assert [w.key for w in refused.waiting(pods, "n1")] == ["ns/anywhere"]
+    assert [w.key for w in refused.waiting(pods).on("n1")] == ["ns/anywhere"]
