@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -808,34 +808,7 @@ def test_an_opportunistic_pod_is_paused_for_a_guaranteed_pod_and_resumed_when_it
     (gpushare.io/paused for that request); it is not evicted. Once the guaranteed pod is
     deleted, the controller removes the request (a Resumed Event) and the agent thaws it.
     (How a frozen pod's work and probes fare: tests/cluster/test_pause_cluster.py.)"""
-    image = cluster.busybox_image
-    # One GPU held whole, so the rest of the test shares the other.
-    apply(cluster, pod_manifest("blocker", namespace, image=image, annotations={ANN_FRACTION: "1"}))
-    blocked, _ = _gpu_and_threads(cluster, "blocker", namespace)
-    apply(
-        cluster,
-        share_manifest(
-            "train",
-            namespace,
-            fraction="0.6",
-            memory="16Gi",
-            selector={"matchLabels": {"app": "train"}},
-            profiling={"windowSeconds": 15},
-        ),
-    )
-
-    def train(name: str, fraction: str = "0.6", **ann: str) -> dict[str, Any]:
-        # Memory caps of their own, so that memory never stands in the way: only compute does
-        # (what needs memory is evicted: tests/unit/cluster/test_opportunistic_pausing.py);
-        # thread caps at their shares, so that the three are predicted past the batch bound.
-        return pod_manifest(
-            name,
-            namespace,
-            image=image,
-            annotations={ANN_FRACTION: fraction, ANN_LIMIT: fraction, ANN_MEMORY: "8Gi", **ann},
-            labels={"app": "train"},
-        )
-
+    blocked, train = _one_gpu_for_capped_training(cluster, namespace)
     apply(cluster, train("train-0"))
     wait_phase(cluster, "train", namespace, "Packed", timeout_s=150)
     apply(cluster, train("train-1", **{ANN_OPPORTUNISTIC: "true"}))
@@ -909,31 +882,7 @@ def test_a_guaranteed_pod_that_waited_longer_gets_the_room_before_an_opted_in_on
     evicted or restarted. On this quiet cluster the scheduler's retry mostly comes before the
     leader's promotion round anyway; the rule that decides the race when it does not is pinned
     by tests/unit/cluster/test_opportunistic_pausing.py."""
-    image = cluster.busybox_image
-    apply(cluster, pod_manifest("blocker", namespace, image=image, annotations={ANN_FRACTION: "1"}))
-    blocked, _ = _gpu_and_threads(cluster, "blocker", namespace)
-    apply(
-        cluster,
-        share_manifest(
-            "train",
-            namespace,
-            fraction="0.6",
-            memory="16Gi",
-            selector={"matchLabels": {"app": "train"}},
-            profiling={"windowSeconds": 15},
-        ),
-    )
-
-    def train(name: str, fraction: str = "0.6", **ann: str) -> dict[str, Any]:
-        # As in the pause test above: memory never stands in the way, caps at the shares.
-        return pod_manifest(
-            name,
-            namespace,
-            image=image,
-            annotations={ANN_FRACTION: fraction, ANN_LIMIT: fraction, ANN_MEMORY: "8Gi", **ann},
-            labels={"app": "train"},
-        )
-
+    blocked, train = _one_gpu_for_capped_training(cluster, namespace)
     apply(cluster, train("train-0"))
     wait_phase(cluster, "train", namespace, "Packed", timeout_s=150)
     shared, _ = _gpu_and_threads(cluster, "train-0", namespace)
@@ -960,6 +909,42 @@ def test_a_guaranteed_pod_that_waited_longer_gets_the_room_before_an_opted_in_on
     assert events(cluster, namespace, name="opted-in", reason="Preempted") == 0
     assert after["status"]["phase"] == "Running"
     assert all(s.get("restartCount", 0) == 0 for s in after["status"]["containerStatuses"])
+
+
+def _one_gpu_for_capped_training(
+    cluster: Any, namespace: str
+) -> tuple[str, Callable[..., dict[str, Any]]]:
+    """One GPU held whole by a pod named blocker (its UUID is returned), so the rest of a test
+    shares the other, and a GpuShare "train" (60%, profiled over 15 s) with a maker of its
+    pods: ``train(name, fraction="0.6", **annotations)``. Each pod has a memory cap of its own,
+    so that memory never stands in the way, only compute does (what needs memory is evicted:
+    tests/unit/cluster/test_opportunistic_pausing.py), and a thread cap at its share, so that
+    such pods together are predicted past the batch bound."""
+    image = cluster.busybox_image
+    apply(cluster, pod_manifest("blocker", namespace, image=image, annotations={ANN_FRACTION: "1"}))
+    blocked, _ = _gpu_and_threads(cluster, "blocker", namespace)
+    apply(
+        cluster,
+        share_manifest(
+            "train",
+            namespace,
+            fraction="0.6",
+            memory="16Gi",
+            selector={"matchLabels": {"app": "train"}},
+            profiling={"windowSeconds": 15},
+        ),
+    )
+
+    def train(name: str, fraction: str = "0.6", **ann: str) -> dict[str, Any]:
+        return pod_manifest(
+            name,
+            namespace,
+            image=image,
+            annotations={ANN_FRACTION: fraction, ANN_LIMIT: fraction, ANN_MEMORY: "8Gi", **ann},
+            labels={"app": "train"},
+        )
+
+    return blocked, train
 
 
 def _gpu_and_threads(cluster: Any, name: str, namespace: str) -> tuple[str, int]:
