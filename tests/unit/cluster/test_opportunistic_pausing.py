@@ -382,3 +382,26 @@ def test_a_pod_created_after_the_opportunistic_one_was_placed_does_not_hold_it_b
         assert await c.duties.promote_round() == ["default/o"]
 
     asyncio.run(scenario())
+
+
+def test_a_new_leader_knows_a_waiting_pod_from_its_own_first_refusal() -> None:
+    """The waiting pods live in the leader that serves the extender (docs/packing.md, "The
+    sharing contract"): a successor that never refused the pod promotes as before; once its
+    own filter refuses it, the room is left to it."""
+
+    async def scenario(refused_here: bool) -> list[str]:
+        c = Cluster(
+            placed("a", 60, SMALL), placed("o", 60, SMALL, tier=TIER_OPPORTUNISTIC, threads=100)
+        )
+        waiting = pending("g", 50, SMALL)
+        waiting["metadata"]["creationTimestamp"] = "2026-01-01T11:59:00Z"
+        if refused_here:
+            assert c.refuse(waiting) == []
+        else:  # refused by the leader before this one
+            c.store.add(waiting)
+            c.view.upsert_pod(waiting)
+        c.delete("default/a")
+        return await c.duties.promote_round()
+
+    assert asyncio.run(scenario(refused_here=False)) == ["default/o"]
+    assert asyncio.run(scenario(refused_here=True)) == []
