@@ -9,8 +9,11 @@ kind (known, unseen, the whole-GPU XL kinds, at most one inference service), Poi
 and, like users who write their own annotations, some rows that set ``fraction`` (sometimes
 below what the job keeps busy, the case where a static cap throttles a job running alone) and
 some that also set ``limit``. The other rows ask what gpushare sizes from the job's profile
-(``fraction: auto``, ``sizing.request_fraction``). Same seed, same file. Evidence:
-docs/benchmarks-gpu.md, "Run 17: three drawn mixes".
+(``fraction: auto``, ``sizing.request_fraction``). About a third of the batch rows opt in to
+opportunistic placement (``opportunistic: true``, ``--marked-share``), as issue 65 runs a mix:
+the benchmark runs each mix three ways (defaults, the marked rows, every batch row). Same seed,
+same file; the marks come from their own stream, so a mix drawn before marking existed keeps
+every other field. Evidence: docs/benchmarks-gpu.md, "Run 17: three drawn mixes" and "Run 46".
 """
 
 import argparse
@@ -37,16 +40,37 @@ WORK_S = (1.5, 3.5)
 """A batch job's solo duration is drawn uniformly from this range (seconds)."""
 SERVICE_WORK_S = (4.0, 6.0)
 """An inference service's duration (seconds of Poisson requests)."""
+MARKED_SHARE = 1 / 3
+"""Share of the batch rows marked ``opportunistic`` (rounded, at least one where there is a
+batch row): the "third of the jobs" of issue 65."""
 MAX_JOBS = MAX_ROWS
 """Most jobs one draw writes: what one trace may hold."""
 
 
-def draw(seed: int, *, jobs: int = 8, mean_gap_s: float = 0.5) -> list[dict[str, Any]]:
+def draw(
+    seed: int, *, jobs: int = 8, mean_gap_s: float = 0.5, marked_share: float = MARKED_SHARE
+) -> list[dict[str, Any]]:
     """``jobs`` trace rows drawn from ``seed`` (arrival order, rounded for a readable file)."""
     if not 1 <= jobs <= MAX_JOBS:
         raise ValueError(f"jobs: {jobs} is out of range; draw 1 to {MAX_JOBS} jobs")
     if not 0 < mean_gap_s <= 60:
         raise ValueError(f"mean_gap_s: {mean_gap_s} is out of range; give 0 < gap <= 60 s")
+    if not 0 <= marked_share <= 1:
+        raise ValueError(f"marked_share: {marked_share} is out of range; give 0 to 1")
+    rows = _rows(seed, jobs=jobs, mean_gap_s=mean_gap_s)
+    _mark(rows, random.Random(f"{seed}:opportunistic"), marked_share)
+    return rows
+
+
+def _mark(rows: list[dict[str, Any]], rng: random.Random, share: float) -> None:
+    """Opt ``share`` of the batch rows in (latency rows never: admission refuses them)."""
+    batch = [r for r in rows if KINDS[r["kind"]].gpu_class != CLASS_LATENCY]
+    count = min(len(batch), max(1, round(share * len(batch)))) if share and batch else 0
+    for row in rng.sample(batch, count):
+        row["opportunistic"] = True
+
+
+def _rows(seed: int, *, jobs: int, mean_gap_s: float) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     batch = sorted(k for k, spec in KINDS.items() if spec.gpu_class != CLASS_LATENCY)
     services = sorted(k for k, spec in KINDS.items() if spec.gpu_class == CLASS_LATENCY)
@@ -103,12 +127,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--mean-gap-s", type=float, default=0.5, help="mean seconds between arrivals (default 0.5)"
     )
+    p.add_argument(
+        "--marked-share",
+        type=float,
+        default=MARKED_SHARE,
+        help="share of batch rows marked opportunistic, 0-1 (default a third)",
+    )
     p.add_argument("--out", type=Path, required=True, help="the trace file to write (.json)")
     args = p.parse_args(argv)
     if args.out.suffix.lower() != ".json":
         p.error(f"--out: {args.out} must end in .json (the mix is written as a JSON trace)")
     try:
-        rows = draw(args.seed, jobs=args.jobs, mean_gap_s=args.mean_gap_s)
+        rows = draw(
+            args.seed, jobs=args.jobs, mean_gap_s=args.mean_gap_s, marked_share=args.marked_share
+        )
     except ValueError as exc:
         p.error(f"--{str(exc).replace('_', '-')}")
     text = render(rows)

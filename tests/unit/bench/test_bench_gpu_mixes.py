@@ -39,12 +39,39 @@ def test_over_many_seeds_some_users_set_requests_and_limits_and_limits_never_und
     assert json.loads(text) == rows[:30]
 
 
+def test_a_third_of_the_batch_rows_opt_in_and_the_marks_change_no_other_field() -> None:
+    for seed in range(30):
+        rows = mixes.draw(seed, jobs=12)
+        batch = [r for r in rows if r["kind"] != "infer"]
+        marked = [r for r in rows if r.get("opportunistic")]
+        # A third of the batch rows, rounded; a latency row is never opted in (admission
+        # would refuse it), so each mix runs three different ways.
+        assert len(marked) == max(1, round(len(batch) / 3))
+        assert all(r["kind"] != "infer" for r in marked)
+        unmarked = mixes.draw(seed, jobs=12, marked_share=0)
+        assert not any("opportunistic" in r for r in unmarked)
+        assert [{k: v for k, v in r.items() if k != "opportunistic"} for r in rows] == unmarked
+    assert all(
+        r.get("opportunistic")
+        for r in mixes.draw(1, jobs=12, marked_share=1)
+        if r["kind"] != "infer"
+    )
+
+
+def test_the_shipped_marked_mixes_are_what_their_seeds_draw() -> None:
+    """Mixes 7 and 8 were drawn and committed before any run of them (run 46)."""
+    for seed in (7, 8):
+        path = Path(traces.__file__).parent / "data" / "mixes" / f"mix-{seed}.json"
+        assert json.loads(path.read_text()) == mixes.draw(seed, jobs=12, mean_gap_s=0.3)
+
+
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
         (["--seed", "1", "--jobs", "0"], "--jobs"),
         (["--seed", "1", "--jobs", "999"], "--jobs"),
         (["--seed", "1", "--mean-gap-s", "0"], "--mean-gap-s"),
+        (["--seed", "1", "--marked-share", "1.5"], "--marked-share"),
     ],
 )
 def test_a_bad_request_is_refused_naming_the_option(
