@@ -47,7 +47,8 @@ from gpushare.packing.fit import demand_memory
 from gpushare.packing.governor import review
 from gpushare.packing.interference import InterferenceModel, load_default
 from gpushare.packing.model import Assignment, Demand, GpuState, NodeState, PipeProfile, Tenant
-from gpushare.packing.opportunistic import Opportunism, memory_steps
+from gpushare.packing.opportunistic import Opportunism
+from gpushare.packing.opportunistic_memory import memory_steps
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import Policy
 from gpushare.packing.promotion import Waiting
@@ -114,7 +115,7 @@ class ProductDecider:
     peaks: Mapping[str, int] = field(default_factory=dict)
     """Each kind's peak GPU memory (bytes) measured while it ran alone, as a GpuShare's profile
     carries it (``memory_used_bytes_max``, read by the operator's profiler): opportunistic
-    placement may give a pod what it was seen to need (``opportunistic.memory_steps``)."""
+    placement may give a pod what it was seen to need (``opportunistic_memory.memory_steps``)."""
 
     @property
     def placer(self) -> Placer:

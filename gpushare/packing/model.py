@@ -80,7 +80,7 @@ class Demand:
     peak_memory_bytes: int | None = None
     """Peak GPU memory its profile measured (a GpuShare's ``status.profile.memoryBytes``): an
     opportunistic pod's memory cap may come down to it, with headroom, never below
-    (:func:`gpushare.packing.opportunistic.memory_steps`)."""
+    (:func:`gpushare.packing.opportunistic_memory.memory_steps`)."""
     guarantee: bool = True
     """It may hold a guaranteed share. False for an opted-in pod its namespace's quota did not
     count (gpushare.cluster.state.quotas): it is placed only as an opportunistic tenant."""

@@ -23,7 +23,9 @@ guaranteed pod that did not opt in needs the room (:meth:`Opportunism.preemption
 newest opportunistic tenants in its way are **paused** where their compute is what stands in
 the way (a frozen MPS client gives its SMs back at once, keeps its GPU memory and loses no
 work) and **evicted** only where the pod needs GPU memory or MPS clients that they hold, which
-no pause frees. The governor
+no pause frees. A latency pod also pauses those running with more threads than a batch pod
+placed beside it gets (:func:`~gpushare.packing.threads.over_latency_cap`: MPS fixed their cap
+when they started, and uncapped batch neighbours cost its tail, docs/packing.md). The governor
 (:func:`gpushare.packing.governor.review`) pauses the newest one when the GPU measures less than
 was predicted. A paused tenant runs again (:meth:`Opportunism.resumptions`) once it is
 predicted to keep every guaranteed neighbour within its class bound and to add work, and, if it
@@ -33,7 +35,6 @@ No preemption among equals: a pod that opted in (``Tenant.equal``) never pauses 
 opportunistic tenant, and no tenant is paused for an opted-in neighbour's class bound.
 """
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -57,8 +58,9 @@ from gpushare.packing.model import (
     PipeProfile,
     Tenant,
 )
+from gpushare.packing.opportunistic_memory import memory_for
 from gpushare.packing.promotion import Waiting, promoted
-from gpushare.packing.threads import assign_thread_percent, tenant_threads
+from gpushare.packing.threads import assign_thread_percent, over_latency_cap, tenant_threads
 
 MIN_GAIN = 0.05
 """Work per second (jobs' worth) a GPU must be predicted to gain with an opportunistic tenant.
@@ -71,20 +73,6 @@ training jobs gain 0.06 predicted, 0.08 measured: at 0.10 the heavy trace ran th
 KEEP_FRACTION = 0.5
 """The governor keeps an opportunistic tenant while the GPU's measured gain is at least this
 share of the gain predicted when it was placed."""
-MEMORY_STEPS = 3
-"""An opportunistic pod without ``gpushare.io/gpu-memory`` gets its request's share of the
-GPU's memory, else a half or a quarter of it, the largest that fits beside every tenant's cap:
-a few fixed sizes, not whatever is left, so a node can prepare for them."""
-MIN_MEMORY_BYTES = 2**30
-"""Smallest such memory cap."""
-GUARANTEED_ROOM = 0.10
-"""Share of a GPU's memory an opportunistic pod leaves free beside every tenant's cap, so that
-a small guaranteed pod arriving next fits without preempting it (a preemption restarts the
-opportunistic job: docs/packing.md, "Where the constants come from")."""
-PEAK_HEADROOM = 1.25
-"""A pod whose profile measured its peak memory may also get that peak with this headroom
-(at least :data:`MIN_MEMORY_BYTES`) as its cap, the last step: what it was seen to need, not
-what its compute share would have given it."""
 OPPORTUNISTIC_COST = 1.0e6
 """Placement cost of an opportunistic option, less 100 x its predicted gain: any guaranteed
 option (costs in GPU-percent, a few hundred at most) is preferred."""
@@ -254,37 +242,6 @@ class Option:
     """The GPU's predicted work rate without the pod."""
 
 
-def memory_steps(demand: Demand, gpu_memory_bytes: int) -> list[int]:
-    """The memory caps an opportunistic pod may get, largest first (:data:`MEMORY_STEPS`;
-    where its profile measured its peak, the last step is that peak with
-    :data:`PEAK_HEADROOM`): its ``gpushare.io/gpu-memory`` alone when set."""
-    if demand.memory_bytes is not None:
-        return [demand.memory_bytes]
-    share = gpu_memory_bytes * min(demand.percent, SLICES_PER_GPU) // SLICES_PER_GPU
-    steps = [share >> i for i in range(MEMORY_STEPS)]
-    if demand.peak_memory_bytes is None:
-        return [m for m in steps if m >= MIN_MEMORY_BYTES] or [share]
-    # Its measured peak sets the floor: never a cap it was seen to outgrow.
-    need = max(MIN_MEMORY_BYTES, math.ceil(demand.peak_memory_bytes * PEAK_HEADROOM))
-    if need >= share:
-        return [share]
-    return [m for m in steps[: MEMORY_STEPS - 1] if m > need] + [need]
-
-
-def memory_for(demand: Demand, gpu: GpuState) -> int | None:
-    """The memory cap an opportunistic pod gets on ``gpu``, beside every tenant's cap and
-    leaving :data:`GUARANTEED_ROOM` free; None when it does not fit. Where its profile measured
-    its peak, that peak with :data:`PEAK_HEADROOM` (the last of :func:`memory_steps`): the least
-    it is seen to need, since memory is what a paused pod keeps and the one thing a guaranteed
-    pod evicts it for (run 27: a ViT given the largest step that fitted was evicted by the next
-    15% pod). Otherwise the largest step that fits."""
-    free = gpu.free_memory - int(gpu.memory_bytes * GUARANTEED_ROOM)
-    steps = memory_steps(demand, gpu.memory_bytes)
-    if demand.memory_bytes is None and demand.peak_memory_bytes is not None:
-        steps = steps[-1:]
-    return next((m for m in steps if 0 < m <= free), None)
-
-
 @dataclass
 class Opportunism:
     """The opportunistic rules (module doc) with the admission bounds and the corrections."""
@@ -360,7 +317,8 @@ class Opportunism:
         tenants to fit: the newest ones whose memory or MPS clients it needs are evicted (a
         pause frees neither), then, with ``admit``, the newest running ones are paused until
         the newcomer and every tenant that did not opt in are predicted within their class
-        bounds; no further than needed either way. None when it does not fit even so (it is
+        bounds and, for a latency pod, none runs over the thread cap a batch pod beside it
+        gets; no further than needed either way. None when it does not fit even so (it is
         then not placed on ``gpu``). A pod that opted in preempts nobody (no preemption among
         equals): it fits beside everyone or not at all."""
         if demand.opportunistic:
@@ -389,9 +347,10 @@ class Opportunism:
 
         def admitted(pausing: list[Tenant]) -> bool:
             trial = _without(staying, (), pausing)
-            return not any(t.opportunistic for t in trial.running().tenants) or self._admits(
-                trial, demand
-            )
+            opportunistic = [t for t in trial.running().tenants if t.opportunistic]
+            if demand.gpu_class == CLASS_LATENCY and any(map(over_latency_cap, opportunistic)):
+                return False  # it keeps its threads: beside a latency pod it pauses
+            return not opportunistic or self._admits(trial, demand)
 
         while not admitted(pause):
             if len(pause) == len(running):
@@ -435,7 +394,8 @@ class Opportunism:
         as running before the next is tried: one whose pause was for measured harm once none
         of the pods it was judged beside is on the GPU any more; then any whose running is
         predicted to keep every tenant that did not opt in within its class bound and to add
-        work (:meth:`resume_reason`). Only opportunistic tenants are ever paused by gpushare; a
+        work, and that is not over the thread cap beside a latency pod there
+        (:meth:`resume_reason`). Only opportunistic tenants are ever paused by gpushare; a
         pause on a pod holding a guaranteed share was written by someone else (an admin) and
         is theirs to lift."""
         paused = sorted(
@@ -473,6 +433,8 @@ class Opportunism:
             if still:
                 return f"paused for measured harm beside {', '.join(still)}, still there"
         running = gpu.running()
+        if running.has_latency_tenant and over_latency_cap(tenant):
+            return f"its {tenant_threads(tenant)}% threads are over the cap beside a latency pod"
         trial = Demand(
             percent=min(tenant.percent, SLICES_PER_GPU - 1),
             limit_percent=tenant_threads(tenant),

@@ -13,7 +13,9 @@ runs with, alone or not. Hence, for a fractional batch pod:
 - placed on a GPU that holds a latency-class pod, the cap is at most
   ``max(request, LATENCY_NEIGHBOUR_THREADS)``: the latency pod runs uncapped at MPS priority 0
   and half the SMs stay out of its batch neighbours' reach (measured: docs/benchmarks-gpu.md,
-  latency target).
+  latency target). A batch pod that started first keeps the cap it started with
+  (:func:`over_latency_cap`): an opportunistic one is paused while a latency pod is there
+  (``opportunistic.Opportunism.preemptions``).
 
 Latency-class pods and whole GPUs get 100. Caps may overlap: guaranteed shares, not caps, add
 up to at most 100, and admission (``admission.admit_reason``) keeps each tenant's predicted
@@ -77,3 +79,14 @@ def thread_cap(percent: int, *, limit: int | None, gpu_class: str, latency_neigh
 def tenant_threads(tenant: Tenant) -> int:
     """The thread cap ``tenant`` was placed with (its percent where none was recorded)."""
     return tenant.thread_percent if tenant.thread_percent is not None else tenant.percent
+
+
+def over_latency_cap(tenant: Tenant) -> bool:
+    """``tenant`` runs with more threads than a batch pod placed beside a latency-class pod gets
+    (:func:`thread_cap`): it started before the latency pod came, and MPS keeps a process's
+    cap for its life, so it reaches SMs the cap keeps free for the latency pod's tail."""
+    threads = tenant_threads(tenant)
+    allowed = thread_cap(
+        tenant.percent, limit=threads, gpu_class=tenant.gpu_class, latency_neighbour=True
+    )
+    return threads > allowed

@@ -21,7 +21,8 @@ from bench.gpu.gpm import PROFILE_KEYS
 from bench.gpu.runner import warm_launches
 from bench.gpu.schemes import Launch
 from gpushare.api.profile import GpuProfile
-from gpushare.packing.opportunistic import PEAK_HEADROOM, Opportunism, memory_steps
+from gpushare.packing.opportunistic import Opportunism
+from gpushare.packing.opportunistic_memory import PEAK_HEADROOM, memory_steps
 
 DATA = Path(__file__).resolve().parents[3] / "bench" / "gpu" / "data"
 

@@ -28,11 +28,10 @@ from gpushare.packing.opportunistic import (
     Member,
     Opportunism,
     guaranteed_gpu,
-    memory_for,
-    memory_steps,
     rates,
     reservation_reason,
 )
+from gpushare.packing.opportunistic_memory import memory_for, memory_steps
 from gpushare.packing.placer import Placer
 from gpushare.packing.promotion import MAX_CHECKS, Waiting, promoted
 from tests.unit.packing import h200_profiles as h200

@@ -5,6 +5,7 @@ opted-in pod never pauses or evicts another opted-in pod."""
 
 from dataclasses import replace
 
+from gpushare.api.names import CLASS_LATENCY
 from gpushare.api.pause import REASON_GUARANTEED, REASON_HARM
 from gpushare.packing.admission import Admission
 from gpushare.packing.model import Demand, GpuState, NodeState, Pause, Tenant
@@ -172,3 +173,40 @@ def test_a_paused_pod_is_not_promoted_until_it_runs_again() -> None:
     assert Opportunism().promotions(gpu(g.tenants[0], replace(g.tenants[1], pause=None))) == [
         "ns/o"
     ]
+
+
+def test_a_latency_pod_pauses_an_opportunistic_neighbour_running_over_the_cap_it_would_get() -> (
+    None
+):
+    # Both opted-in LSTMs started before any latency pod: one uncapped (100% threads), one at
+    # the 50% a batch pod beside a latency pod gets. MPS keeps a cap for a process's life, so
+    # the uncapped one gives way to the service by a pause; the capped one keeps running.
+    uncapped = tenant(
+        "ns/wide", 30, LSTM, gib=10, opportunistic=True, placed_at=1.0, thread_percent=100
+    )
+    capped = tenant(
+        "ns/narrow", 30, LSTM, gib=10, opportunistic=True, placed_at=2.0, thread_percent=50
+    )
+    g = gpu(tenant("ns/a", 20, SMALL, gib=10), uncapped, capped)
+    service = Demand(percent=25, profile=SMALL, gpu_class=CLASS_LATENCY)
+    out = Opportunism().preemptions(g, service)
+    assert out is not None and out.pause == ("ns/wide",) and out.evict == ()
+    assignment = placer().choose_gpus(NodeState("n", [g]), service)
+    assert assignment is not None and assignment.pause == ("ns/wide",)
+    # A batch pod of the same size pauses no one: the cap protects a latency pod's tail.
+    batch = Opportunism().preemptions(g, Demand(percent=25, profile=SMALL))
+    assert batch is not None and batch.pause == ()
+    # While the service is there the uncapped LSTM stays paused, saying why; it runs again
+    # once the service has left.
+    after = arrived(g, "ns/svc", service, paused=out.pause)
+    after = replace(
+        after,
+        tenants=[
+            replace(t, gpu_class=CLASS_LATENCY) if t.key == "ns/svc" else t for t in after.tenants
+        ],
+    )
+    rules = Opportunism()
+    assert rules.resumptions(after) == []
+    why = rules.resume_reason(after, next(t for t in after.tenants if t.key == "ns/wide"))
+    assert why is not None and "100% threads" in why and "latency" in why
+    assert rules.resumptions(left(after, "ns/svc")) == ["ns/wide"]

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpushare.packing.model import Demand, GpuState, PipeProfile, Tenant
-from gpushare.packing.threads import assign_thread_percent
+from gpushare.packing.threads import assign_thread_percent, over_latency_cap
 
 H100 = GpuState("g0", 80 << 30, model="H100")
 
@@ -61,3 +61,14 @@ def test_batch_cap_lies_between_the_request_and_the_limit(
     assert percent <= threads <= max(percent, 100 if limit is None else limit)
     if latency:
         assert threads <= max(percent, 50)
+
+
+def test_a_tenant_that_started_before_a_latency_pod_is_over_the_cap_it_would_get_now() -> None:
+    # The cap a batch pod gets beside a latency pod: its request or half the GPU, the larger.
+    assert over_latency_cap(Tenant("ns/a", 30, 1 << 30, thread_percent=100))
+    assert over_latency_cap(Tenant("ns/a", 60, 1 << 30, thread_percent=75))
+    assert not over_latency_cap(Tenant("ns/a", 30, 1 << 30, thread_percent=50))
+    assert not over_latency_cap(Tenant("ns/a", 60, 1 << 30, thread_percent=60))
+    # A latency pod and a pod holding the whole GPU keep every thread.
+    assert not over_latency_cap(LATENCY)
+    assert not over_latency_cap(Tenant("ns/w", 100, 1 << 30, thread_percent=100))
