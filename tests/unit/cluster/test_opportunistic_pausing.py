@@ -3,7 +3,8 @@ guaranteed pod's bind writes ``gpushare.io/pause`` on the opportunistic pod whos
 needs before its Binding, with a ``Paused`` Event naming it; the paused pod keeps its memory in
 the view; it is resumed (annotation removed, ``Resumed`` Event) when the guaranteed pod leaves,
 also by a leader that did not pause it; memory no pause frees evicts with a ``Preempted`` Event
-saying so; two opted-in pods never preempt each other; the governor's harm verdict pauses."""
+saying so; two opted-in pods never preempt each other; the governor's harm verdict pauses; a
+latency pod pauses an opportunistic pod running over the cap its neighbours get."""
 
 import asyncio
 import json
@@ -15,8 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.api.gpushare_crd import ANN_PROFILE
 from gpushare.api.names import (
+    ANN_CLASS,
     ANN_PAUSE,
     ANN_PAUSED,
+    CLASS_LATENCY,
     RESOURCE_GPU_OPPORTUNISTIC,
     RESOURCE_GPU_PERCENT,
     STATE_ALLOCATED,
@@ -207,6 +210,34 @@ def test_a_guaranteed_pod_pauses_the_opportunistic_pod_before_it_is_bound_then_r
         assert c.counted("resumed") == 1.0
 
     asyncio.run(scenario())
+
+
+def test_a_latency_pod_pauses_the_opportunistic_pod_running_over_its_neighbours_cap() -> None:
+    # The opted-in SMALL pod started before any latency pod, uncapped; MPS keeps that cap, so
+    # the service's bind pauses it (a batch pod would not), and it resumes once the service
+    # has left.
+    async def scenario() -> None:
+        c = Cluster(
+            placed("a", 20, SMALL), placed("wide", 30, SMALL, tier=TIER_OPPORTUNISTIC, threads=100)
+        )
+        service = pending("svc", 25, SMALL)
+        service["metadata"]["annotations"][ANN_CLASS] = CLASS_LATENCY
+        assert await c.schedule(service) == ""
+        calls = [call for call in c.store.calls if call[0] in ("pause", "bind")]
+        assert calls == [("pause", "default/wide"), ("bind", "default/svc")]
+        request = load_pause_request(c.annotations("default/wide")[ANN_PAUSE])
+        assert request.for_pods == ("default/svc",)
+        assert await c.duties.resume_round() == []
+        c.delete("default/svc")
+        assert await c.duties.resume_round() == ["default/wide"]
+
+    asyncio.run(scenario())
+    # The same pod as a batch pod pauses nobody.
+    batch = Cluster(
+        placed("a", 20, SMALL), placed("wide", 30, SMALL, tier=TIER_OPPORTUNISTIC, threads=100)
+    )
+    assert asyncio.run(batch.schedule(pending("b", 25, SMALL))) == ""
+    assert not any(call[0] in ("pause", "evict") for call in batch.store.calls)
 
 
 def test_a_new_leader_resumes_a_pod_its_predecessor_paused_once_room_is_free() -> None:
