@@ -112,7 +112,9 @@ def gpushare_pod(image: str, path: str, **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def hood(cluster: LocalCluster, chart: Chart) -> Iterator[Neighbourhood]:
-    sfx = uuid.uuid4().hex[:6]
+    # A leading letter: a hex suffix such as "68e111" reads as a number in the values file
+    # Helm parses, and the chart's schema refuses a label value that is not a string.
+    sfx = "n" + uuid.uuid4().hex[:5]
     kinds = ("gpushare", "gpu-operator", "monitoring", "logging", "tenant")
     namespaces = {kind: f"gs-nb-{sfx}-{kind}" for kind in kinds}
     hood = Neighbourhood(cluster, chart, sfx, namespaces)
