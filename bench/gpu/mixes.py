@@ -11,9 +11,10 @@ below what the job keeps busy, the case where a static cap throttles a job runni
 some that also set ``limit``. The other rows ask what gpushare sizes from the job's profile
 (``fraction: auto``, ``sizing.request_fraction``). About a third of the batch rows opt in to
 opportunistic placement (``opportunistic: true``, ``--marked-share``), as issue 65 runs a mix:
-the benchmark runs each mix three ways (defaults, the marked rows, every batch row). Same seed,
-same file; the marks come from their own stream, so a mix drawn before marking existed keeps
-every other field. Evidence: docs/benchmarks-gpu.md, "Run 17: three drawn mixes" and "Run 46".
+the benchmark runs each mix three ways (defaults, the marked rows, every batch row). Same seed
+and catalogue, same file; the marks come from their own stream, so they move no other field of
+a draw (mixes 1-6 were drawn from an older catalogue and no longer come back from their
+seeds). Evidence: docs/benchmarks-gpu.md, "Run 17: three drawn mixes" and "Run 46".
 """
 
 import argparse
