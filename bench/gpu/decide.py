@@ -52,7 +52,6 @@ from gpushare.packing.opportunistic_memory import memory_steps
 from gpushare.packing.placer import Placer
 from gpushare.packing.policy import Policy
 from gpushare.packing.promotion import Waiting
-from gpushare.packing.sizing import suggested_memory_bytes
 from gpushare.packing.stored_profile import measured_pipe_profile
 from gpushare.packing.threads import assign_thread_percent
 
@@ -128,14 +127,10 @@ class ProductDecider:
         )
 
     def demand(self, job: TraceJob) -> Demand:
-        memory = job.memory_bytes
-        if memory is None and not job.fixed_request:
-            # What the webhook gives a pod of a ``fraction: auto`` GpuShare (its profile's peak).
-            memory = suggested_memory_bytes(self.peaks.get(job.kind), percent=job.percent)
         return Demand(
             percent=job.percent,
             limit_percent=job.limit_percent,
-            memory_bytes=memory,
+            memory_bytes=job.memory_bytes,
             gpu_class=job.gpu_class,
             profile=self.profiles.get(job.kind),
             opportunistic=self.opted_in(job) and self.opportunism is not None,

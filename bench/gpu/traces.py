@@ -83,10 +83,9 @@ class TraceJob:
     limit_percent: int | None = None
     """``gpushare.io/gpu-limit`` in GPU-percent, when the trace sets one."""
     memory_bytes: int | None = None
-    """``gpushare.io/gpu-memory`` (its MPS pinned-memory limit), when the trace sets one; else,
-    as in a cluster, a row with a fraction gets the share of the GPU's memory its fraction is of
-    the GPU (on a GPU with little memory a small fraction may be too little for the job's model)
-    and a row gpushare sizes gets its peak with headroom (``sizing.suggested_memory_bytes``)."""
+    """``gpushare.io/gpu-memory`` (its MPS pinned-memory limit), when the trace sets one; else
+    the job gets the share of the GPU's memory its fraction is of the GPU, as in a cluster. On
+    a GPU with little memory a small fraction may be too little for the job's model."""
     fixed_request: bool = False
     """True when the trace itself set the fraction (a run never resizes it)."""
     opportunistic: bool = False

@@ -12,11 +12,6 @@ asks for the whole GPU. SM utilization (the share of SMs with any work resident)
 demand: a job can keep most SMs busy and still leave room for a neighbour
 (docs/packing.md, "Where the constants come from"). A latency-class job asks for
 ``LATENCY_PERCENT``; without a profile, for the whole GPU.
-
-Its GPU memory is sized the same way (:func:`suggested_memory_bytes`): the peak its profile
-measured with :data:`MEMORY_HEADROOM`, not its compute share's part of the GPU's memory. A share
-of memory held but never used is room no opportunistic pod can have (docs/packing.md, "Sized
-from the profile").
 """
 
 import math
@@ -32,15 +27,6 @@ the share is admission bookkeeping (admission counts it busy over its whole shar
 STEP_PERCENT = 5
 """Suggestions are whole multiples of this many GPU-percent, rounded up."""
 MIN_PERCENT = 5
-MEMORY_HEADROOM = 1.5
-"""A sized pod's memory cap over the peak its profile measured (NVML's figure for its process,
-CUDA context included). Opportunistic pods run with 1.25x their peak
-(``opportunistic_memory.PEAK_HEADROOM``): none of the 409 opted-in jobs of the GPU benchmark's
-runs 28-48 failed. A pod holding a guaranteed share gets more, since running out stops its job."""
-MEMORY_STEP_BYTES = 2**30
-"""Sized memory caps are whole GiB, rounded up."""
-MIN_MEMORY_BYTES = 2 * MEMORY_STEP_BYTES
-"""Smallest sized memory cap."""
 
 
 def suggested_percent(profile: PipeProfile | None, *, gpu_class: str) -> int:
@@ -59,14 +45,3 @@ def as_fraction(percent: int) -> str:
     if percent >= SLICES_PER_GPU:
         return "1"
     return f"{percent / SLICES_PER_GPU:.2f}".rstrip("0")
-
-
-def suggested_memory_bytes(peak_bytes: int | None, *, percent: int) -> int | None:
-    """GPU memory a sized pod of ``percent`` should get: its measured ``peak_bytes`` x
-    :data:`MEMORY_HEADROOM`, rounded up to a GiB, at least :data:`MIN_MEMORY_BYTES`. None (its
-    compute share's part of the GPU's memory, as for any request without a memory) without a
-    measured peak, and for a whole GPU, which takes all of its memory."""
-    if peak_bytes is None or peak_bytes <= 0 or percent >= SLICES_PER_GPU:
-        return None
-    wanted = math.ceil(peak_bytes * MEMORY_HEADROOM / MEMORY_STEP_BYTES) * MEMORY_STEP_BYTES
-    return max(MIN_MEMORY_BYTES, wanted)

@@ -15,7 +15,7 @@ from gpushare.cluster.state.pods import annotations, metadata
 from gpushare.cluster.state.quarantine import Take, take_plainly
 from gpushare.cluster.state.share_rules import NO_RULES, ShareRules, rules_of
 from gpushare.packing.model import PipeProfile
-from gpushare.packing.sizing import as_fraction, suggested_memory_bytes, suggested_percent
+from gpushare.packing.sizing import as_fraction, suggested_percent
 from gpushare.packing.stored_profile import pipe_profile
 
 
@@ -55,10 +55,9 @@ class ShareSummary:
         invalid."""
         if self.spec is None:
             return None
-        percent = sized_percent(self.spec, self.status)
         return GpuRequest(
-            percent=percent,
-            memory_bytes=sized_memory_bytes(self.spec, self.status, percent=percent),
+            percent=sized_percent(self.spec, self.status),
+            memory_bytes=self.spec.memory_bytes,
             gpu_class=self.spec.gpu_class,
             share=self.name,
             opportunistic=self.spec.opportunistic,
@@ -76,29 +75,6 @@ def stored_pipe_profile(status: Mapping[str, Any]) -> PipeProfile | None:
         return pipe_profile(GpuProfile.from_status(raw))
     except InvalidInputError:
         return None
-
-
-def stored_peak_memory(status: Mapping[str, Any]) -> int | None:
-    """The peak GPU memory the share's ``status.profile`` measured; None when absent or
-    unreadable."""
-    raw = status.get("profile")
-    if not isinstance(raw, Mapping):
-        return None
-    try:
-        return GpuProfile.from_status(raw).peak_memory_bytes
-    except InvalidInputError:
-        return None
-
-
-def sized_memory_bytes(
-    spec: GpuShareSpec, status: Mapping[str, Any], *, percent: int
-) -> int | None:
-    """The share's memory: ``spec.memory``, or with ``fraction: auto`` what
-    ``gpushare.packing.sizing.suggested_memory_bytes`` gives its profile's peak (None, its
-    compute share's part of the GPU's memory, until it has one)."""
-    if spec.memory_bytes is not None or not spec.auto:
-        return spec.memory_bytes
-    return suggested_memory_bytes(stored_peak_memory(status), percent=percent)
 
 
 def sized_percent(spec: GpuShareSpec, status: Mapping[str, Any]) -> int:

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -269,8 +268,7 @@ def test_opportunistic_placement_may_give_a_job_the_peak_it_showed_alone() -> No
     # A GpuShare's profile carries the peak memory its job used alone; the benchmark's stand-in
     # is the larger of the kind's process after its solo window in phase A (NVML's figure,
     # else the allocator's peak plus the context allowance) and the catalogue's declared
-    # figure. The opportunistic memory steps read it for a row with a fraction; a row sized by
-    # gpushare gets its memory sized from it, as a pod of a ``fraction: auto`` GpuShare does.
+    # figure, and only the opportunistic memory steps read it.
     assert run.memory_of({"process_mib": 5000, "peak_mib": 4000}) == 5000
     assert run.memory_of({"process_mib": None, "peak_mib": 580}) == 580 + run.CONTEXT_ALLOWANCE_MIB
     assert run.memory_of({"process_mib": None, "peak_mib": None}) is None  # a dry run
@@ -280,14 +278,11 @@ def test_opportunistic_placement_may_give_a_job_the_peak_it_showed_alone() -> No
     assert peaks["lstm"] == KINDS["lstm"].memory_mib << 20  # declared 1338, above 900
     assert peaks["vit"] == KINDS["vit"].memory_mib << 20  # not measured in this run
     decider = ProductDecider(profiles={}, gpu_model="H100", gpu_memory_bytes=80 << 30, peaks=peaks)
-    job = traces.TraceJob("t", "transformer", 0.0, 1.0, 0.65, fixed_request=True)
+    job = traces.TraceJob("t", "transformer", 0.0, 1.0, 0.65)
     demand = decider.demand(job)
-    assert demand.peak_memory_bytes == 6000 << 20 and demand.memory_bytes is None
+    assert demand.peak_memory_bytes == 6000 << 20
     steps = memory_steps(demand, 80 << 30)
     assert steps[-1] == math.ceil((6000 << 20) * PEAK_HEADROOM)
-    sized = decider.demand(replace(job, fixed_request=False))
-    assert sized.memory_bytes == 9 << 30  # 6000 MiB x 1.5, rounded up to a GiB
-    assert memory_steps(sized, 80 << 30) == [9 << 30]
 
 
 def test_the_expected_seconds_add_up_to_about_what_run_25_took(tmp_path: Path) -> None:

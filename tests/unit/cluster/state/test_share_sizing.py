@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpushare.api.gpushare_crd import inherited_annotations
-from gpushare.api.names import ANN_FRACTION, ANN_MEMORY, ANN_SHARE, RESOURCE_GPU_PERCENT
+from gpushare.api.names import ANN_FRACTION, ANN_SHARE, RESOURCE_GPU_PERCENT
 from gpushare.api.profile import GpuProfile
 from gpushare.cluster.state.shares import ShareRegistry, share_summary
 from gpushare.cluster.webhook.review import review
@@ -40,22 +40,13 @@ def share(spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[st
     return body
 
 
-def linked_pod(registry: ShareRegistry, annotations: dict[str, str] | None = None) -> Any:
-    """A pod linked to the share as the webhook admits it."""
+def linked_pod_percent(registry: ShareRegistry) -> str:
     facts = dataclasses.replace(webhook_facts(), share_lookup=registry.request)
-    pod = pod_json("p", namespace="ml", annotations={ANN_SHARE: "train", **(annotations or {})})
+    pod = pod_json("p", namespace="ml", annotations={ANN_SHARE: "train"})
     verdict = review(pod, namespace="ml", facts=facts, mutate=True)
     assert verdict.allowed, verdict.message
-    return apply_patch(pod, verdict.patch)
-
-
-def linked_pod_percent(registry: ShareRegistry) -> str:
-    limits = linked_pod(registry)["spec"]["containers"][0]["resources"]["limits"]
+    limits = apply_patch(pod, verdict.patch)["spec"]["containers"][0]["resources"]["limits"]
     return str(limits[RESOURCE_GPU_PERCENT])
-
-
-def linked_pod_memory(registry: ShareRegistry, annotations: dict[str, str] | None = None) -> Any:
-    return linked_pod(registry, annotations)["metadata"].get("annotations", {}).get(ANN_MEMORY)
 
 
 def test_an_auto_share_asks_for_a_whole_gpu_until_it_has_a_profile() -> None:
@@ -96,35 +87,3 @@ def test_an_auto_share_gives_its_pods_no_fraction_annotation_to_contradict_their
     assert spec is not None and spec.auto
     inherited = inherited_annotations(spec, share_name="train")
     assert ANN_FRACTION not in inherited and inherited[ANN_SHARE] == "train"
-
-
-def test_once_profiled_an_auto_shares_pods_get_their_measured_peak_memory_with_headroom() -> None:
-    # A 60% share of an H200 would hold 86 GB for a job seen to use 7 GiB: room no
-    # opportunistic pod could have (docs/packing.md, "Sized from the profile").
-    measured = dataclasses.replace(PROFILE, memory_used_bytes_max=7 << 30)
-    registry = ShareRegistry()
-    registry.upsert(
-        share({"fraction": "auto"}, {"phase": "Packed", "profile": measured.to_status()})
-    )
-    assert linked_pod_percent(registry) == "60"
-    assert linked_pod_memory(registry) == "11Gi"  # 7 GiB x 1.5, rounded up to a GiB
-    assert linked_pod_memory(registry, {ANN_MEMORY: "20Gi"}) == "20Gi"  # the pod's own wins
-
-
-def test_memory_stays_the_shares_part_where_the_user_chose_or_nothing_was_measured() -> None:
-    measured = dataclasses.replace(PROFILE, memory_used_bytes_max=7 << 30).to_status()
-    stated = ShareRegistry()
-    stated.upsert(share({"fraction": "0.3"}, {"phase": "Packed", "profile": measured}))
-    assert linked_pod_memory(stated) is None  # 30% of whichever GPU it lands on
-    pinned = ShareRegistry()
-    pinned.upsert(share({"fraction": "auto", "memory": "30Gi"}, {"profile": measured}))
-    assert linked_pod_memory(pinned) == "30Gi"
-    unmeasured = ShareRegistry()
-    unmeasured.upsert(
-        share({"fraction": "auto"}, {"phase": "Packed", "profile": PROFILE.to_status()})
-    )
-    assert linked_pod_memory(unmeasured) is None
-    damaged = ShareRegistry()
-    bad = {**measured, "memoryBytes": "lots"}
-    damaged.upsert(share({"fraction": "auto"}, {"phase": "Packed", "profile": bad}))
-    assert linked_pod_memory(damaged) is None  # no sizing, and the watch goes on
