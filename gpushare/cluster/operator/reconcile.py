@@ -314,12 +314,12 @@ class ShareReconciler:
     ) -> str | None:
         """To Packed with ``profile`` and the sizes it suggests; the message (``how``, the
         profile, the sizes) when this call moved the share, None when it had moved already."""
-        sized = sized_fields(share, profile)
-        message = f"{how}: {describe(profile)}{sized_note(sized)}"
+        size = sized_fields(share, profile)
+        message = f"{how}: {describe(profile)}{sized_note(size, share, profile, self.view.nodes())}"
         if not await self.transition(
             share,
             to_phase=PHASE_PACKED,
-            fields={"profile": profile.to_status(), **sized},
+            fields={"profile": profile.to_status(), **size},
             tests=tests,
             condition=(COND_PROFILED, True, reason, message),
             now=now,

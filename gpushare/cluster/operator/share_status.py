@@ -6,15 +6,20 @@ transition ``test``s the phase it starts from, so two racing ticks change nothin
 (docs/operator.md, "Life cycle").
 """
 
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from gpushare.api.gpushare_crd import LIGHTLY_LOADED_PERCENT, POLICY_AGGRESSIVE
+from gpushare.api.names import SLICES_PER_GPU
 from gpushare.api.profile import WORK_PIPES, GpuProfile
+from gpushare.api.quantities import format_memory
 from gpushare.cluster.operator.profiling import with_condition
 from gpushare.cluster.state.share_rules import GRANT_LABEL
 from gpushare.cluster.state.shares import ShareSummary, sized_percent
+from gpushare.packing.model import NodeState
+from gpushare.packing.opportunistic_memory import PEAK_HEADROOM
 from gpushare.packing.sizing import as_fraction
 
 COND_ACCEPTED = "Accepted"
@@ -69,11 +74,49 @@ def sized_fields(share: ShareSummary, profile: GpuProfile) -> dict[str, Any]:
     return {"request": as_fraction(percent)}
 
 
-def sized_note(fields: Mapping[str, Any]) -> str:
-    """The event's words for :func:`sized_fields`."""
+def sized_note(
+    fields: Mapping[str, Any],
+    share: ShareSummary,
+    profile: GpuProfile,
+    nodes: Mapping[str, NodeState],
+) -> str:
+    """The event's words for :func:`sized_fields`, with :func:`memory_note` against the
+    smallest healthy GPU of ``nodes``."""
     if "request" not in fields:
         return ""
-    return f"; fraction auto: pods created from now on ask for {fields['request']} of a GPU"
+    smallest = min((g.memory_bytes for n in nodes.values() for g in n.gpus if g.healthy), default=0)
+    return (
+        f"; fraction auto: pods created from now on ask for {fields['request']} of a GPU"
+        f"{memory_note(share, profile, smallest_gpu_bytes=smallest)}"
+    )
+
+
+def memory_note(share: ShareSummary, profile: GpuProfile, *, smallest_gpu_bytes: int) -> str:
+    """The event's warning when ``fraction: auto`` sized a share whose part of the cluster's
+    smallest GPU's memory (``smallest_gpu_bytes``; 0: none known) is less than its profile's
+    peak with :data:`~gpushare.packing.opportunistic_memory.PEAK_HEADROOM`: only the compute
+    share is sized, and a pod's MPS memory limit is its share's part of its GPU's memory, so
+    its pods may run out; it names ``spec.memory`` and a size (docs/operator.md,
+    "fraction: auto")."""
+    spec, peak = share.spec, profile.peak_memory_bytes
+    if spec is None or not spec.auto or spec.memory_bytes is not None or not peak:
+        return ""
+    percent = sized_percent(spec, {"profile": profile.to_status()})
+    if percent >= SLICES_PER_GPU or smallest_gpu_bytes <= 0:
+        return ""
+    part = smallest_gpu_bytes * percent // SLICES_PER_GPU
+    need = math.ceil(peak * PEAK_HEADROOM / 2**30) * 2**30
+    if need <= part:
+        return ""
+    return (
+        f"; its peak memory alone, {_gib(peak)}, is more than its share gives on the cluster's "
+        f"smallest GPU ({_gib(part)} of {_gib(smallest_gpu_bytes)}): set spec.memory to at "
+        f"least {format_memory(need)}, or its pods may run out of GPU memory"
+    )
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.1f} GiB"
 
 
 def no_profiling_pod(*, attempts: int) -> dict[str, Any]:
