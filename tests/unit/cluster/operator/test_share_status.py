@@ -145,8 +145,10 @@ class Recorder:
 
     def __init__(self) -> None:
         self.events: list[str] = []
+        self.patches: list[list[dict[str, Any]]] = []
 
-    async def patch_share_status(self, **_: Any) -> bool:
+    async def patch_share_status(self, *, ops: list[dict[str, Any]], **_: Any) -> bool:
+        self.patches.append(ops)
         return True
 
     async def post_event(self, *, message: str, **_: Any) -> None:
@@ -179,3 +181,8 @@ def test_the_operator_says_so_in_the_event_against_the_clusters_gpus() -> None:
     assert len(kube.events) == 1
     assert "set spec.memory to at least 38Gi" in kube.events[0]
     assert "(4.0 GiB of 80.0 GiB)" in kube.events[0]
+    # kubectl describe shows it too: the Profiled condition carries the same words.
+    [status] = [op["value"] for op in kube.patches[0] if op["op"] == "add"]  # its first status
+    conditions = status["conditions"]
+    [profiled] = [c for c in conditions if c["type"] == "Profiled"]
+    assert "set spec.memory to at least 38Gi" in profiled["message"]
