@@ -59,8 +59,17 @@ from bench.gpu.decide import DECIDED_BY, DEFAULT_BOUNDS, ProductDecider, model_i
 from bench.gpu.gpm import Sampler, to_profile, with_kernel_time
 from bench.gpu.metrics import JobResult, summarize
 from bench.gpu.mps import MpsDaemon
-from bench.gpu.procs import Workers
-from bench.gpu.runner import Governing, Pool, measure_stages, run_trace, safe, warm_launches
+from bench.gpu.procs import WorkerError, Workers
+from bench.gpu.runner import (
+    INIT_TIMEOUT_S,
+    SPAWN_TIMEOUT_S,
+    Governing,
+    Pool,
+    measure_stages,
+    run_trace,
+    safe,
+    warm_launches,
+)
 from bench.gpu.schemes import (
     ExclusiveFifo,
     Gpushare,
@@ -259,6 +268,9 @@ class State:
     memory: dict[str, int] = field(default_factory=dict)
     """Each kind's GPU memory in MiB after its solo window (phase A): NVML's figure for its
     process, else its allocator's peak plus :data:`CONTEXT_ALLOWANCE_MIB`."""
+    idle_mib: dict[str, int] = field(default_factory=dict)
+    """Each kind's GPU memory in MiB once warmed up with its activations given back, outside
+    MPS (its CUDA context counted): what a warm process holds waiting (:func:`measure_idle`)."""
     warm_plans: dict[str, warmup.WarmPlan] = field(default_factory=dict)
     ways: dict[str, dict[str, str]] = field(default_factory=dict)
     """Per trace: each way it was run (``report.WAYS``) -> the scheme whose run it is."""
@@ -748,13 +760,43 @@ def way_names(trace: str, jobs: Sequence[traces.TraceJob]) -> dict[str, str]:
     return out
 
 
+def measure_idle(ctx: Ctx, st: State, kinds: Sequence[str]) -> None:
+    """What a warm process of each of ``kinds`` holds while it waits (``st.idle_mib``): one
+    process per kind not yet measured, warmed up outside MPS as a trace's warm process is, its
+    activations given back, read from NVML, then ended. A kind whose process fails or that
+    NVML cannot read (a dry run) keeps no figure: the plan counts its full memory."""
+    missing = [k for k in dict.fromkeys(kinds) if k not in st.idle_mib]
+    if not missing:
+        return
+    workers = ctx.workers()
+    try:
+        started = {k: workers.spawn(f"idle.{k}", preload=k) for k in missing}
+        for kind, w in started.items():
+            w.send({"cmd": "init", "kind": kind, "env": {}, "release": True})
+        deadline = time.monotonic() + SPAWN_TIMEOUT_S + INIT_TIMEOUT_S
+        for kind, w in started.items():
+            try:
+                ready = workers.expect(w, "ready", timeout_s=max(1.0, deadline - time.monotonic()))
+            except WorkerError as exc:
+                log.warning("idle memory of %s not measured: %s", kind, exc)
+                continue
+            if ready.get("idle_mib"):
+                st.idle_mib[kind] = int(ready["idle_mib"])
+    finally:
+        workers.close_all()
+    log.info("memory a warm process holds waiting (MiB): %s", st.idle_mib)
+
+
 def plan_warm_up(ctx: Ctx, st: State, trace: str, ways: Mapping[str, Way]) -> warmup.WarmPlan:
     """The trace's warm and cold jobs for every scheme that may run on it (``warmup.plan``),
-    from each kind's memory measured alone in phase A, else declared."""
+    from each kind's memory measured alone in phase A, else declared, and what its warm
+    processes hold waiting (:func:`measure_idle`)."""
     jobs = st.jobs[trace]
     memory, source = warmup.job_memory(
         jobs, measured=st.memory, declared={k: spec.memory_mib for k, spec in KINDS.items()}
     )
+    measure_idle(ctx, st, [j.kind for j in jobs])
+    idle = {j.id: st.idle_mib[j.kind] for j in jobs if j.kind in st.idle_mib}
     needs = []
     for way in ways.values():
         scheme = way.make()
@@ -772,6 +814,7 @@ def plan_warm_up(ctx: Ctx, st: State, trace: str, ways: Mapping[str, Way]) -> wa
         memory_mib=memory,
         memory_source=source,
         gpu_memory_mib=ctx.memory_bytes >> 20,
+        idle_mib=idle,
     )
     log.info("%s: warm for every scheme: %s; cold for every scheme: %s", trace,
              ", ".join(plan.warm) or "none", ", ".join(plan.cold) or "none")  # fmt: skip

@@ -285,7 +285,8 @@ def _warm_up(
     started: list[tuple[TraceJob, Launch, Worker]] = []
     for i, (j, launch) in enumerate(planned):
         w = workers.spawn(f"{scheme.name}.{j.id}.warm{i}", preload=j.kind)
-        w.send({"cmd": "init", "kind": j.kind, "env": _env(scheme, launch, pipe_dir)})
+        env = _env(scheme, launch, pipe_dir)
+        w.send({"cmd": "init", "kind": j.kind, "env": env, "release": True})
         started.append((j, launch, w))
     for j in jobs:
         if j.id not in warm_ids:

@@ -11,7 +11,10 @@ started cold under one scheme only. Here a job is warm for every scheme or for n
 
 - every job's process holds the memory of its kind (the larger of the run's measurement
   alone and the catalogue's declared figure: :func:`job_memory`), or its setting's MPS
-  memory limit when that is smaller;
+  memory limit when that is smaller; a warm process waiting for its job holds less, what its
+  kind was measured to keep once its warm-up's activations were given back (``idle_mib``,
+  measured on this GPU before the plan), so of a job's processes one is counted at its
+  job's memory (the one that runs) and the others at that;
 - under each scheme, the warm jobs' processes, plus every cold job running at once (the worst
   any scheme does: MPS without limits starts every job on arrival), must fit
   :data:`WARM_MEMORY_SHARE` of the GPU's memory, and under an MPS scheme be at most
@@ -61,6 +64,8 @@ class WarmPlan:
     memory_source: Mapping[str, str]
     """Per kind: ``measured`` (this run, alone) or ``declared`` (the catalogue)."""
     usable_mib: int
+    idle_mib: Mapping[str, int] = field(default_factory=dict)
+    """The memory counted for each of a warm job's processes but the one that runs."""
     worst_mib: Mapping[str, int] = field(default_factory=dict)
     """Per scheme: the warm processes plus every cold job at once, under this plan."""
     why_cold: Mapping[str, str] = field(default_factory=dict)
@@ -75,6 +80,7 @@ class WarmPlan:
             "memory_mib": dict(self.memory_mib),
             "memory_source": dict(self.memory_source),
             "usable_mib": self.usable_mib,
+            "idle_mib": dict(self.idle_mib),
             "worst_mib": dict(self.worst_mib),
             "why_cold": dict(self.why_cold),
         }
@@ -109,15 +115,23 @@ def plan(
     memory_mib: Mapping[str, int],
     memory_source: Mapping[str, str],
     gpu_memory_mib: int,
+    idle_mib: Mapping[str, int] | None = None,
 ) -> WarmPlan:
-    """The warm and cold jobs of one trace under every scheme in ``needs`` (module doc)."""
+    """The warm and cold jobs of one trace under every scheme in ``needs`` (module doc).
+    ``idle_mib``: job id -> what a warm process of it holds waiting (a job without one: its
+    job's memory, as if nothing were given back)."""
     usable = int(gpu_memory_mib * WARM_MEMORY_SHARE)
     ordered = sorted(jobs, key=lambda j: (j.arrival_s, j.id))
+    idle = {j.id: min(memory_mib[j.id], (idle_mib or {}).get(j.id, memory_mib[j.id]))
+            for j in ordered}  # fmt: skip
 
     def held(need: SchemeNeed, job: TraceJob) -> list[int]:
+        """Each of the job's warm processes under ``need``: the largest at its memory (the
+        one that runs), the others as they wait."""
         limits = need.limits_mib.get(job.id, ())
-        return [memory_mib[job.id] if cap is None else min(memory_mib[job.id], cap)
-                for cap in limits]  # fmt: skip
+        each = sorted((memory_mib[job.id] if cap is None else min(memory_mib[job.id], cap)
+                       for cap in limits), reverse=True)  # fmt: skip
+        return each[:1] + [min(m, idle[job.id]) for m in each[1:]]
 
     def worst(warm: set[str]) -> dict[str, tuple[int, int]]:
         """Per scheme: (memory, processes) with ``warm`` warm and every cold job running."""
@@ -162,6 +176,7 @@ def plan(
         memory_mib=dict(memory_mib),
         memory_source=dict(memory_source),
         usable_mib=usable,
+        idle_mib={j: m for j, m in idle.items() if m < memory_mib[j]},
         worst_mib={name: m for name, (m, _) in worst(warm).items()},
         why_cold=why,
     )

@@ -10,10 +10,11 @@ cold one (``warmup.plan``: the same jobs under every scheme) initialises when it
 
 Protocol: JSON commands on stdin, one per line; JSON events on stdout, prefixed ``@@ ``.
 
-- ``{"cmd": "init", "kind", "env"}`` then ``{"cmd": "run", "iterations"}``: a trace job,
-  warmed up before the trace starts, then a fixed amount of work; reports ``started`` when
-  the work begins, then ``done`` with ``t_go``, ``t_end`` (wall clock), request latencies and
-  memory, and exits.
+- ``{"cmd": "init", "kind", "env", "release": true}`` then ``{"cmd": "run", "iterations"}``:
+  a trace job, warmed up before the trace starts (``ready`` says the GPU memory it then holds,
+  ``idle_mib``, its warm-up's activations given back), then a fixed amount of work; reports
+  ``started`` when the work begins, then ``done`` with ``t_go``, ``t_end`` (wall clock),
+  request latencies and memory, and exits.
 - ``{"cmd": "job", "kind", "env", "iterations"}``: the same started cold, inside the clock:
   ``started`` comes once CUDA, the model and its two warm-up steps are ready.
 - ``{"cmd": "init", "kind", "env"}`` then any number of
@@ -100,8 +101,11 @@ class _Runner:
         self.workload: Any = None
         self.kind = ""
 
-    def init(self, kind: str, env: dict[str, str]) -> float:
-        """Apply MPS settings, touch CUDA, build the job and warm it up; returns seconds."""
+    def init(self, kind: str, env: dict[str, str], *, release: bool = False) -> float:
+        """Apply MPS settings, touch CUDA, build the job and warm it up; returns seconds. With
+        ``release``, the allocator then gives back what the warm-up step's activations held:
+        a warm process waiting for its job keeps only its model, optimizer and batch (its
+        job's first step allocates the rest again; docs/benchmarks-gpu.md, "Warm or cold")."""
         t0 = time.time()
         self.kind = kind
         if self.device_name == "sleep":
@@ -119,6 +123,9 @@ class _Runner:
         self.workload = build(kind, device=device, tiny=self.tiny)
         for _ in range(2):
             self.workload.step()
+        if release and self.device_name == "cuda":
+            self.torch.cuda.synchronize()
+            self.torch.cuda.empty_cache()
         return time.time() - t0
 
     def peak_mib(self) -> int | None:
@@ -264,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
             if cmd == "quit":
                 break
             if cmd == "init":
-                emit("ready", init_s=runner.init(msg["kind"], msg.get("env", {})))
+                release = bool(msg.get("release", False))
+                init_s = runner.init(msg["kind"], msg.get("env", {}), release=release)
+                emit("ready", init_s=init_s, idle_mib=runner.process_mib() if release else None)
             elif cmd == "window":
                 emit(
                     "window",

@@ -172,9 +172,9 @@ def _need(name: str, limits: dict[str, list[int | None]], *, mps: bool = True) -
 
 
 def _plan(jobs: list[TraceJob], needs: list[SchemeNeed], memory: dict[str, int],
-          gpu_mib: int = 10_000) -> WarmPlan:  # fmt: skip
+          gpu_mib: int = 10_000, idle: dict[str, int] | None = None) -> WarmPlan:  # fmt: skip
     return warmup.plan(jobs, needs=needs, memory_mib=memory, memory_source={},
-                       gpu_memory_mib=gpu_mib)  # fmt: skip
+                       gpu_memory_mib=gpu_mib, idle_mib=idle)  # fmt: skip
 
 
 def test_jobs_are_warm_in_arrival_order_while_every_schemes_warm_ups_fit_the_gpu() -> None:
@@ -191,6 +191,24 @@ def test_jobs_are_warm_in_arrival_order_while_every_schemes_warm_ups_fit_the_gpu
     assert plan.worst_mib == {"exclusive": 4500, "gpushare": 8500}
     # The same decision holds for every scheme: exclusive FIFO alone would have warmed all.
     assert _plan(jobs, [_need("exclusive", once, mps=False)], memory).cold == ()
+
+
+def test_a_jobs_waiting_processes_count_what_they_hold_once_warmed_up() -> None:
+    # The same trace as above, each kind measured to hold 300 MiB waiting (its warm-up's
+    # activations given back): of a's three gpushare processes one runs (2000), two wait.
+    jobs = [_job("a", "resnet50", 0.0), _job("b", "resnet50", 1.0), _job("c", "lstm", 2.0)]
+    memory = {"a": 2000, "b": 2000, "c": 500}
+    once = {j.id: [None] for j in jobs}
+    gpushare = _need("gpushare", {"a": [None, None, None], "b": [None, None, None], "c": [None]})
+    needs = [_need("exclusive", once, mps=False), gpushare]
+    plan = _plan(jobs, needs, memory, idle={"a": 300, "b": 300, "c": 300})
+    assert plan.warm == ("a", "b", "c") and plan.cold == ()
+    assert plan.worst_mib == {"exclusive": 4500, "gpushare": 2 * (2000 + 2 * 300) + 500}
+    assert plan.to_json()["idle_mib"] == {"a": 300, "b": 300, "c": 300}
+    # Without a figure (a dry run, a failed measurement) nothing is given back, as before.
+    assert _plan(jobs, needs, memory, idle={"c": 300}).cold == ("b",)
+    # A figure above the job's own memory counts as that memory.
+    assert _plan(jobs, needs, memory, idle={"a": 9000}).idle_mib == {}
 
 
 def test_a_memory_limit_caps_what_a_warm_process_is_counted_for() -> None:
