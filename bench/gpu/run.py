@@ -601,6 +601,7 @@ def run_scheme(
             pipe_dir=ctx.pipe(daemon) if scheme.mps else None,
             timeout_s=timeout,
             warm_ids=set(plan.warm) if plan is not None else set(),
+            release=plan is not None and plan.release,
             memory_mib=plan.memory_mib if plan is not None else None,
             governing=governing,
         ),
@@ -789,14 +790,12 @@ def measure_idle(ctx: Ctx, st: State, kinds: Sequence[str]) -> None:
 
 def plan_warm_up(ctx: Ctx, st: State, trace: str, ways: Mapping[str, Way]) -> warmup.WarmPlan:
     """The trace's warm and cold jobs for every scheme that may run on it (``warmup.plan``),
-    from each kind's memory measured alone in phase A, else declared, and what its warm
-    processes hold waiting (:func:`measure_idle`)."""
+    from each kind's memory measured alone in phase A, else declared; where that leaves a job
+    cold, also from what its warm processes would hold waiting (:func:`measure_idle`)."""
     jobs = st.jobs[trace]
     memory, source = warmup.job_memory(
         jobs, measured=st.memory, declared={k: spec.memory_mib for k, spec in KINDS.items()}
     )
-    measure_idle(ctx, st, [j.kind for j in jobs])
-    idle = {j.id: st.idle_mib[j.kind] for j in jobs if j.kind in st.idle_mib}
     needs = []
     for way in ways.values():
         scheme = way.make()
@@ -808,14 +807,15 @@ def plan_warm_up(ctx: Ctx, st: State, trace: str, ways: Mapping[str, Way]) -> wa
             for j in way.jobs
         }
         needs.append(warmup.SchemeNeed(way.name, scheme.mps, limits))
-    plan = warmup.plan(
-        jobs,
-        needs=needs,
-        memory_mib=memory,
-        memory_source=source,
-        gpu_memory_mib=ctx.memory_bytes >> 20,
-        idle_mib=idle,
-    )
+
+    def planned(idle: Mapping[str, int] | None) -> warmup.WarmPlan:
+        return warmup.plan(jobs, needs=needs, memory_mib=memory, memory_source=source,
+                           gpu_memory_mib=ctx.memory_bytes >> 20, idle_mib=idle)  # fmt: skip
+
+    plan = planned(None)
+    if plan.cold:  # what warm processes keep once they give back, measured only where it helps
+        measure_idle(ctx, st, [j.kind for j in jobs])
+        plan = planned({j.id: st.idle_mib[j.kind] for j in jobs if j.kind in st.idle_mib})
     log.info("%s: warm for every scheme: %s; cold for every scheme: %s", trace,
              ", ".join(plan.warm) or "none", ", ".join(plan.cold) or "none")  # fmt: skip
     for job_id, why in plan.why_cold.items():

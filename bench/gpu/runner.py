@@ -231,13 +231,15 @@ def run_trace(
     warm_ids: AbstractSet[str],
     memory_mib: Mapping[str, int] | None = None,
     governing: Governing | None = None,
+    release: bool = False,
 ) -> list[JobResult]:
     """Run one trace under one scheme; every job is its own process. The jobs in
     ``warm_ids`` (``warmup.plan``, the same for every scheme) are started and warmed up (CUDA
     context, model, two iterations) before the clock starts, once for each setting the scheme
     may give them (``Scheme.prepare``, :func:`warm_launches` with the job's ``memory_mib``);
     the others start cold when launched, inside the clock, from a process that imported its
-    libraries before it. No start makes the clock wait."""
+    libraries before it. No start makes the clock wait. With ``release`` (``WarmPlan.release``)
+    each warm process gives its warm-up's activations back while it waits."""
     if scheme.mps and pipe_dir is None:
         raise ValueError(f"scheme {scheme.name} needs the MPS daemon's pipe directory")
     results = {
@@ -245,7 +247,7 @@ def run_trace(
     }
     try:
         starter = _warm_up(scheme, jobs, warm_ids=warm_ids, workers=workers, pipe_dir=pipe_dir,
-                           memory_mib=memory_mib or {})  # fmt: skip
+                           memory_mib=memory_mib or {}, release=release)  # fmt: skip
         for job_id, seconds in starter.init_s.items():
             results[job_id].init_s = seconds
         drive(
@@ -269,6 +271,7 @@ def _warm_up(
     workers: Workers,
     pipe_dir: Path | None,
     memory_mib: Mapping[str, int],
+    release: bool = False,
 ) -> ProcessStarter:
     """Before the clock: a process per setting of every warm job, initialised with it, and an
     imported process for every cold job. Every process is spawned at once and an init waits
@@ -286,7 +289,7 @@ def _warm_up(
     for i, (j, launch) in enumerate(planned):
         w = workers.spawn(f"{scheme.name}.{j.id}.warm{i}", preload=j.kind)
         env = _env(scheme, launch, pipe_dir)
-        w.send({"cmd": "init", "kind": j.kind, "env": env, "release": True})
+        w.send({"cmd": "init", "kind": j.kind, "env": env, "release": release})
         started.append((j, launch, w))
     for j in jobs:
         if j.id not in warm_ids:

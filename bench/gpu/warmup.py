@@ -14,7 +14,8 @@ started cold under one scheme only. Here a job is warm for every scheme or for n
   memory limit when that is smaller; a warm process waiting for its job holds less, what its
   kind was measured to keep once its warm-up's activations were given back (``idle_mib``,
   measured on this GPU before the plan), so of a job's processes one is counted at its
-  job's memory (the one that runs) and the others at that;
+  job's memory (the one that runs) and the others at that; warm processes give back only
+  where holding everything would leave a job cold (:attr:`WarmPlan.release`);
 - under each scheme, the warm jobs' processes, plus every cold job running at once (the worst
   any scheme does: MPS without limits starts every job on arrival), must fit
   :data:`WARM_MEMORY_SHARE` of the GPU's memory, and under an MPS scheme be at most
@@ -66,6 +67,9 @@ class WarmPlan:
     usable_mib: int
     idle_mib: Mapping[str, int] = field(default_factory=dict)
     """The memory counted for each of a warm job's processes but the one that runs."""
+    release: bool = False
+    """Warm processes give their warm-up's activations back (counted at ``idle_mib``): only
+    where holding them would have left a job cold."""
     worst_mib: Mapping[str, int] = field(default_factory=dict)
     """Per scheme: the warm processes plus every cold job at once, under this plan."""
     why_cold: Mapping[str, str] = field(default_factory=dict)
@@ -81,6 +85,7 @@ class WarmPlan:
             "memory_source": dict(self.memory_source),
             "usable_mib": self.usable_mib,
             "idle_mib": dict(self.idle_mib),
+            "release": self.release,
             "worst_mib": dict(self.worst_mib),
             "why_cold": dict(self.why_cold),
         }
@@ -118,8 +123,15 @@ def plan(
     idle_mib: Mapping[str, int] | None = None,
 ) -> WarmPlan:
     """The warm and cold jobs of one trace under every scheme in ``needs`` (module doc).
-    ``idle_mib``: job id -> what a warm process of it holds waiting (a job without one: its
-    job's memory, as if nothing were given back)."""
+    ``idle_mib``: job id -> what a warm process of it holds waiting once it gives its
+    activations back (a job without one: its job's memory). Used only where holding everything
+    would leave a job cold; then the plan's :attr:`WarmPlan.release` says the warm processes
+    must give back."""
+    if idle_mib:
+        whole = plan(jobs, needs=needs, memory_mib=memory_mib, memory_source=memory_source,
+                     gpu_memory_mib=gpu_memory_mib)  # fmt: skip
+        if not whole.cold:
+            return whole  # every job warm holding all it used: nothing to give back
     usable = int(gpu_memory_mib * WARM_MEMORY_SHARE)
     ordered = sorted(jobs, key=lambda j: (j.arrival_s, j.id))
     idle = {j.id: min(memory_mib[j.id], (idle_mib or {}).get(j.id, memory_mib[j.id]))
@@ -177,6 +189,7 @@ def plan(
         memory_source=dict(memory_source),
         usable_mib=usable,
         idle_mib={j: m for j, m in idle.items() if m < memory_mib[j]},
+        release=any(m < memory_mib[j] for j, m in idle.items()),
         worst_mib={name: m for name, (m, _) in worst(warm).items()},
         why_cold=why,
     )

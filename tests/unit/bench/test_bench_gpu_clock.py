@@ -205,6 +205,11 @@ def test_a_jobs_waiting_processes_count_what_they_hold_once_warmed_up() -> None:
     assert plan.warm == ("a", "b", "c") and plan.cold == ()
     assert plan.worst_mib == {"exclusive": 4500, "gpushare": 2 * (2000 + 2 * 300) + 500}
     assert plan.to_json()["idle_mib"] == {"a": 300, "b": 300, "c": 300}
+    assert plan.release  # the warm processes are told to give back
+    # Where everything fits held whole, nothing is given back (the runs before 51 measured so).
+    roomy = _plan(jobs, needs, memory, gpu_mib=20_000, idle={"a": 300, "b": 300, "c": 300})
+    assert roomy.cold == () and not roomy.release and roomy.idle_mib == {}
+    assert roomy.worst_mib["gpushare"] == 2 * 3 * 2000 + 500
     # Without a figure (a dry run, a failed measurement) nothing is given back, as before.
     assert _plan(jobs, needs, memory, idle={"c": 300}).cold == ("b",)
     # A figure above the job's own memory counts as that memory.
