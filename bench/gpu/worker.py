@@ -10,9 +10,10 @@ cold one (``warmup.plan``: the same jobs under every scheme) initialises when it
 
 Protocol: JSON commands on stdin, one per line; JSON events on stdout, prefixed ``@@ ``.
 
-- ``{"cmd": "init", "kind", "env", "release": true}`` then ``{"cmd": "run", "iterations"}``:
-  a trace job, warmed up before the trace starts (``ready`` says the GPU memory it then holds,
-  ``idle_mib``, its warm-up's activations given back), then a fixed amount of work; reports
+- ``{"cmd": "init", "kind", "env"[, "release": true]}`` then ``{"cmd": "run", "iterations"}``:
+  a trace job, warmed up before the trace starts (with ``release``, its warm-up's activations
+  given back and ``ready`` saying the GPU memory it then holds, ``idle_mib``), then a fixed
+  amount of work; reports
   ``started`` when the work begins, then ``done`` with ``t_go``, ``t_end`` (wall clock),
   request latencies and memory, and exits.
 - ``{"cmd": "job", "kind", "env", "iterations"}``: the same started cold, inside the clock:
