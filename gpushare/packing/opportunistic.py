@@ -60,6 +60,7 @@ from gpushare.packing.model import (
 )
 from gpushare.packing.opportunistic_memory import memory_for
 from gpushare.packing.promotion import Waiting, promoted
+from gpushare.packing.share_floor import floor_reason
 from gpushare.packing.threads import assign_thread_percent, over_latency_cap, tenant_threads
 
 MIN_GAIN = 0.05
@@ -223,7 +224,10 @@ def rates(members: Sequence[Member], model: InterferenceModel) -> list[float]:
 def work_rate(members: Sequence[Member], model: InterferenceModel) -> float:
     """Batch work per second the members do together (jobs' worth): their :func:`rates`
     summed; a latency service does requests, not work, and is left out."""
-    predicted = rates(members, model)
+    return _batch_sum(rates(members, model), members)
+
+
+def _batch_sum(predicted: Sequence[float], members: Sequence[Member]) -> float:
     return sum(r for r, m in zip(predicted, members, strict=True) if m.gpu_class != CLASS_LATENCY)
 
 
@@ -288,9 +292,10 @@ class Opportunism:
         reason = admit_reason(gpu, trial, model=guard, bounds=self.bounds, newcomer_bound=False)
         if reason is not None:
             return reason
-        before = work_rate([member(t) for t in running.tenants], model)
         newcomer = Member(demand.profile, threads, CLASS_BATCH, demand.percent, demand.workload)
-        gain = work_rate([*(member(t) for t in running.tenants), newcomer], model) - before
+        reason, before, gain = self._beside(running.tenants, newcomer, model)
+        if reason is not None:
+            return reason
         if gain < self.min_gain:
             return f"predicted gain {gain:.2f} jobs/s, below {self.min_gain:.2f}"
         return Option(gpu, threads, memory, gain, before)
@@ -455,8 +460,23 @@ class Opportunism:
         )
         if reason is not None:
             return reason
-        before = work_rate([member(t) for t in running.tenants], model)
-        after = work_rate([*(member(t) for t in running.tenants), member(tenant)], model)
-        if after <= before:
+        reason, before, gain = self._beside(running.tenants, member(tenant), model)
+        if reason is not None:
+            return reason
+        if gain <= 0.0:
+            after = before + gain
             return f"predicted to add no work ({after:.2f} jobs/s with it, {before:.2f} without)"
         return None
+
+    def _beside(
+        self, tenants: Sequence[Tenant], newcomer: Member, model: InterferenceModel
+    ) -> tuple[str | None, float, float]:
+        """Running ``newcomer`` beside ``tenants``: why it would take a guaranteed tenant
+        below its share's floor (:func:`share_floor.floor_reason`) or None, the GPU's predicted
+        work rate without it, and the work it adds."""
+        present = [member(t) for t in tenants]
+        before = rates(present, model)
+        after = rates([*present, newcomer], model)
+        was = _batch_sum(before, present)
+        gain = _batch_sum(after, [*present, newcomer]) - was
+        return floor_reason(tenants, before, after[:-1], model), was, gain

@@ -811,6 +811,12 @@ def test_an_opportunistic_pod_is_paused_for_a_guaranteed_pod_and_resumed_when_it
     blocked, train = _one_gpu_for_capped_training(cluster, namespace)
     apply(cluster, train("train-0"))
     wait_phase(cluster, "train", namespace, "Packed", timeout_s=150)
+    # The share is profiled. Its guaranteed neighbour is a pod outside it, without a profile:
+    # two profiled saturating pods are a pair an opportunistic pod may not make (it would
+    # take the guaranteed one below what its share alone gives it: packing.share_floor).
+    cluster.kubectl("delete", "pod", "train-0", "-n", namespace, "--wait=true")
+    apply(cluster, train("holder", share=False))
+    wait_pod_running(cluster, "holder", namespace, timeout_s=120)
     apply(cluster, train("train-1", **{ANN_OPPORTUNISTIC: "true"}))
     opportunistic = wait_pod_running(cluster, "train-1", namespace, timeout_s=120)
     shared = opportunistic["metadata"]["annotations"][ANN_GPU_UUID]
@@ -876,16 +882,21 @@ def test_a_guaranteed_pod_that_waited_longer_gets_the_room_before_an_opted_in_on
     namespace: str,
 ) -> None:
     """Opting in never jumps the queue (docs/packing.md, "The sharing contract"), end to end
-    with the real kube-scheduler retrying the pod: a guaranteed pod refused for room before an
-    opted-in pod was placed beside the GPU's guaranteed tenant gets that tenant's room when it
-    leaves; the opted-in pod is not promoted into it and runs on beside it, or paused, never
-    evicted or restarted. On this quiet cluster the scheduler's retry mostly comes before the
-    leader's promotion round anyway; the rule that decides the race when it does not is pinned
-    by tests/unit/cluster/test_opportunistic_pausing.py."""
+    with the real kube-scheduler retrying the pod: a guaranteed pod refused for room before
+    an opted-in pod was placed beside the GPU's guaranteed tenant (a pod without a profile)
+    gets that tenant's room when it leaves; the opted-in pod is not promoted into it and
+    runs on beside it, or paused, never evicted or restarted. On this quiet cluster the
+    scheduler's retry mostly comes before the leader's promotion round anyway; the rule that
+    decides the race when it does not is pinned by
+    tests/unit/cluster/test_opportunistic_pausing.py."""
     blocked, train = _one_gpu_for_capped_training(cluster, namespace)
     apply(cluster, train("train-0"))
     wait_phase(cluster, "train", namespace, "Packed", timeout_s=150)
-    shared, _ = _gpu_and_threads(cluster, "train-0", namespace)
+    # The GPU's guaranteed tenant is a pod outside the share, without a profile (beside a
+    # profiled one, packing.share_floor keeps the opted-in pod off the GPU).
+    cluster.kubectl("delete", "pod", "train-0", "-n", namespace, "--wait=true")
+    apply(cluster, train("holder", share=False))
+    shared, _ = _gpu_and_threads(cluster, "holder", namespace)
     assert shared != blocked
     # 50% does not fit beside 60%: the filter refuses it, and it waits.
     apply(cluster, train("waits", "0.5"))
@@ -899,7 +910,7 @@ def test_a_guaranteed_pod_that_waited_longer_gets_the_room_before_an_opted_in_on
     assert opted["metadata"]["annotations"][ANN_TIER] == TIER_OPPORTUNISTIC
     assert opted["metadata"]["annotations"][ANN_GPU_UUID] == shared
 
-    cluster.kubectl("delete", "pod", "train-0", "-n", namespace, "--wait=true")
+    cluster.kubectl("delete", "pod", "holder", "-n", namespace, "--wait=true")
     placed = wait_pod_running(cluster, "waits", namespace, timeout_s=120)
     assert placed["metadata"]["annotations"][ANN_GPU_UUID] == shared
     assert placed["metadata"]["annotations"].get(ANN_TIER, TIER_GUARANTEED) == TIER_GUARANTEED
@@ -916,7 +927,8 @@ def _one_gpu_for_capped_training(
 ) -> tuple[str, Callable[..., dict[str, Any]]]:
     """One GPU held whole by a pod named blocker (its UUID is returned), so the rest of a test
     shares the other, and a GpuShare "train" (60%, profiled over 15 s) with a maker of its
-    pods: ``train(name, fraction="0.6", **annotations)``. Each pod has a memory cap of its own,
+    pods: ``train(name, fraction="0.6", **annotations)``; ``train(name, share=False)`` makes
+    the same pod outside the share, without a profile. Each pod has a memory cap of its own,
     so that memory never stands in the way, only compute does (what needs memory is evicted:
     tests/unit/cluster/test_opportunistic_pausing.py), and a thread cap at its share, so that
     such pods together are predicted past the batch bound."""
@@ -935,13 +947,15 @@ def _one_gpu_for_capped_training(
         ),
     )
 
-    def train(name: str, fraction: str = "0.6", **ann: str) -> dict[str, Any]:
+    def train(
+        name: str, fraction: str = "0.6", *, share: bool = True, **ann: str
+    ) -> dict[str, Any]:
         return pod_manifest(
             name,
             namespace,
             image=image,
             annotations={ANN_FRACTION: fraction, ANN_LIMIT: fraction, ANN_MEMORY: "8Gi", **ann},
-            labels={"app": "train"},
+            labels={"app": "train"} if share else {},
         )
 
     return blocked, train

@@ -201,8 +201,13 @@ def test_a_guaranteed_pod_pauses_the_opportunistic_pod_before_it_is_bound_then_r
         assert c.counted("paused", REASON_GUARANTEED) == 1.0
         # While the guaranteed pod runs, no round resumes it.
         assert await c.duties.resume_round() == []
-        # It leaves: the next round resumes the GEMM.
+        # It leaves, but the GEMM would slow the guaranteed 20% pod below 0.9 of what its
+        # share alone gives it (share_floor: 0.65 against 0.70), so it stays paused...
         c.delete("default/big")
+        assert await c.duties.resume_round() == []
+        assert c.tenant("default/gemm").paused
+        # ...until that pod leaves too: the next round resumes the GEMM.
+        c.delete("default/a")
         assert await c.duties.resume_round() == ["default/gemm"]
         assert ANN_PAUSE not in c.annotations("default/gemm")
         assert not c.tenant("default/gemm").paused
@@ -247,6 +252,7 @@ def test_a_new_leader_resumes_a_pod_its_predecessor_paused_once_room_is_free() -
         )
         assert await c.schedule(pending("big", 60, BIG)) == ""
         c.delete("default/big")
+        c.delete("default/a")  # beside it the GEMM stays paused (share_floor)
         # Another replica takes over: its view is built from the annotations alone.
         successor = Cluster(*(dict(p) for p in c.store.pods.values()))
         assert successor.tenant("default/gemm").paused
@@ -366,6 +372,7 @@ def test_an_unreadable_pause_request_counts_as_paused_and_the_leader_clears_it()
         gemm = placed("gemm", 60, GEMM, tier=TIER_OPPORTUNISTIC, threads=60)
         gemm["metadata"]["annotations"][ANN_PAUSE] = "{not json"
         c = Cluster(placed("a", 20, SMALL), gemm)
+        c.delete("default/a")  # beside it the GEMM stays paused (share_floor)
         facts = c.view.pod("default/gemm")
         assert facts is not None and facts.pause is not None and facts.pause.reason == ""
         assert c.tenant("default/gemm").paused

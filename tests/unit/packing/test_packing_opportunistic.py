@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from gpushare.api.names import CLASS_LATENCY
-from gpushare.packing.admission import Admission
+from gpushare.packing.admission import DEFAULT_BOUNDS, Admission, admit_reason
 from gpushare.packing.corrections import (
     K_RANGE,
     K_WEIGHT,
@@ -118,18 +118,39 @@ XL = PipeProfile(
 
 
 def test_an_opportunistic_pod_is_held_to_the_gain_it_brings_not_to_its_own_bound() -> None:
-    # The sharing contract: running now, however slowly, beats waiting. An LSTM beside a
-    # saturating guaranteed job is predicted past the batch bound itself, but the GPU does
-    # more work with it and the guaranteed job stays within its bound, so it runs.
-    g = gpu(tenant("ns/xl", 95, XL, gib=20))
-    demand = opted(30, LSTM, peak_memory_bytes=4 * GIB)
+    # The sharing contract: running now, however slowly, beats waiting. A notebook beside a
+    # saturating guaranteed GEMM is predicted past the batch bound itself, but the GPU does
+    # more work with it and the GEMM keeps its share's speed, so it runs.
+    g = gpu(tenant("ns/gemm", 95, GEMM, gib=20))
+    demand = opted(30, h200.NOTEBOOK, peak_memory_bytes=4 * GIB)
     own = Admission().gpu_reason(g, replace(demand, opportunistic=False))
     assert own is not None and "for this batch pod" in own and "2.00x bound" in own
     option = Opportunism().gpu_option(g, demand)
     assert not isinstance(option, str) and option.gain >= MIN_GAIN
-    # What it brings still decides: a second saturating job there adds nothing.
-    refusal = Opportunism().gpu_option(g, opted(60, BIG, peak_memory_bytes=4 * GIB))
+    # What it brings still decides: a small job there is starved and adds nothing.
+    refusal = Opportunism().gpu_option(g, opted(60, SMALL, peak_memory_bytes=4 * GIB))
     assert isinstance(refusal, str) and refusal.startswith("predicted gain")
+
+
+def test_an_opportunistic_pod_never_takes_a_guaranteed_pod_below_what_its_share_gives() -> None:
+    # A second GPT-2 beside a guaranteed 60% one keeps it within the 2.0x class bound, but
+    # takes it to half its speed alone: less than its 60% share alone would give it, for a
+    # small gain (the heavy trace's pairs: both jobs finished later than one after the other).
+    g = gpu(tenant("ns/gpt2", 60, h200.GPT2, gib=20))
+    demand = opted(55, h200.GPT2, peak_memory_bytes=4 * GIB)
+    trial = replace(demand, percent=99)
+    assert admit_reason(g, trial, model=load_default(), bounds=DEFAULT_BOUNDS,
+                        newcomer_bound=False) is None  # fmt: skip
+    refusal = Opportunism().gpu_option(g, demand)
+    assert isinstance(refusal, str)
+    assert "guaranteed pod ns/gpt2" in refusal and "60% share alone" in refusal
+    # A light job beside it costs it little and runs.
+    option = Opportunism().gpu_option(g, opted(30, h200.RESNET18, peak_memory_bytes=4 * GIB))
+    assert not isinstance(option, str)
+    # The floor guards guaranteed shares only: the same GPT-2 running opportunistically itself
+    # is the newcomer's equal, held to its class bound alone.
+    equal = gpu(tenant("ns/gpt2", 60, h200.GPT2, gib=20, opportunistic=True))
+    assert not isinstance(Opportunism().gpu_option(equal, demand), str)
 
 
 @pytest.mark.parametrize(

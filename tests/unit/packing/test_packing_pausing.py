@@ -74,7 +74,13 @@ def test_a_paused_pod_resumes_when_the_guaranteed_pod_that_needed_the_room_leave
     assert rules.resumptions(after) == []
     why = rules.resume_reason(after, after.tenants[1])
     assert why is not None and "bound" in why
-    assert rules.resumptions(left(after, "ns/big")) == ["ns/gemm"]
+    # Without it, the GEMM would still take the light guaranteed pod below what its 20% share
+    # alone gives it; once that one leaves too, it runs again.
+    gone = left(after, "ns/big")
+    assert rules.resumptions(gone) == []
+    floor = rules.resume_reason(gone, gone.tenants[1])
+    assert floor is not None and "guaranteed pod ns/a" in floor and "20% share alone" in floor
+    assert rules.resumptions(left(gone, "ns/a")) == ["ns/gemm"]
 
 
 def test_a_pod_paused_for_measured_harm_waits_until_the_pods_it_harmed_have_left() -> None:
