@@ -105,21 +105,3 @@ class CudaCheckpoint:
     def unlock(self, pid: int) -> None:
         """Let ``pid``'s CUDA calls run again."""
         self._call("cuCheckpointProcessUnlock", pid)
-
-    def suspend(self, pid: int, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> None:
-        """Lock and checkpoint ``pid``; on a failed checkpoint it is unlocked again."""
-        self.lock(pid, timeout_ms)
-        try:
-            self.checkpoint(pid)
-        except CheckpointError:
-            self.unlock(pid)
-            raise
-
-    def resume(self, pid: int) -> None:
-        """Restore and unlock ``pid`` from whatever step a suspend reached."""
-        current = self.state(pid)
-        if current is CudaProcessState.CHECKPOINTED:
-            self.restore(pid)
-            current = CudaProcessState.LOCKED
-        if current is CudaProcessState.LOCKED:
-            self.unlock(pid)

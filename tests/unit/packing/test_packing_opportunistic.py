@@ -34,6 +34,7 @@ from gpushare.packing.opportunistic import (
 from gpushare.packing.opportunistic_memory import memory_for, memory_steps
 from gpushare.packing.placer import Placer
 from gpushare.packing.promotion import MAX_CHECKS, Waiting, promoted
+from gpushare.packing.share_floor import floor_rate
 from tests.unit.packing import h200_profiles as h200
 
 GIB = 2**30
@@ -151,6 +152,16 @@ def test_an_opportunistic_pod_never_takes_a_guaranteed_pod_below_what_its_share_
     # is the newcomer's equal, held to its class bound alone.
     equal = gpu(tenant("ns/gpt2", 60, h200.GPT2, gib=20, opportunistic=True))
     assert not isinstance(Opportunism().gpu_option(equal, demand), str)
+
+
+def test_a_guaranteed_pod_without_a_profile_is_held_to_its_share_of_the_gpu() -> None:
+    # Nothing measured says what its share alone gives it, so the floor is the share itself:
+    # capped at 60%, it keeps 0.9 of 60% of the GPU, and a GEMM may run beside it (the
+    # pause tests' pair on the local cluster and on a GPU).
+    holder = tenant("ns/holder", 60, None, gib=8, thread_percent=60)
+    assert floor_rate(holder, load_default()) == pytest.approx(0.6)
+    option = Opportunism().gpu_option(gpu(holder), opted(50, GEMM, peak_memory_bytes=4 * GIB))
+    assert not isinstance(option, str) and option.gain >= MIN_GAIN
 
 
 @pytest.mark.parametrize(
